@@ -1,0 +1,37 @@
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbook_lib import params as params_mod
+from workbook_lib.snapshots import CellGraph, content_checksum
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def ci_params():
+    return params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+
+
+def make_graph(num_genes=12, types=None, seed=0) -> CellGraph:
+    """A small random directed graph with a few edge types (no self-loops, no duplicates)."""
+    g = torch.Generator().manual_seed(seed)
+    types = types or {"a": 30, "b": 20, "c": 8}
+    ei = {}
+    for t, e in types.items():
+        codes = set()
+        while len(codes) < e:
+            s, d = torch.randint(0, num_genes, (2,), generator=g).tolist()
+            if s != d:
+                codes.add((s, d))
+        arr = torch.tensor(sorted(codes, key=lambda x: (x[1], x[0]))).T.contiguous()
+        ei[t] = arr
+    return CellGraph(name="tiny", num_genes=num_genes, edge_index=ei, source="test",
+                     checksum=content_checksum(num_genes, ei))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs():
+    logging.getLogger("papermill").setLevel(logging.WARNING)

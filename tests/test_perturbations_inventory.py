@@ -1,0 +1,64 @@
+import numpy as np
+import pytest
+import torch
+
+from workbook_lib import inventory
+from workbook_lib.perturbations import node_keep_mask, sample_perturbations
+from workbook_lib.snapshots import CellGraph, content_checksum
+
+
+def test_sampler_distinct_seeded_padded():
+    a = sample_perturbations(50, 3, 100, seed=1)
+    assert a.shape == (100, 3)
+    assert all(len(set(r.tolist())) == 3 for r in a)
+    assert torch.equal(a, sample_perturbations(50, 3, 100, seed=1))
+    assert not torch.equal(a, sample_perturbations(50, 3, 100, seed=2))
+    m = sample_perturbations(50, {1: 0.5, 3: 0.5}, 400, seed=0)
+    n_valid = (m >= 0).sum(1)
+    assert set(n_valid.tolist()) == {1, 3}
+    assert ((m[:, 1:] == -1).all(1) == (n_valid == 1)).all()
+    assert sample_perturbations(50, 0, 4).shape == (4, 0)
+    with pytest.raises(ValueError, match="num_genes"):
+        sample_perturbations(5, 6, 1)
+
+
+def test_node_keep_mask():
+    keep = node_keep_mask(torch.tensor([[1, -1], [0, 3]]), 4)
+    assert keep.tolist() == [[True, False, True, True], [False, True, True, False]]
+
+
+@pytest.fixture
+def hand_graph():
+    # 4 genes; type a: 0->1, 1->2, 2->3 ; type b: 3->0
+    ei = {"a": torch.tensor([[0, 1, 2], [1, 2, 3]]), "b": torch.tensor([[3], [0]])}
+    return CellGraph("hand", 4, ei, "test", content_checksum(4, ei))
+
+
+def test_inventory_arithmetic(hand_graph):
+    rows = inventory.edge_type_table(hand_graph)
+    assert rows[0] == {"name": "a", "nodes": 4, "edges": 3, "bytes_int64": 48, "bytes_int32": 24}
+    assert rows[1]["nodes"] == 2 and rows[1]["bytes_int64"] == 16
+    # incidence: 2 entries/edge * 8 B + (4+1) offsets * 8 B, per type
+    assert inventory.incidence_cache_bytes(hand_graph) == (2 * 3 * 8 + 40) + (2 * 1 * 8 + 40)
+    ps = inventory.per_sample_bytes(hand_graph, mean_k=1, mean_removed_edges=2)
+    assert ps == {"perturbation_indices": 8, "removed_edge_indices": 16, "edge_masks": 4,
+                  "replicated_edge_index": 64}
+    pb = inventory.per_batch_bytes(ps, [1, 28])
+    assert pb["edge_masks"] == {"1": 4, "28": 112}
+    assert pb["replicated_edge_index"]["28"] == 28 * 64
+    assert inventory.dataset_bytes(ps, 10)["edge_masks"] == 40
+
+
+def test_removed_edges_and_hops(hand_graph):
+    pert = torch.tensor([[1], [0], [3]])
+    assert inventory.removed_edge_counts(hand_graph, pert).tolist() == [2, 2, 2]
+    cov = inventory.hop_coverage(hand_graph, torch.tensor([[1]]), hops=3)
+    # undirected chain 0-1-2-3 plus 3-0 (a 4-cycle): from gene 1, hop1 {0,1,2}, hop2 all
+    np.testing.assert_allclose(cov[0], [0.75, 1.0, 1.0])
+
+
+def test_claims_at_real_size():
+    mask = 2_423_370
+    rows = {r["claim"]: r for r in inventory.claims_table(mask, 19e6, 332313)}
+    assert rows["masks per batch (B=28)"]["computed_bytes"] == 28 * mask
+    assert rows["mask storage for the dataset"]["computed_bytes"] == mask * 332313
