@@ -29,6 +29,32 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+_ALLOCATOR_STATE = {"applied": False, "detail": "not requested"}
+
+
+def configure_cpu_allocator(enable: bool) -> dict:
+    """Keep freed large blocks in the glibc heap (``mallopt``), so repeated large tensor
+    allocations do not page-fault: PyTorch's CPU allocator returns every block above the mmap
+    threshold to the OS, while its CUDA allocator caches them. Applied once per process and
+    recorded in the environment; on non-glibc systems it reports that it was not applied."""
+    if not enable:
+        return dict(_ALLOCATOR_STATE)
+    if _ALLOCATOR_STATE["applied"]:
+        return dict(_ALLOCATOR_STATE)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        ok = libc.mallopt(m_mmap_threshold, 1 << 30) == 1 and \
+            libc.mallopt(m_trim_threshold, 1 << 31) == 1
+        _ALLOCATOR_STATE.update(applied=ok, detail="glibc mallopt: mmap threshold 1 GiB, "
+                                "trim threshold 2 GiB" if ok else "mallopt refused")
+    except OSError as exc:
+        _ALLOCATOR_STATE.update(applied=False, detail=f"not applied (no glibc: {exc})")
+    return dict(_ALLOCATOR_STATE)
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
@@ -92,5 +118,6 @@ def collect(params: dict | None = None) -> dict:
         "gpu": gpu,
         "git": git_revision(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "cpu_allocator_cache": dict(_ALLOCATOR_STATE),
         "params": params,
     }

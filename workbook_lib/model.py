@@ -51,9 +51,16 @@ class PerturbGIN(nn.Module):
         self.query = nn.Parameter(torch.randn(hidden, generator=g) * 0.1)  # DANGO-style head
         self.head = nn.Linear(hidden, 1)
 
-    def combine(self, layer: int, h: torch.Tensor, aggregated: list[torch.Tensor]) -> torch.Tensor:
-        """One layer's update from the per-type aggregations (any leading layout)."""
-        x = torch.cat([(1.0 + self.eps) * h + a for a in aggregated], dim=-1)
+    def combine(self, layer: int, h: torch.Tensor,
+                aggregated: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+        """One layer's update from the per-type aggregations (any leading layout): a list of
+        T tensors shaped like ``h``, or one stacked ``[T, *h.shape]`` tensor."""
+        selfterm = h if self.eps == 0 else (1.0 + self.eps) * h
+        if isinstance(aggregated, torch.Tensor):
+            x = (aggregated + selfterm).movedim(0, -2)
+            x = x.reshape(*h.shape[:-1], x.shape[-2] * x.shape[-1])
+        else:
+            x = torch.cat([selfterm + a for a in aggregated], dim=-1)
         out = self.lins[layer](x)
         return torch.relu(out) if layer < self.num_layers - 1 else out
 
@@ -61,8 +68,7 @@ class PerturbGIN(nn.Module):
         """Perturbed-graph node embeddings ``[B, N, H]`` computed the strategy's way."""
         h = strategy.initial(self.embedding, ctx)
         for layer in range(self.num_layers):
-            agg = [strategy.aggregate(h, t, ctx) for t in self.edge_types]
-            h = self.combine(layer, h, agg)
+            h = self.combine(layer, h, strategy.aggregate_all(h, ctx))
         return strategy.to_sample_major(h, ctx)
 
     def wildtype_forward(self, aggregate) -> torch.Tensor:

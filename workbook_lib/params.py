@@ -97,6 +97,10 @@ SCHEMA: tuple[Field, ...] = (
     Field("hidden", "int", 64, "hidden size H", _positive),
     Field("layers", "int", 3, "message-passing layers", _positive),
     Field("aggr", "str", "sum", "aggregation: sum or mean", choices=AGGRS),
+    Field("cpu_allocator_cache", "bool", True,
+          "on Linux/glibc CPUs keep freed memory in the heap (mallopt) instead of returning "
+          "every large tensor to the OS, as PyTorch's CUDA caching allocator does on GPUs; "
+          "without it large-batch CPU timings are dominated by page faults"),
     Field("warmup", "int", 2, "untimed warm-up repetitions before each measurement",
           _non_negative),
     Field("repeats", "int", 5, "timed repetitions per measurement (median and IQR reported)",
@@ -113,6 +117,11 @@ SCHEMA: tuple[Field, ...] = (
     Field("full_size_benchmark", "bool", False,
           "run notebook 02's benchmark at the real spec (scale 1.0) instead of `scale`"),
     Field("full_size_batch", "int", 28, "batch size of the full-size benchmark", _positive),
+    Field("replicated_max_batch", "int", 4,
+          "cap on strategy 2's batch in the full-size benchmark (its cost is linear in B, so "
+          "it is compared per sample)", _positive),
+    Field("exactness_genes", "int", 400,
+          "genes of the induced subgraph on which notebook 02 re-checks exactness", _positive),
     Field("memory_budget_gb", "float", 80.0,
           "device memory budget for the largest-batch-that-fits projection", _positive),
     # --- training loop (notebook 03) ---

@@ -16,6 +16,7 @@ def setup() -> None:
 def label(ax, title: str, *, device: str | None = None, sizes: str | None = None,
           repeats: int | None = None) -> None:
     """Title plus a second line with the measurement context."""
-    ctx = [s for s in (device, sizes, f"{repeats} repeats (median, IQR)" if repeats else None)
-           if s]
-    ax.set_title(title + ("\n" + " | ".join(ctx) if ctx else ""), fontsize=10)
+    second = " | ".join(s for s in (sizes, f"{repeats} repeats (median, IQR)" if repeats else None)
+                        if s)
+    lines = [title] + [s for s in (device, second) if s]
+    ax.set_title("\n".join(lines), fontsize=9)

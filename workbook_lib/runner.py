@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from . import environment
 from .exceptions import NotebookFailedError, ParamsError

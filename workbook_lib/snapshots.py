@@ -265,3 +265,14 @@ def load_snapshot(params: dict, *, scale: float | None = None) -> CellGraph:
         return load_heterodata(name)
     return load_synthetic(name, params["seed"], params["scale"] if scale is None else scale,
                           params["cache_dir"])
+
+
+def induced_subgraph(graph: CellGraph, num_genes: int) -> CellGraph:
+    """The graph restricted to genes ``0..num_genes-1`` (edges among them only)."""
+    if not 2 <= num_genes <= graph.num_genes:
+        raise ValueError(f"'num_genes' must be in 2..{graph.num_genes} (got {num_genes})")
+    ei = {t: e[:, (e[0] < num_genes) & (e[1] < num_genes)].contiguous()
+          for t, e in graph.edge_index.items()}
+    return CellGraph(name=f"{graph.name}[:{num_genes}]", num_genes=num_genes, edge_index=ei,
+                     source=graph.source, checksum=content_checksum(num_genes, ei),
+                     scale=graph.scale, spec=graph.spec)

@@ -27,6 +27,7 @@ from workbook_lib import environment, inventory, perturbations, plotting, result
 from workbook_lib.params import check_against_graph, mean_k, notebook_params
 
 P = notebook_params(params_file, params)
+environment.configure_cpu_allocator(P["cpu_allocator_cache"])
 plotting.setup()
 pd.DataFrame({"value": {k: repr(v) for k, v in P.items()}}).T
 

@@ -113,6 +113,11 @@ class Strategy:
     def aggregate(self, h: torch.Tensor, edge_type: str, ctx: dict) -> torch.Tensor:
         raise NotImplementedError
 
+    def aggregate_all(self, h: torch.Tensor, ctx: dict) -> list[torch.Tensor] | torch.Tensor:
+        """Every edge type's aggregation: a list (default: one call per type) or a stacked
+        ``[T, *h.shape]`` tensor when a strategy computes all types in one product."""
+        return [self.aggregate(h, t, ctx) for t in self.graph.edge_types]
+
     def to_sample_major(self, h: torch.Tensor, ctx: dict) -> torch.Tensor:
         return h.view(ctx["B"], self.n, -1)
 
