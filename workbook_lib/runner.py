@@ -113,6 +113,12 @@ def write_index(out_dir: Path, outcomes: list[NotebookOutcome], params: dict) ->
     env = json.loads((out_dir / "environment.json").read_text()) \
         if (out_dir / "environment.json").is_file() else {}
     rows = []
+    seen = {o.name for o in outcomes}
+    outcomes = list(outcomes) + [  # results of earlier runs into the same folder
+        NotebookOutcome(name=n, status="earlier run", files={
+            k: f"{n}.{k}" for k in ("ipynb", "html", "json") if (out_dir / f"{n}.{k}").is_file()})
+        for n in available_notebooks() if n not in seen and (out_dir / f"{n}.json").is_file()]
+    outcomes.sort(key=lambda o: o.name)
     for o in outcomes:
         res = read_results(out_dir, o.name) or {}
         headline = res.get("_meta", {}).get("headline", "")
