@@ -51,6 +51,11 @@ class PerturbGIN(nn.Module):
         self.query = nn.Parameter(torch.randn(hidden, generator=g) * 0.1)  # DANGO-style head
         self.head = nn.Linear(hidden, 1)
 
+    def forward(self, strategy, ctx: dict, dual: bool = False) -> torch.Tensor:
+        """Predictions ``[B]`` for a batch prepared by ``strategy`` (so that wrappers such as
+        DistributedDataParallel see a normal ``forward`` call)."""
+        return strategy.predict(self, ctx, dual=dual)
+
     def combine(self, layer: int, h: torch.Tensor,
                 aggregated: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         """One layer's update from the per-type aggregations (any leading layout): a list of

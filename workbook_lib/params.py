@@ -145,6 +145,7 @@ SCHEMA: tuple[Field, ...] = (
           "torchrun rendezvous host:port for multi-node runs (None: a free local port)"),
     Field("ddp_strategy", "str", "node_mask_shared", "strategy trained under DDP",
           choices=STRATEGY_NAMES),
+    Field("ddp_batch_size", "int", 8, "per-rank batch of the DDP scaling strategy", _positive),
     Field("ddp_steps", "int", 6, "timed DDP steps per run", _positive),
     Field("grad_accum_steps", "int", 2, "accumulation steps of the no_sync() comparison",
           _positive),
