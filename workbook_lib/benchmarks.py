@@ -16,6 +16,24 @@ from .strategies import build_ctx, make_strategy
 from .timing import measure
 
 
+def is_oom(exc: BaseException) -> bool:
+    """Host or device out-of-memory, as raised by Python or PyTorch."""
+    if isinstance(exc, MemoryError):
+        return True
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def oom_record(exc: BaseException) -> dict:
+    """What a sweep keeps for a point that did not fit: no value, and why."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"median": None, "q1": None, "q3": None, "iqr": None, "n": 0,
+            "reason": f"out of memory: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+
+
 def mask_generation_per_sample(graph: CellGraph, k, batch_size: int, device, *, warmup=1,
                                repeats=3, seed=0, storage_dir=None) -> dict:
     """Seconds per sample to produce one sample's edge removal, for each form:
@@ -63,13 +81,20 @@ def layer_time_across_batch(graph: CellGraph, strategies: list[str], batch_sizes
     out: dict = {}
     jobs = [(s, b) for s in strategies for b in batch_sizes]
     for name, b in tqdm(jobs, desc="layer across B", disable=not progress):
-        s = make_strategy(name, graph, aggr=aggr, device=device)
-        pert = sample_perturbations(graph.num_genes, k, b, seed=seed)
-        ctx = build_ctx(s, pert)
-        with torch.no_grad():
-            st = measure(lambda: s.predict(model, ctx), device=device, warmup=warmup,
-                         repeats=repeats)
-        out.setdefault(name, {})[str(b)] = st.as_dict()
+        try:
+            s = make_strategy(name, graph, aggr=aggr, device=device)
+            pert = sample_perturbations(graph.num_genes, k, b, seed=seed)
+            ctx = build_ctx(s, pert)
+            with torch.no_grad():
+                st = measure(lambda: s.predict(model, ctx), device=device, warmup=warmup,
+                             repeats=repeats)
+            out.setdefault(name, {})[str(b)] = {**st.as_dict(), "reason": None}
+        except Exception as exc:  # noqa: BLE001 - only OOM is recorded, the rest re-raised
+            if not is_oom(exc):
+                raise
+            out.setdefault(name, {})[str(b)] = oom_record(exc)
+        finally:
+            ctx = None
     return out
 
 
@@ -133,19 +158,30 @@ def full_size_comparison(graph: CellGraph, *, batch_size: int, k, hidden: int, l
                                 f"({budget / 1e9:.1f} GB at ~{per / 1e9:.2f} GB/sample)")
             if replicated_max_batch and replicated_max_batch < b:
                 b, why = replicated_max_batch, "capped by replicated_max_batch (run time)"
-        s = make_strategy(name, graph, aggr=aggr, device=device, form=form)
-        pert = sample_perturbations(graph.num_genes, k, b, seed=seed)
         t0 = time.perf_counter()
-        st, peak = step_time(s, model, pert, device, warmup=warmup, repeats=repeats)
+        try:
+            s = make_strategy(name, graph, aggr=aggr, device=device, form=form)
+            pert = sample_perturbations(graph.num_genes, k, b, seed=seed)
+            st, peak = step_time(s, model, pert, device, warmup=warmup, repeats=repeats)
+            step, per, reason = st.as_dict(), st.median / b, None
+        except Exception as exc:  # noqa: BLE001 - only OOM is recorded, the rest re-raised
+            if not is_oom(exc):
+                raise
+            rec = oom_record(exc)
+            step, per, peak, reason = rec, None, None, rec["reason"]
         rows[f"{name}:{form}"] = {"strategy": name, "form": form, "batch_size": b,
-                                  "batch_reason": why, "step": st.as_dict(),
-                                  "per_sample_s": st.median / b, "peak_device_bytes": peak,
+                                  "batch_reason": why, "step": step, "per_sample_s": per,
+                                  "peak_device_bytes": peak, "reason": reason,
                                   "wall_s": time.perf_counter() - t0}
     shared = rows["node_mask_shared:spmm"]["per_sample_s"]
+
+    def ratio(key):
+        other = rows[key]["per_sample_s"]
+        return other / shared if (other is not None and shared) else None
     return {
         "rows": rows,
-        "ratio_vs_brief_form": rows["replicated_mask_cpu:gather_scatter"]["per_sample_s"] / shared,
-        "ratio_vs_sparse_form": rows["replicated_mask_cpu:spmm"]["per_sample_s"] / shared,
+        "ratio_vs_brief_form": ratio("replicated_mask_cpu:gather_scatter"),
+        "ratio_vs_sparse_form": ratio("replicated_mask_cpu:spmm"),
         "sizes": {"num_genes": graph.num_genes, "edges": graph.num_edges(), "hidden": hidden,
                   "layers": layers, "k": k, "scale": graph.scale},
         "memory_budget_bytes": budget,

@@ -26,12 +26,32 @@ def _cmd_params(args) -> int:
     return 0
 
 
+def _apply_sets(p: dict, sets: list[str] | None, source: str) -> dict:
+    """``--set key=value`` overrides (value parsed as YAML), validated with the same schema."""
+    import yaml
+
+    if not sets:
+        return p
+    extra = {}
+    for item in sets:
+        if "=" not in item:
+            raise params_mod.ParamsError(f"--set expects KEY=VALUE (got {item!r})")
+        k, v = item.split("=", 1)
+        extra[k.strip()] = yaml.safe_load(v)
+    return params_mod.validate({**p, **extra}, source=f"{source} with --set")
+
+
 def _cmd_run(args) -> int:
     p = params_mod.load_params_file(args.params)  # every check before any work
+    p = _apply_sets(p, args.set, str(args.params))
     try:
         outcomes = run_notebooks(p, args.out, only=args.only, hide_code=args.hide_code,
                                  resume=args.resume, progress=not args.quiet,
                                  log_output=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"\nINTERRUPTED: kernel and child processes stopped; finished notebooks are kept "
+              f"in {args.out} (rerun with --resume to continue)", file=sys.stderr)
+        return 130
     except NotebookFailedError as exc:
         print(f"\nFAILED: {exc}", file=sys.stderr)
         print(f"Partial notebooks and HTML (failing cell marked) are in {args.out}",
@@ -40,6 +60,30 @@ def _cmd_run(args) -> int:
     for o in outcomes:
         print(f"{o.status:8s} {o.name:28s} {o.seconds:7.1f} s")
     print(f"Reports: {args.out}/index.html")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from .compare import compare_runs
+
+    path = compare_runs(args.run_a, args.run_b, args.out, force=args.force)
+    print(f"Comparison: {path}")
+    return 0
+
+
+def _cmd_slurm(args) -> int:
+    from .slurm import write_scripts
+
+    paths = write_scripts(args.params, args.out_dir, partition=args.partition,
+                          gpus_per_node=args.gpus, nodes=args.nodes, time=args.time,
+                          cpus_per_task=args.cpus_per_task, mem=args.mem, account=args.account,
+                          array=not args.single_job)
+    for kind, path in paths.items():
+        print(f"{kind:8s} {path}")
+    if "submit" in paths:
+        print(f"Submit with: bash {paths['submit']}")
+    else:
+        print(f"Submit with: sbatch {paths['sbatch']}")
     return 0
 
 
@@ -60,7 +104,28 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--resume", action="store_true",
                     help="skip notebooks whose results are complete with the same params")
     rp.add_argument("--quiet", action="store_true", help="no progress bars or kernel output")
+    rp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override one param (YAML value), validated like the file")
     rp.set_defaults(fn=_cmd_run)
+    cp = sub.add_parser("compare", help="HTML page comparing two run folders")
+    cp.add_argument("run_a")
+    cp.add_argument("run_b")
+    cp.add_argument("--out", help="output HTML (default: RUN_B/compare_A_vs_B.html)")
+    cp.add_argument("--force", action="store_true", help="compare runs of different snapshots")
+    cp.set_defaults(fn=_cmd_compare)
+    sp = sub.add_parser("slurm", help="write sbatch scripts for a cluster")
+    sp.add_argument("--params", required=True)
+    sp.add_argument("--partition")
+    sp.add_argument("--gpus", type=int, default=0, help="GPUs per node (default 0)")
+    sp.add_argument("--nodes", type=int, default=1)
+    sp.add_argument("--time", default="04:00:00")
+    sp.add_argument("--cpus-per-task", type=int, default=8)
+    sp.add_argument("--mem")
+    sp.add_argument("--account")
+    sp.add_argument("--single-job", action="store_true",
+                    help="one job runs every notebook (default: one array task per notebook)")
+    sp.add_argument("--out-dir", default="runs/slurm")
+    sp.set_defaults(fn=_cmd_slurm)
     return ap
 
 

@@ -95,6 +95,11 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
            "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", *rdzv,
            "-m", module, str(cfg_path)]
+    if nnodes > 1:  # one torchrun agent per allocated node
+        if "SLURM_JOB_ID" not in os.environ:
+            raise LaunchError(f"nnodes={nnodes} needs a SLURM allocation (srun starts one "
+                              "torchrun per node); run inside sbatch/salloc")
+        cmd = ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *cmd]
     env = dict(os.environ)
     if threads_per_rank:
         env["OMP_NUM_THREADS"] = str(threads_per_rank)

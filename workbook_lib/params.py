@@ -122,6 +122,11 @@ SCHEMA: tuple[Field, ...] = (
           "it is compared per sample)", _positive),
     Field("exactness_genes", "int", 400,
           "genes of the induced subgraph on which notebook 02 re-checks exactness", _positive),
+    Field("memory_batch_sizes", "list_int", [1, 2, 4],
+          "batch sizes of notebook 02's peak-memory sweep", _non_empty_positive_list),
+    Field("memory_full_size", "bool", True,
+          "also measure the replicated strategy's memory at the real size with the brief's "
+          "model (H=64, 3 layers) to project the largest batch in memory_budget_gb"),
     Field("memory_budget_gb", "float", 80.0,
           "device memory budget for the largest-batch-that-fits projection", _positive),
     # --- training loop (notebook 03) ---

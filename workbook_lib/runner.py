@@ -4,10 +4,13 @@ from __future__ import annotations
 import html
 import json
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from tqdm import tqdm
 
 from . import environment
@@ -18,6 +21,11 @@ from .results import read_results, to_jsonable
 log = logging.getLogger(__name__)
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+
+
+def notebook_dir() -> Path:
+    """Where the source notebooks are (``WORKBOOK_NOTEBOOK_DIR`` overrides, for tests)."""
+    return Path(os.environ.get("WORKBOOK_NOTEBOOK_DIR", NOTEBOOK_DIR))
 TITLES = {
     "01_graph_inventory": "Graph size inventory",
     "02_mask_cost_model": "Mask cost model and strategy comparison",
@@ -29,7 +37,7 @@ TITLES = {
 
 def available_notebooks() -> list[str]:
     """Notebook names (without .ipynb) in execution order."""
-    return sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    return sorted(p.stem for p in notebook_dir().glob("[0-9][0-9]_*.ipynb"))
 
 
 @dataclass
@@ -38,8 +46,16 @@ class NotebookOutcome:
     status: str  # ok, failed, skipped
     seconds: float = 0.0
     error: str | None = None
-    failed_cell: int | None = None
+    failed_cell: int | None = None  # index in the executed notebook (papermill's cells included)
+    failed_exec: int | None = None  # its execution count, as shown "In [N]" in the report
     files: dict = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        if self.failed_cell is None:
+            return "cell unknown"
+        run = f", In [{self.failed_exec}]" if self.failed_exec is not None else ""
+        return f"cell {self.failed_cell}{run}"
 
 
 def export_html(ipynb: Path, html_path: Path, *, hide_code: bool = False) -> Path:
@@ -74,7 +90,7 @@ def execute_one(name: str, params: dict, out_dir: Path, *, hide_code: bool = Fal
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    src = NOTEBOOK_DIR / f"{name}.ipynb"
+    src = notebook_dir() / f"{name}.ipynb"
     if not src.is_file():
         raise ParamsError(f"no notebook named {name!r}; available: {available_notebooks()}")
     out_nb = out_dir / f"{name}.ipynb"
@@ -86,13 +102,19 @@ def execute_one(name: str, params: dict, out_dir: Path, *, hide_code: bool = Fal
             str(src), str(out_nb),
             parameters={"params_file": None, "params": to_jsonable(params),
                         "run_dir": str(out_dir)},
-            cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=progress,
+            cwd=str(notebook_dir()), kernel_name="python3", progress_bar=progress,
             log_output=log_output, execution_timeout=timeout,
         )
+    except KeyboardInterrupt:
+        outcome.status = "interrupted"
+        outcome.error = "interrupted (SIGINT/SIGTERM)"
+        outcome.seconds = time.perf_counter() - t0
+        raise
     except PapermillExecutionError as exc:
         outcome.status = "failed"
         outcome.error = f"{exc.ename}: {exc.evalue}"
         outcome.failed_cell = exc.cell_index
+        outcome.failed_exec = exc.exec_count
     except Exception as exc:  # noqa: BLE001 - kernel death etc.: record and go on
         outcome.status = "failed"
         outcome.error = f"{type(exc).__name__}: {exc}"
@@ -123,7 +145,7 @@ def write_index(out_dir: Path, outcomes: list[NotebookOutcome], params: dict) ->
         res = read_results(out_dir, o.name) or {}
         headline = res.get("_meta", {}).get("headline", "")
         if o.status == "failed":
-            cell = f" (cell {o.failed_cell})" if o.failed_cell is not None else ""
+            cell = f" ({o.where})" if o.failed_cell is not None else ""
             headline = f"FAILED{cell}: {o.error}"
         links = " ".join(f'<a href="{html.escape(f)}">{k}</a>' for k, f in o.files.items())
         rows.append(f"<tr class='{o.status}'><td>{html.escape(TITLES.get(o.name, o.name))}"
@@ -149,11 +171,54 @@ git {html.escape(str(git.get('revision')))}{' (dirty)' if git.get('dirty') else 
     return path
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a cluster's time limit), turned into an interrupt of the main thread."""
+
+
+_AT_INTERRUPT: dict[int, psutil.Process] = {}
+
+
+def _on_signal(signum, frame):
+    # snapshot every descendant *before* anything dies: once the kernel is killed, torchrun
+    # and its ranks (own sessions) are re-parented and could no longer be found
+    try:
+        for c in psutil.Process().children(recursive=True):
+            _AT_INTERRUPT.setdefault(c.pid, c)
+    except psutil.Error:
+        pass
+    raise _Terminated()
+
+
+def kill_descendants(procs: list[psutil.Process], grace: float = 5.0) -> list[int]:
+    """Terminate (then kill) the given processes that are still alive; returns their pids."""
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                p.terminate()
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=grace)
+    for p in still:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return [p.pid for p in alive]
+
+
 def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None = None,
                   hide_code: bool = False, resume: bool = False, progress: bool = True,
                   log_output: bool = True) -> list[NotebookOutcome]:
-    """Run the notebooks in order into ``out_dir``; raise NotebookFailedError at the end if
-    any failed (the others still ran)."""
+    """Run the notebooks in order into ``out_dir``.
+
+    A failing notebook keeps its partial output and the others still run; at the end
+    NotebookFailedError lists what failed and where. ``resume`` skips notebooks whose results
+    are complete with the same params and snapshot checksum. SIGINT/SIGTERM stop the kernel and
+    every process it started (torchrun and its ranks included), keep what finished, update the
+    index and raise KeyboardInterrupt.
+    """
     names = available_notebooks()
     if only:
         unknown = [n for n in only if n not in names]
@@ -165,37 +230,79 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
     out.mkdir(parents=True, exist_ok=True)
     (out / "environment.json").write_text(
         json.dumps(to_jsonable(environment.collect(params)), indent=2))
-    outcomes = []
-    bar = tqdm(names, desc="notebooks", unit="nb", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        if resume and is_complete(out, name, params):
-            log.info("%s: results complete with the same params, skipped (--resume)", name)
-            outcomes.append(NotebookOutcome(name=name, status="skipped", files={
-                k: f"{name}.{k}" for k in ("ipynb", "html", "json")
-                if (out / f"{name}.{k}").is_file()}))
-            continue
-        (out / f"{name}.json").unlink(missing_ok=True)  # never leave stale results behind
-        o = execute_one(name, params, out, hide_code=hide_code, progress=progress,
-                        log_output=log_output)
-        outcomes.append(o)
-        if o.status == "failed":
-            log.error("%s FAILED at cell %s: %s (partial notebook kept: %s)", name,
-                      o.failed_cell, o.error, out / f"{name}.ipynb")
+    checksum = snapshot_checksum(params) if resume else None
+    outcomes: list[NotebookOutcome] = []
+    me = psutil.Process()
+    seen: dict[int, psutil.Process] = {}
+    _AT_INTERRUPT.clear()
+    prev = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} \
+        if _main_thread() else {}
+    try:
+        bar = tqdm(names, desc="notebooks", unit="nb", disable=not progress)
+        for name in bar:
+            bar.set_postfix_str(name)
+            if resume and is_complete(out, name, params, checksum):
+                log.info("%s: results complete with the same params and snapshot, skipped "
+                         "(--resume)", name)
+                outcomes.append(NotebookOutcome(name=name, status="skipped", files={
+                    k: f"{name}.{k}" for k in ("ipynb", "html", "json")
+                    if (out / f"{name}.{k}").is_file()}))
+                continue
+            (out / f"{name}.json").unlink(missing_ok=True)  # never leave stale results behind
+            o = execute_one(name, params, out, hide_code=hide_code, progress=progress,
+                            log_output=log_output)
+            outcomes.append(o)
+            if o.status == "failed":
+                log.error("%s FAILED at %s: %s (partial notebook kept: %s)", name,
+                          o.where, o.error, out / f"{name}.ipynb")
+            write_index(out, outcomes, params)
+    except KeyboardInterrupt:
+        seen.update(_AT_INTERRUPT)
+        try:
+            for c in me.children(recursive=True):
+                seen.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+        killed = kill_descendants(list(seen.values()))
+        log.error("interrupted: stopped the kernel and %d process(es) it left; finished "
+                  "notebooks kept in %s", len(killed), out)
+        outcomes.append(NotebookOutcome(name=next((n for n in names if n not in
+                                                   {o.name for o in outcomes}), "?"),
+                                        status="interrupted", error="interrupted"))
         write_index(out, outcomes, params)
+        raise
+    finally:
+        for sig, handler in prev.items():
+            signal.signal(sig, handler)
     write_index(out, outcomes, params)
     failures = [o for o in outcomes if o.status == "failed"]
     if failures:
-        summary = "; ".join(f"{o.name} (cell {o.failed_cell}): {o.error}" for o in failures)
+        summary = "; ".join(f"{o.name} ({o.where}): {o.error}" for o in failures)
         raise NotebookFailedError(f"{len(failures)} notebook(s) failed: {summary}",
                                   failures=failures)
     return outcomes
 
 
-def is_complete(out_dir: Path, name: str, params: dict) -> bool:
-    """True when ``name``'s results file is complete and was made with the same params."""
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def snapshot_checksum(params: dict) -> str:
+    """Content checksum of the snapshot the params name (generated graphs come from cache)."""
+    from .snapshots import load_snapshot
+
+    return load_snapshot(params).checksum
+
+
+def is_complete(out_dir: Path, name: str, params: dict, checksum: str | None = None) -> bool:
+    """True when ``name``'s results file is complete and was made with the same params (and,
+    when given, the same snapshot checksum)."""
     res = read_results(out_dir, name)
     if not res:
         return False
     meta = res.get("_meta", {})
+    if checksum is not None and meta.get("snapshot_checksum") != checksum:
+        return False
     return bool(meta.get("complete")) and meta.get("params") == to_jsonable(params)

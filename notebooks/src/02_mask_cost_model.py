@@ -206,18 +206,26 @@ layer = benchmarks.layer_time_across_batch(graph, layer_strats, P["layer_batch_s
                                            warmup=P["warmup"], repeats=REP, seed=P["seed"])
 fig, ax = plt.subplots(figsize=(8, 4.5))
 bs = np.array(P["layer_batch_sizes"])
+def _arr(byb, key):
+    return np.array([np.nan if byb[str(b)][key] is None else byb[str(b)][key] for b in bs]) * 1e3
+
+
 for i, (name, byb) in enumerate(layer.items()):
-    med = np.array([byb[str(b)]["median"] for b in bs]) * 1e3
-    lo = med - np.array([byb[str(b)]["q1"] for b in bs]) * 1e3
-    hi = np.array([byb[str(b)]["q3"] for b in bs]) * 1e3 - med
-    ax.errorbar(bs, med, yerr=[lo, hi], fmt="o-", color=f"C{i}", label=REGISTRY[name].label)
+    med = _arr(byb, "median")
+    ax.errorbar(bs, med, yerr=[med - _arr(byb, "q1"), _arr(byb, "q3") - med], fmt="o-", color=f"C{i}",
+                label=REGISTRY[name].label)
     ax.plot(bs, med[0] * bs / bs[0], ":", color=f"C{i}")
+    oom = [b for b in bs if byb[str(b)]["median"] is None]
+    if oom:  # where the memory limit was
+        ax.plot(oom, [np.nanmax(med) * 1.5] * len(oom), "x", color=f"C{i}", ms=10,
+                label=f"{REGISTRY[name].label}: out of memory")
 ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="one layer (ms, median)")
 ax.legend(fontsize=8)
 plotting.label(ax, "One layer across B (dotted: ideal linear)", device=DEV,
                sizes=f"E = {graph.num_edges():,}, H = {P['hidden']}", repeats=REP)
 plt.show()
-display(pd.DataFrame({REGISTRY[n].label: {b: v["median"] * 1e3 for b, v in d.items()}
+display(pd.DataFrame({REGISTRY[n].label: {b: (v["median"] * 1e3 if v["median"] is not None else v["reason"])
+                                          for b, v in d.items()}
                       for n, d in layer.items()}).round(2).rename_axis("B (ms)"))
 
 # %% [markdown]
@@ -237,8 +245,10 @@ full = benchmarks.full_size_comparison(big, batch_size=P["full_size_batch"], k=P
                                        seed=P["seed"], replicated_max_batch=P["replicated_max_batch"])
 fdf = pd.DataFrame([{"strategy": REGISTRY[r["strategy"]].label, "form": r["form"], "B": r["batch_size"],
                      "why this B": r["batch_reason"], "step median (s)": r["step"]["median"],
-                     "IQR (s)": r["step"]["iqr"], "per sample (ms)": r["per_sample_s"] * 1e3,
-                     "peak device memory": r["peak_device_bytes"]} for r in full["rows"].values()])
+                     "IQR (s)": r["step"]["iqr"],
+                     "per sample (ms)": r["per_sample_s"] * 1e3 if r["per_sample_s"] else np.nan,
+                     "peak device memory": r["peak_device_bytes"], "note": r["reason"]}
+                    for r in full["rows"].values()])
 display(fdf)
 fig, ax = plt.subplots(figsize=(8, 3.5))
 ax.barh(fdf.strategy + " / " + fdf.form, fdf["per sample (ms)"])
@@ -247,12 +257,66 @@ plotting.label(ax, f"{'Full-size' if P['full_size_benchmark'] else 'Reduced-size
                sizes=f"{big.num_edges():,} edges, H={P['hidden']}, L={P['layers']}, k={P['perturbation_k']}",
                repeats=REP)
 plt.show()
+def _x(v):
+    return "n/a (out of memory)" if v is None else f"{v:.1f}x"
+
+
 display(Markdown(
-    f"**Node-mask shared graph is {full['ratio_vs_brief_form']:.1f}x faster per sample than the brief's "
+    f"**Per sample, the node-mask shared graph is {_x(full['ratio_vs_brief_form'])} faster than the brief's "
     f"form** of strategy 2 (gather-scatter, measured at B = {full['rows']['replicated_mask_cpu:gather_scatter']['batch_size']}) "
-    f"and {full['ratio_vs_sparse_form']:.1f}x faster than its sparse-product form, at "
-    f"{big.num_edges():,} edges on {DEV}. The first ratio separates what replication costs "
-    f"(the second) from what materialising every message costs."))
+    f"and {_x(full['ratio_vs_sparse_form'])} faster than its sparse-product form, at "
+    f"{big.num_edges():,} edges on {DEV} (a ratio below 1 means slower). The second ratio is what "
+    f"replication alone costs; the first adds what materialising every message costs."))
+
+# %% [markdown]
+# ## Peak memory per strategy and batch size
+# One forward + backward step per point, each in a fresh process (peak resident-set growth on CPU,
+# `torch.cuda.max_memory_allocated` on GPU). A point that runs out of memory is kept as such and the
+# sweep goes on. A linear fit per strategy gives the largest batch within `memory_budget_gb`. With
+# `memory_full_size`, the replicated strategy (the brief's gather-scatter form, dual forward) and the
+# node-mask shared graph are also measured at the real size with the brief's model (H=64, 3 layers):
+# the brief saw the replicated model run out of memory at batch 38 on an 80 GB GPU.
+
+# %%
+from workbook_lib import memory
+
+mem_strats = [("replicated_mask_cpu", "gather_scatter"), ("replicated_mask_cpu", "spmm"),
+              ("node_mask_shared", "spmm")]
+mem_rows = memory.sweep(P, mem_strats, P["memory_batch_sizes"], scale=graph.scale, hidden=P["hidden"],
+                        layers=P["layers"], device=str(device), dual=P["dual_forward"])
+budget = P["memory_budget_gb"] * 1e9
+largest = {}
+for name, form in mem_strats:
+    pts = [r for r in mem_rows if r["strategy"] == name and r["form"] == form]
+    largest[f"{name}:{form} @ scale {graph.scale:g}"] = memory.fit_largest_batch(pts, budget)
+if P["memory_full_size"]:
+    full_rows = []
+    for (name, form), bss in ((("replicated_mask_cpu", "gather_scatter"), [1, 2]),
+                              (("node_mask_shared", "spmm"), [1, 4])):
+        pts = [memory.measure_point(P, strategy=name, form=form, batch_size=b, scale=1.0, hidden=64,
+                                    layers=3, device=str(device), dual=True) for b in bss]
+        full_rows += pts
+        largest[f"{name}:{form} @ real size, H=64, L=3"] = memory.fit_largest_batch(pts, budget)
+    mem_rows += full_rows
+mdf = pd.DataFrame(mem_rows)
+mdf["GB"] = mdf["bytes"].map(lambda v: None if v is None or pd.isna(v) else v / 1e9)
+display(mdf[["strategy", "form", "scale", "hidden", "layers", "batch_size", "GB", "reason"]])
+ldf = pd.DataFrame(largest).T
+ldf["per sample (GB)"] = ldf.per_sample_bytes.map(lambda v: None if v is None else v / 1e9)
+display(Markdown(f"**Largest batch within {P['memory_budget_gb']:g} GB** (linear fit on the measured points):"))
+display(ldf[["per sample (GB)", "largest_batch"]])
+fig, ax = plt.subplots(figsize=(8, 4))
+for i, (key, g) in enumerate(mdf.groupby(["strategy", "form", "scale"], sort=False)):
+    ok = g[g.GB.notna()]
+    ax.plot(ok.batch_size, ok.GB, "o-", color=f"C{i}", label=f"{key[0]} / {key[1]} @ x{key[2]:g}")
+    bad = g[g.GB.isna()]
+    if len(bad):
+        ax.plot(bad.batch_size, [ok.GB.max() if len(ok) else 1] * len(bad), "x", ms=10, color=f"C{i}",
+                label=f"{key[0]} / {key[1]}: out of memory")
+ax.set(xlabel="batch size", ylabel="peak memory of a step (GB)")
+ax.legend(fontsize=7)
+plotting.label(ax, "Peak memory per step", device=DEV, sizes=f"measured in fresh processes")
+plt.show()
 
 # %%
 res = {
@@ -277,13 +341,15 @@ res = {
         "peak_device_bytes": {k: r["peak_device_bytes"] for k, r in full["rows"].items()},
         "full_size": bool(P["full_size_benchmark"]), **full["sizes"],
     },
+    "memory": {"points": mem_rows, "largest_batch": largest,
+               "budget_gb": P["memory_budget_gb"]},
     "sweep": rows,
     "device": DEV,
 }
 headline = (f"beta {coef['beta'] * 1e9:.2f} ns/(edge·ch); crossover p = "
             f"{'none' if cross is None else f'{cross:.3f}'}; held-out error median {val['median_abs_rel']:.0%}; "
-            f"node-mask shared graph {full['ratio_vs_brief_form']:.1f}x faster per sample than "
-            f"replicated masks (brief's form) at {big.num_edges():,} edges")
+            f"node-mask shared graph vs replicated masks (brief's form), per sample: "
+            f"{_x(full['ratio_vs_brief_form'])} at {big.num_edges():,} edges")
 path = results.write_results(run_dir, "02_mask_cost_model", res, P, headline=headline,
                              snapshot_checksum=graph.checksum)
 display(Markdown(f"**Headline.** {headline}\n\nResults: `{path}`"))
