@@ -66,3 +66,55 @@ def test_01_inventory_results(ci_run):
     assert r["_meta"]["complete"] and r["_meta"]["environment"]["versions"]["torch"]
     html = (out / "01_graph_inventory.html").read_text()
     assert "data:image/png;base64" in html
+
+
+def test_02_cost_model_results(ci_run):
+    out, _ = ci_run
+    r = _results(out, "02_mask_cost_model")
+    assert set(r["coefficients"]) == {"alpha", "beta", "gamma", "delta"}
+    assert all({"value", "unit"} <= set(v) for v in r["coefficients"].values())
+    assert "crossover_p" in r
+    assert {"median_abs_rel", "max_abs_rel"} <= set(r["prediction_error"])
+    assert "E" in r["layer_time_s"] and "H" in r["layer_time_s"]
+    assert "node_mask_shared" in r["layer_time_s"]
+    assert max(r["exact"].values()) < 1e-4 and len(r["exact"]) == 7
+    full = r["full_size_ratio_shared_vs_replicated"]
+    assert {"value", "replicated_form", "batch_sizes", "ratio_vs_sparse_form"} <= set(full)
+    assert r["memory"]["points"]
+
+
+def test_03_timing_results(ci_run):
+    out, _ = ci_run
+    r = _results(out, "03_data_vs_model_timing")
+    for key in ("it_per_s", "ms_per_sample", "stage_seconds", "syncs_per_step",
+                "epochs_per_day", "profile_categories", "profile_coverage", "brief_comparison"):
+        assert key in r, key
+    assert set(r["it_per_s"]["node_mask_shared"]) == {"data", "forward", "forward_backward", "full"}
+    assert r["syncs_per_step"]["device_mask_loop"] > 0
+    assert r["syncs_per_step"]["device_mask_vectorized"] == 0
+    for name, cov in r["profile_coverage"].items():
+        assert 0.95 <= cov <= 1.05, (name, cov)
+    assert set(r["epochs_per_day"]["dango_wildtype"]) == {"1", "4"}
+    for trace in r["traces"].values():
+        assert Path(trace).is_file()
+
+
+def test_04_ddp_results(ci_run):
+    out, _ = ci_run
+    r = _results(out, "04_ddp_scaling")
+    assert set(r["step_time_s"]) == {"1", "2"}
+    for key in ("scaling_efficiency", "comm_fraction", "grad_accum_vs_ddp",
+                "predicted_step_time_s"):
+        assert key in r
+    assert {"steps_ratio", "per_step_ratio", "ddp_factor", "total"} <= set(r["gap_decomposition"])
+    assert r["backend"] == "gloo"
+
+
+def test_05_verdict_results(ci_run):
+    out, _ = ci_run
+    r = _results(out, "05_verdict")
+    assert r["missing"] == []
+    assert r["recommendation"]["strategy"]
+    assert any(c["status"] == "held" for c in r["claims"])
+    assert r["gap_causes"]
+    assert "use " in r["_meta"]["headline"]

@@ -111,8 +111,11 @@ def fit_largest_batch(points: list[dict], budget_bytes: float) -> dict:
     mb = sum(b for b, _ in pts) / n
     my = sum(y for _, y in pts) / n
     slope = sum((b - mb) * (y - my) for b, y in pts) / sum((b - mb) ** 2 for b, _ in pts)
-    slope = max(slope, 1.0)
     fixed = my - slope * mb
+    if slope <= 0:
+        return {"fixed_bytes": fixed, "per_sample_bytes": None, "largest_batch": None,
+                "budget_bytes": budget_bytes,
+                "reason": "no per-sample growth above measurement noise at these sizes"}
     largest = math.floor((budget_bytes - fixed) / slope)
     return {"fixed_bytes": fixed, "per_sample_bytes": slope, "largest_batch": max(0, largest),
             "budget_bytes": budget_bytes}

@@ -117,7 +117,7 @@ if rec:
                     f"{rec['full_size_ratio_vs_sparse_form']:.1f}x vs its sparse-product form (notebook 02).")
     mem = rec.get("memory") or {}
     for key, fit in (mem.get("largest_batch") or {}).items():
-        if fit.get("largest_batch") is not None:
+        if fit.get("largest_batch") is not None and fit["per_sample_bytes"] > 1e6:
             text.append(f"- Memory ({key}): {fit['per_sample_bytes'] / 1e9:.2f} GB per sample + "
                         f"{fit['fixed_bytes'] / 1e9:.2f} GB fixed: largest batch in "
                         f"{fit['budget_bytes'] / 1e9:.0f} GB = **{fit['largest_batch']}**.")
