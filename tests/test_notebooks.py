@@ -118,3 +118,18 @@ def test_05_verdict_results(ci_run):
     assert any(c["status"] == "held" for c in r["claims"])
     assert r["gap_causes"]
     assert "use " in r["_meta"]["headline"]
+
+
+@pytest.mark.parametrize("name", ["01_graph_inventory", "05_verdict"])
+def test_notebook_runs_with_its_own_defaults(name, tmp_path):
+    """As in JupyterLab: nothing injected but where results go (so the repo stays clean)."""
+    import papermill as pm
+
+    out = tmp_path / f"{name}.ipynb"
+    pm.execute_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"), str(out),
+                        parameters={"run_dir": str(tmp_path)}, cwd=str(ROOT / "notebooks"),
+                        kernel_name="python3", progress_bar=False)
+    res = json.loads((tmp_path / f"{name}.json").read_text())
+    assert res["_meta"]["params"]["scale"] == 0.1  # params/default.yaml
+    if name == "05_verdict":
+        assert len(res["missing"]) == 3  # only 01 ran in this folder: named, not fatal

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from . import processes
 from .exceptions import LaunchError
 
 
@@ -44,23 +45,6 @@ def _tail(path: Path, n: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return "(no output)"
-
-
-def _kill_all(procs: dict[int, psutil.Process], grace: float = 5.0) -> None:
-    alive = []
-    for p in procs.values():
-        try:
-            p.terminate()
-            alive.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace)
-    for p in still:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(still, timeout=grace)
 
 
 def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Path,
@@ -168,11 +152,4 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        _kill_all({pid: p for pid, p in known.items() if _alive(p)})
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        processes.terminate(known.values())

@@ -76,11 +76,11 @@ class PerturbGIN(nn.Module):
             h = self.combine(layer, h, strategy.aggregate_all(h, ctx))
         return strategy.to_sample_major(h, ctx)
 
-    def wildtype_forward(self, aggregate) -> torch.Tensor:
-        """Wildtype node embeddings ``[N, H]``; ``aggregate(h, edge_type)`` is the strategy's."""
+    def wildtype_forward(self, strategy) -> torch.Tensor:
+        """Wildtype node embeddings ``[N, H]``, aggregated the strategy's way."""
         h = self.embedding
         for layer in range(self.num_layers):
-            h = self.combine(layer, h, [aggregate(h, t) for t in self.edge_types])
+            h = self.combine(layer, h, strategy.wildtype_aggregate_all(h))
         return h
 
     def readout(self, nodes: torch.Tensor, wildtype: torch.Tensor | None = None) -> torch.Tensor:

@@ -162,6 +162,9 @@ SCHEMA: tuple[Field, ...] = (
     Field("link_latency_us", "optional_float", None,
           "all-reduce latency in microseconds for predictions (None: measured here)"),
     # --- verdict (notebook 05) ---
+    Field("verdict_tie_tolerance", "float", 0.15,
+          "exact strategies within this fraction of the fastest count as tied; ties are "
+          "broken by measured memory per sample", _positive),
     Field("gap_strategies", "list_str", ["replicated_mask_cpu", "dango_wildtype"],
           "the two strategies whose gap the verdict decomposes", _strategies),
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 from tqdm import tqdm
 
-from . import environment
+from . import environment, processes
 from .exceptions import NotebookFailedError, ParamsError
 from .params import REPO_ROOT
 from .results import read_results, to_jsonable
@@ -189,25 +189,6 @@ def _on_signal(signum, frame):
     raise _Terminated()
 
 
-def kill_descendants(procs: list[psutil.Process], grace: float = 5.0) -> list[int]:
-    """Terminate (then kill) the given processes that are still alive; returns their pids."""
-    alive = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                p.terminate()
-                alive.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=grace)
-    for p in still:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return [p.pid for p in alive]
-
-
 def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None = None,
                   hide_code: bool = False, resume: bool = False, progress: bool = True,
                   log_output: bool = True) -> list[NotebookOutcome]:
@@ -263,7 +244,7 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
                 seen.setdefault(c.pid, c)
         except psutil.Error:
             pass
-        killed = kill_descendants(list(seen.values()))
+        killed = processes.terminate(seen.values())
         log.error("interrupted: stopped the kernel and %d process(es) it left; finished "
                   "notebooks kept in %s", len(killed), out)
         outcomes.append(NotebookOutcome(name=next((n for n in names if n not in

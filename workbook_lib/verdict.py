@@ -179,8 +179,23 @@ def claims(found: dict, spec_total_edges: int | None, device_type: str) -> list[
     return out
 
 
-def recommendation(found: dict, baseline: str = "replicated_mask_cpu") -> dict | None:
-    """Fastest exact strategy (notebook 03's full step per sample) with its speedup."""
+def _memory_per_sample(r02: dict | None) -> dict[str, float]:
+    """Measured bytes per sample by strategy from notebook 02 (the real-size fit preferred)."""
+    out: dict[str, float] = {}
+    fits = ((r02 or {}).get("memory") or {}).get("largest_batch") or {}
+    for key in sorted(fits, key=lambda k: "real size" not in k):  # real size first
+        name = key.split(":")[0]
+        per = fits[key].get("per_sample_bytes")
+        if per and name not in out:
+            out[name] = per
+    return out
+
+
+def recommendation(found: dict, baseline: str = "replicated_mask_cpu",
+                   tie_tolerance: float = 0.15) -> dict | None:
+    """The exact strategy to use: the fastest full step per sample (notebook 03); strategies
+    within ``tie_tolerance`` of it are tied, and the tie goes to the smallest measured memory
+    per sample (notebook 02), then to the faster one."""
     r03 = found.get("03_data_vs_model_timing")
     if not r03:
         return None
@@ -189,12 +204,16 @@ def recommendation(found: dict, baseline: str = "replicated_mask_cpu") -> dict |
     ms = {s: m["full"] for s, m in r03["ms_per_sample"].items() if REGISTRY[s].exact}
     if not ms:
         return None
-    best = min(ms, key=ms.get)
-    out = {"strategy": best, "label": REGISTRY[best].label, "ms_per_sample": ms[best],
-           "baseline": baseline, "speedup_per_sample": (ms[baseline] / ms[best])
-           if baseline in ms else None, "adoption": ADOPTION.get(best, ""),
-           "all_ms_per_sample": ms}
     r02 = found.get("02_mask_cost_model")
+    mem = _memory_per_sample(r02)
+    fastest = min(ms, key=ms.get)
+    tied = sorted(s for s in ms if ms[s] <= ms[fastest] * (1 + tie_tolerance))
+    best = min(tied, key=lambda s: (mem.get(s, float("inf")), ms[s]))
+    out = {"strategy": best, "label": REGISTRY[best].label, "ms_per_sample": ms[best],
+           "fastest": fastest, "tied_with_fastest": tied, "tie_tolerance": tie_tolerance,
+           "memory_per_sample_bytes": mem, "baseline": baseline,
+           "speedup_per_sample": (ms[baseline] / ms[best]) if baseline in ms else None,
+           "adoption": ADOPTION.get(best, ""), "all_ms_per_sample": ms}
     if r02:
         full = r02.get("full_size_ratio_shared_vs_replicated", {})
         out["full_size_ratio_vs_brief_form"] = full.get("value")

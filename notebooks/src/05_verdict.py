@@ -98,7 +98,7 @@ else:
 # ## 3 · Recommendation
 
 # %%
-rec = verdict.recommendation(found)
+rec = verdict.recommendation(found, tie_tolerance=P["verdict_tie_tolerance"])
 if rec:
     ms = pd.Series({REGISTRY[k].label: v for k, v in rec["all_ms_per_sample"].items()}).sort_values()
     fig, ax = plt.subplots(figsize=(8, 3.8))
@@ -121,11 +121,17 @@ if rec:
             text.append(f"- Memory ({key}): {fit['per_sample_bytes'] / 1e9:.2f} GB per sample + "
                         f"{fit['fixed_bytes'] / 1e9:.2f} GB fixed: largest batch in "
                         f"{fit['budget_bytes'] / 1e9:.0f} GB = **{fit['largest_batch']}**.")
+    if len(rec["tied_with_fastest"]) > 1:
+        text.append(f"- Within {rec['tie_tolerance']:.0%} of the fastest ({REGISTRY[rec['fastest']].label}) "
+                    f"at this scale: {', '.join(REGISTRY[s].label for s in rec['tied_with_fastest'])}; "
+                    "the tie goes to the least memory per sample measured in notebook 02.")
+    for name, per in rec["memory_per_sample_bytes"].items():
+        text.append(f"- Measured memory per sample, {REGISTRY[name].label}: {per / 1e6:,.0f} MB.")
     text.append(f"- **What to change:** {rec['adoption']}")
     if rec["strategy"] != "node_mask_shared":
-        text.append("- Note: on this run the node-mask shared graph was not the fastest; see notebook "
-                    "02's per-layer and full-size comparison for where its advantage appears (it grows "
-                    "with edges per node and batch size).")
+        text.append("- Note: on this run the node-mask shared graph was not chosen; notebook 02's "
+                    "per-layer and full-size comparisons show where its advantage appears (it grows "
+                    "with edges per node, batch size and device parallelism).")
     display(Markdown("\n".join(text)))
 else:
     print("notebook 03 results are needed for a recommendation")

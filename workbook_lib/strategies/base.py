@@ -138,6 +138,10 @@ class Strategy:
             out = sparse_ops.mean_divide(out, self.dev[key])
         return out
 
+    def wildtype_aggregate_all(self, h: torch.Tensor) -> list[torch.Tensor] | torch.Tensor:
+        """Every edge type's wildtype aggregation (a list, or one stacked tensor)."""
+        return [self.wildtype_aggregate(h, t) for t in self.graph.edge_types]
+
     def node_outputs(self, model, ctx: dict) -> torch.Tensor:
         """Perturbed-graph node embeddings ``[B, N, H]``."""
         return model.node_forward(self, ctx)
@@ -145,7 +149,7 @@ class Strategy:
     def predict(self, model, ctx: dict, dual: bool = False) -> torch.Tensor:
         """Scalar prediction per sample ``[B]`` (``dual``: minus the wildtype pool)."""
         nodes = self.node_outputs(model, ctx)
-        wt = model.wildtype_forward(self.wildtype_aggregate) if dual else None
+        wt = model.wildtype_forward(self) if dual else None
         return model.readout(nodes, wt)
 
     # ------------------------------------------------------------------ helpers

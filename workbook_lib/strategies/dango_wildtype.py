@@ -2,27 +2,29 @@
 
 Message passing once per step on the unperturbed graph, then the embeddings of the deleted
 genes go through a small attention head. Different semantics (the graph is never perturbed):
-the floor any exact method is measured against. Its cost does not grow with B.
+the floor any exact method is measured against. Its cost does not grow with B. It aggregates
+with the same stacked CSR product (and prepared transpose) as the node-mask shared graph.
 """
 from __future__ import annotations
 
 from .base import Strategy
+from .node_mask_shared import NodeMaskShared
 
 
-class DangoWildtype(Strategy):
+class DangoWildtype(NodeMaskShared):
     name = "dango_wildtype"
     label = "7 DANGO-style wildtype pass"
     number = 7
     exact = False
     replicated = False
+    layout = "sample_major"
 
-    def __init__(self, graph, **kw):
-        kw.setdefault("form", "spmm")
-        super().__init__(graph, **kw)
+    def device_prepare(self, batch):
+        return Strategy.device_prepare(self, batch)  # only the indices are needed
 
     def node_outputs(self, model, ctx):
         raise NotImplementedError("the DANGO-style strategy computes no perturbed-graph nodes")
 
     def predict(self, model, ctx, dual=False):
-        wt = model.wildtype_forward(self.wildtype_aggregate)
+        wt = model.wildtype_forward(self)
         return model.attention_head(wt, ctx["pert"])

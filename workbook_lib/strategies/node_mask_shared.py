@@ -35,6 +35,7 @@ class NodeMaskShared(Strategy):
         self.dev["csr_all"] = sparse_ops.csr_from_sorted(src.to(self.device),
                                                          row.to(self.device),
                                                          len(self.graph.edge_index) * n, n)
+        self.dev["csr_all_t"] = sparse_ops.transpose_csr(self.dev["csr_all"])  # for backward
 
     def device_prepare(self, batch):
         ctx = super().device_prepare(batch)
@@ -53,7 +54,7 @@ class NodeMaskShared(Strategy):
         n, b, hdim = h.shape
         t = len(self.graph.edge_types)
         x = (h * d).reshape(n, b * hdim)
-        out = sparse_ops.spmm(self.dev["csr_all"], x).view(t, n, b, hdim) * d
+        out = sparse_ops.spmm(self.dev["csr_all"], x, self.dev["csr_all_t"]).view(t, n, b, hdim) * d
         if self.aggr == "mean":
             out = sparse_ops.mean_divide(out, ctx["deg"])
         return out  # [T, N, B, H]
@@ -65,11 +66,11 @@ class NodeMaskShared(Strategy):
         return h.permute(1, 0, 2)  # [B, N, H]
 
     def wildtype_aggregate(self, h, edge_type):
-        return self._wildtype_all(h)[self.graph.edge_types.index(edge_type)]
+        return self.wildtype_aggregate_all(h)[self.graph.edge_types.index(edge_type)]
 
-    def _wildtype_all(self, h):
+    def wildtype_aggregate_all(self, h):
         t = len(self.graph.edge_types)
-        out = sparse_ops.spmm(self.dev["csr_all"], h).view(t, self.n, -1)
+        out = sparse_ops.spmm(self.dev["csr_all"], h, self.dev["csr_all_t"]).view(t, self.n, -1)
         if self.aggr == "mean":
             if "wt_deg_all" not in self.dev:
                 ones = torch.ones(self.n, 1, device=h.device)
