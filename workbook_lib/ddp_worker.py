@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -71,7 +72,7 @@ def _run_variant(ddp_model, strategy, ctxs, labels, *, steps, warmup, device, op
             ctx, y = ctxs[i % n], labels[i % n]
             i += 1
             skip = no_sync or (accum_no_sync and micro < accum - 1)
-            cm = ddp_model.no_sync() if skip else _Null()
+            cm = ddp_model.no_sync() if skip else nullcontext()
             with cm:
                 _sync(device)
                 ta = time.perf_counter()
@@ -97,14 +98,6 @@ def _run_variant(ddp_model, strategy, ctxs, labels, *, steps, warmup, device, op
         if fh is not None:
             _log(fh, f"{tag} step {step + 1}/{warmup + steps} {te - t0:.4f}s")
     return times
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def main(cfg_path: str) -> None:

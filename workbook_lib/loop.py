@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -100,19 +100,11 @@ class LoopResult:
         return 1e3 * self.step_median / self.batch_size
 
 
+@contextmanager
 def _stage(timer: StageTimer, name: str):
-    class _Both:
-        def __enter__(self_inner):
-            self_inner.rf = record_function(f"wb:{name}")
-            self_inner.rf.__enter__()
-            self_inner.st = timer.stage(name)
-            self_inner.st.__enter__()
-
-        def __exit__(self_inner, *exc):
-            self_inner.st.__exit__(*exc)
-            self_inner.rf.__exit__(*exc)
-            return False
-    return _Both()
+    """Time a stage (between device syncs) inside a ``wb:<stage>`` profiler range."""
+    with record_function(f"wb:{name}"), timer.stage(name):
+        yield
 
 
 def run_loop(strategy: Strategy, model, pert: torch.Tensor, *, mode: str, batch_size: int,

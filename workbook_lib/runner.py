@@ -23,9 +23,13 @@ log = logging.getLogger(__name__)
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 
 
+
+
 def notebook_dir() -> Path:
     """Where the source notebooks are (``WORKBOOK_NOTEBOOK_DIR`` overrides, for tests)."""
     return Path(os.environ.get("WORKBOOK_NOTEBOOK_DIR", NOTEBOOK_DIR))
+
+
 TITLES = {
     "01_graph_inventory": "Graph size inventory",
     "02_mask_cost_model": "Mask cost model and strategy comparison",
@@ -38,6 +42,12 @@ TITLES = {
 def available_notebooks() -> list[str]:
     """Notebook names (without .ipynb) in execution order."""
     return sorted(p.stem for p in notebook_dir().glob("[0-9][0-9]_*.ipynb"))
+
+
+def report_files(out_dir: Path, name: str) -> dict[str, str]:
+    """``{"ipynb"|"html"|"json": file name}`` for the files of ``name`` present in ``out_dir``."""
+    return {k: f"{name}.{k}" for k in ("ipynb", "html", "json")
+            if (out_dir / f"{name}.{k}").is_file()}
 
 
 @dataclass
@@ -125,8 +135,7 @@ def execute_one(name: str, params: dict, out_dir: Path, *, hide_code: bool = Fal
             export_html(out_nb, out_html, hide_code=hide_code)
         except Exception as exc:  # noqa: BLE001
             log.error("HTML export of %s failed: %s", out_nb, exc)
-    outcome.files = {k: p.name for k, p in (("ipynb", out_nb), ("html", out_html),
-                                             ("json", out_dir / f"{name}.json")) if p.is_file()}
+    outcome.files = report_files(out_dir, name)
     return outcome
 
 
@@ -137,8 +146,7 @@ def write_index(out_dir: Path, outcomes: list[NotebookOutcome], params: dict) ->
     rows = []
     seen = {o.name for o in outcomes}
     outcomes = list(outcomes) + [  # results of earlier runs into the same folder
-        NotebookOutcome(name=n, status="earlier run", files={
-            k: f"{n}.{k}" for k in ("ipynb", "html", "json") if (out_dir / f"{n}.{k}").is_file()})
+        NotebookOutcome(name=n, status="earlier run", files=report_files(out_dir, n))
         for n in available_notebooks() if n not in seen and (out_dir / f"{n}.json").is_file()]
     outcomes.sort(key=lambda o: o.name)
     for o in outcomes:
@@ -225,9 +233,8 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
             if resume and is_complete(out, name, params, checksum):
                 log.info("%s: results complete with the same params and snapshot, skipped "
                          "(--resume)", name)
-                outcomes.append(NotebookOutcome(name=name, status="skipped", files={
-                    k: f"{name}.{k}" for k in ("ipynb", "html", "json")
-                    if (out / f"{name}.{k}").is_file()}))
+                outcomes.append(NotebookOutcome(name=name, status="skipped",
+                                                files=report_files(out, name)))
                 continue
             (out / f"{name}.json").unlink(missing_ok=True)  # never leave stale results behind
             o = execute_one(name, params, out, hide_code=hide_code, progress=progress,

@@ -22,21 +22,18 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-import workbook_lib as wl
-from workbook_lib import environment, inventory, perturbations, plotting, results, snapshots
-from workbook_lib.params import check_against_graph, mean_k, notebook_params
+from workbook_lib import inventory, perturbations, plotting, results
+from workbook_lib.notebook import setup
+from workbook_lib.params import mean_k
 
-P = notebook_params(params_file, params)
-environment.configure_cpu_allocator(P["cpu_allocator_cache"])
-plotting.setup()
+t0 = time.perf_counter()
+NB = setup(params_file, params)
+setup_s = time.perf_counter() - t0
+P, graph = NB.params, NB.graph
 pd.DataFrame({"value": {k: repr(v) for k, v in P.items()}}).T
 
 # %%
-t0 = time.perf_counter()
-graph = snapshots.load_snapshot(P)
-check_against_graph(P, graph.num_genes)
-device_label = environment.device_label(environment.resolve_device(P["device"]))
-print(graph.describe(), f"- loaded in {time.perf_counter() - t0:.1f} s")
+print(graph.describe(), f"- set up and loaded in {setup_s:.1f} s on {NB.device_label}")
 print("checksum", graph.checksum[:16], "| ignored types:", graph.ignored or "none")
 
 # %% [markdown]

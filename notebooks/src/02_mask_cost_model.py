@@ -30,18 +30,13 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-from workbook_lib import benchmarks, costmodel, environment, plotting, results, snapshots
-from workbook_lib.params import check_against_graph, notebook_params
+from workbook_lib import benchmarks, costmodel, plotting, results, snapshots
+from workbook_lib.notebook import setup
 from workbook_lib.strategies import REGISTRY
 
-P = notebook_params(params_file, params)
-environment.configure_cpu_allocator(P["cpu_allocator_cache"])
-plotting.setup()
-device = environment.resolve_device(P["device"])
-DEV = environment.device_label(device)
+NB = setup(params_file, params)
+P, device, DEV, graph = NB.params, NB.device, NB.device_label, NB.graph
 REP = P["repeats"]
-graph = snapshots.load_snapshot(P)
-check_against_graph(P, graph.num_genes)
 print(graph.describe(), "| device:", DEV, "| warm-up", P["warmup"], "| repeats", REP)
 
 # %% [markdown]

@@ -24,21 +24,16 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-from workbook_lib import environment, loop, plotting, results, snapshots
+from workbook_lib import loop, plotting, results, snapshots
 from workbook_lib.model import PerturbGIN
-from workbook_lib.params import check_against_graph, notebook_params
+from workbook_lib.notebook import setup
 from workbook_lib.perturbations import sample_perturbations
 from workbook_lib.profiling import profile_steps
 from workbook_lib.strategies import REGISTRY, make_strategy
 from workbook_lib.syncs import SyncCounter
 
-P = notebook_params(params_file, params)
-environment.configure_cpu_allocator(P["cpu_allocator_cache"])
-plotting.setup()
-device = environment.resolve_device(P["device"])
-DEV = environment.device_label(device)
-graph = snapshots.load_snapshot(P)
-check_against_graph(P, graph.num_genes)
+NB = setup(params_file, params)
+P, device, DEV, graph = NB.params, NB.device, NB.device_label, NB.graph
 run_dir = Path(run_dir)
 STRATS = P["strategies"]
 

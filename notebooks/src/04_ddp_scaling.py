@@ -29,17 +29,12 @@ from IPython.display import Markdown, display
 
 from workbook_lib import allreduce_model as arm
 from workbook_lib import ddp_analysis as da
-from workbook_lib import environment, launcher, plotting, results, snapshots
-from workbook_lib.params import check_against_graph, notebook_params
+from workbook_lib import launcher, plotting, results
+from workbook_lib.notebook import setup
 from workbook_lib.strategies import REGISTRY
 
-P = notebook_params(params_file, params)
-environment.configure_cpu_allocator(P["cpu_allocator_cache"])
-plotting.setup()
-device = environment.resolve_device(P["device"])
-DEV = environment.device_label(device)
-graph = snapshots.load_snapshot(P)  # generated (and cached) once, before any rank starts
-check_against_graph(P, graph.num_genes)
+NB = setup(params_file, params)
+P, device, DEV, graph = NB.params, NB.device, NB.device_label, NB.graph  # the graph is cached before any rank starts
 run_dir = Path(run_dir)
 
 # %% [markdown]
