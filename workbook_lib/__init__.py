@@ -4,6 +4,12 @@ One module per concern: ``params`` (schema), ``snapshots`` (graphs), ``perturbat
 ``inventory`` (sizes), ``timing`` (honest measurement), ``results`` (JSON), ``environment``,
 ``runner`` (papermill/HTML), ``plotting``; strategies and analyses in later modules.
 """
-from .exceptions import ParamsError, SnapshotError, WorkbookError  # noqa: F401
+import warnings
+
+# torch_geometric imports tqdm.auto, which warns in every report that ipywidgets is not
+# installed; the workbook's progress bars are plain-text tqdm, so the hint does not apply.
+warnings.filterwarnings("ignore", message="IProgress not found")
+
+from .exceptions import ParamsError, SnapshotError, WorkbookError  # noqa: E402,F401
 
 __version__ = "0.1.0"
