@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbook_lib import params as params_mod
-from workbook_lib.snapshots import CellGraph, content_checksum
+from workbook_lib.running import params as params_mod
+from workbook_lib.data.snapshots import CellGraph, content_checksum
 
 ROOT = Path(__file__).resolve().parent.parent
 

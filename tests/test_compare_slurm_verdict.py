@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from workbook_lib import memory, slurm, verdict
-from workbook_lib.compare import compare_runs, headline_numbers
+from workbook_lib.measurement import memory
+from workbook_lib.running import slurm
+from workbook_lib.analysis import verdict
+from workbook_lib.analysis.compare import compare_runs, headline_numbers
 from workbook_lib.exceptions import RunComparisonError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +98,7 @@ def test_memory_fit_largest_batch():
 
 
 def test_memory_probe_runs_in_a_fresh_process():
-    from workbook_lib.params import validate
+    from workbook_lib.running.params import validate
     p = validate({"scale": 0.002, "device": "cpu"})
     r = memory.measure_point(p, strategy="node_mask_shared", form="spmm", batch_size=2,
                              scale=0.002, hidden=4, layers=1)

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from workbook_lib import costmodel, timing
+from workbook_lib.analysis import costmodel
+from workbook_lib.measurement import timing
 
 
 def _synthetic_rows(coef):

@@ -4,9 +4,11 @@ import time
 import psutil
 import pytest
 
-from workbook_lib import allreduce_model as arm
-from workbook_lib import ddp_analysis as da
-from workbook_lib import launcher, params as params_mod, snapshots
+from workbook_lib.distributed import allreduce_model as arm
+from workbook_lib.distributed import analysis as da
+from workbook_lib.distributed import launcher
+from workbook_lib.running import params as params_mod
+from workbook_lib.data import snapshots
 from workbook_lib.exceptions import LaunchError
 
 
@@ -36,7 +38,7 @@ def _no_orphans(out_dir):
 
 
 def test_two_rank_gloo_run_completes(tiny_params, tmp_path):
-    r = launcher.launch("workbook_lib.ddp_worker", _config(tiny_params), nproc_per_node=2,
+    r = launcher.launch("workbook_lib.distributed.worker", _config(tiny_params), nproc_per_node=2,
                         out_dir=tmp_path, timeout_s=120, threads_per_rank=1)
     assert set(r.ranks) == {0, 1}
     for rank in r.ranks.values():
@@ -51,7 +53,7 @@ def test_two_rank_gloo_run_completes(tiny_params, tmp_path):
 
 def test_failing_rank_is_named_and_nothing_is_left(tiny_params, tmp_path):
     with pytest.raises(LaunchError) as e:
-        launcher.launch("workbook_lib.ddp_worker", _config(tiny_params, fail_rank=1),
+        launcher.launch("workbook_lib.distributed.worker", _config(tiny_params, fail_rank=1),
                         nproc_per_node=2, out_dir=tmp_path, timeout_s=120, threads_per_rank=1)
     assert "rank 1 failed" in str(e.value) and "injected failure" in str(e.value)
     _no_orphans(tmp_path)
@@ -60,7 +62,7 @@ def test_failing_rank_is_named_and_nothing_is_left(tiny_params, tmp_path):
 def test_hanging_rank_times_out(tiny_params, tmp_path):
     t0 = time.time()
     with pytest.raises(LaunchError, match="silent"):
-        launcher.launch("workbook_lib.ddp_worker", _config(tiny_params, hang_rank=0),
+        launcher.launch("workbook_lib.distributed.worker", _config(tiny_params, hang_rank=0),
                         nproc_per_node=2, out_dir=tmp_path, timeout_s=8, threads_per_rank=1)
     assert time.time() - t0 < 60
     _no_orphans(tmp_path)

@@ -3,12 +3,13 @@ import json
 import pytest
 import torch
 
-from workbook_lib import loop, trace_analysis as ta
-from workbook_lib.model import PerturbGIN
-from workbook_lib.perturbations import sample_perturbations
-from workbook_lib.profiling import profile_steps
+from workbook_lib.training import loop
+from workbook_lib.measurement import trace_analysis as ta
+from workbook_lib.strategies.model import PerturbGIN
+from workbook_lib.data.perturbations import sample_perturbations
+from workbook_lib.measurement.profiling import profile_steps
 from workbook_lib.strategies import make_strategy
-from workbook_lib.syncs import SyncCounter
+from workbook_lib.measurement.syncs import SyncCounter
 
 from conftest import make_graph
 

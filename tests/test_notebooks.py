@@ -5,8 +5,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workbook_lib import params as params_mod
-from workbook_lib import runner
+from workbook_lib.running import params as params_mod
+from workbook_lib.running import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 

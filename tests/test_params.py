@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbook_lib import params as P
-from workbook_lib.environment import resolve_device
+from workbook_lib.running import params as P
+from workbook_lib.running.environment import resolve_device
 from workbook_lib.exceptions import ParamsError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from workbook_lib import inventory
-from workbook_lib.perturbations import node_keep_mask, sample_perturbations
-from workbook_lib.snapshots import CellGraph, content_checksum
+from workbook_lib.data import inventory
+from workbook_lib.data.perturbations import node_keep_mask, sample_perturbations
+from workbook_lib.data.snapshots import CellGraph, content_checksum
 
 
 def test_sampler_distinct_seeded_padded():

@@ -11,8 +11,9 @@ import nbformat
 import psutil
 import pytest
 
-from workbook_lib import benchmarks, runner
-from workbook_lib import params as params_mod
+from workbook_lib.analysis import benchmarks
+from workbook_lib.running import runner
+from workbook_lib.running import params as params_mod
 from workbook_lib.exceptions import NotebookFailedError
 
 ROOT = Path(__file__).resolve().parent.parent

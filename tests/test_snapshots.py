@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbook_lib import snapshots
+from workbook_lib.data import snapshots
 from workbook_lib.exceptions import SnapshotError
 
 
@@ -89,7 +89,7 @@ def test_heterodata_loader(tmp_path):
     ei = g.edge_index["physical"]
     assert (ei[1, 1:] >= ei[1, :-1]).all()
     # through params too
-    from workbook_lib.params import validate
+    from workbook_lib.running.params import validate
     assert snapshots.load_snapshot(validate({"snapshot": str(path)})).num_edges() == 5
 
 

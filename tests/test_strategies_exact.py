@@ -3,9 +3,9 @@ node outputs and gradients as the plain reference (per-sample PyG subgraph + GIN
 import pytest
 import torch
 
-from workbook_lib.model import PerturbGIN
-from workbook_lib.perturbations import sample_perturbations
-from workbook_lib.reference import reference_node_outputs, reference_predict, reference_wildtype
+from workbook_lib.strategies.model import PerturbGIN
+from workbook_lib.data.perturbations import sample_perturbations
+from workbook_lib.strategies.reference import reference_node_outputs, reference_predict, reference_wildtype
 from workbook_lib.strategies import REGISTRY, build_ctx, make_strategy
 
 from conftest import make_graph

@@ -22,9 +22,12 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-from workbook_lib import inventory, perturbations, plotting, results
-from workbook_lib.notebook import setup
-from workbook_lib.params import mean_k
+from workbook_lib.data import inventory
+from workbook_lib.data import perturbations
+from workbook_lib.report import plotting
+from workbook_lib.running import results
+from workbook_lib.running.notebook import setup
+from workbook_lib.running.params import mean_k
 
 t0 = time.perf_counter()
 NB = setup(params_file, params)

@@ -30,8 +30,12 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-from workbook_lib import benchmarks, costmodel, plotting, results, snapshots
-from workbook_lib.notebook import setup
+from workbook_lib.analysis import benchmarks
+from workbook_lib.analysis import costmodel
+from workbook_lib.report import plotting
+from workbook_lib.running import results
+from workbook_lib.data import snapshots
+from workbook_lib.running.notebook import setup
 from workbook_lib.strategies import REGISTRY
 
 NB = setup(params_file, params)
@@ -273,7 +277,7 @@ display(Markdown(
 # the brief saw the replicated model run out of memory at batch 38 on an 80 GB GPU.
 
 # %%
-from workbook_lib import memory
+from workbook_lib.measurement import memory
 
 mem_strats = [("replicated_mask_cpu", "gather_scatter"), ("replicated_mask_cpu", "spmm"),
               ("node_mask_shared", "spmm")]

@@ -24,13 +24,16 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-from workbook_lib import loop, plotting, results, snapshots
-from workbook_lib.model import PerturbGIN
-from workbook_lib.notebook import setup
-from workbook_lib.perturbations import sample_perturbations
-from workbook_lib.profiling import profile_steps
+from workbook_lib.training import loop
+from workbook_lib.report import plotting
+from workbook_lib.running import results
+from workbook_lib.data import snapshots
+from workbook_lib.strategies.model import PerturbGIN
+from workbook_lib.running.notebook import setup
+from workbook_lib.data.perturbations import sample_perturbations
+from workbook_lib.measurement.profiling import profile_steps
 from workbook_lib.strategies import REGISTRY, make_strategy
-from workbook_lib.syncs import SyncCounter
+from workbook_lib.measurement.syncs import SyncCounter
 
 NB = setup(params_file, params)
 P, device, DEV, graph = NB.params, NB.device, NB.device_label, NB.graph

@@ -27,10 +27,12 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-from workbook_lib import allreduce_model as arm
-from workbook_lib import ddp_analysis as da
-from workbook_lib import launcher, plotting, results
-from workbook_lib.notebook import setup
+from workbook_lib.distributed import allreduce_model as arm
+from workbook_lib.distributed import analysis as da
+from workbook_lib.distributed import launcher
+from workbook_lib.report import plotting
+from workbook_lib.running import results
+from workbook_lib.running.notebook import setup
 from workbook_lib.strategies import REGISTRY
 
 NB = setup(params_file, params)
@@ -75,7 +77,7 @@ for name in (slow, fast):
 worker_params = {**P, "backend": backend}
 launches = {}
 for ws in world_sizes:
-    r = launcher.launch("workbook_lib.ddp_worker",
+    r = launcher.launch("workbook_lib.distributed.worker",
                         {"params": worker_params, "strategies": specs, "steps": P["ddp_steps"],
                          "warmup": P["warmup"], "timeout_s": P["ddp_timeout_s"]},
                         nproc_per_node=ws // P["nnodes"] if P["nnodes"] > 1 else ws,

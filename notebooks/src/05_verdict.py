@@ -23,10 +23,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from workbook_lib import environment, plotting, results, verdict
-from workbook_lib.params import notebook_params
-from workbook_lib.snapshots import load_spec
-from workbook_lib.params import snapshot_spec_path
+from workbook_lib.running import environment
+from workbook_lib.report import plotting
+from workbook_lib.running import results
+from workbook_lib.analysis import verdict
+from workbook_lib.running.params import notebook_params
+from workbook_lib.data.snapshots import load_spec
+from workbook_lib.running.params import snapshot_spec_path
 from workbook_lib.strategies import REGISTRY
 
 P = notebook_params(params_file, params)

@@ -1,15 +1,15 @@
 """The strategies of the brief, one module each, behind one interface (``base.Strategy``)."""
 from __future__ import annotations
 
-from ..params import STRATEGY_NAMES
-from .base import FORMS, Strategy, build_ctx
-from .dango_wildtype import DangoWildtype
-from .device_mask import DeviceMaskLoop, DeviceMaskVectorized
-from .node_mask_shared import NodeMaskShared
-from .replicated_filter_device import ReplicatedFilterDevice
-from .replicated_mask_cpu import ReplicatedMaskCPU
-from .replicated_mask_stored import ReplicatedMaskStored
-from .subgraph_cpu import SubgraphCPU
+from ..catalog import STRATEGY_NAMES
+from ..strategies.base import FORMS, Strategy, build_ctx
+from ..strategies.dango_wildtype import DangoWildtype
+from ..strategies.device_mask import DeviceMaskLoop, DeviceMaskVectorized
+from ..strategies.node_mask_shared import NodeMaskShared
+from ..strategies.replicated_filter_device import ReplicatedFilterDevice
+from ..strategies.replicated_mask_cpu import ReplicatedMaskCPU
+from ..strategies.replicated_mask_stored import ReplicatedMaskStored
+from ..strategies.subgraph_cpu import SubgraphCPU
 
 REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (
     SubgraphCPU, ReplicatedMaskCPU, ReplicatedMaskStored, DeviceMaskLoop,

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import sparse_ops
-from ..snapshots import CellGraph
+from ..strategies import sparse_ops
+from ..data.snapshots import CellGraph
 
 FORMS = ("gather_scatter", "spmm")
 

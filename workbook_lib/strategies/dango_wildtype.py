@@ -7,8 +7,8 @@ with the same stacked CSR product (and prepared transpose) as the node-mask shar
 """
 from __future__ import annotations
 
-from .base import Strategy
-from .node_mask_shared import NodeMaskShared
+from ..strategies.base import Strategy
+from ..strategies.node_mask_shared import NodeMaskShared
 
 
 class DangoWildtype(NodeMaskShared):

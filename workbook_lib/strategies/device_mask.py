@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..perturbations import node_keep_mask
-from .base import ReplicatedAggregateMixin, Strategy, incidence_cache
+from ..data.perturbations import node_keep_mask
+from ..strategies.base import ReplicatedAggregateMixin, Strategy, incidence_cache
 
 
 class DeviceMaskLoop(ReplicatedAggregateMixin, Strategy):

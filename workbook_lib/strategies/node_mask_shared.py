@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import sparse_ops
-from ..perturbations import node_keep_mask
-from .base import Strategy
+from ..strategies import sparse_ops
+from ..data.perturbations import node_keep_mask
+from ..strategies.base import Strategy
 
 
 class NodeMaskShared(Strategy):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import ReplicatedAggregateMixin, Strategy
+from ..strategies.base import ReplicatedAggregateMixin, Strategy
 
 
 class ReplicatedFilterDevice(ReplicatedAggregateMixin, Strategy):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import ReplicatedAggregateMixin, Strategy, incidence_cache
+from ..strategies.base import ReplicatedAggregateMixin, Strategy, incidence_cache
 
 
 class ReplicatedMaskCPU(ReplicatedAggregateMixin, Strategy):

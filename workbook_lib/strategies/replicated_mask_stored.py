@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .replicated_mask_cpu import ReplicatedMaskCPU
+from ..strategies.replicated_mask_cpu import ReplicatedMaskCPU
 
 
 class ReplicatedMaskStored(ReplicatedMaskCPU):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch_geometric.utils import subgraph
 
-from ..perturbations import node_keep_mask
-from .base import ReplicatedAggregateMixin, Strategy, offset_concat
+from ..data.perturbations import node_keep_mask
+from ..strategies.base import ReplicatedAggregateMixin, Strategy, offset_concat
 
 
 class SubgraphCPU(ReplicatedAggregateMixin, Strategy):

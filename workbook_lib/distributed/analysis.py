@@ -6,7 +6,7 @@ import statistics
 
 import numpy as np
 
-from . import allreduce_model as arm
+from ..distributed import allreduce_model as arm
 
 
 def _median(xs):

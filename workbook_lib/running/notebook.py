@@ -5,9 +5,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import environment, plotting
-from .params import check_against_graph, notebook_params
-from .snapshots import CellGraph, load_snapshot
+from ..running import environment
+from ..report import plotting
+from ..running.params import check_against_graph, notebook_params
+from ..data.snapshots import CellGraph, load_snapshot
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from .results import read_results
+from ..running.results import read_results
 
 NOTEBOOKS = ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing",
              "04_ddp_scaling")
@@ -199,7 +199,7 @@ def recommendation(found: dict, baseline: str = "replicated_mask_cpu",
     r03 = found.get("03_data_vs_model_timing")
     if not r03:
         return None
-    from .strategies import REGISTRY
+    from ..strategies import REGISTRY
 
     ms = {s: m["full"] for s, m in r03["ms_per_sample"].items() if REGISTRY[s].exact}
     if not ms:

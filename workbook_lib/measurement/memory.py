@@ -16,18 +16,18 @@ import resource
 import subprocess
 import sys
 
-from .results import to_jsonable
+from ..running.results import to_jsonable
 
 
 def _probe(cfg: dict) -> dict:
     import torch
 
-    from .benchmarks import step_time  # noqa: F401  (imports the model stack once)
-    from .model import PerturbGIN
-    from .params import validate
-    from .perturbations import sample_perturbations
-    from .snapshots import load_snapshot
-    from .strategies import build_ctx, make_strategy
+    from ..analysis.benchmarks import step_time  # noqa: F401  (imports the model stack once)
+    from ..strategies.model import PerturbGIN
+    from ..running.params import validate
+    from ..data.perturbations import sample_perturbations
+    from ..data.snapshots import load_snapshot
+    from ..strategies import build_ctx, make_strategy
 
     p = validate(cfg["params"], source="memory probe")
     device = torch.device(cfg["device"])
@@ -67,7 +67,7 @@ def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float,
     base = {"strategy": strategy, "form": form, "batch_size": batch_size, "scale": scale,
             "hidden": hidden, "layers": layers, "device": device}
     try:
-        proc = subprocess.run([sys.executable, "-m", "workbook_lib.memory", json.dumps(cfg)],
+        proc = subprocess.run([sys.executable, "-m", "workbook_lib.measurement.memory", json.dumps(cfg)],
                               capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
                                   "OMP_NUM_THREADS", str(os.cpu_count() or 1))})

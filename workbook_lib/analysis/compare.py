@@ -5,9 +5,9 @@ import html
 import json
 from pathlib import Path
 
-from .exceptions import RunComparisonError
-from .results import read_results
-from .runner import TITLES
+from ..exceptions import RunComparisonError
+from ..running.results import read_results
+from ..running.runner import TITLES
 
 # per notebook: the numbers worth comparing (dotted paths; '*' expands one level)
 HEADLINES = {

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 import yaml
 
-from .exceptions import SnapshotError
-from .params import resolve_path, snapshot_spec_path
+from ..exceptions import SnapshotError
+from ..paths import resolve_path
+from ..running.params import snapshot_spec_path
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from .params import REPO_ROOT, load_params_file
-from .runner import available_notebooks
+from ..paths import REPO_ROOT
+from ..running.params import load_params_file
+from ..running.runner import available_notebooks
 
 
 def sbatch_script(params_file: str | Path, *, notebooks: list[str] | None = None,

@@ -13,14 +13,15 @@ from pathlib import Path
 import psutil
 from tqdm import tqdm
 
-from . import environment, processes
-from .exceptions import NotebookFailedError, ParamsError
-from .params import REPO_ROOT
-from .results import read_results, to_jsonable
+from ..running import environment
+from ..running import processes
+from ..exceptions import NotebookFailedError, ParamsError
+from ..paths import REPO_ROOT
+from ..running.results import read_results, to_jsonable
 
 log = logging.getLogger(__name__)
 
-NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+from ..paths import NOTEBOOK_DIR
 
 
 
@@ -279,7 +280,7 @@ def _main_thread() -> bool:
 
 def snapshot_checksum(params: dict) -> str:
     """Content checksum of the snapshot the params name (generated graphs come from cache)."""
-    from .snapshots import load_snapshot
+    from ..data.snapshots import load_snapshot
 
     return load_snapshot(params).checksum
 

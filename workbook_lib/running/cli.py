@@ -5,9 +5,9 @@ import argparse
 import logging
 import sys
 
-from . import params as params_mod
-from .exceptions import NotebookFailedError, WorkbookError
-from .runner import TITLES, available_notebooks, run_notebooks
+from ..running import params as params_mod
+from ..exceptions import NotebookFailedError, WorkbookError
+from ..running.runner import TITLES, available_notebooks, run_notebooks
 
 
 def _cmd_list(args) -> int:
@@ -64,7 +64,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from .compare import compare_runs
+    from ..analysis.compare import compare_runs
 
     path = compare_runs(args.run_a, args.run_b, args.out, force=args.force)
     print(f"Comparison: {path}")
@@ -72,7 +72,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_slurm(args) -> int:
-    from .slurm import write_scripts
+    from ..running.slurm import write_scripts
 
     paths = write_scripts(args.params, args.out_dir, partition=args.partition,
                           gpus_per_node=args.gpus, nodes=args.nodes, time=args.time,

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from . import trace_analysis as ta
-from .loop import run_loop
+from ..measurement import trace_analysis as ta
+from ..training.loop import run_loop
 
 
 def profile_steps(strategy, model, pert, *, batch_size: int, trace_path: str | Path,

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import sparse_ops
-from .timing import measure
+from ..strategies import sparse_ops
+from ..measurement.timing import measure
 
 COEFF_UNITS = {"alpha": "s/edge", "beta": "s/(edge*channel)", "gamma": "s/edge",
                "delta": "s/edge", "c": "s"}

@@ -15,24 +15,14 @@ from typing import Any, Callable
 
 import yaml
 
-from .exceptions import ParamsError
+from ..exceptions import ParamsError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PARAMS_DIR = REPO_ROOT / "params"
+from ..paths import PARAMS_DIR, REPO_ROOT
 
 DEVICES = ("cpu", "cuda", "auto")
 AGGRS = ("sum", "mean")
 BACKENDS = ("auto", "gloo", "nccl")
-STRATEGY_NAMES = (
-    "subgraph_cpu",
-    "replicated_mask_cpu",
-    "replicated_mask_stored",
-    "device_mask_loop",
-    "device_mask_vectorized",
-    "replicated_filter_device",
-    "node_mask_shared",
-    "dango_wildtype",
-)
+from ..catalog import STRATEGY_NAMES  # noqa: E402
 
 
 @dataclass(frozen=True)

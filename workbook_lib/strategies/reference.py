@@ -6,9 +6,9 @@ import torch
 from torch_geometric.nn import GINConv
 from torch_geometric.utils import subgraph
 
-from .model import PerturbGIN
-from .perturbations import node_keep_mask
-from .snapshots import CellGraph
+from ..strategies.model import PerturbGIN
+from ..data.perturbations import node_keep_mask
+from ..data.snapshots import CellGraph
 
 
 def reference_node_outputs(model: PerturbGIN, graph: CellGraph, pert: torch.Tensor,

@@ -123,13 +123,13 @@ def main(cfg_path: str) -> None:
 
 
 def _main(cfg, out, rank, world, fh):
-    from .model import PerturbGIN
-    from .perturbations import sample_perturbations
-    from .snapshots import load_snapshot
-    from .strategies import build_ctx, make_strategy
-    from .loop import synthetic_labels
+    from ..strategies.model import PerturbGIN
+    from ..data.perturbations import sample_perturbations
+    from ..data.snapshots import load_snapshot
+    from ..strategies import build_ctx, make_strategy
+    from ..training.loop import synthetic_labels
 
-    from .params import validate
+    from ..running.params import validate
 
     P = validate(cfg["params"], source="ddp worker config")  # JSON round trip: same schema
     backend, device = _resolve_backend(P["backend"], P["device"])

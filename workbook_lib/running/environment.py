@@ -10,8 +10,8 @@ import subprocess
 
 import torch
 
-from .exceptions import ParamsError
-from .params import REPO_ROOT
+from ..exceptions import ParamsError
+from ..paths import REPO_ROOT
 
 PACKAGES = ("torch", "torch_geometric", "numpy", "papermill", "nbclient", "nbconvert",
             "matplotlib", "seaborn", "pandas", "pyyaml", "tqdm")

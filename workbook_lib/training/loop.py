@@ -18,9 +18,9 @@ from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from .strategies import Strategy
-from .syncs import SyncCounter
-from .timing import StageTimer
+from ..strategies import Strategy
+from ..measurement.syncs import SyncCounter
+from ..measurement.timing import StageTimer
 
 MODES = ("data", "forward", "forward_backward", "full")
 MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "backward", "optimizer")

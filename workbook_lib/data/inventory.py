@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .perturbations import node_keep_mask
-from .snapshots import CellGraph
+from ..data.perturbations import node_keep_mask
+from ..data.snapshots import CellGraph
 
 INT64 = 8
 INT32 = 4

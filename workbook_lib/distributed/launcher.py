@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from . import processes
-from .exceptions import LaunchError
+from ..running import processes
+from ..exceptions import LaunchError
 
 
 def free_port() -> int:

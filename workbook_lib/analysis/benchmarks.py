@@ -9,11 +9,11 @@ import psutil
 import torch
 from tqdm import tqdm
 
-from .model import PerturbGIN
-from .perturbations import sample_perturbations
-from .snapshots import CellGraph
-from .strategies import build_ctx, make_strategy
-from .timing import measure
+from ..strategies.model import PerturbGIN
+from ..data.perturbations import sample_perturbations
+from ..data.snapshots import CellGraph
+from ..strategies import build_ctx, make_strategy
+from ..measurement.timing import measure
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -193,7 +193,7 @@ def exactness_report(graph: CellGraph, strategies: list[str], *, k, batch_size: 
                      storage_dir=None) -> dict:
     """Max relative error of node outputs and parameter gradients of each exact strategy
     against the plain reference (per-sample PyG subgraph + GINConv), on CPU."""
-    from .reference import reference_node_outputs
+    from ..strategies.reference import reference_node_outputs
 
     pert = sample_perturbations(graph.num_genes, k, batch_size, seed=seed)
     model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=hidden, layers=layers,

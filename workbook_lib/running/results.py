@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import environment
+from ..running import environment
 
 SCHEMA_VERSION = 1
 

@@ -1,0 +1,54 @@
+"""Names shared by every layer, with no heavy imports: the strategies and the notebooks.
+
+``NOTEBOOKS`` is the one list of notebooks, in execution order, with what each one reads from
+the run folder (so the runner, the SLURM scripts, ``--resume`` and the verdict agree).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGY_NAMES = (
+    "subgraph_cpu",
+    "replicated_mask_cpu",
+    "replicated_mask_stored",
+    "device_mask_loop",
+    "device_mask_vectorized",
+    "replicated_filter_device",
+    "node_mask_shared",
+    "dango_wildtype",
+)
+
+
+@dataclass(frozen=True)
+class NotebookInfo:
+    """One notebook of the workbook."""
+
+    name: str  # file stem, e.g. "03_data_vs_model_timing"
+    title: str
+    reads: tuple[str, ...] = ()  # notebooks whose results it reads from the run folder
+    distributed: bool = False  # launches torchrun (needs the allocation's nodes and GPUs)
+
+    @property
+    def number(self) -> str:
+        return self.name[:2]
+
+
+NOTEBOOKS: tuple[NotebookInfo, ...] = (
+    NotebookInfo("01_graph_inventory", "Graph size inventory"),
+    NotebookInfo("02_mask_cost_model", "Mask cost model and strategy comparison"),
+    NotebookInfo("03_data_vs_model_timing", "Data-only vs model timing"),
+    NotebookInfo("04_ddp_scaling", "DDP scaling", distributed=True),
+    NotebookInfo("05_verdict", "Verdict",
+                 reads=("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing",
+                        "04_ddp_scaling")),
+)
+
+NOTEBOOK_NAMES = tuple(nb.name for nb in NOTEBOOKS)
+BY_NAME = {nb.name: nb for nb in NOTEBOOKS}
+
+
+def notebook_info(name: str) -> NotebookInfo:
+    """The catalog entry of a notebook by its full name."""
+    if name not in BY_NAME:
+        raise KeyError(name)
+    return BY_NAME[name]
