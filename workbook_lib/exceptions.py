@@ -1,4 +1,8 @@
-"""Exceptions raised by the workbook library (one module, as in papermill)."""
+"""Exceptions the workbook raises on purpose, each with structured fields (as papermill's
+``exceptions`` module does), so a caller can act on the key, rank or notebook concerned."""
+from __future__ import annotations
+
+from typing import Any
 
 
 class WorkbookError(Exception):
@@ -6,15 +10,36 @@ class WorkbookError(Exception):
 
 
 class ParamsError(WorkbookError, ValueError):
-    """A params file or injected parameter set is invalid (raised before any work starts)."""
+    """Params are invalid (raised before any work starts).
+
+    Attributes:
+        key: the offending key (None when the problem is not one key's).
+        value: the value given for it.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.key, self.value = key, value
 
 
 class SnapshotError(WorkbookError):
-    """A snapshot spec or graph file is missing, malformed or inconsistent."""
+    """A snapshot spec or graph file is missing, malformed or inconsistent.
+
+    Attributes:
+        path: the file concerned (None when not a file's problem).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
 
 
 class NotebookFailedError(WorkbookError):
-    """One or more notebooks failed during ``run``; carries the per-notebook summary."""
+    """One or more notebooks failed during ``run``.
+
+    Attributes:
+        failures: the failed notebooks' outcomes (name, cell, error).
+    """
 
     def __init__(self, message: str, failures: list | None = None):
         super().__init__(message)
@@ -22,8 +47,34 @@ class NotebookFailedError(WorkbookError):
 
 
 class LaunchError(WorkbookError):
-    """A torchrun launch failed: a rank raised, hung past its timeout, or could not start."""
+    """A torchrun launch failed.
+
+    Attributes:
+        kind: ``failed`` (a rank raised or died), ``hung`` (a rank stopped reporting),
+            ``no results`` or ``start`` (torchrun could not start).
+        rank: the rank identified as the cause (None when none could be).
+        world_size: the launch's world size.
+        last_output: the tail of that rank's log.
+    """
+
+    def __init__(self, message: str, *, kind: str = "failed", rank: int | None = None,
+                 world_size: int | None = None, last_output: str = ""):
+        super().__init__(message)
+        self.kind, self.rank, self.world_size, self.last_output = kind, rank, world_size, \
+            last_output
+
+
+class IncompleteInputsError(WorkbookError):
+    """A notebook that draws others together found some of them missing or incomplete.
+
+    Attributes:
+        missing: the notebooks whose complete results are absent.
+    """
+
+    def __init__(self, message: str, missing: list[str]):
+        super().__init__(message)
+        self.missing = missing
 
 
 class RunComparisonError(WorkbookError):
-    """Two run folders cannot be compared (different snapshots, missing results...)."""
+    """Run folders cannot be compared (different snapshots, missing results...)."""

@@ -55,3 +55,9 @@ def node_keep_mask(pert: torch.Tensor, num_genes: int) -> torch.Tensor:
     idx = torch.where(pert >= 0, pert, torch.full_like(pert, num_genes))
     keep.scatter_(1, idx, False)
     return keep[:, :num_genes]
+
+
+def synthetic_labels(pert: torch.Tensor) -> torch.Tensor:
+    """A deterministic scalar label per perturbation (the workbook times training; it does not
+    need real phenotypes, only a loss with the right shape)."""
+    return torch.sin((pert.clamp(min=0).float() + 1).sum(-1) * 0.37)

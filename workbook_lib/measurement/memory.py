@@ -1,124 +1,321 @@
-"""Peak memory of one training step, measured in a fresh process per point.
+"""Peak memory of one training step, measured so that the figure belongs to that step.
 
-Each point (strategy, batch size, graph scale, model size) runs ``python -m workbook_lib.memory
-CONFIG`` in its own process, so the peak belongs to that step alone: on CPU the growth of the
-peak resident set (``ru_maxrss``) over the set-up, on GPU ``torch.cuda.max_memory_allocated``.
-A point that runs out of memory (host ``MemoryError``, CUDA OOM, or the process killed by the
-kernel's OOM killer) is recorded as ``None`` with the reason, and the sweep goes on. A linear fit
-``bytes(B) = fixed + per_sample * B`` gives the largest batch that fits a budget.
+:func:`peak_during` measures a call in the current process:
+
+* **CPU**: the kernel's resident-set high-water mark (``VmHWM``) is reset by writing ``5`` to
+  ``/proc/self/clear_refs``; the peak is ``VmHWM`` after the call minus ``VmRSS`` just before it.
+  Where that file is not writable (another OS, a locked-down container) a thread samples the RSS
+  every millisecond instead (the method is recorded).
+* **CUDA**: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus what was
+  allocated before.
+
+:func:`measure_point` measures one (strategy, batch size, sizes) point in a fresh process
+(``python -m workbook_lib.measurement.memory CONFIG``): set-up, one warm-up step, then the measured
+step. A high-water mark is a lifetime value that a child inherits across ``exec``, and the set-up
+may peak higher than a step, so the reset is what makes the figure the step's. In the probe glibc
+is told to return every freed block above 64 KiB to the OS (a fixed mmap threshold), so the RSS
+before the measured step is the steady state, not the warm-up step's cached blocks.
+
+A point that runs out of memory (``MemoryError``, PyTorch's ``DefaultCPUAllocator: can't allocate
+memory``, CUDA OOM, or the process killed by the OOM killer) is recorded as such; a step below the
+measurement's resolution says so. :func:`fit_memory` fits ``bytes = fixed + per_sample * B`` on at
+least three measured batch sizes, shows the residuals, and states how far the largest-batch
+projection extrapolates beyond the largest batch measured.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
 
-from ..running.results import to_jsonable
+import torch
+
+from ..records import Record
+
+CPU_RESOLUTION_BYTES = 1 << 20  # RSS moves by about this much without any tensor work
+STATUS_OK = "ok"
+STATUS_BELOW = "below resolution"
+STATUS_OOM = "out of memory"
+STATUS_FAILED = "failed"
+STATUS_TIMEOUT = "timed out"
+
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory",
+             "memoryerror", "failed to allocate")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Host or device out-of-memory as Python or PyTorch raises it (CPU: ``MemoryError`` or
+    ``RuntimeError: DefaultCPUAllocator: can't allocate memory``; CUDA: ``OutOfMemoryError``)."""
+    if isinstance(exc, MemoryError):
+        return True
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
+
+
+def oom_text(text: str) -> bool:
+    """True when an error message (e.g. a child's stderr) reports an out-of-memory."""
+    low = text.lower()
+    return any(t in low for t in _OOM_TEXT)
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"{key} not in /proc/self/status")
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss() -> int:
+    try:
+        return _status_bytes("VmRSS:")
+    except OSError:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+
+@dataclass
+class PeakMemory(Record):
+    """Peak of one call: ``bytes`` above the level just before it (``before_bytes``)."""
+
+    bytes: int
+    before_bytes: int
+    method: str
+
+
+def peak_during(fn: Callable[[], object], device: torch.device | str = "cpu") -> PeakMemory:
+    """Run ``fn()`` and return its peak memory above the level just before it.
+
+    Args:
+        fn: the work (e.g. one training step).
+        device: ``cpu`` (resident set of this process) or a CUDA device (allocated memory).
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+        fn()
+        torch.cuda.synchronize(dev)
+        return PeakMemory(torch.cuda.max_memory_allocated(dev) - before, before,
+                          "torch.cuda.max_memory_allocated after reset_peak_memory_stats")
+    if _reset_hwm():
+        before = _rss()
+        fn()
+        return PeakMemory(max(0, _status_bytes("VmHWM:") - before), before,
+                          "VmHWM after resetting it (/proc/self/clear_refs) minus VmRSS before")
+    before = _rss()
+    peak = [before]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.001)
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        th.join()
+    peak[0] = max(peak[0], _rss())
+    return PeakMemory(peak[0] - before, before, "RSS sampled every 1 ms by a thread")
+
+
+def return_freed_memory_to_os() -> bool:
+    """glibc: serve every block above 64 KiB by mmap and give it back at free (fixed
+    thresholds, so a peak does not stay resident after the step). False where not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return libc.mallopt(m_mmap_threshold, 64 * 1024) == 1 and \
+        libc.mallopt(m_trim_threshold, 128 * 1024) == 1
+
+
+@dataclass
+class MemoryPoint(Record):
+    """One measured point: a training step's peak memory (forward + backward, no optimizer)."""
+
+    strategy: str
+    form: str
+    batch_size: int
+    scale: float
+    hidden: int
+    layers: int
+    device: str
+    status: str  # ok, below resolution, out of memory, failed, timed out
+    step_bytes: int | None = None  # peak of the step above the level before it
+    setup_bytes: int | None = None  # resident (CPU) / allocated (CUDA) before the step
+    method: str = ""
+    reason: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def usable(self) -> bool:
+        return self.status == STATUS_OK and self.step_bytes is not None
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy}:{self.form}"
 
 
 def _probe(cfg: dict) -> dict:
-    import torch
-
-    from ..analysis.benchmarks import step_time  # noqa: F401  (imports the model stack once)
-    from ..strategies.model import PerturbGIN
+    """Child process: set up, one warm-up step, then the measured step (see module docs)."""
     from ..running.params import validate
-    from ..data.perturbations import sample_perturbations
-    from ..data.snapshots import load_snapshot
-    from ..strategies import build_ctx, make_strategy
+    from ..strategies import build_ctx
+    from ..training.factory import build_run
 
+    freed = return_freed_memory_to_os()
     p = validate(cfg["params"], source="memory probe")
-    device = torch.device(cfg["device"])
-    graph = load_snapshot(p, scale=cfg["scale"])
-    s = make_strategy(cfg["strategy"], graph, aggr=p["aggr"], device=device, form=cfg["form"])
-    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=cfg["hidden"],
-                       layers=cfg["layers"], seed=p["seed"]).to(device)
-    pert = sample_perturbations(graph.num_genes, p["perturbation_k"], cfg["batch_size"],
-                                seed=p["seed"])
-    dual = cfg["dual"] and s.exact
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        base_dev = torch.cuda.memory_allocated(device)
-    ctx = build_ctx(s, pert)
-    loss = s.predict(model, ctx, dual=dual).sum()
-    loss.backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out = {"host_peak_bytes": peak_rss - base_rss, "device_peak_bytes": None}
-    if device.type == "cuda":
-        out["device_peak_bytes"] = torch.cuda.max_memory_allocated(device) - base_dev
-    return out
+    run = build_run(p, cfg["strategy"], device=cfg["device"], batch_size=cfg["batch_size"],
+                    scale=cfg["scale"], hidden=cfg["hidden"], layers=cfg["layers"],
+                    form=cfg["form"])
+    pert = run.perturbations(cfg["batch_size"])
+    dual = bool(cfg["dual"]) and run.strategy.exact
+
+    def step():
+        ctx = build_ctx(run.strategy, pert)
+        run.strategy.predict(run.model, ctx, dual=dual).sum().backward()
+    step()
+    run.model.zero_grad(set_to_none=True)
+    gc.collect()
+    peak = peak_during(step, run.device)
+    method = peak.method + ("" if freed or run.device.type == "cuda"
+                            else " (glibc thresholds not set: freed memory may stay resident)")
+    return {"step_bytes": peak.bytes, "setup_bytes": peak.before_bytes, "method": method}
 
 
 def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float, hidden: int,
                   layers: int, device: str = "cpu", form: str = "gather_scatter",
-                  dual: bool = True, timeout_s: float = 600.0) -> dict:
-    """Peak memory of one fwd+bwd step in a fresh process: ``{"bytes", "host_peak_bytes",
-    "device_peak_bytes", "reason"}`` with ``bytes=None`` and a reason when it did not fit."""
-    cfg = {"params": to_jsonable(params), "strategy": strategy, "batch_size": batch_size,
-           "scale": scale, "hidden": hidden, "layers": layers, "device": device,
-           "form": form, "dual": dual}
-    base = {"strategy": strategy, "form": form, "batch_size": batch_size, "scale": scale,
-            "hidden": hidden, "layers": layers, "device": device}
+                  dual: bool = True, timeout_s: float = 900.0) -> MemoryPoint:
+    """Peak memory of one training step of ``strategy`` at these sizes, in a fresh process."""
+    from ..records import to_json
+
+    cfg = {"params": to_json(params), "strategy": strategy, "batch_size": batch_size,
+           "scale": scale, "hidden": hidden, "layers": layers, "device": device, "form": form,
+           "dual": dual}
+    base = dict(strategy=strategy, form=form, batch_size=batch_size, scale=scale, hidden=hidden,
+                layers=layers, device=device)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
+                                                           str(torch.get_num_threads()))}
+    t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "workbook_lib.measurement.memory", json.dumps(cfg)],
-                              capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get(
-                                  "OMP_NUM_THREADS", str(os.cpu_count() or 1))})
+        proc = subprocess.run([sys.executable, "-m", "workbook_lib.measurement.memory",
+                               json.dumps(cfg)], capture_output=True, text=True,
+                              timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        return {**base, "bytes": None, "host_peak_bytes": None, "device_peak_bytes": None,
-                "reason": f"timed out after {timeout_s:.0f} s"}
+        return MemoryPoint(**base, status=STATUS_TIMEOUT, seconds=time.perf_counter() - t0,
+                           reason=f"the probe ran longer than {timeout_s:.0f} s")
+    secs = time.perf_counter() - t0
     if proc.returncode != 0:
         err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
         if proc.returncode in (-9, 137):
-            reason = "out of memory (process killed by the OOM killer)"
-        elif "out of memory" in proc.stderr.lower() or "MemoryError" in proc.stderr:
-            reason = f"out of memory ({err})"
-        else:
-            reason = f"failed (exit {proc.returncode}): {err}"
-        return {**base, "bytes": None, "host_peak_bytes": None, "device_peak_bytes": None,
-                "reason": reason}
+            return MemoryPoint(**base, status=STATUS_OOM, seconds=secs,
+                               reason="the probe was killed by the kernel (OOM killer)")
+        if oom_text(proc.stderr):
+            return MemoryPoint(**base, status=STATUS_OOM, seconds=secs, reason=err)
+        return MemoryPoint(**base, status=STATUS_FAILED, seconds=secs,
+                           reason=f"exit {proc.returncode}: {err}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    main = res["device_peak_bytes"] if device.startswith("cuda") else res["host_peak_bytes"]
-    return {**base, **res, "bytes": main, "reason": None}
+    status, reason = STATUS_OK, None
+    if not device.startswith("cuda") and res["step_bytes"] < CPU_RESOLUTION_BYTES:
+        status = STATUS_BELOW
+        reason = (f"{res['step_bytes'] / 1e6:.2f} MB is below the {CPU_RESOLUTION_BYTES / 1e6:.1f}"
+                  " MB resolution of resident-set measurements")
+    return MemoryPoint(**base, status=status, step_bytes=res["step_bytes"],
+                       setup_bytes=res["setup_bytes"], method=res["method"], reason=reason,
+                       seconds=secs)
 
 
-def sweep(params: dict, strategies: list[tuple[str, str]], batch_sizes: list[int], **kw) -> list:
-    """Every (strategy, form) x batch size; out-of-memory points are kept as None."""
-    from tqdm import tqdm
+def device_budget(device: torch.device | str) -> tuple[float, str]:
+    """The memory a run on ``device`` has: host RAM for CPU runs, the GPU's memory for CUDA."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        return float(props.total_memory), f"GPU memory ({props.name})"
+    import psutil
 
-    rows = []
-    for (name, form) in tqdm(strategies, desc="memory sweep"):
-        for b in batch_sizes:
-            rows.append(measure_point(params, strategy=name, form=form, batch_size=b, **kw))
-    return rows
+    return float(psutil.virtual_memory().total), "host RAM"
 
 
-def fit_largest_batch(points: list[dict], budget_bytes: float) -> dict:
-    """Fit ``bytes = fixed + per_sample * B`` on the measured points (None skipped) and give
-    the largest B within ``budget_bytes`` (None when fewer than two points were measured)."""
-    pts = [(p["batch_size"], p["bytes"]) for p in points if p.get("bytes") is not None]
-    if len({b for b, _ in pts}) < 2:
-        return {"fixed_bytes": None, "per_sample_bytes": None, "largest_batch": None,
-                "budget_bytes": budget_bytes}
-    n = len(pts)
-    mb = sum(b for b, _ in pts) / n
-    my = sum(y for _, y in pts) / n
-    slope = sum((b - mb) * (y - my) for b, y in pts) / sum((b - mb) ** 2 for b, _ in pts)
-    fixed = my - slope * mb
+@dataclass
+class MemoryFit(Record):
+    """``step_bytes(B) = intercept + per_sample * B`` fitted on measured points, and the largest
+    batch whose step plus set-up fits the budget."""
+
+    label: str
+    points: list[tuple[int, float]] = field(default_factory=list)  # (B, step bytes) used
+    per_sample_bytes: float | None = None
+    intercept_bytes: float | None = None
+    setup_bytes: float | None = None  # largest set-up level seen before a step
+    residuals: list[float] = field(default_factory=list)  # measured - fitted, bytes
+    max_abs_rel_residual: float | None = None
+    budget_bytes: float = 0.0
+    budget_label: str = ""
+    largest_batch: int | None = None
+    largest_measured_batch: int | None = None
+    extrapolation_factor: float | None = None  # largest_batch / largest_measured_batch
+    status: str = STATUS_OK
+    reason: str | None = None
+
+
+def fit_memory(points: list[MemoryPoint], budget_bytes: float, budget_label: str, *,
+               label: str = "", min_points: int = 3) -> MemoryFit:
+    """Least-squares line through the usable points; the projection needs ``min_points``
+    distinct batch sizes and a positive slope, and otherwise says why it was not made."""
+    usable = [p for p in points if p.usable]
+    out = MemoryFit(label=label or (points[0].label if points else ""),
+                    budget_bytes=budget_bytes, budget_label=budget_label)
+    out.points = [(p.batch_size, float(p.step_bytes)) for p in usable]
+    sizes = {b for b, _ in out.points}
+    if len(sizes) < min_points:
+        bad = [f"B={p.batch_size}: {p.status}" for p in points if not p.usable]
+        out.status = "too few points"
+        out.reason = (f"{len(sizes)} usable batch size(s), {min_points} needed"
+                      + (f" ({'; '.join(bad)})" if bad else ""))
+        return out
+    n = len(out.points)
+    mb = sum(b for b, _ in out.points) / n
+    my = sum(y for _, y in out.points) / n
+    slope = sum((b - mb) * (y - my) for b, y in out.points) / sum(
+        (b - mb) ** 2 for b, _ in out.points)
+    icpt = my - slope * mb
+    out.per_sample_bytes, out.intercept_bytes = slope, icpt
+    out.residuals = [y - (icpt + slope * b) for b, y in out.points]
+    out.max_abs_rel_residual = max(abs(r) / y for r, (_, y) in zip(out.residuals, out.points))
+    out.setup_bytes = float(max(p.setup_bytes or 0 for p in usable))
+    out.largest_measured_batch = max(sizes)
     if slope <= 0:
-        return {"fixed_bytes": fixed, "per_sample_bytes": None, "largest_batch": None,
-                "budget_bytes": budget_bytes,
-                "reason": "no per-sample growth above measurement noise at these sizes"}
-    largest = math.floor((budget_bytes - fixed) / slope)
-    return {"fixed_bytes": fixed, "per_sample_bytes": slope, "largest_batch": max(0, largest),
-            "budget_bytes": budget_bytes}
+        out.status = "no growth"
+        out.reason = "the step's peak does not grow with the batch size at these points"
+        return out
+    free = budget_bytes - out.setup_bytes - icpt
+    out.largest_batch = max(0, math.floor(free / slope))
+    out.extrapolation_factor = out.largest_batch / out.largest_measured_batch
+    return out
 
 
 if __name__ == "__main__":

@@ -1,52 +1,94 @@
-"""A ``torch.profiler`` run of a few training steps, exported as a Chrome trace and broken
-down by exclusive time (see ``trace_analysis``)."""
+"""Profiling warm training steps with ``torch.profiler`` and breaking the trace down by
+exclusive time (see ``trace_analysis``).
+
+The steps profiled are warm by construction: the caller's loop has already run its warm-up steps,
+and the profiler's own schedule then waits ``wait >= 1`` steps and warms up ``warmup >= 1`` more
+before the ``active`` steps it records. The result says which steps of the run were recorded.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from ..measurement import trace_analysis as ta
-from ..training.loop import run_loop
+from ..records import Record
+from ..report.progress import native_stderr_to_terminal
+from . import trace_analysis as ta
 
 
-def profile_steps(strategy, model, pert, *, batch_size: int, trace_path: str | Path,
-                  steps: int, wait: int = 1, warmup: int = 1, active: int = 3,
-                  dual: bool = False) -> dict:
-    """Profile ``steps`` full training steps (after the loop's own warm-up step) with a
-    schedule clamped to fit them; never raises at teardown because of the schedule.
+@dataclass
+class ProfileResult(Record):
+    """Categories by exclusive time of the profiled (warm) steps, and the naive nested sums."""
 
-    Returns categories by exclusive time, the naive (nested, double-counted) sums, the wall
-    time of the active steps, coverage (categories / wall), the clamping note and trace path.
+    schedule: dict[str, int]
+    profiled_steps: str  # e.g. "steps 4-6 of the run (after 1 loop warm-up + profiler wait 1, warmup 1)"
+    wall_s: float
+    categories: dict[str, float] = field(default_factory=dict)  # seconds, exclusive time
+    naive: dict[str, float] = field(default_factory=dict)  # seconds, nested durations summed
+    trace: str = ""  # path of the Chrome trace (relative to the run folder where possible)
+
+    @property
+    def coverage(self) -> float:
+        """Exclusive categories / wall time of the recorded steps (about 1 when they add up)."""
+        return sum(self.categories.values()) / self.wall_s if self.wall_s else float("nan")
+
+    @property
+    def naive_over_wall(self) -> float:
+        return sum(self.naive.values()) / self.wall_s if self.wall_s else float("nan")
+
+    def shares(self) -> dict[str, float]:
+        tot = sum(self.categories.values())
+        return {k: v / tot for k, v in self.categories.items()} if tot else {}
+
+
+def profile_steps(step: Callable[[], float], *, steps_done: int, wait: int = 1, warmup: int = 1,
+                  active: int = 3, trace_path: str | Path, device: torch.device,
+                  relative_to: str | Path | None = None) -> ProfileResult:
+    """Profile ``wait + warmup + active`` calls of ``step`` (each one training step that returns
+    its own wall time in seconds) after ``steps_done`` warm steps already run by the caller.
+
+    Raises:
+        ValueError: ``wait`` or ``warmup`` below 1 (the recorded steps would not be warm) or
+            ``active`` below 1.
     """
-    sched, note = ta.clamp_schedule(steps, wait, warmup, active)
+    if wait < 1 or warmup < 1:
+        raise ValueError(f"'wait' and 'warmup' must be >= 1 so that only warm steps are "
+                         f"recorded (got wait={wait}, warmup={warmup})")
+    if active < 1:
+        raise ValueError(f"'active' must be a positive integer (got {active})")
     trace_path = Path(trace_path)
     trace_path.parent.mkdir(parents=True, exist_ok=True)
-    acts = [ProfilerActivity.CPU]
-    if strategy.device.type == "cuda":
-        acts.append(ProfilerActivity.CUDA)
-    exported = []
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    exported: list[Path] = []
 
     def on_ready(prof):
         prof.export_chrome_trace(str(trace_path))
         exported.append(trace_path)
 
-    n_steps = sched["wait"] + sched["warmup"] + sched["active"]
-    with profile(activities=acts, schedule=schedule(**sched, repeat=1),
-                 on_trace_ready=on_ready) as prof:
-        res = run_loop(strategy, model, pert, mode="full", batch_size=batch_size, steps=n_steps,
-                       warmup_steps=0, dual=dual, count_syncs=False, profiler=prof)
+    walls = []
+    with native_stderr_to_terminal(), profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active,
+                                                    repeat=1), on_trace_ready=on_ready) as prof:
+        for _ in range(wait + warmup + active):
+            walls.append(step())
+            prof.step()
     if not exported:
-        raise RuntimeError(f"the profiler wrote no trace for {strategy.name} ({sched})")
-    first = sched["wait"] + sched["warmup"]
-    # independent clock: the loop's own perf_counter from the start of the first active step to
-    # the end of the last (the trace export inside profiler.step() is outside it)
-    wall = res.step_spans[first + sched["active"] - 1][1] - res.step_spans[first][0]
+        raise RuntimeError(f"the profiler wrote no trace ({wait=}, {warmup=}, {active=})")
     events = ta.load_trace(trace_path)
-    exclusive = ta.exclusive_breakdown(events)
-    naive = ta.naive_breakdown(ta.load_trace(trace_path))
-    return {"schedule": sched, "note": note, "wall_s": wall, "categories": exclusive,
-            "naive": naive, "coverage": sum(exclusive.values()) / wall if wall else None,
-            "naive_total_over_wall": sum(naive.values()) / wall if wall else None,
-            "trace": str(trace_path)}
+    first = steps_done + wait + warmup + 1
+    shown = trace_path
+    if relative_to is not None:
+        try:
+            shown = trace_path.resolve().relative_to(Path(relative_to).resolve())
+        except ValueError:
+            pass
+    return ProfileResult(
+        schedule={"wait": wait, "warmup": warmup, "active": active},
+        profiled_steps=(f"steps {first}-{first + active - 1} of the run (after {steps_done} loop "
+                        f"warm-up step(s), then profiler wait {wait} and warmup {warmup})"),
+        wall_s=sum(walls[wait + warmup:]),
+        categories=ta.exclusive_breakdown(events),
+        naive=ta.naive_breakdown(ta.load_trace(trace_path)),
+        trace=str(shown))

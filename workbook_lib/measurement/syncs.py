@@ -1,67 +1,122 @@
-"""Counting device-to-host synchronizations.
+"""Counting device-to-host synchronizations (a GPU's queue drained to give the host a value).
 
-On a GPU, ``torch.cuda.set_sync_debug_mode("warn")`` makes every synchronizing CUDA call warn,
-and the warnings are counted. On a CPU nothing ever waits for a device, so the counter counts
-the operations that *would* synchronize on a GPU: ``.item()``, ``.tolist()``, ``nonzero``,
-boolean-mask indexing, ``.cpu()``/``.numpy()``, ``masked_select``, ``unique``, and Python
-conversions (``bool``/``int``/``float`` of a tensor). A ``TorchFunctionMode`` intercepts them.
+* On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` makes PyTorch warn at every synchronizing
+  call; the warnings are counted. This is PyTorch's own report of what synchronized.
+* On CPU nothing ever waits for a device, so the counter reports **what a GPU would sync**: a
+  ``TorchDispatchMode`` sees every aten operator and counts those whose CUDA implementation
+  synchronizes with the host: ``_local_scalar_dense`` (``.item()``, ``bool()``, ``int()``,
+  ``float()`` of a tensor, tensor slice bounds), ``nonzero`` (and ``torch.where(mask)``,
+  ``argwhere``), ``masked_select``, indexing or index-assignment with a boolean mask,
+  ``repeat_interleave`` with tensor repeats and no ``output_size``, the ``unique`` family,
+  ``bincount``, ``equal`` and ``allclose``. Copies to the host (``.cpu()``, ``.numpy()``,
+  ``.tolist()``, ``.to("cpu")``) never reach the dispatcher for a tensor already on the CPU, so
+  a ``TorchFunctionMode`` counts those calls (on a GPU they would copy device memory to the host).
+
+Counting at the operator level is independent of how the code under test is written: a
+``.item()`` inside PyG, inside ``torch.where`` or in a library's C++ is seen the same way.
 """
 from __future__ import annotations
 
 import warnings
 from collections import Counter
 from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-_SYNCING = {
-    torch.Tensor.item: "item",
-    torch.Tensor.tolist: "tolist",
-    torch.Tensor.nonzero: "nonzero",
-    torch.nonzero: "nonzero",
-    torch.Tensor.cpu: "cpu",
-    torch.Tensor.numpy: "numpy",
-    torch.masked_select: "masked_select",
-    torch.Tensor.masked_select: "masked_select",
-    torch.unique: "unique",
-    torch.Tensor.unique: "unique",
-    torch.Tensor.__bool__: "bool",
-    torch.Tensor.__int__: "int",
-    torch.Tensor.__float__: "float",
-    torch.Tensor.__index__: "index",
+_aten = torch.ops.aten
+
+# aten overload packet -> kind, for operators that synchronize on CUDA whatever their arguments
+_ALWAYS: dict = {
+    _aten._local_scalar_dense: "item/bool/int/float",
+    _aten.nonzero: "nonzero",
+    _aten.masked_select: "masked_select",
+    _aten._unique: "unique",
+    _aten._unique2: "unique",
+    _aten.unique_dim: "unique",
+    _aten.unique_consecutive: "unique",
+    _aten.unique_dim_consecutive: "unique",
+    _aten.bincount: "bincount",
+    _aten.equal: "equal/allclose",
+    _aten.allclose: "equal/allclose",
 }
 
+_HOST_COPIES = {
+    torch.Tensor.cpu: "copy to host",
+    torch.Tensor.numpy: "copy to host",
+    torch.Tensor.tolist: "copy to host",
+}
 
-def _has_bool_index(idx) -> bool:
-    if isinstance(idx, torch.Tensor):
-        return idx.dtype == torch.bool
-    if isinstance(idx, tuple):
-        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx)
-    return False
+KINDS = tuple(sorted(set(_ALWAYS.values()) | {"boolean-mask indexing", "repeat_interleave",
+                                               "copy to host"}))
 
 
-class _CountingMode(TorchFunctionMode):
+def _bool_index(indices) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+               for i in (indices or ()) if i is not None)
+
+
+def sync_kind(func, args, kwargs) -> str | None:
+    """The kind of host sync an aten call would cause on CUDA, or None."""
+    packet = getattr(func, "overloadpacket", func)
+    kind = _ALWAYS.get(packet)
+    if kind is not None:
+        return kind
+    if packet in (_aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl_):
+        if len(args) > 1 and _bool_index(args[1]):
+            return "boolean-mask indexing"
+        return None
+    if packet is _aten.repeat_interleave:
+        repeats = args[1] if len(args) > 1 else (args[0] if args else None)
+        if isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None:
+            return "repeat_interleave"
+    return None
+
+
+class _DispatchCounter(TorchDispatchMode):
+    def __init__(self, counter: Counter):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = sync_kind(func, args, kwargs)
+        if kind is not None:
+            self.counter[kind] += 1
+        return func(*args, **kwargs)
+
+
+def _to_host(args, kwargs) -> bool:
+    target = kwargs.get("device")
+    for a in args[1:]:
+        if isinstance(a, (str, torch.device)):
+            target = a
+    return target is not None and torch.device(target).type == "cpu"
+
+
+class _HostCopyCounter(TorchFunctionMode):
     def __init__(self, counter: Counter):
         super().__init__()
         self.counter = counter
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = _SYNCING.get(func)
-        if name is not None:
-            if name != "cpu" or (args and args[0].device.type != "cpu"):
-                self.counter[name] += 1
-            elif name == "cpu":
-                self.counter[name] += 0  # .cpu() of a CPU tensor moves nothing
-        elif func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1 \
-                and _has_bool_index(args[1]):
-            self.counter["bool_index"] += 1
+        kind = _HOST_COPIES.get(func)
+        if kind is None and func is torch.Tensor.to and _to_host(args, kwargs):
+            kind = "copy to host"
+        if kind is not None:
+            self.counter[kind] += 1
         return func(*args, **kwargs)
 
 
 class SyncCounter:
-    """Counts syncs in a region: ``with counter.count(): ...``; ``counter.total``."""
+    """Counts host syncs inside ``with counter.count(): ...``; ``total`` and ``by_kind``.
+
+    On CUDA the count is PyTorch's own (``set_sync_debug_mode``); on CPU it is what a GPU would
+    sync (see the module docstring). ``method`` says which, for reports.
+    """
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
@@ -73,11 +128,10 @@ class SyncCounter:
 
     @property
     def method(self) -> str:
-        return ("torch.cuda.set_sync_debug_mode('warn') warnings" if self.device.type == "cuda"
-                else "operations that would sync on a GPU (TorchFunctionMode)")
+        return method_for(self.device)
 
     @contextmanager
-    def count(self):
+    def count(self) -> Iterator["SyncCounter"]:
         if self.device.type == "cuda":
             prev = torch.cuda.get_sync_debug_mode()
             with warnings.catch_warnings(record=True) as caught:
@@ -88,8 +142,16 @@ class SyncCounter:
                 finally:
                     torch.cuda.set_sync_debug_mode(prev)
             for w in caught:
-                if "synchroniz" in str(w.message):
-                    self.by_kind["cuda_sync"] += 1
+                if "synchroniz" in str(w.message).lower():
+                    self.by_kind["cuda sync (set_sync_debug_mode)"] += 1
         else:
-            with _CountingMode(self.by_kind):
+            with _HostCopyCounter(self.by_kind), _DispatchCounter(self.by_kind):
                 yield self
+
+
+def method_for(device: torch.device | str) -> str:
+    """How syncs are counted on ``device`` (the label reports show)."""
+    if torch.device(device).type == "cuda":
+        return "measured: torch.cuda.set_sync_debug_mode('warn') warnings"
+    return ("what a GPU would sync: aten operators that synchronize on CUDA, counted by a "
+            "TorchDispatchMode (and host copies by a TorchFunctionMode)")

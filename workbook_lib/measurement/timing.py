@@ -1,119 +1,311 @@
-"""Honest timing: warm-up, device sync around every timed region, repeats, median and IQR."""
+"""The one timing core: every time the workbook reports comes from here.
+
+Rules it enforces by construction:
+
+* **The device is synchronized around every timed region** (:func:`sync`; CUDA work is
+  asynchronous, so a timer read without a sync measures the launch, not the work).
+* **Warm-up is excluded by construction**: :func:`measure` and :func:`interleave` run their
+  warm-up calls before the first timed one, and :class:`StepClock` keeps a step's stage times only
+  when the step was opened as a timed step, so a warm-up step can never leak into a timed one.
+* **Repeats until a precision target or a time budget**: a figure is repeated until its
+  IQR/median is at most ``target`` (10% by default) or its time budget is spent, and never fewer
+  than ``min_repeats`` times.
+* **Every figure carries its noise**: a :class:`Stat` holds the median, the quartiles, the IQR
+  and n, and says whether it met the precision target.
+
+:func:`measure` times one pure function with ``torch.utils.benchmark.Timer.adaptive_autorange``
+(PyTorch's own timer: it synchronizes the accelerator, picks a block size and repeats until the
+IQR/median threshold). Two things are written here because that timer does not do them:
+:func:`interleave` runs several variants A, B, A, B... in one process so that their ratio does not
+carry the drift between two separate measurements (a shared machine's speed drifts by tens of
+percent over minutes); and :class:`StepClock` times the stages of a training loop, whose steps are
+not repeatable calls of one function (each consumes the next batch).
+"""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+
+from ..records import Record
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
+DEFAULT_TARGET = 0.10
+
 
 def sync(device: torch.device | str | None) -> None:
-    """Wait for queued device work (CUDA); a no-op on CPU, where work is synchronous."""
-    dev = torch.device(device) if device is not None else None
-    if dev is not None and dev.type == "cuda":
+    """Wait for the work queued on ``device`` (CUDA); on CPU work is synchronous already."""
+    if device is None:
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
 
-@dataclass
-class Stats:
-    """Summary of repeated measurements (seconds)."""
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q1, med, q3 = np.percentile(np.asarray(xs, dtype=float), [25, 50, 75])
+    return float(q1), float(med), float(q3)
 
+
+@dataclass
+class Stat(Record):
+    """A repeated measurement: median, quartiles, IQR and the number of repeats ``n``.
+
+    ``unit`` is ``"s"`` for times; derived figures (ratios, ms per sample) say what they are.
+    ``samples`` keeps the raw values so that figures can show their spread.
+    """
+
+    median: float
+    iqr: float
+    q1: float
+    q3: float
+    n: int
+    unit: str = "s"
+    target: float | None = None  # the precision target it was repeated for
     samples: list[float] = field(default_factory=list)
 
-    @property
-    def n(self) -> int:
-        return len(self.samples)
+    @classmethod
+    def from_samples(cls, samples: list[float], *, unit: str = "s",
+                     target: float | None = None) -> "Stat":
+        """Summarize raw values (at least one)."""
+        xs = [float(x) for x in samples]
+        if not xs:
+            raise ValueError("'samples' must hold at least one value (got none)")
+        q1, med, q3 = _quartiles(xs)
+        return cls(median=med, iqr=q3 - q1, q1=q1, q3=q3, n=len(xs), unit=unit, target=target,
+                   samples=xs)
 
     @property
-    def median(self) -> float:
-        return float(statistics.median(self.samples)) if self.samples else float("nan")
+    def rel_iqr(self) -> float:
+        """IQR / median (the precision of the figure); inf for a zero median."""
+        return self.iqr / abs(self.median) if self.median else math.inf
 
     @property
-    def q1(self) -> float:
-        return float(np.percentile(self.samples, 25)) if self.samples else float("nan")
+    def precise(self) -> bool:
+        """True when IQR/median is within the target it was measured for (default 10%)."""
+        return self.rel_iqr <= (self.target if self.target is not None else DEFAULT_TARGET)
 
-    @property
-    def q3(self) -> float:
-        return float(np.percentile(self.samples, 75)) if self.samples else float("nan")
+    def scaled(self, factor: float, unit: str) -> "Stat":
+        """The same measurement in another unit (e.g. seconds per batch -> ms per sample)."""
+        if self.samples:
+            return Stat.from_samples([x * factor for x in self.samples], unit=unit,
+                                     target=self.target)
+        lo, hi = sorted((self.q1 * factor, self.q3 * factor))
+        return Stat(self.median * factor, hi - lo, lo, hi, self.n, unit, self.target)
 
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
+    def inverse(self, unit: str) -> "Stat":
+        """1/x of every sample (e.g. seconds per step -> iterations per second)."""
+        return Stat.from_samples([1.0 / x for x in self.samples if x > 0], unit=unit,
+                                 target=self.target)
 
-    def as_dict(self) -> dict:
-        return {"median": self.median, "q1": self.q1, "q3": self.q3, "iqr": self.iqr,
-                "n": self.n}
+    def ratio_to(self, other: "Stat", *, paired: bool = False) -> "Stat":
+        """``self / other`` with its noise.
+
+        ``paired=True`` (samples taken in the same rounds, as :func:`interleave` does): the
+        median and IQR of the per-round ratios. Otherwise the ratio of medians with the relative
+        IQRs combined in quadrature (independent noise), and n the smaller of the two.
+        """
+        if paired:
+            if len(self.samples) != len(other.samples) or not self.samples:
+                raise ValueError("a paired ratio needs two sample lists of equal length "
+                                 f"(got {len(self.samples)} and {len(other.samples)})")
+            return Stat.from_samples([a / b for a, b in zip(self.samples, other.samples)],
+                                     unit="ratio", target=self.target)
+        r = self.median / other.median
+        rel = math.hypot(self.rel_iqr, other.rel_iqr)
+        half = abs(r) * rel / 2
+        return Stat(median=r, iqr=2 * half, q1=r - half, q3=r + half,
+                    n=min(self.n, other.n), unit="ratio", target=self.target)
+
+    def describe(self, scale: float = 1.0, unit: str | None = None, digits: int = 3) -> str:
+        """'12.3 ms (IQR 0.4, n=10)'."""
+        u = unit if unit is not None else self.unit
+        return (f"{self.median * scale:.{digits}g} {u} (IQR {self.iqr * scale:.2g}, "
+                f"n={self.n})")
 
 
-def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", warmup: int = 2,
-            repeats: int = 5) -> Stats:
-    """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed calls, each between
-    device syncs.
+def _timed_call(fn: Callable[[], object], device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", warmup: int = 1,
+            min_repeats: int = 5, target: float = DEFAULT_TARGET, max_time_s: float = 2.0,
+            label: str = "") -> Stat:
+    """Time ``fn()`` with ``torch.utils.benchmark.Timer.adaptive_autorange``.
+
+    ``warmup`` untimed calls come first. Timing then repeats until IQR/median <= ``target`` or
+    ``max_time_s`` of timed work, and never fewer than ``min_repeats`` blocks (a block is one call
+    for anything slower than a few ms, several calls averaged for faster ones).
 
     Args:
-        fn: the work to time (its return value is discarded).
-        device: where it runs; CUDA is synchronized before and after each call.
-        warmup: untimed calls first (default 2).
-        repeats: timed calls (default 5).
+        fn: the work to time; its return value is discarded.
+        device: where it runs (the timer synchronizes the accelerator around each block).
+        warmup: untimed calls first (default 1).
+        min_repeats: the fewest timed blocks (default 5).
+        target: IQR/median to stop at (default 0.10).
+        max_time_s: time budget for repeats beyond ``min_repeats`` (default 2 s).
+        label: a name for the measurement (kept by the Timer).
+
+    Returns:
+        A :class:`Stat` in seconds per call.
     """
-    if repeats <= 0:
-        raise ValueError(f"'repeats' must be a positive integer (got {repeats})")
+    from torch.utils.benchmark import Timer
+
     if warmup < 0:
         raise ValueError(f"'warmup' must be >= 0 (got {warmup})")
+    if min_repeats <= 0:
+        raise ValueError(f"'min_repeats' must be a positive integer (got {min_repeats})")
+    if not 0 < target < 1:
+        raise ValueError(f"'target' must be in (0, 1) (got {target})")
+    if max_time_s <= 0:
+        raise ValueError(f"'max_time_s' must be positive (got {max_time_s})")
     for _ in range(warmup):
         fn()
-    sync(device)
-    out = Stats()
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        out.samples.append(time.perf_counter() - t0)
-    return out
+    one = _timed_call(fn, device)  # an estimate of one call, so that n >= min_repeats
+    min_run = min_repeats * one
+    timer = Timer(stmt="fn()", globals={"fn": fn}, label=label or "workbook",
+                  num_threads=torch.get_num_threads())
+    m = timer.adaptive_autorange(threshold=target, min_run_time=min_run,
+                                 max_run_time=max(max_time_s, 1.5 * min_run))
+    return Stat.from_samples(list(m.times), target=target)
 
 
-class StageTimer:
-    """Accumulates synchronized wall time per named stage, per step.
+@dataclass
+class Interleaved(Record):
+    """Variants timed in rounds (every variant once per round, order rotating)."""
 
-    >>> timer = StageTimer("cpu")
-    >>> with timer.stage("forward"):
-    ...     pass
-    >>> timer.next_step()
+    stats: dict[str, Stat]
+    rounds: int
+    seconds: float
+
+    def ratio(self, a: str, b: str) -> Stat:
+        """``a / b`` from the per-round ratios (paired: drift between rounds cancels)."""
+        return self.stats[a].ratio_to(self.stats[b], paired=True)
+
+
+def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | str = "cpu",
+               warmup: int = 1, min_rounds: int = 5, max_rounds: int = 100,
+               target: float = DEFAULT_TARGET, max_time_s: float = 10.0,
+               on_round: Callable[[int], None] | None = None) -> Interleaved:
+    """Time several variants interleaved: round r calls each variant once (A, B, C, then
+    B, C, A...), each call between device syncs.
+
+    Rounds continue until every variant's IQR/median <= ``target`` (and at least ``min_rounds``),
+    or until ``max_rounds`` or ``max_time_s`` of timed work. ``warmup`` untimed rounds come first.
+
+    Returns:
+        :class:`Interleaved` with one :class:`Stat` per variant (seconds per call); use
+        :meth:`Interleaved.ratio` for paired ratios.
+    """
+    if not fns:
+        raise ValueError("'fns' must name at least one variant (got none)")
+    if min_rounds <= 0:
+        raise ValueError(f"'min_rounds' must be a positive integer (got {min_rounds})")
+    if max_rounds < min_rounds:
+        raise ValueError(f"'max_rounds' must be >= min_rounds={min_rounds} (got {max_rounds})")
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    spent, rounds = 0.0, 0
+    while True:
+        order = names[rounds % len(names):] + names[:rounds % len(names)]
+        for name in order:
+            dt = _timed_call(fns[name], device)
+            samples[name].append(dt)
+            spent += dt
+        rounds += 1
+        if on_round is not None:
+            on_round(rounds)
+        if rounds < min_rounds:
+            continue
+        done = all(Stat.from_samples(s).rel_iqr <= target for s in samples.values())
+        if done or rounds >= max_rounds or spent >= max_time_s:
+            break
+    return Interleaved({n: Stat.from_samples(s, target=target) for n, s in samples.items()},
+                       rounds=rounds, seconds=spent)
+
+
+class StepClock:
+    """Wall time and per-stage time of training-loop steps.
+
+    A step is opened with ``with clock.step(timed=...)``; its stage times (``clock.stage(name)``,
+    each between device syncs) and any durations measured elsewhere (``clock.add``, e.g. inside a
+    DataLoader worker) go into that step's own record, which is kept only when the step was
+    opened as timed. A warm-up step therefore cannot leak into a timed one.
     """
 
     def __init__(self, device: torch.device | str = "cpu"):
-        self.device = device
-        self.steps: list[dict[str, float]] = [{}]
+        self.device = torch.device(device)
+        self.steps: list[dict[str, float]] = []  # timed steps only; "_wall" is the whole step
+        self._cur: dict[str, float] | None = None
 
     @contextmanager
-    def stage(self, name: str):
+    def step(self, timed: bool = True) -> Iterator[dict[str, float]]:
+        if self._cur is not None:
+            raise RuntimeError("StepClock.step() is not re-entrant: a step is already open")
+        rec: dict[str, float] = {}
+        self._cur = rec
+        sync(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield rec
+            sync(self.device)
+            rec["_wall"] = time.perf_counter() - t0
+            if timed:
+                self.steps.append(rec)
+        finally:
+            self._cur = None
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time one stage of the open step (between device syncs)."""
+        if self._cur is None:
+            raise RuntimeError(f"stage {name!r} outside a step: open one with clock.step()")
+        rec = self._cur
         sync(self.device)
         t0 = time.perf_counter()
         try:
             yield
         finally:
             sync(self.device)
-            cur = self.steps[-1]
-            cur[name] = cur.get(name, 0.0) + time.perf_counter() - t0
+            rec[name] = rec.get(name, 0.0) + time.perf_counter() - t0
 
     def add(self, name: str, seconds: float) -> None:
-        """Record a duration measured elsewhere (e.g. inside a DataLoader worker)."""
-        cur = self.steps[-1]
-        cur[name] = cur.get(name, 0.0) + float(seconds)
+        """Add a duration measured elsewhere to the open step."""
+        if self._cur is None:
+            raise RuntimeError(f"add({name!r}) outside a step: open one with clock.step()")
+        self._cur[name] = self._cur.get(name, 0.0) + float(seconds)
 
-    def next_step(self) -> None:
-        self.steps.append({})
+    @property
+    def n(self) -> int:
+        return len(self.steps)
 
-    def completed(self) -> list[dict[str, float]]:
-        return [s for s in self.steps if s]
+    def wall(self, target: float | None = None) -> Stat:
+        """Wall time per timed step."""
+        return Stat.from_samples([s["_wall"] for s in self.steps], target=target)
 
-    def medians(self) -> dict[str, float]:
-        """Median seconds per stage over completed steps (0 where a step lacked the stage)."""
-        steps = self.completed()
-        names = sorted({k for s in steps for k in s})
-        return {k: float(statistics.median([s.get(k, 0.0) for s in steps])) for k in names}
+    def stages(self, names: tuple[str, ...] | list[str] | None = None,
+               target: float | None = None) -> dict[str, Stat]:
+        """Per-stage time of the timed steps (0 where a step lacked the stage)."""
+        keys = names if names is not None else sorted(
+            {k for s in self.steps for k in s if not k.startswith("_")})
+        return {k: Stat.from_samples([s.get(k, 0.0) for s in self.steps], target=target)
+                for k in keys}
+
+
+def median(xs: list[float]) -> float:
+    """Median of a non-empty list (plain helper for summaries)."""
+    return float(statistics.median(xs))

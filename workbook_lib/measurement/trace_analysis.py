@@ -135,23 +135,3 @@ def covered_seconds(events: list[Event], *, thread: tuple | None = None) -> floa
             total += r.end - start
         cur_end = max(cur_end, r.end)
     return total / 1e6
-
-
-def clamp_schedule(steps: int, wait: int, warmup: int, active: int) -> tuple[dict, str | None]:
-    """Fit a profiler schedule into ``steps`` steps: shrink wait, then warmup, then active.
-
-    Returns the schedule and a note saying what was clamped (None if nothing)."""
-    if steps <= 0:
-        raise ValueError(f"'steps' must be a positive integer (got {steps})")
-    want = (wait, warmup, active)
-    w, u, a = wait, warmup, max(1, active)
-    while w + u + a > steps and w > 0:
-        w -= 1
-    while w + u + a > steps and u > 0:
-        u -= 1
-    a = min(a, steps - w - u)
-    note = None
-    if (w, u, a) != want:
-        note = (f"profiler schedule clamped from wait={want[0]}, warmup={want[1]}, "
-                f"active={want[2]} to wait={w}, warmup={u}, active={a} to fit {steps} steps")
-    return {"wait": w, "warmup": u, "active": a}, note

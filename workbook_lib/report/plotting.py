@@ -1,22 +1,78 @@
-"""Figure helpers: every figure says device, sizes and repeat count."""
+"""Figure conventions of every report.
+
+* every figure's title says what was measured, on which device, at which sizes, how often;
+* bar comparisons use linear axes; a log axis is used only where values span decades, and its
+  label says so; tick labels are plain numbers (no ``2x10^0``), bytes are in MB or GB;
+* figures are shown as PNG with alt text (:func:`show`), so the HTML report carries a description
+  of every image.
+"""
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf"]
 
 
 def setup() -> None:
-    """Consistent, readable defaults for the reports."""
+    """Readable defaults for the reports."""
     import seaborn as sns
 
     sns.set_theme(style="whitegrid", context="notebook")
-    plt.rcParams["figure.dpi"] = 100
-    plt.rcParams["figure.autolayout"] = True
+    plt.rcParams.update({"figure.dpi": 100, "figure.autolayout": True,
+                         "axes.formatter.useoffset": False,
+                         "axes.formatter.limits": (-4, 6), "axes.titlesize": 10,
+                         "legend.fontsize": 8})
 
 
-def label(ax, title: str, *, device: str | None = None, sizes: str | None = None,
-          repeats: int | None = None) -> None:
-    """Title plus a second line with the measurement context."""
-    second = " | ".join(s for s in (sizes, f"{repeats} repeats (median, IQR)" if repeats else None)
-                        if s)
-    lines = [title] + [s for s in (device, second) if s]
-    ax.set_title("\n".join(lines), fontsize=9)
+def title(ax, what: str, *, device: str | None = None, sizes: str | None = None,
+          repeats: str | None = None) -> None:
+    """Title line plus a line of context: device | sizes | repeats."""
+    ctx = " | ".join(s for s in (device, sizes, repeats) if s)
+    ax.set_title(what + (f"\n{ctx}" if ctx else ""), fontsize=9)
+
+
+def _plain(v: float, _pos=None) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1 and float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:g}"
+
+
+def plain_ticks(ax, axis: str = "both") -> None:
+    """Plain tick labels (1, 10, 100; 0.5) on linear or log axes."""
+    for name in ("x", "y") if axis == "both" else (axis,):
+        a = ax.xaxis if name == "x" else ax.yaxis
+        if a.get_scale() == "log":
+            a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        a.set_major_formatter(FuncFormatter(_plain))
+
+
+def bytes_ticks(ax, axis: str = "y") -> str:
+    """Tick labels in MB or GB (decimal, as the brief uses); returns the unit chosen."""
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    lo, hi = (ax.get_ylim() if axis == "y" else ax.get_xlim())
+    top = max(abs(lo), abs(hi))
+    unit, div = ("GB", 1e9) if top >= 2e9 else (("MB", 1e6) if top >= 2e6 else ("kB", 1e3))
+    a.set_major_formatter(FuncFormatter(lambda v, _p: _plain(round(v / div, 3))))
+    return unit
+
+
+def show(fig, alt: str) -> None:
+    """Display ``fig`` as a PNG with alt text (kept in the HTML report), then close it."""
+    from IPython.display import display
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    display({"image/png": data, "text/plain": alt}, raw=True,
+            metadata={"image/png": {"alt": alt}})

@@ -1,30 +1,78 @@
-"""What every notebook does first: validate its parameters, configure the run, load the graph."""
+"""What every notebook does first: read its parameters, validate them, set the run up.
+
+A notebook's ``parameters`` cell holds every key of the schema (typed and commented, so
+``papermill --help-notebook`` lists them) plus ``run_dir``. papermill's ``-p KEY VALUE`` and
+``-f FILE.yaml`` inject values after that cell; the CLI injects every key. :func:`setup` takes the
+notebook's namespace, validates the keys with the same schema as a params file, and names any
+injected name that is not a key (``-p hiden 8`` gets "did you mean 'hidden'").
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from ..running import environment
-from ..report import plotting
-from ..running.params import check_against_graph, notebook_params
 from ..data.snapshots import CellGraph, load_snapshot
+from ..exceptions import ParamsError
+from ..paths import resolve_path
+from ..report import plotting
+from . import environment
+from .params import FIELDS, check_against_graph, suggest, validate
+
+_IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "run_dir"}
+_DONE = "_workbook_setup_done"
 
 
 @dataclass
 class NotebookContext:
+    """A notebook's validated parameters and what was set up from them."""
+
     params: dict
+    run_dir: Path
     device: torch.device
     device_label: str
-    graph: CellGraph | None
+    graph: CellGraph | None = None
+    notes: list[str] = field(default_factory=list)
 
 
-def setup(params_file: str | None, params: dict | None, *,
-          load_graph: bool = True) -> NotebookContext:
-    """Validate the parameters cell (same schema as a params file), apply the CPU allocator
-    setting, set the plotting style, resolve the device and load the snapshot (checking the
-    params that need it). Raises before any measurement when something is wrong."""
-    p = notebook_params(params_file, params)
+def _injected_extras(namespace: dict) -> list[str]:
+    return sorted(k for k, v in namespace.items()
+                  if not k.startswith("_") and k not in FIELDS and k not in _IPYTHON_NAMES
+                  and not isinstance(v, (types.ModuleType, type)) and not callable(v))
+
+
+def notebook_params(namespace: dict) -> tuple[dict, Path]:
+    """Validated params and the resolved run folder from a notebook's namespace.
+
+    Raises:
+        ParamsError: a value is invalid, or (on a notebook's first setup) a name was injected
+            that is no params key.
+    """
+    if not namespace.get(_DONE):
+        extras = _injected_extras(namespace)
+        if "params" in extras:
+            raise ParamsError("notebook parameters: 'params' is not a key: pass each key with "
+                              "papermill -p KEY VALUE, or a file with -f FILE.yaml",
+                              key="params", value=namespace["params"])
+        if extras:
+            raise ParamsError("notebook parameters: unknown name(s) "
+                              + ", ".join(f"'{k}'{suggest(k)}" for k in extras)
+                              + "; `python -m workbook_lib params` lists every key",
+                              key=extras[0], value=namespace[extras[0]])
+    raw = {k: namespace[k] for k in FIELDS if k in namespace}
+    p = validate(raw, source="notebook parameters")
+    run_dir = resolve_path(namespace.get("run_dir") or "runs/interactive")
+    return p, run_dir
+
+
+def setup(namespace: dict, *, load_graph: bool = True) -> NotebookContext:
+    """Validate the notebook's parameters, apply the CPU allocator setting, set the plotting
+    style, resolve the device and load the snapshot (checking the params that need it).
+    Raises before any measurement when something is wrong."""
+    p, run_dir = notebook_params(namespace)
+    namespace[_DONE] = True
     environment.configure_cpu_allocator(p["cpu_allocator_cache"])
     plotting.setup()
     device = environment.resolve_device(p["device"])
@@ -32,4 +80,5 @@ def setup(params_file: str | None, params: dict | None, *,
     if load_graph:
         graph = load_snapshot(p)
         check_against_graph(p, graph.num_genes)
-    return NotebookContext(p, device, environment.device_label(device), graph)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return NotebookContext(p, run_dir, device, environment.device_label(device), graph)

@@ -1,48 +1,59 @@
-"""One typed schema for every params file and every papermill-injected parameter set.
+"""One typed schema for every params file, every ``--set``, every papermill ``-p``/``-f`` and
+every notebook's parameters cell.
 
-A params file (YAML) and the ``params`` dict papermill injects into a notebook go through the
-same :func:`validate`: unknown keys are an error listing the valid keys, a wrong type or an
-impossible value is an error naming the key and the value. Missing keys take the schema default.
-Validation never touches the graph; :func:`check_against_graph` does the checks that need it
-(``perturbation_k`` larger than the gene count) right after the snapshot is loaded.
+:func:`validate` checks a mapping before any work starts: an unknown key is an error with a
+"did you mean", a wrong type or an impossible value is an error naming the key and the value.
+Missing keys take the schema default, and **the schema defaults are the default run** (a laptop
+CPU: scale 0.1), so a notebook opened in JupyterLab runs as ``make report`` does.
+
+A string given for a non-string key is read as YAML first, because that is what command lines
+pass: ``papermill -p batch_sizes "[1, 2]"`` injects a string, and YAML itself reads ``1e-3`` as a
+string. Keys marked ``placement`` say where a run executes (node count, rendezvous endpoint, cache
+folder); they are recorded but are not part of what ``run --resume`` compares.
 """
 from __future__ import annotations
 
 import copy
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
+from ..catalog import STRATEGY_NAMES
 from ..exceptions import ParamsError
-
-from ..paths import PARAMS_DIR, REPO_ROOT
+from ..paths import PARAMS_DIR, SNAPSHOT_DIR, resolve_path
 
 DEVICES = ("cpu", "cuda", "auto")
 AGGRS = ("sum", "mean")
 BACKENDS = ("auto", "gloo", "nccl")
-from ..catalog import STRATEGY_NAMES  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Field:
-    """One params key: its type check, default and documentation."""
+    """One params key: its kind, default, documentation and checks."""
 
     name: str
-    kind: str  # int, float, bool, str, list_int, list_str, k, optional_str, optional_float
+    kind: str  # int, float, bool, str, list_int, list_float, list_str, k, optional_*
     default: Any
     doc: str
-    check: Callable[[Any], str | None] | None = None  # returns a problem description or None
+    section: str
+    check: Callable[[Any], str | None] | None = None  # returns a problem or None
     choices: tuple | None = None
+    placement: bool = False  # where the run executes, not what it measures
+
+    @property
+    def type_hint(self) -> str:
+        return _TYPE_HINTS[self.kind]
 
 
 def _positive(v):
     return None if v > 0 else "must be positive"
 
 
-def _non_negative(v):
-    return None if v >= 0 else "must be >= 0"
+def _at_least(n):
+    return lambda v: None if v >= n else f"must be >= {n}"
 
 
 def _non_empty_positive_list(v):
@@ -59,107 +70,187 @@ def _strategies(v):
     bad = [s for s in v if s not in STRATEGY_NAMES]
     if bad:
         return f"unknown strategies {bad}; valid: {list(STRATEGY_NAMES)}"
+    if len(set(v)) != len(v):
+        return "must not repeat a strategy"
     return None
 
 
-def _fraction(v):
-    return None if 0.0 < v <= 1.0 else "must be in (0, 1]"
+def _fraction_open(v):
+    return None if 0.0 < v < 1.0 else "must be in (0, 1)"
 
+
+def _p_list(v):
+    if not v:
+        return "must be a non-empty list"
+    return None if all(0.0 <= x < 1.0 for x in v) else "entries must be in [0, 1)"
+
+
+S_SNAP, S_MODEL, S_MEAS = "snapshot and samples", "model", "measurement"
+S_02, S_03, S_04, S_05, S_06 = ("02 cost model, benchmark, memory", "03 training loop",
+                                "04 DDP", "05 verdict", "06 adopting the fix")
 
 SCHEMA: tuple[Field, ...] = (
-    # --- snapshot and sampling (issue: foundation) ---
     Field("snapshot", "str", "string12",
-          "spec name in data_snapshots/ (e.g. 'string12') or path to a torch.save'd HeteroData"),
-    Field("scale", "float", 0.1, "edge-count multiplier, 1.0 = real size", _positive),
-    Field("seed", "int", 0, "seed of graph generation and perturbation sampling", _non_negative),
-    Field("device", "str", "auto", "cpu, cuda or auto (cuda if available)", choices=DEVICES),
-    Field("batch_sizes", "list_int", [1, 8, 28, 64], "batch sizes for per-batch figures",
-          _non_empty_positive_list),
+          "spec name in data_snapshots/ (e.g. 'string12') or path to a torch.save'd HeteroData",
+          S_SNAP),
+    Field("scale", "float", 0.1, "edge-count multiplier, 1.0 = the real graph", S_SNAP,
+          _positive),
+    Field("seed", "int", 0, "seed of graph generation and perturbation sampling", S_SNAP,
+          _at_least(0)),
+    Field("device", "str", "auto", "cpu, cuda or auto (cuda when available)", S_SNAP,
+          choices=DEVICES),
+    Field("batch_sizes", "list_int", [1, 8, 28, 64], "batch sizes of per-batch size figures",
+          S_SNAP, _non_empty_positive_list),
     Field("perturbation_k", "k", 3,
-          "genes deleted per sample: an int, or a mapping k -> probability"),
+          "genes deleted per sample: an int, or a mapping k -> probability", S_SNAP),
     Field("num_samples", "int", 332313, "dataset size for storage and epoch projections",
-          _positive),
+          S_SNAP, _positive),
     Field("num_perturbations", "int", 200,
-          "perturbations sampled for removed-edge and hop statistics", _positive),
+          "perturbations sampled for removed-edge and hop statistics", S_SNAP, _positive),
     Field("cache_dir", "str", "data_snapshots/cache",
-          "where generated graphs are cached (relative to the repository root)"),
-    # --- model and measurement (strategy issue onward) ---
-    Field("hidden", "int", 64, "hidden size H", _positive),
-    Field("layers", "int", 3, "message-passing layers", _positive),
-    Field("aggr", "str", "sum", "aggregation: sum or mean", choices=AGGRS),
+          "where generated graphs are cached (relative to the repository root)", S_SNAP,
+          placement=True),
+    Field("hidden", "int", 32, "hidden size H (the real model: 64)", S_MODEL, _positive),
+    Field("layers", "int", 2, "message-passing layers (the real model: 3)", S_MODEL, _positive),
+    Field("aggr", "str", "sum", "neighbour aggregation: sum or mean", S_MODEL, choices=AGGRS),
+    Field("dual_forward", "bool", True,
+          "the Lazy model's dual forward (wildtype pass + perturbed pass)", S_MODEL),
+    Field("strategies", "list_str", list(STRATEGY_NAMES), "strategies to compare", S_MODEL,
+          _strategies),
     Field("cpu_allocator_cache", "bool", True,
-          "on Linux/glibc CPUs keep freed memory in the heap (mallopt) instead of returning "
-          "every large tensor to the OS, as PyTorch's CUDA caching allocator does on GPUs; "
-          "without it large-batch CPU timings are dominated by page faults"),
-    Field("warmup", "int", 2, "untimed warm-up repetitions before each measurement",
-          _non_negative),
-    Field("repeats", "int", 5, "timed repetitions per measurement (median and IQR reported)",
+          "keep freed memory in the glibc heap during CPU timings (as PyTorch's CUDA caching "
+          "allocator does on GPUs); without it large-batch CPU steps measure page faults",
+          S_MEAS),
+    Field("warmup", "int", 1, "untimed warm-up calls or steps before anything is timed", S_MEAS,
+          _at_least(0)),
+    Field("min_repeats", "int", 5, "fewest timed repeats of a figure", S_MEAS, _positive),
+    Field("precision_target", "float", 0.10,
+          "repeat a figure until IQR/median is at most this (or its time budget is spent)",
+          S_MEAS, _fraction_open),
+    Field("time_budget_s", "float", 2.0,
+          "seconds one benchmark figure may spend on repeats beyond min_repeats", S_MEAS,
           _positive),
-    Field("strategies", "list_str", list(STRATEGY_NAMES), "strategies to compare", _strategies),
     Field("sweep_edges", "list_int", [20000, 50000, 100000, 200000],
-          "edge counts E of the cost-model sweeps", _non_empty_positive_list),
-    Field("sweep_hidden", "list_int", [16, 32, 64], "hidden sizes H of the cost-model sweeps",
+          "edge counts E of the cost-model sweeps; the largest is held out of every fit", S_02,
           _non_empty_positive_list),
+    Field("sweep_hidden", "list_int", [16, 32, 64], "hidden sizes H of the cost-model sweeps",
+          S_02, _non_empty_positive_list),
     Field("sweep_p", "list_float", [0.001, 0.01, 0.1, 0.3, 0.6],
-          "removed-edge fractions p of the cost-model sweeps"),
+          "removed-edge fractions p of the filter sweeps", S_02, _p_list),
     Field("layer_batch_sizes", "list_int", [1, 2, 4, 8],
-          "batch sizes of the per-layer strategy comparison", _non_empty_positive_list),
-    Field("full_size_benchmark", "bool", False,
-          "run notebook 02's benchmark at the real spec (scale 1.0) instead of `scale`"),
-    Field("full_size_batch", "int", 28, "batch size of the full-size benchmark", _positive),
-    Field("replicated_max_batch", "int", 4,
-          "cap on strategy 2's batch in the full-size benchmark (its cost is linear in B, so "
-          "it is compared per sample)", _positive),
+          "batch sizes of the one-layer strategy comparison", S_02, _non_empty_positive_list),
     Field("exactness_genes", "int", 400,
-          "genes of the induced subgraph on which notebook 02 re-checks exactness", _positive),
+          "genes of the induced subgraph on which 02 re-checks exactness", S_02, _at_least(2)),
+    Field("bench_full_size", "bool", False,
+          "run 02's strategy benchmark at the real spec (scale 1, H=64, 3 layers) instead of "
+          "this run's sizes", S_02),
+    Field("bench_replicated_max_batch", "int", 2,
+          "largest batch of the replicated strategies in the benchmark (they are compared per "
+          "sample; their cost is linear in B)", S_02, _positive),
     Field("memory_batch_sizes", "list_int", [1, 2, 4],
-          "batch sizes of notebook 02's peak-memory sweep", _non_empty_positive_list),
-    Field("memory_full_size", "bool", True,
-          "also measure the replicated strategy's memory at the real size with the brief's "
-          "model (H=64, 3 layers) to project the largest batch in memory_budget_gb"),
-    Field("memory_budget_gb", "float", 80.0,
-          "device memory budget for the largest-batch-that-fits projection", _positive),
-    # --- training loop (notebook 03) ---
-    Field("batch_size_lazy", "int", 28, "batch size of Lazy-style (replicated) runs", _positive),
-    Field("batch_size_dango", "int", 64, "batch size of DANGO-style runs", _positive),
-    Field("loop_steps", "int", 6, "timed training steps per strategy and mode", _positive),
-    Field("num_workers", "int", 0, "DataLoader worker processes", _non_negative),
-    Field("pin_memory", "bool", False, "DataLoader pin_memory (only meaningful with CUDA)"),
-    Field("persistent_workers", "bool", False, "DataLoader persistent_workers"),
-    Field("dual_forward", "bool", True, "Lazy model: wildtype + perturbed pass"),
-    Field("profile_wait", "int", 1, "torch.profiler schedule: wait steps", _non_negative),
-    Field("profile_warmup", "int", 1, "torch.profiler schedule: warm-up steps", _non_negative),
-    Field("profile_active", "int", 3, "torch.profiler schedule: active steps", _positive),
-    # --- DDP (notebook 04) ---
-    Field("world_sizes", "list_int", [1, 2], "DDP world sizes to launch with torchrun",
+          "batch sizes of the peak-memory sweep (at least 3 for a fit)", S_02,
+          _non_empty_positive_list),
+    Field("memory_full_size", "bool", False,
+          "also measure peak memory at the real spec (scale 1, H=64, 3 layers)", S_02),
+    Field("memory_budget_gb", "optional_float", None,
+          "memory for the largest-batch projection (null: what the run measures on - host RAM "
+          "for CPU runs, GPU memory for CUDA runs)", S_02, _positive),
+    Field("batch_size_lazy", "int", 7,
+          "batch of the perturbed-graph strategies (the brief's Lazy model: 28)", S_03,
+          _positive),
+    Field("batch_size_dango", "int", 16, "batch of the DANGO-style strategy (the brief: 64)",
+          S_03, _positive),
+    Field("loop_steps", "int", 10, "fewest timed training steps per strategy and mode", S_03,
+          _positive),
+    Field("loop_max_steps", "int", 30, "most timed training steps per strategy and mode",
+          S_03, _positive),
+    Field("loop_budget_s", "float", 150.0,
+          "seconds of timed loop steps before arms stop at loop_steps", S_03, _positive),
+    Field("num_workers", "int", 0, "DataLoader worker processes (0: load in the main process)",
+          S_03, _at_least(0)),
+    Field("pin_memory", "bool", False, "DataLoader pin_memory (CUDA runs)", S_03),
+    Field("persistent_workers", "bool", False, "DataLoader persistent_workers", S_03),
+    Field("profile_wait", "int", 1, "torch.profiler schedule: wait steps (>= 1)", S_03,
+          _at_least(1)),
+    Field("profile_warmup", "int", 1, "torch.profiler schedule: warm-up steps (>= 1)", S_03,
+          _at_least(1)),
+    Field("profile_active", "int", 2, "torch.profiler schedule: recorded steps", S_03,
+          _positive),
+    Field("world_sizes", "list_int", [1, 2], "DDP world sizes launched with torchrun", S_04,
           _non_empty_positive_list),
     Field("backend", "str", "auto", "torch.distributed backend: auto (gloo/nccl), gloo, nccl",
-          choices=BACKENDS),
-    Field("nnodes", "int", 1, "torchrun --nnodes", _positive),
+          S_04, choices=BACKENDS),
+    Field("nnodes", "int", 1, "nodes of the torchrun launch (set by the SLURM scripts)", S_04,
+          _positive, placement=True),
     Field("rdzv_endpoint", "optional_str", None,
-          "torchrun rendezvous host:port for multi-node runs (None: a free local port)"),
-    Field("ddp_strategy", "str", "node_mask_shared", "strategy trained under DDP",
+          "torchrun rendezvous host:port for several nodes (null: a free local port)", S_04,
+          placement=True),
+    Field("ddp_strategy", "str", "node_mask_shared", "strategy of the DDP scaling runs", S_04,
           choices=STRATEGY_NAMES),
-    Field("ddp_batch_size", "int", 8, "per-rank batch of the DDP scaling strategy", _positive),
-    Field("ddp_steps", "int", 6, "timed DDP steps per run", _positive),
-    Field("grad_accum_steps", "int", 2, "accumulation steps of the no_sync() comparison",
+    Field("ddp_batch_size", "int", 8,
+          "per-rank batch of weak scaling; strong scaling keeps ddp_batch_size x the largest "
+          "world size as the global batch", S_04, _positive),
+    Field("ddp_steps", "int", 20, "fewest timed DDP steps per variant", S_04, _positive),
+    Field("ddp_budget_s", "float", 60.0, "seconds of timed DDP steps per launch", S_04,
           _positive),
-    Field("bucket_cap_mb", "float", 25.0, "DDP gradient bucket size in MB", _positive),
-    Field("use_ddp_gather", "bool", False, "loss-side all-gather of predictions (brief's loss)"),
-    Field("ddp_timeout_s", "float", 300.0, "a rank silent this long ends the run", _positive),
+    Field("grad_accum_steps", "int", 2, "micro-batches of the accumulation comparison", S_04,
+          _positive),
+    Field("bucket_cap_mb", "float", 25.0, "DDP gradient bucket size in MB", S_04, _positive),
+    Field("use_ddp_gather", "bool", False,
+          "the brief's loss-side all-gather of predictions (the other setting is measured too)",
+          S_04),
+    Field("ddp_timeout_s", "float", 300.0, "a launch silent this long is stopped", S_04,
+          _positive),
     Field("link_bandwidth_gbps", "optional_float", None,
-          "all-reduce bandwidth in GB/s for predictions (None: measured here)"),
+          "all-reduce bus bandwidth in GB/s for predictions (null: fitted here)", S_04,
+          _positive),
     Field("link_latency_us", "optional_float", None,
-          "all-reduce latency in microseconds for predictions (None: measured here)"),
-    # --- verdict (notebook 05) ---
+          "all-reduce latency in microseconds for predictions (null: fitted here)", S_04,
+          _at_least(0)),
     Field("verdict_tie_tolerance", "float", 0.15,
-          "exact strategies within this fraction of the fastest count as tied; ties are "
-          "broken by measured memory per sample", _positive),
+          "exact strategies within this fraction of the fastest count as tied (ties go to the "
+          "one with the least measured memory per sample)", S_05, _positive),
     Field("gap_strategies", "list_str", ["replicated_mask_cpu", "dango_wildtype"],
-          "the two strategies whose gap the verdict decomposes", _strategies),
+          "the two strategies whose gap the verdict explains (slow, fast)", S_05, _strategies),
+    Field("adopt_steps", "int", 200, "training steps of each pipeline in notebook 06", S_06,
+          _positive),
+    Field("adopt_lr", "float", 1e-3, "AdamW learning rate of notebook 06's training", S_06,
+          _positive),
 )
 
 FIELDS = {f.name: f for f in SCHEMA}
+PLACEMENT_KEYS = frozenset(f.name for f in SCHEMA if f.placement)
+
+_KIND_NAMES = {
+    "int": "an integer", "float": "a number", "optional_float": "a number or null",
+    "bool": "true or false", "str": "a string", "optional_str": "a string or null",
+    "list_int": "a list of integers", "list_float": "a list of numbers",
+    "list_str": "a list of strings", "k": "an integer or a mapping k -> probability",
+}
+_TYPE_HINTS = {
+    "int": "int", "float": "float", "optional_float": "float | None", "bool": "bool",
+    "str": "str", "optional_str": "str | None", "list_int": "list[int]",
+    "list_float": "list[float]", "list_str": "list[str]", "k": "int | dict[int, float]",
+}
+
+
+def _coerce(field: Field, value: Any) -> Any:
+    """A string for a non-string key is read as YAML (command lines pass strings)."""
+    if isinstance(value, str) and field.kind not in ("str", "optional_str"):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+        if isinstance(parsed, str) and field.kind in ("float", "optional_float"):
+            try:
+                return float(parsed)
+            except ValueError:
+                return value
+        return parsed
+    if field.kind == "optional_str" and isinstance(value, str) and value.strip().lower() in (
+            "null", "none", "~", ""):
+        return None
+    return value
 
 
 def _type_ok(field: Field, value: Any) -> tuple[bool, Any]:
@@ -167,12 +258,8 @@ def _type_ok(field: Field, value: Any) -> tuple[bool, Any]:
     k = field.kind
     if k == "int":
         return (isinstance(value, int) and not isinstance(value, bool)), value
-    if k == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False, value
-        return True, float(value)
-    if k == "optional_float":
-        if value is None:
+    if k in ("float", "optional_float"):
+        if value is None and k == "optional_float":
             return True, None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False, value
@@ -183,36 +270,26 @@ def _type_ok(field: Field, value: Any) -> tuple[bool, Any]:
         return isinstance(value, str), value
     if k == "optional_str":
         return (value is None or isinstance(value, str)), value
-    if k == "list_int":
-        ok = isinstance(value, (list, tuple)) and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in value)
-        return ok, list(value) if ok else value
-    if k == "list_float":
-        ok = isinstance(value, (list, tuple)) and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
-        return ok, [float(x) for x in value] if ok else value
-    if k == "list_str":
-        ok = isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)
-        return ok, list(value) if ok else value
+    if k in ("list_int", "list_float", "list_str"):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        if k == "list_int":
+            ok = all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+            return ok, list(value)
+        if k == "list_float":
+            ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+            return ok, [float(x) for x in value] if ok else value
+        return all(isinstance(x, str) for x in value), list(value)
     if k == "k":
         if isinstance(value, int) and not isinstance(value, bool):
             return True, value
         if isinstance(value, dict):
             try:
-                norm = {int(kk): float(p) for kk, p in value.items()}
+                return True, {int(kk): float(p) for kk, p in value.items()}
             except (TypeError, ValueError):
                 return False, value
-            return True, norm
         return False, value
     raise AssertionError(f"unknown field kind {k}")
-
-
-_KIND_NAMES = {
-    "int": "an integer", "float": "a number", "optional_float": "a number or null",
-    "bool": "true or false", "str": "a string", "optional_str": "a string or null",
-    "list_int": "a list of integers", "list_float": "a list of numbers",
-    "list_str": "a list of strings", "k": "an integer or a mapping k -> probability",
-}
 
 
 def _check_k(value) -> str | None:
@@ -231,59 +308,85 @@ def _check_k(value) -> str | None:
 
 
 def defaults() -> dict:
-    """The schema defaults (what an empty params file means)."""
+    """The schema defaults: the default run."""
     return {f.name: copy.deepcopy(f.default) for f in SCHEMA}
+
+
+def suggest(key: str) -> str:
+    """' (did you mean 'x'?)' for a misspelt key, else ''."""
+    close = difflib.get_close_matches(key, list(FIELDS), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def unknown_key_error(keys: list[str], source: str) -> ParamsError:
+    parts = [f"'{k}'{suggest(k)}" for k in keys]
+    return ParamsError(f"{source}: unknown params key(s) {', '.join(parts)}; "
+                       "`python -m workbook_lib params` lists every key",
+                       key=keys[0], value=None)
 
 
 def validate(raw: dict | None, *, source: str = "params") -> dict:
     """Validate a params mapping and return a complete, normalised copy.
 
     Args:
-        raw: the mapping read from a params file or injected by papermill (``None`` = empty).
-        source: where it came from, used in error messages.
+        raw: a mapping read from a params file, given by ``--set`` or injected by papermill
+            (``None`` means empty).
+        source: where it came from, named in error messages.
 
     Raises:
-        ParamsError: on an unknown key (listing the valid keys), a wrong type or an impossible
+        ParamsError: on an unknown key (with "did you mean"), a wrong type or an impossible
             value (naming key and value). Nothing else has been done at that point.
     """
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{source}: expected a mapping of params, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(FIELDS))
+    unknown = sorted(str(k) for k in set(raw) - set(FIELDS))
     if unknown:
-        raise ParamsError(
-            f"{source}: unknown params key(s) {unknown}. Valid keys: {sorted(FIELDS)}")
+        raise unknown_key_error(unknown, source)
     out = defaults()
     for key, value in raw.items():
         field = FIELDS[key]
-        ok, norm = _type_ok(field, value)
+        ok, norm = _type_ok(field, _coerce(field, value))
         if not ok:
-            raise ParamsError(
-                f"{source}: '{key}' must be {_KIND_NAMES[field.kind]} (got {value!r})")
+            raise ParamsError(f"{source}: '{key}' must be {_KIND_NAMES[field.kind]} "
+                              f"(got {value!r})", key=key, value=value)
         if field.choices is not None and norm not in field.choices:
-            raise ParamsError(
-                f"{source}: '{key}' must be one of {list(field.choices)} (got {norm!r})")
+            raise ParamsError(f"{source}: '{key}' must be one of {list(field.choices)} "
+                              f"(got {norm!r})", key=key, value=value)
         problem = _check_k(norm) if field.kind == "k" else (
             field.check(norm) if field.check is not None and norm is not None else None)
         if problem:
-            raise ParamsError(f"{source}: '{key}' {problem} (got {value!r})")
+            raise ParamsError(f"{source}: '{key}' {problem} (got {value!r})", key=key,
+                              value=value)
         out[key] = norm
-    p = out["sweep_p"]
-    if not p or any(not (0.0 <= x < 1.0) for x in p):
-        raise ParamsError(f"{source}: 'sweep_p' entries must be in [0, 1) (got {p!r})")
-    if out["gap_strategies"] and len(out["gap_strategies"]) != 2:
-        raise ParamsError(
-            f"{source}: 'gap_strategies' must name exactly 2 strategies "
-            f"(got {out['gap_strategies']!r})")
-    _check_snapshot_exists(out, source)
+    _cross_checks(out, source)
+    return out
+
+
+def _cross_checks(out: dict, source: str) -> None:
+    def fail(key, msg):
+        raise ParamsError(f"{source}: '{key}' {msg} (got {out[key]!r})", key=key, value=out[key])
+
+    if len(out["gap_strategies"]) != 2 or out["gap_strategies"][0] == out["gap_strategies"][1]:
+        fail("gap_strategies", "must name 2 different strategies (slow, fast)")
+    if out["loop_max_steps"] < out["loop_steps"]:
+        fail("loop_max_steps", f"must be >= loop_steps={out['loop_steps']}")
+    if out["ddp_strategy"] not in out["strategies"] and out["ddp_strategy"] not in STRATEGY_NAMES:
+        fail("ddp_strategy", "must be a strategy name")
     kmax = max_k(out["perturbation_k"])
+    if out["exactness_genes"] <= kmax:
+        fail("exactness_genes", f"must exceed the largest perturbation_k ({kmax})")
+    gbatch = out["ddp_batch_size"] * max(out["world_sizes"])
+    bad = [w for w in out["world_sizes"] if gbatch % w]
+    if bad:
+        fail("world_sizes", f"must each divide the strong-scaling global batch "
+                            f"ddp_batch_size x max(world_sizes) = {gbatch} ({bad} do not)")
+    _check_snapshot_exists(out, source)
     spec_genes = _spec_num_genes(out["snapshot"])
     if spec_genes is not None and kmax > spec_genes:
-        raise ParamsError(
-            f"{source}: 'perturbation_k' must not exceed the gene count of snapshot "
-            f"'{out['snapshot']}' ({spec_genes}) (got {out['perturbation_k']!r})")
-    return out
+        fail("perturbation_k", f"must not exceed the gene count of snapshot "
+                               f"'{out['snapshot']}' ({spec_genes})")
 
 
 def max_k(k: int | dict) -> int:
@@ -296,17 +399,11 @@ def mean_k(k: int | dict) -> float:
     return float(k) if isinstance(k, int) else sum(kk * p for kk, p in k.items())
 
 
-def resolve_path(path: str) -> Path:
-    """Resolve a path param: absolute as is, relative against the repository root."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else (REPO_ROOT / p)
-
-
 def snapshot_spec_path(name: str) -> Path | None:
     """Path of the spec for a snapshot *name*, or None when ``snapshot`` is a file path."""
     if "/" in name or name.endswith((".pt", ".pth")):
         return None
-    return REPO_ROOT / "data_snapshots" / f"{name}.yaml"
+    return SNAPSHOT_DIR / f"{name}.yaml"
 
 
 def _check_snapshot_exists(params: dict, source: str) -> None:
@@ -314,14 +411,16 @@ def _check_snapshot_exists(params: dict, source: str) -> None:
     spec = snapshot_spec_path(name)
     if spec is not None:
         if not spec.is_file():
-            known = sorted(p.stem for p in (REPO_ROOT / "data_snapshots").glob("*.yaml"))
+            known = sorted(p.stem for p in SNAPSHOT_DIR.glob("*.yaml"))
             raise ParamsError(
-                f"{source}: 'snapshot' names no spec: {spec} does not exist "
-                f"(known specs: {known}; or give a path to a saved HeteroData) (got {name!r})")
+                f"{source}: 'snapshot' names no spec: {spec} does not exist (known specs: "
+                f"{known}; or give a path to a saved HeteroData) (got {name!r})",
+                key="snapshot", value=name)
     else:
         path = resolve_path(name)
         if not path.is_file():
-            raise ParamsError(f"{source}: 'snapshot' file {path} does not exist (got {name!r})")
+            raise ParamsError(f"{source}: 'snapshot' file {path} does not exist (got {name!r})",
+                              key="snapshot", value=name)
 
 
 def _spec_num_genes(name: str) -> int | None:
@@ -332,55 +431,71 @@ def _spec_num_genes(name: str) -> int | None:
         return int(yaml.safe_load(fh)["num_genes"])
 
 
-def load_params_file(path: str | Path) -> dict:
-    """Read and validate a params YAML file. ``path`` may be a name in ``params/``."""
+def read_params_file(path: str | Path) -> tuple[Path, dict]:
+    """Read a params YAML file (a path, or a name in ``params/``) without validating it."""
     p = Path(path)
     if not p.is_file() and not p.suffix and (PARAMS_DIR / f"{p}.yaml").is_file():
         p = PARAMS_DIR / f"{p}.yaml"
     if not p.is_file():
         raise ParamsError(f"params file {p} does not exist")
     try:
-        with open(p) as fh:
-            raw = yaml.safe_load(fh)
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ParamsError(f"{p}: not a text file (a params file is YAML)") from None
     except yaml.YAMLError as exc:
-        raise ParamsError(f"{p}: not valid YAML: {exc}") from exc
+        first = str(exc).splitlines()[0]
+        raise ParamsError(f"{p}: not valid YAML: {first}") from exc
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{p}: expected a mapping of params, got {type(raw).__name__}")
+    return p, raw or {}
+
+
+def load_params_file(path: str | Path) -> dict:
+    """Read and validate a params YAML file (a path, or a name in ``params/``)."""
+    p, raw = read_params_file(path)
     return validate(raw, source=str(p))
 
 
-def notebook_params(params_file: str | None, params: dict | None) -> dict:
-    """What a notebook calls in its first cell after the ``parameters`` cell.
-
-    ``params`` (injected by ``workbook_lib run``, or typed by a user) is validated with the
-    same schema as a file; keys it sets override ``params_file`` (when one is given).
-    """
-    base: dict = {}
-    if params_file:
-        p = Path(params_file)
-        if not p.is_file() and not p.suffix:
-            p = PARAMS_DIR / f"{params_file}.yaml"
-        if not p.is_file():
-            raise ParamsError(f"params file {p} does not exist")
-        with open(p) as fh:
-            base = yaml.safe_load(fh) or {}
-        validate(base, source=str(p))
-    merged = {**base, **(params or {})}
-    return validate(merged, source="notebook parameters")
+def results_relevant(params: dict) -> dict:
+    """The params a run's results depend on (without the ``placement`` keys)."""
+    return {k: v for k, v in params.items() if k not in PLACEMENT_KEYS}
 
 
 def check_against_graph(params: dict, num_genes: int) -> None:
-    """Checks that need the loaded graph (e.g. for a user-supplied HeteroData)."""
+    """Checks that need the loaded graph (e.g. a user-supplied HeteroData)."""
     kmax = max_k(params["perturbation_k"])
     if kmax > num_genes:
         raise ParamsError(
             f"'perturbation_k' must not exceed the gene count of the snapshot ({num_genes}) "
-            f"(got {params['perturbation_k']!r})")
+            f"(got {params['perturbation_k']!r})", key="perturbation_k",
+            value=params["perturbation_k"])
+    if params["exactness_genes"] > num_genes:
+        raise ParamsError(f"'exactness_genes' must not exceed the gene count of the snapshot "
+                          f"({num_genes}) (got {params['exactness_genes']})",
+                          key="exactness_genes", value=params["exactness_genes"])
 
 
 def describe() -> str:
-    """Human-readable table of every key, its type, default and meaning."""
-    lines = []
+    """Every key by section, with its type, default and meaning."""
+    lines, section = [], None
     for f in SCHEMA:
-        choices = f" one of {list(f.choices)}" if f.choices else ""
-        lines.append(f"{f.name:22s} {_KIND_NAMES[f.kind]}{choices}; default {f.default!r}\n"
-                     f"{'':22s} {f.doc}")
+        if f.section != section:
+            section = f.section
+            lines.append(f"\n# {section}")
+        choices = f" (one of {', '.join(map(str, f.choices))})" if f.choices else ""
+        where = " [placement: not compared by --resume]" if f.placement else ""
+        lines.append(f"{f.name}: {f.type_hint} = {f.default!r}{choices}{where}\n"
+                     f"    {f.doc}")
+    return "\n".join(lines).lstrip()
+
+
+def parameters_cell() -> str:
+    """The source of every notebook's papermill ``parameters`` cell (one line per key, typed
+    and commented, so ``papermill --help-notebook`` lists them)."""
+    lines = ["# Every key of the params schema (python -m workbook_lib params). papermill: "
+             "-p KEY VALUE or -f FILE.yaml."]
+    for f in SCHEMA:
+        lines.append(f"{f.name}: {f.type_hint} = {f.default!r}  # {f.doc}")
+    lines.append('run_dir: str = "runs/interactive"  # where results go (relative paths: '
+                 "against the repository root)")
     return "\n".join(lines)

@@ -1,74 +1,136 @@
-"""Results files: one JSON per notebook, beside its HTML, with the environment recorded."""
+"""Results files: one JSON per notebook in the run folder, with what made it recorded.
+
+``<run_dir>/<notebook>.json`` holds the notebook's typed result (a :class:`~workbook_lib.records.Record`)
+at top level and ``_meta``: the headline shown in ``index.html``, the params as validated, the
+snapshot checksum, the environment, the files the notebook wrote, the checksums of the results
+it read, and ``complete: true``. :func:`load_result` gives the typed result back, so readers
+(the verdict, ``compare``, ``stability``) use attributes, not string keys.
+
+Writes are atomic (a temporary file with a unique name, then a rename), so a reader or a
+resumed run never sees half a file.
+"""
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
-import math
+import os
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+from ..records import Record, to_json
 
-from ..running import environment
+SCHEMA_VERSION = 2
 
-SCHEMA_VERSION = 1
+# notebook -> "module:Class" of its typed result (imported when read)
+RESULT_TYPES = {
+    "01_graph_inventory": "workbook_lib.data.inventory:InventoryResult",
+    "02_mask_cost_model": "workbook_lib.analysis.mask_cost:MaskCostResult",
+    "03_data_vs_model_timing": "workbook_lib.analysis.timing_study:TimingResult",
+    "04_ddp_scaling": "workbook_lib.distributed.study:DDPResult",
+    "05_verdict": "workbook_lib.analysis.verdict:VerdictResult",
+    "06_adopt_fix": "workbook_lib.analysis.adoption:AdoptionResult",
+}
 
 
-def to_jsonable(obj: Any) -> Any:
-    """Plain-JSON copy of ``obj``: numpy/torch scalars and arrays, paths, NaN/inf -> null."""
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return to_jsonable(obj.item())
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
+@dataclass
+class Meta(Record):
+    """What made a results file."""
+
+    notebook: str
+    headline: str
+    complete: bool = True
+    schema_version: int = SCHEMA_VERSION
+    snapshot_checksum: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)  # written beside the JSON (relative paths)
+    inputs: dict[str, str] = field(default_factory=dict)  # results read -> their checksum
 
 
 def results_path(run_dir: str | Path, notebook: str) -> Path:
     return Path(run_dir) / f"{notebook}.json"
 
 
-def write_results(run_dir: str | Path, notebook: str, results: dict, params: dict, *,
-                  headline: str, snapshot_checksum: str | None = None) -> Path:
-    """Write ``<run_dir>/<notebook>.json``: the named results at top level plus ``_meta``.
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a uniquely named temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
-    ``_meta`` holds the headline (shown in index.html), the params as validated, the snapshot
-    checksum and the environment, and ``complete: true`` (what ``run --resume`` looks for).
-    """
+
+def file_checksum(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_results(run_dir: str | Path, notebook: str, result: Record | dict, params: dict, *,
+                  headline: str, snapshot_checksum: str | None = None,
+                  files: list[str] | None = None, inputs: dict[str, str] | None = None) -> Path:
+    """Write ``<run_dir>/<notebook>.json`` (the result's fields plus ``_meta``), atomically."""
+    from . import environment
+
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    doc = dict(to_jsonable(results))
-    doc["_meta"] = to_jsonable({
-        "schema_version": SCHEMA_VERSION,
-        "notebook": notebook,
-        "headline": headline,
-        "complete": True,
-        "snapshot_checksum": snapshot_checksum,
-        "params": params,
-        "environment": environment.collect(params),
-    })
+    doc = dict(to_json(result))
+    meta = Meta(notebook=notebook, headline=headline, snapshot_checksum=snapshot_checksum,
+                params=params, environment=environment.collect(params),
+                files=sorted(files or []), inputs=dict(inputs or {}))
+    doc["_meta"] = meta.to_json()
     path = results_path(run_dir, notebook)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, allow_nan=False))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False))
     return path
 
 
 def read_results(run_dir: str | Path, notebook: str) -> dict | None:
-    """The results of one notebook in a run folder, or None if absent or unreadable."""
+    """The raw results document of a notebook, or None if absent or unreadable."""
     path = results_path(run_dir, notebook)
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def read_meta(run_dir: str | Path, notebook: str) -> Meta | None:
+    doc = read_results(run_dir, notebook)
+    if not doc or "_meta" not in doc:
+        return None
+    try:
+        return Meta.from_json(doc["_meta"])
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def result_type(notebook: str) -> type[Record]:
+    mod, _, cls = RESULT_TYPES[notebook].partition(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+def load_result(run_dir: str | Path, notebook: str) -> Record | None:
+    """The typed result of a notebook in a run folder (None if absent, unreadable or written by
+    an older schema)."""
+    doc = read_results(run_dir, notebook)
+    if not doc:
+        return None
+    meta = doc.get("_meta", {})
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        return None
+    body = {k: v for k, v in doc.items() if k != "_meta"}
+    try:
+        return result_type(notebook).from_json(body)
+    except (TypeError, KeyError, ValueError):
         return None

@@ -95,8 +95,9 @@ class Strategy:
 
     def to_device(self, batch: dict, non_blocking: bool = False) -> dict:
         def move(v):
-            if isinstance(v, torch.Tensor):
-                return v.to(self.device, non_blocking=non_blocking)
+            if isinstance(v, torch.Tensor):  # already there: no copy (and nothing to count)
+                return v if v.device == self.device else v.to(self.device,
+                                                              non_blocking=non_blocking)
             if isinstance(v, dict):
                 return {k: move(x) for k, x in v.items()}
             return v

@@ -1,45 +1,60 @@
-"""The training loop of notebook 03: a real DataLoader, four modes, per-stage attribution.
+"""The training loop every timing of a step goes through (notebook 03, the DDP worker, 06).
 
-Modes: ``data`` (fetch, process, collate, transfer, device prep, and a trivial loss so the loop
-is real), ``forward`` (+ model forward and loss), ``forward_backward`` (+ backward) and
-``full`` (+ AdamW step). Each main-process stage is timed between device syncs and wrapped in a
-``wb:<stage>`` profiler range; worker-side fetch/process and collate times are measured inside
-the workers and travel back with the batch.
+A step is the real thing: a ``torch.utils.data.DataLoader`` fetches and collates samples (in
+worker processes when ``num_workers > 0``), the batch is moved to the device, the strategy's
+device preparation runs, then the model. An :class:`Arm` is one timed series of such steps: a
+strategy, a model (plain or wrapped in ``DistributedDataParallel``), a batch stream and a
+:class:`Variant` saying how far the step goes:
+
+* modes ``data`` (the data pipeline and a trivial loss, so the loop is real), ``forward``,
+  ``forward_backward`` and ``full`` (+ the AdamW step);
+* for DDP: micro-batches per optimizer step, which of them all-reduce (``every``, only the
+  ``last`` as with ``no_sync()`` accumulation, or ``never``), and the loss-side all-gather.
+
+Every stage is timed between device syncs in a :class:`~workbook_lib.measurement.timing.StepClock`
+and wrapped in a ``wb:<stage>`` profiler range (for the exclusive-time trace breakdown); the
+DataLoader workers time their own fetch and collate and send the times with the batch.
+
+:func:`run_arms` runs arms until each is precise enough: warm-up steps first (never recorded),
+then one step with the sync counter on (counting has a per-operator cost, so it never runs in a
+timed step), then timed steps until IQR/median <= the target with at least ``min_steps``, or
+``max_steps``, or the time budget. With ``num_workers == 0`` the arms are **interleaved** (one
+step of each in turn), so their ratios carry no drift of the machine; with worker processes they
+run one after another, since workers prefetching while another arm runs would hide the data
+pipeline's cost.
 """
 from __future__ import annotations
 
-import math
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import torch
 from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
-from ..strategies import Strategy
+from ..data.perturbations import synthetic_labels
 from ..measurement.syncs import SyncCounter
-from ..measurement.timing import StageTimer
+from ..measurement.timing import DEFAULT_TARGET, Stat, StepClock
+from ..records import Record
+from ..report.progress import progress
+from ..strategies import Strategy
 
 MODES = ("data", "forward", "forward_backward", "full")
 MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "backward", "optimizer")
 WORKER_STAGES = ("worker_fetch", "worker_collate")
-
-
-def synthetic_labels(pert: torch.Tensor) -> torch.Tensor:
-    """A deterministic scalar label per perturbation (the workbook times, it does not learn)."""
-    return torch.sin((pert.clamp(min=0).float() + 1).sum(-1) * 0.37)
+ALLREDUCE = ("every", "last", "never")
 
 
 class PerturbationDataset(Dataset):
-    """Dataset item i = ``strategy.make_item(i, pert[i])`` plus its label, timed in the worker."""
+    """Item i = ``strategy.make_item(i, pert[i])`` plus its label; timed inside the worker."""
 
-    def __init__(self, strategy: Strategy, pert: torch.Tensor):
+    def __init__(self, strategy: Strategy, pert: torch.Tensor, labels: torch.Tensor | None = None):
         self.strategy, self.pert = strategy, pert
-        self.labels = synthetic_labels(pert)
+        self.labels = synthetic_labels(pert) if labels is None else labels
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.pert)
 
     def __getitem__(self, i):
@@ -60,139 +75,316 @@ class TimedCollate:
         t0 = time.perf_counter()
         batch = self.strategy.collate(items)
         batch["y"] = torch.stack([it["y"] for it in items])
-        collate_s = time.perf_counter() - t0
         batch["_worker"] = {"fetch_s": sum(it["_fetch_s"] for it in items),
-                            "collate_s": collate_s}
+                            "collate_s": time.perf_counter() - t0}
         return batch
 
 
 def make_loader(strategy: Strategy, pert: torch.Tensor, batch_size: int, *, num_workers: int = 0,
-                pin_memory: bool = False, persistent_workers: bool = False) -> DataLoader:
-    return DataLoader(PerturbationDataset(strategy, pert), batch_size=batch_size, shuffle=False,
-                      num_workers=num_workers, collate_fn=TimedCollate(strategy),
-                      pin_memory=pin_memory, drop_last=True,
+                pin_memory: bool = False, persistent_workers: bool = False,
+                labels: torch.Tensor | None = None) -> DataLoader:
+    """A DataLoader over ``pert`` producing this strategy's batches (full batches only)."""
+    if len(pert) < batch_size:
+        raise ValueError(f"'pert' must hold at least one batch of {batch_size} perturbations "
+                         f"(got {len(pert)})")
+    return DataLoader(PerturbationDataset(strategy, pert, labels), batch_size=batch_size,
+                      shuffle=False, num_workers=num_workers, collate_fn=TimedCollate(strategy),
+                      pin_memory=pin_memory and strategy.device.type == "cuda", drop_last=True,
                       persistent_workers=persistent_workers and num_workers > 0)
 
 
-@dataclass
-class LoopResult:
-    strategy: str
-    mode: str
-    batch_size: int
-    steps: int
-    stage_medians: dict = field(default_factory=dict)
-    step_seconds: list = field(default_factory=list)
-    syncs_per_step: float = 0.0
-    sync_kinds: dict = field(default_factory=dict)
-    step_spans: list = field(default_factory=list)  # (start, end) perf_counter of each step
+def cycle(loader: DataLoader) -> Iterator[dict]:
+    """Batches of ``loader`` forever (a new epoch when one ends)."""
+    while True:
+        yield from loader
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What one timed step does (see the module docstring)."""
+
+    name: str
+    mode: str = "full"
+    micro_batches: int = 1
+    allreduce: str = "every"
+    gather: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"'mode' must be one of {list(MODES)} (got {self.mode!r})")
+        if self.micro_batches <= 0:
+            raise ValueError(f"'micro_batches' must be a positive integer (got {self.micro_batches})")
+        if self.allreduce not in ALLREDUCE:
+            raise ValueError(f"'allreduce' must be one of {list(ALLREDUCE)} (got {self.allreduce!r})")
+
+
+def mse_loss(pred: torch.Tensor, y: torch.Tensor, gather: bool = False) -> torch.Tensor:
+    """Mean squared error; with ``gather`` every rank's predictions first (the brief's loss-side
+    all-gather, ``torch.distributed.nn.functional.all_gather``, differentiable)."""
+    if gather:
+        from torch.distributed.nn.functional import all_gather
+
+        pred, y = torch.cat(all_gather(pred)), torch.cat(all_gather(y))
+    return ((pred - y) ** 2).mean()
+
+
+class Arm:
+    """One timed series of training steps (a strategy, a model, a batch source, a variant).
+
+    Args:
+        name: unique name of the arm (e.g. ``"node_mask_shared/full"``).
+        strategy: the prepared strategy.
+        model: the model, or a ``DistributedDataParallel`` wrapping it.
+        loader: where batches come from (arms sharing a loader share its stream when interleaved).
+        variant: what a step does.
+        dual: the Lazy model's dual forward.
+        optimizer: required for mode ``full``.
+        hooks: optional object with ``begin_step()`` and ``end_step(clock)`` (e.g. DDP comm timing).
+    """
+
+    def __init__(self, name: str, strategy: Strategy, model: torch.nn.Module, loader: DataLoader,
+                 variant: Variant, *, dual: bool = False,
+                 optimizer: torch.optim.Optimizer | None = None, hooks=None):
+        if variant.mode == "full" and optimizer is None:
+            raise ValueError(f"arm {name!r}: mode 'full' needs an optimizer")
+        self.name, self.strategy, self.model, self.loader = name, strategy, model, loader
+        self.variant, self.dual, self.optimizer, self.hooks = variant, dual, optimizer, hooks
+        self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        self.batch_size = loader.batch_size
+        self.stream: Iterator[dict] | None = None
 
     @property
-    def step_median(self) -> float:
-        s = sorted(self.step_seconds)
-        return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+    def samples_per_step(self) -> int:
+        return self.batch_size * self.variant.micro_batches
 
-    @property
-    def it_per_s(self) -> float:
-        return 1.0 / self.step_median
+    def _bias(self) -> torch.Tensor:
+        inner = self.model.module if self.ddp else self.model
+        return inner.head.bias
 
-    @property
-    def ms_per_sample(self) -> float:
-        return 1e3 * self.step_median / self.batch_size
+    def step(self, clock: StepClock, *, timed: bool, counter: SyncCounter | None = None) -> None:
+        """One optimizer step (all its micro-batches), stages recorded in ``clock``."""
+        v = self.variant
+        if self.hooks is not None:
+            self.hooks.begin_step()
+        with clock.step(timed=timed):
+            for micro in range(v.micro_batches):
+                with _stage(clock, "loader_wait"):
+                    batch = next(self.stream)
+                worker = batch.pop("_worker")
+                clock.add("worker_fetch", worker["fetch_s"])
+                clock.add("worker_collate", worker["collate_s"])
+                skip = self.ddp and (v.allreduce == "never" or
+                                     (v.allreduce == "last" and micro < v.micro_batches - 1))
+                with (counter.count() if counter is not None else nullcontext()), \
+                        (self.model.no_sync() if skip else nullcontext()):
+                    with _stage(clock, "h2d"):
+                        batch = self.strategy.to_device(batch, non_blocking=self.loader.pin_memory)
+                    with _stage(clock, "device_prep"):
+                        ctx = self.strategy.device_prepare(batch)
+                    y = batch["y"]
+                    with _stage(clock, "forward"):
+                        if v.mode == "data":  # the data pipeline only: a trivial loss
+                            loss = ((y - self._bias()) ** 2).mean()
+                        else:
+                            loss = mse_loss(self.model(self.strategy, ctx, dual=self.dual), y,
+                                            v.gather)
+                    if v.mode != "forward":
+                        with _stage(clock, "backward"):
+                            loss.backward()
+            # the optimizer is outside the sync count: AdamW keeps its step counters on the host
+            # (their .item() never waits for a GPU), which a CPU run could not tell apart
+            if v.mode == "full":
+                with _stage(clock, "optimizer"):
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+            else:
+                self.model.zero_grad(set_to_none=True)
+            if self.hooks is not None:
+                self.hooks.end_step(clock)
 
 
 @contextmanager
-def _stage(timer: StageTimer, name: str):
-    """Time a stage (between device syncs) inside a ``wb:<stage>`` profiler range."""
-    with record_function(f"wb:{name}"), timer.stage(name):
+def _stage(clock: StepClock, name: str):
+    with record_function(f"wb:{name}"), clock.stage(name):
         yield
 
 
-def run_loop(strategy: Strategy, model, pert: torch.Tensor, *, mode: str, batch_size: int,
-             steps: int, warmup_steps: int = 1, dual: bool = False, num_workers: int = 0,
-             pin_memory: bool = False, persistent_workers: bool = False,
-             count_syncs: bool = True, profiler=None, progress: bool = False) -> LoopResult:
-    """Run ``warmup_steps + steps`` training steps of one strategy in one mode.
+@dataclass
+class ArmResult(Record):
+    """The timed steps of one arm: wall time per optimizer step, per stage, syncs."""
 
-    ``pert`` must hold at least ``(warmup_steps + steps) * batch_size`` perturbations.
-    ``profiler`` (a started ``torch.profiler.profile``) is stepped once per step when given.
+    name: str
+    strategy: str
+    variant: str
+    mode: str
+    batch_size: int
+    micro_batches: int
+    step: Stat
+    stages: dict[str, Stat] = field(default_factory=dict)
+    extra: dict[str, Stat] = field(default_factory=dict)  # worker stages, hook figures
+    syncs_per_step: float | None = None
+    sync_kinds: dict[str, float] = field(default_factory=dict)
+    warmup_steps: int = 0
+    timed_steps: int = 0
+    stopped_by: str = ""
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.batch_size * self.micro_batches
+
+    @property
+    def ms_per_sample(self) -> Stat:
+        return self.step.scaled(1e3 / self.samples_per_step, "ms/sample")
+
+    @property
+    def it_per_s(self) -> Stat:
+        return self.step.inverse("it/s")
+
+    @property
+    def untracked(self) -> Stat:
+        """Wall time not inside any stage (loop overhead, zero_grad, hooks)."""
+        parts = [self.stages[s].samples for s in MAIN_STAGES if s in self.stages]
+        return Stat.from_samples([w - sum(p[i] for p in parts)
+                                  for i, w in enumerate(self.step.samples)])
+
+
+def _result(arm: Arm, clock: StepClock, warmup: int, counted: SyncCounter | None,
+            stopped_by: str, target: float) -> ArmResult:
+    stages = clock.stages([s for s in MAIN_STAGES if any(s in st for st in clock.steps)],
+                          target=target)
+    known = set(MAIN_STAGES)
+    extra = {k: v for k, v in clock.stages(target=target).items() if k not in known}
+    return ArmResult(
+        name=arm.name, strategy=arm.strategy.name, variant=arm.variant.name,
+        mode=arm.variant.mode, batch_size=arm.batch_size,
+        micro_batches=arm.variant.micro_batches, step=clock.wall(target=target), stages=stages,
+        extra=extra, syncs_per_step=None if counted is None else float(counted.total),
+        sync_kinds={} if counted is None else {k: float(v) for k, v in counted.by_kind.items()},
+        warmup_steps=warmup, timed_steps=clock.n, stopped_by=stopped_by)
+
+
+def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
+             max_steps: int = 30, target: float = DEFAULT_TARGET, budget_s: float = 120.0,
+             interleave: bool = True, count_syncs: bool = True,
+             agree: Callable[[bool], bool] | None = None, desc: str = "loop") -> dict[str, ArmResult]:
+    """Run every arm until it is precise enough (see the module docstring).
+
+    Args:
+        arms: the arms; their names must be unique.
+        warmup_steps: untimed steps per arm first (never recorded).
+        min_steps: the fewest timed steps per arm.
+        max_steps: the most timed steps per arm.
+        target: stop an arm once its step time's IQR/median is at most this.
+        budget_s: time for the timed steps of all arms; once spent, arms stop at ``min_steps``.
+        interleave: one step of each arm in turn (else arm after arm, each with a fresh stream).
+        count_syncs: run one untimed step per arm under the sync counter.
+        agree: for DDP, turns this rank's "stop" into one every rank agrees on (collectives
+            must match across ranks); None on a single process.
+
+    Returns:
+        ``{arm name: ArmResult}``.
     """
-    if mode not in MODES:
-        raise ValueError(f"'mode' must be one of {list(MODES)} (got {mode!r})")
-    if steps <= 0:
-        raise ValueError(f"'steps' must be a positive integer (got {steps})")
-    need = (warmup_steps + steps) * batch_size
-    if len(pert) < need:
-        raise ValueError(f"'pert' must hold at least {need} perturbations (got {len(pert)})")
-    device = strategy.device
-    loader = make_loader(strategy, pert[:need], batch_size, num_workers=num_workers,
-                         pin_memory=pin_memory and device.type == "cuda",
-                         persistent_workers=persistent_workers)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if mode == "full" else None
-    timer = StageTimer(device)
-    counter = SyncCounter(device)
-    result = LoopResult(strategy.name, mode, batch_size, steps)
-    it = iter(loader)
-    total = warmup_steps + steps
-    for step in tqdm(range(total), desc=f"{strategy.name}/{mode}", disable=not progress,
-                     leave=False):
-        t_start = time.perf_counter()
-        timed = step >= warmup_steps
-        if not timed:
-            timer = StageTimer(device)
-        with _stage(timer, "loader_wait"):
-            batch = next(it)
-        worker = batch.pop("_worker")
-        timer.add("worker_fetch", worker["fetch_s"])
-        timer.add("worker_collate", worker["collate_s"])
-        ctr = counter.count() if (count_syncs and timed) else nullcontext()
-        with ctr:
-            with _stage(timer, "h2d"):
-                batch = strategy.to_device(batch, non_blocking=pin_memory)
-            with _stage(timer, "device_prep"):
-                ctx = strategy.device_prepare(batch)
-            y = batch["y"]
-            if mode == "data":
-                with _stage(timer, "forward"):  # the trivial loss
-                    loss = ((y - model.head.bias) ** 2).mean()
-                with _stage(timer, "backward"):
-                    loss.backward()
-            else:
-                with _stage(timer, "forward"):
-                    loss = ((strategy.predict(model, ctx, dual=dual) - y) ** 2).mean()
-                if mode in ("forward_backward", "full"):
-                    with _stage(timer, "backward"):
-                        loss.backward()
-        # the optimizer is outside the sync count: AdamW keeps its step counters on the host
-        # (so its .item() calls never wait for a GPU), which a CPU run cannot tell apart
-        if opt is not None:
-            with _stage(timer, "optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        if mode in ("data", "forward_backward"):
-            model.zero_grad(set_to_none=True)
-        if timed:
-            timer.next_step()
-        result.step_spans.append((t_start, time.perf_counter()))
-        if profiler is not None:
-            profiler.step()
-    del it
-    done = timer.completed()
-    result.step_seconds = [sum(s.get(k, 0.0) for k in MAIN_STAGES) for s in done]
-    result.stage_medians = timer.medians()
-    result.syncs_per_step = counter.total / max(1, len(done))
-    result.sync_kinds = {k: v / max(1, len(done)) for k, v in counter.by_kind.items()}
-    return result
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"arm names must be unique (got {names})")
+    if warmup_steps < 0:
+        raise ValueError(f"'warmup_steps' must be >= 0 (got {warmup_steps})")
+    if min_steps <= 0:
+        raise ValueError(f"'min_steps' must be a positive integer (got {min_steps})")
+    if max_steps < min_steps:
+        raise ValueError(f"'max_steps' must be >= min_steps={min_steps} (got {max_steps})")
+    device = arms[0].strategy.device
+    clocks = {a.name: StepClock(device) for a in arms}
+    counters: dict[str, SyncCounter | None] = {a.name: None for a in arms}
+    stopped = {a.name: "" for a in arms}
+    agree = agree or (lambda flag: flag)
+
+    def stop_reason(arm: Arm, spent: float, budget: float) -> str:
+        c = clocks[arm.name]
+        if c.n < min_steps:
+            return ""
+        if c.wall().rel_iqr <= target:
+            return "precision target"
+        if c.n >= max_steps:
+            return "max steps"
+        if spent >= budget:
+            return "time budget"
+        return ""
+
+    def prelude(arm: Arm, shared: dict) -> None:
+        if interleave:
+            key = id(arm.loader)
+            if key not in shared:
+                shared[key] = cycle(arm.loader)
+            arm.stream = shared[key]
+        else:
+            arm.stream = cycle(arm.loader)
+
+    def count_step(arm: Arm, clock: StepClock) -> None:
+        if count_syncs:
+            counters[arm.name] = SyncCounter(device)
+            arm.step(clock, timed=False, counter=counters[arm.name])
+
+    shared: dict = {}
+    total = len(arms) * max_steps
+    bar = progress(desc=desc, total=total)
+    try:
+        if interleave:
+            for a in arms:
+                prelude(a, shared)
+            for _ in range(warmup_steps):
+                for a in arms:
+                    a.step(clocks[a.name], timed=False)
+            for a in arms:
+                count_step(a, clocks[a.name])
+            t0 = time.perf_counter()
+            active = list(arms)
+            while active:
+                for a in active:
+                    a.step(clocks[a.name], timed=True)
+                    bar.update(1)
+                spent = time.perf_counter() - t0
+                still = []
+                for a in active:
+                    why = stop_reason(a, spent, budget_s)
+                    if agree(bool(why)):
+                        stopped[a.name] = why or "stopped with the other ranks"
+                    else:
+                        still.append(a)
+                active = still
+        else:
+            per_arm = budget_s / max(1, len(arms))
+            for a in arms:
+                prelude(a, shared)
+                clock = clocks[a.name]
+                for _ in range(warmup_steps):
+                    a.step(clock, timed=False)
+                count_step(a, clock)
+                t0 = time.perf_counter()
+                while True:
+                    a.step(clock, timed=True)
+                    bar.update(1)
+                    why = stop_reason(a, time.perf_counter() - t0, per_arm)
+                    if agree(bool(why)):
+                        stopped[a.name] = why or "stopped with the other ranks"
+                        break
+                a.stream = None  # ends this arm's worker processes
+    finally:
+        bar.close()
+        for a in arms:
+            a.stream = None
+    return {a.name: _result(a, clocks[a.name], warmup_steps, counters[a.name], stopped[a.name],
+                            target) for a in arms}
 
 
-def project_epochs(step_seconds: float, batch_size: int, num_samples: int, *, ranks: int = 1,
-                   ddp_factor: float = 1.0, train_fraction: float = 0.8) -> dict:
-    """Steps per epoch x time per step, projected to epoch time and epochs per 24 h.
+def project_epochs(step_seconds: float, samples_per_step: int, num_samples: int, *,
+                   train_fraction: float = 0.8) -> dict:
+    """Steps per epoch (``train_fraction`` of ``num_samples``) x time per step: epoch time and
+    epochs per 24 h. Pure arithmetic on a measured step time."""
+    import math
 
-    With ``ranks`` data-parallel ranks each step processes ``ranks * batch_size`` samples and
-    takes ``step_seconds * ddp_factor`` (``ddp_factor`` = step time at that world size over the
-    single-rank step time, from notebook 04; 1.0 when unknown)."""
-    if batch_size <= 0 or ranks <= 0:
-        raise ValueError(f"'batch_size' and 'ranks' must be positive (got {batch_size}, {ranks})")
-    steps = math.ceil(num_samples * train_fraction / (batch_size * ranks))
-    epoch_s = steps * step_seconds * ddp_factor
+    if samples_per_step <= 0:
+        raise ValueError(f"'samples_per_step' must be a positive integer (got {samples_per_step})")
+    steps = math.ceil(num_samples * train_fraction / samples_per_step)
+    epoch_s = steps * step_seconds
     return {"steps_per_epoch": steps, "epoch_seconds": epoch_s, "epochs_per_day": 86400 / epoch_s}

@@ -1,0 +1,280 @@
+"""Notebook 03's experiments: the training loop of every strategy in every mode, the brief's
+data-vs-model ratios, host syncs per step, and warm-step profiles by exclusive time.
+
+Every figure comes from :func:`workbook_lib.training.loop.run_arms` (warm-up excluded, device
+synced, repeated to the precision target, interleaved when the loader runs in the main process),
+so ratios between strategies are paired by round.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.perturbations import sample_perturbations
+from ..data.snapshots import CellGraph
+from ..measurement.profiling import ProfileResult, profile_steps
+from ..measurement.syncs import SyncCounter, method_for
+from ..measurement.timing import Stat, StepClock
+from ..records import Record
+from ..report.progress import progress
+from ..strategies import REGISTRY, make_strategy
+from ..training import loop
+from ..training.factory import batch_size_for, make_model
+
+LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
+MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
+
+
+def arm_key(strategy: str, mode: str) -> str:
+    return f"{strategy}/{mode}"
+
+
+@dataclass
+class LoopStudy(Record):
+    """Every (strategy, mode) arm of the loop."""
+
+    device: str
+    sizes: str
+    strategies: list[str]
+    batch_sizes: dict[str, int]
+    interleaved: bool
+    settings: dict[str, Any]
+    arms: dict[str, loop.ArmResult] = field(default_factory=dict)
+
+    def arm(self, strategy: str, mode: str = "full") -> loop.ArmResult:
+        return self.arms[arm_key(strategy, mode)]
+
+    def ratio(self, a: loop.ArmResult, b: loop.ArmResult) -> Stat:
+        """``a.step / b.step``: paired by round when the arms were interleaved."""
+        if self.interleaved:
+            n = min(a.step.n, b.step.n)
+            return Stat.from_samples([x / y for x, y in zip(a.step.samples[:n],
+                                                            b.step.samples[:n])], unit="ratio")
+        return a.step.ratio_to(b.step)
+
+    def model_seconds(self, strategy: str) -> Stat:
+        """Forward + backward + optimizer of the full step (the model's share, no data)."""
+        a = self.arm(strategy, "full")
+        parts = [a.stages[s].samples for s in ("forward", "backward", "optimizer") if s in a.stages]
+        return Stat.from_samples([sum(p[i] for p in parts) for i in range(a.step.n)])
+
+
+def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
+              strategies: list[str] | None = None) -> LoopStudy:
+    """The loop of every strategy in the four modes (``params``: batch sizes, loop settings)."""
+    names = list(strategies or params["strategies"])
+    warm, lo, hi = params["warmup"], params["loop_steps"], params["loop_max_steps"]
+    rows_needed = (warm + 1 + hi) * len(loop.MODES)
+    interleaved = params["num_workers"] == 0
+    store = Path(tempfile.mkdtemp(prefix="wb-masks-"))
+    arms = []
+    try:
+        for name in names:
+            b = batch_size_for(params, name)
+            # one stream per strategy; with interleaving its four modes take turns on it
+            # distinct samples for every step, capped (strategy 3 stores a mask per sample)
+            n_items = min(rows_needed * b, max(8 * b, MAX_DISTINCT_SAMPLES))
+            pert = sample_perturbations(graph.num_genes, params["perturbation_k"], n_items,
+                                        seed=params["seed"])
+            kw = {"storage_dir": store} if name == "replicated_mask_stored" else {}
+            s = make_strategy(name, graph, aggr=params["aggr"], device=device, **kw)
+            if name == "replicated_mask_stored":
+                s.store(pert)
+            model = make_model(graph, params, device, strategy=name)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+            loader = loop.make_loader(s, pert, b, num_workers=params["num_workers"],
+                                      pin_memory=params["pin_memory"],
+                                      persistent_workers=params["persistent_workers"])
+            dual = params["dual_forward"] and s.exact
+            for mode in loop.MODES:
+                arms.append(loop.Arm(arm_key(name, mode), s, model, loader,
+                                     loop.Variant(mode, mode), dual=dual, optimizer=opt))
+        res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
+                            target=params["precision_target"], budget_s=params["loop_budget_s"],
+                            interleave=interleaved, desc="03 loop")
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+    sizes = (f"{graph.num_edges():,} edges, H={params['hidden']}, L={params['layers']}, "
+             f"k={params['perturbation_k']}, B={params['batch_size_lazy']} (perturbed-graph "
+             f"strategies) / {params['batch_size_dango']} (DANGO-style)")
+    from ..running.environment import device_label
+
+    return LoopStudy(
+        device=device_label(device), sizes=sizes, strategies=names,
+        batch_sizes={n: batch_size_for(params, n) for n in names}, interleaved=interleaved,
+        settings={"warmup_steps": warm, "min_steps": lo, "max_steps": hi,
+                  "precision_target": params["precision_target"],
+                  "budget_s": params["loop_budget_s"], "num_workers": params["num_workers"],
+                  "pin_memory": params["pin_memory"] and device.type == "cuda",
+                  "persistent_workers": params["persistent_workers"],
+                  "dual_forward": params["dual_forward"]},
+        arms=res)
+
+
+@dataclass
+class SanityFlag(Record):
+    """A mode that took longer than a mode that does strictly more work, beyond noise."""
+
+    strategy: str
+    lower: str
+    upper: str
+    lower_ms: float
+    upper_ms: float
+
+
+def sanity_check(study: LoopStudy) -> list[SanityFlag]:
+    """data <= forward <= forward_backward <= full per strategy, within noise: a pair is flagged
+    when the smaller mode's lower quartile is above the larger mode's upper quartile."""
+    flags = []
+    for name in study.strategies:
+        for lo_m, hi_m in zip(loop.MODES, loop.MODES[1:]):
+            a, b = study.arm(name, lo_m).step, study.arm(name, hi_m).step
+            if a.q1 > b.q3:
+                flags.append(SanityFlag(name, lo_m, hi_m, a.median * 1e3, b.median * 1e3))
+    return flags
+
+
+@dataclass
+class BriefFigure(Record):
+    """One of the brief's data-vs-model figures, re-measured here."""
+
+    key: str
+    figure: str
+    claimed: float
+    measured: Stat
+    unit: str
+
+
+def brief_figures(study: LoopStudy) -> list[BriefFigure]:
+    """The brief's figures: data-only and data+model it/s ratios (DANGO over Lazy), data
+    pipeline per sample, and the model-only per-batch ratio."""
+    if LAZY not in study.strategies or DANGO not in study.strategies:
+        return []
+    lazy = {m: study.arm(LAZY, m) for m in loop.MODES}
+    dango = {m: study.arm(DANGO, m) for m in loop.MODES}
+    model = study.model_seconds(LAZY).ratio_to(study.model_seconds(DANGO))
+    return [
+        BriefFigure("data_only_ratio", "data pipeline only: DANGO it/s over Lazy it/s", 56.0,
+                    study.ratio(lazy["data"], dango["data"]), "x"),
+        BriefFigure("data_model_ratio", "data + model: DANGO it/s over Lazy it/s", 19.0,
+                    study.ratio(lazy["full"], dango["full"]), "x"),
+        BriefFigure("lazy_data_ms", "data pipeline per sample, Lazy", 27.3,
+                    lazy["data"].ms_per_sample, "ms"),
+        BriefFigure("dango_data_ms", "data pipeline per sample, DANGO", 0.22,
+                    dango["data"].ms_per_sample, "ms"),
+        BriefFigure("model_batch_ratio",
+                    "one batch, forward + backward + optimizer: Lazy over DANGO", 1.6, model, "x"),
+    ]
+
+
+def epochs_per_day(study: LoopStudy, num_samples: int) -> dict[str, float]:
+    """Epochs per 24 h on one rank from each strategy's full step (arithmetic on a measured
+    step time; multi-rank projections need notebook 04's measured DDP factor: see 05)."""
+    out = {}
+    for name in study.strategies:
+        a = study.arm(name, "full")
+        out[name] = loop.project_epochs(a.step.median, a.samples_per_step,
+                                        num_samples)["epochs_per_day"]
+    return out
+
+
+@dataclass
+class SyncPoint(Record):
+    """Syncs of the loop-form device mask generation at one (B, k, T)."""
+
+    batch_size: int
+    k: int
+    edge_types: int
+    counted: int
+    expected: int  # from the loop's structure: one per gene slot, two per gene and edge type
+
+
+@dataclass
+class SyncStudy(Record):
+    method: str
+    per_step: dict[str, float]  # strategy -> syncs per full step (the loop's counted step)
+    kinds: dict[str, dict[str, float]]
+    scaling: list[SyncPoint] = field(default_factory=list)
+
+
+def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
+               device: torch.device) -> SyncStudy:
+    """Syncs per step of every strategy (from the loop's counted step) and how the loop form of
+    device mask generation (4a) scales with B, k and the number of edge types."""
+    per = {n: study.arm(n, "full").syncs_per_step for n in study.strategies}
+    kinds = {n: study.arm(n, "full").sync_kinds for n in study.strategies}
+    scaling = []
+    types = graph.edge_types
+    for t in sorted({1, min(3, len(types)), len(types)}):
+        sub = CellGraph(graph.name, graph.num_genes, {e: graph.edge_index[e] for e in types[:t]},
+                        graph.source, graph.checksum, graph.scale)
+        s4 = make_strategy("device_mask_loop", sub, device=device)
+        for b in params["batch_sizes"]:
+            for k in (1, 3, 5):
+                pk = sample_perturbations(graph.num_genes, k, b, seed=params["seed"]).to(device)
+                c = SyncCounter(device)
+                with c.count():
+                    s4.make_masks(pk)
+                scaling.append(SyncPoint(b, k, t, c.total, s4.syncs_per_batch(pk)))
+    return SyncStudy(method=method_for(device), per_step=per, kinds=kinds, scaling=scaling)
+
+
+def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
+                       trace_dir: str | Path, run_dir: str | Path,
+                       strategies: list[str] | None = None) -> dict[str, ProfileResult]:
+    """Warm full training steps of each strategy under ``torch.profiler``, by exclusive time.
+
+    Strategy 3 is left out: its device work is strategy 2's (its storage read is in the loop).
+    """
+    names = [n for n in (strategies or params["strategies"]) if n != "replicated_mask_stored"]
+    warm = max(1, params["warmup"])
+    wait, pw, active = params["profile_wait"], params["profile_warmup"], params["profile_active"]
+    out = {}
+    for name in progress(names, desc="03 profiles"):
+        b = batch_size_for(params, name)
+        pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
+                                    (warm + wait + pw + active) * b, seed=params["seed"] + 1)
+        s = make_strategy(name, graph, aggr=params["aggr"], device=device)
+        model = make_model(graph, params, device, strategy=name)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        arm = loop.Arm(name, s, model, loop.make_loader(s, pert, b), loop.Variant("full"),
+                       dual=params["dual_forward"] and s.exact, optimizer=opt)
+        arm.stream = loop.cycle(arm.loader)
+        clock = StepClock(device)
+        for _ in range(warm):
+            arm.step(clock, timed=False)
+
+        def one() -> float:
+            arm.step(clock, timed=True)
+            return clock.steps[-1]["_wall"]
+        out[name] = profile_steps(one, steps_done=warm, wait=wait, warmup=pw, active=active,
+                                  trace_path=Path(trace_dir) / f"{name}.json", device=device,
+                                  relative_to=run_dir)
+        arm.stream = None
+    return out
+
+
+@dataclass
+class TimingResult(Record):
+    """Notebook 03's results."""
+
+    loops: LoopStudy
+    sanity: list[SanityFlag]
+    brief: list[BriefFigure]
+    epochs_per_day_1rank: dict[str, float]
+    syncs: SyncStudy
+    profiles: dict[str, ProfileResult]
+    fastest_exact: str | None
+
+    def figure(self, key: str) -> BriefFigure | None:
+        return next((f for f in self.brief if f.key == key), None)
+
+
+def fastest_exact(study: LoopStudy) -> str | None:
+    exact = [n for n in study.strategies if REGISTRY[n].exact]
+    return min(exact, key=lambda n: study.arm(n, "full").ms_per_sample.median, default=None)

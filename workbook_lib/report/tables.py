@@ -1,0 +1,97 @@
+"""Table formatting of every report: units in the values, noise beside every measured figure,
+no index column, imprecise figures flagged.
+
+A measured figure is shown as ``median (IQR x, n=10)``; one whose IQR/median is above the precision
+target it was repeated for carries a ``*`` and the table a footnote saying so.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..measurement.timing import Stat
+
+IMPRECISE = "*"
+FOOTNOTE = ("* IQR/median above the precision target: the figure stayed noisy after its time "
+            "budget; read it with its IQR.")
+
+
+def fmt_bytes(n: float | None) -> str:
+    """1234567 -> '1.23 MB' (decimal units)."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "n/a"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:,.3g} {unit}" if unit != "B" else f"{int(n):,} B"
+        n /= 1000
+    return f"{n:.3g} TB"
+
+
+def fmt_seconds(s: float | None) -> str:
+    """0.0123 -> '12.3 ms'; 3.2 -> '3.20 s'; 4000 -> '1.1 h'."""
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "n/a"
+    a = abs(s)
+    if a >= 3600:
+        return f"{s / 3600:.3g} h"
+    if a >= 60:
+        return f"{s / 60:.3g} min"
+    if a >= 1:
+        return f"{s:.3g} s"
+    if a >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+def fmt_num(v: float | None, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
+
+
+def fmt_ratio(v: float | None) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}x"
+
+
+def fmt_pct(v: float | None, digits: int = 1) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else \
+        f"{v * 100:.{digits}f}%"
+
+
+def fmt_stat(st: Stat | None, *, scale: float = 1.0, unit: str = "", digits: int = 3) -> str:
+    """'12.3 ms (IQR 0.41, n=10)', with '*' when above its precision target."""
+    if st is None:
+        return "n/a"
+    u = f" {unit}" if unit else ""
+    flag = "" if st.precise else f" {IMPRECISE}"
+    return (f"{st.median * scale:.{digits}g}{u} (IQR {st.iqr * abs(scale):.2g}, n={st.n})"
+            f"{flag}")
+
+
+def fmt_time_stat(st: Stat | None, per: float = 1.0) -> str:
+    """A time Stat in the unit that reads best (ms or s), divided by ``per``."""
+    if st is None:
+        return "n/a"
+    m = st.median / per
+    scale, unit = (1e3 / per, "ms") if abs(m) < 1 else (1.0 / per, "s")
+    return fmt_stat(st, scale=scale, unit=unit)
+
+
+def table(rows: list[dict[str, Any]] | pd.DataFrame, caption: str | None = None,
+          footnote: bool | None = None):
+    """A Styler without the index column; a footnote when any cell carries the '*' flag."""
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
+    st = df.style.hide(axis="index")
+    flagged = footnote if footnote is not None else any(
+        isinstance(v, str) and v.endswith(f" {IMPRECISE}") for v in df.to_numpy().ravel())
+    cap = " ".join(s for s in (caption, FOOTNOTE if flagged else None) if s)
+    if cap:
+        st = st.set_caption(cap)
+    return st.set_table_styles([{"selector": "caption",
+                                 "props": "caption-side: bottom; text-align: left; "
+                                          "font-size: 85%; color: #555;"},
+                                {"selector": "td, th", "props": "text-align: left;"}])

@@ -1,0 +1,285 @@
+"""What notebook 03's reader sees: tables and figures of the loop, syncs and profiles."""
+from __future__ import annotations
+
+import numpy as np
+from IPython.display import Markdown
+
+from ..analysis.timing_study import LoopStudy, SyncStudy, TimingResult
+from ..measurement.profiling import ProfileResult
+from ..strategies import REGISTRY
+from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
+from . import plotting
+from .tables import fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+
+MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
+               "full": "+ optimizer (full step)"}
+STAGE_LABELS = {"loader_wait": "data loading (fetch + collate)", "h2d": "host-to-device copy",
+                "device_prep": "device prep (masks, filtering)", "forward": "forward",
+                "backward": "backward", "optimizer": "optimizer", "untracked": "loop overhead"}
+
+
+def label(name: str) -> str:
+    return REGISTRY[name].label
+
+
+def repeats(study: LoopStudy) -> str:
+    ns = [a.timed_steps for a in study.arms.values()]
+    return (f"{min(ns)}-{max(ns)} timed steps per arm after {study.settings['warmup_steps']} "
+            f"warm-up; median, IQR")
+
+
+def settings(study_or_params, graph=None, device_label: str | None = None) -> Markdown:
+    """What this run measures (sizes, loop settings)."""
+    p = study_or_params
+    inter = "interleaved (one step of each strategy and mode in turn)" if p["num_workers"] == 0 \
+        else "one arm after another (DataLoader workers would prefetch during other arms)"
+    return Markdown(
+        f"**Run:** {graph.describe()} on {device_label}. Batch {p['batch_size_lazy']} for the "
+        f"perturbed-graph strategies, {p['batch_size_dango']} for the DANGO-style one; H = "
+        f"{p['hidden']}, {p['layers']} layers, k = {p['perturbation_k']}, dual forward "
+        f"{'on' if p['dual_forward'] else 'off'}. Each arm: {p['warmup']} warm-up step(s), one "
+        f"untimed step under the sync counter, then at least {p['loop_steps']} timed steps, "
+        f"until IQR/median <= {p['precision_target']:.0%} (at most {p['loop_max_steps']}, time "
+        f"budget {p['loop_budget_s']:.0f} s). Arms run {inter}. DataLoader workers: "
+        f"{p['num_workers']}.")
+
+
+def loop_table(study: LoopStudy):
+    rows = []
+    for n in study.strategies:
+        row = {"strategy": label(n), "B": study.batch_sizes[n]}
+        for m in MODES:
+            row[f"{MODE_LABELS[m]}, ms/sample"] = fmt_stat(study.arm(n, m).ms_per_sample)
+        row["full step, it/s"] = fmt_num(study.arm(n, "full").it_per_s.median)
+        rows.append(row)
+    return table(rows, caption=f"Per sample, median of the timed steps ({repeats(study)}); "
+                               f"{study.device}.")
+
+
+def loop_plot(study: LoopStudy) -> None:
+    names = study.strategies
+    fig, ax = plotting.plt.subplots(figsize=(10, 0.55 * len(names) + 1.8))
+    y = np.arange(len(names))
+    h = 0.2
+    for i, m in enumerate(MODES):
+        med = np.array([study.arm(n, m).ms_per_sample.median for n in names])
+        lo = np.array([study.arm(n, m).ms_per_sample.q1 for n in names])
+        hi = np.array([study.arm(n, m).ms_per_sample.q3 for n in names])
+        ax.barh(y + (i - 1.5) * h, med, h, xerr=[med - lo, hi - med], label=MODE_LABELS[m],
+                color=plotting.PALETTE[i], capsize=2)
+    ax.set_yticks(y, [label(n) for n in names], fontsize=8)
+    ax.invert_yaxis()
+    span = max(a.ms_per_sample.median for a in study.arms.values()) / max(
+        1e-9, min(a.ms_per_sample.median for a in study.arms.values()))
+    if span > 100:
+        ax.set_xscale("log")
+        ax.set_xlabel("ms per sample (log scale: values span "
+                      f"{int(np.log10(span))} decades); bars: median, whiskers: IQR")
+    else:
+        ax.set_xlabel("ms per sample; bars: median, whiskers: IQR")
+    plotting.plain_ticks(ax, "x")
+    ax.legend(loc="lower right")
+    plotting.title(ax, "Time per sample by strategy and mode", device=study.device,
+                   sizes=study.sizes, repeats=repeats(study))
+    plotting.show(fig, "Horizontal bars: milliseconds per sample of each strategy in the four "
+                       "loop modes (data only, + forward, + backward, full step), with IQR "
+                       "whiskers.")
+
+
+def stage_rows(study: LoopStudy, mode: str = "full") -> dict[str, dict[str, float]]:
+    """Median seconds per stage of each strategy's step (untracked = wall - stages)."""
+    out = {}
+    for n in study.strategies:
+        a = study.arm(n, mode)
+        row = {s: a.stages[s].median for s in MAIN_STAGES if s in a.stages}
+        row["untracked"] = max(0.0, a.untracked.median)
+        out[n] = row
+    return out
+
+
+def stage_table(study: LoopStudy):
+    rows = []
+    for n, st in stage_rows(study).items():
+        wall = study.arm(n, "full").step.median
+        row = {"strategy": label(n), "full step": fmt_time_stat(study.arm(n, "full").step)}
+        for s in (*MAIN_STAGES, "untracked"):
+            if s in st:
+                row[STAGE_LABELS[s]] = f"{st[s] / wall:.0%}"
+        rows.append(row)
+    return table(rows, caption="Share of the full step's wall time per stage (stage medians "
+                               "over the step median; each stage timed between device syncs).")
+
+
+def stage_plot(study: LoopStudy) -> None:
+    data = stage_rows(study)
+    names = list(data)
+    fig, ax = plotting.plt.subplots(figsize=(10, 0.5 * len(names) + 1.8))
+    left = np.zeros(len(names))
+    stages = [*MAIN_STAGES, "untracked"]
+    for i, s in enumerate(stages):
+        shares = np.array([data[n].get(s, 0.0) / max(1e-12, sum(data[n].values()))
+                           for n in names]) * 100
+        ax.barh(range(len(names)), shares, left=left, color=plotting.PALETTE[i],
+                label=STAGE_LABELS[s])
+        left += shares
+    ax.set_yticks(range(len(names)), [label(n) for n in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of the full step (stage medians)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    plotting.title(ax, "Where a full training step goes", device=study.device,
+                   sizes=study.sizes, repeats=repeats(study))
+    plotting.show(fig, "Stacked horizontal bars: share of each strategy's full training step "
+                       "spent in data loading, transfer, device prep, forward, backward, "
+                       "optimizer and loop overhead.")
+
+
+def worker_table(study: LoopStudy):
+    rows = []
+    for n in study.strategies:
+        a = study.arm(n, "data")
+        row = {"strategy": label(n)}
+        for s in WORKER_STAGES:
+            st = a.extra.get(s)
+            row[f"{s.replace('worker_', '')}, ms/sample"] = fmt_stat(
+                st.scaled(1e3 / a.samples_per_step, "ms") if st else None)
+        rows.append(row)
+    return table(rows, caption="Measured inside the DataLoader workers (data-only mode). With "
+                               "num_workers > 0 this work overlaps the main process.")
+
+
+def sanity_note(flags) -> Markdown:
+    if not flags:
+        return Markdown("**Sanity check passed:** for every strategy, data only <= + forward <= "
+                        "+ backward <= full step within noise (no lower quartile of a smaller "
+                        "mode above the upper quartile of a larger one).")
+    lines = [f"- {label(f.strategy)}: {MODE_LABELS[f.lower]} {f.lower_ms:.3g} ms > "
+             f"{MODE_LABELS[f.upper]} {f.upper_ms:.3g} ms per step" for f in flags]
+    return Markdown("**Sanity check: flagged.** A mode that does strictly less work took longer "
+                    "than one that does more, beyond the noise. Read these figures with care "
+                    "(machine noise or an effect the loop does not model):\n" + "\n".join(lines))
+
+
+def brief_table(figs):
+    rows = [{"figure": f.figure, "brief": f"{f.claimed:g}{'x' if f.unit == 'x' else ' ms'}",
+             "measured here": fmt_stat(f.measured, unit="x" if f.unit == "x" else "ms")}
+            for f in figs]
+    return table(rows, caption="Lazy = replicated masks from the incidence cache (strategy 2), "
+                               "DANGO = single wildtype pass (strategy 7). Ratios of steps taken "
+                               "in the same rounds. The brief measured on one GPU at the real "
+                               "size; notebook 05 says which claims hold.")
+
+
+def epochs_table(study: LoopStudy, epochs: dict[str, float], num_samples: int):
+    rows = [{"strategy": label(n), "samples per step": study.arm(n, "full").samples_per_step,
+             "full step": fmt_time_stat(study.arm(n, "full").step),
+             "epochs per 24 h (1 rank)": fmt_num(v)} for n, v in epochs.items()]
+    return table(rows, caption=f"Arithmetic on the measured step: 80% of {num_samples:,} samples "
+                               "per epoch. Projections to several ranks use notebook 04's "
+                               "measured DDP factor and are made in notebook 05.")
+
+
+def sync_table(syncs: SyncStudy):
+    rows = [{"strategy": label(n), "syncs per step": fmt_num(v or 0.0),
+             "kinds": ", ".join(f"{k}: {c:g}" for k, c in syncs.kinds[n].items()) or "none"}
+            for n, v in syncs.per_step.items()]
+    return table(rows, caption=f"Counted on one untimed full step per strategy (transfer, device "
+                               f"prep, forward, backward). Method: {syncs.method}.")
+
+
+def sync_plot(syncs: SyncStudy) -> None:
+    pts = syncs.scaling
+    fig, ax = plotting.plt.subplots(figsize=(7, 4.2))
+    for i, t in enumerate(sorted({p.edge_types for p in pts})):
+        sel = [p for p in pts if p.edge_types == t]
+        ax.scatter([p.batch_size * p.k * p.edge_types for p in sel], [p.counted for p in sel],
+                   color=plotting.PALETTE[i], label=f"counted, T = {t} edge types")
+    xs = np.array(sorted({p.batch_size * p.k * p.edge_types for p in pts}))
+    ax.plot(xs, 2 * xs, "k:", lw=1, label="2·B·k·T (two per gene and edge type)")
+    ax.set(xscale="log", yscale="log", xlabel="B · k · T (log scale)",
+           ylabel="syncs per batch (log scale)")
+    plotting.plain_ticks(ax)
+    ax.legend()
+    plotting.title(ax, "Loop-form device mask generation (4a): host syncs per batch",
+                   sizes=f"B in {sorted({p.batch_size for p in pts})}, k in (1, 3, 5)",
+                   device=syncs.method.split(":")[0])
+    plotting.show(fig, "Scatter on log axes: host syncs per batch of the loop-form device mask "
+                       "generation against B times k times the number of edge types, with the "
+                       "line 2BkT.")
+
+
+def profile_table(profiles: dict[str, ProfileResult]):
+    cats = sorted({c for p in profiles.values() for c in p.categories})
+    rows = []
+    for n, p in profiles.items():
+        row = {"strategy": label(n), "profiled": p.profiled_steps.split(" of the run")[0]}
+        sh = p.shares()
+        row.update({c.replace("untracked (loop, Python)", "loop overhead"): fmt_pct(sh.get(c, 0))
+                    for c in cats})
+        row["exclusive sum / wall"] = f"{p.coverage:.2f}"
+        row["nested sum / wall"] = f"{p.naive_over_wall:.1f}"
+        rows.append(row)
+    first = next(iter(profiles.values()))
+    return table(rows, caption=f"Shares by exclusive (self) time on the main thread; "
+                               f"{first.profiled_steps}. 'nested sum / wall' is what summing "
+                               "every event's duration gives: parents and children counted again "
+                               "and again.")
+
+
+def profile_plot(profiles: dict[str, ProfileResult], device: str, pick: str | None = None) -> None:
+    names = list(profiles)
+    cats = sorted({c for p in profiles.values() for c in p.categories})
+    fig, axes = plotting.plt.subplots(1, 2, figsize=(14, 0.45 * len(names) + 2.2))
+    left = np.zeros(len(names))
+    for i, c in enumerate(cats):
+        v = np.array([profiles[n].shares().get(c, 0.0) * 100 for n in names])
+        axes[0].barh(range(len(names)), v, left=left, color=plotting.PALETTE[i % 10],
+                     label=c.replace("untracked (loop, Python)", "loop overhead"))
+        left += v
+    axes[0].set_yticks(range(len(names)), [label(n) for n in names], fontsize=8)
+    axes[0].invert_yaxis()
+    axes[0].set_xlim(0, 100)
+    axes[0].set_xlabel("% of profiled time (exclusive time)")
+    axes[0].legend(loc="lower right", fontsize=7)
+    plotting.title(axes[0], "Categories by exclusive time (they add up)", device=device,
+                   repeats=next(iter(profiles.values())).profiled_steps.split(" (")[0])
+    pick = pick if pick in profiles else names[0]
+    p = profiles[pick]
+    keys = sorted(set(p.categories) | set(p.naive))
+    y = np.arange(len(keys))
+    axes[1].barh(y - 0.2, [p.categories.get(k, 0) / p.wall_s * 100 for k in keys], 0.4,
+                 label="exclusive time (correct)")
+    axes[1].barh(y + 0.2, [p.naive.get(k, 0) / p.wall_s * 100 for k in keys], 0.4,
+                 label="nested durations summed (wrong)")
+    axes[1].axvline(100, color="k", ls=":", lw=1)
+    axes[1].set_yticks(y, [k.replace("untracked (loop, Python)", "loop overhead") for k in keys])
+    axes[1].set_xlabel("% of the profiled wall time")
+    axes[1].legend(fontsize=7)
+    plotting.title(axes[1], f"{label(pick)}: exclusive vs nested sums", device=device)
+    plotting.show(fig, "Left: stacked shares of profiled time per category by exclusive time "
+                       "for each strategy. Right: for one strategy, exclusive time against the "
+                       "sum of nested event durations per category, which exceeds 100%.")
+
+
+def headline(r: TimingResult) -> str:
+    lo = r.loops
+    parts = []
+    if r.fastest_exact:
+        a = lo.arm(r.fastest_exact, "full")
+        parts.append(f"fastest exact step: {label(r.fastest_exact)} "
+                     f"{a.ms_per_sample.median:.3g} ms/sample")
+    f = r.figure("data_model_ratio")
+    if f:
+        parts.append(f"DANGO/Lazy it/s ratio {fmt_ratio(f.measured.median)} data+model "
+                     f"(brief 19x)")
+    f = r.figure("data_only_ratio")
+    if f:
+        parts.append(f"{fmt_ratio(f.measured.median)} data only (brief 56x)")
+    if r.sanity:
+        parts.append(f"{len(r.sanity)} mode-order flag(s)")
+    return "; ".join(parts)
+
+
+def saved(path, headline_text: str) -> Markdown:
+    """The closing line of every notebook: the headline and where the results went."""
+    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")

@@ -1,0 +1,80 @@
+"""The notebooks' sources and their built ``.ipynb`` files.
+
+The sources are jupytext percent-format scripts, ``notebooks/NN_name.py``, and only they are
+tracked; the ``.ipynb`` beside each is built from it by jupytext (``make notebooks``, which
+``make venv`` runs) and ignored by git, so running a notebook in JupyterLab and saving it never
+dirties a tracked file (jupytext pairs the two: a code edit saved in JupyterLab lands in the
+``.py``, outputs stay in the ``.ipynb``). The runner executes a source directly (jupytext reads it
+into a notebook object that papermill runs), so a stale ``.ipynb`` is never what runs.
+
+The ``parameters`` cell of every source is generated from the params schema
+(:func:`workbook_lib.running.params.parameters_cell`); :func:`sync` rewrites it and the test suite
+checks it is current.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from ..catalog import NOTEBOOK_NAMES
+from ..paths import NOTEBOOK_DIR
+from .params import parameters_cell
+
+KERNEL_NAME = "gnn-workbook"
+KERNEL_DISPLAY = "GNN perturbation workbook"
+_PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(?=\n# %%)', re.S)
+
+
+def source_path(name: str, directory: Path | None = None) -> Path:
+    return (directory or NOTEBOOK_DIR) / f"{name}.py"
+
+
+def ipynb_path(name: str, directory: Path | None = None) -> Path:
+    return (directory or NOTEBOOK_DIR) / f"{name}.ipynb"
+
+
+def with_parameters(text: str) -> str:
+    """The source text with its parameters cell regenerated from the schema."""
+    if not _PARAMS_CELL.search(text):
+        raise ValueError("no '# %% tags=[\"parameters\"]' cell followed by another cell")
+    return _PARAMS_CELL.sub(lambda m: m.group(1) + parameters_cell() + "\n", text, count=1)
+
+
+def read(name: str, directory: Path | None = None):
+    """The notebook (an nbformat node) built from its source, without outputs."""
+    import jupytext
+
+    nb = jupytext.read(source_path(name, directory), fmt="py:percent")
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_DISPLAY,
+                                 "language": "python"}
+    nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,py:percent"
+    return nb
+
+
+def sync(check: bool = False, directory: Path | None = None) -> list[str]:
+    """Regenerate every source's parameters cell and rebuild its ``.ipynb``.
+
+    With ``check``, change nothing and return the sources whose parameters cell is stale.
+    """
+    import jupytext
+
+    stale = []
+    for name in NOTEBOOK_NAMES:
+        src = source_path(name, directory)
+        text = src.read_text(encoding="utf-8")
+        new = with_parameters(text)
+        if new != text:
+            stale.append(src.name)
+            if not check:
+                src.write_text(new, encoding="utf-8")
+        if not check:
+            jupytext.write(read(name, directory), ipynb_path(name, directory), fmt="ipynb")
+    return stale
+
+
+if __name__ == "__main__":
+    out = sync(check="--check" in sys.argv)
+    if "--check" in sys.argv and out:
+        print("parameters cell out of date (run `make notebooks`):", ", ".join(out))
+        sys.exit(1)

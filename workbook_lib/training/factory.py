@@ -1,0 +1,87 @@
+"""Setting up a training run: the one place where params become a graph, a strategy, a model
+and perturbations (used by notebook 03's loop, the DDP worker, the memory probe, the benchmarks
+and notebook 06).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..data.perturbations import sample_perturbations
+from ..data.snapshots import CellGraph, load_snapshot
+from ..strategies import REGISTRY, Strategy, make_strategy
+from ..strategies.model import PerturbGIN
+
+
+def batch_size_for(params: dict, strategy: str) -> int:
+    """The batch size a strategy trains with: DANGO-style runs use ``batch_size_dango``, every
+    perturbed-graph strategy ``batch_size_lazy`` (the brief's 64 and 28)."""
+    return params["batch_size_dango"] if strategy == "dango_wildtype" else params["batch_size_lazy"]
+
+
+@dataclass
+class Run:
+    """Everything one strategy needs to train: built by :func:`build_run`."""
+
+    params: dict
+    graph: CellGraph
+    strategy: Strategy
+    model: PerturbGIN
+    device: torch.device
+    batch_size: int
+    dual: bool  # the Lazy model's dual forward (exact strategies only)
+
+    def perturbations(self, n: int, salt: int = 0) -> torch.Tensor:
+        """``n`` perturbations, seeded by the params' seed (and ``salt`` for another stream)."""
+        return sample_perturbations(self.graph.num_genes, self.params["perturbation_k"], n,
+                                    seed=self.params["seed"] + 7919 * salt)
+
+
+def make_model(graph: CellGraph, params: dict, device, *, hidden: int | None = None,
+               layers: int | None = None, strategy: str | None = None) -> PerturbGIN:
+    """The workbook's model for ``graph``, on ``device``; parameters a strategy never uses are
+    frozen (DistributedDataParallel requires every trainable parameter to get a gradient)."""
+    model = PerturbGIN(graph.num_genes, graph.edge_types,
+                       hidden=params["hidden"] if hidden is None else hidden,
+                       layers=params["layers"] if layers is None else layers,
+                       seed=params["seed"]).to(device)
+    if strategy is not None and strategy != "dango_wildtype":
+        model.query.requires_grad_(False)  # the attention query belongs to the DANGO head
+    return model
+
+
+def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
+              device: torch.device | str | None = None, batch_size: int | None = None,
+              scale: float | None = None, hidden: int | None = None, layers: int | None = None,
+              form: str | None = None, storage_dir: str | Path | None = None) -> Run:
+    """Build a run of ``strategy`` from validated params.
+
+    Args:
+        params: validated params.
+        strategy: a strategy name (``strategies.REGISTRY``).
+        graph: the snapshot, if already loaded (else loaded from params at ``scale``).
+        device: where to run (default: the params' device, resolved).
+        batch_size: default :func:`batch_size_for`.
+        scale, hidden, layers: override the params' sizes (e.g. the real spec).
+        form: message form of replicated strategies (``gather_scatter`` or ``spmm``).
+        storage_dir: where strategy 3 keeps its masks.
+    """
+    from ..running.environment import resolve_device
+
+    if strategy not in REGISTRY:
+        raise ValueError(f"'strategy' must be one of {list(REGISTRY)} (got {strategy!r})")
+    dev = resolve_device(params["device"]) if device is None else torch.device(device)
+    if graph is None:
+        graph = load_snapshot(params, scale=scale)
+    kw: dict = {"aggr": params["aggr"], "device": dev}
+    if form is not None:
+        kw["form"] = form
+    if strategy == "replicated_mask_stored":
+        kw["storage_dir"] = storage_dir
+    s = make_strategy(strategy, graph, **kw)
+    model = make_model(graph, params, dev, hidden=hidden, layers=layers, strategy=strategy)
+    return Run(params=params, graph=graph, strategy=s, model=model, device=dev,
+               batch_size=batch_size if batch_size is not None else batch_size_for(params, strategy),
+               dual=bool(params["dual_forward"]) and s.exact)
