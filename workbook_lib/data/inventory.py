@@ -7,8 +7,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..data.perturbations import node_keep_mask
-from ..data.snapshots import CellGraph
+from dataclasses import dataclass, field
+
+from ..measurement.timing import Stat
+from ..records import Record
+from .perturbations import node_keep_mask, sample_perturbations
+from .snapshots import CellGraph
 
 INT64 = 8
 INT32 = 4
@@ -26,17 +30,6 @@ REPRESENTATION_LABELS = {
     "edge_masks": "boolean edge masks (1 B/edge, all types)",
     "replicated_edge_index": "replicated edge_index (int64, 1 copy/sample)",
 }
-
-# The brief's figures, with how each was computed here (the 'basis').
-BRIEF_CLAIMS = (
-    ("masks per batch (B=28)", 65e6, "mask bytes/sample x 28"),
-    ("masks per batch, dual forward (B=28)", 130e6,
-     "the wildtype pass needs no mask: same bytes as the single forward"),
-    ("mask bytes per sample", 2.5e6, "1 byte per edge, all edge types"),
-    ("mask storage for the dataset", 848e9, "mask bytes/sample x num_samples"),
-    ("incidence cache", 19e6, "each edge under both endpoints, int64, plus offsets per type"),
-)
-
 
 def edge_type_table(graph: CellGraph) -> list[dict]:
     """Per edge type: nodes touched, edges and ``edge_index`` bytes in int64 and int32."""
@@ -110,28 +103,12 @@ def per_sample_bytes(graph: CellGraph, mean_k: float, mean_removed_edges: float)
 
 
 def per_batch_bytes(per_sample: dict, batch_sizes: list[int]) -> dict:
-    """``{representation: {"B": bytes}}`` - every representation is linear in B."""
-    return {rep: {str(b): v * b for b, v in ((b, per_sample[rep]) for b in batch_sizes)}
-            for rep in per_sample}
+    """``{representation: {B: bytes}}`` - every representation is linear in B."""
+    return {rep: {b: per_sample[rep] * b for b in batch_sizes} for rep in per_sample}
 
 
 def dataset_bytes(per_sample: dict, num_samples: int) -> dict:
     return {rep: v * num_samples for rep, v in per_sample.items()}
-
-
-def claims_table(mask_bytes_per_sample: float, incidence_bytes: float,
-                 num_samples: int) -> list[dict]:
-    """The brief's claimed sizes next to the values computed here and the ratio."""
-    computed = {
-        "masks per batch (B=28)": mask_bytes_per_sample * 28,
-        "masks per batch, dual forward (B=28)": mask_bytes_per_sample * 28,
-        "mask bytes per sample": mask_bytes_per_sample,
-        "mask storage for the dataset": mask_bytes_per_sample * num_samples,
-        "incidence cache": incidence_bytes,
-    }
-    return [{"claim": name, "claimed_bytes": claimed, "computed_bytes": computed[name],
-             "ratio_computed_over_claimed": computed[name] / claimed, "basis": basis}
-            for name, claimed, basis in BRIEF_CLAIMS]
 
 
 def human_bytes(n: float) -> str:
@@ -141,3 +118,89 @@ def human_bytes(n: float) -> str:
             return f"{n:.3g} {unit}"
         n /= 1000
     return f"{n:.3g} TB"
+
+
+@dataclass
+class EdgeTypeRow(Record):
+    name: str
+    nodes: int
+    edges: int
+    bytes_int64: int
+    bytes_int32: int
+
+
+@dataclass
+class RealSize(Record):
+    """Arithmetic at the real graph's edge count (the spec's), whatever this run's scale."""
+
+    total_edges: int
+    mask_bytes_per_sample: float
+    mask_bytes_per_batch_28: float
+    dataset_mask_bytes: float
+    incidence_cache_bytes_int64: float
+    incidence_cache_bytes_int32: float
+    num_samples: int
+
+
+@dataclass
+class InventoryResult(Record):
+    """Notebook 01's results: sizes computed from the snapshot and sampled perturbations."""
+
+    graph_name: str
+    source: str
+    scale: float
+    num_genes: int
+    total_edges: int
+    edge_types: list[EdgeTypeRow]
+    perturbation_k: object
+    num_perturbations: int
+    removed_edge_fraction: Stat  # per sample, fraction of all edges
+    hop_coverage: dict[int, Stat]  # hops -> fraction of genes within reach, per sample
+    bytes_per_sample: dict[str, float]
+    bytes_per_batch: dict[str, dict[int, float]]
+    dataset_bytes: dict[str, float]
+    incidence_cache_bytes: int
+    real_size: RealSize | None = None
+    ignored_types: list[str] = field(default_factory=list)
+
+
+def real_size(spec: dict | None, num_genes: int, num_types: int,
+              num_samples: int) -> RealSize | None:
+    """Byte counts at the spec's real edge count (None for a user's graph: no spec)."""
+    if not spec:
+        return None
+    e = sum(int(t["edges"]) for t in spec["edge_types"].values())
+    offsets = num_types * (num_genes + 1)
+    return RealSize(total_edges=e, mask_bytes_per_sample=e * BOOL,
+                    mask_bytes_per_batch_28=28 * e * BOOL, dataset_mask_bytes=e * num_samples,
+                    incidence_cache_bytes_int64=(2 * e + offsets) * INT64,
+                    incidence_cache_bytes_int32=(2 * e + offsets) * INT32,
+                    num_samples=num_samples)
+
+
+def inventory(params: dict, graph: CellGraph) -> InventoryResult:
+    """Every size notebook 01 reports, computed from the graph and sampled perturbations."""
+    from ..running.params import mean_k
+
+    pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
+                                params["num_perturbations"], seed=params["seed"])
+    removed = removed_edge_counts(graph, pert)
+    hops = hop_coverage(graph, pert, hops=3)
+    per_sample = per_sample_bytes(graph, mean_k(params["perturbation_k"]), float(removed.mean()))
+    per_batch = {rep: {b: v for b, v in by.items()}
+                 for rep, by in per_batch_bytes(per_sample, params["batch_sizes"]).items()}
+    return InventoryResult(
+        graph_name=graph.name, source=graph.source, scale=graph.scale,
+        num_genes=graph.num_genes, total_edges=graph.num_edges(),
+        edge_types=[EdgeTypeRow(**r) for r in edge_type_table(graph)],
+        perturbation_k=params["perturbation_k"], num_perturbations=len(pert),
+        removed_edge_fraction=Stat.from_samples((removed / graph.num_edges()).tolist(),
+                                                unit="fraction"),
+        hop_coverage={h + 1: Stat.from_samples(hops[:, h].tolist(), unit="fraction")
+                      for h in range(hops.shape[1])},
+        bytes_per_sample=per_sample, bytes_per_batch=per_batch,
+        dataset_bytes=dataset_bytes(per_sample, params["num_samples"]),
+        incidence_cache_bytes=incidence_cache_bytes(graph),
+        real_size=real_size(graph.spec, graph.num_genes, len(graph.edge_types),
+                            params["num_samples"]),
+        ignored_types=list(graph.ignored))

@@ -11,8 +11,8 @@ device prep        ``device_prepare(batch)`` -> ctx               device (masks,
 forward            ``predict(model, ctx)`` / ``node_outputs``     device
 =================  =============================================  ==========================
 
-Layouts of node features inside the forward: ``sample_major`` is ``[B*N, H]`` (one graph copy
-per sample, node ``b*N + i``); ``node_major`` is ``[N, B, H]`` (one shared graph).
+Layouts of node features inside the forward: ``[B*N, H]`` for the replicated strategies (one
+graph copy per sample, node ``b*N + i``), ``[B, N, H]`` for the shared-graph ones.
 """
 from __future__ import annotations
 
@@ -79,6 +79,13 @@ class Strategy:
     def _prepare(self) -> None:
         pass
 
+    def __getstate__(self):
+        # DataLoader workers only build items and batches (host work): device structures stay
+        # in the main process (CUDA tensors cannot cross into a forked worker anyway)
+        state = self.__dict__.copy()
+        state["dev"] = {}
+        return state
+
     def prepared_bytes(self) -> dict:
         """``{"host": bytes, "device": bytes}`` of what ``prepare`` built."""
         return {"host": tensor_bytes(self.host), "device": tensor_bytes(self.dev)}
@@ -118,6 +125,11 @@ class Strategy:
         """Every edge type's aggregation: a list (default: one call per type) or a stacked
         ``[T, *h.shape]`` tensor when a strategy computes all types in one product."""
         return [self.aggregate(h, t, ctx) for t in self.graph.edge_types]
+
+    def one_layer(self, model, h: torch.Tensor, ctx: dict) -> torch.Tensor:
+        """One middle layer of ``model`` (its layer 0) over every edge type, for per-sample
+        features ``h`` in this strategy's layout (the one-layer benchmark)."""
+        return model.combine(0, h, self.aggregate_all(h, ctx))
 
     def to_sample_major(self, h: torch.Tensor, ctx: dict) -> torch.Tensor:
         return h.view(ctx["B"], self.n, -1)

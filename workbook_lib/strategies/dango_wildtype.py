@@ -2,13 +2,14 @@
 
 Message passing once per step on the unperturbed graph, then the embeddings of the deleted
 genes go through a small attention head. Different semantics (the graph is never perturbed):
-the floor any exact method is measured against. Its cost does not grow with B. It aggregates
-with the same stacked CSR product (and prepared transpose) as the node-mask shared graph.
+the floor any exact method is measured against. Its cost does not grow with B. Its products are
+the node-mask shared graph's (same prepared matrices and kernels), so the two compare like with
+like.
 """
 from __future__ import annotations
 
-from ..strategies.base import Strategy
-from ..strategies.node_mask_shared import NodeMaskShared
+from .base import Strategy
+from .node_mask_shared import NodeMaskShared
 
 
 class DangoWildtype(NodeMaskShared):
@@ -17,14 +18,18 @@ class DangoWildtype(NodeMaskShared):
     number = 7
     exact = False
     replicated = False
-    layout = "sample_major"
+
+    def collate(self, items):
+        return Strategy.collate(self, items)  # only the indices
 
     def device_prepare(self, batch):
-        return Strategy.device_prepare(self, batch)  # only the indices are needed
+        return Strategy.device_prepare(self, batch)
 
     def node_outputs(self, model, ctx):
         raise NotImplementedError("the DANGO-style strategy computes no perturbed-graph nodes")
 
+    def one_layer(self, model, h, ctx):
+        return model.combine(0, h, self.wildtype_aggregate_all(h))
+
     def predict(self, model, ctx, dual=False):
-        wt = model.wildtype_forward(self)
-        return model.attention_head(wt, ctx["pert"])
+        return model.attention_head(model.wildtype_forward(self), ctx["pert"])

@@ -58,15 +58,22 @@ class PerturbGIN(nn.Module):
 
     def combine(self, layer: int, h: torch.Tensor,
                 aggregated: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        """One layer's update from the per-type aggregations (any leading layout): a list of
-        T tensors shaped like ``h``, or one stacked ``[T, *h.shape]`` tensor."""
-        selfterm = h if self.eps == 0 else (1.0 + self.eps) * h
+        """One layer's update from the per-type aggregations.
+
+        A list of T tensors shaped like ``h`` (the replicated strategies) is combined as the
+        brief's model does: ``lin(cat_t((1 + eps) h + agg_t))``. A tensor ``[..., T, H]`` (the
+        shared-graph strategies) is combined in the algebraically equal fused form
+        ``agg W^T + (1 + eps) h (sum_t W_t)^T + b``, which never concatenates T copies of ``h``.
+        """
+        lin = self.lins[layer]
         if isinstance(aggregated, torch.Tensor):
-            x = (aggregated + selfterm).movedim(0, -2)
-            x = x.reshape(*h.shape[:-1], x.shape[-2] * x.shape[-1])
+            t = aggregated.shape[-2]
+            wsum = lin.weight.view(lin.weight.shape[0], t, -1).sum(1)
+            out = aggregated.reshape(*aggregated.shape[:-2], -1) @ lin.weight.T + \
+                (1.0 + self.eps) * (h @ wsum.T) + lin.bias
         else:
-            x = torch.cat([selfterm + a for a in aggregated], dim=-1)
-        out = self.lins[layer](x)
+            selfterm = h if self.eps == 0 else (1.0 + self.eps) * h
+            out = lin(torch.cat([selfterm + a for a in aggregated], dim=-1))
         return torch.relu(out) if layer < self.num_layers - 1 else out
 
     def node_forward(self, strategy, ctx) -> torch.Tensor:

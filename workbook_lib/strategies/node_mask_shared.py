@@ -1,27 +1,35 @@
-"""Strategy 6: node-mask shared graph.
+"""Strategy 6: the node-mask shared graph (the fix; its math is :mod:`workbook_lib.nodemask`).
 
-Deleting genes S_b is a diagonal 0/1 matrix D_b on the adjacency: ``A_b = D_b A D_b`` and
-``A_b X = D_b A (D_b X)``. Every sample of a batch shares one unmodified CSR adjacency; the batch
-is one sparse product with the B samples' features side by side (``[N, B*H]``), rows of deleted
-genes zeroed before and after. All T edge types are stacked into one ``[T*N, N]`` CSR matrix, so
-a layer is a single sparse product. Mean aggregation divides by the per-sample degrees
-``A (D_b 1)``, one more product. No per-sample edge tensor exists anywhere: the batch is k
-indices per sample.
+Every sample of a batch shares one unmodified adjacency; deleting genes ``S_b`` zeroes their
+rows before and after each sparse product (``A_b X = D_b A (D_b X)``). The batch carries the k
+deleted-gene indices per sample, plus the first layer's correction rows (the out-neighbours of
+the deleted genes), which the collate computes on the host from a per-gene table: no per-sample
+edge mask, no replicated ``edge_index``, nothing stored.
+
+A training step runs the model as three kinds of layers:
+
+* the first layer incrementally (its input, the gene embedding, is the same for every sample):
+  one wildtype product plus corrections over the deleted genes' out-edges;
+* middle layers in full: one sparse product per sample slab;
+* the last layer pooled (the model reads out the mean over genes of a linear last layer): per
+  sample weights from one product of width B, then a weighted sum of rows.
+
+``node_outputs`` (every gene's last-layer embedding, for the exactness tests) runs the last
+layer in full instead.
 """
 from __future__ import annotations
 
 import torch
 
-from ..strategies import sparse_ops
-from ..data.perturbations import node_keep_mask
-from ..strategies.base import Strategy
+from ..nodemask import NodeMaskBatch, SharedGraph, corrections
+from .base import Strategy
 
 
 class NodeMaskShared(Strategy):
     name = "node_mask_shared"
     label = "6 node-mask shared graph"
     number = 6
-    layout = "node_major"
+    layout = "sample_major"
     replicated = False
 
     def __init__(self, graph, **kw):
@@ -29,52 +37,78 @@ class NodeMaskShared(Strategy):
         super().__init__(graph, **kw)
 
     def _prepare(self):
-        n = self.n
-        src = torch.cat([ei[0] for ei in self.graph.edge_index.values()])
-        row = torch.cat([ei[1] + i * n for i, ei in enumerate(self.graph.edge_index.values())])
-        self.dev["csr_all"] = sparse_ops.csr_from_sorted(src.to(self.device),
-                                                         row.to(self.device),
-                                                         len(self.graph.edge_index) * n, n)
-        self.dev["csr_all_t"] = sparse_ops.transpose_csr(self.dev["csr_all"])  # for backward
+        sg = SharedGraph(self.graph.edge_index, self.n, aggr=self.aggr, device=self.device,
+                         allow_self_loops=True)  # self-loops are messages, as in the reference
+        self.dev["shared"] = sg
+        self.host["out_edges"] = sg.out_edges
+
+    @property
+    def shared(self) -> SharedGraph:
+        return self.dev["shared"]
+
+    def collate(self, items):
+        batch = super().collate(items)
+        batch["corrections"] = corrections(self.host["out_edges"], batch["pert"])
+        return batch
+
+    def to_device(self, batch, non_blocking=False):
+        corr = batch.pop("corrections", None)
+        out = super().to_device(batch, non_blocking)
+        if corr is not None:
+            out["corrections"] = corr.to(self.device) if self.device.type != "cpu" else corr
+        return out
 
     def device_prepare(self, batch):
         ctx = super().device_prepare(batch)
-        d = node_keep_mask(batch["pert"], self.n).T.to(torch.float32)  # [N, B]
-        ctx["D"] = d
-        if self.aggr == "mean":
-            t = len(self.graph.edge_types)
-            ctx["deg"] = sparse_ops.spmm(self.dev["csr_all"], d).view(t, self.n, -1)  # [T,N,B]
+        ctx["nb"] = NodeMaskBatch(self.shared, batch["pert"], batch.get("corrections"))
         return ctx
 
+    # ------------------------------------------------------------------ forward
     def initial(self, embedding, ctx):
-        return embedding.unsqueeze(1).expand(self.n, ctx["B"], embedding.shape[1])
+        return embedding.unsqueeze(0).expand(ctx["B"], self.n, embedding.shape[1]).contiguous()
 
     def aggregate_all(self, h, ctx):
-        d = ctx["D"].unsqueeze(-1)  # [N, B, 1]
-        n, b, hdim = h.shape
-        t = len(self.graph.edge_types)
-        x = (h * d).reshape(n, b * hdim)
-        out = sparse_ops.spmm(self.dev["csr_all"], x, self.dev["csr_all_t"]).view(t, n, b, hdim) * d
-        if self.aggr == "mean":
-            out = sparse_ops.mean_divide(out, ctx["deg"])
-        return out  # [T, N, B, H]
-
-    def aggregate(self, h, edge_type, ctx):
-        return self.aggregate_all(h, ctx)[self.graph.edge_types.index(edge_type)]
+        return ctx["nb"].aggregate(h)  # [B, N, T, H]
 
     def to_sample_major(self, h, ctx):
-        return h.permute(1, 0, 2)  # [B, N, H]
-
-    def wildtype_aggregate(self, h, edge_type):
-        return self.wildtype_aggregate_all(h)[self.graph.edge_types.index(edge_type)]
+        return h
 
     def wildtype_aggregate_all(self, h):
-        t = len(self.graph.edge_types)
-        out = sparse_ops.spmm(self.dev["csr_all"], h, self.dev["csr_all_t"]).view(t, self.n, -1)
-        if self.aggr == "mean":
-            if "wt_deg_all" not in self.dev:
-                ones = torch.ones(self.n, 1, device=h.device)
-                self.dev["wt_deg_all"] = sparse_ops.spmm(self.dev["csr_all"], ones).view(
-                    t, self.n)
-            out = sparse_ops.mean_divide(out, self.dev["wt_deg_all"])
-        return out
+        return self.shared.wildtype_aggregate(h)  # [N, T, H]
+
+    def one_layer(self, model, h, ctx):
+        """One middle layer over every edge type for per-sample features ``h``."""
+        lin = model.lins[0]
+        return ctx["nb"].layer(h, lin.weight, lin.bias, eps=model.eps,
+                               relu=model.num_layers > 1)
+
+    def _layers(self, model, nb: NodeMaskBatch, pooled: bool, dual: bool = False):
+        """The perturbed pass (pooled or per gene) and, with ``dual``, the wildtype pass's mean
+        over genes, which reuses the first layer's wildtype output."""
+        lins, last, eps = model.lins, model.num_layers - 1, model.eps
+        wt_pool = None
+        if last == 0 and pooled:
+            out = nb.pooled_layer(model.embedding, lins[0].weight, lins[0].bias, eps=eps)
+            if dual:
+                wt_pool = model.wildtype_forward(self).mean(dim=0)
+            return out, wt_pool
+        h, wt = nb.first_layer(model.embedding, lins[0].weight, lins[0].bias, eps=eps,
+                               relu=last > 0)
+        for i in range(1, last + (0 if pooled else 1)):
+            h = nb.layer(h, lins[i].weight, lins[i].bias, eps=eps, relu=i < last)
+        if pooled and last > 0:
+            h = nb.pooled_layer(h, lins[last].weight, lins[last].bias, eps=eps)
+        if dual:
+            for i in range(1, last + 1):
+                wt = model.combine(i, wt, self.shared.wildtype_aggregate(wt))
+            wt_pool = wt.mean(dim=0)
+        return h, wt_pool
+
+    def node_outputs(self, model, ctx):
+        return self._layers(model, ctx["nb"], pooled=False)[0]
+
+    def predict(self, model, ctx, dual=False):
+        pooled, wt_pool = self._layers(model, ctx["nb"], pooled=True, dual=dual)  # [B, H]
+        if dual:
+            pooled = pooled - wt_pool
+        return model.head(pooled).squeeze(-1)

@@ -57,6 +57,6 @@ class ReplicatedMaskStored(ReplicatedMaskCPU):
         return {"index": index, "pert": pert_row, "masks": masks}
 
     def __getstate__(self):  # a memmap handle does not cross process boundaries
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state["_mm"] = None
         return state

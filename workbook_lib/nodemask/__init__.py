@@ -1,0 +1,23 @@
+"""The fix as a public API: per-sample message passing on one shared graph with node masks.
+
+Drop it into a PyG training loop where a "replicated" pipeline puts B copies of the gene graph in
+every batch with a boolean edge mask per sample::
+
+    from workbook_lib.nodemask import SharedGraph
+
+    graph = SharedGraph(cell_graph, aggr="sum", device="cuda")   # once: HeteroData or edge dict
+    batch = graph.batch(deleted)        # per batch: [B, k] deleted-gene indices, -1 padded
+    agg = batch.aggregate(h)            # [B, N, T, H] per-sample aggregation of h [B, N, H]
+    first = batch.aggregate_shared(x0)  # a first layer whose input x0 [N, H] is shared:
+    h1 = first.linear(W)                #   sum_t agg_tb W_t^T [B, N, H_out], incrementally
+    pooled = batch.aggregate_pooled(h)  # a last layer before a mean over genes: [B, T, H]
+
+Exact (float32 rounding) for sum and mean aggregation, forward and gradients; see
+:mod:`workbook_lib.nodemask.batch` for the identities and their conditions.
+"""
+from .batch import Corrections, NodeMaskBatch, SharedAggregation, corrections, validate_deleted
+from .graph import OutEdges, SharedGraph
+from .kernels import KERNELS, batched_spmm
+
+__all__ = ["SharedGraph", "NodeMaskBatch", "SharedAggregation", "Corrections", "corrections",
+           "validate_deleted", "OutEdges", "batched_spmm", "KERNELS"]

@@ -1,0 +1,299 @@
+"""A batch of perturbed graphs on the shared graph: per-sample aggregation, exact.
+
+For sample ``b`` with deleted genes ``S_b`` (``D_b`` zeroes their rows), per edge type ``t``:
+
+* **any layer** (:meth:`NodeMaskBatch.aggregate`): ``agg_tb = D_b A_t (D_b h_b)``, divided by
+  the per-sample in-degree ``A_t (D_b 1)`` for mean aggregation;
+* **a first layer whose input is the same for every sample** (a gene embedding ``x0``;
+  :meth:`NodeMaskBatch.aggregate_shared`): ``A_b x0 = D_b (A x0 - A[:, S_b] x0[S_b])``: one
+  wildtype product plus a correction over the out-edges of the k deleted genes, whatever B is.
+  Only the rows of their out-neighbours (and the deleted genes themselves) differ from the
+  wildtype, so the correction is a short list of (sample, gene) rows;
+* **a last layer that is linear in its aggregation and followed by a mean (or sum) over genes**
+  (:meth:`NodeMaskBatch.aggregate_pooled`): ``sum_n agg_tb[n] = sum_j w_tb[j] h_b[j]`` with
+  ``w_tb = D_b A_t^T (D_b / deg_tb)``: weights from one product of width B (not B*H), then a
+  weighted sum of rows.
+
+All three are exact (float32 rounding) for sum and mean aggregation, in outputs and gradients.
+The GIN-shaped layers (:meth:`layer`, :meth:`first_layer`, :meth:`pooled_layer`) apply a linear
+map over the ``T*H`` concatenated per-type features and the self term, as the workbook's model
+does; because ``D_b`` scales whole rows, it is applied after the linear map, on ``[B, N, H]``
+rather than on ``[B, N, T, H]``.
+
+Indices of the correction rows are computed where ``deleted`` lives: on the host they cost no
+device sync (the workbook's pipeline builds them in the DataLoader's collate); given on a GPU,
+building them syncs once per batch (their count is data-dependent).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .graph import OutEdges, SharedGraph
+from .kernels import batched_spmm, typed_aggregate_linear
+
+
+def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Check a ``[B, k]`` integer tensor of deleted genes (``-1`` pads rows with fewer).
+
+    Raises:
+        ValueError: wrong shape or dtype, a gene outside ``0..N-1``, or a gene deleted twice in
+            one sample.
+    """
+    if not isinstance(deleted, torch.Tensor):
+        raise TypeError(f"'deleted' must be a tensor (got {type(deleted).__name__})")
+    if deleted.dim() != 2:
+        raise ValueError(f"'deleted' must be [B, k] (got shape {list(deleted.shape)}); use "
+                         "deleted.unsqueeze(0) for one sample")
+    if deleted.dtype.is_floating_point or deleted.dtype == torch.bool:
+        raise ValueError(f"'deleted' must hold integer gene indices (got {deleted.dtype})")
+    if deleted.numel():
+        d = deleted.detach().cpu().long()
+        lo, hi = int(d.min()), int(d.max())
+        if lo < -1 or hi >= num_nodes:
+            bad = d[(d < -1) | (d >= num_nodes)][0].item()
+            raise ValueError(f"'deleted' holds gene index {bad}, outside 0..{num_nodes - 1} "
+                             "(-1 pads shorter rows)")
+        s, _ = torch.sort(d, dim=1)
+        dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+        if dup.any():
+            row = int(dup.any(1).nonzero()[0])
+            gene = int(s[row, 1:][dup[row]][0])
+            raise ValueError(f"'deleted' deletes gene {gene} twice in sample {row}")
+    return deleted.long()
+
+
+@dataclass
+class Corrections:
+    """The (sample, gene) rows a deletion changes in a first layer, and what feeds them."""
+
+    pair_sample: torch.Tensor  # [R]
+    pair_gene: torch.Tensor  # [R]
+    pair_deleted: torch.Tensor  # [R] bool: the gene itself is deleted in that sample
+    entry_slot: torch.Tensor  # [E] pair * T + type: where each out-edge lands
+    entry_source: torch.Tensor  # [E] the deleted gene sending it
+
+    def to(self, device) -> "Corrections":
+        return Corrections(*(t.to(device, non_blocking=True) for t in (
+            self.pair_sample, self.pair_gene, self.pair_deleted, self.entry_slot,
+            self.entry_source)))
+
+
+def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
+    """Correction rows of the incremental first layer for ``deleted`` ``[B, k]``, computed
+    where ``deleted`` is (on the host: no device sync; in a DataLoader worker: off the main
+    process). ``out_edges`` is ``SharedGraph.out_edges``."""
+    dev = deleted.device
+    ptr, slot = out_edges.ptr.to(dev), out_edges.slot.to(dev)
+    n, t = out_edges.num_nodes, out_edges.num_types
+    b_all = torch.arange(deleted.shape[0], device=dev).unsqueeze(1).expand_as(deleted)
+    valid = deleted >= 0
+    samples, genes = b_all[valid], deleted[valid]
+    counts = ptr[genes + 1] - ptr[genes]
+    total = int(counts.sum())
+    e_sample = torch.repeat_interleave(samples, counts, output_size=total)
+    e_gene = torch.repeat_interleave(genes, counts, output_size=total)
+    first = torch.repeat_interleave(ptr[genes], counts, output_size=total)
+    within = torch.arange(total, device=dev) - torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts, counts, output_size=total)
+    e_slot = slot[first + within]
+    keys = torch.cat([e_sample * n + e_slot // t, samples * n + genes])
+    uniq, inv = torch.unique(keys, return_inverse=True)
+    is_del = torch.zeros(uniq.numel(), dtype=torch.bool, device=dev)
+    is_del[inv[total:]] = True
+    return Corrections(pair_sample=uniq // n, pair_gene=uniq % n, pair_deleted=is_del,
+                       entry_slot=inv[:total] * t + e_slot % t, entry_source=e_gene)
+
+
+@dataclass
+class SharedAggregation:
+    """Per-sample aggregation of an input shared by all samples: the wildtype aggregation
+    ``[N, T, H]`` plus ``delta`` ``[R, T, H]`` at the rows a deletion changes."""
+
+    wildtype: torch.Tensor
+    delta: torch.Tensor
+    rows: torch.Tensor  # [R] flat index sample * N + gene
+    batch_size: int
+
+    def dense(self) -> torch.Tensor:
+        """``[B, N, T, H]`` (materialises every sample: prefer :meth:`linear`)."""
+        n, t, h = self.wildtype.shape
+        base = self.wildtype.unsqueeze(0).expand(self.batch_size, n, t, h).reshape(-1, t, h)
+        return base.index_add(0, self.rows, self.delta).view(self.batch_size, n, t, h)
+
+    def linear(self, weight: torch.Tensor) -> torch.Tensor:
+        """``sum_t agg_tb W_t^T`` for every (sample, gene): ``[B, N, H_out]`` for
+        ``weight`` ``[H_out, T*H]`` (the per-type aggregations concatenated type-major)."""
+        n, t, h = self.wildtype.shape
+        wt = self.wildtype.reshape(n, t * h) @ weight.T
+        corr = self.delta.reshape(-1, t * h) @ weight.T
+        base = wt.unsqueeze(0).expand(self.batch_size, n, wt.shape[1]).reshape(-1, wt.shape[1])
+        return base.index_add(0, self.rows, corr).view(self.batch_size, n, -1)
+
+
+class NodeMaskBatch:
+    """B copies of the shared graph, sample ``b`` without the genes in ``deleted[b]``.
+
+    Args:
+        graph: the prepared :class:`SharedGraph`.
+        deleted: ``[B, k]`` gene indices (``-1`` pads rows that delete fewer genes).
+        corrections: precomputed first-layer corrections (e.g. built in a DataLoader worker with
+            :func:`corrections`); computed lazily when needed otherwise.
+    """
+
+    def __init__(self, graph: SharedGraph, deleted: torch.Tensor,
+                 corrections: Corrections | None = None):
+        self.graph = graph
+        deleted = validate_deleted(deleted, graph.num_nodes)
+        self.deleted = deleted.to(graph.device)
+        self.batch_size = int(deleted.shape[0])
+        n = graph.num_nodes
+        keep = torch.ones(self.batch_size, n + 1, device=graph.device)
+        idx = torch.where(self.deleted >= 0, self.deleted, torch.full_like(self.deleted, n))
+        keep.scatter_(1, idx, 0.0)
+        self.keep = keep[:, :n]  # [B, N] 1 = kept, 0 = deleted
+        self._host_deleted = deleted if deleted.device.type == "cpu" else None
+        self._corrections = corrections
+        self._deg = None
+        self._pool_w = None
+
+    # ---------------------------------------------------------------- helpers
+    def _check(self, h: torch.Tensor, shared: bool = False) -> None:
+        n = self.graph.num_nodes
+        want = "[N, H]" if shared else "[B, N, H]"
+        if (shared and (h.dim() != 2 or h.shape[0] != n)) or (
+                not shared and (h.dim() != 3 or h.shape[:2] != (self.batch_size, n))):
+            raise ValueError(f"features must be {want} with N={n}"
+                             + ("" if shared else f", B={self.batch_size}")
+                             + f" (got {list(h.shape)})")
+
+    def degrees(self) -> torch.Tensor:
+        """``[B, N, T]`` per-sample in-degrees ``A_t (D_b 1)``."""
+        if self._deg is None:
+            g = self.graph
+            d = torch.sparse.mm(g.a, self.keep.T.contiguous())  # [N*T, B]
+            self._deg = d.view(g.num_nodes, g.num_types, self.batch_size).permute(2, 0, 1)
+        return self._deg
+
+    def corrections(self) -> Corrections:
+        if self._corrections is None:
+            src = self._host_deleted if self._host_deleted is not None else self.deleted
+            self._corrections = corrections(self.graph.out_edges, src).to(self.graph.device)
+        return self._corrections
+
+    @staticmethod
+    def _wsum(weight: torch.Tensor, t: int) -> torch.Tensor:
+        return weight.view(weight.shape[0], t, -1).sum(1)
+
+    # ---------------------------------------------------------------- aggregations
+    def aggregate(self, h: torch.Tensor) -> torch.Tensor:
+        """Per-sample aggregation ``[B, N, T, H]`` of ``h`` ``[B, N, H]``."""
+        self._check(h)
+        g = self.graph
+        k = self.keep.unsqueeze(-1)
+        agg = batched_spmm(g.a, g.a_t, h * k, g.kernel).view(
+            self.batch_size, g.num_nodes, g.num_types, h.shape[-1])
+        if g.aggr == "mean":
+            agg = agg / self.degrees().clamp(min=1).unsqueeze(-1)
+        return agg * k.unsqueeze(-1)
+
+    def aggregate_shared(self, x0: torch.Tensor) -> SharedAggregation:
+        """Per-sample aggregation of ``x0`` ``[N, H]`` (the same input for every sample) as the
+        wildtype aggregation plus corrections at the rows the deletions change."""
+        self._check(x0, shared=True)
+        g, c = self.graph, self.corrections()
+        n, t, h = g.num_nodes, g.num_types, x0.shape[-1]
+        sums = g.wildtype_sums(x0)  # [N, T, H]
+        r = c.pair_gene.numel()
+        lost = torch.zeros(r * t, h, device=x0.device, dtype=x0.dtype).index_add(
+            0, c.entry_slot, x0[c.entry_source]).view(r, t, h)
+        s_rows = sums[c.pair_gene]
+        kept = (~c.pair_deleted).to(x0.dtype).view(r, 1, 1)
+        if g.aggr == "mean":
+            lost_deg = torch.zeros(r * t, device=x0.device).index_add(
+                0, c.entry_slot, torch.ones_like(c.entry_slot, dtype=torch.float32)).view(r, t)
+            deg_rows = g.deg[c.pair_gene]
+            new = (s_rows - lost) / (deg_rows - lost_deg).clamp(min=1).unsqueeze(-1)
+            wild = sums / g.deg.clamp(min=1).unsqueeze(-1)
+            old = s_rows / deg_rows.clamp(min=1).unsqueeze(-1)
+        else:
+            new, wild, old = s_rows - lost, sums, s_rows
+        return SharedAggregation(wildtype=wild, delta=new * kept - old,
+                                 rows=c.pair_sample * n + c.pair_gene,
+                                 batch_size=self.batch_size)
+
+    def pooled_weights(self) -> torch.Tensor:
+        """``[B, T, N]``: ``w_tb[j]`` with ``mean_n agg_tb[n] = sum_j w_tb[j] h_b[j]``."""
+        if self._pool_w is None:
+            g = self.graph
+            n, t = g.num_nodes, g.num_types
+            d = self.keep.T.contiguous()  # [N, B]
+            v = d.repeat_interleave(t, dim=0)  # row n*T + t = D[n]
+            if g.aggr == "mean":
+                v = v / torch.sparse.mm(g.a, d).clamp(min=1)
+            w = torch.sparse.mm(g.blockdiag_t, v).view(n, t, self.batch_size)
+            self._pool_w = (w * d.unsqueeze(1) / n).permute(2, 1, 0).contiguous()
+        return self._pool_w
+
+    def aggregate_pooled(self, h: torch.Tensor) -> torch.Tensor:
+        """``[B, T, H]``: the mean over genes of each sample's per-type aggregation of ``h``
+        (``[B, N, H]``, or ``[N, H]`` shared by all samples), without materialising it."""
+        w = self.pooled_weights()
+        if h.dim() == 2:
+            self._check(h, shared=True)
+            return w @ h
+        self._check(h)
+        return torch.bmm(w, h)
+
+    # ---------------------------------------------------------------- GIN-shaped layers
+    def layer(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+              eps: float = 0.0, relu: bool = True) -> torch.Tensor:
+        """``W [x_1 | ... | x_T] + b`` with ``x_t = (1 + eps) h + agg_t`` for every sample:
+        ``[B, N, H_out]`` (ReLU'd unless ``relu=False``)."""
+        self._check(h)
+        g = self.graph
+        b, n, hd = h.shape
+        k = self.keep.unsqueeze(-1)
+        if g.kernel == "slab":
+            degp = (self.degrees().clamp(min=1).permute(0, 2, 1).unsqueeze(-1).contiguous()
+                    if g.aggr == "mean" else None)
+            lin = typed_aggregate_linear(h * k, weight, g.per_type, g.per_type_t, degp)
+        else:
+            agg = batched_spmm(g.a, g.a_t, h * k, g.kernel)  # [B, N*T, H]: raw sums
+            if g.aggr == "mean":
+                agg = (agg.view(b, n, g.num_types, hd) /
+                       self.degrees().clamp(min=1).unsqueeze(-1))
+            lin = agg.reshape(b, n, -1) @ weight.T
+        pre = lin * k + (1.0 + eps) * (h @ self._wsum(weight, g.num_types).T)
+        if bias is not None:
+            pre = pre + bias
+        return torch.relu(pre) if relu else pre
+
+    def first_layer(self, x0: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None, *, eps: float = 0.0,
+                    relu: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer for an input ``x0`` ``[N, H]`` shared by every sample, computed
+        incrementally. Returns ``(per-sample [B, N, H_out], wildtype [N, H_out])``."""
+        sa = self.aggregate_shared(x0)
+        n, t, hd = sa.wildtype.shape
+        self_term = (1.0 + eps) * (x0 @ self._wsum(weight, t).T)
+        if bias is not None:
+            self_term = self_term + bias
+        wt = sa.wildtype.reshape(n, t * hd) @ weight.T + self_term
+        corr = sa.delta.reshape(-1, t * hd) @ weight.T
+        base = wt.unsqueeze(0).expand(self.batch_size, n, wt.shape[1]).reshape(-1, wt.shape[1])
+        out = base.index_add(0, sa.rows, corr).view(self.batch_size, n, -1)
+        return (torch.relu(out), torch.relu(wt)) if relu else (out, wt)
+
+    def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:
+        """The mean over genes of a last (linear, no activation) layer's output, per sample:
+        ``[B, H_out]``. Exact because the mean of a linear map is the linear map of the mean;
+        needs no ReLU between the layer and the pool."""
+        t = self.graph.num_types
+        pooled = self.aggregate_pooled(h)  # [B, T, H]
+        hbar = h.mean(dim=-2) if h.dim() == 3 else h.mean(dim=0).expand(self.batch_size, -1)
+        out = pooled.reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (
+            hbar @ self._wsum(weight, t).T)
+        return out + bias if bias is not None else out

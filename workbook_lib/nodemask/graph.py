@@ -1,0 +1,167 @@
+"""The shared graph: every edge type of the gene graph, prepared once for node-mask aggregation.
+
+Deleting the genes ``S_b`` of sample ``b`` is a diagonal 0/1 matrix ``D_b`` on each adjacency:
+``A_b = D_b A D_b`` (a gene's row and column vanish, so every edge touching it goes), and
+``A_b X = D_b A (D_b X)``. Every sample therefore shares one unmodified adjacency; nothing per
+sample exists but its deleted genes' indices.
+
+Matrices prepared here (``T`` edge types, ``N`` genes):
+
+* ``a``: ``[N*T, N]``, row ``n*T + t`` holds the in-edges of gene ``n`` in type ``t``, so that
+  ``a @ x`` for ``x`` ``[N, H]`` is ``[N, T, H]``: the per-type aggregations of a gene side by
+  side, ready for a linear map over ``T*H`` features without a copy; ``a_t`` its transpose;
+* ``out_edges`` ``[N, N*T]`` (``= a_t``): row ``s`` lists the (gene, type) slots that gene ``s``
+  sends to; the incremental first layer corrects exactly those;
+* ``blockdiag_t``: ``[N*T, N*T]``, the block-diagonal of the per-type transposes; one product of
+  it with a ``[N*T, B]`` matrix gives ``A_t^T v_t`` for every type (the pooled last layer's weights);
+* ``deg``: ``[N, T]`` wildtype in-degrees (mean aggregation).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kernels import default_kernel, to_csr, transpose
+
+AGGRS = ("sum", "mean")
+
+
+@dataclass
+class OutEdges:
+    """Host copy of every gene's out-edges: ``slot[ptr[s]:ptr[s+1]]`` are the (gene, type)
+    slots ``n*T + t`` gene ``s`` sends to. Small and picklable (DataLoader workers use it)."""
+
+    ptr: torch.Tensor
+    slot: torch.Tensor
+    num_nodes: int
+    num_types: int
+
+
+def edge_index_dict(graph) -> tuple[dict[str, torch.Tensor], int | None]:
+    """``({type: [2, E] edge_index}, num_nodes or None)`` from a PyG ``HeteroData`` (its
+    ``(node, rel, node)`` edge types between one node type), a dict of edge indices, or an object
+    with ``edge_index`` and ``num_genes`` (the workbook's ``CellGraph``)."""
+    if isinstance(graph, dict):
+        return dict(graph), None
+    if hasattr(graph, "edge_index") and hasattr(graph, "num_genes"):
+        return dict(graph.edge_index), int(graph.num_genes)
+    if hasattr(graph, "edge_types") and hasattr(graph, "node_types"):
+        types = list(graph.edge_types)
+        nodes = {s for s, _, d in types} | {d for s, _, d in types}
+        if len(nodes) != 1:
+            raise ValueError(f"the HeteroData must have edges between one node type only "
+                             f"(got {sorted(nodes)}); pass a dict of the gene-gene edge indices")
+        node = nodes.pop()
+        return ({rel: graph[(s, rel, d)].edge_index for s, rel, d in types},
+                int(graph[node].num_nodes))
+    raise TypeError(f"'graph' must be a HeteroData, a dict of edge_index tensors or a CellGraph "
+                    f"(got {type(graph).__name__})")
+
+
+class SharedGraph:
+    """The gene graph, prepared once for per-sample aggregation with node masks.
+
+    Args:
+        graph: a PyG ``HeteroData`` (gene-gene edge types), or ``{edge type: edge_index [2, E]}``
+            (row 0 source, row 1 target, as in PyG).
+        num_nodes: number of genes N (taken from a HeteroData when not given).
+        aggr: ``"sum"`` or ``"mean"``.
+        device: where the matrices live.
+        allow_self_loops: a self-loop is a message from a gene to itself (kept while the gene is,
+            as in PyG's ``MessagePassing``); refused by default because a layer that also adds a
+            node's own features (GIN's ``(1 + eps) x``) then counts the node twice.
+        kernel: ``"slab"`` or ``"wide"`` (see :mod:`workbook_lib.nodemask.kernels`; default by
+            device).
+
+    Raises:
+        ValueError: an empty graph, node ids outside ``0..N-1``, a non-``[2, E]`` edge index,
+            self-loops not allowed, an unknown aggregation or kernel.
+    """
+
+    def __init__(self, graph, num_nodes: int | None = None, *, aggr: str = "sum",
+                 device: torch.device | str = "cpu", allow_self_loops: bool = False,
+                 kernel: str | None = None):
+        if aggr not in AGGRS:
+            raise ValueError(f"'aggr' must be one of {list(AGGRS)} (got {aggr!r})")
+        edges, n_found = edge_index_dict(graph)
+        n = num_nodes if num_nodes is not None else n_found
+        if n is None:
+            raise ValueError("'num_nodes' must be given with a dict of edge indices")
+        if n_found is not None and num_nodes is not None and n_found != num_nodes:
+            raise ValueError(f"'num_nodes' ({num_nodes}) does not match the graph's node count "
+                             f"({n_found})")
+        if n <= 0:
+            raise ValueError(f"'num_nodes' must be a positive integer (got {n})")
+        if not edges:
+            raise ValueError("the graph has no edge type")
+        self.device = torch.device(device)
+        self.kernel = kernel or default_kernel(self.device)
+        self.aggr, self.num_nodes, self.edge_types = aggr, int(n), list(edges)
+        t = len(self.edge_types)
+        rows, cols = [], []
+        for i, (name, ei) in enumerate(edges.items()):
+            if ei.dim() != 2 or ei.shape[0] != 2:
+                raise ValueError(f"edge_index of {name!r} must be [2, E] (got {list(ei.shape)})")
+            ei = ei.long().cpu()
+            if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+                raise ValueError(f"edge_index of {name!r} has node ids outside 0..{n - 1} "
+                                 f"(min {int(ei.min())}, max {int(ei.max())})")
+            loops = int((ei[0] == ei[1]).sum())
+            if loops and not allow_self_loops:
+                raise ValueError(
+                    f"edge type {name!r} has {loops} self-loop(s). A self-loop is a message "
+                    "from a gene to itself, kept while the gene is kept (as in PyG); if your "
+                    "layer also adds a node's own features (GIN's (1 + eps) x), that node is "
+                    "counted twice. Pass allow_self_loops=True if that is what your model does, "
+                    "or remove them (torch_geometric.utils.remove_self_loops).")
+            rows.append(ei[1] * t + i)  # target gene n, type i -> row n*T + i
+            cols.append(ei[0])
+        rows_all, cols_all = torch.cat(rows), torch.cat(cols)
+        ones = torch.ones(rows_all.numel())
+        self.num_edges = int(rows_all.numel())
+        a = to_csr(rows_all, cols_all, ones, (n * t, n))
+        self.a = a.to(self.device)
+        self.a_t = transpose(a).to(self.device)
+        # block-diagonal transposes: row (j, t) <- column (n, t) with A_t[n, j]
+        bd_rows = cols_all * t + (rows_all % t)
+        self.blockdiag_t = to_csr(bd_rows, rows_all, ones, (n * t, n * t)).to(self.device)
+        # per type: A_t [N, N] and A_t^T (the CPU kernel's products)
+        self.per_type, self.per_type_t = [], []
+        for i in range(t):
+            sel = rows_all % t == i
+            m = to_csr(rows_all[sel] // t, cols_all[sel], ones[sel], (n, n))
+            self.per_type.append(m.to(self.device))
+            self.per_type_t.append(transpose(m).to(self.device))
+        deg = torch.zeros(n * t).index_add_(0, rows_all, ones)
+        self.deg = deg.view(n, t).to(self.device)
+        # host copy of the out-edge lists (the incremental first layer's corrections)
+        at = transpose(a)
+        self.out_edges = OutEdges(at.crow_indices().long(), at.col_indices().long(), n, t)
+
+    @property
+    def num_types(self) -> int:
+        return len(self.edge_types)
+
+    def batch(self, deleted: torch.Tensor):
+        """A batch of samples, each the graph with the genes in one row of ``deleted``
+        (``[B, k]``, padded with -1) removed. See :class:`NodeMaskBatch`."""
+        from .batch import NodeMaskBatch
+
+        return NodeMaskBatch(self, deleted)
+
+    def wildtype_sums(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, T, H]``: per-type sums over in-neighbours of ``x`` ``[N, H]`` (no deletion)."""
+        from .kernels import spmm
+
+        return spmm(self.a, self.a_t, x).view(self.num_nodes, self.num_types, x.shape[-1])
+
+    def wildtype_aggregate(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, T, H]``: the per-type aggregation (sum or mean) of ``x`` on the whole graph."""
+        s = self.wildtype_sums(x)
+        return s / self.deg.clamp(min=1).unsqueeze(-1) if self.aggr == "mean" else s
+
+    def __repr__(self) -> str:
+        return (f"SharedGraph({self.num_nodes:,} nodes, {self.num_types} edge types, "
+                f"{self.num_edges:,} edges, aggr={self.aggr!r}, device={self.device}, "
+                f"kernel={self.kernel!r})")

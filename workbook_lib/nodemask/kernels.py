@@ -1,0 +1,168 @@
+"""Sparse products of the node-mask shared graph.
+
+One prepared CSR matrix ``A`` (all edge types stacked) multiplies every sample's features. Two
+kernels compute ``A @ x_b`` for a batch of samples ``x`` of shape ``[B, N, H]``:
+
+* ``slab`` (default on CPU): one CSR product per sample slab ``[N, H]``, written into one
+  preallocated output. On the 2-core CPU this workbook was built on, at the real graph size
+  (2.42M edges) and H = 64, B = 28, slabs ran at 8.7 G multiply-adds/s against 2.4 for one
+  product of the samples side by side (``[N, B*H]``, the ``wide`` kernel): a slab's dense operand
+  (1.7 MB) stays in a core's L2 cache while the CSR streams past it, whereas the wide operand
+  (47 MB) does not fit the 32 MB L3, and every nonzero then fetches a 7 kB row from memory.
+* ``wide`` (default on CUDA, where cuSPARSE's SpMM is built for wide dense operands): one product
+  of ``[N, B*H]``. Not measured on a GPU while this was written; the benchmark
+  (``python -m workbook_lib bench``) times both kernels on the device it runs on.
+
+Indices are int32 where the matrix allows it (MKL's sparse BLAS takes 32-bit indices; with int64
+PyTorch converts on every call; 11% faster per product here).
+
+The backward of ``A @ x`` is ``A^T @ g``, with ``A^T`` prepared once (a CSR transpose per call
+would cost as much as the product).
+"""
+from __future__ import annotations
+
+import torch
+
+KERNELS = ("slab", "wide")
+
+
+def default_kernel(device: torch.device) -> str:
+    """``wide`` on CUDA, ``slab`` elsewhere (see the module docstring)."""
+    return "wide" if torch.device(device).type == "cuda" else "slab"
+
+
+def to_csr(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int],
+           *, index_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A CSR matrix from COO triplets (any order); int32 indices when they fit."""
+    n_rows, n_cols = shape
+    order = torch.argsort(rows * n_cols + cols, stable=True)
+    rows, cols, values = rows[order], cols[order], values[order]
+    crow = torch.zeros(n_rows + 1, dtype=torch.long, device=rows.device)
+    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=n_rows), 0)
+    if index_dtype is None:
+        small = max(n_rows, n_cols, int(values.numel())) < 2 ** 31 - 1
+        index_dtype = torch.int32 if small else torch.int64
+    return torch.sparse_csr_tensor(crow.to(index_dtype), cols.to(index_dtype),
+                                   values.to(torch.float32), size=shape, check_invariants=False)
+
+
+def transpose(a: torch.Tensor) -> torch.Tensor:
+    """The CSR matrix of ``a.T`` with the same index type."""
+    crow, col, val = a.crow_indices(), a.col_indices(), a.values()
+    rows = torch.repeat_interleave(torch.arange(a.shape[0], device=col.device),
+                                   (crow[1:] - crow[:-1]).long())
+    return to_csr(col.long(), rows, val, (a.shape[1], a.shape[0]), index_dtype=crow.dtype)
+
+
+def _product(a: torch.Tensor, x: torch.Tensor, kernel: str) -> torch.Tensor:
+    """``a @ x_b`` for every slab of ``x`` ``[B, C, H]`` -> ``[B, R, H]``."""
+    b, c, h = x.shape
+    if kernel == "wide":
+        wide = x.permute(1, 0, 2).reshape(c, b * h)
+        return torch.sparse.mm(a, wide).view(a.shape[0], b, h).permute(1, 0, 2).contiguous()
+    x = x.contiguous()
+    out = x.new_empty(b, a.shape[0], h)
+    for i in range(b):
+        out[i].addmm_(a, x[i], beta=0)
+    return out
+
+
+class _BatchedSpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, a_t, x, kernel):
+        ctx.a_t, ctx.kernel = a_t, kernel
+        return _product(a, x, kernel)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, _product(ctx.a_t, grad, ctx.kernel), None
+
+
+def batched_spmm(a: torch.Tensor, a_t: torch.Tensor, x: torch.Tensor,
+                 kernel: str = "slab") -> torch.Tensor:
+    """``a @ x_b`` for every sample ``b`` of ``x`` (``[B, C, H]`` -> ``[B, R, H]``),
+    differentiable in ``x`` (the backward uses the prepared transpose ``a_t``)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"'kernel' must be one of {list(KERNELS)} (got {kernel!r})")
+    if x.requires_grad:
+        return _BatchedSpMM.apply(a, a_t, x, kernel)
+    return _product(a, x, kernel)
+
+
+class _SpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, a_t, x):
+        ctx.a_t = a_t
+        return torch.sparse.mm(a, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, torch.sparse.mm(ctx.a_t, grad.contiguous())
+
+
+def spmm(a: torch.Tensor, a_t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``a @ x`` for a dense ``[C, W]`` ``x``, differentiable in ``x`` through ``a_t``."""
+    if a_t is None or not x.requires_grad:
+        return torch.sparse.mm(a, x)
+    return _SpMM.apply(a, a_t, x)
+
+
+class _TypedAggregateLinear(torch.autograd.Function):
+    """``out[b] = sum_t (A_t x_b / deg_tb) W_t^T`` with one CSR product per (sample, type).
+
+    The aggregation is kept as ``[B, T, N, H]`` (each ``[N, H]`` slab contiguous, so every
+    product's dense operand and output fit a core's cache) and saved for the weight's gradient;
+    the backward builds each ``g_b W_t`` slab and multiplies it by the prepared ``A_t^T``, with no
+    ``[B, N, T*H]`` permute copy anywhere.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, per_type, per_type_t, degp):
+        b, n, h = x.shape
+        t = len(per_type)
+        x = x.contiguous()
+        agg = x.new_empty(b, t, n, h)
+        for i in range(b):
+            for j in range(t):  # in-place addmm_: no temporary and copy (mm(out=) makes one)
+                agg[i, j].addmm_(per_type[j], x[i], beta=0)
+        if degp is not None:  # [B, T, N, 1]
+            agg.div_(degp)
+        wr = weight.view(weight.shape[0], t, h).permute(1, 2, 0)  # [T, H, Ho]
+        out = x.new_empty(b, n, weight.shape[0])
+        for i in range(b):
+            torch.sum(torch.bmm(agg[i], wr), dim=0, out=out[i])
+        ctx.per_type_t, ctx.t = per_type_t, t
+        ctx.save_for_backward(agg, weight, degp if degp is not None else torch.empty(0))
+        ctx.has_deg = degp is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        agg, weight, degp = ctx.saved_tensors
+        b, t, n, h = agg.shape
+        ho = weight.shape[0]
+        grad = grad.contiguous()
+        wt = weight.view(ho, t, h).permute(1, 0, 2)  # [T, Ho, H]
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        gx = grad.new_zeros(b, n, h) if need_x else None
+        gw = grad.new_zeros(t, ho, h) if need_w else None
+        for i in range(b):
+            g_i = grad[i].unsqueeze(0).expand(t, n, ho)
+            if need_w:  # sum_n g[b, n, o] agg[b, t, n, h]
+                gw.add_(torch.bmm(g_i.transpose(1, 2), agg[i]))
+            if need_x:
+                ga = torch.bmm(g_i, wt)  # [T, N, H]
+                if ctx.has_deg:
+                    ga.div_(degp[i])
+                for j in range(t):
+                    gx[i].addmm_(ctx.per_type_t[j], ga[j])
+        gweight = gw.permute(1, 0, 2).reshape(ho, t * h) if need_w else None
+        return gx, gweight, None, None, None
+
+
+def typed_aggregate_linear(x: torch.Tensor, weight: torch.Tensor, per_type: list,
+                           per_type_t: list, degp: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, N, H_out]``: ``sum_t (A_t x_b / deg_tb) W_t^T`` for ``x`` ``[B, N, H]``, ``weight``
+    ``[H_out, T*H]`` (type-major input features), per-type CSR matrices and their transposes,
+    and optional per-sample degrees ``degp`` ``[B, T, N, 1]`` (mean aggregation)."""
+    return _TypedAggregateLinear.apply(x, weight, per_type, per_type_t, degp)
