@@ -1,199 +1,141 @@
-"""Strategy benchmarks of notebook 02: mask generation per sample, one layer across batch
-size, and the full-size forward+backward comparison. Timing goes through ``timing.measure``
-(warm-up, device sync, repeats, median/IQR)."""
+"""Strategy benchmarks of notebook 02: producing one sample's edge removal in each form, one
+layer of each strategy across batch size, and exactness against the plain reference.
+
+Timing goes through the timing core (:func:`~workbook_lib.measurement.timing.interleave`): the
+forms (and, per batch size, the strategies) are timed in the same rounds.
+"""
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass, field
 
-import psutil
 import torch
-from tqdm import tqdm
 
-from ..strategies.model import PerturbGIN
 from ..data.perturbations import sample_perturbations
 from ..data.snapshots import CellGraph
+from ..measurement.memory import is_oom
+from ..measurement.timing import Stat, interleave
+from ..records import Record
+from ..report.progress import progress
 from ..strategies import build_ctx, make_strategy
-from ..measurement.timing import measure
+from ..strategies.model import PerturbGIN
 
 
-def is_oom(exc: BaseException) -> bool:
-    """Host or device out-of-memory, as raised by Python or PyTorch."""
-    if isinstance(exc, MemoryError):
-        return True
-    oom = getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom is not None and isinstance(exc, oom):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+@dataclass
+class MaskGeneration(Record):
+    """Milliseconds per sample to produce one sample's edge removal, by form."""
+
+    batch_size: int
+    per_sample_ms: dict[str, Stat]
+    where: dict[str, str]
 
 
-def oom_record(exc: BaseException) -> dict:
-    """What a sweep keeps for a point that did not fit: no value, and why."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return {"median": None, "q1": None, "q3": None, "iqr": None, "n": 0,
-            "reason": f"out of memory: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-
-
-def mask_generation_per_sample(graph: CellGraph, k, batch_size: int, device, *, warmup=1,
-                               repeats=3, seed=0, storage_dir=None) -> dict:
-    """Seconds per sample to produce one sample's edge removal, for each form:
-    host subgraph (1), host incidence loop (2), stored masks read (3), device loop with syncs
-    (4a), device vectorized (4b, timed per batch / B), device filter keep-mask (5)."""
+def mask_generation(graph: CellGraph, k, batch_size: int, device, *, warmup=1, min_rounds=5,
+                    target=0.1, max_time_s=20.0, seed=0, storage_dir=None) -> MaskGeneration:
+    """Per sample: host subgraph (1), host incidence loop (2), stored masks read (3), device loop
+    with syncs (4a), device vectorized (4b) and device keep-mask filter (5), interleaved."""
     pert = sample_perturbations(graph.num_genes, k, batch_size, seed=seed)
-    out = {}
+    dpert = pert.to(device)
     s1 = make_strategy("subgraph_cpu", graph, device=device)
-    out["subgraph_cpu"] = measure(lambda: [s1.make_item(i, r) for i, r in enumerate(pert)],
-                                  warmup=warmup, repeats=repeats)
     s2 = make_strategy("replicated_mask_cpu", graph, device=device)
-    out["replicated_mask_cpu"] = measure(lambda: [s2.masks_for(r) for r in pert],
-                                         warmup=warmup, repeats=repeats)
     s3 = make_strategy("replicated_mask_stored", graph, device=device, storage_dir=storage_dir)
     s3.store(pert)
-    out["replicated_mask_stored"] = measure(
-        lambda: [s3.make_item(i, r) for i, r in enumerate(pert)], warmup=warmup,
-        repeats=repeats)
-    dpert = pert.to(device)
     s4 = make_strategy("device_mask_loop", graph, device=device)
-    out["device_mask_loop"] = measure(lambda: s4.make_masks(dpert), device=device,
-                                      warmup=warmup, repeats=repeats)
     s4v = make_strategy("device_mask_vectorized", graph, device=device)
-    out["device_mask_vectorized"] = measure(lambda: s4v.make_masks(dpert), device=device,
-                                            warmup=warmup, repeats=repeats)
     s5 = make_strategy("replicated_filter_device", graph, device=device)
 
     def filt():
         for t in graph.edge_types:
             src, dst = s5.replicate(t, batch_size)
             s5.keep_mask(src, dst, dpert).nonzero()
-    out["replicated_filter_device"] = measure(filt, device=device, warmup=warmup,
-                                              repeats=repeats)
-    return {name: {"per_sample_s": st.median / batch_size, "per_batch": st.as_dict(),
-                   "batch_size": batch_size} for name, st in out.items()}
+    fns = {"subgraph_cpu": lambda: [s1.make_item(i, r) for i, r in enumerate(pert)],
+           "replicated_mask_cpu": lambda: [s2.masks_for(r) for r in pert],
+           "replicated_mask_stored": lambda: [s3.make_item(i, r) for i, r in enumerate(pert)],
+           "device_mask_loop": lambda: s4.make_masks(dpert),
+           "device_mask_vectorized": lambda: s4v.make_masks(dpert),
+           "replicated_filter_device": filt}
+    res = interleave(fns, device=device, warmup=warmup, min_rounds=min_rounds, target=target,
+                     max_time_s=max_time_s)
+    where = {"subgraph_cpu": "host (DataLoader worker)", "replicated_mask_cpu": "host",
+             "replicated_mask_stored": "host, read from disk", "device_mask_loop": "device",
+             "device_mask_vectorized": "device", "replicated_filter_device": "device"}
+    return MaskGeneration(batch_size, {n: s.scaled(1e3 / batch_size, "ms/sample")
+                                       for n, s in res.stats.items()}, where)
 
 
-def layer_time_across_batch(graph: CellGraph, strategies: list[str], batch_sizes: list[int],
-                            hidden: int, k, device, *, aggr="sum", warmup=1, repeats=3,
-                            seed=0, progress=True) -> dict:
-    """Median seconds of one model layer (all edge types) per strategy and B (forward, no
-    grad; device prep excluded - it is timed separately)."""
-    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=hidden, layers=1,
-                       seed=seed).to(device)
-    out: dict = {}
-    jobs = [(s, b) for s in strategies for b in batch_sizes]
-    for name, b in tqdm(jobs, desc="layer across B", disable=not progress):
-        try:
-            s = make_strategy(name, graph, aggr=aggr, device=device)
-            pert = sample_perturbations(graph.num_genes, k, b, seed=seed)
-            ctx = build_ctx(s, pert)
-            with torch.no_grad():
-                st = measure(lambda: s.predict(model, ctx), device=device, warmup=warmup,
-                             repeats=repeats)
-            out.setdefault(name, {})[str(b)] = {**st.as_dict(), "reason": None}
-        except Exception as exc:  # noqa: BLE001 - only OOM is recorded, the rest re-raised
-            if not is_oom(exc):
-                raise
-            out.setdefault(name, {})[str(b)] = oom_record(exc)
-        finally:
-            ctx = None
-    return out
+@dataclass
+class LayerPoint(Record):
+    strategy: str
+    batch_size: int
+    stat: Stat | None  # seconds per layer (forward), None when it did not fit
+    reason: str | None = None
 
 
-def replicated_bytes_per_sample(graph: CellGraph, hidden: int, form: str) -> float:
-    """Peak-memory estimate of one replicated sample in a training step (bytes): its edge
-    copy and mask, plus the transient per-edge tensors of the largest edge type (messages
-    and their masked copy in forward, the same again in backward for gather-scatter)."""
-    e_tot = graph.num_edges()
-    e_max = max(graph.num_edges(t) for t in graph.edge_types)
-    base = 2 * e_tot * 8 + e_tot * (1 + 4)
-    if form == "gather_scatter":
-        transient = 4 * e_max * hidden * 4
+@dataclass
+class LayerSweep(Record):
+    hidden: int
+    edges: int
+    points: list[LayerPoint] = field(default_factory=list)
+
+    def series(self, strategy: str) -> list[LayerPoint]:
+        return sorted((p for p in self.points if p.strategy == strategy),
+                      key=lambda p: p.batch_size)
+
+
+def _hidden_input(strategy, ctx, hidden: int, gen: torch.Generator) -> torch.Tensor:
+    b, n = ctx["B"], strategy.n
+    if strategy.name == "dango_wildtype":
+        shape = (n, hidden)
+    elif strategy.replicated:
+        shape = (b * n, hidden)
     else:
-        transient = e_max * (8 + 4) * 2
-    act = graph.num_genes * hidden * 4 * (len(graph.edge_types) + 3)
-    return 1.5 * (base + transient + act)
+        shape = (b, n, hidden)
+    return torch.randn(*shape, generator=gen).to(strategy.device)
 
 
-def memory_budget_bytes(device: torch.device) -> float:
-    """What a benchmark may use: 70% of available host memory, 80% of free GPU memory."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return 0.8 * free
-    return 0.7 * psutil.virtual_memory().available
-
-
-def step_time(strategy, model, pert, device, *, warmup=1, repeats=3):
-    """Forward + backward of one batch (ctx built once, outside the timed region)."""
-    ctx = build_ctx(strategy, pert)
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        strategy.predict(model, ctx).sum().backward()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    st = measure(step, device=device, warmup=warmup, repeats=repeats)
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return st, peak
-
-
-def full_size_comparison(graph: CellGraph, *, batch_size: int, k, hidden: int, layers: int,
-                         device, aggr="sum", warmup=1, repeats=3, seed=0,
-                         replicated_max_batch: int | None = None, progress=True) -> dict:
-    """Strategy 6 against strategy 2 in the brief's form (gather-scatter, every message
-    materialised then masked) and in its best form (masks as values of one sparse product),
-    forward + backward, per sample. Strategy 2 runs at the largest batch that fits the memory
-    budget (and ``replicated_max_batch`` when given), since its cost is linear in B."""
-    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=hidden, layers=layers,
+def layer_across_batch(graph: CellGraph, strategies: list[str], batch_sizes: list[int],
+                       hidden: int, k, device, *, aggr="sum", warmup=1, min_rounds=5,
+                       target=0.1, max_time_s=10.0, seed=0) -> LayerSweep:
+    """One middle layer (every edge type, forward) per strategy, interleaved per batch size.
+    A strategy that runs out of memory at a batch size is recorded there and left out of the
+    larger ones."""
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=hidden, layers=2,
                        seed=seed).to(device)
-    budget = memory_budget_bytes(device)
-    rows = {}
-    plan = [("node_mask_shared", "spmm"), ("replicated_mask_cpu", "spmm"),
-            ("replicated_mask_cpu", "gather_scatter")]
-    for name, form in tqdm(plan, desc="full-size benchmark", disable=not progress):
-        b, why = batch_size, "requested batch"
-        if name == "replicated_mask_cpu":
-            per = replicated_bytes_per_sample(graph, hidden, form)
-            fits = max(1, int(budget // per))
-            if fits < b:
-                b, why = fits, (f"largest batch fitting the memory budget "
-                                f"({budget / 1e9:.1f} GB at ~{per / 1e9:.2f} GB/sample)")
-            if replicated_max_batch and replicated_max_batch < b:
-                b, why = replicated_max_batch, "capped by replicated_max_batch (run time)"
-        t0 = time.perf_counter()
-        try:
-            s = make_strategy(name, graph, aggr=aggr, device=device, form=form)
-            pert = sample_perturbations(graph.num_genes, k, b, seed=seed)
-            st, peak = step_time(s, model, pert, device, warmup=warmup, repeats=repeats)
-            step, per, reason = st.as_dict(), st.median / b, None
-        except Exception as exc:  # noqa: BLE001 - only OOM is recorded, the rest re-raised
-            if not is_oom(exc):
-                raise
-            rec = oom_record(exc)
-            step, per, peak, reason = rec, None, None, rec["reason"]
-        rows[f"{name}:{form}"] = {"strategy": name, "form": form, "batch_size": b,
-                                  "batch_reason": why, "step": step, "per_sample_s": per,
-                                  "peak_device_bytes": peak, "reason": reason,
-                                  "wall_s": time.perf_counter() - t0}
-    shared = rows["node_mask_shared:spmm"]["per_sample_s"]
-
-    def ratio(key):
-        other = rows[key]["per_sample_s"]
-        return other / shared if (other is not None and shared) else None
-    return {
-        "rows": rows,
-        "ratio_vs_brief_form": ratio("replicated_mask_cpu:gather_scatter"),
-        "ratio_vs_sparse_form": ratio("replicated_mask_cpu:spmm"),
-        "sizes": {"num_genes": graph.num_genes, "edges": graph.num_edges(), "hidden": hidden,
-                  "layers": layers, "k": k, "scale": graph.scale},
-        "memory_budget_bytes": budget,
-    }
+    out = LayerSweep(hidden=hidden, edges=graph.num_edges())
+    gen = torch.Generator().manual_seed(seed)
+    dead: dict[str, str] = {}
+    made = {n: make_strategy(n, graph, aggr=aggr, device=device) for n in strategies}
+    for b in progress(batch_sizes, desc="02 one layer across B"):
+        fns = {}
+        for name in strategies:
+            if name in dead:
+                out.points.append(LayerPoint(name, b, None, dead[name]))
+                continue
+            s = made[name]
+            try:
+                ctx = build_ctx(s, sample_perturbations(graph.num_genes, k, b, seed=seed))
+                h = _hidden_input(s, ctx, hidden, gen)
+                with torch.no_grad():
+                    s.one_layer(model, h, ctx)
+                fns[name] = (lambda s=s, h=h, ctx=ctx: s.one_layer(model, h, ctx))
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded
+                if not is_oom(exc):
+                    raise
+                dead[name] = f"out of memory at B={b}: {str(exc).splitlines()[0][:120]}"
+                out.points.append(LayerPoint(name, b, None, dead[name]))
+        if fns:
+            with torch.no_grad():
+                res = interleave(fns, device=device, warmup=warmup, min_rounds=min_rounds,
+                                 target=target, max_time_s=max_time_s)
+            out.points.extend(LayerPoint(n, b, s) for n, s in res.stats.items())
+    return out
 
 
 def exactness_report(graph: CellGraph, strategies: list[str], *, k, batch_size: int = 3,
                      hidden: int = 16, layers: int = 2, aggr="sum", seed=0,
-                     storage_dir=None) -> dict:
-    """Max relative error of node outputs and parameter gradients of each exact strategy
-    against the plain reference (per-sample PyG subgraph + GINConv), on CPU."""
-    from ..strategies.reference import reference_node_outputs
+                     storage_dir=None) -> dict[str, float]:
+    """Max relative error of node outputs, predictions (dual forward) and parameter gradients
+    of each exact strategy against the plain reference (per-sample PyG subgraph + GINConv)."""
+    from ..strategies.reference import reference_node_outputs, reference_predict
 
     pert = sample_perturbations(graph.num_genes, k, batch_size, seed=seed)
     model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=hidden, layers=layers,
@@ -201,13 +143,14 @@ def exactness_report(graph: CellGraph, strategies: list[str], *, k, batch_size: 
     w = torch.randn(batch_size, graph.num_genes, hidden,
                     generator=torch.Generator().manual_seed(seed))
 
-    def run(fn):
+    def run(nodes_fn, pred_fn):
         model.zero_grad(set_to_none=True)
-        out = fn()
-        (out * w).sum().backward()
-        return out.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()
-                              if p.grad is not None}
-    ref, ref_g = run(lambda: reference_node_outputs(model, graph, pert, aggr))
+        nodes, pred = nodes_fn(), pred_fn()
+        ((nodes * w).sum() + pred.sum()).backward()
+        return nodes.detach(), pred.detach(), {
+            n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    ref = run(lambda: reference_node_outputs(model, graph, pert, aggr),
+              lambda: reference_predict(model, graph, pert, aggr, dual=True))
 
     def rel(a, b):
         return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
@@ -219,6 +162,8 @@ def exactness_report(graph: CellGraph, strategies: list[str], *, k, batch_size: 
             continue
         if name == "replicated_mask_stored":
             s.store(pert)
-        out, g = run(lambda: s.node_outputs(model, build_ctx(s, pert)))
-        report[name] = max([rel(out, ref)] + [rel(g[n], ref_g[n]) for n in ref_g])
+        got = run(lambda: s.node_outputs(model, build_ctx(s, pert)),
+                  lambda: s.predict(model, build_ctx(s, pert), dual=True))
+        report[name] = max([rel(got[0], ref[0]), rel(got[1], ref[1])] +
+                           [rel(got[2][n], ref[2][n]) for n in ref[2]])
     return report

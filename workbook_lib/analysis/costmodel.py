@@ -1,29 +1,48 @@
-"""The brief's cost model, measured: timing sweeps, fitted coefficients, held-out validation.
+"""The brief's cost model of one layer and edge type, measured and checked.
 
-Per layer and edge type with E edges, hidden size H and a fraction p of edges removed:
+Proposed (E edges, hidden size H, fraction p of edges removed):
 
-* masking      ``T_mask   = beta*E*H + alpha*E + c``
-* filtering    ``T_filter = (gamma + delta)*E + beta*(1-p)*E*H + c``
+* masking:   ``T_mask   = beta*E*H + alpha*E``
+* filtering: ``T_filter = (gamma + delta)*E + beta*(1-p)*E*H``
 
-``beta`` (message computation and aggregation, per edge and channel), ``alpha`` (mask
-multiply, per edge) and ``c`` are fitted on masked gather-scatter layers over a sweep of (E, H);
-``gamma`` (keep-mask construction with ``isin``) and ``delta`` (``nonzero`` + gather of kept
-edges) on their own sweeps over E. The filter model is then *predicted*, never fitted, and
-checked against measured filter layers; the masked model is checked on held-out E.
+Measured here, each term where it is paid (every primitive timed interleaved in one process,
+every figure a median with its IQR):
+
+* ``beta``: unmasked gather-scatter layers, ``T = beta*E*H + beta_e*E + c`` (``beta_e``, the
+  per-edge index bookkeeping of ``index_select``/``index_add_``, is not in the brief's form; the
+  fit without it left a median in-fit error of 80% on this CPU);
+* ``alpha``: the mask multiply itself, i.e. the masked layer minus the unmasked one at equal E
+  and H (paired by round). Fitted both as ``alpha_eh*E*H`` (per message element: the multiply
+  acts on ``[E, H]`` messages) and as ``alpha_e*E`` (per edge, the brief's form); the one with the
+  smaller in-fit residual carries the mask cost, and the report names it;
+* ``gamma``: building the keep-mask of the edges (``isin`` on both endpoints), per edge;
+* ``delta``: ``nonzero`` + gathering the kept edges, per edge.
+
+The largest E of the sweep is held out of **every** fit; predictions at it are the held-out
+check, reported beside the in-fit residuals. Coefficients are plain least squares: a negative
+one is reported as such (a term below the noise), never clipped. The predicted crossover p (where
+filtering beats masking) is checked against direct timings of filter and masked layers at every
+swept p.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from ..measurement.timing import Stat, interleave
+from ..records import Record
 from ..strategies import sparse_ops
-from ..measurement.timing import measure
 
-COEFF_UNITS = {"alpha": "s/edge", "beta": "s/(edge*channel)", "gamma": "s/edge",
-               "delta": "s/edge", "c": "s"}
+COEFFICIENTS = {
+    "beta": ("s per edge·channel", "message computation and aggregation"),
+    "beta_e": ("s per edge", "per-edge index bookkeeping of gather-scatter"),
+    "alpha_eh": ("s per edge·channel", "the mask multiply, per message element"),
+    "alpha_e": ("s per edge", "the mask multiply, per edge"),
+    "gamma": ("s per edge", "keep-mask construction (isin)"),
+    "delta": ("s per edge", "nonzero + gather of the kept edges"),
+}
 
 
 def random_edges(num_nodes: int, num_edges: int, seed: int = 0,
@@ -38,9 +57,18 @@ def random_edges(num_nodes: int, num_edges: int, seed: int = 0,
     return src[order].to(device), dst[order].to(device)
 
 
-def _bernoulli_keep(e: int, p: float, seed: int, device) -> torch.Tensor:
+def _keep(e: int, p: float, seed: int, device) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.rand(e, generator=g) >= p).to(device)
+
+
+@dataclass
+class SweepPoint(Record):
+    kind: str  # masked, unmasked, mask_cost, spmm, keep_mask, gather, filter_layer
+    E: int
+    H: int
+    p: float
+    stat: Stat
 
 
 @dataclass
@@ -50,145 +78,207 @@ class SweepConfig:
     hidden: list[int]
     p: list[float]
     device: torch.device
-    warmup: int = 2
-    repeats: int = 5
+    warmup: int = 1
+    min_rounds: int = 5
+    target: float = 0.10
+    max_time_s: float = 60.0
     k_deleted: int = 3
     seed: int = 0
 
 
-def sweep(cfg: SweepConfig, progress: bool = True) -> list[dict]:
-    """Time every primitive of the cost model over the sweep. One row per measurement:
-    ``{kind, E, H, p, median, q1, q3, n}`` with kind in masked, unmasked, keep_mask, gather,
-    filter_layer, spmm."""
-    rows = []
-    dev = cfg.device
-    n = cfg.num_nodes
-    jobs = [(e, hdim) for e in cfg.edges for hdim in cfg.hidden]
-    bar = tqdm(total=len(cfg.edges) * (2 + len(cfg.p)) + len(jobs) * (3 + len(cfg.p)),
-               desc="cost-model sweep", disable=not progress)
-
-    def add(kind, e, hdim, p, stats):
-        rows.append({"kind": kind, "E": e, "H": hdim, "p": p, **stats.as_dict()})
-        bar.update(1)
-
+def sweep(cfg: SweepConfig) -> list[SweepPoint]:
+    """Time every primitive at every (E, H, p), all interleaved in the same rounds."""
+    dev, n = cfg.device, cfg.num_nodes
+    fns, meta = {}, {}
+    deleted = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))[
+        :cfg.k_deleted].to(dev)
     for e in cfg.edges:
         src, dst = random_edges(n, e, cfg.seed, dev)
-        deleted = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))[
-            :cfg.k_deleted].to(dev)
-        add("keep_mask", e, 0, 0.0, measure(
-            lambda: torch.isin(src, deleted) | torch.isin(dst, deleted),
-            device=dev, warmup=cfg.warmup, repeats=cfg.repeats))
+        fns[f"keep_mask/{e}"] = (lambda s=src, d=dst: torch.isin(s, deleted) |
+                                 torch.isin(d, deleted))
+        meta[f"keep_mask/{e}"] = ("keep_mask", e, 0, 0.0)
         for p in cfg.p:
-            keep = _bernoulli_keep(e, p, cfg.seed, dev)
+            keep = _keep(e, p, cfg.seed, dev)
 
-            def gather(keep=keep):
+            def gather(keep=keep, s=src, d=dst):
                 idx = keep.nonzero().squeeze(1)
-                return src.index_select(0, idx), dst.index_select(0, idx)
-            add("gather", e, 0, p, measure(gather, device=dev, warmup=cfg.warmup,
-                                           repeats=cfg.repeats))
-        add("csr_build", e, 0, 0.0, measure(
-            lambda: sparse_ops.csr_from_sorted(src, dst, n, n), device=dev,
-            warmup=cfg.warmup, repeats=cfg.repeats))
-        for hdim in cfg.hidden:
-            h = torch.randn(n, hdim, device=dev)
-            w = _bernoulli_keep(e, 0.01, cfg.seed, dev)
-            add("masked", e, hdim, 0.01, measure(
-                lambda: sparse_ops.gather_scatter(h, src, dst, n, w), device=dev,
-                warmup=cfg.warmup, repeats=cfg.repeats))
-            add("unmasked", e, hdim, 0.0, measure(
-                lambda: sparse_ops.gather_scatter(h, src, dst, n), device=dev,
-                warmup=cfg.warmup, repeats=cfg.repeats))
+                return s.index_select(0, idx), d.index_select(0, idx)
+            fns[f"gather/{e}/{p}"] = gather
+            meta[f"gather/{e}/{p}"] = ("gather", e, 0, p)
+        for hd in cfg.hidden:
+            h = torch.randn(n, hd, device=dev)
+            w = _keep(e, 0.01, cfg.seed, dev)
             csr = sparse_ops.csr_from_sorted(src, dst, n, n)
-            add("spmm", e, hdim, 0.0, measure(lambda: sparse_ops.spmm(csr, h), device=dev,
-                                              warmup=cfg.warmup, repeats=cfg.repeats))
+            fns[f"masked/{e}/{hd}"] = (lambda h=h, s=src, d=dst, w=w:
+                                       sparse_ops.gather_scatter(h, s, d, n, w))
+            fns[f"unmasked/{e}/{hd}"] = (lambda h=h, s=src, d=dst:
+                                         sparse_ops.gather_scatter(h, s, d, n))
+            fns[f"spmm/{e}/{hd}"] = lambda c=csr, h=h: sparse_ops.spmm(c, h)
+            for kind in ("masked", "unmasked", "spmm"):
+                meta[f"{kind}/{e}/{hd}"] = (kind, e, hd, 0.01 if kind == "masked" else 0.0)
             for p in cfg.p:
-                keep_p = _bernoulli_keep(e, p, cfg.seed + 1, dev)
+                keep_p = _keep(e, p, cfg.seed + 1, dev)
 
-                def filter_layer(keep_p=keep_p):
-                    keep = ~(torch.isin(src, deleted) | torch.isin(dst, deleted)) & keep_p
+                def filter_layer(keep_p=keep_p, h=h, s=src, d=dst):
+                    keep = ~(torch.isin(s, deleted) | torch.isin(d, deleted)) & keep_p
                     idx = keep.nonzero().squeeze(1)
-                    return sparse_ops.gather_scatter(h, src.index_select(0, idx),
-                                                     dst.index_select(0, idx), n)
-                add("filter_layer", e, hdim, p, measure(filter_layer, device=dev,
-                                                        warmup=cfg.warmup, repeats=cfg.repeats))
-    bar.close()
-    return rows
+                    return sparse_ops.gather_scatter(h, s.index_select(0, idx),
+                                                     d.index_select(0, idx), n)
+                fns[f"filter/{e}/{hd}/{p}"] = filter_layer
+                meta[f"filter/{e}/{hd}/{p}"] = ("filter_layer", e, hd, p)
+    res = interleave(fns, device=dev, warmup=cfg.warmup, min_rounds=cfg.min_rounds,
+                     target=cfg.target, max_time_s=cfg.max_time_s)
+    out = [SweepPoint(*meta[k], res.stats[k]) for k in fns]
+    for e in cfg.edges:  # the mask multiply itself: masked - unmasked, paired by round
+        for hd in cfg.hidden:
+            a, b = res.stats[f"masked/{e}/{hd}"], res.stats[f"unmasked/{e}/{hd}"]
+            diff = Stat.from_samples([x - y for x, y in zip(a.samples, b.samples)],
+                                     target=cfg.target)
+            out.append(SweepPoint("mask_cost", e, hd, 0.01, diff))
+    return out
 
 
-def _nn_lstsq(x: np.ndarray, y: np.ndarray, names: list[str]) -> dict[str, float]:
-    """Least squares with non-negative coefficients (drop negative terms and refit)."""
-    active = list(range(x.shape[1]))
-    while True:
-        coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        if (coef >= 0).all() or len(active) == 1:
-            out = dict.fromkeys(names, 0.0)
-            for i, c in zip(active, coef):
-                out[names[i]] = float(max(c, 0.0))
-            return out
-        active = [a for a, c in zip(active, coef) if c >= 0]
+@dataclass
+class Fit(Record):
+    """One least-squares fit: coefficients, in-fit residuals, held-out errors."""
+
+    name: str
+    terms: list[str]
+    coefficients: dict[str, float]
+    in_fit_points: int
+    in_fit_median_abs_rel: float
+    held_out_points: int
+    held_out_median_abs_rel: float | None
+    negative: list[str] = field(default_factory=list)
 
 
-def split_holdout(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Fit on every E but the largest; hold the largest E out (an extrapolation test)."""
-    e_max = max(r["E"] for r in rows)
-    return [r for r in rows if r["E"] != e_max], [r for r in rows if r["E"] == e_max]
+def _design(term: str, pt: SweepPoint) -> float:
+    return {"E*H": pt.E * pt.H, "E": pt.E, "1": 1.0}[term]
 
 
-def fit(rows: list[dict]) -> dict:
-    """Fit alpha, beta, c (masked layers), gamma (keep mask), delta (gather) on the fit split.
+def _fit(name: str, pts: list[SweepPoint], terms: list[str], coef_names: list[str],
+         held_e: int) -> Fit:
+    fit_pts = [p for p in pts if p.E != held_e]
+    held = [p for p in pts if p.E == held_e]
+    x = np.array([[_design(t, p) for t in terms] for p in fit_pts])
+    y = np.array([p.stat.median for p in fit_pts])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
 
-    Returns ``{"alpha":..,"beta":..,"gamma":..,"delta":..,"c":..}`` in seconds per unit.
-    """
-    fit_rows, _ = split_holdout([r for r in rows if r["kind"] == "masked"])
-    if len({r["E"] for r in fit_rows}) < 2:  # too few sizes to hold one out: fit on all
-        fit_rows = [r for r in rows if r["kind"] == "masked"]
-    x = np.array([[r["E"] * r["H"], r["E"], 1.0] for r in fit_rows])
-    y = np.array([r["median"] for r in fit_rows])
-    masked = _nn_lstsq(x, y, ["beta", "alpha", "c"])
-    keep = [r for r in rows if r["kind"] == "keep_mask"]
-    gamma = _nn_lstsq(np.array([[r["E"], 1.0] for r in keep]),
-                      np.array([r["median"] for r in keep]), ["gamma", "c0"])["gamma"]
-    gat = [r for r in rows if r["kind"] == "gather"]
-    delta = _nn_lstsq(np.array([[r["E"], 1.0] for r in gat]),
-                      np.array([r["median"] for r in gat]), ["delta", "c0"])["delta"]
-    return {"alpha": masked["alpha"], "beta": masked["beta"], "gamma": gamma, "delta": delta,
-            "c": masked["c"]}
+    def pred(p):
+        return float(sum(c * _design(t, p) for c, t in zip(coef, terms)))
 
-
-def predict_mask(coef: dict, e: float, hdim: float) -> float:
-    return coef["beta"] * e * hdim + coef["alpha"] * e + coef["c"]
+    def rel(ps):
+        errs = [abs(pred(p) - p.stat.median) / abs(p.stat.median) for p in ps
+                if p.stat.median]
+        return float(np.median(errs)) if errs else None
+    named = {c: float(v) for c, v in zip(coef_names, coef)}
+    return Fit(name, terms, named, len(fit_pts), rel(fit_pts) or 0.0, len(held), rel(held),
+               [c for c, v in named.items() if v < 0 and c != "c"])
 
 
-def predict_filter(coef: dict, e: float, hdim: float, p: float) -> float:
-    return (coef["gamma"] + coef["delta"]) * e + coef["beta"] * (1 - p) * e * hdim + coef["c"]
+@dataclass
+class CostModel(Record):
+    """Fitted coefficients (seconds per unit) and how well they predict."""
+
+    beta: Fit  # unmasked layers: beta*E*H + beta_e*E + c
+    alpha: Fit  # the mask multiply, by the term that fits it better (alpha_eh*E*H or alpha_e*E)
+    gamma: Fit  # keep mask: gamma*E + c
+    delta: Fit  # gather: delta*E + c
+    held_out_edges: int
+    filter_check: Fit  # the filter model predicted (not fitted) vs measured filter layers
+    alpha_carrier: str  # "E*H" or "E": the term that carries the mask cost
+    alpha_other: Fit | None = None  # the other single-term fit, for comparison
+
+    def coefficient(self, name: str) -> float:
+        for f in (self.beta, self.alpha, self.gamma, self.delta):
+            if name in f.coefficients:
+                return f.coefficients[name]
+        raise KeyError(name)
+
+    def predict_unmasked(self, e: float, h: float) -> float:
+        b = self.beta.coefficients
+        return b["beta"] * e * h + b["beta_e"] * e + b["c"]
+
+    def predict_mask(self, e: float, h: float) -> float:
+        a = self.alpha.coefficients
+        return self.predict_unmasked(e, h) + a["alpha_eh"] * e * h + a["alpha_e"] * e
+
+    def predict_filter(self, e: float, h: float, p: float) -> float:
+        b = self.beta.coefficients
+        return ((self.gamma.coefficients["gamma"] + self.delta.coefficients["delta"]) * e
+                + (1 - p) * (b["beta"] * e * h + b["beta_e"] * e) + b["c"])
+
+    def crossover_p(self, h: float) -> float | None:
+        """The p above which filtering is predicted cheaper than masking at hidden size ``h``,
+        or None if never in [0, 1):
+        ``(gamma + delta - alpha_e - alpha_eh*H) / (beta*H + beta_e)``."""
+        b = self.beta.coefficients
+        denom = b["beta"] * h + b["beta_e"]
+        if denom <= 0:
+            return None
+        a = self.alpha.coefficients
+        p = (self.gamma.coefficients["gamma"] + self.delta.coefficients["delta"]
+             - a["alpha_e"] - a["alpha_eh"] * h) / denom
+        if p < 0:
+            return 0.0
+        return float(p) if p < 1 else None
 
 
-def crossover_p(coef: dict, hdim: float) -> float | None:
-    """The p above which filtering is predicted cheaper than masking, or None if never in
-    [0, 1). From ``(gamma + delta - alpha) * E < beta * p * E * H``."""
-    if coef["beta"] <= 0:
-        return None
-    p = (coef["gamma"] + coef["delta"] - coef["alpha"]) / (coef["beta"] * hdim)
-    if p < 0:
-        return 0.0
-    return float(p) if p < 1 else None
+def fit(points: list[SweepPoint]) -> CostModel:
+    """Fit every coefficient with the largest E held out of each fit."""
+    held_e = max(p.E for p in points)
+
+    def kind(k):
+        return [p for p in points if p.kind == k]
+    beta = _fit("unmasked layer", kind("unmasked"), ["E*H", "E", "1"], ["beta", "beta_e", "c"],
+                held_e)
+    # the mask multiply: one term through the origin, E*H (per message element) or E (per
+    # edge); the one with the smaller in-fit residual carries it (both are kept)
+    per_el = _fit("mask multiply (masked - unmasked), per element", kind("mask_cost"), ["E*H"],
+                  ["alpha_eh"], held_e)
+    per_edge = _fit("mask multiply (masked - unmasked), per edge", kind("mask_cost"), ["E"],
+                    ["alpha_e"], held_e)
+    alpha = per_el if per_el.in_fit_median_abs_rel <= per_edge.in_fit_median_abs_rel \
+        else per_edge
+    alpha.coefficients = {"alpha_eh": 0.0, "alpha_e": 0.0, **alpha.coefficients}
+    alpha_other = per_edge if alpha is per_el else per_el
+    gamma = _fit("keep mask", kind("keep_mask"), ["E", "1"], ["gamma", "c0"], held_e)
+    delta = _fit("gather of kept edges", kind("gather"), ["E", "1"], ["delta", "c0"], held_e)
+    carrier = "E*H" if alpha is per_el else "E"
+    probe = CostModel(beta, alpha, gamma, delta, held_e, beta, carrier, alpha_other)
+
+    def rel_errs(sel):
+        return [abs(probe.predict_filter(p.E, p.H, p.p) - p.stat.median) / p.stat.median
+                for p in kind("filter_layer") if sel(p)]
+    errs_in, errs_out = rel_errs(lambda p: p.E != held_e), rel_errs(lambda p: p.E == held_e)
+    check = Fit("filter layer (predicted from beta, gamma, delta; not fitted)", [], {},
+                len(errs_in), float(np.median(errs_in)) if errs_in else 0.0, len(errs_out),
+                float(np.median(errs_out)) if errs_out else None)
+    return CostModel(beta, alpha, gamma, delta, held_e, check, carrier, alpha_other)
 
 
-def validate(coef: dict, rows: list[dict]) -> dict:
-    """Relative prediction error on points not used for fitting: masked layers at the
-    held-out E, and every measured filter layer (the filter model is never fitted)."""
-    _, held = split_holdout([r for r in rows if r["kind"] == "masked"])
-    points = []
-    for r in held:
-        points.append({"kind": "masked", "E": r["E"], "H": r["H"], "p": r["p"],
-                       "measured": r["median"], "predicted": predict_mask(coef, r["E"], r["H"])})
-    for r in rows:
-        if r["kind"] == "filter_layer":
-            points.append({"kind": "filter", "E": r["E"], "H": r["H"], "p": r["p"],
-                           "measured": r["median"],
-                           "predicted": predict_filter(coef, r["E"], r["H"], r["p"])})
-    errs = np.array([abs(pt["predicted"] - pt["measured"]) / pt["measured"] for pt in points])
-    for pt, e in zip(points, errs):
-        pt["abs_rel_error"] = float(e)
-    return {"median_abs_rel": float(np.median(errs)), "max_abs_rel": float(errs.max()),
-            "n_points": len(points), "points": points}
+@dataclass
+class CrossoverCheck(Record):
+    """Predicted crossover p against direct filter-vs-mask timings at one (E, H)."""
+
+    E: int
+    H: int
+    predicted_p: float | None
+    measured: dict[float, float]  # p -> filter / masked (median ratio); < 1: filter wins
+    measured_p: float | None  # first swept p where filtering won (None: never)
+    agrees: bool  # prediction and measurement put every swept p on the same side
+
+
+def crossover_checks(model: CostModel, points: list[SweepPoint]) -> list[CrossoverCheck]:
+    """At every swept (E, H): does the predicted crossover put each swept p on the side the
+    direct timings show?"""
+    out = []
+    masked = {(p.E, p.H): p.stat for p in points if p.kind == "masked"}
+    for (e, h), m in sorted(masked.items()):
+        filt = sorted((p.p, p.stat.median / m.median) for p in points
+                      if p.kind == "filter_layer" and p.E == e and p.H == h)
+        pred = model.crossover_p(h)
+        measured_p = next((p for p, r in filt if r < 1.0), None)
+        agrees = all((r < 1.0) == (pred is not None and p >= pred) for p, r in filt)
+        out.append(CrossoverCheck(e, h, pred, dict(filt), measured_p, agrees))
+    return out

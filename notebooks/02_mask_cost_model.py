@@ -1,0 +1,198 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: GNN perturbation workbook
+#     language: python
+#     name: gnn-workbook
+# ---
+
+# %% [markdown]
+# # 02 · Mask cost model and strategy comparison
+#
+# The investigation proposed a cost model for one layer and edge type (E edges, hidden size H,
+# a fraction p of edges removed): masking `T_mask ≈ β·E·H + α·E`, filtering on the device
+# `T_filter ≈ (γ + δ)·E + β·(1−p)·E·H`, and a replicated batch costs all of it B times. This
+# notebook **measures** each term where it is paid, checks the model on held-out sizes and the
+# predicted crossover against direct timings, compares two ways of computing the same messages,
+# times one layer of each strategy across batch size, benchmarks the node-mask shared graph
+# (strategy 6) against replicated masks (strategy 2) per sample, and measures the peak memory of
+# a training step. Every strategy runs the same model and is first re-checked for exactness.
+
+# %% tags=["parameters"]
+# Every key of the params schema (python -m workbook_lib params). papermill: -p KEY VALUE or -f FILE.yaml.
+snapshot: str = 'string12'  # spec name in data_snapshots/ (e.g. 'string12') or path to a torch.save'd HeteroData
+scale: float = 0.1  # edge-count multiplier, 1.0 = the real graph
+seed: int = 0  # seed of graph generation and perturbation sampling
+device: str = 'auto'  # cpu, cuda or auto (cuda when available)
+batch_sizes: list[int] = [1, 8, 28, 64]  # batch sizes of per-batch size figures
+perturbation_k: int | dict[int, float] = 3  # genes deleted per sample: an int, or a mapping k -> probability
+num_samples: int = 332313  # dataset size for storage and epoch projections
+num_perturbations: int = 200  # perturbations sampled for removed-edge and hop statistics
+cache_dir: str = 'data_snapshots/cache'  # where generated graphs are cached (relative to the repository root)
+hidden: int = 32  # hidden size H (the real model: 64)
+layers: int = 2  # message-passing layers (the real model: 3)
+aggr: str = 'sum'  # neighbour aggregation: sum or mean
+dual_forward: bool = True  # the Lazy model's dual forward (wildtype pass + perturbed pass)
+strategies: list[str] = ['subgraph_cpu', 'replicated_mask_cpu', 'replicated_mask_stored', 'device_mask_loop', 'device_mask_vectorized', 'replicated_filter_device', 'node_mask_shared', 'dango_wildtype']  # strategies to compare
+cpu_allocator_cache: bool = True  # keep freed memory in the glibc heap during CPU timings (as PyTorch's CUDA caching allocator does on GPUs); without it large-batch CPU steps measure page faults
+warmup: int = 1  # untimed warm-up calls or steps before anything is timed
+min_repeats: int = 5  # fewest timed repeats of a figure
+precision_target: float = 0.1  # repeat a figure until IQR/median is at most this (or its time budget is spent)
+time_budget_s: float = 2.0  # seconds one benchmark figure may spend on repeats beyond min_repeats
+sweep_edges: list[int] = [20000, 50000, 100000, 200000]  # edge counts E of the cost-model sweeps; the largest is held out of every fit
+sweep_hidden: list[int] = [16, 32, 64]  # hidden sizes H of the cost-model sweeps
+sweep_p: list[float] = [0.001, 0.01, 0.1, 0.3, 0.6]  # removed-edge fractions p of the filter sweeps
+layer_batch_sizes: list[int] = [1, 2, 4, 8]  # batch sizes of the one-layer strategy comparison
+exactness_genes: int = 400  # genes of the induced subgraph on which 02 re-checks exactness
+bench_full_size: bool = False  # run 02's strategy benchmark at the real spec (scale 1, H=64, 3 layers) instead of this run's sizes
+bench_replicated_max_batch: int = 2  # largest batch of the replicated strategies in the benchmark (they are compared per sample; their cost is linear in B)
+memory_batch_sizes: list[int] = [1, 2, 4]  # batch sizes of the peak-memory sweep (at least 3 for a fit)
+memory_full_size: bool = False  # also measure peak memory at the real spec (scale 1, H=64, 3 layers)
+memory_budget_gb: float | None = None  # memory for the largest-batch projection (null: what the run measures on - host RAM for CPU runs, GPU memory for CUDA runs)
+batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the brief's Lazy model: 28)
+batch_size_dango: int = 16  # batch of the DANGO-style strategy (the brief: 64)
+loop_steps: int = 10  # fewest timed training steps per strategy and mode
+loop_max_steps: int = 30  # most timed training steps per strategy and mode
+loop_budget_s: float = 150.0  # seconds of timed loop steps before arms stop at loop_steps
+num_workers: int = 0  # DataLoader worker processes (0: load in the main process)
+pin_memory: bool = False  # DataLoader pin_memory (CUDA runs)
+persistent_workers: bool = False  # DataLoader persistent_workers
+profile_wait: int = 1  # torch.profiler schedule: wait steps (>= 1)
+profile_warmup: int = 1  # torch.profiler schedule: warm-up steps (>= 1)
+profile_active: int = 2  # torch.profiler schedule: recorded steps
+world_sizes: list[int] = [1, 2]  # DDP world sizes launched with torchrun
+backend: str = 'auto'  # torch.distributed backend: auto (gloo/nccl), gloo, nccl
+nnodes: int = 1  # nodes of the torchrun launch (set by the SLURM scripts)
+rdzv_endpoint: str | None = None  # torchrun rendezvous host:port for several nodes (null: a free local port)
+ddp_strategy: str = 'node_mask_shared'  # strategy of the DDP scaling runs
+ddp_batch_size: int = 8  # per-rank batch of weak scaling; strong scaling keeps ddp_batch_size x the largest world size as the global batch
+ddp_steps: int = 20  # fewest timed DDP steps per variant
+ddp_budget_s: float = 60.0  # seconds of timed DDP steps per launch
+grad_accum_steps: int = 2  # micro-batches of the accumulation comparison
+bucket_cap_mb: float = 25.0  # DDP gradient bucket size in MB
+use_ddp_gather: bool = False  # the brief's loss-side all-gather of predictions (the other setting is measured too)
+ddp_timeout_s: float = 300.0  # a launch silent this long is stopped
+link_bandwidth_gbps: float | None = None  # all-reduce bus bandwidth in GB/s for predictions (null: fitted here)
+link_latency_us: float | None = None  # all-reduce latency in microseconds for predictions (null: fitted here)
+verdict_tie_tolerance: float = 0.15  # exact strategies within this fraction of the fastest count as tied (ties go to the one with the least measured memory per sample)
+gap_strategies: list[str] = ['replicated_mask_cpu', 'dango_wildtype']  # the two strategies whose gap the verdict explains (slow, fast)
+adopt_steps: int = 200  # training steps of each pipeline in notebook 06
+adopt_lr: float = 0.001  # AdamW learning rate of notebook 06's training
+run_dir: str = "runs/interactive"  # where results go (relative paths: against the repository root)
+
+# %%
+import tempfile
+
+from IPython.display import display
+
+from workbook_lib.analysis import bench, benchmarks, mask_cost, memory_study
+from workbook_lib.data import snapshots
+from workbook_lib.report import mask_cost_view as view
+from workbook_lib.running.notebook import setup
+from workbook_lib.running.results import load_result, write_results
+
+NB = setup(globals())
+P = NB.params
+
+# %% [markdown]
+# ## Exactness, re-checked here
+# Strategies 1-6 against the plain reference on an induced subgraph of this snapshot. (The test
+# suite proves the same on small random graphs: sum and mean, k = 0, 1, 3, shared neighbours,
+# B = 1 and more.)
+
+# %%
+small = snapshots.induced_subgraph(NB.graph, min(P["exactness_genes"], NB.graph.num_genes))
+exact = benchmarks.exactness_report(small, P["strategies"], k=P["perturbation_k"], aggr=P["aggr"],
+                                    hidden=min(P["hidden"], 16), seed=P["seed"],
+                                    storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
+display(view.exactness_table(exact, small.describe()))
+
+# %% [markdown]
+# ## The cost model, measured
+# Random graphs over this snapshot's gene count, every primitive timed in the same rounds: E from
+# `sweep_edges`, H from `sweep_hidden`, p from `sweep_p`.
+
+# %%
+cost = mask_cost.cost_model_study(P, NB.graph.num_genes, NB.device)
+display(view.coefficient_table(cost))
+view.cost_plot(cost, NB.device_label)
+
+# %% [markdown]
+# ## Does filtering ever beat masking?
+
+# %%
+inventory = load_result(NB.run_dir, "01_graph_inventory")
+display(view.crossover_text(cost, inventory.removed_edge_fraction.median if inventory else None))
+display(view.crossover_table(cost))
+
+# %% [markdown]
+# ## Gather-scatter vs CSR sparse-dense product
+
+# %%
+display(view.forms_table(cost))
+
+# %% [markdown]
+# ## Producing one sample's edge removal, each form
+
+# %%
+maskgen = benchmarks.mask_generation(NB.graph, P["perturbation_k"], P["batch_size_lazy"], NB.device,
+                                     warmup=P["warmup"], min_rounds=P["min_repeats"],
+                                     target=P["precision_target"], seed=P["seed"],
+                                     storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
+display(view.mask_generation_table(maskgen))
+
+# %% [markdown]
+# ## One layer across batch size
+# One middle layer over every edge type (forward) of replicated masks (2), replicated filtering
+# (5), the node-mask shared graph (6) and the wildtype pass (7), interleaved per batch size.
+
+# %%
+layers = benchmarks.layer_across_batch(
+    NB.graph, [s for s in ("replicated_mask_cpu", "replicated_filter_device", "node_mask_shared",
+                           "dango_wildtype") if s in P["strategies"]],
+    P["layer_batch_sizes"], P["hidden"], P["perturbation_k"], NB.device, aggr=P["aggr"],
+    warmup=P["warmup"], min_rounds=P["min_repeats"], target=P["precision_target"], seed=P["seed"])
+view.layer_plot(layers, NB.device_label)
+
+# %% [markdown]
+# ## The strategy benchmark: per sample, forward + backward
+# The node-mask shared graph against replicated masks in the brief's form and in their
+# sparse-product form, a DANGO-style wildtype step, and the floor of the shared step (its own
+# sparse and dense products timed raw), all in the same rounds. At this run's sizes, or at the
+# real spec with `bench_full_size: true`.
+
+# %%
+bres = bench.run_bench(P)
+display(view.bench_text(bres))
+display(view.bench_table(bres))
+view.bench_plot(bres)
+
+# %% [markdown]
+# ### What bounds the per-sample sparse product
+# On a CPU a CSR product is bound by fetching the dense rows its nonzeros point to: the kernels
+# tried differ in how much of the dense operand stays in cache.
+
+# %%
+display(view.kernel_table(bres))
+
+# %% [markdown]
+# ## Peak memory of a training step
+# One forward + backward step per point in a fresh process; on CPU the resident-set high-water
+# mark, reset just before the step; on GPU `torch.cuda.max_memory_allocated`.
+
+# %%
+mem = memory_study.memory_study(P, NB.device)
+display(view.memory_table(mem))
+view.memory_plot(mem)
+
+# %% [markdown]
+# ## Results
+
+# %%
+result = mask_cost.MaskCostResult(NB.device_label, exact, small.describe(), cost, maskgen, layers,
+                                  bres, mem)
+path = write_results(NB.run_dir, "02_mask_cost_model", result, P, headline=view.headline(result),
+                     snapshot_checksum=NB.graph.checksum)
+display(view.saved(path, view.headline(result)))

@@ -1,0 +1,79 @@
+"""Notebook 02's peak-memory study: one training step per (strategy, batch size) in a fresh
+process each, fitted per strategy, projected to the memory of the device measured on.
+
+Probes run two at a time: a memory figure is not a timing (each probe measures only its own
+process), and the set-up of a probe (a fresh interpreter, the graph, the strategy) dominates
+its run time.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from ..measurement.memory import MemoryFit, MemoryPoint, device_budget, fit_memory, measure_point
+from ..records import Record
+from ..report.progress import progress
+
+STRATEGIES = (("replicated_mask_cpu", "gather_scatter"), ("replicated_mask_cpu", "spmm"),
+              ("node_mask_shared", "spmm"))
+REAL = {"scale": 1.0, "hidden": 64, "layers": 3}
+REAL_BATCHES = {"replicated_mask_cpu": [1, 2, 3], "node_mask_shared": [2, 8, 16]}
+
+
+@dataclass
+class MemoryStudy(Record):
+    device: str
+    budget_bytes: float
+    budget_label: str
+    points: list[MemoryPoint] = field(default_factory=list)
+    fits: dict[str, MemoryFit] = field(default_factory=dict)
+
+    def per_sample(self) -> dict[str, float]:
+        """Measured bytes per sample by strategy (the real-size fit preferred), for the
+        verdict's tie-break; only fits that succeeded."""
+        out: dict[str, float] = {}
+        for key in sorted(self.fits, key=lambda k: "real" not in k):
+            f = self.fits[key]
+            name = key.split(":")[0]
+            if f.status == "ok" and f.per_sample_bytes and name not in out:
+                out[name] = f.per_sample_bytes
+        return out
+
+
+def _label(strategy: str, form: str, sizes: dict) -> str:
+    return (f"{strategy}:{form} @ scale {sizes['scale']:g}, H={sizes['hidden']}, "
+            f"L={sizes['layers']}")
+
+
+def memory_study(params: dict, device: torch.device, *, dual: bool | None = None,
+                 parallel: int = 2) -> MemoryStudy:
+    """Every point of the sweep (and the real spec with ``memory_full_size``), then the fits."""
+    from ..running.environment import device_label
+
+    budget, label = device_budget(device)
+    if params["memory_budget_gb"] is not None:
+        budget, label = params["memory_budget_gb"] * 1e9, "memory_budget_gb"
+    dual = params["dual_forward"] if dual is None else dual
+    run_sizes = {"scale": params["scale"], "hidden": params["hidden"],
+                 "layers": params["layers"]}
+    jobs = [(s, f, b, run_sizes) for s, f in STRATEGIES for b in params["memory_batch_sizes"]]
+    if params["memory_full_size"]:
+        jobs += [(s, f, b, REAL) for s, f in STRATEGIES if (s, f) != ("replicated_mask_cpu", "spmm")
+                 for b in REAL_BATCHES[s]]
+
+    def one(job):
+        s, f, b, sz = job
+        return measure_point(params, strategy=s, form=f, batch_size=b, device=str(device),
+                             dual=dual, **sz)
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        points = list(progress(pool.map(one, jobs), total=len(jobs), desc="02 memory"))
+    out = MemoryStudy(device=device_label(device), budget_bytes=budget, budget_label=label,
+                      points=points)
+    groups: dict[str, list[MemoryPoint]] = {}
+    for (s, f, _b, sz), pt in zip(jobs, points):
+        groups.setdefault(_label(s, f, sz), []).append(pt)
+    for key, pts in groups.items():
+        out.fits[key] = fit_memory(pts, budget, label, label=key)
+    return out

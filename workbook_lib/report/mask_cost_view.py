@@ -1,0 +1,302 @@
+"""What notebook 02's reader sees."""
+from __future__ import annotations
+
+import numpy as np
+from IPython.display import Markdown
+
+from ..analysis.bench import BenchResult
+from ..analysis.benchmarks import LayerSweep, MaskGeneration
+from ..analysis.costmodel import COEFFICIENTS
+from ..analysis.mask_cost import CostModelStudy, MaskCostResult
+from ..analysis.memory_study import MemoryStudy
+from ..strategies import REGISTRY
+from . import plotting
+from .tables import fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+
+
+def label(name: str) -> str:
+    return REGISTRY[name].label
+
+
+def exactness_table(exact: dict[str, float], graph_desc: str):
+    rows = [{"strategy": label(n), "max relative error": f"{e:.1e}",
+             "within float32 rounding (< 1e-4)": "yes" if e < 1e-4 else "NO"}
+            for n, e in exact.items()]
+    return table(rows, caption=f"Against the plain reference (per-sample PyG subgraph + GINConv) "
+                               f"on {graph_desc}: node outputs, predictions with the dual "
+                               "forward, and every parameter gradient.")
+
+
+def coefficient_table(s: CostModelStudy):
+    m = s.model
+    rows = []
+    for fit in (m.beta, m.alpha, m.gamma, m.delta):
+        for name, value in fit.coefficients.items():
+            if name not in COEFFICIENTS or (fit is m.alpha and value == 0.0):
+                continue
+            unit, what = COEFFICIENTS[name]
+            rows.append({"coefficient": name, "what it measures": what,
+                         "value": f"{value:.3g} {unit}",
+                         "fit": fit.name, "in-fit error (median)":
+                             fmt_pct(fit.in_fit_median_abs_rel, 0),
+                         f"held-out error, E = {m.held_out_edges:,}":
+                             fmt_pct(fit.held_out_median_abs_rel, 0),
+                         "note": "negative: below the noise" if name in fit.negative else ""})
+    f = m.filter_check
+    rows.append({"coefficient": "(filter layer)", "what it measures":
+                 "predicted from beta, beta_e, gamma, delta; never fitted", "value": "",
+                 "fit": f.name, "in-fit error (median)": fmt_pct(f.in_fit_median_abs_rel, 0),
+                 f"held-out error, E = {m.held_out_edges:,}":
+                     fmt_pct(f.held_out_median_abs_rel, 0), "note": ""})
+    other = m.alpha_other
+    cap = (f"Plain least squares, the largest E ({m.held_out_edges:,}) held out of every fit. "
+           f"The mask multiply is carried by the {m.alpha_carrier} term")
+    if other is not None:
+        cap += (f" (in-fit error {fmt_pct(m.alpha.in_fit_median_abs_rel, 0)} against "
+                f"{fmt_pct(other.in_fit_median_abs_rel, 0)} for the other form)")
+    return table(rows, caption=cap + ".")
+
+
+def cost_plot(s: CostModelStudy, device: str) -> None:
+    m = s.model
+    fig, axes = plotting.plt.subplots(1, 2, figsize=(12, 4.5))
+    for kind, marker, color in (("unmasked", "o", 0), ("masked", "^", 1),
+                                ("filter_layer", "s", 2)):
+        pts = [p for p in s.points if p.kind == kind]
+        pred = np.array([m.predict_mask(p.E, p.H) if kind == "masked" else
+                         m.predict_filter(p.E, p.H, p.p) if kind == "filter_layer" else
+                         m.predict_unmasked(p.E, p.H) for p in pts]) * 1e3
+        meas = np.array([p.stat.median for p in pts]) * 1e3
+        held = np.array([p.E == m.held_out_edges for p in pts])
+        for flag, face in ((False, plotting.PALETTE[color]), (True, "none")):
+            if (held == flag).any():
+                axes[0].scatter(pred[held == flag], meas[held == flag], marker=marker,
+                                facecolors=face, edgecolors=plotting.PALETTE[color],
+                                label=f"{kind.replace('_', ' ')} ({'held out' if flag else 'fitted'})")
+    lo = min(p.stat.median for p in s.points if p.stat.median > 0) * 1e3 * 0.5
+    hi = max(p.stat.median for p in s.points) * 1e3 * 2
+    axes[0].plot([lo, hi], [lo, hi], "k--", lw=1)
+    axes[0].set(xscale="log", yscale="log", xlabel="predicted (ms, log scale)",
+                ylabel="measured median (ms, log scale)")
+    plotting.plain_ticks(axes[0])
+    axes[0].legend(fontsize=7)
+    reps = min(p.stat.n for p in s.points)
+    plotting.title(axes[0], "Cost model: measured against predicted", device=device,
+                   repeats=f">= {reps} interleaved rounds")
+    for i, h in enumerate(sorted({p.H for p in s.points if p.H})):
+        pts = sorted((p for p in s.points if p.kind == "unmasked" and p.H == h), key=lambda p: p.E)
+        es = np.array([p.E for p in pts])
+        med = np.array([p.stat.median for p in pts]) * 1e3
+        err = [med - np.array([p.stat.q1 for p in pts]) * 1e3,
+               np.array([p.stat.q3 for p in pts]) * 1e3 - med]
+        axes[1].errorbar(es, med, yerr=err, fmt="o", color=plotting.PALETTE[i],
+                         label=f"measured, H = {h}")
+        grid = np.linspace(es.min(), es.max(), 50)
+        axes[1].plot(grid, [m.predict_unmasked(e, h) * 1e3 for e in grid], "-",
+                     color=plotting.PALETTE[i], lw=1)
+    axes[1].set(xlabel="edges E", ylabel="unmasked gather-scatter layer (ms)")
+    plotting.plain_ticks(axes[1])
+    axes[1].legend(fontsize=7)
+    plotting.title(axes[1], "Unmasked layer against E (lines: the fit)", device=device,
+                   repeats="median, IQR whiskers")
+    plotting.show(fig, "Left: measured against predicted layer times on log axes for unmasked, "
+                       "masked and filter layers, fitted points filled and held-out points "
+                       "hollow. Right: unmasked layer time against edge count per hidden size, "
+                       "with the fitted lines.")
+
+
+def crossover_table(s: CostModelStudy):
+    rows = []
+    for c in s.crossover:
+        row = {"E": f"{c.E:,}", "H": c.H, "predicted crossover p":
+               "none in [0, 1)" if c.predicted_p is None else f"{c.predicted_p:.3g}"}
+        for p, r in c.measured.items():
+            row[f"filter/mask at p={p:g}"] = f"{r:.2f}"
+        row["prediction matches"] = "yes" if c.agrees else "no"
+        rows.append(row)
+    return table(rows, caption="Direct timings of a filter layer over a masked layer at each "
+                               "swept p, same rounds (below 1: filtering wins). 'Matches': the "
+                               "predicted crossover puts every swept p on the side measured.")
+
+
+def crossover_text(s: CostModelStudy, typical_p: float | None) -> Markdown:
+    m = s.model
+    p = s.crossover_at_run_hidden
+    agree = sum(c.agrees for c in s.crossover)
+    tp = f"; a perturbation removes p ≈ {typical_p:.2%} of edges (notebook 01)" if typical_p \
+        else ""
+    where = ("none in [0, 1): masking is predicted cheaper at every p" if p is None else
+             "0: filtering is predicted cheaper at every p" if p == 0 else f"p = {p:.3g}")
+    return Markdown(
+        f"At H = {s.run_hidden} the predicted crossover is **{where}**{tp}. Filtering pays "
+        f"gamma + delta per edge to build the kept edge list; masking pays the mask multiply, "
+        f"carried here by the {m.alpha_carrier} term. The prediction matches the direct timings "
+        f"at {agree} of {len(s.crossover)} (E, H) points.")
+
+
+def forms_table(s: CostModelStudy):
+    rows = [{"E": f"{e:,}", "H": h, "gather-scatter": fmt_time_stat(gs),
+             "CSR product": fmt_time_stat(sp),
+             "gather-scatter / CSR": fmt_stat(gs.ratio_to(sp, paired=True), unit="x")}
+            for e, h, gs, sp in s.forms()]
+    return table(rows, caption="The same sum aggregation, every message materialised "
+                               "(h[src], then index_add_) or one CSR sparse-dense product; same "
+                               "rounds, ratio per round.")
+
+
+def mask_generation_table(mg: MaskGeneration):
+    rows = [{"form": label(n), "where": mg.where[n], "per sample": fmt_stat(st, unit="ms")}
+            for n, st in sorted(mg.per_sample_ms.items(), key=lambda kv: kv[1].median)]
+    return table(rows, caption=f"Producing one sample's edge removal, timed per batch of "
+                               f"{mg.batch_size} and divided by it; all forms in the same rounds.")
+
+
+def layer_plot(ls: LayerSweep, device: str) -> None:
+    fig, ax = plotting.plt.subplots(figsize=(8, 4.5))
+    names = list(dict.fromkeys(p.strategy for p in ls.points))
+    for i, n in enumerate(names):
+        pts = [p for p in ls.series(n) if p.stat is not None]
+        if not pts:
+            continue
+        bs = np.array([p.batch_size for p in pts])
+        med = np.array([p.stat.median for p in pts]) * 1e3
+        err = [med - np.array([p.stat.q1 for p in pts]) * 1e3,
+               np.array([p.stat.q3 for p in pts]) * 1e3 - med]
+        ax.errorbar(bs, med, yerr=err, fmt="o-", color=plotting.PALETTE[i], label=label(n))
+        ax.plot(bs, med[0] * bs / bs[0], ":", color=plotting.PALETTE[i], lw=1)
+        oom = [p.batch_size for p in ls.series(n) if p.stat is None]
+        if oom:
+            ax.plot(oom, [med.max() * 1.5] * len(oom), "x", ms=10, color=plotting.PALETTE[i])
+    ax.set(xscale="log", yscale="log", xlabel="batch size B (log scale)",
+           ylabel="one layer, ms (log scale)")
+    plotting.plain_ticks(ax)
+    ax.legend(fontsize=7)
+    plotting.title(ax, "One middle layer over every edge type (dotted: linear in B; x: out of "
+                       "memory)", device=device, sizes=f"E = {ls.edges:,}, H = {ls.hidden}",
+                   repeats="median, IQR whiskers")
+    plotting.show(fig, "Log-log lines: milliseconds of one middle layer per strategy against "
+                       "batch size, with dotted lines of linear growth from B = 1.")
+
+
+def bench_table(b: BenchResult):
+    rows = []
+    for k, v in b.per_sample_s.items():
+        rows.append({"variant": v.label or k, "B": v.batch_size, "why this B": v.batch_reason,
+                     "step": fmt_time_stat(b.steps[k]),
+                     "per sample": f"{v.median * 1e3:.3g} ms (IQR {v.iqr * 1e3:.2g}, n={v.n})"})
+    for k, why in b.skipped.items():
+        rows.append({"variant": k, "B": "", "why this B": why, "step": "", "per sample": ""})
+    rows.append({"variant": "floor: the shared step's products, raw", "B": "",
+                 "why this B": "same shapes and counts", "step": fmt_time_stat(b.steps["floor"]),
+                 "per sample": ""})
+    kind = "the real spec" if b.full_size else "this run's sizes (a reduced-size rehearsal)"
+    return table(rows, caption=f"Forward + backward per sample at {kind}: {b.sizes['edges']:,} "
+                               f"edges, H={b.sizes['hidden']}, L={b.sizes['layers']}, "
+                               f"{b.rounds} interleaved rounds; {b.device}.")
+
+
+def bench_text(b: BenchResult) -> Markdown:
+    def r(st, suffix="x"):
+        return "n/a" if st is None else f"**{st.median:.3g}{suffix}** (IQR {st.iqr:.2g})"
+    kind = "at the real spec" if b.full_size else \
+        "at this run's reduced sizes (`bench_full_size: true` or `python -m workbook_lib bench " \
+        "--params params/full.yaml` for the real spec)"
+    return Markdown(
+        f"Per sample, {kind}: the node-mask shared graph is {r(b.ratio_vs_brief_form)} faster "
+        f"than replicated masks in the brief's form (every message materialised, then masked) "
+        f"and {r(b.ratio_vs_sparse_form)} faster than their sparse-product form. One exact "
+        f"sample costs {r(b.passes_per_sample, '')} DANGO-style wildtype steps. The step runs at "
+        f"{r(b.floor_fraction, '')} of its own floor's speed (floor time / step time: its sparse "
+        f"and dense products timed raw). Exactness in the same run: max relative error "
+        f"{b.exact_max_rel_error:.1e}.")
+
+
+def bench_plot(b: BenchResult) -> None:
+    keys = list(b.per_sample_s)
+    med = np.array([b.per_sample_s[k].median for k in keys]) * 1e3
+    iqr = np.array([b.per_sample_s[k].iqr for k in keys]) * 1e3
+    fig, ax = plotting.plt.subplots(figsize=(8, 3.6))
+    ax.barh(range(len(keys)), med, xerr=iqr / 2, color=plotting.PALETTE[:len(keys)], capsize=3)
+    ax.set_yticks(range(len(keys)), [b.per_sample_s[k].label or k for k in keys], fontsize=8)
+    ax.invert_yaxis()
+    span = med.max() / max(med.min(), 1e-9)
+    if span > 100:
+        ax.set_xscale("log")
+        ax.set_xlabel("ms per sample, forward + backward (log scale: values span "
+                      f"{int(np.log10(span))} decades)")
+    else:
+        ax.set_xlabel("ms per sample, forward + backward")
+    plotting.plain_ticks(ax, "x")
+    for i, v in enumerate(med):
+        ax.text(v, i, f" {v:.3g} ms", va="center", fontsize=8)
+    plotting.title(ax, "Strategy benchmark, per sample", device=b.device,
+                   sizes=f"{b.sizes['edges']:,} edges, H={b.sizes['hidden']}, "
+                         f"L={b.sizes['layers']}", repeats=f"{b.rounds} interleaved rounds")
+    plotting.show(fig, "Horizontal bars: milliseconds per sample of the node-mask shared graph, "
+                       "replicated masks in two forms and a DANGO-style wildtype step.")
+
+
+def kernel_table(b: BenchResult):
+    rows = [{"kernel": k.name, "what": k.description, "time": fmt_time_stat(k.seconds),
+             "G multiply-adds/s": f"{k.gmacs:.2f}"} for k in b.kernels]
+    return table(rows, caption="One middle layer's per-sample sparse products (every edge type, "
+                               f"every sample, H = {b.sizes['hidden']}) with each kernel tried, "
+                               "interleaved.")
+
+
+def memory_table(m: MemoryStudy):
+    rows = []
+    for key, f in m.fits.items():
+        rows.append({
+            "strategy @ sizes": key, "points (B)": ", ".join(str(b) for b, _ in f.points),
+            "per sample": fmt_bytes(f.per_sample_bytes),
+            "set-up + intercept": fmt_bytes((f.setup_bytes or 0) + (f.intercept_bytes or 0))
+            if f.per_sample_bytes else "n/a",
+            "largest residual": fmt_pct(f.max_abs_rel_residual, 1),
+            f"largest batch in {fmt_bytes(m.budget_bytes)}": f.largest_batch
+            if f.largest_batch is not None else "n/a",
+            "extrapolation": (f"{f.extrapolation_factor:.1f}x beyond B={f.largest_measured_batch}"
+                              if f.extrapolation_factor else "n/a"),
+            "status": f.status + (f": {f.reason}" if f.reason else "")})
+    return table(rows, caption=f"Peak of one training step (forward + backward) in a fresh "
+                               f"process per point, above the resident level before it; fitted "
+                               f"bytes = intercept + per sample x B. Budget: {m.budget_label}.")
+
+
+def memory_plot(m: MemoryStudy) -> None:
+    fig, ax = plotting.plt.subplots(figsize=(8, 4.2))
+    for i, (key, f) in enumerate(m.fits.items()):
+        if not f.points:
+            continue
+        bs = np.array([b for b, _ in f.points])
+        ys = np.array([y for _, y in f.points])
+        ax.plot(bs, ys, "o", color=plotting.PALETTE[i % 10], label=key)
+        if f.per_sample_bytes:
+            grid = np.linspace(0, bs.max(), 20)
+            ax.plot(grid, f.intercept_bytes + f.per_sample_bytes * grid, "-",
+                    color=plotting.PALETTE[i % 10], lw=1)
+    ax.set_xlabel("batch size B")
+    unit = plotting.bytes_ticks(ax, "y")
+    ax.set_ylabel(f"peak of one step ({unit})")
+    ax.legend(fontsize=6)
+    plotting.title(ax, "Peak memory of a training step (lines: the fits)", device=m.device,
+                   repeats="one fresh process per point")
+    plotting.show(fig, "Points: measured peak memory of one training step against batch size "
+                       "for each strategy and size; lines: the linear fits.")
+
+
+def headline(r: MaskCostResult) -> str:
+    b, c = r.bench, r.cost
+    parts = [f"max exactness error {max(r.exact.values()):.1e}"]
+    p = c.crossover_at_run_hidden
+    parts.append("filter/mask crossover " + ("none" if p is None else f"p = {p:.3g}")
+                 + f" at H = {c.run_hidden}")
+    if b.ratio_vs_brief_form is not None:
+        parts.append(f"node-mask shared vs replicated (brief's form) per sample: "
+                     f"{fmt_ratio(b.ratio_vs_brief_form.median)} "
+                     f"({'real spec' if b.full_size else 'reduced size'})")
+    return "; ".join(parts)
+
+
+def saved(path, headline_text: str) -> Markdown:
+    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
