@@ -1,222 +1,307 @@
-"""Drawing notebooks 01-04 together: causes of the gap, the brief's claims, a recommendation."""
+"""Notebook 05: why the slow pipeline is slow, which claims hold, and the fix.
+
+The verdict reads the typed results of notebooks 01-04 from the run folder and refuses to run
+when any is missing or incomplete (a verdict from partial inputs would look complete and be
+wrong). It records the checksum of every input it read, so ``run --resume`` reruns it whenever
+an input changed.
+
+* **Causes**: the epoch-time difference between the two ``gap_strategies``, split by mechanism
+  (the model on B graph copies, per-sample data work, device prep, transfer, loop overhead, DDP)
+  from notebook 03's stage medians x steps per epoch, and notebook 04's DDP factor (booked only
+  when it is beyond the noise). Host syncs are counted, not timed, on a CPU.
+* **Claims**: :mod:`workbook_lib.analysis.claims`.
+* **The fix**: the fastest exact strategy (notebook 03, full step per sample); strategies within
+  ``verdict_tie_tolerance`` of it are tied, and the tie goes to the least memory per sample when
+  notebook 02 measured it for every tied strategy (never on a missing value). Its gain per
+  sample, the benchmark's figure (the real spec when it was measured: ``bench.json`` in the run
+  folder or notebook 02 with ``bench_full_size``), and epochs per day at the dataset size, with
+  notebook 04's measured DDP factor for several ranks.
+"""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from ..running.results import read_results
+from ..catalog import notebook_info
+from ..exceptions import IncompleteInputsError
+from ..measurement.timing import Stat
+from ..records import Record
+from ..running.results import file_checksum, load_result, read_meta, results_path
+from ..strategies import REGISTRY
+from ..training.loop import project_epochs
+from . import claims as claims_mod
+from .bench import BenchResult
 
-NOTEBOOKS = ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing",
-             "04_ddp_scaling")
-HELD, FAILED, UNTESTABLE = "held", "failed", "not testable here"
-
-CAUSE_STAGES = {
-    "data pipeline (waiting for the loader)": ("loader_wait",),
-    "host-to-device transfer": ("h2d",),
-    "on-device mask generation / filtering": ("device_prep",),
-    "forward": ("forward",),
-    "backward": ("backward",),
-    "optimizer": ("optimizer",),
-}
-
-ADOPTION = {
-    "node_mask_shared": (
-        "Keep one CSR adjacency per edge type (or one stacked [T*N, N] matrix) on the device, "
-        "built once. The dataset item and the collate carry only the k deleted-gene indices "
-        "per sample (no edge masks, no replicated edge_index, nothing stored on disk). On the "
-        "device build the node keep-mask D [N, B] with one scatter, and replace the masked "
-        "conv by: zero deleted rows of X, one sparse product A @ X with the batch side by side "
-        "([N, B*H]), zero deleted rows again; for mean aggregation divide by A @ D. Exact for "
-        "sum and mean aggregation (forward and gradients)."),
-    "device_mask_vectorized": (
-        "Ship only perturbation indices; on the device mark deleted genes in a [B, N] bool "
-        "tensor and gather it at both endpoints of the edges: no .item(), no sync."),
-    "replicated_mask_stored": (
-        "Precompute masks once and read them per sample (costs storage proportional to the "
-        "dataset)."),
-    "subgraph_cpu": "Call PyG subgraph per sample in DataLoader workers.",
-    "replicated_mask_cpu": "Build edge masks from an incidence cache in DataLoader workers.",
-    "device_mask_loop": "Generate masks on the device with a Python loop (syncs per gene).",
-    "replicated_filter_device": "Filter replicated edges on the device with isin + gather.",
-}
+INPUTS = notebook_info("05_verdict").reads
 
 
-def load_run(run_dir) -> tuple[dict, list[str]]:
-    """Results of notebooks 01-04 in ``run_dir`` and the names of the missing ones."""
-    found, missing = {}, []
-    for nb in NOTEBOOKS:
-        r = read_results(run_dir, nb)
-        if r is None:
-            missing.append(nb)
-        else:
-            found[nb] = r
-    return found, missing
+@dataclass
+class Cause(Record):
+    cause: str
+    evidence: str
+    slow_s_per_epoch: float | None
+    fast_s_per_epoch: float | None
+    difference_s: float | None
+    share: float | None
+    kind: str  # measured, or not measured here
 
 
-def rank_gap_causes(r03: dict, slow: str, fast: str, *, num_samples: int,
-                    r04: dict | None = None) -> list[dict]:
-    """Causes of the epoch-time difference between two strategies, ranked by their share.
+@dataclass
+class Recommendation(Record):
+    strategy: str
+    label: str
+    ms_per_sample: Stat
+    baseline: str
+    speedup: Stat | None  # baseline / recommended, full step per sample (03, same rounds)
+    fastest: str
+    tied: list[str]
+    tie_rule: str
+    memory_per_sample: dict[str, float] = field(default_factory=dict)
+    bench: BenchResult | None = None
+    bench_source: str = ""
+    epochs_per_day: dict[str, dict[str, float]] = field(default_factory=dict)
+    projection_basis: str = ""
 
-    Per stage: median seconds per step x steps per epoch (80% of ``num_samples``, each
-    strategy's batch size), slow minus fast. DDP overhead (notebook 04's factor) is one more
-    cause when available.
+
+@dataclass
+class VerdictResult(Record):
+    answer: str  # the lead paragraph (markdown)
+    device: str
+    device_type: str
+    causes: list[Cause]
+    claims: list[claims_mod.Claim]
+    recommendation: Recommendation | None
+    gap_total: Stat | None
+    can_say: list[str]
+    cannot_say: list[str]
+    inputs: dict[str, str] = field(default_factory=dict)  # notebook -> results checksum
+
+
+def load_inputs(run_dir: str | Path) -> tuple[dict, dict[str, str]]:
+    """The typed results of notebooks 01-04 and their checksums.
+
+    Raises:
+        IncompleteInputsError: one or more is missing, incomplete or unreadable.
     """
-    bs = r03["batch_sizes"]
-    steps = {s: math.ceil(0.8 * num_samples / bs[s]) for s in (slow, fast)}
-    st = r03["stage_seconds"]
+    found, sums, missing = {}, {}, []
+    for nb in INPUTS:
+        meta = read_meta(run_dir, nb)
+        res = load_result(run_dir, nb) if meta is not None and meta.complete else None
+        if res is None:
+            missing.append(nb)
+            continue
+        found[nb] = res
+        sums[nb] = file_checksum(results_path(run_dir, nb))
+    if missing:
+        raise IncompleteInputsError(
+            f"the verdict needs complete results of {', '.join(missing)} in {run_dir}; run "
+            f"them first (python -m workbook_lib run --resume --out {run_dir} finishes what "
+            "is missing)", missing=missing)
+    return found, sums
+
+
+def label(name: str) -> str:
+    return REGISTRY[name].label
+
+
+def rank_causes(timing, ddp, slow: str, fast: str, num_samples: int,
+                device_type: str) -> list[Cause]:
+    """The epoch-time difference between ``slow`` and ``fast`` by mechanism."""
+    lo = timing.loops
+    a, b = lo.arm(slow, "full"), lo.arm(fast, "full")
+    steps = {s: math.ceil(0.8 * num_samples / lo.arm(s, "full").samples_per_step)
+             for s in (slow, fast)}
+
+    def per_epoch(arm, name, stages):
+        return sum(arm.stages[x].median for x in stages if x in arm.stages) * steps[name]
     rows = []
-    for cause, stages in CAUSE_STAGES.items():
-        per = {s: sum(st[s].get(x, 0.0) for x in stages) * steps[s] for s in (slow, fast)}
-        rows.append({"cause": cause, "slow_s_per_epoch": per[slow],
-                     "fast_s_per_epoch": per[fast], "difference_s": per[slow] - per[fast]})
-    if r04 and r04.get("gap_decomposition"):
-        g = r04["gap_decomposition"]
-        epoch_slow = sum(r["slow_s_per_epoch"] for r in rows)
-        if g.get("ddp_factor") and g["ddp_factor"] != 1.0:
-            rows.append({"cause": f"DDP overhead at {g['world_size']} ranks",
-                         "slow_s_per_epoch": epoch_slow * (g["ddp_factor"] - 1.0),
-                         "fast_s_per_epoch": 0.0,
-                         "difference_s": epoch_slow * (g["ddp_factor"] - 1.0)})
-    total = sum(r["difference_s"] for r in rows)
+    ba, bb = a.batch_size, b.batch_size
+    model = ("forward", "backward", "optimizer")
+    ma, mb = per_epoch(a, slow, model), per_epoch(b, fast, model)
+    rows.append(Cause(
+        f"the model runs on B = {ba} graph copies per step (the {label(fast)} makes one wildtype "
+        "pass)", f"model time per step: {sum(a.stages[x].median for x in model if x in a.stages) * 1e3:.3g}"
+                 f" ms for {ba} copies against "
+                 f"{sum(b.stages[x].median for x in model if x in b.stages) * 1e3:.3g} ms for one "
+                 f"pass at batch {bb}", ma, mb, ma - mb, None, claims_mod.MEASURED))
+    for stage, cause in (("loader_wait", "per-sample data work in the data pipeline (each "
+                                         "sample's edge masks)"),
+                         ("device_prep", "on-device preparation (masks, filtering)")):
+        sa, sb = per_epoch(a, slow, (stage,)), per_epoch(b, fast, (stage,))
+        rows.append(Cause(cause, f"{a.stages[stage].median * 1e3 / ba:.3g} ms/sample against "
+                                 f"{b.stages[stage].median * 1e3 / bb:.3g}"
+                          if stage in a.stages and stage in b.stages else "",
+                          sa, sb, sa - sb, None, claims_mod.MEASURED))
+    if device_type == "cuda":
+        sa, sb = per_epoch(a, slow, ("h2d",)), per_epoch(b, fast, ("h2d",))
+        rows.append(Cause("host-to-device transfer of the batch", "measured stage", sa, sb,
+                          sa - sb, None, claims_mod.MEASURED))
+    else:
+        rows.append(Cause("host-to-device transfer of the batch", "a CPU run copies nothing: "
+                          "run on a GPU", None, None, None, None, claims_mod.NOT_MEASURED))
+    ua = a.untracked.median * steps[slow]
+    ub = b.untracked.median * steps[fast]
+    rows.append(Cause("loop overhead (zero_grad, Python between stages)", "wall minus stages",
+                      ua, ub, ua - ub, None, claims_mod.MEASURED))
+    g = ddp.gap
+    if g.ddp_within_noise:
+        rows.append(Cause(f"DDP at {g.world_size} ranks",
+                          f"no measurable DDP overhead: factor {g.ddp_factor.median:.3g} with "
+                          "1 inside its IQR", 0.0, 0.0, 0.0, None, claims_mod.MEASURED))
+    else:
+        slow_epoch = a.step.median * steps[slow]
+        extra = slow_epoch * (g.ddp_factor.median - 1.0)
+        rows.append(Cause(f"DDP at {g.world_size} ranks", f"factor {g.ddp_factor.median:.3g} "
+                          f"(IQR {g.ddp_factor.iqr:.2g})", extra, 0.0, extra, None,
+                          claims_mod.MEASURED))
+    syncs = timing.syncs.per_step.get(slow)
+    if syncs is not None:
+        rows.append(Cause("host syncs (each drains a GPU's queue)",
+                          f"{syncs:.0f} per step of {label(slow)} against "
+                          f"{timing.syncs.per_step.get(fast, 0):.0f} ({timing.syncs.method})",
+                          None, None, None, None,
+                          claims_mod.MEASURED if device_type == "cuda" else
+                          "counted (their time: a GPU run)"))
+    total = sum(r.difference_s for r in rows if r.difference_s is not None)
     for r in rows:
-        r["share"] = r["difference_s"] / total if total else None
-    return sorted(rows, key=lambda r: -r["difference_s"])
+        if r.difference_s is not None and total:
+            r.share = r.difference_s / total
+    timed = sorted((r for r in rows if r.difference_s is not None),
+                   key=lambda r: -(r.difference_s or 0))
+    return timed + [r for r in rows if r.difference_s is None]
 
 
-def _status(ok: bool | None) -> str:
-    return UNTESTABLE if ok is None else (HELD if ok else FAILED)
+def _bench(run_dir: Path, mask_cost) -> tuple[BenchResult | None, str]:
+    """The benchmark to quote: a real-spec one when measured (``bench.json`` from the CLI in the
+    run folder, else notebook 02's), otherwise 02's reduced-size one."""
+    import json
+
+    path = Path(run_dir) / "bench.json"
+    if path.is_file():
+        try:
+            b = BenchResult.from_json(json.loads(path.read_text()))
+            if b.full_size or not mask_cost.bench.full_size:
+                return b, "bench.json (python -m workbook_lib bench) in the run folder"
+        except (ValueError, KeyError, TypeError):
+            pass
+    return mask_cost.bench, "notebook 02"
 
 
-def claims(found: dict, spec_total_edges: int | None, device_type: str) -> list[dict]:
-    """Every claim of the brief with its status and the number behind it."""
-    r01, r02 = found.get("01_graph_inventory"), found.get("02_mask_cost_model")
-    r03, r04 = found.get("03_data_vs_model_timing"), found.get("04_ddp_scaling")
-    out = []
-
-    def add(claim, ok, number, source, note=""):
-        out.append({"claim": claim, "status": _status(ok), "number": number, "source": source,
-                    "note": note})
-
-    # sizes: exact arithmetic at the real size (the spec's edge count), whatever the run scale
-    if r01:
-        e = spec_total_edges or r01["total_edges"]
-        basis = "real size (spec arithmetic)" if spec_total_edges else "this snapshot"
-        inc = r01["incidence_cache_bytes"] * (e / r01["total_edges"])
-        for claim, claimed, value in (
-                ("65 MB of masks per batch (B=28)", 65e6, 28 * e),
-                ("2.5 MB of masks per sample", 2.5e6, e),
-                ("848 GB of masks for the dataset", 848e9, e * 332313)):
-            add(claim, abs(value / claimed - 1) < 0.1, f"{value / 1e6:,.1f} MB" if value < 1e9
-                else f"{value / 1e9:,.0f} GB", "01", f"{basis}; ratio {value / claimed:.2f}")
-        add("130 MB of masks per batch with the dual forward", False, f"{28 * e / 1e6:,.1f} MB",
-            "01", "the wildtype pass needs no mask: the dual forward adds none")
-        add("incidence cache about 19 MB", abs(inc / 19e6 - 1) < 0.25, f"{inc / 1e6:,.1f} MB",
-            "01", f"{basis}; every edge under both endpoints, int64 (int32 would halve it)")
-    if r02:
-        cross = r02.get("crossover_p")
-        p_typ = r01["removed_edge_fraction"]["mean"] if r01 else 0.003
-        add("filtering edges costs more than masking them when p << 1",
-            cross is None or cross > p_typ,
-            "no crossover" if cross is None else f"crossover p = {cross:.3f}", "02",
-            f"typical p = {p_typ:.4f}")
-        exact = r02.get("exact") or {}
-        if "node_mask_shared" in exact:
-            add("the node-mask shared graph is exact", exact["node_mask_shared"] < 1e-4,
-                f"max rel. error {exact['node_mask_shared']:.1e}", "02")
-    if r03:
-        st = r03["stage_seconds"]
-        if "replicated_mask_cpu" in st:
-            s = st["replicated_mask_cpu"]
-            main = {k: v for k, v in s.items() if not k.startswith("worker_")}
-            top = max(main, key=main.get)
-            add("the bottleneck is CPU->GPU transfer",
-                None if device_type != "cuda" else top == "h2d",
-                f"h2d {main.get('h2d', 0.0) / sum(main.values()):.1%} of a step; largest: {top}",
-                "03", "" if device_type == "cuda" else "no GPU in this run: transfer is a no-op")
-        comp = {c["figure"]: c for c in r03.get("brief_comparison", [])}
-        for fig, claim in (("data pipeline only: DANGO it/s over Lazy it/s",
-                            "data pipeline only: Lazy 56x slower than DANGO"),
-                           ("data + model: DANGO it/s over Lazy it/s",
-                            "data + model: Lazy 19x slower than DANGO")):
-            if fig in comp:
-                add(claim + " (in kind)", comp[fig]["holds_in_kind"],
-                    f"{comp[fig]['measured']:.1f}x", "03")
-        if "replicated_mask_cpu" in st and "dango_wildtype" in st:
-            model = {s: sum(st[s].get(k, 0.0) for k in ("forward", "backward", "optimizer"))
-                     for s in ("replicated_mask_cpu", "dango_wildtype")}
-            ratio = model["replicated_mask_cpu"] / model["dango_wildtype"]
-            add("one batch: forward+backward+optimizer only 1.6x slower (Lazy vs DANGO)",
-                ratio < 5.0, f"{ratio:.1f}x per step", "03",
-                "held in kind when the model alone explains little of a 40x gap")
-        syncs = r03.get("syncs_per_step", {})
-        if "device_mask_loop" in syncs:
-            add("the GPU mask loop syncs hundreds of times per batch (864 .item() calls)",
-                syncs["device_mask_loop"] >= 100 and syncs.get("device_mask_vectorized", 0) == 0,
-                f"{syncs['device_mask_loop']:.0f} syncs/step (vectorized: "
-                f"{syncs.get('device_mask_vectorized', 'n/a')})", "03")
-        cats = r03.get("profile_categories", {}).get("replicated_mask_cpu")
-        if cats:
-            share = cats.get("optimizer", 0.0) / sum(cats.values())
-            add("the optimizer takes 24% of the time", share > 0.15, f"{share:.1%} (exclusive)",
-                "03", "the 24% came from summing nested profiler events")
-    if r04:
-        g = r04.get("gap_decomposition")
-        if g:
-            add("the replicated pipeline trains ~40x fewer epochs per day (in kind: > 5x)",
-                g["total"] > 5, f"{g['total']:.1f}x", "04",
-                f"steps x{g['steps_ratio']:.2f}, step time x{g['per_step_ratio']:.2f}, "
-                f"DDP x{g['ddp_factor']:.2f}")
-            logs = math.log(max(g["total"], 1.0000001))
-            share = (math.log(g["steps_ratio"]) + math.log(max(g["ddp_factor"], 1e-9))) / logs
-            add("DDP sync and the smaller batch explain the rest of the gap", share >= 0.5,
-                f"{share:.0%} of the log-gap", "04")
-        gat = r04.get("ddp_gather")
-        if gat:
-            ws = max(gat, key=lambda k: int(k))
-            a, b = gat[ws]["step_s"], gat[ws].get("toggled_step_s")
-            if b:
-                add("turning off the loss all-gather changes nothing", abs(a / b - 1) < 0.1,
-                    f"{abs(a / b - 1):.0%} difference at {ws} ranks", "04")
-    return out
-
-
-def _memory_per_sample(r02: dict | None) -> dict[str, float]:
-    """Measured bytes per sample by strategy from notebook 02 (the real-size fit preferred)."""
-    out: dict[str, float] = {}
-    fits = ((r02 or {}).get("memory") or {}).get("largest_batch") or {}
-    for key in sorted(fits, key=lambda k: "real size" not in k):  # real size first
-        name = key.split(":")[0]
-        per = fits[key].get("per_sample_bytes")
-        if per and name not in out:
-            out[name] = per
-    return out
-
-
-def recommendation(found: dict, baseline: str = "replicated_mask_cpu",
-                   tie_tolerance: float = 0.15) -> dict | None:
-    """The exact strategy to use: the fastest full step per sample (notebook 03); strategies
-    within ``tie_tolerance`` of it are tied, and the tie goes to the smallest measured memory
-    per sample (notebook 02), then to the faster one."""
-    r03 = found.get("03_data_vs_model_timing")
-    if not r03:
+def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_tolerance: float,
+              num_samples: int) -> Recommendation | None:
+    lo = timing.loops
+    exact = [n for n in lo.strategies if REGISTRY[n].exact]
+    if not exact:
         return None
-    from ..strategies import REGISTRY
+    ms = {n: lo.arm(n, "full").ms_per_sample for n in exact}
+    fastest = min(exact, key=lambda n: ms[n].median)
+    tied = sorted(n for n in exact if ms[n].median <= ms[fastest].median * (1 + tie_tolerance))
+    mem = mask_cost.memory.per_sample()
+    if len(tied) > 1 and all(n in mem for n in tied):
+        best = min(tied, key=lambda n: (mem[n], ms[n].median))
+        rule = (f"{len(tied)} strategies within {tie_tolerance:.0%} of the fastest: the least "
+                "memory per sample measured in notebook 02 wins")
+    else:
+        best = fastest
+        rule = ("the fastest full step per sample" if len(tied) == 1 else
+                f"{len(tied)} strategies within {tie_tolerance:.0%} of the fastest; memory per "
+                "sample was not measured for all of them, so the fastest wins")
+    speed = lo.ratio(lo.arm(baseline, "full"), lo.arm(best, "full")).scaled(
+        lo.arm(best, "full").samples_per_step / lo.arm(baseline, "full").samples_per_step,
+        "ratio") if baseline in lo.strategies and baseline != best else None
+    bench, source = _bench(run_dir, mask_cost)
+    top = max(ddp.worlds)
+    base = min(ddp.worlds)
+    factor = ddp.worlds[top].step.median / ddp.worlds[base].step.median
+    epochs = {}
+    for n in {best, baseline, *ddp.gap_strategies} & set(lo.strategies):
+        a = lo.arm(n, "full")
+        one = project_epochs(a.step.median, a.samples_per_step, num_samples)["epochs_per_day"]
+        epochs[n] = {"1 rank": one, f"{top} ranks": one * (top / base) / factor}
+    basis = (f"80% of {num_samples:,} samples per epoch; 1 rank: notebook 03's full step; "
+             f"{top} ranks: {top / base:g}x the samples per step at the step time notebook 04 "
+             f"measured for its scaling strategy ({factor:.2f}x its {base}-rank step, weak "
+             "scaling)")
+    return Recommendation(strategy=best, label=label(best), ms_per_sample=ms[best],
+                          baseline=baseline, speedup=speed, fastest=fastest, tied=tied,
+                          tie_rule=rule, memory_per_sample=mem, bench=bench, bench_source=source,
+                          epochs_per_day=epochs, projection_basis=basis)
 
-    ms = {s: m["full"] for s, m in r03["ms_per_sample"].items() if REGISTRY[s].exact}
-    if not ms:
-        return None
-    r02 = found.get("02_mask_cost_model")
-    mem = _memory_per_sample(r02)
-    fastest = min(ms, key=ms.get)
-    tied = sorted(s for s in ms if ms[s] <= ms[fastest] * (1 + tie_tolerance))
-    best = min(tied, key=lambda s: (mem.get(s, float("inf")), ms[s]))
-    out = {"strategy": best, "label": REGISTRY[best].label, "ms_per_sample": ms[best],
-           "fastest": fastest, "tied_with_fastest": tied, "tie_tolerance": tie_tolerance,
-           "memory_per_sample_bytes": mem, "baseline": baseline,
-           "speedup_per_sample": (ms[baseline] / ms[best]) if baseline in ms else None,
-           "adoption": ADOPTION.get(best, ""), "all_ms_per_sample": ms}
-    if r02:
-        full = r02.get("full_size_ratio_shared_vs_replicated", {})
-        out["full_size_ratio_vs_brief_form"] = full.get("value")
-        out["full_size_ratio_vs_sparse_form"] = full.get("ratio_vs_sparse_form")
-        out["memory"] = r02.get("memory")
-    return out
+
+CPU_CAN = ["exactness of every strategy (outputs and gradients)",
+           "sizes: masks, replicated edge indices, caches, what a batch carries",
+           "how the strategies' compute compares (graph passes per sample, message forms)",
+           "how many host syncs each pipeline makes",
+           "peak memory per sample of each strategy (host memory)"]
+CPU_CANNOT = ["host-to-device transfer costs (a CPU run copies nothing)",
+              "what each sync costs (a CPU never waits for a device)",
+              "GPU kernel efficiency and GPU memory limits (the OOM at batch 38)",
+              "NCCL communication between GPUs"]
+
+
+def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Path,
+                  device: str, device_type: str) -> VerdictResult:
+    inv = found["01_graph_inventory"]
+    mc = found["02_mask_cost_model"]
+    timing = found["03_data_vs_model_timing"]
+    ddp = found["04_ddp_scaling"]
+    slow, fast = params["gap_strategies"]
+    causes = rank_causes(timing, ddp, slow, fast, params["num_samples"], device_type) \
+        if slow in timing.loops.strategies and fast in timing.loops.strategies else []
+    cl = claims_mod.check_claims(inv, mc, timing, ddp, device_type=device_type,
+                                 hidden=params["hidden"])
+    rec = recommend(timing, mc, ddp, run_dir, baseline="replicated_mask_cpu"
+                    if "replicated_mask_cpu" in timing.loops.strategies else slow,
+                    tie_tolerance=params["verdict_tie_tolerance"],
+                    num_samples=params["num_samples"])
+    res = VerdictResult(answer="", device=device, device_type=device_type, causes=causes,
+                        claims=cl, recommendation=rec, gap_total=ddp.gap.total,
+                        can_say=CPU_CAN if device_type != "cuda" else [],
+                        cannot_say=CPU_CANNOT if device_type != "cuda" else [], inputs=inputs)
+    res.answer = answer(res, ddp, inv, params)
+    return res
+
+
+def _fmt(st: Stat | None, unit: str = "x") -> str:
+    return "n/a" if st is None else f"{st.median:.3g}{unit} (IQR {st.iqr:.2g})"
+
+
+def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
+    """The lead paragraph: the gap, its causes, the brief's 40x, what a CPU can say, the fix."""
+    g = ddp.gap
+    slow, fast = g.slow, g.fast
+    scale = f"scale {inv.scale:g} of the real graph ({inv.total_edges:,} edges)"
+    lines = [f"**On this run ({v.device}, {scale}), {label(slow)} trains "
+             f"{g.total.median:.3g}x slower per epoch than {label(fast)}** (IQR "
+             f"{g.total.iqr:.2g}): {g.steps_ratio:.2f}x more steps per epoch (batch "
+             f"{g.batch_sizes[slow]} against {g.batch_sizes[fast]}) times {g.per_step_ratio.median:.3g}x "
+             "per step" + ("; DDP adds no measurable overhead." if g.ddp_within_noise else
+                           f" times a DDP factor of {g.ddp_factor.median:.3g}.")]
+    timed = [c for c in v.causes if c.share is not None and c.share > 0.005]
+    if timed:
+        lines.append("**Why:** " + "; ".join(f"{c.cause}: {c.share:.0%} of the extra time"
+                                             for c in timed[:3]) + ".")
+    lines.append(f"The investigation observed about 40x on 4 GPUs at the real size; this run "
+                 f"measured {g.total.median:.3g}x on a {v.device_type.upper()} at {scale}. The "
+                 "steps-per-epoch factor is the same arithmetic in both; the per-step factor "
+                 "depends on the device and the graph's size (notebook 02's benchmark shows it "
+                 "at the real size).")
+    if v.cannot_say:
+        lines.append("A CPU run can say: " + "; ".join(v.can_say) + ". It cannot say: "
+                     + "; ".join(v.cannot_say) + ".")
+    r = v.recommendation
+    if r is not None:
+        fix = f"**The fix: {r.label}**, exact"
+        if r.speedup is not None:
+            fix += (f", {r.speedup.median:.3g}x faster per sample than {label(r.baseline)} in "
+                    "this run's training loop")
+        b = r.bench
+        if b is not None and b.ratio_vs_brief_form is not None:
+            where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
+            fix += (f"; per sample, forward + backward, {b.ratio_vs_brief_form.median:.3g}x "
+                    f"faster than replicated masks in the brief's form {where}")
+            if b.passes_per_sample is not None:
+                fix += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
+        lines.append(fix + ".")
+    return "\n\n".join(lines)

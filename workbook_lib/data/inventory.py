@@ -160,8 +160,24 @@ class InventoryResult(Record):
     bytes_per_batch: dict[str, dict[int, float]]
     dataset_bytes: dict[str, float]
     incidence_cache_bytes: int
+    measured_batch_mask_bytes_per_sample: float = 0.0  # in a collated strategy-2 batch
+    measured_incidence_cache_bytes: int = 0  # strategy 2's prepared host structure
     real_size: RealSize | None = None
     ignored_types: list[str] = field(default_factory=list)
+
+
+def measured_replicated_bytes(graph: CellGraph, pert: torch.Tensor,
+                              batch_size: int = 4) -> tuple[float, int]:
+    """What strategy 2 really carries: mask bytes per sample in a batch its collate built (the
+    same with the dual forward: its wildtype pass runs on the unperturbed graph), and the bytes
+    of its prepared incidence cache."""
+    from ..strategies import make_strategy
+    from ..strategies.base import tensor_bytes
+
+    s = make_strategy("replicated_mask_cpu", graph, device="cpu")
+    rows = pert[:batch_size]
+    batch = s.collate([s.make_item(i, r) for i, r in enumerate(rows)])
+    return tensor_bytes(batch["masks"]) / len(rows), tensor_bytes(s.host["incidence"])
 
 
 def real_size(spec: dict | None, num_genes: int, num_types: int,
@@ -189,6 +205,7 @@ def inventory(params: dict, graph: CellGraph) -> InventoryResult:
     per_sample = per_sample_bytes(graph, mean_k(params["perturbation_k"]), float(removed.mean()))
     per_batch = {rep: {b: v for b, v in by.items()}
                  for rep, by in per_batch_bytes(per_sample, params["batch_sizes"]).items()}
+    measured_masks, measured_inc = measured_replicated_bytes(graph, pert)
     return InventoryResult(
         graph_name=graph.name, source=graph.source, scale=graph.scale,
         num_genes=graph.num_genes, total_edges=graph.num_edges(),
@@ -201,6 +218,8 @@ def inventory(params: dict, graph: CellGraph) -> InventoryResult:
         bytes_per_sample=per_sample, bytes_per_batch=per_batch,
         dataset_bytes=dataset_bytes(per_sample, params["num_samples"]),
         incidence_cache_bytes=incidence_cache_bytes(graph),
+        measured_batch_mask_bytes_per_sample=measured_masks,
+        measured_incidence_cache_bytes=measured_inc,
         real_size=real_size(graph.spec, graph.num_genes, len(graph.edge_types),
                             params["num_samples"]),
         ignored_types=list(graph.ignored))

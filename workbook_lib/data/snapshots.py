@@ -269,11 +269,22 @@ def load_snapshot(params: dict, *, scale: float | None = None) -> CellGraph:
 
 
 def induced_subgraph(graph: CellGraph, num_genes: int) -> CellGraph:
-    """The graph restricted to genes ``0..num_genes-1`` (edges among them only)."""
+    """The graph restricted to its ``num_genes`` genes with the most edges (all types), relabelled
+    ``0..num_genes-1`` in that order, with the edges among them only (sorted by (dst, src))."""
     if not 2 <= num_genes <= graph.num_genes:
         raise ValueError(f"'num_genes' must be in 2..{graph.num_genes} (got {num_genes})")
-    ei = {t: e[:, (e[0] < num_genes) & (e[1] < num_genes)].contiguous()
-          for t, e in graph.edge_index.items()}
-    return CellGraph(name=f"{graph.name}[:{num_genes}]", num_genes=num_genes, edge_index=ei,
-                     source=graph.source, checksum=content_checksum(num_genes, ei),
+    deg = torch.zeros(graph.num_genes, dtype=torch.long)
+    for e in graph.edge_index.values():
+        deg += torch.bincount(e.reshape(-1), minlength=graph.num_genes)
+    chosen = torch.argsort(-deg, stable=True)[:num_genes]
+    new_id = torch.full((graph.num_genes,), -1, dtype=torch.long)
+    new_id[chosen] = torch.arange(num_genes)
+    ei = {}
+    for t, e in graph.edge_index.items():
+        m = new_id[e]
+        m = m[:, (m[0] >= 0) & (m[1] >= 0)]
+        order = torch.argsort(m[1] * num_genes + m[0])
+        ei[t] = m[:, order].contiguous()
+    return CellGraph(name=f"{graph.name}[{num_genes} densest genes]", num_genes=num_genes,
+                     edge_index=ei, source=graph.source, checksum=content_checksum(num_genes, ei),
                      scale=graph.scale, spec=graph.spec)

@@ -1,58 +1,95 @@
-"""Ring all-reduce time model: ``t(n, bytes) = 2 (n-1)/n * bytes / bandwidth + latency``.
+"""Ring all-reduce time model: ``t(n, bytes) = 2(n-1)*latency + 2(n-1)/n * bytes / bandwidth``.
 
-Bandwidth and latency are fitted on all-reduces timed here (gloo on CPU, NCCL on GPU) or taken
-from a preset / params for links this machine does not have.
+Latency and bandwidth are fitted on all-reduces timed here over several buffer sizes and every
+measured world size (gloo on CPU, NCCL on GPU), or taken from a preset / params for links this
+machine does not have. A prediction at a world size beyond those measured is an extrapolation
+and says so, with the fit's in-sample error beside it.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
-# Typical per-GPU all-reduce bus bandwidth (GB/s) and per-call latency (us); order of magnitude
-# only - measure on your cluster and pass link_bandwidth_gbps / link_latency_us.
+from ..records import Record
+
+# Typical per-GPU all-reduce bus bandwidth (GB/s) and per-hop latency (us); orders of magnitude
+# only: measure on your cluster and pass link_bandwidth_gbps / link_latency_us.
 LINK_PRESETS = {
-    "nvlink (H100 SXM)": {"bandwidth_gbps": 150.0, "latency_us": 10.0},
-    "pcie gen4": {"bandwidth_gbps": 20.0, "latency_us": 15.0},
-    "infiniband HDR 200 Gb/s": {"bandwidth_gbps": 22.0, "latency_us": 20.0},
+    "NVLink (H100 SXM)": {"bandwidth_gbps": 150.0, "latency_us": 5.0},
+    "PCIe gen4": {"bandwidth_gbps": 20.0, "latency_us": 10.0},
+    "InfiniBand HDR 200 Gb/s": {"bandwidth_gbps": 22.0, "latency_us": 15.0},
+    "10 GbE": {"bandwidth_gbps": 1.1, "latency_us": 50.0},
 }
 
 
 def ring_allreduce_seconds(num_bytes: float, world_size: int, bandwidth_gbps: float,
                            latency_us: float, num_calls: int = 1) -> float:
     """Predicted time of all-reducing ``num_bytes`` over ``world_size`` ranks in ``num_calls``
-    calls (e.g. DDP buckets), each paying the latency once."""
+    calls (e.g. DDP buckets), each paying the per-hop latency ``2(n-1)`` times."""
     if world_size <= 0:
         raise ValueError(f"'world_size' must be a positive integer (got {world_size})")
     if bandwidth_gbps <= 0:
         raise ValueError(f"'bandwidth_gbps' must be positive (got {bandwidth_gbps})")
     if world_size == 1:
         return 0.0
-    factor = 2.0 * (world_size - 1) / world_size
-    return factor * num_bytes / (bandwidth_gbps * 1e9) + num_calls * latency_us * 1e-6
+    n = world_size
+    return (2 * (n - 1) / n * num_bytes / (bandwidth_gbps * 1e9)
+            + num_calls * 2 * (n - 1) * latency_us * 1e-6)
 
 
-def fit_ring(samples: list[dict], world_size: int) -> dict:
-    """Fit bandwidth and latency from ``[{"bytes": b, "seconds": t}, ...]`` at one world size."""
-    if world_size < 2:
-        raise ValueError(f"'world_size' must be >= 2 to fit a link (got {world_size})")
-    factor = 2.0 * (world_size - 1) / world_size
-    x = np.array([[factor * s["bytes"], 1.0] for s in samples])
-    y = np.array([s["seconds"] for s in samples])
-    (slope, intercept), *_ = np.linalg.lstsq(x, y, rcond=None)
-    slope = max(slope, 1e-15)
-    return {"bandwidth_gbps": 1.0 / slope / 1e9, "latency_us": max(intercept, 0.0) * 1e6,
-            "world_size": world_size}
+@dataclass
+class RingFit(Record):
+    bandwidth_gbps: float
+    latency_us: float
+    world_sizes: list[int]
+    points: int
+    median_abs_rel_error: float  # in-sample
+    source: str = "fitted on all-reduces timed here"
+    notes: list[str] = field(default_factory=list)
+
+    def link(self) -> dict:
+        return {"bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us}
+
+
+def fit_ring(samples: list[tuple[int, float, float]]) -> RingFit:
+    """Fit from ``[(world_size, bytes, seconds), ...]`` with world sizes >= 2."""
+    pts = [(n, b, t) for n, b, t in samples if n >= 2]
+    if len(pts) < 2:
+        raise ValueError(f"need at least 2 all-reduce timings at world size >= 2 (got {len(pts)})")
+    x = np.array([[2 * (n - 1), 2 * (n - 1) / n * b] for n, b, _ in pts])
+    y = np.array([t for *_, t in pts])
+    (lat, inv_bw), *_ = np.linalg.lstsq(x, y, rcond=None)
+    notes = []
+    if inv_bw <= 0:
+        notes.append("the bandwidth term came out non-positive (timings dominated by latency "
+                      "at these sizes): bandwidth set to the largest size / its time")
+        n, b, t = max(pts, key=lambda p: p[1])
+        inv_bw = t / (2 * (n - 1) / n * b)
+    if lat < 0:
+        notes.append(f"the latency term came out negative ({lat * 1e6:.3g} us): below the noise")
+    pred = x @ np.array([lat, inv_bw])
+    err = float(np.median(np.abs(pred - y) / y))
+    return RingFit(bandwidth_gbps=1.0 / inv_bw / 1e9, latency_us=float(lat) * 1e6,
+                   world_sizes=sorted({n for n, _, _ in pts}), points=len(pts),
+                   median_abs_rel_error=err, notes=notes)
 
 
 def num_buckets(num_bytes: float, bucket_cap_mb: float) -> int:
     return max(1, math.ceil(num_bytes / (bucket_cap_mb * 1024 * 1024)))
 
 
+def comm_seconds(grad_bytes: float, world_size: int, link: dict, *,
+                 bucket_cap_mb: float = 25.0) -> float:
+    """Predicted all-reduce time of one step's gradients in DDP buckets."""
+    return ring_allreduce_seconds(grad_bytes, world_size, link["bandwidth_gbps"],
+                                  link["latency_us"], num_buckets(grad_bytes, bucket_cap_mb))
+
+
 def predict_step(compute_s: float, grad_bytes: float, world_size: int, link: dict, *,
                  bucket_cap_mb: float = 25.0, overlap: float = 0.0) -> float:
     """Step time at ``world_size``: compute plus the part of the all-reduce not hidden behind
     backward (``overlap`` = fraction hidden, measured)."""
-    comm = ring_allreduce_seconds(grad_bytes, world_size, link["bandwidth_gbps"],
-                                  link["latency_us"], num_buckets(grad_bytes, bucket_cap_mb))
+    comm = comm_seconds(grad_bytes, world_size, link, bucket_cap_mb=bucket_cap_mb)
     return compute_s + (1.0 - min(max(overlap, 0.0), 1.0)) * comm

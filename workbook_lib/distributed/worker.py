@@ -1,11 +1,27 @@
-"""One DDP rank, started by torchrun: ``python -m workbook_lib.ddp_worker CONFIG.json``.
+"""One DDP rank, started by torchrun: ``python -m workbook_lib.distributed.worker CONFIG.json``.
 
-Measures, per strategy, training steps under ``DistributedDataParallel`` (weak scaling: the
-per-rank batch is fixed), the same steps under ``no_sync()`` (compute only), strong scaling
-(the global batch fixed), gradient accumulation with and without ``no_sync()`` at the same
-effective batch, the loss-side all-gather on and off, and timed all-reduces of several sizes.
-Each rank writes ``rank{RANK}.json``; progress goes to ``rank{RANK}.log``; a failure writes
-``rank{RANK}.error`` (traceback) before the process exits non-zero.
+Every rank runs notebook 03's training loop (:mod:`workbook_lib.training.loop`: the same
+DataLoader pipeline, allocator setting and stage timing) on ``DistributedDataParallel`` models,
+with ``threads`` intra-op threads (the launcher gives each rank its share of the allocation's
+cores). One launch interleaves every variant in the same rounds:
+
+* the scaling strategy: ``ddp`` (all-reduce every step), ``no_sync`` (compute only),
+  ``accum_last`` / ``accum_every`` (``grad_accum_steps`` micro-batches, all-reducing only the last
+  with ``no_sync()``, or every one), ``gather`` (the loss-side all-gather toggled) and ``strong``
+  (the global batch of the largest world size split over the ranks);
+* the two gap strategies (``ddp``), for the per-step ratio.
+
+Communication is measured by DDP's comm hook: each bucket's all-reduce is timed from the moment
+its gradients are ready to the completion of its future (gloo completes a future when the
+collective has finished). Per step, ``comm_total`` sums the buckets and ``comm_exposed`` is the
+time from the last bucket becoming ready (compute done) to the last all-reduce finishing. DDP's
+own logging data is recorded beside it. The all-reduce of gradient-sized buffers is also timed
+directly. Ranks agree on when to stop (an all-reduce of their stop flags), since their collectives
+must match.
+
+Each rank writes ``rank{R}.json`` on success, ``rank{R}.log`` as it goes, ``rank{R}.error`` (the
+traceback) on failure, and ``rank{R}.heartbeat`` every second from a thread: the time and the
+stage it is in, so the launcher can tell a stopped rank from the ranks waiting for it.
 """
 from __future__ import annotations
 
@@ -13,13 +29,94 @@ import datetime as dt
 import json
 import os
 import sys
+import threading
 import time
 import traceback
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from ..records import to_json
+
+
+class Heartbeat:
+    """Writes ``{"time", "stage", "pid"}`` to a file every second from a daemon thread."""
+
+    def __init__(self, path: Path, interval: float = 1.0):
+        self.path, self.interval, self.stage = path, interval, "starting"
+        self.progress = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Heartbeat":
+        self._write()
+        self._thread.start()
+        return self
+
+    def set(self, stage: str) -> None:
+        self.stage = stage
+        self.progress += 1
+        self._write()
+
+    def tick(self) -> None:
+        """One more unit of progress (a training step); written with the next beat."""
+        self.progress += 1
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"time": time.time(), "stage": self.stage,
+                                   "progress": self.progress, "pid": os.getpid()}))
+        os.replace(tmp, self.path)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._write()
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class CommTimer:
+    """A DDP comm hook that all-reduces (mean) each bucket and times it; also the loop's step
+    hooks (``begin_step``/``end_step``) that put the step's totals into its stage record."""
+
+    def __init__(self, world: int, device: torch.device, heartbeat: Heartbeat | None = None):
+        self.world, self.device, self.heartbeat = world, device, heartbeat
+        self.calls: list[float] = []
+        self.done: list[float] = []
+        self._lock = threading.Lock()
+
+    def hook(self, state, bucket):
+        buf = bucket.buffer()
+        buf.div_(self.world)
+        t_call = time.perf_counter()
+        with self._lock:
+            self.calls.append(t_call)
+        fut = dist.all_reduce(buf, async_op=True).get_future()
+
+        def finished(f):
+            with self._lock:
+                self.done.append(time.perf_counter())
+            return f.value()[0]
+        return fut.then(finished)
+
+    def begin_step(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.tick()
+        with self._lock:
+            self.calls, self.done = [], []
+
+    def end_step(self, clock) -> None:
+        with self._lock:
+            calls, done = list(self.calls), list(self.done)
+        if calls and done and self.device.type != "cuda":
+            clock.add("comm_total", sum(d - c for c, d in zip(sorted(calls), sorted(done))))
+            clock.add("comm_exposed", max(0.0, max(done) - max(calls)))
+            clock.add("buckets", float(len(calls)))
 
 
 def _log(fh, msg: str) -> None:
@@ -27,12 +124,7 @@ def _log(fh, msg: str) -> None:
     fh.flush()
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _resolve_backend(backend: str, device_pref: str) -> tuple[str, torch.device]:
+def resolve_backend(backend: str, device_pref: str) -> tuple[str, torch.device]:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_cuda = torch.cuda.is_available() and device_pref in ("cuda", "auto")
     if backend == "auto":
@@ -45,75 +137,30 @@ def _resolve_backend(backend: str, device_pref: str) -> tuple[str, torch.device]
                                f"({torch.cuda.device_count()} visible)")
         torch.cuda.set_device(local_rank)
         return backend, torch.device("cuda", local_rank)
-    return backend, (torch.device("cuda", local_rank) if use_cuda and
-                     local_rank < torch.cuda.device_count() else torch.device("cpu"))
-
-
-def _loss(pred, y, gather: bool):
-    if gather:  # the brief's use_ddp_gather: the loss sees every rank's predictions
-        from torch.distributed.nn.functional import all_gather
-        pred = torch.cat(all_gather(pred))
-        y = torch.cat(all_gather(y))
-    return ((pred - y) ** 2).mean()
-
-
-def _run_variant(ddp_model, strategy, ctxs, labels, *, steps, warmup, device, opt,
-                 no_sync=False, accum=1, accum_no_sync=True, gather=False, dual=False, fh=None,
-                 tag=""):
-    """Time ``warmup + steps`` optimizer steps; each is ``accum`` micro-batches."""
-    times = {"step": [], "forward": [], "backward": [], "optimizer": []}
-    n = len(ctxs)
-    i = 0
-    for step in range(warmup + steps):
-        f = b = 0.0
-        _sync(device)
-        t0 = time.perf_counter()
-        for micro in range(accum):
-            ctx, y = ctxs[i % n], labels[i % n]
-            i += 1
-            skip = no_sync or (accum_no_sync and micro < accum - 1)
-            cm = ddp_model.no_sync() if skip else nullcontext()
-            with cm:
-                _sync(device)
-                ta = time.perf_counter()
-                pred = ddp_model(strategy, ctx, dual=dual)  # DDP's forward arms the reducer
-                loss = _loss(pred, y, gather)
-                _sync(device)
-                tb = time.perf_counter()
-                loss.backward()
-                _sync(device)
-                tc = time.perf_counter()
-            f += tb - ta
-            b += tc - tb
-        td = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
-        te = time.perf_counter()
-        if step >= warmup:
-            times["step"].append(te - t0)
-            times["forward"].append(f)
-            times["backward"].append(b)
-            times["optimizer"].append(te - td)
-        if fh is not None:
-            _log(fh, f"{tag} step {step + 1}/{warmup + steps} {te - t0:.4f}s")
-    return times
+    if use_cuda and local_rank < torch.cuda.device_count():
+        return backend, torch.device("cuda", local_rank)
+    return backend, torch.device("cpu")
 
 
 def main(cfg_path: str) -> None:
+    from .launcher import set_parent_death_signal
+
+    set_parent_death_signal()  # torchrun gone: stop too
     cfg = json.loads(Path(cfg_path).read_text())
     out = Path(cfg["out_dir"])
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     (out / f"rank{rank}.pid").write_text(str(os.getpid()))
+    hb = Heartbeat(out / f"rank{rank}.heartbeat").start()
     fh = open(out / f"rank{rank}.log", "a")
     try:
-        _main(cfg, out, rank, world, fh)
+        _main(cfg, out, rank, world, fh, hb)
     except BaseException:
         (out / f"rank{rank}.error").write_text(traceback.format_exc())
         _log(fh, "FAILED:\n" + traceback.format_exc())
         raise
     finally:
+        hb.stop()
         fh.close()
         if dist.is_initialized():
             try:
@@ -122,105 +169,132 @@ def main(cfg_path: str) -> None:
                 pass
 
 
-def _main(cfg, out, rank, world, fh):
-    from ..strategies.model import PerturbGIN
-    from ..data.perturbations import sample_perturbations
-    from ..data.snapshots import load_snapshot
-    from ..strategies import build_ctx, make_strategy
-    from ..training.loop import synthetic_labels
+def _agree(stop: bool) -> bool:
+    """Every rank stops an arm together: stop when all ranks want to (MIN of their flags)."""
+    t = torch.tensor([1 if stop else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
 
+
+def _main(cfg, out, rank, world, fh, hb):
+    from ..measurement.timing import Stat
+    from ..running.environment import configure_cpu_allocator
     from ..running.params import validate
+    from ..training import loop
+    from ..training.factory import batch_size_for, build_run
 
-    P = validate(cfg["params"], source="ddp worker config")  # JSON round trip: same schema
-    backend, device = _resolve_backend(P["backend"], P["device"])
-    _log(fh, f"rank {rank}/{world} backend {backend} device {device} "
-             f"threads {torch.get_num_threads()}")
+    P = validate(cfg["params"], source="ddp worker config")
+    threads = int(cfg.get("threads") or torch.get_num_threads())
+    torch.set_num_threads(threads)
+    alloc = configure_cpu_allocator(P["cpu_allocator_cache"])
+    backend, device = resolve_backend(P["backend"], P["device"])
+    _log(fh, f"rank {rank}/{world} backend {backend} device {device} threads "
+             f"{torch.get_num_threads()}")
+    hb.set("init_process_group (rendezvous)")
     dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg["timeout_s"]))
     if cfg.get("fail_rank") == rank:
         raise RuntimeError(f"injected failure on rank {rank} (test hook)")
     if cfg.get("hang_rank") == rank:
+        hb.set("hanging (test hook)")
         _log(fh, "hanging (test hook)")
         time.sleep(3600)
-    graph = load_snapshot(P)
-    result = {"rank": rank, "world_size": world, "backend": backend, "device": str(device),
-              "threads": torch.get_num_threads(), "strategies": {}}
-    steps, warmup = cfg["steps"], cfg["warmup"]
-    for spec in cfg["strategies"]:
-        name, bsz = spec["name"], spec["batch_size"]
-        full = spec.get("full", False)
-        strategy = make_strategy(name, graph, aggr=P["aggr"], device=device)
-        model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=P["hidden"],
-                           layers=P["layers"], seed=P["seed"]).to(device)
-        if name != "dango_wildtype":
-            model.query.requires_grad_(False)  # unused by exact strategies; DDP must skip it
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=P["bucket_cap_mb"])
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters()
-                         if p.requires_grad)
-        dual = P["dual_forward"] and strategy.exact
+    hb.set("setup")
+    gap = cfg["gap_strategies"]
+    scaling = cfg["scaling_strategy"]
+    global_batch = cfg["global_batch"]
+    arms, comm = [], {}
+    modules = {}
 
-        def ctx_pool(batch, count=2, salt=0):
-            perts = [sample_perturbations(graph.num_genes, P["perturbation_k"], batch,
-                                          seed=P["seed"] + 1000 * rank + 17 * salt + c)
-                     for c in range(count)]
-            return ([build_ctx(strategy, p.to("cpu")) for p in perts],
-                    [synthetic_labels(p).to(device) for p in perts])
-        ctxs, labels = ctx_pool(bsz)
-        res = {"batch_size": bsz, "grad_bytes": grad_bytes}
-        common = dict(steps=steps, warmup=warmup, device=device, opt=opt, dual=dual, fh=fh)
-        res["ddp"] = _run_variant(ddp, strategy, ctxs, labels, gather=P["use_ddp_gather"],
-                                  tag=f"{name} ddp", **common)
-        res["no_sync"] = _run_variant(ddp, strategy, ctxs, labels, no_sync=True,
-                                      gather=False, tag=f"{name} no_sync", **common)
-        if full:
-            res["ddp_gather_toggled"] = _run_variant(
-                ddp, strategy, ctxs, labels, gather=not P["use_ddp_gather"],
-                tag=f"{name} gather={not P['use_ddp_gather']}", **common)
-            sb = max(1, bsz // world)
-            sctx, slab = ctx_pool(sb, salt=1)
-            res["strong"] = _run_variant(ddp, strategy, sctx, slab, gather=P["use_ddp_gather"],
-                                         tag=f"{name} strong B={sb}", **common)
-            res["strong_batch_size"] = sb
-            a = P["grad_accum_steps"]
-            res["accum_no_sync"] = _run_variant(ddp, strategy, ctxs, labels, accum=a,
-                                                accum_no_sync=True, tag=f"{name} accum no_sync",
-                                                **common)
-            res["accum_sync_every"] = _run_variant(ddp, strategy, ctxs, labels, accum=a,
-                                                   accum_no_sync=False,
-                                                   tag=f"{name} accum sync-every", **common)
-            res["accum_steps"] = a
-            try:
-                logging_data = ddp._get_ddp_logging_data()
-                res["ddp_logging"] = {k: v for k, v in logging_data.items()
-                                      if isinstance(v, (int, float)) and
-                                      ("time" in k or "bucket" in k or "comm" in k)}
-            except Exception as exc:  # noqa: BLE001 - private API, best effort, recorded
-                res["ddp_logging"] = {"unavailable": str(exc)}
-            result["grad_bytes"] = grad_bytes
-        result["strategies"][name] = res
-        del ddp, model, opt
-    # timed all-reduce at several sizes (for the ring model)
-    sizes = sorted({4096, 65536, 1 << 20, 4 << 20, int(result.get("grad_bytes", 1 << 20))})
-    ar = []
+    def ddp_run(name: str, batch: int, tag: str):
+        run = build_run(P, name, device=device, batch_size=batch)
+        hb.set(f"DistributedDataParallel({tag}) (broadcast)")
+        model = torch.nn.parallel.DistributedDataParallel(
+            run.model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=P["bucket_cap_mb"])
+        timer = CommTimer(world, device, hb)
+        model.register_comm_hook(None, timer.hook)
+        opt = torch.optim.AdamW([p for p in run.model.parameters() if p.requires_grad], lr=1e-3)
+        pert = run.perturbations(max(8, cfg["steps_cap"]) * batch * P["grad_accum_steps"],
+                                 salt=1000 * rank + len(modules))
+        ld = loop.make_loader(run.strategy, pert, batch, num_workers=P["num_workers"],
+                              pin_memory=P["pin_memory"],
+                              persistent_workers=P["persistent_workers"])
+        modules[tag] = model
+        comm[tag] = timer
+        return run, model, opt, ld, timer
+
+    run, model, opt, ld, timer = ddp_run(scaling, cfg["batch_size"], "scaling")
+    a = P["grad_accum_steps"]
+    gather = P["use_ddp_gather"]
+    variants = [loop.Variant("ddp", "full", gather=gather),
+                loop.Variant("no_sync", "full", allreduce="never", gather=False),
+                loop.Variant("accum_last", "full", micro_batches=a, allreduce="last"),
+                loop.Variant("accum_every", "full", micro_batches=a, allreduce="every"),
+                loop.Variant("gather", "full", gather=not gather)]
+    for v in variants:
+        arms.append(loop.Arm(f"{scaling}/{v.name}", run.strategy, model, ld, v, dual=run.dual,
+                             optimizer=opt, hooks=timer))
+    strong_b = global_batch // world
+    srun, smodel, sopt, sld, stimer = ddp_run(scaling, strong_b, "strong")
+    arms.append(loop.Arm(f"{scaling}/strong", srun.strategy, smodel, sld,
+                         loop.Variant("strong", "full", gather=gather), dual=srun.dual,
+                         optimizer=sopt, hooks=stimer))
+    for name in gap:
+        b = batch_size_for(P, name)
+        grun, gmodel, gopt, gld, gtimer = ddp_run(name, b, f"gap:{name}")
+        arms.append(loop.Arm(f"{name}/gap", grun.strategy, gmodel, gld,
+                             loop.Variant("ddp", "full", gather=gather), dual=grun.dual,
+                             optimizer=gopt, hooks=gtimer))
+    hb.set("training loop")
+    _log(fh, f"{len(arms)} arms interleaved, {cfg['steps']}..{cfg['steps_cap']} timed steps each")
+
+    def agree(flag: bool) -> bool:
+        hb.set("agreeing to stop (all-reduce)")
+        r = _agree(flag)
+        hb.set("training loop")
+        return r
+    results = loop.run_arms(arms, warmup_steps=cfg["warmup"], min_steps=cfg["steps"],
+                            max_steps=cfg["steps_cap"], target=P["precision_target"],
+                            budget_s=cfg["budget_s"], interleave=P["num_workers"] == 0,
+                            count_syncs=False, agree=agree, desc=f"rank {rank}")
+    logging = {}
+    for tag, m in modules.items():
+        try:
+            data = m._get_ddp_logging_data()
+            logging[tag] = {k: v for k, v in data.items() if isinstance(v, (int, float)) and
+                            ("time" in k or "bucket" in k or "comm" in k)}
+        except Exception as exc:  # noqa: BLE001 - a private API: recorded if it changes
+            logging[tag] = {"unavailable": str(exc)}
+    # all-reduce of buffers the size of the gradients (and others, for the ring model)
+    grad_bytes = sum(p.numel() * p.element_size() for p in run.model.parameters()
+                     if p.requires_grad)
+    hb.set("timing all-reduces (collective)")
+    sizes = sorted({4096, 65536, 1 << 20, 4 << 20, 16 << 20, grad_bytes})
+    allreduce = []
     for nbytes in sizes:
-        t = torch.zeros(max(1, nbytes // 4), device=device)
+        buf = torch.zeros(max(1, nbytes // 4), device=device)
         for _ in range(2):
-            dist.all_reduce(t)
-        _sync(device)
+            dist.all_reduce(buf)
         samples = []
-        for _ in range(max(3, steps)):
+        for _ in range(max(5, cfg["steps"])):
             dist.barrier()
-            _sync(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            dist.all_reduce(t)
-            _sync(device)
+            dist.all_reduce(buf)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             samples.append(time.perf_counter() - t0)
-        samples.sort()
-        ar.append({"bytes": t.numel() * 4, "seconds": samples[len(samples) // 2]})
-    result["allreduce"] = ar
-    (out / f"rank{rank}.json").write_text(json.dumps(result))
+        allreduce.append({"bytes": buf.numel() * 4, "seconds": Stat.from_samples(samples)})
+    doc = {"rank": rank, "world_size": world, "backend": backend, "device": str(device),
+           "threads": torch.get_num_threads(), "cpu_allocator": alloc,
+           "grad_bytes": grad_bytes, "global_batch": global_batch, "strong_batch": strong_b,
+           "arms": results, "allreduce": allreduce, "ddp_logging": logging,
+           "comm_method": ("DDP comm hook timing each bucket's all-reduce future (gloo)"
+                           if device.type != "cuda" else
+                           "DDP logging data (CUDA: futures complete before the kernels do)")}
+    (out / f"rank{rank}.json").write_text(json.dumps(to_json(doc)))
+    hb.set("done (final barrier)")
     _log(fh, "done")
     dist.barrier()
 

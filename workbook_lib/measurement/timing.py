@@ -124,6 +124,14 @@ class Stat(Record):
         return Stat(median=r, iqr=2 * half, q1=r - half, q3=r + half,
                     n=min(self.n, other.n), unit="ratio", target=self.target)
 
+    def times(self, other: "Stat") -> "Stat":
+        """``self * other`` for independent figures: the product of medians, relative IQRs
+        combined in quadrature."""
+        r = self.median * other.median
+        half = abs(r) * math.hypot(self.rel_iqr, other.rel_iqr) / 2
+        return Stat(median=r, iqr=2 * half, q1=r - half, q3=r + half,
+                    n=min(self.n, other.n), unit="ratio", target=self.target)
+
     def describe(self, scale: float = 1.0, unit: str | None = None, digits: int = 3) -> str:
         """'12.3 ms (IQR 0.4, n=10)'."""
         u = unit if unit is not None else self.unit

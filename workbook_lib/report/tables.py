@@ -2,7 +2,8 @@
 no index column, imprecise figures flagged.
 
 A measured figure is shown as ``median (IQR x, n=10)``; one whose IQR/median is above the precision
-target it was repeated for carries a ``*`` and the table a footnote saying so.
+target it was repeated for is marked ``(noisy)`` and the table carries a footnote saying so (a
+word, not a ``*``, which Markdown would read as emphasis).
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pandas as pd
 
 from ..measurement.timing import Stat
 
-IMPRECISE = "*"
-FOOTNOTE = ("* IQR/median above the precision target: the figure stayed noisy after its time "
+IMPRECISE = "(noisy)"
+FOOTNOTE = ("(noisy): IQR/median stayed above the precision target after the figure's time "
             "budget; read it with its IQR.")
 
 
@@ -63,7 +64,7 @@ def fmt_pct(v: float | None, digits: int = 1) -> str:
 
 
 def fmt_stat(st: Stat | None, *, scale: float = 1.0, unit: str = "", digits: int = 3) -> str:
-    """'12.3 ms (IQR 0.41, n=10)', with '*' when above its precision target."""
+    """'12.3 ms (IQR 0.41, n=10)', marked '(noisy)' when above its precision target."""
     if st is None:
         return "n/a"
     u = f" {unit}" if unit else ""

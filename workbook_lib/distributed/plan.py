@@ -1,0 +1,88 @@
+"""Which DDP world sizes this allocation can run, with how many processes and threads each.
+
+The capacity comes from the allocation, not the machine: on SLURM the CPUs of this task
+(``SLURM_CPUS_PER_TASK``, else ``SLURM_CPUS_ON_NODE``) and the GPUs it was given; elsewhere the
+CPUs this process may run on (``os.sched_getaffinity``) and the visible GPUs. A world size is run
+on ``nnodes`` nodes with ``world // nnodes`` processes per node; one that does not divide evenly,
+or needs more processes per node than the node has GPUs (CUDA) or CPU cores (CPU), is skipped
+with the reason. Each CPU rank gets ``cores // processes per node`` intra-op threads, so every
+world size uses the same cores.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from ..records import Record
+
+
+def allocated_cpus() -> tuple[int, str]:
+    """CPUs this task may use, and where that figure came from."""
+    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+        v = os.environ.get(var)
+        if v and v.split("(")[0].isdigit():
+            return int(v.split("(")[0]), var
+    try:
+        return len(os.sched_getaffinity(0)), "os.sched_getaffinity"
+    except AttributeError:
+        return os.cpu_count() or 1, "os.cpu_count"
+
+
+def allocated_gpus() -> tuple[int, str]:
+    if not torch.cuda.is_available():
+        return 0, "no CUDA device"
+    return torch.cuda.device_count(), "torch.cuda.device_count (CUDA_VISIBLE_DEVICES)"
+
+
+@dataclass
+class Launch(Record):
+    world_size: int
+    nnodes: int
+    procs_per_node: int
+    threads_per_rank: int | None  # None on GPUs (one GPU per rank)
+
+
+@dataclass
+class Plan(Record):
+    backend: str
+    device_type: str
+    capacity_per_node: int
+    capacity_source: str
+    nnodes: int
+    launches: list[Launch] = field(default_factory=list)
+    skipped: dict[int, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(world_sizes: list[int], *, backend: str, device: torch.device, nnodes: int = 1,
+         cpus: tuple[int, str] | None = None, gpus: tuple[int, str] | None = None) -> Plan:
+    """Place each requested world size on the allocation (see the module docstring)."""
+    cuda = torch.device(device).type == "cuda"
+    notes = []
+    chosen = backend if backend != "auto" else ("nccl" if cuda else "gloo")
+    if chosen == "nccl" and not cuda:
+        notes.append("backend 'nccl' needs GPUs and this run is on the CPU: gloo is used "
+                     "(set backend: gloo to silence this note)")
+        chosen = "gloo"
+    cap, source = (gpus or allocated_gpus()) if cuda else (cpus or allocated_cpus())
+    if cap <= 0:
+        cap, source = 1, source + " (none: 1 assumed)"
+    out = Plan(chosen, "cuda" if cuda else "cpu", cap, source, nnodes, notes=notes)
+    for w in world_sizes:
+        if w % nnodes:
+            out.skipped[w] = (f"{w} ranks do not divide over {nnodes} nodes (processes per node "
+                              "must be a whole number)")
+            continue
+        per = w // nnodes
+        if per > cap:
+            what = "GPUs" if cuda else "CPU cores"
+            out.skipped[w] = (f"needs {per} processes per node, the allocation has {cap} {what} "
+                              f"per node ({source})")
+            continue
+        out.launches.append(Launch(w, nnodes, per, None if cuda else max(1, cap // per)))
+    if out.launches and out.launches[0].world_size != min(world_sizes):
+        notes.append("the smallest world size requested cannot run here: efficiencies are "
+                     "relative to the smallest one that ran")
+    return out

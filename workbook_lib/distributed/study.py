@@ -1,0 +1,127 @@
+"""Notebook 04's experiment: plan the world sizes on the allocation, launch each with torchrun,
+summarize, fit the ring model, decompose the gap."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..measurement.timing import Stat
+from ..records import Record
+from ..report.progress import note
+from . import allreduce_model as arm
+from .analysis import (GapDecomposition, WorldSummary, efficiencies, gap_decomposition,
+                       summarize, within_noise)
+from .launcher import launch
+from .plan import Plan, plan
+
+
+@dataclass
+class Prediction(Record):
+    world_size: int
+    comm_s: float  # all-reduce of one step's gradients, predicted
+    step_s: float
+    measured_s: float | None
+    extrapolated: bool
+
+
+@dataclass
+class DDPResult(Record):
+    plan: Plan
+    scaling_strategy: str
+    gap_strategies: list[str]
+    worlds: dict[int, WorldSummary]
+    weak: dict[int, Stat]
+    strong: dict[int, Stat]
+    ring: arm.RingFit | None
+    link: dict
+    link_source: str
+    predictions: list[Prediction]
+    presets: dict[str, dict[int, float]]  # link -> world size -> comm seconds of the gradients
+    gap: GapDecomposition
+    ratio_03: Stat | None = None  # notebook 03's per-step ratio of the same two strategies
+    agrees_with_03: bool | None = None
+    logs: dict[int, str] = field(default_factory=dict)  # world size -> launch folder (relative)
+
+
+def run_ddp(params: dict, device: torch.device, run_dir: Path) -> tuple[Plan, dict]:
+    """Launch every world size the allocation can place; ``{world: (launch, ranks)}``."""
+    from ..training.factory import batch_size_for
+
+    pl = plan(params["world_sizes"], backend=params["backend"], device=device,
+              nnodes=params["nnodes"])
+    if not pl.launches:
+        return pl, {}
+    slow, fast = params["gap_strategies"]
+    cfg = {"params": {**params, "backend": pl.backend},
+           "scaling_strategy": params["ddp_strategy"], "gap_strategies": [slow, fast],
+           "batch_size": params["ddp_batch_size"],
+           "global_batch": params["ddp_batch_size"] * max(params["world_sizes"]),
+           "steps": params["ddp_steps"], "steps_cap": 3 * params["ddp_steps"],
+           "warmup": max(1, params["warmup"]), "budget_s": params["ddp_budget_s"],
+           "timeout_s": params["ddp_timeout_s"],
+           "batch_sizes": {s: batch_size_for(params, s) for s in (slow, fast)}}
+    out = {}
+    for ln in pl.launches:
+        note(f"04: launching world size {ln.world_size} ({ln.nnodes} node(s) x "
+             f"{ln.procs_per_node}, {ln.threads_per_rank or 'GPU'} thread(s) per rank)")
+        res = launch("workbook_lib.distributed.worker", cfg, nproc_per_node=ln.procs_per_node,
+                     nnodes=ln.nnodes, rdzv_endpoint=params["rdzv_endpoint"],
+                     out_dir=run_dir / "ddp_04" / f"world{ln.world_size}",
+                     timeout_s=params["ddp_timeout_s"], threads_per_rank=ln.threads_per_rank)
+        out[ln.world_size] = (ln, res)
+    return pl, out
+
+
+def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
+            ratio_03: Stat | None = None) -> DDPResult:
+    from ..training.factory import batch_size_for
+
+    slow, fast = params["gap_strategies"]
+    worlds = {w: summarize(res.ranks, scaling=params["ddp_strategy"], gap=[slow, fast],
+                           procs_per_node=ln.procs_per_node, nnodes=ln.nnodes)
+              for w, (ln, res) in sorted(launched.items())}
+    weak, strong = efficiencies(worlds)
+    samples = [(w, b, st.median) for w, s in worlds.items() if w > 1 for b, st in s.allreduce]
+    ring = arm.fit_ring(samples) if len(samples) >= 2 else None
+    if params["link_bandwidth_gbps"] is not None:
+        link = {"bandwidth_gbps": params["link_bandwidth_gbps"],
+                "latency_us": params["link_latency_us"] or 0.0}
+        source = "params link_bandwidth_gbps / link_latency_us"
+    elif ring is not None:
+        link, source = ring.link(), (f"fitted on all-reduces timed here at world sizes "
+                                     f"{ring.world_sizes} (in-sample error "
+                                     f"{ring.median_abs_rel_error:.0%})")
+    else:
+        link = arm.LINK_PRESETS["PCIe gen4"]
+        source = "preset 'PCIe gen4' (no world size >= 2 ran here)"
+    top = max(worlds)
+    ref = worlds[top]
+    overlap = ref.overlap or 0.0
+    measured_ws = set(worlds)
+    preds = []
+    for w in sorted(measured_ws | {1, 2, 4, 8, 16}):
+        comm = arm.comm_seconds(ref.grad_bytes, w, link, bucket_cap_mb=params["bucket_cap_mb"])
+        step = ref.variants["no_sync"].median + (1 - overlap) * comm
+        preds.append(Prediction(w, comm, step, worlds[w].step.median if w in worlds else None,
+                                w > max(ring.world_sizes if ring else [1])))
+    presets = {name: {w: arm.comm_seconds(ref.grad_bytes, w, lk,
+                                          bucket_cap_mb=params["bucket_cap_mb"])
+                      for w in (2, 4, 8, 16)} for name, lk in arm.LINK_PRESETS.items()}
+    gap = gap_decomposition(worlds, slow, fast, {s: batch_size_for(params, s)
+                                                 for s in (slow, fast)})
+    agrees = None
+    if ratio_03 is not None:
+        agrees = within_noise(gap.per_step_ratio.ratio_to(ratio_03))
+    logs = {}
+    for w, (_ln, res) in launched.items():
+        try:
+            logs[w] = str(Path(res.out_dir).resolve().relative_to(Path(run_dir).resolve()))
+        except ValueError:
+            logs[w] = str(res.out_dir)
+    return DDPResult(plan=pl, scaling_strategy=params["ddp_strategy"],
+                     gap_strategies=[slow, fast], worlds=worlds, weak=weak, strong=strong,
+                     ring=ring, link=link, link_source=source, predictions=preds,
+                     presets=presets, gap=gap, ratio_03=ratio_03, agrees_with_03=agrees,
+                     logs=logs)

@@ -1,0 +1,218 @@
+"""What notebook 04's reader sees."""
+from __future__ import annotations
+
+import numpy as np
+from IPython.display import Markdown
+
+from ..distributed.analysis import within_noise
+from ..distributed.plan import Plan
+from ..distributed.study import DDPResult
+from ..strategies import REGISTRY
+from . import plotting
+from .tables import fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+
+
+def label(name: str) -> str:
+    return REGISTRY[name].label
+
+
+def plan_text(pl: Plan) -> Markdown:
+    lines = [f"Backend **{pl.backend}** on {pl.device_type}; capacity "
+             f"{pl.capacity_per_node} {'GPUs' if pl.device_type == 'cuda' else 'CPU cores'} "
+             f"per node ({pl.capacity_source}), {pl.nnodes} node(s)."]
+    for ln in pl.launches:
+        thr = f", {ln.threads_per_rank} thread(s) per rank" if ln.threads_per_rank else \
+            ", one GPU per rank"
+        lines.append(f"- world size {ln.world_size}: {ln.nnodes} node(s) x "
+                     f"{ln.procs_per_node} process(es){thr}")
+    for w, why in pl.skipped.items():
+        lines.append(f"- world size {w}: **skipped**: {why}")
+    lines += [f"- note: {n}" for n in pl.notes]
+    if pl.device_type == "cpu":
+        lines.append("On a CPU the ranks share the allocation's cores (each gets its share of "
+                     "threads), so a larger world size brings no new hardware: weak-scaling "
+                     "efficiency here shows DDP's costs plus the cores being split, not what "
+                     "more GPUs would give.")
+    return Markdown("\n".join(lines))
+
+
+def step_table(r: DDPResult):
+    rows = []
+    for w, s in r.worlds.items():
+        rows.append({
+            "world size": w, "threads/rank": ", ".join(map(str, sorted(set(s.threads_per_rank)))),
+            "step (DDP)": fmt_time_stat(s.step),
+            "no_sync step": fmt_time_stat(s.variants["no_sync"]),
+            "forward": fmt_time_stat(s.stages["forward"]),
+            "backward": fmt_time_stat(s.stages["backward"]),
+            "weak eff.": fmt_stat(r.weak[w]), "strong eff.": fmt_stat(r.strong[w]),
+            "rank spread (compute)": fmt_pct(s.rank_spread)})
+    s0 = next(iter(r.worlds.values()))
+    return table(rows, caption=f"{label(r.scaling_strategy)}, per-rank batch {s0.batch_size}; "
+                               f"strong scaling keeps the global batch {s0.global_batch}. A "
+                               "synchronous step lasts as long as its slowest rank: per step, "
+                               "the maximum over ranks. Efficiencies relative to the smallest "
+                               "world size run (1 = ideal).")
+
+
+def comm_table(r: DDPResult):
+    rows = []
+    for w, s in r.worlds.items():
+        if w == 1:
+            continue
+        rows.append({
+            "world size": w, "gradient bytes": fmt_bytes(s.grad_bytes),
+            "all-reduce of those bytes (timed directly)": fmt_time_stat(s.allreduce_grad),
+            "communication per step (comm hook)": fmt_time_stat(s.comm_total),
+            "exposed (after compute ended)": fmt_time_stat(s.comm_exposed),
+            "overlap with backward": fmt_pct(s.overlap),
+            "DDP - no_sync (paired, for comparison)": fmt_time_stat(s.ddp_minus_no_sync),
+            "flag": ("exposed exceeds the all-reduce: a rank waits for a slower one"
+                     if s.exposed_exceeds_allreduce else "")})
+    if not rows:
+        return Markdown("Only world size 1 ran: no communication to measure.")
+    s = next(v for w, v in r.worlds.items() if w > 1)
+    return table(rows, caption=f"Communication measured by DDP's own comm hook: {s.comm_method}. "
+                               "Exposed = from the last bucket becoming ready to the last "
+                               "all-reduce finishing. It is flagged when it exceeds the "
+                               "all-reduce of the same bytes timed directly beyond the noise: "
+                               "that excess is waiting for another rank, not the network.")
+
+
+def scaling_plot(r: DDPResult, device: str) -> None:
+    ws = np.array(sorted(r.worlds))
+    fig, axes = plotting.plt.subplots(1, 2, figsize=(12, 4.2))
+    for i, (name, get) in enumerate((("weak (per-rank batch fixed)", lambda s: s.step),
+                                     ("strong (global batch fixed)",
+                                      lambda s: s.variants["strong"]))):
+        med = np.array([get(r.worlds[w]).median for w in ws]) * 1e3
+        lo = np.array([get(r.worlds[w]).q1 for w in ws]) * 1e3
+        hi = np.array([get(r.worlds[w]).q3 for w in ws]) * 1e3
+        axes[0].errorbar(ws, med, yerr=[med - lo, hi - med], fmt="o-", capsize=3,
+                         color=plotting.PALETTE[i], label=name)
+    axes[0].set(xlabel="world size", ylabel="step time (ms)")
+    axes[0].set_xticks(ws, [str(w) for w in ws])
+    axes[0].set_ylim(bottom=0)
+    axes[0].legend()
+    plotting.title(axes[0], "Step time against world size", device=device,
+                   repeats="median, IQR whiskers")
+    for i, (name, eff) in enumerate((("weak", r.weak), ("strong", r.strong))):
+        med = np.array([eff[w].median for w in ws])
+        axes[1].plot(ws, med, "o-", color=plotting.PALETTE[i], label=name)
+    axes[1].axhline(1, color="k", ls=":", lw=1)
+    top = max(1.2, max(max(e.median for e in r.weak.values()),
+                       max(e.median for e in r.strong.values())) * 1.1)
+    axes[1].set(xlabel="world size", ylabel="efficiency (1 = ideal)", ylim=(0, top))
+    axes[1].set_xticks(ws, [str(w) for w in ws])
+    axes[1].legend()
+    plotting.title(axes[1], "Scaling efficiency", device=device)
+    plotting.show(fig, "Left: step time against world size for weak and strong scaling with "
+                       "IQR whiskers. Right: weak and strong scaling efficiency against world "
+                       "size, 1 being ideal.")
+
+
+def variants_table(r: DDPResult, accum: int, gather_on: bool):
+    rows = []
+    for w, s in r.worlds.items():
+        rows.append({
+            "world size": w,
+            f"accumulate {accum}, all-reduce the last (no_sync)": fmt_time_stat(
+                s.variants["accum_last"]),
+            f"accumulate {accum}, all-reduce every one": fmt_time_stat(s.variants["accum_every"]),
+            f"loss all-gather {'off' if gather_on else 'on'} / {'on' if gather_on else 'off'}":
+                fmt_stat(s.gather_ratio, unit="x"),
+            "changes the step beyond noise": "no" if within_noise(s.gather_ratio) else "yes"})
+    return table(rows, caption="Per optimizer step. The all-gather ratio is paired by round; it "
+                               "'changes nothing' when 1 lies inside its IQR.")
+
+
+def ring_text(r: DDPResult) -> Markdown:
+    f = r.ring
+    extra = "" if f is None else (f" The fit: {f.bandwidth_gbps:.3g} GB/s, "
+                                  f"{f.latency_us:.3g} us per hop, in-sample error "
+                                  f"{f.median_abs_rel_error:.0%}"
+                                  + ("; " + "; ".join(f.notes) if f.notes else "") + ".")
+    return Markdown(f"Link used for the predictions: {r.link['bandwidth_gbps']:.3g} GB/s, "
+                    f"{r.link['latency_us']:.3g} us per hop ({r.link_source}).{extra} Step "
+                    "predictions keep each rank's compute as measured at the largest world size "
+                    "run and add the part of the predicted all-reduce not hidden behind backward.")
+
+
+def prediction_table(r: DDPResult):
+    rows = [{"world size": p.world_size,
+             "all-reduce of the gradients": f"{p.comm_s * 1e3:.3g} ms",
+             "predicted step": f"{p.step_s * 1e3:.3g} ms",
+             "measured step": "" if p.measured_s is None else f"{p.measured_s * 1e3:.3g} ms",
+             "error": "" if p.measured_s is None else fmt_pct((p.step_s - p.measured_s) /
+                                                              p.measured_s),
+             "basis": "extrapolation beyond the world sizes measured" if p.extrapolated else
+             "within the measured range"} for p in r.predictions]
+    return table(rows)
+
+
+def presets_table(r: DDPResult):
+    rows = [{"link": name, **{f"{w} ranks": f"{v * 1e3:.3g} ms" for w, v in by.items()}}
+            for name, by in r.presets.items()]
+    grad = next(iter(r.worlds.values())).grad_bytes
+    return table(rows, caption=f"The ring model's all-reduce of one step's gradients "
+                               f"({fmt_bytes(grad)}) on other links (presets are orders of "
+                               "magnitude; measure yours and set link_bandwidth_gbps / "
+                               "link_latency_us).")
+
+
+def gap_text(r: DDPResult) -> Markdown:
+    g = r.gap
+    ddp = ("no measurable DDP overhead (1 lies inside the IQR of the factor; it is left out of "
+           "the total)" if g.ddp_within_noise else f"DDP factor {fmt_stat(g.ddp_factor)}")
+    agree = ""
+    if r.ratio_03 is not None:
+        agree = (f" Notebook 03 measured the same per-step ratio as {fmt_stat(r.ratio_03)}: "
+                 + ("**the two agree within noise**." if r.agrees_with_03 else
+                    "**they differ beyond noise** (see notebook 05)."))
+    return Markdown(
+        f"Epoch-time ratio of {label(g.slow)} (batch {g.batch_sizes[g.slow]}) to {label(g.fast)} "
+        f"(batch {g.batch_sizes[g.fast]}): **{fmt_stat(g.total, unit='x')}** = steps per epoch "
+        f"x{g.steps_ratio:.2f} (arithmetic: the batch sizes) x time per step "
+        f"{fmt_stat(g.per_step_ratio, unit='x')} (measured at world size {g.base_world_size}, "
+        f"paired by round) x DDP: {ddp} (measured at {g.world_size} against {g.base_world_size} "
+        f"rank(s)). The brief observed about 40x on 4 GPUs.{agree}")
+
+
+def gap_plot(r: DDPResult, device: str) -> None:
+    g = r.gap
+    terms = [("steps per epoch\n(arithmetic)", g.steps_ratio, 0.0),
+             ("time per step\n(measured)", g.per_step_ratio.median, g.per_step_ratio.iqr),
+             ("DDP factor\n(measured)", g.ddp_factor.median, g.ddp_factor.iqr)]
+    fig, ax = plotting.plt.subplots(figsize=(8, 4))
+    x = np.arange(len(terms) + 1)
+    vals = [t[1] for t in terms] + [g.total.median]
+    errs = [t[2] / 2 for t in terms] + [g.total.iqr / 2]
+    ax.bar(x, vals, yerr=errs, capsize=4, color=[plotting.PALETTE[i] for i in range(4)])
+    for i, v in enumerate(vals):
+        ax.text(i, v, f" x{v:.3g}", ha="center", va="bottom")
+    ax.set_xticks(x, [t[0] for t in terms] + ["epoch-time\nratio (product)"])
+    ax.axhline(1, color="k", lw=1, ls=":")
+    ax.set_ylabel("factor (x)")
+    plotting.title(ax, f"{label(g.slow)} against {label(g.fast)}: the gap, factor by factor",
+                   device=device, sizes=f"batch {g.batch_sizes[g.slow]} vs {g.batch_sizes[g.fast]}",
+                   repeats="median, IQR whiskers")
+    plotting.show(fig, "Bars: the steps-per-epoch ratio, the per-step time ratio, the DDP factor "
+                       "and their product, the epoch-time ratio, with IQR whiskers.")
+
+
+def headline(r: DDPResult) -> str:
+    w = max(r.worlds)
+    s = r.worlds[w]
+    g = r.gap
+    parts = [f"{label(r.scaling_strategy)}: weak efficiency {fmt_ratio(r.weak[w].median)[:-1]} "
+             f"at {w} ranks ({s.backend})"]
+    parts.append(f"gap {fmt_ratio(g.total.median)} = steps x{g.steps_ratio:.2f} x step time "
+                 f"{fmt_ratio(g.per_step_ratio.median)}"
+                 + ("" if g.ddp_within_noise else f" x DDP {fmt_ratio(g.ddp_factor.median)}"))
+    if g.ddp_within_noise:
+        parts.append("no measurable DDP overhead")
+    return "; ".join(parts)
+
+
+def saved(path, headline_text: str) -> Markdown:
+    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
