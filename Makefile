@@ -1,9 +1,9 @@
 # Two commands on a fresh machine:
 #   make report   - installs into .venv, runs every notebook at the default scale -> runs/default/
 #   make test     - installs into .venv (with test extras), runs the test suite
-# TORCH_SPEC is installed before anything that depends on torch. On this CPU machine
-# torch==2.13.0 is a CPU build on disk; on a CUDA machine use e.g. TORCH_SPEC="torch>=2.2"
-# with your CUDA index, or install torch into .venv yourself first.
+# TORCH_SPEC is installed before anything that depends on torch (default: the CPU build
+# torch==2.13.0). With a CUDA machine, pass your build, e.g. TORCH_SPEC="torch>=2.2" with
+# PIP_EXTRA_INDEX_URL pointing at the CUDA wheels you use, or install torch into .venv first.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -11,13 +11,15 @@ PARAMS ?= params/default.yaml
 OUT ?= runs/default
 PY := $(VENV)/bin/python
 
-.PHONY: venv report test notebooks clean
+.PHONY: venv report test notebooks kernel clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m ipykernel install --user --name gnn-workbook --display-name "GNN perturbation workbook" >/dev/null
+	$(PY) -m workbook_lib notebooks >/dev/null
 	touch $@
 
 venv: $(VENV)/.installed
@@ -28,9 +30,13 @@ report: venv
 test: venv
 	$(PY) -m pytest -q
 
-# regenerate notebooks/*.ipynb from notebooks/src/*.py (percent format, no outputs)
+# notebooks/*.ipynb from their jupytext sources (the parameters cell from the params schema)
 notebooks: venv
-	$(PY) tools/build_notebooks.py
+	$(PY) -m workbook_lib notebooks
+
+# the named Jupyter kernel of this project (make venv registers it)
+kernel: venv
+	$(PY) -m ipykernel install --user --name gnn-workbook --display-name "GNN perturbation workbook"
 
 clean:
-	rm -rf runs data_snapshots/cache
+	rm -rf runs data_snapshots/cache notebooks/*.ipynb

@@ -25,7 +25,8 @@ class NotebookInfo:
 
     name: str  # file stem, e.g. "03_data_vs_model_timing"
     title: str
-    reads: tuple[str, ...] = ()  # notebooks whose results it reads from the run folder
+    requires: tuple[str, ...] = ()  # notebooks whose complete results it needs
+    reads: tuple[str, ...] = ()  # notebooks whose results it uses when present
     distributed: bool = False  # launches torchrun (needs the allocation's nodes and GPUs)
 
     @property
@@ -35,12 +36,16 @@ class NotebookInfo:
 
 NOTEBOOKS: tuple[NotebookInfo, ...] = (
     NotebookInfo("01_graph_inventory", "Graph size inventory"),
-    NotebookInfo("02_mask_cost_model", "Mask cost model and strategy comparison"),
+    NotebookInfo("02_mask_cost_model", "Mask cost model and strategy comparison",
+                 reads=("01_graph_inventory",)),
     NotebookInfo("03_data_vs_model_timing", "Data-only vs model timing"),
-    NotebookInfo("04_ddp_scaling", "DDP scaling", distributed=True),
+    NotebookInfo("04_ddp_scaling", "DDP scaling", reads=("03_data_vs_model_timing",),
+                 distributed=True),
     NotebookInfo("05_verdict", "Verdict",
-                 reads=("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing",
-                        "04_ddp_scaling")),
+                 requires=("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing",
+                           "04_ddp_scaling")),
+    NotebookInfo("06_adopt_fix", "Adopting the fix",
+                 reads=("02_mask_cost_model", "04_ddp_scaling")),
 )
 
 NOTEBOOK_NAMES = tuple(nb.name for nb in NOTEBOOKS)
@@ -52,3 +57,9 @@ def notebook_info(name: str) -> NotebookInfo:
     if name not in BY_NAME:
         raise KeyError(name)
     return BY_NAME[name]
+
+
+def inputs_of(name: str) -> tuple[str, ...]:
+    """Every notebook whose results ``name`` reads (required or optional)."""
+    nb = notebook_info(name)
+    return nb.requires + nb.reads

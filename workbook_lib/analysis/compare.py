@@ -1,4 +1,10 @@
-"""Comparing two run folders: headline numbers side by side, with ratios (B over A)."""
+"""Comparing run folders: the headline figures of two or more runs side by side.
+
+Each row is one headline figure (:mod:`workbook_lib.analysis.headlines`) with its unit and noise
+in every run, and each run after the first against the first: the ratio, and whether that is
+better or worse for that figure (lower is better for a time, higher for a speedup). Runs made on
+different snapshots are refused unless forced: their numbers do not compare.
+"""
 from __future__ import annotations
 
 import html
@@ -6,125 +12,106 @@ import json
 from pathlib import Path
 
 from ..exceptions import RunComparisonError
-from ..running.results import read_results
-from ..running.runner import TITLES
-
-# per notebook: the numbers worth comparing (dotted paths; '*' expands one level)
-HEADLINES = {
-    "01_graph_inventory": ["total_edges", "mask_bytes_per_sample", "incidence_cache_bytes",
-                           "removed_edge_fraction.mean", "hop_coverage.*"],
-    "02_mask_cost_model": ["coefficients.*.value", "crossover_p", "prediction_error.*",
-                           "full_size_ratio_shared_vs_replicated.value",
-                           "full_size_ratio_shared_vs_replicated.ratio_vs_sparse_form",
-                           "full_size_ratio_shared_vs_replicated.per_sample_s.*"],
-    "03_data_vs_model_timing": ["it_per_s.*.data", "it_per_s.*.full", "ms_per_sample.*.full",
-                                "syncs_per_step.*", "epochs_per_day.*.1"],
-    "04_ddp_scaling": ["step_time_s.*", "scaling_efficiency.*", "comm_fraction.*",
-                       "gap_decomposition.steps_ratio", "gap_decomposition.per_step_ratio",
-                       "gap_decomposition.ddp_factor", "gap_decomposition.total"],
-    "05_verdict": ["recommendation.speedup_per_sample", "gap.total_ratio"],
-}
+from ..running.results import read_meta
+from .headlines import Figure, headline_figures
 
 
-def _expand(doc, path: str) -> dict[str, object]:
-    parts = path.split(".")
-    out = {}
-
-    def walk(node, i, prefix):
-        if i == len(parts):
-            out[prefix] = node
-            return
-        if not isinstance(node, dict):
-            return
-        keys = list(node) if parts[i] == "*" else [parts[i]]
-        for k in keys:
-            if k in node and not k.startswith("_"):
-                walk(node[k], i + 1, f"{prefix}.{k}" if prefix else k)
-    walk(doc, 0, "")
+def _checksums(run: Path) -> set[str]:
+    out = set()
+    for f in run.glob("[0-9][0-9]_*.json"):
+        meta = read_meta(run, f.stem)
+        if meta and meta.snapshot_checksum:
+            out.add(meta.snapshot_checksum)
     return out
 
 
-def headline_numbers(run_dir: str | Path) -> dict[str, dict[str, float]]:
-    """``{notebook: {path: number}}`` for the notebooks whose results exist in ``run_dir``."""
-    out = {}
-    for nb, paths in HEADLINES.items():
-        res = read_results(run_dir, nb)
-        if res is None:
-            continue
-        vals = {}
-        for p in paths:
-            for k, v in _expand(res, p).items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    vals[k] = float(v)
-        out[nb] = vals
-    return out
+def _cell(f: Figure | None) -> str:
+    if f is None:
+        return "—"
+    if f.text is not None:
+        return html.escape(f.text)
+    if f.value is None:
+        return "n/a"
+    unit = f" {f.unit}" if f.unit and f.unit != "x" else ("x" if f.unit == "x" else "")
+    noise = f" <small>(IQR {f.iqr:.2g})</small>" if f.iqr is not None else ""
+    return f"{f.value:.4g}{unit}{noise}"
 
 
-def _meta(run_dir: Path) -> dict:
-    env = {}
-    if (run_dir / "environment.json").is_file():
-        env = json.loads((run_dir / "environment.json").read_text())
-    sums = {}
-    for nb in HEADLINES:
-        res = read_results(run_dir, nb)
-        if res and res.get("_meta", {}).get("snapshot_checksum"):
-            sums[nb] = res["_meta"]["snapshot_checksum"]
-    return {"env": env, "checksums": sums}
+def _verdict(a: Figure | None, b: Figure | None) -> tuple[str, str]:
+    """(text, css class) of run b against run a for this figure."""
+    if a is None or b is None:
+        return "", ""
+    if a.text is not None:
+        return ("same", "") if a.text == b.text else ("different", "worse")
+    if not a.value or b.value is None:
+        return "", ""
+    r = b.value / a.value
+    if a.better is None or abs(r - 1) < 0.05:
+        return f"{r:.3g}x", ""
+    good = (r < 1) == (a.better == "lower")
+    return f"{r:.3g}x ({'better' if good else 'worse'})", "better" if good else "worse"
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path, out: str | Path | None = None, *,
+def compare_runs(runs: list[str | Path], out: str | Path | None = None, *,
                  force: bool = False) -> Path:
-    """Write an HTML page comparing two run folders; returns its path.
+    """Write an HTML page comparing run folders (the first is the reference); returns its path.
 
     Raises:
-        RunComparisonError: a folder is missing or has no results, or the runs used different
-            snapshots (unless ``force``).
+        RunComparisonError: fewer than two runs, a folder missing or without results, or runs
+            made on different snapshots (unless ``force``).
     """
-    a, b = Path(run_a), Path(run_b)
-    for d in (a, b):
+    paths = [Path(r) for r in runs]
+    if len(paths) < 2:
+        raise RunComparisonError("compare needs at least two run folders")
+    for d in paths:
         if not d.is_dir():
             raise RunComparisonError(f"run folder {d} does not exist")
-    ha, hb = headline_numbers(a), headline_numbers(b)
-    if not ha or not hb:
-        empty = a if not ha else b
-        raise RunComparisonError(f"run folder {empty} holds no results files")
-    ma, mb = _meta(a), _meta(b)
-    sa, sb = set(ma["checksums"].values()), set(mb["checksums"].values())
-    if sa and sb and sa != sb and not force:
+    figs = [headline_figures(d) for d in paths]
+    for d, f in zip(paths, figs):
+        if not f:
+            raise RunComparisonError(f"run folder {d} holds no results of this workbook version")
+    sums = [_checksums(d) for d in paths]
+    differ = any(s and sums[0] and s != sums[0] for s in sums[1:])
+    if differ and not force:
         raise RunComparisonError(
-            f"the runs used different snapshots ({sorted(s[:12] for s in sa)} vs "
-            f"{sorted(s[:12] for s in sb)}); numbers would not be comparable. "
-            "Pass --force to compare anyway.")
+            "the runs used different snapshots; their numbers would not be comparable "
+            "(pass --force to compare anyway)")
+    keys = list(dict.fromkeys(k for f in figs for k in f))
+    head = "".join(f"<th>{html.escape(d.name)}</th>" for d in paths) + "".join(
+        f"<th>{html.escape(d.name)} vs {html.escape(paths[0].name)}</th>" for d in paths[1:])
     rows = []
-    for nb in HEADLINES:
-        if nb not in ha and nb not in hb:
-            continue
-        rows.append(f"<tr><th colspan=4>{html.escape(TITLES.get(nb, nb))}</th></tr>")
-        keys = list(dict.fromkeys([*ha.get(nb, {}), *hb.get(nb, {})]))
-        for k in keys:
-            va, vb = ha.get(nb, {}).get(k), hb.get(nb, {}).get(k)
-            ratio = (vb / va) if (va not in (None, 0) and vb is not None) else None
-            fmt = lambda v: "—" if v is None else f"{v:.4g}"  # noqa: E731
-            cls = "" if ratio is None else ("up" if ratio > 1.05 else "down" if ratio < 0.95 else "")
-            rows.append(f"<tr><td><code>{html.escape(k)}</code></td><td>{fmt(va)}</td>"
-                        f"<td>{fmt(vb)}</td><td class='{cls}'>{fmt(ratio)}</td></tr>")
+    for k in keys:
+        ref = figs[0].get(k)
+        any_f = next(f[k] for f in figs if k in f)
+        cells = "".join(f"<td>{_cell(f.get(k))}</td>" for f in figs)
+        for f in figs[1:]:
+            text, cls = _verdict(ref, f.get(k))
+            cells += f"<td class='{cls}'>{text}</td>"
+        rows.append(f"<tr><td>{html.escape(any_f.label)}<br><small>{any_f.notebook}, "
+                    f"{any_f.kind}</small></td>{cells}</tr>")
 
-    def env_line(m, d):
-        e = m["env"]
-        git = e.get("git", {})
-        return (f"<code>{html.escape(str(d))}</code>: {html.escape(str(e.get('device_label')))}, "
-                f"snapshot scale {e.get('params', {}).get('scale')}, git "
-                f"{html.escape(str(git.get('revision'))[:10])}, created {e.get('created')}")
-    warn = "" if not (sa and sb and sa != sb) else \
-        "<p class='warn'>The runs used different snapshots (compared with --force).</p>"
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Run comparison</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}
-td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}} th{{background:#f3f3f3}}
-.up{{color:#a00}} .down{{color:#070}} .warn{{background:#fdd;padding:6px}}</style></head><body>
-<h1>Run comparison</h1><p>A = {env_line(ma, a)}<br>B = {env_line(mb, b)}</p>{warn}
-<p>Ratio = B / A (for times, below 1 means B is faster).</p>
-<table><tr><th>number</th><th>A</th><th>B</th><th>B / A</th></tr>{''.join(rows)}</table>
-</body></html>"""
-    out_path = Path(out) if out else b / f"compare_{a.name}_vs_{b.name}.html"
+    def env_line(d: Path) -> str:
+        env = {}
+        if (d / "environment.json").is_file():
+            env = json.loads((d / "environment.json").read_text())
+        p = env.get("params", {}) or {}
+        return (f"<li><b>{html.escape(d.name)}</b>: {html.escape(str(env.get('device_label')))}"
+                f", scale {p.get('scale')}, H {p.get('hidden')}, created "
+                f"{html.escape(str(env.get('created')))}</li>")
+    warn = "<p class='warn'>The runs used different snapshots (compared with --force).</p>" \
+        if differ else ""
+    page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>Run comparison</title><style>body{{font-family:system-ui,sans-serif;max-width:1200px;
+margin:2em auto}} td,th{{border-bottom:1px solid #ddd;padding:5px 8px;text-align:left;
+vertical-align:top}} th{{background:#f4f4f4}} .better{{color:#176d17}} .worse{{color:#a11}}
+.warn{{background:#fbe3e3;padding:6px}} small{{color:#666}}</style></head><body>
+<h1>Run comparison</h1><ul>{''.join(env_line(d) for d in paths)}</ul>{warn}
+<p>Each run against the first: the ratio, better or worse by the figure's direction (lower is
+better for times, higher for speedups); within 5% no direction is given. Absolute times move
+with the machine's speed; ratios measured in the same rounds do not.</p>
+<table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table></body></html>"""
+    out_path = Path(out) if out else Path("runs") / ("compare-" + "-vs-".join(
+        d.name for d in paths) + ".html")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(page, encoding="utf-8")
     return out_path

@@ -33,7 +33,7 @@ from ..training.loop import project_epochs
 from . import claims as claims_mod
 from .bench import BenchResult
 
-INPUTS = notebook_info("05_verdict").reads
+INPUTS = notebook_info("05_verdict").requires
 
 
 @dataclass

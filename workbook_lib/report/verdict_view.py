@@ -70,7 +70,7 @@ def recommendation_text(v: VerdictResult) -> Markdown:
     if r is None:
         return Markdown("No exact strategy ran in notebook 03: no recommendation.")
     lines = [f"### Use the {r.label}",
-             f"- Full training step: **{fmt_stat(r.ms_per_sample, unit="ms")}** per sample "
+             f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms')}** per sample "
              f"(notebook 03, {v.device}); {r.tie_rule}."]
     if r.speedup is not None:
         lines.append(f"- Against {label(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** faster "

@@ -1,83 +1,142 @@
-"""Command line: ``python -m workbook_lib {list,run,params,...}``."""
+"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,stability,slurm,...}``.
+
+Every bad argument (a params file that is not YAML, a ``--set`` that does not parse, an ``--out``
+that cannot be written) gets a one-line error and exit status 2 before any work; a failed
+notebook exits 1 with a summary; an interrupt exits 130.
+"""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
 
-from ..running import params as params_mod
-from ..exceptions import NotebookFailedError, WorkbookError
-from ..running.runner import TITLES, available_notebooks, run_notebooks
+from ..catalog import BY_NAME
+from ..exceptions import NotebookFailedError, ParamsError, WorkbookError
+from . import params as params_mod
+
+DEFAULT_PARAMS = "params/default.yaml"
+
+
+def _load(path: str, sets: list[str] | None) -> dict:
+    """A params file plus ``--set KEY=VALUE`` overrides, validated once."""
+    import yaml
+
+    from ..paths import resolve_path
+
+    p = Path(path)
+    if not p.is_file() and not p.is_absolute() and resolve_path(path).is_file():
+        path = str(resolve_path(path))
+    src, raw = params_mod.read_params_file(path)
+    for item in sets or []:
+        if "=" not in item:
+            raise ParamsError(f"--set expects KEY=VALUE (got {item!r})")
+        k, v = item.split("=", 1)
+        try:
+            raw[k.strip()] = yaml.safe_load(v)
+        except yaml.YAMLError as exc:
+            first = str(exc).splitlines()[0]
+            raise ParamsError(f"--set {item!r}: the value is not valid YAML ({first})",
+                              key=k.strip(), value=v) from None
+    return params_mod.validate(raw, source=str(src) + (" with --set" if sets else ""))
 
 
 def _cmd_list(args) -> int:
+    from .runner import available_notebooks
+
     for name in available_notebooks():
-        print(f"{name:28s} {TITLES.get(name, '')}")
+        print(f"{name:28s} {BY_NAME[name].title if name in BY_NAME else ''}")
     return 0
 
 
 def _cmd_params(args) -> int:
     if args.file:
-        p = params_mod.load_params_file(args.file)
-        for k, v in p.items():
+        for k, v in _load(args.file, args.set).items():
             print(f"{k}: {v!r}")
     else:
         print(params_mod.describe())
     return 0
 
 
-def _apply_sets(p: dict, sets: list[str] | None, source: str) -> dict:
-    """``--set key=value`` overrides (value parsed as YAML), validated with the same schema."""
-    import yaml
-
-    if not sets:
-        return p
-    extra = {}
-    for item in sets:
-        if "=" not in item:
-            raise params_mod.ParamsError(f"--set expects KEY=VALUE (got {item!r})")
-        k, v = item.split("=", 1)
-        extra[k.strip()] = yaml.safe_load(v)
-    return params_mod.validate({**p, **extra}, source=f"{source} with --set")
-
-
 def _cmd_run(args) -> int:
-    p = params_mod.load_params_file(args.params)  # every check before any work
-    p = _apply_sets(p, args.set, str(args.params))
+    from .runner import run_notebooks
+
+    p = _load(args.params, args.set)  # every check before any work
     try:
-        outcomes = run_notebooks(p, args.out, only=args.only, hide_code=args.hide_code,
+        outcomes = run_notebooks(p, args.out, only=args.only, show_code=args.show_code,
                                  resume=args.resume, progress=not args.quiet,
                                  log_output=not args.quiet)
     except KeyboardInterrupt:
-        print(f"\nINTERRUPTED: kernel and child processes stopped; finished notebooks are kept "
-              f"in {args.out} (rerun with --resume to continue)", file=sys.stderr)
+        print(f"\nINTERRUPTED: the kernel and every process it started were stopped; finished "
+              f"notebooks are kept in {args.out}. Continue with: python -m workbook_lib run "
+              f"--params {args.params} --out {args.out} --resume", file=sys.stderr)
         return 130
     except NotebookFailedError as exc:
         print(f"\nFAILED: {exc}", file=sys.stderr)
-        print(f"Partial notebooks and HTML (failing cell marked) are in {args.out}",
-              file=sys.stderr)
+        print(f"Partial notebooks and reports (the failing cell marked) are in {args.out}; "
+              "after fixing the cause, --resume reruns only what is incomplete.", file=sys.stderr)
         return 1
     for o in outcomes:
-        print(f"{o.status:8s} {o.name:28s} {o.seconds:7.1f} s")
-    print(f"Reports: {args.out}/index.html")
+        t = "kept" if o.status == "kept" else f"{o.seconds:7.1f} s"
+        print(f"{o.status:8s} {o.name:28s} {t}")
+    print(f"Reports: {Path(args.out).resolve() / 'index.html'}")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from ..analysis.bench import run_bench, summary_lines
+    from ..running.environment import configure_cpu_allocator
+
+    p = _load(args.params, args.set)
+    out = Path(args.out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".probe").write_text("")
+        out.with_suffix(".probe").unlink()
+    except OSError as exc:
+        raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    configure_cpu_allocator(p["cpu_allocator_cache"])
+    res = run_bench(p, full_size=True if args.full_size else None)
+    from .results import atomic_write_text
+
+    atomic_write_text(out, json.dumps(res.to_json(), indent=1))
+    print("\n".join(summary_lines(res)))
+    print(f"Results: {out}")
     return 0
 
 
 def _cmd_compare(args) -> int:
     from ..analysis.compare import compare_runs
 
-    path = compare_runs(args.run_a, args.run_b, args.out, force=args.force)
+    path = compare_runs(args.runs, args.out, force=args.force)
     print(f"Comparison: {path}")
     return 0
 
 
-def _cmd_slurm(args) -> int:
-    from ..running.slurm import write_scripts
+def _cmd_stability(args) -> int:
+    from ..analysis.stability import run_stability
 
-    paths = write_scripts(args.params, args.out_dir, partition=args.partition,
-                          gpus_per_node=args.gpus, nodes=args.nodes, time=args.time,
-                          cpus_per_task=args.cpus_per_task, mem=args.mem, account=args.account,
-                          array=not args.single_job)
+    p = _load(args.params, args.set)
+    res = run_stability(p, args.out, runs=args.runs, tolerance=args.tolerance, only=args.only,
+                        progress=not args.quiet)
+    for r in res.rows:
+        rel = "" if r.rel_diff is None else f"{r.rel_diff:7.1%}"
+        status = "" if r.agrees is None else ("ok" if r.agrees else "DIFFERS")
+        print(f"{r.label[:58]:58s} {' | '.join(v[:14] for v in r.values):34s} {rel:>8s} "
+              f"{status}")
+    print(f"Report: {Path(args.out) / 'stability.html'}")
+    return 0 if not [r for r in res.disagreeing if r.verdict_rests_on] else 1
+
+
+def _cmd_slurm(args) -> int:
+    from .slurm import write_scripts
+
+    p = _load(args.params, args.set)
+    paths = write_scripts(args.params, p, args.out_dir, run_dir=args.run_dir,
+                          partition=args.partition, gpus_per_node=args.gpus, nodes=args.nodes,
+                          time=args.time, cpus_per_task=args.cpus_per_task, mem=args.mem,
+                          account=args.account, array=not args.single_job, force=args.force)
     for kind, path in paths.items():
         print(f"{kind:8s} {path}")
     if "submit" in paths:
@@ -87,54 +146,127 @@ def _cmd_slurm(args) -> int:
     return 0
 
 
+def _cmd_notebooks(args) -> int:
+    from .notebooks import sync
+
+    stale = sync(check=args.check)
+    if args.check and stale:
+        print("parameters cells out of date (run `make notebooks`): " + ", ".join(stale))
+        return 1
+    print("notebooks/*.ipynb built from their sources" if not args.check else "up to date")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m workbook_lib",
-                                 description="Perturbed-graph GNN performance workbook")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="show the notebooks in execution order").set_defaults(
-        fn=_cmd_list)
-    pp = sub.add_parser("params", help="describe the params schema, or validate a file")
-    pp.add_argument("file", nargs="?", help="params file to validate and print")
-    pp.set_defaults(fn=_cmd_params)
-    rp = sub.add_parser("run", help="execute the notebooks with papermill")
-    rp.add_argument("--params", required=True, help="params YAML (a path, or a name in params/)")
-    rp.add_argument("--out", default="runs/default", help="run folder (default runs/default)")
-    rp.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks")
-    rp.add_argument("--hide-code", action="store_true", help="HTML reports without code cells")
-    rp.add_argument("--resume", action="store_true",
-                    help="skip notebooks whose results are complete with the same params")
-    rp.add_argument("--quiet", action="store_true", help="no progress bars or kernel output")
-    rp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override one param (YAML value), validated like the file")
-    rp.set_defaults(fn=_cmd_run)
-    cp = sub.add_parser("compare", help="HTML page comparing two run folders")
-    cp.add_argument("run_a")
-    cp.add_argument("run_b")
-    cp.add_argument("--out", help="output HTML (default: RUN_B/compare_A_vs_B.html)")
-    cp.add_argument("--force", action="store_true", help="compare runs of different snapshots")
-    cp.set_defaults(fn=_cmd_compare)
-    sp = sub.add_parser("slurm", help="write sbatch scripts for a cluster")
-    sp.add_argument("--params", required=True)
-    sp.add_argument("--partition")
-    sp.add_argument("--gpus", type=int, default=0, help="GPUs per node (default 0)")
-    sp.add_argument("--nodes", type=int, default=1)
-    sp.add_argument("--time", default="04:00:00")
-    sp.add_argument("--cpus-per-task", type=int, default=8)
-    sp.add_argument("--mem")
-    sp.add_argument("--account")
+    from .. import __version__
+
+    ap = argparse.ArgumentParser(
+        prog="python -m workbook_lib",
+        description="Perturbed-graph GNN performance workbook: measure why training is slow.")
+    ap.add_argument("--version", action="version", version=f"workbook_lib {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def params_args(p, required=False):
+        p.add_argument("--params", default=None if required else DEFAULT_PARAMS,
+                       required=required, metavar="FILE",
+                       help="params YAML: a path, or a name in params/ (default: "
+                            f"{DEFAULT_PARAMS})")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override one param (the value read as YAML), validated like the "
+                            "file; repeat for several")
+
+    sp = sub.add_parser("list", help="the notebooks, in execution order")
+    sp.set_defaults(fn=_cmd_list)
+    sp = sub.add_parser("params", help="every params key with its type, default and meaning; "
+                                       "or validate a file")
+    sp.add_argument("file", nargs="?", help="a params file to validate and print")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override one param before validating")
+    sp.set_defaults(fn=_cmd_params)
+    sp = sub.add_parser("run", help="execute the notebooks with papermill, write the reports")
+    params_args(sp)
+    sp.add_argument("--out", default="runs/default", metavar="DIR",
+                    help="run folder (default runs/default)")
+    sp.add_argument("--only", nargs="+", metavar="NB",
+                    help="run only these notebooks: names or numbers (02, 2, 02_mask_cost_model)")
+    sp.add_argument("--show-code", action="store_true",
+                    help="keep the code cells in the HTML reports (hidden by default)")
+    sp.add_argument("--resume", action="store_true",
+                    help="keep notebooks complete with the same params, snapshot and inputs; "
+                         "rerun the rest")
+    sp.add_argument("--quiet", action="store_true", help="no progress or kernel output")
+    sp.set_defaults(fn=_cmd_run)
+    sp = sub.add_parser("bench", help="the strategy benchmark, per sample, interleaved; JSON")
+    params_args(sp)
+    sp.add_argument("--out", required=True, metavar="FILE.json",
+                    help="where the results go (e.g. RUN_FOLDER/bench.json, which the verdict "
+                         "then quotes)")
+    sp.add_argument("--full-size", action="store_true",
+                    help="at the real spec (scale 1, H 64, 3 layers) whatever the params say")
+    sp.set_defaults(fn=_cmd_bench)
+    sp = sub.add_parser("compare", help="headline figures of two or more run folders side by "
+                                        "side (HTML)")
+    sp.add_argument("runs", nargs="+", metavar="RUN", help="run folders; the first is the "
+                                                           "reference")
+    sp.add_argument("--out", metavar="FILE.html",
+                    help="where to write (default runs/compare-A-vs-B.html)")
+    sp.add_argument("--force", action="store_true", help="compare runs of different snapshots")
+    sp.set_defaults(fn=_cmd_compare)
+    sp = sub.add_parser("stability", help="run the notebooks twice (or more) and check that "
+                                          "every headline figure agrees")
+    params_args(sp)
+    sp.add_argument("--runs", type=int, default=2, help="how many runs (default 2)")
+    sp.add_argument("--out", default="runs/stability", metavar="DIR",
+                    help="folder of the runs and the report (default runs/stability)")
+    sp.add_argument("--tolerance", type=float, default=0.15,
+                    help="relative difference allowed (default 0.15)")
+    sp.add_argument("--only", nargs="+", metavar="NB", help="run only these notebooks")
+    sp.add_argument("--quiet", action="store_true", help="no progress output")
+    sp.set_defaults(fn=_cmd_stability)
+    sp = sub.add_parser("slurm", help="write sbatch scripts that run the workbook on a cluster")
+    params_args(sp)
+    sp.add_argument("--partition", help="SLURM partition (default: the cluster's default)")
+    sp.add_argument("--account", help="SLURM account to charge")
+    sp.add_argument("--gpus", type=int, default=0, metavar="N",
+                    help="GPUs per node for notebook 04's DDP runs (default 0: CPU, gloo)")
+    sp.add_argument("--nodes", type=int, default=1, metavar="N",
+                    help="nodes for notebook 04's DDP runs (default 1)")
+    sp.add_argument("--cpus-per-task", type=int, default=None, metavar="N",
+                    help="CPUs per task (default: what sinfo reports for the partition, at most "
+                         "8; 2 without sinfo)")
+    sp.add_argument("--mem", metavar="SIZE", help="memory per node, e.g. 64G")
+    sp.add_argument("--time", default="04:00:00", metavar="HH:MM:SS",
+                    help="time limit of each job (default 04:00:00)")
     sp.add_argument("--single-job", action="store_true",
-                    help="one job runs every notebook (default: one array task per notebook)")
-    sp.add_argument("--out-dir", default="runs/slurm")
+                    help="one job runs every notebook in order (default: one array task per "
+                         "notebook, then the verdict)")
+    sp.add_argument("--out-dir", default="runs/slurm", metavar="DIR",
+                    help="where the scripts and job logs go (default runs/slurm)")
+    sp.add_argument("--run-dir", default=None, metavar="DIR",
+                    help="the run folder the jobs write (default runs/slurm-run: one folder, "
+                         "so a resubmission resumes it)")
+    sp.add_argument("--force", action="store_true",
+                    help="overwrite scripts of another layout in --out-dir")
     sp.set_defaults(fn=_cmd_slurm)
+    sp = sub.add_parser("notebooks", help="rebuild notebooks/*.ipynb from their sources "
+                                          "(make notebooks)")
+    sp.add_argument("--check", action="store_true",
+                    help="only check the parameters cells are current")
+    sp.set_defaults(fn=_cmd_notebooks)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
+    logging.getLogger("papermill").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except WorkbookError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {str(exc).splitlines()[0] if len(str(exc)) > 400 else exc}",
+              file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
         return 2

@@ -21,7 +21,8 @@ from ..report import plotting
 from . import environment
 from .params import FIELDS, check_against_graph, suggest, validate
 
-_IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "run_dir"}
+_IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "run_dir", "Dict", "List",
+                  "Optional", "Union"}
 _DONE = "_workbook_setup_done"
 
 

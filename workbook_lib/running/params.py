@@ -214,7 +214,11 @@ SCHEMA: tuple[Field, ...] = (
           "the two strategies whose gap the verdict explains (slow, fast)", S_05, _strategies),
     Field("adopt_steps", "int", 200, "training steps of each pipeline in notebook 06", S_06,
           _positive),
-    Field("adopt_lr", "float", 1e-3, "AdamW learning rate of notebook 06's training", S_06,
+    Field("adopt_optimizer", "str", "sgd",
+          "optimizer of notebook 06's training: sgd (rounding stays rounding) or adamw (its "
+          "normalised first steps turn rounding-level gradients into full-size updates)", S_06,
+          choices=("sgd", "adamw")),
+    Field("adopt_lr", "float", 0.05, "learning rate of notebook 06's training", S_06,
           _positive),
 )
 
@@ -227,10 +231,11 @@ _KIND_NAMES = {
     "list_int": "a list of integers", "list_float": "a list of numbers",
     "list_str": "a list of strings", "k": "an integer or a mapping k -> probability",
 }
+# written as papermill's parameter inspection reads them (it accepts no ``|`` in annotations)
 _TYPE_HINTS = {
-    "int": "int", "float": "float", "optional_float": "float | None", "bool": "bool",
-    "str": "str", "optional_str": "str | None", "list_int": "list[int]",
-    "list_float": "list[float]", "list_str": "list[str]", "k": "int | dict[int, float]",
+    "int": "int", "float": "float", "optional_float": "Optional[float]", "bool": "bool",
+    "str": "str", "optional_str": "Optional[str]", "list_int": "List[int]",
+    "list_float": "List[float]", "list_str": "List[str]", "k": "Union[int, Dict[int, float]]",
 }
 
 
@@ -489,13 +494,19 @@ def describe() -> str:
     return "\n".join(lines).lstrip()
 
 
+def _cell_comment(doc: str) -> str:
+    # papermill skips a parameter line holding more than one "=" (it reads it as code)
+    return doc.replace(">=", "at least").replace("<=", "at most").replace("=", " ")
+
+
 def parameters_cell() -> str:
-    """The source of every notebook's papermill ``parameters`` cell (one line per key, typed
-    and commented, so ``papermill --help-notebook`` lists them)."""
-    lines = ["# Every key of the params schema (python -m workbook_lib params). papermill: "
-             "-p KEY VALUE or -f FILE.yaml."]
+    """The source of every notebook's papermill ``parameters`` cell: one typed, commented line
+    per key, as ``papermill --help-notebook`` reads them."""
+    lines = ["# Every key of the params schema (python -m workbook_lib params); papermill sets "
+             "them with -p KEY VALUE or -f FILE.yaml",
+             "from typing import Dict, List, Optional, Union  # for the annotations below"]
     for f in SCHEMA:
-        lines.append(f"{f.name}: {f.type_hint} = {f.default!r}  # {f.doc}")
-    lines.append('run_dir: str = "runs/interactive"  # where results go (relative paths: '
-                 "against the repository root)")
+        lines.append(f"{f.name}: {f.type_hint} = {f.default!r}  # {_cell_comment(f.doc)}")
+    lines.append('run_dir: str = "runs/interactive"  # where results go (a relative path is '
+                 "taken from the repository root)")
     return "\n".join(lines)

@@ -134,3 +134,10 @@ def load_result(run_dir: str | Path, notebook: str) -> Record | None:
         return result_type(notebook).from_json(body)
     except (TypeError, KeyError, ValueError):
         return None
+
+
+def checksums(run_dir: str | Path, notebooks: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The checksums of those notebooks' results files present in ``run_dir`` (what a
+    notebook that read them records, so that ``--resume`` reruns it when one changes)."""
+    return {nb: file_checksum(results_path(run_dir, nb)) for nb in notebooks
+            if results_path(run_dir, nb).is_file()}

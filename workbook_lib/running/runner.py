@@ -1,4 +1,20 @@
-"""Execute the notebooks with papermill, export HTML, write the index and environment files."""
+"""Executing the notebooks with papermill, exporting their HTML, writing the index.
+
+Each notebook runs from its jupytext source (never a stale ``.ipynb``), with every params key
+injected as a papermill parameter (validated before any work), in a fresh kernel. Its executed
+notebook, HTML report and results JSON land in the run folder; a failing notebook keeps its
+partial output (and its HTML, the failing cell marked) and the others still run.
+
+HTML reports hide code by default (``exclude_input``, nbconvert's own option; ``--show-code``
+keeps it) and carry the figures inline. A notebook counts as complete only when its results JSON
+says so, every file it lists exists, and its HTML exists; ``--resume`` skips exactly those whose
+params (those a result depends on: where a run executes is not compared), snapshot and inputs
+(the results of the notebooks they read, by checksum) are unchanged, and reruns the rest.
+
+SIGINT, SIGTERM and SIGHUP stop the kernel and every process it started (torchrun and its
+ranks run in their own sessions and are found through the process tree, snapshotted before
+anything dies), keep what finished, update the index and exit 130.
+"""
 from __future__ import annotations
 
 import html
@@ -11,55 +27,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from tqdm import tqdm
 
-from ..running import environment
-from ..running import processes
-from ..exceptions import NotebookFailedError, ParamsError
-from ..paths import REPO_ROOT
-from ..running.results import read_results, to_jsonable
+from ..catalog import BY_NAME, NOTEBOOK_NAMES, inputs_of
+from ..exceptions import NotebookFailedError, ParamsError, WorkbookError
+from ..paths import NOTEBOOK_DIR
+from ..records import to_json
+from . import environment, processes
+from .params import results_relevant
+from .results import atomic_write_text, file_checksum, read_meta, read_results, results_path
 
 log = logging.getLogger(__name__)
 
-from ..paths import NOTEBOOK_DIR
-
-
-
 
 def notebook_dir() -> Path:
-    """Where the source notebooks are (``WORKBOOK_NOTEBOOK_DIR`` overrides, for tests)."""
+    """Where the notebook sources are (``WORKBOOK_NOTEBOOK_DIR`` overrides, for tests)."""
     return Path(os.environ.get("WORKBOOK_NOTEBOOK_DIR", NOTEBOOK_DIR))
 
 
-TITLES = {
-    "01_graph_inventory": "Graph size inventory",
-    "02_mask_cost_model": "Mask cost model and strategy comparison",
-    "03_data_vs_model_timing": "Data-only vs model timing",
-    "04_ddp_scaling": "DDP scaling",
-    "05_verdict": "Verdict",
-}
-
-
 def available_notebooks() -> list[str]:
-    """Notebook names (without .ipynb) in execution order."""
-    return sorted(p.stem for p in notebook_dir().glob("[0-9][0-9]_*.ipynb"))
+    """Notebook names in execution order (sources present in the notebook folder)."""
+    d = notebook_dir()
+    return sorted(p.stem for p in d.glob("[0-9][0-9]_*.py")) or \
+        sorted(p.stem for p in d.glob("[0-9][0-9]_*.ipynb"))
 
 
-def report_files(out_dir: Path, name: str) -> dict[str, str]:
-    """``{"ipynb"|"html"|"json": file name}`` for the files of ``name`` present in ``out_dir``."""
-    return {k: f"{name}.{k}" for k in ("ipynb", "html", "json")
-            if (out_dir / f"{name}.{k}").is_file()}
+def title(name: str) -> str:
+    return BY_NAME[name].title if name in BY_NAME else name
+
+
+def resolve_only(only: list[str] | None) -> list[str]:
+    """``--only`` values (full names, ``02``, ``2`` or ``02_mask``) to notebook names."""
+    names = available_notebooks()
+    if not only:
+        return names
+    out = []
+    for item in only:
+        key = item.strip()
+        if key.isdigit():
+            key = f"{int(key):02d}"
+        hits = [n for n in names if n == key or n.startswith(key + "_") or n.startswith(key)]
+        if len(hits) != 1:
+            raise ParamsError(f"--only: {item!r} names {'no' if not hits else 'more than one'} "
+                              f"notebook; available: {', '.join(names)}", key="only", value=item)
+        out.append(hits[0])
+    return [n for n in names if n in out]
 
 
 @dataclass
 class NotebookOutcome:
     name: str
-    status: str  # ok, failed, skipped
+    status: str  # ok, failed, kept (complete from an earlier run), interrupted, not run
     seconds: float = 0.0
     error: str | None = None
-    failed_cell: int | None = None  # index in the executed notebook (papermill's cells included)
-    failed_exec: int | None = None  # its execution count, as shown "In [N]" in the report
+    failed_cell: int | None = None
+    failed_exec: int | None = None
     files: dict = field(default_factory=dict)
+    note: str = ""
 
     @property
     def where(self) -> str:
@@ -69,18 +92,26 @@ class NotebookOutcome:
         return f"cell {self.failed_cell}{run}"
 
 
-def export_html(ipynb: Path, html_path: Path, *, hide_code: bool = False) -> Path:
-    """Export an executed notebook to a self-contained HTML file (figures embedded)."""
+def report_files(out_dir: Path, name: str) -> dict[str, str]:
+    return {k: f"{name}.{k}" for k in ("html", "ipynb", "json")
+            if (out_dir / f"{name}.{k}").is_file()}
+
+
+def export_html(ipynb: Path, html_path: Path, *, show_code: bool = False) -> Path:
+    """A self-contained HTML report of an executed notebook (figures inline; code hidden
+    unless ``show_code``), written atomically."""
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(exclude_input=hide_code, embed_images=True)
+    templates = Path(__file__).resolve().parent.parent / "report" / "templates"
+    exporter = HTMLExporter(template_name="workbook", extra_template_basedirs=[str(templates)],
+                            exclude_input=not show_code, exclude_input_prompt=True,
+                            exclude_output_prompt=True, embed_images=True)
     body, _ = exporter.from_filename(str(ipynb))
-    html_path.write_text(body, encoding="utf-8")
+    atomic_write_text(html_path, body)
     return html_path
 
 
 def _failed_cell(ipynb: Path) -> int | None:
-    """Index of the first code cell whose output is an error (papermill keeps them)."""
     import nbformat
 
     try:
@@ -94,182 +125,219 @@ def _failed_cell(ipynb: Path) -> int | None:
     return None
 
 
-def execute_one(name: str, params: dict, out_dir: Path, *, hide_code: bool = False,
-                progress: bool = True, log_output: bool = True,
-                timeout: int | None = None) -> NotebookOutcome:
-    """Run one notebook with papermill into ``out_dir`` and export its HTML (also on failure)."""
+def _notebook_node(name: str):
+    src = notebook_dir() / f"{name}.py"
+    if src.is_file():
+        from .notebooks import read
+
+        return read(name, notebook_dir())
+    import nbformat
+
+    return nbformat.read(str(notebook_dir() / f"{name}.ipynb"), as_version=4)
+
+
+def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = False,
+                progress: bool = True, log_output: bool = True) -> NotebookOutcome:
+    """Run one notebook with papermill into ``out_dir``; export its HTML (also on failure)."""
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    src = notebook_dir() / f"{name}.ipynb"
-    if not src.is_file():
-        raise ParamsError(f"no notebook named {name!r}; available: {available_notebooks()}")
-    out_nb = out_dir / f"{name}.ipynb"
-    out_html = out_dir / f"{name}.html"
+    out_nb, out_html = out_dir / f"{name}.ipynb", out_dir / f"{name}.html"
     t0 = time.perf_counter()
     outcome = NotebookOutcome(name=name, status="ok")
     try:
-        pm.execute_notebook(
-            str(src), str(out_nb),
-            parameters={"params_file": None, "params": to_jsonable(params),
-                        "run_dir": str(out_dir)},
-            cwd=str(notebook_dir()), kernel_name="python3", progress_bar=progress,
-            log_output=log_output, execution_timeout=timeout,
-        )
+        pm.execute_notebook(_notebook_node(name), str(out_nb),
+                            parameters={**to_json(params), "run_dir": str(out_dir)},
+                            cwd=str(notebook_dir()), kernel_name="python3",
+                            progress_bar=progress, log_output=log_output)
     except KeyboardInterrupt:
-        outcome.status = "interrupted"
-        outcome.error = "interrupted (SIGINT/SIGTERM)"
+        outcome.status, outcome.error = "interrupted", "interrupted (signal)"
         outcome.seconds = time.perf_counter() - t0
         raise
     except PapermillExecutionError as exc:
         outcome.status = "failed"
         outcome.error = f"{exc.ename}: {exc.evalue}"
-        outcome.failed_cell = exc.cell_index
-        outcome.failed_exec = exc.exec_count
-    except Exception as exc:  # noqa: BLE001 - kernel death etc.: record and go on
-        outcome.status = "failed"
-        outcome.error = f"{type(exc).__name__}: {exc}"
+        outcome.failed_cell, outcome.failed_exec = exc.cell_index, exc.exec_count
+    except Exception as exc:  # noqa: BLE001 - a dead kernel etc.: recorded, the run goes on
+        outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
         outcome.failed_cell = _failed_cell(out_nb)
     outcome.seconds = time.perf_counter() - t0
     if out_nb.is_file():
         try:
-            export_html(out_nb, out_html, hide_code=hide_code)
-        except Exception as exc:  # noqa: BLE001
+            export_html(out_nb, out_html, show_code=show_code)
+        except Exception as exc:  # noqa: BLE001 - a report that cannot be written: not complete
             log.error("HTML export of %s failed: %s", out_nb, exc)
+            outcome.status = "failed"
+            outcome.error = f"HTML export failed: {exc}"
+            mark_incomplete(out_dir, name, f"HTML export failed: {exc}")
     outcome.files = report_files(out_dir, name)
     return outcome
 
 
+def mark_incomplete(out_dir: Path, name: str, why: str) -> None:
+    doc = read_results(out_dir, name)
+    if doc and "_meta" in doc:
+        doc["_meta"]["complete"] = False
+        doc["_meta"]["incomplete_because"] = why
+        try:
+            atomic_write_text(results_path(out_dir, name), json.dumps(doc, indent=1))
+        except OSError:
+            results_path(out_dir, name).unlink(missing_ok=True)
+
+
+def completeness(out_dir: Path, name: str, params: dict,
+                 checksum: str | None = None) -> tuple[bool, str]:
+    """(complete, why not) for ``--resume``: results complete with the same result-relevant
+    params and snapshot, every file written present, the HTML present, inputs unchanged."""
+    meta = read_meta(out_dir, name)
+    if meta is None:
+        return False, "no readable results"
+    if not meta.complete:
+        return False, "results marked incomplete"
+    if results_relevant(meta.params) != to_json(results_relevant(params)):
+        changed = sorted(k for k in set(meta.params) | set(params)
+                         if meta.params.get(k) != to_json(params).get(k)
+                         and k in results_relevant(params))
+        return False, f"params changed ({', '.join(changed[:5])})"
+    if checksum is not None and meta.snapshot_checksum not in (None, checksum):
+        return False, "snapshot changed"
+    missing = [f for f in meta.files if not (out_dir / f).exists()]
+    if missing:
+        return False, f"{len(missing)} file(s) it wrote are missing"
+    if not (out_dir / f"{name}.html").is_file():
+        return False, "no HTML report"
+    for dep in inputs_of(name):
+        path = results_path(out_dir, dep)
+        if dep in meta.inputs:
+            if not path.is_file() or file_checksum(path) != meta.inputs[dep]:
+                return False, f"its input {dep} changed"
+        elif dep in BY_NAME[name].requires:
+            return False, f"made without its input {dep}"
+    return True, ""
+
+
 def write_index(out_dir: Path, outcomes: list[NotebookOutcome], params: dict) -> Path:
-    """``index.html``: one row per notebook with its status, headline and links."""
-    env = json.loads((out_dir / "environment.json").read_text()) \
-        if (out_dir / "environment.json").is_file() else {}
-    rows = []
-    seen = {o.name for o in outcomes}
-    outcomes = list(outcomes) + [  # results of earlier runs into the same folder
-        NotebookOutcome(name=n, status="earlier run", files=report_files(out_dir, n))
-        for n in available_notebooks() if n not in seen and (out_dir / f"{n}.json").is_file()]
-    outcomes.sort(key=lambda o: o.name)
-    for o in outcomes:
-        res = read_results(out_dir, o.name) or {}
-        headline = res.get("_meta", {}).get("headline", "")
-        if o.status == "failed":
-            cell = f" ({o.where})" if o.failed_cell is not None else ""
-            headline = f"FAILED{cell}: {o.error}"
-        links = " ".join(f'<a href="{html.escape(f)}">{k}</a>' for k, f in o.files.items())
-        rows.append(f"<tr class='{o.status}'><td>{html.escape(TITLES.get(o.name, o.name))}"
-                    f"<br><code>{o.name}</code></td><td>{o.status}</td>"
-                    f"<td>{o.seconds:.0f} s</td><td>{html.escape(headline)}</td>"
-                    f"<td>{links}</td></tr>")
-    git = env.get("git", {})
-    page = f"""<!doctype html><html><head><meta charset="utf-8">
-<title>Perturbed-graph GNN workbook - {html.escape(out_dir.name)}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}
-td,th{{border-bottom:1px solid #ddd;padding:6px;vertical-align:top;text-align:left}}
-tr.failed{{background:#fdd}} tr.skipped{{color:#888}} code{{font-size:90%}}</style></head>
-<body><h1>Perturbed-graph GNN workbook</h1>
-<p>Run folder <code>{html.escape(str(out_dir))}</code>; snapshot
-<b>{html.escape(str(params['snapshot']))}</b> at scale {params['scale']:g}, seed {params['seed']},
-device {html.escape(str(env.get('device_label', params['device'])))};
-git {html.escape(str(git.get('revision')))}{' (dirty)' if git.get('dirty') else ''};
-<a href="environment.json">environment.json</a>.</p>
-<table><tr><th>notebook</th><th>status</th><th>time</th><th>headline</th><th>files</th></tr>
-{''.join(rows)}</table></body></html>"""
+    """``index.html``: the verdict's answer first, then one row per notebook with its status,
+    headline and links (reports, results, traces, DDP logs; all relative)."""
+    from ..report.html import index_page
+
+    page = index_page(out_dir, outcomes, params)
     path = out_dir / "index.html"
-    path.write_text(page, encoding="utf-8")
+    atomic_write_text(path, page)
     return path
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM (a cluster's time limit), turned into an interrupt of the main thread."""
+    """SIGTERM/SIGHUP (a cluster's time limit, a closed terminal) as an interrupt."""
 
 
-_AT_INTERRUPT: dict[int, psutil.Process] = {}
+_AT_SIGNAL: dict[int, psutil.Process] = {}
 
 
 def _on_signal(signum, frame):
-    # snapshot every descendant *before* anything dies: once the kernel is killed, torchrun
-    # and its ranks (own sessions) are re-parented and could no longer be found
+    # snapshot every descendant before anything dies: once the kernel is gone, torchrun and
+    # its ranks (own sessions) are re-parented and could no longer be found
     try:
         for c in psutil.Process().children(recursive=True):
-            _AT_INTERRUPT.setdefault(c.pid, c)
+            _AT_SIGNAL.setdefault(c.pid, c)
     except psutil.Error:
         pass
     raise _Terminated()
 
 
-def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None = None,
-                  hide_code: bool = False, resume: bool = False, progress: bool = True,
-                  log_output: bool = True) -> list[NotebookOutcome]:
-    """Run the notebooks in order into ``out_dir``.
-
-    A failing notebook keeps its partial output and the others still run; at the end
-    NotebookFailedError lists what failed and where. ``resume`` skips notebooks whose results
-    are complete with the same params and snapshot checksum. SIGINT/SIGTERM stop the kernel and
-    every process it started (torchrun and its ranks included), keep what finished, update the
-    index and raise KeyboardInterrupt.
-    """
-    names = available_notebooks()
-    if only:
-        unknown = [n for n in only if n not in names]
-        if unknown:
-            raise ParamsError(f"--only: unknown notebook(s) {unknown}; available: {names}")
-        names = [n for n in names if n in only]
-    environment.resolve_device(params["device"])  # 'cuda' without a GPU fails here, first
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "environment.json").write_text(
-        json.dumps(to_jsonable(environment.collect(params)), indent=2))
-    checksum = snapshot_checksum(params) if resume else None
-    outcomes: list[NotebookOutcome] = []
-    me = psutil.Process()
-    seen: dict[int, psutil.Process] = {}
-    _AT_INTERRUPT.clear()
-    prev = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)} \
-        if _main_thread() else {}
+def _check_out_dir(out: Path) -> Path:
+    """Fail fast, in one line, on a run folder that cannot be written."""
     try:
-        bar = tqdm(names, desc="notebooks", unit="nb", disable=not progress)
+        out = out.expanduser().resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("x")
+        probe.unlink()
+    except OSError as exc:
+        raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})",
+                          key="out", value=str(out)) from None
+    return out
+
+
+def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None = None,
+                  show_code: bool = False, resume: bool = False, progress: bool = True,
+                  log_output: bool = True) -> list[NotebookOutcome]:
+    """Run the notebooks in order into ``out_dir`` (see the module docstring).
+
+    Raises:
+        ParamsError: an unknown notebook, an unwritable folder, a snapshot that does not load;
+            before any work.
+        NotebookFailedError: one or more notebooks failed (the others ran).
+        KeyboardInterrupt: on SIGINT/SIGTERM/SIGHUP, after stopping every child process.
+    """
+    names = resolve_only(only)
+    environment.resolve_device(params["device"])  # 'cuda' without a GPU fails here, first
+    out = _check_out_dir(Path(out_dir))
+    checksum = snapshot_checksum(params)  # loads and checks the snapshot before any notebook
+    try:
+        atomic_write_text(out / "environment.json",
+                          json.dumps(to_json(environment.collect(params)), indent=1))
+    except OSError as exc:
+        raise WorkbookError(f"cannot write to {out}: {exc}") from None
+    outcomes: list[NotebookOutcome] = []
+    seen: dict[int, psutil.Process] = {}
+    _AT_SIGNAL.clear()
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    prev = {s: signal.signal(s, _on_signal) for s in sigs} if _main_thread() else {}
+    from ..report.progress import progress as bar_of
+
+    try:
+        bar = bar_of(names, desc="notebooks") if progress else names
         for name in bar:
-            bar.set_postfix_str(name)
-            if resume and is_complete(out, name, params, checksum):
-                log.info("%s: results complete with the same params and snapshot, skipped "
-                         "(--resume)", name)
-                outcomes.append(NotebookOutcome(name=name, status="skipped",
-                                                files=report_files(out, name)))
-                continue
-            (out / f"{name}.json").unlink(missing_ok=True)  # never leave stale results behind
-            o = execute_one(name, params, out, hide_code=hide_code, progress=progress,
+            if resume:
+                ok, why = completeness(out, name, params, checksum)
+                if ok:
+                    log.info("%s: complete from an earlier run with the same params, snapshot "
+                             "and inputs: kept (--resume)", name)
+                    outcomes.append(NotebookOutcome(name, "kept", files=report_files(out, name)))
+                    continue
+                log.info("%s: rerun (%s)", name, why)
+            results_path(out, name).unlink(missing_ok=True)  # never leave stale results
+            o = execute_one(name, params, out, show_code=show_code, progress=progress,
                             log_output=log_output)
             outcomes.append(o)
             if o.status == "failed":
-                log.error("%s FAILED at %s: %s (partial notebook kept: %s)", name,
-                          o.where, o.error, out / f"{name}.ipynb")
+                log.error("%s FAILED at %s: %s (partial notebook kept: %s)", name, o.where,
+                          o.error, out / f"{name}.ipynb")
             write_index(out, outcomes, params)
     except KeyboardInterrupt:
-        seen.update(_AT_INTERRUPT)
+        seen.update(_AT_SIGNAL)
         try:
-            for c in me.children(recursive=True):
+            for c in psutil.Process().children(recursive=True):
                 seen.setdefault(c.pid, c)
         except psutil.Error:
             pass
         killed = processes.terminate(seen.values())
-        log.error("interrupted: stopped the kernel and %d process(es) it left; finished "
-                  "notebooks kept in %s", len(killed), out)
-        outcomes.append(NotebookOutcome(name=next((n for n in names if n not in
-                                                   {o.name for o in outcomes}), "?"),
-                                        status="interrupted", error="interrupted"))
-        write_index(out, outcomes, params)
+        log.error("interrupted: stopped the kernel and %d process(es) it had started; "
+                  "finished notebooks kept in %s", len(killed), out)
+        done = {o.name for o in outcomes}
+        rest = [n for n in names if n not in done]
+        if rest:
+            outcomes.append(NotebookOutcome(rest[0], "interrupted", error="interrupted"))
+        _try_index(out, outcomes, params)
         raise
     finally:
-        for sig, handler in prev.items():
-            signal.signal(sig, handler)
-    write_index(out, outcomes, params)
+        for s, handler in prev.items():
+            signal.signal(s, handler)
+    _try_index(out, outcomes, params)
     failures = [o for o in outcomes if o.status == "failed"]
     if failures:
         summary = "; ".join(f"{o.name} ({o.where}): {o.error}" for o in failures)
         raise NotebookFailedError(f"{len(failures)} notebook(s) failed: {summary}",
                                   failures=failures)
     return outcomes
+
+
+def _try_index(out: Path, outcomes, params) -> None:
+    try:
+        write_index(out, outcomes, params)
+    except OSError as exc:
+        log.error("could not write %s/index.html: %s", out, exc)
 
 
 def _main_thread() -> bool:
@@ -279,19 +347,20 @@ def _main_thread() -> bool:
 
 
 def snapshot_checksum(params: dict) -> str:
-    """Content checksum of the snapshot the params name (generated graphs come from cache)."""
+    """Load (building the cache if needed) and check the snapshot; its content checksum."""
     from ..data.snapshots import load_snapshot
+    from ..exceptions import SnapshotError
 
-    return load_snapshot(params).checksum
+    try:
+        return load_snapshot(params).checksum
+    except SnapshotError as exc:
+        raise ParamsError(f"'snapshot': {exc}", key="snapshot", value=params["snapshot"]) \
+            from None
 
 
 def is_complete(out_dir: Path, name: str, params: dict, checksum: str | None = None) -> bool:
-    """True when ``name``'s results file is complete and was made with the same params (and,
-    when given, the same snapshot checksum)."""
-    res = read_results(out_dir, name)
-    if not res:
-        return False
-    meta = res.get("_meta", {})
-    if checksum is not None and meta.get("snapshot_checksum") != checksum:
-        return False
-    return bool(meta.get("complete")) and meta.get("params") == to_jsonable(params)
+    return completeness(out_dir, name, params, checksum)[0]
+
+
+def escape(s: str) -> str:
+    return html.escape(str(s))

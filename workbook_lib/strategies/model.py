@@ -50,6 +50,11 @@ class PerturbGIN(nn.Module):
                 lin.bias.copy_((torch.rand(lin.bias.shape, generator=g) * 2 - 1) * bound)
         self.query = nn.Parameter(torch.randn(hidden, generator=g) * 0.1)  # DANGO-style head
         self.head = nn.Linear(hidden, 1)
+        with torch.no_grad():  # every parameter from the seeded generator: same seed, same model
+            bound = 1.0 / hidden ** 0.5
+            self.head.weight.copy_((torch.rand(self.head.weight.shape, generator=g) * 2 - 1)
+                                   * bound)
+            self.head.bias.copy_((torch.rand(self.head.bias.shape, generator=g) * 2 - 1) * bound)
 
     def forward(self, strategy, ctx: dict, dual: bool = False) -> torch.Tensor:
         """Predictions ``[B]`` for a batch prepared by ``strategy`` (so that wrappers such as

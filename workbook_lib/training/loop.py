@@ -152,6 +152,8 @@ class Arm:
         self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         self.batch_size = loader.batch_size
         self.stream: Iterator[dict] | None = None
+        self.losses: list[torch.Tensor] = []  # every step's loss (detached; read after timing)
+        self.record_losses = False
 
     @property
     def samples_per_step(self) -> int:
@@ -201,6 +203,8 @@ class Arm:
                 self.model.zero_grad(set_to_none=True)
             if self.hooks is not None:
                 self.hooks.end_step(clock)
+        if self.record_losses:
+            self.losses.append(loss.detach())
 
 
 @contextmanager

@@ -1,0 +1,104 @@
+"""Notebook 06: adopting the fix. The same model, from the same seed, trained on the same
+batches with replicated masks (the brief's pipeline) and with the node-mask shared graph; their
+steps interleaved in one process. The loss curves must agree to float32 rounding; time, memory
+and epochs per day are compared side by side."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..measurement.timing import Stat
+from ..records import Record
+from ..training import loop
+from ..training.factory import build_run
+
+PIPELINES = {"replicated": ("replicated_mask_cpu", "gather_scatter"),
+             "fix": ("node_mask_shared", "spmm")}
+
+
+@dataclass
+class AdoptionResult(Record):
+    steps: int
+    warmup_steps: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    losses: dict[str, list[float]]
+    rel_diff: list[float]  # |fix - replicated| / |replicated| per step
+    max_rel_diff: float
+    step: dict[str, Stat]  # seconds per step (timed steps)
+    speedup: Stat  # replicated / fix, paired by round
+    memory_per_sample: dict[str, float] = field(default_factory=dict)
+    epochs_per_day: dict[str, dict[str, float]] = field(default_factory=dict)
+    projection_basis: str = ""
+    device: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def train_both(params: dict, graph, device: torch.device) -> tuple[dict, dict, int]:
+    """Train both pipelines ``warmup + adopt_steps`` steps, interleaved; returns
+    ``(arm results, losses, batch size)``."""
+    b = params["batch_size_lazy"]
+    steps, warm = params["adopt_steps"], params["warmup"]
+    arms, runs = [], {}
+    pert = None
+    for key, (name, form) in PIPELINES.items():
+        run = build_run(params, name, graph=graph, device=device, batch_size=b, form=form)
+        if pert is None:  # the same samples, in the same order, for both
+            pert = run.perturbations((steps + warm) * b)
+        trainable = [p for p in run.model.parameters() if p.requires_grad]
+        opt = (torch.optim.SGD(trainable, lr=params["adopt_lr"])
+               if params["adopt_optimizer"] == "sgd" else
+               torch.optim.AdamW(trainable, lr=params["adopt_lr"]))
+        arm = loop.Arm(key, run.strategy, run.model, loop.make_loader(run.strategy, pert, b),
+                       loop.Variant(key, "full"), dual=run.dual, optimizer=opt)
+        arm.record_losses = True
+        arms.append(arm)
+        runs[key] = run
+    res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
+                        budget_s=float("inf"), count_syncs=False, desc="06 training")
+    losses = {a.name: [float(x) for x in a.losses] for a in arms}
+    return res, losses, b
+
+
+def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label: str, *,
+            memory=None, ddp=None) -> AdoptionResult:
+    from ..training.loop import project_epochs
+
+    rep, fix = losses["replicated"], losses["fix"]
+    floor = 1e-3 * sorted(abs(x) for x in rep)[len(rep) // 2]  # a loss near 0: its scale
+    rel = [abs(f - r) / max(abs(r), floor, 1e-30) for r, f in zip(rep, fix)]
+    step = {k: r.step for k, r in res.items()}
+    n = min(step["replicated"].n, step["fix"].n)
+    speed = Stat.from_samples([a / b for a, b in zip(step["replicated"].samples[:n],
+                                                     step["fix"].samples[:n])], unit="ratio")
+    mem = {}
+    if memory is not None:
+        per = memory.per_sample()
+        for key, (name, _form) in PIPELINES.items():
+            if name in per:
+                mem[key] = per[name]
+    epochs, basis = {}, f"80% of {params['num_samples']:,} samples per epoch, 1 rank"
+    factor, top = None, 1
+    if ddp is not None and len(ddp.worlds) > 1:
+        top, base = max(ddp.worlds), min(ddp.worlds)
+        factor = ddp.worlds[top].step.median / ddp.worlds[base].step.median
+        basis += (f"; {top} ranks: {top / base:g}x the samples per step at notebook 04's "
+                  f"measured step-time factor ({factor:.2f}x)")
+    for key, st in step.items():
+        one = project_epochs(st.median, batch_size, params["num_samples"])["epochs_per_day"]
+        epochs[key] = {"1 rank": one}
+        if factor:
+            epochs[key][f"{top} ranks"] = one * (top / min(ddp.worlds)) / factor
+    from ..strategies import REGISTRY
+
+    return AdoptionResult(steps=params["adopt_steps"], warmup_steps=params["warmup"],
+                          batch_size=batch_size, lr=params["adopt_lr"],
+                          optimizer=params["adopt_optimizer"], losses=losses,
+                          rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
+                          memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
+                          device=device_label,
+                          labels={k: REGISTRY[n].label + (" (the brief's form)"
+                                                          if k == "replicated" else "")
+                                  for k, (n, _f) in PIPELINES.items()})

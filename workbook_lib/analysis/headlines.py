@@ -1,0 +1,119 @@
+"""The headline figures of a run folder, read from the typed results: what ``compare`` puts side
+by side and what ``stability`` checks between two runs. Each figure says its unit, its noise, and
+which direction is better; ``kind`` tells a ratio measured in the same rounds (drift of the
+machine's speed cancels) from an absolute time (it does not) and from arithmetic."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..records import Record
+from ..running.results import load_result
+
+RATIO, ABSOLUTE, ARITHMETIC, CATEGORY = ("ratio (same rounds)", "absolute time",
+                                         "arithmetic", "category")
+
+
+@dataclass
+class Figure(Record):
+    key: str
+    label: str
+    notebook: str
+    value: float | None
+    iqr: float | None
+    text: str | None  # for a category (e.g. the recommended strategy)
+    unit: str
+    better: str | None  # "lower", "higher" or None
+    kind: str
+
+
+def _stat(st):
+    return (None, None) if st is None else (st.median, st.iqr)
+
+
+def _bench(r):
+    return r.bench
+
+
+SPECS: list[tuple[str, str, str, str, str | None, str, Callable]] = [
+    # key, label, notebook, unit, better, kind, extractor(result) -> (value, iqr) | str
+    ("total_edges", "edges in the snapshot", "01_graph_inventory", "", None, ARITHMETIC,
+     lambda r: (float(r.total_edges), None)),
+    ("mask_bytes_per_sample", "mask bytes per sample", "01_graph_inventory", "B", "lower",
+     ARITHMETIC, lambda r: (r.bytes_per_sample["edge_masks"], None)),
+    ("exact_error", "node-mask shared graph: max relative error", "02_mask_cost_model", "",
+     "lower", "measured", lambda r: (r.exact.get("node_mask_shared"), None)),
+    ("beta", "cost model beta", "02_mask_cost_model", "s/(edge·ch)", "lower", ABSOLUTE,
+     lambda r: (r.cost.model.beta.coefficients["beta"], None)),
+    ("beta_e", "cost model beta_e", "02_mask_cost_model", "s/edge", "lower", ABSOLUTE,
+     lambda r: (r.cost.model.beta.coefficients["beta_e"], None)),
+    ("alpha", "cost model alpha (the mask multiply, its carrier term)", "02_mask_cost_model",
+     "s/unit", "lower", ABSOLUTE,
+     lambda r: (r.cost.model.alpha.coefficients["alpha_eh" if r.cost.model.alpha_carrier ==
+                                                 "E*H" else "alpha_e"], None)),
+    ("gamma", "cost model gamma", "02_mask_cost_model", "s/edge", "lower", ABSOLUTE,
+     lambda r: (r.cost.model.gamma.coefficients["gamma"], None)),
+    ("delta", "cost model delta", "02_mask_cost_model", "s/edge", "lower", ABSOLUTE,
+     lambda r: (r.cost.model.delta.coefficients["delta"], None)),
+    ("bench_ratio_brief", "benchmark: shared vs replicated (brief's form), per sample",
+     "02_mask_cost_model", "x", "higher", RATIO, lambda r: _stat(_bench(r).ratio_vs_brief_form)),
+    ("bench_ratio_sparse", "benchmark: shared vs replicated (sparse form), per sample",
+     "02_mask_cost_model", "x", "higher", RATIO, lambda r: _stat(_bench(r).ratio_vs_sparse_form)),
+    ("passes_per_sample", "benchmark: wildtype steps per exact sample", "02_mask_cost_model",
+     "", "lower", RATIO, lambda r: _stat(_bench(r).passes_per_sample)),
+    ("floor_fraction", "benchmark: floor / shared step", "02_mask_cost_model", "", "higher",
+     RATIO, lambda r: _stat(_bench(r).floor_fraction)),
+    ("shared_step", "benchmark: shared step", "02_mask_cost_model", "s", "lower", ABSOLUTE,
+     lambda r: _stat(_bench(r).steps.get("shared"))),
+    ("data_only_ratio", "data only: DANGO it/s over Lazy it/s", "03_data_vs_model_timing", "x",
+     "lower", RATIO, lambda r: _stat(r.figure("data_only_ratio").measured)
+     if r.figure("data_only_ratio") else (None, None)),
+    ("per_step_ratio_03", "data + model: DANGO it/s over Lazy it/s (per-step ratio)",
+     "03_data_vs_model_timing", "x", "lower", RATIO,
+     lambda r: _stat(r.figure("data_model_ratio").measured)
+     if r.figure("data_model_ratio") else (None, None)),
+    ("fastest_exact_ms", "fastest exact full step per sample", "03_data_vs_model_timing", "ms",
+     "lower", ABSOLUTE,
+     lambda r: _stat(r.loops.arm(r.fastest_exact).ms_per_sample) if r.fastest_exact
+     else (None, None)),
+    ("gap_total", "epoch-time gap (slow / fast)", "04_ddp_scaling", "x", "lower", RATIO,
+     lambda r: _stat(r.gap.total)),
+    ("per_step_ratio_04", "per-step ratio (slow / fast), notebook 04", "04_ddp_scaling", "x",
+     "lower", RATIO, lambda r: _stat(r.gap.per_step_ratio)),
+    ("ddp_factor", "DDP factor", "04_ddp_scaling", "x", "lower", RATIO,
+     lambda r: _stat(r.gap.ddp_factor)),
+    ("weak_efficiency", "weak scaling efficiency, largest world size", "04_ddp_scaling", "",
+     "higher", RATIO, lambda r: _stat(r.weak[max(r.weak)])),
+    ("recommended", "recommended strategy", "05_verdict", "", None, CATEGORY,
+     lambda r: r.recommendation.strategy if r.recommendation else "none"),
+    ("speedup", "recommended strategy's speedup per sample", "05_verdict", "x", "higher", RATIO,
+     lambda r: _stat(r.recommendation.speedup) if r.recommendation else (None, None)),
+    ("claims_held", "claims held", "05_verdict", "", None, "count",
+     lambda r: (float(sum(c.status == "held" for c in r.claims)), None)),
+    ("adopt_rel_diff", "06: largest relative loss difference", "06_adopt_fix", "", "lower",
+     "measured", lambda r: (r.max_rel_diff, None)),
+    ("adopt_speedup", "06: the fix's speedup per step", "06_adopt_fix", "x", "higher", RATIO,
+     lambda r: _stat(r.speedup)),
+]
+
+
+def headline_figures(run_dir: str | Path) -> dict[str, Figure]:
+    """Every headline figure a run folder's results hold (notebooks absent: left out)."""
+    cache: dict = {}
+    out = {}
+    for key, label, nb, unit, better, kind, get in SPECS:
+        if nb not in cache:
+            cache[nb] = load_result(run_dir, nb)
+        res = cache[nb]
+        if res is None:
+            continue
+        try:
+            got = get(res)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+        if isinstance(got, str):
+            out[key] = Figure(key, label, nb, None, None, got, unit, better, kind)
+        else:
+            out[key] = Figure(key, label, nb, got[0], got[1], None, unit, better, kind)
+    return out

@@ -1,0 +1,144 @@
+"""Do two runs agree? ``python -m workbook_lib stability --params FILE --runs 2 --out DIR``
+runs every notebook ``runs`` times into ``DIR/run1``, ``DIR/run2``... and reports every headline
+figure side by side with its relative difference (the largest over pairs of runs), against a
+tolerance (15% by default).
+
+Where a figure cannot agree the report says why. An absolute time moves with the machine's
+speed, which on a shared machine drifts by tens of percent over minutes: the report shows how
+much a reference (the same benchmark step, same kernels) moved between the runs. A ratio measured
+in the same rounds cancels that drift; when one still differs, its own noise (IQR) says whether
+the difference is within it. The verdict rests on ratios and on the recommended strategy, and
+the report says for each figure whether the verdict rests on it.
+"""
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..records import Record
+from ..running.results import atomic_write_text
+from .headlines import ABSOLUTE, CATEGORY, RATIO, headline_figures
+
+VERDICT_RESTS_ON = ("recommended", "speedup", "gap_total", "per_step_ratio_04",
+                    "per_step_ratio_03", "bench_ratio_brief", "ddp_factor", "exact_error")
+
+
+@dataclass
+class StabilityRow(Record):
+    key: str
+    label: str
+    kind: str
+    values: list[str]  # formatted per run
+    rel_diff: float | None
+    agrees: bool | None
+    verdict_rests_on: bool
+    note: str = ""
+
+
+@dataclass
+class StabilityResult(Record):
+    runs: list[str]
+    tolerance: float
+    drift: float | None  # relative change of the reference absolute time between runs
+    rows: list[StabilityRow] = field(default_factory=list)
+
+    @property
+    def disagreeing(self) -> list[StabilityRow]:
+        return [r for r in self.rows if r.agrees is False]
+
+
+def _rel(vals: list[float]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    if len(vals) < 2:
+        return None
+    lo, hi = min(vals), max(vals)
+    ref = min(abs(lo), abs(hi))
+    return (hi - lo) / ref if ref else None
+
+
+def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityResult:
+    figs = [headline_figures(d) for d in run_dirs]
+    keys = list(dict.fromkeys(k for f in figs for k in f))
+    ref = [f.get("shared_step") for f in figs]
+    drift = _rel([r.value for r in ref if r is not None and r.value]) if all(ref) else None
+    out = StabilityResult(runs=[d.name for d in run_dirs], tolerance=tolerance, drift=drift)
+    for k in keys:
+        fs = [f.get(k) for f in figs]
+        f0 = next(f for f in fs if f is not None)
+        rests = k in VERDICT_RESTS_ON
+        if f0.kind == CATEGORY:
+            texts = [f.text if f else "—" for f in fs]
+            same = len(set(texts)) == 1
+            out.rows.append(StabilityRow(k, f0.label, f0.kind, texts, None, same, rests,
+                                         "" if same else "the runs chose differently"))
+            continue
+        vals = [f.value if f else None for f in fs]
+        rel = _rel(vals)
+        agrees = None if rel is None else rel <= tolerance
+        note = ""
+        if agrees is False:
+            if f0.kind == ABSOLUTE:
+                note = ("an absolute time: it moves with the machine's speed"
+                        + (f" (the reference step moved {drift:.0%} between the runs)"
+                           if drift is not None else "") + "; the verdict uses ratios")
+            elif f0.kind == RATIO:
+                iqrs = [f.iqr / f.value for f in fs if f and f.iqr and f.value]
+                noisy = iqrs and max(iqrs) >= rel
+                note = (f"a ratio of steps in the same rounds; its own IQR is up to "
+                        f"{max(iqrs):.0%} of it" if iqrs else "a ratio") + (
+                    ": the difference is within that noise" if noisy else
+                    ": the difference exceeds its noise")
+            else:
+                note = "measured; read it with its noise"
+        fmt = [("—" if v is None else f"{v:.4g}" + (f" (IQR {f.iqr:.2g})" if f and f.iqr
+                                                      else "")) for v, f in zip(vals, fs)]
+        out.rows.append(StabilityRow(k, f0.label, f0.kind, fmt, rel, agrees, rests, note))
+    return out
+
+
+def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
+                  tolerance: float = 0.15, only: list[str] | None = None,
+                  progress: bool = True) -> StabilityResult:
+    """Run the notebooks ``runs`` times and compare every headline figure."""
+    from ..running.runner import run_notebooks
+
+    if runs < 2:
+        raise ValueError(f"'runs' must be at least 2 (got {runs})")
+    out = Path(out_dir)
+    dirs = [out / f"run{i + 1}" for i in range(runs)]
+    for d in dirs:
+        run_notebooks(params, d, only=only, progress=progress, log_output=False)
+    res = compare_figures(dirs, tolerance)
+    atomic_write_text(out / "stability.json", json.dumps(res.to_json(), indent=1))
+    atomic_write_text(out / "stability.html", page(res))
+    return res
+
+
+def page(r: StabilityResult) -> str:
+    rows = []
+    for x in r.rows:
+        status = "—" if x.agrees is None else ("agrees" if x.agrees else "DIFFERS")
+        cls = "" if x.agrees is not False else ("bad" if x.verdict_rests_on else "warn")
+        rel = "" if x.rel_diff is None else f"{x.rel_diff:.1%}"
+        rows.append(f"<tr class='{cls}'><td>{html.escape(x.label)}<br><small>{x.kind}</small>"
+                    f"</td>" + "".join(f"<td>{html.escape(v)}</td>" for v in x.values)
+                    + f"<td>{rel}</td><td>{status}</td><td>{'yes' if x.verdict_rests_on else ''}"
+                    f"</td><td>{html.escape(x.note)}</td></tr>")
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in r.runs)
+    drift = "" if r.drift is None else (f"<p>The machine's speed, by a reference (the benchmark's "
+                                        f"shared step, same kernels), moved {r.drift:.0%} "
+                                        "between the runs.</p>")
+    bad = [x for x in r.disagreeing if x.verdict_rests_on]
+    summary = ("Every figure the verdict rests on agrees within the tolerance." if not bad else
+               "Figures the verdict rests on that differ: " + ", ".join(x.label for x in bad))
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Stability</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1250px;margin:2em auto}}
+td,th{{border-bottom:1px solid #ddd;padding:5px 8px;text-align:left;vertical-align:top}}
+th{{background:#f4f4f4}} tr.bad{{background:#fbe3e3}} tr.warn{{background:#fcf6e6}}
+small{{color:#666}}</style></head><body><h1>Do two runs agree?</h1>
+<p>Tolerance: {r.tolerance:.0%} relative difference (largest over pairs of runs).
+{html.escape(summary)}</p>{drift}
+<table><tr><th>figure</th>{head}<th>difference</th><th>status</th><th>the verdict rests on it</th>
+<th>why, where it differs</th></tr>{''.join(rows)}</table></body></html>"""
