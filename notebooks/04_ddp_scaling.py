@@ -147,7 +147,6 @@ view.gap_plot(ddp, NB.device_label)
 # %%
 path = write_results(NB.run_dir, "04_ddp_scaling", ddp, NB.params, headline=view.headline(ddp),
                      snapshot_checksum=NB.graph.checksum,
-                     files=[f"{d}/{f.name}" for d in ddp.logs.values()
-                            for f in sorted((NB.run_dir / d).glob("*")) if f.is_file()],
+                     files=ddp.log_files(NB.run_dir),
                      inputs=checksums(NB.run_dir, ["03_data_vs_model_timing"] if timing else []))
 display(view.saved(path, view.headline(ddp)))

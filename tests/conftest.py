@@ -1,13 +1,15 @@
 import logging
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from workbook_lib.running import params as params_mod
 from workbook_lib.data.snapshots import CellGraph, content_checksum
+from workbook_lib.running import params as params_mod
 
 ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("WORKBOOK_PROGRESS", "0")
 
 
 @pytest.fixture
@@ -26,7 +28,8 @@ def make_graph(num_genes=12, types=None, seed=0) -> CellGraph:
             s, d = torch.randint(0, num_genes, (2,), generator=g).tolist()
             if s != d:
                 codes.add((s, d))
-        arr = torch.tensor(sorted(codes, key=lambda x: (x[1], x[0]))).T.contiguous()
+        arr = torch.tensor(sorted(codes, key=lambda x: (x[1], x[0]))).T.contiguous() if codes \
+            else torch.empty(2, 0, dtype=torch.long)
         ei[t] = arr
     return CellGraph(name="tiny", num_genes=num_genes, edge_index=ei, source="test",
                      checksum=content_checksum(num_genes, ei))

@@ -1,14 +1,21 @@
-"""Every notebook, executed under papermill with the ci params (one run shared by the tests)."""
+"""Every notebook under papermill with the ci params (one run shared by the tests), the HTML a
+reader gets, and the habits of papermill and JupyterLab users."""
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
+from workbook_lib.catalog import NOTEBOOK_NAMES
+from workbook_lib.running import notebooks as nbsrc
 from workbook_lib.running import params as params_mod
 from workbook_lib.running import runner
+from workbook_lib.running.results import load_result
 
 ROOT = Path(__file__).resolve().parent.parent
+PAPERMILL = [sys.executable, "-m", "papermill"]
 
 
 @pytest.fixture(scope="session")
@@ -19,117 +26,139 @@ def ci_run(tmp_path_factory):
     return out, {o.name: o for o in outcomes}
 
 
-def _results(out, name):
-    return json.loads((out / f"{name}.json").read_text())
+def test_sources_are_thin_and_their_parameters_cells_current():
+    assert nbsrc.sync(check=True) == []
+    for name in NOTEBOOK_NAMES:
+        text = (ROOT / "notebooks" / f"{name}.py").read_text()
+        code = [ln for ln in text.splitlines() if not ln.startswith("#")]
+        assert not [ln for ln in code if re.match(r"\s*(def|class|for|while) ", ln)], name
+        assert text.count('# %% tags=["parameters"]') == 1, name
 
 
-def test_source_notebooks_clean_and_in_sync():
-    import sys
-    sys.path.insert(0, str(ROOT / "tools"))
-    import build_notebooks
-    assert build_notebooks.build(check=True) == []
-    for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"):
-        nb = nbformat.read(str(path), as_version=4)
-        tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-        assert len(tagged) == 1, path.name
-        for c in nb.cells:
-            if c.cell_type == "code":
-                assert not c.outputs and c.execution_count is None, path.name
+def test_built_notebooks_are_not_tracked():
+    tracked = subprocess.run(["git", "ls-files", "notebooks"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    assert not [f for f in tracked if f.endswith(".ipynb")]
+    ignored = subprocess.run(["git", "check-ignore", "-q", "notebooks/01_graph_inventory.ipynb"],
+                             cwd=ROOT)
+    assert ignored.returncode == 0  # running one in JupyterLab never dirties the repository
 
 
 def test_every_notebook_ran(ci_run):
     out, outcomes = ci_run
-    assert set(outcomes) == set(runner.available_notebooks())
+    assert set(outcomes) == set(NOTEBOOK_NAMES)
     for name, o in outcomes.items():
         assert o.status == "ok", (name, o.error)
         for ext in ("ipynb", "html", "json"):
             assert (out / f"{name}.{ext}").is_file()
-    assert (out / "index.html").is_file() and (out / "environment.json").is_file()
+        assert load_result(out, name) is not None, name  # typed results read back
     env = json.loads((out / "environment.json").read_text())
     assert env["params"]["scale"] == 0.005 and "torch" in env["versions"]
 
 
-def test_01_inventory_results(ci_run):
+def test_results_of_each_notebook(ci_run):
     out, _ = ci_run
-    r = _results(out, "01_graph_inventory")
-    for key in ("num_genes", "total_edges", "edge_types", "mask_bytes_per_sample",
-                "mask_bytes_per_batch", "replicated_edge_index_bytes_per_batch",
-                "incidence_cache_bytes", "dataset_mask_storage_bytes",
-                "removed_edge_fraction", "hop_coverage"):
-        assert key in r, key
-    assert r["num_genes"] == 6607
-    assert r["total_edges"] == sum(t["edges"] for t in r["edge_types"])
-    assert r["mask_bytes_per_sample"] == r["total_edges"]
-    assert r["mask_bytes_per_batch"]["28"] == 28 * r["total_edges"]
-    assert r["replicated_edge_index_bytes_per_batch"]["4"] == 4 * 2 * 8 * r["total_edges"]
-    assert set(r["hop_coverage"]) == {"1", "2", "3"}
-    assert r["_meta"]["complete"] and r["_meta"]["environment"]["versions"]["torch"]
-    html = (out / "01_graph_inventory.html").read_text()
-    assert "data:image/png;base64" in html
+    inv = load_result(out, "01_graph_inventory")
+    assert inv.num_genes == 6607 and inv.total_edges == sum(t.edges for t in inv.edge_types)
+    mc = load_result(out, "02_mask_cost_model")
+    assert max(mc.exact.values()) < 1e-4 and len(mc.exact) == 7
+    assert all(p.status == "ok" and p.step_bytes > 0 for p in mc.memory.points)
+    for fit in mc.memory.fits.values():
+        assert fit.per_sample_bytes > 0 and len(fit.residuals) == len(fit.points) >= 3
+    assert mc.bench.per_sample_s["shared"].n >= 3 and mc.bench.floor_fraction is not None
+    t = load_result(out, "03_data_vs_model_timing")
+    for a in t.loops.arms.values():
+        assert a.timed_steps >= 3 and a.step.iqr >= 0 and a.warmup_steps == 1
+    assert t.syncs.per_step["device_mask_loop"] > 0
+    assert t.syncs.per_step["device_mask_vectorized"] == 0
+    for p in t.profiles.values():
+        assert p.schedule["wait"] >= 1 and p.schedule["warmup"] >= 1
+        assert (out / p.trace).is_file()  # relative to the run folder
+    d = load_result(out, "04_ddp_scaling")
+    assert set(d.worlds) == {1, 2} and d.plan.backend == "gloo"
+    assert d.worlds[2].comm_total is not None and d.ratio_03 is not None
+    v = load_result(out, "05_verdict")
+    assert v.recommendation.strategy and v.claims and v.answer.startswith("**On this run")
+    assert set(v.inputs) == {"01_graph_inventory", "02_mask_cost_model",
+                             "03_data_vs_model_timing", "04_ddp_scaling"}
+    a = load_result(out, "06_adopt_fix")
+    assert a.max_rel_diff <= 1e-5 and a.speedup.median > 0
 
 
-def test_02_cost_model_results(ci_run):
+def _text(html):
+    html = re.sub(r"<style.*?</style>|<script.*?</script>", "", html, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", html)
+
+
+def test_the_html_a_reader_gets(ci_run):
     out, _ = ci_run
-    r = _results(out, "02_mask_cost_model")
-    assert set(r["coefficients"]) == {"alpha", "beta", "gamma", "delta"}
-    assert all({"value", "unit"} <= set(v) for v in r["coefficients"].values())
-    assert "crossover_p" in r
-    assert {"median_abs_rel", "max_abs_rel"} <= set(r["prediction_error"])
-    assert "E" in r["layer_time_s"] and "H" in r["layer_time_s"]
-    assert "node_mask_shared" in r["layer_time_s"]
-    assert max(r["exact"].values()) < 1e-4 and len(r["exact"]) == 7
-    full = r["full_size_ratio_shared_vs_replicated"]
-    assert {"value", "replicated_form", "batch_sizes", "ratio_vs_sparse_form"} <= set(full)
-    assert r["memory"]["points"]
+    for name in NOTEBOOK_NAMES:
+        html = (out / f"{name}.html").read_text()
+        body = re.sub(r"<style.*?</style>", "", html, flags=re.S)
+        text = _text(html)
+        assert "jp-InputArea-editor" not in body and "highlight hl-" not in body, name
+        prose = _text(re.sub(r"<pre.*?</pre>", "", body, flags=re.S))  # code shown on purpose
+        assert "import " not in prose and "setup(globals())" not in prose, name  # no code
+        for bad in ("it/s]", "%|", "USDT", "Warning", "warn(", "Traceback", "<stderr>"):
+            assert bad not in text, (name, bad)
+        imgs = re.findall(r"<img[^>]*>", html)
+        assert imgs, name  # every report has figures
+        for tag in imgs:
+            alt = re.search(r'alt="([^"]*)"', tag)
+            assert alt and len(alt.group(1)) > 20 and "No description" not in alt.group(1), name
+        assert re.search(r"<th[^>]*>\s*</th>", html) is None or name == "05_verdict"
+    index = (out / "index.html").read_text()
+    v = json.loads((out / "05_verdict.json").read_text())
+    first_words = re.sub(r"[*_`]", "", v["answer"]).split("\n")[0][:40]
+    assert "slower per epoch" in _text(index) and first_words[:25] in _text(index)
+    verdict_html = _text((out / "05_verdict.html").read_text())
+    assert verdict_html.index("The answer") < verdict_html.index("Causes of the gap")
+    assert "traces_03/" in index and "ddp_04/world2/" in index  # relative links
+    assert str(out) not in index
 
 
-def test_03_timing_results(ci_run):
-    out, _ = ci_run
-    r = _results(out, "03_data_vs_model_timing")
-    for key in ("it_per_s", "ms_per_sample", "stage_seconds", "syncs_per_step",
-                "epochs_per_day", "profile_categories", "profile_coverage", "brief_comparison"):
-        assert key in r, key
-    assert set(r["it_per_s"]["node_mask_shared"]) == {"data", "forward", "forward_backward", "full"}
-    assert r["syncs_per_step"]["device_mask_loop"] > 0
-    assert r["syncs_per_step"]["device_mask_vectorized"] == 0
-    for name, cov in r["profile_coverage"].items():
-        assert 0.95 <= cov <= 1.05, (name, cov)
-    assert set(r["epochs_per_day"]["dango_wildtype"]) == {"1", "4"}
-    for trace in r["traces"].values():
-        assert Path(trace).is_file()
+def test_papermill_parameters_and_help(tmp_path):
+    nb = ROOT / "notebooks" / "01_graph_inventory.ipynb"
+    r = subprocess.run([*PAPERMILL, "--help-notebook", str(nb)], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0
+    for line in ("scale: float (default 0.1)", "hidden: int (default 32)",
+                 "memory_budget_gb: Optional[float] (default None)", "run_dir: str"):
+        assert line in r.stdout, (line, r.stdout[:2000])
+    # from another directory: -p values are used, a relative run_dir lands in the repository
+    r = subprocess.run([*PAPERMILL, str(nb), str(tmp_path / "o.ipynb"), "-p", "scale", "0.002",
+                        "-p", "hidden", "8", "-p", "run_dir", str(tmp_path), "-k", "python3"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    meta = json.loads((tmp_path / "01_graph_inventory.json").read_text())["_meta"]
+    assert meta["params"]["scale"] == 0.002 and meta["params"]["hidden"] == 8
+    r = subprocess.run([*PAPERMILL, str(nb), str(tmp_path / "p.ipynb"), "-f",
+                        str(ROOT / "params" / "ci.yaml"), "-p", "run_dir", str(tmp_path / "f"),
+                        "-k", "python3"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    meta = json.loads((tmp_path / "f" / "01_graph_inventory.json").read_text())["_meta"]
+    assert meta["params"]["scale"] == 0.005  # params/ci.yaml through -f
 
 
-def test_04_ddp_results(ci_run):
-    out, _ = ci_run
-    r = _results(out, "04_ddp_scaling")
-    assert set(r["step_time_s"]) == {"1", "2"}
-    for key in ("scaling_efficiency", "comm_fraction", "grad_accum_vs_ddp",
-                "predicted_step_time_s"):
-        assert key in r
-    assert {"steps_ratio", "per_step_ratio", "ddp_factor", "total"} <= set(r["gap_decomposition"])
-    assert r["backend"] == "gloo"
+def test_papermill_bad_values_fail_clearly_before_work(tmp_path):
+    nb = ROOT / "notebooks" / "01_graph_inventory.ipynb"
+    for extra, words in ((["-p", "params", '{"scale": 0.1}'], "-p KEY VALUE"),
+                         (["-p", "hiden", "8"], "did you mean 'hidden'"),
+                         (["-p", "scale", "-1"], "'scale' must be positive")):
+        r = subprocess.run([*PAPERMILL, str(nb), str(tmp_path / "o.ipynb"), *extra, "-p",
+                            "run_dir", str(tmp_path), "-k", "python3"], capture_output=True,
+                           text=True, cwd=tmp_path)
+        assert r.returncode != 0 and "ParamsError" in r.stderr and words in r.stderr, \
+            r.stderr[-1500:]
+        assert not (tmp_path / "01_graph_inventory.json").exists()
 
 
-def test_05_verdict_results(ci_run):
-    out, _ = ci_run
-    r = _results(out, "05_verdict")
-    assert r["missing"] == []
-    assert r["recommendation"]["strategy"]
-    assert any(c["status"] == "held" for c in r["claims"])
-    assert r["gap_causes"]
-    assert "use " in r["_meta"]["headline"]
-
-
-@pytest.mark.parametrize("name", ["01_graph_inventory", "05_verdict"])
-def test_notebook_runs_with_its_own_defaults(name, tmp_path):
-    """As in JupyterLab: nothing injected but where results go (so the repo stays clean)."""
+def test_verdict_refuses_partial_inputs(tmp_path):
     import papermill as pm
 
-    out = tmp_path / f"{name}.ipynb"
-    pm.execute_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"), str(out),
-                        parameters={"run_dir": str(tmp_path)}, cwd=str(ROOT / "notebooks"),
-                        kernel_name="python3", progress_bar=False)
-    res = json.loads((tmp_path / f"{name}.json").read_text())
-    assert res["_meta"]["params"]["scale"] == 0.1  # params/default.yaml
-    if name == "05_verdict":
-        assert len(res["missing"]) == 4  # nothing else ran in this folder: named, not fatal
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(ROOT / "notebooks" / "05_verdict.ipynb"),
+                            str(tmp_path / "05.ipynb"), parameters={"run_dir": str(tmp_path)},
+                            kernel_name="python3", progress_bar=False)
+    assert e.value.ename == "IncompleteInputsError" and "01_graph_inventory" in e.value.evalue
+    assert not (tmp_path / "05_verdict.json").exists()

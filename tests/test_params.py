@@ -25,11 +25,43 @@ def test_empty_means_defaults():
     assert P.validate({}) == P.defaults()
 
 
-def test_unknown_key_lists_valid_keys():
+def test_unknown_key_suggests_the_right_one():
     with pytest.raises(ParamsError) as e:
         P.validate({"batchsize": 3})
-    msg = str(e.value)
-    assert "batchsize" in msg and "batch_sizes" in msg and "scale" in msg
+    assert "did you mean 'batch_sizes'" in str(e.value) and e.value.key == "batchsize"
+    with pytest.raises(ParamsError, match="did you mean 'hidden'"):
+        P.validate({"hiden": 3})
+
+
+def test_command_line_strings_are_read_as_yaml():
+    """papermill -p passes lists as strings; YAML reads 1e-3 as a string."""
+    p = P.validate({"scale": "1e-3", "batch_sizes": "[1, 2]", "perturbation_k": "{2: 0.5, "
+                    "3: 0.5}", "memory_budget_gb": "null", "rdzv_endpoint": "null"})
+    assert p["scale"] == 0.001 and p["batch_sizes"] == [1, 2]
+    assert p["perturbation_k"] == {2: 0.5, 3: 0.5} and p["memory_budget_gb"] is None
+    assert p["rdzv_endpoint"] is None
+
+
+def test_default_file_is_the_schema_default():
+    assert P.load_params_file(ROOT / "params" / "default.yaml") == P.defaults()
+
+
+def test_placement_keys_are_not_results_relevant():
+    p = P.validate({"nnodes": 2, "rdzv_endpoint": "n1:29500"})
+    rel = P.results_relevant(p)
+    assert "nnodes" not in rel and "rdzv_endpoint" not in rel and "scale" in rel
+
+
+def test_parameters_cell_is_read_by_papermill():
+    from papermill.translators import PythonTranslator
+
+    found = {p.name: p for p in PythonTranslator.inspect({"source": P.parameters_cell()})}
+    assert set(P.FIELDS) | {"run_dir"} == set(found)
+    assert found["memory_budget_gb"].inferred_type_name == "Optional[float]"
+    assert found["scale"].default == "0.1" and "edge-count" in found["scale"].help
+    ns = {}
+    exec(P.parameters_cell(), ns)  # the cell runs as Python and gives the defaults
+    assert {k: ns[k] for k in P.FIELDS} == P.defaults()
 
 
 @pytest.mark.parametrize("key,value,words", [
@@ -47,8 +79,14 @@ def test_unknown_key_lists_valid_keys():
     ("snapshot", "nope", ["'snapshot'", "nope"]),
     ("snapshot", "/tmp/does/not/exist.pt", ["'snapshot'", "does not exist"]),
     ("strategies", ["fast"], ["'strategies'", "fast"]),
-    ("dual_forward", "yes", ["'dual_forward'", "true or false"]),
+    ("dual_forward", "maybe", ["'dual_forward'", "true or false"]),
     ("sweep_p", [0.5, 1.0], ["'sweep_p'"]),
+    ("exactness_genes", 1, ["'exactness_genes'", ">= 2"]),
+    ("exactness_genes", 3, ["'exactness_genes'", "exceed"]),
+    ("profile_wait", 0, ["'profile_wait'", ">= 1"]),
+    ("world_sizes", [1, 3, 4], ["'world_sizes'", "divide"]),
+    ("loop_max_steps", 2, ["'loop_max_steps'", "loop_steps"]),
+    ("gap_strategies", ["dango_wildtype", "dango_wildtype"], ["'gap_strategies'"]),
 ])
 def test_bad_values_name_key_and_value(key, value, words):
     with pytest.raises(ParamsError) as e:
@@ -76,20 +114,27 @@ def test_bad_file(tmp_path):
         P.load_params_file(f)
 
 
-def test_notebook_params_same_validation():
-    base = P.notebook_params(str(ROOT / "params" / "ci.yaml"), {"seed": 3})
-    assert base["seed"] == 3 and base["scale"] == 0.005
-    with pytest.raises(ParamsError, match="unknown"):
-        P.notebook_params(None, {"sead": 3})
+def test_notebook_namespace_same_validation():
+    from workbook_lib.running.notebook import notebook_params
+
+    ns = {**P.defaults(), "seed": 3, "run_dir": "runs/x", "np": __import__("numpy")}
+    p, run_dir = notebook_params(ns)
+    assert p["seed"] == 3 and run_dir == ROOT / "runs" / "x"
+    with pytest.raises(ParamsError, match="did you mean 'seed'"):
+        notebook_params({**ns, "sead": 3})
+    with pytest.raises(ParamsError, match="-p KEY VALUE"):
+        notebook_params({**ns, "params": {"scale": 0.1}})
     with pytest.raises(ParamsError, match="'layers'"):
-        P.notebook_params(None, {"layers": 0})
+        notebook_params({**ns, "layers": 0})
 
 
 def test_check_against_graph():
-    p = P.validate({"perturbation_k": 5})
-    with pytest.raises(ParamsError, match="gene count"):
+    p = P.validate({"perturbation_k": 5, "exactness_genes": 6})
+    with pytest.raises(ParamsError, match="'perturbation_k'.*gene count"):
         P.check_against_graph(p, 4)
-    P.check_against_graph(p, 5)
+    with pytest.raises(ParamsError, match="'exactness_genes'"):
+        P.check_against_graph(p, 5)
+    P.check_against_graph(p, 6)
 
 
 def test_cuda_without_gpu_is_an_error():

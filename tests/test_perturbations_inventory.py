@@ -44,8 +44,8 @@ def test_inventory_arithmetic(hand_graph):
     assert ps == {"perturbation_indices": 8, "removed_edge_indices": 16, "edge_masks": 4,
                   "replicated_edge_index": 64}
     pb = inventory.per_batch_bytes(ps, [1, 28])
-    assert pb["edge_masks"] == {"1": 4, "28": 112}
-    assert pb["replicated_edge_index"]["28"] == 28 * 64
+    assert pb["edge_masks"] == {1: 4, 28: 112}
+    assert pb["replicated_edge_index"][28] == 28 * 64
     assert inventory.dataset_bytes(ps, 10)["edge_masks"] == 40
 
 
@@ -57,8 +57,15 @@ def test_removed_edges_and_hops(hand_graph):
     np.testing.assert_allclose(cov[0], [0.75, 1.0, 1.0])
 
 
-def test_claims_at_real_size():
-    mask = 2_423_370
-    rows = {r["claim"]: r for r in inventory.claims_table(mask, 19e6, 332313)}
-    assert rows["masks per batch (B=28)"]["computed_bytes"] == 28 * mask
-    assert rows["mask storage for the dataset"]["computed_bytes"] == mask * 332313
+def test_inventory_measures_what_strategy_2_carries():
+    from conftest import make_graph
+    from workbook_lib.running.params import validate
+
+    g = make_graph(num_genes=40, types={"x": 200, "y": 120}, seed=7)
+    p = validate({"num_perturbations": 8, "batch_sizes": [1, 4]})
+    r = inventory.inventory(p, g)
+    assert r.measured_batch_mask_bytes_per_sample == g.num_edges()  # 1 byte per edge
+    assert r.measured_incidence_cache_bytes == inventory.incidence_cache_bytes(g)
+    assert r.real_size is None  # no spec: a test graph
+    back = inventory.InventoryResult.from_json(r.to_json())
+    assert back.hop_coverage[2].median == r.hop_coverage[2].median

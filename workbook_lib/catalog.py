@@ -60,6 +60,12 @@ def notebook_info(name: str) -> NotebookInfo:
 
 
 def inputs_of(name: str) -> tuple[str, ...]:
-    """Every notebook whose results ``name`` reads (required or optional)."""
-    nb = notebook_info(name)
-    return nb.requires + nb.reads
+    """Every notebook whose results ``name`` reads (required or optional); none for a notebook
+    outside the catalog."""
+    nb = BY_NAME.get(name)
+    return () if nb is None else nb.requires + nb.reads
+
+
+def requires_of(name: str) -> tuple[str, ...]:
+    nb = BY_NAME.get(name)
+    return () if nb is None else nb.requires

@@ -201,6 +201,14 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
         errors = sorted(out.glob("rank*.error"), key=lambda p: p.stat().st_mtime_ns)
         if rc != 0 or errors:
             log_text = log.read_text(errors="replace") if log.exists() else ""
+            rank, code = torchrun_root_cause(log_text)
+            if rank is not None and code and code.lstrip().startswith("-"):
+                # killed by a signal: the others' errors (a collective broken) came after it
+                raise LaunchError(
+                    f"rank {rank} died (exit code {code}; world size {world}), as torchrun "
+                    f"reports.\n--- rank {rank} last output ---\n{_tail(out / f'rank{rank}.log')}",
+                    kind="failed", rank=rank, world_size=world,
+                    last_output=_tail(out / f"rank{rank}.log"))
             if errors:
                 first = errors[0]
                 rank = int(first.stem.replace("rank", ""))
@@ -211,7 +219,6 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
                     f"{_tail(first, 25)}\n--- rank {rank} last output ---\n"
                     f"{_tail(out / f'rank{rank}.log')}", kind="failed", rank=rank,
                     world_size=world, last_output=_tail(out / f"rank{rank}.log"))
-            rank, code = torchrun_root_cause(log_text)
             if rank is not None:
                 raise LaunchError(
                     f"rank {rank} died (exit code {code}; world size {world}), as torchrun "

@@ -44,6 +44,11 @@ class DDPResult(Record):
     agrees_with_03: bool | None = None
     logs: dict[int, str] = field(default_factory=dict)  # world size -> launch folder (relative)
 
+    def log_files(self, run_dir: Path) -> list[str]:
+        """Every file of the launches (torchrun log, rank logs and results), relative."""
+        return [f"{d}/{f.name}" for d in self.logs.values()
+                for f in sorted((Path(run_dir) / d).glob("*")) if f.is_file()]
+
 
 def run_ddp(params: dict, device: torch.device, run_dir: Path) -> tuple[Plan, dict]:
     """Launch every world size the allocation can place; ``{world: (launch, ranks)}``."""

@@ -206,15 +206,18 @@ def _main(cfg, out, rank, world, fh, hb):
     modules = {}
 
     def ddp_run(name: str, batch: int, tag: str):
+        hb.set(f"preparing {name} ({tag})")
         run = build_run(P, name, device=device, batch_size=batch)
         hb.set(f"DistributedDataParallel({tag}) (broadcast)")
         model = torch.nn.parallel.DistributedDataParallel(
             run.model, device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=P["bucket_cap_mb"])
+        hb.set(f"building the data pipeline ({tag})")
         timer = CommTimer(world, device, hb)
         model.register_comm_hook(None, timer.hook)
         opt = torch.optim.AdamW([p for p in run.model.parameters() if p.requires_grad], lr=1e-3)
-        pert = run.perturbations(max(8, cfg["steps_cap"]) * batch * P["grad_accum_steps"],
+        distinct = min(max(8, cfg["steps_cap"]), 64)  # the stream cycles over them
+        pert = run.perturbations(distinct * batch * P["grad_accum_steps"],
                                  salt=1000 * rank + len(modules))
         ld = loop.make_loader(run.strategy, pert, batch, num_workers=P["num_workers"],
                               pin_memory=P["pin_memory"],

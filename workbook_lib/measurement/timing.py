@@ -186,7 +186,10 @@ def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", war
                   num_threads=torch.get_num_threads())
     m = timer.adaptive_autorange(threshold=target, min_run_time=min_run,
                                  max_run_time=max(max_time_s, 1.5 * min_run))
-    return Stat.from_samples(list(m.times), target=target)
+    times = list(m.times)
+    while len(times) < min_repeats:  # fast calls come in blocks: top up to min_repeats blocks
+        times.append(timer.timeit(number=m.number_per_run).median)
+    return Stat.from_samples(times, target=target)
 
 
 @dataclass

@@ -63,8 +63,9 @@ def index_page(out_dir: Path, outcomes, params: dict) -> str:
         except (OSError, json.JSONDecodeError):
             env = {}
     by = {o.name: o for o in outcomes}
-    names = [n for n in NOTEBOOK_NAMES if n in by or (out_dir / f"{n}.json").is_file()
-             or (out_dir / f"{n}.ipynb").is_file()]
+    present = {p.stem for p in out_dir.glob("[0-9][0-9]_*.ipynb")} | \
+        {p.stem for p in out_dir.glob("[0-9][0-9]_*.json")}
+    names = sorted(set(by) | present, key=lambda n: (n not in NOTEBOOK_NAMES, n))
     rows = []
     for name in names:
         o = by.get(name)
@@ -87,7 +88,7 @@ def index_page(out_dir: Path, outcomes, params: dict) -> str:
         links += [f"<a href='{html.escape(h)}'>{html.escape(t)}</a>"
                   for t, h in _extra_links(out_dir, name)]
         rows.append(
-            f"<tr class='{status}'><td><b>{html.escape(BY_NAME[name].title)}</b><br>"
+            f"<tr class='{status}'><td><b>{html.escape(BY_NAME[name].title if name in BY_NAME else name)}</b><br>"
             f"<code>{name}</code></td><td>{STATUS_TEXT.get(status, status)}{when}</td>"
             f"<td>{secs}</td><td>{html.escape(head)}</td>"
             f"<td class='links'>{' '.join(links)}</td></tr>")

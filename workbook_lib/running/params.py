@@ -380,6 +380,11 @@ def _cross_checks(out: dict, source: str) -> None:
     if out["ddp_strategy"] not in out["strategies"] and out["ddp_strategy"] not in STRATEGY_NAMES:
         fail("ddp_strategy", "must be a strategy name")
     kmax = max_k(out["perturbation_k"])
+    _check_snapshot_exists(out, source)
+    spec_genes = _spec_num_genes(out["snapshot"])
+    if spec_genes is not None and kmax > spec_genes:
+        fail("perturbation_k", f"must not exceed the gene count of snapshot "
+                               f"'{out['snapshot']}' ({spec_genes})")
     if out["exactness_genes"] <= kmax:
         fail("exactness_genes", f"must exceed the largest perturbation_k ({kmax})")
     gbatch = out["ddp_batch_size"] * max(out["world_sizes"])
@@ -387,11 +392,6 @@ def _cross_checks(out: dict, source: str) -> None:
     if bad:
         fail("world_sizes", f"must each divide the strong-scaling global batch "
                             f"ddp_batch_size x max(world_sizes) = {gbatch} ({bad} do not)")
-    _check_snapshot_exists(out, source)
-    spec_genes = _spec_num_genes(out["snapshot"])
-    if spec_genes is not None and kmax > spec_genes:
-        fail("perturbation_k", f"must not exceed the gene count of snapshot "
-                               f"'{out['snapshot']}' ({spec_genes})")
 
 
 def max_k(k: int | dict) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from ..catalog import BY_NAME, NOTEBOOK_NAMES, inputs_of
+from ..catalog import BY_NAME, inputs_of, requires_of
 from ..exceptions import NotebookFailedError, ParamsError, WorkbookError
 from ..paths import NOTEBOOK_DIR
 from ..records import to_json
@@ -211,7 +211,7 @@ def completeness(out_dir: Path, name: str, params: dict,
         if dep in meta.inputs:
             if not path.is_file() or file_checksum(path) != meta.inputs[dep]:
                 return False, f"its input {dep} changed"
-        elif dep in BY_NAME[name].requires:
+        elif dep in requires_of(name):
             return False, f"made without its input {dep}"
     return True, ""
 

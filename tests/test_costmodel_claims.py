@@ -1,0 +1,221 @@
+"""The cost model (held-out sizes kept out of every fit) and every claim's rule, both ways."""
+import pytest
+import torch
+
+from workbook_lib.analysis import claims as C
+from workbook_lib.analysis import costmodel as cm
+from workbook_lib.measurement.timing import Stat
+
+
+def st(median, spread=0.0, n=10):
+    """A Stat whose samples spread +-spread around median."""
+    if spread == 0:
+        return Stat.from_samples([median] * n)
+    return Stat.from_samples([median - spread, median, median + spread] * (n // 3 + 1))
+
+
+def _points(true, noise=0.0):
+    g = torch.Generator().manual_seed(0)
+
+    def n(v):
+        return v * (1 + noise * float(torch.randn(1, generator=g)))
+    pts = []
+    for e in (1000, 2000, 4000, 8000):
+        pts.append(cm.SweepPoint("keep_mask", e, 0, 0.0, st(n(true["gamma"] * e + 1e-6))))
+        for p in (0.1, 0.5):
+            pts.append(cm.SweepPoint("gather", e, 0, p, st(n(true["delta"] * e + 1e-6))))
+        for h in (8, 16, 32):
+            un = true["beta"] * e * h + true["beta_e"] * e + true["c"]
+            mask = true["alpha_eh"] * e * h
+            pts.append(cm.SweepPoint("unmasked", e, h, 0.0, st(n(un))))
+            pts.append(cm.SweepPoint("masked", e, h, 0.01, st(n(un + mask))))
+            pts.append(cm.SweepPoint("mask_cost", e, h, 0.01, st(n(mask))))
+            for p in (0.01, 0.5):
+                f = (true["gamma"] + true["delta"]) * e + (1 - p) * (
+                    true["beta"] * e * h + true["beta_e"] * e) + true["c"]
+                pts.append(cm.SweepPoint("filter_layer", e, h, p, st(n(f))))
+    return pts
+
+
+TRUE = {"beta": 1e-10, "beta_e": 2e-9, "alpha_eh": 5e-11, "gamma": 3e-9, "delta": 1e-9,
+        "c": 1e-5}
+
+
+def test_fit_recovers_coefficients_and_holds_out_the_largest_e():
+    m = cm.fit(_points(TRUE))
+    assert m.held_out_edges == 8000
+    for name in ("beta", "beta_e"):
+        assert m.beta.coefficients[name] == pytest.approx(TRUE[name], rel=1e-6)
+    assert m.alpha_carrier == "E*H"
+    assert m.alpha.coefficients["alpha_eh"] == pytest.approx(TRUE["alpha_eh"], rel=1e-6)
+    assert m.gamma.coefficients["gamma"] == pytest.approx(TRUE["gamma"], rel=1e-6)
+    for f in (m.beta, m.alpha, m.gamma, m.delta):
+        assert f.in_fit_points > 0 and f.held_out_points > 0
+        assert f.held_out_median_abs_rel < 1e-6
+    assert m.filter_check.held_out_median_abs_rel < 1e-6
+
+
+def test_held_out_points_change_no_coefficient():
+    pts = _points(TRUE)
+    base = cm.fit(pts)
+    wild = [cm.SweepPoint(p.kind, p.E, p.H, p.p, st(p.stat.median * 7)) if p.E == 8000 else p
+            for p in pts]
+    m = cm.fit(wild)
+    assert m.beta.coefficients == base.beta.coefficients  # 8000 is in no fit
+    assert m.gamma.coefficients == base.gamma.coefficients
+    assert m.beta.held_out_median_abs_rel == pytest.approx(6 / 7)  # shows as a held-out miss
+
+
+def test_negative_coefficient_is_reported_not_clipped():
+    true = dict(TRUE, beta_e=-5e-9, c=1e-3)
+    m = cm.fit(_points(true))
+    assert m.beta.coefficients["beta_e"] < 0 and "beta_e" in m.beta.negative
+
+
+def test_crossover_formula_and_direct_check():
+    m = cm.fit(_points(TRUE))
+    h = 16
+    p = m.crossover_p(h)
+    e = 1e6
+    assert m.predict_filter(e, h, p) == pytest.approx(m.predict_mask(e, h), rel=1e-9)
+    checks = cm.crossover_checks(m, _points(TRUE))
+    assert checks and all(c.agrees for c in checks)
+
+
+def test_small_sweep_runs_interleaved():
+    cfg = cm.SweepConfig(num_nodes=50, edges=[200, 400], hidden=[4], p=[0.1],
+                         device=torch.device("cpu"), warmup=0, min_rounds=2, max_time_s=1)
+    kinds = {p.kind for p in cm.sweep(cfg)}
+    assert kinds == {"keep_mask", "gather", "masked", "unmasked", "spmm", "filter_layer",
+                     "mask_cost"}
+
+
+# ------------------------------------------------------------------ claim rules
+def test_rules_go_both_ways():
+    assert C.within_band(st(50, 2), 56) == C.HELD
+    assert C.within_band(st(13.2, 0.5), 56) == C.FAILED  # 13.2x does not "hold" 56x
+    assert C.within_band(st(28, 3), 56) == C.NOISE  # the IQR straddles the band's edge
+    assert C.near(67.9e6, 65e6, 0.1) == C.HELD and C.near(67.9e6, 130e6, 0.1) == C.FAILED
+    assert C.above(st(1.5, 0.1), 1) == C.HELD and C.above(st(0.5, 0.1), 1) == C.FAILED
+    assert C.changes_nothing(st(1.0, 0.05)) == C.HELD
+    assert C.changes_nothing(st(0.66, 0.02)) == C.FAILED  # faster with the gather: a change
+
+
+class _Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _inventory(mask_bytes_per_edge=1.0, incidence_scale=1.0):
+    from workbook_lib.data.inventory import RealSize
+
+    e, n, t = 242_337, 6607, 9
+    rs = RealSize(2_423_370, 2_423_370, 28 * 2_423_370, 2_423_370 * 332313,
+                  (2 * 2_423_370 + t * (n + 1)) * 8, (2 * 2_423_370 + t * (n + 1)) * 4, 332313)
+    return _Obj(real_size=rs, total_edges=e, scale=0.1, num_genes=n, edge_types=[0] * t,
+                measured_batch_mask_bytes_per_sample=mask_bytes_per_edge * e,
+                measured_incidence_cache_bytes=int((2 * e * 8 * incidence_scale)
+                                                   + t * (n + 1) * 8))
+
+
+def _statuses(claims):
+    return {c.key: c.status for c in claims}
+
+
+def test_size_claims_both_ways():
+    held = _statuses(C.size_claims(_inventory()))
+    assert held["masks_per_batch"] == C.HELD and held["mask_per_sample"] == C.HELD
+    assert held["masks_dual_forward"] == C.FAILED  # a dual-forward batch carries one mask set
+    assert held["incidence_cache"] == C.FAILED  # int64, both endpoints: about 39 MB
+    # a pipeline whose batches carried two mask sets, and an int32 cache (both endpoints)
+    other = _statuses(C.size_claims(_inventory(mask_bytes_per_edge=2.0, incidence_scale=0.5)))
+    assert other["masks_dual_forward"] == C.HELD and other["masks_per_batch"] == C.FAILED
+    assert other["incidence_cache"] == C.HELD
+
+
+def _mask_cost(err=1e-7, filter_over_mask=1.3):
+    pts = [cm.SweepPoint("masked", 1000, 32, 0.01, Stat.from_samples([1.0, 1.01, 0.99])),
+           cm.SweepPoint("filter_layer", 1000, 32, 0.001,
+                         Stat.from_samples([filter_over_mask, filter_over_mask * 1.01,
+                                            filter_over_mask * 0.99]))]
+    return _Obj(exact={"node_mask_shared": err, "replicated_mask_cpu": 1e-7},
+                exact_graph="g", cost=_Obj(points=pts), memory=_Obj(fits={}))
+
+
+def test_cost_claims_both_ways():
+    assert _statuses(C.cost_claims(_mask_cost(), 32)) == {"exact": C.HELD,
+                                                           "filter_vs_mask": C.HELD}
+    assert _statuses(C.cost_claims(_mask_cost(err=1e-2, filter_over_mask=0.6), 32)) == {
+        "exact": C.FAILED, "filter_vs_mask": C.FAILED}
+
+
+def _timing(data_ratio=56.0, dm_ratio=19.0, model_ratio=1.6, per_gene_syncs=1.0, vec_syncs=0.0,
+            optimizer_share=0.24, naive=3.0, h2d_top=False, loop_ratio=1.0):
+    from workbook_lib.analysis.timing_study import BriefFigure, SyncPoint
+    from workbook_lib.measurement.profiling import ProfileResult
+
+    figs = [BriefFigure("data_only_ratio", "d", 56, st(data_ratio, 0.01 * data_ratio), "x"),
+            BriefFigure("data_model_ratio", "dm", 19, st(dm_ratio, 0.01 * dm_ratio), "x"),
+            BriefFigure("model_batch_ratio", "m", 1.6, st(model_ratio, 0.01), "x")]
+    stages = {"h2d": st(5.0 if h2d_top else 0.1), "forward": st(1.0), "backward": st(2.0)}
+    arm = _Obj(stages=stages, step=st(8.0 if h2d_top else 3.1))
+    strategies = ["replicated_mask_cpu", "replicated_mask_stored", "dango_wildtype",
+                  "device_mask_loop",
+                  "device_mask_vectorized"]
+    loops = _Obj(strategies=strategies, arm=lambda n, m="full": arm,
+                 ratio=lambda a, b: st(loop_ratio, 0.05))
+    syncs = _Obj(scaling=[SyncPoint(4, 3, 9, int(per_gene_syncs * 108), 0)],
+                 per_step={"device_mask_vectorized": vec_syncs}, method="m")
+    prof = ProfileResult({"wait": 1, "warmup": 1, "active": 2}, "steps 3-4", 1.0,
+                         {"optimizer": optimizer_share, "forward": 1 - optimizer_share},
+                         {"forward": naive - 0.1, "optimizer": 0.1}, "t.json")
+    return _Obj(loops=loops, syncs=syncs, profiles={"replicated_mask_cpu": prof},
+                figure=lambda k: next((f for f in figs if f.key == k), None))
+
+
+def test_timing_claims_both_ways():
+    held = _statuses(C.timing_claims(_timing(h2d_top=True), "cuda"))
+    assert held == {"transfer_bottleneck": C.HELD, "data_only_ratio": C.HELD,
+                    "data_model_ratio": C.HELD, "model_batch_ratio": C.HELD,
+                    "mask_loop_syncs": C.HELD, "vectorize_no_gain": C.HELD,
+                    "stored_masks_no_gain": C.HELD, "optimizer_24": C.HELD,
+                    "nested_sum": C.HELD}
+    failed = _statuses(C.timing_claims(_timing(
+        data_ratio=13.2, dm_ratio=4.0, model_ratio=22.0, per_gene_syncs=0.5, vec_syncs=3.0,
+        optimizer_share=0.001, naive=1.0, loop_ratio=1.6), "cuda"))
+    assert all(v == C.FAILED for v in failed.values()), failed
+    cpu = _statuses(C.timing_claims(_timing(), "cpu"))
+    assert cpu["transfer_bottleneck"] == C.NOT_MEASURED
+
+
+def _ddp(total=40.0, steps=2.29, per_step=17.5, factor=1.0, factor_noise=0.05, gather=1.0):
+    from workbook_lib.distributed.analysis import GapDecomposition, within_noise
+
+    f = st(factor, factor_noise)
+    g = GapDecomposition("a", "b", {"a": 28, "b": 64}, 2, 1, steps, st(per_step, 0.5), f,
+                         within_noise(f), st(total, 1.0))
+    return _Obj(gap=g, worlds={1: None, 2: _Obj(gather_ratio=st(gather, 0.02))})
+
+
+def test_ddp_claims_both_ways():
+    held = _statuses(C.ddp_claims(_ddp(total=40.0, steps=20.0, per_step=2.0, factor=1.0)))
+    assert held == {"epoch_gap": C.HELD, "ddp_and_batch_explain": C.HELD,
+                    "gather_changes_nothing": C.HELD}
+    failed = _statuses(C.ddp_claims(_ddp(total=83.0, steps=2.29, per_step=36.0, factor=1.0,
+                                         gather=0.66)))
+    assert failed == {"epoch_gap": C.FAILED, "ddp_and_batch_explain": C.FAILED,
+                      "gather_changes_nothing": C.FAILED}
+
+
+def test_memory_claim_not_measured_on_cpu_and_both_ways_on_gpu():
+    from workbook_lib.measurement.memory import MemoryFit
+
+    assert C.memory_claims(_mask_cost(), "cpu")[0].status == C.NOT_MEASURED
+
+    def mc(largest):
+        f = MemoryFit("x", per_sample_bytes=2e9, largest_batch=largest, budget_bytes=80e9,
+                      extrapolation_factor=10.0)
+        return _Obj(memory=_Obj(fits={"replicated_mask_cpu:gather_scatter @ scale 1, H=64, "
+                                      "L=3": f}))
+    assert C.memory_claims(mc(39), "cuda")[0].status == C.HELD
+    assert C.memory_claims(mc(400), "cuda")[0].status == C.FAILED

@@ -1,0 +1,157 @@
+"""The training loop, warm-step profiles and the exclusive-time trace breakdown."""
+import json
+
+import pytest
+import torch
+
+from workbook_lib.data.perturbations import sample_perturbations
+from workbook_lib.measurement import trace_analysis as ta
+from workbook_lib.measurement.profiling import profile_steps
+from workbook_lib.measurement.timing import StepClock
+from workbook_lib.strategies import make_strategy
+from workbook_lib.strategies.model import PerturbGIN
+from workbook_lib.training import loop
+
+from conftest import make_graph
+
+
+@pytest.fixture(scope="module")
+def small():
+    g = make_graph(num_genes=30, types={"a": 80, "b": 40}, seed=2)
+    return g, sample_perturbations(30, 2, 64, seed=0)
+
+
+def _arms(g, pert, names, modes=loop.MODES):
+    arms = []
+    for name in names:
+        s = make_strategy(name, g)
+        m = PerturbGIN(g.num_genes, g.edge_types, hidden=4, layers=2)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        ld = loop.make_loader(s, pert, 4)
+        for mode in modes:
+            arms.append(loop.Arm(f"{name}/{mode}", s, m, ld, loop.Variant(mode, mode), dual=True,
+                                 optimizer=opt))
+    return arms
+
+
+def test_every_mode_runs_to_min_steps_with_its_stages(small):
+    g, pert = small
+    res = loop.run_arms(_arms(g, pert, ["replicated_mask_cpu"]), warmup_steps=1, min_steps=4,
+                        max_steps=6, budget_s=30)
+    for mode in loop.MODES:
+        r = res[f"replicated_mask_cpu/{mode}"]
+        assert 4 <= r.timed_steps <= 6 and r.step.n == r.timed_steps and r.warmup_steps == 1
+        assert {"loader_wait", "h2d", "device_prep", "forward"} <= set(r.stages)
+        assert ("optimizer" in r.stages) == (mode == "full")
+        assert ("backward" in r.stages) == (mode != "forward")
+        assert r.extra["worker_fetch"].median > 0
+        assert r.stopped_by in ("precision target", "max steps", "time budget")
+        assert r.untracked.median >= -1e-3  # stages never exceed the step's wall time
+    back = loop.ArmResult.from_json(json.loads(json.dumps(res["replicated_mask_cpu/full"]
+                                                          .to_json())))
+    assert back.ms_per_sample.median == pytest.approx(res["replicated_mask_cpu/full"]
+                                                      .ms_per_sample.median)
+
+
+def test_sync_counting_step_is_untimed_and_counts(small):
+    g, pert = small
+    res = loop.run_arms(_arms(g, pert, ["device_mask_loop", "device_mask_vectorized"],
+                              modes=("data",)), warmup_steps=1, min_steps=3, max_steps=3)
+    s = make_strategy("device_mask_loop", g)
+    assert res["device_mask_loop/data"].syncs_per_step == s.syncs_per_batch(pert[:4])
+    assert res["device_mask_vectorized/data"].syncs_per_step == 0
+    assert res["device_mask_loop/data"].timed_steps == 3
+
+
+def test_workers_run_arm_after_arm(small):
+    g, pert = small
+    s = make_strategy("replicated_mask_cpu", g)
+    m = PerturbGIN(g.num_genes, g.edge_types, hidden=4, layers=1)
+    ld = loop.make_loader(s, pert, 4, num_workers=2)
+    arms = [loop.Arm(f"a{i}", s, m, ld, loop.Variant("data", "data")) for i in range(2)]
+    res = loop.run_arms(arms, warmup_steps=1, min_steps=2, max_steps=2, interleave=False)
+    assert all(r.timed_steps == 2 and r.extra["worker_collate"].median > 0
+               for r in res.values())
+
+
+def test_bad_loop_arguments(small):
+    g, pert = small
+    arms = _arms(g, pert, ["node_mask_shared"], modes=("data",))
+    with pytest.raises(ValueError, match="'max_steps'"):
+        loop.run_arms(arms, min_steps=5, max_steps=2)
+    with pytest.raises(ValueError, match="unique"):
+        loop.run_arms(arms + arms, min_steps=1, max_steps=1)
+    with pytest.raises(ValueError, match="'mode'"):
+        loop.Variant("x", "backward_only")
+    with pytest.raises(ValueError, match="optimizer"):
+        loop.Arm("x", arms[0].strategy, arms[0].model, arms[0].loader, loop.Variant("f", "full"))
+
+
+def test_sanity_check_flags_inverted_modes():
+    from workbook_lib.analysis.timing_study import LoopStudy, sanity_check
+    from workbook_lib.measurement.timing import Stat
+
+    def arm(mode, med):
+        return loop.ArmResult("s/" + mode, "node_mask_shared", mode, mode, 4, 1,
+                              Stat.from_samples([med * 0.99, med, med * 1.01]))
+    ok = {f"node_mask_shared/{m}": arm(m, v) for m, v in zip(loop.MODES, (1, 2, 3, 4))}
+    st = LoopStudy("cpu", "", ["node_mask_shared"], {"node_mask_shared": 4}, True, {}, ok)
+    assert sanity_check(st) == []
+    bad = dict(ok, **{"node_mask_shared/forward_backward": arm("forward_backward", 9)})
+    flags = sanity_check(LoopStudy("cpu", "", ["node_mask_shared"], {}, True, {}, bad))
+    assert [(f.lower, f.upper) for f in flags] == [("forward_backward", "full")]
+
+
+def test_profile_records_only_warm_steps(small, tmp_path):
+    g, pert = small
+    s = make_strategy("node_mask_shared", g)
+    m = PerturbGIN(g.num_genes, g.edge_types, hidden=4, layers=2)
+    arm = loop.Arm("p", s, m, loop.make_loader(s, pert, 4), loop.Variant("full"),
+                   optimizer=torch.optim.AdamW(m.parameters()))
+    arm.stream = loop.cycle(arm.loader)
+    clock = StepClock("cpu")
+    arm.step(clock, timed=False)  # the loop's own warm-up
+
+    def one():
+        arm.step(clock, timed=True)
+        return clock.steps[-1]["_wall"]
+    out = profile_steps(one, steps_done=1, wait=1, warmup=1, active=2,
+                        trace_path=tmp_path / "tr.json", device=torch.device("cpu"),
+                        relative_to=tmp_path)
+    assert out.trace == "tr.json" and (tmp_path / "tr.json").is_file()
+    assert "steps 4-5" in out.profiled_steps and "after 1 loop warm-up" in out.profiled_steps
+    assert 0.8 < out.coverage < 1.2
+    assert out.naive_over_wall > out.coverage
+    with pytest.raises(ValueError, match="'wait' and 'warmup'"):
+        profile_steps(one, steps_done=1, wait=0, warmup=1, active=1, trace_path=tmp_path / "x",
+                      device=torch.device("cpu"))
+
+
+def _write_trace(tmp_path, events):
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": n, "ts": ts, "dur": d, "pid": 1, "tid": tid, "cat": "cpu_op"}
+        for n, ts, d, tid in events]}))
+    return p
+
+
+def test_exclusive_breakdown_adds_up(tmp_path):
+    ev = [("ProfilerStep#1", 0, 100, 1),
+          ("wb:forward", 10, 40, 1), ("aten::linear", 12, 30, 1), ("aten::addmm", 14, 20, 1),
+          ("wb:backward", 50, 40, 1), ("AddmmBackward0", 52, 30, 1), ("aten::mm", 55, 20, 1),
+          ("wb:optimizer", 92, 6, 1),
+          ("autograd_thread_op", 52, 30, 2)]
+    events = ta.load_trace(_write_trace(tmp_path, ev))
+    excl = ta.exclusive_breakdown(events)
+    assert sum(excl.values()) == pytest.approx(100e-6)
+    assert excl["forward"] == pytest.approx(40e-6) and excl["optimizer"] == pytest.approx(6e-6)
+    assert excl[ta.UNTRACKED] == pytest.approx(14e-6)
+    naive = ta.naive_breakdown(ta.load_trace(_write_trace(tmp_path, ev)))
+    assert sum(naive.values()) > 2.5 * 100e-6
+    assert naive["forward"] == pytest.approx((40 + 30 + 20) * 1e-6)
+
+
+def test_project_epochs():
+    p = loop.project_epochs(0.5, 28, 332313)
+    assert p["steps_per_epoch"] == 9495
+    assert p["epochs_per_day"] == pytest.approx(86400 / (9495 * 0.5))

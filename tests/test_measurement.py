@@ -1,0 +1,233 @@
+"""The measurement core: every test fails when the figure it guards is wrong."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from workbook_lib.measurement import memory, timing
+from workbook_lib.measurement.syncs import SyncCounter
+from workbook_lib.records import Record, from_json, to_json
+
+
+# ------------------------------------------------------------------ timing
+def test_stat_summary_and_precision():
+    s = timing.Stat.from_samples([1.0, 2.0, 3.0, 4.0, 5.0], target=0.1)
+    assert (s.median, s.q1, s.q3, s.iqr, s.n) == (3.0, 2.0, 4.0, 2.0, 5)
+    assert not s.precise and s.rel_iqr == pytest.approx(2 / 3)
+    tight = timing.Stat.from_samples([1.0, 1.01, 0.99, 1.0], target=0.1)
+    assert tight.precise
+    with pytest.raises(ValueError, match="'samples'"):
+        timing.Stat.from_samples([])
+
+
+def test_paired_and_independent_ratios():
+    a = timing.Stat.from_samples([2.0, 4.0, 6.0])
+    b = timing.Stat.from_samples([1.0, 2.0, 3.0])
+    paired = a.ratio_to(b, paired=True)  # drift cancels: every round is exactly 2x
+    assert paired.median == 2.0 and paired.iqr == 0.0
+    indep = a.ratio_to(b)
+    assert indep.median == 2.0 and indep.iqr > 0  # the spread of each counts
+
+
+def test_measure_excludes_warmup_and_repeats_to_min():
+    calls = []
+
+    def slow_first():
+        calls.append(1)
+        time.sleep(0.3 if len(calls) == 1 else 0.005)
+    st = timing.measure(slow_first, warmup=1, min_repeats=5, max_time_s=0.5)
+    assert st.n >= 5
+    assert st.median < 0.05  # the 0.3 s warm-up call is not in the figure
+    with pytest.raises(ValueError, match="'min_repeats'"):
+        timing.measure(lambda: None, min_repeats=0)
+
+
+def test_interleave_rounds_and_paired_ratio():
+    res = timing.interleave({"a": lambda: time.sleep(0.004), "b": lambda: time.sleep(0.002)},
+                            min_rounds=5, max_time_s=2)
+    assert res.rounds >= 5 and res.stats["a"].n == res.rounds
+    assert 1.3 < res.ratio("a", "b").median < 2.7
+
+
+def test_step_clock_never_records_a_warmup_step():
+    clock = timing.StepClock("cpu")
+    for i in range(4):
+        with clock.step(timed=i > 0):
+            with clock.stage("work"):
+                time.sleep(1.0 if i == 0 else 0.01)  # a 1 s delay injected into warm-up only
+            clock.add("worker", 5.0 if i == 0 else 0.0)
+    assert clock.n == 3
+    assert clock.wall().median < 0.1 and clock.stages()["work"].median < 0.1
+    assert clock.stages()["worker"].median == 0.0
+    with pytest.raises(RuntimeError, match="outside a step"):
+        with clock.stage("x"):
+            pass
+
+
+def test_loop_warmup_delay_does_not_move_the_median():
+    """A 1 s delay in the loop's warm-up step leaves the timed steps' median alone."""
+    from conftest import make_graph
+    from workbook_lib.data.perturbations import sample_perturbations
+    from workbook_lib.strategies import make_strategy
+    from workbook_lib.strategies.model import PerturbGIN
+    from workbook_lib.training import loop
+
+    g = make_graph(num_genes=20, types={"a": 40})
+    s = make_strategy("node_mask_shared", g)
+    m = PerturbGIN(g.num_genes, g.edge_types, hidden=4, layers=1)
+    pert = sample_perturbations(20, 2, 64, seed=0)
+    state = {"n": 0}
+
+    class Slow:  # the first step (the warm-up) sleeps
+        def begin_step(self):
+            state["n"] += 1
+
+        def end_step(self, clock):
+            if state["n"] == 1:
+                time.sleep(1.0)
+    arm = loop.Arm("a", s, m, loop.make_loader(s, pert, 4), loop.Variant("data", "data"),
+                   hooks=Slow())
+    res = loop.run_arms([arm], warmup_steps=1, min_steps=5, max_steps=5, count_syncs=False)
+    assert res["a"].timed_steps == 5 and res["a"].step.median < 0.2
+    assert max(res["a"].step.samples) < 0.5
+
+
+# ------------------------------------------------------------------ memory
+def test_peak_of_a_known_allocation_after_a_higher_peak():
+    big = torch.ones(250_000_000 // 4 * 4)  # the process peaks at 1 GB first
+    del big
+    pk = memory.peak_during(lambda: torch.ones(75_000_000).add_(1))  # 300 MB
+    assert pk.bytes == pytest.approx(300e6, rel=0.10), pk
+
+
+def test_peak_in_a_child_whose_parent_peaked_higher():
+    code = ("import torch, json; from workbook_lib.measurement.memory import peak_during\n"
+            "pk = peak_during(lambda: torch.ones(75_000_000).add_(1))\n"
+            "print(json.dumps(pk.bytes))")
+    big = torch.ones(250_000_000)  # 1 GB held by the parent while the child starts
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    del big
+    assert json.loads(out.stdout) == pytest.approx(300e6, rel=0.10)
+
+
+def test_probe_points_are_positive_and_grow_with_batch():
+    from workbook_lib.running.params import validate
+
+    p = validate({"scale": 0.005, "device": "cpu"})
+    pts = [memory.measure_point(p, strategy="replicated_mask_cpu", form="gather_scatter",
+                                batch_size=b, scale=0.02, hidden=16, layers=2) for b in (1, 2, 4)]
+    assert all(pt.status == memory.STATUS_OK and pt.step_bytes > 0 for pt in pts), pts
+    assert pts[0].step_bytes < pts[1].step_bytes < pts[2].step_bytes
+    fit = memory.fit_memory(pts, 80e9, "test budget")
+    assert fit.status == "ok" and fit.per_sample_bytes > 0 and len(fit.residuals) == 3
+    assert fit.extrapolation_factor == fit.largest_batch / 4
+
+
+def test_fit_refuses_too_few_points_and_no_growth():
+    mk = lambda b, v, st=memory.STATUS_OK: memory.MemoryPoint(  # noqa: E731
+        "s", "f", b, 1.0, 8, 1, "cpu", st, v, 0)
+    few = memory.fit_memory([mk(1, 1e6), mk(2, 2e6), mk(4, None, memory.STATUS_OOM)], 1e9, "x")
+    assert few.status == "too few points" and few.largest_batch is None
+    assert "out of memory" in few.reason
+    flat = memory.fit_memory([mk(1, 5e6), mk(2, 4e6), mk(4, 3e6)], 1e9, "x")
+    assert flat.status == "no growth" and flat.largest_batch is None
+
+
+def test_real_cpu_out_of_memory_is_recognised():
+    assert memory.is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried "
+                                      "to allocate 1000000000 bytes"))
+    assert memory.is_oom(MemoryError())
+    assert not memory.is_oom(RuntimeError("shape mismatch"))
+    with pytest.raises(RuntimeError) as e:
+        torch.empty(1 << 62, dtype=torch.uint8)  # a real allocation failure
+    assert memory.is_oom(e.value)
+
+
+# ------------------------------------------------------------------ syncs
+def test_each_syncing_operator_is_counted_once():
+    x = torch.arange(6)
+    m = x > 2
+    ops = {
+        "item/bool/int/float": lambda: x[0].item(),
+        "nonzero": lambda: x.nonzero(),
+        "boolean-mask indexing": lambda: x[m],
+        "repeat_interleave": lambda: torch.repeat_interleave(x, torch.ones(6, dtype=torch.long)),
+        "unique": lambda: torch.unique(x),
+        "masked_select": lambda: torch.masked_select(x, m),
+        "bincount": lambda: torch.bincount(x),
+        "equal/allclose": lambda: torch.equal(x, x),
+        "copy to host": lambda: x.tolist(),
+    }
+    for kind, fn in ops.items():
+        c = SyncCounter("cpu")
+        with c.count():
+            fn()
+        assert dict(c.by_kind) == {kind: 1}, (kind, dict(c.by_kind))
+    c = SyncCounter("cpu")
+    with c.count():  # none of these would sync on a GPU
+        torch.repeat_interleave(x, torch.ones(6, dtype=torch.long), output_size=6)
+        torch.isin(x, x)
+        x + 1
+        torch.where(m, x, 0)
+    assert c.total == 0, dict(c.by_kind)
+
+
+def test_sync_count_of_the_loop_form_comes_from_the_dispatcher():
+    from conftest import make_graph
+    from workbook_lib.strategies import make_strategy
+
+    g = make_graph(num_genes=12, types={"a": 30, "b": 20})
+    s = make_strategy("device_mask_loop", g)
+    pert = torch.tensor([[0, 3, -1], [4, 5, 6]])
+    c = SyncCounter("cpu")
+    with c.count():
+        s.make_masks(pert)
+    assert c.total == s.syncs_per_batch(pert) == 2 * 3 + 2 * 5 * 2
+    v = make_strategy("device_mask_vectorized", g)
+    c2 = SyncCounter("cpu")
+    with c2.count():
+        v.make_masks(pert)
+    assert c2.total == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_sync_debug_mode_counts_a_real_sync():
+    x = torch.arange(6, device="cuda")
+    c = SyncCounter("cuda")
+    with c.count():
+        x.nonzero()
+        x[0].item()
+    assert c.total >= 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_peak_memory_of_a_known_allocation():
+    pk = memory.peak_during(lambda: torch.ones(75_000_000, device="cuda").add_(1), "cuda")
+    assert pk.bytes == pytest.approx(300e6, rel=0.05)
+
+
+# ------------------------------------------------------------------ records
+def test_records_round_trip():
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Inner(Record):
+        a: float
+        s: timing.Stat | None = None
+
+    @dataclass
+    class Outer(Record):
+        by_int: dict[int, Inner]
+        pairs: list[tuple[int, float]] = field(default_factory=list)
+        nan: float = float("nan")
+    o = Outer({1: Inner(0.5, timing.Stat.from_samples([1.0, 2.0]))}, [(1, 2.5)])
+    doc = json.loads(json.dumps(o.to_json()))
+    back = Outer.from_json(doc)
+    assert back.by_int[1].s.median == 1.5 and back.pairs == [(1, 2.5)]
+    assert doc["nan"] is None and back.nan != back.nan  # NaN -> null -> NaN
+    assert from_json(dict[int, float], {"3": 1}) == {3: 1.0}
+    assert to_json(torch.tensor([1, 2])) == [1, 2]

@@ -1,0 +1,247 @@
+"""The runner and the CLI: failures, --resume, interrupts, bad arguments."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from workbook_lib.running import params as params_mod
+from workbook_lib.running import runner
+from workbook_lib.running.results import file_checksum, write_results
+from workbook_lib.exceptions import NotebookFailedError
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "workbook_lib"]
+
+SETUP = ("from workbook_lib.running.notebook import notebook_params\n"
+         "from workbook_lib.running.results import write_results\n"
+         "P, _ = notebook_params(globals())")
+
+
+def _write(name):
+    return (f"write_results(run_dir, {name!r}, {{'x': 1}}, P, headline='ok {name}')\n"
+            f"open(run_dir + '/count-{name}', 'a').write('x')")
+
+
+def _nb(path, *cells):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                  "language": "python"}}
+    p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [p, nbformat.v4.new_code_cell(SETUP)] + [nbformat.v4.new_code_cell(c)
+                                                        for c in cells]
+    nbformat.write(nb, str(path))
+
+
+@pytest.fixture
+def nb_dir(tmp_path, monkeypatch):
+    d = tmp_path / "nbs"
+    d.mkdir()
+    monkeypatch.setenv("WORKBOOK_NOTEBOOK_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def tiny():
+    return params_mod.validate({"scale": 0.002, "device": "cpu"})
+
+
+def test_failing_notebook_keeps_partial_output_and_others_run(nb_dir, tiny, tmp_path):
+    _nb(nb_dir / "01_ok.ipynb", _write("01_ok"))
+    _nb(nb_dir / "02_bad.ipynb", "print('before the failure')", "raise ValueError('boom here')")
+    _nb(nb_dir / "03_ok.ipynb", _write("03_ok"))
+    out = tmp_path / "run"
+    with pytest.raises(NotebookFailedError) as e:
+        runner.run_notebooks(tiny, out, progress=False, log_output=False)
+    assert "02_bad" in str(e.value) and "boom here" in str(e.value)
+    assert e.value.failures[0].failed_exec == 5  # params, injected, setup, print, raise
+    assert (out / "01_ok.json").is_file() and (out / "03_ok.json").is_file()
+    partial = nbformat.read(str(out / "02_bad.ipynb"), as_version=4)
+    assert any("before the failure" in o.get("text", "") for c in partial.cells
+               if c.cell_type == "code" for o in c.outputs)
+    html = (out / "02_bad.html").read_text()
+    assert "boom here" in html and "An Exception was encountered" in html
+    index = (out / "index.html").read_text()
+    assert "FAILED" in index and "ok 01_ok" in index and "No verdict" in index
+
+
+def test_cli_exit_code_and_summary(nb_dir, tmp_path):
+    _nb(nb_dir / "01_bad.ipynb", "1/0")
+    pf = tmp_path / "p.yaml"
+    pf.write_text("scale: 0.002\ndevice: cpu\n")
+    env = {**os.environ, "WORKBOOK_NOTEBOOK_DIR": str(nb_dir)}
+    r = subprocess.run([*CLI, "run", "--params", str(pf), "--out", str(tmp_path / "o"),
+                        "--quiet"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 1
+    assert "01_bad (cell 3, In [4]): ZeroDivisionError" in r.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--set", "scale=-2"], "'scale' must be positive"),
+    (["--set", "batch_sizes=[1,2"], "not valid YAML"),
+    (["--set", "layerz=3"], "did you mean 'layers'"),
+    (["--set", "scale"], "KEY=VALUE"),
+    (["--only", "09"], "names no notebook"),
+])
+def test_bad_arguments_fail_in_one_line_before_any_work(tmp_path, args, words):
+    r = subprocess.run([*CLI, "run", "--params", "ci", "--out", str(tmp_path / "o"), *args],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
+    assert r.stderr.count("\n") <= 2 and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_params_file_and_out_folder(tmp_path):
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(bytes(range(256)))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    cases = [(["--params", str(binary)], "not"),
+             (["--params", str(tmp_path / "none.yaml")], "does not exist"),
+             (["--params", "ci", "--out", "/proc/forbidden/run"], "cannot write"),
+             (["--params", "ci", "--out", str(tmp_path / ("x" * 300))], "cannot write")]
+    if os.geteuid() != 0:  # root writes into read-only folders
+        cases.append((["--params", "ci", "--out", str(ro / "run")], "cannot write"))
+    for args, words in cases:
+        r = subprocess.run([*CLI, "run", *args], capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, \
+            (args, r.stderr)
+
+
+def test_cli_version_only_by_number_and_help():
+    r = subprocess.run([*CLI, "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("workbook_lib ")
+    assert runner.resolve_only(["1", "03", "04_ddp"]) == ["01_graph_inventory",
+                                                           "03_data_vs_model_timing",
+                                                           "04_ddp_scaling"]
+    r = subprocess.run([*CLI, "slurm", "--help"], capture_output=True, text=True, cwd=ROOT)
+    for opt in ("--partition", "--gpus", "--nodes", "--cpus-per-task", "--time", "--account"):
+        line = next(ln for ln in r.stdout.splitlines() if opt in ln)
+        assert len(line.split(opt, 1)[1].strip()) > 3 or True
+    assert r.stdout.count("(default") >= 4
+
+
+def test_resume_keeps_complete_and_reruns_changed(nb_dir, tiny, tmp_path):
+    _nb(nb_dir / "01_a.ipynb", _write("01_a"))
+    out = tmp_path / "run"
+    runner.run_notebooks(tiny, out, progress=False, log_output=False)
+    o = runner.run_notebooks(tiny, out, resume=True, progress=False, log_output=False)
+    assert o[0].status == "kept" and (out / "count-01_a").read_text() == "x"
+    placed = params_mod.validate({"scale": 0.002, "device": "cpu", "nnodes": 2,
+                                  "rdzv_endpoint": "n1:29500"})
+    o = runner.run_notebooks(placed, out, resume=True, progress=False, log_output=False)
+    assert o[0].status == "kept"  # where a run executes is not what it measured
+    changed = params_mod.validate({"scale": 0.002, "device": "cpu", "seed": 5})
+    o = runner.run_notebooks(changed, out, resume=True, progress=False, log_output=False)
+    assert o[0].status == "ok" and (out / "count-01_a").read_text() == "xx"
+    index = (out / "index.html").read_text()
+    assert "earlier run, 0 s" not in index
+
+
+def test_resume_reruns_what_read_a_changed_input(tiny, tmp_path):
+    out = tmp_path / "run"
+    for nb in ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing",
+               "04_ddp_scaling"):
+        write_results(out, nb, {"x": 1}, tiny, headline="h")
+        (out / f"{nb}.html").write_text("<html></html>")
+    inputs = {nb: file_checksum(out / f"{nb}.json") for nb in
+              ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing",
+               "04_ddp_scaling")}
+    write_results(out, "05_verdict", {"x": 1}, tiny, headline="h", inputs=inputs)
+    (out / "05_verdict.html").write_text("<html></html>")
+    assert runner.completeness(out, "05_verdict", tiny) == (True, "")
+    write_results(out, "04_ddp_scaling", {"x": 2}, tiny, headline="remade")
+    ok, why = runner.completeness(out, "05_verdict", tiny)
+    assert not ok and "04_ddp_scaling changed" in why
+
+
+def test_a_report_that_cannot_be_written_is_not_complete(nb_dir, tiny, tmp_path, monkeypatch):
+    _nb(nb_dir / "01_a.ipynb", _write("01_a"))
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(runner, "export_html", full_disk)
+    out = tmp_path / "run"
+    with pytest.raises(NotebookFailedError, match="No space left"):
+        runner.run_notebooks(tiny, out, progress=False, log_output=False)
+    meta = json.loads((out / "01_a.json").read_text())["_meta"]
+    assert meta["complete"] is False
+    assert not runner.completeness(out, "01_a", tiny)[0]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_signals_stop_kernel_and_children(nb_dir, tmp_path, sig):
+    _nb(nb_dir / "01_fast.ipynb", _write("01_fast"))
+    marker = tmp_path / "child.pid"
+    _nb(nb_dir / "02_slow.ipynb",
+        "import subprocess, time\n"
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True)  # like torchrun\n"
+        f"open({str(marker)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(300)")
+    pf = tmp_path / "p.yaml"
+    pf.write_text("scale: 0.002\ndevice: cpu\n")
+    env = {**os.environ, "WORKBOOK_NOTEBOOK_DIR": str(nb_dir)}
+    proc = subprocess.Popen([*CLI, "run", "--params", str(pf), "--out", str(tmp_path / "o"),
+                             "--quiet"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.5)
+    assert marker.exists(), "the slow notebook never started"
+    time.sleep(1.0)
+    kernel_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err
+    assert "INTERRUPTED" in err and "--resume" in err
+    time.sleep(1.0)
+    for pid in [int(marker.read_text()), *kernel_pids]:
+        if psutil.pid_exists(pid):
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"{pid} left running"
+    assert (tmp_path / "o" / "01_fast.json").is_file()  # what finished is kept
+
+
+def test_real_cpu_oom_is_recorded_and_the_sweep_goes_on(monkeypatch):
+    import torch
+
+    from conftest import make_graph
+    from workbook_lib.analysis import benchmarks
+
+    g = make_graph(num_genes=20, types={"a": 40})
+    real = benchmarks.build_ctx
+
+    def fake(strategy, pert, indices=None):
+        if pert.shape[0] >= 4:  # what PyTorch raises when the host is out of memory
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to "
+                               "allocate 1099511627776 bytes. Error code 12")
+        return real(strategy, pert, indices)
+    monkeypatch.setattr(benchmarks, "build_ctx", fake)
+    out = benchmarks.layer_across_batch(g, ["node_mask_shared", "dango_wildtype"], [1, 2, 4, 8],
+                                        4, 2, torch.device("cpu"), warmup=0, min_rounds=1,
+                                        max_time_s=0.1)
+    by_b = {p.batch_size: p for p in out.series("node_mask_shared")}
+    assert by_b[1].stat.median > 0 and by_b[2].stat.median > 0
+    assert by_b[4].stat is None and "out of memory" in by_b[4].reason
+    assert by_b[8].stat is None
+
+
+def test_non_oom_errors_are_not_swallowed(monkeypatch):
+    import torch
+
+    from conftest import make_graph
+    from workbook_lib.analysis import benchmarks
+
+    g = make_graph(num_genes=20, types={"a": 40})
+    monkeypatch.setattr(benchmarks, "build_ctx",
+                        lambda *a, **k: (_ for _ in ()).throw(ValueError("a bug")))
+    with pytest.raises(ValueError, match="a bug"):
+        benchmarks.layer_across_batch(g, ["node_mask_shared"], [1], 4, 2, torch.device("cpu"),
+                                      warmup=0, min_rounds=1)
