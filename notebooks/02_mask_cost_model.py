@@ -52,11 +52,11 @@ bench_replicated_max_batch: int = 2  # largest batch of the replicated strategie
 memory_batch_sizes: List[int] = [1, 2, 4]  # batch sizes of the peak-memory sweep (at least 3 for a fit)
 memory_full_size: bool = False  # also measure peak memory at the real spec (scale 1, H 64, 3 layers)
 memory_budget_gb: Optional[float] = None  # memory for the largest-batch projection (null: what the run measures on - host RAM for CPU runs, GPU memory for CUDA runs)
-batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the brief's Lazy model: 28)
-batch_size_dango: int = 16  # batch of the DANGO-style strategy (the brief: 64)
+batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)
+batch_size_dango: int = 16  # batch of the DANGO-style strategy (the investigation: 64)
 loop_steps: int = 10  # fewest timed training steps per strategy and mode
-loop_max_steps: int = 30  # most timed training steps per strategy and mode
-loop_budget_s: float = 150.0  # seconds of timed loop steps before arms stop at loop_steps
+loop_max_steps: int = 20  # most timed training steps per strategy and mode
+loop_budget_s: float = 110.0  # seconds of timed loop steps before arms stop at loop_steps
 num_workers: int = 0  # DataLoader worker processes (0: load in the main process)
 pin_memory: bool = False  # DataLoader pin_memory (CUDA runs)
 persistent_workers: bool = False  # DataLoader persistent_workers
@@ -73,7 +73,7 @@ ddp_steps: int = 20  # fewest timed DDP steps per variant
 ddp_budget_s: float = 60.0  # seconds of timed DDP steps per launch
 grad_accum_steps: int = 2  # micro-batches of the accumulation comparison
 bucket_cap_mb: float = 25.0  # DDP gradient bucket size in MB
-use_ddp_gather: bool = False  # the brief's loss-side all-gather of predictions (the other setting is measured too)
+use_ddp_gather: bool = False  # the investigation's loss-side all-gather of predictions (the other setting is measured too)
 ddp_timeout_s: float = 300.0  # a launch silent this long is stopped
 link_bandwidth_gbps: Optional[float] = None  # all-reduce bus bandwidth in GB/s for predictions (null: fitted here)
 link_latency_us: Optional[float] = None  # all-reduce latency in microseconds for predictions (null: fitted here)
@@ -160,7 +160,7 @@ view.layer_plot(layers, NB.device_label)
 
 # %% [markdown]
 # ## The strategy benchmark: per sample, forward + backward
-# The node-mask shared graph against replicated masks in the brief's form and in their
+# The node-mask shared graph against replicated masks in the Lazy model's form and in their
 # sparse-product form, a DANGO-style wildtype step, and the floor of the shared step (its own
 # sparse and dense products timed raw), all in the same rounds. At this run's sizes, or at the
 # real spec with `bench_full_size: true`.

@@ -17,7 +17,7 @@
 # prep and a trivial loss), **+ forward**, **+ backward**, and the **full step** (+ AdamW).
 # Every stage is timed between device syncs; warm-up steps are never recorded; each
 # (strategy, mode) arm repeats until its step time's IQR/median is within the precision target.
-# Then: the brief's data-vs-model ratios, epochs per day on one rank, host syncs per step, and
+# Then: the investigation's data-vs-model ratios, epochs per day on one rank, host syncs per step, and
 # profiles of warm steps broken down by exclusive time.
 
 # %% tags=["parameters"]
@@ -52,11 +52,11 @@ bench_replicated_max_batch: int = 2  # largest batch of the replicated strategie
 memory_batch_sizes: List[int] = [1, 2, 4]  # batch sizes of the peak-memory sweep (at least 3 for a fit)
 memory_full_size: bool = False  # also measure peak memory at the real spec (scale 1, H 64, 3 layers)
 memory_budget_gb: Optional[float] = None  # memory for the largest-batch projection (null: what the run measures on - host RAM for CPU runs, GPU memory for CUDA runs)
-batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the brief's Lazy model: 28)
-batch_size_dango: int = 16  # batch of the DANGO-style strategy (the brief: 64)
+batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)
+batch_size_dango: int = 16  # batch of the DANGO-style strategy (the investigation: 64)
 loop_steps: int = 10  # fewest timed training steps per strategy and mode
-loop_max_steps: int = 30  # most timed training steps per strategy and mode
-loop_budget_s: float = 150.0  # seconds of timed loop steps before arms stop at loop_steps
+loop_max_steps: int = 20  # most timed training steps per strategy and mode
+loop_budget_s: float = 110.0  # seconds of timed loop steps before arms stop at loop_steps
 num_workers: int = 0  # DataLoader worker processes (0: load in the main process)
 pin_memory: bool = False  # DataLoader pin_memory (CUDA runs)
 persistent_workers: bool = False  # DataLoader persistent_workers
@@ -73,7 +73,7 @@ ddp_steps: int = 20  # fewest timed DDP steps per variant
 ddp_budget_s: float = 60.0  # seconds of timed DDP steps per launch
 grad_accum_steps: int = 2  # micro-batches of the accumulation comparison
 bucket_cap_mb: float = 25.0  # DDP gradient bucket size in MB
-use_ddp_gather: bool = False  # the brief's loss-side all-gather of predictions (the other setting is measured too)
+use_ddp_gather: bool = False  # the investigation's loss-side all-gather of predictions (the other setting is measured too)
 ddp_timeout_s: float = 300.0  # a launch silent this long is stopped
 link_bandwidth_gbps: Optional[float] = None  # all-reduce bus bandwidth in GB/s for predictions (null: fitted here)
 link_latency_us: Optional[float] = None  # all-reduce latency in microseconds for predictions (null: fitted here)
@@ -125,11 +125,11 @@ display(view.sanity_note(sanity))
 display(view.worker_table(loops))
 
 # %% [markdown]
-# ## The brief's data-vs-model figures, measured here
+# ## The investigation's data-vs-model figures, measured here
 
 # %%
-brief = study.brief_figures(loops)
-display(view.brief_table(brief))
+reported = study.reported_figures(loops)
+display(view.reported_table(reported))
 
 # %% [markdown]
 # ## Epochs per day on one rank
@@ -166,7 +166,7 @@ view.profile_plot(profiles, NB.device_label, pick=study.LAZY)
 # ## Results
 
 # %%
-result = study.TimingResult(loops, sanity, brief, epochs, syncs, profiles,
+result = study.TimingResult(loops, sanity, reported, epochs, syncs, profiles,
                             study.fastest_exact(loops))
 path = write_results(NB.run_dir, "03_data_vs_model_timing", result, NB.params,
                      headline=view.headline(result), snapshot_checksum=NB.graph.checksum,

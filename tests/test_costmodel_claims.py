@@ -151,12 +151,12 @@ def test_cost_claims_both_ways():
 
 def _timing(data_ratio=56.0, dm_ratio=19.0, model_ratio=1.6, per_gene_syncs=1.0, vec_syncs=0.0,
             optimizer_share=0.24, naive=3.0, h2d_top=False, loop_ratio=1.0):
-    from workbook_lib.analysis.timing_study import BriefFigure, SyncPoint
+    from workbook_lib.analysis.timing_study import ReportedFigure, SyncPoint
     from workbook_lib.measurement.profiling import ProfileResult
 
-    figs = [BriefFigure("data_only_ratio", "d", 56, st(data_ratio, 0.01 * data_ratio), "x"),
-            BriefFigure("data_model_ratio", "dm", 19, st(dm_ratio, 0.01 * dm_ratio), "x"),
-            BriefFigure("model_batch_ratio", "m", 1.6, st(model_ratio, 0.01), "x")]
+    figs = [ReportedFigure("data_only_ratio", "d", 56, st(data_ratio, 0.01 * data_ratio), "x"),
+            ReportedFigure("data_model_ratio", "dm", 19, st(dm_ratio, 0.01 * dm_ratio), "x"),
+            ReportedFigure("model_batch_ratio", "m", 1.6, st(model_ratio, 0.01), "x")]
     stages = {"h2d": st(5.0 if h2d_top else 0.1), "forward": st(1.0), "backward": st(2.0)}
     arm = _Obj(stages=stages, step=st(8.0 if h2d_top else 3.1))
     strategies = ["replicated_mask_cpu", "replicated_mask_stored", "dango_wildtype",

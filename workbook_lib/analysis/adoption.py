@@ -1,5 +1,5 @@
 """Notebook 06: adopting the fix. The same model, from the same seed, trained on the same
-batches with replicated masks (the brief's pipeline) and with the node-mask shared graph; their
+batches with replicated masks (the Lazy model's pipeline) and with the node-mask shared graph; their
 steps interleaved in one process. The loss curves must agree to float32 rounding; time, memory
 and epochs per day are compared side by side."""
 from __future__ import annotations
@@ -99,6 +99,6 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
                           rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
                           memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
                           device=device_label,
-                          labels={k: REGISTRY[n].label + (" (the brief's form)"
+                          labels={k: REGISTRY[n].label + (" (the Lazy model's form)"
                                                           if k == "replicated" else "")
                                   for k, (n, _f) in PIPELINES.items()})

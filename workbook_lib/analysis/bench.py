@@ -4,8 +4,8 @@
 section run :func:`run_bench`. At the params' sizes (or the real spec with ``bench_full_size``)
 it times, in the same rounds (A, B, C... then again, so drift cancels in the ratios):
 
-* ``shared``: the node-mask shared graph (strategy 6) at ``batch_size_lazy`` (the brief: 28);
-* ``replicated_gather_scatter``: replicated masks as the brief's model computes them (every
+* ``shared``: the node-mask shared graph (strategy 6) at ``batch_size_lazy`` (the investigation: 28);
+* ``replicated_gather_scatter``: replicated masks as the investigation's model computes them (every
   message materialised, then masked), at the largest batch that fits, capped by
   ``bench_replicated_max_batch`` (its cost is linear in B, so it is compared per sample);
 * ``replicated_sparse``: the same masks as the values of one sparse product per edge type;
@@ -255,7 +255,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
                             p["dual_forward"], dev)
     note("bench: timing the variants interleaved")
     res = interleave(fns, device=dev, warmup=p["warmup"], min_rounds=max(3, p["min_repeats"]),
-                     target=p["precision_target"], max_time_s=max(60.0, 20 * p["time_budget_s"]))
+                     target=p["precision_target"], max_time_s=10 * p["time_budget_s"])
 
     def per_round(k):
         return res.stats[k].scaled(1.0 / per_b[k], "s/sample")
@@ -275,7 +275,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         if "shared" in per_b else None
     note("bench: kernels tried, exactness")
     kernels = kernel_figures(sg, per_b.get("shared", p["batch_size_lazy"]), hidden, dev,
-                             target=p["precision_target"], max_time_s=30.0)
+                             target=p["precision_target"], max_time_s=5 * p["time_budget_s"])
     err = exact_error(p, graph, hidden, layers)
     return BenchResult(
         device=device_label(dev),
@@ -306,7 +306,7 @@ def summary_lines(r: BenchResult) -> list[str]:
     def show(label, st):
         if st is not None:
             lines.append(f"{label:28s} {st.median:.3g} (IQR {st.iqr:.2g})")
-    show("ratio vs brief's form", r.ratio_vs_brief_form)
+    show("ratio vs Lazy model's form", r.ratio_vs_brief_form)
     show("ratio vs sparse form", r.ratio_vs_sparse_form)
     show("wildtype steps per sample", r.passes_per_sample)
     show("floor / shared step", r.floor_fraction)

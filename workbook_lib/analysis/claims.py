@@ -176,7 +176,7 @@ def timing_claims(timing, device_type: str) -> list[Claim]:
             continue
         out.append(Claim(key, claim, f"{claimed:g}x", _fmt(f.measured), MEASURED, band,
                          within_band(f.measured, claimed), "03",
-                         "the brief measured on one GPU at the real size", f.measured.median))
+                         "the investigation measured on one GPU at the real size", f.measured.median))
     if "device_mask_loop" in lo.strategies and timing.syncs.scaling:
         per = [p.counted / (p.batch_size * p.k * p.edge_types) for p in timing.syncs.scaling]
         vec = timing.syncs.per_step.get("device_mask_vectorized")

@@ -1,4 +1,4 @@
-"""The brief's cost model of one layer and edge type, measured and checked.
+"""The investigation's cost model of one layer and edge type, measured and checked.
 
 Proposed (E edges, hidden size H, fraction p of edges removed):
 
@@ -9,11 +9,11 @@ Measured here, each term where it is paid (every primitive timed interleaved in 
 every figure a median with its IQR):
 
 * ``beta``: unmasked gather-scatter layers, ``T = beta*E*H + beta_e*E + c`` (``beta_e``, the
-  per-edge index bookkeeping of ``index_select``/``index_add_``, is not in the brief's form; the
+  per-edge index bookkeeping of ``index_select``/``index_add_``, is not in the Lazy model's form; the
   fit without it left a median in-fit error of 80% on this CPU);
 * ``alpha``: the mask multiply itself, i.e. the masked layer minus the unmasked one at equal E
   and H (paired by round). Fitted both as ``alpha_eh*E*H`` (per message element: the multiply
-  acts on ``[E, H]`` messages) and as ``alpha_e*E`` (per edge, the brief's form); the one with the
+  acts on ``[E, H]`` messages) and as ``alpha_e*E`` (per edge, the Lazy model's form); the one with the
   smaller in-fit residual carries the mask cost, and the report names it;
 * ``gamma``: building the keep-mask of the edges (``isin`` on both endpoints), per edge;
 * ``delta``: ``nonzero`` + gathering the kept edges, per edge.
@@ -251,7 +251,7 @@ def fit(points: list[SweepPoint]) -> CostModel:
         return [abs(probe.predict_filter(p.E, p.H, p.p) - p.stat.median) / p.stat.median
                 for p in kind("filter_layer") if sel(p)]
     errs_in, errs_out = rel_errs(lambda p: p.E != held_e), rel_errs(lambda p: p.E == held_e)
-    check = Fit("filter layer (predicted from beta, gamma, delta; not fitted)", [], {},
+    check = Fit("filter layer (predicted from beta, beta_e, gamma, delta; never fitted)", [], {},
                 len(errs_in), float(np.median(errs_in)) if errs_in else 0.0, len(errs_out),
                 float(np.median(errs_out)) if errs_out else None)
     return CostModel(beta, alpha, gamma, delta, held_e, check, carrier, alpha_other)

@@ -56,7 +56,7 @@ SPECS: list[tuple[str, str, str, str, str | None, str, Callable]] = [
      lambda r: (r.cost.model.gamma.coefficients["gamma"], None)),
     ("delta", "cost model delta", "02_mask_cost_model", "s/edge", "lower", ABSOLUTE,
      lambda r: (r.cost.model.delta.coefficients["delta"], None)),
-    ("bench_ratio_brief", "benchmark: shared vs replicated (brief's form), per sample",
+    ("bench_ratio_brief", "benchmark: shared vs replicated (the Lazy model's form), per sample",
      "02_mask_cost_model", "x", "higher", RATIO, lambda r: _stat(_bench(r).ratio_vs_brief_form)),
     ("bench_ratio_sparse", "benchmark: shared vs replicated (sparse form), per sample",
      "02_mask_cost_model", "x", "higher", RATIO, lambda r: _stat(_bench(r).ratio_vs_sparse_form)),

@@ -43,7 +43,7 @@ def cost_model_study(params: dict, num_nodes: int, device: torch.device) -> Cost
                                 device=device, warmup=params["warmup"],
                                 min_rounds=params["min_repeats"],
                                 target=params["precision_target"],
-                                max_time_s=max(20.0, 15 * params["time_budget_s"]),
+                                max_time_s=10 * params["time_budget_s"],
                                 seed=params["seed"])
     pts = costmodel.sweep(cfg)
     model = costmodel.fit(pts)

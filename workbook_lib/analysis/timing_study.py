@@ -1,4 +1,4 @@
-"""Notebook 03's experiments: the training loop of every strategy in every mode, the brief's
+"""Notebook 03's experiments: the training loop of every strategy in every mode, the investigation's
 data-vs-model ratios, host syncs per step, and warm-step profiles by exclusive time.
 
 Every figure comes from :func:`workbook_lib.training.loop.run_arms` (warm-up excluded, device
@@ -140,8 +140,8 @@ def sanity_check(study: LoopStudy) -> list[SanityFlag]:
 
 
 @dataclass
-class BriefFigure(Record):
-    """One of the brief's data-vs-model figures, re-measured here."""
+class ReportedFigure(Record):
+    """One of the investigation's data-vs-model figures, re-measured here."""
 
     key: str
     figure: str
@@ -150,8 +150,8 @@ class BriefFigure(Record):
     unit: str
 
 
-def brief_figures(study: LoopStudy) -> list[BriefFigure]:
-    """The brief's figures: data-only and data+model it/s ratios (DANGO over Lazy), data
+def reported_figures(study: LoopStudy) -> list[ReportedFigure]:
+    """The investigation's figures: data-only and data+model it/s ratios (DANGO over Lazy), data
     pipeline per sample, and the model-only per-batch ratio."""
     if LAZY not in study.strategies or DANGO not in study.strategies:
         return []
@@ -159,15 +159,15 @@ def brief_figures(study: LoopStudy) -> list[BriefFigure]:
     dango = {m: study.arm(DANGO, m) for m in loop.MODES}
     model = study.model_seconds(LAZY).ratio_to(study.model_seconds(DANGO))
     return [
-        BriefFigure("data_only_ratio", "data pipeline only: DANGO it/s over Lazy it/s", 56.0,
+        ReportedFigure("data_only_ratio", "data pipeline only: DANGO it/s over Lazy it/s", 56.0,
                     study.ratio(lazy["data"], dango["data"]), "x"),
-        BriefFigure("data_model_ratio", "data + model: DANGO it/s over Lazy it/s", 19.0,
+        ReportedFigure("data_model_ratio", "data + model: DANGO it/s over Lazy it/s", 19.0,
                     study.ratio(lazy["full"], dango["full"]), "x"),
-        BriefFigure("lazy_data_ms", "data pipeline per sample, Lazy", 27.3,
+        ReportedFigure("lazy_data_ms", "data pipeline per sample, Lazy", 27.3,
                     lazy["data"].ms_per_sample, "ms"),
-        BriefFigure("dango_data_ms", "data pipeline per sample, DANGO", 0.22,
+        ReportedFigure("dango_data_ms", "data pipeline per sample, DANGO", 0.22,
                     dango["data"].ms_per_sample, "ms"),
-        BriefFigure("model_batch_ratio",
+        ReportedFigure("model_batch_ratio",
                     "one batch, forward + backward + optimizer: Lazy over DANGO", 1.6, model, "x"),
     ]
 
@@ -265,14 +265,14 @@ class TimingResult(Record):
 
     loops: LoopStudy
     sanity: list[SanityFlag]
-    brief: list[BriefFigure]
+    reported: list[ReportedFigure]
     epochs_per_day_1rank: dict[str, float]
     syncs: SyncStudy
     profiles: dict[str, ProfileResult]
     fastest_exact: str | None
 
-    def figure(self, key: str) -> BriefFigure | None:
-        return next((f for f in self.brief if f.key == key), None)
+    def figure(self, key: str) -> ReportedFigure | None:
+        return next((f for f in self.reported if f.key == key), None)
 
 
 def fastest_exact(study: LoopStudy) -> str | None:

@@ -51,6 +51,7 @@ class Cause(Record):
 class Recommendation(Record):
     strategy: str
     label: str
+    title: str
     ms_per_sample: Stat
     baseline: str
     speedup: Stat | None  # baseline / recommended, full step per sample (03, same rounds)
@@ -105,6 +106,10 @@ def label(name: str) -> str:
     return REGISTRY[name].label
 
 
+def title(name: str) -> str:
+    return REGISTRY[name].title
+
+
 def rank_causes(timing, ddp, slow: str, fast: str, num_samples: int,
                 device_type: str) -> list[Cause]:
     """The epoch-time difference between ``slow`` and ``fast`` by mechanism."""
@@ -120,8 +125,7 @@ def rank_causes(timing, ddp, slow: str, fast: str, num_samples: int,
     model = ("forward", "backward", "optimizer")
     ma, mb = per_epoch(a, slow, model), per_epoch(b, fast, model)
     rows.append(Cause(
-        f"the model runs on B = {ba} graph copies per step (the {label(fast)} makes one wildtype "
-        "pass)", f"model time per step: {sum(a.stages[x].median for x in model if x in a.stages) * 1e3:.3g}"
+        f"the model runs on B = {ba} graph copies per step ({title(fast)} makes one pass)", f"model time per step: {sum(a.stages[x].median for x in model if x in a.stages) * 1e3:.3g}"
                  f" ms for {ba} copies against "
                  f"{sum(b.stages[x].median for x in model if x in b.stages) * 1e3:.3g} ms for one "
                  f"pass at batch {bb}", ma, mb, ma - mb, None, claims_mod.MEASURED))
@@ -158,12 +162,15 @@ def rank_causes(timing, ddp, slow: str, fast: str, num_samples: int,
     syncs = timing.syncs.per_step.get(slow)
     if syncs is not None:
         rows.append(Cause("host syncs (each drains a GPU's queue)",
-                          f"{syncs:.0f} per step of {label(slow)} against "
-                          f"{timing.syncs.per_step.get(fast, 0):.0f} ({timing.syncs.method})",
+                          f"{syncs:.0f} per step of {title(slow)} against "
+                          f"{timing.syncs.per_step.get(fast, 0):.0f}"
+                          + ("" if device_type == "cuda" else " (what a GPU would sync)"),
                           None, None, None, None,
                           claims_mod.MEASURED if device_type == "cuda" else
                           "counted (their time: a GPU run)"))
-    total = sum(r.difference_s for r in rows if r.difference_s is not None)
+    # shares of what the causes that add time add; one that saves time shows as a negative
+    # share (an offset), so the positive shares add up to 100%
+    total = sum(r.difference_s for r in rows if r.difference_s is not None and r.difference_s > 0)
     for r in rows:
         if r.difference_s is not None and total:
             r.share = r.difference_s / total
@@ -223,7 +230,8 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
              f"{top} ranks: {top / base:g}x the samples per step at the step time notebook 04 "
              f"measured for its scaling strategy ({factor:.2f}x its {base}-rank step, weak "
              "scaling)")
-    return Recommendation(strategy=best, label=label(best), ms_per_sample=ms[best],
+    return Recommendation(strategy=best, label=label(best), title=title(best),
+                          ms_per_sample=ms[best],
                           baseline=baseline, speedup=speed, fastest=fastest, tied=tied,
                           tie_rule=rule, memory_per_sample=mem, bench=bench, bench_source=source,
                           epochs_per_day=epochs, projection_basis=basis)
@@ -268,20 +276,23 @@ def _fmt(st: Stat | None, unit: str = "x") -> str:
 
 
 def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
-    """The lead paragraph: the gap, its causes, the brief's 40x, what a CPU can say, the fix."""
+    """The lead paragraph: the gap, its causes, the investigation's 40x, what a CPU can say, the fix."""
     g = ddp.gap
     slow, fast = g.slow, g.fast
     scale = f"scale {inv.scale:g} of the real graph ({inv.total_edges:,} edges)"
-    lines = [f"**On this run ({v.device}, {scale}), {label(slow)} trains "
-             f"{g.total.median:.3g}x slower per epoch than {label(fast)}** (IQR "
+    lines = [f"**On this run ({v.device}, {scale}), {title(slow)} trains "
+             f"{g.total.median:.3g}x slower per epoch than {title(fast)}** (IQR "
              f"{g.total.iqr:.2g}): {g.steps_ratio:.2f}x more steps per epoch (batch "
              f"{g.batch_sizes[slow]} against {g.batch_sizes[fast]}) times {g.per_step_ratio.median:.3g}x "
              "per step" + ("; DDP adds no measurable overhead." if g.ddp_within_noise else
                            f" times a DDP factor of {g.ddp_factor.median:.3g}.")]
-    timed = [c for c in v.causes if c.share is not None and c.share > 0.005]
-    if timed:
+    adds = [c for c in v.causes if c.share is not None and c.share > 0.005]
+    offsets = [c for c in v.causes if c.share is not None and c.share < -0.005]
+    if adds:
         lines.append("**Why:** " + "; ".join(f"{c.cause}: {c.share:.0%} of the extra time"
-                                             for c in timed[:3]) + ".")
+                                             for c in adds[:3]) + "."
+                     + "".join(f" {c.cause[0].upper()}{c.cause[1:]} offsets {-c.share:.0%} of it "
+                               f"({c.evidence})." for c in offsets))
     lines.append(f"The investigation observed about 40x on 4 GPUs at the real size; this run "
                  f"measured {g.total.median:.3g}x on a {v.device_type.upper()} at {scale}. The "
                  "steps-per-epoch factor is the same arithmetic in both; the per-step factor "
@@ -292,15 +303,15 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
                      + "; ".join(v.cannot_say) + ".")
     r = v.recommendation
     if r is not None:
-        fix = f"**The fix: {r.label}**, exact"
+        fix = f"**The fix: {r.title}**, exact"
         if r.speedup is not None:
-            fix += (f", {r.speedup.median:.3g}x faster per sample than {label(r.baseline)} in "
+            fix += (f", {r.speedup.median:.3g}x faster per sample than {title(r.baseline)} in "
                     "this run's training loop")
         b = r.bench
         if b is not None and b.ratio_vs_brief_form is not None:
             where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
             fix += (f"; per sample, forward + backward, {b.ratio_vs_brief_form.median:.3g}x "
-                    f"faster than replicated masks in the brief's form {where}")
+                    f"faster than replicated masks in the Lazy model's form {where}")
             if b.passes_per_sample is not None:
                 fix += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
         lines.append(fix + ".")

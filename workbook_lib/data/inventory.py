@@ -112,7 +112,7 @@ def dataset_bytes(per_sample: dict, num_samples: int) -> dict:
 
 
 def human_bytes(n: float) -> str:
-    """1234567 -> '1.23 MB' (decimal units, as the brief uses)."""
+    """1234567 -> '1.23 MB' (decimal units, as the investigation did)."""
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
             return f"{n:.3g} {unit}"

@@ -128,6 +128,9 @@ def efficiencies(worlds: dict[int, WorldSummary]) -> tuple[dict[int, Stat], dict
     weak, strong = {}, {}
     b = worlds[base]
     for w, s in worlds.items():
+        if w == base:  # the reference itself: exactly 1
+            weak[w] = strong[w] = Stat(1.0, 0.0, 1.0, 1.0, s.step.n, "ratio")
+            continue
         weak[w] = b.step.ratio_to(s.step)
         strong[w] = b.variants["strong"].ratio_to(s.variants["strong"]).scaled(base / w, "ratio")
     return weak, strong

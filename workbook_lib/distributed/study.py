@@ -106,7 +106,7 @@ def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
     overlap = ref.overlap or 0.0
     measured_ws = set(worlds)
     preds = []
-    for w in sorted(measured_ws | {1, 2, 4, 8, 16}):
+    for w in sorted(w for w in measured_ws | {2, 4, 8, 16} if w >= top):
         comm = arm.comm_seconds(ref.grad_bytes, w, link, bucket_cap_mb=params["bucket_cap_mb"])
         step = ref.variants["no_sync"].median + (1 - overlap) * comm
         preds.append(Prediction(w, comm, step, worlds[w].step.median if w in worlds else None,

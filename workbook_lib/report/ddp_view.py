@@ -29,7 +29,7 @@ def plan_text(pl: Plan) -> Markdown:
         lines.append(f"- world size {w}: **skipped**: {why}")
     lines += [f"- note: {n}" for n in pl.notes]
     if pl.device_type == "cpu":
-        lines.append("On a CPU the ranks share the allocation's cores (each gets its share of "
+        lines.append("\nOn a CPU the ranks share the allocation's cores (each gets its share of "
                      "threads), so a larger world size brings no new hardware: weak-scaling "
                      "efficiency here shows DDP's costs plus the cores being split, not what "
                      "more GPUs would give.")
@@ -170,12 +170,13 @@ def gap_text(r: DDPResult) -> Markdown:
                  + ("**the two agree within noise**." if r.agrees_with_03 else
                     "**they differ beyond noise** (see notebook 05)."))
     return Markdown(
-        f"Epoch-time ratio of {label(g.slow)} (batch {g.batch_sizes[g.slow]}) to {label(g.fast)} "
+        f"Epoch-time ratio of {REGISTRY[g.slow].title} (batch {g.batch_sizes[g.slow]}) to "
+        f"{REGISTRY[g.fast].title} "
         f"(batch {g.batch_sizes[g.fast]}): **{fmt_stat(g.total, unit='x')}** = steps per epoch "
         f"x{g.steps_ratio:.2f} (arithmetic: the batch sizes) x time per step "
         f"{fmt_stat(g.per_step_ratio, unit='x')} (measured at world size {g.base_world_size}, "
         f"paired by round) x DDP: {ddp} (measured at {g.world_size} against {g.base_world_size} "
-        f"rank(s)). The brief observed about 40x on 4 GPUs.{agree}")
+        f"rank(s)). The investigation observed about 40x on 4 GPUs.{agree}")
 
 
 def gap_plot(r: DDPResult, device: str) -> None:

@@ -117,7 +117,7 @@ def real_size_table(r: InventoryResult):
         {"quantity": "incidence cache, int32", "real size": fmt_bytes(rs.incidence_cache_bytes_int32)},
     ]
     return table(rows, caption=f"Arithmetic at the real edge count ({rs.total_edges:,}), whatever "
-                               "this run's scale. Notebook 05 checks the brief's size claims "
+                               "this run's scale. Notebook 05 checks the investigation's size claims "
                                "against these.")
 
 

@@ -95,6 +95,7 @@ def cost_plot(s: CostModelStudy, device: str) -> None:
         axes[1].plot(grid, [m.predict_unmasked(e, h) * 1e3 for e in grid], "-",
                      color=plotting.PALETTE[i], lw=1)
     axes[1].set(xlabel="edges E", ylabel="unmasked gather-scatter layer (ms)")
+    axes[1].xaxis.set_major_locator(plotting.MaxNLocator(5))
     plotting.plain_ticks(axes[1])
     axes[1].legend(fontsize=7)
     plotting.title(axes[1], "Unmasked layer against E (lines: the fit)", device=device,
@@ -203,7 +204,7 @@ def bench_text(b: BenchResult) -> Markdown:
         "--params params/full.yaml` for the real spec)"
     return Markdown(
         f"Per sample, {kind}: the node-mask shared graph is {r(b.ratio_vs_brief_form)} faster "
-        f"than replicated masks in the brief's form (every message materialised, then masked) "
+        f"than replicated masks in the Lazy model's form (every message materialised, then masked) "
         f"and {r(b.ratio_vs_sparse_form)} faster than their sparse-product form. One exact "
         f"sample costs {r(b.passes_per_sample, '')} DANGO-style wildtype steps. The step runs at "
         f"{r(b.floor_fraction, '')} of its own floor's speed (floor time / step time: its sparse "
@@ -292,7 +293,7 @@ def headline(r: MaskCostResult) -> str:
     parts.append("filter/mask crossover " + ("none" if p is None else f"p = {p:.3g}")
                  + f" at H = {c.run_hidden}")
     if b.ratio_vs_brief_form is not None:
-        parts.append(f"node-mask shared vs replicated (brief's form) per sample: "
+        parts.append(f"node-mask shared vs replicated (the Lazy model's form) per sample: "
                      f"{fmt_ratio(b.ratio_vs_brief_form.median)} "
                      f"({'real spec' if b.full_size else 'reduced size'})")
     return "; ".join(parts)

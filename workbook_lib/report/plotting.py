@@ -15,7 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator  # noqa: E402,F401
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]
@@ -40,9 +40,15 @@ def title(ax, what: str, *, device: str | None = None, sizes: str | None = None,
 
 
 def _plain(v: float, _pos=None) -> str:
+    """0.5, 2, 300, 20k, 1.5M: plain numbers that stay short."""
     if v == 0:
         return "0"
-    if abs(v) >= 1 and float(v).is_integer():
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:g}M"
+    if a >= 1e4:
+        return f"{v / 1e3:g}k"
+    if a >= 1 and float(v).is_integer():
         return f"{int(v):,}"
     return f"{v:g}"
 
@@ -57,7 +63,7 @@ def plain_ticks(ax, axis: str = "both") -> None:
 
 
 def bytes_ticks(ax, axis: str = "y") -> str:
-    """Tick labels in MB or GB (decimal, as the brief uses); returns the unit chosen."""
+    """Tick labels in MB or GB (decimal, as the investigation did); returns the unit chosen."""
     a = ax.yaxis if axis == "y" else ax.xaxis
     lo, hi = (ax.get_ylim() if axis == "y" else ax.get_xlim())
     top = max(abs(lo), abs(hi))

@@ -160,13 +160,13 @@ def sanity_note(flags) -> Markdown:
                     "(machine noise or an effect the loop does not model):\n" + "\n".join(lines))
 
 
-def brief_table(figs):
-    rows = [{"figure": f.figure, "brief": f"{f.claimed:g}{'x' if f.unit == 'x' else ' ms'}",
+def reported_table(figs):
+    rows = [{"figure": f.figure, "investigation": f"{f.claimed:g}{'x' if f.unit == 'x' else ' ms'}",
              "measured here": fmt_stat(f.measured, unit="x" if f.unit == "x" else "ms")}
             for f in figs]
     return table(rows, caption="Lazy = replicated masks from the incidence cache (strategy 2), "
                                "DANGO = single wildtype pass (strategy 7). Ratios of steps taken "
-                               "in the same rounds. The brief measured on one GPU at the real "
+                               "in the same rounds. The investigation measured on one GPU at the real "
                                "size; notebook 05 says which claims hold.")
 
 
@@ -271,10 +271,10 @@ def headline(r: TimingResult) -> str:
     f = r.figure("data_model_ratio")
     if f:
         parts.append(f"DANGO/Lazy it/s ratio {fmt_ratio(f.measured.median)} data+model "
-                     f"(brief 19x)")
+                     f"(investigation: 19x)")
     f = r.figure("data_only_ratio")
     if f:
-        parts.append(f"{fmt_ratio(f.measured.median)} data only (brief 56x)")
+        parts.append(f"{fmt_ratio(f.measured.median)} data only (investigation: 56x)")
     if r.sanity:
         parts.append(f"{len(r.sanity)} mode-order flag(s)")
     return "; ".join(parts)

@@ -69,11 +69,11 @@ def recommendation_text(v: VerdictResult) -> Markdown:
     r = v.recommendation
     if r is None:
         return Markdown("No exact strategy ran in notebook 03: no recommendation.")
-    lines = [f"### Use the {r.label}",
+    lines = [f"### Use {r.title}",
              f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms')}** per sample "
              f"(notebook 03, {v.device}); {r.tie_rule}."]
     if r.speedup is not None:
-        lines.append(f"- Against {label(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** faster "
+        lines.append(f"- Against {REGISTRY[r.baseline].title}: **{fmt_stat(r.speedup, unit='x')}** faster "
                      "per sample, same loop, same rounds.")
     b = r.bench
     if b is not None:
@@ -83,7 +83,7 @@ def recommendation_text(v: VerdictResult) -> Markdown:
         parts = []
         if b.ratio_vs_brief_form is not None:
             parts.append(f"{fmt_stat(b.ratio_vs_brief_form, unit='x')} faster than replicated "
-                         "masks in the brief's form")
+                         "masks in the Lazy model's form")
         if b.ratio_vs_sparse_form is not None:
             parts.append(f"{fmt_stat(b.ratio_vs_sparse_form, unit='x')} than their "
                          "sparse-product form")
@@ -132,7 +132,7 @@ trains the same model both ways and compares the loss curves.'''
 def adoption(v: VerdictResult) -> Markdown:
     r = v.recommendation
     if r is None or r.strategy != "node_mask_shared":
-        return Markdown(f"The recommended strategy here is {r.label if r else 'none'}; the "
+        return Markdown(f"The recommended strategy here is {r.title if r else 'none'}; the "
                         "node-mask shared graph's API is in `workbook_lib.nodemask` (README).")
     return Markdown(ADOPTION)
 
@@ -149,17 +149,17 @@ def headline(v: VerdictResult) -> str:
     r = v.recommendation
     parts = []
     if r is not None:
-        s = f"use the {r.label}"
+        s = f"use {r.title}"
         if r.speedup is not None:
             s += f" ({r.speedup.median:.3g}x faster per sample than replicated masks here"
             b = r.bench
             if b is not None and b.ratio_vs_brief_form is not None:
-                s += (f"; {b.ratio_vs_brief_form.median:.3g}x against the brief's form at "
+                s += (f"; {b.ratio_vs_brief_form.median:.3g}x against the Lazy model's form at "
                       f"{'the real spec' if b.full_size else 'reduced size'}")
             s += ")"
         parts.append(s)
     if v.gap_total is not None:
-        parts.append(f"measured gap {v.gap_total.median:.3g}x (the brief: 40x on GPUs)")
+        parts.append(f"measured gap {v.gap_total.median:.3g}x (the investigation: 40x on GPUs)")
     counts = {s: sum(c.status == s for c in v.claims) for s in C.STATUSES}
     parts.append("claims " + ", ".join(f"{k}: {n}" for k, n in counts.items() if n))
     return "; ".join(parts)

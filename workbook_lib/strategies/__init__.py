@@ -1,4 +1,4 @@
-"""The strategies of the brief, one module each, behind one interface (``base.Strategy``)."""
+"""The strategies of the investigation, one module each, behind one interface (``base.Strategy``)."""
 from __future__ import annotations
 
 from ..catalog import STRATEGY_NAMES

@@ -43,8 +43,9 @@ class Strategy:
     the stages they change."""
 
     name = "base"
-    label = "base"
-    number = 0  # the strategy's number in the brief
+    label = "base"  # numbered, for tables ("6 node-mask shared graph")
+    title = "base"  # for sentences ("the node-mask shared graph")
+    number = 0  # the strategy's number in the investigation
     exact = True  # computes the perturbed-graph forward exactly (strategy 7 does not)
     layout = "sample_major"
     replicated = True  # carries one graph copy per sample

@@ -15,6 +15,7 @@ from .node_mask_shared import NodeMaskShared
 class DangoWildtype(NodeMaskShared):
     name = "dango_wildtype"
     label = "7 DANGO-style wildtype pass"
+    title = "the DANGO-style wildtype pass"
     number = 7
     exact = False
     replicated = False

@@ -15,6 +15,7 @@ from ..strategies.base import ReplicatedAggregateMixin, Strategy, incidence_cach
 class DeviceMaskLoop(ReplicatedAggregateMixin, Strategy):
     name = "device_mask_loop"
     label = "4a device masks, loop with .item()"
+    title = "device masks built in an .item() loop"
     number = 4
 
     def _prepare(self):
@@ -60,6 +61,7 @@ class DeviceMaskLoop(ReplicatedAggregateMixin, Strategy):
 class DeviceMaskVectorized(DeviceMaskLoop):
     name = "device_mask_vectorized"
     label = "4b device masks, vectorized"
+    title = "vectorized device masks"
 
     def _prepare(self):
         pass  # needs only the wildtype edges (kept on the device by the base class)

@@ -66,7 +66,7 @@ class PerturbGIN(nn.Module):
         """One layer's update from the per-type aggregations.
 
         A list of T tensors shaped like ``h`` (the replicated strategies) is combined as the
-        brief's model does: ``lin(cat_t((1 + eps) h + agg_t))``. A tensor ``[..., T, H]`` (the
+        Lazy model does: ``lin(cat_t((1 + eps) h + agg_t))``. A tensor ``[..., T, H]`` (the
         shared-graph strategies) is combined in the algebraically equal fused form
         ``agg W^T + (1 + eps) h (sum_t W_t)^T + b``, which never concatenates T copies of ``h``.
         """

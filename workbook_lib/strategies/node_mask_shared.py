@@ -28,6 +28,7 @@ from .base import Strategy
 class NodeMaskShared(Strategy):
     name = "node_mask_shared"
     label = "6 node-mask shared graph"
+    title = "the node-mask shared graph"
     number = 6
     layout = "sample_major"
     replicated = False

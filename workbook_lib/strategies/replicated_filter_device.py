@@ -9,6 +9,7 @@ from ..strategies.base import ReplicatedAggregateMixin, Strategy
 class ReplicatedFilterDevice(ReplicatedAggregateMixin, Strategy):
     name = "replicated_filter_device"
     label = "5 replicated, filtered on device"
+    title = "the replicated graph filtered on the device"
     number = 5
 
     def keep_mask(self, src, dst, pert):

@@ -1,5 +1,5 @@
 """Strategy 2: replicated graph + boolean edge masks built in CPU workers from an incidence
-cache (the brief's "Lazy Hetero" collate: B copies of ``edge_index``, one mask per sample)."""
+cache (the investigation's "Lazy Hetero" collate: B copies of ``edge_index``, one mask per sample)."""
 from __future__ import annotations
 
 import torch
@@ -10,6 +10,7 @@ from ..strategies.base import ReplicatedAggregateMixin, Strategy, incidence_cach
 class ReplicatedMaskCPU(ReplicatedAggregateMixin, Strategy):
     name = "replicated_mask_cpu"
     label = "2 replicated + masks (CPU incidence cache)"
+    title = "replicated masks (the Lazy pipeline)"
     number = 2
 
     def _prepare(self):

@@ -13,6 +13,7 @@ from ..strategies.replicated_mask_cpu import ReplicatedMaskCPU
 class ReplicatedMaskStored(ReplicatedMaskCPU):
     name = "replicated_mask_stored"
     label = "3 replicated + masks stored on disk"
+    title = "replicated masks read from disk"
     number = 3
 
     def __init__(self, graph, *, storage_dir: str | Path | None = None, **kw):

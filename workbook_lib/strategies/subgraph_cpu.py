@@ -11,6 +11,7 @@ from ..strategies.base import ReplicatedAggregateMixin, Strategy, offset_concat
 class SubgraphCPU(ReplicatedAggregateMixin, Strategy):
     name = "subgraph_cpu"
     label = "1 per-sample subgraph (CPU workers)"
+    title = "per-sample subgraphs"
     number = 1
 
     def make_item(self, index, pert_row):

@@ -17,7 +17,7 @@ from ..strategies.model import PerturbGIN
 
 def batch_size_for(params: dict, strategy: str) -> int:
     """The batch size a strategy trains with: DANGO-style runs use ``batch_size_dango``, every
-    perturbed-graph strategy ``batch_size_lazy`` (the brief's 64 and 28)."""
+    perturbed-graph strategy ``batch_size_lazy`` (the investigation's 64 and 28)."""
     return params["batch_size_dango"] if strategy == "dango_wildtype" else params["batch_size_lazy"]
 
 

@@ -119,7 +119,7 @@ class Variant:
 
 
 def mse_loss(pred: torch.Tensor, y: torch.Tensor, gather: bool = False) -> torch.Tensor:
-    """Mean squared error; with ``gather`` every rank's predictions first (the brief's loss-side
+    """Mean squared error; with ``gather`` every rank's predictions first (the investigation's loss-side
     all-gather, ``torch.distributed.nn.functional.all_gather``, differentiable)."""
     if gather:
         from torch.distributed.nn.functional import all_gather
