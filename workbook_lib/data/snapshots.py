@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import tempfile
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,29 +190,66 @@ def cache_path(spec: dict, seed: int, scale: float, cache_dir: str | Path) -> Pa
     return resolve_path(str(cache_dir)) / f"{spec['name']}-seed{seed}-scale{scale:g}-{key}.pt"
 
 
+@contextmanager
+def _build_lock(path: Path):
+    """An exclusive lock on ``path`` + ``.lock``: concurrent builders of one snapshot (SLURM
+    jobs starting together, two notebooks) wait for each other instead of racing."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _atomic_save(obj, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_cache(path: Path, sha_path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    expected = sha_path.read_text().strip() if sha_path.is_file() else None
+    actual = _file_sha256(path)
+    if expected != actual:
+        log.warning("snapshot cache %s failed its checksum (expected %s, got %s): rebuilding it",
+                    path, expected, actual)
+        return None
+    try:
+        return torch.load(path, weights_only=True)["edge_index"]
+    except Exception as exc:  # noqa: BLE001 - a damaged cache is rebuilt, not used
+        log.warning("snapshot cache %s could not be read (%s): rebuilding it", path, exc)
+        return None
+
+
 def load_synthetic(spec_name: str, seed: int, scale: float,
                    cache_dir: str | Path = "data_snapshots/cache") -> CellGraph:
     """Generate (or load from the verified cache) the synthetic graph of a spec."""
     spec = load_spec(spec_name)
     path = cache_path(spec, seed, scale, cache_dir)
     sha_path = path.with_suffix(".sha256")
-    edge_index = None
-    if path.is_file():
-        expected = sha_path.read_text().strip() if sha_path.is_file() else None
-        actual = _file_sha256(path)
-        if expected != actual:
-            log.warning("snapshot cache %s failed its checksum (expected %s, got %s): "
-                        "rebuilding it", path, expected, actual)
-        else:
-            blob = torch.load(path, weights_only=True)
-            edge_index = blob["edge_index"]
+    edge_index = _read_cache(path, sha_path)  # the common case: no lock needed
     if edge_index is None:
-        edge_index = generate(spec, seed, scale)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"edge_index": edge_index, "num_genes": int(spec["num_genes"])}, tmp)
-        tmp.replace(path)
-        sha_path.write_text(_file_sha256(path) + "\n")
+        with _build_lock(path):
+            edge_index = _read_cache(path, sha_path)  # another process may have built it
+            if edge_index is None:
+                edge_index = generate(spec, seed, scale)
+                _atomic_save({"edge_index": edge_index, "num_genes": int(spec["num_genes"])},
+                             path)
+                fd, tmp = tempfile.mkstemp(prefix=f".{sha_path.name}.", dir=path.parent)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(_file_sha256(path) + "\n")
+                os.replace(tmp, sha_path)
     n = int(spec["num_genes"])
     return CellGraph(name=spec["name"], num_genes=n, edge_index=edge_index, source="spec",
                      checksum=content_checksum(n, edge_index), scale=scale, spec=spec)

@@ -242,6 +242,17 @@ def _on_signal(signum, frame):
             _AT_SIGNAL.setdefault(c.pid, c)
     except psutil.Error:
         pass
+    # stop the kernel outright: a kernel asked to shut down while its client is going away
+    # replies on a closed socket and prints a traceback on the terminal. What nbclient and
+    # asyncio then report about the dead kernel is expected: the runner says what happened.
+    for name in ("papermill", "asyncio", "traitlets"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    for proc in list(_AT_SIGNAL.values()):
+        try:
+            if any("ipykernel" in part for part in proc.cmdline()):
+                proc.kill()
+        except psutil.Error:
+            pass
     raise _Terminated()
 
 

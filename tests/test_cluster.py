@@ -1,0 +1,206 @@
+"""The SLURM path (scripts checked, the job chain run under a fake sbatch), the snapshot cache
+under concurrent builders, and snapshots checked before any work."""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from workbook_lib.exceptions import ParamsError
+from workbook_lib.running import params as params_mod
+from workbook_lib.running import slurm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def ci():
+    return params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+
+
+def _scripts(tmp_path, ci, **kw):
+    return slurm.write_scripts(ROOT / "params" / "ci.yaml", ci, tmp_path / "slurm",
+                               run_dir=tmp_path / "run", **kw)
+
+
+def test_chain_scripts_paths_dependencies_resources(tmp_path, ci):
+    paths = _scripts(tmp_path, ci, gpus_per_node=4, nodes=2, cpus_per_task=4, partition="gpu")
+    for p in (paths["sbatch"], paths["submit"]):
+        assert subprocess.run(["bash", "-n", str(p)]).returncode == 0
+    nb = paths["sbatch"].read_text()
+    assert re.search(r"#SBATCH --output=/\S+/logs/%x-%j.out", nb)  # absolute, made already
+    assert paths["logs"].is_dir()
+    assert f"cd {ROOT}" in nb and f"{ROOT}/.venv/bin/python" in nb and "--resume" in nb
+    assert str(tmp_path / "run") in nb and "--params " + str(ROOT / "params" / "ci.yaml") in nb
+    sub = paths["submit"].read_text()
+    lines = {n: next(ln for ln in sub.splitlines() if ln.startswith(f"J{n}=")) for n in
+             ("01", "02", "03", "04", "05", "06")}
+    assert "--nodes=2" in lines["04"] and "--gpus-per-node=4" in lines["04"]
+    assert "afterany:${J03}" in lines["04"]
+    for n in ("02", "03", "06"):
+        assert "--gpus-per-node=1" in lines[n] and "--nodes=1" in lines[n]
+    for n in ("01", "05"):
+        assert "gpus" not in lines[n] and "--nodes=1" in lines[n]
+    assert '"afterok:${J01}:${J02}:${J03}:${J04}"' in lines["05"]
+    assert "--kill-on-invalid-dep=yes" in sub
+    assert "afterany:${J02}:${J04}" in lines["06"]
+    assert 'echo "run folder: $RUN"' in sub
+
+
+def test_scripts_are_bash_4_2_safe(tmp_path, ci):
+    for single in (False, True):
+        paths = _scripts(tmp_path / str(single), ci, array=not single, gpus_per_node=1)
+        text = paths["sbatch"].read_text() + (paths["submit"].read_text() if "submit" in paths
+                                              else "")
+        for bad in (r"\$\{\w+\[@\]\}", r"declare -A", r"\$\{\w+,,\}", r"\$\{\w+\^\^\}",
+                    r"readarray|mapfile", r"&>>"):
+            assert not re.search(bad, text), (bad, text)
+
+
+def test_resources_checked_against_sinfo(tmp_path, ci, monkeypatch):
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sinfo").write_text("#!/bin/sh\necho 2\n")
+    (shim / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    with pytest.raises(ParamsError, match="nodes with 2 CPUs"):
+        _scripts(tmp_path, ci, cpus_per_task=8)
+    paths = _scripts(tmp_path, ci)  # default: what the partition has
+    assert "--cpus-per-task=2" in paths["submit"].read_text()
+
+
+def test_single_job_refuses_another_layout(tmp_path, ci):
+    _scripts(tmp_path, ci)
+    with pytest.raises(ParamsError, match="'chain' layout"):
+        _scripts(tmp_path, ci, array=False)
+    paths = _scripts(tmp_path, ci, array=False, force=True)
+    assert not (tmp_path / "slurm" / "submit.sh").exists() and paths["sbatch"].is_file()
+    assert "--nodes=1" in paths["sbatch"].read_text()
+
+
+FAKE_SBATCH = textwrap.dedent('''\
+    #!/usr/bin/env python3
+    """A fake sbatch: runs each job at once, in submission order, honouring afterok/afterany.
+    CANCEL_AFTER=N: every job after the N-th is cancelled (a user's scancel)."""
+    import json, os, subprocess, sys
+    state = os.environ["FAKE_SLURM_STATE"]
+    jobs = json.load(open(state)) if os.path.exists(state) else {}
+    args, dep, kill = sys.argv[1:], "", False
+    while args and args[0].startswith("--"):
+        a = args.pop(0)
+        if a.startswith("--dependency="):
+            dep = a.split("=", 1)[1]
+        kill = kill or a == "--kill-on-invalid-dep=yes"
+    script, rest = args[0], args[1:]
+    jid = str(len(jobs) + 1)
+    status = "PENDING"
+    cancel_after = int(os.environ.get("CANCEL_AFTER", "0"))
+    if cancel_after and len(jobs) >= cancel_after:
+        status = "CANCELLED"
+    elif dep:
+        kind, *ids = dep.split(":")
+        states = [jobs[i] for i in ids]
+        if kind == "afterok" and any(s != "COMPLETED" for s in states):
+            status = "CANCELLED"  # DependencyNeverSatisfied, killed
+    if status == "PENDING":  # like SLURM: the job's output goes to a log, not to sbatch's
+        env = dict(os.environ, SLURM_JOB_ID=jid)
+        with open(state + f".job{jid}.log", "w") as log:
+            rc = subprocess.run(["bash", script, *rest], env=env, stdout=log,
+                                stderr=subprocess.STDOUT).returncode
+        status = "COMPLETED" if rc == 0 else "FAILED"
+    jobs[jid] = status
+    json.dump(jobs, open(state, "w"))
+    print(jid)
+''')
+
+FAKE_NB = '''\
+from workbook_lib.running.notebook import notebook_params
+from workbook_lib.running.results import read_meta, write_results, checksums
+P, _ = notebook_params(globals())
+NAME = "{name}"
+REQUIRES = {requires!r}
+missing = [n for n in REQUIRES if not (read_meta(run_dir, n) and read_meta(run_dir, n).complete)]
+assert not missing, f"missing inputs {{missing}}"
+write_results(run_dir, NAME, {{"x": 1}}, P, headline="done " + NAME,
+              inputs=checksums(run_dir, REQUIRES))
+'''
+
+
+def test_chain_cancelled_then_resubmitted_finishes_in_the_same_folder(tmp_path, ci):
+    import nbformat
+
+    from workbook_lib.catalog import NOTEBOOKS
+
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    for info in NOTEBOOKS:
+        nb = nbformat.v4.new_notebook()
+        p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
+        p.metadata["tags"] = ["parameters"]
+        nb.cells = [p, nbformat.v4.new_code_cell(FAKE_NB.format(name=info.name,
+                                                                requires=list(info.requires)))]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+        nbformat.write(nb, str(nbs / f"{info.name}.ipynb"))
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sbatch").write_text(FAKE_SBATCH)
+    (shim / "sbatch").chmod(0o755)
+    paths = _scripts(tmp_path, ci, python=sys.executable)
+    run = tmp_path / "run"
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}",
+           "WORKBOOK_NOTEBOOK_DIR": str(nbs), "FAKE_SLURM_STATE": str(tmp_path / "jobs.json")}
+    env.pop("WORKBOOK_OUT", None)
+    # submitted from another directory; the user cancels everything after two jobs
+    r = subprocess.run(["bash", str(paths["submit"])], env={**env, "CANCEL_AFTER": "2"},
+                       capture_output=True, text=True, cwd=tmp_path / "bin")
+    assert r.returncode == 0, r.stderr
+    assert f"run folder: {run}" in r.stdout
+    jobs = json.loads((tmp_path / "jobs.json").read_text())
+    assert list(jobs.values()).count("COMPLETED") == 2 and "05_verdict" not in str(run)
+    assert not (run / "05_verdict.json").exists()  # never a verdict from partial inputs
+    # the documented resume: the same script again
+    (tmp_path / "jobs.json").unlink()
+    r = subprocess.run(["bash", str(paths["submit"])], env=env, capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    jobs = json.loads((tmp_path / "jobs.json").read_text())
+    assert set(jobs.values()) == {"COMPLETED"}, jobs
+    meta = json.loads((run / "05_verdict.json").read_text())["_meta"]
+    assert meta["complete"] and set(meta["inputs"]) == {
+        "01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing", "04_ddp_scaling"}
+    index = (run / "index.html").read_text()
+    assert "kept from an earlier run" in index or "from an earlier run" in index
+
+
+BUILD = ("import sys, json; from workbook_lib.data.snapshots import load_synthetic\n"
+         "g = load_synthetic('string12', 3, 0.01, cache_dir=sys.argv[1])\n"
+         "print(json.dumps(g.checksum))")
+
+
+def test_concurrent_builders_of_one_snapshot_both_succeed(tmp_path):
+    for round_ in range(3):
+        cache = tmp_path / f"cache{round_}"
+        procs = [subprocess.Popen([sys.executable, "-c", BUILD, str(cache)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(4)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+        assert len({o[0] for o in outs}) == 1
+        assert not list(cache.glob("*.tmp"))
+
+
+def test_a_corrupt_snapshot_file_is_refused_before_any_work(tmp_path):
+    bad = tmp_path / "graph.pt"
+    bad.write_bytes(b"not a pickle at all")
+    pf = tmp_path / "p.yaml"
+    pf.write_text(f"snapshot: {bad}\nexactness_genes: 10\n")
+    r = subprocess.run([sys.executable, "-m", "workbook_lib", "run", "--params", str(pf), "--out",
+                        str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 2 and "could not be loaded" in r.stderr, r.stderr
+    assert not list((tmp_path / "o").glob("*.ipynb"))
