@@ -65,7 +65,7 @@ class BenchResult(Record):
     full_size: bool
     per_sample_s: dict[str, PerSample]
     steps: dict[str, Stat]  # seconds per step
-    ratio_vs_brief_form: Stat | None
+    ratio_vs_lazy_form: Stat | None
     ratio_vs_sparse_form: Stat | None
     passes_per_sample: Stat | None
     floor_fraction: Stat | None
@@ -284,7 +284,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
                "layers": layers, "k": p["perturbation_k"], "aggr": p["aggr"],
                "dual_forward": p["dual_forward"]},
         full_size=bool(full), per_sample_s=per_sample, steps=dict(res.stats),
-        ratio_vs_brief_form=ratio("replicated_gather_scatter", "shared"),
+        ratio_vs_lazy_form=ratio("replicated_gather_scatter", "shared"),
         ratio_vs_sparse_form=ratio("replicated_sparse", "shared"),
         passes_per_sample=passes, floor_fraction=floor, exact_max_rel_error=err,
         kernels=kernels, skipped=skipped, rounds=res.rounds,
@@ -306,7 +306,7 @@ def summary_lines(r: BenchResult) -> list[str]:
     def show(label, st):
         if st is not None:
             lines.append(f"{label:28s} {st.median:.3g} (IQR {st.iqr:.2g})")
-    show("ratio vs Lazy model's form", r.ratio_vs_brief_form)
+    show("ratio vs Lazy model's form", r.ratio_vs_lazy_form)
     show("ratio vs sparse form", r.ratio_vs_sparse_form)
     show("wildtype steps per sample", r.passes_per_sample)
     show("floor / shared step", r.floor_fraction)

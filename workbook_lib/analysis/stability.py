@@ -22,7 +22,7 @@ from ..running.results import atomic_write_text
 from .headlines import ABSOLUTE, CATEGORY, RATIO, headline_figures
 
 VERDICT_RESTS_ON = ("recommended", "speedup", "gap_total", "per_step_ratio_04",
-                    "per_step_ratio_03", "bench_ratio_brief", "ddp_factor", "exact_error")
+                    "per_step_ratio_03", "bench_ratio_lazy", "ddp_factor", "exact_error")
 
 
 @dataclass

@@ -308,9 +308,9 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
             fix += (f", {r.speedup.median:.3g}x faster per sample than {title(r.baseline)} in "
                     "this run's training loop")
         b = r.bench
-        if b is not None and b.ratio_vs_brief_form is not None:
+        if b is not None and b.ratio_vs_lazy_form is not None:
             where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
-            fix += (f"; per sample, forward + backward, {b.ratio_vs_brief_form.median:.3g}x "
+            fix += (f"; per sample, forward + backward, {b.ratio_vs_lazy_form.median:.3g}x "
                     f"faster than replicated masks in the Lazy model's form {where}")
             if b.passes_per_sample is not None:
                 fix += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"

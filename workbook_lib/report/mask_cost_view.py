@@ -203,7 +203,7 @@ def bench_text(b: BenchResult) -> Markdown:
         "at this run's reduced sizes (`bench_full_size: true` or `python -m workbook_lib bench " \
         "--params params/full.yaml` for the real spec)"
     return Markdown(
-        f"Per sample, {kind}: the node-mask shared graph is {r(b.ratio_vs_brief_form)} faster "
+        f"Per sample, {kind}: the node-mask shared graph is {r(b.ratio_vs_lazy_form)} faster "
         f"than replicated masks in the Lazy model's form (every message materialised, then masked) "
         f"and {r(b.ratio_vs_sparse_form)} faster than their sparse-product form. One exact "
         f"sample costs {r(b.passes_per_sample, '')} DANGO-style wildtype steps. The step runs at "
@@ -292,9 +292,9 @@ def headline(r: MaskCostResult) -> str:
     p = c.crossover_at_run_hidden
     parts.append("filter/mask crossover " + ("none" if p is None else f"p = {p:.3g}")
                  + f" at H = {c.run_hidden}")
-    if b.ratio_vs_brief_form is not None:
+    if b.ratio_vs_lazy_form is not None:
         parts.append(f"node-mask shared vs replicated (the Lazy model's form) per sample: "
-                     f"{fmt_ratio(b.ratio_vs_brief_form.median)} "
+                     f"{fmt_ratio(b.ratio_vs_lazy_form.median)} "
                      f"({'real spec' if b.full_size else 'reduced size'})")
     return "; ".join(parts)
 

@@ -81,8 +81,8 @@ def recommendation_text(v: VerdictResult) -> Markdown:
                  "this run's reduced sizes only (the real-spec figure: `python -m workbook_lib "
                  f"bench --params params/full.yaml --out {{run folder}}/bench.json`)")
         parts = []
-        if b.ratio_vs_brief_form is not None:
-            parts.append(f"{fmt_stat(b.ratio_vs_brief_form, unit='x')} faster than replicated "
+        if b.ratio_vs_lazy_form is not None:
+            parts.append(f"{fmt_stat(b.ratio_vs_lazy_form, unit='x')} faster than replicated "
                          "masks in the Lazy model's form")
         if b.ratio_vs_sparse_form is not None:
             parts.append(f"{fmt_stat(b.ratio_vs_sparse_form, unit='x')} than their "
@@ -153,8 +153,8 @@ def headline(v: VerdictResult) -> str:
         if r.speedup is not None:
             s += f" ({r.speedup.median:.3g}x faster per sample than replicated masks here"
             b = r.bench
-            if b is not None and b.ratio_vs_brief_form is not None:
-                s += (f"; {b.ratio_vs_brief_form.median:.3g}x against the Lazy model's form at "
+            if b is not None and b.ratio_vs_lazy_form is not None:
+                s += (f"; {b.ratio_vs_lazy_form.median:.3g}x against the Lazy model's form at "
                       f"{'the real spec' if b.full_size else 'reduced size'}")
             s += ")"
         parts.append(s)
