@@ -1,4 +1,5 @@
 """Real torchrun launches (gloo, CPU): measured communication, and failures named right."""
+import json
 import os
 import signal
 import threading
@@ -185,3 +186,20 @@ def test_gap_decomposition_books_ddp_only_beyond_noise():
     g2 = da.gap_decomposition({1: base, 2: slower}, "a", "b", {"a": 28, "b": 64})
     assert not g2.ddp_within_noise and g2.ddp_factor.median == pytest.approx(1.5)
     assert g2.total.median == pytest.approx(4.0 * 64 / 28 * 1.5)
+
+
+def test_heartbeat_survives_concurrent_writers(tmp_path):
+    """The beat thread and a rank's stage changes write the same file: no lost temp file (the
+    writer without its lock raised FileNotFoundError here within a few hundred writes)."""
+    from workbook_lib.distributed.worker import Heartbeat
+
+    def hammer(hb):
+        hb.start()
+        try:
+            for i in range(3000):
+                hb.set(f"stage {i}")
+        finally:
+            hb.stop()
+
+    hammer(Heartbeat(tmp_path / "rank0.heartbeat", interval=0.0))
+    assert json.loads((tmp_path / "rank0.heartbeat").read_text())["progress"] >= 3000

@@ -245,3 +245,31 @@ def test_non_oom_errors_are_not_swallowed(monkeypatch):
     with pytest.raises(ValueError, match="a bug"):
         benchmarks.layer_across_batch(g, ["node_mask_shared"], [1], 4, 2, torch.device("cpu"),
                                       warmup=0, min_rounds=1)
+
+
+def test_progress_levels_reach_the_terminal_only(monkeypatch, capfd):
+    """Notes and bars go to the terminal; ``notes`` (--quiet) keeps the notes and drops bars and
+    native profiler chatter; ``0`` drops everything."""
+    import os
+    from workbook_lib.report import progress as pg
+
+    def emit():
+        pg._STREAM.clear()
+        pg.note("stage A")
+        bar = pg.progress(range(3), desc="bar")
+        list(bar)
+        with pg.native_stderr_to_terminal():
+            os.write(2, b"USDT chatter\n")
+        return bar.disable
+
+    monkeypatch.setenv("WORKBOOK_PROGRESS", "notes")
+    bar_disabled = emit()
+    err = capfd.readouterr().err
+    assert "stage A" in err and "USDT chatter" not in err and bar_disabled
+    monkeypatch.setenv("WORKBOOK_PROGRESS", "0")
+    emit()
+    assert capfd.readouterr().err == ""
+    monkeypatch.setenv("WORKBOOK_PROGRESS", "1")
+    emit()
+    assert "stage A" in capfd.readouterr().err
+    pg._STREAM.clear()

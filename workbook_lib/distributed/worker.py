@@ -48,6 +48,8 @@ class Heartbeat:
         self.progress = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        # the beat thread and the rank's own stage changes both write; one temp file, one lock
+        self._lock = threading.Lock()
 
     def start(self) -> "Heartbeat":
         self._write()
@@ -64,10 +66,11 @@ class Heartbeat:
         self.progress += 1
 
     def _write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"time": time.time(), "stage": self.stage,
-                                   "progress": self.progress, "pid": os.getpid()}))
-        os.replace(tmp, self.path)
+        with self._lock:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"time": time.time(), "stage": self.stage,
+                                       "progress": self.progress, "pid": os.getpid()}))
+            os.replace(tmp, self.path)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

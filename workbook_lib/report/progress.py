@@ -5,7 +5,8 @@ the notebook (and so in its HTML), and keeps a copy of the real stderr, which
 ``sys.stderr.fileno()`` returns. Progress bars write to that copy: papermill and the CLI leave it
 on the terminal. :func:`native_stderr_to_terminal` points descriptor 2 at it for a while, for
 libraries that write from C++ (the profiler's ``USDT:`` lines). ``WORKBOOK_PROGRESS=0`` turns
-progress off (the test suite does).
+progress off (the test suite does); ``WORKBOOK_PROGRESS=notes`` keeps the one-line stage notes and
+drops the bars (``--quiet``, SLURM logs). Bars are also dropped where the terminal is not a TTY.
 """
 from __future__ import annotations
 
@@ -21,8 +22,17 @@ T = TypeVar("T")
 _STREAM: list = []
 
 
+def _setting() -> str:
+    return os.environ.get("WORKBOOK_PROGRESS", "1").strip().lower()
+
+
 def enabled() -> bool:
-    return os.environ.get("WORKBOOK_PROGRESS", "1") not in ("0", "false", "no")
+    """Whether anything (stage notes at least) goes to the terminal."""
+    return _setting() not in ("0", "false", "no")
+
+
+def bars_enabled() -> bool:
+    return enabled() and _setting() != "notes"
 
 
 def terminal_fd() -> int | None:
@@ -44,8 +54,10 @@ def progress(iterable: Iterable[T] | None = None, *, desc: str = "", total: int 
              leave: bool = False) -> tqdm:
     """A tqdm bar on the terminal, or a silent one."""
     stream = _stream()
+    # disable=None: tqdm's own rule, no bar where the stream is not a TTY (a log file)
+    disable = True if not bars_enabled() or stream is None else None
     return tqdm(iterable, desc=desc, total=total, leave=leave, file=stream,
-                disable=not enabled() or stream is None, dynamic_ncols=True, mininterval=1.0)
+                disable=disable, dynamic_ncols=True, mininterval=1.0)
 
 
 def note(message: str) -> None:
@@ -57,11 +69,16 @@ def note(message: str) -> None:
 
 @contextmanager
 def native_stderr_to_terminal() -> Iterator[None]:
-    """Send what native code writes to descriptor 2 to the terminal, not into the notebook."""
+    """Send what native code writes to descriptor 2 to the terminal, not into the notebook
+    (nowhere when progress is quiet or off)."""
     fd = terminal_fd()
-    if fd is None or fd == 2:
+    if bars_enabled() and (fd is None or fd == 2):
         yield
         return
+    devnull = None
+    if not bars_enabled() or fd is None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        fd = devnull
     saved = os.dup(2)
     try:
         os.dup2(fd, 2)
@@ -69,3 +86,5 @@ def native_stderr_to_terminal() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+        if devnull is not None:
+            os.close(devnull)

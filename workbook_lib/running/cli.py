@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--resume", action="store_true",
                     help="keep notebooks complete with the same params, snapshot and inputs; "
                          "rerun the rest")
-    sp.add_argument("--quiet", action="store_true", help="no progress or kernel output")
+    sp.add_argument("--quiet", action="store_true",
+                    help="no progress bars or kernel output; one-line stage notes only")
     sp.set_defaults(fn=_cmd_run)
     sp = sub.add_parser("bench", help="the strategy benchmark, per sample, interleaved; JSON")
     params_args(sp)
@@ -221,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tolerance", type=float, default=0.15,
                     help="relative difference allowed (default 0.15)")
     sp.add_argument("--only", nargs="+", metavar="NB", help="run only these notebooks")
-    sp.add_argument("--quiet", action="store_true", help="no progress output")
+    sp.add_argument("--quiet", action="store_true",
+                    help="no progress bars or kernel output; one-line stage notes only")
     sp.set_defaults(fn=_cmd_stability)
     sp = sub.add_parser("slurm", help="write sbatch scripts that run the workbook on a cluster")
     params_args(sp)
@@ -238,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--time", default="04:00:00", metavar="HH:MM:SS",
                     help="time limit of each job (default 04:00:00)")
     sp.add_argument("--single-job", action="store_true",
-                    help="one job runs every notebook in order (default: one array task per "
-                         "notebook, then the verdict)")
+                    help="one job runs every notebook in order (default: one job per notebook, "
+                         "each with its own resources, chained by dependencies)")
     sp.add_argument("--out-dir", default="runs/slurm", metavar="DIR",
                     help="where the scripts and job logs go (default runs/slurm)")
     sp.add_argument("--run-dir", default=None, metavar="DIR",

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +137,26 @@ def _notebook_node(name: str):
     return nbformat.read(str(notebook_dir() / f"{name}.ipynb"), as_version=4)
 
 
+@contextmanager
+def _environ(values: dict[str, str]):
+    """``os.environ`` with ``values`` set for a while (what a kernel started now inherits)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# The kernel's own start-up warnings (e.g. ipykernel's note that a local kernel talks over TCP)
+# are not about the workbook; its errors still reach the terminal.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = False,
                 progress: bool = True, log_output: bool = True) -> NotebookOutcome:
     """Run one notebook with papermill into ``out_dir``; export its HTML (also on failure)."""
@@ -145,11 +166,17 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
     out_nb, out_html = out_dir / f"{name}.ipynb", out_dir / f"{name}.html"
     t0 = time.perf_counter()
     outcome = NotebookOutcome(name=name, status="ok")
+    # the kernel inherits this process's environment: --quiet drops its bars too (the one-line
+    # stage notes stay, unless WORKBOOK_PROGRESS=0 turned everything off)
+    quiet = {} if progress or os.environ.get("WORKBOOK_PROGRESS") == "0" \
+        else {"WORKBOOK_PROGRESS": "notes"}
     try:
-        pm.execute_notebook(_notebook_node(name), str(out_nb),
-                            parameters={**to_json(params), "run_dir": str(out_dir)},
-                            cwd=str(notebook_dir()), kernel_name="python3",
-                            progress_bar=progress, log_output=log_output)
+        with _environ(quiet):
+            pm.execute_notebook(_notebook_node(name), str(out_nb),
+                                parameters={**to_json(params), "run_dir": str(out_dir)},
+                                cwd=str(notebook_dir()), kernel_name="python3",
+                                progress_bar=progress, log_output=log_output,
+                                extra_arguments=KERNEL_ARGUMENTS)
     except KeyboardInterrupt:
         outcome.status, outcome.error = "interrupted", "interrupted (signal)"
         outcome.seconds = time.perf_counter() - t0

@@ -15,6 +15,8 @@ import warnings
 
 import torch
 
+from ..nodemask import kernels as nodemask_kernels
+
 
 def csr_from_sorted(src: torch.Tensor, dst: torch.Tensor, num_rows: int, num_cols: int,
                     values: torch.Tensor | None = None) -> torch.Tensor:
@@ -50,19 +52,6 @@ def in_degree(dst: torch.Tensor, num_nodes: int, weight: torch.Tensor | None = N
     return torch.zeros(num_nodes, dtype=dtype, device=dst.device).index_add_(0, dst, w)
 
 
-class _SpMMWithTranspose(torch.autograd.Function):
-    """``a @ x`` whose backward uses a transpose prepared once (no per-call CSR transpose)."""
-
-    @staticmethod
-    def forward(ctx, a, a_t, x):
-        ctx.a_t = a_t
-        return torch.sparse.mm(a, x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return None, None, torch.sparse.mm(ctx.a_t, grad)
-
-
 def transpose_csr(a: torch.Tensor) -> torch.Tensor:
     """The CSR matrix of ``a.T`` (built once, reused by every backward)."""
     with warnings.catch_warnings():
@@ -73,9 +62,7 @@ def transpose_csr(a: torch.Tensor) -> torch.Tensor:
 def spmm(a: torch.Tensor, x: torch.Tensor, a_t: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ x`` for a CSR ``a`` and dense ``x`` (differentiable in ``x``). With ``a_t`` (the
     CSR of ``a.T``) the backward is one more sparse product instead of a transpose per call."""
-    if a_t is None or not x.requires_grad:
-        return torch.sparse.mm(a, x)
-    return _SpMMWithTranspose.apply(a, a_t, x)
+    return nodemask_kernels.spmm(a, a_t, x)
 
 
 def mean_divide(summed: torch.Tensor, degree: torch.Tensor) -> torch.Tensor:
