@@ -99,6 +99,8 @@ def test_rules_go_both_ways():
     assert C.above(st(1.5, 0.1), 1) == C.HELD and C.above(st(0.5, 0.1), 1) == C.FAILED
     assert C.changes_nothing(st(1.0, 0.05)) == C.HELD
     assert C.changes_nothing(st(0.66, 0.02)) == C.FAILED  # faster with the gather: a change
+    assert C.changes_nothing(st(1.03, 0.01)) == C.HELD  # a precise 3% is no change worth naming
+    assert C.changes_nothing(st(1.06, 0.09)) == C.NOISE  # straddles the 10% edge
 
 
 class _Obj:

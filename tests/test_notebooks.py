@@ -162,3 +162,30 @@ def test_verdict_refuses_partial_inputs(tmp_path):
                             kernel_name="python3", progress_bar=False)
     assert e.value.ename == "IncompleteInputsError" and "01_graph_inventory" in e.value.evalue
     assert not (tmp_path / "05_verdict.json").exists()
+
+
+def test_stability_compares_figures_and_claim_statuses(ci_run, tmp_path):
+    """Two copies of one run agree everywhere; a copy with one claim flipped and the machine
+    twice as slow is called out: the claim row names both statuses, the absolute time says why."""
+    import shutil
+    from workbook_lib.analysis.stability import compare_figures
+
+    out, _ = ci_run
+    a, b = tmp_path / "run1", tmp_path / "run2"
+    shutil.copytree(out, a)
+    shutil.copytree(out, b)
+    same = compare_figures([a, b])
+    assert same.disagreeing == [] and any(r.key == "claim_statuses" for r in same.rows)
+
+    verdict = json.loads((b / "05_verdict.json").read_text())
+    claim = next(c for c in verdict["claims"] if c["status"] in ("held", "failed"))
+    claim["status"] = "failed" if claim["status"] == "held" else "held"
+    (b / "05_verdict.json").write_text(json.dumps(verdict))
+    mc = json.loads((b / "02_mask_cost_model.json").read_text())
+    mc["bench"]["steps"]["shared"]["median"] *= 2
+    (b / "02_mask_cost_model.json").write_text(json.dumps(mc))
+
+    diff = {r.key: r for r in compare_figures([a, b]).disagreeing}
+    assert set(diff) == {"claim_statuses", f"claim:{claim['key']}", "shared_step"}
+    assert {v.split(":")[0] for v in diff[f"claim:{claim['key']}"].values} == {"held", "failed"}
+    assert "machine's speed" in diff["shared_step"].note

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..records import Record
-from ..running.results import atomic_write_text
+from ..running.results import atomic_write_text, load_result
 from .headlines import ABSOLUTE, CATEGORY, RATIO, headline_figures
 
 VERDICT_RESTS_ON = ("recommended", "speedup", "gap_total", "per_step_ratio_04",
@@ -95,7 +95,35 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
         fmt = [("—" if v is None else f"{v:.4g}" + (f" (IQR {f.iqr:.2g})" if f and f.iqr
                                                       else "")) for v, f in zip(vals, fs)]
         out.rows.append(StabilityRow(k, f0.label, f0.kind, fmt, rel, agrees, rests, note))
+    out.rows.extend(_claim_rows(run_dirs))
     return out
+
+
+def _claim_rows(run_dirs: list[Path]) -> list[StabilityRow]:
+    """One row per claim whose status differs between runs (a count of equal statuses hides a
+    claim that held in one run and failed in the other), and one row counting the rest."""
+    verdicts = [load_result(d, "05_verdict") for d in run_dirs]
+    if any(v is None for v in verdicts):
+        return []
+    by_run = [{c.key: c for c in v.claims} for v in verdicts]
+    keys = list(dict.fromkeys(k for b in by_run for k in b))
+    rows, same = [], 0
+    for k in keys:
+        cs = [b.get(k) for b in by_run]
+        statuses = [c.status if c else "—" for c in cs]
+        if len(set(statuses)) == 1:
+            same += 1
+            continue
+        c0 = next(c for c in cs if c is not None)
+        rows.append(StabilityRow(
+            f"claim:{k}", f"claim: {c0.claim}", "claim status",
+            [f"{st}: {c.measured}" if c else st for st, c in zip(statuses, cs)], None, False,
+            False, f"rule: {c0.rule}; the runs' values fall on different sides of one of its "
+                   "edges"))
+    rows.insert(0, StabilityRow("claim_statuses", "claim statuses equal in every run",
+                                "claim status", [f"{same} of {len(keys)}"] * len(run_dirs),
+                                None, same == len(keys), False, ""))
+    return rows
 
 
 def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
