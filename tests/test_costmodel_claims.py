@@ -72,6 +72,31 @@ def test_negative_coefficient_is_reported_not_clipped():
     assert m.beta.coefficients["beta_e"] < 0 and "beta_e" in m.beta.negative
 
 
+def test_standard_errors_follow_the_scatter_of_the_points():
+    exact, noisy = cm.fit(_points(TRUE)), cm.fit(_points(TRUE, noise=0.2))
+    assert exact.beta.rel_stderr("beta_e") < 1e-6  # a perfect line: no uncertainty
+    assert noisy.beta.rel_stderr("beta_e") > 0.05  # 20% scatter: a loose coefficient
+    assert noisy.beta.rel_stderr("beta") < noisy.beta.rel_stderr("beta_e")  # E*H spans more
+    assert exact.gamma.point_noise == 0.0
+
+
+def test_stability_says_why_a_coefficient_differs():
+    from workbook_lib.analysis.headlines import FITTED, Figure
+    from workbook_lib.analysis.stability import _fitted_note
+
+    def fig(v, se, noise):
+        return Figure("beta_e", "cost model beta_e", "02", v, None, None, "s/edge", "lower",
+                      FITTED, se, noise)
+    loose = _fitted_note([fig(1.0, 0.4, 0.05), fig(1.6, 0.4, 0.05)], 0.05, 0.15)
+    assert "within two standard errors" in loose
+    drift = _fitted_note([fig(1.0, 0.01, 0.05), fig(1.3, 0.01, 0.05)], 0.25, 0.15)
+    assert "machine's drift" in drift and "within two" not in drift
+    disturbed = _fitted_note([fig(1.0, 0.01, 0.3), fig(3.0, 0.01, 0.05)], 0.1, 0.15)
+    assert "disturbed" in disturbed
+    unexplained = _fitted_note([fig(1.0, 0.01, 0.05), fig(3.0, 0.01, 0.05)], 0.1, 0.15)
+    assert unexplained.endswith("drift. The verdict uses ratios, not coefficients")
+
+
 def test_crossover_formula_and_direct_check():
     m = cm.fit(_points(TRUE))
     h = 16

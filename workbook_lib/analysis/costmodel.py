@@ -150,6 +150,13 @@ class Fit(Record):
     held_out_points: int
     held_out_median_abs_rel: float | None
     negative: list[str] = field(default_factory=list)
+    stderr: dict[str, float] = field(default_factory=dict)  # least-squares standard errors
+    point_noise: float | None = None  # median IQR/median of the fitted points' timings
+
+    def rel_stderr(self, name: str) -> float | None:
+        """A coefficient's standard error relative to it (None where not estimable)."""
+        v, se = self.coefficients.get(name), self.stderr.get(name)
+        return None if v in (None, 0) or se is None else abs(se / v)
 
 
 def _design(term: str, pt: SweepPoint) -> float:
@@ -172,8 +179,16 @@ def _fit(name: str, pts: list[SweepPoint], terms: list[str], coef_names: list[st
                 if p.stat.median]
         return float(np.median(errs)) if errs else None
     named = {c: float(v) for c, v in zip(coef_names, coef)}
+    stderr = {}
+    dof = len(fit_pts) - len(terms)
+    if dof > 0:  # ordinary least squares: cov = s^2 (X^T X)^-1, s^2 = RSS / dof
+        s2 = float(np.sum((y - x @ coef) ** 2)) / dof
+        cov = s2 * np.linalg.pinv(x.T @ x)
+        stderr = {c: float(np.sqrt(max(cov[i, i], 0.0))) for i, c in enumerate(coef_names)}
+    noise = [p.stat.iqr / p.stat.median for p in fit_pts if p.stat.median > 0]
     return Fit(name, terms, named, len(fit_pts), rel(fit_pts) or 0.0, len(held), rel(held),
-               [c for c, v in named.items() if v < 0 and c != "c"])
+               [c for c, v in named.items() if v < 0 and c != "c"], stderr,
+               float(np.median(noise)) if noise else None)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from ..running.results import load_result
 
 RATIO, ABSOLUTE, ARITHMETIC, CATEGORY = ("ratio (same rounds)", "absolute time",
                                          "arithmetic", "category")
+FITTED = "fitted coefficient (absolute time)"
 
 
 @dataclass
@@ -26,6 +27,8 @@ class Figure(Record):
     unit: str
     better: str | None  # "lower", "higher" or None
     kind: str
+    se: float | None = None  # a fitted coefficient's standard error
+    point_noise: float | None = None  # median IQR/median of the timings it was fitted on
 
 
 def _stat(st):
@@ -36,6 +39,17 @@ def _bench(r):
     return r.bench
 
 
+def _coef(fit_name: str, coef: str | None = None):
+    """(value, None, standard error, points' noise) of one cost-model coefficient."""
+    def get(r):
+        m = r.cost.model
+        fit = getattr(m, fit_name)
+        name = coef or (("alpha_eh" if m.alpha_carrier == "E*H" else "alpha_e")
+                        if fit_name == "alpha" else fit_name)
+        return (fit.coefficients[name], None, fit.stderr.get(name), fit.point_noise)
+    return get
+
+
 SPECS: list[tuple[str, str, str, str, str | None, str, Callable]] = [
     # key, label, notebook, unit, better, kind, extractor(result) -> (value, iqr) | str
     ("total_edges", "edges in the snapshot", "01_graph_inventory", "", None, ARITHMETIC,
@@ -44,18 +58,16 @@ SPECS: list[tuple[str, str, str, str, str | None, str, Callable]] = [
      ARITHMETIC, lambda r: (r.bytes_per_sample["edge_masks"], None)),
     ("exact_error", "node-mask shared graph: max relative error", "02_mask_cost_model", "",
      "lower", "measured", lambda r: (r.exact.get("node_mask_shared"), None)),
-    ("beta", "cost model beta", "02_mask_cost_model", "s/(edge·ch)", "lower", ABSOLUTE,
-     lambda r: (r.cost.model.beta.coefficients["beta"], None)),
-    ("beta_e", "cost model beta_e", "02_mask_cost_model", "s/edge", "lower", ABSOLUTE,
-     lambda r: (r.cost.model.beta.coefficients["beta_e"], None)),
+    ("beta", "cost model beta", "02_mask_cost_model", "s/(edge·ch)", "lower", FITTED,
+     _coef("beta")),
+    ("beta_e", "cost model beta_e", "02_mask_cost_model", "s/edge", "lower", FITTED,
+     _coef("beta", "beta_e")),
     ("alpha", "cost model alpha (the mask multiply, its carrier term)", "02_mask_cost_model",
-     "s/unit", "lower", ABSOLUTE,
-     lambda r: (r.cost.model.alpha.coefficients["alpha_eh" if r.cost.model.alpha_carrier ==
-                                                 "E*H" else "alpha_e"], None)),
-    ("gamma", "cost model gamma", "02_mask_cost_model", "s/edge", "lower", ABSOLUTE,
-     lambda r: (r.cost.model.gamma.coefficients["gamma"], None)),
-    ("delta", "cost model delta", "02_mask_cost_model", "s/edge", "lower", ABSOLUTE,
-     lambda r: (r.cost.model.delta.coefficients["delta"], None)),
+     "s/unit", "lower", FITTED, _coef("alpha")),
+    ("gamma", "cost model gamma", "02_mask_cost_model", "s/edge", "lower", FITTED,
+     _coef("gamma")),
+    ("delta", "cost model delta", "02_mask_cost_model", "s/edge", "lower", FITTED,
+     _coef("delta")),
     ("bench_ratio_lazy", "benchmark: shared vs replicated (the Lazy model's form), per sample",
      "02_mask_cost_model", "x", "higher", RATIO, lambda r: _stat(_bench(r).ratio_vs_lazy_form)),
     ("bench_ratio_sparse", "benchmark: shared vs replicated (sparse form), per sample",
@@ -115,5 +127,6 @@ def headline_figures(run_dir: str | Path) -> dict[str, Figure]:
         if isinstance(got, str):
             out[key] = Figure(key, label, nb, None, None, got, unit, better, kind)
         else:
-            out[key] = Figure(key, label, nb, got[0], got[1], None, unit, better, kind)
+            out[key] = Figure(key, label, nb, got[0], got[1], None, unit, better, kind,
+                              *got[2:])
     return out

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..records import Record
 from ..running.results import atomic_write_text, load_result
-from .headlines import ABSOLUTE, CATEGORY, RATIO, headline_figures
+from .headlines import ABSOLUTE, CATEGORY, FITTED, RATIO, headline_figures
 
 VERDICT_RESTS_ON = ("recommended", "speedup", "gap_total", "per_step_ratio_04",
                     "per_step_ratio_03", "bench_ratio_lazy", "ddp_factor", "exact_error")
@@ -79,7 +79,9 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
         agrees = None if rel is None else rel <= tolerance
         note = ""
         if agrees is False:
-            if f0.kind == ABSOLUTE:
+            if f0.kind == FITTED:
+                note = _fitted_note(fs, drift, tolerance)
+            elif f0.kind == ABSOLUTE:
                 note = ("an absolute time: it moves with the machine's speed"
                         + (f" (the reference step moved {drift:.0%} between the runs)"
                            if drift is not None else "") + "; the verdict uses ratios")
@@ -92,11 +94,47 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
                     ": the difference exceeds its noise")
             else:
                 note = "measured; read it with its noise"
-        fmt = [("—" if v is None else f"{v:.4g}" + (f" (IQR {f.iqr:.2g})" if f and f.iqr
-                                                      else "")) for v, f in zip(vals, fs)]
+        fmt = [("—" if v is None else f"{v:.4g}" + (
+            f" (IQR {f.iqr:.2g})" if f and f.iqr else
+            f" (standard error {abs(f.se / v):.0%})" if f and f.se is not None and v else ""))
+            for v, f in zip(vals, fs)]
         out.rows.append(StabilityRow(k, f0.label, f0.kind, fmt, rel, agrees, rests, note))
     out.rows.extend(_claim_rows(run_dirs))
     return out
+
+
+def _fitted_note(fs, drift: float | None, tolerance: float) -> str:
+    """Why a fitted cost-model coefficient differs between runs, from the fits' own standard
+    errors, the noise of the timings they were fitted on, and the machine's drift: each reason
+    is stated only where the numbers support it."""
+    present = [f for f in fs if f is not None and f.value is not None]
+    lo, hi = min(present, key=lambda f: f.value), max(present, key=lambda f: f.value)
+    parts = ["a fitted coefficient (an absolute time)"]
+    rel_se = [abs(f.se / f.value) for f in present if f.se is not None and f.value]
+    if rel_se:
+        parts.append(f"the fits' standard errors are {', '.join(f'{r:.0%}' for r in rel_se)} "
+                     "of it")
+    noise = [f.point_noise for f in present if f.point_noise is not None]
+    if noise:
+        parts.append("the timings it was fitted on had a median IQR/median of "
+                     + ", ".join(f"{n:.0%}" for n in noise) + " (target 10%)")
+    if drift is not None:
+        parts.append(f"the reference step moved {drift:.0%} between the runs")
+    combined = (None if lo.se is None or hi.se is None
+                else 2.0 * (lo.se ** 2 + hi.se ** 2) ** 0.5)
+    rel = (hi.value - lo.value) / abs(lo.value) if lo.value else float("inf")
+    if combined is not None and hi.value - lo.value <= combined:
+        why = "the difference is within two standard errors of the fits: this sweep does not " \
+              "determine it more closely"
+    elif drift is not None and rel <= drift + tolerance:
+        why = "the difference is the machine's drift"
+    else:
+        why = ("the difference exceeds the fits' uncertainty and the machine's drift"
+               if combined is not None else "the difference exceeds the machine's drift")
+        if noise and max(noise) > 0.10:
+            why += (": the sweep ran on a disturbed machine (its timings stayed above the "
+                    "precision target)")
+    return "; ".join(parts) + ": " + why + ". The verdict uses ratios, not coefficients"
 
 
 def _claim_rows(run_dirs: list[Path]) -> list[StabilityRow]:

@@ -37,6 +37,8 @@ def coefficient_table(s: CostModelStudy):
             unit, what = COEFFICIENTS[name]
             rows.append({"coefficient": name, "what it measures": what,
                          "value": f"{value:.3g} {unit}",
+                         "standard error": fmt_pct(fit.rel_stderr(name), 0),
+                         "points' noise (IQR/median)": fmt_pct(fit.point_noise, 0),
                          "fit": fit.name, "in-fit error (median)":
                              fmt_pct(fit.in_fit_median_abs_rel, 0),
                          f"held-out error, E = {m.held_out_edges:,}":
@@ -45,11 +47,15 @@ def coefficient_table(s: CostModelStudy):
     f = m.filter_check
     rows.append({"coefficient": "(filter layer)", "what it measures":
                  "predicted from beta, beta_e, gamma, delta; never fitted", "value": "",
+                 "standard error": "", "points' noise (IQR/median)": "",
                  "fit": f.name, "in-fit error (median)": fmt_pct(f.in_fit_median_abs_rel, 0),
                  f"held-out error, E = {m.held_out_edges:,}":
                      fmt_pct(f.held_out_median_abs_rel, 0), "note": ""})
     other = m.alpha_other
-    cap = (f"Plain least squares, the largest E ({m.held_out_edges:,}) held out of every fit. "
+    cap = (f"Plain least squares, the largest E ({m.held_out_edges:,}) held out of every fit; "
+           "the standard error is the fit's own (relative to the coefficient): a coefficient "
+           "known to 50% moves that much between runs. Points' noise above 10% means the "
+           "sweep ran out of time before its precision target. "
            f"The mask multiply is carried by the {m.alpha_carrier} term")
     if other is not None:
         cap += (f" (in-fit error {fmt_pct(m.alpha.in_fit_median_abs_rel, 0)} against "
