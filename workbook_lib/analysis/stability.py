@@ -99,8 +99,26 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
             f" (standard error {abs(f.se / v):.0%})" if f and f.se is not None and v else ""))
             for v, f in zip(vals, fs)]
         out.rows.append(StabilityRow(k, f0.label, f0.kind, fmt, rel, agrees, rests, note))
+    for row in out.rows:
+        if row.key == "gap_total" and row.agrees is False:
+            row.note = _gap_note(run_dirs) or row.note
     out.rows.extend(_claim_rows(run_dirs))
     return out
+
+
+def _gap_note(run_dirs: list[Path]) -> str | None:
+    """The epoch-time gap multiplies in the DDP factor only where that factor is beyond its
+    noise; when the runs fell on different sides of that rule, that is why their gaps differ."""
+    gaps = [getattr(load_result(d, "04_ddp_scaling"), "gap", None) for d in run_dirs]
+    if any(g is None for g in gaps) or len({g.ddp_within_noise for g in gaps}) == 1:
+        return None
+    parts = [f"{d.name}: DDP factor {g.ddp_factor.median:.3g} (IQR {g.ddp_factor.iqr:.2g}), "
+             + ("within noise of 1, not applied" if g.ddp_within_noise else "applied")
+             for d, g in zip(run_dirs, gaps)]
+    per_step = [g.per_step_ratio.median * g.steps_ratio for g in gaps]
+    return ("the gap is steps per epoch x per-step ratio x the DDP factor where that factor is "
+            "beyond its noise; " + "; ".join(parts) + ". Without the factor the runs give "
+            + " and ".join(f"{v:.3g}" for v in per_step) + "x")
 
 
 def _fitted_note(fs, drift: float | None, tolerance: float) -> str:
