@@ -34,8 +34,8 @@ def _cell(f: Figure | None) -> str:
         return "n/a"
     unit = f" {f.unit}" if f.unit and f.unit != "x" else ("x" if f.unit == "x" else "")
     noise = f" <small>(IQR {f.iqr:.2g})</small>" if f.iqr is not None else ""
-    if f.se is not None and f.value:
-        noise = f" <small>(standard error {abs(f.se / f.value):.0%})</small>"
+    if f.rel_se is not None:
+        noise = f" <small>(standard error {f.rel_se:.0%})</small>"
     return f"{f.value:.4g}{unit}{noise}"
 
 

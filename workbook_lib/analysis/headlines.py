@@ -30,6 +30,11 @@ class Figure(Record):
     se: float | None = None  # a fitted coefficient's standard error
     point_noise: float | None = None  # median IQR/median of the timings it was fitted on
 
+    @property
+    def rel_se(self) -> float | None:
+        """The standard error relative to the value (None where there is none)."""
+        return None if self.se is None or not self.value else abs(self.se / self.value)
+
 
 def _stat(st):
     return (None, None) if st is None else (st.median, st.iqr)

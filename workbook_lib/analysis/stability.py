@@ -96,7 +96,7 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
                 note = "measured; read it with its noise"
         fmt = [("—" if v is None else f"{v:.4g}" + (
             f" (IQR {f.iqr:.2g})" if f and f.iqr else
-            f" (standard error {abs(f.se / v):.0%})" if f and f.se is not None and v else ""))
+            f" (standard error {f.rel_se:.0%})" if f and f.rel_se is not None else ""))
             for v, f in zip(vals, fs)]
         out.rows.append(StabilityRow(k, f0.label, f0.kind, fmt, rel, agrees, rests, note))
     for row in out.rows:
@@ -128,7 +128,7 @@ def _fitted_note(fs, drift: float | None, tolerance: float) -> str:
     present = [f for f in fs if f is not None and f.value is not None]
     lo, hi = min(present, key=lambda f: f.value), max(present, key=lambda f: f.value)
     parts = ["a fitted coefficient (an absolute time)"]
-    rel_se = [abs(f.se / f.value) for f in present if f.se is not None and f.value]
+    rel_se = [f.rel_se for f in present if f.rel_se is not None]
     if rel_se:
         parts.append(f"the fits' standard errors are {', '.join(f'{r:.0%}' for r in rel_se)} "
                      "of it")

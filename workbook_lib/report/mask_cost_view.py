@@ -226,14 +226,7 @@ def bench_plot(b: BenchResult) -> None:
     ax.barh(range(len(keys)), med, xerr=iqr / 2, color=plotting.PALETTE[:len(keys)], capsize=3)
     ax.set_yticks(range(len(keys)), [b.per_sample_s[k].label or k for k in keys], fontsize=8)
     ax.invert_yaxis()
-    span = med.max() / max(med.min(), 1e-9)
-    if span > 100:
-        ax.set_xscale("log")
-        ax.set_xlabel("ms per sample, forward + backward (log scale: values span "
-                      f"{int(np.log10(span))} decades)")
-    else:
-        ax.set_xlabel("ms per sample, forward + backward")
-    plotting.plain_ticks(ax, "x")
+    plotting.value_axis(ax, med, "ms per sample, forward + backward")
     for i, v in enumerate(med):
         ax.text(v, i, f" {v:.3g} ms", va="center", fontsize=8)
     plotting.title(ax, "Strategy benchmark, per sample", device=b.device,

@@ -12,6 +12,7 @@ import base64
 import io
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -60,6 +61,21 @@ def plain_ticks(ax, axis: str = "both") -> None:
         if a.get_scale() == "log":
             a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         a.set_major_formatter(FuncFormatter(_plain))
+
+
+def value_axis(ax, values, quantity: str, note: str = "", axis: str = "x") -> None:
+    """A bar chart's value axis: linear, unless the values span more than two decades, then
+    log and the label says so (a log axis makes 45 against 71 look like a large gap); plain
+    ticks either way. ``note`` follows the scale remark in the label."""
+    vals = np.asarray(values, dtype=float)
+    span = vals.max() / max(vals.min(), 1e-9)
+    set_label = ax.set_xlabel if axis == "x" else ax.set_ylabel
+    if span > 100:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        set_label(f"{quantity} (log scale: values span {int(np.log10(span))} decades){note}")
+    else:
+        set_label(f"{quantity}{note}")
+    plain_ticks(ax, axis)
 
 
 def bytes_ticks(ax, axis: str = "y") -> str:

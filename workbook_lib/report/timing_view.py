@@ -69,15 +69,8 @@ def loop_plot(study: LoopStudy) -> None:
                 color=plotting.PALETTE[i], capsize=2)
     ax.set_yticks(y, [label(n) for n in names], fontsize=8)
     ax.invert_yaxis()
-    span = max(a.ms_per_sample.median for a in study.arms.values()) / max(
-        1e-9, min(a.ms_per_sample.median for a in study.arms.values()))
-    if span > 100:
-        ax.set_xscale("log")
-        ax.set_xlabel("ms per sample (log scale: values span "
-                      f"{int(np.log10(span))} decades); bars: median, whiskers: IQR")
-    else:
-        ax.set_xlabel("ms per sample; bars: median, whiskers: IQR")
-    plotting.plain_ticks(ax, "x")
+    plotting.value_axis(ax, [a.ms_per_sample.median for a in study.arms.values()],
+                        "ms per sample", "; bars: median, whiskers: IQR")
     ax.legend(loc="lower right")
     plotting.title(ax, "Time per sample by strategy and mode", device=study.device,
                    sizes=study.sizes, repeats=repeats(study))
