@@ -33,6 +33,7 @@ from ..catalog import BY_NAME, inputs_of, requires_of
 from ..exceptions import NotebookFailedError, ParamsError, WorkbookError
 from ..paths import NOTEBOOK_DIR
 from ..records import to_json
+from ..report import progress as terminal
 from . import environment, processes
 from .params import results_relevant
 from .results import atomic_write_text, file_checksum, read_meta, read_results, results_path
@@ -168,8 +169,7 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
     outcome = NotebookOutcome(name=name, status="ok")
     # the kernel inherits this process's environment: --quiet drops its bars too (the one-line
     # stage notes stay, unless WORKBOOK_PROGRESS=0 turned everything off)
-    quiet = {} if progress or os.environ.get("WORKBOOK_PROGRESS") == "0" \
-        else {"WORKBOOK_PROGRESS": "notes"}
+    quiet = {} if progress or not terminal.enabled() else {"WORKBOOK_PROGRESS": "notes"}
     try:
         with _environ(quiet):
             pm.execute_notebook(_notebook_node(name), str(out_nb),
