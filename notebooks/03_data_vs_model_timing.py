@@ -13,8 +13,9 @@
 #
 # The experiment the slow model's users planned and could not run cleanly: the same training
 # loop, through a real `torch.utils.data.DataLoader`, with and without the model, for every
-# strategy. Four modes per strategy: **data only** (fetch, process, collate, transfer, device
-# prep and a trivial loss), **+ forward**, **+ backward**, and the **full step** (+ AdamW).
+# pipeline (the built-in strategies and your own, named in `pipelines`). Four modes per pipeline:
+# **data only** (fetch, process, collate, transfer and device prep: no model call), **+ forward**
+# (and the loss), **+ backward**, and the **full step** (+ the optimizer).
 # Every stage is timed between device syncs; warm-up steps are never recorded; each
 # (strategy, mode) arm repeats until its step time's IQR/median is within the precision target.
 # Then: the investigation's data-vs-model ratios, epochs per day on one rank, host syncs per step, and
@@ -36,7 +37,8 @@ hidden: int = 32  # hidden size H (the real model: 64)
 layers: int = 2  # message-passing layers (the real model: 3)
 aggr: str = 'sum'  # neighbour aggregation: sum or mean
 dual_forward: bool = True  # the Lazy model's dual forward (wildtype pass + perturbed pass)
-strategies: List[str] = ['subgraph_cpu', 'replicated_mask_cpu', 'replicated_mask_stored', 'device_mask_loop', 'device_mask_vectorized', 'replicated_filter_device', 'node_mask_shared', 'dango_wildtype']  # strategies to compare
+strategies: List[str] = ['subgraph_cpu', 'replicated_mask_cpu', 'replicated_mask_stored', 'device_mask_loop', 'device_mask_vectorized', 'replicated_filter_device', 'node_mask_shared', 'dango_wildtype']  # built-in strategies to compare (may be empty when 'pipelines' names two or more)
+pipelines: List[str] = []  # your own training pipelines: 'package.module:factory' or 'path/to/file.py:factory', optionally 'NAME ...'; the factory(params, graph, device) returns a pipeline (README: Diagnose your own pipeline)
 cpu_allocator_cache: bool = True  # keep freed memory in the glibc heap during CPU timings (as PyTorch's CUDA caching allocator does on GPUs); without it large-batch CPU steps measure page faults
 warmup: int = 1  # untimed warm-up calls or steps before anything is timed
 min_repeats: int = 5  # fewest timed repeats of a figure
@@ -67,7 +69,7 @@ world_sizes: List[int] = [1, 2]  # DDP world sizes launched with torchrun
 backend: str = 'auto'  # torch.distributed backend: auto (gloo/nccl), gloo, nccl
 nnodes: int = 1  # nodes of the torchrun launch (set by the SLURM scripts)
 rdzv_endpoint: Optional[str] = None  # torchrun rendezvous host:port for several nodes (null: a free local port)
-ddp_strategy: str = 'node_mask_shared'  # strategy of the DDP scaling runs
+ddp_strategy: str = 'node_mask_shared'  # strategy or pipeline of the DDP scaling runs
 ddp_batch_size: int = 8  # per-rank batch of weak scaling; strong scaling keeps ddp_batch_size x the largest world size as the global batch
 ddp_steps: int = 20  # fewest timed DDP steps per variant
 ddp_budget_s: float = 60.0  # seconds of timed DDP steps per launch
@@ -78,7 +80,7 @@ ddp_timeout_s: float = 300.0  # a launch silent this long is stopped
 link_bandwidth_gbps: Optional[float] = None  # all-reduce bus bandwidth in GB/s for predictions (null: fitted here)
 link_latency_us: Optional[float] = None  # all-reduce latency in microseconds for predictions (null: fitted here)
 verdict_tie_tolerance: float = 0.15  # exact strategies within this fraction of the fastest count as tied (ties go to the one with the least measured memory per sample)
-gap_strategies: List[str] = ['replicated_mask_cpu', 'dango_wildtype']  # the two strategies whose gap the verdict explains (slow, fast)
+gap_strategies: List[str] = ['replicated_mask_cpu', 'dango_wildtype']  # the two strategies or pipelines whose gap the verdict explains (slow, fast); when not given and 'pipelines' names two or more, the first two pipelines
 adopt_steps: int = 200  # training steps of each pipeline in notebook 06
 adopt_optimizer: str = 'sgd'  # optimizer of notebook 06's training: sgd (rounding stays rounding) or adamw (its normalised first steps turn rounding-level gradients into full-size updates)
 adopt_lr: float = 0.05  # learning rate of notebook 06's training
@@ -128,7 +130,7 @@ display(view.worker_table(loops))
 # ## The investigation's data-vs-model figures, measured here
 
 # %%
-reported = study.reported_figures(loops)
+reported = study.reported_figures(loops, NB.params["gap_strategies"])
 display(view.reported_table(reported))
 
 # %% [markdown]
@@ -160,7 +162,7 @@ view.sync_plot(syncs)
 profiles = study.profile_strategies(NB.params, NB.graph, NB.device,
                                     trace_dir=NB.run_dir / "traces_03", run_dir=NB.run_dir)
 display(view.profile_table(profiles))
-view.profile_plot(profiles, NB.device_label, pick=study.LAZY)
+view.profile_plot(profiles, NB.device_label, pick=NB.params["gap_strategies"][0])
 
 # %% [markdown]
 # ## Results

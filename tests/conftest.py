@@ -38,3 +38,15 @@ def make_graph(num_genes=12, types=None, seed=0) -> CellGraph:
 @pytest.fixture(autouse=True)
 def _quiet_logs():
     logging.getLogger("papermill").setLevel(logging.WARNING)
+
+
+def builtin_pipeline(graph, name, pert, *, batch_size=4, hidden=4, layers=2, dual=True,
+                     **strategy_kw):
+    """A built-in strategy with a small PerturbGIN as a pipeline (for loop tests)."""
+    from workbook_lib.pipelines.builtin import BuiltinPipeline
+    from workbook_lib.strategies import make_strategy
+    from workbook_lib.strategies.model import PerturbGIN
+
+    s = make_strategy(name, graph, **strategy_kw)
+    m = PerturbGIN(graph.num_genes, graph.edge_types, hidden=hidden, layers=layers)
+    return BuiltinPipeline(s, m, pert, batch_size, dual=dual)

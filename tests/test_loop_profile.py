@@ -9,10 +9,9 @@ from workbook_lib.measurement import trace_analysis as ta
 from workbook_lib.measurement.profiling import profile_steps
 from workbook_lib.measurement.timing import StepClock
 from workbook_lib.strategies import make_strategy
-from workbook_lib.strategies.model import PerturbGIN
 from workbook_lib.training import loop
 
-from conftest import make_graph
+from conftest import builtin_pipeline, make_graph
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +23,11 @@ def small():
 def _arms(g, pert, names, modes=loop.MODES):
     arms = []
     for name in names:
-        s = make_strategy(name, g)
-        m = PerturbGIN(g.num_genes, g.edge_types, hidden=4, layers=2)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        ld = loop.make_loader(s, pert, 4)
+        pipe = builtin_pipeline(g, name, pert)
+        opt = torch.optim.AdamW(pipe.model.parameters(), lr=1e-3)
+        ld = loop.make_loader(pipe)
         for mode in modes:
-            arms.append(loop.Arm(f"{name}/{mode}", s, m, ld, loop.Variant(mode, mode), dual=True,
+            arms.append(loop.Arm(f"{name}/{mode}", pipe, ld, loop.Variant(mode, mode),
                                  optimizer=opt))
     return arms
 
@@ -41,9 +39,10 @@ def test_every_mode_runs_to_min_steps_with_its_stages(small):
     for mode in loop.MODES:
         r = res[f"replicated_mask_cpu/{mode}"]
         assert 4 <= r.timed_steps <= 6 and r.step.n == r.timed_steps and r.warmup_steps == 1
-        assert {"loader_wait", "h2d", "device_prep", "forward"} <= set(r.stages)
+        assert {"loader_wait", "h2d", "device_prep"} <= set(r.stages)
+        assert ("forward" in r.stages) == (mode != "data")  # data only: no model call
         assert ("optimizer" in r.stages) == (mode == "full")
-        assert ("backward" in r.stages) == (mode != "forward")
+        assert ("backward" in r.stages) == (mode in ("forward_backward", "full"))
         assert r.extra["worker_fetch"].median > 0
         assert r.stopped_by in ("precision target", "max steps", "time budget")
         assert r.untracked.median >= -1e-3  # stages never exceed the step's wall time
@@ -65,10 +64,9 @@ def test_sync_counting_step_is_untimed_and_counts(small):
 
 def test_workers_run_arm_after_arm(small):
     g, pert = small
-    s = make_strategy("replicated_mask_cpu", g)
-    m = PerturbGIN(g.num_genes, g.edge_types, hidden=4, layers=1)
-    ld = loop.make_loader(s, pert, 4, num_workers=2)
-    arms = [loop.Arm(f"a{i}", s, m, ld, loop.Variant("data", "data")) for i in range(2)]
+    pipe = builtin_pipeline(g, "replicated_mask_cpu", pert, layers=1)
+    ld = loop.make_loader(pipe, num_workers=2)
+    arms = [loop.Arm(f"a{i}", pipe, ld, loop.Variant("data", "data")) for i in range(2)]
     res = loop.run_arms(arms, warmup_steps=1, min_steps=2, max_steps=2, interleave=False)
     assert all(r.timed_steps == 2 and r.extra["worker_collate"].median > 0
                for r in res.values())
@@ -84,7 +82,7 @@ def test_bad_loop_arguments(small):
     with pytest.raises(ValueError, match="'mode'"):
         loop.Variant("x", "backward_only")
     with pytest.raises(ValueError, match="optimizer"):
-        loop.Arm("x", arms[0].strategy, arms[0].model, arms[0].loader, loop.Variant("f", "full"))
+        loop.Arm("x", arms[0].pipeline, arms[0].loader, loop.Variant("f", "full"))
 
 
 def test_sanity_check_flags_inverted_modes():
@@ -104,10 +102,9 @@ def test_sanity_check_flags_inverted_modes():
 
 def test_profile_records_only_warm_steps(small, tmp_path):
     g, pert = small
-    s = make_strategy("node_mask_shared", g)
-    m = PerturbGIN(g.num_genes, g.edge_types, hidden=4, layers=2)
-    arm = loop.Arm("p", s, m, loop.make_loader(s, pert, 4), loop.Variant("full"),
-                   optimizer=torch.optim.AdamW(m.parameters()))
+    pipe = builtin_pipeline(g, "node_mask_shared", pert)
+    arm = loop.Arm("p", pipe, loop.make_loader(pipe), loop.Variant("full"),
+                   optimizer=torch.optim.AdamW(pipe.model.parameters()))
     arm.stream = loop.cycle(arm.loader)
     clock = StepClock("cpu")
     arm.step(clock, timed=False)  # the loop's own warm-up

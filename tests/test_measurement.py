@@ -88,7 +88,10 @@ def test_loop_warmup_delay_does_not_move_the_median():
         def end_step(self, clock):
             if state["n"] == 1:
                 time.sleep(1.0)
-    arm = loop.Arm("a", s, m, loop.make_loader(s, pert, 4), loop.Variant("data", "data"),
+    from workbook_lib.pipelines.builtin import BuiltinPipeline
+
+    pipe = BuiltinPipeline(s, m, pert, 4)
+    arm = loop.Arm("a", pipe, loop.make_loader(pipe), loop.Variant("data", "data"),
                    hooks=Slow())
     res = loop.run_arms([arm], warmup_steps=1, min_steps=5, max_steps=5, count_syncs=False)
     assert res["a"].timed_steps == 5 and res["a"].step.median < 0.2

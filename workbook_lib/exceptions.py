@@ -78,3 +78,16 @@ class IncompleteInputsError(WorkbookError):
 
 class RunComparisonError(WorkbookError):
     """Run folders cannot be compared (different snapshots, missing results...)."""
+
+
+class PipelineError(WorkbookError, ValueError):
+    """A pipeline named in the ``pipelines`` params key cannot be used (raised before any timing).
+
+    Attributes:
+        pipeline: the pipeline's name (or its spec, when it could not be built).
+        problem: what is wrong, in one line.
+    """
+
+    def __init__(self, pipeline: str, problem: str):
+        super().__init__(f"pipeline '{pipeline}': {problem}")
+        self.pipeline, self.problem = pipeline, problem

@@ -10,8 +10,8 @@ import torch
 
 from ..measurement.timing import Stat
 from ..records import Record
+from ..pipelines import build_pipeline
 from ..training import loop
-from ..training.factory import build_run
 
 PIPELINES = {"replicated": ("replicated_mask_cpu", "gather_scatter"),
              "fix": ("node_mask_shared", "spmm")}
@@ -41,21 +41,20 @@ def train_both(params: dict, graph, device: torch.device) -> tuple[dict, dict, i
     ``(arm results, losses, batch size)``."""
     b = params["batch_size_lazy"]
     steps, warm = params["adopt_steps"], params["warmup"]
-    arms, runs = [], {}
+    arms = []
     pert = None
     for key, (name, form) in PIPELINES.items():
-        run = build_run(params, name, graph=graph, device=device, batch_size=b, form=form)
-        if pert is None:  # the same samples, in the same order, for both
-            pert = run.perturbations((steps + warm) * b)
-        trainable = [p for p in run.model.parameters() if p.requires_grad]
+        pipe = build_pipeline(params, name, graph, device, batch_size=b, form=form, pert=pert,
+                              n_items=(steps + warm) * b)
+        pert = pipe.pert  # the same samples, in the same order, for both
+        trainable = [p for p in pipe.model.parameters() if p.requires_grad]
         opt = (torch.optim.SGD(trainable, lr=params["adopt_lr"])
                if params["adopt_optimizer"] == "sgd" else
                torch.optim.AdamW(trainable, lr=params["adopt_lr"]))
-        arm = loop.Arm(key, run.strategy, run.model, loop.make_loader(run.strategy, pert, b),
-                       loop.Variant(key, "full"), dual=run.dual, optimizer=opt)
+        arm = loop.Arm(key, pipe, loop.make_loader(pipe), loop.Variant(key, "full"),
+                       optimizer=opt)
         arm.record_losses = True
         arms.append(arm)
-        runs[key] = run
     res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
                         budget_s=float("inf"), count_syncs=False, desc="06 training")
     losses = {a.name: [float(x) for x in a.losses] for a in arms}
@@ -91,7 +90,7 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
         epochs[key] = {"1 rank": one}
         if factor:
             epochs[key][f"{top} ranks"] = one * (top / min(ddp.worlds)) / factor
-    from ..strategies import REGISTRY
+    from .. import pipelines
 
     return AdoptionResult(steps=params["adopt_steps"], warmup_steps=params["warmup"],
                           batch_size=batch_size, lr=params["adopt_lr"],
@@ -99,6 +98,6 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
                           rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
                           memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
                           device=device_label,
-                          labels={k: REGISTRY[n].label + (" (the Lazy model's form)"
+                          labels={k: pipelines.label(n) + (" (the Lazy model's form)"
                                                           if k == "replicated" else "")
                                   for k, (n, _f) in PIPELINES.items()})

@@ -1,5 +1,6 @@
-"""Notebook 02's peak-memory study: one training step per (strategy, batch size) in a fresh
-process each, fitted per strategy, projected to the memory of the device measured on.
+"""Notebook 02's peak-memory study: one training step per (pipeline, batch size) in a fresh
+process each, fitted per pipeline, projected to the memory of the device measured on. The
+pipelines are three built-in forms and every user pipeline of the params.
 
 Probes run two at a time: a memory figure is not a timing (each probe measures only its own
 process), and the set-up of a probe (a fresh interpreter, the graph, the strategy) dominates
@@ -58,7 +59,11 @@ def memory_study(params: dict, device: torch.device, *, dual: bool | None = None
     dual = params["dual_forward"] if dual is None else dual
     run_sizes = {"scale": params["scale"], "hidden": params["hidden"],
                  "layers": params["layers"]}
-    jobs = [(s, f, b, run_sizes) for s, f in STRATEGIES for b in params["memory_batch_sizes"]]
+    from ..pipelines import user_specs
+
+    # the built-in forms, then every user pipeline (its own form: "own") at the run's sizes
+    pairs = list(STRATEGIES) + [(name, "own") for name in user_specs(params)]
+    jobs = [(s, f, b, run_sizes) for s, f in pairs for b in params["memory_batch_sizes"]]
     if params["memory_full_size"]:
         jobs += [(s, f, b, REAL) for s, f in STRATEGIES if (s, f) != ("replicated_mask_cpu", "spmm")
                  for b in REAL_BATCHES[s]]

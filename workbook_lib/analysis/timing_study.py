@@ -22,9 +22,9 @@ from ..measurement.syncs import SyncCounter, method_for
 from ..measurement.timing import Stat, StepClock
 from ..records import Record
 from ..report.progress import progress
-from ..strategies import REGISTRY, make_strategy
+from ..pipelines import build_pipeline, compared_names
+from ..strategies import make_strategy
 from ..training import loop
-from ..training.factory import batch_size_for, make_model
 
 LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
@@ -40,11 +40,13 @@ class LoopStudy(Record):
 
     device: str
     sizes: str
-    strategies: list[str]
+    strategies: list[str]  # every pipeline compared: built-in strategies, then the user's
     batch_sizes: dict[str, int]
     interleaved: bool
     settings: dict[str, Any]
     arms: dict[str, loop.ArmResult] = field(default_factory=dict)
+    exact: dict[str, bool] = field(default_factory=dict)  # pipeline -> computes the exact forward
+    labels: dict[str, str] = field(default_factory=dict)  # pipeline -> name for tables
 
     def arm(self, strategy: str, mode: str = "full") -> loop.ArmResult:
         return self.arms[arm_key(strategy, mode)]
@@ -66,34 +68,35 @@ class LoopStudy(Record):
 
 def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
               strategies: list[str] | None = None) -> LoopStudy:
-    """The loop of every strategy in the four modes (``params``: batch sizes, loop settings)."""
-    names = list(strategies or params["strategies"])
+    """The loop of every pipeline (built-in strategies and the ``pipelines`` of the params) in
+    the four modes (``params``: batch sizes, loop settings)."""
+    names = list(strategies or compared_names(params))
     warm, lo, hi = params["warmup"], params["loop_steps"], params["loop_max_steps"]
     rows_needed = (warm + 1 + hi) * len(loop.MODES)
     interleaved = params["num_workers"] == 0
     store = Path(tempfile.mkdtemp(prefix="wb-masks-"))
-    arms = []
+    arms, made = [], {}
     try:
         for name in names:
-            b = batch_size_for(params, name)
-            # one stream per strategy; with interleaving its four modes take turns on it
-            # distinct samples for every step, capped (strategy 3 stores a mask per sample)
-            n_items = min(rows_needed * b, max(8 * b, MAX_DISTINCT_SAMPLES))
-            pert = sample_perturbations(graph.num_genes, params["perturbation_k"], n_items,
-                                        seed=params["seed"])
-            kw = {"storage_dir": store} if name == "replicated_mask_stored" else {}
-            s = make_strategy(name, graph, aggr=params["aggr"], device=device, **kw)
-            if name == "replicated_mask_stored":
-                s.store(pert)
-            model = make_model(graph, params, device, strategy=name)
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-            loader = loop.make_loader(s, pert, b, num_workers=params["num_workers"],
+            # distinct samples for every step, capped (strategy 3 stores a mask per sample); a
+            # user pipeline serves its own dataset. One stream per pipeline: with interleaving
+            # its four modes take turns on it
+            from ..training.factory import batch_size_for
+
+            n_items = None
+            if name in params["strategies"]:
+                b = batch_size_for(params, name)
+                n_items = min(rows_needed * b, max(8 * b, MAX_DISTINCT_SAMPLES))
+            pipe = build_pipeline(params, name, graph, device, n_items=n_items,
+                                  storage_dir=store)
+            made[name] = pipe
+            opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
+            loader = loop.make_loader(pipe, num_workers=params["num_workers"],
                                       pin_memory=params["pin_memory"],
                                       persistent_workers=params["persistent_workers"])
-            dual = params["dual_forward"] and s.exact
             for mode in loop.MODES:
-                arms.append(loop.Arm(arm_key(name, mode), s, model, loader,
-                                     loop.Variant(mode, mode), dual=dual, optimizer=opt))
+                arms.append(loop.Arm(arm_key(name, mode), pipe, loader, loop.Variant(mode, mode),
+                                     optimizer=opt))
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
                             target=params["precision_target"], budget_s=params["loop_budget_s"],
                             interleave=interleaved, desc="03 loop")
@@ -106,14 +109,15 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
 
     return LoopStudy(
         device=device_label(device), sizes=sizes, strategies=names,
-        batch_sizes={n: batch_size_for(params, n) for n in names}, interleaved=interleaved,
+        batch_sizes={n: made[n].batch_size for n in names}, interleaved=interleaved,
         settings={"warmup_steps": warm, "min_steps": lo, "max_steps": hi,
                   "precision_target": params["precision_target"],
                   "budget_s": params["loop_budget_s"], "num_workers": params["num_workers"],
                   "pin_memory": params["pin_memory"] and device.type == "cuda",
                   "persistent_workers": params["persistent_workers"],
                   "dual_forward": params["dual_forward"]},
-        arms=res)
+        arms=res, exact={n: bool(getattr(made[n], "exact", True)) for n in names},
+        labels={n: made[n].label for n in names})
 
 
 @dataclass
@@ -150,25 +154,31 @@ class ReportedFigure(Record):
     unit: str
 
 
-def reported_figures(study: LoopStudy) -> list[ReportedFigure]:
-    """The investigation's figures: data-only and data+model it/s ratios (DANGO over Lazy), data
-    pipeline per sample, and the model-only per-batch ratio."""
-    if LAZY not in study.strategies or DANGO not in study.strategies:
+def reported_figures(study: LoopStudy, gap: tuple[str, str] | list[str] = (LAZY, DANGO)
+                     ) -> list[ReportedFigure]:
+    """The investigation's figures for the gap's two pipelines (slow, fast; by default the Lazy
+    and the DANGO-style strategies): data-only and data+model it/s ratios (fast over slow), data
+    pipeline per sample, and the model-only per-batch ratio. The claimed values are the
+    investigation's (its Lazy and DANGO models); for other pipelines they are a reference."""
+    slow, fast = gap
+    if slow not in study.strategies or fast not in study.strategies:
         return []
-    lazy = {m: study.arm(LAZY, m) for m in loop.MODES}
-    dango = {m: study.arm(DANGO, m) for m in loop.MODES}
-    model = study.model_seconds(LAZY).ratio_to(study.model_seconds(DANGO))
+    s_name, f_name = ("Lazy", "DANGO") if (slow, fast) == (LAZY, DANGO) else (slow, fast)
+    lo = {m: study.arm(slow, m) for m in loop.MODES}
+    hi = {m: study.arm(fast, m) for m in loop.MODES}
+    model = study.model_seconds(slow).ratio_to(study.model_seconds(fast))
     return [
-        ReportedFigure("data_only_ratio", "data pipeline only: DANGO it/s over Lazy it/s", 56.0,
-                    study.ratio(lazy["data"], dango["data"]), "x"),
-        ReportedFigure("data_model_ratio", "data + model: DANGO it/s over Lazy it/s", 19.0,
-                    study.ratio(lazy["full"], dango["full"]), "x"),
-        ReportedFigure("lazy_data_ms", "data pipeline per sample, Lazy", 27.3,
-                    lazy["data"].ms_per_sample, "ms"),
-        ReportedFigure("dango_data_ms", "data pipeline per sample, DANGO", 0.22,
-                    dango["data"].ms_per_sample, "ms"),
+        ReportedFigure("data_only_ratio", f"data pipeline only: {f_name} it/s over {s_name} it/s",
+                       56.0, study.ratio(lo["data"], hi["data"]), "x"),
+        ReportedFigure("data_model_ratio", f"data + model: {f_name} it/s over {s_name} it/s",
+                       19.0, study.ratio(lo["full"], hi["full"]), "x"),
+        ReportedFigure("lazy_data_ms", f"data pipeline per sample, {s_name}", 27.3,
+                       lo["data"].ms_per_sample, "ms"),
+        ReportedFigure("dango_data_ms", f"data pipeline per sample, {f_name}", 0.22,
+                       hi["data"].ms_per_sample, "ms"),
         ReportedFigure("model_batch_ratio",
-                    "one batch, forward + backward + optimizer: Lazy over DANGO", 1.6, model, "x"),
+                       f"one batch, forward + backward + optimizer: {s_name} over {f_name}", 1.6,
+                       model, "x"),
     ]
 
 
@@ -231,19 +241,18 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
 
     Strategy 3 is left out: its device work is strategy 2's (its storage read is in the loop).
     """
-    names = [n for n in (strategies or params["strategies"]) if n != "replicated_mask_stored"]
+    names = [n for n in (strategies or compared_names(params)) if n != "replicated_mask_stored"]
     warm = max(1, params["warmup"])
     wait, pw, active = params["profile_wait"], params["profile_warmup"], params["profile_active"]
     out = {}
     for name in progress(names, desc="03 profiles"):
-        b = batch_size_for(params, name)
-        pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
-                                    (warm + wait + pw + active) * b, seed=params["seed"] + 1)
-        s = make_strategy(name, graph, aggr=params["aggr"], device=device)
-        model = make_model(graph, params, device, strategy=name)
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-        arm = loop.Arm(name, s, model, loop.make_loader(s, pert, b), loop.Variant("full"),
-                       dual=params["dual_forward"] and s.exact, optimizer=opt)
+        from ..training.factory import batch_size_for
+
+        n_items = ((warm + wait + pw + active) * batch_size_for(params, name)
+                   if name in params["strategies"] else None)
+        pipe = build_pipeline(params, name, graph, device, n_items=n_items, salt=1)
+        opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
+        arm = loop.Arm(name, pipe, loop.make_loader(pipe), loop.Variant("full"), optimizer=opt)
         arm.stream = loop.cycle(arm.loader)
         clock = StepClock(device)
         for _ in range(warm):
@@ -275,6 +284,16 @@ class TimingResult(Record):
         return next((f for f in self.reported if f.key == key), None)
 
 
+def is_exact(study: LoopStudy, name: str) -> bool:
+    """Whether a compared pipeline computes the exact perturbed-graph forward (as it declared;
+    results written before pipelines declared it: the built-in strategy's flag)."""
+    if name in study.exact:
+        return study.exact[name]
+    from ..strategies import REGISTRY
+
+    return REGISTRY[name].exact if name in REGISTRY else True
+
+
 def fastest_exact(study: LoopStudy) -> str | None:
-    exact = [n for n in study.strategies if REGISTRY[n].exact]
+    exact = [n for n in study.strategies if is_exact(study, n)]
     return min(exact, key=lambda n: study.arm(n, "full").ms_per_sample.median, default=None)

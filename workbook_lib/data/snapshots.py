@@ -58,6 +58,18 @@ class CellGraph:
     def nodes_touched(self, edge_type: str) -> int:
         return int(torch.unique(self.edge_index[edge_type]).numel())
 
+    def to_hetero_data(self):
+        """The graph as a PyG ``HeteroData``: node type ``gene`` (``num_nodes`` and ``node_id``),
+        edge types ``("gene", t, "gene")`` (the edge indices are shared, not copied)."""
+        from torch_geometric.data import HeteroData
+
+        data = HeteroData()
+        data["gene"].num_nodes = self.num_genes
+        data["gene"].node_id = torch.arange(self.num_genes)
+        for t, ei in self.edge_index.items():
+            data["gene", t, "gene"].edge_index = ei
+        return data
+
     def describe(self) -> str:
         return (f"{self.name} ({self.source}, scale {self.scale:g}): {self.num_genes:,} genes, "
                 f"{len(self.edge_index)} edge types, {self.num_edges():,} edges")

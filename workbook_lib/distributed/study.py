@@ -52,8 +52,6 @@ class DDPResult(Record):
 
 def run_ddp(params: dict, device: torch.device, run_dir: Path) -> tuple[Plan, dict]:
     """Launch every world size the allocation can place; ``{world: (launch, ranks)}``."""
-    from ..training.factory import batch_size_for
-
     pl = plan(params["world_sizes"], backend=params["backend"], device=device,
               nnodes=params["nnodes"])
     if not pl.launches:
@@ -65,8 +63,7 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path) -> tuple[Plan, di
            "global_batch": params["ddp_batch_size"] * max(params["world_sizes"]),
            "steps": params["ddp_steps"], "steps_cap": 3 * params["ddp_steps"],
            "warmup": max(1, params["warmup"]), "budget_s": params["ddp_budget_s"],
-           "timeout_s": params["ddp_timeout_s"],
-           "batch_sizes": {s: batch_size_for(params, s) for s in (slow, fast)}}
+           "timeout_s": params["ddp_timeout_s"]}
     out = {}
     for ln in pl.launches:
         note(f"04: launching world size {ln.world_size} ({ln.nnodes} node(s) x "
@@ -81,8 +78,6 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path) -> tuple[Plan, di
 
 def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
             ratio_03: Stat | None = None) -> DDPResult:
-    from ..training.factory import batch_size_for
-
     slow, fast = params["gap_strategies"]
     worlds = {w: summarize(res.ranks, scaling=params["ddp_strategy"], gap=[slow, fast],
                            procs_per_node=ln.procs_per_node, nnodes=ln.nnodes)
@@ -114,7 +109,10 @@ def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
     presets = {name: {w: arm.comm_seconds(ref.grad_bytes, w, lk,
                                           bucket_cap_mb=params["bucket_cap_mb"])
                       for w in (2, 4, 8, 16)} for name, lk in arm.LINK_PRESETS.items()}
-    gap = gap_decomposition(worlds, slow, fast, {s: batch_size_for(params, s)
+    # each gap pipeline's batch as its ranks ran it (a user pipeline chooses its own)
+    ranks = next(iter(launched.values()))[1].ranks
+    r0 = ranks[min(ranks)]
+    gap = gap_decomposition(worlds, slow, fast, {s: int(r0["arms"][f"{s}/gap"]["batch_size"])
                                                  for s in (slow, fast)})
     agrees = None
     if ratio_03 is not None:

@@ -183,8 +183,9 @@ def _main(cfg, out, rank, world, fh, hb):
     from ..measurement.timing import Stat
     from ..running.environment import configure_cpu_allocator
     from ..running.params import validate
+    from ..data.snapshots import load_snapshot
+    from ..pipelines import build_pipeline, is_builtin
     from ..training import loop
-    from ..training.factory import batch_size_for, build_run
 
     P = validate(cfg["params"], source="ddp worker config")
     threads = int(cfg.get("threads") or torch.get_num_threads())
@@ -208,49 +209,52 @@ def _main(cfg, out, rank, world, fh, hb):
     arms, comm = [], {}
     modules = {}
 
-    def ddp_run(name: str, batch: int, tag: str):
+    graph = load_snapshot(P)
+
+    def ddp_run(name: str, batch: int | None, tag: str):
         hb.set(f"preparing {name} ({tag})")
-        run = build_run(P, name, device=device, batch_size=batch)
+        distinct = min(max(8, cfg["steps_cap"]), 64)  # the stream cycles over them
+        pipe = build_pipeline(P, name, graph, device, batch_size=batch,
+                              n_items=distinct * (batch or 1) * P["grad_accum_steps"],
+                              salt=1000 * rank + len(modules))
         hb.set(f"DistributedDataParallel({tag}) (broadcast)")
         model = torch.nn.parallel.DistributedDataParallel(
-            run.model, device_ids=[device.index] if device.type == "cuda" else None,
+            pipe.model, device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=P["bucket_cap_mb"])
         hb.set(f"building the data pipeline ({tag})")
         timer = CommTimer(world, device, hb)
         model.register_comm_hook(None, timer.hook)
-        opt = torch.optim.AdamW([p for p in run.model.parameters() if p.requires_grad], lr=1e-3)
-        distinct = min(max(8, cfg["steps_cap"]), 64)  # the stream cycles over them
-        pert = run.perturbations(distinct * batch * P["grad_accum_steps"],
-                                 salt=1000 * rank + len(modules))
-        ld = loop.make_loader(run.strategy, pert, batch, num_workers=P["num_workers"],
-                              pin_memory=P["pin_memory"],
+        opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
+        ld = loop.make_loader(pipe, num_workers=P["num_workers"], pin_memory=P["pin_memory"],
                               persistent_workers=P["persistent_workers"])
         modules[tag] = model
         comm[tag] = timer
-        return run, model, opt, ld, timer
+        return pipe, model, opt, ld, timer
 
-    run, model, opt, ld, timer = ddp_run(scaling, cfg["batch_size"], "scaling")
+    pipe, model, opt, ld, timer = ddp_run(scaling, cfg["batch_size"], "scaling")
     a = P["grad_accum_steps"]
-    gather = P["use_ddp_gather"]
+    # the loss-side all-gather needs a loss that can gather (the built-in pipelines' can)
+    gather = P["use_ddp_gather"] and is_builtin(scaling)
     variants = [loop.Variant("ddp", "full", gather=gather),
                 loop.Variant("no_sync", "full", allreduce="never", gather=False),
                 loop.Variant("accum_last", "full", micro_batches=a, allreduce="last"),
-                loop.Variant("accum_every", "full", micro_batches=a, allreduce="every"),
-                loop.Variant("gather", "full", gather=not gather)]
+                loop.Variant("accum_every", "full", micro_batches=a, allreduce="every")]
+    if is_builtin(scaling):
+        variants.append(loop.Variant("gather", "full", gather=not gather))
     for v in variants:
-        arms.append(loop.Arm(f"{scaling}/{v.name}", run.strategy, model, ld, v, dual=run.dual,
-                             optimizer=opt, hooks=timer))
+        arms.append(loop.Arm(f"{scaling}/{v.name}", pipe, ld, v, model=model, optimizer=opt,
+                             hooks=timer))
     strong_b = global_batch // world
-    srun, smodel, sopt, sld, stimer = ddp_run(scaling, strong_b, "strong")
-    arms.append(loop.Arm(f"{scaling}/strong", srun.strategy, smodel, sld,
-                         loop.Variant("strong", "full", gather=gather), dual=srun.dual,
+    spipe, smodel, sopt, sld, stimer = ddp_run(scaling, strong_b, "strong")
+    arms.append(loop.Arm(f"{scaling}/strong", spipe, sld,
+                         loop.Variant("strong", "full", gather=gather), model=smodel,
                          optimizer=sopt, hooks=stimer))
     for name in gap:
-        b = batch_size_for(P, name)
-        grun, gmodel, gopt, gld, gtimer = ddp_run(name, b, f"gap:{name}")
-        arms.append(loop.Arm(f"{name}/gap", grun.strategy, gmodel, gld,
-                             loop.Variant("ddp", "full", gather=gather), dual=grun.dual,
-                             optimizer=gopt, hooks=gtimer))
+        gpipe, gmodel, gopt, gld, gtimer = ddp_run(name, None, f"gap:{name}")
+        arms.append(loop.Arm(f"{name}/gap", gpipe, gld,
+                             loop.Variant("ddp", "full",
+                                          gather=P["use_ddp_gather"] and is_builtin(name)),
+                             model=gmodel, optimizer=gopt, hooks=gtimer))
     hb.set("training loop")
     _log(fh, f"{len(arms)} arms interleaved, {cfg['steps']}..{cfg['steps_cap']} timed steps each")
 
@@ -272,7 +276,7 @@ def _main(cfg, out, rank, world, fh, hb):
         except Exception as exc:  # noqa: BLE001 - a private API: recorded if it changes
             logging[tag] = {"unavailable": str(exc)}
     # all-reduce of buffers the size of the gradients (and others, for the ring model)
-    grad_bytes = sum(p.numel() * p.element_size() for p in run.model.parameters()
+    grad_bytes = sum(p.numel() * p.element_size() for p in pipe.model.parameters()
                      if p.requires_grad)
     hb.set("timing all-reduces (collective)")
     sizes = sorted({4096, 65536, 1 << 20, 4 << 20, 16 << 20, grad_bytes})

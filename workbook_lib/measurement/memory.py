@@ -183,27 +183,37 @@ class MemoryPoint(Record):
 
 
 def _probe(cfg: dict) -> dict:
-    """Child process: set up, one warm-up step, then the measured step (see module docs)."""
+    """Child process: set up, one warm-up step, then the measured step (see module docs). The
+    step is a pipeline's (a built-in strategy or the user's): collate, transfer, device
+    preparation, forward, loss and backward of one batch."""
+    from ..data.snapshots import load_snapshot
+    from ..pipelines import build_pipeline, is_builtin
     from ..running.params import validate
-    from ..strategies import build_ctx
-    from ..training.factory import build_run
 
     freed = return_freed_memory_to_os()
-    p = validate(cfg["params"], source="memory probe")
-    run = build_run(p, cfg["strategy"], device=cfg["device"], batch_size=cfg["batch_size"],
-                    scale=cfg["scale"], hidden=cfg["hidden"], layers=cfg["layers"],
-                    form=cfg["form"])
-    pert = run.perturbations(cfg["batch_size"])
-    dual = bool(cfg["dual"]) and run.strategy.exact
+    p = validate({**cfg["params"], "scale": cfg["scale"], "hidden": cfg["hidden"],
+                  "layers": cfg["layers"], "dual_forward": bool(cfg["dual"])},
+                 source="memory probe")
+    b = cfg["batch_size"]
+    graph = load_snapshot(p)
+    builtin = is_builtin(cfg["strategy"])
+    pipe = build_pipeline(p, cfg["strategy"], graph, cfg["device"], batch_size=b, n_items=b,
+                          form=cfg["form"] if builtin else None, check=False)
+    ds = pipe.dataset()
+    if len(ds) < b:
+        raise ValueError(f"pipeline {pipe.name!r}: its dataset holds {len(ds)} items, fewer than "
+                         f"a batch of {b}")
+    items = [ds[i] for i in range(b)]
+    device = torch.device(pipe.device)
 
     def step():
-        ctx = build_ctx(run.strategy, pert)
-        run.strategy.predict(run.model, ctx, dual=dual).sum().backward()
+        batch = pipe.to_device(pipe.collate(items))
+        pipe.loss(pipe.forward(pipe.model, pipe.prepare(batch)), batch).backward()
     step()
-    run.model.zero_grad(set_to_none=True)
+    pipe.model.zero_grad(set_to_none=True)
     gc.collect()
-    peak = peak_during(step, run.device)
-    method = peak.method + ("" if freed or run.device.type == "cuda"
+    peak = peak_during(step, device)
+    method = peak.method + ("" if freed or device.type == "cuda"
                             else " (glibc thresholds not set: freed memory may stay resident)")
     return {"step_bytes": peak.bytes, "setup_bytes": peak.before_bytes, "method": method}
 

@@ -7,13 +7,13 @@ from IPython.display import Markdown
 from ..distributed.analysis import within_noise
 from ..distributed.plan import Plan
 from ..distributed.study import DDPResult
-from ..strategies import REGISTRY
+from .. import pipelines
 from . import plotting
 from .tables import fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 
 def label(name: str) -> str:
-    return REGISTRY[name].label
+    return pipelines.label(name)
 
 
 def plan_text(pl: Plan) -> Markdown:
@@ -170,8 +170,8 @@ def gap_text(r: DDPResult) -> Markdown:
                  + ("**the two agree within noise**." if r.agrees_with_03 else
                     "**they differ beyond noise** (see notebook 05)."))
     return Markdown(
-        f"Epoch-time ratio of {REGISTRY[g.slow].title} (batch {g.batch_sizes[g.slow]}) to "
-        f"{REGISTRY[g.fast].title} "
+        f"Epoch-time ratio of {pipelines.title(g.slow)} (batch {g.batch_sizes[g.slow]}) to "
+        f"{pipelines.title(g.fast)} "
         f"(batch {g.batch_sizes[g.fast]}): **{fmt_stat(g.total, unit='x')}** = steps per epoch "
         f"x{g.steps_ratio:.2f} (arithmetic: the batch sizes) x time per step "
         f"{fmt_stat(g.per_step_ratio, unit='x')} (measured at world size {g.base_world_size}, "

@@ -9,13 +9,13 @@ from ..analysis.benchmarks import LayerSweep, MaskGeneration
 from ..analysis.costmodel import COEFFICIENTS
 from ..analysis.mask_cost import CostModelStudy, MaskCostResult
 from ..analysis.memory_study import MemoryStudy
-from ..strategies import REGISTRY
+from .. import pipelines
 from . import plotting
 from .tables import fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 
 def label(name: str) -> str:
-    return REGISTRY[name].label
+    return pipelines.label(name)
 
 
 def exactness_table(exact: dict[str, float], graph_desc: str):

@@ -6,7 +6,7 @@ from IPython.display import Markdown
 
 from ..analysis.timing_study import LoopStudy, SyncStudy, TimingResult
 from ..measurement.profiling import ProfileResult
-from ..strategies import REGISTRY
+from .. import pipelines
 from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
 from . import plotting
 from .tables import fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
@@ -19,7 +19,7 @@ STAGE_LABELS = {"loader_wait": "data loading (fetch + collate)", "h2d": "host-to
 
 
 def label(name: str) -> str:
-    return REGISTRY[name].label
+    return pipelines.label(name)
 
 
 def repeats(study: LoopStudy) -> str:

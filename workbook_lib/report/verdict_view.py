@@ -6,7 +6,7 @@ from IPython.display import Markdown
 
 from ..analysis import claims as C
 from ..analysis.verdict import VerdictResult
-from ..strategies import REGISTRY
+from .. import pipelines
 from . import plotting
 from .tables import fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 
@@ -15,7 +15,7 @@ STATUS_COLOURS = {C.HELD: "#dff0d8", C.FAILED: "#f2dede", C.NOISE: "#fcf8e3",
 
 
 def label(name: str) -> str:
-    return REGISTRY[name].label
+    return pipelines.label(name)
 
 
 def answer(v: VerdictResult) -> Markdown:
@@ -73,7 +73,7 @@ def recommendation_text(v: VerdictResult) -> Markdown:
              f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms')}** per sample "
              f"(notebook 03, {v.device}); {r.tie_rule}."]
     if r.speedup is not None:
-        lines.append(f"- Against {REGISTRY[r.baseline].title}: **{fmt_stat(r.speedup, unit='x')}** faster "
+        lines.append(f"- Against {pipelines.title(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** faster "
                      "per sample, same loop, same rounds.")
     b = r.bench
     if b is not None:

@@ -63,6 +63,11 @@ def _cmd_run(args) -> int:
     from .runner import run_notebooks
 
     p = _load(args.params, args.set)  # every check before any work
+    if p["pipelines"]:
+        from ..pipelines import preflight
+
+        names = preflight(p)  # each user pipeline built and run on one batch, nothing timed
+        print(f"pipelines checked on one batch: {', '.join(names)}", file=sys.stderr)
     try:
         outcomes = run_notebooks(p, args.out, only=args.only, show_code=args.show_code,
                                  resume=args.resume, progress=not args.quiet,

@@ -65,13 +65,28 @@ def _non_empty_positive_list(v):
 
 
 def _strategies(v):
-    if len(v) == 0:
-        return "must be a non-empty list"
     bad = [s for s in v if s not in STRATEGY_NAMES]
     if bad:
         return f"unknown strategies {bad}; valid: {list(STRATEGY_NAMES)}"
     if len(set(v)) != len(v):
         return "must not repeat a strategy"
+    return None
+
+
+def _pipeline_specs(v):
+    from ..pipelines.loading import parse_specs, spec_problem
+
+    for entry in v:
+        problem = spec_problem(entry)
+        if problem:
+            return problem
+    names = [s.name for s in parse_specs(v)]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        return (f"names {dup} twice: name them apart with NAME=TARGET")
+    clash = sorted(set(names) & set(STRATEGY_NAMES))
+    if clash:
+        return f"names {clash} are built-in strategies: name them apart with NAME=TARGET"
     return None
 
 
@@ -115,8 +130,13 @@ SCHEMA: tuple[Field, ...] = (
     Field("aggr", "str", "sum", "neighbour aggregation: sum or mean", S_MODEL, choices=AGGRS),
     Field("dual_forward", "bool", True,
           "the Lazy model's dual forward (wildtype pass + perturbed pass)", S_MODEL),
-    Field("strategies", "list_str", list(STRATEGY_NAMES), "strategies to compare", S_MODEL,
-          _strategies),
+    Field("strategies", "list_str", list(STRATEGY_NAMES),
+          "built-in strategies to compare (may be empty when 'pipelines' names two or more)",
+          S_MODEL, _strategies),
+    Field("pipelines", "list_str", [],
+          "your own training pipelines: 'package.module:factory' or 'path/to/file.py:factory', "
+          "optionally 'NAME=...'; the factory(params, graph, device) returns a pipeline "
+          "(README: Diagnose your own pipeline)", S_MODEL, _pipeline_specs),
     Field("cpu_allocator_cache", "bool", True,
           "keep freed memory in the glibc heap during CPU timings (as PyTorch's CUDA caching "
           "allocator does on GPUs); without it large-batch CPU steps measure page faults",
@@ -185,8 +205,8 @@ SCHEMA: tuple[Field, ...] = (
     Field("rdzv_endpoint", "optional_str", None,
           "torchrun rendezvous host:port for several nodes (null: a free local port)", S_04,
           placement=True),
-    Field("ddp_strategy", "str", "node_mask_shared", "strategy of the DDP scaling runs", S_04,
-          choices=STRATEGY_NAMES),
+    Field("ddp_strategy", "str", "node_mask_shared",
+          "strategy or pipeline of the DDP scaling runs", S_04),
     Field("ddp_batch_size", "int", 8,
           "per-rank batch of weak scaling; strong scaling keeps ddp_batch_size x the largest "
           "world size as the global batch", S_04, _positive),
@@ -211,7 +231,8 @@ SCHEMA: tuple[Field, ...] = (
           "exact strategies within this fraction of the fastest count as tied (ties go to the "
           "one with the least measured memory per sample)", S_05, _positive),
     Field("gap_strategies", "list_str", ["replicated_mask_cpu", "dango_wildtype"],
-          "the two strategies whose gap the verdict explains (slow, fast)", S_05, _strategies),
+          "the two strategies or pipelines whose gap the verdict explains (slow, fast); when "
+          "not given and 'pipelines' names two or more, the first two pipelines", S_05),
     Field("adopt_steps", "int", 200, "training steps of each pipeline in notebook 06", S_06,
           _positive),
     Field("adopt_optimizer", "str", "sgd",
@@ -365,6 +386,10 @@ def validate(raw: dict | None, *, source: str = "params") -> dict:
             raise ParamsError(f"{source}: '{key}' {problem} (got {value!r})", key=key,
                               value=value)
         out[key] = norm
+    if "gap_strategies" not in raw and len(out["pipelines"]) >= 2:
+        from ..pipelines.loading import parse_specs
+
+        out["gap_strategies"] = [s.name for s in parse_specs(out["pipelines"])[:2]]
     _cross_checks(out, source)
     return out
 
@@ -373,12 +398,23 @@ def _cross_checks(out: dict, source: str) -> None:
     def fail(key, msg):
         raise ParamsError(f"{source}: '{key}' {msg} (got {out[key]!r})", key=key, value=out[key])
 
+    from ..pipelines.loading import parse_specs
+
+    users = [s.name for s in parse_specs(out["pipelines"])]
+    known = list(STRATEGY_NAMES) + users
+    if not out["strategies"] and len(users) < 2:
+        fail("strategies", "must not be empty unless 'pipelines' names two or more")
     if len(out["gap_strategies"]) != 2 or out["gap_strategies"][0] == out["gap_strategies"][1]:
-        fail("gap_strategies", "must name 2 different strategies (slow, fast)")
+        fail("gap_strategies", "must name 2 different strategies or pipelines (slow, fast)")
+    compared = list(out["strategies"]) + users
+    bad = [g for g in out["gap_strategies"] if g not in compared]
+    if bad:
+        fail("gap_strategies", f"names {bad}, which the run does not compare (its strategies and "
+                               f"pipelines: {compared})")
     if out["loop_max_steps"] < out["loop_steps"]:
         fail("loop_max_steps", f"must be >= loop_steps={out['loop_steps']}")
-    if out["ddp_strategy"] not in out["strategies"] and out["ddp_strategy"] not in STRATEGY_NAMES:
-        fail("ddp_strategy", "must be a strategy name")
+    if out["ddp_strategy"] not in known:
+        fail("ddp_strategy", f"must be a strategy or pipeline name (one of {known})")
     kmax = max_k(out["perturbation_k"])
     _check_snapshot_exists(out, source)
     spec_genes = _spec_num_genes(out["snapshot"])

@@ -1,13 +1,14 @@
 """The training loop every timing of a step goes through (notebook 03, the DDP worker, 06).
 
-A step is the real thing: a ``torch.utils.data.DataLoader`` fetches and collates samples (in
-worker processes when ``num_workers > 0``), the batch is moved to the device, the strategy's
-device preparation runs, then the model. An :class:`Arm` is one timed series of such steps: a
-strategy, a model (plain or wrapped in ``DistributedDataParallel``), a batch stream and a
-:class:`Variant` saying how far the step goes:
+A step is the real thing: a ``torch.utils.data.DataLoader`` fetches and collates a pipeline's
+samples (in worker processes when ``num_workers > 0``), the batch is moved to the device, the
+pipeline's device preparation runs, then its model and loss. The pipeline
+(:mod:`workbook_lib.pipelines`) is a built-in strategy or the user's own: the loop is the same.
+An :class:`Arm` is one timed series of such steps: a pipeline, its model (plain or wrapped in
+``DistributedDataParallel``), a batch stream and a :class:`Variant` saying how far the step goes:
 
-* modes ``data`` (the data pipeline and a trivial loss, so the loop is real), ``forward``,
-  ``forward_backward`` and ``full`` (+ the AdamW step);
+* modes ``data`` (the empty task: fetch, collate, transfer and device preparation, no model
+  call), ``forward`` (+ forward and loss), ``forward_backward`` and ``full`` (+ the optimizer);
 * for DDP: micro-batches per optimizer step, which of them all-reduce (``every``, only the
   ``last`` as with ``no_sync()`` accumulation, or ``never``), and the loss-side all-gather.
 
@@ -34,12 +35,11 @@ import torch
 from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset
 
-from ..data.perturbations import synthetic_labels
 from ..measurement.syncs import SyncCounter
 from ..measurement.timing import DEFAULT_TARGET, Stat, StepClock
 from ..records import Record
 from ..report.progress import progress
-from ..strategies import Strategy
+from ..pipelines.protocol import Pipeline
 
 MODES = ("data", "forward", "forward_backward", "full")
 MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "backward", "optimizer")
@@ -47,53 +47,50 @@ WORKER_STAGES = ("worker_fetch", "worker_collate")
 ALLREDUCE = ("every", "last", "never")
 
 
-class PerturbationDataset(Dataset):
-    """Item i = ``strategy.make_item(i, pert[i])`` plus its label; timed inside the worker."""
+class TimedDataset(Dataset):
+    """The pipeline's dataset, each item read with its fetch time (timed inside the worker)."""
 
-    def __init__(self, strategy: Strategy, pert: torch.Tensor, labels: torch.Tensor | None = None):
-        self.strategy, self.pert = strategy, pert
-        self.labels = synthetic_labels(pert) if labels is None else labels
+    def __init__(self, pipeline: Pipeline):
+        self.items = pipeline.dataset()
 
     def __len__(self) -> int:
-        return len(self.pert)
+        return len(self.items)
 
     def __getitem__(self, i):
         t0 = time.perf_counter()
-        item = self.strategy.make_item(i, self.pert[i])
-        item["y"] = self.labels[i]
-        item["_fetch_s"] = time.perf_counter() - t0
-        return item
+        item = self.items[i]
+        return item, time.perf_counter() - t0
 
 
 class TimedCollate:
-    """The strategy's collate, timed, with the items' fetch times summed (runs in workers)."""
+    """The pipeline's collate, timed, with the items' fetch times summed (runs in workers);
+    returns ``(batch, worker times)``."""
 
-    def __init__(self, strategy: Strategy):
-        self.strategy = strategy
+    def __init__(self, pipeline: Pipeline):
+        self.collate = pipeline.collate
 
-    def __call__(self, items):
+    def __call__(self, timed_items):
         t0 = time.perf_counter()
-        batch = self.strategy.collate(items)
-        batch["y"] = torch.stack([it["y"] for it in items])
-        batch["_worker"] = {"fetch_s": sum(it["_fetch_s"] for it in items),
-                            "collate_s": time.perf_counter() - t0}
-        return batch
+        batch = self.collate([it for it, _ in timed_items])
+        return batch, {"fetch_s": sum(s for _, s in timed_items),
+                       "collate_s": time.perf_counter() - t0}
 
 
-def make_loader(strategy: Strategy, pert: torch.Tensor, batch_size: int, *, num_workers: int = 0,
-                pin_memory: bool = False, persistent_workers: bool = False,
-                labels: torch.Tensor | None = None) -> DataLoader:
-    """A DataLoader over ``pert`` producing this strategy's batches (full batches only)."""
-    if len(pert) < batch_size:
-        raise ValueError(f"'pert' must hold at least one batch of {batch_size} perturbations "
-                         f"(got {len(pert)})")
-    return DataLoader(PerturbationDataset(strategy, pert, labels), batch_size=batch_size,
-                      shuffle=False, num_workers=num_workers, collate_fn=TimedCollate(strategy),
-                      pin_memory=pin_memory and strategy.device.type == "cuda", drop_last=True,
-                      persistent_workers=persistent_workers and num_workers > 0)
+def make_loader(pipeline: Pipeline, batch_size: int | None = None, *, num_workers: int = 0,
+                pin_memory: bool = False, persistent_workers: bool = False) -> DataLoader:
+    """A DataLoader over the pipeline's dataset producing its batches (full batches only)."""
+    b = batch_size or pipeline.batch_size
+    ds = TimedDataset(pipeline)
+    if len(ds) < b:
+        raise ValueError(f"pipeline {pipeline.name!r}: its dataset must hold at least one batch "
+                         f"of {b} samples (got {len(ds)})")
+    return DataLoader(ds, batch_size=b, shuffle=False, num_workers=num_workers,
+                      collate_fn=TimedCollate(pipeline),
+                      pin_memory=pin_memory and torch.device(pipeline.device).type == "cuda",
+                      drop_last=True, persistent_workers=persistent_workers and num_workers > 0)
 
 
-def cycle(loader: DataLoader) -> Iterator[dict]:
+def cycle(loader: DataLoader) -> Iterator:
     """Batches of ``loader`` forever (a new epoch when one ends)."""
     while True:
         yield from loader
@@ -118,40 +115,35 @@ class Variant:
             raise ValueError(f"'allreduce' must be one of {list(ALLREDUCE)} (got {self.allreduce!r})")
 
 
-def mse_loss(pred: torch.Tensor, y: torch.Tensor, gather: bool = False) -> torch.Tensor:
-    """Mean squared error; with ``gather`` every rank's predictions first (the investigation's loss-side
-    all-gather, ``torch.distributed.nn.functional.all_gather``, differentiable)."""
-    if gather:
-        from torch.distributed.nn.functional import all_gather
-
-        pred, y = torch.cat(all_gather(pred)), torch.cat(all_gather(y))
-    return ((pred - y) ** 2).mean()
-
-
 class Arm:
-    """One timed series of training steps (a strategy, a model, a batch source, a variant).
+    """One timed series of training steps (a pipeline, a model, a batch source, a variant).
 
     Args:
         name: unique name of the arm (e.g. ``"node_mask_shared/full"``).
-        strategy: the prepared strategy.
-        model: the model, or a ``DistributedDataParallel`` wrapping it.
-        loader: where batches come from (arms sharing a loader share its stream when interleaved).
+        pipeline: what a step runs (:class:`~workbook_lib.pipelines.protocol.Pipeline`).
+        loader: where batches come from (:func:`make_loader`; arms sharing a loader share its
+            stream when interleaved).
         variant: what a step does.
-        dual: the Lazy model's dual forward.
+        model: the pipeline's model or a ``DistributedDataParallel`` wrapping it (default
+            ``pipeline.model``).
         optimizer: required for mode ``full``.
         hooks: optional object with ``begin_step()`` and ``end_step(clock)`` (e.g. DDP comm timing).
     """
 
-    def __init__(self, name: str, strategy: Strategy, model: torch.nn.Module, loader: DataLoader,
-                 variant: Variant, *, dual: bool = False,
+    def __init__(self, name: str, pipeline: Pipeline, loader: DataLoader, variant: Variant, *,
+                 model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, hooks=None):
         if variant.mode == "full" and optimizer is None:
             raise ValueError(f"arm {name!r}: mode 'full' needs an optimizer")
-        self.name, self.strategy, self.model, self.loader = name, strategy, model, loader
-        self.variant, self.dual, self.optimizer, self.hooks = variant, dual, optimizer, hooks
-        self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        if variant.gather and not _takes_gather(pipeline):
+            raise ValueError(f"arm {name!r}: the loss-side all-gather needs a loss(output, batch, "
+                             f"gather) (pipeline {pipeline.name!r} has none)")
+        self.name, self.pipeline, self.loader = name, pipeline, loader
+        self.model = pipeline.model if model is None else model
+        self.variant, self.optimizer, self.hooks = variant, optimizer, hooks
+        self.ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         self.batch_size = loader.batch_size
-        self.stream: Iterator[dict] | None = None
+        self.stream: Iterator | None = None
         self.losses: list[torch.Tensor] = []  # every step's loss (detached; read after timing)
         self.record_losses = False
 
@@ -159,20 +151,19 @@ class Arm:
     def samples_per_step(self) -> int:
         return self.batch_size * self.variant.micro_batches
 
-    def _bias(self) -> torch.Tensor:
-        inner = self.model.module if self.ddp else self.model
-        return inner.head.bias
-
     def step(self, clock: StepClock, *, timed: bool, counter: SyncCounter | None = None) -> None:
-        """One optimizer step (all its micro-batches), stages recorded in ``clock``."""
-        v = self.variant
+        """One optimizer step (all its micro-batches), stages recorded in ``clock``.
+
+        Mode ``data`` is the empty task: the batch is fetched, transferred and prepared, and no
+        model runs (nothing to differentiate, nothing to zero)."""
+        v, pipe = self.variant, self.pipeline
         if self.hooks is not None:
             self.hooks.begin_step()
+        loss = None
         with clock.step(timed=timed):
             for micro in range(v.micro_batches):
                 with _stage(clock, "loader_wait"):
-                    batch = next(self.stream)
-                worker = batch.pop("_worker")
+                    batch, worker = next(self.stream)
                 clock.add("worker_fetch", worker["fetch_s"])
                 clock.add("worker_collate", worker["collate_s"])
                 skip = self.ddp and (v.allreduce == "never" or
@@ -180,16 +171,15 @@ class Arm:
                 with (counter.count() if counter is not None else nullcontext()), \
                         (self.model.no_sync() if skip else nullcontext()):
                     with _stage(clock, "h2d"):
-                        batch = self.strategy.to_device(batch, non_blocking=self.loader.pin_memory)
+                        batch = pipe.to_device(batch, non_blocking=self.loader.pin_memory)
                     with _stage(clock, "device_prep"):
-                        ctx = self.strategy.device_prepare(batch)
-                    y = batch["y"]
+                        inputs = pipe.prepare(batch)
+                    if v.mode == "data":
+                        continue
                     with _stage(clock, "forward"):
-                        if v.mode == "data":  # the data pipeline only: a trivial loss
-                            loss = ((y - self._bias()) ** 2).mean()
-                        else:
-                            loss = mse_loss(self.model(self.strategy, ctx, dual=self.dual), y,
-                                            v.gather)
+                        out = pipe.forward(self.model, inputs)
+                        loss = (pipe.loss(out, batch, gather=True) if v.gather
+                                else pipe.loss(out, batch))
                     if v.mode != "forward":
                         with _stage(clock, "backward"):
                             loss.backward()
@@ -199,12 +189,21 @@ class Arm:
                 with _stage(clock, "optimizer"):
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
-            else:
+            elif v.mode != "data":
                 self.model.zero_grad(set_to_none=True)
             if self.hooks is not None:
                 self.hooks.end_step(clock)
-        if self.record_losses:
+        if self.record_losses and loss is not None:
             self.losses.append(loss.detach())
+
+
+def _takes_gather(pipeline: Pipeline) -> bool:
+    import inspect
+
+    try:
+        return "gather" in inspect.signature(pipeline.loss).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @contextmanager
@@ -259,7 +258,7 @@ def _result(arm: Arm, clock: StepClock, warmup: int, counted: SyncCounter | None
     known = set(MAIN_STAGES)
     extra = {k: v for k, v in clock.stages(target=target).items() if k not in known}
     return ArmResult(
-        name=arm.name, strategy=arm.strategy.name, variant=arm.variant.name,
+        name=arm.name, strategy=arm.pipeline.name, variant=arm.variant.name,
         mode=arm.variant.mode, batch_size=arm.batch_size,
         micro_batches=arm.variant.micro_batches, step=clock.wall(target=target), stages=stages,
         extra=extra, syncs_per_step=None if counted is None else float(counted.total),
@@ -297,7 +296,7 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
         raise ValueError(f"'min_steps' must be a positive integer (got {min_steps})")
     if max_steps < min_steps:
         raise ValueError(f"'max_steps' must be >= min_steps={min_steps} (got {max_steps})")
-    device = arms[0].strategy.device
+    device = torch.device(arms[0].pipeline.device)
     clocks = {a.name: StepClock(device) for a in arms}
     counters: dict[str, SyncCounter | None] = {a.name: None for a in arms}
     stopped = {a.name: "" for a in arms}

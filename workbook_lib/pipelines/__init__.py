@@ -1,0 +1,134 @@
+"""Training pipelines: the protocol every measured thing implements, the built-in strategies as
+pipelines, user pipelines named in params, and the Lightning adapter.
+
+``protocol``   the :class:`Pipeline` interface (bottom of the seam; imports only torch)
+``builtin``    the workbook's strategies + model as pipelines
+``loading``    ``pipelines`` params entries: parse, import, build, check on one batch
+``lightning``  a ``LightningModule`` + ``LightningDataModule`` as a pipeline (optional extra)
+
+:func:`build_pipeline` is the one place a name (a built-in strategy or a user pipeline) becomes a
+pipeline ready to train.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..exceptions import PipelineError
+from .loading import PipelineSpec, build_user_pipeline, check_pipeline, parse_specs, spec_problem
+from .protocol import Pipeline, move_to
+
+__all__ = ["Pipeline", "PipelineError", "PipelineSpec", "build_pipeline", "check_pipeline",
+           "compared_names", "is_builtin", "label", "move_to", "parse_specs", "spec_problem",
+           "title", "user_specs"]
+
+
+def is_builtin(name: str) -> bool:
+    from ..catalog import STRATEGY_NAMES
+
+    return name in STRATEGY_NAMES
+
+
+def user_specs(params: dict) -> dict[str, PipelineSpec]:
+    """The user pipelines of the params, by name."""
+    return {s.name: s for s in parse_specs(params.get("pipelines") or [])}
+
+
+def compared_names(params: dict) -> list[str]:
+    """Everything a run compares: the built-in ``strategies`` then the ``pipelines``."""
+    return list(params["strategies"]) + list(user_specs(params))
+
+
+def label(name: str) -> str:
+    """A name for tables: the built-in strategy's numbered label, else the pipeline's name."""
+    from ..strategies import REGISTRY
+
+    return REGISTRY[name].label if name in REGISTRY else name
+
+
+def title(name: str) -> str:
+    """A name for sentences."""
+    from ..strategies import REGISTRY
+
+    return REGISTRY[name].title if name in REGISTRY else f"the pipeline '{name}'"
+
+
+def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *,
+                   batch_size: int | None = None, pert: torch.Tensor | None = None,
+                   n_items: int | None = None, salt: int = 0, form: str | None = None,
+                   storage_dir: str | Path | None = None, hidden: int | None = None,
+                   layers: int | None = None, labels: torch.Tensor | None = None,
+                   check: bool = True) -> Pipeline:
+    """A pipeline ready to train.
+
+    Args:
+        params: validated params.
+        name: a built-in strategy name or the name of an entry of ``params["pipelines"]``.
+        graph: the loaded snapshot.
+        device: where the model runs.
+        batch_size: samples per step (default: the params' batch for a built-in strategy, the
+            pipeline's own for a user pipeline).
+        pert: built-in only: the perturbations its dataset serves (default ``n_items`` sampled
+            from the params' seed and ``salt``).
+        n_items: built-in only: how many perturbations to sample (default 8 batches).
+        form, storage_dir, hidden, layers, labels: built-in only (message form, strategy 3's
+            mask folder, model sizes, targets).
+        check: user pipelines: run one batch through every stage first (:func:`check_pipeline`).
+
+    Raises:
+        PipelineError: an unknown name, or a user pipeline that cannot work.
+    """
+    dev = torch.device(device)
+    from ..strategies import REGISTRY
+
+    if name in REGISTRY:
+        from ..data.perturbations import sample_perturbations
+        from ..strategies import make_strategy
+        from ..training.factory import batch_size_for, make_model
+        from .builtin import BuiltinPipeline
+
+        b = batch_size or batch_size_for(params, name)
+        if pert is None:
+            pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
+                                        n_items or 8 * b, seed=params["seed"] + 7919 * salt)
+        kw: dict = {"aggr": params["aggr"], "device": dev}
+        if form is not None:
+            kw["form"] = form
+        if name == "replicated_mask_stored":
+            kw["storage_dir"] = storage_dir
+        s = make_strategy(name, graph, **kw)
+        if name == "replicated_mask_stored":
+            s.store(pert)
+        model = make_model(graph, params, dev, hidden=hidden, layers=layers, strategy=name)
+        return BuiltinPipeline(s, model, pert, b, dual=params["dual_forward"], labels=labels)
+    specs = user_specs(params)
+    if name not in specs:
+        raise PipelineError(name, f"not a built-in strategy nor an entry of 'pipelines' "
+                                  f"(pipelines: {list(specs)})")
+    pipe = build_user_pipeline(specs[name], params, graph, dev)
+    if batch_size is not None:
+        pipe.batch_size = int(batch_size)
+    if check:
+        check_pipeline(pipe)
+    return pipe
+
+
+def preflight(params: dict, graph=None, device=None) -> list[str]:
+    """Build and check every user pipeline of ``params`` on one batch (before any timing).
+    Returns their names; raises :class:`PipelineError` on the first that cannot work."""
+    specs = user_specs(params)
+    if not specs:
+        return []
+    if graph is None:
+        from ..data.snapshots import load_snapshot
+
+        graph = load_snapshot(params)
+    if device is None:
+        from ..running.environment import resolve_device
+
+        device = resolve_device(params["device"])
+    for name in specs:
+        pipe = build_pipeline(params, name, graph, device)
+        del pipe
+    return list(specs)
