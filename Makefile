@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,lightning]"
 	$(PY) -m ipykernel install --user --name gnn-workbook --display-name "GNN perturbation workbook" >/dev/null
 	$(PY) -m workbook_lib notebooks >/dev/null
 	touch $@

@@ -197,7 +197,7 @@ def check_pipeline(pipe, *, batch_size: int | None = None) -> None:
     inputs = stage("prepare", lambda: pipe.prepare(batch))
     pipe.model.train()
     out = stage("forward", lambda: pipe.forward(pipe.model, inputs))
-    lead = _leading(out)
+    lead = _leading(out) if getattr(pipe, "per_sample_output", True) else b
     if lead is None:
         raise PipelineError(name, f"forward must return a tensor with one row per sample "
                                   f"(got {_describe(out)})")

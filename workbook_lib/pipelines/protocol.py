@@ -71,6 +71,8 @@ class Pipeline:
         title: for sentences in reports ("the Lazy model"); defaults to the name.
         exact: whether the pipeline computes the perturbed-graph forward exactly (the verdict
             recommends only exact pipelines).
+        per_sample_output: ``forward`` returns one row per sample (checked on one batch); False
+            when it returns something else (e.g. a Lightning ``training_step``'s loss).
         model: the ``torch.nn.Module`` trained (and wrapped by DDP).
         device: where the model runs.
         batch_size: samples per training step.
@@ -79,6 +81,7 @@ class Pipeline:
     name: str = ""
     title: str = ""
     exact: bool = True
+    per_sample_output: bool = True
     model: torch.nn.Module
     device: torch.device
     batch_size: int

@@ -1,0 +1,253 @@
+"""The pipeline protocol: user pipelines named in params, the three PyG examples (example 3 equal
+to example 1 in outputs and gradients), the Lightning adapter, and every bad pipeline refused
+before any timing with one line naming it."""
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbook_lib.exceptions import ParamsError, PipelineError
+from workbook_lib.pipelines import build_pipeline, check_pipeline, parse_specs
+from workbook_lib.running import cli
+from workbook_lib.running import params as params_mod
+from workbook_lib.training import loop
+
+from conftest import make_graph
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = {n: f"examples/{n}.py:make_pipeline" for n in ("lazy_pyg", "dango_pyg", "nodemask_pyg")}
+
+
+def _params(**kw):
+    _src, base = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
+    base.update(pipelines=list(EXAMPLES.values()), **kw)
+    return params_mod.validate(base)
+
+
+# ------------------------------------------------------------------ params
+def test_spec_names_and_the_gap_default():
+    specs = parse_specs(["examples/lazy_pyg.py:make_pipeline", "mine=examples/dango_pyg.py:make_pipeline",
+                         "os.path:join"])
+    assert [s.name for s in specs] == ["lazy_pyg", "mine", "path"]
+    assert specs[0].is_file and not specs[2].is_file
+    p = _params()
+    assert p["gap_strategies"] == ["lazy_pyg", "dango_pyg"]  # the first two pipelines
+    assert _params(gap_strategies=["dango_pyg", "lazy_pyg"])["gap_strategies"] == ["dango_pyg",
+                                                                                   "lazy_pyg"]
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("examples/nothere.py:make", "does not exist"),
+    ("examples/lazy_pyg.py", "is not 'package.module:factory'"),
+    ("examples/lazy_pyg.py:make-pipeline", "is not a Python name"),
+    ("bad name=examples/lazy_pyg.py:make_pipeline", "must be an identifier"),
+    ("node_mask_shared=examples/lazy_pyg.py:make_pipeline", "built-in strategies"),
+])
+def test_bad_specs_are_params_errors(entry, words):
+    with pytest.raises(ParamsError, match="'pipelines'") as ei:
+        params_mod.validate({"pipelines": [entry]})
+    assert words in str(ei.value)
+
+
+def test_gap_and_ddp_names_must_be_compared():
+    with pytest.raises(ParamsError, match="'gap_strategies'.*does not compare"):
+        params_mod.validate({"gap_strategies": ["lazy_pyg", "dango_wildtype"]})
+    with pytest.raises(ParamsError, match="'ddp_strategy'"):
+        params_mod.validate({"ddp_strategy": "nope"})
+    with pytest.raises(ParamsError, match="'strategies' must not be empty"):
+        params_mod.validate({"strategies": []})
+    assert params_mod.validate({"strategies": [], "pipelines": list(EXAMPLES.values()),
+                                "ddp_strategy": "nodemask_pyg"})["ddp_strategy"] == "nodemask_pyg"
+
+
+# ------------------------------------------------------------------ the examples
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_example_3_equals_example_1_in_outputs_and_gradients(layers):
+    g = make_graph(num_genes=40, types={"a": 120, "b": 60, "c": 25}, seed=3)
+    p = _params(hidden=8, layers=layers, perturbation_k=3, batch_size_lazy=5)
+    lazy = build_pipeline(p, "lazy_pyg", g, "cpu")
+    fix = build_pipeline(p, "nodemask_pyg", g, "cpu")
+    outs, grads = [], []
+    for pipe in (lazy, fix):
+        items = [pipe.dataset()[i] for i in range(5)]
+        batch = pipe.to_device(pipe.collate(items))
+        out = pipe.forward(pipe.model, pipe.prepare(batch))
+        pipe.loss(out, batch).backward()
+        outs.append(out.detach())
+        grads.append({k: v.grad for k, v in pipe.model.named_parameters()})
+    assert torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-6)
+    assert set(grads[0]) == set(grads[1]) and len(grads[0]) == 2 * layers + 3
+    for k in grads[0]:
+        scale = grads[0][k].abs().max().item()
+        assert torch.allclose(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6 + 1e-4 * scale), k
+    # the labels are learnable and the two pipelines serve the same samples
+    assert torch.equal(lazy.deleted, fix.deleted) and torch.equal(lazy.y, fix.y)
+
+
+def test_examples_through_the_loop_in_every_mode():
+    g = make_graph(num_genes=30, types={"a": 80, "b": 40}, seed=2)
+    p = _params(hidden=4, batch_size_lazy=4, batch_size_dango=6)
+    arms = []
+    for name in EXAMPLES:
+        pipe = build_pipeline(p, name, g, "cpu")
+        opt = pipe.configure_optimizer(pipe.model.parameters())
+        ld = loop.make_loader(pipe)
+        arms += [loop.Arm(f"{name}/{m}", pipe, ld, loop.Variant(m, m), optimizer=opt)
+                 for m in loop.MODES]
+    res = loop.run_arms(arms, warmup_steps=1, min_steps=2, max_steps=2, budget_s=30)
+    assert res["dango_pyg/full"].batch_size == 6 and res["lazy_pyg/full"].batch_size == 4
+    for name in EXAMPLES:
+        assert "forward" not in res[f"{name}/data"].stages  # the empty task
+        assert "optimizer" in res[f"{name}/full"].stages
+    assert res["dango_pyg/data"].syncs_per_step is not None
+
+
+# ------------------------------------------------------------------ Lightning
+def _lightning_pipeline():
+    L = pytest.importorskip("lightning")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from workbook_lib.pipelines.lightning import LightningPipeline
+
+    class Regressor(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                           torch.nn.Linear(16, 1))
+            self.seen = {"before": 0, "after": 0}
+
+        def on_before_batch_transfer(self, batch, idx):
+            self.seen["before"] += 1
+            return batch
+
+        def on_after_batch_transfer(self, batch, idx):
+            self.seen["after"] += 1
+            return batch
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+            self.log("train_loss", loss)
+            return {"loss": loss}
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.05)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 10)}
+
+    class Data(L.LightningDataModule):
+        def setup(self, stage):
+            g = torch.Generator().manual_seed(0)
+            self.x = torch.randn(96, 8, generator=g)
+            self.y = self.x.sum(dim=1)
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(self.x, self.y), batch_size=8)
+    return LightningPipeline(Regressor(), Data(), "cpu")
+
+
+def test_lightning_module_profiled_in_four_modes():
+    pipe = _lightning_pipeline()
+    check_pipeline(pipe)
+    assert pipe.name == "Regressor" and pipe.batch_size == 8
+    opt = pipe.configure_optimizer(None)
+    assert isinstance(opt, torch.optim.SGD)
+    ld = loop.make_loader(pipe)
+    arms = [loop.Arm(f"lit/{m}", pipe, ld, loop.Variant(m, m), optimizer=opt) for m in loop.MODES]
+    arms[-1].record_losses = True
+    calls = pipe._step_index
+    res = loop.run_arms(arms, warmup_steps=1, min_steps=3, max_steps=3, budget_s=30)
+    assert "forward" not in res["lit/data"].stages and "optimizer" in res["lit/full"].stages
+    # training_step ran for every step of the three model modes (warm-up, counted and timed
+    # steps), never in the data-only mode; the transfer hooks ran in every mode
+    assert pipe._step_index - calls == 3 * (1 + 1 + 3)
+    assert pipe.module.seen["before"] == pipe.module.seen["after"] >= 4 * 5
+    losses = [float(x) for x in arms[-1].losses]
+    assert len(losses) == 1 + 1 + 3 and all(x == x for x in losses)  # warm-up, counted, timed
+
+
+# ------------------------------------------------------------------ bad pipelines
+BAD = {
+    "does_not_import": ("import no_such_module_anywhere\n", "does not import"),
+    "factory_raises": ("def make(params, graph, device):\n    raise RuntimeError('boom')\n",
+                       "raised RuntimeError: boom"),
+    "no_factory": ("x = 1\n", "has no 'make'"),
+    "missing_method": ("""
+        import torch
+        class P:
+            model = torch.nn.Linear(2, 1)
+            batch_size = 2
+            def dataset(self): return [torch.zeros(2)] * 4
+            def collate(self, items): return torch.stack(items)
+            def to_device(self, b, non_blocking=False): return b
+            def prepare(self, b): return b
+            def forward(self, model, x): return model(x)
+        def make(params, graph, device): return P()
+        """, "without loss"),
+    "wrong_shape": ("""
+        import torch
+        from workbook_lib.pipelines import Pipeline
+        class P(Pipeline):
+            def __init__(self):
+                self.model, self.batch_size, self.device = torch.nn.Linear(2, 1), 4, 'cpu'
+            def dataset(self): return [torch.zeros(2)] * 8
+            def collate(self, items): return torch.stack(items)
+            def forward(self, model, x): return model(x).reshape(-1)[:2]
+            def loss(self, out, b): return out.sum()
+        def make(params, graph, device): return P()
+        """, "forward returned 2 rows for a batch of 4"),
+    "loss_not_scalar": ("""
+        import torch
+        from workbook_lib.pipelines import Pipeline
+        class P(Pipeline):
+            def __init__(self):
+                self.model, self.batch_size, self.device = torch.nn.Linear(2, 1), 4, 'cpu'
+            def dataset(self): return [torch.zeros(2)] * 8
+            def collate(self, items): return torch.stack(items)
+            def forward(self, model, x): return model(x)
+            def loss(self, out, b): return out ** 2
+        def make(params, graph, device): return P()
+        """, "loss must be a scalar tensor (got a tensor of shape [4, 1])"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_pipeline_refused_before_any_work(case, tmp_path, capsys):
+    code, words = BAD[case]
+    f = tmp_path / f"{case}.py"
+    f.write_text(textwrap.dedent(code))
+    out = tmp_path / "run"
+    rc = cli.main(["run", "--params", str(ROOT / "params" / "ci.yaml"), "--out", str(out),
+                   "--set", f"pipelines=['{f}:make']", "--set", "strategies=[node_mask_shared]",
+                   "--set", "gap_strategies=[node_mask_shared, " + case + "]", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and f"pipeline '{case}'" in err[0] and words in err[0], err
+    assert "Traceback" not in err[0]
+    assert not out.exists()  # refused before the run folder was made
+
+
+def test_check_pipeline_names_the_stage():
+    class NoGrad:
+        name, batch_size, device = "frozen", 2, torch.device("cpu")
+        model = torch.nn.Linear(2, 1).requires_grad_(False)
+
+        def dataset(self):
+            return [torch.zeros(2)] * 2
+
+        def collate(self, items):
+            return torch.stack(items)
+
+        def to_device(self, b, non_blocking=False):
+            return b
+
+        def prepare(self, b):
+            return b
+
+        def forward(self, model, x):
+            return model(x)
+
+        def loss(self, out, b):
+            return out.sum()
+    with pytest.raises(PipelineError, match="pipeline 'frozen': the loss does not require grad"):
+        check_pipeline(NoGrad())
