@@ -197,3 +197,45 @@ def test_stability_compares_figures_and_claim_statuses(ci_run, tmp_path):
     assert [v.split(":")[0] for v in diff[f"claim:{held['key']}"].values] == ["held", "failed"]
     assert [v.split(":")[0] for v in diff[f"claim:{failed['key']}"].values] == ["failed", "held"]
     assert "machine's speed" in diff["shared_step"].note
+
+
+# ------------------------------------------------------------------ your own pipeline
+EXAMPLES = ["examples/lazy_pyg.py:make_pipeline", "examples/dango_pyg.py:make_pipeline",
+            "examples/nodemask_pyg.py:make_pipeline"]
+
+
+@pytest.fixture(scope="session")
+def examples_run(tmp_path_factory):
+    """Notebooks 01-05 on the three PyG examples (ci params, one built-in strategy beside)."""
+    out = tmp_path_factory.mktemp("examples_run")
+    _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
+    p = params_mod.validate({**raw, "pipelines": EXAMPLES, "strategies": ["node_mask_shared"]})
+    outcomes = runner.run_notebooks(p, out, only=["01", "02", "03", "04", "05"], progress=False,
+                                    log_output=False)
+    return out, {o.name: o for o in outcomes}
+
+
+def test_examples_through_notebooks_01_to_05(examples_run):
+    out, outcomes = examples_run
+    assert {n: o.status for n, o in outcomes.items()} == {n: "ok" for n in NOTEBOOK_NAMES[:5]}
+    names = ["node_mask_shared", "lazy_pyg", "dango_pyg", "nodemask_pyg"]
+    mc = load_result(out, "02_mask_cost_model")  # peak memory of the user pipelines too
+    own = [pt for pt in mc.memory.points if pt.form == "own"]
+    assert {pt.strategy for pt in own} == set(names[1:])
+    assert all(pt.status == "ok" and pt.step_bytes > 0 for pt in own)
+    t = load_result(out, "03_data_vs_model_timing")
+    assert t.loops.strategies == names and t.loops.exact["dango_pyg"] is False
+    assert t.loops.batch_sizes["dango_pyg"] == 8 and t.loops.batch_sizes["lazy_pyg"] == 4
+    for n in names:
+        assert "forward" not in t.loops.arm(n, "data").stages  # data only: no model call
+        assert t.loops.arm(n, "full").timed_steps >= 3
+    fig = {f.key: f for f in t.reported}  # the data-only vs model decomposition of the gap
+    assert "lazy_pyg" in fig["data_only_ratio"].figure and "dango_pyg" in fig["data_only_ratio"].figure
+    assert fig["data_model_ratio"].measured.n >= 3
+    d = load_result(out, "04_ddp_scaling")
+    assert d.gap_strategies == ["lazy_pyg", "dango_pyg"] and d.gap.batch_sizes == {
+        "lazy_pyg": 4, "dango_pyg": 8}
+    v = load_result(out, "05_verdict")
+    assert "'lazy_pyg'" in v.answer and "'dango_pyg'" in v.answer
+    assert v.causes and v.recommendation.strategy in ("node_mask_shared", "lazy_pyg",
+                                                      "nodemask_pyg")  # exact ones only

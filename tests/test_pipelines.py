@@ -251,3 +251,19 @@ def test_check_pipeline_names_the_stage():
             return out.sum()
     with pytest.raises(PipelineError, match="pipeline 'frozen': the loss does not require grad"):
         check_pipeline(NoGrad())
+
+
+def test_readme_example_works_pasted_into_a_new_file(tmp_path, monkeypatch):
+    text = (ROOT / "README.md").read_text()
+    code = text.split("<!-- pipeline-example -->\n```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_pipeline.py").write_text(code)
+    monkeypatch.chdir(tmp_path)  # "anywhere": found relative to the current folder
+    _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
+    p = params_mod.validate({**raw, "pipelines": ["my_pipeline.py:make_pipeline"]})
+    assert p["pipelines"] == [f"my_pipeline={tmp_path / 'my_pipeline.py'}:make_pipeline"]
+    g = make_graph(num_genes=30, types={"a": 80, "b": 40}, seed=2)
+    pipe = build_pipeline(p, "my_pipeline", g, "cpu")  # checked on one batch
+    opt = pipe.configure_optimizer(pipe.model.parameters())
+    arm = loop.Arm("mine", pipe, loop.make_loader(pipe), loop.Variant("full"), optimizer=opt)
+    res = loop.run_arms([arm], warmup_steps=1, min_steps=2, max_steps=2)
+    assert res["mine"].timed_steps == 2 and res["mine"].batch_size == p["batch_size_lazy"]

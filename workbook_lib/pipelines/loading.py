@@ -68,6 +68,18 @@ def spec_problem(entry: str) -> str | None:
     return None
 
 
+def normalize(entry: str) -> str:
+    """``entry`` with a file found only relative to the current folder made absolute, so that a
+    kernel or a rank started elsewhere finds the same file (the name is unchanged)."""
+    name, sep, target = entry.rpartition("=") if "=" in entry else ("", "", entry)
+    module, _, factory = target.partition(":")
+    if (module.endswith(".py") or "/" in module) and not resolve_path(module).is_file():
+        here = Path(module).expanduser().resolve()
+        if here.is_file():
+            return f"{name.strip() or Path(module).stem}={here}:{factory}"
+    return entry
+
+
 def _file(module: str) -> Path | None:
     for p in (resolve_path(module), Path(module).expanduser().resolve()):
         if p.is_file():

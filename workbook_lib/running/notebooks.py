@@ -7,9 +7,9 @@ dirties a tracked file (jupytext pairs the two: a code edit saved in JupyterLab 
 ``.py``, outputs stay in the ``.ipynb``). The runner executes a source directly (jupytext reads it
 into a notebook object that papermill runs), so a stale ``.ipynb`` is never what runs.
 
-The ``parameters`` cell of every source is generated from the params schema
-(:func:`workbook_lib.running.params.parameters_cell`); :func:`sync` rewrites it and the test suite
-checks it is current.
+The ``parameters`` cell of every source is generated from the params schema: the keys that
+notebook reads (:func:`workbook_lib.running.params.parameters_cell`); :func:`sync` rewrites it and
+the test suite checks it is current.
 """
 from __future__ import annotations
 
@@ -34,11 +34,12 @@ def ipynb_path(name: str, directory: Path | None = None) -> Path:
     return (directory or NOTEBOOK_DIR) / f"{name}.ipynb"
 
 
-def with_parameters(text: str) -> str:
-    """The source text with its parameters cell regenerated from the schema."""
+def with_parameters(text: str, name: str | None = None) -> str:
+    """The source text with its parameters cell regenerated from the schema (the keys notebook
+    ``name`` reads)."""
     if not _PARAMS_CELL.search(text):
         raise ValueError("no '# %% tags=[\"parameters\"]' cell followed by another cell")
-    return _PARAMS_CELL.sub(lambda m: m.group(1) + parameters_cell() + "\n", text, count=1)
+    return _PARAMS_CELL.sub(lambda m: m.group(1) + parameters_cell(name) + "\n", text, count=1)
 
 
 def read(name: str, directory: Path | None = None):
@@ -63,7 +64,7 @@ def sync(check: bool = False, directory: Path | None = None) -> list[str]:
     for name in NOTEBOOK_NAMES:
         src = source_path(name, directory)
         text = src.read_text(encoding="utf-8")
-        new = with_parameters(text)
+        new = with_parameters(text, name)
         if new != text:
             stale.append(src.name)
             if not check:
