@@ -110,6 +110,11 @@ class LazyPipeline(Pipeline):
     def loss(self, output, batch):
         return torch.nn.functional.mse_loss(output, batch.y)
 
+    def shared_forward(self, model):
+        """The wildtype pass of the dual forward: the same for every sample of a batch."""
+        wt = self.wildtype
+        return model.nodes(wt["gene"].node_id, wt.edge_index_dict, wt.edge_mask_dict)
+
 
 def make_pipeline(params, graph, device):
     """The workbook's factory: ``(params, graph, device) -> pipeline``."""

@@ -75,6 +75,13 @@ class NodeMaskPipeline(Pipeline):
     def loss(self, output, batch):
         return torch.nn.functional.mse_loss(output, batch[1])
 
+    def shared_forward(self, model):
+        """The wildtype pass of the dual forward (every layer on the unperturbed graph)."""
+        x = model.embedding
+        for i in range(len(model.lins)):
+            x = model.wildtype_layer(self.graph, x, i)
+        return x
+
 
 def make_pipeline(params, graph, device):
     if params["aggr"] != "sum":

@@ -267,3 +267,18 @@ def test_readme_example_works_pasted_into_a_new_file(tmp_path, monkeypatch):
     arm = loop.Arm("mine", pipe, loop.make_loader(pipe), loop.Variant("full"), optimizer=opt)
     res = loop.run_arms([arm], warmup_steps=1, min_steps=2, max_steps=2)
     assert res["mine"].timed_steps == 2 and res["mine"].batch_size == p["batch_size_lazy"]
+
+
+def test_shared_pass_timed_where_a_pipeline_has_one():
+    from workbook_lib.analysis.timing_study import shared_pass_times
+
+    g = make_graph(num_genes=30, types={"a": 80, "b": 40}, seed=2)
+    p = _params(hidden=4)
+    made = {n: build_pipeline(p, n, g, "cpu") for n in ("lazy_pyg", "dango_pyg", "nodemask_pyg",
+                                                         "node_mask_shared", "dango_wildtype")}
+    # the two examples' wildtype passes are the same computation
+    a, b = (made[n].shared_forward(made[n].model) for n in ("lazy_pyg", "nodemask_pyg"))
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    times = shared_pass_times(made, p, torch.device("cpu"))
+    assert set(times) == {"lazy_pyg", "nodemask_pyg", "node_mask_shared"}  # dual forward only
+    assert all(t.n >= p["min_repeats"] for t in times.values())

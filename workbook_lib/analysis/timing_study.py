@@ -47,6 +47,9 @@ class LoopStudy(Record):
     arms: dict[str, loop.ArmResult] = field(default_factory=dict)
     exact: dict[str, bool] = field(default_factory=dict)  # pipeline -> computes the exact forward
     labels: dict[str, str] = field(default_factory=dict)  # pipeline -> name for tables
+    # pipeline -> seconds of its shared pass (``shared_forward``: the part of the forward every
+    # sample of a batch shares, e.g. the dual forward's wildtype pass), forward only, no grad
+    shared_pass: dict[str, Stat] = field(default_factory=dict)
 
     def arm(self, strategy: str, mode: str = "full") -> loop.ArmResult:
         return self.arms[arm_key(strategy, mode)]
@@ -100,6 +103,7 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
                             target=params["precision_target"], budget_s=params["loop_budget_s"],
                             interleave=interleaved, desc="03 loop")
+        shared = shared_pass_times(made, params, device)
     finally:
         shutil.rmtree(store, ignore_errors=True)
     sizes = (f"{graph.num_edges():,} edges, H={params['hidden']}, L={params['layers']}, "
@@ -117,7 +121,30 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                   "persistent_workers": params["persistent_workers"],
                   "dual_forward": params["dual_forward"]},
         arms=res, exact={n: bool(getattr(made[n], "exact", True)) for n in names},
-        labels={n: made[n].label for n in names})
+        labels={n: made[n].label for n in names}, shared_pass=shared)
+
+
+def shared_pass_times(pipelines: dict, params: dict, device: torch.device) -> dict[str, Stat]:
+    """The forward-only time (no grad) of each pipeline's shared pass, where it has one."""
+    from ..measurement.timing import measure
+
+    out = {}
+    for name, pipe in pipelines.items():
+        fn = getattr(pipe, "shared_forward", None)
+        if fn is None:
+            continue
+        with torch.no_grad():
+            if fn(pipe.model) is None:
+                continue
+
+            def run(pipe=pipe):
+                with torch.no_grad():
+                    pipe.shared_forward(pipe.model)
+            out[name] = measure(run, device=device, warmup=params["warmup"],
+                                min_repeats=params["min_repeats"],
+                                target=params["precision_target"],
+                                max_time_s=params["time_budget_s"], label=f"{name} shared pass")
+    return out
 
 
 @dataclass

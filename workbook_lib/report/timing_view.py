@@ -47,13 +47,19 @@ def settings(study_or_params, graph=None, device_label: str | None = None) -> Ma
 def loop_table(study: LoopStudy):
     rows = []
     for n in study.strategies:
-        row = {"strategy": label(n), "B": study.batch_sizes[n]}
+        row = {"pipeline": label(n), "B": study.batch_sizes[n]}
         for m in MODES:
             row[f"{MODE_LABELS[m]}, ms/sample"] = fmt_stat(study.arm(n, m).ms_per_sample)
         row["full step, it/s"] = fmt_num(study.arm(n, "full").it_per_s.median)
+        if study.shared_pass:
+            sp = study.shared_pass.get(n)
+            row["shared pass, ms/step"] = fmt_stat(sp.scaled(1e3, "ms")) if sp else "none"
         rows.append(row)
+    shared = (" Shared pass: the part of the forward every sample of a batch shares (the dual "
+              "forward's wildtype pass), timed alone, forward only without gradients, per step."
+              if study.shared_pass else "")
     return table(rows, caption=f"Per sample, median of the timed steps ({repeats(study)}); "
-                               f"{study.device}.")
+                               f"{study.device}." + shared)
 
 
 def loop_plot(study: LoopStudy) -> None:
