@@ -7,9 +7,16 @@ Where things are done (folder = layer, lower layers never import higher ones):
                         a user's HeteroData
     ``perturbations``   which genes each sample deletes; synthetic labels
     ``inventory``       bytes of every representation (notebook 01)
-``strategies/``    how a batch of perturbed graphs is computed (one module per strategy)
-    ``base``            the interface: prepared once / dataset item / collate / transfer /
-                        device prep / forward; the incidence cache
+``pipelines/``     THE seam of what is measured: a training pipeline, stage by stage
+    ``protocol``        the interface every measured thing implements: dataset / collate /
+                        transfer / device prep / forward / loss, its model and batch size
+    ``builtin``         the built-in strategies + the workbook's model as pipelines
+    ``loading``         user pipelines (params key ``pipelines``): import, build, check on a batch
+    ``lightning``       a LightningModule + LightningDataModule as a pipeline
+``strategies/``    how the built-in pipelines compute a batch of perturbed graphs (one module
+                   per strategy)
+    ``base``            how a strategy splits its work: prepared once / dataset item / collate /
+                        transfer / device prep / aggregation; the incidence cache
     ``replicated_mask_cpu``, ``replicated_mask_stored``, ``device_mask`` (where masks are
                         built: CPU workers, disk, the device), ``subgraph_cpu``,
                         ``replicated_filter_device``, ``node_mask_shared``, ``dango_wildtype``
@@ -22,7 +29,7 @@ Where things are done (folder = layer, lower layers never import higher ones):
     ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
     ``profiling``, ``trace_analysis``   warm-step profiles by exclusive time
 ``training/``      ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
-                   training loop, its arms and variants, interleaving)
+                   training loop over any pipeline, its arms and variants, interleaving)
 ``distributed/``   ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
                    ``allreduce_model``, ``plan`` (world sizes from the allocation)
 ``analysis/``      the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,

@@ -1,4 +1,8 @@
-"""The interface every strategy implements, separating *where* work happens.
+"""How a built-in strategy splits its work, separating *where* it happens.
+
+A strategy is what :class:`~workbook_lib.pipelines.builtin.BuiltinPipeline` runs with the
+workbook's model behind the pipeline protocol (:mod:`workbook_lib.pipelines.protocol`), the seam
+every notebook measures through; the stages below map onto the protocol's one to one.
 
 =================  =============================================  ==========================
 stage              method                                         where it runs
