@@ -158,6 +158,18 @@ def _environ(values: dict[str, str]):
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
+class _EveryKeyInjected(logging.Filter):
+    """The runner injects every params key into every notebook (each notebook's parameters cell
+    lists only the keys it reads, and validates all): papermill's "unknown parameter" notes for
+    the others say nothing to a reader of the terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Passed unknown parameter")
+
+
+logging.getLogger("papermill").addFilter(_EveryKeyInjected())
+
+
 def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = False,
                 progress: bool = True, log_output: bool = True) -> NotebookOutcome:
     """Run one notebook with papermill into ``out_dir``; export its HTML (also on failure)."""
