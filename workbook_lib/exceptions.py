@@ -78,3 +78,15 @@ class IncompleteInputsError(WorkbookError):
 
 class RunComparisonError(WorkbookError):
     """Run folders cannot be compared (different snapshots, missing results...)."""
+
+
+class TraceError(WorkbookError, ValueError):
+    """A file given as a profiler trace is not one (not JSON, no ``traceEvents``, no timed events).
+
+    Attributes:
+        path: the file concerned.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path
