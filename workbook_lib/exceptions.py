@@ -91,3 +91,15 @@ class PipelineError(WorkbookError, ValueError):
     def __init__(self, pipeline: str, problem: str):
         super().__init__(f"pipeline '{pipeline}': {problem}")
         self.pipeline, self.problem = pipeline, problem
+
+
+class TraceError(WorkbookError, ValueError):
+    """A file given as a profiler trace is not one (not JSON, no ``traceEvents``, no timed events).
+
+    Attributes:
+        path: the file concerned.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None):
+        super().__init__(message)
+        self.path = path

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,stability,slurm,...}``.
+"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,stability,slurm,trace,...}``.
 
 Every bad argument (a params file that is not YAML, a ``--set`` that does not parse, an ``--out``
 that cannot be written) gets a one-line error and exit status 2 before any work; a failed
@@ -151,6 +151,67 @@ def _cmd_slurm(args) -> int:
     return 0
 
 
+def _trace_out(args) -> Path:
+    """--out without its .html/.json suffix (default runs/trace-STEM[-vs-STEM])."""
+    if args.out:
+        out = Path(args.out)
+        return out.with_suffix("") if out.suffix in (".html", ".json") else out
+
+    def stem(p: str) -> str:
+        name = Path(p).name
+        for suf in (".gz", ".json", ".trace", ".pt"):
+            name = name.removesuffix(suf)
+        return name
+    return Path("runs") / ("trace-" + "-vs-".join(stem(p) for p in [args.trace, args.other]
+                                                    if p))
+
+
+def _cmd_trace(args) -> int:
+    from ..measurement import trace_analysis as ta
+    from ..report.trace_view import page
+    from .results import atomic_write_text
+
+    if args.depth is not None and args.depth < 1:
+        raise ParamsError(f"--depth must be a positive integer (got {args.depth})")
+    if args.top < 1:
+        raise ParamsError(f"--top must be a positive integer (got {args.top})")
+    out = _trace_out(args)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".probe").write_text("")
+        out.with_suffix(".probe").unlink()
+    except OSError as exc:
+        raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    paths = [p for p in (args.trace, args.other) if p]
+    traces = [ta.read_trace(p) for p in paths]  # both refused before any work if not traces
+    bds = [ta.breakdown(t, depth=args.depth) for t in traces]
+    names = [Path(p).name for p in paths]
+    if len(names) == 2 and names[0] == names[1]:
+        names = [str(p) for p in paths]
+    dif = ta.diff(bds[0], bds[1]) if len(bds) == 2 else None
+    doc = {"traces": [b.to_json() for b in bds], "diff": dif.to_json() if dif else None,
+           "wall_time": ta.__doc__.split("**Wall time**")[1].split("**What is read**")[0].strip()}
+    html_path, json_path = out.with_suffix(".html"), out.with_suffix(".json")
+    atomic_write_text(json_path, json.dumps(doc, indent=1))
+    atomic_write_text(html_path, page(bds, names, dif, top=args.top))
+    for bd, name in zip(bds, names):
+        print(name)
+        for r in bd.rows:
+            per = f"{r.steps} steps" if r.steps else "no steps"
+            print(f"  {r.label[:70]:70s} wall {r.wall_s * 1e3:10.3f} ms ({per}); exclusive "
+                  f"times add up to {r.coverage:.1%}")
+        m = bd.main_row
+        if m is not None:
+            for k, v in list(m.ranges.items())[:5]:
+                print(f"    {v / m.per_step * 1e3:10.3f} ms{'/step' if m.steps else ''}  {k[:80]}")
+    if dif is not None:
+        print(f"{names[1]} against {names[0]} ({dif.per}):")
+        for r in dif.rows[:1] + dif.ranges[:5]:
+            print(f"  {r.delta_s * 1e3:+10.3f} ms  {r.key[:80]}")
+    print(f"Report: {html_path}\nJSON:   {json_path}")
+    return 0
+
+
 def _cmd_notebooks(args) -> int:
     from .notebooks import sync
 
@@ -255,6 +316,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--force", action="store_true",
                     help="overwrite scripts of another layout in --out-dir")
     sp.set_defaults(fn=_cmd_slurm)
+    sp = sub.add_parser(
+        "trace", help="break a torch.profiler Chrome trace down by exclusive time (by range, "
+                      "kind, operator; per thread and GPU stream), or compare two; HTML and JSON",
+        description="Break a Chrome trace written by torch.profiler (export_chrome_trace, "
+                    "tensorboard_trace_handler's .json.gz, Lightning's PyTorchProfiler) down by "
+                    "exclusive time: nested events are counted once, every thread, process and "
+                    "GPU stream apart. With a second trace, the difference (per profiled step "
+                    "when both have ProfilerStep# ranges).")
+    sp.add_argument("trace", metavar="TRACE", help="a Chrome trace (.json or .json.gz)")
+    sp.add_argument("other", nargs="?", metavar="OTHER",
+                    help="a second trace to compare against the first")
+    sp.add_argument("--out", metavar="PATH",
+                    help="where the report goes: PATH.html and PATH.json (default "
+                         "runs/trace-NAME or runs/trace-NAME-vs-OTHER)")
+    sp.add_argument("--depth", type=int, default=None, metavar="N",
+                    help="group by the outermost N record_function ranges only (default: the "
+                         "full path of nested ranges)")
+    sp.add_argument("--top", type=int, default=25, metavar="N",
+                    help="operators shown per table in the HTML (default 25; the JSON has all)")
+    sp.set_defaults(fn=_cmd_trace)
     sp = sub.add_parser("notebooks", help="rebuild notebooks/*.ipynb from their sources "
                                           "(make notebooks)")
     sp.add_argument("--check", action="store_true",
