@@ -87,10 +87,12 @@ def make_loader(strategy: Strategy, pert: torch.Tensor, batch_size: int, *, num_
     if len(pert) < batch_size:
         raise ValueError(f"'pert' must hold at least one batch of {batch_size} perturbations "
                          f"(got {len(pert)})")
-    return DataLoader(PerturbationDataset(strategy, pert, labels), batch_size=batch_size,
-                      shuffle=False, num_workers=num_workers, collate_fn=TimedCollate(strategy),
-                      pin_memory=pin_memory and strategy.device.type == "cuda", drop_last=True,
-                      persistent_workers=persistent_workers and num_workers > 0)
+    loader = DataLoader(PerturbationDataset(strategy, pert, labels), batch_size=batch_size,
+                        shuffle=False, num_workers=num_workers, collate_fn=TimedCollate(strategy),
+                        pin_memory=pin_memory and strategy.device.type == "cuda", drop_last=True,
+                        persistent_workers=persistent_workers and num_workers > 0)
+    loader.wb_pin_memory = pin_memory  # what a GPU run would do (the sync count follows it)
+    return loader
 
 
 def cycle(loader: DataLoader) -> Iterator[dict]:
@@ -180,6 +182,9 @@ class Arm:
                 with (counter.count() if counter is not None else nullcontext()), \
                         (self.model.no_sync() if skip else nullcontext()):
                     with _stage(clock, "h2d"):
+                        if counter is not None:  # as a GPU would: pageable copies synchronize
+                            counter.transfer(batch, pinned=getattr(self.loader, "wb_pin_memory",
+                                                                   self.loader.pin_memory))
                         batch = self.strategy.to_device(batch, non_blocking=self.loader.pin_memory)
                     with _stage(clock, "device_prep"):
                         ctx = self.strategy.device_prepare(batch)
