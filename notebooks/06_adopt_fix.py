@@ -96,10 +96,10 @@ NB = setup(globals())
 # ## The same training, two pipelines
 
 # %%
-res, losses, batch = adoption.train_both(NB.params, NB.graph, NB.device)
+res, losses, batch, labels = adoption.train_both(NB.params, NB.graph, NB.device)
 mask_cost, ddp = load_result(NB.run_dir, "02_mask_cost_model"), load_result(NB.run_dir, "04_ddp_scaling")
 r = adoption.compare(NB.params, res, losses, batch, NB.device_label,
-                     memory=mask_cost.memory if mask_cost else None, ddp=ddp)
+                     memory=mask_cost.memory if mask_cost else None, ddp=ddp, labels=labels)
 display(view.loss_text(r))
 view.loss_plot(r)
 
