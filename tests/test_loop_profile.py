@@ -1,5 +1,6 @@
 """The training loop, warm-step profiles and the exclusive-time trace breakdown."""
 import json
+import time
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from workbook_lib.data.perturbations import sample_perturbations
 from workbook_lib.measurement import trace_analysis as ta
 from workbook_lib.measurement.profiling import profile_steps
+from workbook_lib.measurement.syncs import H2D, batch_tensors
 from workbook_lib.measurement.timing import StepClock
 from workbook_lib.strategies import make_strategy
 from workbook_lib.strategies.model import PerturbGIN
@@ -58,9 +60,23 @@ def test_sync_counting_step_is_untimed_and_counts(small):
     res = loop.run_arms(_arms(g, pert, ["device_mask_loop", "device_mask_vectorized"],
                               modes=("data",)), warmup_steps=1, min_steps=3, max_steps=3)
     s = make_strategy("device_mask_loop", g)
-    assert res["device_mask_loop/data"].syncs_per_step == s.syncs_per_batch(pert[:4])
-    assert res["device_mask_vectorized/data"].syncs_per_step == 0
-    assert res["device_mask_loop/data"].timed_steps == 3
+    loop_arm, vec = res["device_mask_loop/data"], res["device_mask_vectorized/data"]
+    # a GPU copies the batch's tensors (pert, index, y) from pageable memory: one sync each
+    copies = batch_tensors(s.collate([s.make_item(i, pert[i]) for i in range(4)])) + 1
+    assert loop_arm.sync_kinds.pop(H2D) == vec.sync_kinds.pop(H2D) == copies
+    assert sum(loop_arm.sync_kinds.values()) == s.syncs_per_batch(pert[:4])
+    assert sum(vec.sync_kinds.values()) == 0
+    assert loop_arm.timed_steps == 3
+
+
+def test_pinned_batches_make_no_transfer_syncs(small):
+    g, pert = small
+    s = make_strategy("device_mask_vectorized", g)
+    m = PerturbGIN(g.num_genes, g.edge_types, hidden=4, layers=2)
+    arms = [loop.Arm(f"{pin}", s, m, loop.make_loader(s, pert, 4, pin_memory=pin),
+                     loop.Variant("data", "data")) for pin in (False, True)]
+    res = loop.run_arms(arms, warmup_steps=0, min_steps=1, max_steps=1)
+    assert res["False"].sync_kinds.get(H2D, 0) > 0 and H2D not in res["True"].sync_kinds
 
 
 def test_workers_run_arm_after_arm(small):
@@ -111,15 +127,23 @@ def test_profile_records_only_warm_steps(small, tmp_path):
     arm.stream = loop.cycle(arm.loader)
     clock = StepClock("cpu")
     arm.step(clock, timed=False)  # the loop's own warm-up
+    calls = []
 
     def one():
+        calls.append(1)
+        if len(calls) <= 2:  # the profiler's wait and warm-up steps are cold: 0.3 s each
+            with torch.profiler.record_function("cold"):
+                time.sleep(0.3)
         arm.step(clock, timed=True)
         return clock.steps[-1]["_wall"]
     out = profile_steps(one, steps_done=1, wait=1, warmup=1, active=2,
                         trace_path=tmp_path / "tr.json", device=torch.device("cpu"),
                         relative_to=tmp_path)
     assert out.trace == "tr.json" and (tmp_path / "tr.json").is_file()
-    assert "steps 4-5" in out.profiled_steps and "after 1 loop warm-up" in out.profiled_steps
+    assert len(calls) == 4
+    # neither the recorded wall time nor the trace holds a cold step
+    assert out.wall_s < 0.3 and sum(out.categories.values()) < 0.3
+    assert not [e for e in ta.load_trace(tmp_path / "tr.json") if e.name == "cold"]
     assert 0.8 < out.coverage < 1.2
     assert out.naive_over_wall > out.coverage
     with pytest.raises(ValueError, match="'wait' and 'warmup'"):

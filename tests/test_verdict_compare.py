@@ -165,3 +165,27 @@ def test_the_answer_does_not_rest_on_disturbed_figures():
     loud = answer(_ddp(rel=0.2, total_rel=0.3))
     assert loud.startswith("**This run was disturbed:**") and "**On this run" not in loud
     assert "not relied on" in loud and "**Why:**" not in loud
+
+
+def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
+    """run_bench's derived figures from its own interleaved rounds: per sample = step / B,
+    the ratios per round, passes per sample = shared per sample over one wildtype step."""
+    from workbook_lib.analysis.bench import run_bench
+
+    p = dict(ci_params, min_repeats=3, time_budget_s=0.05, precision_target=0.5, hidden=8,
+             layers=1)
+    b = run_bench(p, full_size=False, device="cpu")
+    assert not b.full_size and b.sizes["scale"] == 0.005 and b.exact_max_rel_error < 1e-4
+
+    def per(k):
+        return [x / b.per_sample_s[k].batch_size for x in b.steps[k].samples]
+
+    def med(xs):
+        return Stat.from_samples(xs).median
+    assert b.per_sample_s["shared"].median == pytest.approx(med(per("shared")))
+    assert b.passes_per_sample.median == pytest.approx(
+        med([s / w for s, w in zip(per("shared"), b.steps["wildtype"].samples)]))
+    assert b.ratio_vs_lazy_form.median == pytest.approx(
+        med([r / s for r, s in zip(per("replicated_gather_scatter"), per("shared"))]))
+    assert b.per_sample_s["replicated_gather_scatter"].batch_size <= \
+        p["bench_replicated_max_batch"]
