@@ -85,7 +85,7 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import adoption
+from workbook_lib.analysis import adoption, headlines
 from workbook_lib.report import adoption_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
@@ -110,11 +110,20 @@ view.loss_plot(r)
 display(view.compare_table(r))
 
 # %% [markdown]
+# ## One fix, several speedups
+# The speedups of the node-mask shared graph over replicated masks in this run folder, each named
+# by what it times.
+
+# %%
+display(view.speedups_table(headlines.speedups(NB.run_dir)))
+
+# %% [markdown]
 # ## Results
 
 # %%
 path = write_results(NB.run_dir, "06_adopt_fix", r, NB.params, headline=view.headline(r),
                      snapshot_checksum=NB.graph.checksum,
                      inputs=checksums(NB.run_dir, [n for n, res in (("02_mask_cost_model", mask_cost),
-                                                                   ("04_ddp_scaling", ddp)) if res]))
+                                                                   ("04_ddp_scaling", ddp)) if res]
+                                      + headlines.speedup_inputs(NB.run_dir)))
 display(view.saved(path, view.headline(r)))
