@@ -117,6 +117,9 @@ def test_the_html_a_reader_gets(ci_run):
         assert "import " not in prose and "setup(globals())" not in prose, name  # no code
         for bad in ("it/s]", "%|", "USDT", "Warning", "warn(", "Traceback", "<stderr>"):
             assert bad not in text, (name, bad)
+        # the glossary: linked from the top, every term the reports use defined at the end
+        assert 'href="#glossary"' in html and 'id="glossary"' in html, name
+        assert "<strong>Dual forward</strong>" in html and "<strong>Floor</strong>" in html
         imgs = re.findall(r"<img[^>]*>", html)
         assert imgs, name  # every report has figures
         for tag in imgs:
