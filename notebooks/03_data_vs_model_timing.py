@@ -87,6 +87,7 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
+from workbook_lib.analysis import claim_probes
 from workbook_lib.analysis import timing_study as study
 from workbook_lib.report import timing_view as view
 from workbook_lib.running.notebook import setup
@@ -132,6 +133,16 @@ reported = study.reported_figures(loops)
 display(view.reported_table(reported))
 
 # %% [markdown]
+# ## Stored masks: cold and warm reads
+# The loop reads masks written just before it, so its reads come from the page cache. Here the
+# same per-item read of strategy 3, with the file's pages dropped first (cold) and again right
+# after (warm).
+
+# %%
+reads = claim_probes.stored_mask_reads(NB.graph, study.stored_read_perturbations(NB.params, NB.graph))
+display(view.stored_reads_table(reads))
+
+# %% [markdown]
 # ## Epochs per day on one rank
 
 # %%
@@ -167,7 +178,7 @@ view.profile_plot(profiles, NB.device_label, pick=study.LAZY)
 
 # %%
 result = study.TimingResult(loops, sanity, reported, epochs, syncs, profiles,
-                            study.fastest_exact(loops))
+                            study.fastest_exact(loops), stored_reads=reads)
 path = write_results(NB.run_dir, "03_data_vs_model_timing", result, NB.params,
                      headline=view.headline(result), snapshot_checksum=NB.graph.checksum,
                      files=[p.trace for p in profiles.values()])

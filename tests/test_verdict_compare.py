@@ -189,3 +189,20 @@ def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
         med([r / s for r, s in zip(per("replicated_gather_scatter"), per("shared"))]))
     assert b.per_sample_s["replicated_gather_scatter"].batch_size <= \
         p["bench_replicated_max_batch"]
+
+
+def test_stored_mask_reads_cold_then_warm(tmp_path):
+    from conftest import make_graph
+
+    from workbook_lib.analysis import claim_probes as cp
+    from workbook_lib.data.perturbations import sample_perturbations
+
+    g = make_graph(num_genes=40, types={"a": 300, "b": 200}, seed=1)
+    pert = sample_perturbations(40, 2, 16, seed=0)
+    r = cp.stored_mask_reads(g, pert, rounds=2, storage_dir=tmp_path)
+    assert r.items == 16 and r.bytes_per_item == 500 and r.file_bytes >= 16 * 500
+    assert r.cold_ms.n == r.warm_ms.n == r.cold_over_warm.n == 2
+    assert r.cold_over_warm.median == pytest.approx(Stat.from_samples(
+        [c / w for c, w in zip(r.cold_ms.samples, r.warm_ms.samples)]).median)
+    with pytest.raises(ValueError, match="'rounds'"):
+        cp.stored_mask_reads(g, pert, rounds=0, storage_dir=tmp_path)

@@ -213,6 +213,17 @@ def mask_loop_status(per_unit: list[float], tol: float = 0.25) -> str:
     return NOISE
 
 
+def stored_reads_note(reads) -> str:
+    """What the stored-masks claim's loop figure read: cached pages, and how a cold read
+    compares (notebook 03's cold/warm reads)."""
+    note = ("the loop reads masks written just before it, from the page cache (as a dataset "
+            "read again each epoch is when it fits in memory)")
+    if reads is not None and reads.dropped:
+        note += (f"; read cold, an item took {reads.cold_over_warm.median:.3g}x as long "
+                 f"({reads.cold_ms.median:.3g} against {reads.warm_ms.median:.3g} ms per item)")
+    return note
+
+
 def timing_claims(timing, device_type: str, scale: float | None = None) -> list[Claim]:
     """Notebook 03: the data-vs-model figures, transfers, syncs, the profile.
 
@@ -324,10 +335,8 @@ def timing_claims(timing, device_type: str, scale: float | None = None) -> list[
                          "no gain", f"replicated_mask_cpu / replicated_mask_stored full step = "
                                     f"{_fmt(r)}", MEASURED,
                          NO_CHANGE_RULE.format(what="step-time ratio (same rounds)"),
-                         changes_nothing(r), "03",
-                         "the loop reads masks written just before it (from the page cache, as "
-                         "a dataset read again each epoch would be when it fits in memory); "
-                         "notebook 03 shows cold and warm reads apart", r.median, size))
+                         changes_nothing(r), "03", stored_reads_note(
+                             getattr(timing, "stored_reads", None)), r.median, size))
     prof = timing.profiles.get(LAZY)
     if prof is not None:
         share = prof.shares().get("optimizer", 0.0)

@@ -25,6 +25,7 @@ from ..report.progress import progress
 from ..strategies import REGISTRY, make_strategy
 from ..training import loop
 from ..training.factory import batch_size_for, make_model
+from .claim_probes import StoredReads
 
 LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
@@ -198,6 +199,12 @@ def reported_figures(study: LoopStudy) -> list[ReportedFigure]:
     ]
 
 
+def stored_read_perturbations(params: dict, graph: CellGraph, n: int = 64) -> torch.Tensor:
+    """The perturbations whose stored masks :func:`~.claim_probes.stored_mask_reads` reads."""
+    return sample_perturbations(graph.num_genes, params["perturbation_k"], n,
+                                seed=params["seed"] + 3)
+
+
 def epochs_per_day(study: LoopStudy, num_samples: int) -> dict[str, float]:
     """Epochs per 24 h on one rank from each strategy's full step (arithmetic on a measured
     step time; multi-rank projections need notebook 04's measured DDP factor: see 05)."""
@@ -296,6 +303,7 @@ class TimingResult(Record):
     syncs: SyncStudy
     profiles: dict[str, ProfileResult]
     fastest_exact: str | None
+    stored_reads: StoredReads | None = None  # strategy 3's reads, cold and warm
 
     def figure(self, key: str) -> ReportedFigure | None:
         return next((f for f in self.reported if f.key == key), None)

@@ -9,7 +9,7 @@ from ..measurement.profiling import ProfileResult
 from ..strategies import REGISTRY
 from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
 from . import plotting
-from .tables import fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
                "full": "+ optimizer (full step)"}
@@ -177,6 +177,21 @@ def reported_table(figs):
                                "the data-stages ratio leaves it out and the harness rows show it. "
                                "The investigation measured on one GPU at the real size; notebook "
                                "05 says which claims hold.")
+
+
+def stored_reads_table(r):
+    rows = [{"read": "cold (pages dropped first)", "per item": fmt_stat(r.cold_ms, unit="ms")},
+            {"read": "warm (from the page cache)", "per item": fmt_stat(r.warm_ms, unit="ms")},
+            {"read": "cold / warm (same rounds)", "per item": fmt_stat(r.cold_over_warm,
+                                                                      unit="x")}]
+    how = ("each round: fsync and posix_fadvise(DONTNEED) on the file, then every item read, "
+           "then read again" if r.dropped else
+           "this system has no posix_fadvise: both reads are warm")
+    return table(rows, caption=f"{r.items} items of {fmt_bytes(r.bytes_per_item)} of masks each "
+                               f"({fmt_bytes(r.file_bytes)} file); {how}. The kernel may keep "
+                               "pages it was asked to drop (tmpfs always does). The loop's "
+                               "strategy-3 figures are warm reads; a dataset larger than memory "
+                               "would be read cold.")
 
 
 def epochs_table(study: LoopStudy, epochs: dict[str, float], num_samples: int):
