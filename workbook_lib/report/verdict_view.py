@@ -186,6 +186,8 @@ def headline(v: VerdictResult) -> str:
         parts.append(f"measured gap {v.gap_total.median:.3g}x (the investigation: 40x on GPUs)")
     counts = {s: sum(c.status == s for c in v.claims) for s in C.STATUSES}
     parts.append("claims " + ", ".join(f"{k}: {n}" for k, n in counts.items() if n))
+    if v.disturbed:
+        parts.append("disturbed (not relied on): " + ", ".join(v.disturbed))
     return "; ".join(parts)
 
 
