@@ -177,6 +177,9 @@ def layer_plot(ls: LayerSweep, device: str) -> None:
     ax.set(xscale="log", yscale="log", xlabel="batch size B (log scale)",
            ylabel="one layer, ms (log scale)")
     plotting.plain_ticks(ax)
+    sizes = sorted({p.batch_size for p in ls.points})
+    ax.set_xticks(sizes, [str(b) for b in sizes])  # every batch size measured, labelled
+    ax.xaxis.set_minor_locator(plotting.NullLocator())
     ax.legend(fontsize=7)
     plotting.title(ax, "One middle layer over every edge type (dotted: linear in B; x: out of "
                        "memory)", device=device, sizes=f"E = {ls.edges:,}, H = {ls.hidden}",
