@@ -152,8 +152,9 @@ display(view.epochs_table(loops, epochs, NB.params["num_samples"]))
 # %% [markdown]
 # ## Host syncs per step
 # A sync drains the GPU's queue so the host can read a value (`.item()`, `nonzero`, boolean-mask
-# indexing...). The loop form of on-device mask generation (4a) syncs once per gene slot and
-# twice per deleted gene and edge type.
+# indexing...), and every copy of a batch tensor from pageable (not pinned) memory waits for the
+# copy. The loop form of on-device mask generation (4a) syncs once per gene slot and twice per
+# deleted gene and edge type.
 
 # %%
 syncs = study.sync_study(loops, NB.graph, NB.params, NB.device)
