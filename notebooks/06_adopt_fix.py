@@ -115,7 +115,7 @@ display(view.compare_table(r))
 # by what it times.
 
 # %%
-display(view.speedups_table(headlines.speedups(NB.run_dir)))
+display(view.speedups_table(headlines.speedups(NB.run_dir, adoption=r)))
 
 # %% [markdown]
 # ## Results

@@ -155,12 +155,13 @@ class Speedup(Record):
     sizes: str  # the graph and model sizes
 
 
-def speedups(run_dir: str | Path) -> list[Speedup]:
+def speedups(run_dir: str | Path, adoption=None) -> list[Speedup]:
     """Every speedup of the node-mask shared graph over replicated masks a run folder holds,
     each named by what it times, so that a reader can see why they differ: the training loop
     (03, quoted by 05) includes the data pipeline and the optimizer; the benchmark (02, or the
     full-size ``bench.json``) times forward + backward only, the replicated side at a small batch;
-    06 trains both pipelines on the same batches."""
+    06 trains both pipelines on the same batches (``adoption``: 06's result before it is
+    written; default: the one in the folder)."""
     import json
 
     from .bench import BenchResult
@@ -209,7 +210,7 @@ def speedups(run_dir: str | Path) -> list[Speedup]:
             bench_rows(BenchResult.from_json(json.loads(path.read_text())), "bench.json")
         except (ValueError, KeyError, TypeError):
             pass
-    a = load_result(run_dir, "06_adopt_fix")
+    a = adoption if adoption is not None else load_result(run_dir, "06_adopt_fix")
     if a is not None:
         out.append(Speedup(
             "training, per step", "06", a.speedup.median, a.speedup.iqr,
