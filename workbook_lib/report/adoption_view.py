@@ -49,7 +49,9 @@ def loss_plot(r: AdoptionResult) -> None:
     if r.label_variance:
         axes[0].axhline(r.label_variance, color="k", ls=":", lw=1,
                         label="variance of the labels (predicting their mean)")
-    axes[0].legend()
+    plotting.plain_ticks(axes[0], "y")
+    axes[0].xaxis.set_major_locator(plotting.MaxNLocator(integer=True))
+    axes[0].legend(loc="upper right")
     plotting.title(axes[0], "The same training, two pipelines", device=r.device,
                    sizes=f"batch {r.batch_size}")
     floor = 1e-9  # the axis' bottom: exact zeros are drawn on it (and said so)
@@ -61,7 +63,8 @@ def loss_plot(r: AdoptionResult) -> None:
     axes[1].axhline(1e-5, color="k", ls=":", lw=1, label="1e-5 (float32 rounding)")
     axes[1].set(yscale="log", xlabel="training step",
                 ylabel="relative difference of the losses (log scale)")
-    plotting.plain_ticks(axes[1], "x")
+    plotting.plain_ticks(axes[1], "y")
+    axes[1].xaxis.set_major_locator(plotting.MaxNLocator(integer=True))
     axes[1].legend()
     plotting.title(axes[1], "Relative difference per step", device=r.device)
     plotting.show(fig, "Left: loss against training step for replicated masks and the node-mask "

@@ -1,6 +1,8 @@
 """What notebook 05's reader sees: the answer first, then the evidence."""
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 from IPython.display import Markdown
 
@@ -46,12 +48,14 @@ def causes_plot(v: VerdictResult) -> None:
             if c.effect == eff and c.share is not None]
     if not rows:
         return
-    fig, ax = plotting.plt.subplots(figsize=(9, 0.5 * len(rows) + 1.6))
+    fig, ax = plotting.plt.subplots(figsize=(10, 0.65 * len(rows) + 1.6))
     colours = {"adds time": plotting.PALETTE[3], "saves time": plotting.PALETTE[2],
                "not attributed": "#999999"}
     vals = np.array([abs(c.share) * 100 for c, _ in rows])
     ax.barh(range(len(rows)), vals, color=[colours[lab] for _, lab in rows])
-    ax.set_yticks(range(len(rows)), [f"[{lab}] {c.cause[:60]}" for c, lab in rows], fontsize=8)
+    ax.set_yticks(range(len(rows)), [textwrap.fill(f"[{lab}] {c.cause}", 58, max_lines=2,
+                                                   placeholder="...") for c, lab in rows],
+                  fontsize=8)
     ax.invert_yaxis()
     for i, ((c, lab), x) in enumerate(zip(rows, vals)):
         sign = "-" if lab == "saves time" or (lab == "not attributed" and c.share < 0) else ""
