@@ -80,8 +80,10 @@ def test_results_of_each_notebook(ci_run):
         # each stage inside its step: no stage sample longer than the step it belongs to
         assert all(x <= w for s_ in a.stages.values() for x, w in zip(s_.samples,
                                                                      a.step.samples))
-    assert t.syncs.per_step["device_mask_loop"] > 0
-    assert t.syncs.per_step["device_mask_vectorized"] == 0
+    kinds = t.syncs.kinds  # besides the batch's pageable copies (3 tensors for both)
+    assert kinds["device_mask_loop"].get("item/bool/int/float", 0) > 0
+    assert set(kinds["device_mask_vectorized"]) <= {"host-to-device copy (pageable memory)"}
+    assert t.stored_reads is not None and t.stored_reads.cold_ms.n >= 1
     for p in t.profiles.values():
         assert p.schedule["wait"] >= 1 and p.schedule["warmup"] >= 1
         assert (out / p.trace).is_file()  # relative to the run folder
@@ -129,7 +131,8 @@ def test_the_html_a_reader_gets(ci_run):
     index = (out / "index.html").read_text()
     v = json.loads((out / "05_verdict.json").read_text())
     first_words = re.sub(r"[*_`]", "", v["answer"]).split("\n")[0][:40]
-    assert "slower per epoch" in _text(index) and first_words[:25] in _text(index)
+    flat = re.sub(r"\s+", " ", _text(index))
+    assert "slower per epoch" in flat and first_words[:25] in flat
     verdict_html = _text((out / "05_verdict.html").read_text())
     assert verdict_html.index("The answer") < verdict_html.index("Causes of the gap")
     assert "traces_03/" in index and "ddp_04/world2/" in index  # relative links
