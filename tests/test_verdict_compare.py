@@ -137,6 +137,11 @@ def test_compare_judges_beyond_the_noise_only():
     assert cmp._verdict(_figure(1.0, se=0.2, **fit), _figure(0.8, se=0.2, **fit))[1] == ""
     text, cls = cmp._verdict(_figure(1.0, se=0.01, **fit), _figure(-0.5, se=0.01, **fit))
     assert cls == "" and "negative" in text
+    assert cmp._verdict(_figure(1.0, **fit), _figure(0.8, **fit))[1] == ""  # no se: no noise
+    # exact figures (a count): equal, or a direction for any difference
+    exact = dict(kind="arithmetic", better="lower")
+    assert cmp._verdict(_figure(12117.0, **exact), _figure(12117.0, **exact))[0] == "equal"
+    assert cmp._verdict(_figure(12117.0, **exact), _figure(12000.0, **exact))[1] == "better"
 
 
 def test_compare_formats_counts_and_accepts_another_scale(tmp_path):

@@ -90,8 +90,11 @@ def _verdict(a: Figure | None, b: Figure | None) -> tuple[str, str]:
         return f"{r:.3g}x", ""
     if a.kind == FITTED and (a.value < 0 or b.value < 0):
         return f"{r:.3g}x (a negative coefficient: no direction)", ""
-    if abs(b.value - a.value) <= max(half_band(a) + half_band(b),
-                                     1e-9 * max(abs(a.value), abs(b.value))):
+    if abs(b.value - a.value) <= 1e-9 * max(abs(a.value), abs(b.value)):
+        return "equal", ""
+    if a.kind == FITTED and (a.se is None or b.se is None):
+        return f"{r:.3g}x (no standard error: no direction)", ""
+    if abs(b.value - a.value) <= half_band(a) + half_band(b):
         return f"{r:.3g}x (within noise)", ""
     good = (b.value < a.value) == (a.better == "lower")
     return f"{r:.3g}x ({'better' if good else 'worse'})", "better" if good else "worse"
