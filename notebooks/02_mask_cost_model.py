@@ -62,7 +62,7 @@ import tempfile
 
 from IPython.display import display
 
-from workbook_lib.analysis import bench, benchmarks, mask_cost, memory_study
+from workbook_lib.analysis import bench, benchmarks, claim_probes, mask_cost, memory_study
 from workbook_lib.data import snapshots
 from workbook_lib.report import mask_cost_view as view
 from workbook_lib.running.notebook import setup
@@ -163,11 +163,20 @@ display(view.memory_table(mem))
 view.memory_plot(mem)
 
 # %% [markdown]
+# ## What the dual forward adds to the masks
+# The Lazy model's dual forward runs a wildtype pass beside the perturbed one. The per-edge mask
+# bytes its operators read, without and with it (one batch of replicated masks).
+
+# %%
+dual = claim_probes.dual_forward_masks(P, NB.graph, NB.device)
+display(view.dual_masks_text(dual))
+
+# %% [markdown]
 # ## Results
 
 # %%
 result = mask_cost.MaskCostResult(NB.device_label, exact, small.describe(), cost, maskgen, layers,
-                                  bres, mem)
+                                  bres, mem, dual_masks=dual)
 path = write_results(NB.run_dir, "02_mask_cost_model", result, P, headline=view.headline(result),
                      snapshot_checksum=NB.graph.checksum,
                      inputs=checksums(NB.run_dir, ["01_graph_inventory"] if inventory else []))

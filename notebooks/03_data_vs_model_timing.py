@@ -61,6 +61,7 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
+from workbook_lib.analysis import claim_probes
 from workbook_lib.analysis import timing_study as study
 from workbook_lib.report import timing_view as view
 from workbook_lib.running.notebook import setup
@@ -106,6 +107,16 @@ reported = study.reported_figures(loops, NB.params["gap_strategies"])
 display(view.reported_table(reported))
 
 # %% [markdown]
+# ## Stored masks: cold and warm reads
+# The loop reads masks written just before it, so its reads come from the page cache. Here the
+# same per-item read of strategy 3, with the file's pages dropped first (cold) and again right
+# after (warm).
+
+# %%
+reads = claim_probes.stored_mask_reads(NB.graph, study.stored_read_perturbations(NB.params, NB.graph))
+display(view.stored_reads_table(reads))
+
+# %% [markdown]
 # ## Epochs per day on one rank
 
 # %%
@@ -115,8 +126,9 @@ display(view.epochs_table(loops, epochs, NB.params["num_samples"]))
 # %% [markdown]
 # ## Host syncs per step
 # A sync drains the GPU's queue so the host can read a value (`.item()`, `nonzero`, boolean-mask
-# indexing...). The loop form of on-device mask generation (4a) syncs once per gene slot and
-# twice per deleted gene and edge type.
+# indexing...), and every copy of a batch tensor from pageable (not pinned) memory waits for the
+# copy. The loop form of on-device mask generation (4a) syncs once per gene slot and twice per
+# deleted gene and edge type.
 
 # %%
 syncs = study.sync_study(loops, NB.graph, NB.params, NB.device)
@@ -141,7 +153,7 @@ view.profile_plot(profiles, NB.device_label, pick=NB.params["gap_strategies"][0]
 
 # %%
 result = study.TimingResult(loops, sanity, reported, epochs, syncs, profiles,
-                            study.fastest_exact(loops))
+                            study.fastest_exact(loops), stored_reads=reads)
 path = write_results(NB.run_dir, "03_data_vs_model_timing", result, NB.params,
                      headline=view.headline(result), snapshot_checksum=NB.graph.checksum,
                      files=[p.trace for p in profiles.values()])

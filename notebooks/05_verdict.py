@@ -76,7 +76,7 @@ display(view.claims_table(v))
 # ## The fix
 
 # %%
-display(view.recommendation_text(v))
+display(view.recommendation_text(v, NB.run_dir))
 display(view.epochs_table(v))
 
 # %%

@@ -50,7 +50,7 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import adoption
+from workbook_lib.analysis import adoption, headlines
 from workbook_lib.report import adoption_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
@@ -61,10 +61,10 @@ NB = setup(globals())
 # ## The same training, two pipelines
 
 # %%
-res, losses, batch = adoption.train_both(NB.params, NB.graph, NB.device)
+res, losses, batch, labels = adoption.train_both(NB.params, NB.graph, NB.device)
 mask_cost, ddp = load_result(NB.run_dir, "02_mask_cost_model"), load_result(NB.run_dir, "04_ddp_scaling")
 r = adoption.compare(NB.params, res, losses, batch, NB.device_label,
-                     memory=mask_cost.memory if mask_cost else None, ddp=ddp)
+                     memory=mask_cost.memory if mask_cost else None, ddp=ddp, labels=labels)
 display(view.loss_text(r))
 view.loss_plot(r)
 
@@ -75,11 +75,20 @@ view.loss_plot(r)
 display(view.compare_table(r))
 
 # %% [markdown]
+# ## One fix, several speedups
+# The speedups of the node-mask shared graph over replicated masks in this run folder, each named
+# by what it times.
+
+# %%
+display(view.speedups_table(headlines.speedups(NB.run_dir, adoption=r)))
+
+# %% [markdown]
 # ## Results
 
 # %%
 path = write_results(NB.run_dir, "06_adopt_fix", r, NB.params, headline=view.headline(r),
                      snapshot_checksum=NB.graph.checksum,
                      inputs=checksums(NB.run_dir, [n for n, res in (("02_mask_cost_model", mask_cost),
-                                                                   ("04_ddp_scaling", ddp)) if res]))
+                                                                   ("04_ddp_scaling", ddp)) if res]
+                                      + headlines.speedup_inputs(NB.run_dir)))
 display(view.saved(path, view.headline(r)))

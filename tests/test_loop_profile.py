@@ -1,5 +1,6 @@
 """The training loop, warm-step profiles and the exclusive-time trace breakdown."""
 import json
+import time
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from workbook_lib.data.perturbations import sample_perturbations
 from workbook_lib.measurement import trace_analysis as ta
 from workbook_lib.measurement.profiling import profile_steps
+from workbook_lib.measurement.syncs import H2D, batch_tensors
 from workbook_lib.measurement.timing import StepClock
 from workbook_lib.strategies import make_strategy
 from workbook_lib.training import loop
@@ -57,9 +59,24 @@ def test_sync_counting_step_is_untimed_and_counts(small):
     res = loop.run_arms(_arms(g, pert, ["device_mask_loop", "device_mask_vectorized"],
                               modes=("data",)), warmup_steps=1, min_steps=3, max_steps=3)
     s = make_strategy("device_mask_loop", g)
-    assert res["device_mask_loop/data"].syncs_per_step == s.syncs_per_batch(pert[:4])
-    assert res["device_mask_vectorized/data"].syncs_per_step == 0
-    assert res["device_mask_loop/data"].timed_steps == 3
+    pipe = builtin_pipeline(g, "device_mask_loop", pert)
+    loop_arm, vec = res["device_mask_loop/data"], res["device_mask_vectorized/data"]
+    # a GPU copies the batch's tensors (pert, index, y) from pageable memory: one sync each
+    copies = batch_tensors(pipe.collate([pipe.dataset()[i] for i in range(4)]))
+    assert copies == 3
+    assert loop_arm.sync_kinds.pop(H2D) == vec.sync_kinds.pop(H2D) == copies
+    assert sum(loop_arm.sync_kinds.values()) == s.syncs_per_batch(pert[:4])
+    assert sum(vec.sync_kinds.values()) == 0
+    assert loop_arm.timed_steps == 3
+
+
+def test_pinned_batches_make_no_transfer_syncs(small):
+    g, pert = small
+    pipe = builtin_pipeline(g, "device_mask_vectorized", pert)
+    arms = [loop.Arm(f"{pin}", pipe, loop.make_loader(pipe, pin_memory=pin),
+                     loop.Variant("data", "data")) for pin in (False, True)]
+    res = loop.run_arms(arms, warmup_steps=0, min_steps=1, max_steps=1)
+    assert res["False"].sync_kinds.get(H2D, 0) > 0 and H2D not in res["True"].sync_kinds
 
 
 def test_workers_run_arm_after_arm(small):
@@ -108,15 +125,26 @@ def test_profile_records_only_warm_steps(small, tmp_path):
     arm.stream = loop.cycle(arm.loader)
     clock = StepClock("cpu")
     arm.step(clock, timed=False)  # the loop's own warm-up
+    walls = []
 
     def one():
+        cold = 0.0
+        if len(walls) < 2:  # the profiler's wait and warm-up steps are cold
+            with torch.profiler.record_function("cold"):
+                t0 = time.perf_counter()
+                time.sleep(0.2)
+                cold = time.perf_counter() - t0
         arm.step(clock, timed=True)
-        return clock.steps[-1]["_wall"]
+        walls.append(clock.steps[-1]["_wall"] + cold)
+        return walls[-1]
     out = profile_steps(one, steps_done=1, wait=1, warmup=1, active=2,
                         trace_path=tmp_path / "tr.json", device=torch.device("cpu"),
                         relative_to=tmp_path)
     assert out.trace == "tr.json" and (tmp_path / "tr.json").is_file()
-    assert "steps 4-5" in out.profiled_steps and "after 1 loop warm-up" in out.profiled_steps
+    assert len(walls) == 4
+    # neither the recorded wall time nor the trace holds a cold step
+    assert out.wall_s == pytest.approx(walls[2] + walls[3])
+    assert not [e for e in ta.load_trace(tmp_path / "tr.json") if e.name == "cold"]
     assert 0.8 < out.coverage < 1.2
     assert out.naive_over_wall > out.coverage
     with pytest.raises(ValueError, match="'wait' and 'warmup'"):

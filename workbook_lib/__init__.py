@@ -34,7 +34,10 @@ Where things are done (folder = layer, lower layers never import higher ones):
                    ``allreduce_model``, ``plan`` (world sizes from the allocation)
 ``analysis/``      the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,
                    ``bench`` (the full-size benchmark), ``mask_cost`` (02), ``timing_study`` (03),
-                   ``claims``, ``verdict`` (05), ``adoption`` (06), ``compare``, ``stability``
+                   ``claims``, ``claim_probes`` (small measurements some claims need: the dual
+                   forward's mask bytes, stored masks read cold and warm), ``verdict`` (05),
+                   ``adoption`` (06), ``compare``, ``headlines`` (figures, the fix's speedups),
+                   ``stability``
 ``report/``        what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook,
                    ``html`` (export, index page), ``progress`` (terminal only)
 ``running/``       ``params`` (the schema), ``notebook`` (a notebook's setup), ``notebooks``

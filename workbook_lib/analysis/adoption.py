@@ -1,7 +1,13 @@
 """Notebook 06: adopting the fix. The same model, from the same seed, trained on the same
 batches with replicated masks (the Lazy model's pipeline) and with the node-mask shared graph; their
 steps interleaved in one process. The loss curves must agree to float32 rounding; time, memory
-and epochs per day are compared side by side."""
+and epochs per day are compared side by side.
+
+The target is learnable, so that "the same training" is shown on a model that learns: every
+sample's label is a fixed *teacher*'s prediction (the same architecture and forward from another
+seed, run exactly on the sample's perturbed graph). :func:`loss_fall` says how far the loss fell,
+and the labels' variance is the loss of a model that predicts only their mean: a loss below it
+has learned how the label depends on the perturbation."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,6 +16,7 @@ import torch
 
 from ..measurement.timing import Stat
 from ..records import Record
+from ..data.perturbations import sample_perturbations
 from ..pipelines import build_pipeline
 from ..training import loop
 
@@ -34,19 +41,61 @@ class AdoptionResult(Record):
     projection_basis: str = ""
     device: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    label_variance: float | None = None  # the loss of predicting the labels' mean
 
 
-def train_both(params: dict, graph, device: torch.device) -> tuple[dict, dict, int]:
-    """Train both pipelines ``warmup + adopt_steps`` steps, interleaved; returns
-    ``(arm results, losses, batch size)``."""
+LOSS_SCALE_FLOOR = 1e-3  # relative differences below this fraction of the largest loss: scale
+TEACHER_SEED_OFFSET = 1000  # the teacher's weights: the run's seed plus this
+
+
+def teacher_labels(params: dict, graph, device: torch.device, pert: torch.Tensor,
+                   batch_size: int) -> torch.Tensor:
+    """Each sample's label from a fixed teacher (see the module docstring), on the host.
+
+    Args:
+        params: the run's params (the teacher uses ``seed + TEACHER_SEED_OFFSET``).
+        graph: the cell graph.
+        device: where the teacher runs.
+        pert: ``[n, k]`` perturbations.
+        batch_size: samples per teacher forward.
+    """
+    from ..strategies import build_ctx
+    from ..training.factory import build_run
+
+    t = build_run({**params, "seed": params["seed"] + TEACHER_SEED_OFFSET}, "node_mask_shared",
+                  graph=graph, device=device, batch_size=batch_size)
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(pert), batch_size):
+            chunk = pert[i:i + batch_size]
+            out.append(t.model(t.strategy, build_ctx(t.strategy, chunk),
+                               dual=t.dual).float().cpu())
+    return torch.cat(out).detach()
+
+
+def loss_fall(losses: list[float], window: int = 10) -> tuple[float, float]:
+    """(mean loss of the first ``window`` steps, of the last ``window``): how far training
+    brought it."""
+    if not losses:
+        raise ValueError("'losses' must hold at least one value")
+    w = max(1, min(window, len(losses) // 4 or 1))
+    return sum(losses[:w]) / w, sum(losses[-w:]) / w
+
+
+def train_both(params: dict, graph, device: torch.device
+               ) -> tuple[dict, dict, int, torch.Tensor]:
+    """Train both pipelines ``warmup + adopt_steps`` steps, interleaved, on the teacher's
+    labels; returns ``(arm results, losses, batch size, labels)``."""
     b = params["batch_size_lazy"]
     steps, warm = params["adopt_steps"], params["warmup"]
     arms = []
-    pert = None
+    # the same samples, in the same order, for both, labelled by the teacher
+    pert = sample_perturbations(graph.num_genes, params["perturbation_k"], (steps + warm) * b,
+                                seed=params["seed"])
+    labels = teacher_labels(params, graph, device, pert, b)
     for key, (name, form) in PIPELINES.items():
         pipe = build_pipeline(params, name, graph, device, batch_size=b, form=form, pert=pert,
-                              n_items=(steps + warm) * b)
-        pert = pipe.pert  # the same samples, in the same order, for both
+                              labels=labels)
         trainable = [p for p in pipe.model.parameters() if p.requires_grad]
         opt = (torch.optim.SGD(trainable, lr=params["adopt_lr"])
                if params["adopt_optimizer"] == "sgd" else
@@ -58,15 +107,17 @@ def train_both(params: dict, graph, device: torch.device) -> tuple[dict, dict, i
     res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
                         budget_s=float("inf"), count_syncs=False, desc="06 training")
     losses = {a.name: [float(x) for x in a.losses] for a in arms}
-    return res, losses, b
+    return res, losses, b, labels
 
 
 def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label: str, *,
-            memory=None, ddp=None) -> AdoptionResult:
+            memory=None, ddp=None, labels: torch.Tensor | None = None) -> AdoptionResult:
     from ..training.loop import project_epochs
 
     rep, fix = losses["replicated"], losses["fix"]
-    floor = 1e-3 * sorted(abs(x) for x in rep)[len(rep) // 2]  # a loss near 0: its scale
+    # a loss that fell near 0 is compared on the scale it fell from: float32 rounding of the
+    # predictions is relative to them, not to the (much smaller) residual
+    floor = LOSS_SCALE_FLOOR * max(abs(x) for x in rep)
     rel = [abs(f - r) / max(abs(r), floor, 1e-30) for r, f in zip(rep, fix)]
     step = {k: r.step for k, r in res.items()}
     n = min(step["replicated"].n, step["fix"].n)
@@ -100,4 +151,5 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
                           device=device_label,
                           labels={k: pipelines.label(n) + (" (the Lazy model's form)"
                                                           if k == "replicated" else "")
-                                  for k, (n, _f) in PIPELINES.items()})
+                                  for k, (n, _f) in PIPELINES.items()},
+                          label_variance=None if labels is None else float(labels.var()))

@@ -2,8 +2,11 @@
 
 Each row is one headline figure (:mod:`workbook_lib.analysis.headlines`) with its unit and noise
 in every run, and each run after the first against the first: the ratio, and whether that is
-better or worse for that figure (lower is better for a time, higher for a speedup). Runs made on
-different snapshots are refused unless forced: their numbers do not compare.
+better or worse for that figure (lower is better for a time, higher for a speedup) only when the two figures' noise bands do not
+overlap (interquartile ranges, or two standard errors of a fitted coefficient; exact figures
+compare exactly), otherwise "within noise". A negative fitted coefficient has no direction. Runs
+made on different snapshots are refused unless forced: their numbers do not compare; runs of the
+same snapshot at different scales compare (the page says so: absolute figures move with size).
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 from ..exceptions import RunComparisonError
 from ..running.results import read_meta
-from .headlines import Figure, headline_figures
+from .headlines import FITTED, Figure, headline_figures
 
 
 def _checksums(run: Path) -> set[str]:
@@ -23,6 +26,31 @@ def _checksums(run: Path) -> set[str]:
         if meta and meta.snapshot_checksum:
             out.add(meta.snapshot_checksum)
     return out
+
+
+def _params(run: Path) -> dict:
+    env = {}
+    if (run / "environment.json").is_file():
+        try:
+            env = json.loads((run / "environment.json").read_text())
+        except ValueError:
+            env = {}
+    return env.get("params", {}) or {}
+
+
+def same_snapshot_other_scale(params: list[dict]) -> bool:
+    """True when the runs name the same snapshot and seed and differ only in scale (their
+    graphs' checksums differ because the scale does)."""
+    keys = {(p.get("snapshot"), p.get("seed")) for p in params}
+    return len(keys) == 1 and None not in next(iter(keys)) and \
+        len({p.get("scale") for p in params}) > 1
+
+
+def fmt_value(v: float) -> str:
+    """A figure's value: counts with thousands separators, others to 4 significant digits."""
+    if float(v).is_integer() and abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
 
 
 def _cell(f: Figure | None) -> str:
@@ -36,7 +64,17 @@ def _cell(f: Figure | None) -> str:
     noise = f" <small>(IQR {f.iqr:.2g})</small>" if f.iqr is not None else ""
     if f.rel_se is not None:
         noise = f" <small>(standard error {f.rel_se:.0%})</small>"
-    return f"{f.value:.4g}{unit}{noise}"
+    return f"{fmt_value(f.value)}{unit}{noise}"
+
+
+def half_band(f: Figure) -> float:
+    """Half the width of a figure's noise band: IQR/2, two standard errors of a fitted
+    coefficient, 0 for an exact figure."""
+    if f.iqr is not None:
+        return f.iqr / 2
+    if f.se is not None:
+        return 2 * abs(f.se)
+    return 0.0
 
 
 def _verdict(a: Figure | None, b: Figure | None) -> tuple[str, str]:
@@ -48,9 +86,17 @@ def _verdict(a: Figure | None, b: Figure | None) -> tuple[str, str]:
     if not a.value or b.value is None:
         return "", ""
     r = b.value / a.value
-    if a.better is None or abs(r - 1) < 0.05:
+    if a.better is None:
         return f"{r:.3g}x", ""
-    good = (r < 1) == (a.better == "lower")
+    if a.kind == FITTED and (a.value < 0 or b.value < 0):
+        return f"{r:.3g}x (a negative coefficient: no direction)", ""
+    if abs(b.value - a.value) <= 1e-9 * max(abs(a.value), abs(b.value)):
+        return "equal", ""
+    if a.kind == FITTED and (a.se is None or b.se is None):
+        return f"{r:.3g}x (no standard error: no direction)", ""
+    if abs(b.value - a.value) <= half_band(a) + half_band(b):
+        return f"{r:.3g}x (within noise)", ""
+    good = (b.value < a.value) == (a.better == "lower")
     return f"{r:.3g}x ({'better' if good else 'worse'})", "better" if good else "worse"
 
 
@@ -74,6 +120,9 @@ def compare_runs(runs: list[str | Path], out: str | Path | None = None, *,
             raise RunComparisonError(f"run folder {d} holds no results of this workbook version")
     sums = [_checksums(d) for d in paths]
     differ = any(s and sums[0] and s != sums[0] for s in sums[1:])
+    scales = differ and same_snapshot_other_scale([_params(d) for d in paths])
+    if scales:
+        differ = False
     if differ and not force:
         raise RunComparisonError(
             "the runs used different snapshots; their numbers would not be comparable "
@@ -101,7 +150,9 @@ def compare_runs(runs: list[str | Path], out: str | Path | None = None, *,
                 f", scale {p.get('scale')}, H {p.get('hidden')}, created "
                 f"{html.escape(str(env.get('created')))}</li>")
     warn = "<p class='warn'>The runs used different snapshots (compared with --force).</p>" \
-        if differ else ""
+        if differ else ("<p class='warn'>The runs used the same snapshot at different scales: "
+                        "absolute figures move with the graph's size, and so may ratios.</p>"
+                        if scales else "")
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>Run comparison</title><style>body{{font-family:system-ui,sans-serif;max-width:1200px;
 margin:2em auto}} td,th{{border-bottom:1px solid #ddd;padding:5px 8px;text-align:left;
@@ -109,8 +160,9 @@ vertical-align:top}} th{{background:#f4f4f4}} .better{{color:#176d17}} .worse{{c
 .warn{{background:#fbe3e3;padding:6px}} small{{color:#666}}</style></head><body>
 <h1>Run comparison</h1><ul>{''.join(env_line(d) for d in paths)}</ul>{warn}
 <p>Each run against the first: the ratio, better or worse by the figure's direction (lower is
-better for times, higher for speedups); within 5% no direction is given. Absolute times move
-with the machine's speed; ratios measured in the same rounds do not.</p>
+better for times, higher for speedups) when the two figures' noise bands do not overlap (their
+interquartile ranges; two standard errors of a fitted coefficient), else "within noise". Absolute
+times move with the machine's speed; ratios measured in the same rounds do not.</p>
 <table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table></body></html>"""
     out_path = Path(out) if out else Path("runs") / ("compare-" + "-vs-".join(
         d.name for d in paths) + ".html")

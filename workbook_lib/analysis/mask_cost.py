@@ -11,6 +11,7 @@ from ..records import Record
 from ..report.progress import note
 from . import costmodel
 from .bench import BenchResult
+from .claim_probes import DualForwardMasks
 from .benchmarks import LayerSweep, MaskGeneration
 from .memory_study import MemoryStudy
 
@@ -66,3 +67,4 @@ class MaskCostResult(Record):
     bench: BenchResult
     memory: MemoryStudy
     notes: list[str] = field(default_factory=list)
+    dual_masks: DualForwardMasks | None = None  # what the dual forward adds (a claim's figure)

@@ -29,6 +29,7 @@ class ProfileResult(Record):
     categories: dict[str, float] = field(default_factory=dict)  # seconds, exclusive time
     naive: dict[str, float] = field(default_factory=dict)  # seconds, nested durations summed
     trace: str = ""  # path of the Chrome trace (relative to the run folder where possible)
+    summed: dict[str, float] = field(default_factory=dict)  # seconds, the investigation's sums
 
     @property
     def coverage(self) -> float:
@@ -42,6 +43,36 @@ class ProfileResult(Record):
     def shares(self) -> dict[str, float]:
         tot = sum(self.categories.values())
         return {k: v / tot for k, v in self.categories.items()} if tot else {}
+
+    def summed_shares(self) -> dict[str, float]:
+        """Shares of :attr:`summed` (what the investigation's analyzer reported)."""
+        tot = sum(self.summed.values())
+        return {k: v / tot for k, v in self.summed.items()} if tot else {}
+
+
+# the investigation's analyzer: an event's category from keywords in its name, first match wins
+KEYWORDS = (("optimizer", ("optim", "step")), ("backward", ("backward",)),
+            ("forward", ("forward",)), ("data", ("dataloader", "collate", "copy", "memcpy")))
+
+
+def keyword_category(name: str) -> str:
+    n = name.lower()
+    return next((cat for cat, words in KEYWORDS if any(w in n for w in words)), "other")
+
+
+def investigation_sums(events: list) -> dict[str, float]:
+    """Seconds per category as the investigation's trace analyzer computed them: every event's
+    inclusive duration summed under a category named by keywords in its name, parents and
+    children alike, on every thread. ``ProfilerStep#N`` (a whole training step) matches "step"
+    and counts as the optimizer. The workbook's own ``wb:`` ranges are left out (the
+    investigation's traces had none)."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e.name.startswith(ta.STAGE_PREFIX):
+            continue
+        cat = keyword_category(e.name)
+        out[cat] = out.get(cat, 0.0) + e.dur / 1e6
+    return out
 
 
 def profile_steps(step: Callable[[], float], *, steps_done: int, wait: int = 1, warmup: int = 1,
@@ -91,4 +122,4 @@ def profile_steps(step: Callable[[], float], *, steps_done: int, wait: int = 1, 
         wall_s=sum(walls[wait + warmup:]),
         categories=ta.exclusive_breakdown(events),
         naive=ta.naive_breakdown(ta.load_trace(trace_path)),
-        trace=str(shown))
+        trace=str(shown), summed=investigation_sums(events))

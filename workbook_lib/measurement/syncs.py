@@ -11,6 +11,10 @@
   ``bincount``, ``equal`` and ``allclose``. Copies to the host (``.cpu()``, ``.numpy()``,
   ``.tolist()``, ``.to("cpu")``) never reach the dispatcher for a tensor already on the CPU, so
   a ``TorchFunctionMode`` counts those calls (on a GPU they would copy device memory to the host).
+  Host-to-device copies of a batch from pageable (not pinned) memory synchronize on CUDA too
+  (``copy_`` with ``non_blocking=False`` waits for the copy); on a CPU nothing is copied, so
+  :meth:`SyncCounter.transfer` counts the batch's tensors as a GPU would for the run's
+  ``pin_memory`` setting (pinned: asynchronous, none counted).
 
 Counting at the operator level is independent of how the code under test is written: a
 ``.item()`` inside PyG, inside ``torch.where`` or in a library's C++ is seen the same way.
@@ -49,8 +53,23 @@ _HOST_COPIES = {
     torch.Tensor.tolist: "copy to host",
 }
 
+H2D = "host-to-device copy (pageable memory)"
 KINDS = tuple(sorted(set(_ALWAYS.values()) | {"boolean-mask indexing", "repeat_interleave",
-                                               "copy to host"}))
+                                               "copy to host", H2D}))
+
+
+def batch_tensors(batch) -> int:
+    """Tensors in a (nested) batch: what moving it to a GPU copies one by one."""
+    if isinstance(batch, torch.Tensor):
+        return 1
+    if isinstance(batch, dict):
+        return sum(batch_tensors(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(batch_tensors(v) for v in batch)
+    stores = getattr(batch, "stores", None)  # PyG Data / HeteroData / Batch: each store's tensors
+    if stores is not None:
+        return sum(batch_tensors(dict(st)) for st in stores)
+    return 0
 
 
 def _bool_index(indices) -> bool:
@@ -130,6 +149,14 @@ class SyncCounter:
     def method(self) -> str:
         return method_for(self.device)
 
+    def transfer(self, batch, *, pinned: bool) -> None:
+        """Count a batch's host-to-device copies as a GPU would (CPU runs only: on CUDA the
+        copies themselves report their syncs). Pageable memory: one sync per tensor."""
+        if self.device.type != "cuda" and not pinned:
+            n = batch_tensors(batch)
+            if n:
+                self.by_kind[H2D] += n
+
     @contextmanager
     def count(self) -> Iterator["SyncCounter"]:
         if self.device.type == "cuda":
@@ -154,4 +181,5 @@ def method_for(device: torch.device | str) -> str:
     if torch.device(device).type == "cuda":
         return "measured: torch.cuda.set_sync_debug_mode('warn') warnings"
     return ("what a GPU would sync: aten operators that synchronize on CUDA, counted by a "
-            "TorchDispatchMode (and host copies by a TorchFunctionMode)")
+            "TorchDispatchMode (host copies by a TorchFunctionMode, and the batch's "
+            "host-to-device copies when it is not in pinned memory)")

@@ -128,6 +128,15 @@ def variants_table(r: DDPResult, accum: int, gather_on: bool):
 
 def ring_text(r: DDPResult) -> Markdown:
     f = r.ring
+    same = f is not None and f.bandwidth_gbps == r.link["bandwidth_gbps"] and \
+        f.latency_us == r.link["latency_us"]  # the link is the fit: say it once
+    if same:
+        return Markdown(f"Link used for the predictions: {f.bandwidth_gbps:.3g} GB/s, "
+                        f"{f.latency_us:.3g} us per hop ({r.link_source}"
+                        + ("; " + "; ".join(f.notes) if f.notes else "") + "). Step "
+                        "predictions keep each rank's compute as measured at the largest world "
+                        "size run and add the part of the predicted all-reduce not hidden behind "
+                        "backward.")
     extra = "" if f is None else (f" The fit: {f.bandwidth_gbps:.3g} GB/s, "
                                   f"{f.latency_us:.3g} us per hop, in-sample error "
                                   f"{f.median_abs_rel_error:.0%}"

@@ -177,6 +177,9 @@ def layer_plot(ls: LayerSweep, device: str) -> None:
     ax.set(xscale="log", yscale="log", xlabel="batch size B (log scale)",
            ylabel="one layer, ms (log scale)")
     plotting.plain_ticks(ax)
+    sizes = sorted({p.batch_size for p in ls.points})
+    ax.set_xticks(sizes, [str(b) for b in sizes])  # every batch size measured, labelled
+    ax.xaxis.set_minor_locator(plotting.NullLocator())
     ax.legend(fontsize=7)
     plotting.title(ax, "One middle layer over every edge type (dotted: linear in B; x: out of "
                        "memory)", device=device, sizes=f"E = {ls.edges:,}, H = {ls.hidden}",
@@ -257,10 +260,33 @@ def memory_table(m: MemoryStudy):
             if f.largest_batch is not None else "n/a",
             "extrapolation": (f"{f.extrapolation_factor:.1f}x beyond B={f.largest_measured_batch}"
                               if f.extrapolation_factor else "n/a"),
-            "status": f.status + (f": {f.reason}" if f.reason else "")})
+            "status": memory_status(f)})
     return table(rows, caption=f"Peak of one training step (forward + backward) in a fresh "
                                f"process per point, above the resident level before it; fitted "
                                f"bytes = intercept + per sample x B. Budget: {m.budget_label}.")
+
+
+EXTRAPOLATION_FLAG = 10.0  # a projected largest batch this far beyond the measured ones is flagged
+
+
+def memory_status(f) -> str:
+    """The fit's status, flagged when its largest-batch projection extrapolates beyond
+    ``EXTRAPOLATION_FLAG`` x the largest batch measured."""
+    s = f.status + (f": {f.reason}" if f.reason else "")
+    if f.extrapolation_factor and f.extrapolation_factor > EXTRAPOLATION_FLAG:
+        s += (f"; the largest batch is extrapolated {f.extrapolation_factor:.0f}x beyond the "
+              "batches measured: an estimate, not a measurement")
+    return s
+
+
+def dual_masks_text(d) -> Markdown:
+    f = d.dual_bytes / d.single_bytes if d.single_bytes else float("nan")
+    return Markdown(f"Mask bytes one forward reads: **{fmt_bytes(d.single_bytes)}** without the "
+                    f"dual forward, **{fmt_bytes(d.dual_bytes)}** with it ({f:.2f}x), for "
+                    f"{d.strategy} at B = {d.batch_size}. The wildtype pass runs on the "
+                    "unperturbed graph and reads no mask unless this factor is above 1. "
+                    "Measured: every 1-D per-edge tensor an operator of the forward reads, "
+                    "counted once.")
 
 
 def memory_plot(m: MemoryStudy) -> None:
@@ -285,12 +311,36 @@ def memory_plot(m: MemoryStudy) -> None:
                        "for each strategy and size; lines: the linear fits.")
 
 
+def filter_vs_mask_measured(c: CostModelStudy) -> str:
+    """The direct timings of filtering over masking at the largest E, at the run's H (or the
+    nearest swept), at the smallest and largest swept p."""
+    if not c.crossover:
+        return ""
+    e = max(x.E for x in c.crossover)
+    pick = min((x for x in c.crossover if x.E == e), key=lambda x: abs(x.H - c.run_hidden))
+    ps = sorted(pick.measured)
+    if not ps:
+        return ""
+    shown = [ps[0]] if len(ps) == 1 else [ps[0], ps[-1]]
+    return ("filter/mask measured " + ", ".join(f"{pick.measured[p]:.2f} at p = {p:g}"
+                                                for p in shown)
+            + f" (E = {e:,}, H = {pick.H}; below 1: filtering wins)")
+
+
 def headline(r: MaskCostResult) -> str:
+    """Measurements first; the cost model's prediction labelled as one, with its error."""
     b, c = r.bench, r.cost
     parts = [f"max exactness error {max(r.exact.values()):.1e}"]
+    measured = filter_vs_mask_measured(c)
+    if measured:
+        parts.append(measured)
     p = c.crossover_at_run_hidden
-    parts.append("filter/mask crossover " + ("none" if p is None else f"p = {p:.3g}")
-                 + f" at H = {c.run_hidden}")
+    err = c.model.filter_check.held_out_median_abs_rel
+    parts.append("the cost model predicts a crossover " + ("nowhere in [0, 1)" if p is None
+                                                             else f"at p = {p:.3g}")
+                 + f" at H = {c.run_hidden} (a prediction; median error "
+                 + (f"{err:.0%}" if err is not None and err == err else "n/a")
+                 + " on held-out sizes)")
     if b.ratio_vs_lazy_form is not None:
         parts.append(f"node-mask shared vs replicated (the Lazy model's form) per sample: "
                      f"{fmt_ratio(b.ratio_vs_lazy_form.median)} "

@@ -16,7 +16,8 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator  # noqa: E402,F401
+from matplotlib.ticker import (FuncFormatter, LogLocator, MaxNLocator,  # noqa: E402,F401
+                               NullFormatter, NullLocator)
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]
@@ -54,12 +55,24 @@ def _plain(v: float, _pos=None) -> str:
     return f"{v:g}"
 
 
+def log_subs(lo: float, hi: float) -> tuple[float, ...]:
+    """Labelled ticks per decade of a log axis from ``lo`` to ``hi``: 1, 2, 5 within about two
+    decades, only the powers of ten beyond (more would overprint)."""
+    if lo <= 0 or hi <= lo:
+        return (1.0,)
+    decades = np.log10(hi / lo)
+    return (1.0, 2.0, 5.0) if decades <= 1.5 else (1.0, 3.0) if decades <= 2.5 else (1.0,)
+
+
 def plain_ticks(ax, axis: str = "both") -> None:
-    """Plain tick labels (1, 10, 100; 0.5) on linear or log axes."""
+    """Plain tick labels (1, 10, 100; 0.5) on linear or log axes; on a log axis only as many
+    labelled ticks as fit, and no minor-tick labels (``3x10^0`` beside plain labels)."""
     for name in ("x", "y") if axis == "both" else (axis,):
         a = ax.xaxis if name == "x" else ax.yaxis
         if a.get_scale() == "log":
-            a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            lo, hi = sorted(ax.get_xlim() if name == "x" else ax.get_ylim())
+            a.set_major_locator(LogLocator(base=10, subs=log_subs(lo, hi)))
+            a.set_minor_formatter(NullFormatter())
         a.set_major_formatter(FuncFormatter(_plain))
 
 

@@ -9,7 +9,7 @@ from ..measurement.profiling import ProfileResult
 from .. import pipelines
 from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
 from . import plotting
-from .tables import fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
                "full": "+ optimizer (full step)"}
@@ -109,6 +109,17 @@ def stage_table(study: LoopStudy):
                                "over the step median; each stage timed between device syncs).")
 
 
+# one colour per stage in every chart of this report (the profile's categories are the stages)
+STAGE_COLOURS = {"loader_wait": plotting.PALETTE[0], "h2d": plotting.PALETTE[1],
+                 "device_prep": plotting.PALETTE[2], "forward": plotting.PALETTE[3],
+                 "backward": plotting.PALETTE[4], "optimizer": plotting.PALETTE[5],
+                 "untracked": plotting.PALETTE[6], "untracked (loop, Python)": plotting.PALETTE[6]}
+
+
+def stage_colour(stage: str, i: int) -> str:
+    return STAGE_COLOURS.get(stage, plotting.PALETTE[(7 + i) % 10])
+
+
 def stage_plot(study: LoopStudy) -> None:
     data = stage_rows(study)
     names = list(data)
@@ -118,7 +129,7 @@ def stage_plot(study: LoopStudy) -> None:
     for i, s in enumerate(stages):
         shares = np.array([data[n].get(s, 0.0) / max(1e-12, sum(data[n].values()))
                            for n in names]) * 100
-        ax.barh(range(len(names)), shares, left=left, color=plotting.PALETTE[i],
+        ax.barh(range(len(names)), shares, left=left, color=stage_colour(s, i),
                 label=STAGE_LABELS[s])
         left += shares
     ax.set_yticks(range(len(names)), [label(n) for n in names], fontsize=8)
@@ -160,13 +171,33 @@ def sanity_note(flags) -> Markdown:
 
 
 def reported_table(figs):
-    rows = [{"figure": f.figure, "investigation": f"{f.claimed:g}{'x' if f.unit == 'x' else ' ms'}",
+    rows = [{"figure": f.figure,
+             "investigation": "not reported" if f.key.startswith("harness") else
+             f"{f.claimed:g}{'x' if f.unit == 'x' else ' ms'}",
              "measured here": fmt_stat(f.measured, unit="x" if f.unit == "x" else "ms")}
             for f in figs]
     return table(rows, caption="Lazy = replicated masks from the incidence cache (strategy 2), "
                                "DANGO = single wildtype pass (strategy 7). Ratios of steps taken "
-                               "in the same rounds. The investigation measured on one GPU at the real "
-                               "size; notebook 05 says which claims hold.")
+                               "in the same rounds. The data-only step includes the harness's own "
+                               "cost (a trivial loss and its backward, so that the loop is real): "
+                               "the data-stages ratio leaves it out and the harness rows show it. "
+                               "The investigation measured on one GPU at the real size; notebook "
+                               "05 says which claims hold.")
+
+
+def stored_reads_table(r):
+    rows = [{"read": "cold (pages dropped first)", "per item": fmt_stat(r.cold_ms, unit="ms")},
+            {"read": "warm (from the page cache)", "per item": fmt_stat(r.warm_ms, unit="ms")},
+            {"read": "cold / warm (same rounds)", "per item": fmt_stat(r.cold_over_warm,
+                                                                      unit="x")}]
+    how = ("each round: fsync and posix_fadvise(DONTNEED) on the file, then every item read, "
+           "then read again" if r.dropped else
+           "this system has no posix_fadvise: both reads are warm")
+    return table(rows, caption=f"{r.items} items of {fmt_bytes(r.bytes_per_item)} of masks each "
+                               f"({fmt_bytes(r.file_bytes)} file); {how}. The kernel may keep "
+                               "pages it was asked to drop (tmpfs always does). The loop's "
+                               "strategy-3 figures are warm reads; a dataset larger than memory "
+                               "would be read cold.")
 
 
 def epochs_table(study: LoopStudy, epochs: dict[str, float], num_samples: int):
@@ -217,29 +248,37 @@ def profile_table(profiles: dict[str, ProfileResult]):
                     for c in cats})
         row["exclusive sum / wall"] = f"{p.coverage:.2f}"
         row["nested sum / wall"] = f"{p.naive_over_wall:.1f}"
+        if p.summed:
+            row["optimizer, summed as the investigation did"] = fmt_pct(
+                p.summed_shares().get("optimizer", 0.0))
         rows.append(row)
     first = next(iter(profiles.values()))
     return table(rows, caption=f"Shares by exclusive (self) time on the main thread; "
                                f"{first.profiled_steps}. 'nested sum / wall' is what summing "
                                "every event's duration gives: parents and children counted again "
-                               "and again.")
+                               "and again. The investigation's analyzer also named categories by "
+                               "keywords in event names, so every ProfilerStep (a whole step) "
+                               "counted as the optimizer: its last column reproduces that sum.")
 
 
 def profile_plot(profiles: dict[str, ProfileResult], device: str, pick: str | None = None) -> None:
     names = list(profiles)
-    cats = sorted({c for p in profiles.values() for c in p.categories})
-    fig, axes = plotting.plt.subplots(1, 2, figsize=(14, 0.45 * len(names) + 2.2))
+    found = {c for p in profiles.values() for c in p.categories}
+    order = [*MAIN_STAGES, "untracked (loop, Python)"]
+    cats = [c for c in order if c in found] + sorted(found - set(order))
+    fig, axes = plotting.plt.subplots(1, 2, figsize=(15, 0.45 * len(names) + 2.6))
     left = np.zeros(len(names))
     for i, c in enumerate(cats):
         v = np.array([profiles[n].shares().get(c, 0.0) * 100 for n in names])
-        axes[0].barh(range(len(names)), v, left=left, color=plotting.PALETTE[i % 10],
-                     label=c.replace("untracked (loop, Python)", "loop overhead"))
+        axes[0].barh(range(len(names)), v, left=left, color=stage_colour(c, i),
+                     label=STAGE_LABELS.get(c, c.replace("untracked (loop, Python)",
+                                                         "loop overhead")))
         left += v
     axes[0].set_yticks(range(len(names)), [label(n) for n in names], fontsize=8)
     axes[0].invert_yaxis()
     axes[0].set_xlim(0, 100)
     axes[0].set_xlabel("% of profiled time (exclusive time)")
-    axes[0].legend(loc="lower right", fontsize=7)
+    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, fontsize=7)
     plotting.title(axes[0], "Categories by exclusive time (they add up)", device=device,
                    repeats=next(iter(profiles.values())).profiled_steps.split(" (")[0])
     pick = pick if pick in profiles else names[0]

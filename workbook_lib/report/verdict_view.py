@@ -1,6 +1,8 @@
 """What notebook 05's reader sees: the answer first, then the evidence."""
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 from IPython.display import Markdown
 
@@ -22,33 +24,49 @@ def answer(v: VerdictResult) -> Markdown:
     return Markdown("## The answer\n\n" + v.answer)
 
 
+EFFECTS = {"adds": "adds time", "saves": "saves time", "rest": "not attributed", "": ""}
+
+
 def causes_table(v: VerdictResult):
-    rows = [{"cause": c.cause, "evidence": c.evidence,
-             "extra time per epoch": fmt_seconds(c.difference_s) if c.difference_s is not None
-             else c.kind,
-             "share of the extra time": fmt_pct(c.share) if c.share is not None else ""}
+    rows = [{"cause": c.cause, "evidence": c.evidence, "effect": EFFECTS.get(c.effect, c.effect),
+             "difference per epoch (slow - fast)": fmt_seconds(c.difference_s)
+             if c.difference_s is not None else c.kind,
+             "share of the measured gap": fmt_pct(c.share) if c.share is not None else ""}
             for c in v.causes]
     return table(rows, caption="The epoch-time difference between the two pipelines by "
                                "mechanism: notebook 03's stage medians x steps per epoch (80% of "
                                "the dataset at each pipeline's batch size), notebook 04's DDP "
-                               "factor when it is beyond the noise.")
+                               "factor when it was applied. Shares are of the measured gap (the "
+                               "full steps' medians x steps per epoch): the causes that add time, "
+                               "minus those that save time, plus the unattributed rest, make "
+                               "100%.")
 
 
 def causes_plot(v: VerdictResult) -> None:
-    rows = [c for c in v.causes if c.share is not None]
+    groups = [("adds", "adds time"), ("saves", "saves time"), ("rest", "not attributed")]
+    rows = [(c, lab) for eff, lab in groups for c in v.causes
+            if c.effect == eff and c.share is not None]
     if not rows:
         return
-    fig, ax = plotting.plt.subplots(figsize=(9, 0.5 * len(rows) + 1.6))
-    vals = np.array([c.share * 100 for c in rows])
-    ax.barh(range(len(rows)), vals, color=[plotting.PALETTE[i % 10] for i in range(len(rows))])
-    ax.set_yticks(range(len(rows)), [c.cause[:70] for c in rows], fontsize=8)
+    fig, ax = plotting.plt.subplots(figsize=(10, 0.65 * len(rows) + 1.6))
+    colours = {"adds time": plotting.PALETTE[3], "saves time": plotting.PALETTE[2],
+               "not attributed": "#999999"}
+    vals = np.array([abs(c.share) * 100 for c, _ in rows])
+    ax.barh(range(len(rows)), vals, color=[colours[lab] for _, lab in rows])
+    ax.set_yticks(range(len(rows)), [textwrap.fill(f"[{lab}] {c.cause}", 58, max_lines=2,
+                                                   placeholder="...") for c, lab in rows],
+                  fontsize=8)
     ax.invert_yaxis()
-    for i, x in enumerate(vals):
-        ax.text(x, i, f" {x:.1f}%", va="center", fontsize=8)
-    ax.set_xlabel("% of the extra time per epoch")
+    for i, ((c, lab), x) in enumerate(zip(rows, vals)):
+        sign = "-" if lab == "saves time" or (lab == "not attributed" and c.share < 0) else ""
+        ax.text(x, i, f" {sign}{x:.1f}%", va="center", fontsize=8)
+    ax.set_xlim(0, max(vals.max() * 1.18, 1.0))
+    ax.set_xlabel("size of the cause, % of the measured epoch-time gap")
     plotting.title(ax, "Why the replicated pipeline is slower, by mechanism", device=v.device)
-    plotting.show(fig, "Horizontal bars: the share of the extra epoch time of the slow pipeline "
-                       "due to each mechanism.")
+    plotting.show(fig, "Horizontal bars: each mechanism's part of the measured epoch-time gap "
+                       "(slow minus fast pipeline). Red bars add time to the slow pipeline, "
+                       "green bars save time (shown as their size, labelled with a minus), the "
+                       "grey bar is what the stage medians leave unattributed.")
 
 
 def claims_table(v: VerdictResult):
@@ -56,7 +74,8 @@ def claims_table(v: VerdictResult):
 
     df = pd.DataFrame([{"claim": c.claim, "claimed": c.claimed, "this run": c.measured,
                         "kind": c.kind, "rule": c.rule, "status": c.status,
-                        "from": c.source, "note": c.note} for c in v.claims])
+                        "sizes": c.size or "", "from": c.source, "note": c.note}
+                       for c in v.claims])
     counts = {s: sum(c.status == s for c in v.claims) for s in C.STATUSES}
     cap = ("Each status comes from this run's figure through the rule shown. "
            + ", ".join(f"{k}: {n}" for k, n in counts.items()) + ".")
@@ -65,7 +84,7 @@ def claims_table(v: VerdictResult):
                   STATUS_COLOURS else "", subset=["status"])
 
 
-def recommendation_text(v: VerdictResult) -> Markdown:
+def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
     r = v.recommendation
     if r is None:
         return Markdown("No exact strategy ran in notebook 03: no recommendation.")
@@ -79,7 +98,7 @@ def recommendation_text(v: VerdictResult) -> Markdown:
     if b is not None:
         where = ("the real spec" if b.full_size else
                  "this run's reduced sizes only (the real-spec figure: `python -m workbook_lib "
-                 f"bench --params params/full.yaml --out {{run folder}}/bench.json`)")
+                 f"bench --params params/full.yaml --out {_bench_out(run_dir)}`)")
         parts = []
         if b.ratio_vs_lazy_form is not None:
             parts.append(f"{fmt_stat(b.ratio_vs_lazy_form, unit='x')} faster than replicated "
@@ -96,6 +115,15 @@ def recommendation_text(v: VerdictResult) -> Markdown:
         lines.append("- Measured peak memory per sample (notebook 02): " + "; ".join(
             f"{label(n)} {b_ / 1e6:,.0f} MB" for n, b_ in r.memory_per_sample.items()) + ".")
     return Markdown("\n".join(lines))
+
+
+def _bench_out(run_dir) -> str:
+    """Where ``bench --out`` must write for this run's verdict to read it."""
+    from pathlib import Path
+
+    if run_dir is None:
+        return "RUN_DIR/bench.json"
+    return str(Path(run_dir) / "bench.json")
 
 
 def epochs_table(v: VerdictResult):
@@ -162,6 +190,8 @@ def headline(v: VerdictResult) -> str:
         parts.append(f"measured gap {v.gap_total.median:.3g}x (the investigation: 40x on GPUs)")
     counts = {s: sum(c.status == s for c in v.claims) for s in C.STATUSES}
     parts.append("claims " + ", ".join(f"{k}: {n}" for k, n in counts.items() if n))
+    if v.disturbed:
+        parts.append("disturbed (not relied on): " + ", ".join(v.disturbed))
     return "; ".join(parts)
 
 

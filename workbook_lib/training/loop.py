@@ -84,10 +84,12 @@ def make_loader(pipeline: Pipeline, batch_size: int | None = None, *, num_worker
     if len(ds) < b:
         raise ValueError(f"pipeline {pipeline.name!r}: its dataset must hold at least one batch "
                          f"of {b} samples (got {len(ds)})")
-    return DataLoader(ds, batch_size=b, shuffle=False, num_workers=num_workers,
-                      collate_fn=TimedCollate(pipeline),
-                      pin_memory=pin_memory and torch.device(pipeline.device).type == "cuda",
-                      drop_last=True, persistent_workers=persistent_workers and num_workers > 0)
+    loader = DataLoader(ds, batch_size=b, shuffle=False, num_workers=num_workers,
+                        collate_fn=TimedCollate(pipeline),
+                        pin_memory=pin_memory and torch.device(pipeline.device).type == "cuda",
+                        drop_last=True, persistent_workers=persistent_workers and num_workers > 0)
+    loader.wb_pin_memory = pin_memory  # what a GPU run would do (the sync count follows it)
+    return loader
 
 
 def cycle(loader: DataLoader) -> Iterator:
@@ -171,6 +173,9 @@ class Arm:
                 with (counter.count() if counter is not None else nullcontext()), \
                         (self.model.no_sync() if skip else nullcontext()):
                     with _stage(clock, "h2d"):
+                        if counter is not None:  # as a GPU would: pageable copies synchronize
+                            counter.transfer(batch, pinned=getattr(self.loader, "wb_pin_memory",
+                                                                   self.loader.pin_memory))
                         batch = pipe.to_device(batch, non_blocking=self.loader.pin_memory)
                     with _stage(clock, "device_prep"):
                         inputs = pipe.prepare(batch)

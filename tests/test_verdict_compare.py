@@ -1,0 +1,213 @@
+"""The verdict's causes, recommendation and disturbed-run rule, and compare's judgement, each
+driven both ways with realistic inputs (the shapes of a default run's results)."""
+import json
+
+import pytest
+
+from workbook_lib.analysis import compare as cmp
+from workbook_lib.analysis import verdict as V
+from workbook_lib.analysis.headlines import FITTED, RATIO, Figure
+from workbook_lib.distributed.analysis import GapDecomposition, within_noise
+from workbook_lib.measurement.timing import Stat
+from workbook_lib.training.loop import ArmResult
+
+
+def st(median, rel=0.02, n=12):
+    """A Stat of n samples spread +-rel around median."""
+    return Stat.from_samples([median * (1 + rel * x) for x in (-1, 0, 1)] * (n // 3))
+
+
+def arm(name, b, stages, untracked=0.001, rel=0.02):
+    """A full-step arm whose step is its stages plus the loop's own time."""
+    stage = {k: st(v, rel) for k, v in stages.items()}
+    return ArmResult(f"{name}/full", name, "full", "full", b, 1,
+                     st(sum(stages.values()) + untracked, rel), stage)
+
+
+class _Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _loops(arms, interleaved=True):
+    from workbook_lib.analysis.timing_study import LoopStudy
+
+    return LoopStudy("cpu", "", list(arms), {n: a.batch_size for n, a in arms.items()},
+                     interleaved, {}, {f"{n}/full": a for n, a in arms.items()})
+
+
+def _timing(lazy_loader=0.030, lazy_model=0.100, dango_model=0.012, fast_prep=0.0):
+    # a default run's shape: Lazy B=7 spends ~130 ms a step, DANGO B=16 ~14 ms
+    arms = {"replicated_mask_cpu": arm("replicated_mask_cpu", 7, {
+                "loader_wait": lazy_loader, "h2d": 1e-5, "device_prep": 1e-4,
+                "forward": lazy_model * 0.4, "backward": lazy_model * 0.5,
+                "optimizer": lazy_model * 0.1}),
+            "dango_wildtype": arm("dango_wildtype", 16, {
+                "loader_wait": 0.0005, "h2d": 1e-5, "device_prep": 1e-4 + fast_prep,
+                "forward": dango_model * 0.4, "backward": dango_model * 0.5,
+                "optimizer": dango_model * 0.1}),
+            "node_mask_shared": arm("node_mask_shared", 7, {
+                "loader_wait": 0.0004, "h2d": 1e-5, "device_prep": 1e-4, "forward": 0.004,
+                "backward": 0.005, "optimizer": 0.001})}
+    return _Obj(loops=_loops(arms), syncs=_Obj(per_step={"replicated_mask_cpu": 21.0,
+                                                         "dango_wildtype": 3.0}))
+
+
+def _ddp(factor=1.0, rel=0.02, total_rel=0.02):
+    f = st(factor, rel)
+    g = GapDecomposition("replicated_mask_cpu", "dango_wildtype",
+                         {"replicated_mask_cpu": 7, "dango_wildtype": 16}, 2, 1, 16 / 7,
+                         st(9.0, total_rel), f, within_noise(f), st(20.0, total_rel))
+    worlds = {1: _Obj(step=st(0.01)), 2: _Obj(step=st(0.012))}
+    return _Obj(gap=g, worlds=worlds, gap_strategies=["replicated_mask_cpu", "dango_wildtype"])
+
+
+def test_causes_shares_are_of_the_measured_gap_with_the_rest_apart():
+    causes = V.rank_causes(_timing(), _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000,
+                           "cpu")
+    timed = [c for c in causes if c.share is not None]
+    assert sum(c.share for c in timed) == pytest.approx(1.0)  # adds - saves + rest = 100%
+    model = next(c for c in causes if c.cause.startswith("the model"))
+    assert model.effect == "adds" and 0.7 < model.share < 0.9  # 100 ms of ~131 vs ~13
+    rest = next(c for c in causes if c.effect == "rest")
+    # stage medians of skewed samples do not add up to the step median: the rest shows it
+    assert rest is causes[[c.effect for c in causes].index("rest")]
+
+
+def test_a_cause_that_saves_time_is_apart_not_a_negative_share_of_the_extra():
+    # the fast pipeline spends 20 ms more in device prep than the slow one: that saves time
+    causes = V.rank_causes(_timing(fast_prep=0.020), _ddp(), "replicated_mask_cpu",
+                           "dango_wildtype", 1000, "cpu")
+    prep = next(c for c in causes if c.cause.startswith("on-device"))
+    assert prep.effect == "saves" and prep.share < 0
+    assert all(c.effect == "adds" for c in causes if c.share is not None and c.share > 0
+               and c.effect != "rest")
+    none = V.rank_causes(_timing(), _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000,
+                         "cpu")
+    assert not [c for c in none if c.effect == "saves" and abs(c.share) > 0.01]
+
+
+def _mask_cost(mem=None):
+    return _Obj(memory=_Obj(per_sample=lambda: dict(mem or {})),
+                bench=_Obj(full_size=False, ratio_vs_lazy_form=st(5.0), ratio_vs_sparse_form=None,
+                           passes_per_sample=st(0.3)))
+
+
+def test_recommendation_fastest_exact_and_memory_tie_break(tmp_path):
+    t = _timing()
+    r = V.recommend(t, _mask_cost(), _ddp(), tmp_path, baseline="replicated_mask_cpu",
+                    tie_tolerance=0.15, num_samples=1000)
+    assert r.strategy == "node_mask_shared" and r.tied == ["node_mask_shared"]
+    # replicated 131.1 ms / 7 against shared 11.5 ms / 7 per sample, paired by round
+    assert r.speedup.median == pytest.approx(0.13111 / 0.01151, rel=1e-6)
+    # a tie within 15%: the one with less measured memory per sample wins, never a missing one
+    t.loops.arms["replicated_mask_cpu/full"] = arm("replicated_mask_cpu", 7, {"forward": 0.0111})
+    r = V.recommend(t, _mask_cost({"node_mask_shared": 5e6, "replicated_mask_cpu": 1e6}),
+                    _ddp(), tmp_path, baseline="replicated_mask_cpu", tie_tolerance=0.15,
+                    num_samples=1000)
+    assert set(r.tied) == {"node_mask_shared", "replicated_mask_cpu"}
+    assert r.strategy == "replicated_mask_cpu"
+    r = V.recommend(t, _mask_cost({"node_mask_shared": 5e6}), _ddp(), tmp_path,
+                    baseline="replicated_mask_cpu", tie_tolerance=0.15, num_samples=1000)
+    assert r.strategy == r.fastest and "not measured for all" in r.tie_rule
+
+
+def test_disturbed_figures_are_named_and_not_relied_on():
+    quiet = V.disturbed_figures(_ddp(), None, 0.10)
+    assert quiet == {}
+    loud = V.disturbed_figures(_ddp(rel=0.2, total_rel=0.3), None, 0.10)
+    assert set(loud) == {"gap", "per_step_ratio", "ddp_factor"}
+    assert loud["gap"] == pytest.approx(0.6, rel=0.01)  # IQR/median of +-30% samples
+
+
+def _figure(value, iqr=None, se=None, kind=RATIO, better="higher", key="x"):
+    return Figure(key, "label", "02", value, iqr, None, "x", better, kind, se)
+
+
+def test_compare_judges_beyond_the_noise_only():
+    assert cmp._verdict(_figure(10.0, 1.0), _figure(12.0, 1.0))[1] == "better"
+    assert cmp._verdict(_figure(10.0, 1.0), _figure(8.0, 1.0))[1] == "worse"
+    # 15% apart but the IQRs overlap: no direction (the old fixed 5% said "better")
+    text, cls = cmp._verdict(_figure(10.0, 3.0), _figure(11.5, 3.0))
+    assert cls == "" and "within noise" in text
+    # a coefficient: two standard errors; a negative one has no direction
+    fit = dict(kind=FITTED, better="lower")
+    assert cmp._verdict(_figure(1.0, se=0.01, **fit), _figure(0.8, se=0.01, **fit))[1] == \
+        "better"
+    assert cmp._verdict(_figure(1.0, se=0.2, **fit), _figure(0.8, se=0.2, **fit))[1] == ""
+    text, cls = cmp._verdict(_figure(1.0, se=0.01, **fit), _figure(-0.5, se=0.01, **fit))
+    assert cls == "" and "negative" in text
+    assert cmp._verdict(_figure(1.0, **fit), _figure(0.8, **fit))[1] == ""  # no se: no noise
+    # exact figures (a count): equal, or a direction for any difference
+    exact = dict(kind="arithmetic", better="lower")
+    assert cmp._verdict(_figure(12117.0, **exact), _figure(12117.0, **exact))[0] == "equal"
+    assert cmp._verdict(_figure(12117.0, **exact), _figure(12000.0, **exact))[1] == "better"
+
+
+def test_compare_formats_counts_and_accepts_another_scale(tmp_path):
+    assert cmp.fmt_value(242337.0) == "242,337" and cmp.fmt_value(0.01234) == "0.01234"
+    a = {"snapshot": "string12", "seed": 0, "scale": 0.1}
+    assert cmp.same_snapshot_other_scale([a, dict(a, scale=1.0)])
+    assert not cmp.same_snapshot_other_scale([a, dict(a, snapshot="/x/graph.pt", scale=1.0)])
+    assert not cmp.same_snapshot_other_scale([a, dict(a)])
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "environment.json").write_text(json.dumps({"params": a}))
+    assert cmp._params(run) == a
+
+
+def test_the_answer_does_not_rest_on_disturbed_figures():
+    causes = V.rank_causes(_timing(), _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000,
+                           "cpu")
+    inv = _Obj(scale=0.1, total_edges=242337)
+
+    def answer(ddp):
+        v = V.VerdictResult("", "cpu", "cpu", causes, [], None, ddp.gap.total, [], [],
+                            disturbed=V.disturbed_figures(ddp, None, 0.10))
+        return V.answer(v, ddp, inv, {})
+    quiet = answer(_ddp())
+    assert quiet.startswith("**On this run") and "**Why:**" in quiet
+    loud = answer(_ddp(rel=0.2, total_rel=0.3))
+    assert loud.startswith("**This run was disturbed:**") and "**On this run" not in loud
+    assert "not relied on" in loud and "**Why:**" not in loud
+
+
+def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
+    """run_bench's derived figures from its own interleaved rounds: per sample = step / B,
+    the ratios per round, passes per sample = shared per sample over one wildtype step."""
+    from workbook_lib.analysis.bench import run_bench
+
+    p = dict(ci_params, min_repeats=3, time_budget_s=0.05, precision_target=0.5, hidden=8,
+             layers=1)
+    b = run_bench(p, full_size=False, device="cpu")
+    assert not b.full_size and b.sizes["scale"] == 0.005 and b.exact_max_rel_error < 1e-4
+
+    def per(k):
+        return [x / b.per_sample_s[k].batch_size for x in b.steps[k].samples]
+
+    def med(xs):
+        return Stat.from_samples(xs).median
+    assert b.per_sample_s["shared"].median == pytest.approx(med(per("shared")))
+    assert b.passes_per_sample.median == pytest.approx(
+        med([s / w for s, w in zip(per("shared"), b.steps["wildtype"].samples)]))
+    assert b.ratio_vs_lazy_form.median == pytest.approx(
+        med([r / s for r, s in zip(per("replicated_gather_scatter"), per("shared"))]))
+    assert b.per_sample_s["replicated_gather_scatter"].batch_size <= \
+        p["bench_replicated_max_batch"]
+
+
+def test_stored_mask_reads_cold_then_warm(tmp_path):
+    from conftest import make_graph
+
+    from workbook_lib.analysis import claim_probes as cp
+    from workbook_lib.data.perturbations import sample_perturbations
+
+    g = make_graph(num_genes=40, types={"a": 300, "b": 200}, seed=1)
+    pert = sample_perturbations(40, 2, 16, seed=0)
+    r = cp.stored_mask_reads(g, pert, rounds=2, storage_dir=tmp_path)
+    assert r.items == 16 and r.bytes_per_item == 500 and r.file_bytes >= 16 * 500
+    assert r.cold_ms.n == r.warm_ms.n == r.cold_over_warm.n == 2
+    assert r.cold_over_warm.median == pytest.approx(Stat.from_samples(
+        [c / w for c, w in zip(r.cold_ms.samples, r.warm_ms.samples)]).median)
+    with pytest.raises(ValueError, match="'rounds'"):
+        cp.stored_mask_reads(g, pert, rounds=0, storage_dir=tmp_path)

@@ -1,0 +1,165 @@
+"""Small measurements some claims need that no timing notebook makes.
+
+* :func:`dual_forward_masks`: the per-edge mask bytes a forward of the replicated pipeline reads,
+  without and with the dual forward (the "130 MB with the dual forward" claim). Every operator
+  the model's forward calls is seen by a ``TorchDispatchMode``; the distinct storages of 1-D
+  floating or boolean tensors with one value per edge of the batch (B x E_t for an edge type t)
+  are summed. Reading what the operators read, rather than what the code says, keeps the
+  figure honest if the model changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..measurement.timing import Stat
+from ..records import Record
+
+
+@dataclass
+class DualForwardMasks(Record):
+    """Per-edge mask bytes one forward reads, single and dual."""
+
+    strategy: str
+    batch_size: int
+    edges: int  # the graph's edges
+    single_bytes: int
+    dual_bytes: int
+
+    def describe(self) -> str:
+        return (f"per-edge mask bytes one forward of {self.strategy} reads at B = "
+                f"{self.batch_size} ({self.edges:,} edges): {self.single_bytes:,} without the "
+                f"dual forward, {self.dual_bytes:,} with it (every 1-D per-edge tensor an "
+                "operator reads, counted once)")
+
+
+class _PerEdgeReads(TorchDispatchMode):
+    def __init__(self, lengths: set[int]):
+        super().__init__()
+        self.lengths = lengths
+        self.seen: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in pytree.tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor) and a.dim() == 1 and a.numel() in self.lengths \
+                    and (a.dtype == torch.bool or a.is_floating_point()):
+                st = a.untyped_storage()
+                self.seen[st.data_ptr()] = st.nbytes()
+        return func(*args, **kwargs)
+
+
+def mask_bytes_read(strategy, model, ctx: dict, batch_size: int, *, dual: bool) -> int:
+    """Bytes of the distinct per-edge (B x E_t long) float or boolean tensors one forward reads.
+
+    Args:
+        strategy: a prepared strategy.
+        model: the model.
+        ctx: the batch as :func:`workbook_lib.strategies.build_ctx` prepares it.
+        batch_size: B of the batch.
+        dual: run the dual forward.
+    """
+    lengths = {batch_size * strategy.graph.num_edges(t) for t in strategy.graph.edge_types}
+    probe = _PerEdgeReads(lengths)
+    with torch.no_grad(), probe:
+        model(strategy, ctx, dual=dual)
+    return int(sum(probe.seen.values()))
+
+
+def dual_forward_masks(params: dict, graph, device, *, strategy: str = "replicated_mask_cpu",
+                       batch_size: int = 2) -> DualForwardMasks:
+    """Measure what the dual forward adds to the mask bytes a forward reads (see the module
+    docstring). ``batch_size`` must be at least 2 (B x E_t would not tell a batch from one
+    wildtype copy)."""
+    from ..strategies import build_ctx
+    from ..training.factory import build_run
+
+    if batch_size < 2:
+        raise ValueError(f"'batch_size' must be at least 2 (got {batch_size})")
+    run = build_run(params, strategy, graph=graph, device=device, batch_size=batch_size)
+    ctx = build_ctx(run.strategy, run.perturbations(batch_size))
+    single = mask_bytes_read(run.strategy, run.model, ctx, batch_size, dual=False)
+    dual = mask_bytes_read(run.strategy, run.model, ctx, batch_size, dual=True)
+    return DualForwardMasks(strategy, batch_size, graph.num_edges(), single, dual)
+
+
+@dataclass
+class StoredReads(Record):
+    """Reading stored masks per item, cold (the file's pages dropped from the page cache
+    first) and warm (read again right after), paired by round."""
+
+    items: int
+    bytes_per_item: int
+    file_bytes: int
+    cold_ms: Stat  # per item
+    warm_ms: Stat
+    cold_over_warm: Stat
+    dropped: bool  # posix_fadvise was available (the kernel may still keep pages, e.g. tmpfs)
+
+
+def drop_page_cache(path) -> bool:
+    """Ask the kernel to drop a file's cached pages: fsync, then ``POSIX_FADV_DONTNEED``.
+    Returns False where the call does not exist (the reads are then warm: say so)."""
+    import os
+
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return True
+
+
+def stored_mask_reads(graph, pert: torch.Tensor, *, rounds: int = 5,
+                      storage_dir=None) -> StoredReads:
+    """Time strategy 3's per-item read of ``len(pert)`` stored masks, cold and warm, ``rounds``
+    times (each round: drop the file's pages, read every item, read every item again).
+
+    Args:
+        graph: the cell graph.
+        pert: the perturbations to store and read (one item each).
+        rounds: cold/warm pairs (at least 1).
+        storage_dir: where the mask file goes (default: a temporary folder, removed after).
+    """
+    import gc
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from ..strategies import make_strategy
+
+    if rounds < 1:
+        raise ValueError(f"'rounds' must be a positive integer (got {rounds})")
+    own = storage_dir is None
+    d = Path(tempfile.mkdtemp(prefix="wb-reads-")) if own else Path(storage_dir)
+    try:
+        s = make_strategy("replicated_mask_stored", graph, storage_dir=d)
+        path = s.store(pert)
+        n = len(pert)
+
+        def read_all() -> float:
+            t0 = time.perf_counter()
+            for i in range(n):
+                s.make_item(i, pert[i])
+            return (time.perf_counter() - t0) * 1e3 / n
+        cold, warm = [], []
+        dropped = True
+        for _ in range(rounds):
+            s._mm = None  # unmap, so that the pages can be dropped
+            gc.collect()
+            dropped = drop_page_cache(path) and dropped
+            cold.append(read_all())
+            warm.append(read_all())
+        c, w = Stat.from_samples(cold, unit="ms"), Stat.from_samples(warm, unit="ms")
+        return StoredReads(n, graph.num_edges(), path.stat().st_size, c, w,
+                           c.ratio_to(w, paired=True), dropped)
+    finally:
+        if own:
+            shutil.rmtree(d, ignore_errors=True)
