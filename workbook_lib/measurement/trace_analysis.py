@@ -14,7 +14,9 @@ threads either.
 
 * a CPU thread holding ``ProfilerStep#N`` ranges (the thread that called ``prof.step()``):
   the union of those step spans; events outside every step (the profiler's own start and stop
-  bookkeeping) are left out and their time is reported apart;
+  bookkeeping) are left out and their time is reported apart. (The first recorded step's span
+  also holds the end of the profiler's own switch to recording, a millisecond or a few;
+  the later steps' spans match the steps' wall time measured outside the profiler.)
 * any other CPU thread (autograd's device threads, a prefetch thread, another process such as
   a DataLoader worker whose trace was merged in): the union of its top-level events;
 * a GPU stream: its busy time, the union of its kernels, copies and sets. The GPU-side

@@ -170,6 +170,8 @@ def _cmd_trace(args) -> int:
         raise ParamsError(f"--depth must be a positive integer (got {args.depth})")
     if args.top < 1:
         raise ParamsError(f"--top must be a positive integer (got {args.top})")
+    paths = [p for p in (args.trace, args.other) if p]
+    traces = [ta.read_trace(p) for p in paths]  # both refused before any work if not traces
     out = _trace_out(args)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -177,8 +179,6 @@ def _cmd_trace(args) -> int:
         out.with_suffix(".probe").unlink()
     except OSError as exc:
         raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-    paths = [p for p in (args.trace, args.other) if p]
-    traces = [ta.read_trace(p) for p in paths]  # both refused before any work if not traces
     bds = [ta.breakdown(t, depth=args.depth) for t in traces]
     names = [Path(p).name for p in paths]
     if len(names) == 2 and names[0] == names[1]:
