@@ -13,10 +13,12 @@ threads either.
 **Wall time**, per row of the trace (one CPU thread, or one GPU stream):
 
 * a CPU thread holding ``ProfilerStep#N`` ranges (the thread that called ``prof.step()``):
-  the union of those step spans; events outside every step (the profiler's own start and stop
-  bookkeeping) are left out and their time is reported apart. (The first recorded step's span
-  also holds the end of the profiler's own switch to recording, a millisecond or a few;
-  the later steps' spans match the steps' wall time measured outside the profiler.)
+  the union of those step spans; only the part of each event's self time inside the steps is
+  kept (events outside every step, the profiler's own start and stop bookkeeping, and the time
+  of enclosing Python frames outside the steps in a ``with_stack=True`` trace are left out and
+  reported apart). The first recorded step's span also holds the end of the profiler's own
+  switch to recording (a millisecond or a few); the later steps' spans match the steps' wall
+  time measured outside the profiler.
 * any other CPU thread (autograd's device threads, a prefetch thread, another process such as
   a DataLoader worker whose trace was merged in): the union of its top-level events;
 * a GPU stream: its busy time, the union of its kernels, copies and sets. The GPU-side
@@ -51,6 +53,7 @@ give the per-range partition either.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import zlib
@@ -85,10 +88,17 @@ class Event:
     cat: str = ""
     children: list = field(default_factory=list)
     parent: "Event | None" = None
+    stop: float | None = None  # the end clipped to the parent's (set by build_tree)
 
     @property
     def end(self) -> float:
         return self.ts + self.dur
+
+    @property
+    def clipped_end(self) -> float:
+        """The end, or the enclosing event's where this one outlasts it (profiler timestamps
+        are not always perfectly nested): the part beyond belongs to the parent's parent."""
+        return self.end if self.stop is None else self.stop
 
     @property
     def is_range(self) -> bool:
@@ -229,21 +239,27 @@ def load_trace(path: str | Path) -> list[Event]:
 
 
 def build_tree(events: list[Event]) -> list[Event]:
-    """Link each event to its innermost enclosing event on the same (pid, tid); return roots."""
+    """Link each event to its innermost enclosing event on the same (pid, tid); return roots.
+
+    An event that starts inside another but outlasts it is cut at its parent's end
+    (``clipped_end``), so that the tree nests properly and no instant has two innermost events.
+    """
     roots = []
     by_thread: dict = {}
     for e in events:
-        e.children, e.parent = [], None
+        e.children, e.parent, e.stop = [], None, None
         by_thread.setdefault((e.pid, e.tid), []).append(e)
     for evs in by_thread.values():
         evs.sort(key=lambda e: (e.ts, -e.dur))
         stack: list[Event] = []
         for e in evs:
-            while stack and stack[-1].end <= e.ts:
+            while stack and stack[-1].clipped_end <= e.ts:
                 stack.pop()
             if stack:
                 e.parent = stack[-1]
                 stack[-1].children.append(e)
+                if e.end > e.parent.clipped_end:
+                    e.stop = e.parent.clipped_end
             else:
                 roots.append(e)
             stack.append(e)
@@ -251,10 +267,11 @@ def build_tree(events: list[Event]) -> list[Event]:
 
 
 def self_time(e: Event, children: list[Event] | None = None) -> float:
-    """Duration minus the (clipped) durations of direct children (``children`` if given)."""
+    """Duration minus the durations of direct children (``children`` if given), each cut at
+    its parent's end (see :func:`build_tree`)."""
     kids = e.children if children is None else children
-    inner = sum(min(c.end, e.end) - c.ts for c in kids)
-    return max(0.0, e.dur - inner)
+    inner = sum(c.clipped_end - c.ts for c in kids)
+    return max(0.0, e.clipped_end - e.ts - inner)
 
 
 def union_seconds(spans: list[tuple[float, float]]) -> float:
@@ -461,23 +478,69 @@ def _ops(evs: list[Event], self_of: dict[int, float]) -> list[OpTime]:
     return sorted(ops, key=lambda o: (-o.exclusive_s, o.name))
 
 
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint union of ``(start, end)`` spans."""
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap(lo: float, hi: float, window: list[tuple[float, float]], starts: list[float]
+             ) -> float:
+    """Length of ``[lo, hi]`` inside the disjoint sorted ``window`` (microseconds)."""
+    i = max(bisect.bisect_right(starts, lo) - 1, 0)
+    tot = 0.0
+    while i < len(window) and window[i][0] < hi:
+        tot += max(0.0, min(hi, window[i][1]) - max(lo, window[i][0]))
+        i += 1
+    return tot
+
+
+def _overlaps(e: Event, window, starts) -> bool:
+    """Whether ``e`` lies in the window at all (an instant-long event: its time inside it)."""
+    i = max(bisect.bisect_right(starts, e.ts) - 1, 0)
+    return (_overlap(e.ts, e.clipped_end, window, starts) > 0
+            or window[i][0] <= e.ts <= window[i][1])
+
+
+def _self_in_window(e: Event, window, starts) -> float:
+    """``e``'s self time (its span less its direct children's) inside ``window``: a Python
+    frame enclosing the steps (``with_stack=True``) or an operator that straddles a step
+    boundary counts only its part inside the steps."""
+    tot, cur, end = 0.0, e.ts, e.clipped_end
+    for c in e.children:  # in time order (build_tree), each within its parent
+        if c.ts > cur:
+            tot += _overlap(cur, c.ts, window, starts)
+        cur = max(cur, c.clipped_end)
+    if end > cur:
+        tot += _overlap(cur, end, window, starts)
+    return tot
+
+
 def _row(tr: Trace, key: tuple, evs: list[Event], main: bool, main_pid, depth) -> RowBreakdown:
     pid, tid = key
     gpu = _is_gpu(evs)
     roots = build_tree(evs)
-    steps = [r for r in roots if r.is_step] if not gpu else []
+    steps = [e for e in evs if e.is_step] if not gpu else []
     outside = 0.0
     if gpu:
         timed = [e for e in evs if e.cat.lower() not in GPU_RANGE_CATS]
-        timed_ids = {id(e) for e in timed}
-        self_of = {id(e): self_time(e, [c for c in e.children if id(c) in timed_ids]) / 1e6
-                   for e in timed}
+        # kernels, copies and sets run one after another on a stream: each its whole duration
+        self_of = {id(e): e.dur / 1e6 for e in timed}
         wall, rule = union_seconds([(e.ts, e.end) for e in timed]), WALL_GPU
     else:
         self_all = {id(e): self_time(e) / 1e6 for e in evs}
         if steps:
-            timed = [e for e in evs if _root(e).is_step]
-            outside = sum(self_all[id(e)] for e in evs if not _root(e).is_step)
+            window = _merge([(s.ts, s.end) for s in steps])
+            starts = [w[0] for w in window]
+            self_in = {id(e): _self_in_window(e, window, starts) / 1e6 for e in evs}
+            timed = [e for e in evs if _overlaps(e, window, starts)]
+            outside = sum(self_all.values()) - sum(self_in.values())
+            self_all = self_in
             wall, rule = union_seconds([(s.ts, s.end) for s in steps]), WALL_STEPS
         else:
             timed = evs

@@ -68,7 +68,7 @@ def _figure(bds: list[TraceBreakdown], names: list[str], top: int = 12) -> tuple
             for m, d in zip(mains, divs)]
     labels = [k if len(k) <= 60 else k[:29] + "…" + k[-30:] for k in shown] + \
         ([f"{len(rest)} other ranges"] if rest else [])
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) * len(mains) + 1.6))
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(labels) * len(mains) + 1.6))
     y = np.arange(len(labels))
     h = 0.8 / len(mains)
     for i, (v, n) in enumerate(zip(vals, names)):

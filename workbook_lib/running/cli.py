@@ -195,10 +195,8 @@ def _cmd_trace(args) -> int:
             per = f"{r.steps} steps" if r.steps else "no steps"
             print(f"  {r.label[:70]:70s} wall {r.wall_s * 1e3:10.3f} ms ({per}); exclusive "
                   f"times add up to {r.coverage:.1%}")
-        m = bd.main_row
-        if m is not None:
-            for k, v in list(m.ranges.items())[:5]:
-                print(f"    {v / m.per_step * 1e3:10.3f} ms{'/step' if m.steps else ''}  {k[:80]}")
+            for k, v in list(r.ranges.items())[:5] if r.main else []:
+                print(f"    {v / r.per_step * 1e3:10.3f} ms{'/step' if r.steps else ''}  {k[:80]}")
     if dif is not None:
         print(f"{names[1]} against {names[0]} ({dif.per}):")
         for r in dif.rows[:1] + dif.ranges[:5]:
