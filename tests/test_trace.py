@@ -1,4 +1,4 @@
-"""``python -m workbook_lib trace``: exclusive-time breakdown of profiler traces, and its refusals."""
+"""The `trace` command: exclusive-time breakdown of profiler traces, and its refusals."""
 import gzip
 import json
 import threading
@@ -231,8 +231,8 @@ def test_cli_writes_html_and_json_for_one_and_two_traces(tmp_path, capsys):
     a = _write(tmp_path / "a.json", _synthetic(steps=2))
     gz = tmp_path / "b.json.gz"
     gz.write_bytes(gzip.compress(json.dumps(_synthetic(steps=3, scale=2)).encode()))
-    assert main(["trace", str(a), "--out", str(tmp_path / "one.html")]) == 0
-    doc = json.loads((tmp_path / "one.json").read_text())
+    assert main(["trace", str(a), "--out", str(tmp_path / "one.v2.html")]) == 0
+    doc = json.loads((tmp_path / "one.v2.json").read_text())
     assert doc["diff"] is None and doc["traces"][0]["main"].startswith("main thread")
     assert "ProfilerStep" in doc["wall_time"]
     assert main(["trace", str(a), str(gz), "--out", str(tmp_path / "two"), "--depth", "1"]) == 0

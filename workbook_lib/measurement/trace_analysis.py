@@ -366,6 +366,14 @@ def covered_seconds(events: list[Event], *, thread: tuple | None = None) -> floa
 # ---------------------------------------------------------------------------------------------
 # The general breakdown: every thread and stream, by range, kind and operator.
 
+WALL_DEFINITION = (
+    "Each event's exclusive (self) time is its duration minus its direct children's, so nested "
+    "events are counted once. Wall time: on the thread that holds the ProfilerStep# ranges, the "
+    "union of those steps (only time inside them is kept: the profiler's own start and stop, "
+    "and Python frames around the steps, are left out and reported apart); on another CPU "
+    "thread or process, the union of its top-level events; on a GPU stream, its busy time (the "
+    "union of its kernels, copies and sets; the GPU-side ranges only name the kernels). Rows "
+    "are never summed together: threads overlap in time.")
 WALL_STEPS = "union of the ProfilerStep# spans"
 WALL_TOP = "union of the thread's top-level events"
 WALL_GPU = "busy time: union of the stream's kernels, copies and sets"

@@ -11,8 +11,8 @@ import base64
 import html
 import io
 
-from ..measurement.trace_analysis import OUTSIDE, DiffRow, RowBreakdown, TraceBreakdown, \
-    TraceDiff
+from ..measurement.trace_analysis import OUTSIDE, WALL_DEFINITION, DiffRow, RowBreakdown, \
+    TraceBreakdown, TraceDiff
 from .tables import fmt_pct, fmt_ratio, fmt_seconds
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}
@@ -22,13 +22,7 @@ code{font-size:90%} small{color:#666} .note{background:#f3f8fc;border-left:4px s
 padding:.5em 1em} .warn{background:#fcf3e3;border-left:4px solid #c98a1a;padding:.5em 1em}
 .more{color:#a11} .less{color:#176d17} section{margin-top:2em}"""
 
-WALL_NOTE = (
-    "Each event's exclusive (self) time is its duration minus its direct children's, so nested "
-    "events are counted once. Wall time: on the thread that holds the <code>ProfilerStep#</code> "
-    "ranges, the union of those steps (events outside them, the profiler's own start and stop, "
-    "are left out); on another CPU thread or process, the union of its top-level events; on a "
-    "GPU stream, its busy time (the union of its kernels, copies and sets; the GPU-side ranges "
-    "only name the kernels). Rows are never summed together: threads overlap in time.")
+WALL_NOTE = html.escape(WALL_DEFINITION).replace("ProfilerStep#", "<code>ProfilerStep#</code>")
 
 
 def _esc(s: object) -> str:

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,stability,slurm,trace,...}``.
+"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,stability,slurm,...}``.
 
 Every bad argument (a params file that is not YAML, a ``--set`` that does not parse, an ``--out``
 that cannot be written) gets a one-line error and exit status 2 before any work; a failed
@@ -175,8 +175,8 @@ def _cmd_trace(args) -> int:
     out = _trace_out(args)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".probe").write_text("")
-        out.with_suffix(".probe").unlink()
+        Path(f"{out}.probe").write_text("")
+        Path(f"{out}.probe").unlink()
     except OSError as exc:
         raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     bds = [ta.breakdown(t, depth=args.depth) for t in traces]
@@ -185,8 +185,8 @@ def _cmd_trace(args) -> int:
         names = [str(p) for p in paths]
     dif = ta.diff(bds[0], bds[1]) if len(bds) == 2 else None
     doc = {"traces": [b.to_json() for b in bds], "diff": dif.to_json() if dif else None,
-           "wall_time": ta.__doc__.split("**Wall time**")[1].split("**What is read**")[0].strip()}
-    html_path, json_path = out.with_suffix(".html"), out.with_suffix(".json")
+           "wall_time": ta.WALL_DEFINITION}
+    html_path, json_path = Path(f"{out}.html"), Path(f"{out}.json")
     atomic_write_text(json_path, json.dumps(doc, indent=1))
     atomic_write_text(html_path, page(bds, names, dif, top=args.top))
     for bd, name in zip(bds, names):
