@@ -136,10 +136,14 @@ def _synthetic(steps=2, scale=1.0):
                # a DataLoader worker process merged in: 50 us
                _x("worker:getitem", t, 50 * s, tid=9, pid=2, cat="user_annotation"),
                _x("aten::stack", t + 5 * s, 20 * s, tid=9, pid=2),
-               # GPU stream 7: an annotation (not work) around two kernels of 8 and 4 us
+               # GPU stream 7: annotations (not work: the step's, fwd) around kernels of 8, 4, 10
+               _x(f"ProfilerStep#{i + 2}", t + 12 * s, 80 * s, tid=7, pid=0,
+                  cat="gpu_user_annotation"),
                _x("fwd", t + 15 * s, 30 * s, tid=7, pid=0, cat="gpu_user_annotation"),
                _x("gemm", t + 20 * s, 8 * s, tid=7, pid=0, cat="kernel"),
                _x("relu_kernel", t + 30 * s, 4 * s, tid=7, pid=0, cat="kernel"),
+               # outlasts its annotation by 5 us: counted whole, once
+               _x("late_kernel", t + 40 * s, 10 * s, tid=7, pid=0, cat="kernel"),
                _x("Memcpy HtoD", t + 50 * s, 6 * s, tid=7, pid=0, cat="gpu_memcpy")]
     return {"traceEvents": ev, "displayTimeUnit": "ms"}
 
@@ -174,8 +178,8 @@ def test_synthetic_trace_exact_numbers_nothing_counted_twice(tmp_path):
     assert worker.ranges == {"worker:getitem": pytest.approx(100e-6)}
     gpu = bd.gpu_rows[0]
     assert gpu.label == "GPU 0 stream 7" and gpu.wall_rule == ta.WALL_GPU
-    assert gpu.wall_s == pytest.approx(2 * 18e-6) and gpu.exclusive_s == pytest.approx(36e-6)
-    assert gpu.ranges == {"fwd": pytest.approx(24e-6), ta.OUTSIDE: pytest.approx(12e-6)}
+    assert gpu.wall_s == pytest.approx(2 * 28e-6) and gpu.exclusive_s == pytest.approx(56e-6)
+    assert gpu.ranges == {"fwd": pytest.approx(44e-6), ta.OUTSIDE: pytest.approx(12e-6)}
     assert [r.main for r in bd.rows] == [True, False, False, False] and len(rows) == 4
     assert bd.ignored == {"flow": 4, "metadata": 2, "profiler span": 1}
 
@@ -219,12 +223,12 @@ def test_diff_is_per_step_and_exact(tmp_path):
     assert rows["main thread: wall time"].a_s == pytest.approx(100e-6)
     assert rows["main thread: wall time"].b_s == pytest.approx(150e-6)
     assert rows["main thread: wall time"].ratio == pytest.approx(1.5)
-    assert rows["GPU streams: busy time (summed)"].delta_s == pytest.approx(9e-6)
+    assert rows["GPU streams: busy time (summed)"].delta_s == pytest.approx(14e-6)
     rng = {r.key: r for r in d.ranges}
     assert rng["bwd"].delta_s == pytest.approx(15e-6) and rng["bwd"].ratio == pytest.approx(1.5)
     assert {r.key for r in d.ranges[:2]} == {ta.OUTSIDE, "bwd"}  # largest change first (+15 us)
     assert d.ranges[2].key == "fwd > inner" and d.ranges[2].delta_s == pytest.approx(14e-6)
-    assert {r.key for r in d.kernels} == {"gemm", "relu_kernel", "Memcpy HtoD"}
+    assert {r.key for r in d.kernels} == {"gemm", "relu_kernel", "late_kernel", "Memcpy HtoD"}
 
 
 def test_cli_writes_html_and_json_for_one_and_two_traces(tmp_path, capsys):

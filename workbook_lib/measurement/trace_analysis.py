@@ -458,7 +458,8 @@ def _is_gpu(events: list[Event]) -> bool:
 
 def _row_label(tr: Trace, pid, tid, gpu: bool, main: bool, main_pid) -> str:
     if gpu:
-        dev = tr.process_names.get(pid) or f"GPU {pid}"
+        dev = tr.process_names.get(pid, "")
+        dev = dev if dev.upper().startswith("GPU") else f"GPU {pid}"
         return f"{dev} stream {tid}"
     name = tr.thread_names.get((pid, tid))
     base = f"thread {tid}" + (f" ({name})" if name and str(tid) not in name else "")
@@ -586,9 +587,10 @@ def breakdown(trace: Trace, *, depth: int | None = None) -> TraceBreakdown:
     groups: dict[tuple, list[Event]] = {}
     for e in trace.events:
         groups.setdefault((e.pid, e.tid), []).append(e)
-    main_key = main_thread(trace.events, STEP_PREFIX)
+    cpu = [k for k, evs in groups.items() if not _is_gpu(evs)]
+    # the GPU streams carry ProfilerStep# annotations too: the main row is a CPU thread
+    main_key = main_thread([e for k in cpu for e in groups[k]], STEP_PREFIX)
     if main_key is None:
-        cpu = [k for k, evs in groups.items() if not _is_gpu(evs)]
         if cpu:
             main_key = max(cpu, key=lambda k: union_seconds(
                 [(r.ts, r.end) for r in build_tree(groups[k])]))
