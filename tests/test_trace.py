@@ -167,7 +167,7 @@ def test_synthetic_trace_exact_numbers_nothing_counted_twice(tmp_path):
     assert ops["aten::linear"].exclusive_s == pytest.approx(2 * 10e-6)
     assert ops["aten::linear"].inclusive_s == pytest.approx(2 * 20e-6)
     assert ops["inner"].exclusive_s == pytest.approx(2 * 8e-6)
-    assert ops["aten::mm"].calls == 2 and ops["ProfilerStep#2"].calls == 1
+    assert ops["aten::mm"].calls == 2 and ops[ta.STEP_OPERATOR].calls == 2
     assert m.kinds["user_annotation"] == pytest.approx(2 * (12 + 8 + 10 + 30) * 1e-6)
     rows = {r.label: r for r in bd.rows}
     auto = next(r for r in bd.rows if r.tid == "2")
@@ -199,7 +199,7 @@ def test_steps_inside_python_frames_keep_only_the_time_inside_the_steps(tmp_path
     assert m.ranges == {"fwd": pytest.approx(100e-6), ta.OUTSIDE: pytest.approx(200e-6)}
     ops = {o.name: o.exclusive_s for o in m.operators}
     assert ops["aten::copy_"] == pytest.approx(20e-6)
-    assert ops["ProfilerStep#1"] == pytest.approx((200 - 100 - 20) * 1e-6)
+    assert ops[ta.STEP_OPERATOR] == pytest.approx((200 - 100 - 20 + 100 - 10) * 1e-6)
     assert ops["train.py(20): loop"] == pytest.approx(0.0) and "train.py(10): main" in ops
 
 

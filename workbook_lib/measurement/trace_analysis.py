@@ -66,6 +66,7 @@ from ..records import Record
 STAGE_PREFIX = "wb:"
 UNTRACKED = "untracked (loop, Python)"
 STEP_PREFIX = "ProfilerStep#"
+STEP_OPERATOR = "ProfilerStep#N"
 OUTSIDE = "(outside any range)"
 RANGE_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "memcpy",
@@ -474,8 +475,8 @@ def _row_label(tr: Trace, pid, tid, gpu: bool, main: bool, main_pid) -> str:
 
 def _ops(evs: list[Event], self_of: dict[int, float]) -> list[OpTime]:
     acc: dict[str, list] = {}
-    for e in evs:
-        a = acc.setdefault(e.name, [0, 0.0, 0.0])
+    for e in evs:  # ProfilerStep#2, #3... are one operator, so that two traces compare
+        a = acc.setdefault(STEP_OPERATOR if e.is_step else e.name, [0, 0.0, 0.0])
         a[0] += 1
         a[1] += self_of[id(e)]
         anc = e.parent
