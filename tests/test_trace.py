@@ -163,6 +163,8 @@ def test_synthetic_trace_exact_numbers_nothing_counted_twice(tmp_path):
     # per step: fwd self 10 (40 - inner 28 - ... ) : fwd 40 = inner 28 + 12 self
     assert us == {"fwd > inner": 2 * 28, "fwd": 2 * 12, "bwd": 2 * 30,
                   ta.OUTSIDE: 2 * (100 - 40 - 30)}
+    assert m.range_steps["bwd"] == [pytest.approx(30e-6)] * 2
+    assert sum(sum(v) for v in m.range_steps.values()) == pytest.approx(200e-6)
     ops = {o.name: o for o in m.operators}
     assert ops["aten::linear"].exclusive_s == pytest.approx(2 * 10e-6)
     assert ops["aten::linear"].inclusive_s == pytest.approx(2 * 20e-6)
@@ -197,6 +199,7 @@ def test_steps_inside_python_frames_keep_only_the_time_inside_the_steps(tmp_path
     assert m.exclusive_s == pytest.approx(300e-6)
     assert m.outside_steps_s == pytest.approx((1000 - 300) * 1e-6)
     assert m.ranges == {"fwd": pytest.approx(100e-6), ta.OUTSIDE: pytest.approx(200e-6)}
+    assert m.range_steps[ta.OUTSIDE] == [pytest.approx(100e-6), pytest.approx(100e-6)]
     ops = {o.name: o.exclusive_s for o in m.operators}
     assert ops["aten::copy_"] == pytest.approx(20e-6)
     assert ops[ta.STEP_OPERATOR] == pytest.approx((200 - 100 - 20 + 100 - 10) * 1e-6)
@@ -246,6 +249,7 @@ def test_cli_writes_html_and_json_for_one_and_two_traces(tmp_path, capsys):
     page = (tmp_path / "two.html").read_text()
     assert "b.json.gz against a.json" in page and "GPU 0 stream 7" in page
     assert "data:image/png;base64," in page and "union of the ProfilerStep# spans" in page
+    assert "each step: median (IQR, n)" in page and "n=3)" in page
     assert "Report:" in capsys.readouterr().out
 
 

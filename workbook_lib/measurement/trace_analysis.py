@@ -405,6 +405,8 @@ class RowBreakdown(Record):
         steps: ProfilerStep# ranges on this row.
         outside_steps_s: exclusive time of events outside every step (left out).
         ranges, kinds: exclusive seconds by range path and by the trace's ``cat``.
+        range_steps: on the steps' thread, each range's exclusive seconds in each step (in
+            time order; the first step's span also holds the profiler's switch to recording).
         operators: by exclusive time, largest first.
     """
 
@@ -422,6 +424,7 @@ class RowBreakdown(Record):
     ranges: dict[str, float] = field(default_factory=dict)
     kinds: dict[str, float] = field(default_factory=dict)
     operators: list[OpTime] = field(default_factory=list)
+    range_steps: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def coverage(self) -> float:
@@ -492,20 +495,24 @@ def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted, disjoint union of ``(start, end)`` spans."""
     out: list[list[float]] = []
     for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
+        if out and a < out[-1][1]:  # touching spans (one step after another) stay apart
             out[-1][1] = max(out[-1][1], b)
         else:
             out.append([a, b])
     return [(a, b) for a, b in out]
 
 
-def _overlap(lo: float, hi: float, window: list[tuple[float, float]], starts: list[float]
-             ) -> float:
-    """Length of ``[lo, hi]`` inside the disjoint sorted ``window`` (microseconds)."""
+def _overlap(lo: float, hi: float, window: list[tuple[float, float]], starts: list[float],
+             per: dict[int, float] | None = None) -> float:
+    """Length of ``[lo, hi]`` inside the disjoint sorted ``window`` (microseconds); ``per``
+    (if given) accumulates it by window interval."""
     i = max(bisect.bisect_right(starts, lo) - 1, 0)
     tot = 0.0
     while i < len(window) and window[i][0] < hi:
-        tot += max(0.0, min(hi, window[i][1]) - max(lo, window[i][0]))
+        part = max(0.0, min(hi, window[i][1]) - max(lo, window[i][0]))
+        tot += part
+        if per is not None and part:
+            per[i] = per.get(i, 0.0) + part
         i += 1
     return tot
 
@@ -517,17 +524,17 @@ def _overlaps(e: Event, window, starts) -> bool:
             or window[i][0] <= e.ts <= window[i][1])
 
 
-def _self_in_window(e: Event, window, starts) -> float:
+def _self_in_window(e: Event, window, starts, per: dict[int, float] | None = None) -> float:
     """``e``'s self time (its span less its direct children's) inside ``window``: a Python
     frame enclosing the steps (``with_stack=True``) or an operator that straddles a step
     boundary counts only its part inside the steps."""
     tot, cur, end = 0.0, e.ts, e.clipped_end
     for c in e.children:  # in time order (build_tree), each within its parent
         if c.ts > cur:
-            tot += _overlap(cur, c.ts, window, starts)
+            tot += _overlap(cur, c.ts, window, starts, per)
         cur = max(cur, c.clipped_end)
     if end > cur:
-        tot += _overlap(cur, end, window, starts)
+        tot += _overlap(cur, end, window, starts, per)
     return tot
 
 
@@ -547,7 +554,9 @@ def _row(tr: Trace, key: tuple, evs: list[Event], main: bool, main_pid, depth) -
         if steps:
             window = _merge([(s.ts, s.end) for s in steps])
             starts = [w[0] for w in window]
-            self_in = {id(e): _self_in_window(e, window, starts) / 1e6 for e in evs}
+            per_step = {id(e): {} for e in evs}
+            self_in = {id(e): _self_in_window(e, window, starts, per_step[id(e)]) / 1e6
+                       for e in evs}
             timed = [e for e in evs if _overlaps(e, window, starts)]
             outside = sum(self_all.values()) - sum(self_in.values())
             self_all = self_in
@@ -558,10 +567,15 @@ def _row(tr: Trace, key: tuple, evs: list[Event], main: bool, main_pid, depth) -
         self_of = self_all
     ranges: dict[str, float] = {}
     kinds: dict[str, float] = {}
+    range_steps: dict[str, list[float]] = {}
     for e in timed:
         s = self_of[id(e)]
         k = range_path(e, depth)
         ranges[k] = ranges.get(k, 0.0) + s
+        if steps:
+            acc = range_steps.setdefault(k, [0.0] * len(window))
+            for i, us in per_step[id(e)].items():
+                acc[i] += us / 1e6
         c = e.cat or "(no cat)"
         kinds[c] = kinds.get(c, 0.0) + s
     by_size = lambda d: dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))  # noqa: E731
@@ -570,6 +584,7 @@ def _row(tr: Trace, key: tuple, evs: list[Event], main: bool, main_pid, depth) -
         kind="GPU stream" if gpu else "CPU thread", main=main, wall_s=wall, wall_rule=rule,
         exclusive_s=sum(self_of[id(e)] for e in timed), events=len(timed), steps=len(steps),
         outside_steps_s=outside, ranges=by_size(ranges), kinds=by_size(kinds),
+        range_steps={k: range_steps[k] for k in by_size(ranges)} if steps else {},
         operators=_ops(timed, self_of))
 
 

@@ -13,7 +13,8 @@ import io
 
 from ..measurement.trace_analysis import OUTSIDE, WALL_DEFINITION, DiffRow, RowBreakdown, \
     TraceBreakdown, TraceDiff
-from .tables import fmt_pct, fmt_ratio, fmt_seconds
+from ..measurement.timing import Stat
+from .tables import FOOTNOTE, IMPRECISE, fmt_pct, fmt_ratio, fmt_seconds, fmt_time_stat
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}
 td,th{border-bottom:1px solid #ddd;padding:4px 8px;vertical-align:top;text-align:left}
@@ -71,7 +72,7 @@ def _figure(bds: list[TraceBreakdown], names: list[str], top: int = 12) -> tuple
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
     positive = [x for v in vals for x in v if x > 0] or [1.0]
-    per = "per profiled step" if both else "in total"
+    per = "per profiled step (mean)" if both else "in total"
     plotting.value_axis(ax, positive, f"exclusive time, ms {per}")
     if len(mains) > 1:
         ax.legend()
@@ -96,11 +97,17 @@ def _row_section(row: RowBreakdown, top: int) -> str:
     steps = f", {row.steps} ProfilerStep# ranges" if row.steps else ""
     head = (f"<p>Wall time {fmt_seconds(row.wall_s)} ({_esc(row.wall_rule)}{steps}); {add}"
             f"{outside}. {row.events} events.</p>")
-    ranges = _table(["range (outermost > innermost)", f"exclusive, {_per(row)}",
-                     "share of wall time"],
+    spread = bool(row.range_steps)
+    ranges = _table(["range (outermost > innermost)", f"exclusive, {_per(row)} (mean)",
+                     "share of wall time"] +
+                    (["each step: median (IQR, n)"] if spread else []),
                     [[_esc(k) if k != OUTSIDE else f"<i>{_esc(k)}</i>", fmt_seconds(v / d),
-                      fmt_pct(v / row.wall_s if row.wall_s else float("nan"))]
+                      fmt_pct(v / row.wall_s if row.wall_s else float("nan"))] +
+                     ([fmt_time_stat(Stat.from_samples(row.range_steps[k]))] if spread else [])
                      for k, v in row.ranges.items()])
+    if IMPRECISE in ranges:
+        ranges += (f"<p><small>{_esc(FOOTNOTE)} Here the steps are what the trace recorded, "
+                   "not repeats chosen for a precision target.</small></p>")
     kinds = _table(["kind (the trace's cat)", f"exclusive, {_per(row)}", "share"],
                    [[_esc(k), fmt_seconds(v / d),
                      fmt_pct(v / row.wall_s if row.wall_s else float("nan"))]
