@@ -21,7 +21,8 @@ Where things are done (folder = layer, lower layers never import higher ones):
     ``memory``          peak memory of a step (fresh process, high-water mark reset), fits
     ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
     ``profiling``, ``trace_analysis``   warm-step profiles by exclusive time; any Chrome
-                        trace by range, kind, operator, per thread and GPU stream (``trace``)
+                        trace by range, kind, operator, per thread and GPU stream (the
+                        ``trace`` command; its page: ``report/trace_view``)
 ``training/``      ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
                    training loop, its arms and variants, interleaving)
 ``distributed/``   ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
@@ -29,8 +30,7 @@ Where things are done (folder = layer, lower layers never import higher ones):
 ``analysis/``      the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,
                    ``bench`` (the full-size benchmark), ``mask_cost`` (02), ``timing_study`` (03),
                    ``claims``, ``verdict`` (05), ``adoption`` (06), ``compare``, ``stability``
-``report/``        what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook
-                   (``trace_view``: the ``trace`` command's page),
+``report/``        what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook,
                    ``html`` (export, index page), ``progress`` (terminal only)
 ``running/``       ``params`` (the schema), ``notebook`` (a notebook's setup), ``notebooks``
                    (sources and builds), ``runner`` (papermill), ``results`` (JSON),
