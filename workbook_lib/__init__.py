@@ -27,7 +27,9 @@ Where things are done (folder = layer, lower layers never import higher ones):
                         target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock
     ``memory``          peak memory of a step (fresh process, high-water mark reset), fits
     ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
-    ``profiling``, ``trace_analysis``   warm-step profiles by exclusive time
+    ``profiling``, ``trace_analysis``   warm-step profiles by exclusive time; any Chrome
+                        trace by range, kind, operator, per thread and GPU stream (the
+                        ``trace`` command; its page: ``report/trace_view``)
 ``training/``      ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
                    training loop over any pipeline, its arms and variants, interleaving)
 ``distributed/``   ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),

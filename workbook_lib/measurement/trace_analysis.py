@@ -13,8 +13,12 @@ threads either.
 **Wall time**, per row of the trace (one CPU thread, or one GPU stream):
 
 * a CPU thread holding ``ProfilerStep#N`` ranges (the thread that called ``prof.step()``):
-  the union of those step spans; events outside every step (the profiler's own start and stop
-  bookkeeping) are left out and their time is reported apart;
+  the union of those step spans; only the part of each event's self time inside the steps is
+  kept (events outside every step, the profiler's own start and stop bookkeeping, and the time
+  of enclosing Python frames outside the steps in a ``with_stack=True`` trace are left out and
+  reported apart). The first recorded step's span also holds the end of the profiler's own
+  switch to recording (a millisecond or a few); the later steps' spans match the steps' wall
+  time measured outside the profiler.
 * any other CPU thread (autograd's device threads, a prefetch thread, another process such as
   a DataLoader worker whose trace was merged in): the union of its top-level events;
 * a GPU stream: its busy time, the union of its kernels, copies and sets. The GPU-side
@@ -49,6 +53,7 @@ give the per-range partition either.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import zlib
@@ -61,6 +66,7 @@ from ..records import Record
 STAGE_PREFIX = "wb:"
 UNTRACKED = "untracked (loop, Python)"
 STEP_PREFIX = "ProfilerStep#"
+STEP_OPERATOR = "ProfilerStep#N"
 OUTSIDE = "(outside any range)"
 RANGE_CATS = frozenset({"user_annotation", "gpu_user_annotation"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "memcpy",
@@ -83,10 +89,17 @@ class Event:
     cat: str = ""
     children: list = field(default_factory=list)
     parent: "Event | None" = None
+    stop: float | None = None  # the end clipped to the parent's (set by build_tree)
 
     @property
     def end(self) -> float:
         return self.ts + self.dur
+
+    @property
+    def clipped_end(self) -> float:
+        """The end, or the enclosing event's where this one outlasts it (profiler timestamps
+        are not always perfectly nested): the part beyond belongs to the parent's parent."""
+        return self.end if self.stop is None else self.stop
 
     @property
     def is_range(self) -> bool:
@@ -227,21 +240,27 @@ def load_trace(path: str | Path) -> list[Event]:
 
 
 def build_tree(events: list[Event]) -> list[Event]:
-    """Link each event to its innermost enclosing event on the same (pid, tid); return roots."""
+    """Link each event to its innermost enclosing event on the same (pid, tid); return roots.
+
+    An event that starts inside another but outlasts it is cut at its parent's end
+    (``clipped_end``), so that the tree nests properly and no instant has two innermost events.
+    """
     roots = []
     by_thread: dict = {}
     for e in events:
-        e.children, e.parent = [], None
+        e.children, e.parent, e.stop = [], None, None
         by_thread.setdefault((e.pid, e.tid), []).append(e)
     for evs in by_thread.values():
         evs.sort(key=lambda e: (e.ts, -e.dur))
         stack: list[Event] = []
         for e in evs:
-            while stack and stack[-1].end <= e.ts:
+            while stack and stack[-1].clipped_end <= e.ts:
                 stack.pop()
             if stack:
                 e.parent = stack[-1]
                 stack[-1].children.append(e)
+                if e.end > e.parent.clipped_end:
+                    e.stop = e.parent.clipped_end
             else:
                 roots.append(e)
             stack.append(e)
@@ -249,10 +268,11 @@ def build_tree(events: list[Event]) -> list[Event]:
 
 
 def self_time(e: Event, children: list[Event] | None = None) -> float:
-    """Duration minus the (clipped) durations of direct children (``children`` if given)."""
+    """Duration minus the durations of direct children (``children`` if given), each cut at
+    its parent's end (see :func:`build_tree`)."""
     kids = e.children if children is None else children
-    inner = sum(min(c.end, e.end) - c.ts for c in kids)
-    return max(0.0, e.dur - inner)
+    inner = sum(c.clipped_end - c.ts for c in kids)
+    return max(0.0, e.clipped_end - e.ts - inner)
 
 
 def union_seconds(spans: list[tuple[float, float]]) -> float:
@@ -347,6 +367,14 @@ def covered_seconds(events: list[Event], *, thread: tuple | None = None) -> floa
 # ---------------------------------------------------------------------------------------------
 # The general breakdown: every thread and stream, by range, kind and operator.
 
+WALL_DEFINITION = (
+    "Each event's exclusive (self) time is its duration minus its direct children's, so nested "
+    "events are counted once. Wall time: on the thread that holds the ProfilerStep# ranges, the "
+    "union of those steps (only time inside them is kept: the profiler's own start and stop, "
+    "and Python frames around the steps, are left out and reported apart); on another CPU "
+    "thread or process, the union of its top-level events; on a GPU stream, its busy time (the "
+    "union of its kernels, copies and sets; the GPU-side ranges only name the kernels). Rows "
+    "are never summed together: threads overlap in time.")
 WALL_STEPS = "union of the ProfilerStep# spans"
 WALL_TOP = "union of the thread's top-level events"
 WALL_GPU = "busy time: union of the stream's kernels, copies and sets"
@@ -377,6 +405,8 @@ class RowBreakdown(Record):
         steps: ProfilerStep# ranges on this row.
         outside_steps_s: exclusive time of events outside every step (left out).
         ranges, kinds: exclusive seconds by range path and by the trace's ``cat``.
+        range_steps: on the steps' thread, each range's exclusive seconds in each step (in
+            time order; the first step's span also holds the profiler's switch to recording).
         operators: by exclusive time, largest first.
     """
 
@@ -394,6 +424,7 @@ class RowBreakdown(Record):
     ranges: dict[str, float] = field(default_factory=dict)
     kinds: dict[str, float] = field(default_factory=dict)
     operators: list[OpTime] = field(default_factory=list)
+    range_steps: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def coverage(self) -> float:
@@ -431,7 +462,8 @@ def _is_gpu(events: list[Event]) -> bool:
 
 def _row_label(tr: Trace, pid, tid, gpu: bool, main: bool, main_pid) -> str:
     if gpu:
-        dev = tr.process_names.get(pid) or f"GPU {pid}"
+        dev = tr.process_names.get(pid, "")
+        dev = dev if dev.upper().startswith("GPU") else f"GPU {pid}"
         return f"{dev} stream {tid}"
     name = tr.thread_names.get((pid, tid))
     base = f"thread {tid}" + (f" ({name})" if name and str(tid) not in name else "")
@@ -446,8 +478,8 @@ def _row_label(tr: Trace, pid, tid, gpu: bool, main: bool, main_pid) -> str:
 
 def _ops(evs: list[Event], self_of: dict[int, float]) -> list[OpTime]:
     acc: dict[str, list] = {}
-    for e in evs:
-        a = acc.setdefault(e.name, [0, 0.0, 0.0])
+    for e in evs:  # ProfilerStep#2, #3... are one operator, so that two traces compare
+        a = acc.setdefault(STEP_OPERATOR if e.is_step else e.name, [0, 0.0, 0.0])
         a[0] += 1
         a[1] += self_of[id(e)]
         anc = e.parent
@@ -459,23 +491,75 @@ def _ops(evs: list[Event], self_of: dict[int, float]) -> list[OpTime]:
     return sorted(ops, key=lambda o: (-o.exclusive_s, o.name))
 
 
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint union of ``(start, end)`` spans."""
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a < out[-1][1]:  # touching spans (one step after another) stay apart
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap(lo: float, hi: float, window: list[tuple[float, float]], starts: list[float],
+             per: dict[int, float] | None = None) -> float:
+    """Length of ``[lo, hi]`` inside the disjoint sorted ``window`` (microseconds); ``per``
+    (if given) accumulates it by window interval."""
+    i = max(bisect.bisect_right(starts, lo) - 1, 0)
+    tot = 0.0
+    while i < len(window) and window[i][0] < hi:
+        part = max(0.0, min(hi, window[i][1]) - max(lo, window[i][0]))
+        tot += part
+        if per is not None and part:
+            per[i] = per.get(i, 0.0) + part
+        i += 1
+    return tot
+
+
+def _overlaps(e: Event, window, starts) -> bool:
+    """Whether ``e`` lies in the window at all (an instant-long event: its time inside it)."""
+    i = max(bisect.bisect_right(starts, e.ts) - 1, 0)
+    return (_overlap(e.ts, e.clipped_end, window, starts) > 0
+            or window[i][0] <= e.ts <= window[i][1])
+
+
+def _self_in_window(e: Event, window, starts, per: dict[int, float] | None = None) -> float:
+    """``e``'s self time (its span less its direct children's) inside ``window``: a Python
+    frame enclosing the steps (``with_stack=True``) or an operator that straddles a step
+    boundary counts only its part inside the steps."""
+    tot, cur, end = 0.0, e.ts, e.clipped_end
+    for c in e.children:  # in time order (build_tree), each within its parent
+        if c.ts > cur:
+            tot += _overlap(cur, c.ts, window, starts, per)
+        cur = max(cur, c.clipped_end)
+    if end > cur:
+        tot += _overlap(cur, end, window, starts, per)
+    return tot
+
+
 def _row(tr: Trace, key: tuple, evs: list[Event], main: bool, main_pid, depth) -> RowBreakdown:
     pid, tid = key
     gpu = _is_gpu(evs)
     roots = build_tree(evs)
-    steps = [r for r in roots if r.is_step] if not gpu else []
+    steps = [e for e in evs if e.is_step] if not gpu else []
     outside = 0.0
     if gpu:
         timed = [e for e in evs if e.cat.lower() not in GPU_RANGE_CATS]
-        timed_ids = {id(e) for e in timed}
-        self_of = {id(e): self_time(e, [c for c in e.children if id(c) in timed_ids]) / 1e6
-                   for e in timed}
+        # kernels, copies and sets run one after another on a stream: each its whole duration
+        self_of = {id(e): e.dur / 1e6 for e in timed}
         wall, rule = union_seconds([(e.ts, e.end) for e in timed]), WALL_GPU
     else:
         self_all = {id(e): self_time(e) / 1e6 for e in evs}
         if steps:
-            timed = [e for e in evs if _root(e).is_step]
-            outside = sum(self_all[id(e)] for e in evs if not _root(e).is_step)
+            window = _merge([(s.ts, s.end) for s in steps])
+            starts = [w[0] for w in window]
+            per_step = {id(e): {} for e in evs}
+            self_in = {id(e): _self_in_window(e, window, starts, per_step[id(e)]) / 1e6
+                       for e in evs}
+            timed = [e for e in evs if _overlaps(e, window, starts)]
+            outside = sum(self_all.values()) - sum(self_in.values())
+            self_all = self_in
             wall, rule = union_seconds([(s.ts, s.end) for s in steps]), WALL_STEPS
         else:
             timed = evs
@@ -483,10 +567,15 @@ def _row(tr: Trace, key: tuple, evs: list[Event], main: bool, main_pid, depth) -
         self_of = self_all
     ranges: dict[str, float] = {}
     kinds: dict[str, float] = {}
+    range_steps: dict[str, list[float]] = {}
     for e in timed:
         s = self_of[id(e)]
         k = range_path(e, depth)
         ranges[k] = ranges.get(k, 0.0) + s
+        if steps:
+            acc = range_steps.setdefault(k, [0.0] * len(window))
+            for i, us in per_step[id(e)].items():
+                acc[i] += us / 1e6
         c = e.cat or "(no cat)"
         kinds[c] = kinds.get(c, 0.0) + s
     by_size = lambda d: dict(sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))  # noqa: E731
@@ -495,6 +584,7 @@ def _row(tr: Trace, key: tuple, evs: list[Event], main: bool, main_pid, depth) -
         kind="GPU stream" if gpu else "CPU thread", main=main, wall_s=wall, wall_rule=rule,
         exclusive_s=sum(self_of[id(e)] for e in timed), events=len(timed), steps=len(steps),
         outside_steps_s=outside, ranges=by_size(ranges), kinds=by_size(kinds),
+        range_steps={k: range_steps[k] for k in by_size(ranges)} if steps else {},
         operators=_ops(timed, self_of))
 
 
@@ -513,9 +603,10 @@ def breakdown(trace: Trace, *, depth: int | None = None) -> TraceBreakdown:
     groups: dict[tuple, list[Event]] = {}
     for e in trace.events:
         groups.setdefault((e.pid, e.tid), []).append(e)
-    main_key = main_thread(trace.events, STEP_PREFIX)
+    cpu = [k for k, evs in groups.items() if not _is_gpu(evs)]
+    # the GPU streams carry ProfilerStep# annotations too: the main row is a CPU thread
+    main_key = main_thread([e for k in cpu for e in groups[k]], STEP_PREFIX)
     if main_key is None:
-        cpu = [k for k, evs in groups.items() if not _is_gpu(evs)]
         if cpu:
             main_key = max(cpu, key=lambda k: union_seconds(
                 [(r.ts, r.end) for r in build_tree(groups[k])]))

@@ -11,9 +11,10 @@ import base64
 import html
 import io
 
-from ..measurement.trace_analysis import OUTSIDE, DiffRow, RowBreakdown, TraceBreakdown, \
-    TraceDiff
-from .tables import fmt_pct, fmt_ratio, fmt_seconds
+from ..measurement.trace_analysis import OUTSIDE, WALL_DEFINITION, DiffRow, RowBreakdown, \
+    TraceBreakdown, TraceDiff
+from ..measurement.timing import Stat
+from .tables import FOOTNOTE, IMPRECISE, fmt_pct, fmt_ratio, fmt_seconds, fmt_time_stat
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}
 td,th{border-bottom:1px solid #ddd;padding:4px 8px;vertical-align:top;text-align:left}
@@ -22,13 +23,7 @@ code{font-size:90%} small{color:#666} .note{background:#f3f8fc;border-left:4px s
 padding:.5em 1em} .warn{background:#fcf3e3;border-left:4px solid #c98a1a;padding:.5em 1em}
 .more{color:#a11} .less{color:#176d17} section{margin-top:2em}"""
 
-WALL_NOTE = (
-    "Each event's exclusive (self) time is its duration minus its direct children's, so nested "
-    "events are counted once. Wall time: on the thread that holds the <code>ProfilerStep#</code> "
-    "ranges, the union of those steps (events outside them, the profiler's own start and stop, "
-    "are left out); on another CPU thread or process, the union of its top-level events; on a "
-    "GPU stream, its busy time (the union of its kernels, copies and sets; the GPU-side ranges "
-    "only name the kernels). Rows are never summed together: threads overlap in time.")
+WALL_NOTE = html.escape(WALL_DEFINITION).replace("ProfilerStep#", "<code>ProfilerStep#</code>")
 
 
 def _esc(s: object) -> str:
@@ -68,7 +63,7 @@ def _figure(bds: list[TraceBreakdown], names: list[str], top: int = 12) -> tuple
             for m, d in zip(mains, divs)]
     labels = [k if len(k) <= 60 else k[:29] + "…" + k[-30:] for k in shown] + \
         ([f"{len(rest)} other ranges"] if rest else [])
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) * len(mains) + 1.6))
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(labels) * len(mains) + 1.6))
     y = np.arange(len(labels))
     h = 0.8 / len(mains)
     for i, (v, n) in enumerate(zip(vals, names)):
@@ -77,7 +72,7 @@ def _figure(bds: list[TraceBreakdown], names: list[str], top: int = 12) -> tuple
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
     positive = [x for v in vals for x in v if x > 0] or [1.0]
-    per = "per profiled step" if both else "in total"
+    per = "per profiled step (mean)" if both else "in total"
     plotting.value_axis(ax, positive, f"exclusive time, ms {per}")
     if len(mains) > 1:
         ax.legend()
@@ -102,11 +97,17 @@ def _row_section(row: RowBreakdown, top: int) -> str:
     steps = f", {row.steps} ProfilerStep# ranges" if row.steps else ""
     head = (f"<p>Wall time {fmt_seconds(row.wall_s)} ({_esc(row.wall_rule)}{steps}); {add}"
             f"{outside}. {row.events} events.</p>")
-    ranges = _table(["range (outermost > innermost)", f"exclusive, {_per(row)}",
-                     "share of wall time"],
+    spread = bool(row.range_steps)
+    ranges = _table(["range (outermost > innermost)", f"exclusive, {_per(row)} (mean)",
+                     "share of wall time"] +
+                    (["each step: median (IQR, n)"] if spread else []),
                     [[_esc(k) if k != OUTSIDE else f"<i>{_esc(k)}</i>", fmt_seconds(v / d),
-                      fmt_pct(v / row.wall_s if row.wall_s else float("nan"))]
+                      fmt_pct(v / row.wall_s if row.wall_s else float("nan"))] +
+                     ([fmt_time_stat(Stat.from_samples(row.range_steps[k]))] if spread else [])
                      for k, v in row.ranges.items()])
+    if IMPRECISE in ranges:
+        ranges += (f"<p><small>{_esc(FOOTNOTE)} Here the steps are what the trace recorded, "
+                   "not repeats chosen for a precision target.</small></p>")
     kinds = _table(["kind (the trace's cat)", f"exclusive, {_per(row)}", "share"],
                    [[_esc(k), fmt_seconds(v / d),
                      fmt_pct(v / row.wall_s if row.wall_s else float("nan"))]

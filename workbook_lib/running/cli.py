@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,stability,slurm,trace,...}``.
+"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,stability,slurm,...}``.
 
 Every bad argument (a params file that is not YAML, a ``--set`` that does not parse, an ``--out``
 that cannot be written) gets a one-line error and exit status 2 before any work; a failed
@@ -175,23 +175,23 @@ def _cmd_trace(args) -> int:
         raise ParamsError(f"--depth must be a positive integer (got {args.depth})")
     if args.top < 1:
         raise ParamsError(f"--top must be a positive integer (got {args.top})")
+    paths = [p for p in (args.trace, args.other) if p]
+    traces = [ta.read_trace(p) for p in paths]  # both refused before any work if not traces
     out = _trace_out(args)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".probe").write_text("")
-        out.with_suffix(".probe").unlink()
+        Path(f"{out}.probe").write_text("")
+        Path(f"{out}.probe").unlink()
     except OSError as exc:
         raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-    paths = [p for p in (args.trace, args.other) if p]
-    traces = [ta.read_trace(p) for p in paths]  # both refused before any work if not traces
     bds = [ta.breakdown(t, depth=args.depth) for t in traces]
     names = [Path(p).name for p in paths]
     if len(names) == 2 and names[0] == names[1]:
         names = [str(p) for p in paths]
     dif = ta.diff(bds[0], bds[1]) if len(bds) == 2 else None
     doc = {"traces": [b.to_json() for b in bds], "diff": dif.to_json() if dif else None,
-           "wall_time": ta.__doc__.split("**Wall time**")[1].split("**What is read**")[0].strip()}
-    html_path, json_path = out.with_suffix(".html"), out.with_suffix(".json")
+           "wall_time": ta.WALL_DEFINITION}
+    html_path, json_path = Path(f"{out}.html"), Path(f"{out}.json")
     atomic_write_text(json_path, json.dumps(doc, indent=1))
     atomic_write_text(html_path, page(bds, names, dif, top=args.top))
     for bd, name in zip(bds, names):
@@ -200,10 +200,8 @@ def _cmd_trace(args) -> int:
             per = f"{r.steps} steps" if r.steps else "no steps"
             print(f"  {r.label[:70]:70s} wall {r.wall_s * 1e3:10.3f} ms ({per}); exclusive "
                   f"times add up to {r.coverage:.1%}")
-        m = bd.main_row
-        if m is not None:
-            for k, v in list(m.ranges.items())[:5]:
-                print(f"    {v / m.per_step * 1e3:10.3f} ms{'/step' if m.steps else ''}  {k[:80]}")
+            for k, v in list(r.ranges.items())[:5] if r.main else []:
+                print(f"    {v / r.per_step * 1e3:10.3f} ms{'/step' if r.steps else ''}  {k[:80]}")
     if dif is not None:
         print(f"{names[1]} against {names[0]} ({dif.per}):")
         for r in dif.rows[:1] + dif.ranges[:5]:
