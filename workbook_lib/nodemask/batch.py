@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .delta import PushPlan, default_push_kernel, push
 from .graph import OutEdges, SharedGraph
 from .kernels import batched_spmm, typed_aggregate_linear
 
@@ -73,17 +74,22 @@ class Corrections:
     pair_deleted: torch.Tensor  # [R] bool: the gene itself is deleted in that sample
     entry_slot: torch.Tensor  # [E] pair * T + type: where each out-edge lands
     entry_source: torch.Tensor  # [E] the deleted gene sending it
+    pair_out: torch.Tensor | None = None  # [R] out-degree of each row's gene (delta layer)
+    plan: PushPlan | None = None  # host-side sizes of the delta layer's push
 
     def to(self, device) -> "Corrections":
-        return Corrections(*(t.to(device, non_blocking=True) for t in (
+        moved = [t.to(device, non_blocking=True) for t in (
             self.pair_sample, self.pair_gene, self.pair_deleted, self.entry_slot,
-            self.entry_source)))
+            self.entry_source)]
+        out = None if self.pair_out is None else self.pair_out.to(device, non_blocking=True)
+        return Corrections(*moved, pair_out=out, plan=self.plan)
 
 
 def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     """Correction rows of the incremental first layer for ``deleted`` ``[B, k]``, computed
     where ``deleted`` is (on the host: no device sync; in a DataLoader worker: off the main
     process). ``out_edges`` is ``SharedGraph.out_edges``."""
+    deleted = validate_deleted(deleted, out_edges.num_nodes)
     dev = deleted.device
     ptr, slot = out_edges.ptr.to(dev), out_edges.slot.to(dev)
     n, t = out_edges.num_nodes, out_edges.num_types
@@ -102,8 +108,30 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     uniq, inv = torch.unique(keys, return_inverse=True)
     is_del = torch.zeros(uniq.numel(), dtype=torch.bool, device=dev)
     is_del[inv[total:]] = True
-    return Corrections(pair_sample=uniq // n, pair_gene=uniq % n, pair_deleted=is_del,
-                       entry_slot=inv[:total] * t + e_slot % t, entry_source=e_gene)
+    pair_sample, pair_gene = uniq // n, uniq % n
+    plan = PushPlan(pair_sample, pair_gene, out_edges.ptr, out_edges.slot, deleted.shape[0])
+    return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
+                       entry_slot=inv[:total] * t + e_slot % t, entry_source=e_gene,
+                       pair_out=plan.pair_out.to(dev), plan=plan)
+
+
+@dataclass
+class DeltaFeatures:
+    """Per-sample features held as the wildtype ``[N, H]`` plus ``delta`` ``[R, H]`` at the
+    correction rows (sample ``pair_sample[r]``, gene ``pair_gene[r]``); every other row of every
+    sample equals the wildtype. What :meth:`NodeMaskBatch.first_layer_delta` returns and
+    :meth:`NodeMaskBatch.delta_layer` takes."""
+
+    wildtype: torch.Tensor
+    delta: torch.Tensor
+    rows: torch.Tensor  # [R] flat index sample * N + gene
+    batch_size: int
+
+    def dense(self) -> torch.Tensor:
+        """``[B, N, H]`` (materialises every sample)."""
+        n, h = self.wildtype.shape
+        base = self.wildtype.unsqueeze(0).expand(self.batch_size, n, h).reshape(-1, h)
+        return base.index_add(0, self.rows, self.delta).view(self.batch_size, n, h)
 
 
 @dataclass
@@ -140,12 +168,24 @@ class NodeMaskBatch:
         deleted: ``[B, k]`` gene indices (``-1`` pads rows that delete fewer genes).
         corrections: precomputed first-layer corrections (e.g. built in a DataLoader worker with
             :func:`corrections`); computed lazily when needed otherwise.
+        validate: check ``deleted`` (:func:`validate_deleted`). Checking reads its values, so on
+            a GPU it is a device-to-host copy: validate on the host in the collate (as
+            :func:`corrections` and the workbook's strategy do) and pass ``validate=False``
+            in the training step.
+        push_kernel: the delta layer's push kernel (``numba`` or ``torch``; default by device,
+            see :mod:`workbook_lib.nodemask.delta`).
     """
 
     def __init__(self, graph: SharedGraph, deleted: torch.Tensor,
-                 corrections: Corrections | None = None):
+                 corrections: Corrections | None = None, *, validate: bool = True,
+                 push_kernel: str | None = None):
         self.graph = graph
-        deleted = validate_deleted(deleted, graph.num_nodes)
+        if validate:
+            deleted = validate_deleted(deleted, graph.num_nodes)
+        elif deleted.dim() != 2:
+            raise ValueError(f"'deleted' must be [B, k] (got shape {list(deleted.shape)})")
+        deleted = deleted.long()
+        self.push_kernel = push_kernel or default_push_kernel(graph.device)
         self.deleted = deleted.to(graph.device)
         self.batch_size = int(deleted.shape[0])
         n = graph.num_nodes
@@ -285,6 +325,74 @@ class NodeMaskBatch:
         base = wt.unsqueeze(0).expand(self.batch_size, n, wt.shape[1]).reshape(-1, wt.shape[1])
         out = base.index_add(0, sa.rows, corr).view(self.batch_size, n, -1)
         return (torch.relu(out), torch.relu(wt)) if relu else (out, wt)
+
+    def first_layer_delta(self, x0: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None = None, *, eps: float = 0.0,
+                          relu: bool = True) -> DeltaFeatures:
+        """:meth:`first_layer` kept in delta form: the wildtype output and, at the correction
+        rows only, each sample's difference from it (for :meth:`delta_layer`)."""
+        sa = self.aggregate_shared(x0)
+        c = self.corrections()
+        n, t, hd = sa.wildtype.shape
+        self_term = (1.0 + eps) * (x0 @ self._wsum(weight, t).T)
+        if bias is not None:
+            self_term = self_term + bias
+        wt = sa.wildtype.reshape(n, t * hd) @ weight.T + self_term
+        wt_rows = wt[c.pair_gene]
+        new_rows = wt_rows + sa.delta.reshape(-1, t * hd) @ weight.T
+        if relu:
+            wt, wt_rows, new_rows = torch.relu(wt), torch.relu(wt_rows), torch.relu(new_rows)
+        return DeltaFeatures(wildtype=wt, delta=new_rows - wt_rows, rows=sa.rows,
+                             batch_size=self.batch_size)
+
+    def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None, *, eps: float = 0.0,
+                    relu: bool = True) -> torch.Tensor:
+        """The GIN-shaped :meth:`layer` for features in delta form (the output of
+        :meth:`first_layer_delta`), delta-propagated: one wildtype product for the batch, and
+        per sample a push along the out-edges of its correction rows only (see
+        :mod:`workbook_lib.nodemask.delta`). Returns ``[B, N, H_out]``, equal to
+        ``layer(h.dense(), ...)``."""
+        g, c = self.graph, self.corrections()
+        if c.plan is None or c.pair_out is None:
+            raise ValueError("these corrections carry no push plan: build them with "
+                             "workbook_lib.nodemask.corrections")
+        n, t = g.num_nodes, g.num_types
+        h1, d1 = h.wildtype, h.delta
+        hd, ho = h1.shape[-1], weight.shape[0]
+        gene = c.pair_gene
+        delf = c.pair_deleted.to(h1.dtype).unsqueeze(1)
+        e = d1 - delf * (h1[gene] + d1)  # D_b h1_b - h1 at the correction rows
+        w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
+        u = (e @ w_push).view(-1, t, ho)  # [R, T, Ho]: each type's map applied before pushing
+        sums = g.wildtype_sums(h1)  # [N, T, H]
+        wsum = self._wsum(weight, t)
+        selfwt = (1.0 + eps) * (h1 @ wsum.T)
+        if bias is not None:
+            selfwt = selfwt + bias
+        inv_deg, mean_corr = None, None
+        if g.aggr == "mean":
+            r = gene.numel()
+            old_inv = 1.0 / g.deg.clamp(min=1)  # [N, T]
+            lost = torch.zeros(r * t, device=h1.device, dtype=h1.dtype).index_add(
+                0, c.entry_slot, torch.ones_like(c.entry_slot, dtype=h1.dtype)).view(r, t)
+            new_inv = 1.0 / (g.deg[gene] - lost).clamp(min=1)
+            inv_deg = old_inv.reshape(1, n * t).repeat(self.batch_size, 1)
+            inv_deg.view(self.batch_size, n, t)[c.pair_sample, gene] = new_inv
+            scale = (new_inv - old_inv[gene]).unsqueeze(-1)  # [R, T, 1]
+            mean_corr = (sums[gene] * scale).reshape(r, t * hd) @ weight.T * (1.0 - delf)
+            wt_lin = (sums * old_inv.unsqueeze(-1)).reshape(n, t * hd) @ weight.T
+        else:
+            wt_lin = sums.reshape(n, t * hd) @ weight.T
+        out = push(wt_lin + selfwt, u, c.plan, c.pair_sample, gene, c.pair_out,
+                   g.out_ptr, g.out_slot, n, t, inv_deg, self.push_kernel)
+        flat = out.view(-1, ho)
+        corr = (1.0 + eps) * (d1 @ wsum.T)  # the self term's change
+        if mean_corr is not None:
+            corr = corr + mean_corr
+        corr = corr - delf * (flat[h.rows] - selfwt[gene])  # a deleted gene aggregates nothing
+        pre = flat.index_add(0, h.rows, corr).view(self.batch_size, n, ho)
+        return torch.relu(pre) if relu else pre
 
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:

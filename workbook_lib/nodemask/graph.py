@@ -138,6 +138,9 @@ class SharedGraph:
         # host copy of the out-edge lists (the incremental first layer's corrections)
         at = transpose(a)
         self.out_edges = OutEdges(at.crow_indices().long(), at.col_indices().long(), n, t)
+        # and on the device (the delta layer's push enumerates them there)
+        self.out_ptr = self.out_edges.ptr.to(self.device)
+        self.out_slot = self.out_edges.slot.to(self.device)
 
     @property
     def num_types(self) -> int:
