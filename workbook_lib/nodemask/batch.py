@@ -32,7 +32,7 @@ import torch
 
 from .delta import PushPlan, default_push_kernel, push
 from .graph import OutEdges, SharedGraph
-from .kernels import batched_spmm, typed_aggregate_linear
+from .kernels import batched_spmm, typed_aggregate_linear, typed_spmm
 
 
 def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -75,14 +75,16 @@ class Corrections:
     entry_slot: torch.Tensor  # [E] pair * T + type: where each out-edge lands
     entry_source: torch.Tensor  # [E] the deleted gene sending it
     pair_out: torch.Tensor | None = None  # [R] out-degree of each row's gene (delta layer)
+    changed_slot: torch.Tensor | None = None  # [Q] distinct entry_slot: (row, type) whose
+    #                                           in-degree a deletion lowers (mean aggregation)
     plan: PushPlan | None = None  # host-side sizes of the delta layer's push
 
     def to(self, device) -> "Corrections":
-        moved = [t.to(device, non_blocking=True) for t in (
+        def mv(t):
+            return None if t is None else t.to(device, non_blocking=True)
+        return Corrections(*(mv(t) for t in (
             self.pair_sample, self.pair_gene, self.pair_deleted, self.entry_slot,
-            self.entry_source)]
-        out = None if self.pair_out is None else self.pair_out.to(device, non_blocking=True)
-        return Corrections(*moved, pair_out=out, plan=self.plan)
+            self.entry_source, self.pair_out, self.changed_slot)), plan=self.plan)
 
 
 def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
@@ -110,9 +112,11 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     is_del[inv[total:]] = True
     pair_sample, pair_gene = uniq // n, uniq % n
     plan = PushPlan(pair_sample, pair_gene, out_edges.ptr, out_edges.slot, deleted.shape[0])
+    entry_slot = inv[:total] * t + e_slot % t
     return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
-                       entry_slot=inv[:total] * t + e_slot % t, entry_source=e_gene,
-                       pair_out=plan.pair_out.to(dev), plan=plan)
+                       entry_slot=entry_slot, entry_source=e_gene,
+                       pair_out=plan.pair_out.to(dev), changed_slot=torch.unique(entry_slot),
+                       plan=plan)
 
 
 @dataclass
@@ -326,24 +330,76 @@ class NodeMaskBatch:
         out = base.index_add(0, sa.rows, corr).view(self.batch_size, n, -1)
         return (torch.relu(out), torch.relu(wt)) if relu else (out, wt)
 
+    def _typed_linear(self, x: torch.Tensor, weight: torch.Tensor):
+        """Each type's wildtype aggregate mapped by its block of ``weight``: ``[T, N, H_out]``
+        (``A_t x W_t^T``, raw sums) and the layer's aggregation term ``[N, H_out]`` (sum over
+        types, each divided by its wildtype in-degree for mean aggregation)."""
+        g = self.graph
+        t, hd, ho = g.num_types, x.shape[-1], weight.shape[0]
+        sums = typed_spmm(g, x)  # [T, N, H]
+        sw = torch.bmm(sums, weight.view(ho, t, hd).permute(1, 2, 0))  # [T, N, Ho]
+        if g.aggr == "mean":
+            lin = (sw / g.deg.clamp(min=1).T.unsqueeze(-1)).sum(0)
+        else:
+            lin = sw.sum(0)
+        return sw, lin
+
+    def _mean_row_terms(self, sw: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean aggregation at the correction rows: ``(new 1/deg [R, T], the wildtype part's
+        change [R, H_out])``, the latter ``sum_t S_t (1/deg_tb - 1/deg_t) W_t^T`` over the
+        (row, type) slots whose in-degree a deletion lowered."""
+        g, c = self.graph, self.corrections()
+        t = g.num_types
+        gene = c.pair_gene
+        r = gene.numel()
+        lost = torch.zeros(r * t, device=sw.device, dtype=dtype).index_add(
+            0, c.entry_slot, torch.ones_like(c.entry_slot, dtype=dtype)).view(r, t)
+        deg_rows = g.deg.index_select(0, gene)
+        new_inv = 1.0 / (deg_rows - lost).clamp(min=1)
+        diff = (new_inv - 1.0 / deg_rows.clamp(min=1)).reshape(-1)  # [R*T]
+        q = c.changed_slot
+        q_row, q_type = q // t, q % t
+        rows = sw[q_type, gene.index_select(0, q_row)] * diff.index_select(0, q).unsqueeze(-1)
+        change = torch.zeros(r, sw.shape[-1], device=sw.device, dtype=dtype).index_add(
+            0, q_row, rows)
+        return new_inv, change
+
     def first_layer_delta(self, x0: torch.Tensor, weight: torch.Tensor,
                           bias: torch.Tensor | None = None, *, eps: float = 0.0,
                           relu: bool = True) -> DeltaFeatures:
         """:meth:`first_layer` kept in delta form: the wildtype output and, at the correction
-        rows only, each sample's difference from it (for :meth:`delta_layer`)."""
-        sa = self.aggregate_shared(x0)
-        c = self.corrections()
-        n, t, hd = sa.wildtype.shape
-        self_term = (1.0 + eps) * (x0 @ self._wsum(weight, t).T)
+        rows only, each sample's difference from it (for :meth:`delta_layer`).
+
+        Each type's map is applied before the correction (``(A_t x) W_t^T``), so the per-sample
+        work is one ``H_out`` row per out-edge of a deleted gene, not ``T x H`` per row."""
+        self._check(x0, shared=True)
+        g, c = self.graph, self.corrections()
+        t, hd, ho = g.num_types, x0.shape[-1], weight.shape[0]
+        sw, agg_lin = self._typed_linear(x0, weight)
+        wt = agg_lin + (1.0 + eps) * (x0 @ self._wsum(weight, t).T)
         if bias is not None:
-            self_term = self_term + bias
-        wt = sa.wildtype.reshape(n, t * hd) @ weight.T + self_term
-        wt_rows = wt[c.pair_gene]
-        new_rows = wt_rows + sa.delta.reshape(-1, t * hd) @ weight.T
+            wt = wt + bias
+        gene = c.pair_gene
+        kept = (~c.pair_deleted).to(x0.dtype).unsqueeze(1)
+        xw = (x0 @ weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)).view(-1, ho)
+        msgs = xw.index_select(0, c.entry_source * t + c.entry_slot % t)  # [E_k, Ho]
+        r = gene.numel()
+        if g.aggr == "mean":
+            new_inv, change = self._mean_row_terms(sw, x0.dtype)
+            msgs = msgs * new_inv.reshape(-1).index_select(0, c.entry_slot).unsqueeze(-1)
+        else:
+            change = None
+        lost = torch.zeros(r, ho, device=x0.device, dtype=x0.dtype).index_add(
+            0, c.entry_slot // t, msgs)
+        delta = change - lost if change is not None else -lost
+        # a deleted gene aggregates nothing: its row loses the whole aggregation term
+        delta = delta * kept - (1.0 - kept) * agg_lin.index_select(0, gene)
+        wt_rows = wt.index_select(0, gene)
+        new_rows = wt_rows + delta
         if relu:
             wt, wt_rows, new_rows = torch.relu(wt), torch.relu(wt_rows), torch.relu(new_rows)
-        return DeltaFeatures(wildtype=wt, delta=new_rows - wt_rows, rows=sa.rows,
-                             batch_size=self.batch_size)
+        return DeltaFeatures(wildtype=wt, delta=new_rows - wt_rows,
+                             rows=c.pair_sample * g.num_nodes + gene, batch_size=self.batch_size)
 
     def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
                     bias: torch.Tensor | None = None, *, eps: float = 0.0,
@@ -354,45 +410,38 @@ class NodeMaskBatch:
         :mod:`workbook_lib.nodemask.delta`). Returns ``[B, N, H_out]``, equal to
         ``layer(h.dense(), ...)``."""
         g, c = self.graph, self.corrections()
-        if c.plan is None or c.pair_out is None:
+        if c.plan is None or c.pair_out is None or c.changed_slot is None:
             raise ValueError("these corrections carry no push plan: build them with "
                              "workbook_lib.nodemask.corrections")
         n, t = g.num_nodes, g.num_types
         h1, d1 = h.wildtype, h.delta
         hd, ho = h1.shape[-1], weight.shape[0]
         gene = c.pair_gene
-        delf = c.pair_deleted.to(h1.dtype).unsqueeze(1)
-        e = d1 - delf * (h1[gene] + d1)  # D_b h1_b - h1 at the correction rows
+        kept = (~c.pair_deleted).to(h1.dtype).unsqueeze(1)
+        # D_b h1_b - h1 at the correction rows: the change, or minus the whole row if deleted
+        e = d1 * kept - (1.0 - kept) * h1.index_select(0, gene)
         w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
         u = (e @ w_push).view(-1, t, ho)  # [R, T, Ho]: each type's map applied before pushing
-        sums = g.wildtype_sums(h1)  # [N, T, H]
+        sw, agg_lin = self._typed_linear(h1, weight)
         wsum = self._wsum(weight, t)
         selfwt = (1.0 + eps) * (h1 @ wsum.T)
         if bias is not None:
             selfwt = selfwt + bias
-        inv_deg, mean_corr = None, None
-        if g.aggr == "mean":
-            r = gene.numel()
-            old_inv = 1.0 / g.deg.clamp(min=1)  # [N, T]
-            lost = torch.zeros(r * t, device=h1.device, dtype=h1.dtype).index_add(
-                0, c.entry_slot, torch.ones_like(c.entry_slot, dtype=h1.dtype)).view(r, t)
-            new_inv = 1.0 / (g.deg[gene] - lost).clamp(min=1)
-            inv_deg = old_inv.reshape(1, n * t).repeat(self.batch_size, 1)
-            inv_deg.view(self.batch_size, n, t)[c.pair_sample, gene] = new_inv
-            scale = (new_inv - old_inv[gene]).unsqueeze(-1)  # [R, T, 1]
-            mean_corr = (sums[gene] * scale).reshape(r, t * hd) @ weight.T * (1.0 - delf)
-            wt_lin = (sums * old_inv.unsqueeze(-1)).reshape(n, t * hd) @ weight.T
-        else:
-            wt_lin = sums.reshape(n, t * hd) @ weight.T
-        out = push(wt_lin + selfwt, u, c.plan, c.pair_sample, gene, c.pair_out,
-                   g.out_ptr, g.out_slot, n, t, inv_deg, self.push_kernel)
-        flat = out.view(-1, ho)
+        keep = self.keep.unsqueeze(-1)  # [B, N, 1]: a deleted gene receives no message
         corr = (1.0 + eps) * (d1 @ wsum.T)  # the self term's change
-        if mean_corr is not None:
-            corr = corr + mean_corr
-        corr = corr - delf * (flat[h.rows] - selfwt[gene])  # a deleted gene aggregates nothing
-        pre = flat.index_add(0, h.rows, corr).view(self.batch_size, n, ho)
-        return torch.relu(pre) if relu else pre
+        if g.aggr == "mean":
+            new_inv, change = self._mean_row_terms(sw, h1.dtype)
+            inv = (1.0 / g.deg.clamp(min=1)).unsqueeze(0).repeat(self.batch_size, 1, 1)
+            inv[c.pair_sample, gene] = new_inv
+            w = (inv * keep).view(self.batch_size, n * t)
+            corr = corr + change * kept
+        else:
+            w = keep.expand(self.batch_size, n, t).reshape(self.batch_size, n * t)
+        corr = corr - (1.0 - kept) * agg_lin.index_select(0, gene)
+        out = push(agg_lin + selfwt, u, c.plan, c.pair_sample, gene, c.pair_out,
+                   g.out_ptr, g.out_slot, n, t, w, self.push_kernel)
+        out.view(-1, ho).index_add_(0, h.rows, corr)
+        return torch.relu(out) if relu else out
 
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:

@@ -166,3 +166,32 @@ def typed_aggregate_linear(x: torch.Tensor, weight: torch.Tensor, per_type: list
     ``[H_out, T*H]`` (type-major input features), per-type CSR matrices and their transposes,
     and optional per-sample degrees ``degp`` ``[B, T, N, 1]`` (mean aggregation)."""
     return _TypedAggregateLinear.apply(x, weight, per_type, per_type_t, degp)
+
+
+class _TypedSpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, per_type, per_type_t):
+        x = x.contiguous()
+        out = x.new_empty(len(per_type), x.shape[0], x.shape[1])
+        for j, a in enumerate(per_type):
+            out[j].addmm_(a, x, beta=0)
+        ctx.per_type_t = per_type_t
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        gx = grad.new_zeros(grad.shape[1], grad.shape[2])
+        for j, a in enumerate(ctx.per_type_t):
+            gx.addmm_(a, grad[j])
+        return gx, None, None
+
+
+def typed_spmm(graph, x: torch.Tensor) -> torch.Tensor:
+    """``[T, N, H]``: ``A_t @ x`` for every edge type, for one ``x`` ``[N, H]``, differentiable.
+    With the ``slab`` kernel one CSR product per type (each dense operand cache-sized, forward
+    and backward); with ``wide`` one stacked product, permuted."""
+    if graph.kernel == "slab":
+        return _TypedSpMM.apply(x, graph.per_type, graph.per_type_t)
+    s = spmm(graph.a, graph.a_t, x).view(graph.num_nodes, graph.num_types, x.shape[-1])
+    return s.permute(1, 0, 2)
