@@ -15,7 +15,7 @@ from workbook_lib.strategies.reference import reference_node_outputs, reference_
 from conftest import make_graph
 
 TOL = 2e-5
-KERNELS = ["torch", pytest.param("numba", marks=pytest.mark.skipif(
+KERNELS = ["pull", "index_add", pytest.param("numba", marks=pytest.mark.skipif(
     not numba_available(), reason="numba is not installed"))]
 
 
@@ -94,7 +94,7 @@ def test_full_form_is_kept_and_agrees(graph):
     model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=5, layers=3, seed=3)
     outs = {}
     for middle in ("delta", "full"):
-        s = make_strategy("node_mask_shared", graph, middle=middle, push_kernel="torch")
+        s = make_strategy("node_mask_shared", graph, middle=middle, push_kernel="pull")
         outs[middle] = s.predict(model, build_ctx(s, pert))
     assert rel(outs["delta"], outs["full"]) < TOL
     with pytest.raises(ValueError, match="'middle'"):
@@ -118,7 +118,8 @@ def test_delta_layer_matches_layer_on_dense_features(graph):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_push_adds_each_message_to_its_out_neighbours(kernel):
-    """Against a hand count: gene 0 sends type 0 to genes 1 and 2, type 1 to gene 2."""
+    """Against a hand count: gene 0 sends type 0 to genes 1 and 2, type 1 to gene 2; the
+    weight scales each message by its receiver and type (0 skips it)."""
     ei = {"x": torch.tensor([[0, 0, 3], [1, 2, 0]]), "y": torch.tensor([[0], [2]])}
     sg = SharedGraph(ei, 4)
     nb = sg.batch(torch.tensor([[0], [3]]), push_kernel=kernel)
@@ -126,19 +127,24 @@ def test_push_adds_each_message_to_its_out_neighbours(kernel):
     u = torch.zeros(c.pair_gene.numel(), 2, 1)
     r0 = int(((c.pair_sample == 0) & (c.pair_gene == 0)).nonzero())
     u[r0, 0], u[r0, 1] = 1.0, 10.0
-    out = push(torch.zeros(4, 1), u, c.plan, c.pair_sample, c.pair_gene, c.pair_out,
-               sg.out_ptr, sg.out_slot, 4, 2, kernel=kernel)
-    assert out[0, :, 0].tolist() == [0.0, 1.0, 11.0, 0.0]
+    w = torch.ones(2, 8)
+    w[0, 2 * 2 + 1] = 0.5  # gene 2, type 1, in sample 0
+    u.requires_grad_(True)
+    out = push(sg, c, torch.zeros(4, 1), u, w, kernel)
+    assert out[0, :, 0].tolist() == [0.0, 1.0, 6.0, 0.0]
     assert out[1].abs().sum() == 0
+    g = torch.zeros(2, 4, 1)
+    g[0, 2] = 1.0
+    out.backward(g)
+    assert u.grad[r0].flatten().tolist() == [1.0, 0.5]
 
 
 def test_push_kernel_errors(graph):
     sg = SharedGraph(graph.edge_index, graph.num_genes)
-    nb = sg.batch(torch.tensor([[1]]))
-    c = nb.corrections()
+    c = sg.batch(torch.tensor([[1]])).corrections()
     with pytest.raises(ValueError, match="push_kernel"):
-        push(torch.zeros(30, 2), torch.zeros(c.pair_gene.numel(), 4, 2), c.plan, c.pair_sample,
-             c.pair_gene, c.pair_out, sg.out_ptr, sg.out_slot, 30, 4, kernel="cuda-magic")
+        push(sg, c, torch.zeros(30, 2), torch.zeros(c.pair_gene.numel(), 4, 2),
+             torch.ones(1, 120), "cuda-magic")
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -438,9 +438,8 @@ class NodeMaskBatch:
         else:
             w = keep.expand(self.batch_size, n, t).reshape(self.batch_size, n * t)
         corr = corr - (1.0 - kept) * agg_lin.index_select(0, gene)
-        out = push(agg_lin + selfwt, u, c.plan, c.pair_sample, gene, c.pair_out,
-                   g.out_ptr, g.out_slot, n, t, w, self.push_kernel)
-        out.view(-1, ho).index_add_(0, h.rows, corr)
+        out = push(g, c, agg_lin + selfwt, u, w, self.push_kernel)
+        out.index_put_((c.pair_sample, gene), corr, accumulate=True)  # rows are distinct
         return torch.relu(out) if relu else out
 
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,

@@ -40,7 +40,7 @@ import os
 import numpy as np
 import torch
 
-PUSH_KERNELS = ("numba", "torch")
+PUSH_KERNELS = ("numba", "pull", "index_add")
 
 _NUMBA = None  # (forward, backward) once compiled; False when numba is unavailable
 
@@ -60,8 +60,8 @@ def _numba_kernels():
         _NUMBA = False
         return _NUMBA
 
-    @njit(parallel=True, cache=True, nogil=True)
-    def fwd(out, u, pair_ptr, pair_gene, ptr, slot, t, w, has_w):  # pragma: no cover - jitted
+    @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
+    def fwd(out, u, pair_ptr, pair_gene, ptr, slot, t, w):  # pragma: no cover - jitted
         nb = pair_ptr.shape[0] - 1
         ho = u.shape[2]
         for b in prange(nb):
@@ -69,18 +69,15 @@ def _numba_kernels():
                 s = pair_gene[p]
                 for e in range(ptr[s], ptr[s + 1]):
                     sl = slot[e]
-                    n = sl // t
-                    ty = sl - n * t
-                    if has_w:
-                        c = w[b, sl]
+                    c = w[b, sl]
+                    if c != 0.0:
+                        n = sl // t
+                        ty = sl - n * t
                         for j in range(ho):
                             out[b, n, j] += c * u[p, ty, j]
-                    else:
-                        for j in range(ho):
-                            out[b, n, j] += u[p, ty, j]
 
-    @njit(parallel=True, cache=True, nogil=True)
-    def bwd(gu, g, pair_sample, pair_gene, ptr, slot, t, w, has_w):  # pragma: no cover
+    @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
+    def bwd(gu, g, pair_sample, pair_gene, ptr, slot, t, w):  # pragma: no cover - jitted
         np_ = pair_gene.shape[0]
         ho = g.shape[2]
         for p in prange(np_):
@@ -88,11 +85,12 @@ def _numba_kernels():
             s = pair_gene[p]
             for e in range(ptr[s], ptr[s + 1]):
                 sl = slot[e]
-                n = sl // t
-                ty = sl - n * t
-                c = w[b, sl] if has_w else 1.0
-                for j in range(ho):
-                    gu[p, ty, j] += c * g[b, n, j]
+                c = w[b, sl]
+                if c != 0.0:
+                    n = sl // t
+                    ty = sl - n * t
+                    for j in range(ho):
+                        gu[p, ty, j] += c * g[b, n, j]
 
     _NUMBA = (fwd, bwd, numba)
     return _NUMBA
@@ -110,8 +108,10 @@ def numba_available() -> bool:
 
 
 def default_push_kernel(device: torch.device | str) -> str:
-    """``numba`` on CPU when it is installed, ``torch`` otherwise (CUDA: native ``index_add_``)."""
-    return "numba" if torch.device(device).type == "cpu" and numba_available() else "torch"
+    """``numba`` on CPU when it is installed, else ``pull``; ``index_add`` on CUDA."""
+    if torch.device(device).type == "cpu":
+        return "numba" if numba_available() else "pull"
+    return "index_add"
 
 
 class PushPlan:
@@ -144,7 +144,7 @@ class PushPlan:
 
 
 def _enumerate(plan: PushPlan, b: int, pair_gene: torch.Tensor, pair_out: torch.Tensor,
-               ptr: torch.Tensor, slot: torch.Tensor, t: int):
+               ptr: torch.Tensor, slot: torch.Tensor):
     """Sample ``b``'s out-edges of ``R_b``: ``(row within the batch's pairs, slot)`` on the
     device of ``pair_gene``, built with sizes known on the host."""
     lo, hi, m = plan.ranges[b], plan.ranges[b + 1], plan.entries[b]
@@ -157,89 +157,123 @@ def _enumerate(plan: PushPlan, b: int, pair_gene: torch.Tensor, pair_out: torch.
     return rows, slot[start + within]
 
 
+def _index_add_forward(out, u, w, graph, corr):
+    plan, n, t = corr.plan, graph.num_nodes, graph.num_types
+    flat, uf = out.view(-1, out.shape[-1]), u.view(-1, u.shape[-1])
+    for b in range(len(plan.ranges) - 1):
+        if plan.entries[b]:
+            rows, sl = _enumerate(plan, b, corr.pair_gene, corr.pair_out, graph.out_ptr,
+                                  graph.out_slot)
+            msg = uf.index_select(0, rows * t + sl % t) * w[b].index_select(0, sl).unsqueeze(-1)
+            flat.index_add_(0, b * n + sl // t, msg)
+
+
+def _index_add_backward(gu, grad, w, graph, corr):
+    plan, n, t = corr.plan, graph.num_nodes, graph.num_types
+    gflat, guf = grad.view(-1, grad.shape[-1]), gu.view(-1, gu.shape[-1])
+    for b in range(len(plan.ranges) - 1):
+        if plan.entries[b]:
+            rows, sl = _enumerate(plan, b, corr.pair_gene, corr.pair_out, graph.out_ptr,
+                                  graph.out_slot)
+            msg = gflat.index_select(0, b * n + sl // t) * w[b].index_select(0, sl).unsqueeze(-1)
+            guf.index_add_(0, rows * t + sl % t, msg)
+
+
+def _pull_forward(out, u, w, graph, corr):
+    """Per sample and type, ``A_t`` times the rows of ``R_b`` scattered into a zero ``[N, H]``
+    operand: the full product's sparse work, but none of its dense work."""
+    plan, n, t = corr.plan, graph.num_nodes, graph.num_types
+    wv = w.view(w.shape[0], n, t)
+    dense = u.new_zeros(t, n, u.shape[-1])
+    for b in range(len(plan.ranges) - 1):
+        lo, hi = plan.ranges[b], plan.ranges[b + 1]
+        if hi == lo:
+            continue
+        genes = corr.pair_gene[lo:hi]
+        dense.zero_()
+        dense.index_copy_(1, genes, u[lo:hi].transpose(0, 1))
+        for j, a in enumerate(graph.per_type):
+            out[b].addcmul_(wv[b, :, j].unsqueeze(-1), torch.mm(a, dense[j]))
+
+
+def _pull_backward(gu, grad, w, graph, corr):
+    plan, n, t = corr.plan, graph.num_nodes, graph.num_types
+    wv = w.view(w.shape[0], n, t)
+    for b in range(len(plan.ranges) - 1):
+        lo, hi = plan.ranges[b], plan.ranges[b + 1]
+        if hi == lo:
+            continue
+        genes = corr.pair_gene[lo:hi]
+        for j, a_t in enumerate(graph.per_type_t):
+            g = torch.mm(a_t, grad[b] * wv[b, :, j].unsqueeze(-1))
+            gu[lo:hi, j] = g.index_select(0, genes)
+
+
 class _Push(torch.autograd.Function):
     """``out[b] = base + sum over rows p of sample b, out-edges (n, t) of gene(p):
-    w_b[n*T + t] u[p, t]`` (``[B, N, Ho]``); gradients for ``base`` and ``u``."""
+    w[b, n*T + t] u[p, t]`` (``[B, N, Ho]``); gradients for ``base`` and ``u``."""
 
     @staticmethod
-    def forward(ctx, base, u, inv_deg, graph_ctx):
-        kernel, plan, pair_sample, pair_gene, pair_out, ptr, slot, n, t = graph_ctx
-        bsz = len(plan.ranges) - 1
+    def forward(ctx, base, u, w, graph, corr, kernel):
+        bsz, n = len(corr.plan.ranges) - 1, graph.num_nodes
         out = base.unsqueeze(0).expand(bsz, n, base.shape[-1]).contiguous()
-        u = u.contiguous()
-        has_w = inv_deg is not None
+        u, w = u.contiguous(), w.contiguous()
         if kernel == "numba":
             fwd = _numba_kernels()[0]
-            w = _np(inv_deg.contiguous() if has_w else torch.empty(1, 1))
-            fwd(_np(out), _np(u), _np(plan.pair_ptr), _np(pair_gene), _np(ptr), _np(slot), t,
-                w, has_w)
+            fwd(_np(out), _np(u), _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()),
+                _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types, _np(w))
+        elif kernel == "pull":
+            _pull_forward(out, u, w, graph, corr)
         else:
-            flat = out.view(bsz * n, -1)
-            uf = u.view(-1, u.shape[-1])
-            for b in range(bsz):
-                if plan.entries[b] == 0:
-                    continue
-                rows, sl = _enumerate(plan, b, pair_gene, pair_out, ptr, slot, t)
-                msg = uf[rows * t + sl % t]
-                if has_w:
-                    msg = msg * inv_deg[b][sl].unsqueeze(-1)
-                flat.index_add_(0, b * n + sl // t, msg)
-        ctx.graph_ctx = graph_ctx
-        ctx.u_shape = u.shape
-        ctx.save_for_backward(inv_deg if has_w else torch.empty(0))
-        ctx.has_w = has_w
+            _index_add_forward(out, u, w, graph, corr)
+        ctx.args = (graph, corr, kernel, u.shape)
+        ctx.save_for_backward(w)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        kernel, plan, pair_sample, pair_gene, pair_out, ptr, slot, n, t = ctx.graph_ctx
-        (inv_deg,) = ctx.saved_tensors
+        graph, corr, kernel, u_shape = ctx.args
+        (w,) = ctx.saved_tensors
         grad = grad.contiguous()
         gbase = grad.sum(0) if ctx.needs_input_grad[0] else None
         gu = None
         if ctx.needs_input_grad[1]:
-            gu = grad.new_zeros(ctx.u_shape)
-            bsz = grad.shape[0]
+            gu = grad.new_zeros(u_shape)
             if kernel == "numba":
                 bwd = _numba_kernels()[1]
-                w = _np(inv_deg.contiguous() if ctx.has_w else torch.empty(1, 1))
-                bwd(_np(gu), _np(grad), _np(pair_sample), _np(pair_gene), _np(ptr), _np(slot),
-                    t, w, ctx.has_w)
+                bwd(_np(gu), _np(grad), _np(corr.pair_sample.long()), _np(corr.pair_gene.long()),
+                    _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types,
+                    _np(w))
+            elif kernel == "pull":
+                _pull_backward(gu, grad, w, graph, corr)
             else:
-                gflat = grad.view(bsz * n, -1)
-                guf = gu.view(-1, gu.shape[-1])
-                for b in range(bsz):
-                    if plan.entries[b] == 0:
-                        continue
-                    rows, sl = _enumerate(plan, b, pair_gene, pair_out, ptr, slot, t)
-                    msg = gflat[b * n + sl // t]
-                    if ctx.has_w:
-                        msg = msg * inv_deg[b][sl].unsqueeze(-1)
-                    guf.index_add_(0, rows * t + sl % t, msg)
-        return gbase, gu, None, None
+                _index_add_backward(gu, grad, w, graph, corr)
+        return gbase, gu, None, None, None, None
 
 
-def push(base: torch.Tensor, u: torch.Tensor, plan: PushPlan, pair_sample: torch.Tensor,
-         pair_gene: torch.Tensor, pair_out: torch.Tensor, ptr: torch.Tensor, slot: torch.Tensor,
-         num_nodes: int, num_types: int, inv_deg: torch.Tensor | None = None,
-         kernel: str = "torch") -> torch.Tensor:
-    """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each row ``p``'s messages
-    ``u[p, t]`` (``u`` ``[P, T, Ho]``) pushed along its gene's out-edges of type ``t``, scaled
-    by ``inv_deg[b, n*T + t]`` when given (mean aggregation). Differentiable in ``base`` and
-    ``u``.
+def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
+         kernel: str | None = None) -> torch.Tensor:
+    """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each correction row ``p``'s
+    messages ``u[p, t]`` (``u`` ``[R, T, Ho]``) pushed along its gene's out-edges of type ``t``,
+    each scaled by ``weight[b, n*T + t]`` (``[B, N*T]``: 0 for a deleted receiver, 1/degree
+    for mean aggregation). Differentiable in ``base`` and ``u``.
 
     Args:
-        kernel: ``numba`` (CPU tensors only) or ``torch``.
+        graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
+        corr: the batch's ``Corrections`` (built by ``corrections``: it carries the plan).
+        kernel: ``numba`` (CPU), ``pull`` (PyTorch, per-type CSR products: the CPU fallback)
+            or ``index_add`` (PyTorch push: the CUDA path); default by device.
     """
+    kernel = kernel or default_push_kernel(base.device)
     if kernel not in PUSH_KERNELS:
         raise ValueError(f"'push_kernel' must be one of {list(PUSH_KERNELS)} (got {kernel!r})")
     if kernel == "numba":
         if not numba_available():
             raise ValueError("push_kernel='numba' needs the numba package (pip install numba); "
-                             "use push_kernel='torch'")
+                             "use push_kernel='pull'")
         if base.device.type != "cpu":
-            raise ValueError("push_kernel='numba' runs on CPU tensors only; use 'torch'")
-        ints = [t.to(torch.int64).contiguous() for t in (pair_sample, pair_gene, ptr, slot)]
-        pair_sample, pair_gene, ptr, slot = ints
-    gctx = (kernel, plan, pair_sample, pair_gene, pair_out, ptr, slot, num_nodes, num_types)
-    return _Push.apply(base, u, inv_deg, gctx)
+            raise ValueError("push_kernel='numba' runs on CPU tensors only; use 'index_add'")
+    if corr.plan is None or corr.pair_out is None:
+        raise ValueError("these corrections carry no push plan: build them with "
+                         "workbook_lib.nodemask.corrections")
+    return _Push.apply(base, u, weight, graph, corr, kernel)
