@@ -32,7 +32,7 @@ import torch
 
 from .delta import PushPlan, default_push_kernel, push
 from .graph import OutEdges, SharedGraph
-from .kernels import batched_spmm, typed_aggregate_linear, typed_spmm
+from .kernels import batched_spmm, nnz, sparse_range, typed_aggregate_linear, typed_spmm
 
 
 def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -216,7 +216,8 @@ class NodeMaskBatch:
         """``[B, N, T]`` per-sample in-degrees ``A_t (D_b 1)``."""
         if self._deg is None:
             g = self.graph
-            d = torch.sparse.mm(g.a, self.keep.T.contiguous())  # [N*T, B]
+            with sparse_range(nnz(g.a) * self.batch_size):
+                d = torch.sparse.mm(g.a, self.keep.T.contiguous())  # [N*T, B]
             self._deg = d.view(g.num_nodes, g.num_types, self.batch_size).permute(2, 0, 1)
         return self._deg
 
@@ -274,9 +275,11 @@ class NodeMaskBatch:
             n, t = g.num_nodes, g.num_types
             d = self.keep.T.contiguous()  # [N, B]
             v = d.repeat_interleave(t, dim=0)  # row n*T + t = D[n]
-            if g.aggr == "mean":
-                v = v / torch.sparse.mm(g.a, d).clamp(min=1)
-            w = torch.sparse.mm(g.blockdiag_t, v).view(n, t, self.batch_size)
+            with sparse_range(nnz(g.blockdiag_t, *([g.a] if g.aggr == "mean" else []))
+                              * self.batch_size):
+                if g.aggr == "mean":
+                    v = v / torch.sparse.mm(g.a, d).clamp(min=1)
+                w = torch.sparse.mm(g.blockdiag_t, v).view(n, t, self.batch_size)
             self._pool_w = (w * d.unsqueeze(1) / n).permute(2, 1, 0).contiguous()
         return self._pool_w
 

@@ -40,6 +40,8 @@ import os
 import numpy as np
 import torch
 
+from .kernels import sparse_range
+
 PUSH_KERNELS = ("numba", "pull", "index_add")
 
 _NUMBA = None  # (forward, backward) once compiled; False when numba is unavailable
@@ -218,14 +220,8 @@ class _Push(torch.autograd.Function):
         bsz, n = len(corr.plan.ranges) - 1, graph.num_nodes
         out = base.unsqueeze(0).expand(bsz, n, base.shape[-1]).contiguous()
         u, w = u.contiguous(), w.contiguous()
-        if kernel == "numba":
-            fwd = _numba_kernels()[0]
-            fwd(_np(out), _np(u), _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()),
-                _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types, _np(w))
-        elif kernel == "pull":
-            _pull_forward(out, u, w, graph, corr)
-        else:
-            _index_add_forward(out, u, w, graph, corr)
+        with sparse_range(corr.plan.total_entries * u.shape[-1]):  # useful multiply-adds
+            _push_forward(out, u, w, graph, corr, kernel)
         ctx.args = (graph, corr, kernel, u.shape)
         ctx.save_for_backward(w)
         return out
@@ -239,16 +235,31 @@ class _Push(torch.autograd.Function):
         gu = None
         if ctx.needs_input_grad[1]:
             gu = grad.new_zeros(u_shape)
-            if kernel == "numba":
-                bwd = _numba_kernels()[1]
-                bwd(_np(gu), _np(grad), _np(corr.pair_sample.long()), _np(corr.pair_gene.long()),
-                    _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types,
-                    _np(w))
-            elif kernel == "pull":
-                _pull_backward(gu, grad, w, graph, corr)
-            else:
-                _index_add_backward(gu, grad, w, graph, corr)
+            with sparse_range(corr.plan.total_entries * u_shape[-1]):
+                _push_backward(gu, grad, w, graph, corr, kernel)
         return gbase, gu, None, None, None, None
+
+
+def _push_forward(out, u, w, graph, corr, kernel):
+    if kernel == "numba":
+        fwd = _numba_kernels()[0]
+        fwd(_np(out), _np(u), _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()),
+            _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types, _np(w))
+    elif kernel == "pull":
+        _pull_forward(out, u, w, graph, corr)
+    else:
+        _index_add_forward(out, u, w, graph, corr)
+
+
+def _push_backward(gu, grad, w, graph, corr, kernel):
+    if kernel == "numba":
+        bwd = _numba_kernels()[1]
+        bwd(_np(gu), _np(grad), _np(corr.pair_sample.long()), _np(corr.pair_gene.long()),
+            _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types, _np(w))
+    elif kernel == "pull":
+        _pull_backward(gu, grad, w, graph, corr)
+    else:
+        _index_add_backward(gu, grad, w, graph, corr)
 
 
 def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
