@@ -218,7 +218,7 @@ class _Push(torch.autograd.Function):
     @staticmethod
     def forward(ctx, base, u, w, graph, corr, kernel):
         bsz, n = len(corr.plan.ranges) - 1, graph.num_nodes
-        out = base.unsqueeze(0).expand(bsz, n, base.shape[-1]).contiguous()
+        out = base.unsqueeze(0).repeat(bsz, 1, 1)  # new memory even for B = 1
         u, w = u.contiguous(), w.contiguous()
         with sparse_range(corr.plan.total_entries * u.shape[-1]):  # useful multiply-adds
             _push_forward(out, u, w, graph, corr, kernel)
