@@ -170,3 +170,23 @@ def test_shared_graph_training_step_has_no_host_sync(graph, aggr, kernel):
     with c2.count():
         s.shared.batch(pert)
     assert c2.total > 0
+
+
+def test_footprint_counts_changed_genes_and_messages_by_hand():
+    """Chain 0 -> 1 -> 2 -> 3 in type a, 0 -> 3 in type b; gene 4 isolated; gene 0 deleted."""
+    from workbook_lib.data.inventory import footprint
+
+    ei = {"a": torch.tensor([[0, 1, 2], [1, 2, 3]]), "b": torch.tensor([[0], [3]])}
+    g = CellGraph("hand", 5, ei, "test", content_checksum(5, ei))
+    r = {(x.layer, x.edge_type): (x.genes.median, x.edges.median)
+         for x in footprint(g, torch.tensor([[0]]), 3)}
+    assert set(r) == {(l, t) for l in (1, 2, 3) for t in ("a", "b", "all")}
+    assert r[(1, "a")] == pytest.approx((2 / 5, 1 / 3))  # genes 0 and 1; the edge 0 -> 1
+    assert r[(1, "b")] == pytest.approx((2 / 5, 1.0))
+    assert r[(1, "all")] == pytest.approx((3 / 5, 2 / 4))  # R_1 = {0, 1, 3}
+    assert r[(2, "a")] == pytest.approx((3 / 5, 2 / 3))  # edges leaving R_1: 0->1, 1->2
+    assert r[(2, "all")] == pytest.approx((4 / 5, 3 / 4))
+    assert r[(3, "all")] == pytest.approx((4 / 5, 1.0))
+    isolated = {(x.layer, x.edge_type): x for x in footprint(g, torch.tensor([[4]]), 2)}
+    assert isolated[(2, "all")].genes.median == pytest.approx(1 / 5)
+    assert isolated[(2, "all")].edges.median == 0
