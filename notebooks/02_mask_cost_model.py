@@ -171,6 +171,7 @@ bres = bench.run_bench(P)
 display(view.bench_text(bres))
 display(view.bench_table(bres))
 view.bench_plot(bres)
+display(view.form_text(bench.recommended_form(bres)))
 
 # %% [markdown]
 # ### What bounds the per-sample sparse product

@@ -46,3 +46,24 @@ def test_achieved_rates_count_the_products_of_the_step():
     assert rates["dense"].machine_gmacs == 50.0 and rates["sparse"].machine_source == "k"
     # a step without sparse products reports none
     assert [f.kind for f in achieved_rates(lambda: x @ w1, "cpu", "s", {})] == ["dense"]
+
+
+def _bench_with(ratio_samples, layers=3):
+    from workbook_lib.analysis.bench import BenchResult
+
+    return BenchResult(device="cpu", sizes={"layers": layers}, full_size=True, per_sample_s={},
+                       steps={}, ratio_vs_lazy_form=None, ratio_vs_sparse_form=None,
+                       passes_per_sample=None, exact_max_rel_error=0.0,
+                       ratio_vs_full_form=Stat.from_samples(ratio_samples, unit="ratio"))
+
+
+def test_recommended_form_follows_the_measured_ratio():
+    from workbook_lib.analysis.bench import recommended_form
+
+    assert recommended_form(_bench_with([2.9, 3.1, 3.0])).middle == "delta"
+    slower = recommended_form(_bench_with([0.7, 0.8, 0.75]))
+    assert slower.middle == "full" and slower.measured and "1.33x" in slower.reason
+    same = recommended_form(_bench_with([0.98, 1.01, 0.99], layers=2))
+    assert same.middle == "delta" and "same computation" in same.reason
+    none = recommended_form(None)
+    assert none.middle == "delta" and not none.measured and "not measured here" in none.reason

@@ -36,15 +36,22 @@ class AdoptionResult(Record):
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def train_both(params: dict, graph, device: torch.device) -> tuple[dict, dict, int]:
+def train_both(params: dict, graph, device: torch.device,
+               middle: str = "delta") -> tuple[dict, dict, int]:
     """Train both pipelines ``warmup + adopt_steps`` steps, interleaved; returns
-    ``(arm results, losses, batch size)``."""
+    ``(arm results, losses, batch size)``. ``middle``: the fix's form (``delta`` or ``full``,
+    see :class:`~workbook_lib.strategies.node_mask_shared.NodeMaskShared`)."""
     b = params["batch_size_lazy"]
     steps, warm = params["adopt_steps"], params["warmup"]
     arms, runs = [], {}
     pert = None
     for key, (name, form) in PIPELINES.items():
         run = build_run(params, name, graph=graph, device=device, batch_size=b, form=form)
+        if name == "node_mask_shared" and middle != "delta":
+            from ..strategies import make_strategy
+
+            run.strategy = make_strategy(name, graph, aggr=params["aggr"], device=device,
+                                         middle=middle)
         if pert is None:  # the same samples, in the same order, for both
             pert = run.perturbations((steps + warm) * b)
         trainable = [p for p in run.model.parameters() if p.requires_grad]

@@ -413,6 +413,36 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         seconds=time.perf_counter() - t0)
 
 
+@dataclass
+class FormChoice(Record):
+    """Which form of the node-mask shared graph to train with, and why."""
+
+    middle: str  # "delta" or "full" (NodeMaskShared's ``middle``)
+    reason: str
+    measured: bool  # from a benchmark of this device (else the default, not measured here)
+
+
+def recommended_form(b: BenchResult | None) -> FormChoice:
+    """The faster form by the benchmark's paired ratio (full / delta per sample, same rounds):
+    ``delta`` when that ratio's median is at least 1 (at 2 layers the two are one computation),
+    ``full`` otherwise; without a benchmark, the default ``delta``, marked not measured."""
+    if b is None or b.ratio_vs_full_form is None:
+        return FormChoice("delta", "no benchmark of both forms on this device (not measured "
+                                   "here): the default, delta propagation", False)
+    r = b.ratio_vs_full_form
+    where = "at the real spec" if b.full_size else "at this run's reduced sizes"
+    fig = f"{r.median:.3g}x (IQR {r.iqr:.2g}, {r.n} interleaved rounds, {where}, {b.device})"
+    if b.sizes.get("layers", 3) < 3:
+        return FormChoice("delta", f"with {b.sizes.get('layers')} layers the two forms are the "
+                                   f"same computation (full / delta measured {fig})", True)
+    if r.median >= 1.0:
+        return FormChoice("delta", f"delta propagation was {fig} faster per sample than full "
+                                   "middle layers", True)
+    return FormChoice("full", f"full middle layers were faster: delta / full per sample "
+                              f"{1 / r.median:.3g}x ({where}, {b.device}); delta's push kernel "
+                              "does not pay off on this device", True)
+
+
 def summary_lines(r: BenchResult) -> list[str]:
     """A short plain-text table (the CLI prints it)."""
     s = r.sizes

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis.bench import BenchResult
+from ..analysis.bench import BenchResult, FormChoice
 from ..analysis.benchmarks import LayerSweep, MaskGeneration
 from ..analysis.costmodel import COEFFICIENTS
 from ..analysis.mask_cost import CostModelStudy, MaskCostResult
@@ -203,6 +203,13 @@ def bench_table(b: BenchResult):
                                f"{b.rounds} interleaved rounds; {b.device}. Replicated forms: "
                                "timed at B = 1 and 2 in the same rounds, per sample at the "
                                "shared form's batch from the line through the two.")
+
+
+def form_text(c: FormChoice) -> Markdown:
+    """Which form of the node-mask shared graph this run recommends, and why."""
+    name = {"delta": "the second layer delta-propagated (`middle=\"delta\"`, the default)",
+            "full": "full middle layers (`middle=\"full\"`)"}[c.middle]
+    return Markdown(f"**Recommended form of the node-mask shared graph:** {name}: {c.reason}.")
 
 
 def rates_table(b: BenchResult):
