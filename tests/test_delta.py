@@ -147,15 +147,18 @@ def test_push_kernel_errors(graph):
              torch.ones(1, 120), "cuda-magic")
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("middle,kernel", [
+    ("delta", "pull"), ("delta", "index_add"), ("full", None),
+    pytest.param("delta", "numba", marks=pytest.mark.skipif(not numba_available(),
+                                                            reason="numba is not installed"))])
 @pytest.mark.parametrize("aggr", ["sum", "mean"])
-def test_shared_graph_training_step_has_no_host_sync(graph, aggr, kernel):
+def test_shared_graph_training_step_has_no_host_sync(graph, aggr, middle, kernel):
     """One training step of the node-mask shared graph (after the collate, which runs in the
     DataLoader's workers on the host) makes no device-to-host synchronization: the count is
     PyTorch's dispatcher-level one (what a GPU would sync)."""
     model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=5, layers=3, seed=3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    s = make_strategy("node_mask_shared", graph, aggr=aggr, push_kernel=kernel)
+    s = make_strategy("node_mask_shared", graph, aggr=aggr, middle=middle, push_kernel=kernel)
     pert = perturbations(graph.num_genes)[:6]
     batch = s.collate([s.make_item(i, row) for i, row in enumerate(pert)])
     c = SyncCounter("cpu")
