@@ -120,8 +120,8 @@ def footprint(graph: CellGraph, pert: torch.Tensor, layers: int,
     for t, ei in graph.edge_index.items():
         e = ei.shape[1]
         counts[t] = e
-        mats[t] = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), torch.ones(e),
-                                          (n, n)).coalesce().to_sparse_csr()
+        mats[t] = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), torch.ones(e), (n, n),
+                                          check_invariants=False).coalesce().to_sparse_csr()
         outdeg[t] = torch.bincount(ei[0], minlength=n).float()
     total = sum(counts.values())
     genes = {(l, t): [] for l in range(1, layers + 1) for t in [*graph.edge_types, "all"]}
