@@ -315,6 +315,8 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
     plan = {"shared": ("node_mask_shared", None, bs, "delta"),
             "shared_full": ("node_mask_shared", None, bs, "full"),
             "wildtype": ("dango_wildtype", None, p["batch_size_dango"], None)}
+    if layers < 3:  # no middle layer: the two forms are one computation, timed once
+        del plan["shared_full"]
     rep_batches, rep_why = {}, {}
     for key, form in (("replicated_gather_scatter", "gather_scatter"),
                       ("replicated_sparse", "spmm")):
@@ -378,12 +380,13 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
                      batch_size=bs).perturbations(bs)
     kernels = kernel_figures(sg, bs, hidden, dev, target=p["precision_target"],
                              max_time_s=5 * p["time_budget_s"], pert=pert)
-    dense_st, dense_g = dense_rate(dev, size=2048 if full else 1024,
-                                   target=p["precision_target"], max_time_s=p["time_budget_s"])
+    size = 2048 if full else 512
+    dense_st, dense_g = dense_rate(dev, size=size, target=p["precision_target"],
+                                   max_time_s=p["time_budget_s"])
     best = max(kernels, key=lambda k: k.gmacs)
     machine = {"sparse_gmacs": best.gmacs, "sparse_source": f"fastest kernel tried: {best.name}",
                "dense_gmacs": dense_g,
-               "dense_source": f"{2048 if full else 1024}^3 float32 matmul "
+               "dense_source": f"{size}^3 float32 matmul "
                                f"({dense_st.median * 1e3:.3g} ms)"}
     rates = []
     for k in ("shared", "shared_full"):
@@ -396,7 +399,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
                      "has changed)")
     if layers < 3:
         notes.append(f"L = {layers}: no middle layer, so the delta and full forms are the same "
-                     "computation (first layer incremental, last layer pooled)")
+                     "computation (first layer incremental, last layer pooled), timed once")
     err = exact_error(p, graph, hidden, layers)
     return BenchResult(
         device=device_label(dev),
@@ -426,15 +429,15 @@ def recommended_form(b: BenchResult | None) -> FormChoice:
     """The faster form by the benchmark's paired ratio (full / delta per sample, same rounds):
     ``delta`` when that ratio's median is at least 1 (at 2 layers the two are one computation),
     ``full`` otherwise; without a benchmark, the default ``delta``, marked not measured."""
+    if b is not None and b.sizes.get("layers", 3) < 3:
+        return FormChoice("delta", f"with {b.sizes.get('layers')} layers there is no middle "
+                                   "layer: the two forms are the same computation", False)
     if b is None or b.ratio_vs_full_form is None:
         return FormChoice("delta", "no benchmark of both forms on this device (not measured "
                                    "here): the default, delta propagation", False)
     r = b.ratio_vs_full_form
     where = "at the real spec" if b.full_size else "at this run's reduced sizes"
     fig = f"{r.median:.3g}x (IQR {r.iqr:.2g}, {r.n} interleaved rounds, {where}, {b.device})"
-    if b.sizes.get("layers", 3) < 3:
-        return FormChoice("delta", f"with {b.sizes.get('layers')} layers the two forms are the "
-                                   f"same computation (full / delta measured {fig})", True)
     if r.median >= 1.0:
         return FormChoice("delta", f"delta propagation was {fig} faster per sample than full "
                                    "middle layers", True)
