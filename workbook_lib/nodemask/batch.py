@@ -14,7 +14,12 @@ For sample ``b`` with deleted genes ``S_b`` (``D_b`` zeroes their rows), per edg
   ``w_tb = D_b A_t^T (D_b / deg_tb)``: weights from one product of width B (not B*H), then a
   weighted sum of rows.
 
-All three are exact (float32 rounding) for sum and mean aggregation, in outputs and gradients.
+* **a second layer after an incremental first one** (:meth:`NodeMaskBatch.first_layer_delta`,
+  :meth:`NodeMaskBatch.delta_layer`): its input differs from the wildtype's only at the first
+  layer's correction rows, so it is the wildtype product plus a push of that difference along
+  their out-edges (:mod:`workbook_lib.nodemask.delta`).
+
+All of these are exact (float32 rounding) for sum and mean aggregation, in outputs and gradients.
 The GIN-shaped layers (:meth:`layer`, :meth:`first_layer`, :meth:`pooled_layer`) apply a linear
 map over the ``T*H`` concatenated per-type features and the self term, as the workbook's model
 does; because ``D_b`` scales whole rows, it is applied after the linear map, on ``[B, N, H]``
