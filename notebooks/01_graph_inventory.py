@@ -71,6 +71,15 @@ display(view.locality_text(inv))
 view.locality_plot(inv)
 
 # %% [markdown]
+# ## What a perturbation changes, layer by layer
+# Per layer and edge type, the fraction of genes whose aggregation differs from the wildtype's
+# and the fraction of edges whose message does: the measured basis of delta propagation.
+
+# %%
+display(view.footprint_text(inv))
+display(view.footprint_table(inv))
+
+# %% [markdown]
 # ## Bytes per representation
 
 # %%

@@ -133,24 +133,28 @@ view.layer_plot(layers, NB.device_label)
 
 # %% [markdown]
 # ## The strategy benchmark: per sample, forward + backward
-# The node-mask shared graph against replicated masks in the Lazy model's form and in their
-# sparse-product form, a DANGO-style wildtype step, and the floor of the shared step (its own
-# sparse and dense products timed raw), all in the same rounds. At this run's sizes, or at the
-# real spec with `bench_full_size: true`.
+# The node-mask shared graph in the form this workbook recommends (second layer
+# delta-propagated: its per-sample work follows what a deletion changed) and with full middle
+# layers, replicated masks in the Lazy model's form and in their sparse-product form (at the
+# shared form's batch), and a DANGO-style wildtype step, all in the same rounds. At this run's
+# sizes, or at the real spec with `bench_full_size: true`.
 
 # %%
 bres = bench.run_bench(P)
 display(view.bench_text(bres))
 display(view.bench_table(bres))
 view.bench_plot(bres)
+display(view.form_text(bench.recommended_form(bres)))
 
 # %% [markdown]
 # ### What bounds the per-sample sparse product
 # On a CPU a CSR product is bound by fetching the dense rows its nonzeros point to: the kernels
-# tried differ in how much of the dense operand stays in cache.
+# tried differ in how much of the dense operand stays in cache. The step's own sparse and dense
+# products, as achieved in one profiled step, beside the best rates measured on this machine.
 
 # %%
 display(view.kernel_table(bres))
+display(view.rates_table(bres))
 
 # %% [markdown]
 # ## Peak memory of a training step

@@ -47,7 +47,8 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import verdict
+from workbook_lib.analysis import bench, verdict
+from workbook_lib.report import mask_cost_view as mc_view
 from workbook_lib.report import verdict_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import read_meta, write_results
@@ -78,6 +79,7 @@ display(view.claims_table(v))
 # %%
 display(view.recommendation_text(v, NB.run_dir))
 display(view.epochs_table(v))
+display(mc_view.form_text(bench.recommended_form(v.recommendation.bench if v.recommendation else None)))
 
 # %%
 display(view.adoption(v))

@@ -50,8 +50,9 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import adoption, headlines
+from workbook_lib.analysis import adoption, bench, headlines
 from workbook_lib.report import adoption_view as view
+from workbook_lib.report import mask_cost_view as mc_view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
 
@@ -59,10 +60,15 @@ NB = setup(globals())
 
 # %% [markdown]
 # ## The same training, two pipelines
+# The fix runs in the form notebook 02's benchmark measured faster on this device (delta
+# propagation, or full middle layers).
 
 # %%
-res, losses, batch, labels = adoption.train_both(NB.params, NB.graph, NB.device)
 mask_cost, ddp = load_result(NB.run_dir, "02_mask_cost_model"), load_result(NB.run_dir, "04_ddp_scaling")
+form = bench.recommended_form(mask_cost.bench if mask_cost else None)  # the faster form in 02
+display(mc_view.form_text(form))
+res, losses, batch, labels = adoption.train_both(NB.params, NB.graph, NB.device,
+                                                 middle=form.middle)
 r = adoption.compare(NB.params, res, losses, batch, NB.device_label,
                      memory=mask_cost.memory if mask_cost else None, ddp=ddp, labels=labels)
 display(view.loss_text(r))

@@ -67,10 +67,7 @@ def test_results_of_each_notebook(ci_run):
     assert all(p.status == "ok" and p.step_bytes > 0 for p in mc.memory.points)
     for fit in mc.memory.fits.values():
         assert fit.per_sample_bytes > 0 and len(fit.residuals) == len(fit.points) >= 3
-    b = mc.bench  # the floor fraction is the floor's time over the shared step's, per round
-    assert b.per_sample_s["shared"].n >= 3
-    assert b.floor_fraction.median == pytest.approx(Stat.from_samples(
-        [f / s for f, s in zip(b.steps["floor"].samples, b.steps["shared"].samples)]).median)
+    assert mc.bench.per_sample_s["shared"].n >= 3 and mc.bench.rates
     assert mc.dual_masks.single_bytes > 0 and mc.dual_masks.dual_bytes == \
         mc.dual_masks.single_bytes  # the wildtype pass reads no mask
     t = load_result(out, "03_data_vs_model_timing")

@@ -22,6 +22,8 @@ Where things are done (folder = layer, lower layers never import higher ones):
                         ``replicated_filter_device``, ``node_mask_shared``, ``dango_wildtype``
     ``model``, ``reference``, ``sparse_ops`` (the products every strategy uses)
 ``nodemask``       the fix as a public API: per-sample aggregation on one shared graph
+    ``graph``, ``batch``, ``kernels``   the shared graph, a batch's layers, sparse products
+    ``delta``           delta propagation: the second layer's per-sample push (numba/PyTorch)
 ``measurement/``   how anything is measured
     ``timing``          THE timer: device sync, warm-up excluded, repeats to a precision
                         target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock

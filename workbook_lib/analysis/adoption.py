@@ -82,10 +82,11 @@ def loss_fall(losses: list[float], window: int = 10) -> tuple[float, float]:
     return sum(losses[:w]) / w, sum(losses[-w:]) / w
 
 
-def train_both(params: dict, graph, device: torch.device
+def train_both(params: dict, graph, device: torch.device, middle: str = "delta"
                ) -> tuple[dict, dict, int, torch.Tensor]:
     """Train both pipelines ``warmup + adopt_steps`` steps, interleaved, on the teacher's
-    labels; returns ``(arm results, losses, batch size, labels)``."""
+    labels; returns ``(arm results, losses, batch size, labels)``. ``middle``: the fix's form
+    (``delta`` or ``full``, see :class:`~workbook_lib.strategies.node_mask_shared.NodeMaskShared`)."""
     b = params["batch_size_lazy"]
     steps, warm = params["adopt_steps"], params["warmup"]
     arms = []
@@ -95,7 +96,8 @@ def train_both(params: dict, graph, device: torch.device
     labels = teacher_labels(params, graph, device, pert, b)
     for key, (name, form) in PIPELINES.items():
         pipe = build_pipeline(params, name, graph, device, batch_size=b, form=form, pert=pert,
-                              labels=labels)
+                              labels=labels,
+                              middle=middle if name == "node_mask_shared" else None)
         trainable = [p for p in pipe.model.parameters() if p.requires_grad]
         opt = (torch.optim.SGD(trainable, lr=params["adopt_lr"])
                if params["adopt_optimizer"] == "sgd" else

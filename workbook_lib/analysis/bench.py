@@ -4,20 +4,30 @@
 section run :func:`run_bench`. At the params' sizes (or the real spec with ``bench_full_size``)
 it times, in the same rounds (A, B, C... then again, so drift cancels in the ratios):
 
-* ``shared``: the node-mask shared graph (strategy 6) at ``batch_size_lazy`` (the investigation: 28);
-* ``replicated_gather_scatter``: replicated masks as the investigation's model computes them (every
-  message materialised, then masked), at the largest batch that fits, capped by
-  ``bench_replicated_max_batch`` (its cost is linear in B, so it is compared per sample);
+* ``shared``: the node-mask shared graph (strategy 6) in its default form, the second layer
+  delta-propagated (:mod:`workbook_lib.nodemask.delta`), at ``batch_size_lazy`` (28);
+* ``shared_full``: the same with every middle layer one product per sample (the form before
+  delta propagation), at the same batch;
+* ``replicated_gather_scatter``: replicated masks as the investigation's model computes them
+  (every message materialised, then masked), timed at B = 1 and B = 2 in the same rounds; its
+  per-sample cost is reported *at the shared form's batch* from the per-step line through the
+  two (``t(B) = a + b B``, per sample ``a / B + b``): a replicated step also makes one wildtype
+  pass per batch (the dual forward's), which at B = 2 would count half a pass per sample;
 * ``replicated_sparse``: the same masks as the values of one sparse product per edge type;
-* ``wildtype``: one DANGO-style step (a single wildtype pass) at ``batch_size_dango``;
-* ``floor``: the shared step's own sparse products and dense matrix products, called raw at the
-  same shapes and counts, without the elementwise work, indexing and autograd between them:
-  what this machine's kernels allow for that step.
+* ``wildtype``: one DANGO-style step (a single wildtype pass) at ``batch_size_dango``.
 
 Every step includes the dual forward when the params ask for it, and builds its batch on the
-host as the training loop does. It also times the sparse-product kernels that were tried for the
-per-sample product (the ``kernels`` table) and checks the shared graph's exactness against the
-plain reference on a small induced subgraph in the same run.
+host as the training loop does.
+
+Instead of a "floor" made of the step's own kernels (which measures the step's overhead, not
+what the machine can do), it reports **achieved rates** beside **this machine's best measured
+rates**: the multiply-adds per second of the step's sparse products (read from one profiled
+step: every sparse product runs in a profiler range named with its multiply-add count) and of
+its dense products (the profiler's count for ``mm``/``addmm``/``bmm``), against the fastest
+sparse kernel tried for the per-sample product (the ``kernels`` table, which marks the kernel
+the step itself uses on this device, so that like is compared with like) and a large dense
+matmul. It also checks the shared graph's exactness against the plain reference on a small
+induced subgraph in the same run.
 """
 from __future__ import annotations
 
@@ -28,8 +38,9 @@ import torch
 
 from ..data.snapshots import induced_subgraph, load_snapshot
 from ..measurement.memory import is_oom
-from ..measurement.timing import Stat, interleave
+from ..measurement.timing import Stat, interleave, sync
 from ..nodemask import SharedGraph
+from ..nodemask.kernels import SPARSE_TAG
 from ..records import Record
 from ..report.progress import note
 from ..strategies import build_ctx
@@ -56,6 +67,31 @@ class KernelFigure(Record):
     description: str
     seconds: Stat
     gmacs: float  # multiply-adds per second, 1e9
+    used_by_step: bool = False  # the kernel the shared step uses on this device
+
+
+@dataclass
+class RateFigure(Record):
+    """Achieved multiply-add rate of one kind of product inside one profiled step."""
+
+    variant: str
+    kind: str  # "sparse" or "dense"
+    macs: float
+    seconds: float  # time inside those products (profiler, CPU time; device time on CUDA)
+    step_seconds: float  # the profiled step's wall time
+    gmacs: float
+    machine_gmacs: float | None  # this machine's best measured rate for that kind
+    machine_source: str = ""
+
+
+@dataclass
+class ReplicatedFit(Record):
+    """A replicated form timed at B = 1 and B = 2 and its per-sample cost at ``at_batch``."""
+
+    step_b1: Stat
+    step_b2: Stat | None
+    at_batch: int
+    per_sample: Stat  # per round: (t1 (2 - B) + t2 (B - 1)) / B, or t1 without B = 2
 
 
 @dataclass
@@ -68,10 +104,14 @@ class BenchResult(Record):
     ratio_vs_lazy_form: Stat | None
     ratio_vs_sparse_form: Stat | None
     passes_per_sample: Stat | None
-    floor_fraction: Stat | None
     exact_max_rel_error: float
+    ratio_vs_full_form: Stat | None = None  # shared_full / shared per sample (delta's gain)
+    replicated: dict[str, ReplicatedFit] = field(default_factory=dict)
+    rates: list[RateFigure] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)  # best sparse / dense GMAC/s measured here
     kernels: list[KernelFigure] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # variant -> why it did not run
+    notes: list[str] = field(default_factory=list)
     rounds: int = 0
     seconds: float = 0.0
 
@@ -104,65 +144,88 @@ def _step_fn(run, pert):
     return step
 
 
-def floor_fn(sg: SharedGraph, batch: int, hidden: int, layers: int, dual: bool, device):
-    """The shared step's heavy operations, raw: sparse products and dense matmuls at the same
-    shapes and counts as :class:`~workbook_lib.strategies.node_mask_shared.NodeMaskShared`."""
-    n, t, h = sg.num_nodes, sg.num_types, hidden
-    g = torch.Generator().manual_seed(0)
+def amortised(b1: Stat, b2: Stat | None, at_batch: int) -> Stat:
+    """Seconds per sample at ``at_batch`` from steps timed at B = 1 and B = 2 in the same
+    rounds: per round, the line through the two points, ``(a + b B) / B`` with
+    ``a = 2 t1 - t2`` (the per-step part) and ``b = t2 - t1`` (the per-sample part). Without a
+    B = 2 timing, the B = 1 step as it is."""
+    if b2 is None:
+        return b1.scaled(1.0, "s/sample")
+    if len(b1.samples) != len(b2.samples) or not b1.samples:
+        raise ValueError("B = 1 and B = 2 must be timed in the same rounds")
+    bs = at_batch
+    return Stat.from_samples([(t1 * (2 - bs) + t2 * (bs - 1)) / bs
+                              for t1, t2 in zip(b1.samples, b2.samples)],
+                             unit="s/sample", target=b1.target)
 
-    def r(*shape):
-        return torch.randn(*shape, generator=g).to(device)
-    x0, w, ws, gw = r(n, h), r(h, t * h), r(h, h), r(n, h)
-    xb, gb = r(batch, n, h), r(batch, n, h)
-    agg = torch.empty(batch, t, n, h, device=device)
-    wr = w.view(h, t, h).permute(1, 2, 0).contiguous()
-    wt = w.view(h, t, h).permute(1, 0, 2).contiguous()
-    gx = torch.empty(batch, n, h, device=device)
-    d = torch.rand(n, batch, generator=g).to(device)
-    pw = r(batch, t, n)
-    gp = r(batch, t, h)
 
-    def wildtype_layer():
-        s = torch.sparse.mm(sg.a, x0)  # forward: stacked product, linear, self term
-        s.view(n, t * h) @ w.T
-        x0 @ ws.T
-        gw.T @ s.view(n, t * h)  # backward: weight gradients, input gradient through A^T
-        gw.T @ x0
-        torch.sparse.mm(sg.a_t, (gw @ w).view(n * t, h))
-        gw @ ws
+_DENSE_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 
-    def step():
-        wildtype_layer()  # the incremental first layer's wildtype pass
-        for _ in range(max(0, layers - 2)):  # middle layers, forward and backward
-            for i in range(batch):
-                for j in range(t):
-                    agg[i, j].addmm_(sg.per_type[j], xb[i], beta=0)
-                torch.bmm(agg[i], wr).sum(0)
-            xb.view(-1, h) @ ws.T
-            for i in range(batch):
-                gi = gb[i].unsqueeze(0).expand(t, n, h)
-                torch.bmm(gi.transpose(1, 2), agg[i])
-                ga = torch.bmm(gi, wt)
-                gx[i].zero_()
-                for j in range(t):
-                    gx[i].addmm_(sg.per_type_t[j], ga[j])
-            gb.view(-1, h).T @ xb.view(-1, h)
-            gb.view(-1, h) @ ws
-        if layers > 1:  # the pooled last layer: two width-B products, weighted sums
-            torch.sparse.mm(sg.a, d)
-            torch.sparse.mm(sg.blockdiag_t, d.repeat_interleave(t, dim=0))
-            torch.bmm(pw, xb)
-            torch.bmm(pw.transpose(1, 2), gp)
-        if dual:
-            for _ in range(layers - 1):
-                wildtype_layer()
-    return step
+
+def achieved_rates(fn, device, variant: str, machine: dict) -> list[RateFigure]:
+    """Profile one call of ``fn`` (a warm training step) and return the multiply-add rates of
+    its sparse products (the ranges tagged ``SPARSE_TAG``) and of its dense matrix products
+    (outside those ranges), each beside this machine's best measured rate in ``machine``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts, with_flops=True) as prof:
+        fn()
+        sync(device)
+    wall = time.perf_counter() - t0
+
+    def dur(ev) -> float:  # microseconds
+        return float(getattr(ev, "device_time_total", 0.0) if cuda else ev.cpu_time_total)
+
+    def inside(ev, pred) -> bool:
+        p = ev.cpu_parent
+        while p is not None:
+            if pred(p):
+                return True
+            p = p.cpu_parent
+        return False
+
+    def is_sparse(ev) -> bool:
+        return ev.name.startswith(SPARSE_TAG)
+
+    def is_dense(ev) -> bool:
+        return ev.name in _DENSE_OPS and (ev.flops or 0) > 0
+    sp_macs = sp_us = de_macs = de_us = 0.0
+    for ev in prof.events():
+        if is_sparse(ev) and not inside(ev, is_sparse):
+            sp_macs += float(ev.name[len(SPARSE_TAG):])
+            sp_us += dur(ev)
+        elif is_dense(ev) and not inside(ev, lambda p: is_sparse(p) or is_dense(p)):
+            de_macs += ev.flops / 2.0
+            de_us += dur(ev)
+    out = []
+    for kind, macs, us in (("sparse", sp_macs, sp_us), ("dense", de_macs, de_us)):
+        if macs and us:
+            out.append(RateFigure(variant, kind, macs, us * 1e-6, wall,
+                                  macs / (us * 1e-6) / 1e9, machine.get(f"{kind}_gmacs"),
+                                  machine.get(f"{kind}_source", "")))
+    return out
+
+
+def dense_rate(device, *, size: int, target: float, max_time_s: float) -> tuple[Stat, float]:
+    """A large dense matmul (``size`` cubed, float32): its time and G multiply-adds/s."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    res = interleave({"dense": lambda: a @ b}, device=device, warmup=1, min_rounds=3,
+                     target=target, max_time_s=max_time_s)
+    st = res.stats["dense"]
+    return st, size ** 3 / st.median / 1e9
 
 
 def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: float,
-                   max_time_s: float) -> list[KernelFigure]:
+                   max_time_s: float, pert: torch.Tensor | None = None) -> list[KernelFigure]:
     """The per-sample product of a middle layer (every edge type, every sample) with each
-    kernel tried."""
+    kernel tried, and (given perturbations ``pert``) the delta layer's push. ``used_by_step``
+    marks the kernels the shared step uses on this device: ``slabs, per type`` with the CPU's
+    ``slab`` kernel, ``wide, int32`` with CUDA's ``wide`` one."""
     n, t = sg.num_nodes, sg.num_types
     x = torch.randn(batch, n, hidden, device=device)
     wide_x = x.permute(1, 0, 2).reshape(n, batch * hidden).contiguous()
@@ -188,12 +251,28 @@ def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: 
         "slabs, stacked types": ("one product per sample slab [N, H], all types stacked",
                                  slabs),
         "slabs, per type": ("one product per (sample, type) [N, H]: every operand "
-                            "cache-sized (the CPU kernel)", typed),
+                            "cache-sized (the CPU's 'slab' kernel)", typed),
     }
+    macs = {k: sg.num_edges * batch * hidden for k in cases}
+    if pert is not None:  # the delta layer's push over the out-edges of the changed rows
+        from ..nodemask.delta import push
+
+        nb = sg.batch(pert.to(device) if pert.device != device else pert)
+        corr = nb.corrections()
+        u = torch.randn(corr.pair_gene.numel(), t, hidden, device=device)
+        base = torch.zeros(n, hidden, device=device)
+        w = torch.ones(batch, n * t, device=device)
+        name = f"push, {nb.push_kernel}"
+        cases[name] = (f"the delta layer's push: only the out-edges of the rows a deletion "
+                       f"changed ({corr.plan.total_entries / batch / sg.num_edges:.0%} of the "
+                       f"edges per sample here), kernel '{nb.push_kernel}' (the step's)",
+                       lambda: push(sg, corr, base, u, w, nb.push_kernel))
+        macs[name] = corr.plan.total_entries * hidden
     res = interleave({k: f for k, (_, f) in cases.items()}, device=device, warmup=1,
                      min_rounds=3, target=target, max_time_s=max_time_s)
-    macs = sg.num_edges * batch * hidden
-    return [KernelFigure(k, desc, res.stats[k], macs / res.stats[k].median / 1e9)
+    step_kernel = "slabs, per type" if sg.kernel == "slab" else "wide, int32"
+    return [KernelFigure(k, desc, res.stats[k], macs[k] / res.stats[k].median / 1e9,
+                         used_by_step=k == step_kernel or k.startswith("push"))
             for k, (desc, _) in cases.items()]
 
 
@@ -208,37 +287,50 @@ def exact_error(params: dict, graph, hidden: int, layers: int) -> float:
                             seed=params["seed"])["node_mask_shared"]
 
 
+def _replicated_batches(p: dict, graph, hidden: int, form: str, budget: float) -> tuple:
+    per = replicated_bytes_per_sample(
+        graph.num_edges(), max(graph.num_edges(t) for t in graph.edge_types), graph.num_genes,
+        len(graph.edge_types), hidden, form)
+    fits = max(1, int(budget // per))
+    top = min(2, fits, p["bench_replicated_max_batch"])
+    why = "" if top == 2 else (
+        "bench_replicated_max_batch" if top == p["bench_replicated_max_batch"]
+        else f"largest fitting {budget / 1e9:.0f} GB at about {per / 1e9:.1f} GB/sample "
+             "(estimate)")
+    return (1, 2) if top == 2 else (1,), why
+
+
 def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> BenchResult:
     """Run the benchmark (see the module docstring)."""
     from ..running.environment import device_label, resolve_device
+    from ..strategies import make_strategy
 
     full = params["bench_full_size"] if full_size is None else full_size
     p = {**params, **REAL_SPEC} if full else dict(params)
     dev = resolve_device(p["device"]) if device is None else torch.device(device)
     t0 = time.perf_counter()
     graph = load_snapshot(p)
-    hidden, layers = p["hidden"], p["layers"]
+    hidden, layers, bs = p["hidden"], p["layers"], p["batch_size_lazy"]
     budget = _budget(dev)
-    plan = {"shared": ("node_mask_shared", None, p["batch_size_lazy"]),
-            "replicated_gather_scatter": ("replicated_mask_cpu", "gather_scatter", None),
-            "replicated_sparse": ("replicated_mask_cpu", "spmm", None),
-            "wildtype": ("dango_wildtype", None, p["batch_size_dango"])}
-    fns, per_b, reasons, labels, skipped = {}, {}, {}, {}, {}
-    for key, (name, form, b) in plan.items():
-        reason = "batch_size_dango" if key == "wildtype" else "batch_size_lazy"
-        if b is None:
-            per = replicated_bytes_per_sample(
-                graph.num_edges(), max(graph.num_edges(t) for t in graph.edge_types),
-                graph.num_genes, len(graph.edge_types), hidden, form)
-            fits = max(1, int(budget // per))
-            b = min(p["batch_size_lazy"], fits, p["bench_replicated_max_batch"])
-            if b < p["batch_size_lazy"]:
-                reason = ("bench_replicated_max_batch" if b == p["bench_replicated_max_batch"]
-                          else f"largest fitting {budget / 1e9:.0f} GB at about "
-                               f"{per / 1e9:.1f} GB/sample (estimate)")
+    plan = {"shared": ("node_mask_shared", None, bs, "delta"),
+            "shared_full": ("node_mask_shared", None, bs, "full"),
+            "wildtype": ("dango_wildtype", None, p["batch_size_dango"], None)}
+    if layers < 3:  # no middle layer: the two forms are one computation, timed once
+        del plan["shared_full"]
+    rep_batches, rep_why = {}, {}
+    for key, form in (("replicated_gather_scatter", "gather_scatter"),
+                      ("replicated_sparse", "spmm")):
+        rep_batches[key], rep_why[key] = _replicated_batches(p, graph, hidden, form, budget)
+        for b in rep_batches[key]:
+            plan[f"{key}@{b}"] = ("replicated_mask_cpu", form, b, None)
+    fns, per_b, labels, skipped = {}, {}, {}, {}
+    for key, (name, form, b, middle) in plan.items():
         note(f"bench: preparing {key} (B={b})")
         try:
             run = build_run(p, name, graph=graph, device=dev, batch_size=b, form=form)
+            if middle is not None:
+                run.strategy = make_strategy(name, graph, aggr=p["aggr"], device=dev,
+                                             middle=middle)
             fns[key] = _step_fn(run, run.perturbations(b))
             fns[key]()  # fails here, not in the middle of a round, if it does not fit
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded
@@ -247,35 +339,67 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
             skipped[key] = f"out of memory at B={b}: {str(exc).splitlines()[0][:160]}"
             fns.pop(key, None)
             continue
-        per_b[key], reasons[key] = b, reason
-        labels[key] = run.strategy.label + (f" ({form.replace('_', '-')})" if form else "")
-    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr=p["aggr"], device=dev,
-                     allow_self_loops=True)
-    fns["floor"] = floor_fn(sg, per_b.get("shared", p["batch_size_lazy"]), hidden, layers,
-                            p["dual_forward"], dev)
+        per_b[key] = b
+        labels[key] = run.strategy.label + (" (delta)" if middle == "delta" else "") + (
+            f" ({form.replace('_', '-')})" if form else "")
     note("bench: timing the variants interleaved")
     res = interleave(fns, device=dev, warmup=p["warmup"], min_rounds=max(3, p["min_repeats"]),
                      target=p["precision_target"], max_time_s=10 * p["time_budget_s"])
-
-    def per_round(k):
-        return res.stats[k].scaled(1.0 / per_b[k], "s/sample")
-    per_sample = {}
-    for k in fns:
-        if k != "floor":
-            st = per_round(k)
-            per_sample[k] = PerSample(st.median, st.iqr, st.n, per_b[k], labels[k], reasons[k])
+    per_round: dict[str, Stat] = {}
+    per_sample: dict[str, PerSample] = {}
+    for k in ("shared", "shared_full", "wildtype"):
+        if k in fns:
+            per_round[k] = res.stats[k].scaled(1.0 / per_b[k], "s/sample")
+            why = "batch_size_dango" if k == "wildtype" else "batch_size_lazy"
+            st = per_round[k]
+            per_sample[k] = PerSample(st.median, st.iqr, st.n, per_b[k], labels[k], why)
+    replicated = {}
+    for key, batches in rep_batches.items():
+        b1 = res.stats.get(f"{key}@1")
+        if b1 is None:
+            continue
+        b2 = res.stats.get(f"{key}@2") if 2 in batches else None
+        at = bs if b2 is not None else 1
+        st = amortised(b1, b2, at)
+        replicated[key] = ReplicatedFit(b1, b2, at, st)
+        per_round[key] = st
+        why = (f"fitted from B = 1 and 2, per sample at B = {bs} (the shared form's)"
+               if b2 is not None else f"B = 1 only ({rep_why[key] or 'B = 2 did not fit'})")
+        per_sample[key] = PerSample(st.median, st.iqr, st.n, at, labels[f"{key}@1"], why)
 
     def ratio(a, b):
-        if a not in per_b or b not in per_b:
+        if a not in per_round or b not in per_round:
             return None
-        return per_round(a).ratio_to(per_round(b), paired=True)
-    passes = per_round("shared").ratio_to(res.stats["wildtype"], paired=True) \
-        if "shared" in per_b and "wildtype" in per_b else None
-    floor = res.stats["floor"].ratio_to(res.stats["shared"], paired=True) \
-        if "shared" in per_b else None
-    note("bench: kernels tried, exactness")
-    kernels = kernel_figures(sg, per_b.get("shared", p["batch_size_lazy"]), hidden, dev,
-                             target=p["precision_target"], max_time_s=5 * p["time_budget_s"])
+        return per_round[a].ratio_to(per_round[b], paired=True)
+    passes = per_round["shared"].ratio_to(res.stats["wildtype"], paired=True) \
+        if "shared" in per_round and "wildtype" in fns else None
+    note("bench: kernels tried, machine rates, achieved rates, exactness")
+    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr=p["aggr"], device=dev,
+                     allow_self_loops=True)
+    pert = build_run(p, "node_mask_shared", graph=graph, device=dev,
+                     batch_size=bs).perturbations(bs)
+    kernels = kernel_figures(sg, bs, hidden, dev, target=p["precision_target"],
+                             max_time_s=5 * p["time_budget_s"], pert=pert)
+    size = 2048 if full else 512
+    dense_st, dense_g = dense_rate(dev, size=size, target=p["precision_target"],
+                                   max_time_s=p["time_budget_s"])
+    best = max(kernels, key=lambda k: k.gmacs)
+    machine = {"sparse_gmacs": best.gmacs, "sparse_source": f"fastest kernel tried: {best.name}",
+               "dense_gmacs": dense_g,
+               "dense_source": f"{size}^3 float32 matmul "
+                               f"({dense_st.median * 1e3:.3g} ms)"}
+    rates = []
+    for k in ("shared", "shared_full"):
+        if k in fns:
+            rates += achieved_rates(fns[k], dev, k, machine)
+    notes = []
+    if layers > 3:
+        notes.append(f"L = {layers}: only the second layer is delta-propagated; layers 3 to "
+                     f"{layers - 1} run one full product per sample (by then nearly every gene "
+                     "has changed)")
+    if layers < 3:
+        notes.append(f"L = {layers}: no middle layer, so the delta and full forms are the same "
+                     "computation (first layer incremental, last layer pooled), timed once")
     err = exact_error(p, graph, hidden, layers)
     return BenchResult(
         device=device_label(dev),
@@ -286,9 +410,40 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         full_size=bool(full), per_sample_s=per_sample, steps=dict(res.stats),
         ratio_vs_lazy_form=ratio("replicated_gather_scatter", "shared"),
         ratio_vs_sparse_form=ratio("replicated_sparse", "shared"),
-        passes_per_sample=passes, floor_fraction=floor, exact_max_rel_error=err,
-        kernels=kernels, skipped=skipped, rounds=res.rounds,
+        passes_per_sample=passes, exact_max_rel_error=err,
+        ratio_vs_full_form=ratio("shared_full", "shared"), replicated=replicated, rates=rates,
+        machine=machine, kernels=kernels, skipped=skipped, notes=notes, rounds=res.rounds,
         seconds=time.perf_counter() - t0)
+
+
+@dataclass
+class FormChoice(Record):
+    """Which form of the node-mask shared graph to train with, and why."""
+
+    middle: str  # "delta" or "full" (NodeMaskShared's ``middle``)
+    reason: str
+    measured: bool  # from a benchmark of this device (else the default, not measured here)
+
+
+def recommended_form(b: BenchResult | None) -> FormChoice:
+    """The faster form by the benchmark's paired ratio (full / delta per sample, same rounds):
+    ``delta`` when that ratio's median is at least 1 (at 2 layers the two are one computation),
+    ``full`` otherwise; without a benchmark, the default ``delta``, marked not measured."""
+    if b is not None and b.sizes.get("layers", 3) < 3:
+        return FormChoice("delta", f"with {b.sizes.get('layers')} layers there is no middle "
+                                   "layer: the two forms are the same computation", False)
+    if b is None or b.ratio_vs_full_form is None:
+        return FormChoice("delta", "no benchmark of both forms on this device (not measured "
+                                   "here): the default, delta propagation", False)
+    r = b.ratio_vs_full_form
+    where = "at the real spec" if b.full_size else "at this run's reduced sizes"
+    fig = f"{r.median:.3g}x (IQR {r.iqr:.2g}, {r.n} interleaved rounds, {where}, {b.device})"
+    if r.median >= 1.0:
+        return FormChoice("delta", f"delta propagation was {fig} faster per sample than full "
+                                   "middle layers", True)
+    return FormChoice("full", f"full middle layers were faster: delta / full per sample "
+                              f"{1 / r.median:.3g}x ({where}, {b.device}); delta's push kernel "
+                              "does not pay off on this device", True)
 
 
 def summary_lines(r: BenchResult) -> list[str]:
@@ -299,16 +454,25 @@ def summary_lines(r: BenchResult) -> list[str]:
              f"{'variant':28s} {'B':>4s} {'ms/sample':>11s} {'IQR':>8s} {'n':>3s}"]
     for k, v in r.per_sample_s.items():
         lines.append(f"{k:28s} {v.batch_size:4d} {v.median * 1e3:11.2f} {v.iqr * 1e3:8.2f} "
-                     f"{v.n:3d}")
+                     f"{v.n:3d}" + (f"  ({v.batch_reason})" if k.startswith("repl") else ""))
     for k, why in r.skipped.items():
         lines.append(f"{k:28s} skipped: {why}")
 
     def show(label, st):
         if st is not None:
             lines.append(f"{label:28s} {st.median:.3g} (IQR {st.iqr:.2g})")
+    show("delta vs full form", r.ratio_vs_full_form)
     show("ratio vs Lazy model's form", r.ratio_vs_lazy_form)
     show("ratio vs sparse form", r.ratio_vs_sparse_form)
     show("wildtype steps per sample", r.passes_per_sample)
-    show("floor / shared step", r.floor_fraction)
+    for f in r.rates:
+        best = f" (machine best {f.machine_gmacs:.3g}: {f.machine_source})" \
+            if f.machine_gmacs else ""
+        lines.append(f"{f.variant + ' ' + f.kind + ' GMAC/s':28s} {f.gmacs:.3g}, "
+                     f"{f.seconds / f.step_seconds:.0%} of the step{best}")
+    for k in r.kernels:
+        lines.append(f"{'kernel ' + k.name:28s} {k.gmacs:.3g} GMAC/s"
+                     + (" (the step's)" if k.used_by_step else ""))
     lines.append(f"{'exact max rel. error':28s} {r.exact_max_rel_error:.2e}")
+    lines += [f"note: {n}" for n in r.notes]
     return lines

@@ -91,6 +91,62 @@ def hop_coverage(graph: CellGraph, pert: torch.Tensor, hops: int = 3,
     return out
 
 
+@dataclass
+class FootprintRow(Record):
+    """What a perturbation changes at one layer, for one edge type (or ``"all"``): the fraction
+    of genes whose aggregation (``"all"``: whose layer output) differs from the wildtype's, and
+    the fraction of edges whose message differs (their source changed at the layer before),
+    per sample."""
+
+    layer: int
+    edge_type: str
+    genes: Stat
+    edges: Stat
+
+
+def footprint(graph: CellGraph, pert: torch.Tensor, layers: int,
+              chunk: int = 64) -> list[FootprintRow]:
+    """Per layer ``l = 1..layers`` and edge type: with ``R_0`` the deleted genes and ``R_l`` the
+    genes whose layer-``l`` output differs from the wildtype's, layer ``l``'s type-``t``
+    aggregation changes at the deleted genes and the type-``t`` out-neighbours of ``R_(l-1)``,
+    and its changed messages are the type-``t`` edges leaving ``R_(l-1)``; ``R_l`` adds every
+    gene whose aggregation changed. The edges leaving ``R_1`` are the work of the delta layer
+    (:mod:`workbook_lib.nodemask.delta`) per sample; those leaving ``R_0``, the incremental
+    first layer's."""
+    if layers <= 0:
+        raise ValueError(f"'layers' must be a positive integer (got {layers})")
+    n = graph.num_genes
+    mats, outdeg, counts = {}, {}, {}
+    for t, ei in graph.edge_index.items():
+        e = ei.shape[1]
+        counts[t] = e
+        mats[t] = torch.sparse_coo_tensor(torch.stack([ei[1], ei[0]]), torch.ones(e), (n, n),
+                                          check_invariants=False).coalesce().to_sparse_csr()
+        outdeg[t] = torch.bincount(ei[0], minlength=n).float()
+    total = sum(counts.values())
+    genes = {(l, t): [] for l in range(1, layers + 1) for t in [*graph.edge_types, "all"]}
+    edges = {k: [] for k in genes}
+    for start in range(0, pert.shape[0], chunk):
+        deleted = (~node_keep_mask(pert[start:start + chunk], n)).T.float()  # [N, b]
+        prev = deleted
+        for layer in range(1, layers + 1):
+            changed_any = prev.clone()
+            all_edges = torch.zeros(prev.shape[1])
+            for t in graph.edge_types:
+                ch = (((mats[t] @ prev) + deleted) > 0).float()
+                changed_any = torch.maximum(changed_any, ch)
+                leaving = outdeg[t] @ prev
+                all_edges += leaving
+                genes[(layer, t)] += (ch.sum(0) / n).tolist()
+                edges[(layer, t)] += (leaving / max(counts[t], 1)).tolist()
+            genes[(layer, "all")] += (changed_any.sum(0) / n).tolist()
+            edges[(layer, "all")] += (all_edges / max(total, 1)).tolist()
+            prev = changed_any
+    return [FootprintRow(l, t, Stat.from_samples(genes[(l, t)], unit="fraction"),
+                         Stat.from_samples(edges[(l, t)], unit="fraction"))
+            for (l, t) in genes]
+
+
 def per_sample_bytes(graph: CellGraph, mean_k: float, mean_removed_edges: float) -> dict:
     """Bytes per sample of each representation a pipeline may carry."""
     e = graph.num_edges()
@@ -164,6 +220,7 @@ class InventoryResult(Record):
     measured_incidence_cache_bytes: int = 0  # strategy 2's prepared host structure
     real_size: RealSize | None = None
     ignored_types: list[str] = field(default_factory=list)
+    footprint: list[FootprintRow] = field(default_factory=list)  # per layer and edge type
 
 
 def measured_replicated_bytes(graph: CellGraph, pert: torch.Tensor,
@@ -222,4 +279,5 @@ def inventory(params: dict, graph: CellGraph) -> InventoryResult:
         measured_incidence_cache_bytes=measured_inc,
         real_size=real_size(graph.spec, graph.num_genes, len(graph.edge_types),
                             params["num_samples"]),
-        ignored_types=list(graph.ignored))
+        ignored_types=list(graph.ignored),
+        footprint=footprint(graph, pert, params["layers"]))

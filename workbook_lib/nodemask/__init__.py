@@ -11,13 +11,18 @@ every batch with a boolean edge mask per sample::
     first = batch.aggregate_shared(x0)  # a first layer whose input x0 [N, H] is shared:
     h1 = first.linear(W)                #   sum_t agg_tb W_t^T [B, N, H_out], incrementally
     pooled = batch.aggregate_pooled(h)  # a last layer before a mean over genes: [B, T, H]
+    h1 = batch.first_layer_delta(x0, W1, b1)  # wildtype + delta rows (what a deletion changed)
+    h2 = batch.delta_layer(h1, W2, b2)  # [B, N, H]: per sample, work on the changed rows only
 
 Exact (float32 rounding) for sum and mean aggregation, forward and gradients; see
 :mod:`workbook_lib.nodemask.batch` for the identities and their conditions.
 """
-from .batch import Corrections, NodeMaskBatch, SharedAggregation, corrections, validate_deleted
+from .batch import (Corrections, DeltaFeatures, NodeMaskBatch, SharedAggregation, corrections,
+                    validate_deleted)
+from .delta import PUSH_KERNELS, default_push_kernel, push
 from .graph import OutEdges, SharedGraph
 from .kernels import KERNELS, batched_spmm
 
-__all__ = ["SharedGraph", "NodeMaskBatch", "SharedAggregation", "Corrections", "corrections",
-           "validate_deleted", "OutEdges", "batched_spmm", "KERNELS"]
+__all__ = ["SharedGraph", "NodeMaskBatch", "SharedAggregation", "DeltaFeatures", "Corrections",
+           "corrections", "validate_deleted", "OutEdges", "batched_spmm", "KERNELS", "push",
+           "PUSH_KERNELS", "default_push_kernel"]

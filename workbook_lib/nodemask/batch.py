@@ -14,7 +14,12 @@ For sample ``b`` with deleted genes ``S_b`` (``D_b`` zeroes their rows), per edg
   ``w_tb = D_b A_t^T (D_b / deg_tb)``: weights from one product of width B (not B*H), then a
   weighted sum of rows.
 
-All three are exact (float32 rounding) for sum and mean aggregation, in outputs and gradients.
+* **a second layer after an incremental first one** (:meth:`NodeMaskBatch.first_layer_delta`,
+  :meth:`NodeMaskBatch.delta_layer`): its input differs from the wildtype's only at the first
+  layer's correction rows, so it is the wildtype product plus a push of that difference along
+  their out-edges (:mod:`workbook_lib.nodemask.delta`).
+
+All of these are exact (float32 rounding) for sum and mean aggregation, in outputs and gradients.
 The GIN-shaped layers (:meth:`layer`, :meth:`first_layer`, :meth:`pooled_layer`) apply a linear
 map over the ``T*H`` concatenated per-type features and the self term, as the workbook's model
 does; because ``D_b`` scales whole rows, it is applied after the linear map, on ``[B, N, H]``
@@ -30,8 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .delta import PushPlan, default_push_kernel, push
 from .graph import OutEdges, SharedGraph
-from .kernels import batched_spmm, typed_aggregate_linear
+from .kernels import batched_spmm, nnz, sparse_range, typed_aggregate_linear, typed_spmm
 
 
 def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -73,17 +79,24 @@ class Corrections:
     pair_deleted: torch.Tensor  # [R] bool: the gene itself is deleted in that sample
     entry_slot: torch.Tensor  # [E] pair * T + type: where each out-edge lands
     entry_source: torch.Tensor  # [E] the deleted gene sending it
+    pair_out: torch.Tensor | None = None  # [R] out-degree of each row's gene (delta layer)
+    changed_slot: torch.Tensor | None = None  # [Q] distinct entry_slot: (row, type) whose
+    #                                           in-degree a deletion lowers (mean aggregation)
+    plan: PushPlan | None = None  # host-side sizes of the delta layer's push
 
     def to(self, device) -> "Corrections":
-        return Corrections(*(t.to(device, non_blocking=True) for t in (
+        def mv(t):
+            return None if t is None else t.to(device, non_blocking=True)
+        return Corrections(*(mv(t) for t in (
             self.pair_sample, self.pair_gene, self.pair_deleted, self.entry_slot,
-            self.entry_source)))
+            self.entry_source, self.pair_out, self.changed_slot)), plan=self.plan)
 
 
 def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     """Correction rows of the incremental first layer for ``deleted`` ``[B, k]``, computed
     where ``deleted`` is (on the host: no device sync; in a DataLoader worker: off the main
     process). ``out_edges`` is ``SharedGraph.out_edges``."""
+    deleted = validate_deleted(deleted, out_edges.num_nodes)
     dev = deleted.device
     ptr, slot = out_edges.ptr.to(dev), out_edges.slot.to(dev)
     n, t = out_edges.num_nodes, out_edges.num_types
@@ -102,8 +115,32 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     uniq, inv = torch.unique(keys, return_inverse=True)
     is_del = torch.zeros(uniq.numel(), dtype=torch.bool, device=dev)
     is_del[inv[total:]] = True
-    return Corrections(pair_sample=uniq // n, pair_gene=uniq % n, pair_deleted=is_del,
-                       entry_slot=inv[:total] * t + e_slot % t, entry_source=e_gene)
+    pair_sample, pair_gene = uniq // n, uniq % n
+    plan = PushPlan(pair_sample, pair_gene, out_edges.ptr, out_edges.slot, deleted.shape[0])
+    entry_slot = inv[:total] * t + e_slot % t
+    return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
+                       entry_slot=entry_slot, entry_source=e_gene,
+                       pair_out=plan.pair_out.to(dev), changed_slot=torch.unique(entry_slot),
+                       plan=plan)
+
+
+@dataclass
+class DeltaFeatures:
+    """Per-sample features held as the wildtype ``[N, H]`` plus ``delta`` ``[R, H]`` at the
+    correction rows (sample ``pair_sample[r]``, gene ``pair_gene[r]``); every other row of every
+    sample equals the wildtype. What :meth:`NodeMaskBatch.first_layer_delta` returns and
+    :meth:`NodeMaskBatch.delta_layer` takes."""
+
+    wildtype: torch.Tensor
+    delta: torch.Tensor
+    rows: torch.Tensor  # [R] flat index sample * N + gene
+    batch_size: int
+
+    def dense(self) -> torch.Tensor:
+        """``[B, N, H]`` (materialises every sample)."""
+        n, h = self.wildtype.shape
+        base = self.wildtype.unsqueeze(0).expand(self.batch_size, n, h).reshape(-1, h)
+        return base.index_add(0, self.rows, self.delta).view(self.batch_size, n, h)
 
 
 @dataclass
@@ -140,13 +177,25 @@ class NodeMaskBatch:
         deleted: ``[B, k]`` gene indices (``-1`` pads rows that delete fewer genes).
         corrections: precomputed first-layer corrections (e.g. built in a DataLoader worker with
             :func:`corrections`); computed lazily when needed otherwise.
+        validate: check ``deleted`` (:func:`validate_deleted`). Checking reads its values, so on
+            a GPU it is a device-to-host copy: validate on the host in the collate (as
+            :func:`corrections` and the workbook's strategy do) and pass ``validate=False``
+            in the training step.
+        push_kernel: the delta layer's push kernel (``numba`` or ``torch``; default by device,
+            see :mod:`workbook_lib.nodemask.delta`).
     """
 
     def __init__(self, graph: SharedGraph, deleted: torch.Tensor,
-                 corrections: Corrections | None = None):
+                 corrections: Corrections | None = None, *, validate: bool = True,
+                 push_kernel: str | None = None):
         self.graph = graph
-        deleted = validate_deleted(deleted, graph.num_nodes)
-        self.deleted = deleted.to(graph.device)
+        if validate:
+            deleted = validate_deleted(deleted, graph.num_nodes)
+        elif deleted.dim() != 2:
+            raise ValueError(f"'deleted' must be [B, k] (got shape {list(deleted.shape)})")
+        deleted = deleted.long()
+        self.push_kernel = push_kernel or default_push_kernel(graph.device)
+        self.deleted = deleted if deleted.device == graph.device else deleted.to(graph.device)
         self.batch_size = int(deleted.shape[0])
         n = graph.num_nodes
         keep = torch.ones(self.batch_size, n + 1, device=graph.device)
@@ -172,7 +221,8 @@ class NodeMaskBatch:
         """``[B, N, T]`` per-sample in-degrees ``A_t (D_b 1)``."""
         if self._deg is None:
             g = self.graph
-            d = torch.sparse.mm(g.a, self.keep.T.contiguous())  # [N*T, B]
+            with sparse_range(nnz(g.a) * self.batch_size):
+                d = torch.sparse.mm(g.a, self.keep.T.contiguous())  # [N*T, B]
             self._deg = d.view(g.num_nodes, g.num_types, self.batch_size).permute(2, 0, 1)
         return self._deg
 
@@ -230,9 +280,11 @@ class NodeMaskBatch:
             n, t = g.num_nodes, g.num_types
             d = self.keep.T.contiguous()  # [N, B]
             v = d.repeat_interleave(t, dim=0)  # row n*T + t = D[n]
-            if g.aggr == "mean":
-                v = v / torch.sparse.mm(g.a, d).clamp(min=1)
-            w = torch.sparse.mm(g.blockdiag_t, v).view(n, t, self.batch_size)
+            with sparse_range(nnz(g.blockdiag_t, *([g.a] if g.aggr == "mean" else []))
+                              * self.batch_size):
+                if g.aggr == "mean":
+                    v = v / torch.sparse.mm(g.a, d).clamp(min=1)
+                w = torch.sparse.mm(g.blockdiag_t, v).view(n, t, self.batch_size)
             self._pool_w = (w * d.unsqueeze(1) / n).permute(2, 1, 0).contiguous()
         return self._pool_w
 
@@ -285,6 +337,118 @@ class NodeMaskBatch:
         base = wt.unsqueeze(0).expand(self.batch_size, n, wt.shape[1]).reshape(-1, wt.shape[1])
         out = base.index_add(0, sa.rows, corr).view(self.batch_size, n, -1)
         return (torch.relu(out), torch.relu(wt)) if relu else (out, wt)
+
+    def _typed_linear(self, x: torch.Tensor, weight: torch.Tensor):
+        """Each type's wildtype aggregate mapped by its block of ``weight``: ``[T, N, H_out]``
+        (``A_t x W_t^T``, raw sums) and the layer's aggregation term ``[N, H_out]`` (sum over
+        types, each divided by its wildtype in-degree for mean aggregation)."""
+        g = self.graph
+        t, hd, ho = g.num_types, x.shape[-1], weight.shape[0]
+        sums = typed_spmm(g, x)  # [T, N, H]
+        sw = torch.bmm(sums, weight.view(ho, t, hd).permute(1, 2, 0))  # [T, N, Ho]
+        if g.aggr == "mean":
+            lin = (sw / g.deg.clamp(min=1).T.unsqueeze(-1)).sum(0)
+        else:
+            lin = sw.sum(0)
+        return sw, lin
+
+    def _mean_row_terms(self, sw: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean aggregation at the correction rows: ``(new 1/deg [R, T], the wildtype part's
+        change [R, H_out])``, the latter ``sum_t S_t (1/deg_tb - 1/deg_t) W_t^T`` over the
+        (row, type) slots whose in-degree a deletion lowered."""
+        g, c = self.graph, self.corrections()
+        t = g.num_types
+        gene = c.pair_gene
+        r = gene.numel()
+        lost = torch.zeros(r * t, device=sw.device, dtype=dtype).index_add(
+            0, c.entry_slot, torch.ones_like(c.entry_slot, dtype=dtype)).view(r, t)
+        deg_rows = g.deg.index_select(0, gene)
+        new_inv = 1.0 / (deg_rows - lost).clamp(min=1)
+        diff = (new_inv - 1.0 / deg_rows.clamp(min=1)).reshape(-1)  # [R*T]
+        q = c.changed_slot
+        q_row, q_type = q // t, q % t
+        rows = sw[q_type, gene.index_select(0, q_row)] * diff.index_select(0, q).unsqueeze(-1)
+        change = torch.zeros(r, sw.shape[-1], device=sw.device, dtype=dtype).index_add(
+            0, q_row, rows)
+        return new_inv, change
+
+    def first_layer_delta(self, x0: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None = None, *, eps: float = 0.0,
+                          relu: bool = True) -> DeltaFeatures:
+        """:meth:`first_layer` kept in delta form: the wildtype output and, at the correction
+        rows only, each sample's difference from it (for :meth:`delta_layer`).
+
+        Each type's map is applied before the correction (``(A_t x) W_t^T``), so the per-sample
+        work is one ``H_out`` row per out-edge of a deleted gene, not ``T x H`` per row."""
+        self._check(x0, shared=True)
+        g, c = self.graph, self.corrections()
+        t, hd, ho = g.num_types, x0.shape[-1], weight.shape[0]
+        sw, agg_lin = self._typed_linear(x0, weight)
+        wt = agg_lin + (1.0 + eps) * (x0 @ self._wsum(weight, t).T)
+        if bias is not None:
+            wt = wt + bias
+        gene = c.pair_gene
+        kept = (~c.pair_deleted).to(x0.dtype).unsqueeze(1)
+        xw = (x0 @ weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)).view(-1, ho)
+        msgs = xw.index_select(0, c.entry_source * t + c.entry_slot % t)  # [E_k, Ho]
+        r = gene.numel()
+        if g.aggr == "mean":
+            new_inv, change = self._mean_row_terms(sw, x0.dtype)
+            msgs = msgs * new_inv.reshape(-1).index_select(0, c.entry_slot).unsqueeze(-1)
+        else:
+            change = None
+        lost = torch.zeros(r, ho, device=x0.device, dtype=x0.dtype).index_add(
+            0, c.entry_slot // t, msgs)
+        delta = change - lost if change is not None else -lost
+        # a deleted gene aggregates nothing: its row loses the whole aggregation term
+        delta = delta * kept - (1.0 - kept) * agg_lin.index_select(0, gene)
+        wt_rows = wt.index_select(0, gene)
+        new_rows = wt_rows + delta
+        if relu:
+            wt, wt_rows, new_rows = torch.relu(wt), torch.relu(wt_rows), torch.relu(new_rows)
+        return DeltaFeatures(wildtype=wt, delta=new_rows - wt_rows,
+                             rows=c.pair_sample * g.num_nodes + gene, batch_size=self.batch_size)
+
+    def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None, *, eps: float = 0.0,
+                    relu: bool = True) -> torch.Tensor:
+        """The GIN-shaped :meth:`layer` for features in delta form (the output of
+        :meth:`first_layer_delta`), delta-propagated: one wildtype product for the batch, and
+        per sample a push along the out-edges of its correction rows only (see
+        :mod:`workbook_lib.nodemask.delta`). Returns ``[B, N, H_out]``, equal to
+        ``layer(h.dense(), ...)``."""
+        g, c = self.graph, self.corrections()
+        if c.plan is None or c.pair_out is None or c.changed_slot is None:
+            raise ValueError("these corrections carry no push plan: build them with "
+                             "workbook_lib.nodemask.corrections")
+        n, t = g.num_nodes, g.num_types
+        h1, d1 = h.wildtype, h.delta
+        hd, ho = h1.shape[-1], weight.shape[0]
+        gene = c.pair_gene
+        kept = (~c.pair_deleted).to(h1.dtype).unsqueeze(1)
+        # D_b h1_b - h1 at the correction rows: the change, or minus the whole row if deleted
+        e = d1 * kept - (1.0 - kept) * h1.index_select(0, gene)
+        w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
+        u = (e @ w_push).view(-1, t, ho)  # [R, T, Ho]: each type's map applied before pushing
+        sw, agg_lin = self._typed_linear(h1, weight)
+        wsum = self._wsum(weight, t)
+        selfwt = (1.0 + eps) * (h1 @ wsum.T)
+        if bias is not None:
+            selfwt = selfwt + bias
+        keep = self.keep.unsqueeze(-1)  # [B, N, 1]: a deleted gene receives no message
+        corr = (1.0 + eps) * (d1 @ wsum.T)  # the self term's change
+        if g.aggr == "mean":
+            new_inv, change = self._mean_row_terms(sw, h1.dtype)
+            inv = (1.0 / g.deg.clamp(min=1)).unsqueeze(0).repeat(self.batch_size, 1, 1)
+            inv[c.pair_sample, gene] = new_inv
+            w = (inv * keep).view(self.batch_size, n * t)
+            corr = corr + change * kept
+        else:
+            w = keep.expand(self.batch_size, n, t).reshape(self.batch_size, n * t)
+        corr = corr - (1.0 - kept) * agg_lin.index_select(0, gene)
+        out = push(g, c, agg_lin + selfwt, u, w, self.push_kernel)
+        out.index_put_((c.pair_sample, gene), corr, accumulate=True)  # rows are distinct
+        return torch.relu(out) if relu else out
 
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:

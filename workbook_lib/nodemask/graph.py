@@ -138,17 +138,21 @@ class SharedGraph:
         # host copy of the out-edge lists (the incremental first layer's corrections)
         at = transpose(a)
         self.out_edges = OutEdges(at.crow_indices().long(), at.col_indices().long(), n, t)
+        # and on the device (the delta layer's push enumerates them there)
+        self.out_ptr = self.out_edges.ptr.to(self.device)
+        self.out_slot = self.out_edges.slot.to(self.device)
 
     @property
     def num_types(self) -> int:
         return len(self.edge_types)
 
-    def batch(self, deleted: torch.Tensor):
+    def batch(self, deleted: torch.Tensor, corrections=None, **options):
         """A batch of samples, each the graph with the genes in one row of ``deleted``
-        (``[B, k]``, padded with -1) removed. See :class:`NodeMaskBatch`."""
+        (``[B, k]``, padded with -1) removed; ``corrections`` and ``options`` (``validate``,
+        ``push_kernel``) as for :class:`NodeMaskBatch`."""
         from .batch import NodeMaskBatch
 
-        return NodeMaskBatch(self, deleted)
+        return NodeMaskBatch(self, deleted, corrections, **options)
 
     def wildtype_sums(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, T, H]``: per-type sums over in-neighbours of ``x`` ``[N, H]`` (no deletion)."""

@@ -25,6 +25,21 @@ import torch
 
 KERNELS = ("slab", "wide")
 
+# Every sparse product of the shared graph runs inside a profiler range named with this prefix
+# and its multiply-add count, so that the benchmark can read the achieved rate of a step's
+# sparse products from one profiled step (``analysis.bench.achieved_rates``).
+SPARSE_TAG = "workbook::sparse_product::"
+
+
+def nnz(*mats) -> int:
+    """Stored entries of sparse matrices (metadata only: no device read)."""
+    return sum(int(m._nnz()) for m in mats)
+
+
+def sparse_range(macs: int):
+    """A profiler range marking a sparse product of ``macs`` multiply-adds (see SPARSE_TAG)."""
+    return torch.profiler.record_function(f"{SPARSE_TAG}{int(macs)}")
+
 
 def default_kernel(device: torch.device) -> str:
     """``wide`` on CUDA, ``slab`` elsewhere (see the module docstring)."""
@@ -59,11 +74,14 @@ def _product(a: torch.Tensor, x: torch.Tensor, kernel: str) -> torch.Tensor:
     b, c, h = x.shape
     if kernel == "wide":
         wide = x.permute(1, 0, 2).reshape(c, b * h)
-        return torch.sparse.mm(a, wide).view(a.shape[0], b, h).permute(1, 0, 2).contiguous()
+        with sparse_range(nnz(a) * b * h):
+            prod = torch.sparse.mm(a, wide)
+        return prod.view(a.shape[0], b, h).permute(1, 0, 2).contiguous()
     x = x.contiguous()
     out = x.new_empty(b, a.shape[0], h)
-    for i in range(b):
-        out[i].addmm_(a, x[i], beta=0)
+    with sparse_range(nnz(a) * b * h):
+        for i in range(b):
+            out[i].addmm_(a, x[i], beta=0)
     return out
 
 
@@ -93,17 +111,20 @@ class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, a_t, x):
         ctx.a_t = a_t
-        return torch.sparse.mm(a, x)
+        with sparse_range(nnz(a) * x.shape[-1]):
+            return torch.sparse.mm(a, x)
 
     @staticmethod
     def backward(ctx, grad):
-        return None, None, torch.sparse.mm(ctx.a_t, grad.contiguous())
+        with sparse_range(nnz(ctx.a_t) * grad.shape[-1]):
+            return None, None, torch.sparse.mm(ctx.a_t, grad.contiguous())
 
 
 def spmm(a: torch.Tensor, a_t: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     """``a @ x`` for a dense ``[C, W]`` ``x``, differentiable in ``x`` through ``a_t``."""
     if a_t is None or not x.requires_grad:
-        return torch.sparse.mm(a, x)
+        with sparse_range(nnz(a) * x.shape[-1]):
+            return torch.sparse.mm(a, x)
     return _SpMM.apply(a, a_t, x)
 
 
@@ -122,9 +143,10 @@ class _TypedAggregateLinear(torch.autograd.Function):
         t = len(per_type)
         x = x.contiguous()
         agg = x.new_empty(b, t, n, h)
-        for i in range(b):
-            for j in range(t):  # in-place addmm_: no temporary and copy (mm(out=) makes one)
-                agg[i, j].addmm_(per_type[j], x[i], beta=0)
+        with sparse_range(nnz(*per_type) * b * h):
+            for i in range(b):
+                for j in range(t):  # in-place addmm_: no temporary and copy (mm(out=) makes one)
+                    agg[i, j].addmm_(per_type[j], x[i], beta=0)
         if degp is not None:  # [B, T, N, 1]
             agg.div_(degp)
         wr = weight.view(weight.shape[0], t, h).permute(1, 2, 0)  # [T, H, Ho]
@@ -154,8 +176,9 @@ class _TypedAggregateLinear(torch.autograd.Function):
                 ga = torch.bmm(g_i, wt)  # [T, N, H]
                 if ctx.has_deg:
                     ga.div_(degp[i])
-                for j in range(t):
-                    gx[i].addmm_(ctx.per_type_t[j], ga[j])
+                with sparse_range(nnz(*ctx.per_type_t) * h):
+                    for j in range(t):
+                        gx[i].addmm_(ctx.per_type_t[j], ga[j])
         gweight = gw.permute(1, 0, 2).reshape(ho, t * h) if need_w else None
         return gx, gweight, None, None, None
 
@@ -166,3 +189,34 @@ def typed_aggregate_linear(x: torch.Tensor, weight: torch.Tensor, per_type: list
     ``[H_out, T*H]`` (type-major input features), per-type CSR matrices and their transposes,
     and optional per-sample degrees ``degp`` ``[B, T, N, 1]`` (mean aggregation)."""
     return _TypedAggregateLinear.apply(x, weight, per_type, per_type_t, degp)
+
+
+class _TypedSpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, per_type, per_type_t):
+        x = x.contiguous()
+        out = x.new_empty(len(per_type), x.shape[0], x.shape[1])
+        with sparse_range(nnz(*per_type) * x.shape[1]):
+            for j, a in enumerate(per_type):
+                out[j].addmm_(a, x, beta=0)
+        ctx.per_type_t = per_type_t
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        gx = grad.new_zeros(grad.shape[1], grad.shape[2])
+        with sparse_range(nnz(*ctx.per_type_t) * grad.shape[2]):
+            for j, a in enumerate(ctx.per_type_t):
+                gx.addmm_(a, grad[j])
+        return gx, None, None
+
+
+def typed_spmm(graph, x: torch.Tensor) -> torch.Tensor:
+    """``[T, N, H]``: ``A_t @ x`` for every edge type, for one ``x`` ``[N, H]``, differentiable.
+    With the ``slab`` kernel one CSR product per type (each dense operand cache-sized, forward
+    and backward); with ``wide`` one stacked product, permuted."""
+    if graph.kernel == "slab":
+        return _TypedSpMM.apply(x, graph.per_type, graph.per_type_t)
+    s = spmm(graph.a, graph.a_t, x).view(graph.num_nodes, graph.num_types, x.shape[-1])
+    return s.permute(1, 0, 2)

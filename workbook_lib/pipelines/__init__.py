@@ -59,7 +59,7 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
                    n_items: int | None = None, salt: int = 0, form: str | None = None,
                    storage_dir: str | Path | None = None, hidden: int | None = None,
                    layers: int | None = None, labels: torch.Tensor | None = None,
-                   check: bool = True) -> Pipeline:
+                   middle: str | None = None, check: bool = True) -> Pipeline:
     """A pipeline ready to train.
 
     Args:
@@ -72,8 +72,8 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
         pert: built-in only: the perturbations its dataset serves (default ``n_items`` sampled
             from the params' seed and ``salt``).
         n_items: built-in only: how many perturbations to sample (default 8 batches).
-        form, storage_dir, hidden, layers, labels: built-in only (message form, strategy 3's
-            mask folder, model sizes, targets).
+        form, storage_dir, hidden, layers, labels, middle: built-in only (message form,
+            strategy 3's mask folder, model sizes, targets, the shared graph's middle-layer form).
         check: user pipelines: run one batch through every stage first (:func:`check_pipeline`).
 
     Raises:
@@ -97,6 +97,8 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
             kw["form"] = form
         if name == "replicated_mask_stored":
             kw["storage_dir"] = storage_dir
+        if middle is not None:
+            kw["middle"] = middle
         s = make_strategy(name, graph, **kw)
         if name == "replicated_mask_stored":
             s.store(pert)

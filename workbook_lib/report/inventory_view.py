@@ -72,6 +72,46 @@ def locality_plot(r: InventoryResult) -> None:
                        "hops of the deleted genes.")
 
 
+def footprint_table(r: InventoryResult):
+    """Per layer and edge type: the genes and edges a perturbation changes (the measured basis
+    of delta propagation's per-sample cost)."""
+    def f(st):
+        return f"{fmt_pct(st.median, 1)} (IQR {fmt_pct(st.iqr, 1)})"
+    rows = [{"layer": row.layer, "edge type": row.edge_type,
+             "genes whose aggregation changes" if row.edge_type != "all" else "genes changed":
+             f(row.genes), "edges whose message changes": f(row.edges)}
+            for row in r.footprint]
+    for row in rows:  # one column for both kinds of gene fraction
+        key = "genes whose aggregation changes"
+        if key not in row:
+            row[key] = row.pop("genes changed") + " (output)"
+        row["edges whose message changes"] = row.pop("edges whose message changes")
+    return table(rows, caption=f"Per sample over {r.num_perturbations} perturbations "
+                               f"(k = {r.perturbation_k}), median and IQR. Layer 1's changed "
+                               "messages are the edges leaving the deleted genes (the "
+                               "incremental first layer's work); layer 2's are the edges leaving "
+                               "the genes layer 1 changed (the delta layer's work per sample); "
+                               "'all' rows: genes whose layer output changed, and every type's "
+                               "changed messages over all edges.")
+
+
+def footprint_text(r: InventoryResult) -> Markdown:
+    rows = {(x.layer, x.edge_type): x for x in r.footprint}
+    one, two = rows.get((1, "all")), rows.get((2, "all"))
+    if one is None:
+        return Markdown("No footprint computed.")
+    s = (f"Layer 1 changes a median **{fmt_pct(one.genes.median, 1)}** of the genes (the "
+         f"deleted genes and their out-neighbours) through {fmt_pct(one.edges.median, 2)} of the "
+         "edges.")
+    if two is not None:
+        s += (f" Layer 2's input therefore differs on those genes only, and the edges leaving "
+              f"them are **{fmt_pct(two.edges.median, 1)}** of all edges: the per-sample work "
+              f"of a delta-propagated second layer, against 100% for a full product. By layer 2's "
+              f"output {fmt_pct(two.genes.median, 0)} of the genes have changed, so later "
+              "layers need the full product.")
+    return Markdown(s)
+
+
 def bytes_table(r: InventoryResult, num_samples: int):
     rows = []
     for rep, per in r.bytes_per_sample.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis.bench import BenchResult
+from ..analysis.bench import BenchResult, FormChoice
 from ..analysis.benchmarks import LayerSweep, MaskGeneration
 from ..analysis.costmodel import COEFFICIENTS
 from ..analysis.mask_cost import CostModelStudy, MaskCostResult
@@ -191,18 +191,47 @@ def layer_plot(ls: LayerSweep, device: str) -> None:
 def bench_table(b: BenchResult):
     rows = []
     for k, v in b.per_sample_s.items():
+        fit = b.replicated.get(k)
+        step = (f"B=1: {fmt_time_stat(fit.step_b1)}" + (f"; B=2: {fmt_time_stat(fit.step_b2)}"
+                                                         if fit.step_b2 else "")) if fit \
+            else fmt_time_stat(b.steps[k])
         rows.append({"variant": v.label or k, "B": v.batch_size, "why this B": v.batch_reason,
-                     "step": fmt_time_stat(b.steps[k]),
+                     "step": step,
                      "per sample": f"{v.median * 1e3:.3g} ms (IQR {v.iqr * 1e3:.2g}, n={v.n})"})
     for k, why in b.skipped.items():
         rows.append({"variant": k, "B": "", "why this B": why, "step": "", "per sample": ""})
-    rows.append({"variant": "floor: the shared step's products, raw", "B": "",
-                 "why this B": "same shapes and counts", "step": fmt_time_stat(b.steps["floor"]),
-                 "per sample": ""})
     kind = "the real spec" if b.full_size else "this run's sizes (a reduced-size rehearsal)"
     return table(rows, caption=f"Forward + backward per sample at {kind}: {b.sizes['edges']:,} "
                                f"edges, H={b.sizes['hidden']}, L={b.sizes['layers']}, "
-                               f"{b.rounds} interleaved rounds; {b.device}.")
+                               f"{b.rounds} interleaved rounds; {b.device}. Replicated forms: "
+                               "timed at B = 1 and 2 in the same rounds, per sample at the "
+                               "shared form's batch from the line through the two.")
+
+
+def form_text(c: FormChoice) -> Markdown:
+    """Which form of the node-mask shared graph this run recommends, and why."""
+    name = {"delta": "the second layer delta-propagated (`middle=\"delta\"`, the default)",
+            "full": "full middle layers (`middle=\"full\"`)"}[c.middle]
+    return Markdown(f"**Recommended form of the node-mask shared graph:** {name}: {c.reason}.")
+
+
+def rates_table(b: BenchResult):
+    """Achieved multiply-add rates of the shared steps' products beside this machine's best."""
+    rows = [{"step": f.variant, "products": f.kind,
+             "G multiply-adds": f"{f.macs / 1e9:.3g}",
+             "time in them": f"{f.seconds * 1e3:.3g} ms ({f.seconds / f.step_seconds:.0%} of "
+                             "the profiled step)",
+             "achieved GMAC/s": f"{f.gmacs:.3g}",
+             "machine's best GMAC/s": "n/a" if f.machine_gmacs is None else
+             f"{f.machine_gmacs:.3g} ({f.machine_source})",
+             "achieved / best": "n/a" if not f.machine_gmacs else
+             f"{f.gmacs / f.machine_gmacs:.2f}"} for f in b.rates]
+    return table(rows, caption="One warm step of each shared form under the profiler: every "
+                               "sparse product is a profiler range carrying its multiply-add "
+                               "count; dense products are the profiler's count of mm/addmm/bmm "
+                               "outside them. The rest of the step is elementwise work, "
+                               "indexing and autograd. A best rate is the fastest measured here, "
+                               "not a hardware peak.")
 
 
 def bench_text(b: BenchResult) -> Markdown:
@@ -211,14 +240,16 @@ def bench_text(b: BenchResult) -> Markdown:
     kind = "at the real spec" if b.full_size else \
         "at this run's reduced sizes (`bench_full_size: true` or `python -m workbook_lib bench " \
         "--params params/full.yaml` for the real spec)"
+    notes = "".join(f" {n[0].upper()}{n[1:]}." for n in b.notes)
     return Markdown(
-        f"Per sample, {kind}: the node-mask shared graph is {r(b.ratio_vs_lazy_form)} faster "
-        f"than replicated masks in the Lazy model's form (every message materialised, then masked) "
-        f"and {r(b.ratio_vs_sparse_form)} faster than their sparse-product form. One exact "
-        f"sample costs {r(b.passes_per_sample, '')} DANGO-style wildtype steps. The step runs at "
-        f"{r(b.floor_fraction, '')} of its own floor's speed (floor time / step time: its sparse "
-        f"and dense products timed raw). Exactness in the same run: max relative error "
-        f"{b.exact_max_rel_error:.1e}.")
+        f"Per sample, {kind}: the node-mask shared graph is "
+        + (f"{r(b.ratio_vs_full_form)} faster with its second layer delta-propagated than with "
+           "full middle layers, " if b.ratio_vs_full_form is not None else "")
+        + f"{r(b.ratio_vs_lazy_form)} faster than replicated masks in the Lazy model's form "
+        f"(every message materialised, then masked) and {r(b.ratio_vs_sparse_form)} faster "
+        f"than their sparse-product form, the replicated forms taken at the shared form's batch. "
+        f"One exact sample costs {r(b.passes_per_sample, '')} DANGO-style wildtype steps. "
+        f"Exactness in the same run: max relative error {b.exact_max_rel_error:.1e}.{notes}")
 
 
 def bench_plot(b: BenchResult) -> None:
@@ -241,10 +272,12 @@ def bench_plot(b: BenchResult) -> None:
 
 def kernel_table(b: BenchResult):
     rows = [{"kernel": k.name, "what": k.description, "time": fmt_time_stat(k.seconds),
-             "G multiply-adds/s": f"{k.gmacs:.2f}"} for k in b.kernels]
+             "G multiply-adds/s": f"{k.gmacs:.2f}",
+             "the step's kernel here": "yes" if k.used_by_step else ""} for k in b.kernels]
     return table(rows, caption="One middle layer's per-sample sparse products (every edge type, "
                                f"every sample, H = {b.sizes['hidden']}) with each kernel tried, "
-                               "interleaved.")
+                               "and the delta layer's push (useful multiply-adds: the out-edges "
+                               "of the changed rows), interleaved.")
 
 
 def memory_table(m: MemoryStudy):

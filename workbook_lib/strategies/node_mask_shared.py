@@ -10,7 +10,11 @@ A training step runs the model as three kinds of layers:
 
 * the first layer incrementally (its input, the gene embedding, is the same for every sample):
   one wildtype product plus corrections over the deleted genes' out-edges;
-* middle layers in full: one sparse product per sample slab;
+* the second layer delta-propagated (``middle="delta"``, the default): its wildtype part once per
+  batch, and per sample a push along the out-edges of the rows the first layer changed
+  (:mod:`workbook_lib.nodemask.delta`); with ``middle="full"`` (the form before delta
+  propagation, kept for comparison) one sparse product per sample slab;
+* any further middle layers in full: by then nearly every gene has changed;
 * the last layer pooled (the model reads out the mean over genes of a linear last layer): per
   sample weights from one product of width B, then a weighted sum of rows.
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..nodemask import NodeMaskBatch, SharedGraph, corrections
+from ..nodemask import NodeMaskBatch, SharedGraph, corrections, validate_deleted
 from .base import Strategy
 
 
@@ -33,9 +37,20 @@ class NodeMaskShared(Strategy):
     layout = "sample_major"
     replicated = False
 
-    def __init__(self, graph, **kw):
+    MIDDLES = ("delta", "full")
+
+    def __init__(self, graph, *, middle: str = "delta", push_kernel: str | None = None, **kw):
+        """Args: ``middle``: ``delta`` (the second layer delta-propagated) or ``full`` (every
+        middle layer one product per sample); ``push_kernel``: the delta push's kernel
+        (default by device); the rest as :class:`Strategy`."""
+        if middle not in self.MIDDLES:
+            raise ValueError(f"'middle' must be one of {list(self.MIDDLES)} (got {middle!r})")
         kw.setdefault("form", "spmm")
         super().__init__(graph, **kw)
+        self.middle, self.push_kernel = middle, push_kernel
+        if middle == "full":
+            self.label = self.label + " (full middle layers)"
+            self.title = self.title + " with full middle layers"
 
     def _prepare(self):
         sg = SharedGraph(self.graph.edge_index, self.n, aggr=self.aggr, device=self.device,
@@ -48,7 +63,11 @@ class NodeMaskShared(Strategy):
         return self.dev["shared"]
 
     def collate(self, items):
+        """The host builds (and validates) everything data-dependent: the deleted genes are
+        checked and the correction rows and push sizes computed here, so that the training step
+        never reads a device value back."""
         batch = super().collate(items)
+        batch["pert"] = validate_deleted(batch["pert"], self.n)  # on the host, once
         batch["corrections"] = corrections(self.host["out_edges"], batch["pert"])
         return batch
 
@@ -61,7 +80,10 @@ class NodeMaskShared(Strategy):
 
     def device_prepare(self, batch):
         ctx = super().device_prepare(batch)
-        ctx["nb"] = NodeMaskBatch(self.shared, batch["pert"], batch.get("corrections"))
+        corr = batch.get("corrections")
+        # validated in the collate: re-checking here would read the device's values back
+        ctx["nb"] = NodeMaskBatch(self.shared, batch["pert"], corr, validate=corr is None,
+                                  push_kernel=self.push_kernel)
         return ctx
 
     # ------------------------------------------------------------------ forward
@@ -93,9 +115,15 @@ class NodeMaskShared(Strategy):
             if dual:
                 wt_pool = model.wildtype_forward(self).mean(dim=0)
             return out, wt_pool
-        h, wt = nb.first_layer(model.embedding, lins[0].weight, lins[0].bias, eps=eps,
-                               relu=last > 0)
-        for i in range(1, last + (0 if pooled else 1)):
+        first = 1
+        if self.middle == "delta" and last >= (2 if pooled else 1):
+            hd = nb.first_layer_delta(model.embedding, lins[0].weight, lins[0].bias, eps=eps)
+            h = nb.delta_layer(hd, lins[1].weight, lins[1].bias, eps=eps, relu=last > 1)
+            wt, first = hd.wildtype, 2
+        else:
+            h, wt = nb.first_layer(model.embedding, lins[0].weight, lins[0].bias, eps=eps,
+                                   relu=last > 0)
+        for i in range(first, last + (0 if pooled else 1)):
             h = nb.layer(h, lins[i].weight, lins[i].bias, eps=eps, relu=i < last)
         if pooled and last > 0:
             h = nb.pooled_layer(h, lins[last].weight, lins[last].bias, eps=eps)

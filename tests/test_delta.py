@@ -1,0 +1,195 @@
+"""Delta propagation (nodemask.delta, strategy 6's default form): exact against the plain
+reference in outputs and gradients, with either push kernel, and no host sync in the step."""
+import pytest
+import torch
+
+from workbook_lib.data.perturbations import sample_perturbations
+from workbook_lib.data.snapshots import CellGraph, content_checksum
+from workbook_lib.measurement.syncs import SyncCounter
+from workbook_lib.nodemask import SharedGraph
+from workbook_lib.nodemask.delta import numba_available, push
+from workbook_lib.strategies import build_ctx, make_strategy
+from workbook_lib.strategies.model import PerturbGIN
+from workbook_lib.strategies.reference import reference_node_outputs, reference_predict
+
+from conftest import make_graph
+
+TOL = 2e-5
+KERNELS = ["pull", "index_add", pytest.param("numba", marks=pytest.mark.skipif(
+    not numba_available(), reason="numba is not installed"))]
+
+
+def rel(a, b):
+    a, b = a.detach(), b.detach()
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+
+
+@pytest.fixture(scope="module")
+def graph():
+    """30 genes; genes 26..29 have no edge at all; one edge type is empty."""
+    g = make_graph(num_genes=26, types={"a": 120, "b": 60, "c": 15, "empty": 0}, seed=11)
+    return CellGraph("tiny", 30, g.edge_index, "test", content_checksum(30, g.edge_index))
+
+
+def perturbations(n_genes):
+    big = sample_perturbations(n_genes, {10: 0.5, 7: 0.3, 1: 0.2}, 64, seed=4)  # B 64, k <= 10
+    big[0, :3] = torch.tensor([26, 27, 29])  # genes without edges
+    big[1] = big[2]  # the same genes deleted in two samples
+    return big
+
+
+_REF: dict = {}
+
+
+def _check(graph, pert, aggr, layers, kernel, dual):
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=5, layers=layers, seed=3)
+    s = make_strategy("node_mask_shared", graph, aggr=aggr, push_kernel=kernel)
+    assert s.middle == "delta"
+    w = torch.randn(pert.shape[0], graph.num_genes, 5, generator=torch.Generator().manual_seed(0))
+
+    def grads(fn):
+        model.zero_grad()
+        nodes, pred = fn()
+        ((nodes * w).sum() + pred.sum()).backward()
+        return nodes.detach(), pred.detach(), {n: p.grad.clone() for n, p in
+                                               model.named_parameters() if p.grad is not None}
+    key = (id(graph), aggr, layers, dual, tuple(pert.flatten().tolist()))
+    if key not in _REF:  # the reference is the slow part: once for both kernels
+        _REF[key] = grads(lambda: (reference_node_outputs(model, graph, pert, aggr),
+                                   reference_predict(model, graph, pert, aggr, dual)))
+    ref = _REF[key]
+
+    def got_fn():
+        ctx = build_ctx(s, pert)
+        return s.node_outputs(model, ctx), s.predict(model, ctx, dual)
+    got = grads(got_fn)
+    assert rel(got[0], ref[0]) < TOL
+    assert rel(got[1], ref[1]) < TOL
+    assert set(got[2]) == set(ref[2])
+    for k in ref[2]:
+        assert rel(got[2][k], ref[2][k]) < TOL, k
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("layers", [2, 3, 4])
+@pytest.mark.parametrize("aggr", ["sum", "mean"])
+def test_delta_strategy_is_exact(graph, aggr, layers, kernel):
+    # B = 64 at the model's 3 layers (with the dual forward), 16 at 2 and 4
+    pert = perturbations(graph.num_genes)[:64 if layers == 3 else 16]
+    _check(graph, pert, aggr, layers, kernel, dual=layers == 3)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_delta_with_self_loops_and_nothing_deleted(kernel):
+    ei = {"a": torch.tensor([[0, 1, 2, 2, 3, 4], [1, 1, 1, 2, 0, 3]]),
+          "b": torch.tensor([[4, 0], [0, 4]])}
+    g = CellGraph("loops", 5, ei, "test", content_checksum(5, ei))
+    pert = torch.tensor([[2, -1], [1, 4], [-1, -1]])
+    for aggr in ("sum", "mean"):
+        _check(g, pert, aggr, 3, kernel, dual=False)
+
+
+def test_full_form_is_kept_and_agrees(graph):
+    pert = perturbations(graph.num_genes)[:8]
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=5, layers=3, seed=3)
+    outs = {}
+    for middle in ("delta", "full"):
+        s = make_strategy("node_mask_shared", graph, middle=middle, push_kernel="pull")
+        outs[middle] = s.predict(model, build_ctx(s, pert))
+    assert rel(outs["delta"], outs["full"]) < TOL
+    with pytest.raises(ValueError, match="'middle'"):
+        make_strategy("node_mask_shared", graph, middle="sliced")
+
+
+def test_delta_layer_matches_layer_on_dense_features(graph):
+    """The public API: delta_layer(first_layer_delta(...)) == layer(first_layer(...))."""
+    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr="mean")
+    pert = perturbations(graph.num_genes)[:5]
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=4, layers=3, seed=1)
+    lin0, lin1 = model.lins[0], model.lins[1]
+    nb = sg.batch(pert)
+    dense, _ = nb.first_layer(model.embedding, lin0.weight, lin0.bias)
+    hd = nb.first_layer_delta(model.embedding, lin0.weight, lin0.bias)
+    assert rel(hd.dense(), dense) < TOL
+    want = nb.layer(dense, lin1.weight, lin1.bias, eps=0.5)
+    got = nb.delta_layer(hd, lin1.weight, lin1.bias, eps=0.5)
+    assert rel(got, want) < TOL
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_push_adds_each_message_to_its_out_neighbours(kernel):
+    """Against a hand count: gene 0 sends type 0 to genes 1 and 2, type 1 to gene 2; the
+    weight scales each message by its receiver and type (0 skips it)."""
+    ei = {"x": torch.tensor([[0, 0, 3], [1, 2, 0]]), "y": torch.tensor([[0], [2]])}
+    sg = SharedGraph(ei, 4)
+    nb = sg.batch(torch.tensor([[0], [3]]), push_kernel=kernel)
+    c = nb.corrections()
+    u = torch.zeros(c.pair_gene.numel(), 2, 1)
+    r0 = int(((c.pair_sample == 0) & (c.pair_gene == 0)).nonzero())
+    u[r0, 0], u[r0, 1] = 1.0, 10.0
+    w = torch.ones(2, 8)
+    w[0, 2 * 2 + 1] = 0.5  # gene 2, type 1, in sample 0
+    u.requires_grad_(True)
+    out = push(sg, c, torch.zeros(4, 1), u, w, kernel)
+    assert out[0, :, 0].tolist() == [0.0, 1.0, 6.0, 0.0]
+    assert out[1].abs().sum() == 0
+    g = torch.zeros(2, 4, 1)
+    g[0, 2] = 1.0
+    out.backward(g)
+    assert u.grad[r0].flatten().tolist() == [1.0, 0.5]
+
+
+def test_push_kernel_errors(graph):
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    c = sg.batch(torch.tensor([[1]])).corrections()
+    with pytest.raises(ValueError, match="push_kernel"):
+        push(sg, c, torch.zeros(30, 2), torch.zeros(c.pair_gene.numel(), 4, 2),
+             torch.ones(1, 120), "cuda-magic")
+
+
+@pytest.mark.parametrize("middle,kernel", [
+    ("delta", "pull"), ("delta", "index_add"), ("full", None),
+    pytest.param("delta", "numba", marks=pytest.mark.skipif(not numba_available(),
+                                                            reason="numba is not installed"))])
+@pytest.mark.parametrize("aggr", ["sum", "mean"])
+def test_shared_graph_training_step_has_no_host_sync(graph, aggr, middle, kernel):
+    """One training step of the node-mask shared graph (after the collate, which runs in the
+    DataLoader's workers on the host) makes no device-to-host synchronization: the count is
+    PyTorch's dispatcher-level one (what a GPU would sync)."""
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=5, layers=3, seed=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s = make_strategy("node_mask_shared", graph, aggr=aggr, middle=middle, push_kernel=kernel)
+    pert = perturbations(graph.num_genes)[:6]
+    batch = s.collate([s.make_item(i, row) for i, row in enumerate(pert)])
+    c = SyncCounter("cpu")
+    with c.count():
+        ctx = s.device_prepare(s.to_device(batch))
+        opt.zero_grad()
+        s.predict(model, ctx, dual=True).pow(2).sum().backward()
+        opt.step()
+    assert c.total == 0, dict(c.by_kind)
+    # and the counter does see a validation done in the step
+    c2 = SyncCounter("cpu")
+    with c2.count():
+        s.shared.batch(pert)
+    assert c2.total > 0
+
+
+def test_footprint_counts_changed_genes_and_messages_by_hand():
+    """Chain 0 -> 1 -> 2 -> 3 in type a, 0 -> 3 in type b; gene 4 isolated; gene 0 deleted."""
+    from workbook_lib.data.inventory import footprint
+
+    ei = {"a": torch.tensor([[0, 1, 2], [1, 2, 3]]), "b": torch.tensor([[0], [3]])}
+    g = CellGraph("hand", 5, ei, "test", content_checksum(5, ei))
+    r = {(x.layer, x.edge_type): (x.genes.median, x.edges.median)
+         for x in footprint(g, torch.tensor([[0]]), 3)}
+    assert set(r) == {(l, t) for l in (1, 2, 3) for t in ("a", "b", "all")}
+    assert r[(1, "a")] == pytest.approx((2 / 5, 1 / 3))  # genes 0 and 1; the edge 0 -> 1
+    assert r[(1, "b")] == pytest.approx((2 / 5, 1.0))
+    assert r[(1, "all")] == pytest.approx((3 / 5, 2 / 4))  # R_1 = {0, 1, 3}
+    assert r[(2, "a")] == pytest.approx((3 / 5, 2 / 3))  # edges leaving R_1: 0->1, 1->2
+    assert r[(2, "all")] == pytest.approx((4 / 5, 3 / 4))
+    assert r[(3, "all")] == pytest.approx((4 / 5, 1.0))
+    isolated = {(x.layer, x.edge_type): x for x in footprint(g, torch.tensor([[4]]), 2)}
+    assert isolated[(2, "all")].genes.median == pytest.approx(1 / 5)
+    assert isolated[(2, "all")].edges.median == 0
