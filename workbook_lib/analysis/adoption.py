@@ -80,17 +80,18 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
             if name in per:
                 mem[key] = per[name]
     epochs, basis = {}, f"80% of {params['num_samples']:,} samples per epoch, 1 rank"
-    factor, top = None, 1
+    factors, top, base = {}, 1, 1
     if ddp is not None and len(ddp.worlds) > 1:
         top, base = max(ddp.worlds), min(ddp.worlds)
-        factor = ddp.worlds[top].step.median / ddp.worlds[base].step.median
-        basis += (f"; {top} ranks: {top / base:g}x the samples per step at notebook 04's "
-                  f"measured step-time factor ({factor:.2f}x)")
+        factors = getattr(ddp.gap, "step_factors", {}) or {}
+        basis += (f"; {top} ranks: {top / base:g}x the samples per step at each pipeline's own "
+                  "step factor measured in notebook 04 (none where 04 did not run it)")
     for key, st in step.items():
         one = project_epochs(st.median, batch_size, params["num_samples"])["epochs_per_day"]
         epochs[key] = {"1 rank": one}
-        if factor:
-            epochs[key][f"{top} ranks"] = one * (top / min(ddp.worlds)) / factor
+        name = PIPELINES[key][0]
+        if name in factors:
+            epochs[key][f"{top} ranks"] = one * (top / base) / factors[name].median
     from ..strategies import REGISTRY
 
     return AdoptionResult(steps=params["adopt_steps"], warmup_steps=params["warmup"],

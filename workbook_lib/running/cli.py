@@ -157,6 +157,18 @@ def _cmd_notebooks(args) -> int:
     return 0
 
 
+def _cmd_selftest(args) -> int:
+    from .selftest import FAILED, format_table, run_selftest
+
+    try:
+        checks = run_selftest(args.device, args.ranks, args.params, args.only)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(checks, args.device))
+    return 1 if any(c.status == FAILED for c in checks) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -250,6 +262,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--force", action="store_true",
                     help="overwrite scripts of another layout in --out-dir")
     sp.set_defaults(fn=_cmd_slurm)
+    sp = sub.add_parser("selftest", help="check this machine before a long run: exactness on "
+                                         "the device, sync counts, the memory probe, timing "
+                                         "synchronization, a DDP launch; exit 1 on a failure")
+    sp.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto)")
+    sp.add_argument("--ranks", type=int, default=None,
+                    help="ranks of the DDP check (default: the GPUs visible; 1 on CPU: skipped)")
+    sp.add_argument("--params", default=None, metavar="FILE",
+                    help="params YAML for the sizes (default params/ci.yaml)")
+    sp.add_argument("--only", action="append", metavar="CHECK",
+                    help="run only these checks (exactness, syncs, memory, timing, ddp)")
+    sp.set_defaults(fn=_cmd_selftest)
     sp = sub.add_parser("notebooks", help="rebuild notebooks/*.ipynb from their sources "
                                           "(make notebooks)")
     sp.add_argument("--check", action="store_true",
