@@ -304,3 +304,65 @@ def test_heartbeat_survives_concurrent_writers(tmp_path):
 
     hammer(Heartbeat(tmp_path / "rank0.heartbeat", interval=0.0))
     assert json.loads((tmp_path / "rank0.heartbeat").read_text())["progress"] >= 3000
+
+
+@pytest.fixture
+def cuda_only_group(tmp_path):
+    """A one-process group whose backend serves only CUDA tensors (as NCCL does): any CPU tensor
+    in a collective fails, as it did on every NCCL rank at its first stop check."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("cuda:gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cuda_only_group_refuses_cpu_tensors(cuda_only_group):
+    """The trap that caught the defect: the stop-flag all-reduce on a CPU tensor fails in a group
+    that serves only CUDA (with NCCL, every rank failed at its first stop check)."""
+    import torch
+
+    from workbook_lib.distributed import worker
+
+    with pytest.raises(RuntimeError, match="device type cpu"):
+        worker._agree(False, torch.device("cpu"))
+
+
+def test_every_worker_collective_uses_the_rank_device(cuda_only_group, monkeypatch):
+    """The worker's collectives put their tensors on the device they are given (a stand-in
+    device here; a hard-coded CPU tensor would be recorded as cpu and fail the group)."""
+    import torch
+
+    from workbook_lib.distributed import worker
+
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def spy(t, *a, **k):
+        seen.append(t.device.type)
+        raise Seen
+
+    monkeypatch.setattr(worker.dist, "all_reduce", spy)
+    meta = torch.device("meta")
+    for call in (lambda: worker._agree(True, meta),
+                 lambda: worker.time_allreduces([4096], meta, 1)):
+        with pytest.raises(Seen):
+            call()
+    assert seen == ["meta", "meta"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_worker_collectives_run_on_cuda_in_a_cuda_only_group(cuda_only_group):
+    import torch
+
+    from workbook_lib.distributed import worker
+
+    dev = torch.device("cuda", 0)
+    assert worker._agree(True, dev) is True
+    got = worker.time_allreduces([4096], dev, 2)
+    assert got[0]["seconds"].median > 0
