@@ -297,6 +297,11 @@ def _check_out_dir(out: Path) -> Path:
     return out
 
 
+# notebooks that measure nothing on the device: they run on a CPU node whatever 'device' says
+# (the SLURM layout gives them no GPU)
+DEVICE_FREE = ("01_graph_inventory", "05_verdict")
+
+
 def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None = None,
                   show_code: bool = False, resume: bool = False, progress: bool = True,
                   log_output: bool = True) -> list[NotebookOutcome]:
@@ -309,7 +314,8 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
         KeyboardInterrupt: on SIGINT/SIGTERM/SIGHUP, after stopping every child process.
     """
     names = resolve_only(only)
-    environment.resolve_device(params["device"])  # 'cuda' without a GPU fails here, first
+    if any(n not in DEVICE_FREE for n in names):  # 'cuda' without a GPU fails here, first
+        environment.resolve_device(params["device"])
     out = _check_out_dir(Path(out_dir))
     checksum = snapshot_checksum(params)  # loads and checks the snapshot before any notebook
     try:
