@@ -99,7 +99,7 @@ NB = setup(globals())
 res, losses, batch = adoption.train_both(NB.params, NB.graph, NB.device)
 mask_cost, ddp = load_result(NB.run_dir, "02_mask_cost_model"), load_result(NB.run_dir, "04_ddp_scaling")
 r = adoption.compare(NB.params, res, losses, batch, NB.device_label,
-                     memory=mask_cost.memory if mask_cost else None, ddp=ddp)
+                     memory=mask_cost.memory if mask_cost else None, ddp=ddp, graph=NB.graph)
 display(view.loss_text(r))
 view.loss_plot(r)
 

@@ -3,6 +3,7 @@ refuses (exit 2) when it should."""
 import pytest
 import torch
 
+from workbook_lib.measurement.precision import float32_tolerance
 from workbook_lib.running import cli, selftest
 
 
@@ -45,9 +46,9 @@ def test_float32_tolerance_grows_with_in_degree():
     class G:
         num_genes = 4
         edge_index = {"a": torch.tensor([[0, 1, 2], [3, 3, 3]])}
-    small = selftest.float32_tolerance(G, 2, floor=0.0)
+    small = float32_tolerance(G, 2, floor=0.0)
     G.edge_index = {"a": torch.tensor([[0] * 400, [3] * 400])}
-    assert selftest.float32_tolerance(G, 2, floor=0.0) > small > 0
+    assert float32_tolerance(G, 2, floor=0.0) > small > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")

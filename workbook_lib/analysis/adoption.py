@@ -34,6 +34,10 @@ class AdoptionResult(Record):
     projection_basis: str = ""
     device: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    # the loss curves "agree" within this: 1e-5 on a CPU; on CUDA (atomic sums in any order) the
+    # float32 accumulation bound of measurement.precision, if larger
+    tolerance: float = 1e-5
+    tolerance_basis: str = "float32 rounding (1e-5)"
 
 
 def train_both(params: dict, graph, device: torch.device) -> tuple[dict, dict, int]:
@@ -56,14 +60,38 @@ def train_both(params: dict, graph, device: torch.device) -> tuple[dict, dict, i
         arm.record_losses = True
         arms.append(arm)
         runs[key] = run
-    res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
-                        budget_s=float("inf"), count_syncs=False, desc="06 training")
+    # on CUDA each pipeline's own sums in a fixed order (deterministic kernels where PyTorch
+    # has them; warn where it has none), so the comparison is of the two pipelines only
+    cuda = torch.device(device).type == "cuda"
+    was = torch.are_deterministic_algorithms_enabled()
+    if cuda:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
+                            budget_s=float("inf"), count_syncs=False, desc="06 training")
+    finally:
+        if cuda:
+            torch.use_deterministic_algorithms(was)
     losses = {a.name: [float(x) for x in a.losses] for a in arms}
     return res, losses, b
 
 
+def loss_tolerance(device_label: str, graph=None, layers: int = 1) -> tuple[float, str]:
+    """How close the two loss curves must be to count as the same training: 1e-5 (float32
+    rounding) on a CPU, whose sums run in a fixed order; on CUDA, whose atomic sums do not, the
+    float32 accumulation bound for this graph (:mod:`workbook_lib.measurement.precision`) when it
+    is larger."""
+    if device_label.startswith("cuda") and graph is not None:
+        from ..measurement.precision import float32_tolerance
+
+        tol = float32_tolerance(graph, layers, floor=1e-5)
+        return tol, (f"float32 accumulation in any order on CUDA ({tol:.1e}: eps x sqrt(in-degree)"
+                     f" x {layers} layers, with margin)")
+    return 1e-5, "float32 rounding (1e-5)"
+
+
 def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label: str, *,
-            memory=None, ddp=None) -> AdoptionResult:
+            memory=None, ddp=None, graph=None) -> AdoptionResult:
     from ..training.loop import project_epochs
 
     rep, fix = losses["replicated"], losses["fix"]
@@ -100,6 +128,8 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
                           rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
                           memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
                           device=device_label,
+                          **dict(zip(("tolerance", "tolerance_basis"),
+                                     loss_tolerance(device_label, graph, params["layers"]))),
                           labels={k: REGISTRY[n].label + (" (the Lazy model's form)"
                                                           if k == "replicated" else "")
                                   for k, (n, _f) in PIPELINES.items()})

@@ -30,6 +30,9 @@ LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
 
 
+PIPELINED = "pipelined"  # the full step without per-stage syncs
+
+
 def arm_key(strategy: str, mode: str) -> str:
     return f"{strategy}/{mode}"
 
@@ -57,6 +60,18 @@ class LoopStudy(Record):
                                                             b.step.samples[:n])], unit="ratio")
         return a.step.ratio_to(b.step)
 
+    def pipelined(self, strategy: str) -> tuple[Stat, Stat, Stat] | None:
+        """(full step with every stage synchronized, the same step synchronized only at its
+        start and end, their difference paired by round): what the stage attribution's syncs
+        cost. None when the study has no pipelined arm."""
+        key = arm_key(strategy, PIPELINED)
+        if key not in self.arms:
+            return None
+        a, b = self.arm(strategy, "full"), self.arms[key]
+        n = min(a.step.n, b.step.n)
+        diff = Stat.from_samples([x - y for x, y in zip(a.step.samples[:n], b.step.samples[:n])])
+        return a.step, b.step, diff
+
     def model_seconds(self, strategy: str) -> Stat:
         """Forward + backward + optimizer of the full step (the model's share, no data)."""
         a = self.arm(strategy, "full")
@@ -69,7 +84,7 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
     """The loop of every strategy in the four modes (``params``: batch sizes, loop settings)."""
     names = list(strategies or params["strategies"])
     warm, lo, hi = params["warmup"], params["loop_steps"], params["loop_max_steps"]
-    rows_needed = (warm + 1 + hi) * len(loop.MODES)
+    rows_needed = (warm + 1 + hi) * (len(loop.MODES) + 1)
     interleaved = params["num_workers"] == 0
     store = Path(tempfile.mkdtemp(prefix="wb-masks-"))
     arms = []
@@ -94,6 +109,10 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
             for mode in loop.MODES:
                 arms.append(loop.Arm(arm_key(name, mode), s, model, loader,
                                      loop.Variant(mode, mode), dual=dual, optimizer=opt))
+            # the full step synchronized only at its start and end (the pipelined step)
+            arms.append(loop.Arm(arm_key(name, PIPELINED), s, model, loader,
+                                 loop.Variant(PIPELINED, "full", sync_stages=False), dual=dual,
+                                 optimizer=opt))
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
                             target=params["precision_target"], budget_s=params["loop_budget_s"],
                             interleave=interleaved, desc="03 loop")

@@ -10,13 +10,14 @@ from .tables import fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 
 
 def loss_text(r: AdoptionResult) -> Markdown:
-    ok = r.max_rel_diff <= 1e-5
+    tol = getattr(r, "tolerance", 1e-5)
+    ok = r.max_rel_diff <= tol
     return Markdown(
         f"Over {r.warmup_steps + r.steps} training steps (batch {r.batch_size}, "
         f"{r.optimizer.upper()}, lr {r.lr:g}, the same seed and the same batches), the largest "
         f"relative difference between the two loss curves is **{r.max_rel_diff:.1e}** "
-        + ("(within 1e-5: the same training, to float32 rounding)." if ok else
-           "(**above 1e-5**: the two trainings diverged beyond float32 rounding).")
+        + (f"(within {tol:.1e}: the same training, to {r.tolerance_basis})." if ok else
+           f"(**above {tol:.1e}**: the two trainings diverged beyond {r.tolerance_basis}).")
         + (" Plain SGD keeps the two pipelines' rounding-level differences at rounding level. "
            "AdamW (adopt_optimizer: adamw) divides each gradient by its running RMS: on its "
            "first steps, gradients that cancel to rounding level (the dual forward makes many) "
@@ -35,7 +36,7 @@ def loss_plot(r: AdoptionResult) -> None:
                    sizes=f"batch {r.batch_size}")
     axes[1].plot(steps, np.maximum(np.array(r.rel_diff), 1e-12), color=plotting.PALETTE[2])
     axes[1].set_ylim(bottom=1e-9)
-    axes[1].axhline(1e-5, color="k", ls=":", lw=1, label="1e-5")
+    axes[1].axhline(r.tolerance, color="k", ls=":", lw=1, label=f"{r.tolerance:.1e}")
     axes[1].set(yscale="log", xlabel="training step",
                 ylabel="relative difference of the losses (log scale)")
     plotting.plain_ticks(axes[1], "x")
@@ -43,7 +44,7 @@ def loss_plot(r: AdoptionResult) -> None:
     plotting.title(axes[1], "Relative difference per step", device=r.device)
     plotting.show(fig, "Left: loss against training step for replicated masks and the node-mask "
                        "shared graph, overlapping. Right: their relative difference per step on a "
-                       "log axis, below the 1e-5 line.")
+                       "log axis, below the tolerance line.")
 
 
 def compare_table(r: AdoptionResult):

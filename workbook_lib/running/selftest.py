@@ -35,6 +35,7 @@ from typing import Callable
 
 import torch
 
+from ..measurement.precision import float32_tolerance
 from ..paths import REPO_ROOT
 
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
@@ -46,19 +47,6 @@ class Check:
     status: str
     detail: str
     seconds: float = 0.0
-
-
-def float32_tolerance(graph, layers: int, floor: float = 2e-5) -> float:
-    """Relative tolerance for a float32 result summed in another order: each layer adds up to
-    ``d`` terms (the largest in-degree over the edge types, summed), so the rounding error grows
-    like ``eps * sqrt(d)`` per layer for random-order sums (``eps`` = 2^-23 x 4 for a safety
-    margin); never below ``floor`` (the CPU tests' tolerance)."""
-    eps = 4 * torch.finfo(torch.float32).eps
-    d = 0
-    for ei in graph.edge_index.values():
-        if ei.numel():
-            d += int(torch.bincount(ei[1], minlength=graph.num_genes).max())
-    return max(floor, eps * max(1, d) ** 0.5 * max(1, layers) * 8)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

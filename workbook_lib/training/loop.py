@@ -12,6 +12,9 @@ strategy, a model (plain or wrapped in ``DistributedDataParallel``), a batch str
   ``last`` as with ``no_sync()`` accumulation, or ``never``), and the loss-side all-gather.
 
 Every stage is timed between device syncs in a :class:`~workbook_lib.measurement.timing.StepClock`
+(a variant with ``sync_stages=False`` is the same step synchronized only at its start and end: on
+a GPU the per-stage syncs serialize the host's work with the device's, so the pipelined step is
+reported beside the stage attribution)
 and wrapped in a ``wb:<stage>`` profiler range (for the exclusive-time trace breakdown); the
 DataLoader workers time their own fetch and collate and send the times with the batch.
 
@@ -108,6 +111,7 @@ class Variant:
     micro_batches: int = 1
     allreduce: str = "every"
     gather: bool = False
+    sync_stages: bool = True  # False: a pipelined step, synchronized only at its start and end
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -170,7 +174,7 @@ class Arm:
             self.hooks.begin_step()
         with clock.step(timed=timed):
             for micro in range(v.micro_batches):
-                with _stage(clock, "loader_wait"):
+                with _stage(clock, "loader_wait", v.sync_stages):
                     batch = next(self.stream)
                 worker = batch.pop("_worker")
                 clock.add("worker_fetch", worker["fetch_s"])
@@ -179,24 +183,24 @@ class Arm:
                                      (v.allreduce == "last" and micro < v.micro_batches - 1))
                 with (counter.count() if counter is not None else nullcontext()), \
                         (self.model.no_sync() if skip else nullcontext()):
-                    with _stage(clock, "h2d"):
+                    with _stage(clock, "h2d", v.sync_stages):
                         batch = self.strategy.to_device(batch, non_blocking=self.loader.pin_memory)
-                    with _stage(clock, "device_prep"):
+                    with _stage(clock, "device_prep", v.sync_stages):
                         ctx = self.strategy.device_prepare(batch)
                     y = batch["y"]
-                    with _stage(clock, "forward"):
+                    with _stage(clock, "forward", v.sync_stages):
                         if v.mode == "data":  # the data pipeline only: a trivial loss
                             loss = ((y - self._bias()) ** 2).mean()
                         else:
                             loss = mse_loss(self.model(self.strategy, ctx, dual=self.dual), y,
                                             v.gather)
                     if v.mode != "forward":
-                        with _stage(clock, "backward"):
+                        with _stage(clock, "backward", v.sync_stages):
                             loss.backward()
             # the optimizer is outside the sync count: AdamW keeps its step counters on the host
             # (their .item() never waits for a GPU), which a CPU run could not tell apart
             if v.mode == "full":
-                with _stage(clock, "optimizer"):
+                with _stage(clock, "optimizer", v.sync_stages):
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
             else:
@@ -208,8 +212,8 @@ class Arm:
 
 
 @contextmanager
-def _stage(clock: StepClock, name: str):
-    with record_function(f"wb:{name}"), clock.stage(name):
+def _stage(clock: StepClock, name: str, synced: bool = True):
+    with record_function(f"wb:{name}"), clock.stage(name, synced):
         yield
 
 
