@@ -48,3 +48,43 @@ def test_comm_timer_times_cuda_work_with_events():
     t.done.append(t._now())
     (ready, finished), = t.bucket_seconds()
     assert finished - ready > 1e-3
+
+
+def test_gpu_probes_never_overlap_on_one_gpu():
+    """Two probes of one GPU: the second waits for the first's lock (driven without a GPU: the
+    lock needs only the device's name); the CPU takes no lock."""
+    import threading
+    import time
+
+    from workbook_lib.measurement.memory import gpu_lock
+
+    spans = []
+
+    def probe():
+        with gpu_lock("cuda:7"):
+            t0 = time.perf_counter()
+            time.sleep(0.2)
+            spans.append((t0, time.perf_counter()))
+    ths = [threading.Thread(target=probe) for _ in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert b0 >= a1 - 1e-3  # one after the other
+    with gpu_lock("cpu"):
+        with gpu_lock("cpu"):  # no lock at all for the CPU: no deadlock
+            pass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_peak_is_the_reserved_memory_the_step_takes():
+    from workbook_lib.measurement.memory import device_budget, peak_during
+
+    dev = torch.device("cuda", 0)
+    keep = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+    del keep  # cached by the allocator: must not hide the next step's need
+    got = peak_during(lambda: torch.empty(32 << 20, dtype=torch.uint8, device=dev), dev)
+    assert got.bytes >= 32 << 20 and "max_memory_reserved" in got.method
+    budget, label = device_budget(dev)
+    assert 0 < budget <= torch.cuda.mem_get_info(dev)[1] and "mem_get_info" in label
