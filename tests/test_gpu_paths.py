@@ -88,3 +88,68 @@ def test_cuda_peak_is_the_reserved_memory_the_step_takes():
     assert got.bytes >= 32 << 20 and "max_memory_reserved" in got.method
     budget, label = device_budget(dev)
     assert 0 < budget <= torch.cuda.mem_get_info(dev)[1] and "mem_get_info" in label
+
+
+def test_environment_keeps_the_device_of_the_jobs_that_used_one(tmp_path, monkeypatch):
+    """SLURM: 03 ran on a GPU node, then 05 on a CPU node: the run stays labelled with the GPU
+    job's device (each job keeps its own record)."""
+    import json
+
+    from workbook_lib.running import environment, runner
+    from workbook_lib.running.params import load_params_file
+    from pathlib import Path
+
+    p = load_params_file(Path(__file__).resolve().parent.parent / "params" / "ci.yaml")
+    real = environment.collect
+
+    def fake(params, *, uses_device=True):
+        rec = real(params, uses_device=uses_device)
+        if uses_device:  # the GPU node's view
+            rec.update(device="cuda:0", device_label="cuda: NVIDIA H100", created="2026-01-01T00:00:00")
+        else:
+            rec["created"] = "2026-01-01T01:00:00"  # later: the last job to finish
+        return rec
+    monkeypatch.setattr(environment, "collect", fake)
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    runner.write_environment(tmp_path, p, ["03_data_vs_model_timing"], resume=True)
+    monkeypatch.setenv("SLURM_JOB_ID", "102")
+    runner.write_environment(tmp_path, p, ["05_verdict"], resume=True)
+    env = json.loads((tmp_path / "environment.json").read_text())
+    assert env["device_label"] == "cuda: NVIDIA H100"
+    assert [j["slurm_job_id"] for j in env["jobs"]] == ["101", "102"]
+    assert sorted(f.name for f in (tmp_path / "environment").iterdir()) == ["101.json", "102.json"]
+    # a CPU-only run stays labelled with what it ran on
+    only = environment.merge_records([{"created": "1", "uses_device": False, "device": "cpu"}])
+    assert only["device"] == "cpu"
+
+
+def test_cpu_only_notebooks_do_not_need_the_gpu_named_in_params():
+    import types
+
+    from workbook_lib.running import environment
+
+    if torch.cuda.is_available():
+        pytest.skip("checks a node without a GPU")
+    rec = environment.collect({"device": "cuda"}, uses_device=False)
+    assert rec["device"] == "cpu" and rec["uses_device"] is False
+    from workbook_lib.exceptions import ParamsError
+    with pytest.raises(ParamsError, match="no CUDA device"):
+        environment.collect({"device": "cuda"}, uses_device=True)
+
+
+def test_a_cpu_only_notebook_runs_on_a_node_without_the_gpu(tmp_path):
+    """01 and 05 (needs_device=False) run on the CPU when params name a GPU the node lacks;
+    the others still refuse before any work."""
+    from pathlib import Path
+
+    from workbook_lib.exceptions import ParamsError
+    from workbook_lib.running.notebook import setup
+    from workbook_lib.running.params import load_params_file
+
+    if torch.cuda.is_available():
+        pytest.skip("checks a node without a GPU")
+    p = load_params_file(Path(__file__).resolve().parent.parent / "params" / "ci.yaml")
+    ns = {**p, "device": "cuda", "run_dir": str(tmp_path / "run")}
+    assert setup(dict(ns), load_graph=False, needs_device=False).device.type == "cpu"
+    with pytest.raises(ParamsError, match="no CUDA device"):
+        setup(dict(ns), load_graph=False)
