@@ -77,6 +77,15 @@ def test_results_of_each_notebook(ci_run):
     d = load_result(out, "04_ddp_scaling")
     assert set(d.worlds) == {1, 2} and d.plan.backend == "gloo"
     assert d.worlds[2].comm_total is not None and d.ratio_03 is not None
+    # equal threads per rank at both world sizes, launches alternated 1, 2, 1, 2
+    assert set(d.worlds[1].threads_per_rank) == set(d.worlds[2].threads_per_rank)
+    assert d.worlds[1].launches == d.worlds[2].launches == 2 and len(d.gap.factor_by_pair) == 2
+    g = d.gap  # the DDP factor always applied
+    assert g.total.median == pytest.approx(g.steps_ratio * g.per_step_ratio.median *
+                                           g.ddp_factor.median)
+    assert set(g.step_factors) == {d.scaling_strategy, *d.gap_strategies}
+    assert set(d.worlds[2].comm_per_rank) == {0, 1}
+    assert t.loops.pipelined("node_mask_shared") is not None
     v = load_result(out, "05_verdict")
     assert v.recommendation.strategy and v.claims and v.answer.startswith("**On this run")
     assert set(v.inputs) == {"01_graph_inventory", "02_mask_cost_model",
