@@ -2,14 +2,17 @@
 
 Every rank runs notebook 03's training loop (:mod:`workbook_lib.training.loop`: the same
 DataLoader pipeline, allocator setting and stage timing) on ``DistributedDataParallel`` models,
-with ``threads`` intra-op threads (the launcher gives each rank its share of the allocation's
-cores). One launch interleaves every variant in the same rounds:
+with ``threads`` intra-op threads and ``workers`` DataLoader workers (the same at every world
+size: see ``plan``). One launch interleaves every variant in the same rounds:
 
 * the scaling strategy: ``ddp`` (all-reduce every step), ``no_sync`` (compute only),
   ``accum_last`` / ``accum_every`` (``grad_accum_steps`` micro-batches, all-reducing only the last
   with ``no_sync()``, or every one), ``gather`` (the loss-side all-gather toggled) and ``strong``
   (the global batch of the largest world size split over the ranks);
-* the two gap strategies (``ddp``), for the per-step ratio.
+* the two gap strategies (``ddp``), for the per-step ratio;
+* with ``threads_all`` (the smallest world size only): the scaling step and the two gap
+  strategies again, their steps run with ``threads_all`` threads (the thread effect, apart from
+  DDP).
 
 Communication is measured by DDP's comm hook (:class:`CommTimer`): each bucket's all-reduce is
 timed from the moment its gradients are ready to its completion (host clock with gloo, CUDA events
