@@ -118,22 +118,6 @@ def _launch_in_thread(p, tmp_path, timeout_s):
     return th, box, launcher.local_pid(tmp_path / "rank1.pid")
 
 
-def test_stopped_rank_is_named(tiny_params, tmp_path):
-    th, box, pid = _launch_in_thread(tiny_params, tmp_path, timeout_s=12)
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        th.join(120)
-    finally:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-    err = box.get("error")
-    assert err is not None and err.kind == "hung" and err.rank == 1, err
-    assert "no heartbeat" in str(err)
-    _no_orphans(tmp_path)
-
-
 def test_stopped_rank_named_before_the_waiting_rank_times_out(tiny_params, tmp_path):
     """The launcher's stall timeout (20 s) is below what the waiting rank would wait: the
     process-group timeout is longer than every launcher limit, so rank 1 (stopped) is named,
@@ -149,7 +133,8 @@ def test_stopped_rank_named_before_the_waiting_rank_times_out(tiny_params, tmp_p
         except ProcessLookupError:
             pass
     err = box.get("error")
-    assert err is not None and err.rank == 1 and "stopped responding" in str(err), err
+    assert err is not None and err.kind == "hung" and err.rank == 1, err
+    assert "stopped responding" in str(err) and "no heartbeat" in str(err)
     assert not (tmp_path / "rank0.error").exists()
     _no_orphans(tmp_path)
 
