@@ -108,7 +108,8 @@ P = NB.params
 small = snapshots.induced_subgraph(NB.graph, min(P["exactness_genes"], NB.graph.num_genes))
 exact = benchmarks.exactness_report(small, P["strategies"], k=P["perturbation_k"], aggr=P["aggr"],
                                     hidden=min(P["hidden"], 16), seed=P["seed"],
-                                    storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
+                                    storage_dir=tempfile.mkdtemp(prefix="wb-masks-"),
+                                    device=NB.device)
 display(view.exactness_table(exact, small.describe()))
 
 # %% [markdown]
@@ -142,7 +143,8 @@ display(view.forms_table(cost))
 maskgen = benchmarks.mask_generation(NB.graph, P["perturbation_k"], P["batch_size_lazy"], NB.device,
                                      warmup=P["warmup"], min_rounds=P["min_repeats"],
                                      target=P["precision_target"], seed=P["seed"],
-                                     storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
+                                     storage_dir=tempfile.mkdtemp(prefix="wb-masks-"),
+                                    device=NB.device)
 display(view.mask_generation_table(maskgen))
 
 # %% [markdown]

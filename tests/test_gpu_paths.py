@@ -153,3 +153,26 @@ def test_a_cpu_only_notebook_runs_on_a_node_without_the_gpu(tmp_path):
     assert setup(dict(ns), load_graph=False, needs_device=False).device.type == "cpu"
     with pytest.raises(ParamsError, match="no CUDA device"):
         setup(dict(ns), load_graph=False)
+
+
+def test_exactness_report_runs_the_strategies_on_the_given_device(monkeypatch):
+    """02's exactness re-check builds every strategy on the run's device (the reference stays on
+    the CPU): a device argument that were ignored would leave them on the CPU."""
+    from workbook_lib.analysis import benchmarks
+    from workbook_lib.data.snapshots import induced_subgraph, load_snapshot
+    from workbook_lib.running.params import load_params_file
+    from pathlib import Path
+
+    p = load_params_file(Path(__file__).resolve().parent.parent / "params" / "ci.yaml")
+    small = induced_subgraph(load_snapshot(p), 40)
+    seen = []
+    real = benchmarks.make_strategy
+
+    def spy(name, graph, **kw):
+        seen.append(str(kw.get("device")))
+        return real(name, graph, **{**kw, "device": "cpu"})  # run it where this machine can
+    monkeypatch.setattr(benchmarks, "make_strategy", spy)
+    monkeypatch.setattr(benchmarks, "_model_on", lambda m, dev: (seen.append(str(dev)), m)[1])
+    got = benchmarks.exactness_report(small, ["node_mask_shared", "replicated_mask_cpu"], k=2,
+                                      hidden=4, device="cuda:3")
+    assert set(seen) == {"cuda:3"} and max(got.values()) < 1e-4

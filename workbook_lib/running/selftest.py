@@ -58,7 +58,7 @@ def _outputs(strategy, model, pert, dual: bool, weights: torch.Tensor):
     from ..strategies import build_ctx
 
     model.zero_grad(set_to_none=True)
-    ctx = build_ctx(strategy, pert.to(strategy.device))
+    ctx = build_ctx(strategy, pert)  # the host pipeline takes host perturbations
     out = strategy.node_outputs(model, ctx) if strategy.exact else None
     pred = strategy.predict(model, ctx, dual)
     loss = pred.sum() + ((out * weights.to(out.device)).sum() if out is not None else 0.0)
