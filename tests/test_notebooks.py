@@ -202,7 +202,7 @@ def test_stability_compares_figures_and_claim_statuses(ci_run, tmp_path):
 
     diff = {r.key: r for r in compare_figures([a, b]).disagreeing}
     assert set(diff) == {"claim_statuses", f"claim:{held['key']}", f"claim:{failed['key']}",
-                         "shared_step", "gap_total"}
+                         "shared_step", "gap_total", "ddp_factor"}
     assert "factors differ beyond their IQRs" in diff["gap_total"].note  # the DDP factor
     assert [v.split(":")[0] for v in diff[f"claim:{held['key']}"].values] == ["held", "failed"]
     assert [v.split(":")[0] for v in diff[f"claim:{failed['key']}"].values] == ["failed", "held"]
