@@ -154,7 +154,8 @@ class CommTimer:
         if not calls or len(calls) != len(done):
             return []
         if self.cuda:
-            done[-1].synchronize()
+            for d in done:  # the futures may complete in any order: wait for every one
+                d.synchronize()
             t0 = calls[0]
             # elapsed_time is in ms; the futures may complete out of order: pair by order
             ready = sorted(t0.elapsed_time(c) / 1e3 for c in calls)
