@@ -216,6 +216,7 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
         root = psutil.Process(proc.pid)
         known[proc.pid] = root
         last_progress, last_key, started = time.time(), None, False
+        seen_beats: dict[int, tuple] = {}
         while True:
             try:
                 for c in root.children(recursive=True):
@@ -229,7 +230,12 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
                         known[pid] = psutil.Process(pid)
                     except psutil.Error:
                         pass
-            beats = read_heartbeats(out)
+            # each beat's age on this host's clock (when its content last changed here), so that
+            # another node's clock skew never makes a running rank look stale
+            for r, b in read_heartbeats(out).items():
+                if r not in seen_beats or seen_beats[r][0] != b.get("time"):
+                    seen_beats[r] = (b.get("time"), time.time(), b)
+            beats = {r: {**b, "time": local} for r, (_t, local, b) in seen_beats.items()}
             key = (tuple(sorted((r, b.get("stage"), b.get("progress")) for r, b in beats.items())),
                    tuple(p.stat().st_size for p in sorted(out.glob("rank*.log"))),
                    log.stat().st_size if log.exists() else 0)
@@ -247,7 +253,10 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
             else:
                 ending = all(str(b.get("stage", "")).startswith("done") for b in beats.values())
                 allowed = timeout_s if started and not ending else max(timeout_s, startup_s)
-            stale = stale_ranks(beats)
+            # a rank that is done or failed stops beating on purpose: torchrun reports its end
+            stale = [r for r in stale_ranks(beats)
+                     if not str(beats[r].get("stage", "")).startswith("done")
+                     and not (out / f"rank{r}.error").exists()]
             if stale or time.time() - last_progress > allowed:
                 # a stopped rank is named as soon as its heartbeat is stale, long before the
                 # ranks waiting for it reach their process-group timeout (pg_timeout_s)

@@ -217,13 +217,13 @@ def main(cfg_path: str) -> None:
         _log(fh, "FAILED:\n" + traceback.format_exc())
         raise
     finally:
-        hb.stop()
-        fh.close()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - teardown after a failure
                 pass
+        hb.stop()  # after the teardown: a rank tearing down is not a stopped rank
+        fh.close()
 
 
 def _agree(stop: bool, device: torch.device) -> bool:
