@@ -143,8 +143,7 @@ display(view.forms_table(cost))
 maskgen = benchmarks.mask_generation(NB.graph, P["perturbation_k"], P["batch_size_lazy"], NB.device,
                                      warmup=P["warmup"], min_rounds=P["min_repeats"],
                                      target=P["precision_target"], seed=P["seed"],
-                                     storage_dir=tempfile.mkdtemp(prefix="wb-masks-"),
-                                    device=NB.device)
+                                     storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
 display(view.mask_generation_table(maskgen))
 
 # %% [markdown]
