@@ -50,7 +50,7 @@ from workbook_lib.report import inventory_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import write_results
 
-NB = setup(globals())
+NB = setup(globals(), needs_device=False)
 inv = inventory.inventory(NB.params, NB.graph)
 display(view.summary(inv))
 

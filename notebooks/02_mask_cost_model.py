@@ -81,7 +81,8 @@ P = NB.params
 small = snapshots.induced_subgraph(NB.graph, min(P["exactness_genes"], NB.graph.num_genes))
 exact = benchmarks.exactness_report(small, P["strategies"], k=P["perturbation_k"], aggr=P["aggr"],
                                     hidden=min(P["hidden"], 16), seed=P["seed"],
-                                    storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
+                                    storage_dir=tempfile.mkdtemp(prefix="wb-masks-"),
+                                    device=NB.device)
 display(view.exactness_table(exact, small.describe()))
 
 # %% [markdown]

@@ -86,6 +86,12 @@ display(view.stage_table(loops))
 view.stage_plot(loops)
 
 # %% [markdown]
+# ## Synchronized stages against a pipelined step
+
+# %%
+display(view.pipelined_table(loops))
+
+# %% [markdown]
 # ## Sanity check: more work never takes less time
 # Data only <= + forward <= + backward <= full step, per strategy, within the noise.
 

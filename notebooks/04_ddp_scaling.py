@@ -12,13 +12,15 @@
 # # 04 · DDP scaling, and the gap decomposed
 #
 # Real data-parallel training: PyTorch's `DistributedDataParallel`, launched by `torchrun`
-# (gloo on CPU, NCCL on GPU) with as many processes and threads as the allocation holds. Every
-# rank runs notebook 03's training loop; one launch per world size interleaves every variant in
-# the same rounds (DDP, `no_sync()`, gradient accumulation, the loss all-gather toggled, strong
-# scaling) and the two strategies whose gap is decomposed. Communication is measured by DDP's own
-# comm hook, not inferred from a difference. Then: a ring all-reduce model fitted on all-reduces
-# timed here, predictions for other world sizes and links, and the epoch-time gap between the two
-# `gap_strategies` as steps per epoch x time per step x DDP factor.
+# (gloo on CPU, NCCL on GPU) with as many processes as the allocation holds and the same threads
+# and DataLoader workers per rank at every world size. Every rank runs notebook 03's training
+# loop; each launch interleaves every variant in the same rounds (DDP, `no_sync()`, gradient
+# accumulation, the loss all-gather toggled, strong scaling) and the two strategies whose gap is
+# decomposed; the launches alternate between world sizes (1, 2, 1, 2). Communication is measured
+# per rank by DDP's own comm hook, the wait for a slower rank apart from the transfer. Then: a
+# ring all-reduce model fitted on all-reduces timed here, predictions for other world sizes and
+# links, and the epoch-time gap between the two `gap_strategies` as steps per epoch x time per
+# step x DDP factor (a ratio of separate launches, always applied with its IQR).
 
 # %% tags=["parameters"]
 # The params keys this notebook reads (every key: python -m workbook_lib params); papermill sets them with -p KEY VALUE or -f FILE.yaml, and also takes any other key
@@ -55,7 +57,7 @@ rdzv_endpoint: Optional[str] = None  # torchrun rendezvous host:port for several
 ddp_strategy: str = 'node_mask_shared'  # strategy or pipeline of the DDP scaling runs
 ddp_batch_size: int = 8  # per-rank batch of weak scaling; strong scaling keeps ddp_batch_size x the largest world size as the global batch
 ddp_steps: int = 20  # fewest timed DDP steps per variant
-ddp_budget_s: float = 60.0  # seconds of timed DDP steps per launch
+ddp_budget_s: float = 60.0  # seconds of timed DDP steps per world size (split over its alternated launches)
 grad_accum_steps: int = 2  # micro-batches of the accumulation comparison
 bucket_cap_mb: float = 25.0  # DDP gradient bucket size in MB
 use_ddp_gather: bool = False  # the investigation's loss-side all-gather of predictions (the other setting is measured too)

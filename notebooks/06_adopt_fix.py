@@ -70,7 +70,8 @@ display(mc_view.form_text(form))
 res, losses, batch, labels = adoption.train_both(NB.params, NB.graph, NB.device,
                                                  middle=form.middle)
 r = adoption.compare(NB.params, res, losses, batch, NB.device_label,
-                     memory=mask_cost.memory if mask_cost else None, ddp=ddp, labels=labels)
+                     memory=mask_cost.memory if mask_cost else None, ddp=ddp, labels=labels,
+                     graph=NB.graph)
 display(view.loss_text(r))
 view.loss_plot(r)
 

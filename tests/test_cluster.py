@@ -49,6 +49,9 @@ def test_chain_scripts_paths_dependencies_resources(tmp_path, ci):
     assert "--kill-on-invalid-dep=yes" in sub
     assert "afterany:${J02}:${J04}" in lines["06"]
     assert 'echo "run folder: $RUN"' in sub
+    # the device's notebooks check the node first and stop before the long work on a failure
+    assert nb.index("workbook_lib selftest") < nb.index("workbook_lib run")
+    assert '[ "$NB" != "01" ] && [ "$NB" != "05" ]' in nb and "exit 1" in nb
 
 
 def test_scripts_are_bash_4_2_safe(tmp_path, ci):
@@ -152,7 +155,7 @@ def test_chain_cancelled_then_resubmitted_finishes_in_the_same_folder(tmp_path, 
     (shim / "sbatch").chmod(0o755)
     paths = _scripts(tmp_path, ci, python=sys.executable)
     run = tmp_path / "run"
-    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}",
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "WORKBOOK_SKIP_SELFTEST": "1",
            "WORKBOOK_NOTEBOOK_DIR": str(nbs), "FAKE_SLURM_STATE": str(tmp_path / "jobs.json")}
     env.pop("WORKBOOK_OUT", None)
     # submitted from another directory; the user cancels everything after two jobs

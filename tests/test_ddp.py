@@ -40,7 +40,7 @@ def _config(p, steps=3, **extra):
 def _no_orphans(out_dir):
     time.sleep(0.5)
     for f in out_dir.glob("rank*.pid"):
-        pid = int(f.read_text())
+        pid = launcher.local_pid(f)
         if psutil.pid_exists(pid):
             try:
                 assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"pid {pid} alive"
@@ -48,9 +48,12 @@ def _no_orphans(out_dir):
                 pass
 
 
-def test_two_ranks_measure_communication(tiny_params, tmp_path):
-    r = launcher.launch(MODULE, _config(tiny_params), nproc_per_node=2, out_dir=tmp_path,
-                        timeout_s=120, threads_per_rank=1)
+def test_two_ranks_measure_communication_per_rank_wait_apart(tiny_params, tmp_path):
+    """Rank 1 sleeps 80 ms before each step: rank 0's comm hook then waits for it, the transfer
+    (the all-reduce after a barrier) does not; the wait is booked on rank 0, not on rank 1."""
+    delay = 0.08
+    r = launcher.launch(MODULE, _config(tiny_params, slow_rank=1, slow_rank_delay_s=delay),
+                        nproc_per_node=2, out_dir=tmp_path, timeout_s=120, threads_per_rank=1)
     assert set(r.ranks) == {0, 1}
     for rank in r.ranks.values():
         assert rank["backend"] == "gloo" and rank["threads"] == 1
@@ -61,8 +64,14 @@ def test_two_ranks_measure_communication(tiny_params, tmp_path):
         assert "comm_total" not in rank["arms"]["node_mask_shared/no_sync"]["extra"]
     s = da.summarize(r.ranks, scaling="node_mask_shared",
                      gap=["replicated_mask_cpu", "dango_wildtype"], procs_per_node=2, nnodes=1)
-    assert s.world_size == 2 and s.comm_total.median > 0 and s.allreduce_grad.median > 0
-    assert s.comm_exposed.median <= s.comm_total.median * 1.01 + 1e-6
+    assert s.world_size == 2 and s.allreduce_grad.median > 0
+    c0, c1 = s.comm_per_rank[0], s.comm_per_rank[1]
+    assert c0.wait.median > 0.6 * delay, c0  # rank 0 waited for the sleeping rank
+    assert c1.wait.median < 0.3 * delay, c1  # the slow rank itself hardly waits
+    assert c0.transfer.median < 0.3 * delay  # the transfer carries no wait
+    # the step's communication is the least-waiting rank's: near the transfer, not the sleep
+    assert s.comm_total.median < 0.3 * delay
+    assert c0.buckets == 1 and s.overlap == 0.0 and "by construction" in s.overlap_note
     assert s.strong_batch == 2 and s.global_batch == 4
     _no_orphans(tmp_path)
 
@@ -80,7 +89,7 @@ def test_hung_rank_is_named_not_the_one_waiting(tiny_params, tmp_path):
     t0 = time.time()
     with pytest.raises(LaunchError) as e:
         launcher.launch(MODULE, _config(tiny_params, hang_rank=1), nproc_per_node=2,
-                        out_dir=tmp_path, timeout_s=6, threads_per_rank=1)
+                        out_dir=tmp_path, timeout_s=6, threads_per_rank=1, startup_s=6)
     assert time.time() - t0 < 60
     assert e.value.kind == "hung" and e.value.rank == 1, str(e.value)
     assert "waiting for it: rank 0" in str(e.value)
@@ -106,11 +115,15 @@ def _launch_in_thread(p, tmp_path, timeout_s):
             break
         time.sleep(0.2)
     assert len(beats) == 2, "the ranks never reached the training loop"
-    return th, box, int((tmp_path / "rank1.pid").read_text())
+    return th, box, launcher.local_pid(tmp_path / "rank1.pid")
 
 
-def test_stopped_rank_is_named(tiny_params, tmp_path):
-    th, box, pid = _launch_in_thread(tiny_params, tmp_path, timeout_s=12)
+def test_stopped_rank_named_before_the_waiting_rank_times_out(tiny_params, tmp_path):
+    """The launcher's stall timeout (20 s) is below what the waiting rank would wait: the
+    process-group timeout is longer than every launcher limit, so rank 1 (stopped) is named,
+    not rank 0 with its own "Timed out waiting" (the defect: equal timeouts, rank 0 blamed)."""
+    assert launcher.pg_timeout_s(20) > 20 + launcher.STALE_S
+    th, box, pid = _launch_in_thread(tiny_params, tmp_path, timeout_s=20)
     os.kill(pid, signal.SIGSTOP)
     try:
         th.join(120)
@@ -121,8 +134,35 @@ def test_stopped_rank_is_named(tiny_params, tmp_path):
             pass
     err = box.get("error")
     assert err is not None and err.kind == "hung" and err.rank == 1, err
-    assert "no heartbeat" in str(err)
+    assert "stopped responding" in str(err) and "no heartbeat" in str(err)
+    assert not (tmp_path / "rank0.error").exists()
     _no_orphans(tmp_path)
+
+
+def test_short_timeout_does_not_stop_a_healthy_start(tiny_params, tmp_path):
+    """ddp_timeout_s=1 once stopped a healthy launch during start-up with a nameless message:
+    start-up gets its own allowance, then the 1 s applies (and names who was silent)."""
+    r = launcher.launch(MODULE, _config(tiny_params, steps=2), nproc_per_node=2,
+                        out_dir=tmp_path, timeout_s=1, threads_per_rank=1, startup_s=90)
+    assert set(r.ranks) == {0, 1}
+
+
+def test_diagnose_names_a_rank_that_never_started():
+    now = time.time()
+    blame, why = launcher.diagnose_stall({0: {"time": now, "stage": "init_process_group "
+                                              "(rendezvous)"}}, now=now, world=2)
+    assert blame == [1] and "rank 1 never started" in why
+
+
+def test_pid_files_of_other_hosts_are_never_signalled(tmp_path):
+    f = tmp_path / "rank3.pid"
+    f.write_text(json.dumps({"pid": os.getpid(), "host": "some-other-node"}))
+    assert launcher.local_pid(f) is None
+    import socket
+    f.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    assert launcher.local_pid(f) == os.getpid()
+    f.write_text("garbage")
+    assert launcher.local_pid(f) is None
 
 
 def test_killed_rank_is_named(tiny_params, tmp_path):
@@ -148,6 +188,7 @@ def test_two_node_plan_with_every_world_size():
               cpus=(8, "test"))
     assert [ln.world_size for ln in pl.launches] == [2, 4]
     assert pl.launches[0].procs_per_node == 1 and pl.launches[1].threads_per_rank == 4
+    assert pl.launches[0].threads_per_rank == 4  # the same at every world size
     assert "divide over 2 nodes" in pl.skipped[1]
     one = plan([1, 2, 4], backend="nccl", device=torch.device("cpu"), nnodes=1,
                cpus=(2, "SLURM_CPUS_PER_TASK"))
@@ -168,24 +209,69 @@ def test_ring_model_fit_presets_and_extrapolation():
         arm.fit_ring([(1, 1e3, 1e-4)])
 
 
-def _world(step_slow, step_fast):
-    class W:
-        pass
-    w = W()
-    w.per_step_ratio = Stat.from_samples([a / b for a, b in zip(step_slow, step_fast)])
+def _world(slow: list[list[float]], fast: list[list[float]], threads=1):
+    """A world summary with per-launch step series of the two gap strategies."""
+    from workbook_lib.distributed.analysis import WorldSummary, _ratio_series
+
+    ratio = [_ratio_series(a, b) for a, b in zip(slow, fast)]
+    w = WorldSummary.__new__(WorldSummary)
+    w.per_step_ratio = Stat.from_samples([x for r in ratio for x in r])
+    w.ratio_series = ratio
+    w.step_series = {"a": slow, "b": fast}
+    w.threads_per_rank, w.thread_effect, w.threads_all = [threads], None, None
     return w
 
 
-def test_gap_decomposition_books_ddp_only_beyond_noise():
-    base = _world([2.0, 2.1, 1.9, 2.0], [0.5, 0.5, 0.5, 0.5])
-    same = _world([2.05, 2.0, 1.95, 2.1], [0.5, 0.51, 0.49, 0.5])
-    g = da.gap_decomposition({1: base, 2: same}, "a", "b", {"a": 28, "b": 64})
-    assert g.ddp_within_noise and g.total.median == pytest.approx(4.0 * 64 / 28)
-    assert g.arithmetic == ["steps per epoch"]
-    slower = _world([3.0, 3.1, 2.9, 3.0], [0.5, 0.5, 0.5, 0.5])
+def test_gap_always_applies_the_ddp_factor_with_its_uncertainty():
+    """No threshold: a factor whose IQR holds 1 is applied all the same and widens the gap's
+    IQR; a real factor multiplies the gap; each strategy gets its own step factor."""
+    base = _world([[2.0, 2.1, 1.9, 2.0], [2.0, 2.0, 2.1, 1.9]], [[0.5] * 4, [0.5] * 4])
+    near = _world([[2.05, 2.0, 1.95, 2.1], [2.1, 2.0, 1.9, 2.0]], [[0.5, 0.51, 0.49, 0.5]] * 2)
+    g = da.gap_decomposition({1: base, 2: near}, "a", "b", {"a": 28, "b": 64})
+    assert g.ddp_within_noise  # descriptive only
+    assert g.total.median == pytest.approx(g.per_step_ratio.median * 64 / 28 *
+                                           g.ddp_factor.median)
+    assert g.ddp_factor.median != 1.0 and g.total.iqr > base.per_step_ratio.iqr * 64 / 28
+    assert len(g.factor_by_pair) == 2 and g.arithmetic == ["steps per epoch"]
+    slower = _world([[3.0, 3.1, 2.9, 3.0], [3.0, 3.0, 3.1, 2.9]], [[0.5] * 4, [0.5] * 4])
     g2 = da.gap_decomposition({1: base, 2: slower}, "a", "b", {"a": 28, "b": 64})
-    assert not g2.ddp_within_noise and g2.ddp_factor.median == pytest.approx(1.5)
-    assert g2.total.median == pytest.approx(4.0 * 64 / 28 * 1.5)
+    assert g2.ddp_factor.median == pytest.approx(1.5, rel=0.03)
+    assert g2.total.median == pytest.approx(4.0 * 64 / 28 * 1.5, rel=0.03)
+    assert g2.step_factors["a"].median == pytest.approx(1.5, rel=0.03)
+    assert g2.step_factors["b"].median == pytest.approx(1.0)
+
+
+def test_launch_factor_pairs_adjacent_launches():
+    """A machine that slows down between rounds cancels out of the paired factor: each pair of
+    adjacent launches gives its own ratio (kept apart), the pooled factor their spread."""
+    base = [[1.0] * 5, [2.0] * 5]  # the second round ran on a machine twice as slow
+    top = [[1.2] * 5, [2.4] * 5]
+    f = da.launch_factor(top, base)
+    assert f.by_pair == pytest.approx([1.2, 1.2]) and f.stat.median == pytest.approx(1.2)
+    assert f.stat.iqr == pytest.approx(0.0) and f.pairs == 2
+    # without pairing (all of one world size against all of the other) the drift would show
+    pooled = Stat.from_samples(sum(top, [])).ratio_to(Stat.from_samples(sum(base, [])))
+    assert pooled.iqr > 0.5
+    with pytest.raises(ValueError, match="at least one launch"):
+        da.launch_factor([], base)
+
+
+def test_plan_gives_equal_threads_per_rank_at_every_world_size():
+    import torch
+
+    pl = plan([1, 2], backend="auto", device=torch.device("cpu"), cpus=(2, "test"))
+    assert [ln.threads_per_rank for ln in pl.launches] == [1, 1]
+    assert pl.launches[0].threads_all == 2 and pl.launches[1].threads_all is None
+    w = plan([1, 2, 4], backend="auto", device=torch.device("cpu"), cpus=(16, "SLURM"),
+             num_workers=3)
+    assert {(ln.threads_per_rank, ln.workers_per_rank) for ln in w.launches} == {(1, 3)}
+    assert w.launches[0].threads_all == 13
+    gpu = plan([1, 2], backend="nccl", device=torch.device("cuda"), cpus=(8, "SLURM"),
+               gpus=(2, "test"), num_workers=2)
+    assert [(ln.threads_per_rank, ln.workers_per_rank) for ln in gpu.launches] == [(2, 2)] * 2
+    starved = plan([1, 2], backend="auto", device=torch.device("cpu"), cpus=(2, "t"),
+                   num_workers=4)
+    assert starved.launches[0].workers_per_rank == 1 and "workers per rank: 1" in starved.notes[-1]
 
 
 def test_heartbeat_survives_concurrent_writers(tmp_path):
@@ -203,3 +289,65 @@ def test_heartbeat_survives_concurrent_writers(tmp_path):
 
     hammer(Heartbeat(tmp_path / "rank0.heartbeat", interval=0.0))
     assert json.loads((tmp_path / "rank0.heartbeat").read_text())["progress"] >= 3000
+
+
+@pytest.fixture
+def cuda_only_group(tmp_path):
+    """A one-process group whose backend serves only CUDA tensors (as NCCL does): any CPU tensor
+    in a collective fails, as it did on every NCCL rank at its first stop check."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("cuda:gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cuda_only_group_refuses_cpu_tensors(cuda_only_group):
+    """The trap that caught the defect: the stop-flag all-reduce on a CPU tensor fails in a group
+    that serves only CUDA (with NCCL, every rank failed at its first stop check)."""
+    import torch
+
+    from workbook_lib.distributed import worker
+
+    with pytest.raises(RuntimeError, match="device type cpu"):
+        worker._agree(False, torch.device("cpu"))
+
+
+def test_every_worker_collective_uses_the_rank_device(cuda_only_group, monkeypatch):
+    """The worker's collectives put their tensors on the device they are given (a stand-in
+    device here; a hard-coded CPU tensor would be recorded as cpu and fail the group)."""
+    import torch
+
+    from workbook_lib.distributed import worker
+
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def spy(t, *a, **k):
+        seen.append(t.device.type)
+        raise Seen
+
+    monkeypatch.setattr(worker.dist, "all_reduce", spy)
+    meta = torch.device("meta")
+    for call in (lambda: worker._agree(True, meta),
+                 lambda: worker.time_allreduces([4096], meta, 1)):
+        with pytest.raises(Seen):
+            call()
+    assert seen == ["meta", "meta"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_worker_collectives_run_on_cuda_in_a_cuda_only_group(cuda_only_group):
+    import torch
+
+    from workbook_lib.distributed import worker
+
+    dev = torch.device("cuda", 0)
+    assert worker._agree(True, dev) is True
+    got = worker.time_allreduces([4096], dev, 2)
+    assert got[0]["seconds"].median > 0

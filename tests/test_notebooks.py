@@ -87,6 +87,15 @@ def test_results_of_each_notebook(ci_run):
     d = load_result(out, "04_ddp_scaling")
     assert set(d.worlds) == {1, 2} and d.plan.backend == "gloo"
     assert d.worlds[2].comm_total is not None and d.ratio_03 is not None
+    # equal threads per rank at both world sizes, launches alternated 1, 2, 1, 2
+    assert set(d.worlds[1].threads_per_rank) == set(d.worlds[2].threads_per_rank)
+    assert d.worlds[1].launches == d.worlds[2].launches == 2 and len(d.gap.factor_by_pair) == 2
+    g = d.gap  # the DDP factor always applied
+    assert g.total.median == pytest.approx(g.steps_ratio * g.per_step_ratio.median *
+                                           g.ddp_factor.median)
+    assert set(g.step_factors) == {d.scaling_strategy, *d.gap_strategies}
+    assert set(d.worlds[2].comm_per_rank) == {0, 1}
+    assert t.loops.pipelined("node_mask_shared") is not None
     v = load_result(out, "05_verdict")
     assert v.recommendation.strategy and v.claims
     assert v.answer.startswith("**On this run" if not v.disturbed else "**This run was disturbed")
@@ -205,14 +214,15 @@ def test_stability_compares_figures_and_claim_statuses(ci_run, tmp_path):
     mc["bench"]["steps"]["shared"]["median"] *= 2
     (b / "02_mask_cost_model.json").write_text(json.dumps(mc))
     ddp = json.loads((b / "04_ddp_scaling.json").read_text())
-    ddp["gap"]["ddp_within_noise"] = not ddp["gap"]["ddp_within_noise"]
+    f = ddp["gap"]["ddp_factor"]  # a factor twice as large, IQR clear of the first run's
+    f["median"], f["q1"], f["q3"] = f["median"] * 2 + 1, f["q3"] * 2 + 1, f["q3"] * 2 + 1.1
     ddp["gap"]["total"]["median"] *= 2
     (b / "04_ddp_scaling.json").write_text(json.dumps(ddp))
 
     diff = {r.key: r for r in compare_figures([a, b]).disagreeing}
     assert set(diff) == {"claim_statuses", f"claim:{held['key']}", f"claim:{failed['key']}",
-                         "shared_step", "gap_total"}
-    assert "not applied" in diff["gap_total"].note  # the DDP factor's rule is the reason
+                         "shared_step", "gap_total", "ddp_factor"}
+    assert "factors differ beyond their IQRs" in diff["gap_total"].note  # the DDP factor
     assert [v.split(":")[0] for v in diff[f"claim:{held['key']}"].values] == ["held", "failed"]
     assert [v.split(":")[0] for v in diff[f"claim:{failed['key']}"].values] == ["failed", "held"]
     assert "machine's speed" in diff["shared_step"].note

@@ -29,6 +29,7 @@ Where things are done (folder = layer, lower layers never import higher ones):
                         target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock
     ``memory``          peak memory of a step (fresh process, high-water mark reset), fits
     ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
+    ``precision``       float32 tolerance for sums in another order (CUDA atomics)
     ``profiling``, ``trace_analysis``   warm-step profiles by exclusive time; any Chrome
                         trace by range, kind, operator, per thread and GPU stream (the
                         ``trace`` command; its page: ``report/trace_view``)
@@ -46,7 +47,8 @@ Where things are done (folder = layer, lower layers never import higher ones):
                    ``html`` (export, index page), ``progress`` (terminal only)
 ``running/``       ``params`` (the schema), ``notebook`` (a notebook's setup), ``notebooks``
                    (sources and builds), ``runner`` (papermill), ``results`` (JSON),
-                   ``environment``, ``slurm``, ``cli``, ``processes``
+                   ``environment``, ``slurm``, ``cli``, ``processes``, ``selftest`` (a new
+                   machine checked before a long run)
 ``catalog``, ``paths``, ``records``, ``exceptions``: names, locations, typed JSON, errors.
 """
 import warnings

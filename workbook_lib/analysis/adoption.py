@@ -42,6 +42,10 @@ class AdoptionResult(Record):
     device: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     label_variance: float | None = None  # the loss of predicting the labels' mean
+    # the loss curves "agree" within this: 1e-5 on a CPU; on CUDA (atomic sums in any order) the
+    # float32 accumulation bound of measurement.precision, if larger
+    tolerance: float = 1e-5
+    tolerance_basis: str = "float32 rounding (1e-5)"
 
 
 LOSS_SCALE_FLOOR = 1e-3  # relative differences below this fraction of the largest loss: scale
@@ -106,14 +110,39 @@ def train_both(params: dict, graph, device: torch.device, middle: str = "delta"
                        optimizer=opt)
         arm.record_losses = True
         arms.append(arm)
-    res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
-                        budget_s=float("inf"), count_syncs=False, desc="06 training")
+    # on CUDA each pipeline's own sums in a fixed order (deterministic kernels where PyTorch
+    # has them; warn where it has none), so the comparison is of the two pipelines only
+    cuda = torch.device(device).type == "cuda"
+    was = torch.are_deterministic_algorithms_enabled()
+    if cuda:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
+                            budget_s=float("inf"), count_syncs=False, desc="06 training")
+    finally:
+        if cuda:
+            torch.use_deterministic_algorithms(was)
     losses = {a.name: [float(x) for x in a.losses] for a in arms}
     return res, losses, b, labels
 
 
+def loss_tolerance(device_label: str, graph=None, layers: int = 1) -> tuple[float, str]:
+    """How close the two loss curves must be to count as the same training: 1e-5 (float32
+    rounding) on a CPU, whose sums run in a fixed order; on CUDA, whose atomic sums do not, the
+    float32 accumulation bound for this graph (:mod:`workbook_lib.measurement.precision`) when it
+    is larger."""
+    if device_label.startswith("cuda") and graph is not None:
+        from ..measurement.precision import float32_tolerance
+
+        tol = float32_tolerance(graph, layers, floor=1e-5)
+        return tol, (f"float32 accumulation in any order on CUDA ({tol:.1e}: eps x sqrt(in-degree)"
+                     f" x {layers} layers, with margin)")
+    return 1e-5, "float32 rounding (1e-5)"
+
+
 def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label: str, *,
-            memory=None, ddp=None, labels: torch.Tensor | None = None) -> AdoptionResult:
+            memory=None, ddp=None, labels: torch.Tensor | None = None,
+            graph=None) -> AdoptionResult:
     from ..training.loop import project_epochs
 
     rep, fix = losses["replicated"], losses["fix"]
@@ -132,18 +161,20 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
             if name in per:
                 mem[key] = per[name]
     epochs, basis = {}, f"80% of {params['num_samples']:,} samples per epoch, 1 rank"
-    factor, top = None, 1
+    factors, top, base = {}, 1, 1
     if ddp is not None and len(ddp.worlds) > 1:
         top, base = max(ddp.worlds), min(ddp.worlds)
-        factor = ddp.worlds[top].step.median / ddp.worlds[base].step.median
-        basis += (f"; {top} ranks: {top / base:g}x the samples per step at notebook 04's "
-                  f"measured step-time factor ({factor:.2f}x)")
+        factors = getattr(ddp.gap, "step_factors", {}) or {}
+        basis += (f"; {top} ranks: {top / base:g}x the samples per step at each pipeline's own "
+                  "step factor measured in notebook 04 (none where 04 did not run it)")
     for key, st in step.items():
         one = project_epochs(st.median, batch_size, params["num_samples"])["epochs_per_day"]
         epochs[key] = {"1 rank": one}
-        if factor:
-            epochs[key][f"{top} ranks"] = one * (top / min(ddp.worlds)) / factor
+        name = PIPELINES[key][0]
+        if name in factors:
+            epochs[key][f"{top} ranks"] = one * (top / base) / factors[name].median
     from .. import pipelines
+
 
     return AdoptionResult(steps=params["adopt_steps"], warmup_steps=params["warmup"],
                           batch_size=batch_size, lr=params["adopt_lr"],
@@ -151,6 +182,8 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
                           rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
                           memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
                           device=device_label,
+                          **dict(zip(("tolerance", "tolerance_basis"),
+                                     loss_tolerance(device_label, graph, params["layers"]))),
                           labels={k: pipelines.label(n) + (" (the Lazy model's form)"
                                                           if k == "replicated" else "")
                                   for k, (n, _f) in PIPELINES.items()},

@@ -130,14 +130,24 @@ def layer_across_batch(graph: CellGraph, strategies: list[str], batch_sizes: lis
     return out
 
 
+def _model_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A copy of ``model`` on ``device`` (the same weights as the reference's)."""
+    import copy
+
+    return copy.deepcopy(model).to(device)
+
+
 def exactness_report(graph: CellGraph, strategies: list[str], *, k, batch_size: int = 3,
                      hidden: int = 16, layers: int = 2, aggr="sum", seed=0,
-                     storage_dir=None) -> dict[str, float]:
+                     storage_dir=None, device: torch.device | str = "cpu") -> dict[str, float]:
     """Max relative error of node outputs, predictions (dual forward) and parameter gradients
-    of each exact strategy against the plain reference (per-sample PyG subgraph + GINConv).
-    Perturbations delete some of the best-connected genes, so edges are actually removed."""
+    of each exact strategy, run on ``device`` (the run's own: forward and backward through its
+    kernels and custom autograd functions), against the plain reference (per-sample PyG
+    subgraph + GINConv) on the CPU. Perturbations delete some of the best-connected genes, so
+    edges are actually removed."""
     from ..strategies.reference import reference_node_outputs, reference_predict
 
+    dev = torch.device(device)
     pert = sample_perturbations(graph.num_genes, k, batch_size, seed=seed)
     pert[0, 0] = 0  # gene 0 of an induced_subgraph is its best-connected one
     model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=hidden, layers=layers,
@@ -145,13 +155,14 @@ def exactness_report(graph: CellGraph, strategies: list[str], *, k, batch_size: 
     w = torch.randn(batch_size, graph.num_genes, hidden,
                     generator=torch.Generator().manual_seed(seed))
 
-    def run(nodes_fn, pred_fn):
-        model.zero_grad(set_to_none=True)
+    def run(m, nodes_fn, pred_fn):
+        m.zero_grad(set_to_none=True)
         nodes, pred = nodes_fn(), pred_fn()
-        ((nodes * w).sum() + pred.sum()).backward()
-        return nodes.detach(), pred.detach(), {
-            n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    ref = run(lambda: reference_node_outputs(model, graph, pert, aggr),
+        ((nodes * w.to(nodes.device)).sum() + pred.sum()).backward()
+        return nodes.detach().cpu(), pred.detach().cpu(), {
+            n: p.grad.detach().cpu().clone() for n, p in m.named_parameters()
+            if p.grad is not None}
+    ref = run(model, lambda: reference_node_outputs(model, graph, pert, aggr),
               lambda: reference_predict(model, graph, pert, aggr, dual=True))
 
     scale = max(float(t.abs().max()) for t in [ref[0], ref[1], *ref[2].values()])
@@ -160,16 +171,18 @@ def exactness_report(graph: CellGraph, strategies: list[str], *, k, batch_size: 
         """max |a - b| / max |b|; a reference tensor near zero (below 1e-6 of the largest
         reference magnitude, e.g. a gradient the dual forward cancels) uses that floor."""
         return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-6 * scale)
+    on_dev = _model_on(model, dev)
     report = {}
     for name in strategies:
         kw = {"storage_dir": storage_dir} if name == "replicated_mask_stored" else {}
-        s = make_strategy(name, graph, aggr=aggr, device="cpu", **kw)
+        s = make_strategy(name, graph, aggr=aggr, device=dev, **kw)
         if not s.exact:
             continue
         if name == "replicated_mask_stored":
             s.store(pert)
-        got = run(lambda: s.node_outputs(model, build_ctx(s, pert)),
-                  lambda: s.predict(model, build_ctx(s, pert), dual=True))
+        # the host pipeline (items, collate) takes the host's perturbations, as a DataLoader does
+        got = run(on_dev, lambda: s.node_outputs(on_dev, build_ctx(s, pert)),
+                  lambda: s.predict(on_dev, build_ctx(s, pert), dual=True))
         report[name] = max([rel(got[0], ref[0]), rel(got[1], ref[1])] +
                            [rel(got[2][n], ref[2][n]) for n in ref[2]])
     return report

@@ -31,6 +31,9 @@ LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
 
 
+PIPELINED = "pipelined"  # the full step without per-stage syncs
+
+
 def arm_key(strategy: str, mode: str) -> str:
     return f"{strategy}/{mode}"
 
@@ -63,6 +66,18 @@ class LoopStudy(Record):
                                                             b.step.samples[:n])], unit="ratio")
         return a.step.ratio_to(b.step)
 
+    def pipelined(self, strategy: str) -> tuple[Stat, Stat, Stat] | None:
+        """(full step with every stage synchronized, the same step synchronized only at its
+        start and end, their difference paired by round): what the stage attribution's syncs
+        cost. None when the study has no pipelined arm."""
+        key = arm_key(strategy, PIPELINED)
+        if key not in self.arms:
+            return None
+        a, b = self.arm(strategy, "full"), self.arms[key]
+        n = min(a.step.n, b.step.n)
+        diff = Stat.from_samples([x - y for x, y in zip(a.step.samples[:n], b.step.samples[:n])])
+        return a.step, b.step, diff
+
     def model_seconds(self, strategy: str) -> Stat:
         """Forward + backward + optimizer of the full step (the model's share, no data)."""
         a = self.arm(strategy, "full")
@@ -76,7 +91,7 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
     the four modes (``params``: batch sizes, loop settings)."""
     names = list(strategies or compared_names(params))
     warm, lo, hi = params["warmup"], params["loop_steps"], params["loop_max_steps"]
-    rows_needed = (warm + 1 + hi) * len(loop.MODES)
+    rows_needed = (warm + 1 + hi) * (len(loop.MODES) + 1)
     interleaved = params["num_workers"] == 0
     store = Path(tempfile.mkdtemp(prefix="wb-masks-"))
     arms, made = [], {}
@@ -101,6 +116,10 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
             for mode in loop.MODES:
                 arms.append(loop.Arm(arm_key(name, mode), pipe, loader, loop.Variant(mode, mode),
                                      optimizer=opt))
+            # the full step synchronized only at its start and end (the pipelined step)
+            arms.append(loop.Arm(arm_key(name, PIPELINED), pipe, loader,
+                                 loop.Variant(PIPELINED, "full", sync_stages=False),
+                                 optimizer=opt))
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
                             target=params["precision_target"], budget_s=params["loop_budget_s"],
                             interleave=interleaved, desc="03 loop")

@@ -1,17 +1,34 @@
 """From the ranks' results to figures: synchronous steps, communication, efficiencies, the gap.
 
 A synchronous DDP step ends when its slowest rank does, so a world size's step time is, per step
-index, the maximum over ranks (every rank ran the same steps). Communication is what the comm
-hook measured (per step, the worst rank); it is checked against the all-reduce of the gradient
-bytes timed directly, and flagged when it exceeds it beyond the noise (a rank waiting for a
-slower one, not the network). A factor is "within noise" of 1 when 1 lies inside its IQR.
+index, the maximum over ranks (every rank ran the same steps). A world size launched several times
+(the launches alternate between world sizes: 1, 2, 1, 2...) pools its launches' steps.
+
+Communication is reported **per rank**: the comm hook's time (from a bucket's gradients being
+ready to its all-reduce finishing) includes the time the rank waits for a slower rank to reach the
+same all-reduce; the all-reduce of the gradient bytes timed after a barrier is the transfer; the
+wait is the hook's time minus that transfer. With one bucket the all-reduce starts when backward
+has ended, so its overlap with compute is 0 by construction (said so, not measured).
+
+The DDP factor (per-step ratio at the largest world size over the smallest) divides two separate
+launches, not steps of the same rounds: it is computed per pair of adjacent launches (1, 2), step
+index by step index, pooled over the pairs, and each pair's own median is kept so that the
+launch-to-launch spread shows. It is always applied to the gap, its IQR carried into the gap's
+(no threshold decides whether it counts). The world sizes run at equal threads per rank; what
+the threads alone do is the smallest world size's per-step ratio with a single process's whole
+share of threads over the same at the equal count, paired in the same rounds (the thread effect,
+shown apart, not part of the DDP factor).
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from ..measurement.timing import Stat
 from ..records import Record
+
+LAUNCH_PAIRED = ("ratio of separate launches, alternated (1, 2, 1, 2...): per step index within "
+                 "each pair of adjacent launches, pooled over the pairs")
 
 
 def within_noise(st: Stat, value: float = 1.0) -> bool:
@@ -23,20 +40,51 @@ def _arm(rank: dict, name: str) -> dict:
     return rank["arms"][name]
 
 
-def synchronous(ranks: dict, arm: str, stage: str | None = None) -> Stat:
-    """Per step, the slowest rank's wall time (or ``stage`` time)."""
-    series = []
+def _launch_list(ranks) -> list[dict]:
+    """One launch (``{rank: result}``) or several: always a list of launches."""
+    return list(ranks) if isinstance(ranks, (list, tuple)) else [ranks]
+
+
+def _source(a: dict, stage: str | None):
+    return a["step"] if stage is None else (a["stages"].get(stage) or a["extra"].get(stage))
+
+
+def series(ranks: dict, arm: str, stage: str | None = None, how=max) -> list[float]:
+    """One launch's per-step figure: per step index, ``how`` (the slowest rank by default) of
+    the ranks' wall time (or ``stage`` time)."""
+    per = []
     for r in ranks.values():
-        a = _arm(r, arm)
-        src = a["step"] if stage is None else (a["stages"].get(stage) or a["extra"].get(stage))
-        series.append(src["samples"] if src else [])
-    n = min(len(s) for s in series)
-    return Stat.from_samples([max(s[i] for s in series) for i in range(n)])
+        src = _source(_arm(r, arm), stage)
+        per.append(src["samples"] if src else [])
+    n = min(len(x) for x in per)
+    return [how(x[i] for x in per) for i in range(n)]
 
 
-def _has(ranks: dict, arm: str, stage: str) -> bool:
+def synchronous(ranks, arm: str, stage: str | None = None) -> Stat:
+    """Per step, the slowest rank's wall time (or ``stage`` time), pooled over launches."""
+    return Stat.from_samples([v for launch in _launch_list(ranks)
+                              for v in series(launch, arm, stage)])
+
+
+def _has(launches: list[dict], arm: str, stage: str) -> bool:
     return all(stage in _arm(r, arm)["extra"] or stage in _arm(r, arm)["stages"]
-               for r in ranks.values())
+               for ranks in launches for r in ranks.values())
+
+
+def _ratio_series(a: list[float], b: list[float]) -> list[float]:
+    n = min(len(a), len(b))
+    return [x / y for x, y in zip(a[:n], b[:n])]
+
+
+@dataclass
+class CommRank(Record):
+    """One rank's communication per step (see the module docstring)."""
+
+    rank: int
+    hook: Stat  # the comm hook: buckets' ready -> all-reduce finished, summed
+    transfer: Stat  # the all-reduce of the gradient bytes, timed after a barrier
+    wait: Stat  # hook - the transfer's median: waiting for slower ranks
+    buckets: float
 
 
 @dataclass
@@ -54,71 +102,134 @@ class WorldSummary(Record):
     step: Stat  # the ddp variant
     variants: dict[str, Stat]  # no_sync, accum_last, accum_every, gather, strong
     stages: dict[str, Stat]  # forward, backward, optimizer of the ddp variant
-    comm_total: Stat | None
-    comm_exposed: Stat | None
+    comm_total: Stat | None  # per step, the rank that waited least (closest to the transfer)
+    comm_exposed: Stat | None  # the same rank's time from compute done to all-reduce done
     ddp_minus_no_sync: Stat | None  # paired difference, for comparison with the hook
     allreduce_grad: Stat | None
     allreduce: list[tuple[int, Stat]] = field(default_factory=list)
     exposed_exceeds_allreduce: bool = False
     overlap: float | None = None
+    overlap_note: str = ""
     rank_spread: float = 0.0
     gap_steps: dict[str, Stat] = field(default_factory=dict)
     per_step_ratio: Stat | None = None  # slow / fast, paired by round
     gather_ratio: Stat | None = None  # toggled all-gather / configured, paired
     comm_method: str = ""
     ddp_logging: dict = field(default_factory=dict)
+    launches: int = 1
+    workers_per_rank: int = 0
+    comm_per_rank: dict[int, CommRank] = field(default_factory=dict)
+    # per launch, per step: the per-step ratio and each strategy's synchronous step
+    ratio_series: list[list[float]] = field(default_factory=list)
+    step_series: dict[str, list[list[float]]] = field(default_factory=dict)
+    threads_all: int | None = None
+    thread_effect: Stat | None = None  # per-step ratio with all threads / at equal threads
+    thread_step_effect: dict[str, Stat] = field(default_factory=dict)  # step, all / equal
 
 
-def summarize(ranks: dict, *, scaling: str, gap: list[str], procs_per_node: int,
-              nnodes: int) -> WorldSummary:
-    r0 = next(iter(ranks.values()))
+def _comm_per_rank(launches: list[dict], arm: str) -> dict[int, CommRank]:
+    out = {}
+    for rank in sorted(launches[0]):
+        hook, transfer, buckets = [], [], []
+        for ranks in launches:
+            r = ranks[rank]
+            a = _arm(r, arm)
+            hook += a["extra"]["comm_total"]["samples"]
+            buckets += a["extra"].get("buckets", {}).get("samples", [])
+            ar = min(r["allreduce"], key=lambda x: abs(int(x["bytes"]) - int(r["grad_bytes"])))
+            transfer += Stat.from_json(ar["seconds"]).samples
+        t = Stat.from_samples(transfer)
+        out[rank] = CommRank(rank, Stat.from_samples(hook), t,
+                             Stat.from_samples([h - t.median for h in hook]),
+                             statistics.median(buckets) if buckets else 0.0)
+    return out
+
+
+def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
+              nnodes: int, workers_per_rank: int = 0) -> WorldSummary:
+    """One world size's figures from its launch (``{rank: result}``) or launches (a list)."""
+    launches = _launch_list(ranks)
+    r0 = next(iter(launches[0].values()))
     world = r0["world_size"]
-    ddp = synchronous(ranks, f"{scaling}/ddp")
-    variants = {v: synchronous(ranks, f"{scaling}/{v}")
+    ddp_arm = f"{scaling}/ddp"
+    ddp = synchronous(launches, ddp_arm)
+    variants = {v: synchronous(launches, f"{scaling}/{v}")
                 for v in ("no_sync", "accum_last", "accum_every", "gather", "strong")}
-    stages = {s: synchronous(ranks, f"{scaling}/ddp", s) for s in ("forward", "backward",
-                                                                   "optimizer")}
+    stages = {s: synchronous(launches, ddp_arm, s) for s in ("forward", "backward", "optimizer")}
     comm_total = comm_exposed = None
-    if world > 1 and _has(ranks, f"{scaling}/ddp", "comm_exposed"):
-        comm_total = synchronous(ranks, f"{scaling}/ddp", "comm_total")
-        comm_exposed = synchronous(ranks, f"{scaling}/ddp", "comm_exposed")
-    n = min(ddp.n, variants["no_sync"].n)
-    diff = Stat.from_samples([a - b for a, b in zip(ddp.samples[:n],
-                                                    variants["no_sync"].samples[:n])]) \
-        if world > 1 else None
+    per_rank: dict[int, CommRank] = {}
+    if world > 1 and _has(launches, ddp_arm, "comm_exposed"):
+        comm_total = Stat.from_samples([v for ln in launches
+                                        for v in series(ln, ddp_arm, "comm_total", min)])
+        comm_exposed = Stat.from_samples([v for ln in launches
+                                          for v in series(ln, ddp_arm, "comm_exposed", min)])
+        per_rank = _comm_per_rank(launches, ddp_arm)
+    diffs = []
+    for ln in launches:
+        a, b = series(ln, ddp_arm), series(ln, f"{scaling}/no_sync")
+        diffs += [x - y for x, y in zip(a, b)]
+    diff = Stat.from_samples(diffs) if world > 1 and diffs else None
     ar = [(int(a["bytes"]), Stat.from_json(a["seconds"])) for a in r0["allreduce"]]
     grad_ar = min(ar, key=lambda p: abs(p[0] - r0["grad_bytes"]))[1] if world > 1 else None
     exceeds = bool(comm_exposed is not None and grad_ar is not None and
                    comm_exposed.q1 > grad_ar.q3)
-    overlap = None
-    if comm_exposed is not None and comm_total is not None and comm_total.median > 0:
+    overlap, note = None, ""
+    buckets = [c.buckets for c in per_rank.values()]
+    if buckets and max(buckets) <= 1:
+        overlap, note = 0.0, ("0 by construction: the gradients fit one bucket, whose all-reduce "
+                              "starts when backward has ended")
+    elif comm_exposed is not None and comm_total is not None and comm_total.median > 0:
         overlap = max(0.0, 1.0 - comm_exposed.median / comm_total.median)
-    per_rank = []
-    for r in ranks.values():  # compute only (no_sync): no all-reduce lines the ranks up
+        note = (f"measured: 1 - exposed / total over {max(buckets):g} buckets")
+    per_rank_compute = []
+    for r in launches[0].values():  # compute only (no_sync): no all-reduce lines the ranks up
         a = _arm(r, f"{scaling}/no_sync")
-        per_rank.append(sum(Stat.from_json(a["stages"][s]).median
-                            for s in ("forward", "backward") if s in a["stages"]))
-    spread = (max(per_rank) - min(per_rank)) / (sorted(per_rank)[len(per_rank) // 2] or 1.0)
-    gap_steps = {g: synchronous(ranks, f"{g}/gap") for g in gap}
+        per_rank_compute.append(sum(Stat.from_json(a["stages"][s]).median
+                                    for s in ("forward", "backward") if s in a["stages"]))
+    spread = ((max(per_rank_compute) - min(per_rank_compute)) /
+              (sorted(per_rank_compute)[len(per_rank_compute) // 2] or 1.0))
+    gap_steps = {g: synchronous(launches, f"{g}/gap") for g in gap}
     slow, fast = gap
-    m = min(gap_steps[slow].n, gap_steps[fast].n)
-    ratio = Stat.from_samples([a / b for a, b in zip(gap_steps[slow].samples[:m],
-                                                     gap_steps[fast].samples[:m])], unit="ratio")
-    k = min(ddp.n, variants["gather"].n)
-    gather = Stat.from_samples([a / b for a, b in zip(variants["gather"].samples[:k],
-                                                      ddp.samples[:k])], unit="ratio")
+    ratio_series = [_ratio_series(series(ln, f"{slow}/gap"), series(ln, f"{fast}/gap"))
+                    for ln in launches]
+    ratio = Stat.from_samples([x for rs in ratio_series for x in rs], unit="ratio")
+    gathers = []
+    for ln in launches:
+        gathers += _ratio_series(series(ln, f"{scaling}/gather"), series(ln, ddp_arm))
+    gather = Stat.from_samples(gathers, unit="ratio")
+    step_series = {scaling: [series(ln, ddp_arm) for ln in launches],
+                   **{g: [series(ln, f"{g}/gap") for ln in launches] for g in gap}}
+    threads_all = r0.get("threads_all")
+    thread_effect, thread_steps = None, {}
+    if threads_all and f"{slow}/gap@all-threads" in r0["arms"]:
+        t_ratio = []
+        for ln in launches:
+            all_r = _ratio_series(series(ln, f"{slow}/gap@all-threads"),
+                                  series(ln, f"{fast}/gap@all-threads"))
+            eq_r = _ratio_series(series(ln, f"{slow}/gap"), series(ln, f"{fast}/gap"))
+            t_ratio += _ratio_series(all_r, eq_r)
+        thread_effect = Stat.from_samples(t_ratio, unit="ratio")
+        for name, arm_eq, arm_all in [(scaling, ddp_arm, f"{scaling}/ddp@all-threads"),
+                                      *[(g, f"{g}/gap", f"{g}/gap@all-threads") for g in gap]]:
+            xs = []
+            for ln in launches:
+                xs += _ratio_series(series(ln, arm_all), series(ln, arm_eq))
+            thread_steps[name] = Stat.from_samples(xs, unit="ratio")
     return WorldSummary(
         world_size=world, procs_per_node=procs_per_node, nnodes=nnodes,
-        threads_per_rank=[int(r["threads"]) for r in ranks.values()],
+        threads_per_rank=[int(r["threads"]) for r in launches[0].values()],
         backend=r0["backend"], device=r0["device"],
-        batch_size=int(_arm(r0, f"{scaling}/ddp")["batch_size"]),
+        batch_size=int(_arm(r0, ddp_arm)["batch_size"]),
         strong_batch=int(r0["strong_batch"]), global_batch=int(r0["global_batch"]),
         grad_bytes=int(r0["grad_bytes"]), step=ddp, variants=variants, stages=stages,
         comm_total=comm_total, comm_exposed=comm_exposed, ddp_minus_no_sync=diff,
         allreduce_grad=grad_ar, allreduce=ar, exposed_exceeds_allreduce=exceeds,
-        overlap=overlap, rank_spread=spread, gap_steps=gap_steps, per_step_ratio=ratio,
-        gather_ratio=gather, comm_method=r0.get("comm_method", ""),
-        ddp_logging=r0.get("ddp_logging", {}))
+        overlap=overlap, overlap_note=note, rank_spread=spread, gap_steps=gap_steps,
+        per_step_ratio=ratio, gather_ratio=gather, comm_method=r0.get("comm_method", ""),
+        ddp_logging=r0.get("ddp_logging", {}), launches=len(launches),
+        workers_per_rank=int(r0.get("workers", workers_per_rank) or 0),
+        comm_per_rank=per_rank, ratio_series=ratio_series, step_series=step_series,
+        threads_all=threads_all, thread_effect=thread_effect, thread_step_effect=thread_steps)
 
 
 def efficiencies(worlds: dict[int, WorldSummary]) -> tuple[dict[int, Stat], dict[int, Stat]]:
@@ -137,6 +248,35 @@ def efficiencies(worlds: dict[int, WorldSummary]) -> tuple[dict[int, Stat], dict
 
 
 @dataclass
+class LaunchFactor(Record):
+    """A figure at the largest world size over the same at the smallest, from separate launches
+    (see the module docstring)."""
+
+    stat: Stat
+    by_pair: list[float]  # each pair of adjacent launches' ratio of medians
+    pairs: int
+    method: str = LAUNCH_PAIRED
+
+
+def launch_factor(top: list[list[float]], base: list[list[float]]) -> LaunchFactor:
+    """Per pair of launches (i-th launch at each world size), the ratio step index by step
+    index, pooled; each pair's ratio of medians kept apart.
+
+    Args:
+        top: per launch at the larger world size, the per-step figure.
+        base: the same at the smaller world size (as many launches, or more).
+    """
+    pairs = min(len(top), len(base))
+    if pairs == 0:
+        raise ValueError("a launch factor needs at least one launch at each world size")
+    xs, by = [], []
+    for i in range(pairs):
+        xs += _ratio_series(top[i], base[i])
+        by.append(statistics.median(top[i]) / statistics.median(base[i]))
+    return LaunchFactor(Stat.from_samples(xs, unit="ratio"), by, pairs)
+
+
+@dataclass
 class GapDecomposition(Record):
     """Epoch-time ratio slow/fast = steps-per-epoch ratio x per-step ratio x DDP factor."""
 
@@ -147,24 +287,39 @@ class GapDecomposition(Record):
     base_world_size: int
     steps_ratio: float  # arithmetic: samples per step
     per_step_ratio: Stat  # measured at base_world_size, paired by round
-    ddp_factor: Stat  # measured: per-step ratio at world_size over at base
-    ddp_within_noise: bool  # 1 inside its IQR: "no measurable DDP overhead"
-    total: Stat
+    ddp_factor: Stat  # measured: per-step ratio at world_size over at base (separate launches)
+    ddp_within_noise: bool  # descriptive only: 1 inside the factor's IQR (it is applied anyway)
+    total: Stat  # steps ratio x per-step ratio x DDP factor, the IQRs combined
     measured: list[str] = field(default_factory=lambda: ["per-step ratio", "DDP factor"])
     arithmetic: list[str] = field(default_factory=lambda: ["steps per epoch"])
+    factor_by_pair: list[float] = field(default_factory=list)
+    factor_method: str = LAUNCH_PAIRED
+    threads_per_rank: int | None = None
+    thread_effect: Stat | None = None  # at base: per-step ratio, all threads / equal threads
+    threads_all: int | None = None
+    # each strategy's own step factor (step at world_size / at base, weak scaling)
+    step_factors: dict[str, Stat] = field(default_factory=dict)
 
 
 def gap_decomposition(worlds: dict[int, WorldSummary], slow: str, fast: str,
                       batch_sizes: dict[str, int]) -> GapDecomposition:
     base, top = min(worlds), max(worlds)
     steps = batch_sizes[fast] / batch_sizes[slow]
-    r_base = worlds[base].per_step_ratio
+    b = worlds[base]
+    r_base = b.per_step_ratio
+    by_pair: list[float] = []
+    factors: dict[str, Stat] = {}
     if top != base:
-        factor = worlds[top].per_step_ratio.ratio_to(r_base)
+        f = launch_factor(worlds[top].ratio_series, b.ratio_series)
+        factor, by_pair = f.stat, f.by_pair
+        for name, per_launch in worlds[top].step_series.items():
+            if name in b.step_series:
+                factors[name] = launch_factor(per_launch, b.step_series[name]).stat
     else:
         factor = Stat(1.0, 0.0, 1.0, 1.0, r_base.n, "ratio")
-    total = r_base.scaled(steps, "ratio")
-    if not within_noise(factor):  # within noise: "no measurable DDP overhead", not a factor
-        total = total.times(factor)
+    total = r_base.scaled(steps, "ratio").times(factor)  # always applied, its IQR carried
     return GapDecomposition(slow, fast, dict(batch_sizes), top, base, steps, r_base, factor,
-                            within_noise(factor), total)
+                            within_noise(factor), total, factor_by_pair=by_pair,
+                            threads_per_rank=(b.threads_per_rank or [None])[0],
+                            thread_effect=b.thread_effect, threads_all=b.threads_all,
+                            step_factors=factors)

@@ -2,11 +2,19 @@
 
 The launcher picks a free rendezvous port (single node), gives each rank its share of threads,
 and watches the ranks through their heartbeat files (see ``worker``): the time a rank last made
-progress and the stage it is in. When no rank makes progress for ``timeout_s``, the launch is
-stopped and the error names the cause: a rank whose heartbeat went stale (stopped or frozen
-process), or the rank that is not waiting in a collective while the others are. A rank that dies
+progress and the stage it is in. A rank whose heartbeat is older than :data:`STALE_S` (a
+stopped or frozen process) stops the launch at once and is named. When no rank makes progress
+for ``timeout_s`` (at least :data:`STARTUP_S` until every rank has written a heartbeat, and
+``startup_s`` until every rank has reached its training loop, so that a short timeout does not
+stop a healthy start-up, nor its tear-down once every rank is done), the launch is stopped and the error names
+the cause: a rank that never started, or the rank that is not waiting in a collective while the
+others are. The ranks' process-group timeout (:func:`pg_timeout_s`) is longer than all of this, so
+a rank waiting for a stopped one never times out first and takes the blame. A rank that dies
 is named from torchrun's own report ("Root Cause" with its exit code), a rank that raises from
 its ``rank{R}.error`` traceback; each with its last output.
+
+Ranks record their pid with their host; only this host's ranks are ever signalled (on several
+nodes, the other nodes' torchrun agents, started by ``srun``, stop their own).
 
 torchrun runs in its own session (so an interrupt of the notebook does not reach the ranks
 half-way) with a parent-death signal: if the process that launched it dies, torchrun is
@@ -34,6 +42,33 @@ from ..running import processes
 
 WAITING_STAGES = ("collective", "all-reduce", "barrier", "broadcast", "rendezvous", "agreeing")
 STALE_S = 10.0  # a heartbeat thread writes every second; this long without one: not running
+STARTUP_S = 120.0  # the least time ranks get to start (import, rendezvous, build the models)
+
+
+def pg_timeout_s(timeout_s: float, startup_s: float = STARTUP_S) -> float:
+    """The process-group timeout given to the ranks for a launch whose stall timeout is
+    ``timeout_s``: longer than everything the launcher waits before it names a cause (the
+    start-up allowance, the stall timeout, a stale heartbeat, a few polls), so that the ranks
+    waiting for a stopped one never time out first and blame themselves."""
+    return max(timeout_s, startup_s, STARTUP_S) + 2 * STALE_S + 30.0
+
+
+def read_pid_file(path: Path) -> tuple[int, str] | None:
+    """(pid, host) from a rank's pid file, or None when it is unreadable."""
+    try:
+        doc = json.loads(path.read_text())
+        return int(doc["pid"]), str(doc.get("host", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def local_pid(path: Path) -> int | None:
+    """The pid of a rank's pid file when that rank runs on this host (ranks on other nodes have
+    other hosts' pids: never signalled from here)."""
+    got = read_pid_file(path)
+    if got is None or got[1] != socket.gethostname():
+        return None
+    return got[0]
 
 
 def free_port() -> int:
@@ -78,14 +113,28 @@ def read_heartbeats(out: Path) -> dict[int, dict]:
     return beats
 
 
-def diagnose_stall(beats: dict[int, dict], now: float | None = None) -> tuple[list[int], str]:
+def stale_ranks(beats: dict[int, dict], now: float | None = None) -> list[int]:
+    """Ranks whose heartbeat is older than :data:`STALE_S` (stopped, frozen or gone)."""
+    now = time.time() if now is None else now
+    return sorted(r for r, b in beats.items() if now - b.get("time", 0) > STALE_S)
+
+
+def diagnose_stall(beats: dict[int, dict], now: float | None = None,
+                   world: int | None = None) -> tuple[list[int], str]:
     """The ranks to blame for a launch that stopped progressing, and a sentence saying why.
 
     A rank whose heartbeat is older than :data:`STALE_S` is not running (stopped, frozen or
-    gone): it is the cause. Otherwise the ranks not waiting in a collective are.
+    gone): it is the cause. Then a rank that never wrote a heartbeat (of ``world`` expected)
+    never started. Otherwise the ranks not waiting in a collective are.
     """
     now = time.time() if now is None else now
-    stale = sorted(r for r, b in beats.items() if now - b.get("time", 0) > STALE_S)
+    stale = stale_ranks(beats, now)
+    if not stale and world is not None and len(beats) < world:
+        missing = sorted(set(range(world)) - set(beats))
+        return missing, ("; ".join(f"rank {r} never started (no heartbeat)" for r in missing)
+                         + "; started: " + (", ".join(f"rank {r} in '{b.get('stage')}'"
+                                                      for r, b in sorted(beats.items()))
+                                            or "none"))
     if stale:
         why = "; ".join(f"rank {r}: no heartbeat for {now - beats[r]['time']:.0f} s (stopped or "
                         f"frozen) in stage '{beats[r].get('stage')}'" for r in stale)
@@ -112,7 +161,8 @@ def torchrun_root_cause(log_text: str) -> tuple[int | None, str | None]:
 
 def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Path,
            nnodes: int = 1, rdzv_endpoint: str | None = None, timeout_s: float = 300.0,
-           threads_per_rank: int | None = None, poll_s: float = 0.2) -> LaunchResult:
+           threads_per_rank: int | None = None, poll_s: float = 0.2,
+           startup_s: float = STARTUP_S) -> LaunchResult:
     """Run ``python -m <module> <config.json>`` on ``nproc_per_node`` ranks with torchrun.
 
     Each rank must write ``rank{RANK}.json`` into ``config["out_dir"]`` on success; it may write
@@ -135,7 +185,8 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
         f.unlink()
     cfg_path = out / "config.json"
     cfg_path.write_text(json.dumps({**config, "out_dir": str(out.resolve()),
-                                    "threads": threads_per_rank}, indent=1))
+                                    "threads": threads_per_rank,
+                                    "pg_timeout_s": pg_timeout_s(timeout_s, startup_s)}, indent=1))
     if nnodes == 1 and rdzv_endpoint is None:
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     else:
@@ -164,21 +215,27 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
     try:
         root = psutil.Process(proc.pid)
         known[proc.pid] = root
-        last_progress, last_key = time.time(), None
+        last_progress, last_key, started = time.time(), None, False
+        seen_beats: dict[int, tuple] = {}
         while True:
             try:
                 for c in root.children(recursive=True):
                     known.setdefault(c.pid, c)
             except psutil.NoSuchProcess:
                 pass
-            for f in out.glob("rank*.pid"):  # ranks record their pids
-                try:
-                    pid = int(f.read_text())
-                    if pid not in known:
+            for f in out.glob("rank*.pid"):  # ranks record their pids (and host)
+                pid = local_pid(f)
+                if pid is not None and pid not in known:
+                    try:
                         known[pid] = psutil.Process(pid)
-                except (ValueError, OSError, psutil.NoSuchProcess):
-                    pass
-            beats = read_heartbeats(out)
+                    except psutil.Error:
+                        pass
+            # each beat's age on this host's clock (when its content last changed here), so that
+            # another node's clock skew never makes a running rank look stale
+            for r, b in read_heartbeats(out).items():
+                if r not in seen_beats or seen_beats[r][0] != b.get("time"):
+                    seen_beats[r] = (b.get("time"), time.time(), b)
+            beats = {r: {**b, "time": local} for r, (_t, local, b) in seen_beats.items()}
             key = (tuple(sorted((r, b.get("stage"), b.get("progress")) for r, b in beats.items())),
                    tuple(p.stat().st_size for p in sorted(out.glob("rank*.log"))),
                    log.stat().st_size if log.exists() else 0)
@@ -187,12 +244,29 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
             rc = proc.poll()
             if rc is not None:
                 break
-            if time.time() - last_progress > timeout_s:
-                blame, why = diagnose_stall(beats)
+            # start-up (imports, rendezvous, models) until every rank reached the training loop
+            if len(beats) == world and all(b.get("stage") == "training loop"
+                                           for b in beats.values()):
+                started = True
+            if len(beats) < world and nnodes == 1:  # Python and torch still importing
+                allowed = max(timeout_s, STARTUP_S)
+            else:
+                ending = all(str(b.get("stage", "")).startswith("done") for b in beats.values())
+                allowed = timeout_s if started and not ending else max(timeout_s, startup_s)
+            # a rank that is done or failed stops beating on purpose: torchrun reports its end
+            stale = [r for r in stale_ranks(beats)
+                     if not str(beats[r].get("stage", "")).startswith("done")
+                     and not (out / f"rank{r}.error").exists()]
+            if stale or time.time() - last_progress > allowed:
+                # a stopped rank is named as soon as its heartbeat is stale, long before the
+                # ranks waiting for it reach their process-group timeout (pg_timeout_s)
+                blame, why = diagnose_stall(beats, world=world if nnodes == 1 else None)
                 tails = "\n".join(f"--- rank {r} last output ---\n{_tail(out / f'rank{r}.log')}"
                                   for r in (blame or sorted(beats)))
+                silent = (f"made no progress for {allowed:.0f} s" if not stale else
+                          f"has a rank that stopped responding")
                 raise LaunchError(
-                    f"DDP launch (world size {world}) made no progress for {timeout_s:.0f} s: "
+                    f"DDP launch (world size {world}) {silent}: "
                     f"{why}. Stopped.\n{tails}", kind="hung",
                     rank=blame[0] if blame else None, world_size=world,
                     last_output=_tail(out / f"rank{blame[0]}.log") if blame else "")
@@ -242,4 +316,4 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        processes.terminate(known.values())
+        processes.terminate(known.values())  # local processes only (see local_pid)

@@ -5,8 +5,15 @@ The capacity comes from the allocation, not the machine: on SLURM the CPUs of th
 CPUs this process may run on (``os.sched_getaffinity``) and the visible GPUs. A world size is run
 on ``nnodes`` nodes with ``world // nnodes`` processes per node; one that does not divide evenly,
 or needs more processes per node than the node has GPUs (CUDA) or CPU cores (CPU), is skipped
-with the reason. Each CPU rank gets ``cores // processes per node`` intra-op threads, so every
-world size uses the same cores.
+with the reason.
+
+Host threads and DataLoader workers per rank come from the allocation and are **the same at every
+world size**: a rank's share is ``cpus // the most processes per node of any launch``; with
+``num_workers > 0`` it holds ``min(num_workers, share - 1)`` workers (at least 1) and the rest
+as intra-op threads. Comparing world sizes at equal threads per rank keeps the CPU's thread
+scaling out of the DDP factor; what the threads alone do is measured apart, by the smallest
+world size's launch running its arms with the whole share of a single process as well
+(``threads_all``), interleaved with the others.
 """
 from __future__ import annotations
 
@@ -41,7 +48,9 @@ class Launch(Record):
     world_size: int
     nnodes: int
     procs_per_node: int
-    threads_per_rank: int | None  # None on GPUs (one GPU per rank)
+    threads_per_rank: int  # intra-op threads of every rank (the same at every world size)
+    workers_per_rank: int = 0  # DataLoader workers of every rank (the same at every world size)
+    threads_all: int | None = None  # the thread-effect arms' threads (smallest world size only)
 
 
 @dataclass
@@ -52,12 +61,15 @@ class Plan(Record):
     capacity_source: str
     nnodes: int
     launches: list[Launch] = field(default_factory=list)
+    cpus: int = 1
+    cpus_source: str = ""
     skipped: dict[int, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
 def plan(world_sizes: list[int], *, backend: str, device: torch.device, nnodes: int = 1,
-         cpus: tuple[int, str] | None = None, gpus: tuple[int, str] | None = None) -> Plan:
+         cpus: tuple[int, str] | None = None, gpus: tuple[int, str] | None = None,
+         num_workers: int = 0) -> Plan:
     """Place each requested world size on the allocation (see the module docstring)."""
     cuda = torch.device(device).type == "cuda"
     notes = []
@@ -67,9 +79,12 @@ def plan(world_sizes: list[int], *, backend: str, device: torch.device, nnodes: 
                      "(set backend: gloo to silence this note)")
         chosen = "gloo"
     cap, source = (gpus or allocated_gpus()) if cuda else (cpus or allocated_cpus())
+    ncpu, csource = cpus or allocated_cpus()
     if cap <= 0:
         cap, source = 1, source + " (none: 1 assumed)"
-    out = Plan(chosen, "cuda" if cuda else "cpu", cap, source, nnodes, notes=notes)
+    out = Plan(chosen, "cuda" if cuda else "cpu", cap, source, nnodes, notes=notes,
+               cpus=ncpu, cpus_source=csource)
+    placed = []
     for w in world_sizes:
         if w % nnodes:
             out.skipped[w] = (f"{w} ranks do not divide over {nnodes} nodes (processes per node "
@@ -81,8 +96,20 @@ def plan(world_sizes: list[int], *, backend: str, device: torch.device, nnodes: 
             out.skipped[w] = (f"needs {per} processes per node, the allocation has {cap} {what} "
                               f"per node ({source})")
             continue
-        out.launches.append(Launch(w, nnodes, per, None if cuda else max(1, cap // per)))
-    if out.launches and out.launches[0].world_size != min(world_sizes):
+        placed.append((w, per))
+    if not placed:
+        return out
+    share = max(1, ncpu // max(per for _, per in placed))
+    workers = max(1, min(num_workers, share - 1)) if num_workers > 0 else 0
+    threads = max(1, share - workers)
+    if num_workers > workers:
+        notes.append(f"DataLoader workers per rank: {workers} (num_workers={num_workers} does not "
+                     f"fit the {share} CPUs of a rank's share of {ncpu} ({csource}))")
+    for i, (w, per) in enumerate(placed):
+        whole = max(1, ncpu // per - workers) if i == 0 else None
+        out.launches.append(Launch(w, nnodes, per, threads, workers,
+                                   whole if whole and whole > threads else None))
+    if out.launches[0].world_size != min(world_sizes):
         notes.append("the smallest world size requested cannot run here: efficiencies are "
                      "relative to the smallest one that ran")
     return out

@@ -1,5 +1,10 @@
 """Notebook 04's experiment: plan the world sizes on the allocation, launch each with torchrun,
-summarize, fit the ring model, decompose the gap."""
+summarize, fit the ring model, decompose the gap.
+
+The world sizes are launched alternately, :data:`ROUNDS` times each (1, 2, 1, 2 for world sizes
+[1, 2]), so that a slow drift of the machine falls on both sides of the DDP factor and the pairs of
+adjacent launches show the launch-to-launch spread; ``ddp_budget_s`` is split over a world size's
+launches. Every launch runs the same threads and DataLoader workers per rank (see ``plan``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,6 +20,8 @@ from .analysis import (GapDecomposition, WorldSummary, efficiencies, gap_decompo
                        summarize, within_noise)
 from .launcher import launch
 from .plan import Plan, plan
+
+ROUNDS = 2  # launches per world size, alternated
 
 
 @dataclass
@@ -42,7 +49,7 @@ class DDPResult(Record):
     gap: GapDecomposition
     ratio_03: Stat | None = None  # notebook 03's per-step ratio of the same two strategies
     agrees_with_03: bool | None = None
-    logs: dict[int, str] = field(default_factory=dict)  # world size -> launch folder (relative)
+    logs: dict[str, str] = field(default_factory=dict)  # launch name -> folder (relative)
 
     def log_files(self, run_dir: Path) -> list[str]:
         """Every file of the launches (torchrun log, rank logs and results), relative."""
@@ -50,10 +57,12 @@ class DDPResult(Record):
                 for f in sorted((Path(run_dir) / d).glob("*")) if f.is_file()]
 
 
-def run_ddp(params: dict, device: torch.device, run_dir: Path) -> tuple[Plan, dict]:
-    """Launch every world size the allocation can place; ``{world: (launch, ranks)}``."""
+def run_ddp(params: dict, device: torch.device, run_dir: Path,
+            rounds: int = ROUNDS) -> tuple[Plan, dict]:
+    """Launch every world size the allocation can place, alternately ``rounds`` times;
+    ``{world: (launch plan, [launch results])}``."""
     pl = plan(params["world_sizes"], backend=params["backend"], device=device,
-              nnodes=params["nnodes"])
+              nnodes=params["nnodes"], num_workers=params["num_workers"])
     if not pl.launches:
         return pl, {}
     slow, fast = params["gap_strategies"]
@@ -62,25 +71,31 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path) -> tuple[Plan, di
            "batch_size": params["ddp_batch_size"],
            "global_batch": params["ddp_batch_size"] * max(params["world_sizes"]),
            "steps": params["ddp_steps"], "steps_cap": 3 * params["ddp_steps"],
-           "warmup": max(1, params["warmup"]), "budget_s": params["ddp_budget_s"],
+           "warmup": max(1, params["warmup"]), "budget_s": params["ddp_budget_s"] / rounds,
            "timeout_s": params["ddp_timeout_s"]}
-    out = {}
-    for ln in pl.launches:
-        note(f"04: launching world size {ln.world_size} ({ln.nnodes} node(s) x "
-             f"{ln.procs_per_node}, {ln.threads_per_rank or 'GPU'} thread(s) per rank)")
-        res = launch("workbook_lib.distributed.worker", cfg, nproc_per_node=ln.procs_per_node,
-                     nnodes=ln.nnodes, rdzv_endpoint=params["rdzv_endpoint"],
-                     out_dir=run_dir / "ddp_04" / f"world{ln.world_size}",
-                     timeout_s=params["ddp_timeout_s"], threads_per_rank=ln.threads_per_rank)
-        out[ln.world_size] = (ln, res)
+    out: dict = {ln.world_size: (ln, []) for ln in pl.launches}
+    for i in range(rounds):
+        for ln in pl.launches:
+            folder = f"world{ln.world_size}" + (f"_r{i + 1}" if i else "")
+            note(f"04: launch {i + 1}/{rounds} of world size {ln.world_size} ({ln.nnodes} "
+                 f"node(s) x {ln.procs_per_node}, {ln.threads_per_rank} thread(s) and "
+                 f"{ln.workers_per_rank} DataLoader worker(s) per rank)")
+            res = launch("workbook_lib.distributed.worker",
+                         {**cfg, "workers": ln.workers_per_rank, "threads_all": ln.threads_all},
+                         nproc_per_node=ln.procs_per_node, nnodes=ln.nnodes,
+                         rdzv_endpoint=params["rdzv_endpoint"],
+                         out_dir=run_dir / "ddp_04" / folder,
+                         timeout_s=params["ddp_timeout_s"], threads_per_rank=ln.threads_per_rank)
+            out[ln.world_size][1].append(res)
     return pl, out
 
 
 def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
             ratio_03: Stat | None = None) -> DDPResult:
     slow, fast = params["gap_strategies"]
-    worlds = {w: summarize(res.ranks, scaling=params["ddp_strategy"], gap=[slow, fast],
-                           procs_per_node=ln.procs_per_node, nnodes=ln.nnodes)
+    worlds = {w: summarize([r.ranks for r in res], scaling=params["ddp_strategy"],
+                           gap=[slow, fast], procs_per_node=ln.procs_per_node, nnodes=ln.nnodes,
+                           workers_per_rank=ln.workers_per_rank)
               for w, (ln, res) in sorted(launched.items())}
     weak, strong = efficiencies(worlds)
     samples = [(w, b, st.median) for w, s in worlds.items() if w > 1 for b, st in s.allreduce]
@@ -98,7 +113,7 @@ def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
         source = "preset 'PCIe gen4' (no world size >= 2 ran here)"
     top = max(worlds)
     ref = worlds[top]
-    overlap = ref.overlap or 0.0
+    overlap = ref.overlap or 0.0  # 0 by construction with one bucket
     measured_ws = set(worlds)
     preds = []
     for w in sorted(w for w in measured_ws | {2, 4, 8, 16} if w >= top):
@@ -110,7 +125,7 @@ def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
                                           bucket_cap_mb=params["bucket_cap_mb"])
                       for w in (2, 4, 8, 16)} for name, lk in arm.LINK_PRESETS.items()}
     # each gap pipeline's batch as its ranks ran it (a user pipeline chooses its own)
-    ranks = next(iter(launched.values()))[1].ranks
+    ranks = next(iter(launched.values()))[1][0].ranks
     r0 = ranks[min(ranks)]
     gap = gap_decomposition(worlds, slow, fast, {s: int(r0["arms"][f"{s}/gap"]["batch_size"])
                                                  for s in (slow, fast)})
@@ -118,11 +133,13 @@ def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
     if ratio_03 is not None:
         agrees = within_noise(gap.per_step_ratio.ratio_to(ratio_03))
     logs = {}
-    for w, (_ln, res) in launched.items():
-        try:
-            logs[w] = str(Path(res.out_dir).resolve().relative_to(Path(run_dir).resolve()))
-        except ValueError:
-            logs[w] = str(res.out_dir)
+    for w, (_ln, results) in launched.items():
+        for res in results:
+            try:
+                rel = str(Path(res.out_dir).resolve().relative_to(Path(run_dir).resolve()))
+            except ValueError:
+                rel = str(res.out_dir)
+            logs[Path(rel).name] = rel
     return DDPResult(plan=pl, scaling_strategy=params["ddp_strategy"],
                      gap_strategies=[slow, fast], worlds=worlds, weak=weak, strong=strong,
                      ring=ring, link=link, link_source=source, predictions=preds,

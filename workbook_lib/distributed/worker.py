@@ -2,22 +2,27 @@
 
 Every rank runs notebook 03's training loop (:mod:`workbook_lib.training.loop`: the same
 DataLoader pipeline, allocator setting and stage timing) on ``DistributedDataParallel`` models,
-with ``threads`` intra-op threads (the launcher gives each rank its share of the allocation's
-cores). One launch interleaves every variant in the same rounds:
+with ``threads`` intra-op threads and ``workers`` DataLoader workers (the same at every world
+size: see ``plan``). One launch interleaves every variant in the same rounds:
 
 * the scaling strategy: ``ddp`` (all-reduce every step), ``no_sync`` (compute only),
   ``accum_last`` / ``accum_every`` (``grad_accum_steps`` micro-batches, all-reducing only the last
   with ``no_sync()``, or every one), ``gather`` (the loss-side all-gather toggled) and ``strong``
   (the global batch of the largest world size split over the ranks);
-* the two gap strategies (``ddp``), for the per-step ratio.
+* the two gap strategies (``ddp``), for the per-step ratio;
+* with ``threads_all`` (the smallest world size only): the scaling step and the two gap
+  strategies again, their steps run with ``threads_all`` threads (the thread effect, apart from
+  DDP).
 
-Communication is measured by DDP's comm hook: each bucket's all-reduce is timed from the moment
-its gradients are ready to the completion of its future (gloo completes a future when the
-collective has finished). Per step, ``comm_total`` sums the buckets and ``comm_exposed`` is the
-time from the last bucket becoming ready (compute done) to the last all-reduce finishing. DDP's
-own logging data is recorded beside it. The all-reduce of gradient-sized buffers is also timed
-directly. Ranks agree on when to stop (an all-reduce of their stop flags), since their collectives
-must match.
+Communication is measured by DDP's comm hook (:class:`CommTimer`): each bucket's all-reduce is
+timed from the moment its gradients are ready to its completion (host clock with gloo, CUDA events
+on the stream with NCCL). Per step and rank, ``comm_total`` sums the buckets and ``comm_exposed``
+is the time from the last bucket becoming ready (compute done) to the last all-reduce finishing;
+both include the time this rank waits for a slower one to reach the same all-reduce. The
+all-reduce of gradient-sized buffers is also timed directly, after a barrier (the transfer without
+the wait). DDP's own logging data is recorded beside it. Ranks agree on when to stop (an
+all-reduce of their stop flags), since their collectives must match. Every collective uses the
+rank's device (NCCL serves only CUDA tensors).
 
 Each rank writes ``rank{R}.json`` on success, ``rank{R}.log`` as it goes, ``rank{R}.error`` (the
 traceback) on failure, and ``rank{R}.heartbeat`` every second from a thread: the time and the
@@ -28,6 +33,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -69,7 +75,8 @@ class Heartbeat:
         with self._lock:
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"time": time.time(), "stage": self.stage,
-                                       "progress": self.progress, "pid": os.getpid()}))
+                                       "progress": self.progress, "pid": os.getpid(),
+                                       "host": socket.gethostname()}))
             os.replace(tmp, self.path)
 
     def _run(self) -> None:
@@ -85,41 +92,86 @@ class Heartbeat:
 
 class CommTimer:
     """A DDP comm hook that all-reduces (mean) each bucket and times it; also the loop's step
-    hooks (``begin_step``/``end_step``) that put the step's totals into its stage record."""
+    hooks (``begin_step``/``end_step``) that put the step's totals into its stage record.
 
-    def __init__(self, world: int, device: torch.device, heartbeat: Heartbeat | None = None):
+    Each bucket is timed from the moment its gradients are ready to the moment its all-reduce
+    has finished: on CPU (gloo) with the host clock, since gloo completes the future when the
+    collective is done; on CUDA with two CUDA events, the first recorded on the current stream
+    when the hook is called (every gradient kernel of the bucket precedes it in stream order), the
+    second from the future's callback, which runs on a stream that waits for the all-reduce's
+    completion. The events are read in ``end_step``, after the step's work is synchronized (the
+    optimizer stage ends with a device sync; the last event is waited for in any case).
+
+    ``delay_s`` (a test hook) sleeps before each step, making this rank the slow one.
+    """
+
+    def __init__(self, world: int, device: torch.device, heartbeat: Heartbeat | None = None,
+                 delay_s: float = 0.0, threads: int | None = None):
         self.world, self.device, self.heartbeat = world, device, heartbeat
-        self.calls: list[float] = []
-        self.done: list[float] = []
+        self.threads = threads  # intra-op threads this arm's steps run with
+        self.cuda = device.type == "cuda"
+        self.delay_s = delay_s
+        self.calls: list = []  # host seconds (CPU) or CUDA events (bucket ready)
+        self.done: list = []  # host seconds (CPU) or CUDA events (all-reduce finished)
         self._lock = threading.Lock()
+
+    def _now(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            return ev
+        return time.perf_counter()
 
     def hook(self, state, bucket):
         buf = bucket.buffer()
         buf.div_(self.world)
-        t_call = time.perf_counter()
+        t_call = self._now()
         with self._lock:
             self.calls.append(t_call)
         fut = dist.all_reduce(buf, async_op=True).get_future()
 
         def finished(f):
+            t_done = self._now()
             with self._lock:
-                self.done.append(time.perf_counter())
+                self.done.append(t_done)
             return f.value()[0]
         return fut.then(finished)
 
     def begin_step(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.tick()
+        if self.threads and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        if self.delay_s:
+            time.sleep(self.delay_s)
         with self._lock:
             self.calls, self.done = [], []
 
-    def end_step(self, clock) -> None:
+    def bucket_seconds(self) -> list[tuple[float, float]]:
+        """This step's buckets as (ready, finished) seconds from the first bucket's readiness."""
         with self._lock:
             calls, done = list(self.calls), list(self.done)
-        if calls and done and self.device.type != "cuda":
-            clock.add("comm_total", sum(d - c for c, d in zip(sorted(calls), sorted(done))))
-            clock.add("comm_exposed", max(0.0, max(done) - max(calls)))
-            clock.add("buckets", float(len(calls)))
+        if not calls or len(calls) != len(done):
+            return []
+        if self.cuda:
+            for d in done:  # the futures may complete in any order: wait for every one
+                d.synchronize()
+            t0 = calls[0]
+            # elapsed_time is in ms; the futures may complete out of order: pair by order
+            ready = sorted(t0.elapsed_time(c) / 1e3 for c in calls)
+            fin = sorted(t0.elapsed_time(d) / 1e3 for d in done)
+        else:
+            ready = [c - min(calls) for c in sorted(calls)]
+            fin = [d - min(calls) for d in sorted(done)]
+        return list(zip(ready, fin))
+
+    def end_step(self, clock) -> None:
+        pairs = self.bucket_seconds()
+        if pairs:
+            clock.add("comm_total", sum(d - c for c, d in pairs))
+            clock.add("comm_exposed", max(0.0, max(d for _, d in pairs) -
+                                          max(c for c, _ in pairs)))
+            clock.add("buckets", float(len(pairs)))
 
 
 def _log(fh, msg: str) -> None:
@@ -153,7 +205,9 @@ def main(cfg_path: str) -> None:
     out = Path(cfg["out_dir"])
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    (out / f"rank{rank}.pid").write_text(str(os.getpid()))
+    # the host with the pid: on several nodes the launcher signals only its own host's ranks
+    (out / f"rank{rank}.pid").write_text(json.dumps({"pid": os.getpid(),
+                                                     "host": socket.gethostname()}))
     hb = Heartbeat(out / f"rank{rank}.heartbeat").start()
     fh = open(out / f"rank{rank}.log", "a")
     try:
@@ -163,20 +217,53 @@ def main(cfg_path: str) -> None:
         _log(fh, "FAILED:\n" + traceback.format_exc())
         raise
     finally:
-        hb.stop()
-        fh.close()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - teardown after a failure
                 pass
+        hb.stop()  # after the teardown: a rank tearing down is not a stopped rank
+        fh.close()
 
 
-def _agree(stop: bool) -> bool:
-    """Every rank stops an arm together: stop when all ranks want to (MIN of their flags)."""
-    t = torch.tensor([1 if stop else 0], dtype=torch.int32)
+def _agree(stop: bool, device: torch.device) -> bool:
+    """Every rank stops an arm together: stop when all ranks want to (MIN of their flags).
+
+    The flag lives on the rank's device: NCCL serves only CUDA tensors, so every collective of
+    the worker takes ``device``; the one ``.item()`` per round is the stop decision itself."""
+    t = torch.tensor([1 if stop else 0], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
+
+
+def _barrier(device: torch.device) -> None:
+    """A barrier on the rank's device (NCCL needs the device id, else it guesses one)."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def time_allreduces(sizes: list[int], device: torch.device, repeats: int) -> list[dict]:
+    """The all-reduce of buffers of ``sizes`` bytes on ``device``, each repeat after a barrier
+    and between device syncs (so no rank waits for another inside the timed region)."""
+    from ..measurement.timing import Stat, sync
+
+    out = []
+    for nbytes in sizes:
+        buf = torch.zeros(max(1, nbytes // 4), device=device)
+        for _ in range(2):
+            dist.all_reduce(buf)
+        samples = []
+        for _ in range(repeats):
+            _barrier(device)
+            sync(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            sync(device)
+            samples.append(time.perf_counter() - t0)
+        out.append({"bytes": buf.numel() * 4, "seconds": Stat.from_samples(samples)})
+    return out
 
 
 def _main(cfg, out, rank, world, fh, hb):
@@ -189,13 +276,18 @@ def _main(cfg, out, rank, world, fh, hb):
 
     P = validate(cfg["params"], source="ddp worker config")
     threads = int(cfg.get("threads") or torch.get_num_threads())
+    threads_all = cfg.get("threads_all")  # the thread-effect arms (smallest world size only)
+    workers = int(cfg["workers"]) if cfg.get("workers") is not None else P["num_workers"]
     torch.set_num_threads(threads)
     alloc = configure_cpu_allocator(P["cpu_allocator_cache"])
     backend, device = resolve_backend(P["backend"], P["device"])
     _log(fh, f"rank {rank}/{world} backend {backend} device {device} threads "
              f"{torch.get_num_threads()}")
     hb.set("init_process_group (rendezvous)")
-    dist.init_process_group(backend, timeout=dt.timedelta(seconds=cfg["timeout_s"]))
+    # longer than the launcher's stall detection, so that a stopped rank is named by the launcher
+    # before the ranks waiting for it time out and blame themselves
+    pg_timeout = float(cfg.get("pg_timeout_s") or cfg["timeout_s"])
+    dist.init_process_group(backend, timeout=dt.timedelta(seconds=pg_timeout))
     if cfg.get("fail_rank") == rank:
         raise RuntimeError(f"injected failure on rank {rank} (test hook)")
     if cfg.get("hang_rank") == rank:
@@ -211,7 +303,7 @@ def _main(cfg, out, rank, world, fh, hb):
 
     graph = load_snapshot(P)
 
-    def ddp_run(name: str, batch: int | None, tag: str):
+    def ddp_run(name: str, batch: int | None, tag: str, arm_threads: int | None = None):
         hb.set(f"preparing {name} ({tag})")
         distinct = min(max(8, cfg["steps_cap"]), 64)  # the stream cycles over them
         pipe = build_pipeline(P, name, graph, device, batch_size=batch,
@@ -222,10 +314,13 @@ def _main(cfg, out, rank, world, fh, hb):
             pipe.model, device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=P["bucket_cap_mb"])
         hb.set(f"building the data pipeline ({tag})")
-        timer = CommTimer(world, device, hb)
+        timer = CommTimer(world, device, hb,
+                          delay_s=float(cfg.get("slow_rank_delay_s", 0.0))
+                          if cfg.get("slow_rank") == rank else 0.0,
+                          threads=arm_threads or threads)
         model.register_comm_hook(None, timer.hook)
         opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
-        ld = loop.make_loader(pipe, num_workers=P["num_workers"], pin_memory=P["pin_memory"],
+        ld = loop.make_loader(pipe, num_workers=workers, pin_memory=P["pin_memory"],
                               persistent_workers=P["persistent_workers"])
         modules[tag] = model
         comm[tag] = timer
@@ -255,18 +350,32 @@ def _main(cfg, out, rank, world, fh, hb):
                              loop.Variant("ddp", "full",
                                           gather=P["use_ddp_gather"] and is_builtin(name)),
                              model=gmodel, optimizer=gopt, hooks=gtimer))
+    if threads_all and world == 1:  # the same arms with the whole share: the thread effect
+        tpipe, tmodel, topt, tld, ttimer = ddp_run(scaling, cfg["batch_size"], "all-threads",
+                                                   int(threads_all))
+        arms.append(loop.Arm(f"{scaling}/ddp@all-threads", tpipe, tld,
+                             loop.Variant("ddp", "full", gather=gather), model=tmodel,
+                             optimizer=topt, hooks=ttimer))
+        for name in gap:
+            gpipe, gmodel, gopt, gld, gtimer = ddp_run(name, None, f"gap:{name}:all-threads",
+                                                       int(threads_all))
+            arms.append(loop.Arm(f"{name}/gap@all-threads", gpipe, gld,
+                                 loop.Variant("ddp", "full",
+                                              gather=P["use_ddp_gather"] and is_builtin(name)),
+                                 model=gmodel, optimizer=gopt, hooks=gtimer))
     hb.set("training loop")
     _log(fh, f"{len(arms)} arms interleaved, {cfg['steps']}..{cfg['steps_cap']} timed steps each")
 
     def agree(flag: bool) -> bool:
         hb.set("agreeing to stop (all-reduce)")
-        r = _agree(flag)
+        r = _agree(flag, device)
         hb.set("training loop")
         return r
     results = loop.run_arms(arms, warmup_steps=cfg["warmup"], min_steps=cfg["steps"],
                             max_steps=cfg["steps_cap"], target=P["precision_target"],
-                            budget_s=cfg["budget_s"], interleave=P["num_workers"] == 0,
+                            budget_s=cfg["budget_s"], interleave=workers == 0,
                             count_syncs=False, agree=agree, desc=f"rank {rank}")
+    torch.set_num_threads(threads)
     logging = {}
     for tag, m in modules.items():
         try:
@@ -280,33 +389,20 @@ def _main(cfg, out, rank, world, fh, hb):
                      if p.requires_grad)
     hb.set("timing all-reduces (collective)")
     sizes = sorted({4096, 65536, 1 << 20, 4 << 20, 16 << 20, grad_bytes})
-    allreduce = []
-    for nbytes in sizes:
-        buf = torch.zeros(max(1, nbytes // 4), device=device)
-        for _ in range(2):
-            dist.all_reduce(buf)
-        samples = []
-        for _ in range(max(5, cfg["steps"])):
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            samples.append(time.perf_counter() - t0)
-        allreduce.append({"bytes": buf.numel() * 4, "seconds": Stat.from_samples(samples)})
+    allreduce = time_allreduces(sizes, device, max(5, cfg["steps"]))
     doc = {"rank": rank, "world_size": world, "backend": backend, "device": str(device),
-           "threads": torch.get_num_threads(), "cpu_allocator": alloc,
+           "threads": threads, "threads_all": threads_all if world == 1 else None,
+           "workers": workers, "cpu_allocator": alloc,
            "grad_bytes": grad_bytes, "global_batch": global_batch, "strong_batch": strong_b,
            "arms": results, "allreduce": allreduce, "ddp_logging": logging,
-           "comm_method": ("DDP comm hook timing each bucket's all-reduce future (gloo)"
-                           if device.type != "cuda" else
-                           "DDP logging data (CUDA: futures complete before the kernels do)")}
+           "comm_method": ("DDP comm hook: each bucket from its gradients being ready to its "
+                           "all-reduce finishing, " +
+                           ("CUDA events on the stream" if device.type == "cuda" else
+                            "host clock (gloo completes the future with the collective)"))}
     (out / f"rank{rank}.json").write_text(json.dumps(to_json(doc)))
     hb.set("done (final barrier)")
     _log(fh, "done")
-    dist.barrier()
+    _barrier(device)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,12 @@
   ``/proc/self/clear_refs``; the peak is ``VmHWM`` after the call minus ``VmRSS`` just before it.
   Where that file is not writable (another OS, a locked-down container) a thread samples the RSS
   every millisecond instead (the method is recorded).
-* **CUDA**: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus what was
-  allocated before.
+* **CUDA**: ``torch.cuda.max_memory_reserved`` after ``empty_cache`` and
+  ``reset_peak_memory_stats``, minus what was reserved before: what the step takes from the
+  device through the caching allocator (the tensors alone, ``max_memory_allocated``, are in the
+  method text). Probes on one GPU never run at once (a lock file per GPU), and the budget is what
+  ``mem_get_info`` says is free plus what this process's allocator holds (the CUDA context and
+  other processes' memory are not available to a step).
 
 :func:`measure_point` measures one (strategy, batch size, sizes) point in a fresh process
 (``python -m workbook_lib.measurement.memory CONFIG``): set-up, one warm-up step, then the measured
@@ -33,7 +37,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -112,13 +118,21 @@ def peak_during(fn: Callable[[], object], device: torch.device | str = "cpu") ->
     """
     dev = torch.device(device)
     if dev.type == "cuda":
+        # the caching allocator keeps what earlier work freed: give it back first, so that the
+        # step's reserved peak is what the step takes from the device (its blocks, rounding and
+        # fragmentation), not what an earlier step left cached
         torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-        before = torch.cuda.memory_allocated(dev)
+        before = torch.cuda.memory_reserved(dev)
+        alloc_before = torch.cuda.memory_allocated(dev)
         fn()
         torch.cuda.synchronize(dev)
-        return PeakMemory(torch.cuda.max_memory_allocated(dev) - before, before,
-                          "torch.cuda.max_memory_allocated after reset_peak_memory_stats")
+        alloc = torch.cuda.max_memory_allocated(dev) - alloc_before
+        return PeakMemory(torch.cuda.max_memory_reserved(dev) - before, before,
+                          "torch.cuda.max_memory_reserved after empty_cache and "
+                          f"reset_peak_memory_stats (tensors alone: {alloc / 1e6:.3g} MB "
+                          "max_memory_allocated)")
     if _reset_hwm():
         before = _rss()
         fn()
@@ -233,9 +247,10 @@ def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float,
                                                            str(torch.get_num_threads()))}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "workbook_lib.measurement.memory",
-                               json.dumps(cfg)], capture_output=True, text=True,
-                              timeout=timeout_s, env=env)
+        with gpu_lock(device):
+            proc = subprocess.run([sys.executable, "-m", "workbook_lib.measurement.memory",
+                                   json.dumps(cfg)], capture_output=True, text=True,
+                                  timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return MemoryPoint(**base, status=STATUS_TIMEOUT, seconds=time.perf_counter() - t0,
                            reason=f"the probe ran longer than {timeout_s:.0f} s")
@@ -260,12 +275,46 @@ def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float,
                        seconds=secs)
 
 
+@contextmanager
+def gpu_lock(device: str):
+    """Holds an exclusive lock per GPU (``/tmp/workbook-gpu-<uuid or index>.lock``) for CUDA
+    devices, so that two probes (two notebooks, two clones) never measure one GPU at once; a
+    no-op for the CPU."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        yield
+        return
+    import fcntl
+    import tempfile
+
+    idx = dev.index or 0
+    try:
+        ident = str(torch.cuda.get_device_properties(idx).uuid)
+    except Exception:  # noqa: BLE001 - older builds have no uuid: the index
+        ident = str(idx)
+    path = Path(tempfile.gettempdir()) / f"workbook-gpu-{ident}.lock"
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def device_budget(device: torch.device | str) -> tuple[float, str]:
-    """The memory a run on ``device`` has: host RAM for CPU runs, the GPU's memory for CUDA."""
+    """The memory a run on ``device`` has: host RAM for CPU runs; on CUDA what ``mem_get_info``
+    says is free (after this process's allocator gave its cache back) plus what this process's
+    allocator still holds for live tensors: the CUDA context and other processes' memory are not
+    available to a step."""
     dev = torch.device(device)
     if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(dev)
+        held = torch.cuda.memory_reserved(dev)
         props = torch.cuda.get_device_properties(dev)
-        return float(props.total_memory), f"GPU memory ({props.name})"
+        return float(free + held), (f"GPU memory free for tensors ({props.name}: "
+                                    f"{(free + held) / 1e9:.1f} of {total / 1e9:.1f} GB; "
+                                    "mem_get_info, context and other processes excluded)")
     import psutil
 
     return float(psutil.virtual_memory().total), "host RAM"

@@ -281,18 +281,26 @@ class StepClock:
             self._cur = None
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """Time one stage of the open step (between device syncs)."""
+    def stage(self, name: str, synced: bool = True) -> Iterator[None]:
+        """Time one stage of the open step (between device syncs).
+
+        ``synced=False`` leaves the device running across the stage's boundaries (a pipelined
+        step: only the step's own start and end are synchronized); the stage's time is then only
+        the host's time to issue its work, and is recorded as ``"issue:<name>"``, never under
+        the stage's name."""
         if self._cur is None:
             raise RuntimeError(f"stage {name!r} outside a step: open one with clock.step()")
         rec = self._cur
-        sync(self.device)
+        if synced:
+            sync(self.device)
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            sync(self.device)
-            rec[name] = rec.get(name, 0.0) + time.perf_counter() - t0
+            if synced:
+                sync(self.device)
+            key = name if synced else f"issue:{name}"
+            rec[key] = rec.get(key, 0.0) + time.perf_counter() - t0
 
     def add(self, name: str, seconds: float) -> None:
         """Add a duration measured elsewhere to the open step."""

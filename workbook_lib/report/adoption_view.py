@@ -12,7 +12,8 @@ from .tables import fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 def loss_text(r: AdoptionResult) -> Markdown:
     from ..analysis.adoption import loss_fall
 
-    ok = r.max_rel_diff <= 1e-5
+    tol = getattr(r, "tolerance", 1e-5)
+    ok = r.max_rel_diff <= tol
     first, last = loss_fall(r.losses["replicated"])
     fell = ""
     if first > 0:
@@ -31,8 +32,8 @@ def loss_text(r: AdoptionResult) -> Markdown:
         fell + f"Over {r.warmup_steps + r.steps} training steps (batch {r.batch_size}, "
         f"{r.optimizer.upper()}, lr {r.lr:g}, the same seed and the same batches), the largest "
         f"relative difference between the two loss curves is **{r.max_rel_diff:.1e}** "
-        + ("(within 1e-5: the same training, to float32 rounding)." if ok else
-           "(**above 1e-5**: the two trainings diverged beyond float32 rounding).")
+        + (f"(within {tol:.1e}: the same training, to {r.tolerance_basis})." if ok else
+           f"(**above {tol:.1e}**: the two trainings diverged beyond {r.tolerance_basis}).")
         + (" Plain SGD keeps the two pipelines' rounding-level differences at rounding level. "
            "AdamW (adopt_optimizer: adamw) divides each gradient by its running RMS: on its "
            "first steps, gradients that cancel to rounding level (the dual forward makes many) "
@@ -59,8 +60,9 @@ def loss_plot(r: AdoptionResult) -> None:
     axes[1].plot(steps, np.maximum(rel, floor), color=plotting.PALETTE[2],
                  label="relative difference" + (" (exact zeros drawn at 1e-9)"
                                                 if (rel < floor).any() else ""))
-    axes[1].set_ylim(floor / 2, max(1e-4, float(rel.max()) * 3 if rel.size else 1e-4))
-    axes[1].axhline(1e-5, color="k", ls=":", lw=1, label="1e-5 (float32 rounding)")
+    axes[1].set_ylim(floor / 2, max(r.tolerance * 10, float(rel.max()) * 3 if rel.size else 1e-4))
+    axes[1].axhline(r.tolerance, color="k", ls=":", lw=1,
+                    label=f"{r.tolerance:.1e} ({r.tolerance_basis})")
     axes[1].set(yscale="log", xlabel="training step",
                 ylabel="relative difference of the losses (log scale)")
     plotting.plain_ticks(axes[1], "y")
@@ -70,7 +72,7 @@ def loss_plot(r: AdoptionResult) -> None:
     plotting.show(fig, "Left: loss against training step for replicated masks and the node-mask "
                        "shared graph on a log axis, overlapping, with the loss of predicting the "
                        "labels' mean dotted. Right: their relative difference per step on a log "
-                       "axis against the 1e-5 line.")
+                       "axis against the tolerance line.")
 
 
 def compare_table(r: AdoptionResult):

@@ -22,9 +22,10 @@ def exactness_table(exact: dict[str, float], graph_desc: str):
     rows = [{"strategy": label(n), "max relative error": f"{e:.1e}",
              "within float32 rounding (< 1e-4)": "yes" if e < 1e-4 else "NO"}
             for n, e in exact.items()]
-    return table(rows, caption=f"Against the plain reference (per-sample PyG subgraph + GINConv) "
-                               f"on {graph_desc}: node outputs, predictions with the dual "
-                               "forward, and every parameter gradient.")
+    return table(rows, caption=f"Each strategy on this run's device against the plain reference "
+                               f"(per-sample PyG subgraph + GINConv) on the CPU, on {graph_desc}: "
+                               "node outputs, predictions with the dual forward, and every "
+                               "parameter gradient.")
 
 
 def coefficient_table(s: CostModelStudy):

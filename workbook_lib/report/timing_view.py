@@ -321,3 +321,26 @@ def headline(r: TimingResult) -> str:
 def saved(path, headline_text: str) -> Markdown:
     """The closing line of every notebook: the headline and where the results went."""
     return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
+
+
+def pipelined_table(study: LoopStudy):
+    """The full step with its stages synchronized (the attribution above) beside the same step
+    synchronized only at its start and end, and the difference."""
+    rows = []
+    for n in study.strategies:
+        got = study.pipelined(n)
+        if got is None:
+            continue
+        synced, piped, diff = got
+        rows.append({"strategy": label(n), "full step, stages synchronized": fmt_time_stat(synced),
+                     "pipelined (synchronized at start and end only)": fmt_time_stat(piped),
+                     "difference (paired)": fmt_time_stat(diff)})
+    if not rows:
+        return Markdown("No pipelined step was measured.")
+    cpu = study.device.lower().startswith("cpu")
+    return table(rows, caption="Every stage above is timed between device syncs, which "
+                               "serializes the host's work with the device's; the pipelined "
+                               "step lets them overlap within the step. "
+                               + ("On a CPU the work is synchronous already, so the difference "
+                                  "is noise around 0." if cpu else
+                                  "The difference is what the stage attribution's syncs cost."))

@@ -221,6 +221,18 @@ def _cmd_notebooks(args) -> int:
     return 0
 
 
+def _cmd_selftest(args) -> int:
+    from .selftest import FAILED, format_table, run_selftest
+
+    try:
+        checks = run_selftest(args.device, args.ranks, args.params, args.only)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(checks, args.device))
+    return 1 if any(c.status == FAILED for c in checks) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -334,6 +346,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top", type=int, default=25, metavar="N",
                     help="operators shown per table in the HTML (default 25; the JSON has all)")
     sp.set_defaults(fn=_cmd_trace)
+    sp = sub.add_parser("selftest", help="check this machine before a long run: exactness on "
+                                         "the device, sync counts, the memory probe, timing "
+                                         "synchronization, a DDP launch; exit 1 on a failure")
+    sp.add_argument("--device", default="auto", help="cpu, cuda or auto (default auto)")
+    sp.add_argument("--ranks", type=int, default=None,
+                    help="ranks of the DDP check (default: the GPUs visible; 1 on CPU: skipped)")
+    sp.add_argument("--params", default=None, metavar="FILE",
+                    help="params YAML for the sizes (default params/ci.yaml)")
+    sp.add_argument("--only", action="append", metavar="CHECK",
+                    help="run only these checks (exactness, syncs, memory, timing, ddp)")
+    sp.set_defaults(fn=_cmd_selftest)
     sp = sub.add_parser("notebooks", help="rebuild notebooks/*.ipynb from their sources "
                                           "(make notebooks)")
     sp.add_argument("--check", action="store_true",

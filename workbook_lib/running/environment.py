@@ -97,9 +97,18 @@ def device_label(device: torch.device) -> str:
     return f"cpu: {cpu_model()} ({torch.get_num_threads()} threads)"
 
 
-def collect(params: dict | None = None) -> dict:
-    """Everything needed to compare two runs later."""
-    dev = resolve_device(params["device"]) if params else torch.device("cpu")
+def collect(params: dict | None = None, *, uses_device: bool = True) -> dict:
+    """Everything needed to compare two runs later.
+
+    Args:
+        params: the run's params.
+        uses_device: False for a job whose notebooks measure nothing on the device (01, 05 on a
+            CPU node): its record says so instead of resolving ``device`` (a CPU node has no GPU).
+    """
+    if params and (uses_device or params["device"] != "cuda" or torch.cuda.is_available()):
+        dev = resolve_device(params["device"])
+    else:
+        dev = torch.device("cpu")
     gpu = None
     if torch.cuda.is_available():
         gpu = {"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
@@ -119,5 +128,20 @@ def collect(params: dict | None = None) -> dict:
         "git": git_revision(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "cpu_allocator_cache": dict(_ALLOCATOR_STATE),
+        "uses_device": uses_device,
         "params": params,
     }
+
+
+def merge_records(records: list[dict]) -> dict:
+    """One run's environment from its jobs' records (one per job, e.g. per SLURM job): the
+    device and machine of the latest job that used the device (a CPU-only job of the same run
+    never relabels a GPU run "cpu"), else the latest job's; every job listed under ``jobs``."""
+    if not records:
+        raise ValueError("'records' must hold at least one environment record (got none)")
+    by_time = sorted(records, key=lambda r: str(r.get("created", "")))
+    used = [r for r in by_time if r.get("uses_device", True)]
+    chosen = (used or by_time)[-1]
+    return {**chosen, "jobs": [{k: r.get(k) for k in ("created", "host", "slurm_job_id",
+                                                      "notebooks", "uses_device", "device",
+                                                      "device_label")} for r in by_time]}

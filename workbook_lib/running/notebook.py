@@ -68,15 +68,25 @@ def notebook_params(namespace: dict) -> tuple[dict, Path]:
     return p, run_dir
 
 
-def setup(namespace: dict, *, load_graph: bool = True) -> NotebookContext:
+def setup(namespace: dict, *, load_graph: bool = True,
+          needs_device: bool = True) -> NotebookContext:
     """Validate the notebook's parameters, apply the CPU allocator setting, set the plotting
     style, resolve the device and load the snapshot (checking the params that need it).
-    Raises before any measurement when something is wrong."""
+    Raises before any measurement when something is wrong.
+
+    Args:
+        needs_device: False for notebooks that measure nothing on the device (01, 05): they run
+            on the CPU when ``device: cuda`` names a GPU this node does not have (a CPU node of
+            a SLURM run), instead of refusing.
+    """
     p, run_dir = notebook_params(namespace)
     namespace[_DONE] = True
     environment.configure_cpu_allocator(p["cpu_allocator_cache"])
     plotting.setup()
-    device = environment.resolve_device(p["device"])
+    if not needs_device and p["device"] == "cuda" and not torch.cuda.is_available():
+        device = torch.device("cpu")
+    else:
+        device = environment.resolve_device(p["device"])
     graph = None
     if load_graph:
         graph = load_snapshot(p)

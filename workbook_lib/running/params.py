@@ -211,7 +211,7 @@ SCHEMA: tuple[Field, ...] = (
           "per-rank batch of weak scaling; strong scaling keeps ddp_batch_size x the largest "
           "world size as the global batch", S_04, _positive),
     Field("ddp_steps", "int", 20, "fewest timed DDP steps per variant", S_04, _positive),
-    Field("ddp_budget_s", "float", 60.0, "seconds of timed DDP steps per launch", S_04,
+    Field("ddp_budget_s", "float", 60.0, "seconds of timed DDP steps per world size (split over its alternated launches)", S_04,
           _positive),
     Field("grad_accum_steps", "int", 2, "micro-batches of the accumulation comparison", S_04,
           _positive),

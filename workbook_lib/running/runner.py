@@ -309,6 +309,38 @@ def _check_out_dir(out: Path) -> Path:
     return out
 
 
+def write_environment(out: Path, params: dict, names: list[str], *, resume: bool) -> Path:
+    """This job's environment record in ``environment/<job>.json`` (one per job: several SLURM
+    jobs share a run folder), and ``environment.json`` merged from every record
+    (:func:`environment.merge_records`). A run that does not resume starts the records anew."""
+    import os
+    import time as _time
+
+    uses = any(n not in DEVICE_FREE for n in names)
+    rec = {**environment.collect(params, uses_device=uses), "notebooks": list(names)}
+    folder = out / "environment"
+    if not resume and folder.is_dir():
+        for f in folder.glob("*.json"):
+            f.unlink()
+    folder.mkdir(exist_ok=True)
+    job = os.environ.get("SLURM_JOB_ID") or f"local-{_time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    atomic_write_text(folder / f"{job}.json", json.dumps(to_json(rec), indent=1))
+    records = []
+    for f in sorted(folder.glob("*.json")):
+        try:
+            records.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    path = out / "environment.json"
+    atomic_write_text(path, json.dumps(to_json(environment.merge_records(records)), indent=1))
+    return path
+
+
+# notebooks that measure nothing on the device: they run on a CPU node whatever 'device' says
+# (the SLURM layout gives them no GPU)
+DEVICE_FREE = ("01_graph_inventory", "05_verdict")
+
+
 def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None = None,
                   show_code: bool = False, resume: bool = False, progress: bool = True,
                   log_output: bool = True) -> list[NotebookOutcome]:
@@ -321,12 +353,12 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
         KeyboardInterrupt: on SIGINT/SIGTERM/SIGHUP, after stopping every child process.
     """
     names = resolve_only(only)
-    environment.resolve_device(params["device"])  # 'cuda' without a GPU fails here, first
+    if any(n not in DEVICE_FREE for n in names):  # 'cuda' without a GPU fails here, first
+        environment.resolve_device(params["device"])
     out = _check_out_dir(Path(out_dir))
     checksum = snapshot_checksum(params)  # loads and checks the snapshot before any notebook
     try:
-        atomic_write_text(out / "environment.json",
-                          json.dumps(to_json(environment.collect(params)), indent=1))
+        write_environment(out, params, names, resume=resume)
     except OSError as exc:
         raise WorkbookError(f"cannot write to {out}: {exc}") from None
     outcomes: list[NotebookOutcome] = []

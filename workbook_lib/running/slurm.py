@@ -17,6 +17,10 @@ derived from a job id, so running ``submit.sh`` again after a cancel or a failur
 same folder and redoes only what is incomplete (every job runs ``--resume``). ``WORKBOOK_OUT``
 overrides it at submission. Logs go to ``<out-dir>/logs`` (absolute, created now, before any
 job starts). The scripts use nothing newer than bash 4.2.
+
+Every job that uses the device (02, 03, 04, 06; the single job once) runs ``python -m workbook_lib
+selftest`` on its node first and stops, before the long work, when a check fails
+(``WORKBOOK_SKIP_SELFTEST=1`` at submission skips it).
 """
 from __future__ import annotations
 
@@ -88,6 +92,18 @@ def _ddp_lines() -> list[str]:
     ]
 
 
+def _selftest_lines(python: str, cond: str | None = None) -> list[str]:
+    """Bash running the self-test on this job's node first; a failure stops the job before the
+    long work (its table is in the job's log)."""
+    q = shlex.quote
+    ranks = '$([ "${NB:-}" = "04" ] && echo "" || echo "--ranks 1")'
+    run = (f'{q(python)} -m workbook_lib selftest --device auto {ranks} || '
+           '{ echo "self-test failed on $(hostname): not starting the notebooks (see the table '
+           'above)" >&2; exit 1; }')
+    skip = '[ "${WORKBOOK_SKIP_SELFTEST:-0}" != "1" ]'
+    return [f"if {skip}{' && ' + cond if cond else ''}; then", f"  {run}", "fi"]
+
+
 def notebook_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: str,
                     repo: Path, time: str, partition: str | None,
                     account: str | None) -> str:
@@ -99,6 +115,8 @@ def notebook_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: 
         f"cd {q(str(repo))}",
         f'RUN="${{WORKBOOK_OUT:-{run_dir}}}"',
         *_ddp_lines(),
+        "# the notebooks that use the device check this node first (04 with its GPUs' ranks)",
+        *_selftest_lines(python, '[ "$NB" != "01" ] && [ "$NB" != "05" ]'),
         "# EXTRA is unquoted on purpose: it is empty or words without spaces",
         f'{q(python)} -m workbook_lib run --params {q(str(params_file))} --out "$RUN" '
         '--only "$NB" --resume --quiet $EXTRA',
@@ -119,7 +137,7 @@ def single_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: st
         lines.append(f"#SBATCH --mem={mem}")
     lines += ["set -eu", f"cd {q(str(repo))}", f'RUN="${{WORKBOOK_OUT:-{run_dir}}}"',
               'NB="04"', *_ddp_lines(),
-              f'echo "run folder: $RUN"',
+              f'echo "run folder: $RUN"', *_selftest_lines(python),
               f'{q(python)} -m workbook_lib run --params {q(str(params_file))} --out "$RUN" '
               "--resume --quiet $EXTRA"]
     return "\n".join(lines) + "\n"

@@ -13,6 +13,9 @@ An :class:`Arm` is one timed series of such steps: a pipeline, its model (plain 
   ``last`` as with ``no_sync()`` accumulation, or ``never``), and the loss-side all-gather.
 
 Every stage is timed between device syncs in a :class:`~workbook_lib.measurement.timing.StepClock`
+(a variant with ``sync_stages=False`` is the same step synchronized only at its start and end: on
+a GPU the per-stage syncs serialize the host's work with the device's, so the pipelined step is
+reported beside the stage attribution)
 and wrapped in a ``wb:<stage>`` profiler range (for the exclusive-time trace breakdown); the
 DataLoader workers time their own fetch and collate and send the times with the batch.
 
@@ -107,6 +110,7 @@ class Variant:
     micro_batches: int = 1
     allreduce: str = "every"
     gather: bool = False
+    sync_stages: bool = True  # False: a pipelined step, synchronized only at its start and end
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -164,7 +168,7 @@ class Arm:
         loss = None
         with clock.step(timed=timed):
             for micro in range(v.micro_batches):
-                with _stage(clock, "loader_wait"):
+                with _stage(clock, "loader_wait", v.sync_stages):
                     batch, worker = next(self.stream)
                 clock.add("worker_fetch", worker["fetch_s"])
                 clock.add("worker_collate", worker["collate_s"])
@@ -172,26 +176,26 @@ class Arm:
                                      (v.allreduce == "last" and micro < v.micro_batches - 1))
                 with (counter.count() if counter is not None else nullcontext()), \
                         (self.model.no_sync() if skip else nullcontext()):
-                    with _stage(clock, "h2d"):
+                    with _stage(clock, "h2d", v.sync_stages):
                         if counter is not None:  # as a GPU would: pageable copies synchronize
                             counter.transfer(batch, pinned=getattr(self.loader, "wb_pin_memory",
                                                                    self.loader.pin_memory))
                         batch = pipe.to_device(batch, non_blocking=self.loader.pin_memory)
-                    with _stage(clock, "device_prep"):
+                    with _stage(clock, "device_prep", v.sync_stages):
                         inputs = pipe.prepare(batch)
                     if v.mode == "data":
                         continue
-                    with _stage(clock, "forward"):
+                    with _stage(clock, "forward", v.sync_stages):
                         out = pipe.forward(self.model, inputs)
                         loss = (pipe.loss(out, batch, gather=True) if v.gather
                                 else pipe.loss(out, batch))
                     if v.mode != "forward":
-                        with _stage(clock, "backward"):
+                        with _stage(clock, "backward", v.sync_stages):
                             loss.backward()
             # the optimizer is outside the sync count: AdamW keeps its step counters on the host
             # (their .item() never waits for a GPU), which a CPU run could not tell apart
             if v.mode == "full":
-                with _stage(clock, "optimizer"):
+                with _stage(clock, "optimizer", v.sync_stages):
                     self.optimizer.step()
                     self.optimizer.zero_grad(set_to_none=True)
             elif v.mode != "data":
@@ -212,8 +216,8 @@ def _takes_gather(pipeline: Pipeline) -> bool:
 
 
 @contextmanager
-def _stage(clock: StepClock, name: str):
-    with record_function(f"wb:{name}"), clock.stage(name):
+def _stage(clock: StepClock, name: str, synced: bool = True):
+    with record_function(f"wb:{name}"), clock.stage(name, synced):
         yield
 
 

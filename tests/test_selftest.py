@@ -1,0 +1,64 @@
+"""The self-test a user runs on a new machine: it passes on this CPU, and it fails (exit 1) or
+refuses (exit 2) when it should."""
+import pytest
+import torch
+
+from workbook_lib.measurement.precision import float32_tolerance
+from workbook_lib.running import cli, selftest
+
+
+def test_selftest_passes_on_cpu(capsys):
+    rc = cli.main(["selftest", "--device", "cpu", "--only", "exactness", "--only", "syncs",
+                   "--only", "timing", "--only", "ddp"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "exactness: node_mask_shared" in out and "timing synchronization" in out
+    assert "syncs per step: device_mask_loop" in out
+    assert "DDP launch (torchrun)" in out and "skipped" in out  # one rank on a CPU
+
+
+def test_selftest_exit_1_on_a_failed_check(monkeypatch, capsys):
+    monkeypatch.setattr(selftest, "check_timing_sync", lambda dev: selftest.Check(
+        "timing synchronization", selftest.FAILED, "the device was not waited for"))
+    assert cli.main(["selftest", "--device", "cpu", "--only", "timing"]) == 1
+    assert "FAILED: timing synchronization" in capsys.readouterr().out
+
+
+def test_timing_check_fails_without_a_device_wait(monkeypatch):
+    """The timing check's rule both ways: a StepClock that does not wait for the work fails."""
+    assert selftest.check_timing_sync(torch.device("cpu")).status == selftest.OK
+    from workbook_lib.measurement import timing
+
+    class NoWait(timing.StepClock):
+        def stage(self, name):
+            from contextlib import contextmanager
+
+            @contextmanager
+            def cm():
+                self._cur[name] = 0.001  # a launch time: the work itself not waited for
+                yield
+            return cm()
+    monkeypatch.setattr(timing, "StepClock", NoWait)
+    assert selftest.check_timing_sync(torch.device("cpu")).status == selftest.FAILED
+
+
+def test_float32_tolerance_grows_with_in_degree():
+    class G:
+        num_genes = 4
+        edge_index = {"a": torch.tensor([[0, 1, 2], [3, 3, 3]])}
+    small = float32_tolerance(G, 2, floor=0.0)
+    G.edge_index = {"a": torch.tensor([[0] * 400, [3] * 400])}
+    assert float32_tolerance(G, 2, floor=0.0) > small > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_selftest_refuses_cuda_without_a_gpu(capsys):
+    assert cli.main(["selftest", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_selftest_passes_on_cuda():
+    checks = selftest.run_selftest("cuda", ranks=min(2, torch.cuda.device_count()))
+    assert not [c for c in checks if c.status == selftest.FAILED], checks
