@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import yaml
 from ..exceptions import SnapshotError
 from ..paths import resolve_path
 from ..running.params import snapshot_spec_path
+from ..running.results import temp_file_beside
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def _build_lock(path: Path):
 
 
 def _atomic_save(obj, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file_beside(path)  # the umask's mode: a group's cache is shared
     os.close(fd)
     try:
         torch.save(obj, tmp)
@@ -246,7 +246,7 @@ def load_synthetic(spec_name: str, seed: int, scale: float,
                 edge_index = generate(spec, seed, scale)
                 _atomic_save({"edge_index": edge_index, "num_genes": int(spec["num_genes"])},
                              path)
-                fd, tmp = tempfile.mkstemp(prefix=f".{sha_path.name}.", dir=path.parent)
+                fd, tmp = temp_file_beside(sha_path)
                 with os.fdopen(fd, "w") as fh:
                     fh.write(_file_sha256(path) + "\n")
                 os.replace(tmp, sha_path)
