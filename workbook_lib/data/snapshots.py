@@ -286,9 +286,19 @@ def load_heterodata(path: str | Path) -> CellGraph:
         if s != "gene" or d != "gene":
             ignored.append("__".join(et))
             continue
-        ei = data[et].edge_index.long()
+        ei = getattr(data[et], "edge_index", None)
+        if ei is None:
+            raise SnapshotError(f"{p}: edge type {et} has no edge_index")
+        if not isinstance(ei, torch.Tensor):
+            raise SnapshotError(f"{p}: edge_index of {et} is a {type(ei).__name__}, expected a "
+                                "tensor")
+        if ei.is_floating_point() or ei.is_complex() or ei.dtype == torch.bool:
+            raise SnapshotError(f"{p}: edge_index of {et} must hold integer node ids (its dtype "
+                                f"is {ei.dtype})")
+        ei = ei.long()
         if ei.dim() != 2 or ei.shape[0] != 2:
-            raise SnapshotError(f"{p}: edge_index of {et} must be [2, E]")
+            raise SnapshotError(f"{p}: edge_index of {et} must be [2, E] (it is "
+                                f"{list(ei.shape)})")
         if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
             raise SnapshotError(f"{p}: edge_index of {et} has node ids outside 0..{n - 1}")
         order = np.lexsort((ei[0].numpy(), ei[1].numpy()))

@@ -21,8 +21,6 @@ DEFAULT_PARAMS = "params/default.yaml"
 
 def _load(path: str, sets: list[str] | None) -> dict:
     """A params file plus ``--set KEY=VALUE`` overrides, validated once."""
-    import yaml
-
     from ..paths import resolve_path
 
     p = Path(path)
@@ -33,12 +31,7 @@ def _load(path: str, sets: list[str] | None) -> dict:
         if "=" not in item:
             raise ParamsError(f"--set expects KEY=VALUE (got {item!r})")
         k, v = item.split("=", 1)
-        try:
-            raw[k.strip()] = yaml.safe_load(v)
-        except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0]
-            raise ParamsError(f"--set {item!r}: the value is not valid YAML ({first})",
-                              key=k.strip(), value=v) from None
+        raw[k.strip()] = params_mod.load_yaml(v, "--set", key=k.strip())
     return params_mod.validate(raw, source=str(src) + (" with --set" if sets else ""))
 
 
@@ -51,8 +44,9 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_params(args) -> int:
-    if args.file:
-        for k, v in _load(args.file, args.set).items():
+    if args.file or args.set:
+        # --set without a file: the defaults (params/default.yaml) with the overrides
+        for k, v in _load(args.file or DEFAULT_PARAMS, args.set).items():
             print(f"{k}: {v!r}")
     else:
         print(params_mod.describe())
@@ -266,9 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except WorkbookError as exc:
-        print(f"error: {str(exc).splitlines()[0] if len(str(exc)) > 400 else exc}",
-              file=sys.stderr)
+        print(f"error: {params_mod.one_line(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {params_mod.one_line(f'{exc.strerror or exc}{where}')}", file=sys.stderr)
         return 2

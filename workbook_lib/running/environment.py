@@ -97,8 +97,28 @@ def device_label(device: torch.device) -> str:
     return f"cpu: {cpu_model()} ({torch.get_num_threads()} threads)"
 
 
-def collect(params: dict | None = None) -> dict:
-    """Everything needed to compare two runs later."""
+def allocator_record(params: dict | None, *, run_level: bool = False) -> dict:
+    """What the environment says about the CPU allocator setting. The run-level record (the
+    runner's process, which measures nothing) says what was requested of every notebook's
+    kernel, not this process's state: each kernel applies it and records its own."""
+    state = dict(_ALLOCATOR_STATE)
+    if run_level and params is not None:
+        requested = bool(params.get("cpu_allocator_cache"))
+        state = {"requested": requested, "applied": None,
+                 "detail": ("requested: applied by each notebook's kernel (each notebook's "
+                            "results record what its kernel applied)") if requested
+                 else "not requested"}
+    return state
+
+
+def collect(params: dict | None = None, *, run_level: bool = False) -> dict:
+    """Everything needed to compare two runs later.
+
+    Args:
+        params: the run's validated params.
+        run_level: the run folder's ``environment.json`` (written by the runner, whose own
+            process measures nothing) rather than a notebook's.
+    """
     dev = resolve_device(params["device"]) if params else torch.device("cpu")
     gpu = None
     if torch.cuda.is_available():
@@ -118,6 +138,6 @@ def collect(params: dict | None = None) -> dict:
         "gpu": gpu,
         "git": git_revision(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "cpu_allocator_cache": dict(_ALLOCATOR_STATE),
+        "cpu_allocator_cache": allocator_record(params, run_level=run_level),
         "params": params,
     }
