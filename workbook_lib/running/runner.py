@@ -185,6 +185,11 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
         outcome.status = "failed"
         outcome.error = f"{exc.ename}: {exc.evalue}"
         outcome.failed_cell, outcome.failed_exec = exc.cell_index, exc.exec_count
+    except OSError as exc:  # e.g. a full disk while papermill writes the notebook
+        outcome.status = "failed"
+        outcome.error = f"{type(exc).__name__}: {_os_error(exc) if exc.filename else exc}" + (
+            "" if exc.filename else f" (writing {out_nb})")
+        outcome.failed_cell = _failed_cell(out_nb)
     except Exception as exc:  # noqa: BLE001 - a dead kernel etc.: recorded, the run goes on
         outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
         outcome.failed_cell = _failed_cell(out_nb)
@@ -193,10 +198,13 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
         try:
             export_html(out_nb, out_html, show_code=show_code)
         except Exception as exc:  # noqa: BLE001 - a report that cannot be written: not complete
-            log.error("HTML export of %s failed: %s", out_nb, exc)
+            why = _os_error(exc) if isinstance(exc, OSError) else str(exc)
+            why = f"HTML export to {out_html} failed: {why}"
+            log.error("%s: %s", name, why)
+            # the notebook's own failure, when it failed, stays the error reported
+            outcome.error = f"{outcome.error}; {why}" if outcome.status == "failed" else why
             outcome.status = "failed"
-            outcome.error = f"HTML export failed: {exc}"
-            mark_incomplete(out_dir, name, f"HTML export failed: {exc}")
+            mark_incomplete(out_dir, name, why)
     outcome.files = report_files(out_dir, name)
     return outcome
 
