@@ -2,6 +2,7 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation
 #   kernelspec:
 #     display_name: GNN perturbation workbook
 #     language: python

@@ -40,3 +40,36 @@ def test_atomic_writes_get_the_umasks_mode(tmp_path, umask, mask, mode):
     for f in files:
         assert stat.S_IMODE(f.stat().st_mode) == mode, f
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_jupytext_round_trip_leaves_the_sources_byte_identical(tmp_path):
+    """`make notebooks` builds the .ipynb; `jupytext --sync` and JupyterLab's save (jupytext's
+    contents manager) write the paired .py back: byte for byte what is tracked."""
+    import shutil
+
+    import nbformat
+    from jupytext.cli import jupytext as jupytext_cli
+    from jupytext import TextFileContentsManager
+
+    from workbook_lib.catalog import NOTEBOOK_NAMES
+    from workbook_lib.running import notebooks as nbsrc
+
+    for name in NOTEBOOK_NAMES:
+        shutil.copy(ROOT / "notebooks" / f"{name}.py", tmp_path)
+    shutil.copy(ROOT / "notebooks" / "jupytext.toml", tmp_path)
+    nbsrc.sync(directory=tmp_path)
+    first, second = NOTEBOOK_NAMES[0], NOTEBOOK_NAMES[1]
+    # a user runs a notebook: outputs and execution metadata land in the .ipynb
+    nb = nbformat.read(str(tmp_path / f"{first}.ipynb"), as_version=4)
+    nb.metadata["language_info"] = {"name": "python", "version": "3.11.2"}
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", text="ran")]
+    code.execution_count = 1
+    nbformat.write(nb, str(tmp_path / f"{first}.ipynb"))
+    jupytext_cli(["--sync", "--quiet", str(tmp_path / f"{first}.ipynb")])
+    cm = TextFileContentsManager(root_dir=str(tmp_path))
+    model = cm.get(f"{second}.ipynb")
+    cm.save(model, f"{second}.ipynb")  # what JupyterLab's save does
+    for name in NOTEBOOK_NAMES:
+        assert (tmp_path / f"{name}.py").read_bytes() == \
+            (ROOT / "notebooks" / f"{name}.py").read_bytes(), name
