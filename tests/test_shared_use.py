@@ -73,3 +73,46 @@ def test_a_jupytext_round_trip_leaves_the_sources_byte_identical(tmp_path):
     for name in NOTEBOOK_NAMES:
         assert (tmp_path / f"{name}.py").read_bytes() == \
             (ROOT / "notebooks" / f"{name}.py").read_bytes(), name
+
+
+def test_the_kernel_is_registered_in_the_environment_and_removed_by_clean(tmp_path,
+                                                                         monkeypatch):
+    """make venv registers gnn-workbook inside the clone's environment (running its Python),
+    removes a per-user one this clone left, and make clean removes what it registered."""
+    import json
+    import subprocess
+    import sys
+
+    from workbook_lib.running import kernel
+
+    user = tmp_path / "user"
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(user))
+    mine, other = user / "kernels" / "gnn-workbook", user / "kernels" / "other"
+    for d, py in ((mine, sys.executable), (other, "/another/clone/.venv/bin/python")):
+        d.mkdir(parents=True)
+        (d / "kernel.json").write_text(json.dumps({"argv": [py, "-m", "ipykernel_launcher"]}))
+    path = kernel.install(prefix=tmp_path / "venv")
+    assert path == tmp_path / "venv" / "share" / "jupyter" / "kernels" / "gnn-workbook"
+    spec = json.loads((path / "kernel.json").read_text())
+    assert spec["argv"][0] == sys.executable and spec["display_name"] == kernel.KERNEL_DISPLAY
+    assert not mine.exists() and other.exists()  # only this clone's per-user leftover
+    assert kernel.remove(prefix=tmp_path / "venv") == [path] and not path.exists()
+    make = subprocess.run(["make", "-n", "venv", "clean", "-B"], cwd=ROOT, capture_output=True,
+                          text=True).stdout
+    assert "workbook_lib kernel" in make and "workbook_lib kernel --remove" in make
+    assert "--user" not in make
+
+
+def test_a_notebook_opened_with_another_clones_kernel_is_refused(tmp_path, monkeypatch):
+    from workbook_lib.exceptions import WorkbookError
+    from workbook_lib.running.kernel import check_notebook_clone
+
+    monkeypatch.delenv("WORKBOOK_ROOT", raising=False)
+    clone = tmp_path / "clone-b"
+    (clone / "workbook_lib").mkdir(parents=True)
+    (clone / "workbook_lib" / "__init__.py").write_text("")
+    (clone / "notebooks").mkdir()
+    with pytest.raises(WorkbookError, match="another clone's kernel"):
+        check_notebook_clone(clone / "notebooks")
+    check_notebook_clone(ROOT / "notebooks")  # its own clone
+    check_notebook_clone(tmp_path)  # papermill's outputs elsewhere, the runner's temp folders

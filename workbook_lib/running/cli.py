@@ -151,6 +151,20 @@ def _cmd_notebooks(args) -> int:
     return 0
 
 
+def _cmd_kernel(args) -> int:
+    from . import kernel
+
+    if args.remove:
+        for path in kernel.remove():
+            print(f"removed {path}")
+        return 0
+    if not args.check:
+        print(f"registered {kernel.install()}")
+    ok, where = kernel.check()
+    print(where + ("" if ok else f": not this clone's Python ({sys.executable})"))
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -244,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--force", action="store_true",
                     help="overwrite scripts of another layout in --out-dir")
     sp.set_defaults(fn=_cmd_slurm)
+    sp = sub.add_parser("kernel", help="register this clone's Jupyter kernel in its environment "
+                                       "(make venv); --remove undoes it (make clean)")
+    sp.add_argument("--remove", action="store_true", help="remove what registering made")
+    sp.add_argument("--check", action="store_true",
+                    help="only say where the kernel name resolves, and whether to this clone")
+    sp.set_defaults(fn=_cmd_kernel)
     sp = sub.add_parser("notebooks", help="rebuild notebooks/*.ipynb from their sources "
                                           "(make notebooks)")
     sp.add_argument("--check", action="store_true",

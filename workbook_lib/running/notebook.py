@@ -100,6 +100,9 @@ def setup(namespace: dict, *, load_graph: bool = True) -> NotebookContext:
     """Validate the notebook's parameters, apply the CPU allocator setting, set the plotting
     style, resolve the device and load the snapshot (checking the params that need it).
     Raises before any measurement when something is wrong."""
+    from .kernel import check_notebook_clone
+
+    check_notebook_clone()  # a notebook opened with another clone's kernel is refused
     p, run_dir = notebook_params(namespace)
     namespace[_DONE] = True
     environment.configure_cpu_allocator(p["cpu_allocator_cache"])

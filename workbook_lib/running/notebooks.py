@@ -19,10 +19,9 @@ from pathlib import Path
 
 from ..catalog import NOTEBOOK_NAMES
 from ..paths import NOTEBOOK_DIR
+from .kernel import KERNEL_DISPLAY, KERNEL_NAME  # one name for the metadata and `make kernel`
 from .params import parameters_cell
 
-KERNEL_NAME = "gnn-workbook"
-KERNEL_DISPLAY = "GNN perturbation workbook"
 METADATA_FILTER = "-jupytext.text_representation"
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(?=\n# %%)', re.S)
 
