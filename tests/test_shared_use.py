@@ -116,3 +116,39 @@ def test_a_notebook_opened_with_another_clones_kernel_is_refused(tmp_path, monke
         check_notebook_clone(clone / "notebooks")
     check_notebook_clone(ROOT / "notebooks")  # its own clone
     check_notebook_clone(tmp_path)  # papermill's outputs elsewhere, the runner's temp folders
+
+
+# pip name -> conda-forge name where they differ
+CONDA_NAMES = {"torch": "pytorch", "torch_geometric": "pytorch_geometric"}
+
+
+def test_environment_yml_matches_pyproject():
+    """Conda users get the packages (and lower bounds) pip users get, from conda-forge only."""
+    import re
+
+    import yaml
+    from packaging.specifiers import SpecifierSet
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {}
+    for req in project["dependencies"] + project["optional-dependencies"]["test"]:
+        name, spec = re.match(r"([A-Za-z0-9_.-]+)\s*(.*)", req).groups()
+        wanted[CONDA_NAMES.get(name, name)] = spec.replace(" ", "")
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert env["channels"] == ["conda-forge"]
+    have, python = {}, None
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            assert dep == {"pip": ["--no-deps -e ."]}  # the library itself, nothing else
+            continue
+        name, spec = re.match(r"([A-Za-z0-9_.-]+)\s*(.*)", dep).groups()
+        if name == "python":
+            python = spec.lstrip("=")
+        elif name != "pip":
+            have[name] = spec.replace(" ", "")
+    assert have == wanted
+    assert python in SpecifierSet(project["requires-python"])
