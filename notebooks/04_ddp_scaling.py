@@ -25,7 +25,7 @@
 # Every key of the params schema (python -m workbook_lib params); papermill sets them with -p KEY VALUE or -f FILE.yaml
 from typing import Dict, List, Optional, Union  # for the annotations below
 snapshot: str = 'string12'  # spec name in data_snapshots/ (e.g. 'string12') or path to a torch.save'd HeteroData
-scale: float = 0.1  # edge-count multiplier, 1.0   the real graph
+scale: float = 0.1  # edge-count multiplier, 1.0 is the real graph
 seed: int = 0  # seed of graph generation and perturbation sampling
 device: str = 'auto'  # cpu, cuda or auto (cuda when available)
 batch_sizes: List[int] = [1, 8, 28, 64]  # batch sizes of per-batch size figures

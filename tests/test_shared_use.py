@@ -152,3 +152,57 @@ def test_environment_yml_matches_pyproject():
             have[name] = spec.replace(" ", "")
     assert have == wanted
     assert python in SpecifierSet(project["requires-python"])
+
+
+def test_the_profilers_usdt_lines_stay_off_the_terminal(monkeypatch, capfd):
+    from workbook_lib.report import progress as pg
+
+    monkeypatch.setenv("WORKBOOK_PROGRESS", "1")
+    with pg.native_stderr_to_terminal():
+        os.write(2, b"USDT: probe profiler_start\nnative warning kept\n  USDT: indented\n")
+    err = capfd.readouterr().err
+    assert "native warning kept" in err and "USDT" not in err
+
+
+def test_params_set_without_a_file_applies_the_set(capsys):
+    from workbook_lib.running import cli
+
+    assert cli.main(["params", "--set", "hidden=12"]) == 0
+    out = capsys.readouterr().out
+    assert "hidden: 12" in out.splitlines()
+    assert cli.main(["params", "--set", "hidden=0"]) == 2
+
+
+def test_help_notebook_keeps_the_meaning_of_equals():
+    from papermill.translators import PythonTranslator
+
+    from workbook_lib.running import params as P
+
+    found = {p.name: p for p in PythonTranslator.inspect({"source": P.parameters_cell()})}
+    assert "1.0 is the real graph" in found["scale"].help
+    assert set(found) == set(P.FIELDS) | {"run_dir"}
+
+
+def test_run_level_environment_says_what_each_notebook_was_asked_to_apply():
+    from workbook_lib.running import environment
+    from workbook_lib.running import params as P
+
+    rec = environment.collect(P.defaults(), run_level=True)["cpu_allocator_cache"]
+    assert rec["requested"] is True and "each notebook's kernel" in rec["detail"]
+    off = environment.collect({**P.defaults(), "cpu_allocator_cache": False}, run_level=True)
+    assert off["cpu_allocator_cache"]["requested"] is False
+
+
+def test_html_turns_a_papermill_output_into_the_report(tmp_path, capsys):
+    import nbformat
+
+    from workbook_lib.running import cli
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Title here"),
+                nbformat.v4.new_code_cell("secret_code = 1")]
+    nbformat.write(nb, str(tmp_path / "out.ipynb"))
+    assert cli.main(["html", str(tmp_path / "out.ipynb")]) == 0
+    html = (tmp_path / "out.html").read_text()
+    assert "Title here" in html and "secret_code" not in html  # code hidden, as run does
+    assert cli.main(["html", str(tmp_path / "none.ipynb")]) == 2

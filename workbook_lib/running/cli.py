@@ -151,6 +151,18 @@ def _cmd_notebooks(args) -> int:
     return 0
 
 
+def _cmd_html(args) -> int:
+    from .runner import export_html
+
+    src = Path(args.notebook)
+    if not src.is_file():
+        raise ParamsError(f"{src}: no such executed notebook", key="notebook")
+    out = Path(args.out) if args.out else src.with_suffix(".html")
+    export_html(src, out, show_code=args.show_code)
+    print(f"Report: {out}")
+    return 0
+
+
 def _cmd_kernel(args) -> int:
     from . import kernel
 
@@ -258,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--force", action="store_true",
                     help="overwrite scripts of another layout in --out-dir")
     sp.set_defaults(fn=_cmd_slurm)
+    sp = sub.add_parser("html", help="the HTML report of an executed notebook (e.g. papermill's "
+                                     "output), as run writes it")
+    sp.add_argument("notebook", help="an executed .ipynb")
+    sp.add_argument("--out", metavar="FILE.html", help="default: beside it, .html")
+    sp.add_argument("--show-code", action="store_true", help="keep the code cells")
+    sp.set_defaults(fn=_cmd_html)
     sp = sub.add_parser("kernel", help="register this clone's Jupyter kernel in its environment "
                                        "(make venv); --remove undoes it (make clean)")
     sp.add_argument("--remove", action="store_true", help="remove what registering made")

@@ -756,7 +756,8 @@ def describe() -> str:
 
 def _cell_comment(doc: str) -> str:
     # papermill skips a parameter line holding more than one "=" (it reads it as code)
-    return doc.replace(">=", "at least").replace("<=", "at most").replace("=", " ")
+    return doc.replace(">=", "at least").replace("<=", "at most").replace(" = ", " is ") \
+        .replace("=", " ")
 
 
 def parameters_cell() -> str:
