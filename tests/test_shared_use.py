@@ -206,3 +206,53 @@ def test_html_turns_a_papermill_output_into_the_report(tmp_path, capsys):
     html = (tmp_path / "out.html").read_text()
     assert "Title here" in html and "secret_code" not in html  # code hidden, as run does
     assert cli.main(["html", str(tmp_path / "none.ipynb")]) == 2
+
+
+def test_the_memory_budget_is_the_tightest_limit(tmp_path):
+    """Host RAM, unless a cgroup (v1 or v2, the process's group or an ancestor) or SLURM's
+    request is lower."""
+    import psutil
+
+    from workbook_lib.running.environment import memory_limit
+
+    ram = float(psutil.virtual_memory().total)
+    nothing = tmp_path / "none"
+    base, label = memory_limit(proc_cgroup=nothing, cgroup_root=tmp_path, environ={})
+    assert base <= ram
+    v2 = tmp_path / "v2"
+    (v2 / "job" / "step").mkdir(parents=True)
+    (v2 / "job" / "memory.max").write_text(str(int(base // 4)) + "\n")
+    (v2 / "job" / "step" / "memory.max").write_text("max\n")
+    pc = tmp_path / "cgroup2"
+    pc.write_text("0::/job/step\n")
+    assert memory_limit(proc_cgroup=pc, cgroup_root=v2, environ={}) == \
+        (float(int(base // 4)), "cgroup memory.max")
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(int(base // 2)))
+    pc1 = tmp_path / "cgroup1"
+    pc1.write_text("4:memory:/host/path/not/mounted\n1:cpu:/\n")
+    assert memory_limit(proc_cgroup=pc1, cgroup_root=v1, environ={})[1] == \
+        "cgroup memory.limit_in_bytes"
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712")  # no limit
+    assert memory_limit(proc_cgroup=pc1, cgroup_root=v1, environ={}) == (base, label)
+    slurm = memory_limit(proc_cgroup=nothing, cgroup_root=tmp_path,
+                         environ={"SLURM_MEM_PER_NODE": "1024"})
+    assert slurm == (1024.0 * 2**20, "SLURM --mem")
+    per_cpu = memory_limit(proc_cgroup=nothing, cgroup_root=tmp_path,
+                           environ={"SLURM_MEM_PER_CPU": "512", "SLURM_CPUS_ON_NODE": "3"})
+    assert per_cpu == (3 * 512.0 * 2**20, "SLURM --mem-per-cpu x CPUs")
+
+
+def test_the_memory_budget_follows_an_rlimit():
+    """ulimit -v, in a child process (an rlimit cannot be raised back)."""
+    import subprocess
+    import sys
+
+    code = ("import resource, psutil; lim = int(psutil.virtual_memory().total * 0.9) // 4096 * "
+            "4096; resource.setrlimit(resource.RLIMIT_AS, (lim, lim)); "
+            "from workbook_lib.measurement.memory import device_budget; "
+            "print(device_budget('cpu') == (float(lim), 'address-space rlimit (ulimit -v)'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "True", (out.stdout, out.stderr[-500:])

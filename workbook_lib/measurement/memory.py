@@ -251,14 +251,15 @@ def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float,
 
 
 def device_budget(device: torch.device | str) -> tuple[float, str]:
-    """The memory a run on ``device`` has: host RAM for CPU runs, the GPU's memory for CUDA."""
+    """The memory a run on ``device`` has: for CPU runs the tightest of host RAM, an rlimit, a
+    cgroup and SLURM's request; the GPU's memory for CUDA."""
     dev = torch.device(device)
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
         return float(props.total_memory), f"GPU memory ({props.name})"
-    import psutil
+    from ..running.environment import memory_limit
 
-    return float(psutil.virtual_memory().total), "host RAM"
+    return memory_limit()
 
 
 @dataclass

@@ -202,8 +202,9 @@ SCHEMA: tuple[Field, ...] = (
     Field("memory_full_size", "bool", False,
           "also measure peak memory at the real spec (scale 1, H=64, 3 layers)", S_02),
     Field("memory_budget_gb", "optional_float", None,
-          "memory for the largest-batch projection (null: what the run measures on - host RAM "
-          "for CPU runs, GPU memory for CUDA runs)", S_02, _positive),
+          "memory for the largest-batch projection (null: what the run measures on - for CPU "
+          "runs the tightest of host RAM, an rlimit, a cgroup and SLURM --mem; GPU memory for "
+          "CUDA runs)", S_02, _positive),
     Field("batch_size_lazy", "int", 7,
           "batch of the perturbed-graph strategies (the investigation's Lazy model: 28)", S_03,
           _batch),
