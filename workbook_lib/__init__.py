@@ -32,7 +32,8 @@ Where things are done (folder = layer, lower layers never import higher ones):
                    ``html`` (export, index page), ``progress`` (terminal only)
 ``running/``       ``params`` (the schema), ``notebook`` (a notebook's setup), ``notebooks``
                    (sources and builds), ``runner`` (papermill), ``results`` (JSON),
-                   ``environment``, ``slurm``, ``cli``, ``processes``
+                   ``environment``, ``slurm``, ``cli``, ``processes``, ``runlock`` (one
+                   writer per notebook of a run folder), ``kernel`` (this clone's kernel)
 ``catalog``, ``paths``, ``records``, ``exceptions``: names, locations, typed JSON, errors.
 """
 import warnings
