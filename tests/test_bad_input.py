@@ -152,6 +152,15 @@ def test_bad_input_refused_in_one_line_before_any_work(tmp_path, capsys, make, k
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv", [["bench", "--out", ""], ["stability", "--out", ""],
+                                  ["slurm", "--out-dir", ""], ["slurm", "--run-dir", " "],
+                                  ["params", "--set", "x=1", "--set", "seed=-1"]])
+def test_other_commands_refuse_in_one_line(capsys, argv):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
 NOTEBOOK_CASES = [
     ({"perturbation_k": {3: float("nan")}}, "perturbation_k"),
     ({"exactness_genes": 7000}, "exactness_genes"),

@@ -296,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("papermill").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
+        for opt in ("out", "out_dir", "run_dir", "params"):
+            value = getattr(args, opt, None)
+            if isinstance(value, str) and not value.strip():
+                raise ParamsError(f"--{opt.replace('_', '-')}: empty path", key=opt)
         return args.fn(args)
     except WorkbookError as exc:
         print(f"error: {params_mod.one_line(str(exc))}", file=sys.stderr)
