@@ -52,10 +52,13 @@ def sinfo_partitions() -> dict[str, dict] | None:
     if shutil.which("sinfo") is None:
         return None
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P|%D|%c|%l|%G"], capture_output=True,
-                             text=True, timeout=20).stdout
+        done = subprocess.run(["sinfo", "-h", "-o", "%P|%D|%c|%l|%G"], capture_output=True,
+                              text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
+    if done.returncode != 0:  # no controller reachable: nothing to check against
+        return None
+    out = done.stdout
     parts: dict[str, dict] = {}
     for line in out.splitlines():
         fields = line.strip().split("|")
