@@ -115,6 +115,12 @@ CASES = [
     ("huge list", lambda t: ["--set", "strategies=[" + ", ".join(["x"] * 20000) + "]"],
      "strategies"),
     ("long unknown value", lambda t: ["--set", "device=" + "x" * 100000], "device"),
+    ("snapshot name too long", lambda t: ["--set", "snapshot=" + "x" * 5000], "snapshot"),
+    ("snapshot path too long", lambda t: ["--set", f"snapshot={t}/{'y' * 5000}.pt"], "snapshot"),
+    ("cache_dir too long", lambda t: ["--set", f"cache_dir={t}/{'y' * 5000}"], "cache_dir"),
+    ("rdzv_endpoint not host:port", lambda t: ["--set", "rdzv_endpoint=" + "y" * 50],
+     "rdzv_endpoint"),
+    ("nnodes without rendezvous", lambda t: ["--set", "nnodes=2"], "rdzv_endpoint"),
     # and the ones that always were
     ("unknown key", lambda t: ["--set", "hiden=3"], "hiden"),
     ("wrong type", lambda t: ["--set", "layers=two"], "layers"),

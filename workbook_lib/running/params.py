@@ -96,6 +96,13 @@ def _distinct_at_least(n: int, why: str, check=None):
     return f
 
 
+def _endpoint(v):
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or len(v) > 255 or not port.isdigit() or not 0 < int(port) < 65536:
+        return "must be host:port (port 1..65535)"
+    return None
+
+
 def _seed(v):
     return None if 0 <= v <= MAX_SEED else f"must be in 0..{MAX_SEED} (a 32-bit seed: numpy's " \
         "legacy seeding and DataLoader workers take no more)"
@@ -234,7 +241,7 @@ SCHEMA: tuple[Field, ...] = (
           _positive, placement=True),
     Field("rdzv_endpoint", "optional_str", None,
           "torchrun rendezvous host:port for several nodes (null: a free local port)", S_04,
-          placement=True),
+          _endpoint, placement=True),
     Field("ddp_strategy", "str", "node_mask_shared", "strategy of the DDP scaling runs", S_04,
           choices=STRATEGY_NAMES),
     Field("ddp_batch_size", "int", 8,
@@ -596,6 +603,8 @@ def _cross_checks(out: dict, source: str) -> None:
 
     if len(out["gap_strategies"]) != 2 or out["gap_strategies"][0] == out["gap_strategies"][1]:
         fail("gap_strategies", "must name 2 different strategies (slow, fast)")
+    if out["nnodes"] > 1 and out["rdzv_endpoint"] is None:
+        fail("rdzv_endpoint", f"is needed (host:port) for nnodes={out['nnodes']}")
     if out["loop_max_steps"] < out["loop_steps"]:
         fail("loop_max_steps", f"must be >= loop_steps={out['loop_steps']}")
     if out["ddp_strategy"] not in out["strategies"] and out["ddp_strategy"] not in STRATEGY_NAMES:
@@ -643,6 +652,15 @@ def snapshot_spec_path(name: str) -> Path | None:
 
 
 def _check_snapshot_exists(params: dict, source: str) -> None:
+    try:
+        _snapshot_exists(params, source)
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise ParamsError(f"{source}: 'snapshot' {show(params['snapshot'])} is not a usable path "
+                          f"({exc.strerror or exc})", key="snapshot",
+                          value=params["snapshot"]) from None
+
+
+def _snapshot_exists(params: dict, source: str) -> None:
     name = params["snapshot"]
     spec = snapshot_spec_path(name)
     if spec is not None:
@@ -650,12 +668,12 @@ def _check_snapshot_exists(params: dict, source: str) -> None:
             known = sorted(p.stem for p in SNAPSHOT_DIR.glob("*.yaml"))
             raise ParamsError(
                 f"{source}: 'snapshot' names no spec: {spec} does not exist (known specs: "
-                f"{known}; or give a path to a saved HeteroData) (got {name!r})",
+                f"{known}; or give a path to a saved HeteroData) (got {show(name)})",
                 key="snapshot", value=name)
     else:
         path = resolve_path(name)
         if not path.is_file():
-            raise ParamsError(f"{source}: 'snapshot' file {path} does not exist (got {name!r})",
+            raise ParamsError(f"{source}: 'snapshot' file {show(str(path))} does not exist",
                               key="snapshot", value=name)
 
 
@@ -677,6 +695,15 @@ def max_scale(spec: dict) -> float:
 def _check_cache_dir(params: dict, source: str) -> None:
     """``cache_dir`` must be a folder, or creatable, and writable (checked without creating
     anything)."""
+    try:
+        _cache_dir_usable(params, source)
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise ParamsError(f"{source}: 'cache_dir' {show(params['cache_dir'])} is not a usable "
+                          f"path ({exc.strerror or exc})", key="cache_dir",
+                          value=params["cache_dir"]) from None
+
+
+def _cache_dir_usable(params: dict, source: str) -> None:
     path = resolve_path(params["cache_dir"])
     if path.exists() and not path.is_dir():
         raise ParamsError(f"{source}: 'cache_dir' {path} is a file, not a folder",
