@@ -14,6 +14,12 @@ params (those a result depends on: where a run executes is not compared), snapsh
 SIGINT, SIGTERM and SIGHUP stop the kernel and every process it started (torchrun and its
 ranks run in their own sessions and are found through the process tree, snapshotted before
 anything dies), keep what finished, update the index and exit 130.
+
+Nothing is created before every check has passed (params, device, the run folder's path, the
+snapshot with the checks every notebook's set-up makes, the params of inputs read but not rerun);
+then the run holds each notebook it runs against a second writer (:mod:`.runlock`). A file that
+cannot be written (a full disk) fails the notebook concerned, naming the file, and the run goes
+on.
 """
 from __future__ import annotations
 
