@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,lightning]"
-	$(PY) -m ipykernel install --user --name gnn-workbook --display-name "GNN perturbation workbook" >/dev/null
+	$(PY) -m workbook_lib kernel >/dev/null
 	$(PY) -m workbook_lib notebooks >/dev/null
 	touch $@
 
@@ -34,9 +34,11 @@ test: venv
 notebooks: venv
 	$(PY) -m workbook_lib notebooks
 
-# the named Jupyter kernel of this project (make venv registers it)
+# the Jupyter kernel gnn-workbook of this clone, registered inside .venv (not per user, so two
+# clones each run their own code); make venv registers it, make clean removes it
 kernel: venv
-	$(PY) -m ipykernel install --user --name gnn-workbook --display-name "GNN perturbation workbook"
+	$(PY) -m workbook_lib kernel
 
 clean:
 	rm -rf runs data_snapshots/cache notebooks/*.ipynb
+	if [ -x $(PY) ]; then $(PY) -m workbook_lib kernel --remove; fi

@@ -2,6 +2,7 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation
 #   kernelspec:
 #     display_name: GNN perturbation workbook
 #     language: python
@@ -24,7 +25,7 @@
 # The params keys this notebook reads (every key: python -m workbook_lib params); papermill sets them with -p KEY VALUE or -f FILE.yaml, and also takes any other key
 from typing import Dict, List, Optional, Union  # for the annotations below
 snapshot: str = 'string12'  # spec name in data_snapshots/ (e.g. 'string12') or path to a torch.save'd HeteroData
-scale: float = 0.1  # edge-count multiplier, 1.0   the real graph
+scale: float = 0.1  # edge-count multiplier, 1.0 is the real graph
 seed: int = 0  # seed of graph generation and perturbation sampling
 device: str = 'auto'  # cpu, cuda or auto (cuda when available)
 batch_sizes: List[int] = [1, 8, 28, 64]  # batch sizes of per-batch size figures
@@ -52,7 +53,7 @@ bench_full_size: bool = False  # run 02's strategy benchmark at the real spec (s
 bench_replicated_max_batch: int = 2  # largest batch of the replicated strategies in the benchmark (they are compared per sample; their cost is linear in B)
 memory_batch_sizes: List[int] = [1, 2, 4]  # batch sizes of the peak-memory sweep (at least 3 for a fit)
 memory_full_size: bool = False  # also measure peak memory at the real spec (scale 1, H 64, 3 layers)
-memory_budget_gb: Optional[float] = None  # memory for the largest-batch projection (null: what the run measures on - host RAM for CPU runs, GPU memory for CUDA runs)
+memory_budget_gb: Optional[float] = None  # memory for the largest-batch projection (null: what the run measures on - for CPU runs the tightest of host RAM, an rlimit, a cgroup and SLURM --mem; GPU memory for CUDA runs)
 batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)
 batch_size_dango: int = 16  # batch of the DANGO-style strategy (the investigation: 64)
 run_dir: str = "runs/interactive"  # where results go (a relative path is taken from the repository root)

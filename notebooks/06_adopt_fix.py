@@ -2,6 +2,7 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation
 #   kernelspec:
 #     display_name: GNN perturbation workbook
 #     language: python
@@ -22,7 +23,7 @@
 # The params keys this notebook reads (every key: python -m workbook_lib params); papermill sets them with -p KEY VALUE or -f FILE.yaml, and also takes any other key
 from typing import Dict, List, Optional, Union  # for the annotations below
 snapshot: str = 'string12'  # spec name in data_snapshots/ (e.g. 'string12') or path to a torch.save'd HeteroData
-scale: float = 0.1  # edge-count multiplier, 1.0   the real graph
+scale: float = 0.1  # edge-count multiplier, 1.0 is the real graph
 seed: int = 0  # seed of graph generation and perturbation sampling
 device: str = 'auto'  # cpu, cuda or auto (cuda when available)
 batch_sizes: List[int] = [1, 8, 28, 64]  # batch sizes of per-batch size figures

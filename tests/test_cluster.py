@@ -17,6 +17,17 @@ from workbook_lib.running import slurm
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _no_cluster_here(tmp_path_factory, monkeypatch):
+    """Hermetic: a machine's own SLURM commands (or ones that hang without a controller) are
+    hidden; each test puts its fakes in front of these."""
+    shim = tmp_path_factory.mktemp("no-slurm")
+    for name in ("sinfo", "squeue", "scancel"):
+        (shim / name).write_text("#!/bin/sh\nexit 1\n")
+        (shim / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+
+
 @pytest.fixture
 def ci():
     return params_mod.load_params_file(ROOT / "params" / "ci.yaml")
@@ -67,13 +78,100 @@ def test_scripts_are_bash_4_2_safe(tmp_path, ci):
 def test_resources_checked_against_sinfo(tmp_path, ci, monkeypatch):
     shim = tmp_path / "bin"
     shim.mkdir()
-    (shim / "sinfo").write_text("#!/bin/sh\necho 2\n")
+    (shim / "sinfo").write_text("#!/bin/sh\necho 'debug*|1|2|1-00:00:00|(null)'\n")
     (shim / "sinfo").chmod(0o755)
     monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
     with pytest.raises(ParamsError, match="nodes with 2 CPUs"):
         _scripts(tmp_path, ci, cpus_per_task=8)
     paths = _scripts(tmp_path, ci)  # default: what the partition has
     assert "--cpus-per-task=2" in paths["submit"].read_text()
+
+
+SINFO = ("#!/bin/sh\n"
+         "echo 'cpu*|1|4|2-00:00:00|(null)'\n"
+         "echo 'gpu|2|16|12:00:00|gpu:a100:4(S:0-1)'\n"
+         "echo 'gpu|1|16|12:00:00|gpu:a100:4(S:0-1)'\n")
+
+
+@pytest.mark.parametrize("kw,key,words", [
+    (dict(partition="nosuch"), "partition", "no such partition"),
+    (dict(nodes=2), "nodes", "has 1 node"),
+    (dict(partition="gpu", nodes=4), "nodes", "has 3 node"),
+    (dict(time="garbage"), "time", "not a SLURM time"),
+    (dict(time="3-00:00:00"), "time", "above the time limit"),
+    (dict(gpus_per_node=1), "gpus", "no GPUs"),
+    (dict(partition="gpu", gpus_per_node=8), "gpus", "4 GPU(s) per node"),
+])
+def test_impossible_resources_refused_before_any_script(tmp_path, ci, monkeypatch, kw, key,
+                                                        words):
+    """What would pend forever (PartitionConfig) is refused against sinfo, naming the option."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sinfo").write_text(SINFO)
+    (shim / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    with pytest.raises(ParamsError) as e:
+        _scripts(tmp_path, ci, **kw)
+    assert e.value.key == key and words in str(e.value), str(e.value)
+    assert not (tmp_path / "slurm").exists()
+    ok = _scripts(tmp_path, ci, partition="gpu", nodes=3, gpus_per_node=4, time="11:00:00")
+    assert "--nodes=3" in ok["submit"].read_text()
+    assert slurm.slurm_minutes("1-02:03:04") == pytest.approx(1440 + 123 + 4 / 60)
+    assert slurm.slurm_minutes("90") == 90 and slurm.slurm_minutes("infinite") is None
+
+
+FAILING_SBATCH = textwrap.dedent('''\
+    #!/bin/sh
+    # the third submission is refused, as sbatch refuses a bad partition or time
+    n=$(cat "$FAKE_DIR/n" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$FAKE_DIR/n"
+    if [ "$n" = 3 ]; then
+      echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2
+      exit 1
+    fi
+    echo "$((100 + n))"
+''')
+
+
+def _shims(tmp_path, **scripts):
+    shim = tmp_path / "bin"
+    shim.mkdir(exist_ok=True)
+    for name, text in scripts.items():
+        (shim / name).write_text(text)
+        (shim / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path)}
+
+
+def test_a_refused_sbatch_fails_submit_sh(tmp_path, ci):
+    env = _shims(tmp_path, sbatch=FAILING_SBATCH,
+                 scancel='#!/bin/sh\necho "$@" > "$FAKE_DIR/cancelled"\n')
+    env.pop("WORKBOOK_OUT", None)
+    paths = _scripts(tmp_path, ci)
+    r = subprocess.run(["bash", str(paths["submit"])], env=env, capture_output=True, text=True)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "sbatch refused notebook 03" in r.stderr and "Invalid partition" in r.stderr
+    assert (tmp_path / "cancelled").read_text().split() == ["101", "102"]
+    assert "jobs:" not in r.stdout
+
+
+def test_a_second_submission_into_a_folder_in_use_is_refused(tmp_path, ci):
+    sbatch = '#!/bin/sh\nn=$(cat "$FAKE_DIR/n" 2>/dev/null || echo 0); n=$((n + 1)); ' \
+        'echo $n > "$FAKE_DIR/n"; echo "$((100 + n))"\n'
+    squeue = ("#!/bin/sh\n# every job of the first submission is still pending or running\n"
+              'for a in "$@"; do case "$a" in 10[1-6]) echo PENDING;; esac; done\n')
+    env = _shims(tmp_path, sbatch=sbatch, squeue=squeue)
+    env.pop("WORKBOOK_OUT", None)
+    paths = _scripts(tmp_path, ci)
+    first = subprocess.run(["bash", str(paths["submit"])], env=env, capture_output=True,
+                           text=True)
+    assert first.returncode == 0 and "01=101" in first.stdout, first.stderr
+    second = subprocess.run(["bash", str(paths["submit"])], env=env, capture_output=True,
+                            text=True)
+    assert second.returncode == 2 and "in use by jobs 101(PENDING)" in second.stderr
+    assert (tmp_path / "n").read_text().strip() == "6"  # nothing more submitted
+    (tmp_path / "bin" / "squeue").write_text("#!/bin/sh\nexit 0\n")  # they finished
+    third = subprocess.run(["bash", str(paths["submit"])], env=env, capture_output=True,
+                           text=True)
+    assert third.returncode == 0 and "01=107" in third.stdout, third.stderr
 
 
 def test_single_job_refuses_another_layout(tmp_path, ci):

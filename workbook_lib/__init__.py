@@ -48,7 +48,8 @@ Where things are done (folder = layer, lower layers never import higher ones):
 ``running/``       ``params`` (the schema), ``notebook`` (a notebook's setup), ``notebooks``
                    (sources and builds), ``runner`` (papermill), ``results`` (JSON),
                    ``environment``, ``slurm``, ``cli``, ``processes``, ``selftest`` (a new
-                   machine checked before a long run)
+                   machine checked before a long run), ``runlock`` (one writer per notebook of
+                   a run folder), ``kernel`` (this clone's kernel)
 ``catalog``, ``paths``, ``records``, ``exceptions``: names, locations, typed JSON, errors.
 """
 import warnings

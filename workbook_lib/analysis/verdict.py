@@ -98,6 +98,9 @@ def load_inputs(run_dir: str | Path) -> tuple[dict, dict[str, str]]:
             continue
         found[nb] = res
         sums[nb] = file_checksum(results_path(run_dir, nb))
+    bench = Path(run_dir) / "bench.json"  # quoted when present: --resume reruns when it changes
+    if bench.is_file():
+        sums["bench"] = file_checksum(bench)
     if missing:
         raise IncompleteInputsError(
             f"the verdict needs complete results of {', '.join(missing)} in {run_dir}; run "

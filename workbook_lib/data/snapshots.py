@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import yaml
 from ..exceptions import SnapshotError
 from ..paths import resolve_path
 from ..running.params import snapshot_spec_path
+from ..running.results import temp_file_beside
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def _build_lock(path: Path):
 
 
 def _atomic_save(obj, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file_beside(path)  # the umask's mode: a group's cache is shared
     os.close(fd)
     try:
         torch.save(obj, tmp)
@@ -258,7 +258,7 @@ def load_synthetic(spec_name: str, seed: int, scale: float,
                 edge_index = generate(spec, seed, scale)
                 _atomic_save({"edge_index": edge_index, "num_genes": int(spec["num_genes"])},
                              path)
-                fd, tmp = tempfile.mkstemp(prefix=f".{sha_path.name}.", dir=path.parent)
+                fd, tmp = temp_file_beside(sha_path)
                 with os.fdopen(fd, "w") as fh:
                     fh.write(_file_sha256(path) + "\n")
                 os.replace(tmp, sha_path)
@@ -298,9 +298,19 @@ def load_heterodata(path: str | Path) -> CellGraph:
         if s != "gene" or d != "gene":
             ignored.append("__".join(et))
             continue
-        ei = data[et].edge_index.long()
+        ei = getattr(data[et], "edge_index", None)
+        if ei is None:
+            raise SnapshotError(f"{p}: edge type {et} has no edge_index")
+        if not isinstance(ei, torch.Tensor):
+            raise SnapshotError(f"{p}: edge_index of {et} is a {type(ei).__name__}, expected a "
+                                "tensor")
+        if ei.is_floating_point() or ei.is_complex() or ei.dtype == torch.bool:
+            raise SnapshotError(f"{p}: edge_index of {et} must hold integer node ids (its dtype "
+                                f"is {ei.dtype})")
+        ei = ei.long()
         if ei.dim() != 2 or ei.shape[0] != 2:
-            raise SnapshotError(f"{p}: edge_index of {et} must be [2, E]")
+            raise SnapshotError(f"{p}: edge_index of {et} must be [2, E] (it is "
+                                f"{list(ei.shape)})")
         if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
             raise SnapshotError(f"{p}: edge_index of {et} has node ids outside 0..{n - 1}")
         order = np.lexsort((ei[0].numpy(), ei[1].numpy()))

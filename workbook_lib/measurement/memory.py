@@ -302,10 +302,10 @@ def gpu_lock(device: str):
 
 
 def device_budget(device: torch.device | str) -> tuple[float, str]:
-    """The memory a run on ``device`` has: host RAM for CPU runs; on CUDA what ``mem_get_info``
-    says is free (after this process's allocator gave its cache back) plus what this process's
-    allocator still holds for live tensors: the CUDA context and other processes' memory are not
-    available to a step."""
+    """The memory a run on ``device`` has: for CPU runs the tightest of host RAM, an rlimit, a
+    cgroup and SLURM's request; on CUDA what ``mem_get_info`` says is free (after this process's
+    allocator gave its cache back) plus what this process's allocator still holds for live
+    tensors: the CUDA context and other processes' memory are not available to a step."""
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -315,9 +315,9 @@ def device_budget(device: torch.device | str) -> tuple[float, str]:
         return float(free + held), (f"GPU memory free for tensors ({props.name}: "
                                     f"{(free + held) / 1e9:.1f} of {total / 1e9:.1f} GB; "
                                     "mem_get_info, context and other processes excluded)")
-    import psutil
+    from ..running.environment import memory_limit
 
-    return float(psutil.virtual_memory().total), "host RAM"
+    return memory_limit()
 
 
 @dataclass

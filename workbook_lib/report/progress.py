@@ -3,8 +3,8 @@
 Inside a notebook kernel, ipykernel replaces file descriptor 2 with a pipe whose content lands in
 the notebook (and so in its HTML), and keeps a copy of the real stderr, which
 ``sys.stderr.fileno()`` returns. Progress bars write to that copy: papermill and the CLI leave it
-on the terminal. :func:`native_stderr_to_terminal` points descriptor 2 at it for a while, for
-libraries that write from C++ (the profiler's ``USDT:`` lines). ``WORKBOOK_PROGRESS=0`` turns
+on the terminal. :func:`native_stderr_to_terminal` sends what libraries write from C++ to
+descriptor 2 there, less the profiler's ``USDT:`` probe lines. ``WORKBOOK_PROGRESS=0`` turns
 progress off (the test suite does); ``WORKBOOK_PROGRESS=notes`` keeps the one-line stage notes and
 drops the bars (``--quiet``, SLURM logs). Bars are also dropped where the terminal is not a TTY.
 """
@@ -69,22 +69,27 @@ def note(message: str) -> None:
 
 @contextmanager
 def native_stderr_to_terminal() -> Iterator[None]:
-    """Send what native code writes to descriptor 2 to the terminal, not into the notebook
-    (nowhere when progress is quiet or off)."""
-    fd = terminal_fd()
-    if bars_enabled() and (fd is None or fd == 2):
-        yield
-        return
-    devnull = None
-    if not bars_enabled() or fd is None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        fd = devnull
+    """Send what native code writes to descriptor 2 to the terminal, not into the notebook, less
+    the profiler's ``USDT:`` probe lines, which say nothing to a reader (nowhere when progress is
+    quiet or off). The output is held in a temporary file while the block runs and filtered
+    after it, so no thread has to drain a pipe."""
+    import tempfile
+
+    target = terminal_fd() if bars_enabled() else None
     saved = os.dup(2)
-    try:
-        os.dup2(fd, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        if devnull is not None:
-            os.close(devnull)
+    with tempfile.TemporaryFile() as held:
+        try:
+            os.dup2(held.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if target is not None:
+                held.seek(0)
+                kept = [ln for ln in held.read().splitlines(keepends=True)
+                        if not ln.lstrip().startswith(b"USDT")]
+                if kept:
+                    try:
+                        os.write(target, b"".join(kept))
+                    except OSError:
+                        pass

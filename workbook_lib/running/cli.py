@@ -21,8 +21,6 @@ DEFAULT_PARAMS = "params/default.yaml"
 
 def _load(path: str, sets: list[str] | None) -> dict:
     """A params file plus ``--set KEY=VALUE`` overrides, validated once."""
-    import yaml
-
     from ..paths import resolve_path
 
     p = Path(path)
@@ -33,12 +31,7 @@ def _load(path: str, sets: list[str] | None) -> dict:
         if "=" not in item:
             raise ParamsError(f"--set expects KEY=VALUE (got {item!r})")
         k, v = item.split("=", 1)
-        try:
-            raw[k.strip()] = yaml.safe_load(v)
-        except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0]
-            raise ParamsError(f"--set {item!r}: the value is not valid YAML ({first})",
-                              key=k.strip(), value=v) from None
+        raw[k.strip()] = params_mod.load_yaml(v, "--set", key=k.strip())
     return params_mod.validate(raw, source=str(src) + (" with --set" if sets else ""))
 
 
@@ -51,8 +44,9 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_params(args) -> int:
-    if args.file:
-        for k, v in _load(args.file, args.set).items():
+    if args.file or args.set:
+        # --set without a file: the defaults (params/default.yaml) with the overrides
+        for k, v in _load(args.file or DEFAULT_PARAMS, args.set).items():
             print(f"{k}: {v!r}")
     else:
         print(params_mod.describe())
@@ -231,6 +225,30 @@ def _cmd_selftest(args) -> int:
         return 2
     print(format_table(checks, args.device))
     return 1 if any(c.status == FAILED for c in checks) else 0
+def _cmd_html(args) -> int:
+    from .runner import export_html
+
+    src = Path(args.notebook)
+    if not src.is_file():
+        raise ParamsError(f"{src}: no such executed notebook", key="notebook")
+    out = Path(args.out) if args.out else src.with_suffix(".html")
+    export_html(src, out, show_code=args.show_code)
+    print(f"Report: {out}")
+    return 0
+
+
+def _cmd_kernel(args) -> int:
+    from . import kernel
+
+    if args.remove:
+        for path in kernel.remove():
+            print(f"removed {path}")
+        return 0
+    if not args.check:
+        print(f"registered {kernel.install()}")
+    ok, where = kernel.check()
+    print(where + ("" if ok else f": not this clone's Python ({sys.executable})"))
+    return 0 if ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -357,6 +375,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--only", action="append", metavar="CHECK",
                     help="run only these checks (exactness, syncs, memory, timing, ddp)")
     sp.set_defaults(fn=_cmd_selftest)
+    sp = sub.add_parser("html", help="the HTML report of an executed notebook (e.g. papermill's "
+                                     "output), as run writes it")
+    sp.add_argument("notebook", help="an executed .ipynb")
+    sp.add_argument("--out", metavar="FILE.html", help="default: beside it, .html")
+    sp.add_argument("--show-code", action="store_true", help="keep the code cells")
+    sp.set_defaults(fn=_cmd_html)
+    sp = sub.add_parser("kernel", help="register this clone's Jupyter kernel in its environment "
+                                       "(make venv); --remove undoes it (make clean)")
+    sp.add_argument("--remove", action="store_true", help="remove what registering made")
+    sp.add_argument("--check", action="store_true",
+                    help="only say where the kernel name resolves, and whether to this clone")
+    sp.set_defaults(fn=_cmd_kernel)
     sp = sub.add_parser("notebooks", help="rebuild notebooks/*.ipynb from their sources "
                                           "(make notebooks)")
     sp.add_argument("--check", action="store_true",
@@ -371,11 +401,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("papermill").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
+        for opt in ("out", "out_dir", "run_dir", "params"):
+            value = getattr(args, opt, None)
+            if isinstance(value, str) and not value.strip():
+                raise ParamsError(f"--{opt.replace('_', '-')}: empty path", key=opt)
         return args.fn(args)
     except WorkbookError as exc:
-        print(f"error: {str(exc).splitlines()[0] if len(str(exc)) > 400 else exc}",
-              file=sys.stderr)
+        print(f"error: {params_mod.one_line(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {params_mod.one_line(f'{exc.strerror or exc}{where}')}", file=sys.stderr)
         return 2

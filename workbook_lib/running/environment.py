@@ -7,6 +7,7 @@ import os
 import platform
 import socket
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -90,6 +91,77 @@ def versions() -> dict:
     return out
 
 
+_NO_LIMIT = 1 << 60  # cgroup v1 writes ~2**63 for "no limit"
+
+
+def _cgroup_limits(proc_cgroup: Path, cgroup_root: Path) -> list[tuple[float, str]]:
+    """Memory limits of this process's cgroup and its ancestors (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``). Inside a container the cgroup path named in ``/proc`` may be the
+    host's while the mount shows the container's own group, so both are tried."""
+    out = []
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # v2
+            base, fname, label = cgroup_root, "memory.max", "cgroup memory.max"
+        elif "memory" in controllers.split(","):  # v1
+            base, fname, label = cgroup_root / "memory", "memory.limit_in_bytes", \
+                "cgroup memory.limit_in_bytes"
+        else:
+            continue
+        rel = Path(path.lstrip("/"))
+        dirs = [base / rel, *[base / p for p in rel.parents]]
+        for d in dict.fromkeys(dirs):
+            try:
+                text = (d / fname).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < _NO_LIMIT:
+                out.append((float(text), label))
+    return out
+
+
+def memory_limit(*, proc_cgroup: Path = Path("/proc/self/cgroup"),
+                 cgroup_root: Path = Path("/sys/fs/cgroup"),
+                 environ: dict | None = None) -> tuple[float, str]:
+    """The memory this process may use on the host: the tightest of host RAM, the address-space
+    and data rlimits (``ulimit -v``/``-d``), the cgroup's limit (a container, systemd, SLURM's
+    cgroup plugin) and SLURM's ``--mem``/``--mem-per-cpu`` request. Returns (bytes, which).
+
+    Args:
+        proc_cgroup, cgroup_root, environ: where to read (tests point them elsewhere).
+    """
+    import resource
+
+    import psutil
+
+    env = os.environ if environ is None else environ
+    found = [(float(psutil.virtual_memory().total), "host RAM")]
+    for name, label in (("RLIMIT_AS", "address-space rlimit (ulimit -v)"),
+                        ("RLIMIT_DATA", "data rlimit (ulimit -d)")):
+        try:
+            soft, _ = resource.getrlimit(getattr(resource, name))
+        except (AttributeError, ValueError, OSError):
+            continue
+        if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
+            found.append((float(soft), label))
+    found += _cgroup_limits(proc_cgroup, cgroup_root)
+    mb = 1024 * 1024
+    if str(env.get("SLURM_MEM_PER_NODE", "")).isdigit() and int(env["SLURM_MEM_PER_NODE"]) > 0:
+        found.append((float(env["SLURM_MEM_PER_NODE"]) * mb, "SLURM --mem"))
+    per_cpu, cpus = env.get("SLURM_MEM_PER_CPU", ""), env.get(
+        "SLURM_CPUS_ON_NODE", env.get("SLURM_CPUS_PER_TASK", ""))
+    if str(per_cpu).isdigit() and str(cpus).isdigit() and int(per_cpu) > 0:
+        found.append((float(per_cpu) * mb * int(cpus), "SLURM --mem-per-cpu x CPUs"))
+    return min(found, key=lambda x: x[0])
+
+
 def device_label(device: torch.device) -> str:
     """Short label for figure titles: 'cpu (2 threads)' or 'cuda: NVIDIA H100'."""
     if device.type == "cuda":
@@ -97,13 +169,30 @@ def device_label(device: torch.device) -> str:
     return f"cpu: {cpu_model()} ({torch.get_num_threads()} threads)"
 
 
-def collect(params: dict | None = None, *, uses_device: bool = True) -> dict:
+def allocator_record(params: dict | None, *, run_level: bool = False) -> dict:
+    """What the environment says about the CPU allocator setting. The run-level record (the
+    runner's process, which measures nothing) says what was requested of every notebook's
+    kernel, not this process's state: each kernel applies it and records its own."""
+    state = dict(_ALLOCATOR_STATE)
+    if run_level and params is not None:
+        requested = bool(params.get("cpu_allocator_cache"))
+        state = {"requested": requested, "applied": None,
+                 "detail": ("requested: applied by each notebook's kernel (each notebook's "
+                            "results record what its kernel applied)") if requested
+                 else "not requested"}
+    return state
+
+
+def collect(params: dict | None = None, *, uses_device: bool = True,
+            run_level: bool = False) -> dict:
     """Everything needed to compare two runs later.
 
     Args:
-        params: the run's params.
+        params: the run's validated params.
         uses_device: False for a job whose notebooks measure nothing on the device (01, 05 on a
             CPU node): its record says so instead of resolving ``device`` (a CPU node has no GPU).
+        run_level: the run folder's ``environment.json`` (written by the runner, whose own
+            process measures nothing) rather than a notebook's.
     """
     if params and (uses_device or params["device"] != "cuda" or torch.cuda.is_available()):
         dev = resolve_device(params["device"])
@@ -127,7 +216,7 @@ def collect(params: dict | None = None, *, uses_device: bool = True) -> dict:
         "gpu": gpu,
         "git": git_revision(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "cpu_allocator_cache": dict(_ALLOCATOR_STATE),
+        "cpu_allocator_cache": allocator_record(params, run_level=run_level),
         "uses_device": uses_device,
         "params": params,
     }

@@ -68,6 +68,34 @@ def notebook_params(namespace: dict) -> tuple[dict, Path]:
     return p, run_dir
 
 
+def load_checked_snapshot(params: dict) -> CellGraph:
+    """The snapshot of validated params, loaded (the cache built if needed) and checked against
+    the params that need the graph: the one check the CLI and every notebook run before any work.
+
+    Raises:
+        ParamsError: the snapshot does not load, its cache cannot be written, or a param does
+            not fit the graph (e.g. ``exactness_genes`` above its gene count).
+    """
+    from ..exceptions import SnapshotError
+    from .params import show, snapshot_spec_path
+
+    try:
+        graph = load_snapshot(params)
+    except SnapshotError as exc:
+        raise ParamsError(f"'snapshot': {exc}", key="snapshot", value=params["snapshot"]) \
+            from None
+    except OSError as exc:
+        if snapshot_spec_path(params["snapshot"]) is None:
+            raise ParamsError(f"'snapshot' {show(params['snapshot'])} cannot be read "
+                              f"({exc.strerror or exc})", key="snapshot",
+                              value=params["snapshot"]) from None
+        raise ParamsError(f"'cache_dir' {resolve_path(params['cache_dir'])}: the snapshot cache "
+                          f"cannot be written ({exc.strerror or exc}: {exc.filename or ''})",
+                          key="cache_dir", value=params["cache_dir"]) from None
+    check_against_graph(params, graph.num_genes)
+    return graph
+
+
 def setup(namespace: dict, *, load_graph: bool = True,
           needs_device: bool = True) -> NotebookContext:
     """Validate the notebook's parameters, apply the CPU allocator setting, set the plotting
@@ -79,6 +107,9 @@ def setup(namespace: dict, *, load_graph: bool = True,
             on the CPU when ``device: cuda`` names a GPU this node does not have (a CPU node of
             a SLURM run), instead of refusing.
     """
+    from .kernel import check_notebook_clone
+
+    check_notebook_clone()  # a notebook opened with another clone's kernel is refused
     p, run_dir = notebook_params(namespace)
     namespace[_DONE] = True
     environment.configure_cpu_allocator(p["cpu_allocator_cache"])
@@ -89,7 +120,6 @@ def setup(namespace: dict, *, load_graph: bool = True,
         device = environment.resolve_device(p["device"])
     graph = None
     if load_graph:
-        graph = load_snapshot(p)
-        check_against_graph(p, graph.num_genes)
+        graph = load_checked_snapshot(p)
     run_dir.mkdir(parents=True, exist_ok=True)
     return NotebookContext(p, run_dir, device, environment.device_label(device), graph)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from ..catalog import NOTEBOOK_NAMES
 from ..paths import NOTEBOOK_DIR
+from .kernel import KERNEL_DISPLAY, KERNEL_NAME  # one name for the metadata and `make kernel`
 from .params import parameters_cell
 
-KERNEL_NAME = "gnn-workbook"
-KERNEL_DISPLAY = "GNN perturbation workbook"
+METADATA_FILTER = "-jupytext.text_representation"
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(?=\n# %%)', re.S)
 
 
@@ -49,7 +49,11 @@ def read(name: str, directory: Path | None = None):
     nb = jupytext.read(source_path(name, directory), fmt="py:percent")
     nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_DISPLAY,
                                  "language": "python"}
-    nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,py:percent"
+    meta = nb.metadata.setdefault("jupytext", {})
+    meta["formats"] = "ipynb,py:percent"
+    # no text_representation/jupytext_version header on save: a round trip through JupyterLab
+    # or `jupytext --sync` leaves the tracked source byte-identical
+    meta["notebook_metadata_filter"] = METADATA_FILTER
     return nb
 
 

@@ -10,11 +10,22 @@ A string given for a non-string key is read as YAML first, because that is what 
 pass: ``papermill -p batch_sizes "[1, 2]"`` injects a string, and YAML itself reads ``1e-3`` as a
 string. Keys marked ``placement`` say where a run executes (node count, rendezvous endpoint, cache
 folder); they are recorded but are not part of what ``run --resume`` compares.
+
+Every YAML this module reads (a params file, a ``--set`` value, a papermill string) goes through
+:func:`load_yaml`: PyYAML's safe loader with duplicate keys refused (PyYAML keeps the last one
+silently), a size cap, and a cap on how far a value may expand through anchors and aliases or
+nest (a "billion laughs" of a few hundred bytes would otherwise expand to gigabytes when an error
+message shows it). PyYAML has no option for either, hence this small loader. Every value shown in
+an error message is cut to a readable length (:func:`show`).
 """
 from __future__ import annotations
 
 import copy
 import difflib
+import math
+import os
+import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +37,13 @@ from ..exceptions import ParamsError
 from ..paths import PARAMS_DIR, SNAPSHOT_DIR, resolve_path
 
 DEVICES = ("cpu", "cuda", "auto")
+MAX_FILE_BYTES = 1 << 20  # a params file is a few kB; more is not a params file
+MAX_VALUES = 10_000  # values (list entries, mapping entries) one params key may expand to
+MAX_DEPTH = 8  # nesting of one value (the schema needs 2: a mapping k -> probability)
+MAX_BATCH = 65_536  # samples per batch: even the node-mask shared graph holds B x N x H floats
+                    # (110 GB at B = 65,536 for the real spec), the replicated ones B graphs
+MAX_SEED = 2**32 - 1  # numpy's legacy seeding and DataLoader workers take 32-bit seeds
+MAX_INT = 2**62  # anything larger overflows torch's int64 arithmetic somewhere
 AGGRS = ("sum", "mean")
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -50,6 +68,44 @@ class Field:
 
 def _positive(v):
     return None if v > 0 else "must be positive"
+
+
+def _batch(v):
+    if v <= 0:
+        return "must be positive"
+    return None if v <= MAX_BATCH else (
+        f"must be at most {MAX_BATCH:,} (a batch holds B x genes x hidden floats even in the "
+        "node-mask shared graph: larger batches fit no device's memory)")
+
+
+def _batch_list(v):
+    problem = _non_empty_positive_list(v)
+    if problem:
+        return problem
+    return None if max(v) <= MAX_BATCH else (
+        f"entries must be at most {MAX_BATCH:,} (a batch holds B x genes x hidden floats even "
+        "in the node-mask shared graph: larger batches fit no device's memory)")
+
+
+def _distinct_at_least(n: int, why: str, check=None):
+    def f(v):
+        problem = (check or _non_empty_positive_list)(v)
+        if problem:
+            return problem
+        return None if len(set(v)) >= n else f"needs at least {n} distinct values ({why})"
+    return f
+
+
+def _endpoint(v):
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or len(v) > 255 or not port.isdigit() or not 0 < int(port) < 65536:
+        return "must be host:port (port 1..65535)"
+    return None
+
+
+def _seed(v):
+    return None if 0 <= v <= MAX_SEED else f"must be in 0..{MAX_SEED} (a 32-bit seed: numpy's " \
+        "legacy seeding and DataLoader workers take no more)"
 
 
 def _at_least(n):
@@ -111,11 +167,11 @@ SCHEMA: tuple[Field, ...] = (
     Field("scale", "float", 0.1, "edge-count multiplier, 1.0 = the real graph", S_SNAP,
           _positive),
     Field("seed", "int", 0, "seed of graph generation and perturbation sampling", S_SNAP,
-          _at_least(0)),
+          _seed),
     Field("device", "str", "auto", "cpu, cuda or auto (cuda when available)", S_SNAP,
           choices=DEVICES),
     Field("batch_sizes", "list_int", [1, 8, 28, 64], "batch sizes of per-batch size figures",
-          S_SNAP, _non_empty_positive_list),
+          S_SNAP, _batch_list),
     Field("perturbation_k", "k", 3,
           "genes deleted per sample: an int, or a mapping k -> probability", S_SNAP),
     Field("num_samples", "int", 332313, "dataset size for storage and epoch projections",
@@ -152,13 +208,13 @@ SCHEMA: tuple[Field, ...] = (
           _positive),
     Field("sweep_edges", "list_int", [20000, 50000, 100000, 200000],
           "edge counts E of the cost-model sweeps; the largest is held out of every fit", S_02,
-          _non_empty_positive_list),
+          _distinct_at_least(3, "the largest is held out and the fits in E need 2 more")),
     Field("sweep_hidden", "list_int", [16, 32, 64], "hidden sizes H of the cost-model sweeps",
-          S_02, _non_empty_positive_list),
+          S_02, _distinct_at_least(2, "the fit separates E x H from E")),
     Field("sweep_p", "list_float", [0.001, 0.01, 0.1, 0.3, 0.6],
           "removed-edge fractions p of the filter sweeps", S_02, _p_list),
     Field("layer_batch_sizes", "list_int", [1, 2, 4, 8],
-          "batch sizes of the one-layer strategy comparison", S_02, _non_empty_positive_list),
+          "batch sizes of the one-layer strategy comparison", S_02, _batch_list),
     Field("exactness_genes", "int", 400,
           "genes of the induced subgraph on which 02 re-checks exactness", S_02, _at_least(2)),
     Field("bench_full_size", "bool", False,
@@ -169,17 +225,18 @@ SCHEMA: tuple[Field, ...] = (
           "sample; their cost is linear in B)", S_02, _positive),
     Field("memory_batch_sizes", "list_int", [1, 2, 4],
           "batch sizes of the peak-memory sweep (at least 3 for a fit)", S_02,
-          _non_empty_positive_list),
+          _distinct_at_least(3, "the memory fit and its residuals need 3", _batch_list)),
     Field("memory_full_size", "bool", False,
           "also measure peak memory at the real spec (scale 1, H=64, 3 layers)", S_02),
     Field("memory_budget_gb", "optional_float", None,
-          "memory for the largest-batch projection (null: what the run measures on - host RAM "
-          "for CPU runs, GPU memory for CUDA runs)", S_02, _positive),
+          "memory for the largest-batch projection (null: what the run measures on - for CPU "
+          "runs the tightest of host RAM, an rlimit, a cgroup and SLURM --mem; GPU memory for "
+          "CUDA runs)", S_02, _positive),
     Field("batch_size_lazy", "int", 7,
           "batch of the perturbed-graph strategies (the investigation's Lazy model: 28)", S_03,
-          _positive),
+          _batch),
     Field("batch_size_dango", "int", 16, "batch of the DANGO-style strategy (the investigation: 64)",
-          S_03, _positive),
+          S_03, _batch),
     Field("loop_steps", "int", 10, "fewest timed training steps per strategy and mode", S_03,
           _positive),
     Field("loop_max_steps", "int", 20, "most timed training steps per strategy and mode",
@@ -204,12 +261,12 @@ SCHEMA: tuple[Field, ...] = (
           _positive, placement=True),
     Field("rdzv_endpoint", "optional_str", None,
           "torchrun rendezvous host:port for several nodes (null: a free local port)", S_04,
-          placement=True),
+          _endpoint, placement=True),
     Field("ddp_strategy", "str", "node_mask_shared",
           "strategy or pipeline of the DDP scaling runs", S_04),
     Field("ddp_batch_size", "int", 8,
           "per-rank batch of weak scaling; strong scaling keeps ddp_batch_size x the largest "
-          "world size as the global batch", S_04, _positive),
+          "world size as the global batch", S_04, _batch),
     Field("ddp_steps", "int", 20, "fewest timed DDP steps per variant", S_04, _positive),
     Field("ddp_budget_s", "float", 60.0, "seconds of timed DDP steps per world size (split over its alternated launches)", S_04,
           _positive),
@@ -260,13 +317,145 @@ _TYPE_HINTS = {
 }
 
 
+_SHOW = reprlib.Repr()
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxlevel = 60, 60, 8, 6, 3
+MAX_MESSAGE = 300  # characters of one error line
+
+
+def show(value: Any) -> str:
+    """``repr`` of a value cut to a readable length (a value can be gigabytes long)."""
+    try:
+        text = _SHOW.repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails is still reported
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def one_line(message: str, limit: int = MAX_MESSAGE) -> str:
+    """An error message as one line of at most ``limit`` characters (a long one keeps its
+    start, which names the key, and its end, which says what is wrong)."""
+    text = " ".join(str(message).split())
+    if len(text) <= limit:
+        return text
+    head = (limit - 5) // 2
+    return text[:head] + " ... " + text[len(text) - (limit - 5 - head):]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a key given twice in one mapping, and a document nesting
+    deeper than a params file can (PyYAML composes recursively: 50,000 nested brackets end in a
+    RecursionError), naming the top-level key concerned."""
+
+    def compose_node(self, parent, index):
+        depth = getattr(self, "_depth", 0) + 1
+        if depth == 2 and isinstance(index, yaml.ScalarNode):
+            self._top_key = index.value
+        if depth > MAX_DEPTH + 1:
+            key = getattr(self, "_top_key", None) or getattr(self, "_key", None)
+            raise yaml.composer.ComposerError(
+                None, None, (f"'{key}' " if key else "a value ") + f"nests deeper than "
+                f"{MAX_DEPTH} levels", None)
+        self._depth = depth
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth - 1
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # the base class reports an unhashable key
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"key {show(key)} is given twice (line {seen[key] + 1}"
+                    + (f" and line {key_node.start_mark.line + 1})"
+                       if key_node.start_mark.line != seen[key] else ")"), None)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, source: str, *, key: str | None = None) -> Any:
+    """Parse YAML text as this module reads every params value (see the module docstring).
+
+    Raises:
+        ParamsError: not YAML, a duplicate key, more than :data:`MAX_FILE_BYTES`, a value that
+            nests deeper than :data:`MAX_DEPTH` or expands to more than :data:`MAX_VALUES`.
+    """
+    if len(text) > MAX_FILE_BYTES:
+        raise ParamsError(f"{source}: {len(text):,} characters; a params file is at most "
+                          f"{MAX_FILE_BYTES:,}", key=key)
+    loader = _UniqueKeyLoader(text)
+    loader._key = key
+    try:
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except RecursionError:
+        raise ParamsError(f"{source}: nested too deeply (a params value nests at most "
+                          f"{MAX_DEPTH} levels)", key=key) from None
+    except yaml.YAMLError as exc:
+        problem = one_line(_yaml_problem(exc), 200)
+        if "given twice" in problem or "nests deeper" in problem:
+            named = re.search(r"'([^']*)'", problem)
+            if key and f"'{key}'" not in problem:
+                problem = f"'{key}': {problem}"
+            raise ParamsError(f"{source}: {problem}",
+                              key=key or (named.group(1) if named else None)) from None
+        raise ParamsError(f"{source}: not valid YAML: {problem}", key=key) from None
+    if isinstance(data, dict):
+        for k, v in data.items():
+            check_size(v, f"{source}: {show(k)}", key=str(k))
+    else:
+        check_size(data, f"{source}: '{key}'" if key else source, key=key)
+    return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem:
+        return problem + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark else "")
+    return str(exc).splitlines()[0]
+
+
+def check_size(value: Any, where: str, *, key: str | None = None) -> None:
+    """Refuse a value nesting deeper than :data:`MAX_DEPTH` or holding more than
+    :data:`MAX_VALUES` values once aliases are expanded (it stops counting at the limit)."""
+    count = 0
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (list, tuple, dict)):
+            if depth >= MAX_DEPTH:
+                raise ParamsError(f"{where} nests deeper than {MAX_DEPTH} levels", key=key)
+            items = list(v.items()) if isinstance(v, dict) else v
+            count += len(items)
+            if count > MAX_VALUES:
+                raise ParamsError(f"{where} expands to more than {MAX_VALUES:,} values (through "
+                                  "YAML anchors and aliases, or a long list); a params value "
+                                  "holds far fewer", key=key)
+            for item in items:
+                if isinstance(item, tuple) and isinstance(v, dict):
+                    stack.extend((x, depth + 1) for x in item)
+                else:
+                    stack.append((item, depth + 1))
+
+
 def _coerce(field: Field, value: Any) -> Any:
     """A string for a non-string key is read as YAML (command lines pass strings)."""
     if isinstance(value, str) and field.kind not in ("str", "optional_str"):
         try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            return value
+            parsed = load_yaml(value, f"'{field.name}'", key=field.name)
+        except ParamsError as exc:
+            if "not valid YAML" in str(exc):
+                return value
+            raise
         if isinstance(parsed, str) and field.kind in ("float", "optional_float"):
             try:
                 return float(parsed)
@@ -279,17 +468,40 @@ def _coerce(field: Field, value: Any) -> Any:
     return value
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _not_finite(field: Field, value: Any) -> str | None:
+    """A NaN or infinite number, or an integer beyond :data:`MAX_INT`, anywhere in a value."""
+    items = value if isinstance(value, (list, tuple)) else (
+        [*value.keys(), *value.values()] if isinstance(value, dict) else [value])
+    for x in items:
+        if isinstance(x, float) and not math.isfinite(x):
+            return f"must hold finite numbers (got {show(x)})"
+        if _is_int(x) and abs(x) > MAX_INT:
+            return f"holds {show(x)}, beyond what int64 arithmetic takes (at most 2**62)"
+    return None
+
+
 def _type_ok(field: Field, value: Any) -> tuple[bool, Any]:
     """Check (and lightly normalise) one value; returns (ok, normalised)."""
     k = field.kind
     if k == "int":
-        return (isinstance(value, int) and not isinstance(value, bool)), value
+        return _is_int(value), value
     if k in ("float", "optional_float"):
         if value is None and k == "optional_float":
             return True, None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not _is_number(value):
             return False, value
-        return True, float(value)
+        try:
+            return True, float(value)
+        except OverflowError:  # an int too large for a float: reported as not finite
+            return True, math.inf
     if k == "bool":
         return isinstance(value, bool), value
     if k == "str":
@@ -303,16 +515,23 @@ def _type_ok(field: Field, value: Any) -> tuple[bool, Any]:
             ok = all(isinstance(x, int) and not isinstance(x, bool) for x in value)
             return ok, list(value)
         if k == "list_float":
-            ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
-            return ok, [float(x) for x in value] if ok else value
+            ok = all(_is_number(x) for x in value)
+            if not ok:
+                return False, value
+            try:
+                return True, [float(x) for x in value]
+            except OverflowError:
+                return True, [math.inf]
         return all(isinstance(x, str) for x in value), list(value)
     if k == "k":
         if isinstance(value, int) and not isinstance(value, bool):
             return True, value
         if isinstance(value, dict):
             try:
+                if not all(_is_number(p) for p in value.values()):
+                    return False, value
                 return True, {int(kk): float(p) for kk, p in value.items()}
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 return False, value
         return False, value
     raise AssertionError(f"unknown field kind {k}")
@@ -373,17 +592,25 @@ def validate(raw: dict | None, *, source: str = "params") -> dict:
     out = defaults()
     for key, value in raw.items():
         field = FIELDS[key]
+        check_size(value, f"{source}: '{key}'", key=key)
         ok, norm = _type_ok(field, _coerce(field, value))
         if not ok:
             raise ParamsError(f"{source}: '{key}' must be {_KIND_NAMES[field.kind]} "
-                              f"(got {value!r})", key=key, value=value)
-        if field.choices is not None and norm not in field.choices:
+                              f"(got {show(value)})", key=key, value=value)
+        problem = _not_finite(field, norm) if norm is not None else None
+        if problem:
+            raise ParamsError(f"{source}: '{key}' {problem}", key=key, value=value)
+        try:
+            if field.choices is not None and norm not in field.choices:
+                raise ParamsError(f"{source}: '{key}' must be one of {list(field.choices)} "
+                                  f"(got {show(norm)})", key=key, value=value)
+        except TypeError:  # an unhashable value
             raise ParamsError(f"{source}: '{key}' must be one of {list(field.choices)} "
-                              f"(got {norm!r})", key=key, value=value)
+                              f"(got {show(norm)})", key=key, value=value) from None
         problem = _check_k(norm) if field.kind == "k" else (
             field.check(norm) if field.check is not None and norm is not None else None)
         if problem:
-            raise ParamsError(f"{source}: '{key}' {problem} (got {value!r})", key=key,
+            raise ParamsError(f"{source}: '{key}' {problem} (got {show(value)})", key=key,
                               value=value)
         out[key] = norm
     if out["pipelines"]:
@@ -400,7 +627,8 @@ def validate(raw: dict | None, *, source: str = "params") -> dict:
 
 def _cross_checks(out: dict, source: str) -> None:
     def fail(key, msg):
-        raise ParamsError(f"{source}: '{key}' {msg} (got {out[key]!r})", key=key, value=out[key])
+        raise ParamsError(f"{source}: '{key}' {msg} (got {show(out[key])})", key=key,
+                          value=out[key])
 
     from ..pipelines.loading import parse_specs
 
@@ -415,16 +643,28 @@ def _cross_checks(out: dict, source: str) -> None:
     if bad:
         fail("gap_strategies", f"names {bad}, which the run does not compare (its strategies and "
                                f"pipelines: {compared})")
+    if out["nnodes"] > 1 and out["rdzv_endpoint"] is None:
+        fail("rdzv_endpoint", f"is needed (host:port) for nnodes={out['nnodes']}")
     if out["loop_max_steps"] < out["loop_steps"]:
         fail("loop_max_steps", f"must be >= loop_steps={out['loop_steps']}")
     if out["ddp_strategy"] not in known:
         fail("ddp_strategy", f"must be a strategy or pipeline name (one of {known})")
     kmax = max_k(out["perturbation_k"])
     _check_snapshot_exists(out, source)
-    spec_genes = _spec_num_genes(out["snapshot"])
-    if spec_genes is not None and kmax > spec_genes:
-        fail("perturbation_k", f"must not exceed the gene count of snapshot "
-                               f"'{out['snapshot']}' ({spec_genes})")
+    spec = _spec(out["snapshot"])
+    if spec is not None:
+        spec_genes = int(spec["num_genes"])
+        if kmax > spec_genes:
+            fail("perturbation_k", f"must not exceed the gene count of snapshot "
+                                   f"'{out['snapshot']}' ({spec_genes})")
+        if out["exactness_genes"] > spec_genes:
+            fail("exactness_genes", f"must not exceed the gene count of snapshot "
+                                    f"'{out['snapshot']}' ({spec_genes})")
+        top = max_scale(spec)
+        if out["scale"] > top:
+            fail("scale", f"must be at most {top:.4g} for snapshot '{out['snapshot']}': beyond "
+                          "it an edge type holds more edges than its genes have pairs")
+        _check_cache_dir(out, source)
     if out["exactness_genes"] <= kmax:
         fail("exactness_genes", f"must exceed the largest perturbation_k ({kmax})")
     gbatch = out["ddp_batch_size"] * max(out["world_sizes"])
@@ -452,6 +692,15 @@ def snapshot_spec_path(name: str) -> Path | None:
 
 
 def _check_snapshot_exists(params: dict, source: str) -> None:
+    try:
+        _snapshot_exists(params, source)
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise ParamsError(f"{source}: 'snapshot' {show(params['snapshot'])} is not a usable path "
+                          f"({exc.strerror or exc})", key="snapshot",
+                          value=params["snapshot"]) from None
+
+
+def _snapshot_exists(params: dict, source: str) -> None:
     name = params["snapshot"]
     spec = snapshot_spec_path(name)
     if spec is not None:
@@ -459,37 +708,76 @@ def _check_snapshot_exists(params: dict, source: str) -> None:
             known = sorted(p.stem for p in SNAPSHOT_DIR.glob("*.yaml"))
             raise ParamsError(
                 f"{source}: 'snapshot' names no spec: {spec} does not exist (known specs: "
-                f"{known}; or give a path to a saved HeteroData) (got {name!r})",
+                f"{known}; or give a path to a saved HeteroData) (got {show(name)})",
                 key="snapshot", value=name)
     else:
         path = resolve_path(name)
         if not path.is_file():
-            raise ParamsError(f"{source}: 'snapshot' file {path} does not exist (got {name!r})",
+            raise ParamsError(f"{source}: 'snapshot' file {show(str(path))} does not exist",
                               key="snapshot", value=name)
 
 
-def _spec_num_genes(name: str) -> int | None:
+def _spec(name: str) -> dict | None:
     spec = snapshot_spec_path(name)
     if spec is None or not spec.is_file():
         return None
-    with open(spec) as fh:
-        return int(yaml.safe_load(fh)["num_genes"])
+    with open(spec, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def max_scale(spec: dict) -> float:
+    """The largest ``scale`` at which every edge type of a spec still fits its genes (a
+    directed simple graph on n genes holds at most n(n-1) edges)."""
+    n = int(spec["num_genes"])
+    return min(n * (n - 1) / int(info["edges"]) for info in spec["edge_types"].values())
+
+
+def _check_cache_dir(params: dict, source: str) -> None:
+    """``cache_dir`` must be a folder, or creatable, and writable (checked without creating
+    anything)."""
+    try:
+        _cache_dir_usable(params, source)
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise ParamsError(f"{source}: 'cache_dir' {show(params['cache_dir'])} is not a usable "
+                          f"path ({exc.strerror or exc})", key="cache_dir",
+                          value=params["cache_dir"]) from None
+
+
+def _cache_dir_usable(params: dict, source: str) -> None:
+    path = resolve_path(params["cache_dir"])
+    if path.exists() and not path.is_dir():
+        raise ParamsError(f"{source}: 'cache_dir' {path} is a file, not a folder",
+                          key="cache_dir", value=params["cache_dir"])
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ParamsError(f"{source}: 'cache_dir' {path} cannot be written ({probe} is not a "
+                          "writable folder)", key="cache_dir", value=params["cache_dir"])
 
 
 def read_params_file(path: str | Path) -> tuple[Path, dict]:
     """Read a params YAML file (a path, or a name in ``params/``) without validating it."""
     p = Path(path)
+    if str(path).strip() == "":
+        raise ParamsError("--params: empty path", key="params")
     if not p.is_file() and not p.suffix and (PARAMS_DIR / f"{p}.yaml").is_file():
         p = PARAMS_DIR / f"{p}.yaml"
+    if p.is_dir():
+        raise ParamsError(f"params file {p} is a directory, not a YAML file", key="params")
     if not p.is_file():
-        raise ParamsError(f"params file {p} does not exist")
+        raise ParamsError(f"params file {p} does not exist", key="params")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise ParamsError(f"{p}: {p.stat().st_size:,} bytes; a params file is at most "
+                              f"{MAX_FILE_BYTES:,}", key="params")
+        raw = load_yaml(p.read_text(encoding="utf-8"), str(p))
     except UnicodeDecodeError:
-        raise ParamsError(f"{p}: not a text file (a params file is YAML)") from None
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        raise ParamsError(f"{p}: not valid YAML: {first}") from exc
+        raise ParamsError(f"{p}: not a text file (a params file is YAML)", key="params") \
+            from None
+    except OSError as exc:
+        raise ParamsError(f"params file {p} cannot be read ({exc.strerror or exc})",
+                          key="params") from None
     if raw is not None and not isinstance(raw, dict):
         raise ParamsError(f"{p}: expected a mapping of params, got {type(raw).__name__}")
     return p, raw or {}
@@ -536,7 +824,8 @@ def describe() -> str:
 
 def _cell_comment(doc: str) -> str:
     # papermill skips a parameter line holding more than one "=" (it reads it as code)
-    return doc.replace(">=", "at least").replace("<=", "at most").replace("=", " ")
+    return doc.replace(">=", "at least").replace("<=", "at most").replace(" = ", " is ") \
+        .replace("=", " ")
 
 
 # What each notebook reads: the schema's sections (every notebook reads the first three) plus

@@ -14,6 +14,12 @@ params (those a result depends on: where a run executes is not compared), snapsh
 SIGINT, SIGTERM and SIGHUP stop the kernel and every process it started (torchrun and its
 ranks run in their own sessions and are found through the process tree, snapshotted before
 anything dies), keep what finished, update the index and exit 130.
+
+Nothing is created before every check has passed (params, device, the run folder's path, the
+snapshot with the checks every notebook's set-up makes, the params of inputs read but not rerun);
+then the run holds each notebook it runs against a second writer (:mod:`.runlock`). A file that
+cannot be written (a full disk) fails the notebook concerned, naming the file, and the run goes
+on.
 """
 from __future__ import annotations
 
@@ -197,6 +203,11 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
         outcome.status = "failed"
         outcome.error = f"{exc.ename}: {exc.evalue}"
         outcome.failed_cell, outcome.failed_exec = exc.cell_index, exc.exec_count
+    except OSError as exc:  # e.g. a full disk while papermill writes the notebook
+        outcome.status = "failed"
+        outcome.error = f"{type(exc).__name__}: {_os_error(exc) if exc.filename else exc}" + (
+            "" if exc.filename else f" (writing {out_nb})")
+        outcome.failed_cell = _failed_cell(out_nb)
     except Exception as exc:  # noqa: BLE001 - a dead kernel etc.: recorded, the run goes on
         outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
         outcome.failed_cell = _failed_cell(out_nb)
@@ -205,10 +216,13 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
         try:
             export_html(out_nb, out_html, show_code=show_code)
         except Exception as exc:  # noqa: BLE001 - a report that cannot be written: not complete
-            log.error("HTML export of %s failed: %s", out_nb, exc)
+            why = _os_error(exc) if isinstance(exc, OSError) else str(exc)
+            why = f"HTML export to {out_html} failed: {why}"
+            log.error("%s: %s", name, why)
+            # the notebook's own failure, when it failed, stays the error reported
+            outcome.error = f"{outcome.error}; {why}" if outcome.status == "failed" else why
             outcome.status = "failed"
-            outcome.error = f"HTML export failed: {exc}"
-            mark_incomplete(out_dir, name, f"HTML export failed: {exc}")
+            mark_incomplete(out_dir, name, why)
     outcome.files = report_files(out_dir, name)
     return outcome
 
@@ -252,7 +266,21 @@ def completeness(out_dir: Path, name: str, params: dict,
                 return False, f"its input {dep} changed"
         elif dep in requires_of(name):
             return False, f"made without its input {dep}"
+        elif path.is_file() and getattr(read_meta(out_dir, dep), "complete", False):
+            # an optional input complete now, made after it (e.g. after a cancelled job)
+            return False, f"made without its input {dep}, which is complete now"
+    for dep, fname in FILE_INPUTS.get(name, ()):
+        path = out_dir / fname
+        if path.is_file() and meta.inputs.get(dep) != file_checksum(path):
+            return False, f"{fname} in the run folder is not the one it quoted"
+        if not path.is_file() and dep in meta.inputs:
+            return False, f"{fname} it quoted is gone"
     return True, ""
+
+
+# files other commands write into a run folder that a notebook reads when present:
+# notebook -> ((key in its recorded inputs, file name), ...)
+FILE_INPUTS = {"05_verdict": (("bench", "bench.json"),)}
 
 
 def write_index(out_dir: Path, outcomes: list[NotebookOutcome], params: dict) -> Path:
@@ -295,15 +323,46 @@ def _on_signal(signum, frame):
     raise _Terminated()
 
 
-def _check_out_dir(out: Path) -> Path:
-    """Fail fast, in one line, on a run folder that cannot be written."""
+def out_path(out_dir: str | Path) -> Path:
+    """The run folder as an absolute path, refusing an empty one or a file (nothing created)."""
+    if str(out_dir).strip() == "":
+        raise ParamsError("--out: empty path (name the run folder, e.g. runs/default)",
+                          key="out", value=str(out_dir))
     try:
-        out = out.expanduser().resolve()
+        out = Path(out_dir).expanduser().resolve()
+    except (OSError, RuntimeError) as exc:
+        raise ParamsError(f"--out {out_dir}: not a usable path ({exc})", key="out",
+                          value=str(out_dir)) from None
+    try:
+        is_file = out.exists() and not out.is_dir()
+    except OSError as exc:  # e.g. a name too long
+        raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})",
+                          key="out", value=str(out)) from None
+    if is_file:
+        raise ParamsError(f"--out {out}: is a file, not a folder", key="out", value=str(out))
+    return out
+
+
+def _check_out_dir(out: Path) -> Path:
+    """Create the run folder and fail fast, in one line, when it cannot be written; on failure
+    remove the folders this created."""
+    out = out_path(out)
+    created = []
+    try:
+        probe_dir = out
+        while not probe_dir.exists() and probe_dir.parent != probe_dir:
+            created.append(probe_dir)
+            probe_dir = probe_dir.parent
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
         probe.write_text("x")
         probe.unlink()
     except OSError as exc:
+        for d in created:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                pass
         raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})",
                           key="out", value=str(out)) from None
     return out
@@ -317,7 +376,8 @@ def write_environment(out: Path, params: dict, names: list[str], *, resume: bool
     import time as _time
 
     uses = any(n not in DEVICE_FREE for n in names)
-    rec = {**environment.collect(params, uses_device=uses), "notebooks": list(names)}
+    rec = {**environment.collect(params, uses_device=uses, run_level=True),
+           "notebooks": list(names)}
     folder = out / "environment"
     if not resume and folder.is_dir():
         for f in folder.glob("*.json"):
@@ -346,26 +406,74 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
                   log_output: bool = True) -> list[NotebookOutcome]:
     """Run the notebooks in order into ``out_dir`` (see the module docstring).
 
+    Every check comes before anything is created: the notebooks named, the device, the run
+    folder's path, the snapshot (loaded and checked against the params, as every notebook's
+    set-up does), the inputs a notebook run alone would read. Then the run folder is created
+    and held against a second writer (:mod:`.runlock`). Signals are handled from the start, so a
+    SIGTERM while the snapshot builds is an interrupt (exit 130) like any other.
+
     Raises:
-        ParamsError: an unknown notebook, an unwritable folder, a snapshot that does not load;
-            before any work.
+        ParamsError: an unknown notebook, an unwritable folder, a snapshot that does not load,
+            inputs made with other params; before any work.
+        RunFolderInUseError: another run holds one of these notebooks in ``out_dir``.
         NotebookFailedError: one or more notebooks failed (the others ran).
         KeyboardInterrupt: on SIGINT/SIGTERM/SIGHUP, after stopping every child process.
     """
-    names = resolve_only(only)
-    if any(n not in DEVICE_FREE for n in names):  # 'cuda' without a GPU fails here, first
-        environment.resolve_device(params["device"])
-    out = _check_out_dir(Path(out_dir))
-    checksum = snapshot_checksum(params)  # loads and checks the snapshot before any notebook
-    try:
-        write_environment(out, params, names, resume=resume)
-    except OSError as exc:
-        raise WorkbookError(f"cannot write to {out}: {exc}") from None
-    outcomes: list[NotebookOutcome] = []
-    seen: dict[int, psutil.Process] = {}
+    from .runlock import hold
+
     _AT_SIGNAL.clear()
     sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     prev = {s: signal.signal(s, _on_signal) for s in sigs} if _main_thread() else {}
+    try:
+        names = resolve_only(only)
+        if any(n not in DEVICE_FREE for n in names):  # 'cuda' without a GPU fails here, first
+            environment.resolve_device(params["device"])
+        out = out_path(out_dir)
+        checksum = snapshot_checksum(params)  # loads and checks the snapshot
+        check_inputs_match(out, names, params)
+        out = _check_out_dir(out)
+        with hold(out, names):
+            return _run_held(names, params, out, checksum, show_code=show_code, resume=resume,
+                             progress=progress, log_output=log_output)
+    finally:
+        for s, handler in prev.items():
+            signal.signal(s, handler)
+
+
+def check_inputs_match(out: Path, names: list[str], params: dict) -> None:
+    """Refuse to run a notebook on inputs made with other params: a notebook run now (e.g.
+    ``--only 05 --set hidden=8``) whose input is not run now but present in the run folder,
+    made with different result-relevant params, would label old measurements with new params.
+    """
+    now = to_json(results_relevant(params))
+    for name in names:
+        for dep in inputs_of(name):
+            if dep in names:
+                continue
+            meta = read_meta(out, dep)
+            if meta is None:
+                continue
+            made = results_relevant(meta.params)
+            changed = sorted(k for k in set(made) | set(now) if made.get(k) != now.get(k))
+            if changed:
+                shown = ", ".join(f"{k}={made.get(k)!r} there, {now.get(k)!r} now"
+                                  for k in changed[:3])
+                raise ParamsError(
+                    f"{name} reads {dep}, made in {out} with other params ({shown}"
+                    f"{', ...' if len(changed) > 3 else ''}); run {dep} too (add it to --only, "
+                    "or drop --only) or use the params it was made with", key=changed[0],
+                    value=now.get(changed[0]))
+
+
+def _run_held(names: list[str], params: dict, out: Path, checksum: str, *, show_code: bool,
+              resume: bool, progress: bool, log_output: bool) -> list[NotebookOutcome]:
+    """The run itself, the folder created and held."""
+    try:
+        write_environment(out, params, names, resume=resume)
+    except OSError as exc:  # recorded; each notebook records its own environment too
+        log.error("could not write %s: %s", out / "environment.json", _os_error(exc))
+    outcomes: list[NotebookOutcome] = []
+    seen: dict[int, psutil.Process] = {}
     from ..report.progress import progress as bar_of
 
     try:
@@ -379,14 +487,18 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
                     outcomes.append(NotebookOutcome(name, "kept", files=report_files(out, name)))
                     continue
                 log.info("%s: rerun (%s)", name, why)
-            results_path(out, name).unlink(missing_ok=True)  # never leave stale results
+            try:
+                results_path(out, name).unlink(missing_ok=True)  # never leave stale results
+            except OSError as exc:
+                outcomes.append(NotebookOutcome(name, "failed", error=_os_error(exc)))
+                continue
             o = execute_one(name, params, out, show_code=show_code, progress=progress,
                             log_output=log_output)
             outcomes.append(o)
             if o.status == "failed":
                 log.error("%s FAILED at %s: %s (partial notebook kept: %s)", name, o.where,
                           o.error, out / f"{name}.ipynb")
-            write_index(out, outcomes, params)
+            _try_index(out, outcomes, params)
     except KeyboardInterrupt:
         seen.update(_AT_SIGNAL)
         try:
@@ -403,9 +515,6 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
             outcomes.append(NotebookOutcome(rest[0], "interrupted", error="interrupted"))
         _try_index(out, outcomes, params)
         raise
-    finally:
-        for s, handler in prev.items():
-            signal.signal(s, handler)
     _try_index(out, outcomes, params)
     failures = [o for o in outcomes if o.status == "failed"]
     if failures:
@@ -413,6 +522,12 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
         raise NotebookFailedError(f"{len(failures)} notebook(s) failed: {summary}",
                                   failures=failures)
     return outcomes
+
+
+def _os_error(exc: OSError) -> str:
+    """'No space left on device: /run/02.html' (the file named, never an empty path)."""
+    where = exc.filename or ""
+    return f"{exc.strerror or exc}" + (f": {where}" if where else "")
 
 
 def _try_index(out: Path, outcomes, params) -> None:
@@ -429,15 +544,11 @@ def _main_thread() -> bool:
 
 
 def snapshot_checksum(params: dict) -> str:
-    """Load (building the cache if needed) and check the snapshot; its content checksum."""
-    from ..data.snapshots import load_snapshot
-    from ..exceptions import SnapshotError
+    """Load (building the cache if needed) and check the snapshot, with the checks every
+    notebook's set-up makes; its content checksum."""
+    from .notebook import load_checked_snapshot
 
-    try:
-        return load_snapshot(params).checksum
-    except SnapshotError as exc:
-        raise ParamsError(f"'snapshot': {exc}", key="snapshot", value=params["snapshot"]) \
-            from None
+    return load_checked_snapshot(params).checksum
 
 
 def is_complete(out_dir: Path, name: str, params: dict, checksum: str | None = None) -> bool:

@@ -7,9 +7,9 @@
   torchrun;
 * ``submit.sh``: submits one job per notebook, each with the resources it needs (01 and 05 a
   few CPUs; 02, 03 and 06 one GPU when ``--gpus`` > 0; 04 ``--nodes`` x ``--gpus``), chained:
-  04 after 03, 06 after 02 and 04, and the verdict (05) only after 01-04 **succeeded**
-  (``afterok``; SLURM cancels it when one of them failed or was cancelled). It prints the run
-  folder it uses;
+  each after the notebooks whose results it reads (02 after 01, 04 after 03, 06 after 02
+  and 04), and the verdict (05) only after 01-04 **succeeded** (``afterok``; SLURM cancels it
+  when one of them failed or was cancelled). It prints the run folder it uses;
 * ``workbook.sbatch`` instead, with ``--single-job``: one job runs every notebook in order.
 
 The run folder is fixed when the scripts are written (``--run-dir``, an absolute path), not
@@ -21,9 +21,20 @@ job starts). The scripts use nothing newer than bash 4.2.
 Every job that uses the device (02, 03, 04, 06; the single job once) runs ``python -m workbook_lib
 selftest`` on its node first and stops, before the long work, when a check fails
 (``WORKBOOK_SKIP_SELFTEST=1`` at submission skips it).
+``submit.sh`` fails (exit 1, sbatch's own message, the jobs it had submitted cancelled) when
+``sbatch`` refuses a job, rather than going on with an empty job id; and it refuses (exit 2) to
+submit into a run folder while the jobs of an earlier submission into it are still pending or
+running (their ids are kept in ``<run>/.slurm-jobs``), naming them. Each job also holds its
+notebook in the run folder (:mod:`.runlock`), so two jobs of one notebook never run at once.
+
+The resources asked for are checked against ``sinfo`` when it exists, before any script is
+written: the partition exists, it has ``--nodes`` nodes, ``--time`` is a SLURM time within its
+limit, its nodes have ``--gpus`` GPUs and ``--cpus-per-task`` CPUs: a job that can never start
+would otherwise pend forever (``PartitionConfig``) with the notebooks after it.
 """
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,25 +48,120 @@ LAYOUT_FILE = ".layout"
 GPU_NOTEBOOKS = ("02", "03", "06")  # measure on the device: one GPU when the cluster has them
 
 
-def sinfo_cpus(partition: str | None) -> int | None:
-    """CPUs per node of the partition as ``sinfo`` reports them (None without sinfo)."""
+def sinfo_partitions() -> dict[str, dict] | None:
+    """Each partition as ``sinfo`` reports it: ``{name: {nodes, cpus, time, gpus, default}}``
+    (``cpus`` and ``gpus`` the most on one node, ``time`` its limit as sinfo writes it), or None
+    without sinfo."""
     if shutil.which("sinfo") is None:
         return None
-    cmd = ["sinfo", "-h", "-o", "%c"] + (["-p", partition] if partition else [])
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.split()
+        done = subprocess.run(["sinfo", "-h", "-o", "%P|%D|%c|%l|%G"], capture_output=True,
+                              text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
-    vals = [int(v.rstrip("+")) for v in out if v.rstrip("+").isdigit()]
-    return max(vals) if vals else None
+    if done.returncode != 0:  # no controller reachable: nothing to check against
+        return None
+    out = done.stdout
+    parts: dict[str, dict] = {}
+    for line in out.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 5:
+            continue
+        name, nodes, cpus, limit, gres = fields
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        p = parts.setdefault(name, {"nodes": 0, "cpus": 0, "time": limit, "gpus": 0,
+                                    "default": default})
+        p["nodes"] += int(nodes) if nodes.isdigit() else 0
+        c = cpus.rstrip("+")
+        p["cpus"] = max(p["cpus"], int(c) if c.isdigit() else 0)
+        p["gpus"] = max(p["gpus"], _gres_gpus(gres))
+    return parts
 
 
-def _check(nodes: int, gpus: int, cpus: int | None, partition: str | None) -> int:
+def _gres_gpus(gres: str) -> int:
+    """GPUs per node in sinfo's GRES column: 'gpu:4', 'gpu:a100:4(S:0-1)', '(null)'."""
+    total = 0
+    for item in gres.split(","):
+        item = item.split("(")[0]
+        if item.startswith("gpu"):
+            last = item.split(":")[-1]
+            total += int(last) if last.isdigit() else 1
+    return total
+
+
+def sinfo_cpus(partition: str | None) -> int | None:
+    """CPUs per node of the partition as ``sinfo`` reports them (None without sinfo)."""
+    parts = sinfo_partitions()
+    if not parts:
+        return None
+    p = _partition(parts, partition)
+    return p["cpus"] if p and p["cpus"] else None
+
+
+def _partition(parts: dict[str, dict], partition: str | None) -> dict | None:
+    if partition:
+        return parts.get(partition)
+    return next((p for p in parts.values() if p["default"]), None)
+
+
+def slurm_minutes(value: str) -> float | None:
+    """A SLURM time limit in minutes (None for no limit).
+
+    Raises:
+        ValueError: not one of SLURM's forms (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, infinite).
+    """
+    v = value.strip()
+    if v.lower() in ("infinite", "unlimited"):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", v)
+    if not m:
+        raise ValueError(value)
+    days, a, b, c = m.groups()
+    if days is not None:  # D-H[:M[:S]]
+        return int(days) * 1440 + int(a) * 60 + int(b or 0) + int(c or 0) / 60
+    if c is not None:  # H:M:S
+        return int(a) * 60 + int(b) + int(c) / 60
+    return int(a) + int(b or 0) / 60  # M or M:S
+
+
+def _check(nodes: int, gpus: int, cpus: int | None, partition: str | None,
+           time: str = "04:00:00") -> int:
     if nodes <= 0:
         raise ParamsError(f"--nodes must be a positive integer (got {nodes})", key="nodes")
     if gpus < 0:
         raise ParamsError(f"--gpus must be >= 0 (got {gpus})", key="gpus")
-    have = sinfo_cpus(partition)
+    try:
+        minutes = slurm_minutes(time)
+    except ValueError:
+        raise ParamsError(f"--time {time!r} is not a SLURM time (MM, HH:MM:SS, D-HH:MM:SS, ...)",
+                          key="time", value=time) from None
+    if minutes is not None and minutes <= 0:
+        raise ParamsError(f"--time must be positive (got {time!r})", key="time", value=time)
+    parts = sinfo_partitions()
+    part = None
+    where = f"partition {partition or '(default)'}"
+    if parts:
+        part = _partition(parts, partition)
+        if part is None:
+            raise ParamsError(f"--partition {partition or '(default)'}: sinfo knows no such "
+                              f"partition (it lists: {', '.join(sorted(parts))})",
+                              key="partition", value=partition)
+        if nodes > part["nodes"]:
+            raise ParamsError(f"--nodes {nodes}: {where} has {part['nodes']} node(s); notebook "
+                              "04 would pend forever", key="nodes", value=nodes)
+        try:
+            limit = slurm_minutes(part["time"])
+        except ValueError:
+            limit = None
+        if limit is not None and minutes is not None and minutes > limit:
+            raise ParamsError(f"--time {time}: above the time limit of {where} ({part['time']})"
+                              "; the jobs would pend forever", key="time", value=time)
+        if gpus > part["gpus"]:
+            have = f"{part['gpus']} GPU(s) per node" if part["gpus"] else "no GPUs"
+            raise ParamsError(f"--gpus {gpus}: the nodes of {where} have {have} (sinfo's GRES)"
+                              "; the jobs would pend forever", key="gpus", value=gpus)
+    have = part["cpus"] if part and part["cpus"] else None
     if cpus is None:
         cpus = min(8, have) if have else 2
     if cpus <= 0:
@@ -161,22 +267,62 @@ def submit_script(*, nb_script: Path, run_dir: Path, nodes: int, gpus: int, cpus
              'export WORKBOOK_OUT="$RUN"',
              f"S={q(str(nb_script))}",
              'mkdir -p "$RUN"',
-             "submit() {  # NAME DEPENDENCY RESOURCES...: prints the job id",
+             'JOBS="$RUN/.slurm-jobs"',
+             "# one submission at a time into a run folder, and none while an earlier one's jobs",
+             "# are pending or running (two jobs of one notebook would share its rank pid files)",
+             'exec 9>>"$RUN/.submit.lock"',
+             'if command -v flock >/dev/null 2>&1 && ! flock -n 9; then',
+             '  echo "submit.sh: another submit.sh is submitting into $RUN" >&2; exit 2',
+             "fi",
+             'if [ -s "$JOBS" ] && command -v squeue >/dev/null 2>&1; then',
+             '  LIVE=""',
+             '  while read -r j; do',
+             '    [ -n "$j" ] || continue',
+             '    st=$(squeue -h -j "$j" -t PD,R,CF,CG,S -o %T 2>/dev/null || true)',
+             '    if [ -n "$st" ]; then LIVE="$LIVE $j($st)"; fi',
+             '  done < "$JOBS"',
+             '  if [ -n "$LIVE" ]; then',
+             '    echo "submit.sh: $RUN is in use by jobs$LIVE of an earlier submission' \
+             ' ($(cat "$JOBS.by" 2>/dev/null || echo unknown)); wait for them or scancel them,' \
+             ' then run this again" >&2',
+             "    exit 2",
+             "  fi",
+             "fi",
+             ': > "$JOBS"',
+             'echo "$(id -un 2>/dev/null || echo "$USER")@$(hostname) $(date -u +%Y-%m-%dT%H:%M:%SZ)"'
+             ' > "$JOBS.by"',
+             "ERR=$(mktemp)",
+             "trap 'rm -f \"$ERR\"' EXIT",
+             "fail() {  # NAME: sbatch refused it; cancel what this submission queued, stop",
+             '  echo "submit.sh: sbatch refused notebook $1: $(cat "$ERR")" >&2',
+             '  if [ -s "$JOBS" ] && command -v scancel >/dev/null 2>&1; then',
+             '    scancel $(cat "$JOBS") 2>/dev/null || true',
+             '    echo "submit.sh: cancelled the jobs submitted before it:" $(cat "$JOBS") >&2',
+             "  fi",
+             "  exit 1",
+             "}",
+             "submit() {  # NAME DEPENDENCY RESOURCES...: prints the job id; fails as sbatch does",
              '  local name="$1" dep="$2"; shift 2',
              '  local out',
              '  if [ -n "$dep" ]; then',
-             '    out=$(sbatch --parsable --export=ALL --job-name="gnn-$name" '
-             '--dependency="$dep" --kill-on-invalid-dep=yes "$@" "$S" "$name")',
-             "  else",
-             '    out=$(sbatch --parsable --export=ALL --job-name="gnn-$name" "$@" "$S" "$name")',
+             '    set -- --dependency="$dep" --kill-on-invalid-dep=yes "$@"',
              "  fi",
-             '  echo "${out%%;*}"',
+             '  out=$(sbatch --parsable --export=ALL --job-name="gnn-$name" "$@" "$S" "$name" '
+             '2>"$ERR") || return 1',
+             '  out="${out%%;*}"',
+             '  case "$out" in',
+             '    ""|*[!0-9_]*) echo "no job id in the output of sbatch: $out" >> "$ERR"; return 1;;',
+             "  esac",
+             '  echo "$out" >> "$JOBS"',
+             '  echo "$out"',
              "}"]
     ids = {}
     order = [n for n in ("01", "02", "03", "04", "06", "05") if n in nums]
     for n in order:
         res = ddp if n == "04" else (gpu1 if n in GPU_NOTEBOOKS else cpu)
         deps = []
+        if n == "02" and "01" in ids:  # 02 reads 01's results: never an older run's
+            deps = [("afterany", ids["01"])]
         if n == "04" and "03" in ids:
             deps = [("afterany", ids["03"])]
         if n == "06":
@@ -188,7 +334,7 @@ def submit_script(*, nb_script: Path, run_dir: Path, nodes: int, gpus: int, cpus
             kind = deps[0][0]
             dep = kind + ":" + ":".join(f"${v}" for _, v in deps)
         var = f"J{n}"
-        lines.append(f'{var}=$(submit {n} "{dep}" {res})')
+        lines.append(f'{var}=$(submit {n} "{dep}" {res}) || fail {n}')
         ids[n] = "{" + var + "}"
     lines += ['echo "run folder: $RUN"',
               "echo \"jobs: " + " ".join(f"{n}=${{J{n}}}" for n in order) + "\"",
@@ -209,7 +355,7 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
         ParamsError: impossible resources (checked against ``sinfo`` when it exists), or an
             ``out_dir`` holding scripts of the other layout (unless ``force``).
     """
-    cpus = _check(nodes, gpus_per_node, cpus_per_task, partition)
+    cpus = _check(nodes, gpus_per_node, cpus_per_task, partition, time)
     out = resolve_path(out_dir).resolve()
     layout = "chain" if array else "single"
     marker = out / LAYOUT_FILE

@@ -1,0 +1,132 @@
+"""A run folder shared and reused: a second writer refused, inputs checked, a full disk, an
+early signal."""
+import json
+import os
+import signal
+import time
+
+import nbformat
+import pytest
+
+from workbook_lib.exceptions import NotebookFailedError, ParamsError
+from workbook_lib.running import cli, runner, runlock
+from workbook_lib.running import params as params_mod
+from workbook_lib.running.results import file_checksum, write_results
+
+NBS = ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing", "04_ddp_scaling")
+
+
+@pytest.fixture
+def tiny():
+    return params_mod.validate({"scale": 0.002, "device": "cpu"})
+
+
+def _nb(path, *cells):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                  "language": "python"}}
+    p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [p] + [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, str(path))
+
+
+def _complete(out, nb, params, inputs=None):
+    write_results(out, nb, {"x": 1}, params, headline="h", inputs=inputs)
+    (out / f"{nb}.html").write_text("<html></html>")
+
+
+def test_a_second_writer_is_refused_naming_the_holder(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    with runlock.hold(out, ["04_ddp_scaling"]):
+        holder = json.loads((out / ".lock-04_ddp_scaling").read_text())
+        assert holder["pid"] == os.getpid()
+        rc = cli.main(["run", "--params", "ci", "--out", str(out), "--quiet"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert "in use" in err and "04_ddp_scaling" in err and f"pid {os.getpid()}" in err
+        with pytest.raises(runlock.RunFolderInUseError):  # a job of notebook 04 alone, too
+            runner.run_notebooks(params_mod.load_params_file("ci"), out, only=["04"],
+                                 progress=False)
+        with runlock.hold(out, ["01_graph_inventory"]):  # other notebooks: side by side
+            pass
+    with runlock.hold(out, ["04_ddp_scaling"]):  # released when the holder is done
+        pass
+    assert not [p for p in out.iterdir() if not p.name.startswith(".lock-")]
+
+
+def test_a_notebook_run_alone_refuses_inputs_made_with_other_params(tmp_path, tiny):
+    out = tmp_path / "run"
+    for nb in NBS:
+        _complete(out, nb, tiny)
+    other = params_mod.validate({"scale": 0.002, "device": "cpu", "hidden": 8})
+    with pytest.raises(ParamsError) as e:
+        runner.run_notebooks(other, out, only=["05"], progress=False)
+    assert e.value.key == "hidden" and "hidden=32 there, 8 now" in str(e.value)
+    assert "05_verdict reads 01_graph_inventory" in str(e.value)
+    assert not (out / "05_verdict.json").exists()
+    runner.check_inputs_match(out, ["05_verdict"], tiny)  # the same params: accepted
+
+
+def test_a_result_made_without_an_input_that_exists_now_is_not_complete(tmp_path, tiny):
+    out = tmp_path / "run"
+    _complete(out, "04_ddp_scaling", tiny)  # 03 was cancelled: 04 ran without it
+    assert runner.completeness(out, "04_ddp_scaling", tiny) == (True, "")
+    _complete(out, "03_data_vs_model_timing", tiny)  # the resubmission made 03
+    ok, why = runner.completeness(out, "04_ddp_scaling", tiny)
+    assert not ok and "03_data_vs_model_timing" in why
+    _complete(out, "04_ddp_scaling", tiny,
+              inputs={"03_data_vs_model_timing": file_checksum(
+                  out / "03_data_vs_model_timing.json")})
+    assert runner.completeness(out, "04_ddp_scaling", tiny)[0]
+
+
+def test_a_verdict_older_than_bench_json_is_not_complete(tmp_path, tiny):
+    out = tmp_path / "run"
+    for nb in NBS:
+        _complete(out, nb, tiny)
+    sums = {nb: file_checksum(out / f"{nb}.json") for nb in NBS}
+    _complete(out, "05_verdict", tiny, inputs=sums)
+    assert runner.completeness(out, "05_verdict", tiny)[0]
+    (out / "bench.json").write_text("{}")  # python -m workbook_lib bench --out RUN/bench.json
+    ok, why = runner.completeness(out, "05_verdict", tiny)
+    assert not ok and "bench.json" in why
+    _complete(out, "05_verdict", tiny, inputs={**sums, "bench": file_checksum(out / "bench.json")})
+    assert runner.completeness(out, "05_verdict", tiny)[0]
+    (out / "bench.json").unlink()
+    assert "gone" in runner.completeness(out, "05_verdict", tiny)[1]
+
+
+def test_a_full_disk_is_recorded_per_notebook_and_the_run_goes_on(tmp_path, tiny, monkeypatch):
+    d = tmp_path / "nbs"
+    d.mkdir()
+    monkeypatch.setenv("WORKBOOK_NOTEBOOK_DIR", str(d))
+    _nb(d / "01_a.ipynb", "raise OSError(28, 'No space left on device', run_dir + '/t.pt')")
+    _nb(d / "02_b.ipynb", "x = 1")
+    out = tmp_path / "run"
+
+    def full(path, *a, **k):
+        raise OSError(28, "No space left on device", str(path))
+    monkeypatch.setattr(runner, "export_html", lambda nb, html, **k: full(html))
+    monkeypatch.setattr(runner, "write_index", lambda out, *a: full(out / "index.html"))
+    with pytest.raises(NotebookFailedError) as e:
+        runner.run_notebooks(tiny, out, progress=False, log_output=False)
+    by = {o.name: o for o in e.value.failures}
+    assert set(by) == {"01_a", "02_b"}  # the second was attempted
+    assert "t.pt" in by["01_a"].error and "No space left" in by["01_a"].error  # its own cause
+    assert "02_b.html" in by["02_b"].error  # the file that could not be written
+
+
+def test_sigterm_while_the_snapshot_builds_is_an_interrupt(tmp_path, monkeypatch, capsys):
+    def slow_build(params):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("the signal did not stop the build")
+    monkeypatch.setattr(runner, "snapshot_checksum", slow_build)
+    before = signal.getsignal(signal.SIGTERM)
+    rc = cli.main(["run", "--params", "ci", "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 130 and "INTERRUPTED" in err and "--resume" in err
+    assert not (tmp_path / "run").exists()
+    assert signal.getsignal(signal.SIGTERM) is before
