@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbook_lib.data.snapshots import CellGraph, content_checksum
-from workbook_lib.running import params as params_mod
+from workbook_lib.configs import params as params_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WORKBOOK_PROGRESS", "0")

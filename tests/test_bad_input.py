@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbook_lib.running import cli
-from workbook_lib.running import params as P
+from workbook_lib import cli
+from workbook_lib.configs import params as P
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbook_lib.exceptions import ParamsError
-from workbook_lib.running import params as params_mod
+from workbook_lib.configs import params as params_mod
 from workbook_lib.running import slurm
 
 ROOT = Path(__file__).resolve().parent.parent

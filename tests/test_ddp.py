@@ -14,7 +14,7 @@ from workbook_lib.distributed import launcher
 from workbook_lib.distributed.plan import plan
 from workbook_lib.exceptions import LaunchError
 from workbook_lib.measurement.timing import Stat
-from workbook_lib.running import params as params_mod
+from workbook_lib.configs import params as params_mod
 from workbook_lib.data import snapshots
 
 MODULE = "workbook_lib.distributed.worker"

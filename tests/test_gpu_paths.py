@@ -96,7 +96,7 @@ def test_environment_keeps_the_device_of_the_jobs_that_used_one(tmp_path, monkey
     import json
 
     from workbook_lib.running import environment, runner
-    from workbook_lib.running.params import load_params_file
+    from workbook_lib.configs.params import load_params_file
     from pathlib import Path
 
     p = load_params_file(Path(__file__).resolve().parent.parent / "params" / "ci.yaml")
@@ -144,7 +144,7 @@ def test_a_cpu_only_notebook_runs_on_a_node_without_the_gpu(tmp_path):
 
     from workbook_lib.exceptions import ParamsError
     from workbook_lib.running.notebook import setup
-    from workbook_lib.running.params import load_params_file
+    from workbook_lib.configs.params import load_params_file
 
     if torch.cuda.is_available():
         pytest.skip("checks a node without a GPU")
@@ -160,7 +160,7 @@ def test_exactness_report_runs_the_strategies_on_the_given_device(monkeypatch):
     the CPU): a device argument that were ignored would leave them on the CPU."""
     from workbook_lib.analysis import benchmarks
     from workbook_lib.data.snapshots import induced_subgraph, load_snapshot
-    from workbook_lib.running.params import load_params_file
+    from workbook_lib.configs.params import load_params_file
     from pathlib import Path
 
     p = load_params_file(Path(__file__).resolve().parent.parent / "params" / "ci.yaml")

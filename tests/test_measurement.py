@@ -119,7 +119,7 @@ def test_peak_in_a_child_whose_parent_peaked_higher():
 
 
 def test_probe_points_are_positive_and_grow_with_batch():
-    from workbook_lib.running.params import validate
+    from workbook_lib.configs.params import validate
 
     p = validate({"scale": 0.005, "device": "cpu"})
     pts = [memory.measure_point(p, strategy="replicated_mask_cpu", form="gather_scatter",

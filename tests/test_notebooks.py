@@ -12,8 +12,8 @@ from workbook_lib.analysis.adoption import loss_fall
 from workbook_lib.catalog import NOTEBOOK_NAMES
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.running import notebooks as nbsrc
-from workbook_lib.running import params as params_mod
-from workbook_lib.running import runner
+from workbook_lib.configs import params as params_mod
+from workbook_lib import runner
 from workbook_lib.running.results import load_result
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbook_lib.running import params as P
+from workbook_lib.configs import params as P
 from workbook_lib.running.environment import resolve_device
 from workbook_lib.exceptions import ParamsError
 

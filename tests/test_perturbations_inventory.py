@@ -59,7 +59,7 @@ def test_removed_edges_and_hops(hand_graph):
 
 def test_inventory_measures_what_strategy_2_carries():
     from conftest import make_graph
-    from workbook_lib.running.params import validate
+    from workbook_lib.configs.params import validate
 
     g = make_graph(num_genes=40, types={"x": 200, "y": 120}, seed=7)
     p = validate({"num_perturbations": 8, "batch_sizes": [1, 4]})

@@ -9,8 +9,8 @@ import torch
 
 from workbook_lib.exceptions import ParamsError, PipelineError
 from workbook_lib.pipelines import build_pipeline, check_pipeline, parse_specs
-from workbook_lib.running import cli
-from workbook_lib.running import params as params_mod
+from workbook_lib import cli
+from workbook_lib.configs import params as params_mod
 from workbook_lib.training import loop
 
 from conftest import make_graph

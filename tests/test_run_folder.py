@@ -9,8 +9,8 @@ import nbformat
 import pytest
 
 from workbook_lib.exceptions import NotebookFailedError, ParamsError
-from workbook_lib.running import cli, runner, runlock
-from workbook_lib.running import params as params_mod
+from workbook_lib import cli, runner, runlock
+from workbook_lib.configs import params as params_mod
 from workbook_lib.running.results import file_checksum, write_results
 
 NBS = ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing", "04_ddp_scaling")

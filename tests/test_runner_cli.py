@@ -11,8 +11,8 @@ import nbformat
 import psutil
 import pytest
 
-from workbook_lib.running import params as params_mod
-from workbook_lib.running import runner
+from workbook_lib.configs import params as params_mod
+from workbook_lib import runner
 from workbook_lib.running.results import file_checksum, write_results
 from workbook_lib.exceptions import NotebookFailedError
 

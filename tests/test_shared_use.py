@@ -26,7 +26,7 @@ def test_atomic_writes_get_the_umasks_mode(tmp_path, umask, mask, mode):
     """Results, reports and snapshot caches are written through a temporary file; they get the
     mode a plain open() gives (0666 less the umask), not mkstemp's 0600."""
     from workbook_lib.data.snapshots import load_synthetic
-    from workbook_lib.running import params as P
+    from workbook_lib.configs import params as P
 
     umask(mask)
     assert current_umask() == mask
@@ -166,7 +166,7 @@ def test_the_profilers_usdt_lines_stay_off_the_terminal(monkeypatch, capfd):
 
 
 def test_params_set_without_a_file_applies_the_set(capsys):
-    from workbook_lib.running import cli
+    from workbook_lib import cli
 
     assert cli.main(["params", "--set", "hidden=12"]) == 0
     out = capsys.readouterr().out
@@ -177,7 +177,7 @@ def test_params_set_without_a_file_applies_the_set(capsys):
 def test_help_notebook_keeps_the_meaning_of_equals():
     from papermill.translators import PythonTranslator
 
-    from workbook_lib.running import params as P
+    from workbook_lib.configs import params as P
 
     found = {p.name: p for p in PythonTranslator.inspect({"source": P.parameters_cell()})}
     assert "1.0 is the real graph" in found["scale"].help
@@ -186,7 +186,7 @@ def test_help_notebook_keeps_the_meaning_of_equals():
 
 def test_run_level_environment_says_what_each_notebook_was_asked_to_apply():
     from workbook_lib.running import environment
-    from workbook_lib.running import params as P
+    from workbook_lib.configs import params as P
 
     rec = environment.collect(P.defaults(), run_level=True)["cpu_allocator_cache"]
     assert rec["requested"] is True and "each notebook's kernel" in rec["detail"]
@@ -197,7 +197,7 @@ def test_run_level_environment_says_what_each_notebook_was_asked_to_apply():
 def test_html_turns_a_papermill_output_into_the_report(tmp_path, capsys):
     import nbformat
 
-    from workbook_lib.running import cli
+    from workbook_lib import cli
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# Title here"),

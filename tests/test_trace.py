@@ -9,7 +9,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from workbook_lib.measurement import trace_analysis as ta
-from workbook_lib.running.cli import main
+from workbook_lib.cli import main
 
 
 class _Items(torch.utils.data.Dataset):

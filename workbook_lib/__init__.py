@@ -1,7 +1,10 @@
 """Helper library of the perturbed-graph GNN performance workbook.
 
-Where things are done (folder = layer, lower layers never import higher ones):
+Where things are done (folder = layer, lower layers never import higher ones). At the bottom,
+what every layer reads; at the top, what drives everything:
 
+``configs/``       ``params``: the one schema of every params file, ``--set``, papermill ``-p``
+                   and parameters cell (and which keys each notebook reads)
 ``data/``          the graph and the samples
     ``snapshots``       the wildtype cell graph: synthetic from a spec (cached, checksummed) or
                         a user's HeteroData
@@ -45,11 +48,13 @@ Where things are done (folder = layer, lower layers never import higher ones):
                    ``stability``
 ``report/``        what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook,
                    ``html`` (export, index page), ``progress`` (terminal only)
-``running/``       ``params`` (the schema), ``notebook`` (a notebook's setup), ``notebooks``
-                   (sources and builds), ``runner`` (papermill), ``results`` (JSON),
-                   ``environment``, ``slurm``, ``cli``, ``processes``, ``selftest`` (a new
-                   machine checked before a long run), ``runlock`` (one writer per notebook of
-                   a run folder), ``kernel`` (this clone's kernel)
+``running/``       what running a notebook needs: ``notebook`` (a notebook's setup),
+                   ``notebooks`` (sources and builds), ``results`` (JSON), ``environment``,
+                   ``slurm``, ``processes``, ``selftest`` (a new machine checked before a long
+                   run), ``runlock`` (one writer per notebook of a run folder), ``kernel`` (this
+                   clone's kernel)
+``runner``         the top: runs the notebooks with papermill into a run folder
+``cli``            the top: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
 ``catalog``, ``paths``, ``records``, ``exceptions``: names, locations, typed JSON, errors.
 """
 import warnings

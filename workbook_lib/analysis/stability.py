@@ -188,7 +188,7 @@ def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
                   tolerance: float = 0.15, only: list[str] | None = None,
                   progress: bool = True) -> StabilityResult:
     """Run the notebooks ``runs`` times and compare every headline figure."""
-    from ..running.runner import run_notebooks
+    from ..runner import run_notebooks
 
     if runs < 2:
         raise ValueError(f"'runs' must be at least 2 (got {runs})")

@@ -253,7 +253,7 @@ def real_size(spec: dict | None, num_genes: int, num_types: int,
 
 def inventory(params: dict, graph: CellGraph) -> InventoryResult:
     """Every size notebook 01 reports, computed from the graph and sampled perturbations."""
-    from ..running.params import mean_k
+    from ..configs.params import mean_k
 
     pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
                                 params["num_perturbations"], seed=params["seed"])

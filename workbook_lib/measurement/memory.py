@@ -202,7 +202,7 @@ def _probe(cfg: dict) -> dict:
     preparation, forward, loss and backward of one batch."""
     from ..data.snapshots import load_snapshot
     from ..pipelines import build_pipeline, is_builtin
-    from ..running.params import validate
+    from ..configs.params import validate
 
     freed = return_freed_memory_to_os()
     p = validate({**cfg["params"], "scale": cfg["scale"], "hidden": cfg["hidden"],

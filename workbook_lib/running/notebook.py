@@ -19,7 +19,7 @@ from ..exceptions import ParamsError
 from ..paths import resolve_path
 from ..report import plotting
 from . import environment
-from .params import FIELDS, check_against_graph, suggest, validate
+from ..configs.params import FIELDS, check_against_graph, suggest, validate
 
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "run_dir", "Dict", "List",
                   "Optional", "Union"}
@@ -77,7 +77,7 @@ def load_checked_snapshot(params: dict) -> CellGraph:
             not fit the graph (e.g. ``exactness_genes`` above its gene count).
     """
     from ..exceptions import SnapshotError
-    from .params import show, snapshot_spec_path
+    from ..configs.params import show, snapshot_spec_path
 
     try:
         graph = load_snapshot(params)

@@ -8,7 +8,7 @@ dirties a tracked file (jupytext pairs the two: a code edit saved in JupyterLab 
 into a notebook object that papermill runs), so a stale ``.ipynb`` is never what runs.
 
 The ``parameters`` cell of every source is generated from the params schema: the keys that
-notebook reads (:func:`workbook_lib.running.params.parameters_cell`); :func:`sync` rewrites it and
+notebook reads (:func:`workbook_lib.configs.params.parameters_cell`); :func:`sync` rewrites it and
 the test suite checks it is current.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from ..catalog import NOTEBOOK_NAMES
 from ..paths import NOTEBOOK_DIR
 from .kernel import KERNEL_DISPLAY, KERNEL_NAME  # one name for the metadata and `make kernel`
-from .params import parameters_cell
+from ..configs.params import parameters_cell
 
 METADATA_FILTER = "-jupytext.text_representation"
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(?=\n# %%)', re.S)

@@ -276,7 +276,7 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
     """
     from ..data.snapshots import load_snapshot
     from ..running.environment import resolve_device
-    from ..running.params import load_params_file
+    from ..configs.params import load_params_file
 
     if device not in ("cpu", "cuda", "auto"):
         raise ValueError(f"'--device' must be cpu, cuda or auto (got {device!r})")

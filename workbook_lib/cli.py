@@ -12,16 +12,16 @@ import logging
 import sys
 from pathlib import Path
 
-from ..catalog import BY_NAME
-from ..exceptions import NotebookFailedError, ParamsError, WorkbookError
-from . import params as params_mod
+from .catalog import BY_NAME
+from .exceptions import NotebookFailedError, ParamsError, WorkbookError
+from .configs import params as params_mod
 
 DEFAULT_PARAMS = "params/default.yaml"
 
 
 def _load(path: str, sets: list[str] | None) -> dict:
     """A params file plus ``--set KEY=VALUE`` overrides, validated once."""
-    from ..paths import resolve_path
+    from .paths import resolve_path
 
     p = Path(path)
     if not p.is_file() and not p.is_absolute() and resolve_path(path).is_file():
@@ -58,7 +58,7 @@ def _cmd_run(args) -> int:
 
     p = _load(args.params, args.set)  # every check before any work
     if p["pipelines"]:
-        from ..pipelines import preflight
+        from .pipelines import preflight
 
         names = preflight(p)  # each user pipeline built and run on one batch, nothing timed
         print(f"pipelines checked on one batch: {', '.join(names)}", file=sys.stderr)
@@ -84,8 +84,8 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from ..analysis.bench import run_bench, summary_lines
-    from ..running.environment import configure_cpu_allocator
+    from .analysis.bench import run_bench, summary_lines
+    from .running.environment import configure_cpu_allocator
 
     p = _load(args.params, args.set)
     out = Path(args.out)
@@ -97,7 +97,7 @@ def _cmd_bench(args) -> int:
         raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     configure_cpu_allocator(p["cpu_allocator_cache"])
     res = run_bench(p, full_size=True if args.full_size else None)
-    from .results import atomic_write_text
+    from .running.results import atomic_write_text
 
     atomic_write_text(out, json.dumps(res.to_json(), indent=1))
     print("\n".join(summary_lines(res)))
@@ -106,7 +106,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from ..analysis.compare import compare_runs
+    from .analysis.compare import compare_runs
 
     path = compare_runs(args.runs, args.out, force=args.force)
     print(f"Comparison: {path}")
@@ -114,7 +114,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_stability(args) -> int:
-    from ..analysis.stability import run_stability
+    from .analysis.stability import run_stability
 
     p = _load(args.params, args.set)
     res = run_stability(p, args.out, runs=args.runs, tolerance=args.tolerance, only=args.only,
@@ -129,7 +129,7 @@ def _cmd_stability(args) -> int:
 
 
 def _cmd_slurm(args) -> int:
-    from .slurm import write_scripts
+    from .running.slurm import write_scripts
 
     p = _load(args.params, args.set)
     paths = write_scripts(args.params, p, args.out_dir, run_dir=args.run_dir,
@@ -161,9 +161,9 @@ def _trace_out(args) -> Path:
 
 
 def _cmd_trace(args) -> int:
-    from ..measurement import trace_analysis as ta
-    from ..report.trace_view import page
-    from .results import atomic_write_text
+    from .measurement import trace_analysis as ta
+    from .report.trace_view import page
+    from .running.results import atomic_write_text
 
     if args.depth is not None and args.depth < 1:
         raise ParamsError(f"--depth must be a positive integer (got {args.depth})")
@@ -205,7 +205,7 @@ def _cmd_trace(args) -> int:
 
 
 def _cmd_notebooks(args) -> int:
-    from .notebooks import sync
+    from .running.notebooks import sync
 
     stale = sync(check=args.check)
     if args.check and stale:
@@ -216,7 +216,7 @@ def _cmd_notebooks(args) -> int:
 
 
 def _cmd_selftest(args) -> int:
-    from .selftest import FAILED, format_table, run_selftest
+    from .running.selftest import FAILED, format_table, run_selftest
 
     try:
         checks = run_selftest(args.device, args.ranks, args.params, args.only)
@@ -238,7 +238,7 @@ def _cmd_html(args) -> int:
 
 
 def _cmd_kernel(args) -> int:
-    from . import kernel
+    from .running import kernel
 
     if args.remove:
         for path in kernel.remove():
@@ -252,7 +252,7 @@ def _cmd_kernel(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from . import __version__
 
     ap = argparse.ArgumentParser(
         prog="python -m workbook_lib",

@@ -35,14 +35,14 @@ from pathlib import Path
 
 import psutil
 
-from ..catalog import BY_NAME, inputs_of, requires_of
-from ..exceptions import NotebookFailedError, ParamsError, WorkbookError
-from ..paths import NOTEBOOK_DIR
-from ..records import to_json
-from ..report import progress as terminal
-from . import environment, processes
-from .params import results_relevant
-from .results import atomic_write_text, file_checksum, read_meta, read_results, results_path
+from .catalog import BY_NAME, inputs_of, requires_of
+from .exceptions import NotebookFailedError, ParamsError, WorkbookError
+from .paths import NOTEBOOK_DIR
+from .records import to_json
+from .report import progress as terminal
+from .running import environment, processes
+from .configs.params import results_relevant
+from .running.results import atomic_write_text, file_checksum, read_meta, read_results, results_path
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def _failed_cell(ipynb: Path) -> int | None:
 def _notebook_node(name: str):
     src = notebook_dir() / f"{name}.py"
     if src.is_file():
-        from .notebooks import read
+        from .running.notebooks import read
 
         return read(name, notebook_dir())
     import nbformat
@@ -286,7 +286,7 @@ FILE_INPUTS = {"05_verdict": (("bench", "bench.json"),)}
 def write_index(out_dir: Path, outcomes: list[NotebookOutcome], params: dict) -> Path:
     """``index.html``: the verdict's answer first, then one row per notebook with its status,
     headline and links (reports, results, traces, DDP logs; all relative)."""
-    from ..report.html import index_page
+    from .report.html import index_page
 
     page = index_page(out_dir, outcomes, params)
     path = out_dir / "index.html"
@@ -419,7 +419,7 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
         NotebookFailedError: one or more notebooks failed (the others ran).
         KeyboardInterrupt: on SIGINT/SIGTERM/SIGHUP, after stopping every child process.
     """
-    from .runlock import hold
+    from .running.runlock import hold
 
     _AT_SIGNAL.clear()
     sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -474,7 +474,7 @@ def _run_held(names: list[str], params: dict, out: Path, checksum: str, *, show_
         log.error("could not write %s: %s", out / "environment.json", _os_error(exc))
     outcomes: list[NotebookOutcome] = []
     seen: dict[int, psutil.Process] = {}
-    from ..report.progress import progress as bar_of
+    from .report.progress import progress as bar_of
 
     try:
         bar = bar_of(names, desc="notebooks") if progress else names
@@ -546,7 +546,7 @@ def _main_thread() -> bool:
 def snapshot_checksum(params: dict) -> str:
     """Load (building the cache if needed) and check the snapshot, with the checks every
     notebook's set-up makes; its content checksum."""
-    from .notebook import load_checked_snapshot
+    from .running.notebook import load_checked_snapshot
 
     return load_checked_snapshot(params).checksum
 

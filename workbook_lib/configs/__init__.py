@@ -1,0 +1,1 @@
+"""Configuration read by every layer: the params schema (``params``)."""
