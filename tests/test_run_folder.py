@@ -9,7 +9,8 @@ import nbformat
 import pytest
 
 from workbook_lib.exceptions import NotebookFailedError, ParamsError
-from workbook_lib import cli, runner, runlock
+from workbook_lib import cli, runner
+from workbook_lib.running import runlock
 from workbook_lib.configs import params as params_mod
 from workbook_lib.running.results import file_checksum, write_results
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from workbook_lib.measurement.precision import float32_tolerance
-from workbook_lib import cli, selftest
+from workbook_lib import cli
+from workbook_lib.running import selftest
 
 
 def test_selftest_passes_on_cpu(capsys):
