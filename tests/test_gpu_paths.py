@@ -95,15 +95,16 @@ def test_environment_keeps_the_device_of_the_jobs_that_used_one(tmp_path, monkey
     job's device (each job keeps its own record)."""
     import json
 
-    from workbook_lib.running import environment, runner
+    from workbook_lib import runner
+    from workbook_lib.running import environment
     from workbook_lib.configs.params import load_params_file
     from pathlib import Path
 
     p = load_params_file(Path(__file__).resolve().parent.parent / "params" / "ci.yaml")
     real = environment.collect
 
-    def fake(params, *, uses_device=True):
-        rec = real(params, uses_device=uses_device)
+    def fake(params, *, uses_device=True, run_level=False):
+        rec = real(params, uses_device=uses_device, run_level=run_level)
         if uses_device:  # the GPU node's view
             rec.update(device="cuda:0", device_label="cuda: NVIDIA H100", created="2026-01-01T00:00:00")
         else:

@@ -151,8 +151,10 @@ def test_papermill_parameters_and_help(tmp_path):
                        text=True, cwd=tmp_path)
     assert r.returncode == 0
     for line in ("scale: float (default 0.1)", "hidden: int (default 32)",
-                 "memory_budget_gb: Optional[float] (default None)", "run_dir: str"):
+                 "pipelines: List[str] (default [])", "run_dir: str"):
         assert line in r.stdout, (line, r.stdout[:2000])
+    # the keys notebook 01 reads, not those of the notebooks after it (papermill still takes any)
+    assert "memory_budget_gb" not in r.stdout and "ddp_batch_size" not in r.stdout
     # from another directory: -p values are used, a relative run_dir lands in the repository
     r = subprocess.run([*PAPERMILL, str(nb), str(tmp_path / "o.ipynb"), "-p", "scale", "0.002",
                         "-p", "hidden", "8", "-p", "run_dir", str(tmp_path), "-k", "python3"],

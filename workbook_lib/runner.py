@@ -110,7 +110,7 @@ def export_html(ipynb: Path, html_path: Path, *, show_code: bool = False) -> Pat
     unless ``show_code``), written atomically."""
     from nbconvert import HTMLExporter
 
-    templates = Path(__file__).resolve().parent.parent / "report" / "templates"
+    templates = Path(__file__).resolve().parent / "report" / "templates"
     exporter = HTMLExporter(template_name="workbook", extra_template_basedirs=[str(templates)],
                             exclude_input=not show_code, exclude_input_prompt=True,
                             exclude_output_prompt=True, embed_images=True)
