@@ -72,7 +72,7 @@ NB = setup(globals())
 display(view.settings(NB.params, NB.graph, NB.device_label))
 
 # %% [markdown]
-# ## The loop, per strategy and mode
+# ## The loop, per pipeline and mode
 
 # %%
 loops = study.run_loops(NB.params, NB.graph, NB.device)
