@@ -25,6 +25,7 @@ from ..report.progress import progress
 from ..pipelines import build_pipeline, compared_names
 from ..strategies import make_strategy
 from ..training import loop
+from ..training.factory import batch_size_for
 from .claim_probes import StoredReads
 
 LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
@@ -100,8 +101,6 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
             # distinct samples for every step, capped (strategy 3 stores a mask per sample); a
             # user pipeline serves its own dataset. One stream per pipeline: with interleaving
             # its four modes take turns on it
-            from ..training.factory import batch_size_for
-
             n_items = None
             if name in params["strategies"]:
                 b = batch_size_for(params, name)
@@ -326,8 +325,6 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
     wait, pw, active = params["profile_wait"], params["profile_warmup"], params["profile_active"]
     out = {}
     for name in progress(names, desc="03 profiles"):
-        from ..training.factory import batch_size_for
-
         n_items = ((warm + wait + pw + active) * batch_size_for(params, name)
                    if name in params["strategies"] else None)
         pipe = build_pipeline(params, name, graph, device, n_items=n_items, salt=1)
