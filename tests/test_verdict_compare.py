@@ -214,3 +214,50 @@ def test_stored_mask_reads_cold_then_warm(tmp_path):
         [c / w for c, w in zip(r.cold_ms.samples, r.warm_ms.samples)]).median)
     with pytest.raises(ValueError, match="'rounds'"):
         cp.stored_mask_reads(g, pert, rounds=0, storage_dir=tmp_path)
+
+
+def test_a_disturbed_loop_does_not_pick_the_fix_by_its_medians(tmp_path):
+    """Quiet: a strategy 20% slower than the fastest is not tied (15% tolerance). Disturbed
+    (IQR/median beyond the target, IQRs overlapping): this run cannot tell them apart, so they
+    are tied and the measured memory decides."""
+    def timing(rel):
+        t = _timing()
+        t.loops.arms["node_mask_shared/full"] = arm("node_mask_shared", 7, {"forward": 0.010},
+                                                    rel=rel)
+        t.loops.arms["replicated_mask_cpu/full"] = arm("replicated_mask_cpu", 7,
+                                                       {"forward": 0.012}, rel=rel)
+        return t
+    mem = _mask_cost({"node_mask_shared": 5e6, "replicated_mask_cpu": 1e6})
+    kw = dict(baseline="dango_wildtype", tie_tolerance=0.15, num_samples=1000, target=0.10)
+    quiet = V.recommend(timing(0.02), mem, _ddp(), tmp_path, **kw)
+    assert quiet.strategy == "node_mask_shared" and quiet.tied == ["node_mask_shared"]
+    loud = V.recommend(timing(0.3), mem, _ddp(), tmp_path, **kw)
+    assert set(loud.tied) == {"node_mask_shared", "replicated_mask_cpu"}
+    assert loud.strategy == "replicated_mask_cpu" and "disturbed" in loud.tie_rule
+    # disturbed but far apart (IQRs do not overlap): the fastest still stands alone
+    t = timing(0.3)
+    t.loops.arms["replicated_mask_cpu/full"] = arm("replicated_mask_cpu", 7, {"forward": 0.05},
+                                                   rel=0.3)
+    assert V.recommend(t, mem, _ddp(), tmp_path, **kw).tied == ["node_mask_shared"]
+
+
+def test_the_answer_marks_a_disturbed_ddp_factor_and_bench_ratio():
+    causes = V.rank_causes(_timing(), _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000,
+                           "cpu")
+    inv = _Obj(scale=0.1, total_edges=242337)
+    rec = V.Recommendation("node_mask_shared", "", "shared", st(1.6), "replicated_mask_cpu",
+                           st(11.0), "node_mask_shared", ["node_mask_shared"], "",
+                           bench=_Obj(full_size=True, ratio_vs_lazy_form=st(60.0, 0.3),
+                                      passes_per_sample=None))
+
+    def answer(ddp):
+        v = V.VerdictResult("", "cpu", "cpu", causes, [], rec, ddp.gap.total, [], [],
+                            disturbed=V.disturbed_figures(ddp, rec, 0.10))
+        return V.answer(v, ddp, inv, {})
+    quiet_ddp = answer(_ddp())
+    assert "60x faster" in quiet_ddp and "disturbed figure" in quiet_ddp  # bench at +-30%
+    assert "DDP factor of 1 (IQR 0.04)." in quiet_ddp
+    loud = answer(_ddp(rel=0.25))
+    assert "DDP factor of 1 (IQR 0.5; disturbed, not relied on)" in loud
+    rec.bench.ratio_vs_lazy_form = st(60.0)
+    assert "disturbed figure" not in answer(_ddp())

@@ -81,6 +81,7 @@ class VerdictResult(Record):
     inputs: dict[str, str] = field(default_factory=dict)  # notebook -> results checksum
     disturbed: dict[str, float] = field(default_factory=dict)  # headline figure -> IQR/median
     target: float = 0.1  # the precision target the figures were repeated for
+    gap_strategies: list[str] = field(default_factory=list)  # [slow, fast]
 
 
 def load_inputs(run_dir: str | Path) -> tuple[dict, dict[str, str]]:
@@ -219,25 +220,46 @@ def _bench(run_dir: Path, mask_cost) -> tuple[BenchResult | None, str]:
     return mask_cost.bench, "notebook 02"
 
 
+def tied_with_fastest(ms: dict[str, Stat], tie_tolerance: float,
+                      target: float) -> tuple[str, list[str], list[str]]:
+    """The fastest median, the strategies tied with it, and those among them tied only because
+    the machine was disturbed.
+
+    Tied: a median within ``tie_tolerance`` of the fastest's. When either figure is disturbed
+    (IQR/median beyond ``target``), also any whose IQR overlaps the fastest's: this run cannot
+    tell them apart, so the choice must not rest on their medians.
+    """
+    fastest = min(ms, key=lambda n: ms[n].median)
+    f = ms[fastest]
+    close = {n for n in ms if ms[n].median <= f.median * (1 + tie_tolerance)}
+    noisy = {n for n in ms if n not in close and (f.rel_iqr > target or ms[n].rel_iqr > target)
+             and ms[n].q1 <= f.q3}
+    return fastest, sorted(close | noisy), sorted(noisy)
+
+
 def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_tolerance: float,
-              num_samples: int) -> Recommendation | None:
+              num_samples: int, target: float = 0.1) -> Recommendation | None:
     lo = timing.loops
     exact = [n for n in lo.strategies if is_exact(lo, n)]
     if not exact:
         return None
     ms = {n: lo.arm(n, "full").ms_per_sample for n in exact}
-    fastest = min(exact, key=lambda n: ms[n].median)
-    tied = sorted(n for n in exact if ms[n].median <= ms[fastest].median * (1 + tie_tolerance))
+    fastest, tied, noisy = tied_with_fastest(ms, tie_tolerance, target)
+    why = (f"within {tie_tolerance:.0%} of the fastest" if not noisy else
+           f"within {tie_tolerance:.0%} of the fastest or, on this disturbed run, with IQRs "
+           f"overlapping its ({', '.join(noisy)})")
     mem = mask_cost.memory.per_sample()
     if len(tied) > 1 and all(n in mem for n in tied):
         best = min(tied, key=lambda n: (mem[n], ms[n].median))
-        rule = (f"{len(tied)} strategies within {tie_tolerance:.0%} of the fastest: the least "
-                "memory per sample measured in notebook 02 wins")
+        rule = (f"{len(tied)} strategies {why}: the least memory per sample measured in "
+                "notebook 02 wins")
     else:
         best = fastest
         rule = ("the fastest full step per sample" if len(tied) == 1 else
-                f"{len(tied)} strategies within {tie_tolerance:.0%} of the fastest; memory per "
-                "sample was not measured for all of them, so the fastest wins")
+                f"{len(tied)} strategies {why}; memory per sample was not measured for all of "
+                "them, so the fastest median wins"
+                + (" (disturbed: rerun on a quieter machine to firm the choice up)"
+                   if noisy else ""))
     speed = lo.ratio(lo.arm(baseline, "full"), lo.arm(best, "full")).scaled(
         lo.arm(best, "full").samples_per_step / lo.arm(baseline, "full").samples_per_step,
         "ratio") if baseline in lo.strategies and baseline != best else None
@@ -307,13 +329,13 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
     # slow pipeline when gap_strategies names it
     rec = recommend(timing, mc, ddp, run_dir, baseline=slow,
                     tie_tolerance=params["verdict_tie_tolerance"],
-                    num_samples=params["num_samples"])
+                    num_samples=params["num_samples"], target=params["precision_target"])
     res = VerdictResult(answer="", device=device, device_type=device_type, causes=causes,
                         claims=cl, recommendation=rec, gap_total=ddp.gap.total,
                         can_say=CPU_CAN if device_type != "cuda" else [],
                         cannot_say=CPU_CANNOT if device_type != "cuda" else [], inputs=inputs,
                         disturbed=disturbed_figures(ddp, rec, params["precision_target"]),
-                        target=params["precision_target"])
+                        target=params["precision_target"], gap_strategies=[slow, fast])
     res.answer = answer(res, ddp, inv, params)
     return res
 
@@ -343,7 +365,8 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
              f"{g.total.iqr:.2g}): {g.steps_ratio:.2f}x more steps per epoch (batch "
              f"{g.batch_sizes[slow]} against {g.batch_sizes[fast]}) times {g.per_step_ratio.median:.3g}x "
              f"per step times a DDP factor of {g.ddp_factor.median:.3g} (IQR "
-             f"{g.ddp_factor.iqr:.2g})."]
+             f"{g.ddp_factor.iqr:.2g}"
+             + ("; disturbed, not relied on" if "ddp_factor" in v.disturbed else "") + ")."]
     adds = [c for c in v.causes if c.effect == "adds" and c.share is not None and c.share > 0.005]
     offsets = [c for c in v.causes if c.effect == "saves" and c.share is not None
                and c.share < -0.005]
@@ -376,8 +399,12 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
         if b is not None and b.ratio_vs_lazy_form is not None:
             where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
             fix += (f"; per sample, forward + backward, {b.ratio_vs_lazy_form.median:.3g}x "
-                    f"faster than replicated masks in the Lazy model's form {where}")
+                    f"faster than replicated masks in the Lazy model's form {where}"
+                    + (" (IQR {:.2g}: a disturbed figure, see above)".format(
+                        b.ratio_vs_lazy_form.iqr) if "bench" in v.disturbed else ""))
             if b.passes_per_sample is not None:
                 fix += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
         lines.append(fix + ".")
+        if "disturbed" in r.tie_rule:
+            lines.append(f"Choosing among {', '.join(title(n) for n in r.tied)}: {r.tie_rule}.")
     return "\n\n".join(lines)

@@ -62,7 +62,9 @@ def causes_plot(v: VerdictResult) -> None:
         ax.text(x, i, f" {sign}{x:.1f}%", va="center", fontsize=8)
     ax.set_xlim(0, max(vals.max() * 1.18, 1.0))
     ax.set_xlabel("size of the cause, % of the measured epoch-time gap")
-    plotting.title(ax, "Why the replicated pipeline is slower, by mechanism", device=v.device)
+    slow = next((s for s in (v.gap_strategies or []) if s), "")
+    plotting.title(ax, f"Why {pipelines.title(slow) if slow else 'the slow pipeline'} is slower, "
+                   "by mechanism", device=v.device)
     plotting.show(fig, "Horizontal bars: each mechanism's part of the measured epoch-time gap "
                        "(slow minus fast pipeline). Red bars add time to the slow pipeline, "
                        "green bars save time (shown as their size, labelled with a minus), the "
@@ -179,11 +181,13 @@ def headline(v: VerdictResult) -> str:
     if r is not None:
         s = f"use {r.title}"
         if r.speedup is not None:
-            s += f" ({r.speedup.median:.3g}x faster per sample than replicated masks here"
+            s += (f" ({r.speedup.median:.3g}x faster per sample than {pipelines.title(r.baseline)} here"
+                  + (" (disturbed)" if "speedup" in v.disturbed else ""))
             b = r.bench
             if b is not None and b.ratio_vs_lazy_form is not None:
                 s += (f"; {b.ratio_vs_lazy_form.median:.3g}x against the Lazy model's form at "
-                      f"{'the real spec' if b.full_size else 'reduced size'}")
+                      f"{'the real spec' if b.full_size else 'reduced size'}"
+                      + (" (disturbed)" if "bench" in v.disturbed else ""))
             s += ")"
         parts.append(s)
     if v.gap_total is not None:
