@@ -131,3 +131,22 @@ def test_sigterm_while_the_snapshot_builds_is_an_interrupt(tmp_path, monkeypatch
     assert rc == 130 and "INTERRUPTED" in err and "--resume" in err
     assert not (tmp_path / "run").exists()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_while_a_user_pipeline_is_checked_is_an_interrupt(tmp_path, monkeypatch, capsys):
+    """A user's pipeline is built and run on one batch before the runner starts: a SIGTERM
+    there exits 130 with a message, like one while the snapshot builds (not 143, silent)."""
+    from workbook_lib import pipelines
+
+    def slow_check(params):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("the signal did not stop the check")
+    monkeypatch.setattr(pipelines, "preflight", slow_check)
+    before = signal.getsignal(signal.SIGTERM)
+    rc = cli.main(["run", "--params", "ci", "--out", str(tmp_path / "run"), "--quiet", "--set",
+                   'pipelines=["examples/dango_pyg.py:make_pipeline"]'])
+    err = capsys.readouterr().err
+    assert rc == 130 and "INTERRUPTED" in err and "pipelines" in err
+    assert not (tmp_path / "run").exists()
+    assert signal.getsignal(signal.SIGTERM) is before

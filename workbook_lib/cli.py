@@ -7,9 +7,12 @@ notebook exits 1 with a summary; an interrupt exits 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .catalog import BY_NAME
@@ -53,6 +56,22 @@ def _cmd_params(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (as SIGINT does) while the block runs."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    sigs = (signal.SIGTERM, signal.SIGHUP)
+    prev = {s: signal.signal(s, stop) for s in sigs} \
+        if threading.current_thread() is threading.main_thread() else {}
+    try:
+        yield
+    finally:
+        for s, handler in prev.items():
+            signal.signal(s, handler)
+
+
 def _cmd_run(args) -> int:
     from .runner import run_notebooks
 
@@ -60,7 +79,13 @@ def _cmd_run(args) -> int:
     if p["pipelines"]:
         from .pipelines import preflight
 
-        names = preflight(p)  # each user pipeline built and run on one batch, nothing timed
+        try:  # a user's pipeline can take a while to build: a signal here is an interrupt too
+            with _signals_interrupt():
+                names = preflight(p)  # each user pipeline run on one batch, nothing timed
+        except KeyboardInterrupt:
+            print("\nINTERRUPTED while checking the pipelines: nothing was run or written.",
+                  file=sys.stderr)
+            return 130
         print(f"pipelines checked on one batch: {', '.join(names)}", file=sys.stderr)
     try:
         outcomes = run_notebooks(p, args.out, only=args.only, show_code=args.show_code,
