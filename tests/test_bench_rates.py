@@ -24,7 +24,8 @@ def test_amortised_follows_the_per_step_line():
         amortised(t1, Stat.from_samples([1.0]), 28)
 
 
-def test_achieved_rates_count_the_products_of_the_step():
+def test_achieved_rates_count_the_products_of_the_step(capfd, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_PROGRESS", "1")  # as a terminal run: native stderr passed on
     g = torch.Generator().manual_seed(0)
     a = torch.rand(300, 300, generator=g)
     a = (a * (a > 0.9)).to_sparse_csr()
@@ -43,6 +44,7 @@ def test_achieved_rates_count_the_products_of_the_step():
     for f in rates.values():
         assert 0 < f.seconds <= f.step_seconds
         assert f.gmacs == pytest.approx(f.macs / f.seconds / 1e9)
+    assert "USDT" not in capfd.readouterr().err  # the profiler's probe lines stay off it
     assert rates["dense"].machine_gmacs == 50.0 and rates["sparse"].machine_source == "k"
     # a step without sparse products reports none
     assert [f.kind for f in achieved_rates(lambda: x @ w1, "cpu", "s", {})] == ["dense"]

@@ -42,7 +42,7 @@ from ..measurement.timing import Stat, interleave, sync
 from ..nodemask import SharedGraph
 from ..nodemask.kernels import SPARSE_TAG
 from ..records import Record
-from ..report.progress import note
+from ..report.progress import native_stderr_to_terminal, note
 from ..strategies import build_ctx
 from ..training.factory import build_run
 
@@ -170,12 +170,13 @@ def achieved_rates(fn, device, variant: str, machine: dict) -> list[RateFigure]:
 
     cuda = torch.device(device).type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sync(device)
-    t0 = time.perf_counter()
-    with profile(activities=acts, with_flops=True) as prof:
-        fn()
+    with native_stderr_to_terminal():  # the profiler's probe lines stay off the terminal
         sync(device)
-    wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with profile(activities=acts, with_flops=True) as prof:
+            fn()
+            sync(device)
+        wall = time.perf_counter() - t0
 
     def dur(ev) -> float:  # microseconds
         return float(getattr(ev, "device_time_total", 0.0) if cuda else ev.cpu_time_total)
