@@ -351,10 +351,11 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
     scale = f"scale {inv.scale:g} of the real graph ({inv.total_edges:,} edges)"
     lines = []
     if v.disturbed:
-        lines.append("**This run was disturbed:** " + "; ".join(
+        lines.append("**Disturbed figures (beyond the precision target):** " + "; ".join(
             f"{DISTURBED_LABELS[k]} {x:.0%}" for k, x in v.disturbed.items())
-            + f" IQR/median against the {v.target:.0%} precision target. The answer below does "
-            "not rest on these figures: they are shown, marked, and rerunning on a quieter "
+            + f" IQR/median against the {v.target:.0%} target: the machine was busy while they "
+            "were measured, or their repeats were too few for their spread. The answer below "
+            "does not rest on them: they are shown and marked, and rerunning on a quieter "
             "machine (or with a larger time budget) is the way to firm them up.")
     if "gap" in v.disturbed:
         lines.append(f"On this run ({v.device}, {scale}), {title(slow)} measured "
