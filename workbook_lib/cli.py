@@ -144,11 +144,11 @@ def _cmd_stability(args) -> int:
     p = _load(args.params, args.set)
     res = run_stability(p, args.out, runs=args.runs, tolerance=args.tolerance, only=args.only,
                         progress=not args.quiet)
-    for r in res.rows:
-        rel = "" if r.rel_diff is None else f"{r.rel_diff:7.1%}"
+    for r in res.rows:  # one line per figure: label, each run's value, difference, status
+        rel = "" if r.rel_diff is None else f"{r.rel_diff:.1%}"
         status = "" if r.agrees is None else ("ok" if r.agrees else "DIFFERS")
-        print(f"{r.label[:58]:58s} {' | '.join(v[:14] for v in r.values):34s} {rel:>8s} "
-              f"{status}")
+        label = r.label if len(r.label) <= 60 else r.label[:57] + "..."
+        print(f"{label:60s} {' | '.join(v[:30] for v in r.values):44s} {rel:>7s} {status}")
     print(f"Report: {Path(args.out) / 'stability.html'}")
     return 0 if not [r for r in res.disagreeing if r.verdict_rests_on] else 1
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..records import Record
 from ..running.results import atomic_write_text, load_result
+from .compare import fmt_value
 from .headlines import ABSOLUTE, CATEGORY, FITTED, RATIO, headline_figures
 
 VERDICT_RESTS_ON = ("recommended", "speedup", "gap_total", "per_step_ratio_04",
@@ -94,7 +95,7 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
                     ": the difference exceeds its noise")
             else:
                 note = "measured; read it with its noise"
-        fmt = [("—" if v is None else f"{v:.4g}" + (
+        fmt = [("—" if v is None else fmt_value(v) + (
             f" (IQR {f.iqr:.2g})" if f and f.iqr else
             f" (standard error {f.rel_se:.0%})" if f and f.rel_se is not None else ""))
             for v, f in zip(vals, fs)]
