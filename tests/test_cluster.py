@@ -3,6 +3,7 @@ under concurrent builders, and snapshots checked before any work."""
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -305,3 +306,21 @@ def test_a_corrupt_snapshot_file_is_refused_before_any_work(tmp_path):
                        timeout=120)
     assert r.returncode == 2 and "could not be loaded" in r.stderr, r.stderr
     assert not list((tmp_path / "o").glob("*.ipynb"))
+
+
+def test_params_by_name_and_set_overrides_reach_every_job(tmp_path, monkeypatch):
+    """``slurm --params ci --set KEY=VALUE``: the jobs run the file the name stands for (an
+    absolute path, whatever folder they start in) with the same overrides, quoted."""
+    from workbook_lib import cli
+
+    monkeypatch.chdir(tmp_path)  # a name in params/, not a file here
+    sets = ["hidden=8", 'pipelines=["examples/dango_pyg.py:make_pipeline"]']
+    for layout in ([], ["--single-job"]):
+        out = tmp_path / f"slurm{len(layout)}"
+        assert cli.main(["slurm", "--params", "ci", *[a for s in sets for a in ("--set", s)],
+                         "--out-dir", str(out), *layout]) == 0
+        script = (out / ("workbook.sbatch" if layout else "notebook.sbatch")).read_text()
+        line = next(ln for ln in script.splitlines() if " -m workbook_lib run " in ln)
+        argv = shlex.split(line.replace("$EXTRA", "").replace('"$NB"', "NB"))
+        assert argv[argv.index("--params") + 1] == str(ROOT / "params" / "ci.yaml")
+        assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == sets

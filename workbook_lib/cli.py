@@ -160,7 +160,8 @@ def _cmd_slurm(args) -> int:
     paths = write_scripts(args.params, p, args.out_dir, run_dir=args.run_dir,
                           partition=args.partition, gpus_per_node=args.gpus, nodes=args.nodes,
                           time=args.time, cpus_per_task=args.cpus_per_task, mem=args.mem,
-                          account=args.account, array=not args.single_job, force=args.force)
+                          account=args.account, array=not args.single_job, force=args.force,
+                          sets=args.set)
     for kind, path in paths.items():
         print(f"{kind:8s} {path}")
     if "submit" in paths:

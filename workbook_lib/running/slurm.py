@@ -41,6 +41,7 @@ import subprocess
 from pathlib import Path
 
 from ..catalog import BY_NAME, NOTEBOOK_NAMES
+from ..configs import params as params_mod
 from ..exceptions import ParamsError
 from ..paths import REPO_ROOT, resolve_path
 
@@ -210,9 +211,14 @@ def _selftest_lines(python: str, cond: str | None = None) -> list[str]:
     return [f"if {skip}{' && ' + cond if cond else ''}; then", f"  {run}", "fi"]
 
 
+def _sets(sets: list[str] | None) -> str:
+    """The ``--set KEY=VALUE`` overrides given when the scripts were written, each quoted."""
+    return "".join(f" --set {shlex.quote(x)}" for x in sets or [])
+
+
 def notebook_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: str,
                     repo: Path, time: str, partition: str | None,
-                    account: str | None) -> str:
+                    account: str | None, sets: list[str] | None = None) -> str:
     """``notebook.sbatch NB``: run notebook NB (a number) with --resume into the run folder."""
     q = shlex.quote
     lines = _header("gnn-workbook", time, partition, account, log_dir) + [
@@ -224,15 +230,15 @@ def notebook_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: 
         "# the notebooks that use the device check this node first (04 with its GPUs' ranks)",
         *_selftest_lines(python, '[ "$NB" != "01" ] && [ "$NB" != "05" ]'),
         "# EXTRA is unquoted on purpose: it is empty or words without spaces",
-        f'{q(python)} -m workbook_lib run --params {q(str(params_file))} --out "$RUN" '
-        '--only "$NB" --resume --quiet $EXTRA',
+        f'{q(python)} -m workbook_lib run --params {q(str(params_file))}{_sets(sets)} '
+        '--out "$RUN" --only "$NB" --resume --quiet $EXTRA',
     ]
     return "\n".join(lines) + "\n"
 
 
 def single_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: str, repo: Path,
                   time: str, partition: str | None, account: str | None, nodes: int,
-                  gpus: int, cpus: int, mem: str | None) -> str:
+                  gpus: int, cpus: int, mem: str | None, sets: list[str] | None = None) -> str:
     q = shlex.quote
     lines = _header("gnn-workbook", time, partition, account, log_dir)
     lines += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
@@ -244,8 +250,8 @@ def single_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: st
     lines += ["set -eu", f"cd {q(str(repo))}", f'RUN="${{WORKBOOK_OUT:-{run_dir}}}"',
               'NB="04"', *_ddp_lines(),
               f'echo "run folder: $RUN"', *_selftest_lines(python),
-              f'{q(python)} -m workbook_lib run --params {q(str(params_file))} --out "$RUN" '
-              "--resume --quiet $EXTRA"]
+              f'{q(python)} -m workbook_lib run --params {q(str(params_file))}{_sets(sets)} '
+              '--out "$RUN" --resume --quiet $EXTRA']
     return "\n".join(lines) + "\n"
 
 
@@ -348,8 +354,13 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
                   gpus_per_node: int = 0, nodes: int = 1, time: str = "04:00:00",
                   cpus_per_task: int | None = None, mem: str | None = None,
                   account: str | None = None, array: bool = True, force: bool = False,
-                  python: str | None = None, repo: str | Path | None = None) -> dict:
+                  python: str | None = None, repo: str | Path | None = None,
+                  sets: list[str] | None = None) -> dict:
     """Write the scripts (see the module docstring); returns ``{kind: path}``.
+
+    ``params_file`` is a path or a name in ``params/`` (as ``--params`` takes it), written into
+    the scripts as an absolute path; ``sets`` (``KEY=VALUE``, already validated with it) are
+    passed on to every job's ``run``.
 
     Raises:
         ParamsError: impossible resources (checked against ``sinfo`` when it exists), or an
@@ -370,10 +381,12 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
     marker.write_text(layout + "\n")
     repo = Path(repo or REPO_ROOT).resolve()
     python = python or str((repo / ".venv" / "bin" / "python"))
-    params_path = resolve_path(params_file).resolve()
+    found = resolve_path(params_file)
+    params_path = params_mod.read_params_file(found if found.is_file() else params_file)[0]
+    params_path = params_path.resolve()
     run = resolve_path(run_dir or "runs/slurm-run").resolve()
     common = dict(params_file=params_path, run_dir=run, log_dir=log_dir, python=python,
-                  repo=repo, time=time, partition=partition, account=account)
+                  repo=repo, time=time, partition=partition, account=account, sets=sets)
     paths = {}
     if array:
         nb = out / "notebook.sbatch"
