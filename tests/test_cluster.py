@@ -90,8 +90,8 @@ def test_resources_checked_against_sinfo(tmp_path, ci, monkeypatch):
 
 SINFO = ("#!/bin/sh\n"
          "echo 'cpu*|1|4|2-00:00:00|(null)'\n"
-         "echo 'gpu|2|16|12:00:00|gpu:a100:4(S:0-1)'\n"
-         "echo 'gpu|1|16|12:00:00|gpu:a100:4(S:0-1)'\n")
+         "echo 'gpu|2|16|12:00:00|gpu:a100:4(S:0-1)|512000'\n"
+         "echo 'gpu|1|16|12:00:00|gpu:a100:4(S:0-1)|256000+'\n")
 
 
 @pytest.mark.parametrize("kw,key,words", [
@@ -102,6 +102,8 @@ SINFO = ("#!/bin/sh\n"
     (dict(time="3-00:00:00"), "time", "above the time limit"),
     (dict(gpus_per_node=1), "gpus", "no GPUs"),
     (dict(partition="gpu", gpus_per_node=8), "gpus", "4 GPU(s) per node"),
+    (dict(partition="gpu", mem="600G"), "mem", "at most 512,000 MB"),
+    (dict(mem="lots"), "mem", "not a SLURM memory size"),
 ])
 def test_impossible_resources_refused_before_any_script(tmp_path, ci, monkeypatch, kw, key,
                                                         words):
@@ -115,8 +117,9 @@ def test_impossible_resources_refused_before_any_script(tmp_path, ci, monkeypatc
         _scripts(tmp_path, ci, **kw)
     assert e.value.key == key and words in str(e.value), str(e.value)
     assert not (tmp_path / "slurm").exists()
-    ok = _scripts(tmp_path, ci, partition="gpu", nodes=3, gpus_per_node=4, time="11:00:00")
-    assert "--nodes=3" in ok["submit"].read_text()
+    ok = _scripts(tmp_path, ci, partition="gpu", nodes=3, gpus_per_node=4, time="11:00:00",
+                  mem="500G")
+    assert "--nodes=3" in ok["submit"].read_text() and "--mem=500G" in ok["submit"].read_text()
     assert slurm.slurm_minutes("1-02:03:04") == pytest.approx(1440 + 123 + 4 / 60)
     assert slurm.slurm_minutes("90") == 90 and slurm.slurm_minutes("infinite") is None
 

@@ -50,13 +50,13 @@ GPU_NOTEBOOKS = ("02", "03", "06")  # measure on the device: one GPU when the cl
 
 
 def sinfo_partitions() -> dict[str, dict] | None:
-    """Each partition as ``sinfo`` reports it: ``{name: {nodes, cpus, time, gpus, default}}``
-    (``cpus`` and ``gpus`` the most on one node, ``time`` its limit as sinfo writes it), or None
-    without sinfo."""
+    """Each partition as ``sinfo`` reports it: ``{name: {nodes, cpus, time, gpus, mem_mb,
+    default}}`` (``cpus``, ``gpus`` and ``mem_mb`` the most on one node, ``time`` its limit as
+    sinfo writes it), or None without sinfo."""
     if shutil.which("sinfo") is None:
         return None
     try:
-        done = subprocess.run(["sinfo", "-h", "-o", "%P|%D|%c|%l|%G"], capture_output=True,
+        done = subprocess.run(["sinfo", "-h", "-o", "%P|%D|%c|%l|%G|%m"], capture_output=True,
                               text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -66,13 +66,16 @@ def sinfo_partitions() -> dict[str, dict] | None:
     parts: dict[str, dict] = {}
     for line in out.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 5:
+        if len(fields) not in (5, 6):
             continue
-        name, nodes, cpus, limit, gres = fields
+        name, nodes, cpus, limit, gres = fields[:5]
+        mem = fields[5].rstrip("+") if len(fields) == 6 else ""
         default = name.endswith("*")
         name = name.rstrip("*")
         p = parts.setdefault(name, {"nodes": 0, "cpus": 0, "time": limit, "gpus": 0,
-                                    "default": default})
+                                    "mem_mb": None, "default": default})
+        if mem.isdigit():
+            p["mem_mb"] = max(p["mem_mb"] or 0, int(mem))
         p["nodes"] += int(nodes) if nodes.isdigit() else 0
         c = cpus.rstrip("+")
         p["cpus"] = max(p["cpus"], int(c) if c.isdigit() else 0)
@@ -126,8 +129,23 @@ def slurm_minutes(value: str) -> float | None:
     return int(a) + int(b or 0) / 60  # M or M:S
 
 
+_MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 ** 2}
+
+
+def slurm_mb(mem: str) -> float:
+    """``--mem`` as SLURM reads it (a number, megabytes unless K, M, G or T follows), in MB.
+
+    Raises:
+        ValueError: not a SLURM memory size.
+    """
+    m = re.fullmatch(r"(\d+)([KMGT])?B?", mem.strip().upper())
+    if m is None:
+        raise ValueError(f"not a SLURM memory size: {mem!r}")
+    return int(m.group(1)) * _MEM_UNITS[m.group(2) or "M"]
+
+
 def _check(nodes: int, gpus: int, cpus: int | None, partition: str | None,
-           time: str = "04:00:00") -> int:
+           time: str = "04:00:00", mem: str | None = None) -> int:
     if nodes <= 0:
         raise ParamsError(f"--nodes must be a positive integer (got {nodes})", key="nodes")
     if gpus < 0:
@@ -139,6 +157,11 @@ def _check(nodes: int, gpus: int, cpus: int | None, partition: str | None,
                           key="time", value=time) from None
     if minutes is not None and minutes <= 0:
         raise ParamsError(f"--time must be positive (got {time!r})", key="time", value=time)
+    try:
+        mem_mb = slurm_mb(mem) if mem is not None else None
+    except ValueError:
+        raise ParamsError(f"--mem {mem!r} is not a SLURM memory size (e.g. 64G, 8000M)",
+                          key="mem", value=mem) from None
     parts = sinfo_partitions()
     part = None
     where = f"partition {partition or '(default)'}"
@@ -162,6 +185,10 @@ def _check(nodes: int, gpus: int, cpus: int | None, partition: str | None,
             have = f"{part['gpus']} GPU(s) per node" if part["gpus"] else "no GPUs"
             raise ParamsError(f"--gpus {gpus}: the nodes of {where} have {have} (sinfo's GRES)"
                               "; the jobs would pend forever", key="gpus", value=gpus)
+        if mem_mb and part.get("mem_mb") and mem_mb > part["mem_mb"]:  # --mem 0: all of it
+            raise ParamsError(f"--mem {mem}: the nodes of {where} have at most "
+                              f"{part['mem_mb']:,} MB; sbatch would refuse every job",
+                              key="mem", value=mem)
     have = part["cpus"] if part and part["cpus"] else None
     if cpus is None:
         cpus = min(8, have) if have else 2
@@ -366,7 +393,7 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
         ParamsError: impossible resources (checked against ``sinfo`` when it exists), or an
             ``out_dir`` holding scripts of the other layout (unless ``force``).
     """
-    cpus = _check(nodes, gpus_per_node, cpus_per_task, partition, time)
+    cpus = _check(nodes, gpus_per_node, cpus_per_task, partition, time, mem)
     out = resolve_path(out_dir).resolve()
     layout = "chain" if array else "single"
     marker = out / LAYOUT_FILE
