@@ -262,3 +262,29 @@ def test_the_answer_marks_a_disturbed_ddp_factor_and_bench_ratio():
     assert "DDP factor of 1 (IQR 0.5; disturbed, not relied on)" in loud
     rec.bench.ratio_vs_lazy_form = st(60.0)
     assert "disturbed figure" not in answer(_ddp())
+
+
+def test_separate_launch_figures_are_not_labelled_same_rounds(tmp_path, monkeypatch):
+    """04's DDP factor, the gap that multiplies it in and the weak-scaling efficiency divide
+    separately launched runs: their kind says so, and stability's note does not call a
+    difference between runs one of 'steps in the same rounds'."""
+    from workbook_lib.analysis import headlines as hl
+    from workbook_lib.analysis import stability as stab
+
+    kinds = {key: kind for key, _l, _nb, _u, _b, kind, _g in hl.SPECS}
+    for key in ("gap_total", "ddp_factor", "weak_efficiency"):
+        assert kinds[key] == hl.LAUNCHES and "same rounds" not in kinds[key], key
+    assert kinds["per_step_ratio_04"] == RATIO  # paired by round within one launch
+
+    def fig(v, iqr, kind):
+        return Figure("ddp_factor", "DDP factor", "04_ddp_scaling", v, iqr, None, "x", "lower",
+                      kind)
+    runs = [tmp_path / "run1", tmp_path / "run2"]
+    for d in runs:
+        d.mkdir()
+    values = {"run1": 1.0, "run2": 1.5}
+    monkeypatch.setattr(stab, "headline_figures",
+                        lambda d: {"ddp_factor": fig(values[d.name], 0.05, hl.LAUNCHES)})
+    row = next(r for r in stab.compare_figures(runs).rows if r.key == "ddp_factor")
+    assert row.agrees is False and row.kind == hl.LAUNCHES
+    assert "separate launches" in row.note and "same rounds" not in row.note
