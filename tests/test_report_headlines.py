@@ -1,4 +1,4 @@
-"""What the headlines of notebooks 03 and 06 say follows what was measured."""
+"""What notebooks 03 and 06 show a reader follows what was measured: headlines and colours."""
 from workbook_lib.analysis.adoption import AdoptionResult
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.report import adoption_view as view
@@ -46,3 +46,14 @@ def test_03_headline_quotes_the_data_stages_not_the_harness():
     assert "7.5x the whole data-only step, its trivial loss included" in text
     R.figs = {"data_only_ratio": F(7.5)}  # an older result without the stages figure
     assert "7.5x data-only step, its trivial loss included" in timing_view.headline(R())
+
+
+def test_03_modes_chart_draws_forward_and_backward_in_the_stage_charts_colours():
+    """03's mode chart and its stage charts: '+ forward' in forward's colour, '+ backward' in
+    backward's, so that no colour means forward in one chart and backward in the next."""
+    from workbook_lib.report import timing_view as tv
+    from workbook_lib.training.loop import MODES
+
+    assert tv.mode_colour("forward") == tv.stage_colour("forward", 0)
+    assert tv.mode_colour("forward_backward") == tv.stage_colour("backward", 0)
+    assert len({tv.mode_colour(m) for m in MODES}) == len(MODES)
