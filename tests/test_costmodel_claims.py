@@ -159,6 +159,7 @@ def _dual(factor):
 def test_size_claims_both_ways():
     held = _statuses(C.size_claims(_inventory(), _dual(1.0)))
     assert held["masks_per_batch"] == C.HELD and held["mask_per_sample"] == C.HELD
+    assert held["mask_storage"] == C.HELD  # 2.42 MB x 332,313 samples: about 805 GB
     assert held["masks_dual_forward"] == C.FAILED  # the wildtype pass reads no mask
     assert held["incidence_cache"] == C.HELD  # both endpoints at 4 bytes: about 19 MB
     # a pipeline that carried twice the mask bytes, a dual pass that reads masks too, and a
@@ -166,6 +167,7 @@ def test_size_claims_both_ways():
     other = _statuses(C.size_claims(_inventory(mask_bytes_per_edge=2.0, incidence_scale=0.5),
                                     _dual(1.0)))
     assert other["masks_per_batch"] == C.FAILED and other["incidence_cache"] == C.FAILED
+    assert other["mask_per_sample"] == C.FAILED and other["mask_storage"] == C.FAILED
     assert _statuses(C.size_claims(_inventory(), _dual(2.0)))["masks_dual_forward"] == C.HELD
     assert _statuses(C.size_claims(_inventory()))["masks_dual_forward"] == C.NOT_MEASURED
 

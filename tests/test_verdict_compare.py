@@ -70,8 +70,21 @@ def test_causes_shares_are_of_the_measured_gap_with_the_rest_apart():
     model = next(c for c in causes if c.cause.startswith("the model"))
     assert model.effect == "adds" and 0.7 < model.share < 0.9  # 100 ms of ~131 vs ~13
     rest = next(c for c in causes if c.effect == "rest")
+    # symmetric samples: the stage medians add up to the step's (the rest is only the 10 us
+    # host-to-device stage a CPU run does not attribute)
+    assert abs(rest.share) < 1e-3
     # stage medians of skewed samples do not add up to the step median: the rest shows it
-    assert rest is causes[[c.effect for c in causes].index("rest")]
+    t = _timing()
+    fwd, bwd = [0.01, 0.02, 0.10] * 4, [0.10, 0.02, 0.01] * 4  # medians 0.02 + 0.02
+    t.loops.arms["replicated_mask_cpu/full"] = ArmResult(
+        "replicated_mask_cpu/full", "replicated_mask_cpu", "full", "full", 7, 1,
+        Stat.from_samples([f + b for f, b in zip(fwd, bwd)]),  # median 0.11
+        {"forward": Stat.from_samples(fwd), "backward": Stat.from_samples(bwd)})
+    causes = V.rank_causes(t, _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000, "cpu")
+    rest = next(c for c in causes if c.effect == "rest")
+    steps_slow = -(-800 // 7)  # 80% of 1000 samples at batch 7
+    assert rest.difference_s == pytest.approx((0.11 - 0.04) * steps_slow, rel=1e-3)
+    assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
 
 
 def test_a_cause_that_saves_time_is_apart_not_a_negative_share_of_the_extra():
@@ -262,3 +275,29 @@ def test_the_answer_marks_a_disturbed_ddp_factor_and_bench_ratio():
     assert "DDP factor of 1 (IQR 0.5; disturbed, not relied on)" in loud
     rec.bench.ratio_vs_lazy_form = st(60.0)
     assert "disturbed figure" not in answer(_ddp())
+
+
+def test_separate_launch_figures_are_not_labelled_same_rounds(tmp_path, monkeypatch):
+    """04's DDP factor, the gap that multiplies it in and the weak-scaling efficiency divide
+    separately launched runs: their kind says so, and stability's note does not call a
+    difference between runs one of 'steps in the same rounds'."""
+    from workbook_lib.analysis import headlines as hl
+    from workbook_lib.analysis import stability as stab
+
+    kinds = {key: kind for key, _l, _nb, _u, _b, kind, _g in hl.SPECS}
+    for key in ("gap_total", "ddp_factor", "weak_efficiency"):
+        assert kinds[key] == hl.LAUNCHES and "same rounds" not in kinds[key], key
+    assert kinds["per_step_ratio_04"] == RATIO  # paired by round within one launch
+
+    def fig(v, iqr, kind):
+        return Figure("ddp_factor", "DDP factor", "04_ddp_scaling", v, iqr, None, "x", "lower",
+                      kind)
+    runs = [tmp_path / "run1", tmp_path / "run2"]
+    for d in runs:
+        d.mkdir()
+    values = {"run1": 1.0, "run2": 1.5}
+    monkeypatch.setattr(stab, "headline_figures",
+                        lambda d: {"ddp_factor": fig(values[d.name], 0.05, hl.LAUNCHES)})
+    row = next(r for r in stab.compare_figures(runs).rows if r.key == "ddp_factor")
+    assert row.agrees is False and row.kind == hl.LAUNCHES
+    assert "separate launches" in row.note and "same rounds" not in row.note

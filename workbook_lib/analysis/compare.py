@@ -162,7 +162,9 @@ vertical-align:top}} th{{background:#f4f4f4}} .better{{color:#176d17}} .worse{{c
 <p>Each run against the first: the ratio, better or worse by the figure's direction (lower is
 better for times, higher for speedups) when the two figures' noise bands do not overlap (their
 interquartile ranges; two standard errors of a fitted coefficient), else "within noise". Absolute
-times move with the machine's speed; ratios measured in the same rounds do not.</p>
+times move with the machine's speed; ratios measured in the same rounds do not; ratios of separate
+launches (notebook 04's DDP factor, the gap it multiplies, the weak-scaling efficiency) move with
+the machine's drift between the launches.</p>
 <table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table></body></html>"""
     out_path = Path(out) if out else Path("runs") / ("compare-" + "-vs-".join(
         d.name for d in paths) + ".html")

@@ -1,7 +1,9 @@
 """The headline figures of a run folder, read from the typed results: what ``compare`` puts side
 by side and what ``stability`` checks between two runs. Each figure says its unit, its noise, and
 which direction is better; ``kind`` tells a ratio measured in the same rounds (drift of the
-machine's speed cancels) from an absolute time (it does not) and from arithmetic."""
+machine's speed cancels) from a ratio of separate launches (notebook 04's DDP factor, the gap
+that multiplies it in, the weak-scaling efficiency: drift between the launches does not cancel),
+from an absolute time (it does not) and from arithmetic."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from ..running.results import load_result
 RATIO, ABSOLUTE, ARITHMETIC, CATEGORY = ("ratio (same rounds)", "absolute time",
                                          "arithmetic", "category")
 FITTED = "fitted coefficient (absolute time)"
+LAUNCHES = "ratio (separate launches)"  # world sizes launched apart: not paired by round
 
 
 @dataclass
@@ -100,15 +103,15 @@ SPECS: list[tuple[str, str, str, str, str | None, str, Callable]] = [
      "lower", ABSOLUTE,
      lambda r: _stat(r.loops.arm(r.fastest_exact).ms_per_sample) if r.fastest_exact
      else (None, None)),
-    ("gap_total", "epoch-time gap (slow / fast)", "04_ddp_scaling", "x", "lower", RATIO,
+    ("gap_total", "epoch-time gap (slow / fast)", "04_ddp_scaling", "x", "lower", LAUNCHES,
      lambda r: _stat(r.gap.total)),
     ("per_step_ratio_04", "per-step ratio (slow / fast), notebook 04", "04_ddp_scaling", "x",
      "lower", RATIO, lambda r: _stat(r.gap.per_step_ratio)),
     ("ddp_factor", "DDP factor (separate launches, alternated, equal threads per rank)",
-     "04_ddp_scaling", "x", "lower", RATIO,
+     "04_ddp_scaling", "x", "lower", LAUNCHES,
      lambda r: _stat(r.gap.ddp_factor)),
     ("weak_efficiency", "weak scaling efficiency, largest world size", "04_ddp_scaling", "",
-     "higher", RATIO, lambda r: _stat(r.weak[max(r.weak)])),
+     "higher", LAUNCHES, lambda r: _stat(r.weak[max(r.weak)])),
     ("recommended", "recommended strategy", "05_verdict", "", None, CATEGORY,
      lambda r: r.recommendation.strategy if r.recommendation else "none"),
     ("speedup", "recommended strategy's speedup per sample", "05_verdict", "x", "higher", RATIO,

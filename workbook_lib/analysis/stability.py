@@ -20,7 +20,7 @@ from pathlib import Path
 from ..records import Record
 from ..running.results import atomic_write_text, load_result
 from .compare import fmt_value
-from .headlines import ABSOLUTE, CATEGORY, FITTED, RATIO, headline_figures
+from .headlines import ABSOLUTE, CATEGORY, FITTED, LAUNCHES, RATIO, headline_figures
 
 VERDICT_RESTS_ON = ("recommended", "speedup", "gap_total", "per_step_ratio_04",
                     "per_step_ratio_03", "bench_ratio_lazy", "ddp_factor", "exact_error")
@@ -86,11 +86,14 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
                 note = ("an absolute time: it moves with the machine's speed"
                         + (f" (the reference step moved {drift:.0%} between the runs)"
                            if drift is not None else "") + "; the verdict uses ratios")
-            elif f0.kind == RATIO:
+            elif f0.kind in (RATIO, LAUNCHES):
                 iqrs = [f.iqr / f.value for f in fs if f and f.iqr and f.value]
                 noisy = iqrs and max(iqrs) >= rel
-                note = (f"a ratio of steps in the same rounds; its own IQR is up to "
-                        f"{max(iqrs):.0%} of it" if iqrs else "a ratio") + (
+                what = ("a ratio of steps in the same rounds" if f0.kind == RATIO else
+                        "a ratio of separate launches (the machine's drift between them does "
+                        "not cancel)")
+                note = (f"{what}; its own IQR is up to {max(iqrs):.0%} of it" if iqrs
+                        else what) + (
                     ": the difference is within that noise" if noisy else
                     ": the difference exceeds its noise")
             else:

@@ -108,9 +108,13 @@ def headline(r: AdoptionResult) -> str:
     from ..analysis.adoption import loss_fall
 
     first, last = loss_fall(r.losses["replicated"])
-    return (f"same loss curve to {r.max_rel_diff:.1e} over {len(r.rel_diff)} steps (the loss "
-            f"fell from {first:.3g} to {last:.3g}); the fix {r.speedup.median:.3g}x faster per "
-            "step than replicated masks")
+    tol = getattr(r, "tolerance", 1e-5)
+    curves = (f"same loss curve to {r.max_rel_diff:.1e} (within {tol:.1e})"
+              if r.max_rel_diff <= tol else
+              f"loss curves apart by up to {r.max_rel_diff:.1e}, above the {tol:.1e} tolerance "
+              f"({r.tolerance_basis}): not shown to be the same training")
+    return (f"{curves} over {len(r.rel_diff)} steps (the loss fell from {first:.3g} to "
+            f"{last:.3g}); the fix {r.speedup.median:.3g}x faster per step than replicated masks")
 
 
 def saved(path, headline_text: str) -> Markdown:
