@@ -3,6 +3,14 @@ batches with replicated masks (the Lazy model's pipeline) and with the node-mask
 steps interleaved in one process. The loss curves must agree to float32 rounding; time, memory
 and epochs per day are compared side by side.
 
+How the curves are compared: a loss that falls near 0 cannot be compared by its own relative
+difference (float32 rounds the *predictions*, and a residual of 1e-3 on predictions of 0.2 turns
+their rounding into a relative loss difference far above it). The loss is a mean squared error,
+so each step's pair of losses bounds the predictions' difference: with ``e = sqrt(loss)`` the
+batch's RMS error, ``|e_fix - e_rep| <= RMS(p_fix - p_rep)`` (Minkowski) and
+``RMS(p_rep) <= max|y| + e_rep``. :func:`implied_prediction_diff` is therefore a lower bound of
+the predictions' relative RMS difference, compared with the tolerance of a float32 result.
+
 The target is learnable, so that "the same training" is shown on a model that learns: every
 sample's label is a fixed *teacher*'s prediction (the same architecture and forward from another
 seed, run exactly on the sample's perturbed graph). :func:`loss_fall` says how far the loss fell,
@@ -32,7 +40,8 @@ class AdoptionResult(Record):
     lr: float
     optimizer: str
     losses: dict[str, list[float]]
-    rel_diff: list[float]  # |fix - replicated| / |replicated| per step
+    # per step: the least relative RMS difference of the predictions that the losses imply
+    rel_diff: list[float]
     max_rel_diff: float
     step: dict[str, Stat]  # seconds per step (timed steps)
     speedup: Stat  # replicated / fix, paired by round
@@ -48,7 +57,29 @@ class AdoptionResult(Record):
     tolerance_basis: str = "float32 rounding (1e-5)"
 
 
-LOSS_SCALE_FLOOR = 1e-3  # relative differences below this fraction of the largest loss: scale
+def implied_prediction_diff(rep: list[float], fix: list[float], label_max: float) -> list[float]:
+    """Per step, the least relative RMS difference of the two pipelines' predictions that their
+    MSE losses imply (see the module docstring): ``|sqrt(f) - sqrt(r)| / (label_max + sqrt(max(r,
+    f)))``.
+
+    Args:
+        rep: the reference pipeline's loss per step (mean squared error).
+        fix: the other pipeline's, the same steps.
+        label_max: the largest absolute label (bounds the predictions' RMS with the error).
+    """
+    if len(rep) != len(fix):
+        raise ValueError(f"the loss curves must have equal length (got {len(rep)} and "
+                         f"{len(fix)})")
+    if label_max < 0 or any(x < 0 for x in (*rep, *fix)):
+        raise ValueError("losses and 'label_max' must be >= 0 (mean squared errors)")
+    out = []
+    for r, f in zip(rep, fix):
+        er, ef = r ** 0.5, f ** 0.5
+        scale = label_max + max(er, ef)
+        out.append(abs(ef - er) / scale if scale > 0 else 0.0)
+    return out
+
+
 TEACHER_SEED_OFFSET = 1000  # the teacher's weights: the run's seed plus this
 
 
@@ -146,10 +177,11 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
     from ..training.loop import project_epochs
 
     rep, fix = losses["replicated"], losses["fix"]
-    # a loss that fell near 0 is compared on the scale it fell from: float32 rounding of the
-    # predictions is relative to them, not to the (much smaller) residual
-    floor = LOSS_SCALE_FLOOR * max(abs(x) for x in rep)
-    rel = [abs(f - r) / max(abs(r), floor, 1e-30) for r, f in zip(rep, fix)]
+    if labels is None:
+        raise ValueError("compare needs the labels the pipelines trained on (their largest "
+                         "absolute value bounds the predictions)")
+    # the predictions' relative difference the two MSE curves imply, at least (module docstring)
+    rel = implied_prediction_diff(rep, fix, float(labels.abs().max()))
     step = {k: r.step for k, r in res.items()}
     n = min(step["replicated"].n, step["fix"].n)
     speed = Stat.from_samples([a / b for a, b in zip(step["replicated"].samples[:n],

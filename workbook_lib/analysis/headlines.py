@@ -118,8 +118,8 @@ SPECS: list[tuple[str, str, str, str, str | None, str, Callable]] = [
      lambda r: _stat(r.recommendation.speedup) if r.recommendation else (None, None)),
     ("claims_held", "claims held", "05_verdict", "", None, "count",
      lambda r: (float(sum(c.status == "held" for c in r.claims)), None)),
-    ("adopt_rel_diff", "06: largest relative loss difference", "06_adopt_fix", "", "lower",
-     "measured", lambda r: (r.max_rel_diff, None)),
+    ("adopt_rel_diff", "06: predictions' difference implied by the losses", "06_adopt_fix", "",
+     "lower", "measured", lambda r: (r.max_rel_diff, None)),
     ("adopt_speedup", "06: the fix's speedup per step", "06_adopt_fix", "x", "higher", RATIO,
      lambda r: _stat(r.speedup)),
 ]

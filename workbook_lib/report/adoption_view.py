@@ -30,10 +30,14 @@ def loss_text(r: AdoptionResult) -> Markdown:
         fell += ". "
     return Markdown(
         fell + f"Over {r.warmup_steps + r.steps} training steps (batch {r.batch_size}, "
-        f"{r.optimizer.upper()}, lr {r.lr:g}, the same seed and the same batches), the largest "
-        f"relative difference between the two loss curves is **{r.max_rel_diff:.1e}** "
+        f"{r.optimizer.upper()}, lr {r.lr:g}, the same seed and the same batches), the two "
+        "loss curves imply that the pipelines' predictions differ by at least "
+        f"**{r.max_rel_diff:.1e}** of their size (RMS; the largest over the steps) "
         + (f"(within {tol:.1e}: the same training, to {r.tolerance_basis})." if ok else
            f"(**above {tol:.1e}**: the two trainings diverged beyond {r.tolerance_basis}).")
+        + " A loss that falls near 0 is not compared by its own relative difference: float32 "
+        "rounds the predictions, and a small residual magnifies their rounding in the loss; "
+        "each pair of mean squared errors bounds how far apart the predictions are."
         + (" Plain SGD keeps the two pipelines' rounding-level differences at rounding level. "
            "AdamW (adopt_optimizer: adamw) divides each gradient by its running RMS: on its "
            "first steps, gradients that cancel to rounding level (the dual forward makes many) "
@@ -58,21 +62,23 @@ def loss_plot(r: AdoptionResult) -> None:
     floor = 1e-9  # the axis' bottom: exact zeros are drawn on it (and said so)
     rel = np.array(r.rel_diff)
     axes[1].plot(steps, np.maximum(rel, floor), color=plotting.PALETTE[2],
-                 label="relative difference" + (" (exact zeros drawn at 1e-9)"
+                 label="predictions' relative difference implied" + (
+                     " (exact zeros drawn at 1e-9)"
                                                 if (rel < floor).any() else ""))
     axes[1].set_ylim(floor / 2, max(r.tolerance * 10, float(rel.max()) * 3 if rel.size else 1e-4))
     axes[1].axhline(r.tolerance, color="k", ls=":", lw=1,
                     label=f"{r.tolerance:.1e} ({r.tolerance_basis})")
     axes[1].set(yscale="log", xlabel="training step",
-                ylabel="relative difference of the losses (log scale)")
+                ylabel="predictions' difference / their size (log scale)")
     plotting.plain_ticks(axes[1], "y")
     axes[1].xaxis.set_major_locator(plotting.MaxNLocator(integer=True))
     axes[1].legend()
     plotting.title(axes[1], "Relative difference per step", device=r.device)
     plotting.show(fig, "Left: loss against training step for replicated masks and the node-mask "
                        "shared graph on a log axis, overlapping, with the loss of predicting the "
-                       "labels' mean dotted. Right: their relative difference per step on a log "
-                       "axis against the tolerance line.")
+                       "labels' mean dotted. Right: per step, the least relative difference of "
+                       "the two pipelines' predictions that their losses imply, on a log axis "
+                       "against the tolerance line.")
 
 
 def compare_table(r: AdoptionResult):
@@ -109,10 +115,11 @@ def headline(r: AdoptionResult) -> str:
 
     first, last = loss_fall(r.losses["replicated"])
     tol = getattr(r, "tolerance", 1e-5)
-    curves = (f"same loss curve to {r.max_rel_diff:.1e} (within {tol:.1e})"
+    curves = (f"same training: the loss curves put the predictions within {r.max_rel_diff:.1e} "
+              f"of each other (tolerance {tol:.1e})"
               if r.max_rel_diff <= tol else
-              f"loss curves apart by up to {r.max_rel_diff:.1e}, above the {tol:.1e} tolerance "
-              f"({r.tolerance_basis}): not shown to be the same training")
+              f"loss curves imply predictions apart by {r.max_rel_diff:.1e}, above the "
+              f"{tol:.1e} tolerance ({r.tolerance_basis}): not shown to be the same training")
     return (f"{curves} over {len(r.rel_diff)} steps (the loss fell from {first:.3g} to "
             f"{last:.3g}); the fix {r.speedup.median:.3g}x faster per step than replicated masks")
 
