@@ -301,3 +301,15 @@ def test_separate_launch_figures_are_not_labelled_same_rounds(tmp_path, monkeypa
     row = next(r for r in stab.compare_figures(runs).rows if r.key == "ddp_factor")
     assert row.agrees is False and row.kind == hl.LAUNCHES
     assert "separate launches" in row.note and "same rounds" not in row.note
+
+
+def test_a_ddp_factor_whose_iqr_holds_1_neither_adds_nor_saves_time():
+    """Booked in the gap either way; called "adds time" only when its IQR lies above 1."""
+    def ddp_row(factor, rel):
+        causes = V.rank_causes(_timing(), _ddp(factor=factor, rel=rel), "replicated_mask_cpu",
+                               "dango_wildtype", 1000, "cpu")
+        return next(c for c in causes if c.cause.startswith("DDP"))
+    noisy = ddp_row(1.01, 0.2)  # a default run's 1.012 (IQR 0.24)
+    assert noisy.effect == "noise" and noisy.share > 0 and "within its IQR" in noisy.evidence
+    assert ddp_row(1.3, 0.05).effect == "adds"
+    assert ddp_row(0.8, 0.05).effect == "saves"

@@ -46,7 +46,9 @@ class Cause(Record):
     difference_s: float | None
     share: float | None  # of the measured epoch-time gap (negative: the cause saves time)
     kind: str  # measured, or not measured here
-    effect: str = ""  # "adds" or "saves" time on the slow pipeline; "rest": unattributed
+    # "adds" or "saves" time on the slow pipeline; "rest": unattributed; "noise": a factor
+    # whose IQR holds 1 (booked, but no measurable effect)
+    effect: str = ""
 
 
 @dataclass
@@ -187,6 +189,12 @@ def rank_causes(timing, ddp, slow: str, fast: str, num_samples: int,
                       "add up)", "full-step medians x steps per epoch, minus the rows above",
                       None, None, gap - attributed, None, claims_mod.MEASURED, "rest"))
     set_shares(rows, gap)
+    ddp_row = next(r for r in rows if r.cause.startswith("DDP"))
+    if g.ddp_factor.q1 <= 1.0 <= g.ddp_factor.q3 and ddp_row.difference_s:
+        # the factor's IQR holds 1: its share is booked (it is in the gap) but neither adds nor
+        # saves time measurably
+        ddp_row.effect = "noise"
+        ddp_row.evidence += ": 1 lies within its IQR, no measurable effect"
     timed = sorted((r for r in rows if r.difference_s is not None and r.effect != "rest"),
                    key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \

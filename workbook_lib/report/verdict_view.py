@@ -24,7 +24,8 @@ def answer(v: VerdictResult) -> Markdown:
     return Markdown("## The answer\n\n" + v.answer)
 
 
-EFFECTS = {"adds": "adds time", "saves": "saves time", "rest": "not attributed", "": ""}
+EFFECTS = {"adds": "adds time", "saves": "saves time", "rest": "not attributed",
+           "noise": "within its noise", "": ""}
 
 
 def causes_table(v: VerdictResult):
@@ -35,22 +36,23 @@ def causes_table(v: VerdictResult):
             for c in v.causes]
     return table(rows, caption="The epoch-time difference between the two pipelines by "
                                "mechanism: notebook 03's stage medians x steps per epoch (80% of "
-                               "the dataset at each pipeline's batch size), notebook 04's DDP "
-                               "factor when it was applied. Shares are of the measured gap (the "
+                               "the dataset at each pipeline's batch size), and notebook 04's "
+                               "DDP factor (always applied, with its IQR). Shares are of the measured gap (the "
                                "full steps' medians x steps per epoch): the causes that add time, "
                                "minus those that save time, plus the unattributed rest, make "
                                "100%.")
 
 
 def causes_plot(v: VerdictResult) -> None:
-    groups = [("adds", "adds time"), ("saves", "saves time"), ("rest", "not attributed")]
+    groups = [("adds", "adds time"), ("saves", "saves time"), ("noise", "within its noise"),
+              ("rest", "not attributed")]
     rows = [(c, lab) for eff, lab in groups for c in v.causes
             if c.effect == eff and c.share is not None]
     if not rows:
         return
     fig, ax = plotting.plt.subplots(figsize=(10, 0.65 * len(rows) + 1.6))
     colours = {"adds time": plotting.PALETTE[3], "saves time": plotting.PALETTE[2],
-               "not attributed": "#999999"}
+               "within its noise": "#cccccc", "not attributed": "#999999"}
     vals = np.array([abs(c.share) * 100 for c, _ in rows])
     ax.barh(range(len(rows)), vals, color=[colours[lab] for _, lab in rows])
     ax.set_yticks(range(len(rows)), [textwrap.fill(f"[{lab}] {c.cause}", 58, max_lines=2,
@@ -58,7 +60,8 @@ def causes_plot(v: VerdictResult) -> None:
                   fontsize=8)
     ax.invert_yaxis()
     for i, ((c, lab), x) in enumerate(zip(rows, vals)):
-        sign = "-" if lab == "saves time" or (lab == "not attributed" and c.share < 0) else ""
+        sign = "-" if lab == "saves time" or (lab in ("not attributed", "within its noise")
+                                              and c.share < 0) else ""
         ax.text(x, i, f" {sign}{x:.1f}%", va="center", fontsize=8)
     ax.set_xlim(0, max(vals.max() * 1.18, 1.0))
     ax.set_xlabel("size of the cause, % of the measured epoch-time gap")
@@ -67,8 +70,9 @@ def causes_plot(v: VerdictResult) -> None:
                    "by mechanism", device=v.device)
     plotting.show(fig, "Horizontal bars: each mechanism's part of the measured epoch-time gap "
                        "(slow minus fast pipeline). Red bars add time to the slow pipeline, "
-                       "green bars save time (shown as their size, labelled with a minus), the "
-                       "grey bar is what the stage medians leave unattributed.")
+                       "green bars save time (shown as their size, labelled with a minus), a "
+                       "light grey bar is a factor whose IQR holds 1 (booked, no measurable "
+                       "effect), the grey bar is what the stage medians leave unattributed.")
 
 
 def claims_table(v: VerdictResult):
