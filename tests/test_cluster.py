@@ -316,8 +316,11 @@ def test_params_by_name_and_set_overrides_reach_every_job(tmp_path, monkeypatch)
     absolute path, whatever folder they start in) with the same overrides, quoted."""
     from workbook_lib import cli
 
-    monkeypatch.chdir(tmp_path)  # a name in params/, not a file here
-    sets = ["hidden=8", 'pipelines=["examples/dango_pyg.py:make_pipeline"]']
+    import shutil
+
+    monkeypatch.chdir(tmp_path)  # 'ci' is a name in params/, not a file here
+    shutil.copy(ROOT / "examples" / "dango_pyg.py", tmp_path / "mine.py")  # here only
+    sets = ["hidden=8", 'pipelines=["mine.py:make_pipeline"]']
     for layout in ([], ["--single-job"]):
         out = tmp_path / f"slurm{len(layout)}"
         assert cli.main(["slurm", "--params", "ci", *[a for s in sets for a in ("--set", s)],
@@ -326,4 +329,5 @@ def test_params_by_name_and_set_overrides_reach_every_job(tmp_path, monkeypatch)
         line = next(ln for ln in script.splitlines() if " -m workbook_lib run " in ln)
         argv = shlex.split(line.replace("$EXTRA", "").replace('"$NB"', "NB"))
         assert argv[argv.index("--params") + 1] == str(ROOT / "params" / "ci.yaml")
-        assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == sets
+        assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == [
+            "hidden=8", f'pipelines=["mine={tmp_path}/mine.py:make_pipeline"]']

@@ -157,11 +157,15 @@ def _cmd_slurm(args) -> int:
     from .running.slurm import write_scripts
 
     p = _load(args.params, args.set)
+    # a pipeline file named relative to this folder is written as validated (absolute): the jobs
+    # start in the repository
+    sets = [f"pipelines={json.dumps(p['pipelines'])}" if s.split("=", 1)[0].strip() ==
+            "pipelines" else s for s in args.set or []]
     paths = write_scripts(args.params, p, args.out_dir, run_dir=args.run_dir,
                           partition=args.partition, gpus_per_node=args.gpus, nodes=args.nodes,
                           time=args.time, cpus_per_task=args.cpus_per_task, mem=args.mem,
                           account=args.account, array=not args.single_job, force=args.force,
-                          sets=args.set)
+                          sets=sets)
     for kind, path in paths.items():
         print(f"{kind:8s} {path}")
     if "submit" in paths:
