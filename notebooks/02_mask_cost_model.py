@@ -100,7 +100,7 @@ view.cost_plot(cost, NB.device_label)
 # ## Does filtering ever beat masking?
 
 # %%
-inventory = load_result(NB.run_dir, "01_graph_inventory")
+inventory = load_result(NB.run_dir, "01_graph_inventory", NB.params)
 display(view.crossover_text(cost, inventory.removed_edge_fraction.median if inventory else None))
 display(view.crossover_table(cost))
 

@@ -89,7 +89,7 @@ display(view.plan_text(plan))
 # ## Step time and scaling
 
 # %%
-timing = load_result(NB.run_dir, "03_data_vs_model_timing")
+timing = load_result(NB.run_dir, "03_data_vs_model_timing", NB.params)
 slow, fast = NB.params["gap_strategies"]
 ratio_03 = (timing.loops.ratio(timing.loops.arm(slow), timing.loops.arm(fast))
             if timing and slow in timing.loops.strategies and fast in timing.loops.strategies

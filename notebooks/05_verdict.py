@@ -55,7 +55,7 @@ from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import read_meta, write_results
 
 NB = setup(globals(), load_graph=False, needs_device=False)
-found, inputs = verdict.load_inputs(NB.run_dir)
+found, inputs = verdict.load_inputs(NB.run_dir, NB.params)
 env = read_meta(NB.run_dir, "03_data_vs_model_timing").environment
 v = verdict.build_verdict(found, inputs, NB.params, NB.run_dir, env["device_label"],
                           env["device"].split(":")[0])

@@ -65,7 +65,8 @@ NB = setup(globals())
 # propagation, or full middle layers).
 
 # %%
-mask_cost, ddp = load_result(NB.run_dir, "02_mask_cost_model"), load_result(NB.run_dir, "04_ddp_scaling")
+mask_cost = load_result(NB.run_dir, "02_mask_cost_model", NB.params)
+ddp = load_result(NB.run_dir, "04_ddp_scaling", NB.params)
 form = bench.recommended_form(mask_cost.bench if mask_cost else None)  # the faster form in 02
 display(mc_view.form_text(form))
 res, losses, batch, labels = adoption.train_both(NB.params, NB.graph, NB.device,

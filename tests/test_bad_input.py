@@ -121,6 +121,10 @@ CASES = [
     ("rdzv_endpoint not host:port", lambda t: ["--set", "rdzv_endpoint=" + "y" * 50],
      "rdzv_endpoint"),
     ("nnodes without rendezvous", lambda t: ["--set", "nnodes=2"], "rdzv_endpoint"),
+    ("ddp_timeout_s beyond a timedelta", lambda t: ["--set", "ddp_timeout_s=1.0e300"],
+     "ddp_timeout_s"),
+    ("bucket_cap_mb beyond int64 bytes", lambda t: ["--set", "bucket_cap_mb=1.0e300"],
+     "bucket_cap_mb"),
     # and the ones that always were
     ("unknown key", lambda t: ["--set", "hiden=3"], "hiden"),
     ("wrong type", lambda t: ["--set", "layers=two"], "layers"),
@@ -160,7 +164,14 @@ def test_bad_input_refused_in_one_line_before_any_work(tmp_path, capsys, make, k
 
 @pytest.mark.parametrize("argv", [["bench", "--out", ""], ["stability", "--out", ""],
                                   ["slurm", "--out-dir", ""], ["slurm", "--run-dir", " "],
-                                  ["params", "--set", "x=1", "--set", "seed=-1"]])
+                                  ["params", "--set", "x=1", "--set", "seed=-1"],
+                                  ["stability", "--runs", "1", "--out", "/nonexistent/s"],
+                                  ["stability", "--tolerance", "nan", "--out", "/nonexistent/s"],
+                                  ["stability", "--only", "99", "--out", "/nonexistent/s"],
+                                  ["selftest", "--device", "cpu", "--only", "nosuch"],
+                                  ["html", str(ROOT / "pyproject.toml"), "--out",
+                                   "/nonexistent/h.html"],
+                                  ["bench", "--params", "ci", "--out", str(ROOT / "notebooks")]])
 def test_other_commands_refuse_in_one_line(capsys, argv):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

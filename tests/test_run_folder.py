@@ -70,6 +70,32 @@ def test_a_notebook_run_alone_refuses_inputs_made_with_other_params(tmp_path, ti
     runner.check_inputs_match(out, ["05_verdict"], tiny)  # the same params: accepted
 
 
+def test_a_notebook_never_reads_an_input_made_with_other_params(tmp_path, tiny, monkeypatch):
+    """What the runner's check cannot see (a run with other params writing the input into the
+    folder while this one runs, a notebook run from JupyterLab): the notebook itself treats an
+    input made with other params as absent, and the verdict refuses it, naming the keys."""
+    from workbook_lib.analysis import verdict
+    from workbook_lib.exceptions import IncompleteInputsError
+    from workbook_lib.running import results
+    from workbook_lib.running.results import load_result
+
+    class Body:
+        from_json = staticmethod(dict)
+
+    monkeypatch.setattr(results, "result_type", lambda nb: Body)
+    out = tmp_path / "run"
+    write_results(out, "01_graph_inventory", {"x": 1}, tiny, headline="h")
+    other = params_mod.validate({"scale": 0.002, "device": "cpu", "hidden": 8})
+    assert load_result(out, "01_graph_inventory") == {"x": 1}
+    assert load_result(out, "01_graph_inventory", tiny) == {"x": 1}  # its own params
+    assert load_result(out, "01_graph_inventory", other) is None
+    for nb in NBS[1:]:
+        _complete(out, nb, tiny)
+    with pytest.raises(IncompleteInputsError, match=r"other params: 01_graph_inventory \(hidden\)"
+                       r".*02_mask_cost_model \(hidden\)"):
+        verdict.load_inputs(out, other)
+
+
 def test_a_result_made_without_an_input_that_exists_now_is_not_complete(tmp_path, tiny):
     out = tmp_path / "run"
     _complete(out, "04_ddp_scaling", tiny)  # 03 was cancelled: 04 ran without it

@@ -114,6 +114,9 @@ def _cmd_bench(args) -> int:
 
     p = _load(args.params, args.set)
     out = Path(args.out)
+    if out.is_dir():
+        raise ParamsError(f"--out {out}: is a folder; name the JSON file (e.g. {out}/bench.json)",
+                          key="out", value=str(out))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".probe").write_text("")
@@ -261,6 +264,13 @@ def _cmd_html(args) -> int:
     src = Path(args.notebook)
     if not src.is_file():
         raise ParamsError(f"{src}: no such executed notebook", key="notebook")
+    try:
+        import nbformat
+
+        nbformat.read(str(src), as_version=4)
+    except Exception as exc:  # noqa: BLE001 - not JSON, not a notebook, unreadable
+        raise ParamsError(f"{src}: not a Jupyter notebook ({type(exc).__name__}: {exc})",
+                          key="notebook") from None
     out = Path(args.out) if args.out else src.with_suffix(".html")
     export_html(src, out, show_code=args.show_code)
     print(f"Report: {out}")

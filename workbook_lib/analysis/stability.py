@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,10 +193,15 @@ def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
                   tolerance: float = 0.15, only: list[str] | None = None,
                   progress: bool = True) -> StabilityResult:
     """Run the notebooks ``runs`` times and compare every headline figure."""
-    from ..runner import run_notebooks
+    from ..exceptions import ParamsError
+    from ..runner import resolve_only, run_notebooks
 
     if runs < 2:
-        raise ValueError(f"'runs' must be at least 2 (got {runs})")
+        raise ParamsError(f"--runs must be at least 2 (got {runs})", key="runs", value=runs)
+    if not (math.isfinite(tolerance) and tolerance > 0):
+        raise ParamsError(f"--tolerance must be a positive number (got {tolerance})",
+                          key="tolerance", value=tolerance)
+    resolve_only(only)  # an unknown notebook refused before the first run
     out = Path(out_dir)
     dirs = [out / f"run{i + 1}" for i in range(runs)]
     for d in dirs:

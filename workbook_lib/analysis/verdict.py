@@ -27,7 +27,8 @@ from ..catalog import notebook_info
 from ..exceptions import IncompleteInputsError
 from ..measurement.timing import Stat
 from ..records import Record
-from ..running.results import file_checksum, load_result, read_meta, results_path
+from ..running.results import (file_checksum, load_result, params_differ, read_meta,
+                                results_path)
 from .. import pipelines
 from ..training.loop import project_epochs
 from . import claims as claims_mod
@@ -86,15 +87,24 @@ class VerdictResult(Record):
     gap_strategies: list[str] = field(default_factory=list)  # [slow, fast]
 
 
-def load_inputs(run_dir: str | Path) -> tuple[dict, dict[str, str]]:
-    """The typed results of notebooks 01-04 and their checksums.
+def load_inputs(run_dir: str | Path,
+                params: dict | None = None) -> tuple[dict, dict[str, str]]:
+    """The typed results of notebooks 01-04 and their checksums (with ``params``: made with
+    the same result-relevant params).
 
     Raises:
-        IncompleteInputsError: one or more is missing, incomplete or unreadable.
+        IncompleteInputsError: one or more is missing, incomplete, unreadable or made with other
+            params.
     """
-    found, sums, missing = {}, {}, []
+    found, sums, missing, other = {}, {}, [], []
     for nb in INPUTS:
         meta = read_meta(run_dir, nb)
+        if meta is not None and meta.complete and params is not None:
+            changed = params_differ(meta.params, params)
+            if changed:
+                missing.append(nb)
+                other.append(f"{nb} ({', '.join(changed[:3])})")
+                continue
         res = load_result(run_dir, nb) if meta is not None and meta.complete else None
         if res is None:
             missing.append(nb)
@@ -104,6 +114,13 @@ def load_inputs(run_dir: str | Path) -> tuple[dict, dict[str, str]]:
     bench = Path(run_dir) / "bench.json"  # quoted when present: --resume reruns when it changes
     if bench.is_file():
         sums["bench"] = file_checksum(bench)
+    if other:
+        absent = [nb for nb in missing if not any(o.startswith(nb) for o in other)]
+        raise IncompleteInputsError(
+            f"the verdict's inputs in {run_dir} were made with other params: "
+            f"{'; '.join(other)}" + (f" (and {', '.join(absent)} are missing or incomplete)"
+                                     if absent else "")
+            + "; run them with these params first", missing=missing)
     if missing:
         raise IncompleteInputsError(
             f"the verdict needs complete results of {', '.join(missing)} in {run_dir}; run "

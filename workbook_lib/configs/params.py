@@ -44,6 +44,9 @@ MAX_BATCH = 65_536  # samples per batch: even the node-mask shared graph holds B
                     # (110 GB at B = 65,536 for the real spec), the replicated ones B graphs
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding and DataLoader workers take 32-bit seeds
 MAX_INT = 2**62  # anything larger overflows torch's int64 arithmetic somewhere
+MAX_TIMEOUT_S = 1e6  # ~11.6 days; the ranks' process-group timeout is a timedelta (and a C++
+                     # duration): far larger values overflow in notebook 04's ranks
+MAX_BUCKET_MB = 1 << 20  # 1 TiB; DDP turns the cap into an int64 byte count
 AGGRS = ("sum", "mean")
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -68,6 +71,14 @@ class Field:
 
 def _positive(v):
     return None if v > 0 else "must be positive"
+
+
+def _positive_at_most(limit, why):
+    def check(v):
+        if v <= 0:
+            return "must be positive"
+        return None if v <= limit else f"must be at most {limit:,.0f} ({why})"
+    return check
 
 
 def _batch(v):
@@ -272,12 +283,13 @@ SCHEMA: tuple[Field, ...] = (
           _positive),
     Field("grad_accum_steps", "int", 2, "micro-batches of the accumulation comparison", S_04,
           _positive),
-    Field("bucket_cap_mb", "float", 25.0, "DDP gradient bucket size in MB", S_04, _positive),
+    Field("bucket_cap_mb", "float", 25.0, "DDP gradient bucket size in MB", S_04,
+          _positive_at_most(MAX_BUCKET_MB, "DDP takes the cap as a 64-bit byte count")),
     Field("use_ddp_gather", "bool", False,
           "the investigation's loss-side all-gather of predictions (the other setting is measured too)",
           S_04),
     Field("ddp_timeout_s", "float", 300.0, "a launch silent this long is stopped", S_04,
-          _positive),
+          _positive_at_most(MAX_TIMEOUT_S, "the ranks' process-group timeout overflows beyond it")),
     Field("link_bandwidth_gbps", "optional_float", None,
           "all-reduce bus bandwidth in GB/s for predictions (null: fitted here)", S_04,
           _positive),

@@ -151,14 +151,28 @@ def result_type(notebook: str) -> type[Record]:
     return getattr(importlib.import_module(mod), cls)
 
 
-def load_result(run_dir: str | Path, notebook: str) -> Record | None:
+def params_differ(made: dict, params: dict) -> list[str]:
+    """The result-relevant keys whose values differ between the params a result was made with
+    (as its ``_meta`` records them) and ``params``."""
+    from ..configs.params import results_relevant
+
+    made, now = results_relevant(made), to_json(results_relevant(params))
+    return sorted(k for k in set(made) | set(now) if made.get(k) != now.get(k))
+
+
+def load_result(run_dir: str | Path, notebook: str,
+                params: dict | None = None) -> Record | None:
     """The typed result of a notebook in a run folder (None if absent, unreadable or written by
-    an older schema)."""
+    an older schema; with ``params``, also None when it was made with other result-relevant
+    params: a notebook never quotes measurements of another configuration as its own, e.g.
+    when a run with other params writes that input into the folder while it runs)."""
     doc = read_results(run_dir, notebook)
     if not doc:
         return None
     meta = doc.get("_meta", {})
     if meta.get("schema_version") != SCHEMA_VERSION:
+        return None
+    if params is not None and params_differ(meta.get("params", {}), params):
         return None
     body = {k: v for k, v in doc.items() if k != "_meta"}
     try:

@@ -285,6 +285,10 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
                          f"(torch {torch.__version__}, CUDA build {torch.version.cuda})")
     if ranks is not None and ranks < 1:
         raise ValueError(f"'--ranks' must be a positive integer (got {ranks})")
+    checks = ("exactness", "syncs", "memory", "timing", "ddp")
+    unknown = [o for o in only or [] if not any(c.startswith(o) for c in checks)]
+    if unknown:
+        raise ValueError(f"'--only {unknown[0]}' names no check (checks: {', '.join(checks)})")
     params = load_params_file(params_path or REPO_ROOT / "params" / "ci.yaml")
     params = {**params, "device": device}
     dev = resolve_device(device)
