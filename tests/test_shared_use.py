@@ -1,6 +1,8 @@
 """Shared use: a group's run folder, two clones, the notebooks' sources under jupytext."""
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,50 @@ def test_the_memory_budget_follows_an_rlimit():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "True", (out.stdout, out.stderr[-500:])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+def test_gpu_lock_file_is_shared_by_a_second_user():
+    """The per-GPU probe lock lives in a sticky, world-writable folder (/tmp): one user creates
+    it under a private umask, another user must still open and lock it."""
+    import fcntl
+    import pwd
+    import shutil
+    import tempfile
+
+    from workbook_lib.measurement.memory import shared_lock_fd
+
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user")
+
+    def as_nobody(fn) -> int:
+        """Run ``fn`` in a forked child as user nobody; its exit status (0: it returned)."""
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                fn()
+                os._exit(0)
+            except BaseException:  # noqa: BLE001
+                os._exit(1)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    shared = Path(tempfile.mkdtemp(prefix="wb-sticky-"))  # under /tmp: others can reach it
+    shared.chmod(0o1777)
+    lock = shared / "workbook-gpu-x.lock"
+    try:
+        old = os.umask(0o077)
+        try:
+            os.close(shared_lock_fd(lock))
+        finally:
+            os.umask(old)
+        assert lock.stat().st_mode & 0o777 == 0o644
+        assert as_nobody(lambda: fcntl.flock(shared_lock_fd(lock), fcntl.LOCK_EX)) == 0
+        # the old way (open for append) is what a second user could not do
+        assert as_nobody(lambda: open(lock, "a")) == 1
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

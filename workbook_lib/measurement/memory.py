@@ -293,12 +293,32 @@ def gpu_lock(device: str):
     except Exception:  # noqa: BLE001 - older builds have no uuid: the index
         ident = str(idx)
     path = Path(tempfile.gettempdir()) / f"workbook-gpu-{ident}.lock"
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    fd = shared_lock_fd(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def shared_lock_fd(path: str | Path) -> int:
+    """A read-only descriptor of a lock file that every user of the machine shares: opened
+    without ``O_CREAT`` when it exists (in a sticky ``/tmp`` another user's file cannot be
+    opened for writing, nor with ``O_CREAT`` under ``fs.protected_regular``), else created
+    readable by all (``flock`` needs no write access)."""
+    while True:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue  # another process created it in between: open that one
+            os.fchmod(fd, 0o644)  # whatever the umask: the next user must be able to open it
+            return fd
 
 
 def device_budget(device: torch.device | str) -> tuple[float, str]:
