@@ -155,6 +155,7 @@ def test_sigterm_while_the_snapshot_builds_is_an_interrupt(tmp_path, monkeypatch
     rc = cli.main(["run", "--params", "ci", "--out", str(tmp_path / "run"), "--quiet"])
     err = capsys.readouterr().err
     assert rc == 130 and "INTERRUPTED" in err and "--resume" in err
+    assert "nothing was written yet" in err and "kept in" not in err
     assert not (tmp_path / "run").exists()
     assert signal.getsignal(signal.SIGTERM) is before
 

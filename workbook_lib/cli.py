@@ -92,9 +92,11 @@ def _cmd_run(args) -> int:
                                  resume=args.resume, progress=not args.quiet,
                                  log_output=not args.quiet)
     except KeyboardInterrupt:
-        print(f"\nINTERRUPTED: the kernel and every process it started were stopped; finished "
-              f"notebooks are kept in {args.out}. Continue with: python -m workbook_lib run "
-              f"--params {args.params} --out {args.out} --resume", file=sys.stderr)
+        kept = (f"finished notebooks are kept in {args.out}" if Path(args.out).is_dir() else
+                "nothing was written yet (no run folder)")
+        print(f"\nINTERRUPTED: the kernel and every process it started were stopped; {kept}. "
+              f"Continue with: python -m workbook_lib run --params {args.params} --out "
+              f"{args.out} --resume", file=sys.stderr)
         return 130
     except NotebookFailedError as exc:
         print(f"\nFAILED: {exc}", file=sys.stderr)
