@@ -331,3 +331,19 @@ def test_params_by_name_and_set_overrides_reach_every_job(tmp_path, monkeypatch)
         assert argv[argv.index("--params") + 1] == str(ROOT / "params" / "ci.yaml")
         assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == [
             "hidden=8", f'pipelines=["mine={tmp_path}/mine.py:make_pipeline"]']
+
+
+def test_the_jobs_run_the_params_file_that_was_validated(tmp_path, monkeypatch):
+    """``--params params/ci.yaml`` names a file here and one in the repository: ``run`` reads
+    the one here, so the scripts must name that one too (they named the repository's)."""
+    from workbook_lib import cli
+
+    (tmp_path / "params").mkdir()
+    mine = tmp_path / "params" / "ci.yaml"
+    mine.write_text((ROOT / "params" / "ci.yaml").read_text().replace("hidden: 16",
+                                                                     "hidden: 8"))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["slurm", "--params", "params/ci.yaml", "--out-dir",
+                     str(tmp_path / "slurm")]) == 0
+    script = (tmp_path / "slurm" / "notebook.sbatch").read_text()
+    assert f"--params {mine}" in script and str(ROOT / "params") not in script

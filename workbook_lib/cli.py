@@ -24,11 +24,6 @@ DEFAULT_PARAMS = "params/default.yaml"
 
 def _load(path: str, sets: list[str] | None) -> dict:
     """A params file plus ``--set KEY=VALUE`` overrides, validated once."""
-    from .paths import resolve_path
-
-    p = Path(path)
-    if not p.is_file() and not p.is_absolute() and resolve_path(path).is_file():
-        path = str(resolve_path(path))
     src, raw = params_mod.read_params_file(path)
     for item in sets or []:
         if "=" not in item:

@@ -768,13 +768,25 @@ def _cache_dir_usable(params: dict, source: str) -> None:
                           "writable folder)", key="cache_dir", value=params["cache_dir"])
 
 
-def read_params_file(path: str | Path) -> tuple[Path, dict]:
-    """Read a params YAML file (a path, or a name in ``params/``) without validating it."""
+def find_params_file(path: str | Path) -> Path:
+    """Where a ``--params`` value points: the path as given (from the current folder), else the
+    same relative path from the repository root, else a name in ``params/``; the path as given
+    when none is a file (:func:`read_params_file` says what is wrong with it)."""
     p = Path(path)
+    if p.is_file():
+        return p
+    if not p.is_absolute() and resolve_path(p).is_file():
+        return resolve_path(p)
+    if not p.suffix and (PARAMS_DIR / f"{p}.yaml").is_file():
+        return PARAMS_DIR / f"{p}.yaml"
+    return p
+
+
+def read_params_file(path: str | Path) -> tuple[Path, dict]:
+    """Read a params YAML file (see :func:`find_params_file`) without validating it."""
     if str(path).strip() == "":
         raise ParamsError("--params: empty path", key="params")
-    if not p.is_file() and not p.suffix and (PARAMS_DIR / f"{p}.yaml").is_file():
-        p = PARAMS_DIR / f"{p}.yaml"
+    p = find_params_file(path)
     if p.is_dir():
         raise ParamsError(f"params file {p} is a directory, not a YAML file", key="params")
     if not p.is_file():
@@ -796,7 +808,7 @@ def read_params_file(path: str | Path) -> tuple[Path, dict]:
 
 
 def load_params_file(path: str | Path) -> dict:
-    """Read and validate a params YAML file (a path, or a name in ``params/``)."""
+    """Read and validate a params YAML file (see :func:`find_params_file`)."""
     p, raw = read_params_file(path)
     return validate(raw, source=str(p))
 

@@ -408,9 +408,7 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
     marker.write_text(layout + "\n")
     repo = Path(repo or REPO_ROOT).resolve()
     python = python or str((repo / ".venv" / "bin" / "python"))
-    found = resolve_path(params_file)
-    params_path = params_mod.read_params_file(found if found.is_file() else params_file)[0]
-    params_path = params_path.resolve()
+    params_path = params_mod.read_params_file(params_file)[0].resolve()  # as --params finds it
     run = resolve_path(run_dir or "runs/slurm-run").resolve()
     common = dict(params_file=params_path, run_dir=run, log_dir=log_dir, python=python,
                   repo=repo, time=time, partition=partition, account=account, sets=sets)
