@@ -172,14 +172,12 @@ def loss_tolerance(device_label: str, graph=None, layers: int = 1) -> tuple[floa
 
 
 def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label: str, *,
-            memory=None, ddp=None, labels: torch.Tensor | None = None,
-            graph=None) -> AdoptionResult:
+            labels: torch.Tensor, memory=None, ddp=None, graph=None) -> AdoptionResult:
+    """The two trainings side by side. ``labels``: those the pipelines trained on (their largest
+    absolute value bounds the predictions, see :func:`implied_prediction_diff`)."""
     from ..training.loop import project_epochs
 
     rep, fix = losses["replicated"], losses["fix"]
-    if labels is None:
-        raise ValueError("compare needs the labels the pipelines trained on (their largest "
-                         "absolute value bounds the predictions)")
     # the predictions' relative difference the two MSE curves imply, at least (module docstring)
     rel = implied_prediction_diff(rep, fix, float(labels.abs().max()))
     step = {k: r.step for k, r in res.items()}
@@ -219,4 +217,4 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
                           labels={k: pipelines.label(n) + (" (the Lazy model's form)"
                                                           if k == "replicated" else "")
                                   for k, (n, _f) in PIPELINES.items()},
-                          label_variance=None if labels is None else float(labels.var()))
+                          label_variance=float(labels.var()))

@@ -426,8 +426,8 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
             where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
             fix += (f"; per sample, forward + backward, {b.ratio_vs_lazy_form.median:.3g}x "
                     f"faster than replicated masks in the Lazy model's form {where}"
-                    + (" (IQR {:.2g}: a disturbed figure, see above)".format(
-                        b.ratio_vs_lazy_form.iqr) if "bench" in v.disturbed else ""))
+                    + (f" (IQR {b.ratio_vs_lazy_form.iqr:.2g}: a disturbed figure, see above)"
+                       if "bench" in v.disturbed else ""))
             if b.passes_per_sample is not None:
                 fix += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
         lines.append(fix + ".")

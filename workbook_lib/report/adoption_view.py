@@ -62,9 +62,8 @@ def loss_plot(r: AdoptionResult) -> None:
     floor = 1e-9  # the axis' bottom: exact zeros are drawn on it (and said so)
     rel = np.array(r.rel_diff)
     axes[1].plot(steps, np.maximum(rel, floor), color=plotting.PALETTE[2],
-                 label="predictions' relative difference implied" + (
-                     " (exact zeros drawn at 1e-9)"
-                                                if (rel < floor).any() else ""))
+                 label="predictions' relative difference implied"
+                 + (" (exact zeros drawn at 1e-9)" if (rel < floor).any() else ""))
     axes[1].set_ylim(floor / 2, max(r.tolerance * 10, float(rel.max()) * 3 if rel.size else 1e-4))
     axes[1].axhline(r.tolerance, color="k", ls=":", lw=1,
                     label=f"{r.tolerance:.1e} ({r.tolerance_basis})")
