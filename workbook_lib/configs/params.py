@@ -662,7 +662,7 @@ def _cross_checks(out: dict, source: str) -> None:
     if out["ddp_strategy"] not in known:
         fail("ddp_strategy", f"must be a strategy or pipeline name (one of {known})")
     kmax = max_k(out["perturbation_k"])
-    _check_snapshot_exists(out, source)
+    _path_check(out, source, "snapshot", _snapshot_exists)
     spec = _spec(out["snapshot"])
     if spec is not None:
         spec_genes = int(spec["num_genes"])
@@ -676,7 +676,7 @@ def _cross_checks(out: dict, source: str) -> None:
         if out["scale"] > top:
             fail("scale", f"must be at most {top:.4g} for snapshot '{out['snapshot']}': beyond "
                           "it an edge type holds more edges than its genes have pairs")
-        _check_cache_dir(out, source)
+        _path_check(out, source, "cache_dir", _cache_dir_usable)
     if out["exactness_genes"] <= kmax:
         fail("exactness_genes", f"must exceed the largest perturbation_k ({kmax})")
     gbatch = out["ddp_batch_size"] * max(out["world_sizes"])
@@ -703,13 +703,14 @@ def snapshot_spec_path(name: str) -> Path | None:
     return SNAPSHOT_DIR / f"{name}.yaml"
 
 
-def _check_snapshot_exists(params: dict, source: str) -> None:
+def _path_check(params: dict, source: str, key: str, check) -> None:
+    """Run ``check(params, source)`` on the path under ``key``; an ``OSError`` from the file
+    system (e.g. a name too long for it) becomes a one-line ParamsError naming the key."""
     try:
-        _snapshot_exists(params, source)
-    except OSError as exc:  # e.g. a name too long for the file system
-        raise ParamsError(f"{source}: 'snapshot' {show(params['snapshot'])} is not a usable path "
-                          f"({exc.strerror or exc})", key="snapshot",
-                          value=params["snapshot"]) from None
+        check(params, source)
+    except OSError as exc:
+        raise ParamsError(f"{source}: '{key}' {show(params[key])} is not a usable path "
+                          f"({exc.strerror or exc})", key=key, value=params[key]) from None
 
 
 def _snapshot_exists(params: dict, source: str) -> None:
@@ -744,18 +745,9 @@ def max_scale(spec: dict) -> float:
     return min(n * (n - 1) / int(info["edges"]) for info in spec["edge_types"].values())
 
 
-def _check_cache_dir(params: dict, source: str) -> None:
+def _cache_dir_usable(params: dict, source: str) -> None:
     """``cache_dir`` must be a folder, or creatable, and writable (checked without creating
     anything)."""
-    try:
-        _cache_dir_usable(params, source)
-    except OSError as exc:  # e.g. a name too long for the file system
-        raise ParamsError(f"{source}: 'cache_dir' {show(params['cache_dir'])} is not a usable "
-                          f"path ({exc.strerror or exc})", key="cache_dir",
-                          value=params["cache_dir"]) from None
-
-
-def _cache_dir_usable(params: dict, source: str) -> None:
     path = resolve_path(params["cache_dir"])
     if path.exists() and not path.is_dir():
         raise ParamsError(f"{source}: 'cache_dir' {path} is a file, not a folder",
