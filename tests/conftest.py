@@ -50,3 +50,29 @@ def builtin_pipeline(graph, name, pert, *, batch_size=4, hidden=4, layers=2, dua
     s = make_strategy(name, graph, **strategy_kw)
     m = PerturbGIN(graph.num_genes, graph.edge_types, hidden=hidden, layers=layers)
     return BuiltinPipeline(s, m, pert, batch_size, dual=dual)
+
+
+def write_trace(tmp_path, events):
+    """A Chrome trace of complete CPU events ``(name, ts, dur, tid)`` (microseconds) in
+    ``tmp_path/t.json``."""
+    import json
+
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": n, "ts": ts, "dur": d, "pid": 1, "tid": tid, "cat": "cpu_op"}
+        for n, ts, d, tid in events]}))
+    return p
+
+
+def write_notebook(path, *cells):
+    """A notebook whose first cell is the workbook's parameters cell (tagged for papermill),
+    then ``cells``, on the python3 kernel."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                  "language": "python"}}
+    p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [p] + [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, str(path))

@@ -6,6 +6,7 @@ from workbook_lib.analysis import claims as C
 from workbook_lib.analysis import costmodel as cm
 from workbook_lib.measurement import trace_analysis as ta
 from workbook_lib.measurement.timing import Stat
+from conftest import write_trace
 
 
 def st(median, spread=0.0, n=10):
@@ -300,7 +301,7 @@ def test_investigation_summation_counts_profiler_steps_as_the_optimizer(tmp_path
     ev = [("ProfilerStep#1", 0, 100, 1), ("wb:forward", 10, 40, 1), ("aten::addmm", 14, 20, 1),
           ("wb:backward", 50, 40, 1), ("AddmmBackward0", 52, 30, 1),
           ("Optimizer.step#AdamW.step", 92, 6, 1), ("aten::add_", 93, 2, 1)]
-    sums = pr.investigation_sums(ta.load_trace(_write_trace(tmp_path, ev)))
+    sums = pr.investigation_sums(ta.load_trace(write_trace(tmp_path, ev)))
     assert sums["optimizer"] == pytest.approx(106e-6)  # the whole step and the real optimizer
     assert sums["backward"] == pytest.approx(30e-6) and "forward" not in sums  # wb: left out
     assert sums["other"] == pytest.approx(22e-6)
@@ -363,11 +364,3 @@ def test_memory_claim_not_measured_on_cpu_and_both_ways_on_gpu():
     assert C.memory_claims(mc(400), "cuda")[0].status == C.FAILED
 
 
-def _write_trace(tmp_path, events):
-    import json
-
-    p = tmp_path / "t.json"
-    p.write_text(json.dumps({"traceEvents": [
-        {"ph": "X", "name": n, "ts": ts, "dur": d, "pid": 1, "tid": tid, "cat": "cpu_op"}
-        for n, ts, d, tid in events]}))
-    return p

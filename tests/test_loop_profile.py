@@ -13,7 +13,7 @@ from workbook_lib.measurement.timing import StepClock
 from workbook_lib.strategies import make_strategy
 from workbook_lib.training import loop
 
-from conftest import builtin_pipeline, make_graph
+from conftest import builtin_pipeline, make_graph, write_trace
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +152,6 @@ def test_profile_records_only_warm_steps(small, tmp_path):
                       device=torch.device("cpu"))
 
 
-def _write_trace(tmp_path, events):
-    p = tmp_path / "t.json"
-    p.write_text(json.dumps({"traceEvents": [
-        {"ph": "X", "name": n, "ts": ts, "dur": d, "pid": 1, "tid": tid, "cat": "cpu_op"}
-        for n, ts, d, tid in events]}))
-    return p
 
 
 def test_exclusive_breakdown_adds_up(tmp_path):
@@ -166,12 +160,12 @@ def test_exclusive_breakdown_adds_up(tmp_path):
           ("wb:backward", 50, 40, 1), ("AddmmBackward0", 52, 30, 1), ("aten::mm", 55, 20, 1),
           ("wb:optimizer", 92, 6, 1),
           ("autograd_thread_op", 52, 30, 2)]
-    events = ta.load_trace(_write_trace(tmp_path, ev))
+    events = ta.load_trace(write_trace(tmp_path, ev))
     excl = ta.exclusive_breakdown(events)
     assert sum(excl.values()) == pytest.approx(100e-6)
     assert excl["forward"] == pytest.approx(40e-6) and excl["optimizer"] == pytest.approx(6e-6)
     assert excl[ta.UNTRACKED] == pytest.approx(14e-6)
-    naive = ta.naive_breakdown(ta.load_trace(_write_trace(tmp_path, ev)))
+    naive = ta.naive_breakdown(ta.load_trace(write_trace(tmp_path, ev)))
     assert sum(naive.values()) > 2.5 * 100e-6
     assert naive["forward"] == pytest.approx((40 + 30 + 20) * 1e-6)
 

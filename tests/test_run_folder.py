@@ -5,7 +5,6 @@ import os
 import signal
 import time
 
-import nbformat
 import pytest
 
 from workbook_lib.exceptions import NotebookFailedError, ParamsError
@@ -13,6 +12,7 @@ from workbook_lib import cli, runner
 from workbook_lib.running import runlock
 from workbook_lib.configs import params as params_mod
 from workbook_lib.running.results import file_checksum, write_results
+from conftest import write_notebook
 
 NBS = ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing", "04_ddp_scaling")
 
@@ -20,16 +20,6 @@ NBS = ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing", "0
 @pytest.fixture
 def tiny():
     return params_mod.validate({"scale": 0.002, "device": "cpu"})
-
-
-def _nb(path, *cells):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                  "language": "python"}}
-    p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
-    p.metadata["tags"] = ["parameters"]
-    nb.cells = [p] + [nbformat.v4.new_code_cell(c) for c in cells]
-    nbformat.write(nb, str(path))
 
 
 def _complete(out, nb, params, inputs=None):
@@ -129,8 +119,8 @@ def test_a_full_disk_is_recorded_per_notebook_and_the_run_goes_on(tmp_path, tiny
     d = tmp_path / "nbs"
     d.mkdir()
     monkeypatch.setenv("WORKBOOK_NOTEBOOK_DIR", str(d))
-    _nb(d / "01_a.ipynb", "raise OSError(28, 'No space left on device', run_dir + '/t.pt')")
-    _nb(d / "02_b.ipynb", "x = 1")
+    write_notebook(d / "01_a.ipynb", "raise OSError(28, 'No space left on device', run_dir + '/t.pt')")
+    write_notebook(d / "02_b.ipynb", "x = 1")
     out = tmp_path / "run"
 
     def full(path, *a, **k):

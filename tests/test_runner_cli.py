@@ -15,6 +15,7 @@ from workbook_lib.configs import params as params_mod
 from workbook_lib import runner
 from workbook_lib.running.results import file_checksum, write_results
 from workbook_lib.exceptions import NotebookFailedError
+from conftest import write_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "workbook_lib"]
@@ -30,14 +31,7 @@ def _write(name):
 
 
 def _nb(path, *cells):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                  "language": "python"}}
-    p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
-    p.metadata["tags"] = ["parameters"]
-    nb.cells = [p, nbformat.v4.new_code_cell(SETUP)] + [nbformat.v4.new_code_cell(c)
-                                                        for c in cells]
-    nbformat.write(nb, str(path))
+    write_notebook(path, SETUP, *cells)
 
 
 @pytest.fixture
