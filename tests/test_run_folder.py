@@ -135,19 +135,29 @@ def test_a_full_disk_is_recorded_per_notebook_and_the_run_goes_on(tmp_path, tiny
     assert "02_b.html" in by["02_b"].error  # the file that could not be written
 
 
-def test_sigterm_while_the_snapshot_builds_is_an_interrupt(tmp_path, monkeypatch, capsys):
-    def slow_build(params):
+def _sigterm_during(monkeypatch, capsys, module, attr, argv) -> str:
+    """``run`` with ``module.attr`` replaced by a step that receives a SIGTERM; asserts the
+    interrupt (130, the message, no run folder, the handler restored) and returns stderr."""
+    def slow_step(params):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
-        raise AssertionError("the signal did not stop the build")
-    monkeypatch.setattr(runner, "snapshot_checksum", slow_build)
+        raise AssertionError(f"the signal did not stop {attr}")
+    monkeypatch.setattr(module, attr, slow_step)
     before = signal.getsignal(signal.SIGTERM)
-    rc = cli.main(["run", "--params", "ci", "--out", str(tmp_path / "run"), "--quiet"])
+    out = argv[argv.index("--out") + 1]
+    rc = cli.main(["run", "--params", "ci", *argv, "--quiet"])
     err = capsys.readouterr().err
-    assert rc == 130 and "INTERRUPTED" in err and "--resume" in err
-    assert "nothing was written yet" in err and "kept in" not in err
-    assert not (tmp_path / "run").exists()
+    assert rc == 130 and "INTERRUPTED" in err
+    assert not os.path.exists(out)
     assert signal.getsignal(signal.SIGTERM) is before
+    return err
+
+
+def test_sigterm_while_the_snapshot_builds_is_an_interrupt(tmp_path, monkeypatch, capsys):
+    err = _sigterm_during(monkeypatch, capsys, runner, "snapshot_checksum",
+                          ["--out", str(tmp_path / "run")])
+    assert "--resume" in err
+    assert "nothing was written yet" in err and "kept in" not in err
 
 
 def test_sigterm_while_a_user_pipeline_is_checked_is_an_interrupt(tmp_path, monkeypatch, capsys):
@@ -155,15 +165,7 @@ def test_sigterm_while_a_user_pipeline_is_checked_is_an_interrupt(tmp_path, monk
     there exits 130 with a message, like one while the snapshot builds (not 143, silent)."""
     from workbook_lib import pipelines
 
-    def slow_check(params):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)
-        raise AssertionError("the signal did not stop the check")
-    monkeypatch.setattr(pipelines, "preflight", slow_check)
-    before = signal.getsignal(signal.SIGTERM)
-    rc = cli.main(["run", "--params", "ci", "--out", str(tmp_path / "run"), "--quiet", "--set",
-                   'pipelines=["examples/dango_pyg.py:make_pipeline"]'])
-    err = capsys.readouterr().err
-    assert rc == 130 and "INTERRUPTED" in err and "pipelines" in err
-    assert not (tmp_path / "run").exists()
-    assert signal.getsignal(signal.SIGTERM) is before
+    err = _sigterm_during(monkeypatch, capsys, pipelines, "preflight",
+                          ["--out", str(tmp_path / "run"), "--set",
+                           'pipelines=["examples/dango_pyg.py:make_pipeline"]'])
+    assert "pipelines" in err
