@@ -50,6 +50,10 @@ class Cause(Record):
     # "adds" or "saves" time on the slow pipeline; "rest": unattributed; "noise": a factor
     # whose IQR holds 1 (booked, but no measurable effect)
     effect: str = ""
+    # the stage it names: data_item, collate, h2d, device_prep, syncs, forward, backward,
+    # optimizer, overhead, ddp, rest (see workbook_lib.analysis.stages)
+    stage: str = ""
+    advice: str = ""  # what to change when this is the first cause
 
 
 @dataclass
@@ -137,77 +141,121 @@ def title(name: str) -> str:
     return pipelines.title(name)
 
 
+ADVICE = {
+    "data_item": "move the per-sample work out of the dataset item: precompute it once, or build "
+                 "it on the device from the deleted genes' indices (the node-mask shared graph, "
+                 "workbook_lib.nodemask, needs nothing else per sample)",
+    "collate": "make the collate cheap: no per-sample copies of the graph or masks; batch the "
+               "deleted genes' indices and build what the model needs on the device, once per "
+               "batch",
+    "h2d": "transfer less: indices instead of masks or graph copies, from pinned memory "
+           "(pin_memory: true)",
+    "device_prep": "vectorize the device preparation over the batch (no loop per sample or gene)",
+    "syncs": "take the host syncs out of the step (.item(), nonzero, boolean-mask indexing, "
+             ".tolist(), printing a tensor): keep values on the device and vectorize over the "
+             "batch; torch.cuda.set_sync_debug_mode('warn') names each one on a GPU",
+    "forward": "batch the samples' work: one pass over one shared graph for the whole batch "
+               "instead of a loop or a graph copy per sample (workbook_lib.nodemask)",
+    "backward": "the backward mirrors the forward: shrink the forward's per-sample work and the "
+                "backward shrinks with it",
+    "optimizer": "a foreach or fused optimizer (torch.optim.AdamW(foreach=True), fused=True on "
+                 "CUDA) with no Python loop over parameters or their rows",
+    "overhead": "less Python between the stages (per-step logging, metrics read with .item(), "
+                "hooks)",
+}
+SYNCED = ("device_prep", "forward", "backward")
+SYNC_RULE = "at least one host sync per sample more than the fast pipeline in that stage"
+
+
 def rank_causes(timing, ddp, slow: str, fast: str, num_samples: int,
                 device_type: str) -> list[Cause]:
-    """The epoch-time difference between ``slow`` and ``fast`` by mechanism."""
+    """The epoch-time difference between ``slow`` and ``fast``, stage by stage.
+
+    Args:
+        timing: notebook 03's results (its ``loops``: the full-step arms of both pipelines).
+        ddp: notebook 04's results, or None (the DDP row is then "not measured here").
+        slow, fast: the two pipelines' names.
+        num_samples: the dataset size (80% of it per epoch).
+        device_type: ``cpu`` or ``cuda``.
+
+    Each stage of :mod:`~workbook_lib.analysis.stages` (data item, collate, transfer, device
+    prep, forward, backward, optimizer, loop overhead) is one row: its median per step x steps
+    per epoch, slow minus fast. A device-prep, forward or backward row whose stage makes at
+    least one host sync per sample more in the slow pipeline (:data:`SYNC_RULE`) is named for
+    its syncs (stage ``syncs``). Then notebook 04's DDP factor (``ddp`` None: not measured) and
+    the unattributed rest. Timed rows come first, largest addition first.
+    """
+    from ..strategies import REGISTRY
+    from .stages import STAGES, stage_medians
+
     lo = timing.loops
     a, b = lo.arm(slow, "full"), lo.arm(fast, "full")
     steps = {s: math.ceil(0.8 * num_samples / lo.arm(s, "full").samples_per_step)
              for s in (slow, fast)}
-
-    def per_epoch(arm, name, stages):
-        return sum(arm.stages[x].median for x in stages if x in arm.stages) * steps[name]
+    ma, mb = stage_medians(a), stage_medians(b)
+    ba, bb = a.samples_per_step, b.samples_per_step
+    copies = slow in REGISTRY and REGISTRY[slow].replicated and fast == "dango_wildtype"
     rows = []
-    ba, bb = a.batch_size, b.batch_size
-    model = ("forward", "backward", "optimizer")
-    ma, mb = per_epoch(a, slow, model), per_epoch(b, fast, model)
-    from ..strategies import REGISTRY
-
-    what = (f"the model runs on B = {ba} graph copies per step ({title(fast)} makes one pass)"
-            if slow in REGISTRY and REGISTRY[slow].replicated and fast == "dango_wildtype" else
-            f"the model: forward, loss, backward and optimizer ({title(slow)} at batch {ba}, "
-            f"{title(fast)} at batch {bb})")
-    rows.append(Cause(
-        what, f"model time per step: {sum(a.stages[x].median for x in model if x in a.stages) * 1e3:.3g}"
-                 f" ms at batch {ba} against "
-                 f"{sum(b.stages[x].median for x in model if x in b.stages) * 1e3:.3g} ms at "
-                 f"batch {bb}", ma, mb, ma - mb, None, claims_mod.MEASURED))
-    for stage, cause in (("loader_wait", "per-sample data work in the data pipeline (each "
-                                         "sample's edge masks)"),
-                         ("device_prep", "on-device preparation (masks, filtering)")):
-        sa, sb = per_epoch(a, slow, (stage,)), per_epoch(b, fast, (stage,))
-        rows.append(Cause(cause, f"{a.stages[stage].median * 1e3 / ba:.3g} ms/sample against "
-                                 f"{b.stages[stage].median * 1e3 / bb:.3g}"
-                          if stage in a.stages and stage in b.stages else "",
-                          sa, sb, sa - sb, None, claims_mod.MEASURED))
-    if device_type == "cuda":
-        sa, sb = per_epoch(a, slow, ("h2d",)), per_epoch(b, fast, ("h2d",))
-        rows.append(Cause("host-to-device transfer of the batch", "measured stage", sa, sb,
-                          sa - sb, None, claims_mod.MEASURED))
+    for key in ("data_item", "collate", "h2d", "device_prep", "forward", "backward",
+                "optimizer", "overhead"):
+        what = STAGES[key][0]
+        if key not in ma and key not in mb:
+            continue
+        sa, sb = ma.get(key, 0.0) * steps[slow], mb.get(key, 0.0) * steps[fast]
+        evidence = (f"{ma.get(key, 0.0) * 1e3:.3g} ms per step at batch {ba} against "
+                    f"{mb.get(key, 0.0) * 1e3:.3g} ms at batch {bb}")
+        if key == "h2d" and device_type != "cuda":
+            evidence += ("; on a CPU no byte is copied: this is the pipeline's to_device walk "
+                         "itself (a GPU's copy: a GPU run)")
+        if key in ("data_item", "collate"):
+            evidence += (" (the step's wait for the DataLoader, split by the workers' own item "
+                         "and collate times)")
+        stage = key
+        if copies and key in ("forward", "backward"):
+            what = (f"{key} on B = {ba} graph copies per step ({title(fast)} makes one pass)")
+        na, nb = (a.syncs_by_stage.get(key, 0.0), b.syncs_by_stage.get(key, 0.0))
+        if key in SYNCED and na - nb >= ba:
+            stage = "syncs"
+            what = (f"host syncs in the {STAGES[key][0]}: {na:.0f} per step against "
+                    f"{nb:.0f} (each drains a GPU's queue)")
+            evidence += ("" if device_type == "cuda" else
+                         "; the stage's time on this CPU, its syncs counted as a GPU would make "
+                         "them")
+        rows.append(Cause(what, evidence, sa, sb, sa - sb, None, claims_mod.MEASURED,
+                          stage=stage, advice=ADVICE[stage]))
+    if ddp is not None:
+        g = ddp.gap
+        # the DDP factor is always applied (its IQR carried into the gap's): no on/off threshold
+        extra = a.step.median * steps[slow] * (g.ddp_factor.median - 1.0)
+        rows.append(Cause(f"DDP at {g.world_size} ranks", f"factor {g.ddp_factor.median:.3g} "
+                          f"(IQR {g.ddp_factor.iqr:.2g}; separate launches, alternated)", extra,
+                          0.0, extra, None, claims_mod.MEASURED, stage="ddp",
+                          advice="accumulate gradients with no_sync(), or fewer, larger steps"))
     else:
-        rows.append(Cause("host-to-device transfer of the batch", "a CPU run copies nothing: "
-                          "run on a GPU", None, None, None, None, claims_mod.NOT_MEASURED))
-    ua = a.untracked.median * steps[slow]
-    ub = b.untracked.median * steps[fast]
-    rows.append(Cause("loop overhead (zero_grad, Python between stages)", "wall minus stages",
-                      ua, ub, ua - ub, None, claims_mod.MEASURED))
-    g = ddp.gap
-    # the DDP factor is always applied (its IQR carried into the gap's): no on/off threshold
-    slow_epoch = a.step.median * steps[slow]
-    extra = slow_epoch * (g.ddp_factor.median - 1.0)
-    rows.append(Cause(f"DDP at {g.world_size} ranks", f"factor {g.ddp_factor.median:.3g} "
-                      f"(IQR {g.ddp_factor.iqr:.2g}; separate launches, alternated)", extra, 0.0,
-                      extra, None, claims_mod.MEASURED))
-    syncs = timing.syncs.per_step.get(slow)
-    if syncs is not None:
+        rows.append(Cause("DDP", "notebook 04 not run", None, None, None, None,
+                          claims_mod.NOT_MEASURED, stage="ddp"))
+    syncs = a.syncs_per_step
+    if syncs is not None and not any(r.stage == "syncs" for r in rows):
         rows.append(Cause("host syncs (each drains a GPU's queue)",
                           f"{syncs:.0f} per step of {title(slow)} against "
-                          f"{timing.syncs.per_step.get(fast, 0):.0f}"
+                          f"{b.syncs_per_step or 0:.0f}"
                           + ("" if device_type == "cuda" else " (what a GPU would sync)"),
                           None, None, None, None,
                           claims_mod.MEASURED if device_type == "cuda" else
-                          "counted (their time: a GPU run)"))
+                          "counted (their time: a GPU run)", stage="syncs"))
     # shares of the measured epoch-time gap (the full steps' medians x steps, and the DDP extra):
     # stage medians do not add up to the step median, so what they leave is its own row
     gap = a.step.median * steps[slow] - b.step.median * steps[fast] + sum(
-        r.difference_s for r in rows if r.cause.startswith("DDP") and r.difference_s)
+        r.difference_s for r in rows if r.stage == "ddp" and r.difference_s)
     attributed = sum(r.difference_s for r in rows if r.difference_s is not None)
     rows.append(Cause("unattributed (the step medians' gap minus the stages'; medians do not "
                       "add up)", "full-step medians x steps per epoch, minus the rows above",
-                      None, None, gap - attributed, None, claims_mod.MEASURED, "rest"))
+                      None, None, gap - attributed, None, claims_mod.MEASURED, "rest",
+                      stage="rest"))
     set_shares(rows, gap)
-    ddp_row = next(r for r in rows if r.cause.startswith("DDP"))
-    if g.ddp_factor.q1 <= 1.0 <= g.ddp_factor.q3 and ddp_row.difference_s:
+    ddp_row = next(r for r in rows if r.stage == "ddp")
+    if ddp is not None and ddp.gap.ddp_factor.q1 <= 1.0 <= ddp.gap.ddp_factor.q3 \
+            and ddp_row.difference_s:
         # the factor's IQR holds 1: its share is booked (it is in the gap) but neither adds nor
         # saves time measurably
         ddp_row.effect = "noise"
@@ -365,6 +413,20 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
     return res
 
 
+def _builtin_fix(r: Recommendation) -> str:
+    """The workbook's own fix as notebook 02's benchmark measured it on this graph (never
+    quoted as the speed of a pipeline it did not time)."""
+    b = r.bench
+    if b is None or b.ratio_vs_lazy_form is None:
+        return ("The workbook's own fix, the node-mask shared graph (workbook_lib.nodemask), "
+                "was not benchmarked in this run.")
+    where = "at the real spec" if b.full_size else "at this run's reduced size"
+    return (f"The workbook's own fix, the node-mask shared graph (workbook_lib.nodemask), "
+            f"measured {b.ratio_vs_lazy_form.median:.3g}x faster per sample (forward + backward) "
+            f"than replicated masks in the Lazy model's form in notebook 02's benchmark on this "
+            f"graph, {where} (the built-in forms, not your pipelines).")
+
+
 def _fmt(st: Stat | None, unit: str = "x") -> str:
     return "n/a" if st is None else f"{st.median:.3g}{unit} (IQR {st.iqr:.2g})"
 
@@ -403,7 +465,9 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
                      + "".join(f" {c.cause[0].upper()}{c.cause[1:]} saves {-c.share:.0%} of it "
                                f"({c.evidence})." for c in offsets)
                      + (f" {rest.share:.0%} is not attributed to a stage." if rest is not None
-                        and abs(rest.share) > 0.005 else ""))
+                        and abs(rest.share) > 0.005 else "")
+                     + (f"\n\n**What to change first** ({adds[0].cause.split(' (')[0]}): "
+                        f"{adds[0].advice}." if adds[0].advice else ""))
     lines.append(f"The investigation observed about 40x on 4 GPUs at the real size; this run "
                  f"measured {g.total.median:.3g}x on a {v.device_type.upper()} at {scale}. The "
                  "steps-per-epoch factor is the same arithmetic in both; the per-step factor "
@@ -413,7 +477,12 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
         lines.append("A CPU run can say: " + "; ".join(v.can_say) + ". It cannot say: "
                      + "; ".join(v.cannot_say) + ".")
     r = v.recommendation
-    if r is not None:
+    if r is not None and r.strategy == r.baseline:
+        # the slow pipeline is the only (or the fastest) exact one: nothing in this run fixes it
+        lines.append(f"**No exact pipeline in this run is faster than {title(r.baseline)}.** "
+                     + _builtin_fix(r) + " Check that a rewrite computes the same model with "
+                     "`python -m workbook_lib equal SLOW FAST` before trusting its speed.")
+    elif r is not None:
         fix = f"**The fix: {r.title}**, exact"
         if r.speedup is not None and "speedup" in v.disturbed:
             fix += (f"; in this run's training loop it measured {r.speedup.median:.3g}x per "
@@ -422,7 +491,9 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
             fix += (f", {r.speedup.median:.3g}x faster per sample than {title(r.baseline)} in "
                     "this run's training loop")
         b = r.bench
-        if b is not None and b.ratio_vs_lazy_form is not None:
+        if r.strategy != "node_mask_shared":  # the benchmark timed the built-in forms only
+            fix += ". " + _builtin_fix(r)
+        elif b is not None and b.ratio_vs_lazy_form is not None:
             where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
             fix += (f"; per sample, forward + backward, {b.ratio_vs_lazy_form.median:.3g}x "
                     f"faster than replicated masks in the Lazy model's form {where}"
@@ -430,7 +501,7 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
                        if "bench" in v.disturbed else ""))
             if b.passes_per_sample is not None:
                 fix += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
-        lines.append(fix + ".")
+        lines.append(fix if fix.endswith(".") else fix + ".")
         if "disturbed" in r.tie_rule:
             lines.append(f"Choosing among {', '.join(title(n) for n in r.tied)}: {r.tie_rule}.")
     return "\n\n".join(lines)

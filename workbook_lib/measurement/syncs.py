@@ -131,7 +131,8 @@ class _HostCopyCounter(TorchFunctionMode):
 
 
 class SyncCounter:
-    """Counts host syncs inside ``with counter.count(): ...``; ``total`` and ``by_kind``.
+    """Counts host syncs inside ``with counter.count(): ...``; ``total`` and ``by_kind``;
+    inside ``with counter.stage(name): ...`` also ``by_stage`` (which stage made them).
 
     On CUDA the count is PyTorch's own (``set_sync_debug_mode``); on CPU it is what a GPU would
     sync (see the module docstring). ``method`` says which, for reports.
@@ -140,6 +141,7 @@ class SyncCounter:
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.by_kind: Counter = Counter()
+        self.by_stage: Counter = Counter()
 
     @property
     def total(self) -> int:
@@ -156,6 +158,16 @@ class SyncCounter:
             n = batch_tensors(batch)
             if n:
                 self.by_kind[H2D] += n
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator["SyncCounter"]:
+        """Count the syncs of one stage of a step into ``by_stage[name]`` (and ``by_kind``)."""
+        before = self.total
+        try:
+            with self.count():
+                yield self
+        finally:
+            self.by_stage[name] += self.total - before
 
     @contextmanager
     def count(self) -> Iterator["SyncCounter"]:

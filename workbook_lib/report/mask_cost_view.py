@@ -18,7 +18,14 @@ def label(name: str) -> str:
     return pipelines.label(name)
 
 
+NO_BUILTIN = ("No built-in strategy in this run (`strategies: []`): {what} are not measured here. "
+              "Your own rewrite is checked against your slow pipeline by "
+              "`python -m workbook_lib equal SLOW FAST` and in notebook 06.")
+
+
 def exactness_table(exact: dict[str, float], graph_desc: str):
+    if not exact:
+        return Markdown(NO_BUILTIN.format(what="the built-in strategies' exactness"))
     rows = [{"strategy": label(n), "max relative error": f"{e:.1e}",
              "within float32 rounding (< 1e-4)": "yes" if e < 1e-4 else "NO"}
             for n, e in exact.items()]
@@ -159,7 +166,12 @@ def mask_generation_table(mg: MaskGeneration):
                                f"{mg.batch_size} and divided by it; all forms in the same rounds.")
 
 
-def layer_plot(ls: LayerSweep, device: str) -> None:
+def layer_plot(ls: LayerSweep, device: str) -> Markdown | None:
+    """The one-layer sweep's plot, or a sentence saying why there is none (no built-in
+    strategy with a layer of its own in this run)."""
+    if not ls.points:
+        return Markdown(NO_BUILTIN.format(what="one layer of each built-in strategy across "
+                                               "batch size"))
     fig, ax = plotting.plt.subplots(figsize=(8, 4.5))
     names = list(dict.fromkeys(p.strategy for p in ls.points))
     for i, n in enumerate(names):
@@ -364,7 +376,8 @@ def filter_vs_mask_measured(c: CostModelStudy) -> str:
 def headline(r: MaskCostResult) -> str:
     """Measurements first; the cost model's prediction labelled as one, with its error."""
     b, c = r.bench, r.cost
-    parts = [f"max exactness error {max(r.exact.values()):.1e}"]
+    parts = [f"max exactness error {max(r.exact.values()):.1e}" if r.exact else
+             "no built-in strategy: exactness not re-checked"]
     measured = filter_vs_mask_measured(c)
     if measured:
         parts.append(measured)

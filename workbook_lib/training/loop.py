@@ -174,23 +174,22 @@ class Arm:
                 clock.add("worker_collate", worker["collate_s"])
                 skip = self.ddp and (v.allreduce == "never" or
                                      (v.allreduce == "last" and micro < v.micro_batches - 1))
-                with (counter.count() if counter is not None else nullcontext()), \
-                        (self.model.no_sync() if skip else nullcontext()):
-                    with _stage(clock, "h2d", v.sync_stages):
+                with self.model.no_sync() if skip else nullcontext():
+                    with _stage(clock, "h2d", v.sync_stages, counter):
                         if counter is not None:  # as a GPU would: pageable copies synchronize
                             counter.transfer(batch, pinned=getattr(self.loader, "wb_pin_memory",
                                                                    self.loader.pin_memory))
                         batch = pipe.to_device(batch, non_blocking=self.loader.pin_memory)
-                    with _stage(clock, "device_prep", v.sync_stages):
+                    with _stage(clock, "device_prep", v.sync_stages, counter):
                         inputs = pipe.prepare(batch)
                     if v.mode == "data":
                         continue
-                    with _stage(clock, "forward", v.sync_stages):
+                    with _stage(clock, "forward", v.sync_stages, counter):
                         out = pipe.forward(self.model, inputs)
                         loss = (pipe.loss(out, batch, gather=True) if v.gather
                                 else pipe.loss(out, batch))
                     if v.mode != "forward":
-                        with _stage(clock, "backward", v.sync_stages):
+                        with _stage(clock, "backward", v.sync_stages, counter):
                             loss.backward()
             # the optimizer is outside the sync count: AdamW keeps its step counters on the host
             # (their .item() never waits for a GPU), which a CPU run could not tell apart
@@ -216,8 +215,11 @@ def _takes_gather(pipeline: Pipeline) -> bool:
 
 
 @contextmanager
-def _stage(clock: StepClock, name: str, synced: bool = True):
-    with record_function(f"wb:{name}"), clock.stage(name, synced):
+def _stage(clock: StepClock, name: str, synced: bool = True, counter: SyncCounter | None = None):
+    """One timed stage in a profiler range; with ``counter``, its host syncs counted (inside
+    the clock's own device syncs, which are not the stage's)."""
+    with record_function(f"wb:{name}"), clock.stage(name, synced), \
+            (counter.stage(name) if counter is not None else nullcontext()):
         yield
 
 
@@ -236,6 +238,7 @@ class ArmResult(Record):
     extra: dict[str, Stat] = field(default_factory=dict)  # worker stages, hook figures
     syncs_per_step: float | None = None
     sync_kinds: dict[str, float] = field(default_factory=dict)
+    syncs_by_stage: dict[str, float] = field(default_factory=dict)  # stage -> syncs it made
     warmup_steps: int = 0
     timed_steps: int = 0
     stopped_by: str = ""
@@ -272,6 +275,7 @@ def _result(arm: Arm, clock: StepClock, warmup: int, counted: SyncCounter | None
         micro_batches=arm.variant.micro_batches, step=clock.wall(target=target), stages=stages,
         extra=extra, syncs_per_step=None if counted is None else float(counted.total),
         sync_kinds={} if counted is None else {k: float(v) for k, v in counted.by_kind.items()},
+        syncs_by_stage={} if counted is None else {k: float(v) for k, v in counted.by_stage.items()},
         warmup_steps=warmup, timed_steps=clock.n, stopped_by=stopped_by)
 
 

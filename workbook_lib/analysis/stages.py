@@ -1,0 +1,135 @@
+"""What a training step's time goes to, stage by stage, and what bounds it.
+
+The loop (:mod:`workbook_lib.training.loop`) times every stage of a step between device syncs:
+waiting for the DataLoader, the host-to-device copy, the device preparation, the forward (with
+the loss), the backward and the optimizer; the DataLoader's workers time each dataset item and
+the collate themselves, and one untimed step counts the host syncs of each stage. This module
+turns one pipeline's full-step arm into named stages:
+
+* **data item** and **collate**: the time the step *waits* for the DataLoader (what the data
+  pipeline costs the step; with worker processes, what their prefetching did not hide), split
+  in the proportion of the workers' own item and collate times (both measured, the split is
+  arithmetic on them and labelled so);
+* **transfer**, **device prep**, **forward** (the pipeline's forward and its loss), **backward**,
+  **optimizer** (step and zero_grad): their own medians;
+* **loop overhead**: the step's wall time outside every stage.
+
+:func:`step_bound` says what bounds one pipeline's step, by a stated rule: the group with the
+largest share of the step median, data (item + collate), transfer, device prep, model (forward +
+backward + optimizer) or loop overhead; and, separately, "sync-bound on a GPU" when its model
+and preparation make at least one host sync per sample (each drains a GPU's queue; a CPU run
+counts them but cannot time what they would cost). Written here rather than taken from a
+profiler's "input-bound / compute-bound" summary because the stages are the harness's own
+(measured between syncs, worker times sent with each batch), and the verdict needs them per
+stage, not in two bins.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..records import Record
+
+# stage key -> (words for tables and causes, group)
+STAGES = {
+    "data_item": ("data item (the dataset's __getitem__, DataLoader worker)", "data"),
+    "collate": ("collate (the DataLoader's collate_fn)", "data"),
+    "h2d": ("host-to-device transfer of the batch", "transfer"),
+    "device_prep": ("device preparation (the pipeline's prepare)", "device prep"),
+    "forward": ("forward (model and loss)", "model"),
+    "backward": ("backward", "model"),
+    "optimizer": ("optimizer (step and zero_grad)", "model"),
+    "overhead": ("loop overhead (Python between stages)", "loop overhead"),
+}
+GROUPS = ("data", "transfer", "device prep", "model", "loop overhead")
+BOUND_WORDS = {"data": "data-bound", "transfer": "transfer-bound",
+               "device prep": "preparation-bound", "model": "model-bound",
+               "loop overhead": "overhead-bound"}
+SYNC_STAGES = ("device_prep", "forward", "backward")
+BOUND_RULE = ("the stage group (data: item + collate; transfer; device prep; model: forward + "
+              "backward + optimizer; loop overhead) with the largest share of the full step's "
+              "median; sync-bound on a GPU when the device prep, forward and backward make at "
+              "least one host sync per sample")
+
+
+def stage_medians(arm) -> dict[str, float]:
+    """Seconds per step of each named stage of a full-step arm (see the module docstring).
+
+    Args:
+        arm: an :class:`~workbook_lib.training.loop.ArmResult` of mode ``full``.
+
+    Returns:
+        ``{stage key: seconds}`` for the stages the arm measured (``overhead`` always).
+    """
+    s = arm.stages
+    out: dict[str, float] = {}
+    if "loader_wait" in s:
+        wait = s["loader_wait"].median
+        item = arm.extra["worker_fetch"].median if "worker_fetch" in arm.extra else 0.0
+        coll = arm.extra["worker_collate"].median if "worker_collate" in arm.extra else 0.0
+        frac = item / (item + coll) if item + coll > 0 else 1.0
+        out["data_item"], out["collate"] = wait * frac, wait * (1.0 - frac)
+    for key in ("h2d", "device_prep", "forward", "backward", "optimizer"):
+        if key in s:
+            out[key] = s[key].median
+    out["overhead"] = arm.untracked.median
+    return out
+
+
+def model_syncs(arm) -> float | None:
+    """Host syncs per step in the device prep, forward and backward (the counted step), or
+    None when the arm was not counted. The transfer's own syncs (a pageable copy) are apart."""
+    if arm.syncs_per_step is None:
+        return None
+    if arm.syncs_by_stage:
+        return float(sum(arm.syncs_by_stage.get(k, 0.0) for k in SYNC_STAGES))
+    return float(arm.syncs_per_step)
+
+
+@dataclass
+class StepBound(Record):
+    """What bounds one pipeline's full step (:data:`BOUND_RULE`)."""
+
+    pipeline: str
+    bound: str  # data-bound, model-bound, ...
+    group_shares: dict[str, float]  # group -> share of the step median
+    largest_stage: str  # stage key of the largest single stage
+    largest_share: float
+    step_s: float
+    batch_size: int
+    syncs_per_step: float | None = None
+    sync_bound_on_gpu: bool = False
+    stage_shares: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def summary(self) -> str:
+        """``data-bound (data item 78% of the step)``, with the syncs when they bound a GPU."""
+        s = (f"{self.bound} ({STAGES[self.largest_stage][0].split(' (')[0]} "
+             f"{self.largest_share:.0%} of the step)")
+        if self.sync_bound_on_gpu:
+            s += (f"; sync-bound on a GPU ({self.syncs_per_step:.0f} host syncs per step, "
+                  f"{self.syncs_per_step / self.batch_size:.2g} per sample)")
+        return s
+
+
+def step_bound(arm) -> StepBound:
+    """What bounds a pipeline's full step, by :data:`BOUND_RULE`.
+
+    Args:
+        arm: the pipeline's full-step :class:`~workbook_lib.training.loop.ArmResult`.
+    """
+    med = stage_medians(arm)
+    step = arm.step.median
+    if step <= 0:
+        raise ValueError(f"arm {arm.name!r}: its step median must be positive (got {step})")
+    groups = {g: 0.0 for g in GROUPS}
+    for key, sec in med.items():
+        groups[STAGES[key][1]] += max(sec, 0.0)
+    shares = {g: v / step for g, v in groups.items()}
+    top = max(GROUPS, key=lambda g: shares[g])
+    largest = max(med, key=lambda k: med[k])
+    syncs = model_syncs(arm)
+    return StepBound(pipeline=arm.strategy, bound=BOUND_WORDS[top], group_shares=shares,
+                     largest_stage=largest, largest_share=med[largest] / step, step_s=step,
+                     batch_size=arm.samples_per_step, syncs_per_step=syncs,
+                     sync_bound_on_gpu=syncs is not None and syncs >= arm.samples_per_step,
+                     stage_shares={k: v / step for k, v in med.items()})
