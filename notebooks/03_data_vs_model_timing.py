@@ -87,6 +87,16 @@ display(view.stage_table(loops))
 view.stage_plot(loops)
 
 # %% [markdown]
+# ## What bounds each step
+# Data-bound, model-bound (or transfer-, preparation-, overhead-bound) by the stage group with the
+# largest share of the full step, and sync-bound on a GPU when its device prep, forward and
+# backward make at least one host sync per sample.
+
+# %%
+bounds = study.step_bounds(loops)
+display(view.bound_table(bounds))
+
+# %% [markdown]
 # ## Synchronized stages against a pipelined step
 
 # %%
@@ -153,14 +163,14 @@ view.sync_plot(syncs)
 profiles = study.profile_strategies(NB.params, NB.graph, NB.device,
                                     trace_dir=NB.run_dir / "traces_03", run_dir=NB.run_dir)
 display(view.profile_table(profiles))
-view.profile_plot(profiles, NB.device_label, pick=NB.params["gap_strategies"][0])
+view.profile_plot(profiles, NB.device_label, pick=(NB.params["gap_strategies"] or [None])[0])
 
 # %% [markdown]
 # ## Results
 
 # %%
 result = study.TimingResult(loops, sanity, reported, epochs, syncs, profiles,
-                            study.fastest_exact(loops), stored_reads=reads)
+                            study.fastest_exact(loops), stored_reads=reads, bounds=bounds)
 path = write_results(NB.run_dir, "03_data_vs_model_timing", result, NB.params,
                      headline=view.headline(result), snapshot_checksum=NB.graph.checksum,
                      files=[p.trace for p in profiles.values()])

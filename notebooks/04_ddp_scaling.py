@@ -76,7 +76,7 @@ from workbook_lib.report import ddp_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
 
-NB = setup(globals())  # the snapshot is cached before any rank starts
+NB = setup(globals(), notebook="04_ddp_scaling")  # the snapshot is cached before any rank starts
 
 # %% [markdown]
 # ## What this allocation can run

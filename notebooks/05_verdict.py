@@ -54,7 +54,7 @@ from workbook_lib.report import verdict_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import read_meta, write_results
 
-NB = setup(globals(), load_graph=False, needs_device=False)
+NB = setup(globals(), load_graph=False, needs_device=False, notebook="05_verdict")
 found, inputs = verdict.load_inputs(NB.run_dir, NB.params)
 env = read_meta(NB.run_dir, "03_data_vs_model_timing").environment
 v = verdict.build_verdict(found, inputs, NB.params, NB.run_dir, env["device_label"],

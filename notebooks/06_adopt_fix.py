@@ -57,7 +57,7 @@ from workbook_lib.report import mask_cost_view as mc_view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
 
-NB = setup(globals())
+NB = setup(globals(), notebook="06_adopt_fix")
 
 # %% [markdown]
 # ## The same training, two pipelines

@@ -14,7 +14,7 @@ from workbook_lib.measurement.timing import Stat
 from workbook_lib.running import notebooks as nbsrc
 from workbook_lib.configs import params as params_mod
 from workbook_lib import runner
-from workbook_lib.running.results import load_result
+from workbook_lib.running.results import load_result, read_meta
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPERMILL = [sys.executable, "-m", "papermill"]
@@ -270,3 +270,70 @@ def test_examples_through_notebooks_01_to_05(examples_run):
     assert "'lazy_pyg'" in v.answer and "'dango_pyg'" in v.answer
     assert v.causes and v.recommendation.strategy in ("node_mask_shared", "lazy_pyg",
                                                       "nodemask_pyg")  # exact ones only
+
+
+# ------------------------------------------------------------------ your pipelines alone
+PLANTED = ["tests/planted/slow_item.py:make_pipeline", "tests/planted/fast.py:make_pipeline"]
+
+
+@pytest.fixture(scope="session")
+def user_only_run(tmp_path_factory):
+    """Every notebook on two user pipelines and no built-in strategy, through the CLI as the
+    README says (``strategies: []``): a slow one whose dataset item does heavy per-sample graph
+    work (written as a user would, tests/planted) against the README's example. One intra-op
+    thread, as in test_planted: a shared machine's contention is not what this checks."""
+    import os
+
+    out = tmp_path_factory.mktemp("user_only")
+    r = subprocess.run([sys.executable, "-m", "workbook_lib", "run", "--params", "ci", "--out",
+                        str(out), "--quiet", "--set", "strategies=[]", "--set",
+                        f"pipelines={json.dumps(PLANTED)}"],
+                       capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return out, r
+
+
+def test_user_pipelines_alone_through_every_notebook(user_only_run):
+    out, r = user_only_run
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name in NOTEBOOK_NAMES:
+        assert read_meta(out, name).complete, name
+    mc = load_result(out, "02_mask_cost_model")
+    assert mc.exact == {}  # no built-in strategy: not re-checked, and said so
+    assert read_meta(out, "02_mask_cost_model").headline.startswith(
+        "no built-in strategy: exactness not re-checked")
+    t = load_result(out, "03_data_vs_model_timing")
+    assert t.bounds["slow_item"].bound == "data-bound"
+    assert t.bounds["fast"].bound == "model-bound"
+    head = read_meta(out, "03_data_vs_model_timing").headline
+    assert "slow_item data-bound (data item" in head and "DANGO/Lazy it/s" not in head
+    v = load_result(out, "05_verdict")
+    assert v.causes[0].stage == "data_item" and v.causes[0].effect == "adds"
+    assert "**What to change first** (data item)" in v.answer
+    # the built-in fix's benchmark is never quoted as the speed of a user's pipeline
+    assert "the built-in forms, not your pipelines" in v.answer
+    assert read_meta(out, "05_verdict").headline.startswith("first cause: data item")
+    index = (out / "index.html").read_text()
+    assert "slow_item data-bound" in index and "first cause: data item" in index
+
+
+def test_one_pipeline_alone_runs_01_to_03_and_refuses_the_gap_notebooks(tmp_path):
+    """One pipeline, no built-in strategy: valid params (01-03 profile it), and the notebooks
+    that compare two pipelines are refused in one line before any work (exit 2, no folder)."""
+    raw = params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    raw.pop("gap_strategies")
+    p = params_mod.validate({**raw, "strategies": [], "pipelines": PLANTED[1:]})
+    assert p["gap_strategies"] == []
+    params_mod.check_gap(p, ["01_graph_inventory", "03_data_vs_model_timing"])  # no error
+    with pytest.raises(params_mod.ParamsError, match="there is no gap to explain"):
+        params_mod.check_gap(p, ["05_verdict"])
+    with pytest.raises(params_mod.ParamsError, match="names one or more"):
+        params_mod.validate({**raw, "strategies": [], "pipelines": []})
+    r = subprocess.run([sys.executable, "-m", "workbook_lib", "run", "--params", "ci", "--out",
+                        str(tmp_path / "o"), "--set", "strategies=[]", "--set",
+                        f"pipelines={json.dumps(PLANTED[1:])}"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and not (tmp_path / "o").exists()
+    line = r.stderr.strip().splitlines()[-1]
+    assert "04_ddp_scaling, 05_verdict, 06_adopt_fix compare two pipelines" in line
+    assert "pipelines checked" not in r.stderr  # refused before the pipelines were built

@@ -6,6 +6,10 @@ then the verdict's cause ranking: its first cause must name the planted stage, w
 share of the measured gap; the step-bound classification must say data-bound for the data stages
 and sync-bound on a GPU for the syncs. No absolute time is asserted: only which stage dominates,
 by margins the planted work makes several times larger than the fast pipeline's whole step.
+The loops run on one intra-op thread: on a machine shared with other jobs, two threads of small
+parallel operations wait at each barrier for a thread that is not scheduled, which inflates the
+model stages a hundredfold and says nothing about the planted cause (notebook 03 reports that
+contention; these tests are about attribution).
 """
 from pathlib import Path
 
@@ -38,6 +42,14 @@ def _params(slow: str, extra: dict) -> dict:
                pipelines=[f"{PLANTED / slow}.py:make_pipeline",
                           f"{PLANTED / 'fast'}.py:make_pipeline"], **extra)
     return params_mod.validate(raw)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

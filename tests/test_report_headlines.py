@@ -64,6 +64,8 @@ def test_03_headline_quotes_the_data_stages_not_the_harness():
     from workbook_lib.report import timing_view
 
     class F:
+        names = ("Lazy", "DANGO")
+
         def __init__(self, v):
             self.measured = Stat.from_samples([v * 0.99, v, v * 1.01])
 
@@ -71,6 +73,7 @@ def test_03_headline_quotes_the_data_stages_not_the_harness():
         fastest_exact = None
         loops = None
         sanity = []
+        bounds = {}
         figs = {"data_stages_ratio": F(21.5), "data_only_ratio": F(7.5),
                 "data_model_ratio": F(18.3)}
 
@@ -79,6 +82,9 @@ def test_03_headline_quotes_the_data_stages_not_the_harness():
     text = timing_view.headline(R())
     assert "21.5x data stages" in text
     assert "7.5x the whole data-only step, its trivial loss included" in text
+    assert "DANGO/Lazy it/s ratio 18.3x" in text
+    F.names = ("my_slow", "my_fast")  # user pipelines: named as they are, never DANGO/Lazy
+    assert "my_fast/my_slow it/s ratio 18.3x" in timing_view.headline(R())
     R.figs = {"data_only_ratio": F(7.5)}  # an older result without the stages figure
     assert "7.5x data-only step, its trivial loss included" in timing_view.headline(R())
 

@@ -28,6 +28,7 @@ class NotebookInfo:
     requires: tuple[str, ...] = ()  # notebooks whose complete results it needs
     reads: tuple[str, ...] = ()  # notebooks whose results it uses when present
     distributed: bool = False  # launches torchrun (needs the allocation's nodes and GPUs)
+    needs_gap: bool = False  # compares two pipelines (gap_strategies: slow, fast)
 
     @property
     def number(self) -> str:
@@ -40,12 +41,12 @@ NOTEBOOKS: tuple[NotebookInfo, ...] = (
                  reads=("01_graph_inventory",)),
     NotebookInfo("03_data_vs_model_timing", "Data-only vs model timing"),
     NotebookInfo("04_ddp_scaling", "DDP scaling", reads=("03_data_vs_model_timing",),
-                 distributed=True),
+                 distributed=True, needs_gap=True),
     NotebookInfo("05_verdict", "Verdict",
                  requires=("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing",
-                           "04_ddp_scaling")),
+                           "04_ddp_scaling"), needs_gap=True),
     NotebookInfo("06_adopt_fix", "Adopting the fix",
-                 reads=("02_mask_cost_model", "04_ddp_scaling")),
+                 reads=("02_mask_cost_model", "04_ddp_scaling"), needs_gap=True),
 )
 
 NOTEBOOK_NAMES = tuple(nb.name for nb in NOTEBOOKS)

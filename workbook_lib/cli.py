@@ -68,9 +68,11 @@ def _signals_interrupt():
 
 
 def _cmd_run(args) -> int:
-    from .runner import run_notebooks
+    from .configs.params import check_gap
+    from .runner import resolve_only, run_notebooks
 
     p = _load(args.params, args.set)  # every check before any work
+    check_gap(p, resolve_only(args.only))
     if p["pipelines"]:
         from .pipelines import preflight
 

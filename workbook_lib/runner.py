@@ -41,7 +41,7 @@ from .paths import NOTEBOOK_DIR
 from .records import to_json
 from .report import progress as terminal
 from .running import environment, processes
-from .configs.params import results_relevant
+from .configs.params import check_gap, results_relevant
 from .running.results import atomic_write_text, file_checksum, read_meta, read_results, results_path
 
 log = logging.getLogger(__name__)
@@ -426,6 +426,7 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
     prev = {s: signal.signal(s, _on_signal) for s in sigs} if _main_thread() else {}
     try:
         names = resolve_only(only)
+        check_gap(params, names)
         if any(n not in DEVICE_FREE for n in names):  # 'cuda' without a GPU fails here, first
             environment.resolve_device(params["device"])
         out = out_path(out_dir)

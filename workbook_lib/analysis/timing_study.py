@@ -27,6 +27,7 @@ from ..strategies import make_strategy
 from ..training import loop
 from ..training.factory import batch_size_for
 from .claim_probes import StoredReads
+from .stages import StepBound, step_bound
 
 LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
@@ -198,6 +199,7 @@ class ReportedFigure(Record):
     claimed: float
     measured: Stat
     unit: str
+    names: tuple[str, str] = ("Lazy", "DANGO")  # (slow, fast) as the figure names them
 
 
 DATA_STAGES = ("loader_wait", "h2d", "device_prep")
@@ -224,9 +226,9 @@ def reported_figures(study: LoopStudy, gap: tuple[str, str] | list[str] = (LAZY,
     data stages apart from the harness, data pipeline per sample, and the model-only per-batch
     ratio. The claimed values are the investigation's (its Lazy and DANGO models); for other
     pipelines they are a reference."""
+    if len(gap) != 2 or not set(gap) <= set(study.strategies):
+        return []  # one pipeline alone, or a gap this run did not time
     slow, fast = gap
-    if slow not in study.strategies or fast not in study.strategies:
-        return []
     s_name, f_name = ("Lazy", "DANGO") if (slow, fast) == (LAZY, DANGO) else (slow, fast)
     lo = {m: study.arm(slow, m) for m in loop.MODES}
     hi = {m: study.arm(fast, m) for m in loop.MODES}
@@ -244,7 +246,7 @@ def reported_figures(study: LoopStudy, gap: tuple[str, str] | list[str] = (LAZY,
         ReportedFigure("harness_dango_ms", "the harness's own cost per data-only step, "
                        f"{f_name}", 0.0, harness_seconds(hi["data"]).scaled(1e3, "ms"), "ms"),
         ReportedFigure("data_model_ratio", f"data + model: {f_name} it/s over {s_name} it/s",
-                       19.0, study.ratio(lo["full"], hi["full"]), "x"),
+                       19.0, study.ratio(lo["full"], hi["full"]), "x", (s_name, f_name)),
         ReportedFigure("lazy_data_ms", f"data pipeline per sample, {s_name}", 27.3,
                        lo["data"].ms_per_sample, "ms"),
         ReportedFigure("dango_data_ms", f"data pipeline per sample, {f_name}", 0.22,
@@ -357,9 +359,15 @@ class TimingResult(Record):
     profiles: dict[str, ProfileResult]
     fastest_exact: str | None
     stored_reads: StoredReads | None = None  # strategy 3's reads, cold and warm
+    bounds: dict[str, StepBound] = field(default_factory=dict)  # what bounds each step
 
     def figure(self, key: str) -> ReportedFigure | None:
         return next((f for f in self.reported if f.key == key), None)
+
+
+def step_bounds(study: LoopStudy) -> dict[str, StepBound]:
+    """What bounds each pipeline's full step (:func:`~.stages.step_bound`)."""
+    return {n: step_bound(study.arm(n, "full")) for n in study.strategies}
 
 
 def is_exact(study: LoopStudy, name: str) -> bool:

@@ -633,6 +633,8 @@ def validate(raw: dict | None, *, source: str = "params") -> dict:
         from ..pipelines.loading import parse_specs
 
         out["gap_strategies"] = [s.name for s in parse_specs(out["pipelines"])[:2]]
+    elif "gap_strategies" not in raw and not out["strategies"] and len(out["pipelines"]) == 1:
+        out["gap_strategies"] = []  # one pipeline alone: no gap (notebooks 01-03 only)
     _cross_checks(out, source)
     return out
 
@@ -646,11 +648,13 @@ def _cross_checks(out: dict, source: str) -> None:
 
     users = [s.name for s in parse_specs(out["pipelines"])]
     known = list(STRATEGY_NAMES) + users
-    if not out["strategies"] and len(users) < 2:
-        fail("strategies", "must not be empty unless 'pipelines' names two or more")
-    if len(out["gap_strategies"]) != 2 or out["gap_strategies"][0] == out["gap_strategies"][1]:
-        fail("gap_strategies", "must name 2 different strategies or pipelines (slow, fast)")
     compared = list(out["strategies"]) + users
+    if not compared:
+        fail("strategies", "must not be empty unless 'pipelines' names one or more")
+    if len(compared) == 1 and not out["gap_strategies"]:
+        pass  # one pipeline alone: notebooks 01-03 (check_gap refuses the others)
+    elif len(out["gap_strategies"]) != 2 or out["gap_strategies"][0] == out["gap_strategies"][1]:
+        fail("gap_strategies", "must name 2 different strategies or pipelines (slow, fast)")
     bad = [g for g in out["gap_strategies"] if g not in compared]
     if bad:
         fail("gap_strategies", f"names {bad}, which the run does not compare (its strategies and "
@@ -684,6 +688,26 @@ def _cross_checks(out: dict, source: str) -> None:
     if bad:
         fail("world_sizes", f"must each divide the strong-scaling global batch "
                             f"ddp_batch_size x max(world_sizes) = {gbatch} ({bad} do not)")
+
+
+def check_gap(params: dict, notebooks: list[str]) -> None:
+    """Refuse, in one line and before any work, notebooks that compare two pipelines (04, 05,
+    06) when the params compare one.
+
+    Raises:
+        ParamsError: ``gap_strategies`` is empty and a notebook named needs it.
+    """
+    from ..catalog import BY_NAME
+
+    need = [n for n in notebooks if n in BY_NAME and BY_NAME[n].needs_gap]
+    if need and not params["gap_strategies"]:
+        from ..pipelines.loading import parse_specs
+
+        one = list(params["strategies"]) + [s.name for s in parse_specs(params["pipelines"])]
+        raise ParamsError(
+            f"{', '.join(need)} compare two pipelines (gap_strategies: slow, fast) and this run "
+            f"has one ({', '.join(one)}): there is no gap to explain. Add a second pipeline or a "
+            "built-in strategy, or run --only 01 02 03", key="gap_strategies", value=[])
 
 
 def max_k(k: int | dict) -> int:

@@ -109,6 +109,26 @@ def stage_table(study: LoopStudy):
                                "over the step median; each stage timed between device syncs).")
 
 
+def bound_table(bounds: dict):
+    """What bounds each pipeline's step: the groups' shares and the rule."""
+    from ..analysis.stages import BOUND_RULE, GROUPS, STAGES
+
+    rows = []
+    for n, b in bounds.items():
+        row = {"pipeline": label(n), "bound": b.bound,
+               "largest stage": f"{STAGES[b.largest_stage][0]}: {b.largest_share:.0%}"}
+        row.update({g: f"{b.group_shares[g]:.0%}" for g in GROUPS})
+        row["host syncs per step (model, prep)"] = (
+            "not counted" if b.syncs_per_step is None else
+            f"{b.syncs_per_step:.0f} ({b.syncs_per_step / b.batch_size:.2g} per sample)")
+        row["on a GPU"] = "sync-bound" if b.sync_bound_on_gpu else ""
+        rows.append(row)
+    return table(rows, caption=f"Shares of the full step's median. The rule: {BOUND_RULE}. "
+                               "Data is the step's wait for the DataLoader (with worker "
+                               "processes, what their prefetching did not hide), split into item "
+                               "and collate by the workers' own times.")
+
+
 # one colour per stage in every chart of this report (the profile's categories are the stages)
 STAGE_COLOURS = {"loader_wait": plotting.PALETTE[0], "h2d": plotting.PALETTE[1],
                  "device_prep": plotting.PALETTE[2], "forward": plotting.PALETTE[3],
@@ -317,8 +337,9 @@ def headline(r: TimingResult) -> str:
                      f"{a.ms_per_sample.median:.3g} ms/sample")
     f = r.figure("data_model_ratio")
     if f:
-        parts.append(f"DANGO/Lazy it/s ratio {fmt_ratio(f.measured.median)} data+model "
-                     f"(investigation: 19x)")
+        slow, fast = f.names
+        parts.append(f"{fast}/{slow} it/s ratio "
+                     f"{fmt_ratio(f.measured.median)} data+model (investigation's DANGO/Lazy: 19x)")
     f, whole = r.figure("data_stages_ratio"), r.figure("data_only_ratio")
     if f:  # the data stages themselves; the data-only step adds the harness's own cost
         parts.append(f"{fmt_ratio(f.measured.median)} data stages"
@@ -328,6 +349,9 @@ def headline(r: TimingResult) -> str:
     elif whole:
         parts.append(f"{fmt_ratio(whole.measured.median)} data-only step, its trivial loss "
                      "included (investigation: 56x)")
+    if r.bounds:
+        parts.append("bound: " + ", ".join(f"{label(n)} {b.summary}"
+                                            for n, b in r.bounds.items()))
     if r.sanity:
         parts.append(f"{len(r.sanity)} mode-order flag(s)")
     return "; ".join(parts)

@@ -29,7 +29,7 @@ EFFECTS = {"adds": "adds time", "saves": "saves time", "rest": "not attributed",
 
 
 def causes_table(v: VerdictResult):
-    rows = [{"cause": c.cause, "evidence": c.evidence, "effect": EFFECTS.get(c.effect, c.effect),
+    rows = [{"stage": c.stage, "cause": c.cause, "evidence": c.evidence, "effect": EFFECTS.get(c.effect, c.effect),
              "difference per epoch (slow - fast)": fmt_seconds(c.difference_s)
              if c.difference_s is not None else c.kind,
              "share of the measured gap": fmt_pct(c.share) if c.share is not None else ""}
@@ -182,13 +182,19 @@ def cpu_text(v: VerdictResult) -> Markdown:
 def headline(v: VerdictResult) -> str:
     r = v.recommendation
     parts = []
-    if r is not None:
+    first = next((c for c in v.causes if c.effect == "adds" and c.share is not None), None)
+    if first is not None:
+        parts.append(f"first cause: {first.cause.split(' (')[0]} ({first.share:.0%} of the gap)")
+    if r is not None and r.strategy == r.baseline:
+        parts.append(f"no exact pipeline here is faster than {r.title}")
+    elif r is not None:
         s = f"use {r.title}"
         if r.speedup is not None:
             s += (f" ({r.speedup.median:.3g}x faster per sample than {pipelines.title(r.baseline)} here"
                   + (" (disturbed)" if "speedup" in v.disturbed else ""))
             b = r.bench
-            if b is not None and b.ratio_vs_lazy_form is not None:
+            if r.strategy == "node_mask_shared" and b is not None \
+                    and b.ratio_vs_lazy_form is not None:  # the benchmark times this form only
                 s += (f"; {b.ratio_vs_lazy_form.median:.3g}x against the Lazy model's form at "
                       f"{'the real spec' if b.full_size else 'reduced size'}"
                       + (" (disturbed)" if "bench" in v.disturbed else ""))

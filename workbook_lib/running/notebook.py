@@ -19,7 +19,7 @@ from ..exceptions import ParamsError
 from ..paths import resolve_path
 from ..report import plotting
 from . import environment
-from ..configs.params import FIELDS, check_against_graph, suggest, validate
+from ..configs.params import FIELDS, check_against_graph, check_gap, suggest, validate
 
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "run_dir", "Dict", "List",
                   "Optional", "Union"}
@@ -96,8 +96,8 @@ def load_checked_snapshot(params: dict) -> CellGraph:
     return graph
 
 
-def setup(namespace: dict, *, load_graph: bool = True,
-          needs_device: bool = True) -> NotebookContext:
+def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True,
+          notebook: str | None = None) -> NotebookContext:
     """Validate the notebook's parameters, apply the CPU allocator setting, set the plotting
     style, resolve the device and load the snapshot (checking the params that need it).
     Raises before any measurement when something is wrong.
@@ -106,11 +106,15 @@ def setup(namespace: dict, *, load_graph: bool = True,
         needs_device: False for notebooks that measure nothing on the device (01, 05): they run
             on the CPU when ``device: cuda`` names a GPU this node does not have (a CPU node of
             a SLURM run), instead of refusing.
+        notebook: the notebook's name, for the checks only some notebooks need (a notebook
+            comparing two pipelines refuses params that compare one).
     """
     from .kernel import check_notebook_clone
 
     check_notebook_clone()  # a notebook opened with another clone's kernel is refused
     p, run_dir = notebook_params(namespace)
+    if notebook is not None:
+        check_gap(p, [notebook])
     namespace[_DONE] = True
     environment.configure_cpu_allocator(p["cpu_allocator_cache"])
     plotting.setup()

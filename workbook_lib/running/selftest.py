@@ -240,6 +240,9 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
     if device.type == "cuda" and torch.cuda.device_count() < ranks:
         return Check("DDP launch (torchrun)", SKIPPED,
                      f"{ranks} ranks need {ranks} GPUs, {torch.cuda.device_count()} visible")
+    if len(params["gap_strategies"]) != 2:
+        return Check("DDP launch (torchrun)", SKIPPED, "the params compare one pipeline (the DDP "
+                     "launch times two)")
     backend = "nccl" if device.type == "cuda" else "gloo"
     p = {**params, "backend": backend, "device": device.type}
     slow, fast = p["gap_strategies"]

@@ -393,6 +393,10 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
         ParamsError: impossible resources (checked against ``sinfo`` when it exists), or an
             ``out_dir`` holding scripts of the other layout (unless ``force``).
     """
+    from ..catalog import NOTEBOOK_NAMES
+    from ..configs.params import check_gap
+
+    check_gap(params, list(NOTEBOOK_NAMES))  # the scripts run every notebook
     cpus = _check(nodes, gpus_per_node, cpus_per_task, partition, time, mem)
     out = resolve_path(out_dir).resolve()
     layout = "chain" if array else "single"
