@@ -459,8 +459,12 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
     offsets = [c for c in v.causes if c.effect == "saves" and c.share is not None
                and c.share < -0.005]
     rest = next((c for c in v.causes if c.effect == "rest" and c.share is not None), None)
-    if adds and "per_step_ratio" not in v.disturbed:
-        lines.append("**Why:** " + "; ".join(f"{c.cause}: {c.share:.0%} of the measured gap"
+    if adds:
+        # the stages' ranking comes from notebook 03's stage medians; on a disturbed run it is
+        # given, marked, and to be confirmed (the shares rest on the disturbed gap)
+        shaky = "per_step_ratio" in v.disturbed or "gap" in v.disturbed
+        lines.append(("**Why** (from disturbed figures: confirm on a quieter machine)**:** "
+                      if shaky else "**Why:** ") + "; ".join(f"{c.cause}: {c.share:.0%} of the measured gap"
                                              for c in adds[:3]) + "."
                      + "".join(f" {c.cause[0].upper()}{c.cause[1:]} saves {-c.share:.0%} of it "
                                f"({c.evidence})." for c in offsets)
