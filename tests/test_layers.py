@@ -173,7 +173,8 @@ def map_floors(doc: str) -> list[tuple[str, ...]]:
     for line in doc.splitlines():
         m = MAP_LINE.match(line)
         if m:
-            assert int(m.group(1)) == len(out), f"map floor numbered {m.group(1)}, expected {len(out)}"
+            assert int(m.group(1)) == len(out), \
+                f"map floor numbered {m.group(1)}, expected {len(out)}"
             out.append(tuple(r.strip("/") for r in re.findall(r"``([\w/]+)``", m.group(2))))
     return out
 
@@ -188,7 +189,7 @@ def test_every_module_is_on_a_floor_and_every_room_exists():
     rooms = [r for rs in workbook_lib.LAYERS for r in rs]
     assert len(rooms) == len(set(rooms)), "a room on two floors"
     for r in rooms:
-        assert (ROOT / r).is_dir() or (ROOT / f"{r}.py").is_file(), f"LAYERS names {r}: no such module"
+        assert (ROOT / r).is_dir() or (ROOT / f"{r}.py").is_file(), f"LAYERS names {r}: none such"
 
 
 def test_the_docstring_map_names_the_floors_in_order():

@@ -17,8 +17,9 @@
 (``python -m workbook_lib.measurement.memory SETUP CONFIG``): the caller's set-up (a
 ``module:function`` that builds the step; for a pipeline's training step
 :func:`workbook_lib.training.step_memory.setup_step`), one warm-up step, then the measured step.
-This module knows nothing of params or pipelines: what a step is belongs to the caller. A high-water mark is a lifetime value that a child inherits across ``exec``, and the set-up
-may peak higher than a step, so the reset is what makes the figure the step's. In the probe glibc
+This module knows nothing of params or pipelines: what a step is belongs to the caller. A
+high-water mark is a lifetime value that a child inherits across ``exec``, and the set-up may
+peak higher than a step, so the reset is what makes the figure the step's. In the probe glibc
 is told to return every freed block above 64 KiB to the OS (a fixed mmap threshold), so the RSS
 before the measured step is the steady state, not the warm-up step's cached blocks.
 

@@ -1,6 +1,6 @@
 """Setting up a training run: the one place where params become a graph, a strategy, a model
-(:func:`~workbook_lib.pipelines.builtin.make_model`) and perturbations (used by notebook 03's loop, the DDP worker, the memory probe, the benchmarks
-and notebook 06).
+(:func:`~workbook_lib.pipelines.builtin.make_model`) and perturbations (used by notebook 03's
+loop, the DDP worker, the memory probe, the benchmarks and notebook 06).
 """
 from __future__ import annotations
 
