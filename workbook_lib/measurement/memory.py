@@ -213,9 +213,10 @@ class StepToMeasure:
 def _child(setup: str, cfg: dict) -> dict:
     """Child process: the caller's set-up (``module:function``, called with ``cfg``) builds the
     step, then one warm-up step, then the measured step (see module docs)."""
-    freed = return_freed_memory_to_os()
     module, _, name = setup.partition(":")
-    target: StepToMeasure = getattr(importlib.import_module(module), name)(cfg)
+    build = getattr(importlib.import_module(module), name)
+    freed = return_freed_memory_to_os()  # after the imports, before the set-up's allocations
+    target: StepToMeasure = build(cfg)
     device = torch.device(target.device)
     target.step()
     target.after_warm_up()
