@@ -120,15 +120,45 @@ def test_peak_in_a_child_whose_parent_peaked_higher():
 
 def test_probe_points_are_positive_and_grow_with_batch():
     from workbook_lib.configs.params import validate
+    from workbook_lib.training.step_memory import measure_point
 
     p = validate({"scale": 0.005, "device": "cpu"})
-    pts = [memory.measure_point(p, strategy="replicated_mask_cpu", form="gather_scatter",
-                                batch_size=b, scale=0.02, hidden=16, layers=2) for b in (1, 2, 4)]
+    pts = [measure_point(p, strategy="replicated_mask_cpu", form="gather_scatter",
+                         batch_size=b, scale=0.02, hidden=16, layers=2) for b in (1, 2, 4)]
     assert all(pt.status == memory.STATUS_OK and pt.step_bytes > 0 for pt in pts), pts
     assert pts[0].step_bytes < pts[1].step_bytes < pts[2].step_bytes
     fit = memory.fit_memory(pts, 80e9, "test budget")
     assert fit.status == "ok" and fit.per_sample_bytes > 0 and len(fit.residuals) == 3
     assert fit.extrapolation_factor == fit.largest_batch / 4
+
+
+SETUP = """
+import torch
+from workbook_lib.measurement.memory import StepToMeasure
+
+def setup(cfg):
+    if cfg.get("fail"):
+        raise RuntimeError("the set-up refused")
+    return StepToMeasure(lambda: torch.ones(cfg["floats"]).add_(1), torch.device("cpu"))
+"""
+
+
+def test_the_fresh_process_measures_the_callers_step(tmp_path, monkeypatch):
+    """The probe knows nothing of pipelines: a set-up named by the caller builds the step, and
+    the figure is that step's (a 200 MB step reads ~200 MB, a 40 MB one ~40 MB); a set-up that
+    fails is recorded as failed with its reason."""
+    (tmp_path / "my_step.py").write_text(SETUP)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    point = dict(strategy="mine", form="-", batch_size=1, scale=1.0, hidden=1, layers=1)
+    big, small = (memory.measure_in_fresh_process("my_step:setup", {"floats": n}, point)
+                  for n in (50_000_000, 10_000_000))
+    assert big.status == small.status == memory.STATUS_OK, (big, small)
+    assert big.step_bytes == pytest.approx(200e6, rel=0.10)
+    assert small.step_bytes == pytest.approx(40e6, rel=0.25)
+    bad = memory.measure_in_fresh_process("my_step:setup", {"fail": True}, point)
+    assert bad.status == memory.STATUS_FAILED and "the set-up refused" in bad.reason
+    with pytest.raises(ValueError, match="module:function"):
+        memory.measure_in_fresh_process("my_step", {}, point)
 
 
 def test_fit_refuses_too_few_points_and_no_growth():

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from workbook_lib.configs import params as P
-from workbook_lib.running.environment import resolve_device
+from workbook_lib.common.device import resolve_device
 from workbook_lib.exceptions import ParamsError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -245,7 +245,7 @@ def test_progress_levels_reach_the_terminal_only(monkeypatch, capfd):
     """Notes and bars go to the terminal; ``notes`` (--quiet) keeps the notes and drops bars and
     native profiler chatter; ``0`` drops everything."""
     import os
-    from workbook_lib.report import progress as pg
+    from workbook_lib.common import progress as pg
 
     def emit():
         pg._STREAM.clear()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from workbook_lib.running.results import atomic_write_text, current_umask, write_results
+from workbook_lib.common.files import atomic_write_text, current_umask
+from workbook_lib.running.results import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,7 +159,7 @@ def test_environment_yml_matches_pyproject():
 
 
 def test_the_profilers_usdt_lines_stay_off_the_terminal(monkeypatch, capfd):
-    from workbook_lib.report import progress as pg
+    from workbook_lib.common import progress as pg
 
     monkeypatch.setenv("WORKBOOK_PROGRESS", "1")
     with pg.native_stderr_to_terminal():
@@ -216,7 +217,7 @@ def test_the_memory_budget_is_the_tightest_limit(tmp_path):
     request is lower."""
     import psutil
 
-    from workbook_lib.running.environment import memory_limit
+    from workbook_lib.common.device import memory_limit
 
     ram = float(psutil.virtual_memory().total)
     nothing = tmp_path / "none"

@@ -1,22 +1,42 @@
 """Helper library of the perturbed-graph GNN performance workbook.
 
-Where things are done (folder = layer, lower layers never import higher ones). At the bottom,
-what every layer reads; at the top, what drives everything:
+Where things are done: one room per folder (or top-level module), rooms on numbered floors, the
+bottom first. A module imports from its own floor or below, never from above: at the bottom what
+every floor reads, at the top what drives everything. ``LAYERS`` (below) is this map as data;
+``tests/test_layers.py`` checks every import against it (imports inside functions too), allows at
+most 3 that climb, each with its reason, and refuses any import cycle.
 
-``configs/``       ``params``: the one schema of every params file, ``--set``, papermill ``-p``
-                   and parameters cell (and which keys each notebook reads)
-``data/``          the graph and the samples
+0  ``exceptions``, ``paths``, ``records``, ``catalog``, ``common/``: errors, locations, typed JSON,
+   the names of strategies and notebooks, and what every floor uses (``common``):
+    ``files``           atomic writes with the umask's mode
+    ``device``          ``device`` -> torch.device; the host memory a run may use; the CPU
+                        allocator setting
+    ``progress``        progress bars and stage notes, on the terminal only
+    ``processes``       stopping processes we started
+1  ``configs/``     ``params``: the one schema of every params file, ``--set``, papermill ``-p``
+                   and parameters cell (and which keys each notebook reads); ``pipelines``
+                   entries parsed and checked as plain strings (importing them is
+                   ``pipelines.loading``'s)
+2  ``measurement/`` how anything is measured: it measures a callable it is given and knows
+                   nothing of pipelines or params
+    ``timing``          THE timer: device sync, warm-up excluded, repeats to a precision
+                        target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock
+    ``memory``          peak memory of a step (fresh process, high-water mark reset; the caller
+                        names the set-up that builds the step), fits
+    ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
+    ``precision``       float32 tolerance for sums in another order (CUDA atomics)
+    ``profiling``, ``trace_analysis``   warm-step profiles by exclusive time; any Chrome
+                        trace by range, kind, operator, per thread and GPU stream (the
+                        ``trace`` command; its page: ``report/trace_view``)
+3  ``nodemask/``    the fix as a public API: per-sample aggregation on one shared graph
+    ``graph``, ``batch``, ``kernels``   the shared graph, a batch's layers, sparse products
+    ``delta``           delta propagation: the second layer's per-sample push (numba/PyTorch)
+4  ``data/``        the graph and the samples
     ``snapshots``       the wildtype cell graph: synthetic from a spec (cached, checksummed) or
                         a user's HeteroData
     ``perturbations``   which genes each sample deletes; synthetic labels
     ``inventory``       bytes of every representation (notebook 01)
-``pipelines/``     THE seam of what is measured: a training pipeline, stage by stage
-    ``protocol``        the interface every measured thing implements: dataset / collate /
-                        transfer / device prep / forward / loss, its model and batch size
-    ``builtin``         the built-in strategies + the workbook's model as pipelines
-    ``loading``         user pipelines (params key ``pipelines``): import, build, check on a batch
-    ``lightning``       a LightningModule + LightningDataModule as a pipeline
-``strategies/``    how the built-in pipelines compute a batch of perturbed graphs (one module
+5  ``strategies/``  how the built-in pipelines compute a batch of perturbed graphs (one module
                    per strategy)
     ``base``            how a strategy splits its work: prepared once / dataset item / collate /
                         transfer / device prep / aggregation; the incidence cache
@@ -24,38 +44,33 @@ what every layer reads; at the top, what drives everything:
                         built: CPU workers, disk, the device), ``subgraph_cpu``,
                         ``replicated_filter_device``, ``node_mask_shared``, ``dango_wildtype``
     ``model``, ``reference``, ``sparse_ops`` (the products every strategy uses)
-``nodemask``       the fix as a public API: per-sample aggregation on one shared graph
-    ``graph``, ``batch``, ``kernels``   the shared graph, a batch's layers, sparse products
-    ``delta``           delta propagation: the second layer's per-sample push (numba/PyTorch)
-``measurement/``   how anything is measured
-    ``timing``          THE timer: device sync, warm-up excluded, repeats to a precision
-                        target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock
-    ``memory``          peak memory of a step (fresh process, high-water mark reset), fits
-    ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
-    ``precision``       float32 tolerance for sums in another order (CUDA atomics)
-    ``profiling``, ``trace_analysis``   warm-step profiles by exclusive time; any Chrome
-                        trace by range, kind, operator, per thread and GPU stream (the
-                        ``trace`` command; its page: ``report/trace_view``)
-``training/``      ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
-                   training loop over any pipeline, its arms and variants, interleaving)
-``distributed/``   ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
+6  ``pipelines/``   THE seam of what is measured: a training pipeline, stage by stage
+    ``protocol``        the interface every measured thing implements: dataset / collate /
+                        transfer / device prep / forward / loss, its model and batch size
+    ``builtin``         the built-in strategies + the workbook's model as pipelines
+    ``loading``         user pipelines (params key ``pipelines``): import, build, check on a batch
+    ``lightning``       a LightningModule + LightningDataModule as a pipeline
+7  ``training/``    ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
+                   training loop over any pipeline, its arms and variants, interleaving),
+                   ``step_memory`` (a pipeline's training step for the memory probe)
+8  ``distributed/`` ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
                    ``allreduce_model``, ``plan`` (world sizes from the allocation)
-``analysis/``      the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,
+9  ``running/``     what running a notebook needs: ``notebook`` (a notebook's setup),
+                   ``notebooks`` (sources and builds), ``results`` (JSON), ``environment``,
+                   ``slurm``, ``selftest`` (a new machine checked before a long run),
+                   ``runlock`` (one writer per notebook of a run folder), ``kernel`` (this
+                   clone's kernel)
+10 ``analysis/``    the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,
                    ``bench`` (the full-size benchmark), ``mask_cost`` (02), ``timing_study`` (03),
                    ``claims``, ``claim_probes`` (small measurements some claims need: the dual
                    forward's mask bytes, stored masks read cold and warm), ``verdict`` (05),
                    ``adoption`` (06), ``compare``, ``headlines`` (figures, the fix's speedups),
                    ``stability``
-``report/``        what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook,
-                   ``html`` (export, index page), ``progress`` (terminal only)
-``running/``       what running a notebook needs: ``notebook`` (a notebook's setup),
-                   ``notebooks`` (sources and builds), ``results`` (JSON), ``environment``,
-                   ``slurm``, ``processes``, ``selftest`` (a new machine checked before a long
-                   run), ``runlock`` (one writer per notebook of a run folder), ``kernel`` (this
-                   clone's kernel)
-``runner``         the top: runs the notebooks with papermill into a run folder
-``cli``            the top: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
-``catalog``, ``paths``, ``records``, ``exceptions``: names, locations, typed JSON, errors.
+11 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook,
+                   ``html`` (export, index page)
+12 ``runner``       runs the notebooks with papermill into a run folder (and ``stability``'s
+                   repeated runs)
+13 ``cli``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
 """
 import warnings
 
@@ -68,3 +83,21 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 from .exceptions import ParamsError, SnapshotError, WorkbookError  # noqa: E402,F401
 
 __version__ = "0.2.0"
+
+# The map above as data: its floors, bottom first (tests/test_layers.py keeps both true).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("exceptions", "paths", "records", "catalog", "common"),
+    ("configs",),
+    ("measurement",),
+    ("nodemask",),
+    ("data",),
+    ("strategies",),
+    ("pipelines",),
+    ("training",),
+    ("distributed",),
+    ("running",),
+    ("analysis",),
+    ("report",),
+    ("runner",),
+    ("cli", "__main__"),
+)

@@ -109,7 +109,7 @@ def _cmd_run(args) -> int:
 
 def _cmd_bench(args) -> int:
     from .analysis.bench import run_bench, summary_lines
-    from .running.environment import configure_cpu_allocator
+    from .common.device import configure_cpu_allocator
 
     p = _load(args.params, args.set)
     out = Path(args.out)
@@ -124,7 +124,7 @@ def _cmd_bench(args) -> int:
         raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     configure_cpu_allocator(p["cpu_allocator_cache"])
     res = run_bench(p, full_size=True if args.full_size else None)
-    from .running.results import atomic_write_text
+    from .common.files import atomic_write_text
 
     atomic_write_text(out, json.dumps(res.to_json(), indent=1))
     print("\n".join(summary_lines(res)))
@@ -141,7 +141,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_stability(args) -> int:
-    from .analysis.stability import run_stability
+    from .runner import run_stability
 
     p = _load(args.params, args.set)
     res = run_stability(p, args.out, runs=args.runs, tolerance=args.tolerance, only=args.only,
@@ -195,7 +195,7 @@ def _trace_out(args) -> Path:
 def _cmd_trace(args) -> int:
     from .measurement import trace_analysis as ta
     from .report.trace_view import page
-    from .running.results import atomic_write_text
+    from .common.files import atomic_write_text
 
     if args.depth is not None and args.depth < 1:
         raise ParamsError(f"--depth must be a positive integer (got {args.depth})")

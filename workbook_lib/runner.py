@@ -26,12 +26,14 @@ from __future__ import annotations
 import html
 import json
 import logging
+import math
 import os
 import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -39,10 +41,14 @@ from .catalog import BY_NAME, inputs_of, requires_of
 from .exceptions import NotebookFailedError, ParamsError, WorkbookError
 from .paths import NOTEBOOK_DIR
 from .records import to_json
-from .report import progress as terminal
-from .running import environment, processes
+from .common import processes, progress as terminal
+from .running import environment
 from .configs.params import check_gap, results_relevant
-from .running.results import atomic_write_text, file_checksum, read_meta, read_results, results_path
+from .common.files import atomic_write_text
+from .running.results import file_checksum, read_meta, read_results, results_path
+
+if TYPE_CHECKING:
+    from .analysis.stability import StabilityResult
 
 log = logging.getLogger(__name__)
 
@@ -441,6 +447,29 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
             signal.signal(s, handler)
 
 
+def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
+                  tolerance: float = 0.15, only: list[str] | None = None,
+                  progress: bool = True) -> StabilityResult:
+    """Run the notebooks ``runs`` times and compare every headline figure
+    (:mod:`workbook_lib.analysis.stability`)."""
+    from .analysis.stability import compare_figures, page
+
+    if runs < 2:
+        raise ParamsError(f"--runs must be at least 2 (got {runs})", key="runs", value=runs)
+    if not (math.isfinite(tolerance) and tolerance > 0):
+        raise ParamsError(f"--tolerance must be a positive number (got {tolerance})",
+                          key="tolerance", value=tolerance)
+    resolve_only(only)  # an unknown notebook refused before the first run
+    out = Path(out_dir)
+    dirs = [out / f"run{i + 1}" for i in range(runs)]
+    for d in dirs:
+        run_notebooks(params, d, only=only, progress=progress, log_output=False)
+    res = compare_figures(dirs, tolerance)
+    atomic_write_text(out / "stability.json", json.dumps(res.to_json(), indent=1))
+    atomic_write_text(out / "stability.html", page(res))
+    return res
+
+
 def check_inputs_match(out: Path, names: list[str], params: dict) -> None:
     """Refuse to run a notebook on inputs made with other params: a notebook run now (e.g.
     ``--only 05 --set hidden=8``) whose input is not run now but present in the run folder,
@@ -475,7 +504,7 @@ def _run_held(names: list[str], params: dict, out: Path, checksum: str, *, show_
         log.error("could not write %s: %s", out / "environment.json", _os_error(exc))
     outcomes: list[NotebookOutcome] = []
     seen: dict[int, psutil.Process] = {}
-    from .report.progress import progress as bar_of
+    from .common.progress import progress as bar_of
 
     try:
         bar = bar_of(names, desc="notebooks") if progress else names

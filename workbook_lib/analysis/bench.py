@@ -42,7 +42,7 @@ from ..measurement.timing import Stat, interleave, sync
 from ..nodemask import SharedGraph
 from ..nodemask.kernels import SPARSE_TAG
 from ..records import Record
-from ..report.progress import native_stderr_to_terminal, note
+from ..common.progress import native_stderr_to_terminal, note
 from ..strategies import build_ctx
 from ..training.factory import build_run
 

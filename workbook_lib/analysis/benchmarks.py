@@ -15,7 +15,7 @@ from ..data.snapshots import CellGraph
 from ..measurement.memory import is_oom
 from ..measurement.timing import Stat, interleave
 from ..records import Record
-from ..report.progress import progress
+from ..common.progress import progress
 from ..strategies import build_ctx, make_strategy
 from ..strategies.model import PerturbGIN
 

@@ -8,7 +8,7 @@ import torch
 
 from ..measurement.timing import Stat
 from ..records import Record
-from ..report.progress import note
+from ..common.progress import note
 from . import costmodel
 from .bench import BenchResult
 from .claim_probes import DualForwardMasks

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..measurement.memory import MemoryFit, MemoryPoint, device_budget, fit_memory, measure_point
+from ..measurement.memory import MemoryFit, MemoryPoint, device_budget, fit_memory
 from ..records import Record
-from ..report.progress import progress
+from ..common.progress import progress
+from ..training.step_memory import measure_point
 
 STRATEGIES = (("replicated_mask_cpu", "gather_scatter"), ("replicated_mask_cpu", "spmm"),
               ("node_mask_shared", "spmm"))

@@ -1,7 +1,8 @@
 """Do two runs agree? ``python -m workbook_lib stability --params FILE --runs 2 --out DIR``
 runs every notebook ``runs`` times into ``DIR/run1``, ``DIR/run2``... and reports every headline
 figure side by side with its relative difference (the largest over pairs of runs), against a
-tolerance (15% by default).
+tolerance (15% by default). :func:`workbook_lib.runner.run_stability` makes the runs; this module
+compares them (:func:`compare_figures`) and writes the page.
 
 Where a figure cannot agree the report says why. An absolute time moves with the machine's
 speed, which on a shared machine drifts by tens of percent over minutes: the report shows how
@@ -13,13 +14,11 @@ the report says for each figure whether the verdict rests on it.
 from __future__ import annotations
 
 import html
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..records import Record
-from ..running.results import atomic_write_text, load_result
+from ..running.results import load_result
 from .compare import fmt_value
 from .headlines import ABSOLUTE, CATEGORY, FITTED, LAUNCHES, RATIO, headline_figures
 
@@ -187,29 +186,6 @@ def _claim_rows(run_dirs: list[Path]) -> list[StabilityRow]:
                                 "claim status", [f"{same} of {len(keys)}"] * len(run_dirs),
                                 None, same == len(keys), False, ""))
     return rows
-
-
-def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
-                  tolerance: float = 0.15, only: list[str] | None = None,
-                  progress: bool = True) -> StabilityResult:
-    """Run the notebooks ``runs`` times and compare every headline figure."""
-    from ..exceptions import ParamsError
-    from ..runner import resolve_only, run_notebooks
-
-    if runs < 2:
-        raise ParamsError(f"--runs must be at least 2 (got {runs})", key="runs", value=runs)
-    if not (math.isfinite(tolerance) and tolerance > 0):
-        raise ParamsError(f"--tolerance must be a positive number (got {tolerance})",
-                          key="tolerance", value=tolerance)
-    resolve_only(only)  # an unknown notebook refused before the first run
-    out = Path(out_dir)
-    dirs = [out / f"run{i + 1}" for i in range(runs)]
-    for d in dirs:
-        run_notebooks(params, d, only=only, progress=progress, log_output=False)
-    res = compare_figures(dirs, tolerance)
-    atomic_write_text(out / "stability.json", json.dumps(res.to_json(), indent=1))
-    atomic_write_text(out / "stability.html", page(res))
-    return res
 
 
 def page(r: StabilityResult) -> str:

@@ -21,11 +21,11 @@ from ..measurement.profiling import ProfileResult, profile_steps
 from ..measurement.syncs import SyncCounter, method_for
 from ..measurement.timing import Stat, StepClock
 from ..records import Record
-from ..report.progress import progress
+from ..common.progress import progress
 from ..pipelines import build_pipeline, compared_names
 from ..strategies import make_strategy
 from ..training import loop
-from ..training.factory import batch_size_for
+from ..pipelines.builtin import batch_size_for
 from .claim_probes import StoredReads
 from .stages import StepBound, step_bound
 

@@ -140,9 +140,85 @@ def _strategies(v):
     return None
 
 
-def _pipeline_specs(v):
-    from ..pipelines.loading import parse_specs, spec_problem
+# ``pipelines`` entries as plain strings: ``"TARGET"`` or ``"NAME=TARGET"``, TARGET being
+# ``package.module:factory`` or ``path/to/file.py:factory``. Parsed and checked here, with the
+# schema; importing and building them is ``pipelines.loading``'s.
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """One entry of the ``pipelines`` key."""
+
+    name: str
+    target: str  # module:factory or file.py:factory
+
+    @property
+    def module(self) -> str:
+        return self.target.rsplit(":", 1)[0]
+
+    @property
+    def factory(self) -> str:
+        return self.target.rsplit(":", 1)[1]
+
+    @property
+    def is_file(self) -> bool:
+        return self.module.endswith(".py") or "/" in self.module
+
+
+def spec_problem(entry: str) -> str | None:
+    """Why ``entry`` is not a pipeline spec (syntax, a file that does not exist), or None."""
+    target = entry.split("=", 1)[1] if "=" in entry else entry
+    if "=" in entry and not NAME_RE.match(entry.split("=", 1)[0].strip()):
+        return (f"{entry!r}: the name before '=' must be an identifier (letters, digits, _ . -)")
+    if target.count(":") != 1 or not all(target.split(":")):
+        return (f"{entry!r} is not 'package.module:factory' or 'path/to/file.py:factory'")
+    module, factory = target.split(":")
+    if not factory.isidentifier():
+        return f"{entry!r}: '{factory}' is not a Python name"
+    if module.endswith(".py") or "/" in module:
+        if spec_file(module) is None:
+            return f"{entry!r}: the file {module} does not exist"
+    elif not all(part.isidentifier() for part in module.split(".")):
+        return f"{entry!r}: '{module}' is not a module name"
+    return None
+
+
+def normalize(entry: str) -> str:
+    """``entry`` with a file found only relative to the current folder made absolute, so that a
+    kernel or a rank started elsewhere finds the same file (the name is unchanged)."""
+    name, sep, target = entry.rpartition("=") if "=" in entry else ("", "", entry)
+    module, _, factory = target.partition(":")
+    if (module.endswith(".py") or "/" in module) and not resolve_path(module).is_file():
+        here = Path(module).expanduser().resolve()
+        if here.is_file():
+            return f"{name.strip() or Path(module).stem}={here}:{factory}"
+    return entry
+
+
+def spec_file(module: str) -> Path | None:
+    """The file a pipeline spec names (from the repository root, then the current folder)."""
+    for p in (resolve_path(module), Path(module).expanduser().resolve()):
+        if p.is_file():
+            return p
+    return None
+
+
+def parse_specs(entries: list[str]) -> list[PipelineSpec]:
+    """The entries as specs with their names (syntax assumed checked by :func:`spec_problem`)."""
+    out = []
+    for e in entries:
+        if "=" in e:
+            name, target = (s.strip() for s in e.split("=", 1))
+        else:
+            target = e.strip()
+            module = target.split(":")[0]
+            name = Path(module).stem if module.endswith(".py") else module.rsplit(".", 1)[-1]
+        out.append(PipelineSpec(name, target))
+    return out
+
+
+def _pipeline_specs(v):
     for entry in v:
         problem = spec_problem(entry)
         if problem:
@@ -626,12 +702,8 @@ def validate(raw: dict | None, *, source: str = "params") -> dict:
                               value=value)
         out[key] = norm
     if out["pipelines"]:
-        from ..pipelines.loading import normalize
-
         out["pipelines"] = [normalize(e) for e in out["pipelines"]]
     if "gap_strategies" not in raw and len(out["pipelines"]) >= 2:
-        from ..pipelines.loading import parse_specs
-
         out["gap_strategies"] = [s.name for s in parse_specs(out["pipelines"])[:2]]
     elif "gap_strategies" not in raw and not out["strategies"] and len(out["pipelines"]) == 1:
         out["gap_strategies"] = []  # one pipeline alone: no gap (notebooks 01-03 only)
@@ -643,8 +715,6 @@ def _cross_checks(out: dict, source: str) -> None:
     def fail(key, msg):
         raise ParamsError(f"{source}: '{key}' {msg} (got {show(out[key])})", key=key,
                           value=out[key])
-
-    from ..pipelines.loading import parse_specs
 
     users = [s.name for s in parse_specs(out["pipelines"])]
     known = list(STRATEGY_NAMES) + users

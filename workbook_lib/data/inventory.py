@@ -223,20 +223,6 @@ class InventoryResult(Record):
     footprint: list[FootprintRow] = field(default_factory=list)  # per layer and edge type
 
 
-def measured_replicated_bytes(graph: CellGraph, pert: torch.Tensor,
-                              batch_size: int = 4) -> tuple[float, int]:
-    """What strategy 2 really carries: mask bytes per sample in a batch its collate built (the
-    same with the dual forward: its wildtype pass runs on the unperturbed graph), and the bytes
-    of its prepared incidence cache."""
-    from ..strategies import make_strategy
-    from ..strategies.base import tensor_bytes
-
-    s = make_strategy("replicated_mask_cpu", graph, device="cpu")
-    rows = pert[:batch_size]
-    batch = s.collate([s.make_item(i, r) for i, r in enumerate(rows)])
-    return tensor_bytes(batch["masks"]) / len(rows), tensor_bytes(s.host["incidence"])
-
-
 def real_size(spec: dict | None, num_genes: int, num_types: int,
               num_samples: int) -> RealSize | None:
     """Byte counts at the spec's real edge count (None for a user's graph: no spec)."""
@@ -254,6 +240,7 @@ def real_size(spec: dict | None, num_genes: int, num_types: int,
 def inventory(params: dict, graph: CellGraph) -> InventoryResult:
     """Every size notebook 01 reports, computed from the graph and sampled perturbations."""
     from ..configs.params import mean_k
+    from ..strategies.replicated_mask_cpu import measured_replicated_bytes
 
     pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
                                 params["num_perturbations"], seed=params["seed"])

@@ -22,7 +22,7 @@ import yaml
 from ..exceptions import SnapshotError
 from ..paths import resolve_path
 from ..configs.params import snapshot_spec_path
-from ..running.results import temp_file_beside
+from ..common.files import temp_file_beside
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import psutil
 
 from ..exceptions import LaunchError
-from ..running import processes
+from ..common import processes
 
 WAITING_STAGES = ("collective", "all-reduce", "barrier", "broadcast", "rendezvous", "agreeing")
 STALE_S = 10.0  # a heartbeat thread writes every second; this long without one: not running

@@ -14,7 +14,7 @@ import torch
 
 from ..measurement.timing import Stat
 from ..records import Record
-from ..report.progress import note
+from ..common.progress import note
 from . import allreduce_model as arm
 from .analysis import (GapDecomposition, WorldSummary, efficiencies, gap_decomposition,
                        summarize, within_noise)

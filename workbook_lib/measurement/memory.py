@@ -13,10 +13,13 @@
   ``mem_get_info`` says is free plus what this process's allocator holds (the CUDA context and
   other processes' memory are not available to a step).
 
-:func:`measure_point` measures one (strategy, batch size, sizes) point in a fresh process
-(``python -m workbook_lib.measurement.memory CONFIG``): set-up, one warm-up step, then the measured
-step. A high-water mark is a lifetime value that a child inherits across ``exec``, and the set-up
-may peak higher than a step, so the reset is what makes the figure the step's. In the probe glibc
+:func:`measure_in_fresh_process` measures one point in a fresh process
+(``python -m workbook_lib.measurement.memory SETUP CONFIG``): the caller's set-up (a
+``module:function`` that builds the step; for a pipeline's training step
+:func:`workbook_lib.training.step_memory.setup_step`), one warm-up step, then the measured step.
+This module knows nothing of params or pipelines: what a step is belongs to the caller. A
+high-water mark is a lifetime value that a child inherits across ``exec``, and the set-up may
+peak higher than a step, so the reset is what makes the figure the step's. In the probe glibc
 is told to return every freed block above 64 KiB to the OS (a fixed mmap threshold), so the RSS
 before the measured step is the steady state, not the warm-up step's cached blocks.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib
 import json
 import math
 import os
@@ -196,60 +200,56 @@ class MemoryPoint(Record):
         return f"{self.strategy}:{self.form}"
 
 
-def _probe(cfg: dict) -> dict:
-    """Child process: set up, one warm-up step, then the measured step (see module docs). The
-    step is a pipeline's (a built-in strategy or the user's): collate, transfer, device
-    preparation, forward, loss and backward of one batch."""
-    from ..data.snapshots import load_snapshot
-    from ..pipelines import build_pipeline, is_builtin
-    from ..configs.params import validate
+@dataclass
+class StepToMeasure:
+    """What a set-up (run in the fresh process) hands the measurement: the step, the device it
+    runs on, and what to do between the warm-up step and the measured one."""
 
-    freed = return_freed_memory_to_os()
-    p = validate({**cfg["params"], "scale": cfg["scale"], "hidden": cfg["hidden"],
-                  "layers": cfg["layers"], "dual_forward": bool(cfg["dual"])},
-                 source="memory probe")
-    b = cfg["batch_size"]
-    graph = load_snapshot(p)
-    builtin = is_builtin(cfg["strategy"])
-    pipe = build_pipeline(p, cfg["strategy"], graph, cfg["device"], batch_size=b, n_items=b,
-                          form=cfg["form"] if builtin else None, check=False)
-    ds = pipe.dataset()
-    if len(ds) < b:
-        raise ValueError(f"pipeline {pipe.name!r}: its dataset holds {len(ds)} items, fewer than "
-                         f"a batch of {b}")
-    items = [ds[i] for i in range(b)]
-    device = torch.device(pipe.device)
+    step: Callable[[], object]
+    device: torch.device
+    after_warm_up: Callable[[], object] = lambda: None
 
-    def step():
-        batch = pipe.to_device(pipe.collate(items))
-        pipe.loss(pipe.forward(pipe.model, pipe.prepare(batch)), batch).backward()
-    step()
-    pipe.model.zero_grad(set_to_none=True)
+
+def _child(setup: str, cfg: dict) -> dict:
+    """Child process: the caller's set-up (``module:function``, called with ``cfg``) builds the
+    step, then one warm-up step, then the measured step (see module docs)."""
+    module, _, name = setup.partition(":")
+    build = getattr(importlib.import_module(module), name)
+    freed = return_freed_memory_to_os()  # after the imports, before the set-up's allocations
+    target: StepToMeasure = build(cfg)
+    device = torch.device(target.device)
+    target.step()
+    target.after_warm_up()
     gc.collect()
-    peak = peak_during(step, device)
+    peak = peak_during(target.step, device)
     method = peak.method + ("" if freed or device.type == "cuda"
                             else " (glibc thresholds not set: freed memory may stay resident)")
     return {"step_bytes": peak.bytes, "setup_bytes": peak.before_bytes, "method": method}
 
 
-def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float, hidden: int,
-                  layers: int, device: str = "cpu", form: str = "gather_scatter",
-                  dual: bool = True, timeout_s: float = 900.0) -> MemoryPoint:
-    """Peak memory of one training step of ``strategy`` at these sizes, in a fresh process."""
-    from ..records import to_json
+def measure_in_fresh_process(setup: str, cfg: dict, point: dict, *, device: str = "cpu",
+                             timeout_s: float = 900.0) -> MemoryPoint:
+    """Peak memory of one step in a fresh process (``python -m workbook_lib.measurement.memory``).
 
-    cfg = {"params": to_json(params), "strategy": strategy, "batch_size": batch_size,
-           "scale": scale, "hidden": hidden, "layers": layers, "device": device, "form": form,
-           "dual": dual}
-    base = dict(strategy=strategy, form=form, batch_size=batch_size, scale=scale, hidden=hidden,
-                layers=layers, device=device)
+    Args:
+        setup: ``module:function`` that the child calls with ``cfg`` and that returns a
+            :class:`StepToMeasure` (what to build belongs to the caller's layer, not here).
+        cfg: JSON-serializable arguments of the set-up.
+        point: the :class:`MemoryPoint` fields that name the point (strategy, form, batch_size,
+            scale, hidden, layers).
+        device: where the step runs (``cpu`` or a CUDA device; one probe per GPU at a time).
+        timeout_s: the child's time limit.
+    """
+    if ":" not in setup:
+        raise ValueError(f"'setup' must be 'module:function' (got {setup!r})")
+    base = dict(point, device=device)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
                                                            str(torch.get_num_threads()))}
     t0 = time.perf_counter()
     try:
         with gpu_lock(device):
             proc = subprocess.run([sys.executable, "-m", "workbook_lib.measurement.memory",
-                                   json.dumps(cfg)], capture_output=True, text=True,
+                                   setup, json.dumps(cfg)], capture_output=True, text=True,
                                   timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return MemoryPoint(**base, status=STATUS_TIMEOUT, seconds=time.perf_counter() - t0,
@@ -335,7 +335,7 @@ def device_budget(device: torch.device | str) -> tuple[float, str]:
         return float(free + held), (f"GPU memory free for tensors ({props.name}: "
                                     f"{(free + held) / 1e9:.1f} of {total / 1e9:.1f} GB; "
                                     "mem_get_info, context and other processes excluded)")
-    from ..running.environment import memory_limit
+    from ..common.device import memory_limit
 
     return memory_limit()
 
@@ -398,4 +398,4 @@ def fit_memory(points: list[MemoryPoint], budget_bytes: float, budget_label: str
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe(json.loads(sys.argv[1]))))
+    print(json.dumps(_child(sys.argv[1], json.loads(sys.argv[2]))))

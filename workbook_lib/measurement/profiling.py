@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from ..records import Record
-from ..report.progress import native_stderr_to_terminal
+from ..common.progress import native_stderr_to_terminal
 from . import trace_analysis as ta
 
 

@@ -32,12 +32,15 @@ building them syncs once per batch (their count is data-dependent).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .delta import PushPlan, default_push_kernel, push
-from .graph import OutEdges, SharedGraph
 from .kernels import batched_spmm, nnz, sparse_range, typed_aggregate_linear, typed_spmm
+
+if TYPE_CHECKING:  # names in annotations only: the graph builds batches (SharedGraph.batch)
+    from .graph import OutEdges, SharedGraph
 
 
 def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:

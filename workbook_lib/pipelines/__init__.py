@@ -3,7 +3,8 @@ pipelines, user pipelines named in params, and the Lightning adapter.
 
 ``protocol``   the :class:`Pipeline` interface (bottom of the seam; imports only torch)
 ``builtin``    the workbook's strategies + model as pipelines
-``loading``    ``pipelines`` params entries: parse, import, build, check on one batch
+``loading``    ``pipelines`` params entries: import, build, check on one batch (parsed by
+               ``configs.params``)
 ``lightning``  a ``LightningModule`` + ``LightningDataModule`` as a pipeline (optional extra)
 
 :func:`build_pipeline` is the one place a name (a built-in strategy or a user pipeline) becomes a
@@ -16,7 +17,8 @@ from pathlib import Path
 import torch
 
 from ..exceptions import PipelineError
-from .loading import PipelineSpec, build_user_pipeline, check_pipeline, parse_specs, spec_problem
+from ..configs.params import PipelineSpec, parse_specs, spec_problem
+from .loading import build_user_pipeline, check_pipeline
 from .protocol import Pipeline, move_to
 
 __all__ = ["Pipeline", "PipelineError", "PipelineSpec", "build_pipeline", "check_pipeline",
@@ -85,8 +87,7 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
     if name in REGISTRY:
         from ..data.perturbations import sample_perturbations
         from ..strategies import make_strategy
-        from ..training.factory import batch_size_for, make_model
-        from .builtin import BuiltinPipeline
+        from .builtin import BuiltinPipeline, batch_size_for, make_model
 
         b = batch_size or batch_size_for(params, name)
         if pert is None:
@@ -127,7 +128,7 @@ def preflight(params: dict, graph=None, device=None) -> list[str]:
 
         graph = load_snapshot(params)
     if device is None:
-        from ..running.environment import resolve_device
+        from ..common.device import resolve_device
 
         device = resolve_device(params["device"])
     for name in specs:

@@ -1,4 +1,5 @@
-"""User pipelines named in the ``pipelines`` params key: parse, import, build, check.
+"""User pipelines named in the ``pipelines`` params key: import, build, check (the entries are
+parsed as plain strings with the schema: :func:`workbook_lib.configs.params.parse_specs`).
 
 An entry is ``"TARGET"`` or ``"NAME=TARGET"``, where TARGET is ``package.module:factory`` or
 ``path/to/file.py:factory`` (a relative path is taken from the repository root, then from the
@@ -17,95 +18,20 @@ import importlib
 import importlib.util
 import re
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from ..configs.params import PipelineSpec, spec_file
 from ..exceptions import PipelineError
-from ..paths import resolve_path
 from .protocol import REQUIRED
-
-NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    """One entry of the ``pipelines`` key."""
-
-    name: str
-    target: str  # module:factory or file.py:factory
-
-    @property
-    def module(self) -> str:
-        return self.target.rsplit(":", 1)[0]
-
-    @property
-    def factory(self) -> str:
-        return self.target.rsplit(":", 1)[1]
-
-    @property
-    def is_file(self) -> bool:
-        return self.module.endswith(".py") or "/" in self.module
-
-
-def spec_problem(entry: str) -> str | None:
-    """Why ``entry`` is not a pipeline spec (syntax, a file that does not exist), or None."""
-    target = entry.split("=", 1)[1] if "=" in entry else entry
-    if "=" in entry and not NAME_RE.match(entry.split("=", 1)[0].strip()):
-        return (f"{entry!r}: the name before '=' must be an identifier (letters, digits, _ . -)")
-    if target.count(":") != 1 or not all(target.split(":")):
-        return (f"{entry!r} is not 'package.module:factory' or 'path/to/file.py:factory'")
-    module, factory = target.split(":")
-    if not factory.isidentifier():
-        return f"{entry!r}: '{factory}' is not a Python name"
-    if module.endswith(".py") or "/" in module:
-        if _file(module) is None:
-            return f"{entry!r}: the file {module} does not exist"
-    elif not all(part.isidentifier() for part in module.split(".")):
-        return f"{entry!r}: '{module}' is not a module name"
-    return None
-
-
-def normalize(entry: str) -> str:
-    """``entry`` with a file found only relative to the current folder made absolute, so that a
-    kernel or a rank started elsewhere finds the same file (the name is unchanged)."""
-    name, sep, target = entry.rpartition("=") if "=" in entry else ("", "", entry)
-    module, _, factory = target.partition(":")
-    if (module.endswith(".py") or "/" in module) and not resolve_path(module).is_file():
-        here = Path(module).expanduser().resolve()
-        if here.is_file():
-            return f"{name.strip() or Path(module).stem}={here}:{factory}"
-    return entry
-
-
-def _file(module: str) -> Path | None:
-    for p in (resolve_path(module), Path(module).expanduser().resolve()):
-        if p.is_file():
-            return p
-    return None
-
-
-def parse_specs(entries: list[str]) -> list[PipelineSpec]:
-    """The entries as specs with their names (syntax assumed checked by :func:`spec_problem`)."""
-    out = []
-    for e in entries:
-        if "=" in e:
-            name, target = (s.strip() for s in e.split("=", 1))
-        else:
-            target = e.strip()
-            module = target.split(":")[0]
-            name = Path(module).stem if module.endswith(".py") else module.rsplit(".", 1)[-1]
-        out.append(PipelineSpec(name, target))
-    return out
 
 
 def resolve_factory(spec: PipelineSpec) -> Callable:
     """Import the spec's module (or file) and return its factory."""
     try:
         if spec.is_file:
-            path = _file(spec.module)
+            path = spec_file(spec.module)
             if path is None:
                 raise PipelineError(spec.name, f"the file {spec.module} does not exist")
             modname = f"workbook_user_pipeline_{re.sub(r'[^A-Za-z0-9_]', '_', spec.name)}"

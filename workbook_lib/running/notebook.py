@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..common.device import configure_cpu_allocator
 from ..data.snapshots import CellGraph, load_snapshot
 from ..exceptions import ParamsError
 from ..paths import resolve_path
@@ -116,7 +117,7 @@ def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True
     if notebook is not None:
         check_gap(p, [notebook])
     namespace[_DONE] = True
-    environment.configure_cpu_allocator(p["cpu_allocator_cache"])
+    configure_cpu_allocator(p["cpu_allocator_cache"])
     plotting.setup()
     if not needs_device and p["device"] == "cuda" and not torch.cuda.is_available():
         device = torch.device("cpu")

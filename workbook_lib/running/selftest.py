@@ -72,7 +72,7 @@ def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
     """Every strategy on ``device`` against the CPU (see the module docstring)."""
     from ..strategies import REGISTRY, make_strategy
     from ..strategies.reference import reference_node_outputs, reference_predict
-    from ..training.factory import make_model
+    from ..pipelines.builtin import make_model
 
     tol = float32_tolerance(graph, params["layers"])
     pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % graph.num_genes
@@ -184,11 +184,12 @@ def check_sync_counter(params: dict, device: torch.device, graph) -> list[Check]
 
 def check_memory_probe(params: dict, device: torch.device) -> Check:
     from ..measurement import memory
+    from ..training.step_memory import measure_point
 
     t0 = time.perf_counter()
-    pt = memory.measure_point(params, strategy="node_mask_shared", batch_size=2,
-                              scale=params["scale"], hidden=params["hidden"],
-                              layers=params["layers"], device=str(device), timeout_s=120)
+    pt = measure_point(params, strategy="node_mask_shared", batch_size=2,
+                       scale=params["scale"], hidden=params["hidden"],
+                       layers=params["layers"], device=str(device), timeout_s=120)
     ok = pt.status in (memory.STATUS_OK, memory.STATUS_BELOW)
     got = (f"{pt.step_bytes / 1e6:.3g} MB peak of one step ({pt.method})"
            if pt.step_bytes is not None else "")
@@ -278,7 +279,7 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
             ``ranks`` below 1.
     """
     from ..data.snapshots import load_snapshot
-    from ..running.environment import resolve_device
+    from ..common.device import resolve_device
     from ..configs.params import load_params_file
 
     if device not in ("cpu", "cuda", "auto"):

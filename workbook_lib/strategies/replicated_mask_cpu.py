@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..strategies.base import ReplicatedAggregateMixin, Strategy, incidence_cache
+from ..data.snapshots import CellGraph
+from ..strategies.base import ReplicatedAggregateMixin, Strategy, incidence_cache, tensor_bytes
 
 
 class ReplicatedMaskCPU(ReplicatedAggregateMixin, Strategy):
@@ -49,3 +50,14 @@ class ReplicatedMaskCPU(ReplicatedAggregateMixin, Strategy):
 
     def aggregate(self, h, edge_type, ctx):
         return self._replicated_aggregate(h, edge_type, ctx)
+
+
+def measured_replicated_bytes(graph: CellGraph, pert: torch.Tensor,
+                              batch_size: int = 4) -> tuple[float, int]:
+    """What strategy 2 really carries: mask bytes per sample in a batch its collate built (the
+    same with the dual forward: its wildtype pass runs on the unperturbed graph), and the bytes
+    of its prepared incidence cache."""
+    s = ReplicatedMaskCPU(graph, device="cpu").prepare()
+    rows = pert[:batch_size]
+    batch = s.collate([s.make_item(i, r) for i, r in enumerate(rows)])
+    return tensor_bytes(batch["masks"]) / len(rows), tensor_bytes(s.host["incidence"])

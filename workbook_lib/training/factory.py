@@ -1,6 +1,6 @@
 """Setting up a training run: the one place where params become a graph, a strategy, a model
-and perturbations (used by notebook 03's loop, the DDP worker, the memory probe, the benchmarks
-and notebook 06).
+(:func:`~workbook_lib.pipelines.builtin.make_model`) and perturbations (used by notebook 03's
+loop, the DDP worker, the memory probe, the benchmarks and notebook 06).
 """
 from __future__ import annotations
 
@@ -11,14 +11,9 @@ import torch
 
 from ..data.perturbations import sample_perturbations
 from ..data.snapshots import CellGraph, load_snapshot
+from ..pipelines.builtin import batch_size_for, make_model
 from ..strategies import REGISTRY, Strategy, make_strategy
 from ..strategies.model import PerturbGIN
-
-
-def batch_size_for(params: dict, strategy: str) -> int:
-    """The batch size a strategy trains with: DANGO-style runs use ``batch_size_dango``, every
-    perturbed-graph strategy ``batch_size_lazy`` (the investigation's 64 and 28)."""
-    return params["batch_size_dango"] if strategy == "dango_wildtype" else params["batch_size_lazy"]
 
 
 @dataclass
@@ -39,19 +34,6 @@ class Run:
                                     seed=self.params["seed"] + 7919 * salt)
 
 
-def make_model(graph: CellGraph, params: dict, device, *, hidden: int | None = None,
-               layers: int | None = None, strategy: str | None = None) -> PerturbGIN:
-    """The workbook's model for ``graph``, on ``device``; parameters a strategy never uses are
-    frozen (DistributedDataParallel requires every trainable parameter to get a gradient)."""
-    model = PerturbGIN(graph.num_genes, graph.edge_types,
-                       hidden=params["hidden"] if hidden is None else hidden,
-                       layers=params["layers"] if layers is None else layers,
-                       seed=params["seed"]).to(device)
-    if strategy is not None and strategy != "dango_wildtype":
-        model.query.requires_grad_(False)  # the attention query belongs to the DANGO head
-    return model
-
-
 def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
               device: torch.device | str | None = None, batch_size: int | None = None,
               scale: float | None = None, hidden: int | None = None, layers: int | None = None,
@@ -68,7 +50,7 @@ def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
         form: message form of replicated strategies (``gather_scatter`` or ``spmm``).
         storage_dir: where strategy 3 keeps its masks.
     """
-    from ..running.environment import resolve_device
+    from ..common.device import resolve_device
 
     if strategy not in REGISTRY:
         raise ValueError(f"'strategy' must be one of {list(REGISTRY)} (got {strategy!r})")

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..measurement.syncs import SyncCounter
 from ..measurement.timing import DEFAULT_TARGET, Stat, StepClock
 from ..records import Record
-from ..report.progress import progress
+from ..common.progress import progress
 from ..pipelines.protocol import Pipeline
 
 MODES = ("data", "forward", "forward_backward", "full")

@@ -1,0 +1,277 @@
+"""The package's floors: every import goes down (or stays on its floor), and no module imports
+itself back through others.
+
+The floors are ``workbook_lib.LAYERS`` (bottom first), the one table of them; the package
+docstring's map names the same floors in the same order (checked here). Every module of
+``workbook_lib`` is parsed with :mod:`ast` (no import runs): imports inside functions count,
+``from __future__`` and imports under ``if TYPE_CHECKING:`` do not (they never run). A module's
+room is its first name below ``workbook_lib`` (``workbook_lib.data.snapshots`` -> ``data``); the
+package's own ``__init__`` is on the bottom floor. ``ast`` is used rather than a tool such as
+import-linter or grimp because the rule here is this project's table with a short, reasoned
+allow-list, and counting climbs and cycles of a parsed module graph is a few lines.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import workbook_lib
+
+PKG = "workbook_lib"
+ROOT = Path(workbook_lib.__file__).resolve().parent
+
+# (importing module, imported module) -> why this import may climb. At most 3.
+ALLOWED_CLIMBS = {
+    ("workbook_lib.data.inventory", "workbook_lib.strategies.replicated_mask_cpu"):
+        "notebook 01 checks its computed sizes against the bytes strategy 2's collate builds",
+    ("workbook_lib.running.notebook", "workbook_lib.report.plotting"):
+        "a notebook's setup applies the report's figure style before its first cell",
+}
+
+
+def module_files(root: Path, pkg: str = PKG) -> dict[str, Path]:
+    """Every module of the package under ``root``: dotted name -> file."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [pkg, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported(node: ast.AST, module: str, is_pkg: bool, modules: set[str]) -> list[str]:
+    """The package's modules that an import statement names (a name imported from a package
+    that is a module of its own counts as that module)."""
+    names: list[str] = []
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.module == "__future__":
+            return []
+        if node.level:
+            base = module.split(".") if is_pkg else module.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            origin = ".".join(base + ([node.module] if node.module else []))
+        else:
+            origin = node.module or ""
+        names = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules else origin
+                 for a in node.names]
+    out = []
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            out.append(name)
+    return out
+
+
+def import_graph(root: Path, pkg: str = PKG) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (at any depth of its code, but not under
+    ``if TYPE_CHECKING:``)."""
+    files = module_files(root, pkg)
+    modules = set(files)
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        found: set[str] = set()
+
+        def visit(node: ast.AST) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and _is_type_checking(child.test):
+                    for other in child.orelse:
+                        visit_one(other)
+                    continue
+                visit_one(child)
+
+        def visit_one(node: ast.AST) -> None:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(_imported(node, module, is_pkg, modules))
+            visit(node)
+
+        visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+        graph[module] = found
+    return graph
+
+
+def room(module: str, pkg: str = PKG) -> str:
+    return module.split(".")[1] if module != pkg else "__init__"
+
+
+def floors(layers, modules, pkg: str = PKG) -> dict[str, int]:
+    """module -> its floor (0 = bottom). Raises ValueError for a module in no floor."""
+    floor_of = {r: i for i, rooms in enumerate(layers) for r in rooms}
+    floor_of["__init__"] = 0
+    missing = sorted(m for m in modules if room(m, pkg) not in floor_of)
+    if missing:
+        raise ValueError(f"modules in no floor of LAYERS: {missing}")
+    return {m: floor_of[room(m, pkg)] for m in modules}
+
+
+def climbs(graph: dict[str, set[str]], floor: dict[str, int]) -> list[tuple[str, str]]:
+    """Imports from a lower floor to a higher one."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets if floor[b] > floor[a])
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+MAP_LINE = re.compile(r"^(\d+)\s+((?:``[\w/]+``(?:,\s*)?)+)")
+
+
+def map_floors(doc: str) -> list[tuple[str, ...]]:
+    """The floors the package docstring's map names, bottom first: lines that start with a
+    floor number, then the rooms in double backquotes (a trailing ``/`` marks a folder)."""
+    out = []
+    for line in doc.splitlines():
+        m = MAP_LINE.match(line)
+        if m:
+            assert int(m.group(1)) == len(out), \
+                f"map floor numbered {m.group(1)}, expected {len(out)}"
+            out.append(tuple(r.strip("/") for r in re.findall(r"``([\w/]+)``", m.group(2))))
+    return out
+
+
+# ----------------------------------------------------------------------------------- the package
+
+GRAPH = import_graph(ROOT)
+
+
+def test_every_module_is_on_a_floor_and_every_room_exists():
+    floors(workbook_lib.LAYERS, GRAPH)  # raises for a module in no floor
+    rooms = [r for rs in workbook_lib.LAYERS for r in rs]
+    assert len(rooms) == len(set(rooms)), "a room on two floors"
+    for r in rooms:
+        assert (ROOT / r).is_dir() or (ROOT / f"{r}.py").is_file(), f"LAYERS names {r}: none such"
+
+
+def test_the_docstring_map_names_the_floors_in_order():
+    drawn = map_floors(workbook_lib.__doc__)
+    assert drawn == [tuple(f) for f in workbook_lib.LAYERS]
+    for rooms in drawn:
+        for r in rooms:
+            assert (ROOT / r).is_dir() or (ROOT / f"{r}.py").is_file(), f"the map names {r}"
+
+
+def test_imports_go_down_except_the_allowed_few():
+    assert len(ALLOWED_CLIMBS) <= 3
+    floor = floors(workbook_lib.LAYERS, GRAPH)
+    found = climbs(GRAPH, floor)
+    unexpected = [f"{a} (floor {floor[a]}) -> {b} (floor {floor[b]})" for a, b in found
+                  if (a, b) not in ALLOWED_CLIMBS]
+    assert not unexpected, "imports that climb: " + "; ".join(unexpected)
+    stale = sorted(set(ALLOWED_CLIMBS) - set(found))
+    assert not stale, f"allowed climbs that no longer happen (drop them): {stale}"
+
+
+def test_no_import_cycle():
+    assert cycles(GRAPH) == []
+
+
+def test_measurement_knows_nothing_of_pipelines_or_params():
+    above = {"configs", "data", "strategies", "pipelines", "training", "running", "report"}
+    for m, targets in GRAPH.items():
+        if room(m) == "measurement":
+            assert not {room(t) for t in targets} & above, (m, sorted(targets))
+
+
+# ------------------------------------------------------------------------------ the tool itself
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / "pkg"
+    for rel, text in files.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pkg
+
+
+def test_the_tool_sees_climbs_lazy_imports_and_cycles(tmp_path):
+    pkg = _write(tmp_path, {
+        "__init__.py": "",
+        "low/__init__.py": "",
+        "low/a.py": "def f():\n    from ..high import b\n",  # a lazy import: a climb
+        "low/c.py": "from __future__ import annotations\nfrom . import a\n",
+        "high/__init__.py": "",
+        "high/b.py": "import pkg.low.c\nfrom pkg.low import a as x\n",
+        "high/d.py": "from .b import *\n",
+    })
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.low.a"] == {"pkg.high.b"}
+    assert graph["pkg.low.c"] == {"pkg.low.a"}
+    assert graph["pkg.high.b"] == {"pkg.low.c", "pkg.low.a"}
+    floor = floors([("low",), ("high",)], graph, "pkg")
+    assert climbs(graph, floor) == [("pkg.low.a", "pkg.high.b")]
+    assert cycles(graph) == [["pkg.high.b", "pkg.low.a", "pkg.low.c"]]
+    with pytest.raises(ValueError, match="pkg.high.b"):
+        floors([("low",)], graph, "pkg")
+
+
+def test_the_tool_skips_type_checking_imports(tmp_path):
+    pkg = _write(tmp_path, {
+        "__init__.py": "",
+        "low.py": ("from typing import TYPE_CHECKING\nimport typing\nif TYPE_CHECKING:\n"
+                   "    from .high import B\nif typing.TYPE_CHECKING:\n    from . import high\n"
+                   "else:\n    from . import other\n"),
+        "high.py": "from .low import *\n",
+        "other.py": "",
+    })
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.low"] == {"pkg.other"}
+    floor = floors([("low", "other"), ("high",)], graph, "pkg")
+    assert climbs(graph, floor) == [] and cycles(graph) == []
+
+
+def test_the_map_parser_reads_floor_lines_only():
+    doc = ("Intro ``configs/`` in prose.\n\n0  ``paths``, ``common/``: the bottom\n"
+           "    ``files``  a sub-entry\n1  ``configs/``   ``params``: the schema\n")
+    assert map_floors(doc) == [("paths", "common"), ("configs",)]
+    with pytest.raises(AssertionError, match="numbered 2"):
+        map_floors("0  ``a``\n2  ``b``\n")

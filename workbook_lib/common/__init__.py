@@ -1,0 +1,11 @@
+"""What every floor of the package uses, on the bottom floor (it imports only ``exceptions``):
+
+``files``       atomic writes with the mode ``open`` would give (0666 less the umask)
+``device``      the ``device`` param as a ``torch.device``; the host memory a run may use; the
+                CPU allocator setting a process applies once
+``progress``    progress bars and stage notes on the terminal, never in a report
+``processes``   stopping processes we started, whatever state they are in
+
+They are small utilities that the data, training, measurement and running layers all need; kept
+here so that none of those reaches up into ``running`` or ``report`` for them.
+"""

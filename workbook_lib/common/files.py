@@ -1,0 +1,56 @@
+"""Atomic writes: a temporary file with a unique name in the target's folder, then a rename, so
+that a reader or a resumed run never sees half a file.
+
+The temporary file gets the mode a plain ``open`` would give (0666 less the umask):
+``tempfile.mkstemp`` creates it 0600, which would make a group's shared run folder or snapshot
+cache unreadable by the group.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def current_umask() -> int:
+    """The process umask, read from ``/proc`` where it can be (``os.umask`` can only be read by
+    setting it, which is not thread-safe)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def temp_file_beside(path: Path) -> tuple[int, str]:
+    """A uniquely named temporary file in ``path``'s folder, with the mode ``open`` would give
+    it (0666 less the umask), for an atomic write of ``path``: ``(fd, name)``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    except OSError:
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return fd, tmp
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a uniquely named temporary file and a rename (the
+    file gets the umask's mode, as ``open`` would give it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = temp_file_beside(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,68 @@
+"""Peak memory of one training step of a pipeline (a built-in strategy or the user's), measured
+in a fresh process by :mod:`workbook_lib.measurement.memory`.
+
+:func:`measure_point` names the set-up (:func:`setup_step`) that the fresh process runs: validate
+the params at the point's sizes, load the snapshot, build the pipeline and one batch of items.
+The step is collate, transfer, device preparation, forward, loss and backward of that batch; the
+warm-up step's gradients are dropped before the measured step.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..configs.params import validate
+from ..data.snapshots import load_snapshot
+from ..measurement.memory import MemoryPoint, StepToMeasure, measure_in_fresh_process
+from ..pipelines import build_pipeline, is_builtin
+from ..records import to_json
+
+
+def setup_step(cfg: dict) -> StepToMeasure:
+    """The fresh process's set-up: the pipeline's training step on one batch (see module docs).
+
+    Args:
+        cfg: what :func:`measure_point` passes: params, strategy, batch_size, scale, hidden,
+            layers, device, form, dual.
+    """
+    p = validate({**cfg["params"], "scale": cfg["scale"], "hidden": cfg["hidden"],
+                  "layers": cfg["layers"], "dual_forward": bool(cfg["dual"])},
+                 source="memory probe")
+    b = cfg["batch_size"]
+    graph = load_snapshot(p)
+    builtin = is_builtin(cfg["strategy"])
+    pipe = build_pipeline(p, cfg["strategy"], graph, cfg["device"], batch_size=b, n_items=b,
+                          form=cfg["form"] if builtin else None, check=False)
+    ds = pipe.dataset()
+    if len(ds) < b:
+        raise ValueError(f"pipeline {pipe.name!r}: its dataset holds {len(ds)} items, fewer than "
+                         f"a batch of {b}")
+    items = [ds[i] for i in range(b)]
+
+    def step():
+        batch = pipe.to_device(pipe.collate(items))
+        pipe.loss(pipe.forward(pipe.model, pipe.prepare(batch)), batch).backward()
+    return StepToMeasure(step, torch.device(pipe.device),
+                         after_warm_up=lambda: pipe.model.zero_grad(set_to_none=True))
+
+
+def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float, hidden: int,
+                  layers: int, device: str = "cpu", form: str = "gather_scatter",
+                  dual: bool = True, timeout_s: float = 900.0) -> MemoryPoint:
+    """Peak memory of one training step of ``strategy`` at these sizes, in a fresh process.
+
+    Args:
+        params: validated params (the point's sizes replace scale, hidden and layers).
+        strategy: a built-in strategy or the name of a user pipeline of ``params``.
+        batch_size, scale, hidden, layers: the point.
+        device: where the step runs.
+        form: message form of a replicated built-in strategy.
+        dual: the Lazy model's dual forward.
+        timeout_s: the fresh process's time limit.
+    """
+    cfg = {"params": to_json(params), "strategy": strategy, "batch_size": batch_size,
+           "scale": scale, "hidden": hidden, "layers": layers, "device": device, "form": form,
+           "dual": dual}
+    point = dict(strategy=strategy, form=form, batch_size=batch_size, scale=scale,
+                 hidden=hidden, layers=layers)
+    return measure_in_fresh_process(f"{__name__}:setup_step", cfg, point, device=device,
+                                    timeout_s=timeout_s)
