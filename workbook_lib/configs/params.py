@@ -771,8 +771,6 @@ def check_gap(params: dict, notebooks: list[str]) -> None:
 
     need = [n for n in notebooks if n in BY_NAME and BY_NAME[n].needs_gap]
     if need and not params["gap_strategies"]:
-        from ..pipelines.loading import parse_specs
-
         one = list(params["strategies"]) + [s.name for s in parse_specs(params["pipelines"])]
         raise ParamsError(
             f"{', '.join(need)} compare two pipelines (gap_strategies: slow, fast) and this run "
