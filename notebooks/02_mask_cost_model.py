@@ -138,9 +138,13 @@ view.layer_plot(layers, NB.device_label)
 # ## The strategy benchmark: per sample, forward + backward
 # The node-mask shared graph in the form this workbook recommends (second layer
 # delta-propagated: its per-sample work follows what a deletion changed) and with full middle
-# layers, replicated masks in the Lazy model's form and in their sparse-product form (at the
-# shared form's batch), and a DANGO-style wildtype step, all in the same rounds. At this run's
-# sizes, or at the real spec with `bench_full_size: true`.
+# layers, replicated masks in the Lazy model's form and in their sparse-product form, and a
+# DANGO-style wildtype step, all in the same rounds. At this run's sizes, or at the real spec
+# with `bench_full_size: true`; at least `bench_min_layers` (3) layers, so that the delta form is
+# measured. Each shared label names the path its step took and the push kernel. The replicated
+# forms are measured at the shared form's batch when their memory estimate fits the budget, else
+# projected from B = 1, 2 and labelled so; the table shows the projection's error at the largest
+# batch measured.
 
 # %%
 bres = bench.run_bench(P)
