@@ -117,6 +117,15 @@ def test_fit_falls_back_to_the_projection_when_the_planned_batch_ran_out_of_memo
     assert replicated_fit({}, "rep", ReplicatedPlan((1,), 28, False, "")) is None
 
 
+def test_a_projection_that_is_noise_says_so():
+    steps = _steps({1: 150.0, 2: 70.0, 10: 300.0})  # B = 2's step faster than B = 1's
+    fit = replicated_fit(steps, "rep", ReplicatedPlan((1, 2, 10), 28, False, "B = 28 does not "
+                                                                             "fit"))
+    assert fit.per_sample.median <= 0 and "the projection is noise" in fit.basis
+    ok = replicated_fit(_steps(GROWING), "rep", ReplicatedPlan((1, 2, 10), 28, False, "x"))
+    assert "noise" not in ok.basis
+
+
 def test_bench_layers_reaches_the_delta_form():
     assert bench_layers({"layers": 2, "bench_min_layers": 3}) == 3
     assert bench_layers({"layers": 4, "bench_min_layers": 3}) == 4

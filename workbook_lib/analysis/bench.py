@@ -406,6 +406,9 @@ def replicated_fit(stats: dict[str, Stat], key: str, plan: ReplicatedPlan) -> Re
     rule = plan.rule
     if plan.at_compared and direct is None:
         rule = f"B = {at} was planned but did not run (out of memory)"
+    if projected is not None and projected.median <= 0:  # t2 <= t1 in most rounds: noise
+        rule += ("; the line through B = 1, 2 gives no positive time (B = 2's step was not "
+                 "slower than B = 1's): the projection is noise, not a figure")
     if direct is not None:
         per = direct.scaled(1.0 / at, "s/sample")
     elif projected is not None:

@@ -159,6 +159,10 @@ def mask_generation_table(mg: MaskGeneration):
                                f"{mg.batch_size} and divided by it; all forms in the same rounds.")
 
 
+# what the one-layer sweep times of a strategy whose step has several paths
+LAYER_FORM = {"node_mask_shared": " [full middle layer: one product per sample]"}
+
+
 def layer_plot(ls: LayerSweep, device: str) -> None:
     fig, ax = plotting.plt.subplots(figsize=(8, 4.5))
     names = list(dict.fromkeys(p.strategy for p in ls.points))
@@ -170,7 +174,8 @@ def layer_plot(ls: LayerSweep, device: str) -> None:
         med = np.array([p.stat.median for p in pts]) * 1e3
         err = [med - np.array([p.stat.q1 for p in pts]) * 1e3,
                np.array([p.stat.q3 for p in pts]) * 1e3 - med]
-        ax.errorbar(bs, med, yerr=err, fmt="o-", color=plotting.PALETTE[i], label=label(n))
+        ax.errorbar(bs, med, yerr=err, fmt="o-", color=plotting.PALETTE[i],
+                    label=label(n) + LAYER_FORM.get(n, ""))
         ax.plot(bs, med[0] * bs / bs[0], ":", color=plotting.PALETTE[i], lw=1)
         oom = [p.batch_size for p in ls.series(n) if p.stat is None]
         if oom:
@@ -235,7 +240,8 @@ def form_text(c: FormChoice) -> Markdown:
 
 def rates_table(b: BenchResult):
     """Achieved multiply-add rates of the shared steps' products beside this machine's best."""
-    rows = [{"step": f.variant, "products": f.kind,
+    rows = [{"step": b.per_sample_s[f.variant].label if f.variant in b.per_sample_s
+             else f.variant, "products": f.kind,
              "G multiply-adds": f"{f.macs / 1e9:.3g}",
              "time in them": f"{f.seconds * 1e3:.3g} ms ({f.seconds / f.step_seconds:.0%} of "
                              "the profiled step)",
