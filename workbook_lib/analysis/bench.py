@@ -357,7 +357,8 @@ def replicated_plan(compared: int, per_sample_bytes: float, budget: float,
 
     Args:
         compared: the shared form's batch (``batch_size_lazy``).
-        per_sample_bytes: the planning estimate of one sample (:func:`replicated_bytes_per_sample`).
+        per_sample_bytes: the planning estimate of one sample
+            (:func:`replicated_bytes_per_sample`).
         budget: bytes the step may use.
         max_batch: ``bench_replicated_max_batch``.
     """
@@ -379,7 +380,8 @@ def replicated_plan(compared: int, per_sample_bytes: float, budget: float,
     return ReplicatedPlan(tuple(sorted({1, min(2, top), top})), compared, False, why)
 
 
-def replicated_fit(stats: dict[str, Stat], key: str, plan: ReplicatedPlan) -> ReplicatedFit | None:
+def replicated_fit(stats: dict[str, Stat], key: str,
+                   plan: ReplicatedPlan) -> ReplicatedFit | None:
     """The per-sample figure of replicated form ``key`` from its steps ``stats[f"{key}@{B}"]``
     (timed in the same rounds) under ``plan``: measured at the compared batch when it was timed
     there, else projected from B = 1, 2; the projection's error at the largest batch timed

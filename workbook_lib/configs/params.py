@@ -247,7 +247,8 @@ SCHEMA: tuple[Field, ...] = (
     Field("memory_budget_gb", "optional_float", None,
           "memory for the largest-batch projection (null: what the run measures on - for CPU "
           "runs the tightest of host RAM, an rlimit, a cgroup and SLURM --mem; GPU memory for "
-          "CUDA runs)", S_02, _positive),
+          "CUDA runs); when set, also the benchmark's budget for the replicated forms' batch",
+          S_02, _positive),
     Field("batch_size_lazy", "int", 7,
           "batch of the perturbed-graph strategies (the investigation's Lazy model: 28)", S_03,
           _batch),
