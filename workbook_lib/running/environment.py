@@ -14,8 +14,9 @@ import torch
 from ..exceptions import ParamsError
 from ..paths import REPO_ROOT
 
+# numba: the delta push's compiled kernel (without it the 'pull' fallback runs)
 PACKAGES = ("torch", "torch_geometric", "numpy", "papermill", "nbclient", "nbconvert",
-            "matplotlib", "seaborn", "pandas", "pyyaml", "tqdm")
+            "matplotlib", "seaborn", "pandas", "pyyaml", "tqdm", "numba")
 
 
 def resolve_device(device: str) -> torch.device:
