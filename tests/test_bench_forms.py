@@ -218,9 +218,8 @@ def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params
         b = run_bench(p, full_size=False, device="cpu")
     b = BenchResult.from_json(b.to_json())  # what the results file keeps
     assert b.push_kernel == "pull" and b.sizes["layers"] == 3 and b.run_layers == 2
-    assert b.shared_form == "6 node-mask shared graph [delta, push pull (fallback: numba is " \
-                            "not installed)]"
-    assert b.per_sample_s["shared"].label == b.shared_form
+    assert b.shared_form == "delta, push pull (fallback: numba is not installed)"
+    assert b.per_sample_s["shared"].label == f"6 node-mask shared graph [{b.shared_form}]"
     assert "full middle layers" in b.per_sample_s["shared_full"].label
     assert any("'pull' kernel, the CPU fallback" in n for n in b.notes)
     assert "delta push kernel: pull" in summary_lines(b)[0]

@@ -210,7 +210,7 @@ def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
     assert b.sizes["layers"] == 3 and b.run_layers == 1  # bench_min_layers: the delta form
     from workbook_lib.nodemask.delta import default_push_kernel
     assert b.push_kernel == default_push_kernel("cpu")  # numba where installed, recorded
-    assert b.shared_form.endswith(f"[delta, push {b.push_kernel}]")
+    assert b.shared_form == f"delta, push {b.push_kernel}"
     assert rep.measured and rep.at_batch == b.per_sample_s["shared"].batch_size == 4
     assert rep.per_sample.samples == pytest.approx(
         [x / 4 for x in b.steps["replicated_gather_scatter@4"].samples])

@@ -158,7 +158,7 @@ class BenchResult(Record):
     rounds: int = 0
     seconds: float = 0.0
     push_kernel: str = ""  # the delta push's kernel in the timed steps ("" : no delta form ran)
-    shared_form: str = ""  # the label of the shared form timed as "shared" (its path, kernel)
+    shared_form: str = ""  # the path of the step timed as "shared" ("delta, push numba"...)
     run_layers: int | None = None  # the run's model depth (the benchmark's is sizes["layers"])
 
 
@@ -456,7 +456,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         for b in rep_plans[key].batches:
             plan[f"{key}@{b}"] = ("replicated_mask_cpu", form, b, None)
     fns, per_b, labels, skipped = {}, {}, {}, {}
-    push_kernel = ""
+    push_kernel = shared_form = ""
     for key, (name, form, b, middle) in plan.items():
         note(f"bench: preparing {key} (B={b})")
         try:
@@ -474,7 +474,9 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
             continue
         per_b[key] = b
         if middle is not None:  # the path the step takes at this depth, and its push kernel
-            labels[key] = f"{type(run.strategy).label} [{run.strategy.path_label(layers)}]"
+            path = run.strategy.path_label(layers)
+            labels[key] = f"{type(run.strategy).label} [{path}]"
+            shared_form = path if key == "shared" else shared_form
             if run.strategy.path(layers) == "delta":
                 push_kernel = run.strategy.step_push_kernel()
         else:
@@ -554,7 +556,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         ratio_vs_full_form=ratio("shared_full", "shared"), replicated=replicated, rates=rates,
         machine=machine, kernels=kernels, skipped=skipped, notes=notes, rounds=res.rounds,
         seconds=time.perf_counter() - t0, push_kernel=push_kernel,
-        shared_form=labels.get("shared", ""), run_layers=run_layers)
+        shared_form=shared_form, run_layers=run_layers)
 
 
 @dataclass
