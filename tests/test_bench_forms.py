@@ -178,7 +178,7 @@ def test_without_numba_the_push_falls_back_to_pull_warning_once(graph, no_numba,
     with pytest.warns(UserWarning, match="'pull' kernel .*numba is not installed"):
         assert delta.default_push_kernel("cpu") == "pull"
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a second warning would raise here
+        warnings.filterwarnings("error", category=delta.PushKernelFallback)  # a 2nd raises
         assert delta.default_push_kernel("cpu") == "pull"
         label, calls = _spy_step(graph, 3, "delta", None, monkeypatch)
     assert label == "delta, push pull (fallback: numba is not installed)"
@@ -192,7 +192,7 @@ def test_the_environment_switch_reads_as_a_fallback_too(monkeypatch):
     monkeypatch.setattr(delta, "_WARNED_FALLBACK", True)  # announced already: silent
     monkeypatch.setenv(delta.NO_NUMBA_ENV, "1")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", category=delta.PushKernelFallback)
         assert delta.default_push_kernel("cpu") == "pull"
     assert delta.default_push_kernel_reason("cpu").endswith(f"{delta.NO_NUMBA_ENV} is set")
 
@@ -200,7 +200,7 @@ def test_the_environment_switch_reads_as_a_fallback_too(monkeypatch):
 @pytest.mark.skipif(not delta.numba_available(), reason="numba is not installed")
 def test_with_numba_the_push_is_compiled_and_silent(graph, monkeypatch):
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", category=delta.PushKernelFallback)
         assert delta.default_push_kernel("cpu") == "numba"
         label, calls = _spy_step(graph, 3, "delta", None, monkeypatch)
     assert label == "delta, push numba" and calls["kernels"] == ["numba"]
@@ -231,3 +231,21 @@ def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params
     assert "projected from B = 1, 2 to B = 4" in view.bar_label(b, "replicated_gather_scatter")
     assert "projected from B = 1, 2" in b.per_sample_s["replicated_gather_scatter"].batch_reason
     assert "replicated projected from B = 1, 2" in view.headline_bench_part(b)
+
+
+def test_notebooks_show_the_fallback_on_the_terminal_not_in_the_report(monkeypatch):
+    """In a notebook the fallback's warning is a terminal line (the report names the kernel in
+    its labels); every other warning is shown as before."""
+    from workbook_lib.report import progress
+    from workbook_lib.running import notebook
+
+    seen, other = [], []
+    monkeypatch.setattr(warnings, "showwarning", lambda *a, **k: other.append(a[1]))
+    monkeypatch.setattr(progress, "note", seen.append)
+    notebook.warnings_to_terminal()
+    notebook.warnings_to_terminal()  # twice: still one hook
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("pull it is", delta.PushKernelFallback)
+        warnings.warn("something else", UserWarning)
+    assert seen == ["warning: pull it is"] and other == [UserWarning]

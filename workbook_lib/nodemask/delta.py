@@ -27,7 +27,7 @@ about as much as the full product there), so two kernels compute it:
 * ``pull`` (PyTorch only: the CPU fallback without numba): per sample and type, ``A_t`` times
   the changed rows scattered into a zero operand: the full product's sparse work, none of its
   dense work (1.6-1.8x slower per step than ``numba`` on this project's 2-core CPU). Falling
-  back to it warns once per process (a ``UserWarning``), and the kernel a step used is named in
+  back to it warns once per process (a ``UserWarning``: :class:`PushKernelFallback`), and the kernel a step used is named in
   the benchmark's labels and results (``default_push_kernel_reason`` says why);
 * ``index_add`` (PyTorch; the CUDA default, where ``index_add_`` is native): per sample, the
   out-edges of ``R_b`` are enumerated on the device with sizes known on the host (no sync) and
@@ -56,6 +56,12 @@ _NUMBA = None  # (forward, backward) once compiled; False when numba is unavaila
 _WARNED_FALLBACK = False  # the pull fallback has been announced in this process
 
 NO_NUMBA_ENV = "WORKBOOK_NO_NUMBA"  # set (non-empty): behave as if numba were not installed
+
+
+class PushKernelFallback(UserWarning):
+    """The delta push fell back to the slower ``pull`` kernel (numba unavailable). Notebooks
+    show it on the terminal, not in the report (``running.notebook.setup``); the report names
+    the kernel in its labels instead."""
 
 
 def _numba_kernels():
@@ -143,7 +149,7 @@ def default_push_kernel(device: torch.device | str) -> str:
         warnings.warn(f"delta propagation's push runs on the 'pull' kernel "
                       f"({default_push_kernel_reason(device)}), 1.6-1.8x slower per step than "
                       "the compiled 'numba' kernel on this project's CPU: pip install numba",
-                      UserWarning, stacklevel=2)
+                      PushKernelFallback, stacklevel=2)
     return "pull"
 
 
