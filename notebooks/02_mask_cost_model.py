@@ -50,10 +50,11 @@ sweep_p: List[float] = [0.001, 0.01, 0.1, 0.3, 0.6]  # removed-edge fractions p 
 layer_batch_sizes: List[int] = [1, 2, 4, 8]  # batch sizes of the one-layer strategy comparison
 exactness_genes: int = 400  # genes of the induced subgraph on which 02 re-checks exactness
 bench_full_size: bool = False  # run 02's strategy benchmark at the real spec (scale 1, H 64, 3 layers) instead of this run's sizes
-bench_replicated_max_batch: int = 2  # largest batch of the replicated strategies in the benchmark (they are compared per sample; their cost is linear in B)
+bench_min_layers: int = 3  # fewest layers of 02's strategy benchmark: it runs at max(layers, this), so that the shared graph's delta form (it needs a middle layer, L at least 3) is measured; 1: the run's layers
+bench_replicated_max_batch: int = 64  # largest batch at which the benchmark times the replicated forms (they also need the memory estimate to fit): at the shared form's batch when allowed, else projected from B is 1, 2 and labelled so
 memory_batch_sizes: List[int] = [1, 2, 4]  # batch sizes of the peak-memory sweep (at least 3 for a fit)
 memory_full_size: bool = False  # also measure peak memory at the real spec (scale 1, H 64, 3 layers)
-memory_budget_gb: Optional[float] = None  # memory for the largest-batch projection (null: what the run measures on - for CPU runs the tightest of host RAM, an rlimit, a cgroup and SLURM --mem; GPU memory for CUDA runs)
+memory_budget_gb: Optional[float] = None  # memory for the largest-batch projection (null: what the run measures on - for CPU runs the tightest of host RAM, an rlimit, a cgroup and SLURM --mem; GPU memory for CUDA runs); when set, also the benchmark's budget for the replicated forms' batch
 batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)
 batch_size_dango: int = 16  # batch of the DANGO-style strategy (the investigation: 64)
 run_dir: str = "runs/interactive"  # where results go (a relative path is taken from the repository root)
@@ -137,9 +138,13 @@ view.layer_plot(layers, NB.device_label)
 # ## The strategy benchmark: per sample, forward + backward
 # The node-mask shared graph in the form this workbook recommends (second layer
 # delta-propagated: its per-sample work follows what a deletion changed) and with full middle
-# layers, replicated masks in the Lazy model's form and in their sparse-product form (at the
-# shared form's batch), and a DANGO-style wildtype step, all in the same rounds. At this run's
-# sizes, or at the real spec with `bench_full_size: true`.
+# layers, replicated masks in the Lazy model's form and in their sparse-product form, and a
+# DANGO-style wildtype step, all in the same rounds. At this run's sizes, or at the real spec
+# with `bench_full_size: true`; at least `bench_min_layers` (3) layers, so that the delta form is
+# measured. Each shared label names the path its step took and the push kernel. The replicated
+# forms are measured at the shared form's batch when their memory estimate fits the budget, else
+# projected from B = 1, 2 and labelled so; the table shows the projection's error at the largest
+# batch measured.
 
 # %%
 bres = bench.run_bench(P)

@@ -207,11 +207,22 @@ def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
     assert b.per_sample_s["shared"].median == pytest.approx(med(per("shared")))
     assert b.passes_per_sample.median == pytest.approx(
         med([s / w for s, w in zip(per("shared"), b.steps["wildtype"].samples)]))
-    rep = b.replicated["replicated_gather_scatter"]  # amortised from B = 1 and 2, same rounds
+    # B = 4 fits: the replicated figure is its step at the shared form's batch, per round; the
+    # projection from B = 1 and 2 (same rounds) is kept beside it, with its error there
+    rep = b.replicated["replicated_gather_scatter"]
+    assert b.sizes["layers"] == 3 and b.run_layers == 1  # bench_min_layers: the delta form
+    from workbook_lib.nodemask.delta import default_push_kernel
+    assert b.push_kernel == default_push_kernel("cpu")  # numba where installed, recorded
+    assert b.shared_form == f"delta, push {b.push_kernel}"
+    assert rep.measured and rep.at_batch == b.per_sample_s["shared"].batch_size == 4
     assert rep.per_sample.samples == pytest.approx(
+        [x / 4 for x in b.steps["replicated_gather_scatter@4"].samples])
+    assert rep.projected.samples == pytest.approx(
         [(t1 * (2 - rep.at_batch) + t2 * (rep.at_batch - 1)) / rep.at_batch
          for t1, t2 in zip(b.steps["replicated_gather_scatter@1"].samples,
                            b.steps["replicated_gather_scatter@2"].samples)])
+    assert rep.check_batch == 4 and rep.projection_error.samples == pytest.approx(
+        [a / m for a, m in zip(rep.projected.samples, rep.per_sample.samples)])
     assert b.ratio_vs_lazy_form.median == pytest.approx(
         med([r / s for r, s in zip(rep.per_sample.samples, per("shared"))]))
 

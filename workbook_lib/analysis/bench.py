@@ -9,12 +9,28 @@ it times, in the same rounds (A, B, C... then again, so drift cancels in the rat
 * ``shared_full``: the same with every middle layer one product per sample (the form before
   delta propagation), at the same batch;
 * ``replicated_gather_scatter``: replicated masks as the investigation's model computes them
-  (every message materialised, then masked), timed at B = 1 and B = 2 in the same rounds; its
-  per-sample cost is reported *at the shared form's batch* from the per-step line through the
-  two (``t(B) = a + b B``, per sample ``a / B + b``): a replicated step also makes one wildtype
-  pass per batch (the dual forward's), which at B = 2 would count half a pass per sample;
+  (every message materialised, then masked);
 * ``replicated_sparse``: the same masks as the values of one sparse product per edge type;
 * ``wildtype``: one DANGO-style step (a single wildtype pass) at ``batch_size_dango``.
+
+**Depth.** The benchmark runs at ``max(layers, bench_min_layers)`` layers (default at least 3):
+below 3 layers there is no middle layer, and the shared graph's step takes the plain path
+(first layer incremental, last pooled) whatever its form, so a 2-layer benchmark would quote a
+delta form it never ran. Every shared figure's label names the path its step took and the push
+kernel (:meth:`~workbook_lib.strategies.node_mask_shared.NodeMaskShared.path_label`).
+
+**The replicated forms' batch.** Their per-sample cost is not linear in B (per sample, a
+replicated step's feature tables grow with the batch; measured at scale 0.1, H = 64, L = 3: the
+line through B = 1 and 2 gave 158.9 ms per sample for the Lazy form where B = 28 measured 567.2),
+so the rule is: **measured at the shared form's batch** ``B_s`` when ``B_s`` x the planning
+estimate of one sample's peak (:func:`replicated_bytes_per_sample`) fits the memory budget
+(``memory_budget_gb``, else 80% of the GPU's free memory or 60% of the host's available memory)
+and ``B_s <= bench_replicated_max_batch``. Otherwise the figure is **projected from B = 1, 2**
+(per round, the line ``t(B) = a + b B`` through the two steps, per sample ``a / B_s + b``: a
+replicated step also makes one wildtype pass per batch) and labelled so, and the replicated form
+is also timed at the largest batch that fits, where the projection's error against the
+measurement is shown. B = 1 and 2 are timed in the same rounds in both cases, so every run shows
+how far the projection is from the measurement at the largest batch measured.
 
 Every step includes the dual forward when the params ask for it, and builds its batch on the
 host as the training loop does.
@@ -86,12 +102,39 @@ class RateFigure(Record):
 
 @dataclass
 class ReplicatedFit(Record):
-    """A replicated form timed at B = 1 and B = 2 and its per-sample cost at ``at_batch``."""
+    """A replicated form's per-sample cost at the shared form's batch ``at_batch``: measured
+    there (``measured``) or projected from its steps at B = 1 and 2; with the projection's error
+    at the largest batch measured (``check_batch``)."""
 
     step_b1: Stat
     step_b2: Stat | None
     at_batch: int
-    per_sample: Stat  # per round: (t1 (2 - B) + t2 (B - 1)) / B, or t1 without B = 2
+    per_sample: Stat  # the figure quoted: measured at at_batch, else the projection
+    measured: bool = False  # per_sample was timed at at_batch itself
+    projected: Stat | None = None  # per round (t1 (2 - B) + t2 (B - 1)) / B at at_batch
+    check_batch: int | None = None  # the largest batch timed beyond 2
+    check_step: Stat | None = None  # its step
+    projection_error: Stat | None = None  # projected / measured per sample at check_batch
+    rule: str = ""  # why this batch (the memory estimate, the budget, the cap)
+
+    @property
+    def basis(self) -> str:
+        """What the per-sample figure is, in words for labels (never "same batch" unless it
+        was timed at the shared form's batch)."""
+        if self.measured:
+            return f"measured at B = {self.at_batch} (the shared form's batch)"
+        if self.step_b2 is None:
+            return f"B = 1 only, not projected ({self.rule})"
+        return f"projected from B = 1, 2 to B = {self.at_batch} ({self.rule})"
+
+    @property
+    def error_text(self) -> str:
+        """The projection's error at the largest measured batch, or why there is none."""
+        if self.projection_error is None:
+            return "no batch beyond 2 measured: the projection's error is unknown"
+        e = self.projection_error
+        return (f"the projection from B = 1, 2 is {e.median:.2f}x the measurement at "
+                f"B = {self.check_batch} (IQR {e.iqr:.2g}, n={e.n})")
 
 
 @dataclass
@@ -114,6 +157,9 @@ class BenchResult(Record):
     notes: list[str] = field(default_factory=list)
     rounds: int = 0
     seconds: float = 0.0
+    push_kernel: str = ""  # the delta push's kernel in the timed steps ("" : no delta form ran)
+    shared_form: str = ""  # the path of the step timed as "shared" ("delta, push numba"...)
+    run_layers: int | None = None  # the run's model depth (the benchmark's is sizes["layers"])
 
 
 def replicated_bytes_per_sample(num_edges: int, max_type_edges: int, num_genes: int,
@@ -128,9 +174,13 @@ def replicated_bytes_per_sample(num_edges: int, max_type_edges: int, num_genes: 
     return 1.5 * (base + transient + act)
 
 
-def _budget(device: torch.device) -> float:
+def _budget(device: torch.device, budget_gb: float | None = None) -> float:
+    """Bytes the benchmark may plan for: ``budget_gb`` when given, else 80% of the GPU's free
+    memory or 60% of the host's available memory."""
     import psutil
 
+    if budget_gb is not None:
+        return budget_gb * 1e9
     if device.type == "cuda":
         return 0.8 * torch.cuda.mem_get_info(device)[0]
     return 0.6 * psutil.virtual_memory().available
@@ -288,17 +338,93 @@ def exact_error(params: dict, graph, hidden: int, layers: int) -> float:
                             seed=params["seed"])["node_mask_shared"]
 
 
-def _replicated_batches(p: dict, graph, hidden: int, form: str, budget: float) -> tuple:
-    per = replicated_bytes_per_sample(
-        graph.num_edges(), max(graph.num_edges(t) for t in graph.edge_types), graph.num_genes,
-        len(graph.edge_types), hidden, form)
-    fits = max(1, int(budget // per))
-    top = min(2, fits, p["bench_replicated_max_batch"])
-    why = "" if top == 2 else (
-        "bench_replicated_max_batch" if top == p["bench_replicated_max_batch"]
-        else f"largest fitting {budget / 1e9:.0f} GB at about {per / 1e9:.1f} GB/sample "
-             "(estimate)")
-    return (1, 2) if top == 2 else (1,), why
+@dataclass
+class ReplicatedPlan(Record):
+    """The batches at which one replicated form is timed, and why (see the module docstring)."""
+
+    batches: tuple  # always 1; 2 when it fits; the compared batch or the largest fitting one
+    compared: int  # the shared form's batch
+    at_compared: bool  # timed at the compared batch itself
+    rule: str
+
+
+def replicated_plan(compared: int, per_sample_bytes: float, budget: float,
+                    max_batch: int) -> ReplicatedPlan:
+    """Where to time a replicated form: at the shared form's batch ``compared`` when
+    ``compared * per_sample_bytes <= budget`` and ``compared <= max_batch``; otherwise at the
+    largest batch that satisfies both (to check the projection there). B = 1 and 2 always, as
+    far as they fit.
+
+    Args:
+        compared: the shared form's batch (``batch_size_lazy``).
+        per_sample_bytes: the planning estimate of one sample
+            (:func:`replicated_bytes_per_sample`).
+        budget: bytes the step may use.
+        max_batch: ``bench_replicated_max_batch``.
+    """
+    if compared < 1 or max_batch < 1:
+        raise ValueError(f"batches must be at least 1 (got compared={compared}, "
+                         f"max_batch={max_batch})")
+    if per_sample_bytes <= 0 or budget <= 0:
+        raise ValueError(f"the memory estimate and budget must be positive (got "
+                         f"{per_sample_bytes}, {budget})")
+    fits = int(budget // per_sample_bytes)
+    top = max(1, min(fits, max_batch))
+    est = (f"estimate {per_sample_bytes / 1e9:.2g} GB/sample, budget {budget / 1e9:.3g} GB")
+    if compared <= top:
+        return ReplicatedPlan(tuple(sorted({1, min(2, top), compared})), compared, True,
+                              f"B = {compared} fits ({est})")
+    why = (f"B = {compared} exceeds bench_replicated_max_batch = {max_batch}"
+           if compared > max_batch and fits >= compared
+           else f"B = {compared} does not fit: {est}, largest fitting B = {max(fits, 0)}")
+    return ReplicatedPlan(tuple(sorted({1, min(2, top), top})), compared, False, why)
+
+
+def replicated_fit(stats: dict[str, Stat], key: str,
+                   plan: ReplicatedPlan) -> ReplicatedFit | None:
+    """The per-sample figure of replicated form ``key`` from its steps ``stats[f"{key}@{B}"]``
+    (timed in the same rounds) under ``plan``: measured at the compared batch when it was timed
+    there, else projected from B = 1, 2; the projection's error at the largest batch timed
+    beyond 2. None when not even B = 1 ran.
+
+    Args:
+        stats: step times by ``"{key}@{B}"`` (missing: skipped, e.g. out of memory).
+        key: the replicated variant's name.
+        plan: its :func:`replicated_plan`.
+    """
+    b1, b2 = stats.get(f"{key}@1"), stats.get(f"{key}@2")
+    if b1 is None:
+        return None
+    at = plan.compared
+    projected = amortised(b1, b2, at) if b2 is not None else None
+    timed = sorted(b for b in plan.batches if b > 2 and f"{key}@{b}" in stats)
+    check = timed[-1] if timed else None
+    check_step = stats[f"{key}@{check}"] if check else None
+    err = None
+    if check is not None and b2 is not None:
+        err = amortised(b1, b2, check).ratio_to(check_step.scaled(1.0 / check, "s/sample"),
+                                                paired=True)
+    direct = stats.get(f"{key}@{at}") if at in plan.batches else None
+    rule = plan.rule
+    if plan.at_compared and direct is None:
+        rule = f"B = {at} was planned but did not run (out of memory)"
+    if projected is not None and projected.median <= 0:  # t2 <= t1 in most rounds: noise
+        rule += ("; the line through B = 1, 2 gives no positive time (B = 2's step was not "
+                 "slower than B = 1's): the projection is noise, not a figure")
+    if direct is not None:
+        per = direct.scaled(1.0 / at, "s/sample")
+    elif projected is not None:
+        per = projected
+    else:
+        per = b1.scaled(1.0, "s/sample")
+    return ReplicatedFit(b1, b2, at, per, measured=direct is not None, projected=projected,
+                         check_batch=check, check_step=check_step, projection_error=err,
+                         rule=rule)
+
+
+def bench_layers(params: dict) -> int:
+    """The benchmark's depth: ``max(layers, bench_min_layers)`` (see the module docstring)."""
+    return max(int(params["layers"]), int(params.get("bench_min_layers", 3)))
 
 
 def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> BenchResult:
@@ -308,23 +434,29 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
 
     full = params["bench_full_size"] if full_size is None else full_size
     p = {**params, **REAL_SPEC} if full else dict(params)
+    run_layers = p["layers"]
+    p["layers"] = bench_layers(p)
     dev = resolve_device(p["device"]) if device is None else torch.device(device)
     t0 = time.perf_counter()
     graph = load_snapshot(p)
     hidden, layers, bs = p["hidden"], p["layers"], p["batch_size_lazy"]
-    budget = _budget(dev)
+    budget = _budget(dev, p.get("memory_budget_gb"))
     plan = {"shared": ("node_mask_shared", None, bs, "delta"),
             "shared_full": ("node_mask_shared", None, bs, "full"),
             "wildtype": ("dango_wildtype", None, p["batch_size_dango"], None)}
     if layers < 3:  # no middle layer: the two forms are one computation, timed once
         del plan["shared_full"]
-    rep_batches, rep_why = {}, {}
+    rep_plans: dict[str, ReplicatedPlan] = {}
     for key, form in (("replicated_gather_scatter", "gather_scatter"),
                       ("replicated_sparse", "spmm")):
-        rep_batches[key], rep_why[key] = _replicated_batches(p, graph, hidden, form, budget)
-        for b in rep_batches[key]:
+        per = replicated_bytes_per_sample(
+            graph.num_edges(), max(graph.num_edges(t) for t in graph.edge_types),
+            graph.num_genes, len(graph.edge_types), hidden, form)
+        rep_plans[key] = replicated_plan(bs, per, budget, p["bench_replicated_max_batch"])
+        for b in rep_plans[key].batches:
             plan[f"{key}@{b}"] = ("replicated_mask_cpu", form, b, None)
     fns, per_b, labels, skipped = {}, {}, {}, {}
+    push_kernel = shared_form = ""
     for key, (name, form, b, middle) in plan.items():
         note(f"bench: preparing {key} (B={b})")
         try:
@@ -341,8 +473,14 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
             fns.pop(key, None)
             continue
         per_b[key] = b
-        labels[key] = run.strategy.label + (" (delta)" if middle == "delta" else "") + (
-            f" ({form.replace('_', '-')})" if form else "")
+        if middle is not None:  # the path the step takes at this depth, and its push kernel
+            path = run.strategy.path_label(layers)
+            labels[key] = f"{type(run.strategy).label} [{path}]"
+            shared_form = path if key == "shared" else shared_form
+            if run.strategy.path(layers) == "delta":
+                push_kernel = run.strategy.step_push_kernel()
+        else:
+            labels[key] = run.strategy.label + (f" ({form.replace('_', '-')})" if form else "")
     note("bench: timing the variants interleaved")
     res = interleave(fns, device=dev, warmup=p["warmup"], min_rounds=max(3, p["min_repeats"]),
                      target=p["precision_target"], max_time_s=10 * p["time_budget_s"])
@@ -355,18 +493,13 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
             st = per_round[k]
             per_sample[k] = PerSample(st.median, st.iqr, st.n, per_b[k], labels[k], why)
     replicated = {}
-    for key, batches in rep_batches.items():
-        b1 = res.stats.get(f"{key}@1")
-        if b1 is None:
+    for key, rplan in rep_plans.items():
+        fit = replicated_fit(res.stats, key, rplan)
+        if fit is None:
             continue
-        b2 = res.stats.get(f"{key}@2") if 2 in batches else None
-        at = bs if b2 is not None else 1
-        st = amortised(b1, b2, at)
-        replicated[key] = ReplicatedFit(b1, b2, at, st)
-        per_round[key] = st
-        why = (f"fitted from B = 1 and 2, per sample at B = {bs} (the shared form's)"
-               if b2 is not None else f"B = 1 only ({rep_why[key] or 'B = 2 did not fit'})")
-        per_sample[key] = PerSample(st.median, st.iqr, st.n, at, labels[f"{key}@1"], why)
+        replicated[key] = fit
+        st = per_round[key] = fit.per_sample
+        per_sample[key] = PerSample(st.median, st.iqr, st.n, bs, labels[f"{key}@1"], fit.basis)
 
     def ratio(a, b):
         if a not in per_round or b not in per_round:
@@ -394,13 +527,21 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         if k in fns:
             rates += achieved_rates(fns[k], dev, k, machine)
     notes = []
+    if layers != run_layers:
+        notes.append(f"the benchmark runs at L = {layers} (this run's model has {run_layers}: "
+                     f"bench_min_layers = {p['bench_min_layers']}), so that the delta form, "
+                     "which needs a middle layer, is measured")
+    if push_kernel == "pull" and dev.type == "cpu":
+        notes.append("the delta push ran on the 'pull' kernel, the CPU fallback without numba "
+                     "(slower than the compiled kernel): pip install numba")
     if layers > 3:
         notes.append(f"L = {layers}: only the second layer is delta-propagated; layers 3 to "
                      f"{layers - 1} run one full product per sample (by then nearly every gene "
                      "has changed)")
     if layers < 3:
-        notes.append(f"L = {layers}: no middle layer, so the delta and full forms are the same "
-                     "computation (first layer incremental, last layer pooled), timed once")
+        notes.append(f"L = {layers}: no middle layer, so the shared graph's step takes the "
+                     "plain path (first layer incremental, last layer pooled) and the delta form "
+                     "was not measured (bench_min_layers = 3 measures it)")
     err = exact_error(p, graph, hidden, layers)
     return BenchResult(
         device=device_label(dev),
@@ -414,7 +555,8 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         passes_per_sample=passes, exact_max_rel_error=err,
         ratio_vs_full_form=ratio("shared_full", "shared"), replicated=replicated, rates=rates,
         machine=machine, kernels=kernels, skipped=skipped, notes=notes, rounds=res.rounds,
-        seconds=time.perf_counter() - t0)
+        seconds=time.perf_counter() - t0, push_kernel=push_kernel,
+        shared_form=shared_form, run_layers=run_layers)
 
 
 @dataclass
@@ -451,11 +593,19 @@ def summary_lines(r: BenchResult) -> list[str]:
     """A short plain-text table (the CLI prints it)."""
     s = r.sizes
     lines = [f"bench on {r.device}: {s['edges']:,} edges, H={s['hidden']}, L={s['layers']}, "
-             f"k={s['k']}; {r.rounds} interleaved rounds, {r.seconds:.0f} s",
+             f"k={s['k']}; {r.rounds} interleaved rounds, {r.seconds:.0f} s; delta push kernel: "
+             f"{r.push_kernel or 'none (no delta form ran)'}",
              f"{'variant':28s} {'B':>4s} {'ms/sample':>11s} {'IQR':>8s} {'n':>3s}"]
     for k, v in r.per_sample_s.items():
+        what = v.batch_reason if k.startswith("repl") else v.label
         lines.append(f"{k:28s} {v.batch_size:4d} {v.median * 1e3:11.2f} {v.iqr * 1e3:8.2f} "
-                     f"{v.n:3d}" + (f"  ({v.batch_reason})" if k.startswith("repl") else ""))
+                     f"{v.n:3d}  ({what})")
+    for k, f in r.replicated.items():
+        if f.projected is not None and f.measured:
+            lines.append(f"{k + ' projected':36s} {f.at_batch:4d} "
+                         f"{f.projected.median * 1e3:11.2f} {f.projected.iqr * 1e3:8.2f} "
+                         f"{f.projected.n:3d}  (from B = 1, 2: not quoted)")
+        lines.append(f"{k + ' projection':36s} {f.error_text}")
     for k, why in r.skipped.items():
         lines.append(f"{k:28s} skipped: {why}")
 

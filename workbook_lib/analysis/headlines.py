@@ -200,12 +200,15 @@ def speedups(run_dir: str | Path, adoption=None) -> list[Speedup]:
                                "their sparse-product form")):
             if st is None or key not in bres.per_sample_s:
                 continue
+            fit = bres.replicated.get(key)
+            rep_b = f"replicated {fit.basis}" if fit is not None else \
+                f"replicated B = {bres.per_sample_s[key].batch_size}"
+            shared = f" [{bres.shared_form}]" if bres.shared_form else ""
             out.append(Speedup(
                 f"benchmark per sample, against {form}", nb, st.median, st.iqr,
                 "forward + backward of the model only (no data pipeline, no optimizer), "
-                "the batch prepared beforehand",
-                f"replicated B = {bres.per_sample_s[key].batch_size}, shared B = {shared_b}",
-                size))
+                f"the batch prepared beforehand; the shared graph{shared}",
+                f"{rep_b}, shared B = {shared_b}", size))
     mc = load_result(run_dir, "02_mask_cost_model")
     if mc is not None:
         bench_rows(mc.bench, "02")

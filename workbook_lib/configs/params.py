@@ -307,9 +307,14 @@ SCHEMA: tuple[Field, ...] = (
     Field("bench_full_size", "bool", False,
           "run 02's strategy benchmark at the real spec (scale 1, H=64, 3 layers) instead of "
           "this run's sizes", S_02),
-    Field("bench_replicated_max_batch", "int", 2,
-          "largest batch of the replicated strategies in the benchmark (they are compared per "
-          "sample; their cost is linear in B)", S_02, _positive),
+    Field("bench_min_layers", "int", 3,
+          "fewest layers of 02's strategy benchmark: it runs at max(layers, this), so that the "
+          "shared graph's delta form (it needs a middle layer, L >= 3) is measured; 1: the "
+          "run's layers", S_02, _positive),
+    Field("bench_replicated_max_batch", "int", 64,
+          "largest batch at which the benchmark times the replicated forms (they also need the "
+          "memory estimate to fit): at the shared form's batch when allowed, else projected "
+          "from B = 1, 2 and labelled so", S_02, _positive),
     Field("memory_batch_sizes", "list_int", [1, 2, 4],
           "batch sizes of the peak-memory sweep (at least 3 for a fit)", S_02,
           _distinct_at_least(3, "the memory fit and its residuals need 3", _batch_list)),
@@ -318,7 +323,8 @@ SCHEMA: tuple[Field, ...] = (
     Field("memory_budget_gb", "optional_float", None,
           "memory for the largest-batch projection (null: what the run measures on - for CPU "
           "runs the tightest of host RAM, an rlimit, a cgroup and SLURM --mem; GPU memory for "
-          "CUDA runs)", S_02, _positive),
+          "CUDA runs); when set, also the benchmark's budget for the replicated forms' batch",
+          S_02, _positive),
     Field("batch_size_lazy", "int", 7,
           "batch of the perturbed-graph strategies (the investigation's Lazy model: 28)", S_03,
           _batch),

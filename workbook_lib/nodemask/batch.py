@@ -184,8 +184,8 @@ class NodeMaskBatch:
             a GPU it is a device-to-host copy: validate on the host in the collate (as
             :func:`corrections` and the workbook's strategy do) and pass ``validate=False``
             in the training step.
-        push_kernel: the delta layer's push kernel (``numba`` or ``torch``; default by device,
-            see :mod:`workbook_lib.nodemask.delta`).
+        push_kernel: the delta layer's push kernel (``numba``, ``pull`` or ``index_add``;
+            default by device, see :mod:`workbook_lib.nodemask.delta`).
     """
 
     def __init__(self, graph: SharedGraph, deleted: torch.Tensor,

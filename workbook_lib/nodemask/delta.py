@@ -26,7 +26,9 @@ about as much as the full product there), so two kernels compute it:
   at run time, unlike ``torch.utils.cpp_extension``).
 * ``pull`` (PyTorch only: the CPU fallback without numba): per sample and type, ``A_t`` times
   the changed rows scattered into a zero operand: the full product's sparse work, none of its
-  dense work;
+  dense work (1.6-1.8x slower per step than ``numba`` on this project's 2-core CPU). Falling
+  back to it warns once per process (a ``UserWarning``: :class:`PushKernelFallback`), and the kernel a step used is named in
+  the benchmark's labels and results (``default_push_kernel_reason`` says why);
 * ``index_add`` (PyTorch; the CUDA default, where ``index_add_`` is native): per sample, the
   out-edges of ``R_b`` are enumerated on the device with sizes known on the host (no sync) and
   the gathered messages are added with ``index_add_``. On a CPU, ``index_add_`` of many rows is
@@ -41,6 +43,7 @@ delta-propagated.
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -50,6 +53,15 @@ from .kernels import sparse_range
 PUSH_KERNELS = ("numba", "pull", "index_add")
 
 _NUMBA = None  # (forward, backward) once compiled; False when numba is unavailable
+_WARNED_FALLBACK = False  # the pull fallback has been announced in this process
+
+NO_NUMBA_ENV = "WORKBOOK_NO_NUMBA"  # set (non-empty): behave as if numba were not installed
+
+
+class PushKernelFallback(UserWarning):
+    """The delta push fell back to the slower ``pull`` kernel (numba unavailable). Notebooks
+    show it on the terminal, not in the report (``running.notebook.setup``); the report names
+    the kernel in its labels instead."""
 
 
 def _numba_kernels():
@@ -57,7 +69,7 @@ def _numba_kernels():
     global _NUMBA
     if _NUMBA is not None:
         return _NUMBA
-    if os.environ.get("WORKBOOK_NO_NUMBA"):
+    if os.environ.get(NO_NUMBA_ENV):
         _NUMBA = False
         return _NUMBA
     try:
@@ -114,11 +126,31 @@ def numba_available() -> bool:
     return bool(_numba_kernels())
 
 
+def default_push_kernel_reason(device: torch.device | str) -> str:
+    """Why :func:`default_push_kernel` picks its kernel on ``device`` (one clause)."""
+    if torch.device(device).type != "cpu":
+        return "the CUDA default"
+    if numba_available():
+        return "the CPU default (compiled with numba)"
+    why = f"{NO_NUMBA_ENV} is set" if os.environ.get(NO_NUMBA_ENV) else "numba is not installed"
+    return f"the CPU fallback: {why}"
+
+
 def default_push_kernel(device: torch.device | str) -> str:
-    """``numba`` on CPU when it is installed, else ``pull``; ``index_add`` on CUDA."""
-    if torch.device(device).type == "cpu":
-        return "numba" if numba_available() else "pull"
-    return "index_add"
+    """``numba`` on CPU when it is installed, else ``pull`` (announced once per process with a
+    ``UserWarning``: it is slower, and nothing else would say so); ``index_add`` on CUDA."""
+    global _WARNED_FALLBACK
+    if torch.device(device).type != "cpu":
+        return "index_add"
+    if numba_available():
+        return "numba"
+    if not _WARNED_FALLBACK:
+        _WARNED_FALLBACK = True
+        warnings.warn(f"delta propagation's push runs on the 'pull' kernel "
+                      f"({default_push_kernel_reason(device)}), 1.6-1.8x slower per step than "
+                      "the compiled 'numba' kernel on this project's CPU: pip install numba",
+                      PushKernelFallback, stacklevel=2)
+    return "pull"
 
 
 class PushPlan:

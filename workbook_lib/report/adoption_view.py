@@ -104,8 +104,9 @@ def speedups_table(rows):
                               "side builds masks per sample) and the optimizer, which the "
                               "fix does not speed up as much, so they read lower than the "
                               "benchmark's forward + backward; the benchmark's replicated side "
-                              "runs at a small batch (its cost is linear in B, per sample the "
-                              "same) and, with bench.json, at the real spec, where the gap is "
+                              "is measured at the shared form's batch where its memory estimate "
+                              "fits, else projected from B = 1, 2 (its 'batches' say which), "
+                              "and, with bench.json, at the real spec, where the gap is "
                               "larger.")
 
 

@@ -166,6 +166,10 @@ def mask_generation_table(mg: MaskGeneration):
                                f"{mg.batch_size} and divided by it; all forms in the same rounds.")
 
 
+# what the one-layer sweep times of a strategy whose step has several paths
+LAYER_FORM = {"node_mask_shared": " [full middle layer: one product per sample]"}
+
+
 def layer_plot(ls: LayerSweep, device: str) -> Markdown | None:
     """The one-layer sweep's plot, or a sentence saying why there is none (no built-in
     strategy with a layer of its own in this run)."""
@@ -182,7 +186,8 @@ def layer_plot(ls: LayerSweep, device: str) -> Markdown | None:
         med = np.array([p.stat.median for p in pts]) * 1e3
         err = [med - np.array([p.stat.q1 for p in pts]) * 1e3,
                np.array([p.stat.q3 for p in pts]) * 1e3 - med]
-        ax.errorbar(bs, med, yerr=err, fmt="o-", color=plotting.PALETTE[i], label=label(n))
+        ax.errorbar(bs, med, yerr=err, fmt="o-", color=plotting.PALETTE[i],
+                    label=label(n) + LAYER_FORM.get(n, ""))
         ax.plot(bs, med[0] * bs / bs[0], ":", color=plotting.PALETTE[i], lw=1)
         oom = [p.batch_size for p in ls.series(n) if p.stat is None]
         if oom:
@@ -201,24 +206,41 @@ def layer_plot(ls: LayerSweep, device: str) -> Markdown | None:
                        "batch size, with dotted lines of linear growth from B = 1.")
 
 
+def _ms(st) -> str:
+    return f"{st.median * 1e3:.3g} ms (IQR {st.iqr * 1e3:.2g}, n={st.n})"
+
+
 def bench_table(b: BenchResult):
+    """One row per variant: its label (the shared forms' path and push kernel), the batch its
+    per-sample figure stands for and what that figure is (measured there, or projected)."""
     rows = []
     for k, v in b.per_sample_s.items():
         fit = b.replicated.get(k)
-        step = (f"B=1: {fmt_time_stat(fit.step_b1)}" + (f"; B=2: {fmt_time_stat(fit.step_b2)}"
-                                                         if fit.step_b2 else "")) if fit \
-            else fmt_time_stat(b.steps[k])
-        rows.append({"variant": v.label or k, "B": v.batch_size, "why this B": v.batch_reason,
-                     "step": step,
-                     "per sample": f"{v.median * 1e3:.3g} ms (IQR {v.iqr * 1e3:.2g}, n={v.n})"})
+        if fit is not None:
+            steps = [f"B=1: {fmt_time_stat(fit.step_b1)}"]
+            if fit.step_b2:
+                steps.append(f"B=2: {fmt_time_stat(fit.step_b2)}")
+            if fit.check_step is not None:
+                steps.append(f"B={fit.check_batch}: {fmt_time_stat(fit.check_step)}")
+            step, check = "; ".join(steps), fit.error_text
+        else:
+            step, check = fmt_time_stat(b.steps[k]), ""
+        rows.append({"variant": v.label or k, "B": v.batch_size, "per-sample figure":
+                     v.batch_reason, "steps timed": step, "per sample": _ms(v),
+                     "projection from B = 1, 2": check})
     for k, why in b.skipped.items():
-        rows.append({"variant": k, "B": "", "why this B": why, "step": "", "per sample": ""})
+        rows.append({"variant": k, "B": "", "per-sample figure": f"skipped: {why}",
+                     "steps timed": "", "per sample": "", "projection from B = 1, 2": ""})
     kind = "the real spec" if b.full_size else "this run's sizes (a reduced-size rehearsal)"
     return table(rows, caption=f"Forward + backward per sample at {kind}: {b.sizes['edges']:,} "
                                f"edges, H={b.sizes['hidden']}, L={b.sizes['layers']}, "
-                               f"{b.rounds} interleaved rounds; {b.device}. Replicated forms: "
-                               "timed at B = 1 and 2 in the same rounds, per sample at the "
-                               "shared form's batch from the line through the two.")
+                               f"{b.rounds} interleaved rounds; {b.device}; delta push kernel "
+                               f"{b.push_kernel or 'none (no delta form ran)'}. Replicated "
+                               "forms: measured at the shared form's batch when the memory "
+                               "estimate fits the budget, else projected from B = 1, 2 (the "
+                               "line through the two steps); B = 1 and 2 are timed in the same "
+                               "rounds either way, so the last column shows the projection's "
+                               "error at the largest batch measured.")
 
 
 def form_text(c: FormChoice) -> Markdown:
@@ -230,7 +252,8 @@ def form_text(c: FormChoice) -> Markdown:
 
 def rates_table(b: BenchResult):
     """Achieved multiply-add rates of the shared steps' products beside this machine's best."""
-    rows = [{"step": f.variant, "products": f.kind,
+    rows = [{"step": b.per_sample_s[f.variant].label if f.variant in b.per_sample_s
+             else f.variant, "products": f.kind,
              "G multiply-adds": f"{f.macs / 1e9:.3g}",
              "time in them": f"{f.seconds * 1e3:.3g} ms ({f.seconds / f.step_seconds:.0%} of "
                              "the profiled step)",
@@ -254,13 +277,19 @@ def bench_text(b: BenchResult) -> Markdown:
         "at this run's reduced sizes (`bench_full_size: true` or `python -m workbook_lib bench " \
         "--params params/full.yaml` for the real spec)"
     notes = "".join(f" {n[0].upper()}{n[1:]}." for n in b.notes)
+
+    def basis(key):
+        f = b.replicated.get(key)
+        return f"; replicated figure {f.basis}" if f is not None else ""
+    form = f" ({b.shared_form}, L = {b.sizes['layers']})" if b.shared_form else ""
     return Markdown(
-        f"Per sample, {kind}: the node-mask shared graph is "
+        f"Per sample, {kind}: the node-mask shared graph{form} is "
         + (f"{r(b.ratio_vs_full_form)} faster with its second layer delta-propagated than with "
            "full middle layers, " if b.ratio_vs_full_form is not None else "")
         + f"{r(b.ratio_vs_lazy_form)} faster than replicated masks in the Lazy model's form "
-        f"(every message materialised, then masked) and {r(b.ratio_vs_sparse_form)} faster "
-        f"than their sparse-product form, the replicated forms taken at the shared form's batch. "
+        f"(every message materialised, then masked{basis('replicated_gather_scatter')}) and "
+        f"{r(b.ratio_vs_sparse_form)} faster than their sparse-product form"
+        f"{' (' + basis('replicated_sparse')[2:] + ')' if basis('replicated_sparse') else ''}. "
         f"One exact sample costs {r(b.passes_per_sample, '')} DANGO-style wildtype steps. "
         f"Exactness in the same run: max relative error {b.exact_max_rel_error:.1e}.{notes}")
 
@@ -271,20 +300,39 @@ def bench_plot(b: BenchResult) -> None:
     iqr = np.array([b.per_sample_s[k].iqr for k in keys]) * 1e3
     fig, ax = plotting.plt.subplots(figsize=(8, 3.6))
     ax.barh(range(len(keys)), med, xerr=iqr / 2, color=plotting.PALETTE[:len(keys)], capsize=3)
-    ax.set_yticks(range(len(keys)), [b.per_sample_s[k].label or k for k in keys], fontsize=8)
+    ax.set_yticks(range(len(keys)), [bar_label(b, k) for k in keys], fontsize=8)
     ax.invert_yaxis()
     plotting.value_axis(ax, med, "ms per sample, forward + backward")
     for i, v in enumerate(med):
         ax.text(v, i, f" {v:.3g} ms", va="center", fontsize=8)
     plotting.title(ax, "Strategy benchmark, per sample", device=b.device,
                    sizes=f"{b.sizes['edges']:,} edges, H={b.sizes['hidden']}, "
-                         f"L={b.sizes['layers']}", repeats=f"{b.rounds} interleaved rounds")
-    plotting.show(fig, "Horizontal bars: milliseconds per sample of the node-mask shared graph, "
-                       "replicated masks in two forms and a DANGO-style wildtype step.")
+                         f"L={b.sizes['layers']}, push {b.push_kernel or 'n/a'}",
+                   repeats=f"{b.rounds} interleaved rounds")
+    plotting.show(fig, "Horizontal bars: milliseconds per sample of the node-mask shared graph "
+                       "(each form's path and push kernel in its label), replicated masks in "
+                       "two forms (each labelled measured at the shared batch or projected "
+                       "from B = 1, 2) and a DANGO-style wildtype step.")
+
+
+def bar_label(b: BenchResult, key: str) -> str:
+    """A bar's label: the variant's label and, for a replicated form, what its figure is."""
+    v = b.per_sample_s[key]
+    text = v.label or key
+    fit = b.replicated.get(key)
+    if fit is None:
+        return text
+    if fit.measured:
+        return f"{text}\nmeasured at B = {fit.at_batch}"
+    if fit.step_b2 is None:
+        return f"{text}\nB = 1 only (not projected)"
+    return f"{text}\nprojected from B = 1, 2 to B = {fit.at_batch}"
 
 
 def kernel_table(b: BenchResult):
-    rows = [{"kernel": k.name, "what": k.description, "time": fmt_time_stat(k.seconds),
+    rows = [{"kernel": k.name + (" (fallback)" if k.name == "push, pull" and
+                                 b.push_kernel == "pull" else ""),
+             "what": k.description, "time": fmt_time_stat(k.seconds),
              "G multiply-adds/s": f"{k.gmacs:.2f}",
              "the step's kernel here": "yes" if k.used_by_step else ""} for k in b.kernels]
     return table(rows, caption="One middle layer's per-sample sparse products (every edge type, "
@@ -388,11 +436,25 @@ def headline(r: MaskCostResult) -> str:
                  + f" at H = {c.run_hidden} (a prediction; median error "
                  + (f"{err:.0%}" if err is not None and err == err else "n/a")
                  + " on held-out sizes)")
-    if b.ratio_vs_lazy_form is not None:
-        parts.append(f"node-mask shared vs replicated (the Lazy model's form) per sample: "
-                     f"{fmt_ratio(b.ratio_vs_lazy_form.median)} "
-                     f"({'real spec' if b.full_size else 'reduced size'})")
+    bench_part = headline_bench_part(b)
+    if bench_part:
+        parts.append(bench_part)
     return "; ".join(parts)
+
+
+def headline_bench_part(b: BenchResult) -> str:
+    """The benchmark's clause of the headline: the shared form measured (path, push kernel,
+    depth) against the Lazy model's replicated form, measured at the same batch or projected;
+    empty without that ratio."""
+    if b.ratio_vs_lazy_form is None:
+        return ""
+    fit = b.replicated.get("replicated_gather_scatter")
+    how = ("" if fit is None else ", replicated measured at the same batch" if fit.measured
+           else ", replicated projected from B = 1, 2")
+    form = f" [{b.shared_form}, L = {b.sizes['layers']}]" if b.shared_form else ""
+    return (f"node-mask shared{form} vs replicated (the Lazy model's form) per sample: "
+            f"{fmt_ratio(b.ratio_vs_lazy_form.median)} "
+            f"({'real spec' if b.full_size else 'reduced size'}{how})")
 
 
 def saved(path, headline_text: str) -> Markdown:

@@ -115,8 +115,10 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
         if b.passes_per_sample is not None:
             parts.append(f"{b.passes_per_sample.median:.2g} DANGO-style wildtype steps per "
                          "exact sample")
+        form = (f" (the shared graph as measured: {b.shared_form}, L = {b.sizes['layers']})"
+                if b.shared_form else "")
         lines.append(f"- Benchmark ({r.bench_source}), per sample, forward + backward, at "
-                     f"{where}: " + "; ".join(parts) + ".")
+                     f"{where}{form}: " + "; ".join(parts) + ".")
     if r.memory_per_sample:
         lines.append("- Measured peak memory per sample (notebook 02): " + "; ".join(
             f"{label(n)} {b_ / 1e6:,.0f} MB" for n, b_ in r.memory_per_sample.items()) + ".")

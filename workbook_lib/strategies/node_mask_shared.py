@@ -20,12 +20,19 @@ A training step runs the model as three kinds of layers:
 
 ``node_outputs`` (every gene's last-layer embedding, for the exactness tests) runs the last
 layer in full instead.
+
+With fewer than three layers a training step has no middle layer: the first layer incremental,
+the last pooled, whatever ``middle`` says. :meth:`NodeMaskShared.path` names the path a step takes
+at a given depth (``delta``, ``full`` or ``plain``) and :meth:`NodeMaskShared.path_label` the
+label every figure of it carries (the form and, for ``delta``, the push kernel), so that no
+figure names a path its step did not take.
 """
 from __future__ import annotations
 
 import torch
 
 from ..nodemask import NodeMaskBatch, SharedGraph, corrections, validate_deleted
+from ..nodemask.delta import default_push_kernel, default_push_kernel_reason
 from .base import Strategy
 
 
@@ -57,6 +64,40 @@ class NodeMaskShared(Strategy):
                          allow_self_loops=True)  # self-loops are messages, as in the reference
         self.dev["shared"] = sg
         self.host["out_edges"] = sg.out_edges
+
+    def path(self, num_layers: int) -> str:
+        """The path :meth:`predict` takes with a ``num_layers``-layer model: ``delta`` (the
+        second layer delta-propagated), ``full`` (every middle layer one product per sample) or
+        ``plain`` (below 3 layers there is no middle layer: first layer incremental, last
+        pooled, the same computation for both ``middle`` values).
+
+        Args:
+            num_layers: the model's message-passing layers (at least 1)."""
+        if num_layers < 1:
+            raise ValueError(f"'num_layers' must be at least 1 (got {num_layers})")
+        return "plain" if num_layers < 3 else self.middle
+
+    def step_push_kernel(self) -> str:
+        """The delta push's kernel a step uses on this strategy's device (the one asked for, or
+        the device's default: ``pull`` on a CPU without numba, announced once)."""
+        return self.push_kernel or default_push_kernel(self.device)
+
+    def path_label(self, num_layers: int) -> str:
+        """What a figure of this strategy's step must say about its path: ``delta, push
+        numba``, ``full middle layers`` or ``plain 2-layer (no middle layer)``; a fallback
+        push kernel is marked as one.
+
+        Args:
+            num_layers: the model's message-passing layers."""
+        form = self.path(num_layers)
+        if form == "plain":
+            return f"plain {num_layers}-layer (no middle layer)"
+        if form == "full":
+            return "full middle layers"
+        kernel = self.step_push_kernel()
+        fallback = (" (fallback: " + default_push_kernel_reason(self.device).split(": ", 1)[-1]
+                    + ")") if self.push_kernel is None and kernel == "pull" else ""
+        return f"delta, push {kernel}{fallback}"
 
     @property
     def shared(self) -> SharedGraph:
@@ -116,6 +157,7 @@ class NodeMaskShared(Strategy):
                 wt_pool = model.wildtype_forward(self).mean(dim=0)
             return out, wt_pool
         first = 1
+        # pooled, delta needs a middle layer (last >= 2): the path self.path(last + 1) names
         if self.middle == "delta" and last >= (2 if pooled else 1):
             hd = nb.first_layer_delta(model.embedding, lins[0].weight, lins[0].bias, eps=eps)
             h = nb.delta_layer(hd, lins[1].weight, lins[1].bias, eps=eps, relu=last > 1)

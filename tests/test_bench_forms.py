@@ -1,0 +1,251 @@
+"""What the benchmark's figures say they are: the shared graph's labels name the path its step
+took and the push kernel (a 2-layer step is plain, never "delta"); the replicated forms are
+measured at the shared form's batch when the memory estimate fits, else labelled as projected
+from B = 1, 2 with the projection's error at the largest batch measured; without numba the push
+falls back to 'pull' with one warning, and the kernel is recorded."""
+import sys
+import warnings
+
+import pytest
+import torch
+
+from workbook_lib.analysis.bench import (ReplicatedPlan, bench_layers, replicated_fit,
+                                         replicated_plan)
+from workbook_lib.data.snapshots import CellGraph, content_checksum
+from workbook_lib.measurement.timing import Stat
+from workbook_lib.nodemask import NodeMaskBatch, delta
+from workbook_lib.strategies import build_ctx, make_strategy
+from workbook_lib.strategies.model import PerturbGIN
+
+from conftest import make_graph
+
+GB = 1e9
+
+
+@pytest.fixture
+def no_numba(monkeypatch):
+    """This process as if numba were not installed (its import fails), the fallback not yet
+    announced; restored afterwards."""
+    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
+    monkeypatch.setattr(delta, "_NUMBA", None)
+    monkeypatch.setattr(delta, "_WARNED_FALLBACK", False)
+    monkeypatch.delenv(delta.NO_NUMBA_ENV, raising=False)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    g = make_graph(num_genes=20, types={"a": 60, "b": 30}, seed=5)
+    return CellGraph("tiny", 20, g.edge_index, "test", content_checksum(20, g.edge_index))
+
+
+# ----------------------------------------------------------------- the replicated forms' batch
+def test_replicated_plan_measures_at_the_shared_batch_when_the_estimate_fits():
+    p = replicated_plan(28, per_sample_bytes=0.5 * GB, budget=20 * GB, max_batch=64)
+    assert p.at_compared and p.batches == (1, 2, 28) and "B = 28 fits" in p.rule
+
+
+def test_replicated_plan_projects_when_the_estimate_does_not_fit():
+    p = replicated_plan(28, per_sample_bytes=1.0 * GB, budget=10.5 * GB, max_batch=64)
+    assert not p.at_compared and p.batches == (1, 2, 10)  # the largest fitting batch, to check
+    assert "does not fit" in p.rule and "largest fitting B = 10" in p.rule
+    capped = replicated_plan(28, per_sample_bytes=0.1 * GB, budget=20 * GB, max_batch=8)
+    assert not capped.at_compared and capped.batches == (1, 2, 8)
+    assert "bench_replicated_max_batch = 8" in capped.rule
+    tiny = replicated_plan(28, per_sample_bytes=3 * GB, budget=2 * GB, max_batch=64)
+    assert tiny.batches == (1,) and not tiny.at_compared  # not even B = 1 fits: tried anyway
+
+
+def test_replicated_plan_small_compared_batches():
+    assert replicated_plan(2, 1 * GB, 20 * GB, 64).batches == (1, 2)
+    assert replicated_plan(1, 1 * GB, 20 * GB, 64).batches == (1, 2)
+
+
+@pytest.mark.parametrize("kw", [dict(compared=0), dict(max_batch=0),
+                                dict(per_sample_bytes=0.0), dict(budget=-1.0)])
+def test_replicated_plan_refuses_bad_input(kw):
+    args = dict(compared=7, per_sample_bytes=1.0, budget=10.0, max_batch=64) | kw
+    with pytest.raises(ValueError, match="must be"):
+        replicated_plan(**args)
+
+
+def _steps(per_sample_ms: dict[int, float], rounds=5) -> dict[str, Stat]:
+    """Steps of a replicated form whose per-sample cost grows with B (as measured: the
+    per-sample feature table grows), a little noise per round."""
+    out = {}
+    for b, ms in per_sample_ms.items():
+        out[f"rep@{b}"] = Stat.from_samples([b * ms * 1e-3 * (1 + 0.01 * i)
+                                             for i in range(rounds)])
+    return out
+
+
+GROWING = {1: 150.0, 2: 155.0, 10: 300.0, 28: 567.2}  # ms per sample at each B
+
+
+def test_fit_at_the_shared_batch_is_the_measurement_not_the_line():
+    plan = ReplicatedPlan((1, 2, 28), 28, True, "B = 28 fits")
+    fit = replicated_fit(_steps(GROWING), "rep", plan)
+    assert fit.measured and fit.per_sample.median == pytest.approx(0.5672 * 1.02)
+    # the line through B = 1 and 2 says 160 ms at B = 28: 0.28x the measurement, shown
+    assert fit.projected.median == pytest.approx((2 * 0.150 - 2 * 0.155 + 28 * 0.155 * 2 - 28 *
+                                                  0.150) / 28 * 1.02, rel=1e-6)
+    assert fit.check_batch == 28 and fit.projection_error.median == pytest.approx(
+        fit.projected.median / fit.per_sample.median, rel=1e-6)
+    assert fit.projection_error.median < 0.5
+    assert fit.basis == "measured at B = 28 (the shared form's batch)"
+    assert "0.28x the measurement at B = 28" in fit.error_text
+
+
+def test_fit_that_does_not_fit_is_labelled_projected_with_its_error_where_measured():
+    plan = ReplicatedPlan((1, 2, 10), 28, False, "B = 28 does not fit")
+    fit = replicated_fit(_steps(GROWING), "rep", plan)
+    assert not fit.measured and fit.per_sample is fit.projected
+    assert fit.basis.startswith("projected from B = 1, 2 to B = 28")
+    assert "same batch" not in fit.basis and "shared form's batch" not in fit.basis
+    assert fit.check_batch == 10 and fit.projection_error.median < 1.0  # underestimates
+    assert "at B = 10" in fit.error_text
+
+
+def test_fit_falls_back_to_the_projection_when_the_planned_batch_ran_out_of_memory():
+    steps = _steps(GROWING)
+    del steps["rep@28"]  # skipped: out of memory at B = 28
+    fit = replicated_fit(steps, "rep", ReplicatedPlan((1, 2, 28), 28, True, "B = 28 fits"))
+    assert not fit.measured and "did not run" in fit.rule
+    assert fit.projection_error is None and "unknown" in fit.error_text
+    only_b1 = replicated_fit({"rep@1": steps["rep@1"]}, "rep",
+                             ReplicatedPlan((1,), 28, False, "B = 2 does not fit"))
+    assert only_b1.basis.startswith("B = 1 only, not projected")
+    assert replicated_fit({}, "rep", ReplicatedPlan((1,), 28, False, "")) is None
+
+
+def test_a_projection_that_is_noise_says_so():
+    steps = _steps({1: 150.0, 2: 70.0, 10: 300.0})  # B = 2's step faster than B = 1's
+    fit = replicated_fit(steps, "rep", ReplicatedPlan((1, 2, 10), 28, False, "B = 28 does not "
+                                                                             "fit"))
+    assert fit.per_sample.median <= 0 and "the projection is noise" in fit.basis
+    ok = replicated_fit(_steps(GROWING), "rep", ReplicatedPlan((1, 2, 10), 28, False, "x"))
+    assert "noise" not in ok.basis
+
+
+def test_bench_layers_reaches_the_delta_form():
+    assert bench_layers({"layers": 2, "bench_min_layers": 3}) == 3
+    assert bench_layers({"layers": 4, "bench_min_layers": 3}) == 4
+    assert bench_layers({"layers": 2, "bench_min_layers": 1}) == 2
+
+
+# ----------------------------------------------------------------- the shared graph's path
+def _spy_step(graph, layers, middle, kernel, monkeypatch):
+    """One training step of strategy 6; returns (its path label, delta layers run, kernels
+    pushed with)."""
+    calls = {"delta": 0, "kernels": []}
+    real_delta, real_push = NodeMaskBatch.delta_layer, delta.push
+
+    def spy_delta(self, *a, **k):
+        calls["delta"] += 1
+        return real_delta(self, *a, **k)
+
+    def spy_push(g, c, base, u, w, kernel=None):
+        calls["kernels"].append(kernel)
+        return real_push(g, c, base, u, w, kernel)
+    monkeypatch.setattr(NodeMaskBatch, "delta_layer", spy_delta)
+    monkeypatch.setattr("workbook_lib.nodemask.batch.push", spy_push)
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=4, layers=layers, seed=1)
+    s = make_strategy("node_mask_shared", graph, aggr="sum", middle=middle, push_kernel=kernel)
+    pert = torch.tensor([[0, 3], [5, -1], [7, 8]])
+    s.predict(model, build_ctx(s, pert), dual=True).sum().backward()
+    return s.path_label(layers), calls
+
+
+@pytest.mark.parametrize("layers,middle,label,deltas", [
+    (2, "delta", "plain 2-layer (no middle layer)", 0),
+    (2, "full", "plain 2-layer (no middle layer)", 0),
+    (3, "delta", "delta, push pull", 1),
+    (3, "full", "full middle layers", 0),
+    (4, "delta", "delta, push pull", 1)])
+def test_the_label_names_the_path_the_step_took(graph, layers, middle, label, deltas,
+                                                monkeypatch):
+    got, calls = _spy_step(graph, layers, middle, "pull", monkeypatch)
+    assert got == label and calls["delta"] == deltas
+    assert calls["kernels"] == (["pull"] if deltas else [])  # the kernel the label names
+
+
+def test_path_refuses_a_model_without_layers(graph):
+    with pytest.raises(ValueError, match="'num_layers' must be at least 1"):
+        make_strategy("node_mask_shared", graph).path(0)
+
+
+# ----------------------------------------------------------------- without numba
+def test_without_numba_the_push_falls_back_to_pull_warning_once(graph, no_numba, monkeypatch):
+    with pytest.warns(UserWarning, match="'pull' kernel .*numba is not installed"):
+        assert delta.default_push_kernel("cpu") == "pull"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=delta.PushKernelFallback)  # a 2nd raises
+        assert delta.default_push_kernel("cpu") == "pull"
+        label, calls = _spy_step(graph, 3, "delta", None, monkeypatch)
+    assert label == "delta, push pull (fallback: numba is not installed)"
+    assert calls["kernels"] == ["pull"]
+    assert delta.default_push_kernel(torch.device("cuda")) == "index_add"
+    assert "CUDA" in delta.default_push_kernel_reason("cuda")
+
+
+def test_the_environment_switch_reads_as_a_fallback_too(monkeypatch):
+    monkeypatch.setattr(delta, "_NUMBA", None)
+    monkeypatch.setattr(delta, "_WARNED_FALLBACK", True)  # announced already: silent
+    monkeypatch.setenv(delta.NO_NUMBA_ENV, "1")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=delta.PushKernelFallback)
+        assert delta.default_push_kernel("cpu") == "pull"
+    assert delta.default_push_kernel_reason("cpu").endswith(f"{delta.NO_NUMBA_ENV} is set")
+
+
+@pytest.mark.skipif(not delta.numba_available(), reason="numba is not installed")
+def test_with_numba_the_push_is_compiled_and_silent(graph, monkeypatch):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=delta.PushKernelFallback)
+        assert delta.default_push_kernel("cpu") == "numba"
+        label, calls = _spy_step(graph, 3, "delta", None, monkeypatch)
+    assert label == "delta, push numba" and calls["kernels"] == ["numba"]
+
+
+def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params, no_numba):
+    """The whole benchmark without numba (tiny sizes): the kernel is in its results, its
+    labels, the CLI table and the report's table and text."""
+    from workbook_lib.analysis.bench import BenchResult, run_bench, summary_lines
+    from workbook_lib.report import mask_cost_view as view
+
+    p = dict(ci_params, min_repeats=3, time_budget_s=0.02, precision_target=0.9, hidden=8,
+             warmup=0, bench_replicated_max_batch=2)  # B = 4 not allowed: projected
+    with pytest.warns(UserWarning, match="'pull' kernel"):
+        b = run_bench(p, full_size=False, device="cpu")
+    b = BenchResult.from_json(b.to_json())  # what the results file keeps
+    assert b.push_kernel == "pull" and b.sizes["layers"] == 3 and b.run_layers == 2
+    assert b.shared_form == "delta, push pull (fallback: numba is not installed)"
+    assert b.per_sample_s["shared"].label == f"6 node-mask shared graph [{b.shared_form}]"
+    assert "full middle layers" in b.per_sample_s["shared_full"].label
+    assert any("'pull' kernel, the CPU fallback" in n for n in b.notes)
+    assert "delta push kernel: pull" in summary_lines(b)[0]
+    assert "delta push kernel pull" in view.bench_table(b).to_html()
+    assert "delta, push pull" in view.bench_text(b).data
+    assert any(k.name == "push, pull" for k in b.kernels)
+    rep = b.replicated["replicated_gather_scatter"]
+    assert not rep.measured and "bench_replicated_max_batch = 2" in rep.rule
+    assert "projected from B = 1, 2 to B = 4" in view.bar_label(b, "replicated_gather_scatter")
+    assert "projected from B = 1, 2" in b.per_sample_s["replicated_gather_scatter"].batch_reason
+    assert "replicated projected from B = 1, 2" in view.headline_bench_part(b)
+
+
+def test_notebooks_show_the_fallback_on_the_terminal_not_in_the_report(monkeypatch):
+    """In a notebook the fallback's warning is a terminal line (the report names the kernel in
+    its labels); every other warning is shown as before."""
+    from workbook_lib.report import progress
+    from workbook_lib.running import notebook
+
+    seen, other = [], []
+    monkeypatch.setattr(warnings, "showwarning", lambda *a, **k: other.append(a[1]))
+    monkeypatch.setattr(progress, "note", seen.append)
+    notebook.warnings_to_terminal()
+    notebook.warnings_to_terminal()  # twice: still one hook
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("pull it is", delta.PushKernelFallback)
+        warnings.warn("something else", UserWarning)
+    assert seen == ["warning: pull it is"] and other == [UserWarning]
