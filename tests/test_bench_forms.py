@@ -236,7 +236,7 @@ def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params
 def test_notebooks_show_the_fallback_on_the_terminal_not_in_the_report(monkeypatch):
     """In a notebook the fallback's warning is a terminal line (the report names the kernel in
     its labels); every other warning is shown as before."""
-    from workbook_lib.report import progress
+    from workbook_lib.common import progress
     from workbook_lib.running import notebook
 
     seen, other = [], []
