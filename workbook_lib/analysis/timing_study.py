@@ -64,7 +64,8 @@ class LoopStudy(Record):
         if self.interleaved:
             n = min(a.step.n, b.step.n)
             return Stat.from_samples([x / y for x, y in zip(a.step.samples[:n],
-                                                            b.step.samples[:n])], unit="ratio")
+                                                            b.step.samples[:n])],
+                                     unit="ratio").with_cpu(a.step.cpu, b.step.cpu)
         return a.step.ratio_to(b.step)
 
     def pipelined(self, strategy: str) -> tuple[Stat, Stat, Stat] | None:
@@ -76,14 +77,17 @@ class LoopStudy(Record):
             return None
         a, b = self.arm(strategy, "full"), self.arms[key]
         n = min(a.step.n, b.step.n)
-        diff = Stat.from_samples([x - y for x, y in zip(a.step.samples[:n], b.step.samples[:n])])
+        diff = Stat.from_samples([x - y for x, y in zip(a.step.samples[:n],
+                                                       b.step.samples[:n])]).with_cpu(a.step.cpu,
+                                                                                      b.step.cpu)
         return a.step, b.step, diff
 
     def model_seconds(self, strategy: str) -> Stat:
         """Forward + backward + optimizer of the full step (the model's share, no data)."""
         a = self.arm(strategy, "full")
         parts = [a.stages[s].samples for s in ("forward", "backward", "optimizer") if s in a.stages]
-        return Stat.from_samples([sum(p[i] for p in parts) for i in range(a.step.n)])
+        return Stat.from_samples([sum(p[i] for p in parts)
+                                  for i in range(a.step.n)]).with_cpu(a.step.cpu)
 
 
 def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
@@ -208,13 +212,15 @@ def data_stage_seconds(arm: loop.ArmResult) -> Stat:
     runs in the main process), the host-to-device copy and the device preparation; the
     harness's own cost (the loop between stages) left out."""
     parts = [arm.stages[s].samples for s in DATA_STAGES if s in arm.stages]
-    return Stat.from_samples([sum(p[i] for p in parts) for i in range(arm.step.n)])
+    return Stat.from_samples([sum(p[i] for p in parts)
+                              for i in range(arm.step.n)]).with_cpu(arm.step.cpu)
 
 
 def harness_seconds(arm: loop.ArmResult) -> Stat:
     """Per step, what is not a data stage: in the data mode, the harness's own cost."""
     data = data_stage_seconds(arm).samples
-    return Stat.from_samples([w - d for w, d in zip(arm.step.samples, data)])
+    return Stat.from_samples([w - d for w, d in zip(arm.step.samples, data)]).with_cpu(
+        arm.step.cpu)
 
 
 def reported_figures(study: LoopStudy, gap: tuple[str, str] | list[str] = (LAZY, DANGO)
