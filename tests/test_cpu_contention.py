@@ -250,3 +250,18 @@ def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_th
     # and through JSON, as notebook 05 writes it and compare/stability read it
     back = V.VerdictResult.from_json(loud.to_json())
     assert back.contended["gap"].got == pytest.approx(0.3)
+
+
+def test_selftest_says_the_machine_is_busy_beside_a_hog(one_cpu):
+    from workbook_lib.running import selftest
+
+    hog = _hog(one_cpu)
+    try:
+        time.sleep(0.2)
+        busy = selftest.check_cpu_share(torch.device("cpu"))
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy.status == selftest.BUSY and "contended" in busy.detail, busy.detail
+    assert "compute thread(s) per process" in busy.detail
+    assert "busy" in selftest.format_table([busy], "cpu")

@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--params", default=None, metavar="FILE",
                     help="params YAML for the sizes (default params/ci.yaml)")
     sp.add_argument("--only", action="append", metavar="CHECK",
-                    help="run only these checks (exactness, syncs, memory, timing, ddp)")
+                    help="run only these checks (exactness, syncs, memory, timing, cpu, ddp)")
     sp.set_defaults(fn=_cmd_selftest)
     sp = sub.add_parser("html", help="the HTML report of an executed notebook (e.g. papermill's "
                                      "output), as run writes it")
