@@ -121,6 +121,9 @@ def _cmd_bench(args) -> int:
     except OSError as exc:
         raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     configure_cpu_allocator(p["cpu_allocator_cache"])
+    from .running.environment import configure_threads
+
+    print(f"threads: {configure_threads(p)['why']}")
     res = run_bench(p, full_size=True if args.full_size else None)
     from .running.results import atomic_write_text
 

@@ -133,7 +133,9 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
              f"k={params['perturbation_k']}, B={params['batch_size_lazy']} (perturbed-graph "
              f"strategies) / {params['batch_size_dango']} (DANGO-style)")
     from ..running.environment import device_label
+    from ..measurement.cpu import fit_threads
 
+    threads = fit_threads(workers=params["num_workers"])  # what setup applied, and why
     return LoopStudy(
         device=device_label(device), sizes=sizes, strategies=names,
         batch_sizes={n: made[n].batch_size for n in names}, interleaved=interleaved,
@@ -142,7 +144,8 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                   "budget_s": params["loop_budget_s"], "num_workers": params["num_workers"],
                   "pin_memory": params["pin_memory"] and device.type == "cuda",
                   "persistent_workers": params["persistent_workers"],
-                  "dual_forward": params["dual_forward"]},
+                  "dual_forward": params["dual_forward"],
+                  "threads": torch.get_num_threads(), "threads_why": threads.why},
         arms=res, exact={n: bool(getattr(made[n], "exact", True)) for n in names},
         labels={n: made[n].label for n in names}, shared_pass=shared)
 
