@@ -2,7 +2,8 @@
 
 The capacity comes from the allocation, not the machine: on SLURM the CPUs of this task
 (``SLURM_CPUS_PER_TASK``, else ``SLURM_CPUS_ON_NODE``) and the GPUs it was given; elsewhere the
-CPUs this process may run on (``os.sched_getaffinity``, the cgroup CPU quota) and the visible GPUs. A world size is run
+CPUs this process may run on (``os.sched_getaffinity``, the cgroup CPU quota) and the visible
+GPUs; the tightest of these when several apply. A world size is run
 on ``nnodes`` nodes with ``world // nnodes`` processes per node; one that does not divide evenly,
 or needs more processes per node than the node has GPUs (CUDA) or CPU cores (CPU), is skipped
 with the reason.
