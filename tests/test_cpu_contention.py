@@ -265,3 +265,32 @@ def test_selftest_says_the_machine_is_busy_beside_a_hog(one_cpu):
     assert busy.status == selftest.BUSY and "contended" in busy.detail, busy.detail
     assert "compute thread(s) per process" in busy.detail
     assert "busy" in selftest.format_table([busy], "cpu")
+
+
+def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_path,
+                                                                           monkeypatch):
+    from workbook_lib.analysis import compare as cmp
+    from workbook_lib.analysis import stability as stab
+    from workbook_lib.analysis.headlines import RATIO, Figure
+
+    def fig(v, cpu=None):
+        return Figure("per_step_ratio_03", "per-step ratio", "03", v, 0.05 * v, None, "x",
+                      "lower", RATIO, cpu=cpu)
+    quiet, busy = share(0.97, 0.01), share(0.3, 0.7)
+    # 10x apart with small IQRs: judged when both ran alone, not when one was contended
+    assert cmp._verdict(fig(2.0, quiet), fig(20.0, quiet))[1] == "worse"
+    text, cls = cmp._verdict(fig(2.0, quiet), fig(20.0, busy))
+    assert cls == "" and "contended: not compared" in text
+    assert "contended" in cmp._cell(fig(20.0, busy)) and "contended" not in cmp._cell(fig(2.0))
+    runs = [tmp_path / "run1", tmp_path / "run2"]
+    for d in runs:
+        d.mkdir()
+    figs = {runs[0]: fig(2.0, quiet), runs[1]: fig(20.0, busy)}
+    monkeypatch.setattr(stab, "headline_figures", lambda d: {"per_step_ratio_03": figs[d]})
+    res = stab.compare_figures(runs)
+    row = res.rows[0]
+    assert row.agrees is None and row.note.startswith("contended in run2")
+    assert row.values[1].endswith("(contended)") and res.disagreeing == []
+    assert "CONTENDED" in stab.page(res) and "not judged" in stab.page(res)
+    figs[runs[1]] = fig(20.0, quiet)  # the same difference measured alone: it differs
+    assert stab.compare_figures(runs).rows[0].agrees is False

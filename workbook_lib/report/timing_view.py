@@ -406,7 +406,7 @@ def headline(r: TimingResult) -> str:
                      "included (investigation: 56x)")
     if r.sanity:
         parts.append(f"{len(r.sanity)} mode-order flag(s)")
-    bad = [k for k, a in lo.arms.items() if a.step.contended]
+    bad = [k for k, a in lo.arms.items() if a.step.contended] if lo is not None else []
     if bad:
         parts.append(f"CONTENDED: {len(bad)} of {len(lo.arms)} arms measured while the process "
                      "got less than 80% of the CPU it asked for (not reliable; rerun alone)")
