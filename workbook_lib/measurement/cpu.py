@@ -138,14 +138,15 @@ def allowed_cpus(*, proc_cgroup: Path = Path("/proc/self/cgroup"),
         affinity = len(os.sched_getaffinity(0))
     quota = _cgroup_quota(proc_cgroup, cgroup_root)
     slurm = _slurm_cpus(env)
-    limits = [(host, "os.cpu_count")]
-    if affinity is not None:
-        limits.append((affinity, "os.sched_getaffinity"))
+    limits = []  # the most specific first: it names a tie
+    if slurm is not None:
+        limits.append((slurm, "SLURM allocation"))
     if quota is not None:
         # a quota of 1.5 CPUs runs 1 thread at full speed, not 2
         limits.append((max(1, math.floor(quota)), "cgroup CPU quota"))
-    if slurm is not None:
-        limits.append((slurm, "SLURM allocation"))
+    if affinity is not None:
+        limits.append((affinity, "os.sched_getaffinity"))
+    limits.append((host, "os.cpu_count"))
     cpus, source = min(limits, key=lambda x: x[0])
     return CpuAllowance(cpus=max(1, int(cpus)), source=source, host=host, affinity=affinity,
                         quota=quota, slurm=slurm)

@@ -365,7 +365,8 @@ def cpu_plot(study: LoopStudy) -> None:
     judged = np.array([a.step.cpu.judged * 100 for _, a in arms])
     use = np.array([a.step.cpu.use * 100 for _, a in arms])
     y = np.arange(len(arms))
-    ax.barh(y - 0.2, judged, 0.4, label="got of the CPU its threads asked for",
+    ax.barh(y - 0.2, judged, 0.4, label="got of the CPU its threads asked for (green; red: "
+                                        "contended)",
             color=[plotting.PALETTE[3] if a.step.contended else plotting.PALETTE[2]
                    for _, a in arms])
     ax.barh(y + 0.2, use, 0.4, label="CPU use (CPU time / wall x threads)",
@@ -377,8 +378,11 @@ def cpu_plot(study: LoopStudy) -> None:
     ax.set_xlim(0, 105)
     ax.set_xlabel("% over the arm's timed steps (red: contended)")
     ax.legend(loc="lower right", fontsize=7)
+    ns = [a.step.cpu.intervals for _, a in arms]
     plotting.title(ax, "What the process got of the CPUs while each arm was timed",
-                   device=study.device, sizes=study.sizes, repeats=repeats(study))
+                   device=study.device, sizes=study.sizes,
+                   repeats=f"totals over {min(ns)}-{max(ns)} timed steps per arm (warm-up "
+                           "excluded)")
     plotting.show(fig, "Horizontal bars per arm: the share of the CPU time its threads asked "
                        "for that they got (red below the 80% rule line: contended), and its CPU "
                        "use over wall time x threads.")
