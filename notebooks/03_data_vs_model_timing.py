@@ -80,6 +80,16 @@ display(view.loop_table(loops))
 view.loop_plot(loops)
 
 # %% [markdown]
+# ## What the process got of the CPUs
+# Another job on the same CPUs slows every step alike, so the IQR stays small while the figures
+# are wrong: each arm's CPU share says whether it was measured alone. A contended arm is marked in
+# every table and the verdict does not rest on it.
+
+# %%
+display(view.cpu_table(loops))
+view.cpu_plot(loops)
+
+# %% [markdown]
 # ## Where a full step goes
 
 # %%

@@ -123,6 +123,9 @@ def _cmd_bench(args) -> int:
     except OSError as exc:
         raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     configure_cpu_allocator(p["cpu_allocator_cache"])
+    from .running.environment import configure_threads
+
+    print(f"threads: {configure_threads(p)['why']}")
     res = run_bench(p, full_size=True if args.full_size else None)
     from .common.files import atomic_write_text
 
@@ -412,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--params", default=None, metavar="FILE",
                     help="params YAML for the sizes (default params/ci.yaml)")
     sp.add_argument("--only", action="append", metavar="CHECK",
-                    help="run only these checks (exactness, syncs, memory, timing, ddp)")
+                    help="run only these checks (exactness, syncs, memory, timing, cpu, ddp)")
     sp.set_defaults(fn=_cmd_selftest)
     sp = sub.add_parser("html", help="the HTML report of an executed notebook (e.g. papermill's "
                                      "output), as run writes it")

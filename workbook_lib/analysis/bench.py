@@ -206,7 +206,7 @@ def amortised(b1: Stat, b2: Stat | None, at_batch: int) -> Stat:
     bs = at_batch
     return Stat.from_samples([(t1 * (2 - bs) + t2 * (bs - 1)) / bs
                               for t1, t2 in zip(b1.samples, b2.samples)],
-                             unit="s/sample", target=b1.target)
+                             unit="s/sample", target=b1.target).with_cpu(b1.cpu, b2.cpu)
 
 
 _DENSE_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
@@ -589,6 +589,21 @@ def recommended_form(b: BenchResult | None) -> FormChoice:
                               "does not pay off on this device", True)
 
 
+def cpu_lines(r: BenchResult) -> list[str]:
+    """What the process got of the CPUs while each variant was timed, and whether any was
+    contended (the ratios built on a contended variant are)."""
+    out = []
+    for k, st in r.steps.items():
+        if st.cpu is not None:
+            out.append(f"{'CPU while timing ' + k:28s} {st.cpu.describe()}")
+    bad = [k for k, st in r.steps.items() if st.contended]
+    if bad:
+        out.append(f"CONTENDED: {', '.join(bad)}: the process got less than 80% of the CPU its "
+                   "threads asked for (another job on these CPUs); these figures and the ratios "
+                   "built on them are not reliable: rerun alone")
+    return out
+
+
 def summary_lines(r: BenchResult) -> list[str]:
     """A short plain-text table (the CLI prints it)."""
     s = r.sizes
@@ -611,7 +626,8 @@ def summary_lines(r: BenchResult) -> list[str]:
 
     def show(label, st):
         if st is not None:
-            lines.append(f"{label:28s} {st.median:.3g} (IQR {st.iqr:.2g})")
+            lines.append(f"{label:28s} {st.median:.3g} (IQR {st.iqr:.2g})"
+                         + (" CONTENDED" if st.contended else ""))
     show("delta vs full form", r.ratio_vs_full_form)
     show("ratio vs Lazy model's form", r.ratio_vs_lazy_form)
     show("ratio vs sparse form", r.ratio_vs_sparse_form)
@@ -625,5 +641,6 @@ def summary_lines(r: BenchResult) -> list[str]:
         lines.append(f"{'kernel ' + k.name:28s} {k.gmacs:.3g} GMAC/s"
                      + (" (the step's)" if k.used_by_step else ""))
     lines.append(f"{'exact max rel. error':28s} {r.exact_max_rel_error:.2e}")
+    lines += cpu_lines(r)
     lines += [f"note: {n}" for n in r.notes]
     return lines

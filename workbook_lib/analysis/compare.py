@@ -7,6 +7,9 @@ overlap (interquartile ranges, or two standard errors of a fitted coefficient; e
 compare exactly), otherwise "within noise". A negative fitted coefficient has no direction. Runs
 made on different snapshots are refused unless forced: their numbers do not compare; runs of the
 same snapshot at different scales compare (the page says so: absolute figures move with size).
+A figure measured while the process got less than 80% of the CPU its threads asked for (another
+job on the same CPUs: :mod:`workbook_lib.measurement.cpu`) is marked contended and not compared:
+a steady disturbance keeps its IQR small, so its noise band would not cover the error.
 """
 from __future__ import annotations
 
@@ -64,7 +67,9 @@ def _cell(f: Figure | None) -> str:
     noise = f" <small>(IQR {f.iqr:.2g})</small>" if f.iqr is not None else ""
     if f.rel_se is not None:
         noise = f" <small>(standard error {f.rel_se:.0%})</small>"
-    return f"{fmt_value(f.value)}{unit}{noise}"
+    busy = (f" <b class='worse'>contended</b> <small>({html.escape(f.cpu.describe())})</small>"
+            if f.contended else "")
+    return f"{fmt_value(f.value)}{unit}{noise}{busy}"
 
 
 def half_band(f: Figure) -> float:
@@ -86,6 +91,8 @@ def _verdict(a: Figure | None, b: Figure | None) -> tuple[str, str]:
     if not a.value or b.value is None:
         return "", ""
     r = b.value / a.value
+    if a.contended or b.contended:
+        return f"{r:.3g}x (contended: not compared)", ""
     if a.better is None:
         return f"{r:.3g}x", ""
     if a.kind == FITTED and (a.value < 0 or b.value < 0):
@@ -164,7 +171,9 @@ better for times, higher for speedups) when the two figures' noise bands do not 
 interquartile ranges; two standard errors of a fitted coefficient), else "within noise". Absolute
 times move with the machine's speed; ratios measured in the same rounds do not; ratios of separate
 launches (notebook 04's DDP factor, the gap it multiplies, the weak-scaling efficiency) move with
-the machine's drift between the launches.</p>
+the machine's drift between the launches. A figure marked <b>contended</b> was measured while the
+process got less than 80% of the CPU its threads asked for (another job on the same CPUs): it can
+look precise and be wrong by orders of magnitude, so it is not compared.</p>
 <table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table></body></html>"""
     out_path = Path(out) if out else Path("runs") / ("compare-" + "-vs-".join(
         d.name for d in paths) + ".html")

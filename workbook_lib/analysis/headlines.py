@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..measurement.cpu import CpuShare
+from ..measurement.timing import Stat
 from ..records import Record
 from ..running.results import load_result
 
@@ -32,6 +34,12 @@ class Figure(Record):
     kind: str
     se: float | None = None  # a fitted coefficient's standard error
     point_noise: float | None = None  # median IQR/median of the timings it was fitted on
+    cpu: CpuShare | None = None  # what the process got of the CPUs while it was measured
+
+    @property
+    def contended(self) -> bool:
+        """Measured while the process got less than 80% of the CPU it asked for."""
+        return self.cpu is not None and self.cpu.contended
 
     @property
     def rel_se(self) -> float | None:
@@ -40,7 +48,8 @@ class Figure(Record):
 
 
 def _stat(st):
-    return (None, None) if st is None else (st.median, st.iqr)
+    """A measured figure: the Stat itself (its median, IQR and CPU share), or no value."""
+    return (None, None) if st is None else st
 
 
 def _bench(r):
@@ -141,6 +150,9 @@ def headline_figures(run_dir: str | Path) -> dict[str, Figure]:
             continue
         if isinstance(got, str):
             out[key] = Figure(key, label, nb, None, None, got, unit, better, kind)
+        elif isinstance(got, Stat):
+            out[key] = Figure(key, label, nb, got.median, got.iqr, None, unit, better, kind,
+                              cpu=got.cpu)
         else:
             out[key] = Figure(key, label, nb, got[0], got[1], None, unit, better, kind,
                               *got[2:])

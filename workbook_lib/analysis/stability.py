@@ -9,7 +9,9 @@ speed, which on a shared machine drifts by tens of percent over minutes: the rep
 much a reference (the same benchmark step, same kernels) moved between the runs. A ratio measured
 in the same rounds cancels that drift; when one still differs, its own noise (IQR) says whether
 the difference is within it. The verdict rests on ratios and on the recommended strategy, and
-the report says for each figure whether the verdict rests on it.
+the report says for each figure whether the verdict rests on it. A figure measured while the
+process got less than 80% of the CPU its threads asked for in any run (another job on the same
+CPUs) is marked contended there and not judged: its agreement or disagreement says nothing.
 """
 from __future__ import annotations
 
@@ -79,7 +81,13 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
         rel = _rel(vals)
         agrees = None if rel is None else rel <= tolerance
         note = ""
-        if agrees is False:
+        busy = [(d.name, f.cpu) for d, f in zip(run_dirs, fs) if f is not None and f.contended]
+        if busy:
+            agrees = None
+            note = ("contended in " + "; ".join(f"{n} ({c.describe()})" for n, c in busy)
+                    + ": measured while another job used the same CPUs, so it is not judged; "
+                    "rerun alone")
+        elif agrees is False:
             if f0.kind == FITTED:
                 note = _fitted_note(fs, drift, tolerance)
             elif f0.kind == ABSOLUTE:
@@ -100,7 +108,8 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
                 note = "measured; read it with its noise"
         fmt = [("—" if v is None else fmt_value(v) + (
             f" (IQR {f.iqr:.2g})" if f and f.iqr else
-            f" (standard error {f.rel_se:.0%})" if f and f.rel_se is not None else ""))
+            f" (standard error {f.rel_se:.0%})" if f and f.rel_se is not None else "")
+            + (" (contended)" if f is not None and f.contended else ""))
             for v, f in zip(vals, fs)]
         out.rows.append(StabilityRow(k, f0.label, f0.kind, fmt, rel, agrees, rests, note))
     for row in out.rows:
@@ -191,7 +200,8 @@ def _claim_rows(run_dirs: list[Path]) -> list[StabilityRow]:
 def page(r: StabilityResult) -> str:
     rows = []
     for x in r.rows:
-        status = "—" if x.agrees is None else ("agrees" if x.agrees else "DIFFERS")
+        status = ("CONTENDED" if x.note.startswith("contended") else "—") if x.agrees is None \
+            else ("agrees" if x.agrees else "DIFFERS")
         cls = "" if x.agrees is not False else ("bad" if x.verdict_rests_on else "warn")
         rel = "" if x.rel_diff is None else f"{x.rel_diff:.1%}"
         rows.append(f"<tr class='{cls}'><td>{html.escape(x.label)}<br><small>{x.kind}</small>"
@@ -203,8 +213,12 @@ def page(r: StabilityResult) -> str:
                                         f"shared step, same kernels), moved {r.drift:.0%} "
                                         "between the runs.</p>")
     bad = [x for x in r.disagreeing if x.verdict_rests_on]
+    busy = [x for x in r.rows if x.note.startswith("contended")]
     summary = ("Every figure the verdict rests on agrees within the tolerance." if not bad else
                "Figures the verdict rests on that differ: " + ", ".join(x.label for x in bad))
+    if busy:
+        summary += (" Contended (measured while another job used the same CPUs; not judged): "
+                    + ", ".join(x.label for x in busy) + ".")
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Stability</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1250px;margin:2em auto}}
 td,th{{border-bottom:1px solid #ddd;padding:5px 8px;text-align:left;vertical-align:top}}

@@ -65,7 +65,8 @@ class LoopStudy(Record):
         if self.interleaved:
             n = min(a.step.n, b.step.n)
             return Stat.from_samples([x / y for x, y in zip(a.step.samples[:n],
-                                                            b.step.samples[:n])], unit="ratio")
+                                                            b.step.samples[:n])],
+                                     unit="ratio").with_cpu(a.step.cpu, b.step.cpu)
         return a.step.ratio_to(b.step)
 
     def pipelined(self, strategy: str) -> tuple[Stat, Stat, Stat] | None:
@@ -77,14 +78,17 @@ class LoopStudy(Record):
             return None
         a, b = self.arm(strategy, "full"), self.arms[key]
         n = min(a.step.n, b.step.n)
-        diff = Stat.from_samples([x - y for x, y in zip(a.step.samples[:n], b.step.samples[:n])])
+        diff = Stat.from_samples([x - y for x, y in zip(a.step.samples[:n],
+                                                       b.step.samples[:n])]).with_cpu(a.step.cpu,
+                                                                                      b.step.cpu)
         return a.step, b.step, diff
 
     def model_seconds(self, strategy: str) -> Stat:
         """Forward + backward + optimizer of the full step (the model's share, no data)."""
         a = self.arm(strategy, "full")
         parts = [a.stages[s].samples for s in ("forward", "backward", "optimizer") if s in a.stages]
-        return Stat.from_samples([sum(p[i] for p in parts) for i in range(a.step.n)])
+        return Stat.from_samples([sum(p[i] for p in parts)
+                                  for i in range(a.step.n)]).with_cpu(a.step.cpu)
 
 
 def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
@@ -130,7 +134,9 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
              f"k={params['perturbation_k']}, B={params['batch_size_lazy']} (perturbed-graph "
              f"strategies) / {params['batch_size_dango']} (DANGO-style)")
     from ..running.environment import device_label
+    from ..measurement.cpu import fit_threads
 
+    threads = fit_threads(workers=params["num_workers"])  # what setup applied, and why
     return LoopStudy(
         device=device_label(device), sizes=sizes, strategies=names,
         batch_sizes={n: made[n].batch_size for n in names}, interleaved=interleaved,
@@ -139,7 +145,8 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                   "budget_s": params["loop_budget_s"], "num_workers": params["num_workers"],
                   "pin_memory": params["pin_memory"] and device.type == "cuda",
                   "persistent_workers": params["persistent_workers"],
-                  "dual_forward": params["dual_forward"]},
+                  "dual_forward": params["dual_forward"],
+                  "threads": torch.get_num_threads(), "threads_why": threads.why},
         arms=res, exact={n: bool(getattr(made[n], "exact", True)) for n in names},
         labels={n: made[n].label for n in names}, shared_pass=shared)
 
@@ -210,13 +217,15 @@ def data_stage_seconds(arm: loop.ArmResult) -> Stat:
     runs in the main process), the host-to-device copy and the device preparation; the
     harness's own cost (the loop between stages) left out."""
     parts = [arm.stages[s].samples for s in DATA_STAGES if s in arm.stages]
-    return Stat.from_samples([sum(p[i] for p in parts) for i in range(arm.step.n)])
+    return Stat.from_samples([sum(p[i] for p in parts)
+                              for i in range(arm.step.n)]).with_cpu(arm.step.cpu)
 
 
 def harness_seconds(arm: loop.ArmResult) -> Stat:
     """Per step, what is not a data stage: in the data mode, the harness's own cost."""
     data = data_stage_seconds(arm).samples
-    return Stat.from_samples([w - d for w, d in zip(arm.step.samples, data)])
+    return Stat.from_samples([w - d for w, d in zip(arm.step.samples, data)]).with_cpu(
+        arm.step.cpu)
 
 
 def reported_figures(study: LoopStudy, gap: tuple[str, str] | list[str] = (LAZY, DANGO)

@@ -16,6 +16,12 @@ an input changed.
   sample, the benchmark's figure (the real spec when it was measured: ``bench.json`` in the run
   folder or notebook 02 with ``bench_full_size``), and epochs per day at the dataset size, with
   notebook 04's measured DDP factor for several ranks.
+* **Figures it does not rest on**: a headline figure whose IQR/median is beyond the precision
+  target is *disturbed*; one measured while the process got less than 80% of the CPU its threads
+  asked for (:mod:`workbook_lib.measurement.cpu`) is *contended*: another job on the same CPUs
+  slows every repeat alike, so such a figure can be precise and wrong by orders of magnitude,
+  and can flip the order of two pipelines. Both are named first in the answer, shown and marked,
+  and the answer does not rest on them (a fix chosen from contended full steps is provisional).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from pathlib import Path
 
 from ..catalog import notebook_info
 from ..exceptions import IncompleteInputsError
+from ..measurement.cpu import CpuShare
 from ..measurement.timing import Stat
 from ..records import Record
 from ..running.results import (file_checksum, load_result, params_differ, read_meta,
@@ -68,6 +75,7 @@ class Recommendation(Record):
     tied: list[str]
     tie_rule: str
     memory_per_sample: dict[str, float] = field(default_factory=dict)
+    contended: list[str] = field(default_factory=list)  # exact strategies measured contended
     bench: BenchResult | None = None
     bench_source: str = ""
     epochs_per_day: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -87,6 +95,8 @@ class VerdictResult(Record):
     cannot_say: list[str]
     inputs: dict[str, str] = field(default_factory=dict)  # notebook -> results checksum
     disturbed: dict[str, float] = field(default_factory=dict)  # headline figure -> IQR/median
+    # headline figure -> what the process got of the CPUs while it was measured (contended)
+    contended: dict[str, CpuShare] = field(default_factory=dict)
     target: float = 0.1  # the precision target the figures were repeated for
     gap_strategies: list[str] = field(default_factory=list)  # [slow, fast]
 
@@ -333,6 +343,12 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                 "them, so the fastest median wins"
                 + (" (disturbed: rerun on a quieter machine to firm the choice up)"
                    if noisy else ""))
+    contended = sorted(n for n in exact if ms[n].contended)
+    if contended:
+        rule += (f"; measured while the process got less CPU than it asked for "
+                 f"({', '.join(contended)}: contended): another job on the same CPUs can change "
+                 "the order of these figures, so this choice is provisional; rerun alone to "
+                 "firm it up")
     speed = lo.ratio(lo.arm(baseline, "full"), lo.arm(best, "full")).scaled(
         lo.arm(best, "full").samples_per_step / lo.arm(baseline, "full").samples_per_step,
         "ratio") if baseline in lo.strategies and baseline != best else None
@@ -355,7 +371,8 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     return Recommendation(strategy=best, label=label(best), title=title(best),
                           ms_per_sample=ms[best],
                           baseline=baseline, speedup=speed, fastest=fastest, tied=tied,
-                          tie_rule=rule, memory_per_sample=mem, bench=bench, bench_source=source,
+                          tie_rule=rule, memory_per_sample=mem, contended=contended,
+                          bench=bench, bench_source=source,
                           epochs_per_day=epochs, projection_basis=basis)
 
 
@@ -387,6 +404,30 @@ def disturbed_figures(ddp, rec: Recommendation | None, target: float) -> dict[st
             if st is not None and st.n > 1 and st.rel_iqr > target}
 
 
+CONTENDED_LABELS = {**DISTURBED_LABELS, "loop": "notebook 03's full steps (the fix is chosen "
+                                                "by them)"}
+
+
+def contended_figures(ddp, rec: Recommendation | None, timing=None) -> dict[str, CpuShare]:
+    """The headline figures measured while the process got less CPU than its threads asked for
+    (:attr:`Stat.contended`), and notebook 03's full steps when any exact strategy's was: key ->
+    the CPU share it was measured with."""
+    figs = {"gap": ddp.gap.total, "per_step_ratio": ddp.gap.per_step_ratio,
+            "ddp_factor": ddp.gap.ddp_factor}
+    if rec is not None:
+        figs["speedup"] = rec.speedup
+        figs["bench"] = rec.bench.ratio_vs_lazy_form if rec.bench is not None else None
+    out = {k: st.cpu for k, st in figs.items()
+           if st is not None and getattr(st, "contended", False)}
+    if timing is not None:
+        lo = timing.loops
+        arms = [lo.arm(n, "full").step for n in lo.strategies if is_exact(lo, n)]
+        bad = [a.cpu for a in arms if getattr(a, "contended", False)]
+        if bad:
+            out["loop"] = min(bad, key=lambda c: c.judged)
+    return out
+
+
 def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Path,
                   device: str, device_type: str) -> VerdictResult:
     inv = found["01_graph_inventory"]
@@ -408,6 +449,7 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
                         can_say=CPU_CAN if device_type != "cuda" else [],
                         cannot_say=CPU_CANNOT if device_type != "cuda" else [], inputs=inputs,
                         disturbed=disturbed_figures(ddp, rec, params["precision_target"]),
+                        contended=contended_figures(ddp, rec, timing),
                         target=params["precision_target"], gap_strategies=[slow, fast])
     res.answer = answer(res, ddp, inv, params)
     return res
@@ -437,6 +479,16 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
     slow, fast = g.slow, g.fast
     scale = f"scale {inv.scale:g} of the real graph ({inv.total_edges:,} edges)"
     lines = []
+    shaky = set(v.disturbed) | set(v.contended)  # figures the answer does not rest on
+    if v.contended:
+        lines.append("**Contended figures (the process got less CPU than it asked for):** "
+                     + "; ".join(f"{CONTENDED_LABELS[k]}: {c.describe()}"
+                                 for k, c in v.contended.items())
+                     + ". Another job was running on the same CPUs: it slows every repeat "
+                     "alike, so these figures can look precise and still be wrong by orders of "
+                     "magnitude, and the order of two pipelines can flip. The answer below does "
+                     "not rest on them: they are shown and marked; rerun alone (no other "
+                     "CPU-heavy job on these CPUs) to firm them up.")
     if v.disturbed:
         lines.append("**Disturbed figures (beyond the precision target):** " + "; ".join(
             f"{DISTURBED_LABELS[k]} {x:.0%}" for k, x in v.disturbed.items())
@@ -444,17 +496,20 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
             "were measured, or their repeats were too few for their spread. The answer below "
             "does not rest on them: they are shown and marked, and rerunning on a quieter "
             "machine (or with a larger time budget) is the way to firm them up.")
-    if "gap" in v.disturbed:
+    def why_not(key: str) -> str:
+        return "contended" if key in v.contended else "disturbed"
+    if "gap" in shaky:
         lines.append(f"On this run ({v.device}, {scale}), {title(slow)} measured "
                      f"{g.total.median:.3g}x slower per epoch than {title(fast)} (IQR "
-                     f"{g.total.iqr:.2g}: disturbed, not relied on).")
-    lines += [] if "gap" in v.disturbed else [f"**On this run ({v.device}, {scale}), {title(slow)} trains "
+                     f"{g.total.iqr:.2g}: {why_not('gap')}, not relied on).")
+    lines += [] if "gap" in shaky else [f"**On this run ({v.device}, {scale}), {title(slow)} trains "
              f"{g.total.median:.3g}x slower per epoch than {title(fast)}** (IQR "
              f"{g.total.iqr:.2g}): {g.steps_ratio:.2f}x more steps per epoch (batch "
              f"{g.batch_sizes[slow]} against {g.batch_sizes[fast]}) times {g.per_step_ratio.median:.3g}x "
              f"per step times a DDP factor of {g.ddp_factor.median:.3g} (IQR "
              f"{g.ddp_factor.iqr:.2g}"
-             + ("; disturbed, not relied on" if "ddp_factor" in v.disturbed else "") + ")."]
+             + (f"; {why_not('ddp_factor')}, not relied on" if "ddp_factor" in shaky else "")
+             + ")."]
     adds = [c for c in v.causes if c.effect == "adds" and c.share is not None and c.share > 0.005]
     offsets = [c for c in v.causes if c.effect == "saves" and c.share is not None
                and c.share < -0.005]
@@ -462,10 +517,11 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
     if adds:
         # the stages' ranking comes from notebook 03's stage medians; on a disturbed run it is
         # given, marked, and to be confirmed (the shares rest on the disturbed gap)
-        shaky = "per_step_ratio" in v.disturbed or "gap" in v.disturbed
-        lines.append(("**Why** (from disturbed figures: confirm on a quieter machine)**:** "
-                      if shaky else "**Why:** ") + "; ".join(f"{c.cause}: {c.share:.0%} of the measured gap"
-                                             for c in adds[:3]) + "."
+        unsure = "per_step_ratio" in shaky or "gap" in shaky
+        lines.append(("**Why** (from disturbed or contended figures: confirm on a quieter "
+                      "machine)**:** " if unsure else "**Why:** ")
+                     + "; ".join(f"{c.cause}: {c.share:.0%} of the measured gap"
+                                 for c in adds[:3]) + "."
                      + "".join(f" {c.cause[0].upper()}{c.cause[1:]} saves {-c.share:.0%} of it "
                                f"({c.evidence})." for c in offsets)
                      + (f" {rest.share:.0%} is not attributed to a stage." if rest is not None
@@ -487,10 +543,12 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
                      + _builtin_fix(r) + " Check that a rewrite computes the same model with "
                      "`python -m workbook_lib equal SLOW FAST` before trusting its speed.")
     elif r is not None:
-        fix = f"**The fix: {r.title}**, exact"
-        if r.speedup is not None and "speedup" in v.disturbed:
+        fix = (f"**The fix, provisionally: {r.title}** (chosen from contended full steps, see "
+               "above), exact" if "loop" in v.contended else f"**The fix: {r.title}**, exact")
+        if r.speedup is not None and "speedup" in shaky:
             fix += (f"; in this run's training loop it measured {r.speedup.median:.3g}x per "
-                    f"sample against {title(r.baseline)}, a disturbed figure (see above)")
+                    f"sample against {title(r.baseline)}, a {why_not('speedup')} figure (see "
+                    "above)")
         elif r.speedup is not None:
             fix += (f", {r.speedup.median:.3g}x faster per sample than {title(r.baseline)} in "
                     "this run's training loop")
@@ -501,11 +559,11 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
             where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
             fix += (f"; per sample, forward + backward, {b.ratio_vs_lazy_form.median:.3g}x "
                     f"faster than replicated masks in the Lazy model's form {where}"
-                    + (f" (IQR {b.ratio_vs_lazy_form.iqr:.2g}: a disturbed figure, see above)"
-                       if "bench" in v.disturbed else ""))
+                    + (f" (IQR {b.ratio_vs_lazy_form.iqr:.2g}: a {why_not('bench')} figure, see "
+                       "above)" if "bench" in shaky else ""))
             if b.passes_per_sample is not None:
                 fix += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
         lines.append(fix if fix.endswith(".") else fix + ".")
-        if "disturbed" in r.tie_rule:
+        if "disturbed" in r.tie_rule or r.contended:
             lines.append(f"Choosing among {', '.join(title(n) for n in r.tied)}: {r.tie_rule}.")
     return "\n\n".join(lines)

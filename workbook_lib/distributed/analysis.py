@@ -18,12 +18,17 @@ launch-to-launch spread shows. It is always applied to the gap, its IQR carried 
 the threads alone do is the smallest world size's per-step ratio with a single process's whole
 share of threads over the same at the equal count, paired in the same rounds (the thread effect,
 shown apart, not part of the DDP factor).
+
+Every figure carries what its processes got of the CPUs (the worst rank's, over every launch of
+the arms it is made of: :mod:`workbook_lib.measurement.cpu`), so a contended rank marks the
+figure contended.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
 
+from ..measurement.cpu import CpuShare, worse
 from ..measurement.timing import Stat
 from ..records import Record
 
@@ -49,6 +54,19 @@ def _source(a: dict, stage: str | None):
     return a["step"] if stage is None else (a["stages"].get(stage) or a["extra"].get(stage))
 
 
+def arm_cpu(ranks, *arms: str) -> CpuShare | None:
+    """The worst CPU share of any rank, in any launch, over the named arms (None where the
+    ranks recorded none)."""
+    shares = []
+    for launch in _launch_list(ranks):
+        for r in launch.values():
+            for name in arms:
+                cpu = (_arm(r, name).get("step") or {}).get("cpu") if name in r["arms"] else None
+                if cpu:
+                    shares.append(CpuShare.from_json(cpu))
+    return worse(*shares)
+
+
 def series(ranks: dict, arm: str, stage: str | None = None, how=max) -> list[float]:
     """One launch's per-step figure: per step index, ``how`` (the slowest rank by default) of
     the ranks' wall time (or ``stage`` time)."""
@@ -63,7 +81,8 @@ def series(ranks: dict, arm: str, stage: str | None = None, how=max) -> list[flo
 def synchronous(ranks, arm: str, stage: str | None = None) -> Stat:
     """Per step, the slowest rank's wall time (or ``stage`` time), pooled over launches."""
     return Stat.from_samples([v for launch in _launch_list(ranks)
-                              for v in series(launch, arm, stage)])
+                              for v in series(launch, arm, stage)]).with_cpu(
+        arm_cpu(ranks, arm))
 
 
 def _has(launches: list[dict], arm: str, stage: str) -> bool:
@@ -192,7 +211,8 @@ def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
     slow, fast = gap
     ratio_series = [_ratio_series(series(ln, f"{slow}/gap"), series(ln, f"{fast}/gap"))
                     for ln in launches]
-    ratio = Stat.from_samples([x for rs in ratio_series for x in rs], unit="ratio")
+    ratio = Stat.from_samples([x for rs in ratio_series for x in rs], unit="ratio").with_cpu(
+        arm_cpu(launches, f"{slow}/gap", f"{fast}/gap"))
     gathers = []
     for ln in launches:
         gathers += _ratio_series(series(ln, f"{scaling}/gather"), series(ln, ddp_arm))
@@ -311,10 +331,13 @@ def gap_decomposition(worlds: dict[int, WorldSummary], slow: str, fast: str,
     factors: dict[str, Stat] = {}
     if top != base:
         f = launch_factor(worlds[top].ratio_series, b.ratio_series)
-        factor, by_pair = f.stat, f.by_pair
+        factor = f.stat.with_cpu(worlds[top].per_step_ratio.cpu, r_base.cpu)
+        by_pair = f.by_pair
         for name, per_launch in worlds[top].step_series.items():
             if name in b.step_series:
-                factors[name] = launch_factor(per_launch, b.step_series[name]).stat
+                t = worlds[top]
+                factors[name] = launch_factor(per_launch, b.step_series[name]).stat.with_cpu(
+                    t.gap_steps.get(name, t.step).cpu, b.gap_steps.get(name, b.step).cpu)
     else:
         factor = Stat(1.0, 0.0, 1.0, 1.0, r_base.n, "ratio")
     total = r_base.scaled(steps, "ratio").times(factor)  # always applied, its IQR carried

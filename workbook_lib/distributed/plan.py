@@ -2,7 +2,8 @@
 
 The capacity comes from the allocation, not the machine: on SLURM the CPUs of this task
 (``SLURM_CPUS_PER_TASK``, else ``SLURM_CPUS_ON_NODE``) and the GPUs it was given; elsewhere the
-CPUs this process may run on (``os.sched_getaffinity``) and the visible GPUs. A world size is run
+CPUs this process may run on (``os.sched_getaffinity``, the cgroup CPU quota) and the visible
+GPUs; the tightest of these when several apply. A world size is run
 on ``nnodes`` nodes with ``world // nnodes`` processes per node; one that does not divide evenly,
 or needs more processes per node than the node has GPUs (CUDA) or CPU cores (CPU), is skipped
 with the reason.
@@ -17,7 +18,6 @@ world size's launch running its arms with the whole share of a single process as
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -26,15 +26,13 @@ from ..records import Record
 
 
 def allocated_cpus() -> tuple[int, str]:
-    """CPUs this task may use, and where that figure came from."""
-    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
-        v = os.environ.get(var)
-        if v and v.split("(")[0].isdigit():
-            return int(v.split("(")[0]), var
-    try:
-        return len(os.sched_getaffinity(0)), "os.sched_getaffinity"
-    except AttributeError:
-        return os.cpu_count() or 1, "os.cpu_count"
+    """CPUs this task may use, and where that figure came from: the tightest of SLURM's
+    allocation, the affinity and the cgroup's CPU quota
+    (:func:`workbook_lib.measurement.cpu.allowed_cpus`)."""
+    from ..measurement.cpu import allowed_cpus
+
+    a = allowed_cpus()
+    return a.cpus, a.source
 
 
 def allocated_gpus() -> tuple[int, str]:

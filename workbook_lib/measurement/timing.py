@@ -12,6 +12,11 @@ Rules it enforces by construction:
   than ``min_repeats`` times.
 * **Every figure carries its noise**: a :class:`Stat` holds the median, the quartiles, the IQR
   and n, and says whether it met the precision target.
+* **Every figure carries what the process got of the CPUs** while it was timed
+  (:class:`~workbook_lib.measurement.cpu.CpuShare`: CPU use, the share of the CPU its threads
+  asked for, CPU pressure): a steady disturbance (another job on the same CPUs) slows every
+  repeat alike and keeps the IQR small, so a figure is also marked *contended*
+  (:attr:`Stat.contended`) when its threads got less than 80% of the CPU they asked for.
 
 :func:`measure` times one pure function with ``torch.utils.benchmark.Timer.adaptive_autorange``
 (PyTorch's own timer: it synchronizes the accelerator, picks a block size and repeats until the
@@ -30,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..records import Record
+from .cpu import CpuMeter, CpuShare, worse
 from typing import Callable, Iterator
 
 import numpy as np
@@ -70,6 +76,18 @@ class Stat(Record):
     unit: str = "s"
     target: float | None = None  # the precision target it was repeated for
     samples: list[float] = field(default_factory=list)
+    cpu: CpuShare | None = None  # what the process got of the CPUs while it was timed
+
+    @property
+    def contended(self) -> bool:
+        """True when the process got clearly less CPU than it asked for while this figure was
+        measured (:attr:`CpuShare.contended`); False where nothing was recorded."""
+        return self.cpu is not None and self.cpu.contended
+
+    def with_cpu(self, *shares: CpuShare | None) -> "Stat":
+        """This Stat carrying the worse of ``shares`` (and its own) as its CPU share."""
+        self.cpu = worse(self.cpu, *shares)
+        return self
 
     @classmethod
     def from_samples(cls, samples: list[float], *, unit: str = "s",
@@ -96,14 +114,15 @@ class Stat(Record):
         """The same measurement in another unit (e.g. seconds per batch -> ms per sample)."""
         if self.samples:
             return Stat.from_samples([x * factor for x in self.samples], unit=unit,
-                                     target=self.target)
+                                     target=self.target).with_cpu(self.cpu)
         lo, hi = sorted((self.q1 * factor, self.q3 * factor))
-        return Stat(self.median * factor, hi - lo, lo, hi, self.n, unit, self.target)
+        return Stat(self.median * factor, hi - lo, lo, hi, self.n, unit, self.target,
+                    cpu=self.cpu)
 
     def inverse(self, unit: str) -> "Stat":
         """1/x of every sample (e.g. seconds per step -> iterations per second)."""
         return Stat.from_samples([1.0 / x for x in self.samples if x > 0], unit=unit,
-                                 target=self.target)
+                                 target=self.target).with_cpu(self.cpu)
 
     def ratio_to(self, other: "Stat", *, paired: bool = False) -> "Stat":
         """``self / other`` with its noise.
@@ -117,12 +136,14 @@ class Stat(Record):
                 raise ValueError("a paired ratio needs two sample lists of equal length "
                                  f"(got {len(self.samples)} and {len(other.samples)})")
             return Stat.from_samples([a / b for a, b in zip(self.samples, other.samples)],
-                                     unit="ratio", target=self.target)
+                                     unit="ratio", target=self.target).with_cpu(self.cpu,
+                                                                                other.cpu)
         r = self.median / other.median
         rel = math.hypot(self.rel_iqr, other.rel_iqr)
         half = abs(r) * rel / 2
         return Stat(median=r, iqr=2 * half, q1=r - half, q3=r + half,
-                    n=min(self.n, other.n), unit="ratio", target=self.target)
+                    n=min(self.n, other.n), unit="ratio", target=self.target,
+                    cpu=worse(self.cpu, other.cpu))
 
     def times(self, other: "Stat") -> "Stat":
         """``self * other`` for independent figures: the product of medians, relative IQRs
@@ -130,13 +151,16 @@ class Stat(Record):
         r = self.median * other.median
         half = abs(r) * math.hypot(self.rel_iqr, other.rel_iqr) / 2
         return Stat(median=r, iqr=2 * half, q1=r - half, q3=r + half,
-                    n=min(self.n, other.n), unit="ratio", target=self.target)
+                    n=min(self.n, other.n), unit="ratio", target=self.target,
+                    cpu=worse(self.cpu, other.cpu))
 
     def describe(self, scale: float = 1.0, unit: str | None = None, digits: int = 3) -> str:
-        """'12.3 ms (IQR 0.4, n=10)'."""
+        """'12.3 ms (IQR 0.4, n=10)', with ', contended: got 40% of the CPU asked for' when the
+        figure is contended."""
         u = unit if unit is not None else self.unit
+        flag = f", contended: {self.cpu.describe()}" if self.contended else ""
         return (f"{self.median * scale:.{digits}g} {u} (IQR {self.iqr * scale:.2g}, "
-                f"n={self.n})")
+                f"n={self.n}{flag})")
 
 
 def _timed_call(fn: Callable[[], object], device) -> float:
@@ -184,12 +208,14 @@ def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", war
     min_run = min_repeats * one
     timer = Timer(stmt="fn()", globals={"fn": fn}, label=label or "workbook",
                   num_threads=torch.get_num_threads())
-    m = timer.adaptive_autorange(threshold=target, min_run_time=min_run,
-                                 max_run_time=max(max_time_s, 1.5 * min_run))
-    times = list(m.times)
-    while len(times) < min_repeats:  # fast calls come in blocks: top up to min_repeats blocks
-        times.append(timer.timeit(number=m.number_per_run).median)
-    return Stat.from_samples(times, target=target)
+    meter = CpuMeter()
+    with meter:  # the whole timed phase (the Timer's own blocks): what the process got
+        m = timer.adaptive_autorange(threshold=target, min_run_time=min_run,
+                                     max_run_time=max(max_time_s, 1.5 * min_run))
+        times = list(m.times)
+        while len(times) < min_repeats:  # fast calls come in blocks: top up to min_repeats
+            times.append(timer.timeit(number=m.number_per_run).median)
+    return Stat.from_samples(times, target=target).with_cpu(meter.share())
 
 
 @dataclass
@@ -230,11 +256,14 @@ def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | s
         for name in names:
             fns[name]()
     samples: dict[str, list[float]] = {n: [] for n in names}
+    meters = {n: CpuMeter() for n in names}  # read outside each timed call
     spent, rounds = 0.0, 0
     while True:
         order = names[rounds % len(names):] + names[:rounds % len(names)]
         for name in order:
+            meters[name].begin()
             dt = _timed_call(fns[name], device)
+            meters[name].end()
             samples[name].append(dt)
             spent += dt
         rounds += 1
@@ -245,8 +274,8 @@ def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | s
         done = all(Stat.from_samples(s).rel_iqr <= target for s in samples.values())
         if done or rounds >= max_rounds or spent >= max_time_s:
             break
-    return Interleaved({n: Stat.from_samples(s, target=target) for n, s in samples.items()},
-                       rounds=rounds, seconds=spent)
+    return Interleaved({n: Stat.from_samples(s, target=target).with_cpu(meters[n].share())
+                        for n, s in samples.items()}, rounds=rounds, seconds=spent)
 
 
 class StepClock:
@@ -256,12 +285,20 @@ class StepClock:
     each between device syncs) and any durations measured elsewhere (``clock.add``, e.g. inside a
     DataLoader worker) go into that step's own record, which is kept only when the step was
     opened as timed. A warm-up step therefore cannot leak into a timed one.
+
+    A :class:`~workbook_lib.measurement.cpu.CpuMeter` reads what the process got of the CPUs
+    around every timed step (outside its wall time); :meth:`wall` and :meth:`stages` carry it.
+
+    Args:
+        device: where the steps run (synchronized around every step and stage).
+        children: what the CPU figure says about child processes (DataLoader workers).
     """
 
-    def __init__(self, device: torch.device | str = "cpu"):
+    def __init__(self, device: torch.device | str = "cpu", *, children: str | None = None):
         self.device = torch.device(device)
         self.steps: list[dict[str, float]] = []  # timed steps only; "_wall" is the whole step
         self._cur: dict[str, float] | None = None
+        self.meter = CpuMeter(children=children)
 
     @contextmanager
     def step(self, timed: bool = True) -> Iterator[dict[str, float]]:
@@ -269,6 +306,8 @@ class StepClock:
             raise RuntimeError("StepClock.step() is not re-entrant: a step is already open")
         rec: dict[str, float] = {}
         self._cur = rec
+        if timed:
+            self.meter.begin()
         sync(self.device)
         t0 = time.perf_counter()
         try:
@@ -276,9 +315,11 @@ class StepClock:
             sync(self.device)
             rec["_wall"] = time.perf_counter() - t0
             if timed:
+                self.meter.end()
                 self.steps.append(rec)
         finally:
             self._cur = None
+            self.meter.cancel()  # a step that raised leaves no interval open
 
     @contextmanager
     def stage(self, name: str, synced: bool = True) -> Iterator[None]:
@@ -313,15 +354,18 @@ class StepClock:
         return len(self.steps)
 
     def wall(self, target: float | None = None) -> Stat:
-        """Wall time per timed step."""
-        return Stat.from_samples([s["_wall"] for s in self.steps], target=target)
+        """Wall time per timed step (with what the process got of the CPUs over them)."""
+        return Stat.from_samples([s["_wall"] for s in self.steps],
+                                 target=target).with_cpu(self.meter.share())
 
     def stages(self, names: tuple[str, ...] | list[str] | None = None,
                target: float | None = None) -> dict[str, Stat]:
         """Per-stage time of the timed steps (0 where a step lacked the stage)."""
         keys = names if names is not None else sorted(
             {k for s in self.steps for k in s if not k.startswith("_")})
-        return {k: Stat.from_samples([s.get(k, 0.0) for s in self.steps], target=target)
+        share = self.meter.share()
+        return {k: Stat.from_samples([s.get(k, 0.0) for s in self.steps],
+                                     target=target).with_cpu(share)
                 for k in keys}
 
 

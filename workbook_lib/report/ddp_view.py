@@ -52,13 +52,27 @@ def step_table(r: DDPResult):
             "forward": fmt_time_stat(s.stages["forward"]),
             "backward": fmt_time_stat(s.stages["backward"]),
             "weak eff.": fmt_stat(r.weak[w]), "strong eff.": fmt_stat(r.strong[w]),
-            "rank spread (compute)": fmt_pct(s.rank_spread)})
+            "rank spread (compute)": fmt_pct(s.rank_spread),
+            "CPU, worst rank": _cpu_cell(s.step.cpu)})
     s0 = next(iter(r.worlds.values()))
     return table(rows, caption=f"{label(r.scaling_strategy)}, per-rank batch {s0.batch_size}; "
                                f"strong scaling keeps the global batch {s0.global_batch}. A "
                                "synchronous step lasts as long as its slowest rank: per step, "
                                "the maximum over ranks. Efficiencies relative to the smallest "
-                               "world size run (1 = ideal).")
+                               "world size run (1 = ideal). CPU, worst rank: the share of the "
+                               "CPU its threads asked for that the worst rank got over its timed "
+                               "steps, its CPU use (CPU time / wall x threads, DataLoader workers "
+                               "not counted) and the machine's CPU pressure; contended below "
+                               "80% got (another job on these CPUs, or ranks that do not fit).")
+
+
+def _cpu_cell(c) -> str:
+    if c is None:
+        return "not recorded"
+    got = "n/a" if c.got is None else f"{c.got:.0%}"
+    pressure = "n/a" if c.pressure is None else f"{c.pressure:.0%}"
+    return (f"got {got}, use {c.use:.0%} of {c.threads} thread(s), pressure {pressure}"
+            + (" CONTENDED" if c.contended else ""))
 
 
 def comm_table(r: DDPResult):

@@ -3,7 +3,9 @@ no index column, imprecise figures flagged.
 
 A measured figure is shown as ``median (IQR x, n=10)``; one whose IQR/median is above the precision
 target it was repeated for is marked ``(noisy)`` and the table carries a footnote saying so (a
-word, not a ``*``, which Markdown would read as emphasis).
+word, not a ``*``, which Markdown would read as emphasis). One measured while the process got less
+than 80% of the CPU its threads asked for is marked ``(contended)``, with its own footnote: a
+steady disturbance keeps the IQR small, so only the CPU share shows it.
 """
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ from ..measurement.timing import Stat
 IMPRECISE = "(noisy)"
 FOOTNOTE = ("(noisy): IQR/median stayed above the precision target after the figure's time "
             "budget; read it with its IQR.")
+CONTENDED = "(contended)"
+CONTENDED_NOTE = ("(contended): measured while the process got less than 80% of the CPU time "
+                  "its threads asked for (another job on the same CPUs): it may look precise and "
+                  "still be wrong by orders of magnitude; rerun alone.")
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -68,7 +74,8 @@ def fmt_stat(st: Stat | None, *, scale: float = 1.0, unit: str = "", digits: int
     if st is None:
         return "n/a"
     u = f" {unit}" if unit else ""
-    flag = "" if st.precise else f" {IMPRECISE}"
+    flag = ("" if st.precise else f" {IMPRECISE}") + \
+        (f" {CONTENDED}" if getattr(st, "contended", False) else "")
     return (f"{st.median * scale:.{digits}g}{u} (IQR {st.iqr * abs(scale):.2g}, n={st.n})"
             f"{flag}")
 
@@ -87,9 +94,11 @@ def table(rows: list[dict[str, Any]] | pd.DataFrame, caption: str | None = None,
     """A Styler without the index column; a footnote when any cell carries the '*' flag."""
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     st = df.style.hide(axis="index")
-    flagged = footnote if footnote is not None else any(
-        isinstance(v, str) and v.endswith(f" {IMPRECISE}") for v in df.to_numpy().ravel())
-    cap = " ".join(s for s in (caption, FOOTNOTE if flagged else None) if s)
+    cells = [v for v in df.to_numpy().ravel() if isinstance(v, str)]
+    flagged = footnote if footnote is not None else any(f" {IMPRECISE}" in v for v in cells)
+    contended = any(v.endswith(f" {CONTENDED}") for v in cells)
+    cap = " ".join(s for s in (caption, FOOTNOTE if flagged else None,
+                               CONTENDED_NOTE if contended else None) if s)
     if cap:
         st = st.set_caption(cap)
     return st.set_table_styles([{"selector": "caption",

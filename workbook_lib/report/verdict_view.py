@@ -193,19 +193,23 @@ def headline(v: VerdictResult) -> str:
         s = f"use {r.title}"
         if r.speedup is not None:
             s += (f" ({r.speedup.median:.3g}x faster per sample than {pipelines.title(r.baseline)} here"
-                  + (" (disturbed)" if "speedup" in v.disturbed else ""))
+                  + (" (disturbed)" if "speedup" in v.disturbed else "")
+                  + (" (contended)" if "speedup" in v.contended else ""))
             b = r.bench
             if r.strategy == "node_mask_shared" and b is not None \
                     and b.ratio_vs_lazy_form is not None:  # the benchmark times this form only
                 s += (f"; {b.ratio_vs_lazy_form.median:.3g}x against the Lazy model's form at "
                       f"{'the real spec' if b.full_size else 'reduced size'}"
-                      + (" (disturbed)" if "bench" in v.disturbed else ""))
+                      + (" (disturbed)" if "bench" in v.disturbed else "")
+                      + (" (contended)" if "bench" in v.contended else ""))
             s += ")"
         parts.append(s)
     if v.gap_total is not None:
         parts.append(f"measured gap {v.gap_total.median:.3g}x (the investigation: 40x on GPUs)")
     counts = {s: sum(c.status == s for c in v.claims) for s in C.STATUSES}
     parts.append("claims " + ", ".join(f"{k}: {n}" for k, n in counts.items() if n))
+    if v.contended:
+        parts.append("contended (not relied on): " + ", ".join(v.contended))
     if v.disturbed:
         parts.append("disturbed (not relied on): " + ", ".join(v.disturbed))
     return "; ".join(parts)

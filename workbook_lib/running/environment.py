@@ -53,6 +53,30 @@ def versions() -> dict:
     return out
 
 
+_THREADS: dict = {}
+
+
+def configure_threads(params: dict | None = None, *, procs: int = 1) -> dict:
+    """Never more compute threads than the CPUs this process may use (affinity, cgroup quota,
+    SLURM's allocation), its DataLoader workers (``num_workers`` of ``params``) sharing them:
+    :func:`workbook_lib.measurement.cpu.fit_threads`, applied with ``torch.set_num_threads`` (a
+    thread count is only ever lowered) and recorded in the environment with why.
+
+    Args:
+        params: validated params (their ``num_workers``); None: no workers.
+        procs: processes sharing the CPUs (DDP ranks on the node).
+    """
+    from ..measurement.cpu import fit_threads
+
+    fit = fit_threads(procs=procs, workers=int((params or {}).get("num_workers") or 0))
+    if torch.get_num_threads() != fit.threads:
+        torch.set_num_threads(fit.threads)
+    _THREADS.clear()
+    _THREADS.update({"threads": fit.threads, "why": fit.why, "cpus": fit.allowance.cpus,
+                     "cpus_source": fit.allowance.source})
+    return dict(_THREADS)
+
+
 def device_label(device: torch.device) -> str:
     """Short label for figure titles: 'cpu (2 threads)' or 'cuda: NVIDIA H100'."""
     if device.type == "cuda":
@@ -104,6 +128,7 @@ def collect(params: dict | None = None, *, uses_device: bool = True,
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "threads": dict(_THREADS) or None,  # configure_threads: how many, and why
         "gpu": gpu,
         "git": git_revision(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

@@ -141,6 +141,7 @@ def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True
     warnings_to_terminal()
     namespace[_DONE] = True
     configure_cpu_allocator(p["cpu_allocator_cache"])
+    environment.configure_threads(p)  # never more threads than the CPUs it may use
     plotting.setup()
     if not needs_device and p["device"] == "cuda" and not torch.cuda.is_available():
         device = torch.device("cpu")

@@ -17,6 +17,10 @@ the table and exits 1 when any check failed (2 for bad input, before any work). 
 * **timing synchronization**: a known amount of device work (a sleep on the CPU, a spin kernel
   of known length on CUDA) timed by the workbook's :class:`~workbook_lib.measurement.timing.StepClock`
   measures at least its length (a missing device sync would time the launch only);
+* **CPU share**: a short CPU-bound timing in the workbook's StepClock, and what the process got
+  of the CPUs while it ran (:mod:`workbook_lib.measurement.cpu`), with the CPUs it may use and
+  the threads that fit them: ``busy`` (not a failure) when another job on these CPUs took more
+  than 20% of what its threads asked for, so that timings taken now would be marked contended;
 * **DDP launch** (``--ranks`` >= 2): a short ``torchrun`` launch of the DDP worker (NCCL on GPUs,
   gloo on CPU) whose comm hook measured every rank's all-reduce.
 
@@ -38,7 +42,7 @@ import torch
 from ..measurement.precision import float32_tolerance
 from ..paths import REPO_ROOT
 
-OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
+OK, FAILED, SKIPPED, BUSY = "ok", "FAILED", "skipped", "busy"
 
 
 @dataclass
@@ -231,6 +235,31 @@ def check_timing_sync(device: torch.device) -> Check:
                  time.perf_counter() - t0)
 
 
+def check_cpu_share(device: torch.device) -> Check:
+    """What the process gets of the CPUs now, timing CPU-bound work as the loop does."""
+    from ..measurement.cpu import fit_threads
+    from ..measurement.timing import StepClock
+
+    t0 = time.perf_counter()
+    clock = StepClock(device)
+    x = torch.randn(384, 384)
+
+    def work():
+        y = x
+        for _ in range(8):
+            y = torch.tanh(y @ x * 1e-3)
+    for i in range(21):
+        with clock.step(timed=i > 0):
+            work()
+    st = clock.wall()
+    fit = fit_threads()
+    busy = st.contended
+    detail = (f"{st.cpu.describe()}; threads: {fit.why}"
+              + ("; another job is using these CPUs: timings taken now are marked contended"
+                 if busy else ""))
+    return Check("CPU share", BUSY if busy else OK, detail, time.perf_counter() - t0)
+
+
 def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
     """A short torchrun launch of the DDP worker with the comm hook."""
     from ..distributed import analysis, launcher
@@ -289,7 +318,7 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
                          f"(torch {torch.__version__}, CUDA build {torch.version.cuda})")
     if ranks is not None and ranks < 1:
         raise ValueError(f"'--ranks' must be a positive integer (got {ranks})")
-    checks = ("exactness", "syncs", "memory", "timing", "ddp")
+    checks = ("exactness", "syncs", "memory", "timing", "cpu", "ddp")
     unknown = [o for o in only or [] if not any(c.startswith(o) for c in checks)]
     if unknown:
         raise ValueError(f"'--only {unknown[0]}' names no check (checks: {', '.join(checks)})")
@@ -304,6 +333,7 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
         ("syncs", lambda: check_sync_counter(params, dev, graph)),
         ("memory", lambda: check_memory_probe(params, dev)),
         ("timing", lambda: check_timing_sync(dev)),
+        ("cpu", lambda: check_cpu_share(dev)),
         ("ddp", lambda: check_ddp(params, dev, ranks)),
     ]
     out: list[Check] = []
@@ -325,6 +355,8 @@ def format_table(checks: list[Check], device: str) -> str:
     for c in checks:
         lines.append(f"{c.name:<{w}}  {c.status:<7}  {c.seconds:5.1f} s  {c.detail}")
     bad = [c for c in checks if c.status == FAILED]
+    busy = [c for c in checks if c.status == BUSY]
     lines += ["", f"{len(checks) - len(bad)} of {len(checks)} checks passed or skipped"
+              + (f" ({len(busy)} found the machine busy)" if busy else "")
               + (f"; FAILED: {', '.join(c.name for c in bad)}" if bad else "")]
     return "\n".join(lines)

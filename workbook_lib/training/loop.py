@@ -260,7 +260,8 @@ class ArmResult(Record):
         """Wall time not inside any stage (loop overhead, zero_grad, hooks)."""
         parts = [self.stages[s].samples for s in MAIN_STAGES if s in self.stages]
         return Stat.from_samples([w - sum(p[i] for p in parts)
-                                  for i, w in enumerate(self.step.samples)])
+                                  for i, w in enumerate(self.step.samples)]).with_cpu(
+            self.step.cpu)
 
 
 def _result(arm: Arm, clock: StepClock, warmup: int, counted: SyncCounter | None,
@@ -277,6 +278,14 @@ def _result(arm: Arm, clock: StepClock, warmup: int, counted: SyncCounter | None
         sync_kinds={} if counted is None else {k: float(v) for k, v in counted.by_kind.items()},
         syncs_by_stage={} if counted is None else {k: float(v) for k, v in counted.by_stage.items()},
         warmup_steps=warmup, timed_steps=clock.n, stopped_by=stopped_by)
+
+
+def _children_label(loader: DataLoader) -> str | None:
+    """What an arm's CPU figure says about its DataLoader workers' CPU time (excluded: it is in
+    their own processes); None without workers (the default label)."""
+    w = getattr(loader, "num_workers", 0)
+    return None if not w else (f"not counted: the {w} DataLoader worker process(es)' CPU time "
+                               "is in their own processes (this figure is the main process's)")
 
 
 def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
@@ -310,7 +319,7 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
     if max_steps < min_steps:
         raise ValueError(f"'max_steps' must be >= min_steps={min_steps} (got {max_steps})")
     device = torch.device(arms[0].pipeline.device)
-    clocks = {a.name: StepClock(device) for a in arms}
+    clocks = {a.name: StepClock(device, children=_children_label(a.loader)) for a in arms}
     counters: dict[str, SyncCounter | None] = {a.name: None for a in arms}
     stopped = {a.name: "" for a in arms}
     agree = agree or (lambda flag: flag)
