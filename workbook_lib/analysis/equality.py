@@ -222,26 +222,29 @@ def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
     if missing or extra or shapes:
         parts = []
         if missing:
-            parts.append(f"'{fast_label}' has no parameter "
-                         + ", ".join(n if mapping[n] == n else f"{mapping[n]} (for {n})"
-                                     for n in missing))
+            parts.append(f"only '{slow_label}' has " + _names(
+                [n if mapping[n] == n else f"{mapping[n]} (renamed from {n})" for n in missing]))
         if extra:
-            parts.append(f"'{slow_label}' has no parameter {', '.join(extra)}")
+            parts.append(f"only '{fast_label}' has {_names(extra)}")
         if shapes:
             parts.append("shapes differ: " + ", ".join(
                 f"{n} {a} vs {m} {b}" for n, (a, m, b) in shapes.items()))
         raise ParameterMismatchError(
-            "the two models' parameters do not pair by name: " + "; ".join(parts)
-            + f" ('{slow_label}': {_names(sp)}; '{fast_label}': {_names(fp)}). Rename with "
-            "--map SLOW_NAME=FAST_NAME (a name or a module prefix)",
+            "the parameters do not pair by name: " + "; ".join(parts)
+            + ". Pair them with --map SLOW_NAME=FAST_NAME (a name or a module prefix)",
             missing=missing, extra=extra, shapes=shapes)
     return mapping
 
 
-def _names(params: dict, limit: int = 12) -> str:
-    names = list(params)
-    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit
-                                      else "")
+def _names(names, limit: int = 8) -> str:
+    """Names, those under one top-level module grouped (``lins.* (4)``), so that an error line
+    names both sides whole."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(n.split(".", 1)[0] if "." in n else n, []).append(n)
+    parts = [g[0] if len(g) == 1 else f"{k}.* ({len(g)})" for k, g in groups.items()]
+    return ", ".join(parts[:limit]) + (f" and {len(parts) - limit} more" if len(parts) > limit
+                                       else "")
 
 
 def copy_parameters(slow: torch.nn.Module, fast: torch.nn.Module,
