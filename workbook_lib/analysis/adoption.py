@@ -257,15 +257,6 @@ def train_pair(params: dict, pair: Pair, device: torch.device) -> tuple[dict, di
     return res, {a.name: [float(x) for x in a.losses] for a in arms}
 
 
-def train_both(params: dict, graph, device: torch.device, middle: str = "delta"
-               ) -> tuple[dict, dict, int, torch.Tensor]:
-    """The built-in pair (replicated masks, the node-mask shared graph) checked and trained:
-    ``(arm results, losses, batch size, labels)``."""
-    pair = check_pair(params, graph, device, middle)
-    res, losses = train_pair(params, pair, device)
-    return res, losses, pair.batch_size, pair.labels
-
-
 def relative_loss_diff(ref: list[float], other: list[float]) -> list[float]:
     """Per step, ``|other - ref| / max(|ref|, |other|)`` (0 where both are 0).
 
