@@ -17,7 +17,9 @@
 # message computed and masked) and with the node-mask shared graph (`workbook_lib.nodemask`:
 # one shared graph, the deleted genes' indices per sample). Their steps are interleaved in one
 # process. The loss curves must agree to float32 rounding; time, memory and epochs per day are
-# compared side by side.
+# compared side by side. With your own pipelines only (`strategies: []`), the two that
+# `gap_strategies` names (slow, then its exact rewrite) are trained the same way; where there is
+# no such pair, this notebook says why and trains nothing.
 
 # %% tags=["parameters"]
 # The params keys this notebook reads (every key: python -m workbook_lib params); papermill sets them with -p KEY VALUE or -f FILE.yaml, and also takes any other key
@@ -43,6 +45,7 @@ min_repeats: int = 5  # fewest timed repeats of a figure
 precision_target: float = 0.1  # repeat a figure until IQR/median is at most this (or its time budget is spent)
 time_budget_s: float = 2.0  # seconds one benchmark figure may spend on repeats beyond min_repeats
 batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)
+gap_strategies: List[str] = ['replicated_mask_cpu', 'dango_wildtype']  # the two strategies or pipelines whose gap the verdict explains (slow, fast); when not given and 'pipelines' names two or more, the first two pipelines
 adopt_steps: int = 200  # training steps of each pipeline in notebook 06
 adopt_optimizer: str = 'sgd'  # optimizer of notebook 06's training: sgd (rounding stays rounding) or adamw (its normalised first steps turn rounding-level gradients into full-size updates)
 adopt_lr: float = 0.05  # learning rate of notebook 06's training
@@ -60,8 +63,8 @@ from workbook_lib.running.results import checksums, load_result, write_results
 NB = setup(globals(), notebook="06_adopt_fix")
 
 # %% [markdown]
-# ## The same training, two pipelines
-# The fix runs in the form notebook 02's benchmark measured faster on this device (delta
+# ## The form of the fix
+# The built-in fix runs in the form notebook 02's benchmark measured faster on this device (delta
 # propagation, or full middle layers).
 
 # %%
@@ -69,11 +72,23 @@ mask_cost = load_result(NB.run_dir, "02_mask_cost_model", NB.params)
 ddp = load_result(NB.run_dir, "04_ddp_scaling", NB.params)
 form = bench.recommended_form(mask_cost.bench if mask_cost else None)  # the faster form in 02
 display(mc_view.form_text(form))
-res, losses, batch, labels = adoption.train_both(NB.params, NB.graph, NB.device,
-                                                 middle=form.middle)
-r = adoption.compare(NB.params, res, losses, batch, NB.device_label,
-                     memory=mask_cost.memory if mask_cost else None, ddp=ddp, labels=labels,
-                     graph=NB.graph)
+
+# %% [markdown]
+# ## Do the two pipelines compute the same?
+# Before training, the check of `python -m workbook_lib equal`: both built from the same seed,
+# the slow model's parameters copied into the fast one (paired by name), one batch through both,
+# outputs, loss and every parameter's gradient compared against float32 rounding.
+
+# %%
+pair = adoption.check_pair(NB.params, NB.graph, NB.device, middle=form.middle)
+display(view.check_text(pair))
+
+# %% [markdown]
+# ## The same training, two pipelines
+
+# %%
+r = adoption.adopt(NB.params, pair, NB.device, NB.device_label,
+                   memory=mask_cost.memory if mask_cost else None, ddp=ddp, graph=NB.graph)
 display(view.loss_text(r))
 view.loss_plot(r)
 

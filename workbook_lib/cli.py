@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,stability,slurm,...}``.
+"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,equal,stability,slurm,...}``.
 
 Every bad argument (a params file that is not YAML, a ``--set`` that does not parse, an ``--out``
 that cannot be written) gets a one-line error and exit status 2 before any work; a failed
@@ -156,6 +156,67 @@ def _cmd_stability(args) -> int:
         print(f"{label:60s} {' | '.join(v[:30] for v in r.values):44s} {rel:>7s} {status}")
     print(f"Report: {Path(args.out) / 'stability.html'}")
     return 0 if not [r for r in res.disagreeing if r.verdict_rests_on] else 1
+
+
+def _cmd_equal(args) -> int:
+    from .analysis.equality import check_equal, parse_renames
+    from .pipelines import is_builtin, parse_specs, spec_problem
+    from .report.equality_view import table_lines
+
+    try:
+        renames = parse_renames(args.map)
+    except ValueError as exc:
+        raise ParamsError(str(exc), key="map") from None
+    if args.batches < 1:
+        raise ParamsError(f"--batches must be a positive integer (got {args.batches})")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ParamsError(f"--batch-size must be a positive integer (got {args.batch_size})")
+    if args.tolerance is not None and not args.tolerance > 0:
+        raise ParamsError(f"--tolerance must be > 0 (got {args.tolerance})")
+    entries = [e for e in (args.slow, args.fast) if not is_builtin(e)]
+    for e in entries:
+        problem = spec_problem(e)
+        if problem:
+            raise ParamsError(f"{problem} (a pipeline spec: path/to/file.py:factory, "
+                              f"package.module:factory, NAME=... or a built-in strategy)")
+    names = {e: s.name for e, s in zip(entries, parse_specs(entries))}
+    if len(entries) == 2 and names[args.slow] == names[args.fast]:  # a.py:f against b/a.py:f
+        entries = [f"slow={args.slow.split('=', 1)[-1]}", f"fast={args.fast.split('=', 1)[-1]}"]
+        names = {args.slow: "slow", args.fast: "fast"}
+    slow, fast = (names.get(e, e) for e in (args.slow, args.fast))
+    if slow == fast:
+        raise ParamsError(f"SLOW and FAST are the same pipeline ({args.slow!r})")
+    sets = list(args.set or [])
+    if entries:
+        sets.append(f"pipelines={json.dumps(entries)}")
+    p = _load(args.params, sets)  # every check before any work
+    if args.json:
+        probe = Path(args.json).with_suffix(".probe")
+        try:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise ParamsError(f"--json {args.json}: cannot write there "
+                              f"({exc.strerror or exc})") from None
+    from .data.snapshots import load_snapshot
+    from .running.environment import resolve_device
+
+    graph, device = load_snapshot(p), resolve_device(p["device"])
+    try:
+        res = check_equal(p, slow, fast, graph, device, renames=renames, batches=args.batches,
+                          batch_size=args.batch_size, tolerance=args.tolerance)
+    except WorkbookError:  # parameters that do not pair, a pipeline that cannot work: exit 2
+        raise
+    except ValueError as exc:  # a dataset too small for the batches asked
+        raise ParamsError(str(exc)) from None
+    print("\n".join(table_lines(res)))
+    if args.json:
+        from .running.results import atomic_write_text
+
+        atomic_write_text(Path(args.json), json.dumps(res.to_json(), indent=1))
+        print(f"Results: {args.json}")
+    return 0 if res.equal else 1
 
 
 def _cmd_slurm(args) -> int:
@@ -361,6 +422,32 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quiet", action="store_true",
                     help="no progress bars or kernel output; one-line stage notes only")
     sp.set_defaults(fn=_cmd_stability)
+    sp = sub.add_parser(
+        "equal", help="check that a rewrite computes the same as the pipeline it replaces: "
+                      "outputs, loss and every gradient on the same batch; exit 1 if not",
+        description="Build SLOW and FAST (pipeline specs as in the 'pipelines' params key, or "
+                    "built-in strategy names) from the same seed, pair their parameters by name "
+                    "(refused, exit 2, when they do not pair), copy SLOW's parameters into FAST, "
+                    "run the same batch through both and compare the outputs, the loss and every "
+                    "parameter's gradient against float32 rounding. Exit 0: equal; 1: they "
+                    "differ; 2: bad input.")
+    sp.add_argument("slow", metavar="SLOW", help="the reference pipeline (e.g. "
+                                                 "examples/lazy_pyg.py:make_pipeline)")
+    sp.add_argument("fast", metavar="FAST", help="the rewrite (e.g. "
+                                                 "examples/nodemask_pyg.py:make_pipeline)")
+    params_args(sp)
+    sp.add_argument("--map", action="append", metavar="SLOW_NAME=FAST_NAME",
+                    help="FAST names this parameter (or every parameter under this module "
+                         "prefix) differently; repeat for several")
+    sp.add_argument("--batches", type=int, default=1, metavar="N",
+                    help="compare the first N batches (default 1)")
+    sp.add_argument("--batch-size", type=int, default=None, metavar="B",
+                    help="samples per batch (default: SLOW's batch size)")
+    sp.add_argument("--tolerance", type=float, default=None, metavar="REL",
+                    help="relative float32 tolerance (default: derived from the graph and the "
+                         "layers, see workbook_lib.measurement.precision)")
+    sp.add_argument("--json", metavar="FILE.json", help="also write the table as JSON")
+    sp.set_defaults(fn=_cmd_equal)
     sp = sub.add_parser("slurm", help="write sbatch scripts that run the workbook on a cluster")
     params_args(sp)
     sp.add_argument("--partition", help="SLURM partition (default: the cluster's default)")

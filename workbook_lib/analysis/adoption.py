@@ -15,7 +15,20 @@ The target is learnable, so that "the same training" is shown on a model that le
 sample's label is a fixed *teacher*'s prediction (the same architecture and forward from another
 seed, run exactly on the sample's perturbed graph). :func:`loss_fall` says how far the loss fell,
 and the labels' variance is the loss of a model that predicts only their mean: a loss below it
-has learned how the label depends on the perturbation."""
+has learned how the label depends on the perturbation.
+
+With user pipelines only (``strategies: []``), 06 trains the two pipelines ``gap_strategies``
+names (the first two of ``pipelines`` by default) when the fast one is exact, each on its own
+dataset in order, one optimizer (``adopt_optimizer``, ``adopt_lr``) for both; their loss's own
+relative difference per step is compared (the workbook does not know a user's loss, so it cannot
+bound the predictions as above), with the float32 tolerance of
+:func:`~workbook_lib.analysis.equality.equality_tolerance`. Before training, in both cases, the
+two pipelines go through :func:`~workbook_lib.analysis.equality.check_pipelines` (the check of
+``python -m workbook_lib equal``), which also copies the slow model's parameters into the fast
+one: both train from the very same numbers. When there is no such pair (one pipeline, a fast one
+that is not exact, parameters that do not pair, a rewrite that does not compute the same), 06
+trains nothing and says why in one sentence (:class:`AdoptionResult` with ``applicable`` False).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,8 +38,10 @@ import torch
 from ..measurement.timing import Stat
 from ..records import Record
 from ..data.perturbations import sample_perturbations
-from ..pipelines import build_pipeline
+from ..pipelines import build_pipeline, user_specs
 from ..training import loop
+from .equality import (EqualityResult, ParameterMismatchError, check_pipelines,
+                       equality_tolerance, seeded_build)
 
 PIPELINES = {"replicated": ("replicated_mask_cpu", "gather_scatter"),
              "fix": ("node_mask_shared", "spmm")}
@@ -44,7 +59,7 @@ class AdoptionResult(Record):
     rel_diff: list[float]
     max_rel_diff: float
     step: dict[str, Stat]  # seconds per step (timed steps)
-    speedup: Stat  # replicated / fix, paired by round
+    speedup: Stat | None  # replicated / fix, paired by round (None: not applicable)
     memory_per_sample: dict[str, float] = field(default_factory=dict)
     epochs_per_day: dict[str, dict[str, float]] = field(default_factory=dict)
     projection_basis: str = ""
@@ -55,6 +70,20 @@ class AdoptionResult(Record):
     # float32 accumulation bound of measurement.precision, if larger
     tolerance: float = 1e-5
     tolerance_basis: str = "float32 rounding (1e-5)"
+    # "builtin" (replicated masks against the node-mask shared graph) or "pipelines" (the user's
+    # slow pipeline against its rewrite, named in gap_strategies); keys of losses/step -> names
+    mode: str = "builtin"
+    names: dict[str, str] = field(default_factory=dict)
+    applicable: bool = True
+    reason: str = ""  # why 06 does not apply, one sentence (when not applicable)
+    equality: EqualityResult | None = None  # the check before training
+    # how rel_diff is computed from the losses
+    rule: str = "the least relative RMS difference of the predictions the MSE losses imply"
+
+    @property
+    def keys(self) -> list[str]:
+        """The reference's key then the rewrite's."""
+        return list(self.losses) or list(self.names)
 
 
 def implied_prediction_diff(rep: list[float], fix: list[float], label_max: float) -> list[float]:
@@ -117,28 +146,100 @@ def loss_fall(losses: list[float], window: int = 10) -> tuple[float, float]:
     return sum(losses[:w]) / w, sum(losses[-w:]) / w
 
 
-def train_both(params: dict, graph, device: torch.device, middle: str = "delta"
-               ) -> tuple[dict, dict, int, torch.Tensor]:
-    """Train both pipelines ``warmup + adopt_steps`` steps, interleaved, on the teacher's
-    labels; returns ``(arm results, losses, batch size, labels)``. ``middle``: the fix's form
-    (``delta`` or ``full``, see :class:`~workbook_lib.strategies.node_mask_shared.NodeMaskShared`)."""
-    b = params["batch_size_lazy"]
+@dataclass
+class Pair:
+    """The two pipelines 06 trains, checked (see the module docstring).
+
+    Attributes:
+        mode: ``builtin`` or ``pipelines``.
+        names: role key (``replicated``/``fix``, or the pipelines' names) -> pipeline name.
+        pipes: role key -> built pipeline (empty when not applicable).
+        equality: the check before training (None when it could not run).
+        reason: why 06 does not apply (empty when it does).
+        batch_size: samples per step of both.
+        labels: the teacher's labels (built-in mode), else None.
+    """
+
+    mode: str
+    names: dict
+    pipes: dict
+    equality: EqualityResult | None
+    reason: str
+    batch_size: int
+    labels: torch.Tensor | None = None
+
+    @property
+    def applicable(self) -> bool:
+        return not self.reason
+
+
+def check_pair(params: dict, graph, device: torch.device, middle: str = "delta") -> Pair:
+    """Build the pair 06 trains and check it computes the same (module docstring). ``middle``:
+    the built-in fix's form (``delta`` or ``full``)."""
+    tol, basis = equality_tolerance(graph, params["layers"])
+    if params["strategies"]:
+        b = params["batch_size_lazy"]
+        steps, warm = params["adopt_steps"], params["warmup"]
+        # the same samples, in the same order, for both, labelled by the teacher
+        pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
+                                    (steps + warm) * b, seed=params["seed"])
+        labels = teacher_labels(params, graph, device, pert, b)
+        pipes = {key: build_pipeline(params, name, graph, device, batch_size=b, form=form,
+                                     pert=pert, labels=labels,
+                                     middle=middle if name == "node_mask_shared" else None)
+                 for key, (name, form) in PIPELINES.items()}
+        names = {k: n for k, (n, _f) in PIPELINES.items()}
+        mode = "builtin"
+    else:
+        users = list(user_specs(params))
+        if len(users) < 2:
+            return Pair("pipelines", {}, {}, None, (
+                "06 trains a slow pipeline beside its exact rewrite; this run names one "
+                f"pipeline ({', '.join(repr(u) for u in users) or 'none'}) and no built-in "
+                "strategy, so there is no pair to train"), 0)
+        slow, fast = params["gap_strategies"]
+        names = {slow: slow, fast: fast}
+        mode, labels = "pipelines", None
+        pipes = {n: seeded_build(params, n, graph, device) for n in (slow, fast)}
+        if not getattr(pipes[fast], "exact", True):
+            return Pair(mode, names, {}, None, (
+                f"the fast pipeline of gap_strategies, '{fast}', is not exact (exact = False): "
+                f"it computes another model than '{slow}', so their trainings cannot be the "
+                "same; name an exact rewrite of it in gap_strategies to train the two side by "
+                "side"), pipes[slow].batch_size)
+        b = pipes[slow].batch_size
+    rep, fix = pipes.values()
+    try:
+        eq = check_pipelines(rep, fix, tolerance=tol, tolerance_basis=basis,
+                             seed=params["seed"], batch_size=b)
+    except ParameterMismatchError as exc:
+        return Pair(mode, names, {}, None, (
+            f"the parameters of '{rep.name}' and '{fix.name}' do not pair by name, so they "
+            f"cannot start from the same numbers ({exc})"), b, labels)
+    except ValueError as exc:
+        return Pair(mode, names, {}, None, f"the check before training could not run ({exc})",
+                    b, labels)
+    if not eq.equal:
+        return Pair(mode, names, {}, eq, (
+            "the check before training found that they do not compute the same, so their "
+            f"trainings cannot be compared: {eq.summary()}"), b, labels)
+    return Pair(mode, names, pipes, eq, "", b, labels)
+
+
+def train_pair(params: dict, pair: Pair, device: torch.device) -> tuple[dict, dict]:
+    """Train both pipelines of ``pair`` ``warmup + adopt_steps`` steps, interleaved, on the same
+    batches (each dataset in order); returns ``(arm results, losses per key)``."""
+    if not pair.applicable:
+        raise ValueError(f"06 does not apply: {pair.reason}")
     steps, warm = params["adopt_steps"], params["warmup"]
     arms = []
-    # the same samples, in the same order, for both, labelled by the teacher
-    pert = sample_perturbations(graph.num_genes, params["perturbation_k"], (steps + warm) * b,
-                                seed=params["seed"])
-    labels = teacher_labels(params, graph, device, pert, b)
-    for key, (name, form) in PIPELINES.items():
-        pipe = build_pipeline(params, name, graph, device, batch_size=b, form=form, pert=pert,
-                              labels=labels,
-                              middle=middle if name == "node_mask_shared" else None)
+    for key, pipe in pair.pipes.items():
         trainable = [p for p in pipe.model.parameters() if p.requires_grad]
         opt = (torch.optim.SGD(trainable, lr=params["adopt_lr"])
                if params["adopt_optimizer"] == "sgd" else
                torch.optim.AdamW(trainable, lr=params["adopt_lr"]))
-        arm = loop.Arm(key, pipe, loop.make_loader(pipe), loop.Variant(key, "full"),
-                       optimizer=opt)
+        arm = loop.Arm(key, pipe, loop.make_loader(pipe, pair.batch_size),
+                       loop.Variant(key, "full"), optimizer=opt)
         arm.record_losses = True
         arms.append(arm)
     # on CUDA each pipeline's own sums in a fixed order (deterministic kernels where PyTorch
@@ -153,8 +254,53 @@ def train_both(params: dict, graph, device: torch.device, middle: str = "delta"
     finally:
         if cuda:
             torch.use_deterministic_algorithms(was)
-    losses = {a.name: [float(x) for x in a.losses] for a in arms}
-    return res, losses, b, labels
+    return res, {a.name: [float(x) for x in a.losses] for a in arms}
+
+
+def relative_loss_diff(ref: list[float], other: list[float]) -> list[float]:
+    """Per step, ``|other - ref| / max(|ref|, |other|)`` (0 where both are 0).
+
+    Args:
+        ref: the reference pipeline's loss per step.
+        other: the other pipeline's, the same steps.
+    """
+    if len(ref) != len(other):
+        raise ValueError(f"the loss curves must have equal length (got {len(ref)} and "
+                         f"{len(other)})")
+    out = []
+    for r, o in zip(ref, other):
+        scale = max(abs(r), abs(o))
+        out.append(abs(o - r) / scale if scale > 0 else 0.0)
+    return out
+
+
+def not_applicable(params: dict, pair: Pair, device_label: str) -> AdoptionResult:
+    """06's result when it does not apply (nothing trained): the reason, and the check when it
+    ran."""
+    return AdoptionResult(steps=0, warmup_steps=0, batch_size=pair.batch_size,
+                          lr=params["adopt_lr"], optimizer=params["adopt_optimizer"], losses={},
+                          rel_diff=[], max_rel_diff=float("nan"), step={}, speedup=None,
+                          device=device_label, mode=pair.mode, names=dict(pair.names),
+                          labels={k: _label(n) for k, n in pair.names.items()},
+                          applicable=False, reason=pair.reason, equality=pair.equality,
+                          rule="")
+
+
+def _label(name: str) -> str:
+    from .. import pipelines
+
+    return pipelines.label(name)
+
+
+def adopt(params: dict, pair: Pair, device: torch.device, device_label: str, *, memory=None,
+          ddp=None, graph=None) -> AdoptionResult:
+    """Train the checked pair and compare the trainings (:func:`train_pair`, :func:`compare`);
+    the not-applicable result when the pair does not apply."""
+    if not pair.applicable:
+        return not_applicable(params, pair, device_label)
+    res, losses = train_pair(params, pair, device)
+    return compare(params, res, losses, pair.batch_size, device_label, labels=pair.labels,
+                   memory=memory, ddp=ddp, graph=graph, pair=pair)
 
 
 def loss_tolerance(device_label: str, graph=None, layers: int = 1) -> tuple[float, str]:
@@ -172,22 +318,35 @@ def loss_tolerance(device_label: str, graph=None, layers: int = 1) -> tuple[floa
 
 
 def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label: str, *,
-            labels: torch.Tensor, memory=None, ddp=None, graph=None) -> AdoptionResult:
-    """The two trainings side by side. ``labels``: those the pipelines trained on (their largest
-    absolute value bounds the predictions, see :func:`implied_prediction_diff`)."""
+            labels: torch.Tensor | None, memory=None, ddp=None, graph=None,
+            pair: Pair | None = None) -> AdoptionResult:
+    """The two trainings side by side. ``labels``: those the built-in pipelines trained on
+    (their largest absolute value bounds the predictions, see :func:`implied_prediction_diff`);
+    ``pair``: the checked pair (default: the built-in one, unchecked)."""
     from ..training.loop import project_epochs
 
-    rep, fix = losses["replicated"], losses["fix"]
-    # the predictions' relative difference the two MSE curves imply, at least (module docstring)
-    rel = implied_prediction_diff(rep, fix, float(labels.abs().max()))
-    step = {k: r.step for k, r in res.items()}
-    n = min(step["replicated"].n, step["fix"].n)
-    speed = Stat.from_samples([a / b for a, b in zip(step["replicated"].samples[:n],
-                                                     step["fix"].samples[:n])], unit="ratio")
+    names = pair.names if pair is not None else {k: n for k, (n, _f) in PIPELINES.items()}
+    mode = pair.mode if pair is not None else "builtin"
+    k_rep, k_fix = names
+    rep, fix = losses[k_rep], losses[k_fix]
+    if mode == "builtin":
+        # the predictions' relative difference the two MSE curves imply, at least (docstring)
+        rel = implied_prediction_diff(rep, fix, float(labels.abs().max()))
+        tol, tol_basis = loss_tolerance(device_label, graph, params["layers"])
+        rule = "the least relative RMS difference of the predictions the MSE losses imply"
+    else:
+        rel = relative_loss_diff(rep, fix)
+        tol, tol_basis = equality_tolerance(graph, params["layers"]) if graph is not None \
+            else (2e-5, "float32 rounding (2e-5)")
+        rule = "the losses' own relative difference"
+    step = {k: res[k].step for k in names}
+    n = min(step[k_rep].n, step[k_fix].n)
+    speed = Stat.from_samples([a / b for a, b in zip(step[k_rep].samples[:n],
+                                                     step[k_fix].samples[:n])], unit="ratio")
     mem = {}
     if memory is not None:
         per = memory.per_sample()
-        for key, (name, _form) in PIPELINES.items():
+        for key, name in names.items():
             if name in per:
                 mem[key] = per[name]
     epochs, basis = {}, f"80% of {params['num_samples']:,} samples per epoch, 1 rank"
@@ -200,21 +359,19 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
     for key, st in step.items():
         one = project_epochs(st.median, batch_size, params["num_samples"])["epochs_per_day"]
         epochs[key] = {"1 rank": one}
-        name = PIPELINES[key][0]
+        name = names[key]
         if name in factors:
             epochs[key][f"{top} ranks"] = one * (top / base) / factors[name].median
-    from .. import pipelines
-
-
     return AdoptionResult(steps=params["adopt_steps"], warmup_steps=params["warmup"],
                           batch_size=batch_size, lr=params["adopt_lr"],
-                          optimizer=params["adopt_optimizer"], losses=losses,
+                          optimizer=params["adopt_optimizer"],
+                          losses={k: losses[k] for k in names},
                           rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
                           memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
-                          device=device_label,
-                          **dict(zip(("tolerance", "tolerance_basis"),
-                                     loss_tolerance(device_label, graph, params["layers"]))),
-                          labels={k: pipelines.label(n) + (" (the Lazy model's form)"
-                                                          if k == "replicated" else "")
-                                  for k, (n, _f) in PIPELINES.items()},
-                          label_variance=float(labels.var()))
+                          device=device_label, tolerance=tol, tolerance_basis=tol_basis,
+                          labels={k: _label(n) + (" (the Lazy model's form)"
+                                                  if k == "replicated" else "")
+                                  for k, n in names.items()},
+                          label_variance=float(labels.var()) if labels is not None else None,
+                          mode=mode, names=dict(names),
+                          equality=pair.equality if pair is not None else None, rule=rule)

@@ -231,7 +231,8 @@ def speedups(run_dir: str | Path, adoption=None) -> list[Speedup]:
         except (ValueError, KeyError, TypeError):
             pass
     a = adoption if adoption is not None else load_result(run_dir, "06_adopt_fix")
-    if a is not None:
+    if a is not None and getattr(a, "speedup", None) is not None \
+            and getattr(a, "mode", "builtin") == "builtin":  # a user pair: not this fix
         out.append(Speedup(
             "training, per step", "06", a.speedup.median, a.speedup.iqr,
             "the full DataLoader step of the two pipelines alone, interleaved, on the same "

@@ -954,7 +954,7 @@ NOTEBOOK_READS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                           "pin_memory", "persistent_workers",
                                           "gap_strategies")),
     "05_verdict": (_COMMON + (S_05,), ("batch_size_lazy", "batch_size_dango")),
-    "06_adopt_fix": (_COMMON + (S_06,), ("batch_size_lazy",)),
+    "06_adopt_fix": (_COMMON + (S_06,), ("batch_size_lazy", "gap_strategies")),
 }
 
 

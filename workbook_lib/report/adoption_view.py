@@ -9,12 +9,54 @@ from . import plotting
 from .tables import fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 
 
+def check_text(pair) -> Markdown:
+    """The check before training (:func:`workbook_lib.analysis.adoption.check_pair`): the pair,
+    the equality table, and whether 06 applies."""
+    from .equality_view import RULE, rows
+
+    names = list(pair.names.values())
+    head = (f"**The pair:** {' and '.join(f'`{n}`' for n in names)}"
+            + (" (the built-in replicated masks and node-mask shared graph)"
+               if pair.mode == "builtin" else " (gap_strategies: slow, fast)") + ". "
+            if names else "")
+    text = head + (f"**06 does not apply here:** {pair.reason}." if not pair.applicable else
+                   f"They compute the same before training: {pair.equality.summary()}. The fast "
+                   "model starts from the slow model's parameters.")
+    eq = pair.equality
+    if eq is not None:
+        rs = rows(eq)
+        cols = list(rs[0])
+        def cell(v: str) -> str:
+            return v.replace("|", "\\|")
+
+        text += ("\n\n| " + " | ".join(map(cell, cols)) + " |\n|" + "---|" * len(cols) + "\n"
+                 + "\n".join("| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rs)
+                 + f"\n\nOne batch of {eq.batch_size} through both pipelines' own stages. Rule: "
+                 f"{RULE}; tol = {eq.tolerance:.1e} ({eq.tolerance_basis}). The same check "
+                 "runs from the command line: `python -m workbook_lib equal SLOW FAST`.")
+    return Markdown(text)
+
+
 def loss_text(r: AdoptionResult) -> Markdown:
     from ..analysis.adoption import loss_fall
 
+    if not r.applicable:
+        return Markdown(f"**06 does not apply here:** {r.reason}. Nothing was trained.")
     tol = getattr(r, "tolerance", 1e-5)
     ok = r.max_rel_diff <= tol
-    first, last = loss_fall(r.losses["replicated"])
+    ref, new = (r.labels[k] for k in r.keys)
+    first, last = loss_fall(r.losses[r.keys[0]])
+    if r.mode != "builtin":
+        return Markdown(
+            f"Over {r.warmup_steps + r.steps} training steps (batch {r.batch_size}, "
+            f"{r.optimizer.upper()}, lr {r.lr:g} for both, from the same parameters, each "
+            f"pipeline's own dataset in order), the loss of {ref} went from {first:.3g} (mean "
+            f"of the first steps) to {last:.3g} (the last); the two loss curves differ by at most **{r.max_rel_diff:.1e}** of "
+            "their size (the losses' own relative difference: the workbook does not know your "
+            "loss, so it cannot bound the predictions from it) "
+            + (f"(within {tol:.1e}: the same training, to {r.tolerance_basis})." if ok else
+               f"(**above {tol:.1e}**: the trainings of {ref} and {new} diverged beyond "
+               f"{r.tolerance_basis})."))
     fell = ""
     if first > 0:
         fell = (f"The target is learnable: each label is a fixed teacher model's prediction (the "
@@ -46,11 +88,14 @@ def loss_text(r: AdoptionResult) -> Markdown:
 
 
 def loss_plot(r: AdoptionResult) -> None:
-    steps = np.arange(1, len(r.losses["replicated"]) + 1)
+    if not r.applicable:
+        return
+    steps = np.arange(1, len(r.losses[r.keys[0]]) + 1)
     fig, axes = plotting.plt.subplots(1, 2, figsize=(12, 4))
     for i, (k, ls) in enumerate(r.losses.items()):
         axes[0].plot(steps, ls, ["-", "--"][i], color=plotting.PALETTE[i], label=r.labels[k])
-    axes[0].set(xlabel="training step", ylabel="loss (MSE, log scale)", yscale="log")
+    axes[0].set(xlabel="training step", yscale="log",
+                ylabel="loss (MSE, log scale)" if r.mode == "builtin" else "loss (log scale)")
     if r.label_variance:
         axes[0].axhline(r.label_variance, color="k", ls=":", lw=1,
                         label="variance of the labels (predicting their mean)")
@@ -62,25 +107,32 @@ def loss_plot(r: AdoptionResult) -> None:
     floor = 1e-9  # the axis' bottom: exact zeros are drawn on it (and said so)
     rel = np.array(r.rel_diff)
     axes[1].plot(steps, np.maximum(rel, floor), color=plotting.PALETTE[2],
-                 label="predictions' relative difference implied"
+                 label=("predictions' relative difference implied" if r.mode == "builtin"
+                        else "the losses' relative difference")
                  + (" (exact zeros drawn at 1e-9)" if (rel < floor).any() else ""))
     axes[1].set_ylim(floor / 2, max(r.tolerance * 10, float(rel.max()) * 3 if rel.size else 1e-4))
     axes[1].axhline(r.tolerance, color="k", ls=":", lw=1,
                     label=f"{r.tolerance:.1e} ({r.tolerance_basis})")
     axes[1].set(yscale="log", xlabel="training step",
-                ylabel="predictions' difference / their size (log scale)")
+                ylabel=("predictions' difference / their size (log scale)"
+                        if r.mode == "builtin" else "loss difference / loss (log scale)"))
     plotting.plain_ticks(axes[1], "y")
     axes[1].xaxis.set_major_locator(plotting.MaxNLocator(integer=True))
     axes[1].legend()
     plotting.title(axes[1], "Relative difference per step", device=r.device)
-    plotting.show(fig, "Left: loss against training step for replicated masks and the node-mask "
-                       "shared graph on a log axis, overlapping, with the loss of predicting the "
-                       "labels' mean dotted. Right: per step, the least relative difference of "
-                       "the two pipelines' predictions that their losses imply, on a log axis "
-                       "against the tolerance line.")
+    ref, new = (r.labels[k] for k in r.keys)
+    plotting.show(fig, f"Left: loss against training step for {ref} and {new} on a log axis, "
+                       "overlapping" + (", with the loss of predicting the labels' mean dotted"
+                                        if r.label_variance else "") + ". Right: per step, "
+                       + ("the least relative difference of the two pipelines' predictions that "
+                          "their losses imply" if r.mode == "builtin" else
+                          "the relative difference of the two losses")
+                       + ", on a log axis against the tolerance line.")
 
 
 def compare_table(r: AdoptionResult):
+    if not r.applicable:
+        return Markdown("Nothing to compare: 06 trained nothing (see above).")
     rows = []
     for k in r.losses:
         row = {"pipeline": r.labels[k], "step": fmt_time_stat(r.step[k]),
@@ -88,7 +140,8 @@ def compare_table(r: AdoptionResult):
                "peak memory per sample": fmt_bytes(r.memory_per_sample.get(k))}
         row.update({f"epochs per day, {w}": fmt_num(v) for w, v in r.epochs_per_day[k].items()})
         rows.append(row)
-    return table(rows, caption=f"Steps timed interleaved (warm-up excluded); the fix is "
+    fix = "the fix" if r.mode == "builtin" else r.labels[r.keys[1]]
+    return table(rows, caption=f"Steps timed interleaved (warm-up excluded); {fix} is "
                                f"{fmt_stat(r.speedup, unit='x')} faster per step. Memory: "
                                f"notebook 02's fits (when it ran in this folder). Projection: "
                                f"{r.projection_basis}.")
@@ -113,13 +166,21 @@ def speedups_table(rows):
 def headline(r: AdoptionResult) -> str:
     from ..analysis.adoption import loss_fall
 
-    first, last = loss_fall(r.losses["replicated"])
+    if not r.applicable:
+        return f"not applicable: {r.reason}"
+    first, last = loss_fall(r.losses[r.keys[0]])
     tol = getattr(r, "tolerance", 1e-5)
     curves = (f"same training: the loss curves put the predictions within {r.max_rel_diff:.1e} "
               f"of each other (tolerance {tol:.1e})"
               if r.max_rel_diff <= tol else
               f"loss curves imply predictions apart by {r.max_rel_diff:.1e}, above the "
               f"{tol:.1e} tolerance ({r.tolerance_basis}): not shown to be the same training")
+    if r.mode != "builtin":
+        curves = curves.replace("put the predictions within", "within").replace(
+            "imply predictions apart by", "apart by")
+        ref, new = (r.names[k] for k in r.keys)
+        return (f"{curves} over {len(r.rel_diff)} steps (the loss went from {first:.3g} to "
+                f"{last:.3g}); '{new}' {r.speedup.median:.3g}x faster per step than '{ref}'")
     return (f"{curves} over {len(r.rel_diff)} steps (the loss fell from {first:.3g} to "
             f"{last:.3g}); the fix {r.speedup.median:.3g}x faster per step than replicated masks")
 

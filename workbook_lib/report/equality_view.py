@@ -1,0 +1,58 @@
+"""What ``python -m workbook_lib equal`` prints and what notebook 06 shows of the same check."""
+from __future__ import annotations
+
+import math
+
+from ..analysis.equality import EqualityResult, TensorDiff
+
+RULE = ("a tensor is equal when max|fast - slow| <= max(tol x its size, how far a rounding probe "
+        "of the slow pipeline moved it: every module's output rounded at relative size tol)")
+
+
+def _num(v: float) -> str:
+    return "-" if v is None or math.isnan(v) else ("inf" if math.isinf(v) else f"{v:.2e}")
+
+
+def _ratio(r: TensorDiff) -> str:
+    return "-" if math.isnan(r.ratio) else ("inf" if math.isinf(r.ratio) else f"{r.ratio:.3g}")
+
+
+def rows(res: EqualityResult) -> list[dict[str, str]]:
+    """One row per compared tensor (gradients named by the slow model's parameter)."""
+    return [{"tensor": r.name + (f" (fast: {r.fast_name})" if r.fast_name else ""),
+             "kind": r.kind, "max |fast - slow|": _num(r.max_abs_diff),
+             "its size": _num(r.scale), "relative": _num(r.rel_diff),
+             "rounding probe": _num(r.probe), "allowed": _num(r.allowed),
+             "difference / allowed": _ratio(r),
+             "status": ("equal" if r.equal else "DIFFERS") + (f" ({r.note})" if r.note else "")}
+            for r in res.rows]
+
+
+def table_lines(res: EqualityResult) -> list[str]:
+    """The check as plain text: the table, the rule, the verdict (last line)."""
+    rs = rows(res)
+    cols = list(rs[0]) if rs else []
+    width = {c: max(len(c), *(len(r[c]) for r in rs)) for c in cols}
+    out = [f"{res.fast} against {res.slow}: {res.batches} batch(es) of {res.batch_size} on "
+           f"{res.device}, the slow model's parameters copied into the fast one"
+           + (f" (renamed: {', '.join(f'{a} -> {b}' for a, b in res.renames.items())})"
+              if res.renames else ""),
+           "  ".join(c.ljust(width[c]) for c in cols)]
+    out += ["  ".join(r[c].ljust(width[c]) for c in cols) for r in rs]
+    out.append(f"Rule: {RULE}; tol = {res.tolerance:.2e} ({res.tolerance_basis}). Each row: "
+               "the largest over the batches.")
+    if res.buffers_not_copied:
+        out.append("Buffers of the fast model not copied (no same-named buffer of that shape in "
+                   f"the slow one): {', '.join(res.buffers_not_copied)}")
+    out.append(("EQUAL: " if res.equal else "DIFFERENT: ") + res.summary())
+    return out
+
+
+def table(res: EqualityResult):
+    """The check as a notebook table."""
+    from .tables import table as styled
+
+    return styled(rows(res), caption=(
+        f"{res.fast} against {res.slow} on the same {res.batches} batch(es) of "
+        f"{res.batch_size}, from the same parameters. Rule: {RULE}; tol = {res.tolerance:.1e} "
+        f"({res.tolerance_basis})."))
