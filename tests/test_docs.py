@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README_MAX_LINES = 150
 
-_LINK = re.compile(r"(?<!!)\[(?:[^\]]|\][^(])*?\]\(([^)\s]+)\)")
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")  # [text](target), not an image
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
@@ -141,12 +141,14 @@ def nav_pages(config: Path) -> list[str]:
 
 
 def _build(project: Path, site: Path) -> subprocess.CompletedProcess:
+    """Runs `mkdocs build --strict` on a project's mkdocs.yml into `site`."""
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
                            str(project / "mkdocs.yml"), "-d", str(site)],
                           capture_output=True, text=True, timeout=300)
 
 
 def _copy_project(tmp_path: Path) -> Path:
+    """A copy of docs/ and mkdocs.yml under `tmp_path`, to break on purpose."""
     project = tmp_path / "project"
     shutil.copytree(DOCS, project / "docs")
     shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
