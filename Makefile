@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make report   - installs into .venv, runs every notebook at the default scale -> runs/default/
 #   make test     - installs into .venv (with test extras), runs the test suite
+# and the documentation: make docs - builds docs/ into site/index.html (mkdocs, strict)
 # TORCH_SPEC is installed before anything that depends on torch (default: the CPU build
 # torch==2.13.0). With a CUDA machine, pass your build, e.g. TORCH_SPEC="torch>=2.2" with
 # PIP_EXTRA_INDEX_URL pointing at the CUDA wheels you use, or install torch into .venv first.
@@ -11,7 +12,7 @@ PARAMS ?= params/default.yaml
 OUT ?= runs/default
 PY := $(VENV)/bin/python
 
-.PHONY: venv report test notebooks kernel clean
+.PHONY: venv report test docs notebooks kernel clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,11 @@ report: venv
 test: venv
 	$(PY) -m pytest -q
 
+# the documentation site from docs/ and mkdocs.yml into site/ (open site/index.html); strict: a
+# broken link or anchor, or a page missing from the nav, fails it
+docs: venv
+	$(PY) -m mkdocs build --strict --site-dir site
+
 # notebooks/*.ipynb from their jupytext sources (the parameters cell from the params schema)
 notebooks: venv
 	$(PY) -m workbook_lib notebooks
@@ -40,5 +46,5 @@ kernel: venv
 	$(PY) -m workbook_lib kernel
 
 clean:
-	rm -rf runs data_snapshots/cache notebooks/*.ipynb
+	rm -rf runs data_snapshots/cache notebooks/*.ipynb site
 	if [ -x $(PY) ]; then $(PY) -m workbook_lib kernel --remove; fi
