@@ -68,6 +68,10 @@ def test_results_of_each_notebook(ci_run):
     for fit in mc.memory.fits.values():
         assert fit.per_sample_bytes > 0 and len(fit.residuals) == len(fit.points) >= 3
     assert mc.bench.per_sample_s["shared"].n >= 3 and mc.bench.rates
+    # the delta form measured though the ci model has 2 layers; ci caps the replicated batch
+    assert mc.bench.sizes["layers"] == 3 and mc.bench.shared_form.startswith("delta, push ")
+    assert not mc.bench.replicated["replicated_gather_scatter"].measured
+    assert "projected from B = 1, 2" in mc.bench.per_sample_s["replicated_sparse"].batch_reason
     assert mc.dual_masks.single_bytes > 0 and mc.dual_masks.dual_bytes == \
         mc.dual_masks.single_bytes  # the wildtype pass reads no mask
     t = load_result(out, "03_data_vs_model_timing")
