@@ -321,6 +321,13 @@ class GapDecomposition(Record):
     step_factors: dict[str, Stat] = field(default_factory=dict)
 
 
+def _step_cpu(world, name: str) -> CpuShare | None:
+    """The CPU share of a strategy's step at one world size (its gap arm, else the scaling
+    arm's step); None where none was recorded."""
+    st = (getattr(world, "gap_steps", None) or {}).get(name) or getattr(world, "step", None)
+    return getattr(st, "cpu", None)
+
+
 def gap_decomposition(worlds: dict[int, WorldSummary], slow: str, fast: str,
                       batch_sizes: dict[str, int]) -> GapDecomposition:
     base, top = min(worlds), max(worlds)
@@ -331,13 +338,13 @@ def gap_decomposition(worlds: dict[int, WorldSummary], slow: str, fast: str,
     factors: dict[str, Stat] = {}
     if top != base:
         f = launch_factor(worlds[top].ratio_series, b.ratio_series)
-        factor = f.stat.with_cpu(worlds[top].per_step_ratio.cpu, r_base.cpu)
+        factor = f.stat.with_cpu(getattr(worlds[top].per_step_ratio, "cpu", None),
+                                 getattr(r_base, "cpu", None))
         by_pair = f.by_pair
         for name, per_launch in worlds[top].step_series.items():
             if name in b.step_series:
-                t = worlds[top]
                 factors[name] = launch_factor(per_launch, b.step_series[name]).stat.with_cpu(
-                    t.gap_steps.get(name, t.step).cpu, b.gap_steps.get(name, b.step).cpu)
+                    _step_cpu(worlds[top], name), _step_cpu(b, name))
     else:
         factor = Stat(1.0, 0.0, 1.0, 1.0, r_base.n, "ratio")
     total = r_base.scaled(steps, "ratio").times(factor)  # always applied, its IQR carried
