@@ -19,9 +19,9 @@ class HopDataset(Dataset):
     def __len__(self):
         return len(self.y)
 
-    def __getitem__(self, i):
+    def _hops(self, sources):
         dist = [-1] * self.n
-        queue = deque(self.deleted[i].tolist())
+        queue = deque(sources)
         for g in queue:
             dist[g] = 0
         while queue:
@@ -33,7 +33,10 @@ class HopDataset(Dataset):
         for _ in range(3):  # the feature normalised three ways, as the user's notebook did
             hops = torch.tensor(dist, dtype=torch.float32)
             hops = (hops - hops.mean()) / (hops.std() + 1e-6)
-        return self.deleted[i], self.y[i], hops
+        return hops
+
+    def __getitem__(self, i):
+        return self.deleted[i], self.y[i], self._hops(self.deleted[i].tolist())
 
 
 class SlowItem(MyPipeline):
