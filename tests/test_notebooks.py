@@ -328,6 +328,10 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     v = load_result(out, "05_verdict")
     assert v.causes[0].stage == "data_item" and v.causes[0].effect == "adds"
     assert "**What to change first** (data item)" in v.answer
+    # the investigation's Lazy-vs-DANGO claims, judged on this run's gap, say which pipelines
+    claims = {c.key: c for c in v.claims}
+    assert "slow_item over fast" in claims["data_model_ratio"].measured
+    assert claims["epoch_gap"].note.startswith("slow_item over fast (this run's gap)")
     # the built-in fix's benchmark is never quoted as the speed of a user's pipeline
     assert "the built-in forms, not your pipelines" in v.answer
     assert read_meta(out, "05_verdict").headline.startswith("first cause: data item")
