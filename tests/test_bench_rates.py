@@ -50,10 +50,10 @@ def test_achieved_rates_count_the_products_of_the_step(capfd, monkeypatch):
     assert [f.kind for f in achieved_rates(lambda: x @ w1, "cpu", "s", {})] == ["dense"]
 
 
-def _bench_with(ratio_samples, layers=3):
+def _bench_with(ratio_samples, layers=3, run_layers=None):
     from workbook_lib.analysis.bench import BenchResult
 
-    return BenchResult(device="cpu", sizes={"layers": layers}, full_size=True, per_sample_s={},
+    return BenchResult(run_layers=run_layers, device="cpu", sizes={"layers": layers}, full_size=True, per_sample_s={},
                        steps={}, ratio_vs_lazy_form=None, ratio_vs_sparse_form=None,
                        passes_per_sample=None, exact_max_rel_error=0.0,
                        ratio_vs_full_form=Stat.from_samples(ratio_samples, unit="ratio"))
@@ -67,5 +67,13 @@ def test_recommended_form_follows_the_measured_ratio():
     assert slower.middle == "full" and slower.measured and "1.33x" in slower.reason
     same = recommended_form(_bench_with([0.98, 1.01, 0.99], layers=2))
     assert same.middle == "delta" and "same computation" in same.reason
+    # the benchmark measured both forms at L = 3 for a 2-layer run: the run's fix takes the
+    # plain path, and the form text says so beside the figure it measured for deeper models
+    shallow = recommended_form(_bench_with([0.7, 0.8, 0.75], run_layers=2))
+    assert shallow.middle == "delta" and not shallow.measured
+    assert "2 layers" in shallow.reason and "plain path" in shallow.reason
+    assert "0.75x" in shallow.reason and "at L = 3" in shallow.reason
+    deep = recommended_form(_bench_with([0.7, 0.8, 0.75], run_layers=3))
+    assert deep.middle == "full" and deep.measured
     none = recommended_form(None)
     assert none.middle == "delta" and not none.measured and "not measured here" in none.reason

@@ -113,6 +113,10 @@ def test_results_of_each_notebook(ci_run):
         [r / f for r, f in zip(a.step["replicated"].samples, a.step["fix"].samples)]).median)
     first, last = loss_fall(a.losses["replicated"])
     assert last < first / 10  # a learnable target: the loss falls
+    # the fix's label names the path its step took at the run's depth
+    layers = read_meta(out, "06_adopt_fix").params["layers"]
+    assert ("(plain 2-layer (no middle layer))" if layers == 2 else "(delta, push") \
+        in a.labels["fix"]
 
 
 def _text(html):

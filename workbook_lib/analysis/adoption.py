@@ -286,6 +286,16 @@ def not_applicable(params: dict, pair: Pair, device_label: str) -> AdoptionResul
                           rule="")
 
 
+def _form_label(key: str, pair: Pair | None, layers: int) -> str:
+    """What a built-in arm's label adds: the Lazy model's form, or the path the fix's step took
+    at this depth (delta and its push kernel, full middle layers, or plain below 3 layers)."""
+    if key == "replicated":
+        return " (the Lazy model's form)"
+    strategy = getattr((pair.pipes if pair is not None else {}).get(key), "strategy", None)
+    path = getattr(strategy, "path_label", None)
+    return f" ({path(layers)})" if path is not None else ""
+
+
 def _label(name: str) -> str:
     from .. import pipelines
 
@@ -369,8 +379,7 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
                           rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
                           memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
                           device=device_label, tolerance=tol, tolerance_basis=tol_basis,
-                          labels={k: _label(n) + (" (the Lazy model's form)"
-                                                  if k == "replicated" else "")
+                          labels={k: _label(n) + _form_label(k, pair, params["layers"])
                                   for k, n in names.items()},
                           label_variance=float(labels.var()) if labels is not None else None,
                           mode=mode, names=dict(names),

@@ -572,6 +572,15 @@ def recommended_form(b: BenchResult | None) -> FormChoice:
     """The faster form by the benchmark's paired ratio (full / delta per sample, same rounds):
     ``delta`` when that ratio's median is at least 1 (at 2 layers the two are one computation),
     ``full`` otherwise; without a benchmark, the default ``delta``, marked not measured."""
+    run_layers = getattr(b, "run_layers", None) if b is not None else None
+    if run_layers is not None and run_layers < 3:
+        measured = (f"; 02's benchmark at L = {b.sizes.get('layers')} measured delta vs full "
+                    f"per sample {b.ratio_vs_full_form.median:.3g}x (IQR "
+                    f"{b.ratio_vs_full_form.iqr:.2g}), for a deeper model"
+                    if b.ratio_vs_full_form is not None else "")
+        return FormChoice("delta", f"this run's model has {run_layers} layers: no middle layer, "
+                                   "so the fix's step takes the plain path (the delta and full "
+                                   f"forms are the same computation there){measured}", False)
     if b is not None and b.sizes.get("layers", 3) < 3:
         return FormChoice("delta", f"with {b.sizes.get('layers')} layers there is no middle "
                                    "layer: the two forms are the same computation", False)
