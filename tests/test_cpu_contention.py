@@ -294,3 +294,24 @@ def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_p
     assert "CONTENDED" in stab.page(res) and "not judged" in stab.page(res)
     figs[runs[1]] = fig(20.0, quiet)  # the same difference measured alone: it differs
     assert stab.compare_figures(runs).rows[0].agrees is False
+
+
+def test_the_cpu_table_names_each_arm_once_the_pipelined_step_apart_from_the_full_step():
+    from workbook_lib.analysis.timing_study import PIPELINED, LoopStudy
+    from workbook_lib.report.timing_view import cpu_rows
+    from workbook_lib.training.loop import MODES, ArmResult
+
+    def arm(variant, mode, got):
+        st = Stat.from_samples([0.01, 0.011, 0.012])
+        st.cpu = share(got, 1 - got)
+        return ArmResult(f"node_mask_shared/{variant}", "node_mask_shared", variant, mode, 4, 1,
+                         st)
+    arms = {f"node_mask_shared/{m}": arm(m, m, 0.99) for m in MODES}
+    arms[f"node_mask_shared/{PIPELINED}"] = arm(PIPELINED, "full", 0.5)
+    rows = cpu_rows(LoopStudy("cpu", "", ["node_mask_shared"], {"node_mask_shared": 4}, True, {},
+                              arms))
+    modes = [r["mode"] for r in rows]
+    assert len(set(modes)) == len(modes) == len(MODES) + 1
+    piped = next(r for r in rows if r["mode"].startswith("pipelined"))
+    assert piped["contended"] == "CONTENDED"
+    assert [r["contended"] for r in rows].count("CONTENDED") == 1

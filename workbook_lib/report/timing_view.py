@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis.timing_study import LoopStudy, SyncStudy, TimingResult
+from ..analysis.timing_study import PIPELINED, LoopStudy, SyncStudy, TimingResult
 from ..measurement.profiling import ProfileResult
 from .. import pipelines
 from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
@@ -13,6 +13,7 @@ from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_s
 
 MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
                "full": "+ optimizer (full step)"}
+PIPELINED_LABEL = "pipelined (synchronized at start and end only)"
 STAGE_LABELS = {"loader_wait": "data loading (fetch + collate)", "h2d": "host-to-device copy",
                 "device_prep": "device prep (masks, filtering)", "forward": "forward",
                 "backward": "backward", "optimizer": "optimizer", "untracked": "loop overhead"}
@@ -345,7 +346,8 @@ def cpu_rows(study: LoopStudy) -> list[dict]:
         c = a.step.cpu
         if c is None:
             continue
-        rows.append({"pipeline": label(a.strategy), "mode": MODE_LABELS.get(a.mode, a.variant),
+        mode = PIPELINED_LABEL if a.variant == PIPELINED else MODE_LABELS.get(a.mode, a.variant)
+        rows.append({"pipeline": label(a.strategy), "mode": mode,
                      "threads / CPUs": f"{c.threads} / {c.allowed}",
                      "CPU use (CPU time / wall x threads)": fmt_pct(c.use, 0),
                      "got of the CPU asked for": fmt_pct(c.got, 0) if c.got is not None
@@ -456,7 +458,7 @@ def pipelined_table(study: LoopStudy):
             continue
         synced, piped, diff = got
         rows.append({"strategy": label(n), "full step, stages synchronized": fmt_time_stat(synced),
-                     "pipelined (synchronized at start and end only)": fmt_time_stat(piped),
+                     PIPELINED_LABEL: fmt_time_stat(piped),
                      "difference (paired)": fmt_time_stat(diff)})
     if not rows:
         return Markdown("No pipelined step was measured.")
