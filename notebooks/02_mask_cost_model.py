@@ -64,7 +64,7 @@ import tempfile
 
 from IPython.display import display
 
-from workbook_lib.analysis import bench, benchmarks, claim_probes, mask_cost, memory_study
+from workbook_lib.analysis import benchmarks, mask_cost, memory_study
 from workbook_lib.data import snapshots
 from workbook_lib.report import mask_cost_view as view
 from workbook_lib.running.notebook import setup
@@ -72,6 +72,7 @@ from workbook_lib.running.results import checksums, load_result, write_results
 
 NB = setup(globals())
 P = NB.params
+display(view.builtin_note(P))
 
 # %% [markdown]
 # ## Exactness, re-checked here
@@ -115,10 +116,7 @@ display(view.forms_table(cost))
 # ## Producing one sample's edge removal, each form
 
 # %%
-maskgen = benchmarks.mask_generation(NB.graph, P["perturbation_k"], P["batch_size_lazy"], NB.device,
-                                     warmup=P["warmup"], min_rounds=P["min_repeats"],
-                                     target=P["precision_target"], seed=P["seed"],
-                                     storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
+maskgen = mask_cost.mask_generation_study(P, NB.graph, NB.device)
 display(view.mask_generation_table(maskgen))
 
 # %% [markdown]
@@ -127,11 +125,7 @@ display(view.mask_generation_table(maskgen))
 # (5), the node-mask shared graph (6) and the wildtype pass (7), interleaved per batch size.
 
 # %%
-layers = benchmarks.layer_across_batch(
-    NB.graph, [s for s in ("replicated_mask_cpu", "replicated_filter_device", "node_mask_shared",
-                           "dango_wildtype") if s in P["strategies"]],
-    P["layer_batch_sizes"], P["hidden"], P["perturbation_k"], NB.device, aggr=P["aggr"],
-    warmup=P["warmup"], min_rounds=P["min_repeats"], target=P["precision_target"], seed=P["seed"])
+layers = mask_cost.layer_study(P, NB.graph, NB.device)
 view.layer_plot(layers, NB.device_label)
 
 # %% [markdown]
@@ -147,11 +141,11 @@ view.layer_plot(layers, NB.device_label)
 # batch measured.
 
 # %%
-bres = bench.run_bench(P)
+bres = mask_cost.benchmark(P)
 display(view.bench_text(bres))
 display(view.bench_table(bres))
 view.bench_plot(bres)
-display(view.form_text(bench.recommended_form(bres)))
+display(view.form_of(bres))
 
 # %% [markdown]
 # ### What bounds the per-sample sparse product
@@ -179,7 +173,7 @@ view.memory_plot(mem)
 # bytes its operators read, without and with it (one batch of replicated masks).
 
 # %%
-dual = claim_probes.dual_forward_masks(P, NB.graph, NB.device)
+dual = mask_cost.dual_masks(P, NB.graph, NB.device)
 display(view.dual_masks_text(dual))
 
 # %% [markdown]

@@ -62,7 +62,6 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import claim_probes
 from workbook_lib.analysis import timing_study as study
 from workbook_lib.report import timing_view as view
 from workbook_lib.running.notebook import setup
@@ -130,7 +129,7 @@ display(view.worker_table(loops))
 # ## The investigation's data-vs-model figures, measured here
 
 # %%
-reported = study.reported_figures(loops, NB.params["gap_strategies"])
+reported = study.reported_figures(loops)
 display(view.reported_table(reported))
 
 # %% [markdown]
@@ -140,7 +139,7 @@ display(view.reported_table(reported))
 # after (warm).
 
 # %%
-reads = claim_probes.stored_mask_reads(NB.graph, study.stored_read_perturbations(NB.params, NB.graph))
+reads = study.stored_reads(NB.params, NB.graph)
 display(view.stored_reads_table(reads))
 
 # %% [markdown]
@@ -182,6 +181,6 @@ view.profile_plot(profiles, NB.device_label, pick=(NB.params["gap_strategies"] o
 result = study.TimingResult(loops, sanity, reported, epochs, syncs, profiles,
                             study.fastest_exact(loops), stored_reads=reads, bounds=bounds)
 path = write_results(NB.run_dir, "03_data_vs_model_timing", result, NB.params,
-                     headline=view.headline(result), snapshot_checksum=NB.graph.checksum,
-                     files=[p.trace for p in profiles.values()])
-display(view.saved(path, view.headline(result)))
+                     headline=view.headline(result, NB.params["gap_strategies"]),
+                     snapshot_checksum=NB.graph.checksum, files=[p.trace for p in profiles.values()])
+display(view.saved(path, view.headline(result, NB.params["gap_strategies"])))

@@ -12,9 +12,10 @@
 # %% [markdown]
 # # 05 · Verdict
 #
-# Why the slow pipeline is slow on this device, which claims of the investigation hold, and the
-# fix, drawn from notebooks 01-04 of this run folder (the verdict refuses to run on missing or
-# incomplete results: run them first).
+# Why the slow pipeline of the pair is slow on this device, stage by stage, and the fix, from
+# what notebooks 01-04 of this run folder measured. It needs notebook 03's timings of the pair;
+# 01, 02 and 04 are used when they completed, and the answer names any that did not and why.
+# The investigation's claims are judged only when built-in strategies ran.
 
 # %% tags=["parameters"]
 # The params keys this notebook reads (every key: python -m workbook_lib params); papermill sets them with -p KEY VALUE or -f FILE.yaml, and also takes any other key
@@ -48,21 +49,21 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import bench, verdict
-from workbook_lib.report import mask_cost_view as mc_view
+from workbook_lib.analysis import verdict
 from workbook_lib.report import verdict_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import read_meta, write_results
 
 NB = setup(globals(), load_graph=False, needs_device=False, notebook="05_verdict")
-found, inputs = verdict.load_inputs(NB.run_dir, NB.params)
+found, inputs, missing = verdict.load_inputs(NB.run_dir, NB.params)
 env = read_meta(NB.run_dir, "03_data_vs_model_timing").environment
 v = verdict.build_verdict(found, inputs, NB.params, NB.run_dir, env["device_label"],
-                          env["device"].split(":")[0])
+                          env["device"].split(":")[0], missing)
+view.compose(v, **view.sizes_of(found))
 display(view.answer(v))
 
 # %% [markdown]
-# ## Causes of the gap, by mechanism
+# ## The gap, stage by stage
 
 # %%
 display(view.causes_table(v))
@@ -80,7 +81,7 @@ display(view.claims_table(v))
 # %%
 display(view.recommendation_text(v, NB.run_dir))
 display(view.epochs_table(v))
-display(mc_view.form_text(bench.recommended_form(v.recommendation.bench if v.recommendation else None)))
+display(view.form(v))
 
 # %%
 display(view.adoption(v))
@@ -96,6 +97,6 @@ display(view.cpu_text(v))
 
 # %%
 path = write_results(NB.run_dir, "05_verdict", v, NB.params, headline=view.headline(v),
-                     snapshot_checksum=read_meta(NB.run_dir, "01_graph_inventory").snapshot_checksum,
+                     snapshot_checksum=read_meta(NB.run_dir, "03_data_vs_model_timing").snapshot_checksum,
                      inputs=inputs)
 display(view.saved(path, view.headline(v)))

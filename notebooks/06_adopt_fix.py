@@ -56,7 +56,6 @@ from IPython.display import display
 
 from workbook_lib.analysis import adoption, bench, headlines
 from workbook_lib.report import adoption_view as view
-from workbook_lib.report import mask_cost_view as mc_view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
 
@@ -71,7 +70,7 @@ NB = setup(globals(), notebook="06_adopt_fix")
 mask_cost = load_result(NB.run_dir, "02_mask_cost_model", NB.params)
 ddp = load_result(NB.run_dir, "04_ddp_scaling", NB.params)
 form = bench.recommended_form(mask_cost.bench if mask_cost else None)  # the faster form in 02
-display(mc_view.form_text(form))
+display(view.form_text(form, NB.params))
 
 # %% [markdown]
 # ## Do the two pipelines compute the same?

@@ -57,7 +57,7 @@ def test_chain_scripts_paths_dependencies_resources(tmp_path, ci):
         assert "--gpus-per-node=1" in lines[n] and "--nodes=1" in lines[n]
     for n in ("01", "05"):
         assert "gpus" not in lines[n] and "--nodes=1" in lines[n]
-    assert '"afterok:${J01}:${J02}:${J03}:${J04}"' in lines["05"]
+    assert '"afterok:${J03},afterany:${J01}:${J02}:${J04}"' in lines["05"]
     assert "--kill-on-invalid-dep=yes" in sub
     assert "afterany:${J02}:${J04}" in lines["06"]
     assert 'echo "run folder: $RUN"' in sub
@@ -207,10 +207,11 @@ FAKE_SBATCH = textwrap.dedent('''\
     if cancel_after and len(jobs) >= cancel_after:
         status = "CANCELLED"
     elif dep:
-        kind, *ids = dep.split(":")
-        states = [jobs[i] for i in ids]
-        if kind == "afterok" and any(s != "COMPLETED" for s in states):
-            status = "CANCELLED"  # DependencyNeverSatisfied, killed
+        for part in dep.split(","):  # every part must hold, as SLURM's comma does
+            kind, *ids = part.split(":")
+            states = [jobs[i] for i in ids]
+            if kind == "afterok" and any(s != "COMPLETED" for s in states):
+                status = "CANCELLED"  # DependencyNeverSatisfied, killed
     if status == "PENDING":  # like SLURM: the job's output goes to a log, not to sbatch's
         env = dict(os.environ, SLURM_JOB_ID=jid)
         with open(state + f".job{jid}.log", "w") as log:
@@ -228,10 +229,12 @@ from workbook_lib.running.results import read_meta, write_results, checksums
 P, _ = notebook_params(globals())
 NAME = "{name}"
 REQUIRES = {requires!r}
-missing = [n for n in REQUIRES if not (read_meta(run_dir, n) and read_meta(run_dir, n).complete)]
+READS = {reads!r}
+done = lambda n: read_meta(run_dir, n) is not None and read_meta(run_dir, n).complete
+missing = [n for n in REQUIRES if not done(n)]
 assert not missing, f"missing inputs {{missing}}"
 write_results(run_dir, NAME, {{"x": 1}}, P, headline="done " + NAME,
-              inputs=checksums(run_dir, REQUIRES))
+              inputs=checksums(run_dir, REQUIRES + [n for n in READS if done(n)]))
 '''
 
 
@@ -247,7 +250,8 @@ def test_chain_cancelled_then_resubmitted_finishes_in_the_same_folder(tmp_path, 
         p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
         p.metadata["tags"] = ["parameters"]
         nb.cells = [p, nbformat.v4.new_code_cell(FAKE_NB.format(name=info.name,
-                                                                requires=list(info.requires)))]
+                                                                requires=list(info.requires),
+                                                                reads=list(info.reads)))]
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                      "language": "python"}
         nbformat.write(nb, str(nbs / f"{info.name}.ipynb"))

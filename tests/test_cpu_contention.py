@@ -218,38 +218,39 @@ def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_th
     inv = _Obj(scale=0.1, total_edges=242337)
 
     def verdict(contended: bool):
+        from workbook_lib.report import verdict_view as view
+
         t, ddp = _timing(), _ddp()
         if contended:  # steady contention: the IQRs stay small, the CPU share does not
             for a in t.loops.arms.values():
                 a.step.with_cpu(busy)
-            ddp.gap.total.with_cpu(busy)
-            ddp.gap.per_step_ratio.with_cpu(busy)
         rec = V.recommend(t, _mask_cost(), ddp, tmp_path, baseline="replicated_mask_cpu",
                           tie_tolerance=0.15, num_samples=1000)
-        causes = V.rank_causes(t, ddp, "replicated_mask_cpu", "dango_wildtype", 1000, "cpu")
-        v = V.VerdictResult("", "cpu", "cpu", causes, [], rec, ddp.gap.total, [], [],
-                            disturbed=V.disturbed_figures(ddp, rec, 0.10),
-                            contended=V.contended_figures(ddp, rec, t))
-        v.answer = V.answer(v, ddp, inv, {})
+        g = V.measure_gap(t.loops, "replicated_mask_cpu", "dango_wildtype", 1000, ddp)
+        causes = V.rank_causes(t, g.slow, g.fast, g, "cpu")
+        v = V.VerdictResult("", "cpu", "cpu", causes, [], rec, g.ratio, [], [],
+                            disturbed=V.disturbed_figures(g, rec, 0.10),
+                            contended=V.contended_figures(g, rec, t), gap=g,
+                            gap_strategies=[g.slow, g.fast])
+        view.compose(v, inv.scale, inv.total_edges)
         return v
     quiet = verdict(False)
     assert quiet.contended == {} and quiet.disturbed == {}
-    assert quiet.answer.startswith("**On this run") and "**Why:**" in quiet.answer
+    assert quiet.answer.startswith("**Replicated masks") and "first cause:" in quiet.lead
     assert "**The fix: " in quiet.answer and not quiet.recommendation.contended
+    assert not any("Contended" in c for c in quiet.caveats)
     loud = verdict(True)
     assert loud.disturbed == {}  # precise figures: only the CPU share tells
     assert set(loud.contended) == {"gap", "per_step_ratio", "speedup", "loop"}
-    assert loud.answer.startswith("**Contended figures (the process got less CPU than it "
-                                  "asked for):**")
-    first = loud.answer.split("\n\n")[0]
-    assert "the epoch-time gap: got 30% of the CPU asked for" in first
-    assert "**On this run" not in loud.answer and "contended, not relied on" in loud.answer
-    assert "**Why:**" not in loud.answer
+    assert "contended, not relied on" in loud.lead  # the gap is marked where it is quoted
+    line = next(c for c in loud.caveats if c.startswith("Contended, not relied on"))
+    assert "the epoch-time gap" in line and "30%" in line
     assert "**The fix, provisionally: " in loud.answer
     assert "provisional" in loud.recommendation.tie_rule
     # and through JSON, as notebook 05 writes it and compare/stability read it
     back = V.VerdictResult.from_json(loud.to_json())
     assert back.contended["gap"].got == pytest.approx(0.3)
+    assert back.gap.ratio.median == pytest.approx(loud.gap.ratio.median)
 
 
 def test_selftest_says_the_machine_is_busy_beside_a_hog(one_cpu):

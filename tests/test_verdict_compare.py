@@ -62,16 +62,26 @@ def _ddp(factor=1.0, rel=0.02, total_rel=0.02):
     return _Obj(gap=g, worlds=worlds, gap_strategies=["replicated_mask_cpu", "dango_wildtype"])
 
 
+def _causes(t, ddp=None, slow="replicated_mask_cpu", fast="dango_wildtype", n=1000,
+            device="cpu"):
+    """notebook 05's gap and its causes, as build_verdict computes them."""
+    g = V.measure_gap(t.loops, slow, fast, n, ddp)
+    return V.rank_causes(t, g.slow, g.fast, g, device)
+
+
+def _gap(t, ddp=None):
+    return V.measure_gap(t.loops, "replicated_mask_cpu", "dango_wildtype", 1000, ddp)
+
+
 def test_causes_shares_are_of_the_measured_gap_with_the_rest_apart():
-    causes = V.rank_causes(_timing(), _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000,
-                           "cpu")
+    causes = _causes(_timing(), _ddp())
     timed = [c for c in causes if c.share is not None]
     assert sum(c.share for c in timed) == pytest.approx(1.0)  # adds - saves + rest = 100%
     model = [c for c in causes if c.stage in ("forward", "backward", "optimizer")]
     assert all(c.effect == "adds" for c in model)
     assert 0.7 < sum(c.share for c in model) < 0.9  # 100 ms of ~131 vs ~13
     # one row per stage, the largest first: the backward (50 ms of the slow step's model)
-    assert causes[0].stage == "backward" and causes[0].cause.startswith("backward on B = 7")
+    assert causes[0].stage == "backward" and causes[0].cause == "backward"
     rest = next(c for c in causes if c.effect == "rest")
     # symmetric samples: the stage medians add up to the step's (the rest is only the 10 us
     # host-to-device stage a CPU run does not attribute)
@@ -83,7 +93,7 @@ def test_causes_shares_are_of_the_measured_gap_with_the_rest_apart():
         "replicated_mask_cpu/full", "replicated_mask_cpu", "full", "full", 7, 1,
         Stat.from_samples([f + b for f, b in zip(fwd, bwd)]),  # median 0.11
         {"forward": Stat.from_samples(fwd), "backward": Stat.from_samples(bwd)})
-    causes = V.rank_causes(t, _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000, "cpu")
+    causes = _causes(t, _ddp())
     rest = next(c for c in causes if c.effect == "rest")
     steps_slow = -(-800 // 7)  # 80% of 1000 samples at batch 7
     assert rest.difference_s == pytest.approx((0.11 - 0.04) * steps_slow, rel=1e-3)
@@ -92,14 +102,12 @@ def test_causes_shares_are_of_the_measured_gap_with_the_rest_apart():
 
 def test_a_cause_that_saves_time_is_apart_not_a_negative_share_of_the_extra():
     # the fast pipeline spends 20 ms more in device prep than the slow one: that saves time
-    causes = V.rank_causes(_timing(fast_prep=0.020), _ddp(), "replicated_mask_cpu",
-                           "dango_wildtype", 1000, "cpu")
+    causes = _causes(_timing(fast_prep=0.020), _ddp())
     prep = next(c for c in causes if c.stage == "device_prep")
     assert prep.effect == "saves" and prep.share < 0
     assert all(c.effect == "adds" for c in causes if c.share is not None and c.share > 0
                and c.effect != "rest")
-    none = V.rank_causes(_timing(), _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000,
-                         "cpu")
+    none = _causes(_timing(), _ddp())
     assert not [c for c in none if c.effect == "saves" and abs(c.share) > 0.01]
 
 
@@ -128,12 +136,24 @@ def test_recommendation_fastest_exact_and_memory_tie_break(tmp_path):
     assert r.strategy == r.fastest and "not measured for all" in r.tie_rule
 
 
+def _timing_rel(rel):
+    """_timing's arms with every step spread +-rel, in another order for each arm (a disturbed
+    machine: the rounds do not pair the disturbance away)."""
+    t = _timing()
+    for i, (k, a) in enumerate(list(t.loops.arms.items())):
+        x = arm(a.strategy, a.batch_size, {s: v.median for s, v in a.stages.items()}, rel=rel)
+        order = x.step.samples[i:] + x.step.samples[:i]
+        x.step = Stat.from_samples(order)
+        t.loops.arms[k] = x
+    return t
+
+
 def test_disturbed_figures_are_named_and_not_relied_on():
-    quiet = V.disturbed_figures(_ddp(), None, 0.10)
+    quiet = V.disturbed_figures(_gap(_timing(), _ddp()), None, 0.10)
     assert quiet == {}
-    loud = V.disturbed_figures(_ddp(rel=0.2, total_rel=0.3), None, 0.10)
+    loud = V.disturbed_figures(_gap(_timing_rel(0.3), _ddp(rel=0.2)), None, 0.10)
     assert set(loud) == {"gap", "per_step_ratio", "ddp_factor"}
-    assert loud["gap"] == pytest.approx(0.6, rel=0.01)  # IQR/median of +-30% samples
+    assert loud["per_step_ratio"] > 0.3  # two +-30% sides paired by round
 
 
 def _figure(value, iqr=None, se=None, kind=RATIO, better="higher", key="x"):
@@ -172,21 +192,27 @@ def test_compare_formats_counts_and_accepts_another_scale(tmp_path):
     assert cmp._params(run) == a
 
 
-def test_the_answer_does_not_rest_on_disturbed_figures():
-    causes = V.rank_causes(_timing(), _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000,
-                           "cpu")
-    inv = _Obj(scale=0.1, total_edges=242337)
+def _verdict(t, ddp, rec=None, builtin=True):
+    from workbook_lib.report import verdict_view as view
 
-    def answer(ddp):
-        v = V.VerdictResult("", "cpu", "cpu", causes, [], None, ddp.gap.total, [], [],
-                            disturbed=V.disturbed_figures(ddp, None, 0.10))
-        return V.answer(v, ddp, inv, {})
-    quiet = answer(_ddp())
-    assert quiet.startswith("**On this run") and "**Why:**" in quiet
-    loud = answer(_ddp(rel=0.2, total_rel=0.3))
-    assert loud.startswith("**Disturbed figures (beyond the precision target):**")
-    assert "**On this run" not in loud
-    assert "not relied on" in loud and "**Why:**" not in loud
+    g = _gap(t, ddp)
+    v = V.VerdictResult("", "cpu", "cpu", V.rank_causes(t, g.slow, g.fast, g, "cpu"), [], rec,
+                        g.ratio, [], [], disturbed=V.disturbed_figures(g, rec, 0.10),
+                        gap=g, gap_strategies=[g.slow, g.fast], builtin=builtin)
+    view.compose(v, 0.1, 242337)
+    return v
+
+
+def test_the_answer_does_not_rest_on_disturbed_figures():
+    quiet = _verdict(_timing(), _ddp())
+    assert quiet.lead.startswith("**Replicated masks") and "slower per epoch" in quiet.lead
+    assert "first cause: backward" in quiet.lead and "change first:" in quiet.lead
+    assert not [c for c in quiet.caveats if "Disturbed" in c]
+    loud = _verdict(_timing_rel(0.3), _ddp())
+    assert "disturbed, not relied on" in loud.lead  # the gap itself is marked where quoted
+    line = next(c for c in loud.caveats if c.startswith("Disturbed, not relied on"))
+    assert "the epoch-time gap" in line and "the per-step ratio" in line
+    assert loud.answer.index(loud.lead) == 0  # the answer opens with its one sentence
 
 
 def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
@@ -270,25 +296,18 @@ def test_a_disturbed_loop_does_not_pick_the_fix_by_its_medians(tmp_path):
 
 
 def test_the_answer_marks_a_disturbed_ddp_factor_and_bench_ratio():
-    causes = V.rank_causes(_timing(), _ddp(), "replicated_mask_cpu", "dango_wildtype", 1000,
-                           "cpu")
-    inv = _Obj(scale=0.1, total_edges=242337)
     rec = V.Recommendation("node_mask_shared", "", "shared", st(1.6), "replicated_mask_cpu",
                            st(11.0), "node_mask_shared", ["node_mask_shared"], "",
                            bench=_Obj(full_size=True, ratio_vs_lazy_form=st(60.0, 0.3),
                                       passes_per_sample=None))
-
-    def answer(ddp):
-        v = V.VerdictResult("", "cpu", "cpu", causes, [], rec, ddp.gap.total, [], [],
-                            disturbed=V.disturbed_figures(ddp, rec, 0.10))
-        return V.answer(v, ddp, inv, {})
-    quiet_ddp = answer(_ddp())
-    assert "60x faster" in quiet_ddp and "disturbed figure" in quiet_ddp  # bench at +-30%
-    assert "DDP factor of 1 (IQR 0.04)." in quiet_ddp
-    loud = answer(_ddp(rel=0.25))
-    assert "DDP factor of 1 (IQR 0.5; disturbed, not relied on)" in loud
+    quiet = _verdict(_timing(), _ddp(), rec)
+    assert "60x faster" in quiet.answer and "disturbed or contended figure" in quiet.answer
+    assert any(c.startswith("DDP factor at 2 ranks 1 (IQR 0.04)") and "not booked" in c
+               for c in quiet.caveats)
+    loud = _verdict(_timing(), _ddp(rel=0.25), rec)
+    assert any("the DDP factor (IQR/median" in c for c in loud.caveats)
     rec.bench.ratio_vs_lazy_form = st(60.0)
-    assert "disturbed figure" not in answer(_ddp())
+    assert "disturbed or contended figure" not in _verdict(_timing(), _ddp(), rec).answer
 
 
 def test_separate_launch_figures_are_not_labelled_same_rounds(tmp_path, monkeypatch):
@@ -317,13 +336,60 @@ def test_separate_launch_figures_are_not_labelled_same_rounds(tmp_path, monkeypa
     assert "separate launches" in row.note and "same rounds" not in row.note
 
 
-def test_a_ddp_factor_whose_iqr_holds_1_neither_adds_nor_saves_time():
-    """Booked in the gap either way; called "adds time" only when its IQR lies above 1."""
-    def ddp_row(factor, rel):
-        causes = V.rank_causes(_timing(), _ddp(factor=factor, rel=rel), "replicated_mask_cpu",
-                               "dango_wildtype", 1000, "cpu")
-        return next(c for c in causes if c.cause.startswith("DDP"))
-    noisy = ddp_row(1.01, 0.2)  # a default run's 1.012 (IQR 0.24)
-    assert noisy.effect == "noise" and noisy.share > 0 and "within its IQR" in noisy.evidence
-    assert ddp_row(1.3, 0.05).effect == "adds"
-    assert ddp_row(0.8, 0.05).effect == "saves"
+def test_a_ddp_factor_within_its_noise_is_shown_not_booked():
+    """A factor whose IQR holds 1 is noise: shown, with no share, and the booked rows still add
+    to 100% of the gap; beyond its IQR it is booked, adding or saving time."""
+    def rows(factor, rel):
+        causes = _causes(_timing(), _ddp(factor=factor, rel=rel))
+        return causes, next(c for c in causes if c.cause.startswith("DDP"))
+    causes, noisy = rows(1.01, 0.2)  # a default run's 1.012 (IQR 0.24)
+    assert noisy.effect == "noise" and noisy.share is None and "within its IQR" in noisy.evidence
+    assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
+    causes, adds = rows(1.3, 0.05)
+    assert adds.effect == "adds" and adds.share > 0
+    assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
+    assert rows(0.8, 0.05)[1].effect == "saves"
+
+
+def test_a_contended_ddp_factor_is_not_booked():
+    from workbook_lib.measurement.cpu import CpuShare
+
+    ddp = _ddp(factor=1.5, rel=0.02)
+    ddp.gap.ddp_factor.cpu = CpuShare(1.0, 0.4, 2, 2, 10, run_s=0.4, wait_s=0.6)
+    causes = _causes(_timing(), ddp)
+    row = next(c for c in causes if c.stage == "ddp")
+    assert row.effect == "noise" and row.share is None and "contended" in row.evidence
+
+
+def test_the_pair_listed_the_other_way_round_is_explained_the_right_way():
+    from workbook_lib.report import verdict_view as view
+
+    t = _timing()
+    g = V.measure_gap(t.loops, "dango_wildtype", "replicated_mask_cpu", 1000, _ddp())
+    assert g.swapped and (g.slow, g.fast) == ("replicated_mask_cpu", "dango_wildtype")
+    assert g.ratio.median > 1 and g.listed == ["dango_wildtype", "replicated_mask_cpu"]
+    v = V.VerdictResult("", "cpu", "cpu", V.rank_causes(t, g.slow, g.fast, g, "cpu"), [], None,
+                        g.ratio, [], [], gap=g, gap_strategies=[g.slow, g.fast])
+    view.compose(v)
+    assert "slower per epoch than" in v.lead and "0." not in v.lead.split("x slower")[0]
+    assert v.caveats[0].startswith("Listed the other way round")
+    assert v.causes[0].stage == "backward" and v.causes[0].effect == "adds"
+    assert sum(c.share for c in v.causes if c.share is not None) == pytest.approx(1.0)
+
+
+def test_no_measurable_gap_ranks_no_cause():
+    from workbook_lib.report import verdict_view as view
+
+    t = _timing()
+    a = t.loops.arms["replicated_mask_cpu/full"]
+    t.loops.arms["again/full"] = ArmResult("again/full", "again", "full", "full", 7, 1,
+                                           st(a.step.median, 0.05), dict(a.stages))
+    t.loops.strategies.append("again")
+    g = V.measure_gap(t.loops, "replicated_mask_cpu", "again", 1000)
+    assert not g.measurable
+    causes = V.rank_causes(t, g.slow, g.fast, g, "cpu")
+    assert all(c.share is None for c in causes) and V.first_causes(causes) == []
+    v = V.VerdictResult("", "cpu", "cpu", causes, [], None, g.ratio, [], [], gap=g,
+                        gap_strategies=[g.slow, g.fast])
+    view.compose(v)
+    assert "same speed within the noise" in v.lead and "first cause" not in v.lead

@@ -509,7 +509,7 @@ def check_claims(inventory=None, mask_cost=None, timing=None, ddp=None, *,
         out += memory_claims(mask_cost, device_type)
     if timing is not None:
         out += timing_claims(timing, device_type, scale)
-    if ddp is not None:
+    if ddp is not None and getattr(ddp, "gap", None) is not None:
         out += ddp_claims(ddp, bench if bench is not None else getattr(mask_cost, "bench", None),
                           scale)
     return out

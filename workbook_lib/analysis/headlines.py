@@ -222,7 +222,7 @@ def speedups(run_dir: str | Path, adoption=None) -> list[Speedup]:
                 f"the batch prepared beforehand; the shared graph{shared}",
                 f"{rep_b}, shared B = {shared_b}", size))
     mc = load_result(run_dir, "02_mask_cost_model")
-    if mc is not None:
+    if mc is not None and mc.bench is not None:
         bench_rows(mc.bench, "02")
     path = Path(run_dir) / "bench.json"
     if path.is_file():

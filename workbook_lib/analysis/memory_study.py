@@ -63,9 +63,10 @@ def memory_study(params: dict, device: torch.device, *, dual: bool | None = None
     from ..pipelines import user_specs
 
     # the built-in forms, then every user pipeline (its own form: "own") at the run's sizes
-    pairs = list(STRATEGIES) + [(name, "own") for name in user_specs(params)]
+    pairs = (list(STRATEGIES) if params["strategies"] else []) + \
+        [(name, "own") for name in user_specs(params)]
     jobs = [(s, f, b, run_sizes) for s, f in pairs for b in params["memory_batch_sizes"]]
-    if params["memory_full_size"]:
+    if params["memory_full_size"] and params["strategies"]:
         jobs += [(s, f, b, REAL) for s, f in STRATEGIES if (s, f) != ("replicated_mask_cpu", "spmm")
                  for b in REAL_BATCHES[s]]
 

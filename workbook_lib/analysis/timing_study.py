@@ -310,7 +310,9 @@ def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
     kinds = {n: study.arm(n, "full").sync_kinds for n in study.strategies}
     scaling = []
     types = graph.edge_types
-    for t in sorted({1, min(3, len(types)), len(types)}):
+    if "device_mask_loop" not in params["strategies"]:  # the investigation's loop form: not run
+        types = []
+    for t in sorted({1, min(3, len(types)), len(types)} - {0}):
         sub = CellGraph(graph.name, graph.num_genes, {e: graph.edge_index[e] for e in types[:t]},
                         graph.source, graph.checksum, graph.scale)
         s4 = make_strategy("device_mask_loop", sub, device=device)
@@ -322,6 +324,16 @@ def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
                     s4.make_masks(pk)
                 scaling.append(SyncPoint(b, k, t, c.total, s4.syncs_per_batch(pk)))
     return SyncStudy(method=method_for(device), per_step=per, kinds=kinds, scaling=scaling)
+
+
+def stored_reads(params: dict, graph: CellGraph) -> StoredReads | None:
+    """Strategy 3's stored masks read cold and warm (the investigation's storage claim), or None
+    when strategy 3 is not among the run's built-in strategies."""
+    if "replicated_mask_stored" not in params["strategies"]:
+        return None
+    from .claim_probes import stored_mask_reads
+
+    return stored_mask_reads(graph, stored_read_perturbations(params, graph))
 
 
 def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,

@@ -1,27 +1,34 @@
-"""Notebook 05: why the slow pipeline is slow, which claims hold, and the fix.
+"""Notebook 05: why the slow pipeline is slow, and the fix, from what notebooks 01-04 measured.
 
-The verdict reads the typed results of notebooks 01-04 from the run folder and refuses to run
-when any is missing or incomplete (a verdict from partial inputs would look complete and be
-wrong). It records the checksum of every input it read, so ``run --resume`` reruns it whenever
-an input changed.
+The verdict answers about the run's own pair (``gap_strategies``: slow, fast), from what
+completed, and says in one line what it could not use and why:
 
-* **Causes**: the epoch-time difference between the two ``gap_strategies``, split by mechanism
-  (the model on B graph copies, per-sample data work, device prep, transfer, loop overhead, DDP)
-  from notebook 03's stage medians x steps per epoch, and notebook 04's DDP factor (booked only
-  when it is beyond the noise). Host syncs are counted, not timed, on a CPU.
-* **Claims**: :mod:`workbook_lib.analysis.claims`.
-* **The fix**: the fastest exact strategy (notebook 03, full step per sample); strategies within
-  ``verdict_tie_tolerance`` of it are tied, and the tie goes to the least memory per sample when
-  notebook 02 measured it for every tied strategy (never on a missing value). Its gain per
-  sample, the benchmark's figure (the real spec when it was measured: ``bench.json`` in the run
-  folder or notebook 02 with ``bench_full_size``), and epochs per day at the dataset size, with
-  notebook 04's measured DDP factor for several ranks.
+* **The gap** comes from notebook 03, the only input it needs: the two pipelines' full training
+  steps in the same loop (paired by round when interleaved), times the steps per epoch (80% of
+  ``num_samples`` at each pipeline's batch). Notebook 04's DDP factor multiplies it only when
+  it is a measured effect: beyond its IQR (1 outside it) and not contended; a factor within its
+  noise, or contended, is shown and not booked. 01, 02 and 04 are read when complete with these
+  params; each one missing, failed or made with other params is named in a caveat.
+* **Orientation.** When the pipeline listed slow is the faster one beyond the noise, the answer
+  says so in one line and explains the gap the right way round; when the two are within each
+  other's noise there is no gap to explain, and the answer says that instead of ranking causes.
+* **Causes are stages** (:mod:`workbook_lib.analysis.stages`): data item, collate, transfer,
+  device prep, forward (with the loss), backward, optimizer, loop overhead, then DDP (booked only
+  as above) and the unattributed rest (stage medians do not add up to the step median). Each
+  row is slow minus fast in seconds per epoch; shares are of the measured gap and add to 100%.
+  Host syncs are a property of a stage: counted per stage, their cost "not measured here" on a
+  CPU (a CPU never waits for a device); never a cause of their own.
 * **Figures it does not rest on**: a headline figure whose IQR/median is beyond the precision
-  target is *disturbed*; one measured while the process got less than 80% of the CPU its threads
-  asked for (:mod:`workbook_lib.measurement.cpu`) is *contended*: another job on the same CPUs
-  slows every repeat alike, so such a figure can be precise and wrong by orders of magnitude,
-  and can flip the order of two pipelines. Both are named first in the answer, shown and marked,
-  and the answer does not rest on them (a fix chosen from contended full steps is provisional).
+  target is *disturbed*; one measured while its threads got less than 80% of the CPU they asked
+  for (:mod:`workbook_lib.measurement.cpu`) is *contended*. Both are named in the caveats and
+  the answer does not rest on them.
+* **The investigation's story** (its 40x, its claims, the built-in benchmark) is told only when
+  built-in strategies ran; with ``strategies: []`` the verdict is about the user's pipelines
+  alone.
+* **The fix**: the fastest exact pipeline of notebook 03 (ties within
+  ``verdict_tie_tolerance`` go to the least memory per sample when notebook 02 measured it).
+
+Text is composed by :mod:`workbook_lib.report.verdict_view`; this module returns figures.
 """
 from __future__ import annotations
 
@@ -40,27 +47,56 @@ from .. import pipelines
 from ..training.loop import project_epochs
 from . import claims as claims_mod
 from .bench import BenchResult
-from .timing_study import is_exact
+from .stages import STAGES, stage_medians
+from .timing_study import DANGO, LAZY, is_exact
 
-INPUTS = notebook_info("05_verdict").requires
+TIMING = "03_data_vs_model_timing"
+REQUIRED = notebook_info("05_verdict").requires  # notebook 03
+OPTIONAL = notebook_info("05_verdict").reads  # 01, 02, 04
+STAGE_ORDER = ("data_item", "collate", "h2d", "device_prep", "forward", "backward", "optimizer",
+               "overhead")
+SYNC_STAGES = ("device_prep", "forward", "backward")
+MINOR = 0.05  # a cause below this share of the gap is not named in the lead
 
 
 @dataclass
 class Cause(Record):
-    cause: str
+    cause: str  # the stage in words
     evidence: str
     slow_s_per_epoch: float | None
     fast_s_per_epoch: float | None
     difference_s: float | None
-    share: float | None  # of the measured epoch-time gap (negative: the cause saves time)
+    share: float | None  # of the measured epoch-time gap (negative: the stage saves time)
     kind: str  # measured, or not measured here
-    # "adds" or "saves" time on the slow pipeline; "rest": unattributed; "noise": a factor
-    # whose IQR holds 1 (booked, but no measurable effect)
+    # "adds" or "saves" time on the slow pipeline; "rest": unattributed; "noise": shown, not
+    # booked (a factor within its IQR, or contended)
     effect: str = ""
-    # the stage it names: data_item, collate, h2d, device_prep, syncs, forward, backward,
-    # optimizer, overhead, ddp, rest (see workbook_lib.analysis.stages)
+    # data_item, collate, h2d, device_prep, forward, backward, optimizer, overhead, ddp, rest
     stage: str = ""
     advice: str = ""  # what to change when this is the first cause
+    syncs: tuple[float, float] | None = None  # host syncs per step in this stage (slow, fast)
+    note: str = ""  # what the stage's time went to, where its label would mislead
+
+
+@dataclass
+class Gap(Record):
+    """The epoch-time ratio between the pair, oriented slow over fast."""
+
+    slow: str
+    fast: str
+    listed: list[str]  # the pair as gap_strategies named it
+    swapped: bool  # the one listed slow is the faster: explained the other way round
+    ratio: Stat  # epoch time slow / fast (the one gap ratio of the answer)
+    basis: str  # what the ratio times
+    per_step: Stat  # full step slow / fast (same rounds when interleaved)
+    steps: dict[str, int]  # steps per epoch, per pipeline
+    batch_sizes: dict[str, int]
+    epoch_s: dict[str, float]  # seconds per epoch on one process, per pipeline (medians)
+    measurable: bool  # the ratio's IQR clear of 1
+    ddp_factor: Stat | None = None
+    ddp_world: int | None = None
+    ddp_booked: bool = False
+    ddp_why: str = ""  # why the factor is or is not booked
 
 
 @dataclass
@@ -84,7 +120,7 @@ class Recommendation(Record):
 
 @dataclass
 class VerdictResult(Record):
-    answer: str  # the lead paragraph (markdown)
+    answer: str  # the whole answer (markdown): lead, caveats, fix
     device: str
     device_type: str
     causes: list[Cause]
@@ -98,49 +134,79 @@ class VerdictResult(Record):
     # headline figure -> what the process got of the CPUs while it was measured (contended)
     contended: dict[str, CpuShare] = field(default_factory=dict)
     target: float = 0.1  # the precision target the figures were repeated for
-    gap_strategies: list[str] = field(default_factory=list)  # [slow, fast]
+    gap_strategies: list[str] = field(default_factory=list)  # [slow, fast] as answered
+    lead: str = ""  # the answer's first sentence
+    caveats: list[str] = field(default_factory=list)  # one line each
+    gap: Gap | None = None
+    no_answer: str = ""  # why there is no answer about the pair (then lead says so)
+    missing: dict[str, str] = field(default_factory=dict)  # notebook -> why it was not used
+    failures: dict[str, str] = field(default_factory=dict)  # pipeline -> "NB: what failed"
+    nonfinite: dict[str, str] = field(default_factory=dict)  # pipeline -> its loss, in words
+    builtin: bool = True  # built-in strategies ran: the investigation's story applies
+    claims_note: str = ""  # why no claim was judged, when none was
+    syncs_note: str = ""  # host syncs of the pair's stages and what they cost here
 
 
-def load_inputs(run_dir: str | Path,
-                params: dict | None = None) -> tuple[dict, dict[str, str]]:
-    """The typed results of notebooks 01-04 and their checksums (with ``params``: made with
-    the same result-relevant params).
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def load_inputs(run_dir: str | Path, params: dict | None = None
+                ) -> tuple[dict, dict[str, str], dict[str, str]]:
+    """The typed results of notebook 03 (required) and of 01, 02, 04 (when complete with the
+    same result-relevant params), their checksums, and why each optional one was not used.
 
     Raises:
-        IncompleteInputsError: one or more is missing, incomplete, unreadable or made with other
-            params.
+        IncompleteInputsError: notebook 03 is missing, incomplete, unreadable or made with
+            other params (the verdict's one required input).
     """
-    found, sums, missing, other = {}, {}, [], []
-    for nb in INPUTS:
+    found, sums, why_not = {}, {}, {}
+    for nb in REQUIRED + OPTIONAL:
         meta = read_meta(run_dir, nb)
-        if meta is not None and meta.complete and params is not None:
-            changed = params_differ(meta.params, params)
-            if changed:
-                missing.append(nb)
-                other.append(f"{nb} ({', '.join(changed[:3])})")
-                continue
-        res = load_result(run_dir, nb) if meta is not None and meta.complete else None
-        if res is None:
-            missing.append(nb)
+        reason = ""
+        if meta is None:
+            reason = notebook_error(run_dir, nb) or "not run"
+        elif not meta.complete:
+            reason = "failed or incomplete" + (f" ({meta.incomplete_because})"
+                                               if getattr(meta, "incomplete_because", "") else "")
+        elif params is not None and params_differ(meta.params, params):
+            reason = f"made with other params ({', '.join(params_differ(meta.params, params)[:3])})"
+        res = None if reason else load_result(run_dir, nb)
+        if res is None and not reason:
+            reason = "its results are unreadable"
+        if reason:
+            why_not[nb] = reason
             continue
         found[nb] = res
         sums[nb] = file_checksum(results_path(run_dir, nb))
     bench = Path(run_dir) / "bench.json"  # quoted when present: --resume reruns when it changes
     if bench.is_file():
         sums["bench"] = file_checksum(bench)
-    if other:
-        absent = [nb for nb in missing if not any(o.startswith(nb) for o in other)]
-        raise IncompleteInputsError(
-            f"the verdict's inputs in {run_dir} were made with other params: "
-            f"{'; '.join(other)}" + (f" (and {', '.join(absent)} are missing or incomplete)"
-                                     if absent else "")
-            + "; run them with these params first", missing=missing)
+    missing = [nb for nb in REQUIRED if nb in why_not]
     if missing:
         raise IncompleteInputsError(
-            f"the verdict needs complete results of {', '.join(missing)} in {run_dir}; run "
-            f"them first (python -m workbook_lib run --resume --out {run_dir} finishes what "
-            "is missing)", missing=missing)
-    return found, sums
+            f"the verdict needs notebook 03's timings in {run_dir} ({TIMING}: "
+            f"{why_not[TIMING]}); run it first (python -m workbook_lib run --resume --out "
+            f"{run_dir} finishes what is missing)", missing=missing)
+    return found, sums, why_not
+
+
+def notebook_error(run_dir: str | Path, nb: str) -> str:
+    """"failed: ERROR" from the partial notebook a failed run left in the run folder (the
+    failing cell's error, one line), or ""."""
+    import json
+
+    path = Path(run_dir) / f"{nb}.ipynb"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    for cell in doc.get("cells", []):
+        for out in cell.get("outputs", []) or []:
+            if out.get("output_type") == "error":
+                text = " ".join(f"{out.get('ename', '')}: {out.get('evalue', '')}".split())
+                return "failed: " + (text if len(text) <= 200 else text[:197] + "...")
+    return ""
 
 
 def label(name: str) -> str:
@@ -149,6 +215,82 @@ def label(name: str) -> str:
 
 def title(name: str) -> str:
     return pipelines.title(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the gap and its orientation
+
+
+def _epoch_steps(lo, name: str, num_samples: int) -> int:
+    return math.ceil(0.8 * num_samples / lo.arm(name, "full").samples_per_step)
+
+
+def _ddp_gap(ddp, slow: str, fast: str):
+    """Notebook 04's gap decomposition of this pair (either orientation), or None."""
+    g = getattr(ddp, "gap", None) if ddp is not None else None
+    if g is None or {g.slow, g.fast} != {slow, fast}:
+        return None
+    return g
+
+
+def ddp_booking(g, swapped: bool) -> tuple[Stat | None, bool, str]:
+    """(the DDP factor oriented slow over fast, whether it is booked, why).
+
+    Booked only when it is a measured effect: 1 outside its IQR and not contended."""
+    if g is None:
+        return None, False, ""
+    f = g.ddp_factor
+    if swapped:
+        f = Stat.from_samples([1.0 / x for x in f.samples if x > 0], unit="ratio").with_cpu(
+            f.cpu) if f.samples else f
+    if g.world_size == g.base_world_size:
+        return None, False, "one world size measured: no DDP factor"
+    if f.contended:
+        return f, False, "contended (its ranks got less CPU than they asked for): not booked"
+    if f.q1 <= 1.0 <= f.q3:
+        return f, False, "1 lies within its IQR: no measurable effect, not booked"
+    return f, True, "1 outside its IQR: booked"
+
+
+def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None) -> Gap:
+    """The pair's epoch-time ratio, oriented so that ``slow`` is the slower beyond the noise.
+
+    Args:
+        lo: notebook 03's :class:`~workbook_lib.analysis.timing_study.LoopStudy`.
+        slow, fast: the pair as listed (``gap_strategies``).
+        num_samples: the dataset size (80% of it per epoch).
+        ddp: notebook 04's result, or None.
+    """
+    listed = [slow, fast]
+    steps = {n: _epoch_steps(lo, n, num_samples) for n in listed}
+
+    def ratio(a: str, b: str) -> tuple[Stat, Stat]:
+        per_step = lo.ratio(lo.arm(a, "full"), lo.arm(b, "full"))
+        return per_step, per_step.scaled(steps[a] / steps[b], "ratio")
+
+    per_step, r = ratio(slow, fast)
+    swapped = r.q3 < 1.0
+    if swapped:
+        slow, fast = fast, slow
+        per_step, r = ratio(slow, fast)
+    basis = ("epoch time on one process: notebook 03's full steps "
+             + ("paired by round" if lo.interleaved else "(separate series)")
+             + " x steps per epoch")
+    g = _ddp_gap(ddp, *listed)
+    factor, booked, why = ddp_booking(g, swapped=g is not None and g.slow != slow)
+    if booked:
+        r = r.times(factor)
+        basis += f" x the DDP factor at {g.world_size} ranks (notebook 04, separate launches)"
+    return Gap(slow=slow, fast=fast, listed=listed, swapped=swapped, ratio=r, basis=basis,
+               per_step=per_step, steps=steps,
+               batch_sizes={n: lo.arm(n, "full").samples_per_step for n in listed},
+               epoch_s={n: lo.arm(n, "full").step.median * steps[n] for n in listed},
+               measurable=not (r.q1 <= 1.0 <= r.q3), ddp_factor=factor,
+               ddp_world=None if g is None else g.world_size, ddp_booked=booked, ddp_why=why)
+
+
+# ---------------------------------------------------------------------------------------------
+# causes, stage by stage
 
 
 ADVICE = {
@@ -161,115 +303,105 @@ ADVICE = {
     "h2d": "transfer less: indices instead of masks or graph copies, from pinned memory "
            "(pin_memory: true)",
     "device_prep": "vectorize the device preparation over the batch (no loop per sample or gene)",
-    "syncs": "take the host syncs out of the step (.item(), nonzero, boolean-mask indexing, "
-             ".tolist(), printing a tensor): keep values on the device and vectorize over the "
-             "batch; torch.cuda.set_sync_debug_mode('warn') names each one on a GPU",
     "forward": "batch the samples' work: one pass over one shared graph for the whole batch "
                "instead of a loop or a graph copy per sample (workbook_lib.nodemask)",
-    "backward": "the backward mirrors the forward: shrink the forward's per-sample work and the "
-                "backward shrinks with it",
+    "backward": "the backward mirrors the forward: shrink the forward's per-sample work (one "
+                "pass over one shared graph, workbook_lib.nodemask) and the backward shrinks "
+                "with it",
     "optimizer": "a foreach or fused optimizer (torch.optim.AdamW(foreach=True), fused=True on "
                  "CUDA) with no Python loop over parameters or their rows",
     "overhead": "less Python between the stages (per-step logging, metrics read with .item(), "
                 "hooks)",
+    "ddp": "accumulate gradients with no_sync(), or fewer, larger steps",
 }
-SYNCED = ("device_prep", "forward", "backward")
-SYNC_RULE = "at least one host sync per sample more than the fast pipeline in that stage"
+H2D_WALK = ("keep Python objects out of the batch (names, strings, per-sample lists): .to() "
+            "walks every one of them each step; carry indices and look names up outside the "
+            "step")
 
 
-def rank_causes(timing, ddp, slow: str, fast: str, num_samples: int,
-                device_type: str) -> list[Cause]:
-    """The epoch-time difference between ``slow`` and ``fast``, stage by stage.
+def _stage_words(key: str) -> str:
+    return STAGES[key][0].split(" (")[0]
+
+
+def _h2d_note(arm, device_type: str) -> str:
+    """What a transfer stage's time went to, from the batch's contents (counted once)."""
+    c = getattr(arm, "batch_contents", None) or {}
+    objs = int(c.get("objects", 0) or 0)
+    if device_type == "cuda":
+        return (f"{c.get('tensor_bytes', 0) / 1e6:,.2f} MB in {int(c.get('tensors', 0))} "
+                f"tensors" + (f", and {objs:,} other Python objects walked" if objs else "")
+                if c else "")
+    text = "on a CPU no byte is copied: this is the pipeline's to_device walk itself"
+    if c:
+        text += (f" over {int(c.get('tensors', 0))} tensors and {objs:,} other Python objects"
+                 + (f" ({c['kinds']})" if c.get("kinds") else ""))
+    return text
+
+
+def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> list[Cause]:
+    """The gap, stage by stage: slow minus fast in seconds per epoch, shares adding to 100%.
 
     Args:
-        timing: notebook 03's results (its ``loops``: the full-step arms of both pipelines).
-        ddp: notebook 04's results, or None (the DDP row is then "not measured here").
-        slow, fast: the two pipelines' names.
-        num_samples: the dataset size (80% of it per epoch).
+        timing: notebook 03's results (its ``loops``).
+        slow, fast: the pair, oriented (``gap.slow``, ``gap.fast``).
+        gap: :func:`measure_gap`'s result (the DDP factor's booking, the steps per epoch).
         device_type: ``cpu`` or ``cuda``.
 
-    Each stage of :mod:`~workbook_lib.analysis.stages` (data item, collate, transfer, device
-    prep, forward, backward, optimizer, loop overhead) is one row: its median per step x steps
-    per epoch, slow minus fast. A device-prep, forward or backward row whose stage makes at
-    least one host sync per sample more in the slow pipeline (:data:`SYNC_RULE`) is named for
-    its syncs (stage ``syncs``). Then notebook 04's DDP factor (``ddp`` None: not measured) and
-    the unattributed rest. Timed rows come first, largest addition first.
+    Each stage of :mod:`~workbook_lib.analysis.stages` is one row, its median per step x steps
+    per epoch, slow minus fast; host syncs ride on their stage's row as evidence. Then the DDP
+    factor (its extra time when booked, else a row marked noise with no share), and the
+    unattributed rest, so that the booked rows' shares add to exactly 100% of the measured gap.
+    Rows that add time come first, the largest first.
     """
-    from ..strategies import REGISTRY
-    from .stages import STAGES, stage_medians
-
     lo = timing.loops
     a, b = lo.arm(slow, "full"), lo.arm(fast, "full")
-    steps = {s: math.ceil(0.8 * num_samples / lo.arm(s, "full").samples_per_step)
-             for s in (slow, fast)}
     ma, mb = stage_medians(a), stage_medians(b)
-    ba, bb = a.samples_per_step, b.samples_per_step
-    copies = slow in REGISTRY and REGISTRY[slow].replicated and fast == "dango_wildtype"
+    ns, nf = gap.steps[slow], gap.steps[fast]
     rows = []
-    for key in ("data_item", "collate", "h2d", "device_prep", "forward", "backward",
-                "optimizer", "overhead"):
-        what = STAGES[key][0]
+    for key in STAGE_ORDER:
         if key not in ma and key not in mb:
             continue
-        sa, sb = ma.get(key, 0.0) * steps[slow], mb.get(key, 0.0) * steps[fast]
-        evidence = (f"{ma.get(key, 0.0) * 1e3:.3g} ms per step at batch {ba} against "
-                    f"{mb.get(key, 0.0) * 1e3:.3g} ms at batch {bb}")
-        if key == "h2d" and device_type != "cuda":
-            evidence += ("; on a CPU no byte is copied: this is the pipeline's to_device walk "
-                         "itself (a GPU's copy: a GPU run)")
+        sa, sb = ma.get(key, 0.0) * ns, mb.get(key, 0.0) * nf
+        evidence = (f"{ma.get(key, 0.0) * 1e3:.3g} ms per step at batch {a.samples_per_step} "
+                    f"against {mb.get(key, 0.0) * 1e3:.3g} ms at batch {b.samples_per_step}")
         if key in ("data_item", "collate"):
             evidence += (" (the step's wait for the DataLoader, split by the workers' own item "
                          "and collate times)")
-        stage = key
-        if copies and key in ("forward", "backward"):
-            what = (f"{key} on B = {ba} graph copies per step ({title(fast)} makes one pass)")
-        na, nb = (a.syncs_by_stage.get(key, 0.0), b.syncs_by_stage.get(key, 0.0))
-        if key in SYNCED and na - nb >= ba:
-            stage = "syncs"
-            what = (f"host syncs in the {STAGES[key][0]}: {na:.0f} per step against "
-                    f"{nb:.0f} (each drains a GPU's queue)")
-            evidence += ("" if device_type == "cuda" else
-                         "; the stage's time on this CPU, its syncs counted as a GPU would make "
-                         "them")
-        rows.append(Cause(what, evidence, sa, sb, sa - sb, None, claims_mod.MEASURED,
-                          stage=stage, advice=ADVICE[stage]))
-    if ddp is not None:
-        g = ddp.gap
-        # the DDP factor is always applied (its IQR carried into the gap's): no on/off threshold
-        extra = a.step.median * steps[slow] * (g.ddp_factor.median - 1.0)
-        rows.append(Cause(f"DDP at {g.world_size} ranks", f"factor {g.ddp_factor.median:.3g} "
-                          f"(IQR {g.ddp_factor.iqr:.2g}; separate launches, alternated)", extra,
-                          0.0, extra, None, claims_mod.MEASURED, stage="ddp",
-                          advice="accumulate gradients with no_sync(), or fewer, larger steps"))
-    else:
-        rows.append(Cause("DDP", "notebook 04 not run", None, None, None, None,
-                          claims_mod.NOT_MEASURED, stage="ddp"))
-    syncs = a.syncs_per_step
-    if syncs is not None and not any(r.stage == "syncs" for r in rows):
-        rows.append(Cause("host syncs (each drains a GPU's queue)",
-                          f"{syncs:.0f} per step of {title(slow)} against "
-                          f"{b.syncs_per_step or 0:.0f}"
-                          + ("" if device_type == "cuda" else " (what a GPU would sync)"),
-                          None, None, None, None,
-                          claims_mod.MEASURED if device_type == "cuda" else
-                          "counted (their time: a GPU run)", stage="syncs"))
-    # shares of the measured epoch-time gap (the full steps' medians x steps, and the DDP extra):
-    # stage medians do not add up to the step median, so what they leave is its own row
-    gap = a.step.median * steps[slow] - b.step.median * steps[fast] + sum(
-        r.difference_s for r in rows if r.stage == "ddp" and r.difference_s)
+        note, advice = "", ADVICE[key]
+        if key == "h2d":
+            note = _h2d_note(a, device_type)
+            c = getattr(a, "batch_contents", None) or {}
+            if device_type != "cuda" or int(c.get("objects", 0) or 0) > 8 * a.samples_per_step:
+                advice = H2D_WALK if c and int(c.get("objects", 0) or 0) else advice
+        syncs = None
+        if key in SYNC_STAGES and (a.syncs_by_stage or b.syncs_by_stage):
+            syncs = (a.syncs_by_stage.get(key, 0.0), b.syncs_by_stage.get(key, 0.0))
+            if syncs[0] or syncs[1]:
+                evidence += (f"; {syncs[0]:.0f} host syncs per step against {syncs[1]:.0f}"
+                             + ("" if device_type == "cuda" else
+                                " (their cost is not measured here: a CPU never waits for a "
+                                "device)"))
+        rows.append(Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
+                          claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
+                          note=note))
+    total = gap.epoch_s[slow] - gap.epoch_s[fast]
+    if gap.ddp_factor is not None:
+        extra = gap.epoch_s[slow] * (gap.ddp_factor.median - 1.0)
+        row = Cause(f"DDP at {gap.ddp_world} ranks",
+                    f"factor {gap.ddp_factor.median:.3g} (IQR {gap.ddp_factor.iqr:.2g}; separate "
+                    f"launches, alternated): {gap.ddp_why}", extra if gap.ddp_booked else None,
+                    0.0 if gap.ddp_booked else None, extra if gap.ddp_booked else None, None,
+                    claims_mod.MEASURED, stage="ddp", advice=ADVICE["ddp"])
+        if gap.ddp_booked:
+            total += extra
+        else:
+            row.effect = "noise"
+        rows.append(row)
     attributed = sum(r.difference_s for r in rows if r.difference_s is not None)
-    rows.append(Cause("unattributed (the step medians' gap minus the stages'; medians do not "
-                      "add up)", "full-step medians x steps per epoch, minus the rows above",
-                      None, None, gap - attributed, None, claims_mod.MEASURED, "rest",
-                      stage="rest"))
-    set_shares(rows, gap)
-    ddp_row = next(r for r in rows if r.stage == "ddp")
-    if ddp is not None and ddp.gap.ddp_factor.q1 <= 1.0 <= ddp.gap.ddp_factor.q3 \
-            and ddp_row.difference_s:
-        # the factor's IQR holds 1: its share is booked (it is in the gap) but neither adds nor
-        # saves time measurably
-        ddp_row.effect = "noise"
-        ddp_row.evidence += ": 1 lies within its IQR, no measurable effect"
+    rows.append(Cause("unattributed", "the full steps' medians x steps per epoch minus the "
+                      "stages' (stage medians do not add up to the step's)", None, None,
+                      total - attributed, None, claims_mod.MEASURED, "rest", stage="rest"))
+    set_shares(rows, total if gap.measurable else 0.0)
     timed = sorted((r for r in rows if r.difference_s is not None and r.effect != "rest"),
                    key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \
@@ -277,30 +409,48 @@ def rank_causes(timing, ddp, slow: str, fast: str, num_samples: int,
 
 
 def set_shares(rows: list[Cause], gap: float) -> None:
-    """Each timed cause's share of the measured gap and whether it adds or saves time (the
-    unattributed rest keeps its effect "rest")."""
+    """Each booked row's share of the measured gap (none when the gap is 0 or not measurable)
+    and whether it adds or saves time (the rest keeps "rest", noise keeps "noise")."""
     for r in rows:
         if r.difference_s is None:
             continue
         r.share = r.difference_s / gap if gap else None
-        if r.effect != "rest":
+        if r.effect not in ("rest", "noise"):
             r.effect = "adds" if r.difference_s > 0 else "saves" if r.difference_s < 0 else ""
+
+
+def first_causes(causes: list[Cause], n: int = 2) -> list[Cause]:
+    """The stages that add the most, each at least :data:`MINOR` of the gap."""
+    return [c for c in causes if c.effect == "adds" and c.share is not None
+            and c.share >= MINOR and c.stage != "rest"][:n]
+
+
+def offsets(causes: list[Cause]) -> list[Cause]:
+    """Rows that save time (negative shares), the largest first: shown beside any share above
+    100%."""
+    return sorted((c for c in causes if c.share is not None and c.share < -0.005),
+                  key=lambda c: c.share)
+
+
+# ---------------------------------------------------------------------------------------------
+# the fix
 
 
 def _bench(run_dir: Path, mask_cost) -> tuple[BenchResult | None, str]:
     """The benchmark to quote: a real-spec one when measured (``bench.json`` from the CLI in the
-    run folder, else notebook 02's), otherwise 02's reduced-size one."""
+    run folder, else notebook 02's), otherwise 02's reduced-size one; None when neither ran."""
     import json
 
+    own = getattr(mask_cost, "bench", None) if mask_cost is not None else None
     path = Path(run_dir) / "bench.json"
     if path.is_file():
         try:
             b = BenchResult.from_json(json.loads(path.read_text()))
-            if b.full_size or not mask_cost.bench.full_size:
+            if b.full_size or own is None or not own.full_size:
                 return b, "bench.json (python -m workbook_lib bench) in the run folder"
         except (ValueError, KeyError, TypeError):
             pass
-    return mask_cost.bench, "notebook 02"
+    return own, "notebook 02" if own is not None else ""
 
 
 def tied_with_fastest(ms: dict[str, Stat], tie_tolerance: float,
@@ -321,9 +471,18 @@ def tied_with_fastest(ms: dict[str, Stat], tie_tolerance: float,
 
 
 def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_tolerance: float,
-              num_samples: int, target: float = 0.1) -> Recommendation | None:
+              num_samples: int, target: float = 0.1,
+              exclude: tuple[str, ...] = ()) -> Recommendation | None:
+    """The fastest exact pipeline of notebook 03 (None when none is exact).
+
+    Args:
+        mask_cost: notebook 02's result or None (memory per sample then unknown: ties go to
+            the fastest median).
+        ddp: notebook 04's result or None (no multi-rank projection then).
+        exclude: pipelines left out (e.g. one whose loss was not finite).
+    """
     lo = timing.loops
-    exact = [n for n in lo.strategies if is_exact(lo, n)]
+    exact = [n for n in lo.strategies if is_exact(lo, n) and n not in exclude]
     if not exact:
         return None
     ms = {n: lo.arm(n, "full").ms_per_sample for n in exact}
@@ -331,7 +490,8 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     why = (f"within {tie_tolerance:.0%} of the fastest" if not noisy else
            f"within {tie_tolerance:.0%} of the fastest or, on this disturbed run, with IQRs "
            f"overlapping its ({', '.join(noisy)})")
-    mem = mask_cost.memory.per_sample()
+    mem = mask_cost.memory.per_sample() if mask_cost is not None and \
+        getattr(mask_cost, "memory", None) is not None else {}
     if len(tied) > 1 and all(n in mem for n in tied):
         best = min(tied, key=lambda n: (mem[n], ms[n].median))
         rule = (f"{len(tied)} strategies {why}: the least memory per sample measured in "
@@ -346,28 +506,27 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     contended = sorted(n for n in exact if ms[n].contended)
     if contended:
         rule += (f"; measured while the process got less CPU than it asked for "
-                 f"({', '.join(contended)}: contended): another job on the same CPUs can change "
-                 "the order of these figures, so this choice is provisional; rerun alone to "
-                 "firm it up")
+                 f"({', '.join(contended)}: contended): this choice is provisional")
     speed = lo.ratio(lo.arm(baseline, "full"), lo.arm(best, "full")).scaled(
         lo.arm(best, "full").samples_per_step / lo.arm(baseline, "full").samples_per_step,
         "ratio") if baseline in lo.strategies and baseline != best else None
     bench, source = _bench(run_dir, mask_cost)
-    top = max(ddp.worlds)
-    base = min(ddp.worlds)
-    factors = getattr(ddp.gap, "step_factors", {}) or {}
+    worlds = sorted(getattr(ddp, "worlds", {}) or {})
+    gap = getattr(ddp, "gap", None)
+    factors = (getattr(gap, "step_factors", {}) or {}) if gap is not None else {}
+    top, base = (worlds[-1], worlds[0]) if worlds else (1, 1)
     epochs = {}
-    for n in {best, baseline, *ddp.gap_strategies} & set(lo.strategies):
+    for n in {best, baseline} & set(lo.strategies):
         a = lo.arm(n, "full")
         one = project_epochs(a.step.median, a.samples_per_step, num_samples)["epochs_per_day"]
         epochs[n] = {"1 rank": one}
         if top != base and n in factors:  # each strategy's own measured factor
             epochs[n][f"{top} ranks"] = one * (top / base) / factors[n].median
-    basis = (f"80% of {num_samples:,} samples per epoch; 1 rank: notebook 03's full step; "
-             f"{top} ranks: {top / base:g}x the samples per step at each strategy's own step "
-             f"factor measured in notebook 04 (its {top}-rank step over its {base}-rank step, "
-             "weak scaling, separate launches alternated); a strategy 04 did not run has no "
-             f"{top}-rank figure")
+    basis = (f"80% of {num_samples:,} samples per epoch; 1 rank: notebook 03's full step"
+             + (f"; {top} ranks: {top / base:g}x the samples per step at each pipeline's own "
+                f"step factor measured in notebook 04 (weak scaling, separate launches); a "
+                f"pipeline 04 did not run has no {top}-rank figure" if top != base else
+                "; no multi-rank figure (notebook 04 did not measure one)"))
     return Recommendation(strategy=best, label=label(best), title=title(best),
                           ms_per_sample=ms[best],
                           baseline=baseline, speedup=speed, fastest=fastest, tied=tied,
@@ -383,41 +542,43 @@ CPU_CAN = ["exactness of every strategy (outputs and gradients)",
            "peak memory per sample of each strategy (host memory)"]
 CPU_CANNOT = ["host-to-device transfer costs (a CPU run copies nothing)",
               "what each sync costs (a CPU never waits for a device)",
-              "GPU kernel efficiency and GPU memory limits (the OOM at batch 38)",
+              "GPU kernel efficiency and GPU memory limits",
               "NCCL communication between GPUs"]
 
 
 DISTURBED_LABELS = {"gap": "the epoch-time gap", "per_step_ratio": "the per-step ratio",
                     "ddp_factor": "the DDP factor", "speedup": "the fix's speedup in the loop",
                     "bench": "the benchmark's ratio"}
-
-
-def disturbed_figures(ddp, rec: Recommendation | None, target: float) -> dict[str, float]:
-    """The headline figures whose IQR/median is beyond ``target`` (the machine was disturbed
-    while they were measured, or they are too few): key -> IQR/median."""
-    figs = {"gap": ddp.gap.total, "per_step_ratio": ddp.gap.per_step_ratio,
-            "ddp_factor": ddp.gap.ddp_factor}
-    if rec is not None:
-        figs["speedup"] = rec.speedup
-        figs["bench"] = rec.bench.ratio_vs_lazy_form if rec.bench is not None else None
-    return {k: st.rel_iqr for k, st in figs.items()
-            if st is not None and st.n > 1 and st.rel_iqr > target}
-
-
 CONTENDED_LABELS = {**DISTURBED_LABELS, "loop": "notebook 03's full steps (the fix is chosen "
                                                 "by them)"}
 
 
-def contended_figures(ddp, rec: Recommendation | None, timing=None) -> dict[str, CpuShare]:
-    """The headline figures measured while the process got less CPU than its threads asked for
-    (:attr:`Stat.contended`), and notebook 03's full steps when any exact strategy's was: key ->
-    the CPU share it was measured with."""
-    figs = {"gap": ddp.gap.total, "per_step_ratio": ddp.gap.per_step_ratio,
-            "ddp_factor": ddp.gap.ddp_factor}
+def _headline_stats(gap: Gap | None, rec: Recommendation | None) -> dict[str, Stat | None]:
+    figs: dict[str, Stat | None] = {}
+    if gap is not None:
+        figs.update(gap=gap.ratio, per_step_ratio=gap.per_step)
+        if gap.ddp_factor is not None:
+            figs["ddp_factor"] = gap.ddp_factor
     if rec is not None:
         figs["speedup"] = rec.speedup
         figs["bench"] = rec.bench.ratio_vs_lazy_form if rec.bench is not None else None
-    out = {k: st.cpu for k, st in figs.items()
+    return figs
+
+
+def disturbed_figures(gap: Gap | None, rec: Recommendation | None,
+                      target: float) -> dict[str, float]:
+    """The headline figures whose IQR/median is beyond ``target`` (the machine was disturbed
+    while they were measured, or they are too few): key -> IQR/median."""
+    return {k: st.rel_iqr for k, st in _headline_stats(gap, rec).items()
+            if st is not None and st.n > 1 and st.rel_iqr > target}
+
+
+def contended_figures(gap: Gap | None, rec: Recommendation | None,
+                      timing=None) -> dict[str, CpuShare]:
+    """The headline figures measured while the process got less CPU than its threads asked for
+    (:attr:`Stat.contended`), and notebook 03's full steps when any exact strategy's was: key ->
+    the CPU share it was measured with."""
+    out = {k: st.cpu for k, st in _headline_stats(gap, rec).items()
            if st is not None and getattr(st, "contended", False)}
     if timing is not None:
         lo = timing.loops
@@ -428,142 +589,134 @@ def contended_figures(ddp, rec: Recommendation | None, timing=None) -> dict[str,
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# what went wrong in the user's pipelines
+
+
+def _failure_line(f) -> str:
+    stage = getattr(f, "stage", "") or ""
+    step = getattr(f, "step", None)
+    msg = getattr(f, "message", "") or str(f)
+    kind = getattr(f, "kind", "raised")
+    where = f"{stage}" + (f" at step {step}" if step is not None else "")
+    verb = {"stalled": "stalled in", "raised": "failed in"}.get(kind, f"{kind} in")
+    return f"{verb} {where}: {msg}" if where else f"{verb}: {msg}"
+
+
+def pipeline_failures(found: dict) -> dict[str, str]:
+    """pipeline -> "NB: what failed" for every failure a notebook recorded (one line each)."""
+    out: dict[str, str] = {}
+    for nb, res in found.items():
+        groups = [getattr(res, "failures", None), getattr(getattr(res, "loops", None),
+                                                          "failures", None),
+                  getattr(getattr(res, "memory", None), "failures", None)]
+        for g in groups:
+            for name, f in (g or {}).items():
+                out.setdefault(name, f"{nb[:2]} {_failure_line(f)}")
+    return out
+
+
+def nonfinite_losses(lo) -> dict[str, str]:
+    """pipeline -> its loss in words, for pipelines whose full step's loss was not finite."""
+    out = {}
+    for n in lo.strategies:
+        try:
+            a = lo.arm(n, "full")
+        except KeyError:
+            continue
+        bad = getattr(a, "nonfinite_steps", 0) or 0
+        if bad:
+            first = getattr(a, "first_nonfinite_step", None)
+            out[n] = (f"its loss was not finite in {bad} of its steps"
+                      + (f" from step {first}" if first is not None else ""))
+    return out
+
+
+def _in_timing(lo, name: str) -> bool:
+    try:
+        lo.arm(name, "full")
+        return True
+    except KeyError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# the verdict
+
+
 def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Path,
-                  device: str, device_type: str) -> VerdictResult:
-    inv = found["01_graph_inventory"]
-    mc = found["02_mask_cost_model"]
-    timing = found["03_data_vs_model_timing"]
-    ddp = found["04_ddp_scaling"]
-    slow, fast = params["gap_strategies"]
-    causes = rank_causes(timing, ddp, slow, fast, params["num_samples"], device_type) \
-        if slow in timing.loops.strategies and fast in timing.loops.strategies else []
-    cl = claims_mod.check_claims(inv, mc, timing, ddp, device_type=device_type,
-                                 hidden=params["hidden"], bench=_bench(run_dir, mc)[0])
-    # the fix against the slow side of the gap: the Lazy pipeline by default, the user's own
-    # slow pipeline when gap_strategies names it
-    rec = recommend(timing, mc, ddp, run_dir, baseline=slow,
-                    tie_tolerance=params["verdict_tie_tolerance"],
-                    num_samples=params["num_samples"], target=params["precision_target"])
-    res = VerdictResult(answer="", device=device, device_type=device_type, causes=causes,
-                        claims=cl, recommendation=rec, gap_total=ddp.gap.total,
+                  device: str, device_type: str,
+                  missing: dict[str, str] | None = None) -> VerdictResult:
+    """Everything notebook 05 says, as figures (its text: the view).
+
+    Args:
+        found: the typed results :func:`load_inputs` read (03 always; 01, 02, 04 when usable).
+        missing: notebook -> why it was not used (from :func:`load_inputs`).
+    """
+    missing = dict(missing or {})
+    inv = found.get("01_graph_inventory")
+    mc = found.get("02_mask_cost_model")
+    timing = found[TIMING]
+    ddp = found.get("04_ddp_scaling")
+    lo = timing.loops
+    listed = list(params["gap_strategies"])
+    builtin = bool(params["strategies"])
+    failures = pipeline_failures(found)
+    nonfinite = nonfinite_losses(lo)
+    res = VerdictResult(answer="", device=device, device_type=device_type, causes=[],
+                        claims=[], recommendation=None, gap_total=None,
                         can_say=CPU_CAN if device_type != "cuda" else [],
                         cannot_say=CPU_CANNOT if device_type != "cuda" else [], inputs=inputs,
-                        disturbed=disturbed_figures(ddp, rec, params["precision_target"]),
-                        contended=contended_figures(ddp, rec, timing),
-                        target=params["precision_target"], gap_strategies=[slow, fast])
-    res.answer = answer(res, ddp, inv, params)
+                        target=params["precision_target"], gap_strategies=listed,
+                        missing=missing, failures=failures, nonfinite=nonfinite,
+                        builtin=builtin)
+    absent = [n for n in listed if not _in_timing(lo, n)]
+    if absent:
+        n = absent[0]
+        res.no_answer = (f"no answer about {listed[0]} against {listed[1]}: {n} has no full "
+                         "step in notebook 03 ("
+                         + (failures[n] if n in failures else "not timed") + ")")
+    else:
+        g = measure_gap(lo, *listed, params["num_samples"], ddp)
+        res.gap, res.gap_total, res.gap_strategies = g, g.ratio, [g.slow, g.fast]
+        res.causes = rank_causes(timing, g.slow, g.fast, g, device_type)
+        res.syncs_note = syncs_note(res.causes, device_type)
+    res.claims, res.claims_note = judge_claims(inv, mc, timing, ddp, params, run_dir,
+                                               device_type)
+    res.recommendation = recommend(
+        timing, mc, ddp, run_dir, baseline=res.gap_strategies[0],
+        tie_tolerance=params["verdict_tie_tolerance"], num_samples=params["num_samples"],
+        target=params["precision_target"], exclude=tuple(nonfinite))
+    res.disturbed = disturbed_figures(res.gap, res.recommendation, params["precision_target"])
+    res.contended = contended_figures(res.gap, res.recommendation, timing)
     return res
 
 
-def _builtin_fix(r: Recommendation) -> str:
-    """The workbook's own fix as notebook 02's benchmark measured it on this graph (never
-    quoted as the speed of a pipeline it did not time)."""
-    b = r.bench
-    if b is None or b.ratio_vs_lazy_form is None:
-        return ("The workbook's own fix, the node-mask shared graph (workbook_lib.nodemask), "
-                "was not benchmarked in this run.")
-    where = "at the real spec" if b.full_size else "at this run's reduced size"
-    return (f"The workbook's own fix, the node-mask shared graph (workbook_lib.nodemask), "
-            f"measured {b.ratio_vs_lazy_form.median:.3g}x faster per sample (forward + backward) "
-            f"than replicated masks in the Lazy model's form in notebook 02's benchmark on this "
-            f"graph, {where} (the built-in forms, not your pipelines).")
+def syncs_note(causes: list[Cause], device_type: str) -> str:
+    """The pair's host syncs by stage, in one line, with what they cost here ("" without any
+    the slow pipeline makes more of)."""
+    more = [c for c in causes if c.syncs is not None and c.syncs[0] > c.syncs[1]]
+    if not more:
+        return ""
+    per = ", ".join(f"{c.syncs[0]:.0f} against {c.syncs[1]:.0f} in the {c.cause}" for c in more)
+    return (f"host syncs per step: {per}; "
+            + ("their wait is inside the stage's time above, not added to it"
+               if device_type == "cuda" else
+               "not measured here: a CPU never waits for a device, so their cost on a GPU "
+               "needs a GPU run"))
 
 
-def _fmt(st: Stat | None, unit: str = "x") -> str:
-    return "n/a" if st is None else f"{st.median:.3g}{unit} (IQR {st.iqr:.2g})"
-
-
-def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
-    """The lead paragraph: the gap, its causes, the investigation's 40x, what a CPU can say, the fix."""
-    g = ddp.gap
-    slow, fast = g.slow, g.fast
-    scale = f"scale {inv.scale:g} of the real graph ({inv.total_edges:,} edges)"
-    lines = []
-    shaky = set(v.disturbed) | set(v.contended)  # figures the answer does not rest on
-    if v.contended:
-        lines.append("**Contended figures (the process got less CPU than it asked for):** "
-                     + "; ".join(f"{CONTENDED_LABELS[k]}: {c.describe()}"
-                                 for k, c in v.contended.items())
-                     + ". Another job was running on the same CPUs: it slows every repeat "
-                     "alike, so these figures can look precise and still be wrong by orders of "
-                     "magnitude, and the order of two pipelines can flip. The answer below does "
-                     "not rest on them: they are shown and marked; rerun alone (no other "
-                     "CPU-heavy job on these CPUs) to firm them up.")
-    if v.disturbed:
-        lines.append("**Disturbed figures (beyond the precision target):** " + "; ".join(
-            f"{DISTURBED_LABELS[k]} {x:.0%}" for k, x in v.disturbed.items())
-            + f" IQR/median against the {v.target:.0%} target: the machine was busy while they "
-            "were measured, or their repeats were too few for their spread. The answer below "
-            "does not rest on them: they are shown and marked, and rerunning on a quieter "
-            "machine (or with a larger time budget) is the way to firm them up.")
-    def why_not(key: str) -> str:
-        return "contended" if key in v.contended else "disturbed"
-    if "gap" in shaky:
-        lines.append(f"On this run ({v.device}, {scale}), {title(slow)} measured "
-                     f"{g.total.median:.3g}x slower per epoch than {title(fast)} (IQR "
-                     f"{g.total.iqr:.2g}: {why_not('gap')}, not relied on).")
-    lines += [] if "gap" in shaky else [f"**On this run ({v.device}, {scale}), {title(slow)} trains "
-             f"{g.total.median:.3g}x slower per epoch than {title(fast)}** (IQR "
-             f"{g.total.iqr:.2g}): {g.steps_ratio:.2f}x more steps per epoch (batch "
-             f"{g.batch_sizes[slow]} against {g.batch_sizes[fast]}) times {g.per_step_ratio.median:.3g}x "
-             f"per step times a DDP factor of {g.ddp_factor.median:.3g} (IQR "
-             f"{g.ddp_factor.iqr:.2g}"
-             + (f"; {why_not('ddp_factor')}, not relied on" if "ddp_factor" in shaky else "")
-             + ")."]
-    adds = [c for c in v.causes if c.effect == "adds" and c.share is not None and c.share > 0.005]
-    offsets = [c for c in v.causes if c.effect == "saves" and c.share is not None
-               and c.share < -0.005]
-    rest = next((c for c in v.causes if c.effect == "rest" and c.share is not None), None)
-    if adds:
-        # the stages' ranking comes from notebook 03's stage medians; on a disturbed run it is
-        # given, marked, and to be confirmed (the shares rest on the disturbed gap)
-        unsure = "per_step_ratio" in shaky or "gap" in shaky
-        lines.append(("**Why** (from disturbed or contended figures: confirm on a quieter "
-                      "machine)**:** " if unsure else "**Why:** ")
-                     + "; ".join(f"{c.cause}: {c.share:.0%} of the measured gap"
-                                 for c in adds[:3]) + "."
-                     + "".join(f" {c.cause[0].upper()}{c.cause[1:]} saves {-c.share:.0%} of it "
-                               f"({c.evidence})." for c in offsets)
-                     + (f" {rest.share:.0%} is not attributed to a stage." if rest is not None
-                        and abs(rest.share) > 0.005 else "")
-                     + (f"\n\n**What to change first** ({adds[0].cause.split(' (')[0]}): "
-                        f"{adds[0].advice}." if adds[0].advice else ""))
-    lines.append(f"The investigation observed about 40x on 4 GPUs at the real size; this run "
-                 f"measured {g.total.median:.3g}x on a {v.device_type.upper()} at {scale}. The "
-                 "steps-per-epoch factor is the same arithmetic in both; the per-step factor "
-                 "depends on the device and the graph's size (notebook 02's benchmark shows it "
-                 "at the real size).")
-    if v.cannot_say:
-        lines.append("A CPU run can say: " + "; ".join(v.can_say) + ". It cannot say: "
-                     + "; ".join(v.cannot_say) + ".")
-    r = v.recommendation
-    if r is not None and r.strategy == r.baseline:
-        # the slow pipeline is the only (or the fastest) exact one: nothing in this run fixes it
-        lines.append(f"**No exact pipeline in this run is faster than {title(r.baseline)}.** "
-                     + _builtin_fix(r) + " Check that a rewrite computes the same model with "
-                     "`python -m workbook_lib equal SLOW FAST` before trusting its speed.")
-    elif r is not None:
-        fix = (f"**The fix, provisionally: {r.title}** (chosen from contended full steps, see "
-               "above), exact" if "loop" in v.contended else f"**The fix: {r.title}**, exact")
-        if r.speedup is not None and "speedup" in shaky:
-            fix += (f"; in this run's training loop it measured {r.speedup.median:.3g}x per "
-                    f"sample against {title(r.baseline)}, a {why_not('speedup')} figure (see "
-                    "above)")
-        elif r.speedup is not None:
-            fix += (f", {r.speedup.median:.3g}x faster per sample than {title(r.baseline)} in "
-                    "this run's training loop")
-        b = r.bench
-        if r.strategy != "node_mask_shared":  # the benchmark timed the built-in forms only
-            fix += ". " + _builtin_fix(r)
-        elif b is not None and b.ratio_vs_lazy_form is not None:
-            where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
-            fix += (f"; per sample, forward + backward, {b.ratio_vs_lazy_form.median:.3g}x "
-                    f"faster than replicated masks in the Lazy model's form {where}"
-                    + (f" (IQR {b.ratio_vs_lazy_form.iqr:.2g}: a {why_not('bench')} figure, see "
-                       "above)" if "bench" in shaky else ""))
-            if b.passes_per_sample is not None:
-                fix += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
-        lines.append(fix if fix.endswith(".") else fix + ".")
-        if "disturbed" in r.tie_rule or r.contended:
-            lines.append(f"Choosing among {', '.join(title(n) for n in r.tied)}: {r.tie_rule}.")
-    return "\n\n".join(lines)
+def judge_claims(inv, mc, timing, ddp, params: dict, run_dir: Path,
+                 device_type: str) -> tuple[list[claims_mod.Claim], str]:
+    """The investigation's claims, judged only when built-in strategies ran (they are about its
+    models); the gap claims only when this run's gap is the investigated pair."""
+    if not params["strategies"]:
+        return [], ("no built-in strategy ran (strategies: []): the investigation's claims are "
+                    "about its own models and are not judged on your pipelines")
+    on_pair = list(params["gap_strategies"]) == [LAZY, DANGO]
+    cl = claims_mod.check_claims(inv, mc, timing, ddp if on_pair else None,
+                                 device_type=device_type, hidden=params["hidden"],
+                                 bench=_bench(run_dir, mc)[0])
+    note = "" if on_pair else ("the epoch-gap claims are about the Lazy and DANGO-style models; "
+                               "this run's gap is another pair, so they are not judged")
+    return cl, note

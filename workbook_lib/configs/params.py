@@ -355,8 +355,9 @@ SCHEMA: tuple[Field, ...] = (
     Field("rdzv_endpoint", "optional_str", None,
           "torchrun rendezvous host:port for several nodes (null: a free local port)", S_04,
           _endpoint, placement=True),
-    Field("ddp_strategy", "str", "node_mask_shared",
-          "strategy or pipeline of the DDP scaling runs", S_04),
+    Field("ddp_strategy", "optional_str", None,
+          "strategy or pipeline of the DDP scaling runs (null: node_mask_shared when it is among "
+          "the strategies, else the slow pipeline of gap_strategies)", S_04),
     Field("ddp_batch_size", "int", 8,
           "per-rank batch of weak scaling; strong scaling keeps ddp_batch_size x the largest "
           "world size as the global batch", S_04, _batch),
@@ -739,8 +740,12 @@ def _cross_checks(out: dict, source: str) -> None:
         fail("rdzv_endpoint", f"is needed (host:port) for nnodes={out['nnodes']}")
     if out["loop_max_steps"] < out["loop_steps"]:
         fail("loop_max_steps", f"must be >= loop_steps={out['loop_steps']}")
-    if out["ddp_strategy"] not in known:
-        fail("ddp_strategy", f"must be a strategy or pipeline name (one of {known})")
+    if out["ddp_strategy"] is None:
+        out["ddp_strategy"] = ("node_mask_shared" if "node_mask_shared" in out["strategies"]
+                               else (out["gap_strategies"] or compared)[0])
+    elif out["ddp_strategy"] not in compared:
+        fail("ddp_strategy", f"must name a strategy or pipeline the run compares (one of "
+                             f"{compared})")
     kmax = max_k(out["perturbation_k"])
     _path_check(out, source, "snapshot", _snapshot_exists)
     spec = _spec(out["snapshot"])

@@ -173,7 +173,8 @@ def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
     ddp_arm = f"{scaling}/ddp"
     ddp = synchronous(launches, ddp_arm)
     variants = {v: synchronous(launches, f"{scaling}/{v}")
-                for v in ("no_sync", "accum_last", "accum_every", "gather", "strong")}
+                for v in ("no_sync", "accum_last", "accum_every", "gather", "strong")
+                if all(f"{scaling}/{v}" in r["arms"] for ln in launches for r in ln.values())}
     stages = {s: synchronous(launches, ddp_arm, s) for s in ("forward", "backward", "optimizer")}
     comm_total = comm_exposed = None
     per_rank: dict[int, CommRank] = {}
@@ -214,9 +215,10 @@ def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
     ratio = Stat.from_samples([x for rs in ratio_series for x in rs], unit="ratio").with_cpu(
         arm_cpu(launches, f"{slow}/gap", f"{fast}/gap"))
     gathers = []
-    for ln in launches:
-        gathers += _ratio_series(series(ln, f"{scaling}/gather"), series(ln, ddp_arm))
-    gather = Stat.from_samples(gathers, unit="ratio")
+    for ln in launches:  # a pipeline whose loss cannot gather has no toggled arm
+        if "gather" in variants:
+            gathers += _ratio_series(series(ln, f"{scaling}/gather"), series(ln, ddp_arm))
+    gather = Stat.from_samples(gathers, unit="ratio") if gathers else None
     step_series = {scaling: [series(ln, ddp_arm) for ln in launches],
                    **{g: [series(ln, f"{g}/gap") for ln in launches] for g in gap}}
     threads_all = r0.get("threads_all")

@@ -6,7 +6,7 @@ from IPython.display import Markdown
 
 from ..analysis.adoption import AdoptionResult
 from . import plotting
-from .tables import fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
+from .tables import one_line, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 
 
 def check_text(pair) -> Markdown:
@@ -163,7 +163,15 @@ def speedups_table(rows):
                               "larger.")
 
 
-def headline(r: AdoptionResult) -> str:
+def form_text(form, params: dict) -> Markdown:
+    """The built-in fix's form (from notebook 02's benchmark); nothing on a run without
+    built-in strategies, where the fix is the user's own rewrite."""
+    from .mask_cost_view import form_text as text
+
+    return text(form) if params["strategies"] else Markdown("")
+
+
+def _headline(r: AdoptionResult) -> str:
     from ..analysis.adoption import loss_fall
 
     if not r.applicable:
@@ -183,6 +191,11 @@ def headline(r: AdoptionResult) -> str:
                 f"{last:.3g}); '{new}' {r.speedup.median:.3g}x faster per step than '{ref}'")
     return (f"{curves} over {len(r.rel_diff)} steps (the loss fell from {first:.3g} to "
             f"{last:.3g}); the fix {r.speedup.median:.3g}x faster per step than replicated masks")
+
+
+def headline(r: AdoptionResult) -> str:
+    """One short sentence for the index (see tables.one_line)."""
+    return one_line(_headline(r))
 
 
 def saved(path, headline_text: str) -> Markdown:

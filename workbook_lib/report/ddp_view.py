@@ -9,7 +9,7 @@ from ..distributed.plan import Plan
 from ..distributed.study import DDPResult
 from .. import pipelines
 from . import plotting
-from .tables import fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from .tables import one_line, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 
 def label(name: str) -> str:
@@ -140,11 +140,14 @@ def variants_table(r: DDPResult, accum: int, gather_on: bool):
         rows.append({
             "world size": w,
             f"accumulate {accum}, all-reduce the last (no_sync)": fmt_time_stat(
-                s.variants["accum_last"]),
-            f"accumulate {accum}, all-reduce every one": fmt_time_stat(s.variants["accum_every"]),
+                s.variants["accum_last"]) if "accum_last" in s.variants else "n/a",
+            f"accumulate {accum}, all-reduce every one": fmt_time_stat(s.variants["accum_every"])
+            if "accum_every" in s.variants else "n/a",
             f"loss all-gather {'off' if gather_on else 'on'} / {'on' if gather_on else 'off'}":
-                fmt_stat(s.gather_ratio, unit="x"),
-            "changes the step beyond noise": "no" if within_noise(s.gather_ratio) else "yes"})
+                fmt_stat(s.gather_ratio, unit="x") if s.gather_ratio is not None else
+                "not measured (the pipeline's loss takes no gather argument)",
+            "changes the step beyond noise": "" if s.gather_ratio is None else
+            "no" if within_noise(s.gather_ratio) else "yes"})
     return table(rows, caption="Per optimizer step. The all-gather ratio is paired by round; it "
                                "'changes nothing' when 1 lies inside its IQR.")
 
@@ -251,15 +254,29 @@ def gap_plot(r: DDPResult, device: str) -> None:
 
 
 def headline(r: DDPResult) -> str:
-    w = max(r.worlds)
-    s = r.worlds[w]
-    g = r.gap
-    parts = [f"{label(r.scaling_strategy)}: weak efficiency {fmt_ratio(r.weak[w].median)[:-1]} "
-             f"at {w} ranks ({s.backend})"]
-    parts.append(f"gap {fmt_ratio(g.total.median)} = steps x{g.steps_ratio:.2f} x step time "
-                 f"{fmt_ratio(g.per_step_ratio.median)} x DDP {fmt_ratio(g.ddp_factor.median)} "
-                 f"(IQR {g.ddp_factor.iqr:.2g}, separate launches)")
-    return "; ".join(parts)
+    """One short sentence for the index (at most :data:`HEADLINE_MAX` characters): a contended
+    mark first, then the DDP factor of the gap's pair, then the scaling pipeline's weak
+    efficiency."""
+    parts, mark = [], ""
+    g = getattr(r, "gap", None)
+    if g is not None and g.world_size != g.base_world_size:
+        f = g.ddp_factor
+        noise = ("within its noise" if g.ddp_within_noise else
+                 "adds to the slow side" if f.median > 1 else "favours the slow side")
+        parts.append(f"DDP factor of {label(g.slow)} over {label(g.fast)} at {g.world_size} "
+                     f"ranks: {fmt_ratio(f.median)} (IQR {f.iqr:.2g}, {noise})")
+        if f.contended:
+            mark = "CONTENDED: "
+    if r.worlds and r.weak:
+        w = max(r.worlds)
+        if w > min(r.worlds) and w in r.weak:
+            parts.append(f"{label(r.scaling_strategy)} weak efficiency "
+                         f"{fmt_ratio(r.weak[w].median)[:-1]} at {w} ranks")
+    failed = list(getattr(r, "failures", None) or {})
+    if failed:
+        parts.append("failed: " + ", ".join(failed))
+    text = mark + ("; ".join(parts) or "nothing measured")
+    return one_line(text)
 
 
 def saved(path, headline_text: str) -> Markdown:

@@ -50,9 +50,9 @@ def _verdict_block(out_dir: Path, outcomes) -> str:
                 "The verdict's evidence: causes, claims, the fix</a></p></div>")
     why = (f"the verdict failed: {html.escape(failed.error or '')}" if failed else
            "no complete verdict in this folder yet")
-    return (f"<div class='missing'><b>No verdict:</b> {why}. It needs notebooks 01-04; "
-            "<code>python -m workbook_lib run --resume --out THIS_FOLDER</code> finishes what "
-            "is missing.</div>")
+    return (f"<div class='missing'><b>No verdict:</b> {why}. It needs notebook 03's timings "
+            "(01, 02 and 04 are used when complete); <code>python -m workbook_lib run --resume "
+            "--out THIS_FOLDER</code> finishes what is missing.</div>")
 
 
 def index_page(out_dir: Path, outcomes, params: dict) -> str:

@@ -6,7 +6,7 @@ from IPython.display import Markdown
 
 from ..data.inventory import REPRESENTATION_LABELS, InventoryResult
 from . import plotting
-from .tables import fmt_bytes, fmt_pct, table
+from .tables import one_line, fmt_bytes, fmt_pct, table
 
 
 def _sizes(r: InventoryResult) -> str:
@@ -161,13 +161,18 @@ def real_size_table(r: InventoryResult):
                                "against these.")
 
 
-def headline(r: InventoryResult) -> str:
+def _headline(r: InventoryResult) -> str:
     b = 28 if 28 in r.bytes_per_batch["edge_masks"] else max(r.bytes_per_batch["edge_masks"])
     return (f"{r.total_edges:,} edges over {r.num_genes:,} genes; masks "
             f"{fmt_bytes(r.bytes_per_sample['edge_masks'])}/sample, "
             f"{fmt_bytes(r.bytes_per_batch['edge_masks'][b])} per batch of {b}; a perturbation "
             f"removes {fmt_pct(r.removed_edge_fraction.median, 2)} of edges but reaches "
             f"{fmt_pct(r.hop_coverage[2].median, 0)} of genes within 2 hops")
+
+
+def headline(r: InventoryResult) -> str:
+    """One short sentence for the index (see tables.one_line)."""
+    return one_line(_headline(r))
 
 
 def saved(path, headline_text: str) -> Markdown:

@@ -11,7 +11,7 @@ from ..analysis.mask_cost import CostModelStudy, MaskCostResult
 from ..analysis.memory_study import MemoryStudy
 from .. import pipelines
 from . import plotting
-from .tables import fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from .tables import one_line, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 
 def label(name: str) -> str:
@@ -23,9 +23,29 @@ NO_BUILTIN = ("No built-in strategy in this run (`strategies: []`): {what} are n
               "`python -m workbook_lib equal SLOW FAST` and in notebook 06.")
 
 
+def skip_none(fn):
+    """A view of a section that did not run (its study returned None: no built-in strategy,
+    said once at the top of the notebook) shows nothing."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(first, *args, **kwargs):
+        if first is None:
+            return Markdown("")
+        return fn(first, *args, **kwargs)
+    return wrapper
+
+
+def builtin_note(params: dict) -> Markdown:
+    """The one line saying which sections did not run (strategies: []), else nothing."""
+    from ..analysis.mask_cost import builtin_note as note
+
+    return Markdown(note(params))
+
+
 def exactness_table(exact: dict[str, float], graph_desc: str):
-    if not exact:
-        return Markdown(NO_BUILTIN.format(what="the built-in strategies' exactness"))
+    if not exact:  # no exact built-in strategy ran (strategies: [] is said at the top)
+        return Markdown("")
     rows = [{"strategy": label(n), "max relative error": f"{e:.1e}",
              "within float32 rounding (< 1e-4)": "yes" if e < 1e-4 else "NO"}
             for n, e in exact.items()]
@@ -35,6 +55,7 @@ def exactness_table(exact: dict[str, float], graph_desc: str):
                                "parameter gradient.")
 
 
+@skip_none
 def coefficient_table(s: CostModelStudy):
     m = s.model
     rows = []
@@ -71,6 +92,7 @@ def coefficient_table(s: CostModelStudy):
     return table(rows, caption=cap + ".")
 
 
+@skip_none
 def cost_plot(s: CostModelStudy, device: str) -> None:
     m = s.model
     fig, axes = plotting.plt.subplots(1, 2, figsize=(12, 4.5))
@@ -120,6 +142,7 @@ def cost_plot(s: CostModelStudy, device: str) -> None:
                        "with the fitted lines.")
 
 
+@skip_none
 def crossover_table(s: CostModelStudy):
     rows = []
     for c in s.crossover:
@@ -134,6 +157,7 @@ def crossover_table(s: CostModelStudy):
                                "predicted crossover puts every swept p on the side measured.")
 
 
+@skip_none
 def crossover_text(s: CostModelStudy, typical_p: float | None) -> Markdown:
     m = s.model
     p = s.crossover_at_run_hidden
@@ -149,6 +173,7 @@ def crossover_text(s: CostModelStudy, typical_p: float | None) -> Markdown:
         f"at {agree} of {len(s.crossover)} (E, H) points.")
 
 
+@skip_none
 def forms_table(s: CostModelStudy):
     rows = [{"E": f"{e:,}", "H": h, "gather-scatter": fmt_time_stat(gs),
              "CSR product": fmt_time_stat(sp),
@@ -159,6 +184,7 @@ def forms_table(s: CostModelStudy):
                                "rounds, ratio per round.")
 
 
+@skip_none
 def mask_generation_table(mg: MaskGeneration):
     rows = [{"form": label(n), "where": mg.where[n], "per sample": fmt_stat(st, unit="ms")}
             for n, st in sorted(mg.per_sample_ms.items(), key=lambda kv: kv[1].median)]
@@ -170,6 +196,7 @@ def mask_generation_table(mg: MaskGeneration):
 LAYER_FORM = {"node_mask_shared": " [full middle layer: one product per sample]"}
 
 
+@skip_none
 def layer_plot(ls: LayerSweep, device: str) -> Markdown | None:
     """The one-layer sweep's plot, or a sentence saying why there is none (no built-in
     strategy with a layer of its own in this run)."""
@@ -210,6 +237,7 @@ def _ms(st) -> str:
     return f"{st.median * 1e3:.3g} ms (IQR {st.iqr * 1e3:.2g}, n={st.n})"
 
 
+@skip_none
 def bench_table(b: BenchResult):
     """One row per variant: its label (the shared forms' path and push kernel), the batch its
     per-sample figure stands for and what that figure is (measured there, or projected)."""
@@ -243,6 +271,15 @@ def bench_table(b: BenchResult):
                                "error at the largest batch measured.")
 
 
+@skip_none
+def form_of(b: BenchResult) -> Markdown:
+    """The form of the node-mask shared graph the benchmark recommends (nothing without a
+    benchmark: no built-in strategy ran)."""
+    from ..analysis.bench import recommended_form
+
+    return form_text(recommended_form(b))
+
+
 def form_text(c: FormChoice) -> Markdown:
     """Which form of the node-mask shared graph this run recommends, and why."""
     name = {"delta": "the second layer delta-propagated (`middle=\"delta\"`, the default)",
@@ -250,6 +287,7 @@ def form_text(c: FormChoice) -> Markdown:
     return Markdown(f"**Recommended form of the node-mask shared graph:** {name}: {c.reason}.")
 
 
+@skip_none
 def rates_table(b: BenchResult):
     """Achieved multiply-add rates of the shared steps' products beside this machine's best."""
     rows = [{"step": b.per_sample_s[f.variant].label if f.variant in b.per_sample_s
@@ -270,6 +308,7 @@ def rates_table(b: BenchResult):
                                "not a hardware peak.")
 
 
+@skip_none
 def bench_text(b: BenchResult) -> Markdown:
     def r(st, suffix="x"):
         return "n/a" if st is None else f"**{st.median:.3g}{suffix}** (IQR {st.iqr:.2g})"
@@ -294,6 +333,7 @@ def bench_text(b: BenchResult) -> Markdown:
         f"Exactness in the same run: max relative error {b.exact_max_rel_error:.1e}.{notes}")
 
 
+@skip_none
 def bench_plot(b: BenchResult) -> None:
     keys = list(b.per_sample_s)
     med = np.array([b.per_sample_s[k].median for k in keys]) * 1e3
@@ -329,6 +369,7 @@ def bar_label(b: BenchResult, key: str) -> str:
     return f"{text}\nprojected from B = 1, 2 to B = {fit.at_batch}"
 
 
+@skip_none
 def kernel_table(b: BenchResult):
     rows = [{"kernel": k.name + (" (fallback)" if k.name == "push, pull" and
                                  b.push_kernel == "pull" else ""),
@@ -373,6 +414,7 @@ def memory_status(f) -> str:
     return s
 
 
+@skip_none
 def dual_masks_text(d) -> Markdown:
     f = d.dual_bytes / d.single_bytes if d.single_bytes else float("nan")
     return Markdown(f"Mask bytes one forward reads: **{fmt_bytes(d.single_bytes)}** without the "
@@ -422,24 +464,32 @@ def filter_vs_mask_measured(c: CostModelStudy) -> str:
 
 
 def headline(r: MaskCostResult) -> str:
-    """Measurements first; the cost model's prediction labelled as one, with its error."""
+    """One short sentence for the index (at most :data:`HEADLINE_MAX` characters): the
+    benchmark's answer (which form is fastest per sample) when the built-in strategies ran,
+    else the user pipelines' memory per sample."""
     b, c = r.bench, r.cost
-    parts = [f"max exactness error {max(r.exact.values()):.1e}" if r.exact else
-             "no built-in strategy: exactness not re-checked"]
-    measured = filter_vs_mask_measured(c)
-    if measured:
-        parts.append(measured)
-    p = c.crossover_at_run_hidden
-    err = c.model.filter_check.held_out_median_abs_rel
-    parts.append("the cost model predicts a crossover " + ("nowhere in [0, 1)" if p is None
-                                                             else f"at p = {p:.3g}")
-                 + f" at H = {c.run_hidden} (a prediction; median error "
-                 + (f"{err:.0%}" if err is not None and err == err else "n/a")
-                 + " on held-out sizes)")
-    bench_part = headline_bench_part(b)
+    parts = []
+    bench_part = headline_bench_part(b) if b is not None else ""
     if bench_part:
         parts.append(bench_part)
-    return "; ".join(parts)
+    if r.exact:
+        parts.append(f"max exactness error {max(r.exact.values()):.1e}")
+    if c is not None:
+        p = c.crossover_at_run_hidden
+        parts.append("cost model: filtering beats masking " + ("nowhere in [0, 1)" if p is None
+                                                               else f"above p = {p:.3g}")
+                     + " (a prediction)")
+    mem = r.memory.per_sample() if r.memory is not None else {}
+    if mem and (b is None or len(parts) < 2):
+        parts.append("peak memory per sample: " + ", ".join(
+            f"{label(n)} {fmt_bytes(v)}" for n, v in list(mem.items())[:3]))
+    failed = list(getattr(r.memory, "failures", None) or {}) if r.memory is not None else []
+    if failed:
+        parts.append("failed: " + ", ".join(failed))
+    if b is None and c is None:
+        parts.append("built-in sections not run (strategies: [])")
+    text = "; ".join(parts)
+    return one_line(text)
 
 
 def headline_bench_part(b: BenchResult) -> str:

@@ -9,7 +9,7 @@ from ..measurement.profiling import ProfileResult
 from .. import pipelines
 from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
 from . import plotting
-from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
                "full": "+ optimizer (full step)"}
@@ -211,6 +211,9 @@ def sanity_note(flags) -> Markdown:
 
 
 def reported_table(figs):
+    if not figs:
+        return Markdown("Not measured: the investigation's figures are of its Lazy and "
+                        "DANGO-style models (strategies 2 and 7), and this run did not time both.")
     rows = [{"figure": f.figure,
              "investigation": "not reported" if f.key.startswith("harness") else
              f"{f.claimed:g}{'x' if f.unit == 'x' else ' ms'}",
@@ -226,6 +229,9 @@ def reported_table(figs):
 
 
 def stored_reads_table(r):
+    if r is None:
+        return Markdown("Not measured: strategy 3 (stored masks) is not among this run's "
+                        "built-in strategies.")
     rows = [{"read": "cold (pages dropped first)", "per item": fmt_stat(r.cold_ms, unit="ms")},
             {"read": "warm (from the page cache)", "per item": fmt_stat(r.warm_ms, unit="ms")},
             {"read": "cold / warm (same rounds)", "per item": fmt_stat(r.cold_over_warm,
@@ -259,6 +265,8 @@ def sync_table(syncs: SyncStudy):
 
 def sync_plot(syncs: SyncStudy) -> None:
     pts = syncs.scaling
+    if not pts:  # the loop form of device masks (4a) did not run
+        return
     fig, ax = plotting.plt.subplots(figsize=(7, 4.2))
     for i, t in enumerate(sorted({p.edge_types for p in pts})):
         sel = [p for p in pts if p.edge_types == t]
@@ -410,37 +418,33 @@ def cpu_plot(study: LoopStudy) -> None:
                        "use over wall time x threads.")
 
 
-def headline(r: TimingResult) -> str:
+def _short_bound(b) -> str:
+    """'model-bound (forward 61%)'."""
+    from ..analysis.stages import STAGES
+
+    return f"{b.bound} ({STAGES[b.largest_stage][0].split(' (')[0]} {b.largest_share:.0%})"
+
+
+def headline(r: TimingResult, pair: list[str] | None = None) -> str:
+    """One short sentence for the index (at most :data:`HEADLINE_MAX` characters): a contended
+    mark first, then what bounds the pair's steps (else the fastest exact pipeline's), then
+    failures and losses that were not finite."""
     lo = r.loops
-    parts = []
-    if r.fastest_exact:
-        a = lo.arm(r.fastest_exact, "full")
-        parts.append(f"fastest exact step: {label(r.fastest_exact)} "
-                     f"{a.ms_per_sample.median:.3g} ms/sample")
-    f = r.figure("data_model_ratio")
-    if f:
-        slow, fast = f.names
-        parts.append(f"{fast}/{slow} it/s ratio "
-                     f"{fmt_ratio(f.measured.median)} data+model (investigation's DANGO/Lazy: 19x)")
-    f, whole = r.figure("data_stages_ratio"), r.figure("data_only_ratio")
-    if f:  # the data stages themselves; the data-only step adds the harness's own cost
-        parts.append(f"{fmt_ratio(f.measured.median)} data stages"
-                     + (f" ({fmt_ratio(whole.measured.median)} the whole data-only step, its "
-                        "trivial loss included)" if whole else "")
-                     + " (investigation: 56x, transfers included)")
-    elif whole:
-        parts.append(f"{fmt_ratio(whole.measured.median)} data-only step, its trivial loss "
-                     "included (investigation: 56x)")
-    if r.bounds:
-        parts.append("bound: " + ", ".join(f"{label(n)} {b.summary}"
-                                            for n, b in r.bounds.items()))
-    if r.sanity:
-        parts.append(f"{len(r.sanity)} mode-order flag(s)")
     bad = [k for k, a in lo.arms.items() if a.step.contended] if lo is not None else []
-    if bad:
-        parts.append(f"CONTENDED: {len(bad)} of {len(lo.arms)} arms measured while the process "
-                     "got less than 80% of the CPU it asked for (not reliable; rerun alone)")
-    return "; ".join(parts)
+    mark = f"CONTENDED ({len(bad)} of {len(lo.arms)} arms): " if bad else ""
+    names = [n for n in (pair or []) if n in r.bounds]
+    if not names:
+        names = [r.fastest_exact] if r.fastest_exact in r.bounds else list(r.bounds)[:2]
+    parts = [f"{label(n)} {_short_bound(r.bounds[n])}" for n in names]
+    failed = list((getattr(lo, "failures", None) or {}))
+    if failed:
+        parts.append("failed: " + ", ".join(failed))
+    diverged = [n for n in lo.strategies if n in r.bounds
+                and getattr(lo.arm(n, "full"), "nonfinite_steps", 0)]
+    if diverged:
+        parts.append("loss not finite: " + ", ".join(diverged))
+    text = mark + "; ".join(parts)
+    return one_line(text)
 
 
 def saved(path, headline_text: str) -> Markdown:

@@ -7,10 +7,11 @@ import numpy as np
 from IPython.display import Markdown
 
 from ..analysis import claims as C
+from ..analysis import verdict as V
 from ..analysis.verdict import VerdictResult
 from .. import pipelines
 from . import plotting
-from .tables import fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
+from .tables import one_line, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 
 STATUS_COLOURS = {C.HELD: "#dff0d8", C.FAILED: "#f2dede", C.NOISE: "#fcf8e3",
                   C.NOT_MEASURED: "#eeeeee"}
@@ -24,58 +25,263 @@ def answer(v: VerdictResult) -> Markdown:
     return Markdown("## The answer\n\n" + v.answer)
 
 
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def lead(v: VerdictResult) -> str:
+    """The answer's first sentence: the pair's one gap ratio, the first causes, what to change
+    first (or one line why there is no such answer)."""
+    if v.no_answer:
+        return f"**No answer about this pair:** {v.no_answer[len('no answer about '):]}." \
+            if v.no_answer.startswith("no answer about ") else f"**No answer:** {v.no_answer}."
+    g = v.gap
+    s, f = pipelines.title(g.slow), pipelines.title(g.fast)
+    r = g.ratio
+    fig = f"IQR {r.iqr:.2g}, n = {r.n}" + ("; contended, not relied on: see below"
+                                          if "gap" in v.contended else
+                                          "; disturbed, not relied on: see below"
+                                          if "gap" in v.disturbed else "")
+    if not g.measurable:
+        return (f"**{s[0].upper()}{s[1:]} and {f} train at the same speed within the noise**: "
+                f"epoch-time ratio {r.median:.3g}x ({fig}, IQR {r.q1:.3g}-{r.q3:.3g} holds 1): "
+                "there is no gap to explain.")
+    text = f"**{s[0].upper()}{s[1:]} is {r.median:.3g}x slower per epoch than {f}** ({fig})"
+    first = V.first_causes(v.causes)
+    if not first:
+        top = next((c for c in v.causes if c.effect == "adds" and c.share is not None), None)
+        return text + ("; no stage stands out" + (f" (largest: {top.cause}, {_pct(top.share)} "
+                                                  "of the gap)" if top else "") + ".")
+    parts = []
+    for i, c in enumerate(first):
+        p = f"{c.cause} ({_pct(c.share)}" + (" of the gap" if i == 0 else "")
+        if c.share > 1.0:  # an offsetting term stands beside any share above 100%
+            off = V.offsets(v.causes)
+            if off:
+                p += ", offset by " + ", ".join(f"{o.cause} {_pct(o.share)}" for o in off[:2])
+        parts.append(p + ")")
+    text += "; first cause: " + parts[0] + (", then " + ", ".join(parts[1:]) if parts[1:] else "")
+    if first[0].advice:
+        text += f"; change first: {first[0].advice}"
+    return text + "."
+
+
+def caveats(v: VerdictResult) -> list[str]:
+    """One line each: what the answer does not rest on, what is missing and why."""
+    out = []
+    g = v.gap
+    if g is not None and g.swapped:
+        r = g.ratio
+        out.append(f"Listed the other way round: gap_strategies names '{g.listed[0]}' as the "
+                   f"slow one, but it is the faster ({r.median:.3g}x per epoch, IQR {r.iqr:.2g})"
+                   f"; the gap is explained as '{g.slow}' over '{g.fast}'.")
+    if v.contended:
+        worst = min(v.contended.values(), key=lambda c: c.judged)
+        explain = getattr(worst, "explain", None)
+        why = explain() if callable(explain) else (
+            f"{worst.describe()}: another job on the same CPUs, or this run's own processes, "
+            "slowed it")
+        out.append("Contended, not relied on: " + ", ".join(
+            V.CONTENDED_LABELS.get(k, k) for k in v.contended) + f" ({why}).")
+    noisy = [k for k in v.disturbed if k not in v.contended]
+    if noisy:
+        out.append("Disturbed, not relied on: " + ", ".join(
+            f"{V.DISTURBED_LABELS.get(k, k)} (IQR/median {v.disturbed[k]:.0%})" for k in noisy)
+            + f", against the {v.target:.0%} target: rerun on a quieter machine or with a larger "
+            "time budget.")
+    for name, what in v.nonfinite.items():
+        out.append(f"'{name}': {what}: its timings are of a diverged step"
+                   + (" (it is not recommended)." if v.recommendation is None or
+                      v.recommendation.strategy != name else "."))
+    for name, what in v.failures.items():
+        out.append(f"'{name}' {what}.")
+    if g is not None and g.ddp_factor is not None and not g.ddp_booked:
+        out.append(f"DDP factor at {g.ddp_world} ranks {g.ddp_factor.median:.3g} (IQR "
+                   f"{g.ddp_factor.iqr:.2g}): {g.ddp_why}.")
+    for nb, why in v.missing.items():
+        what = MISSING_WHAT.get(nb[:2], nb)
+        fail = [f"{n}: {w}" for n, w in v.failures.items() if w.startswith(nb[:2])]
+        out.append(f"No {what}: notebook {nb[:2]} {why}" + (f" ({'; '.join(fail)})" if fail
+                                                              else "") + ".")
+    if v.syncs_note:
+        out.append(v.syncs_note[0].upper() + v.syncs_note[1:] + ".")
+    first = V.first_causes(v.causes)
+    if first and first[0].note:
+        out.append(f"Where the {first[0].cause}'s time went: {first[0].note}.")
+    if v.claims_note:
+        out.append(f"Claims: {v.claims_note}.")
+    return out
+
+
+MISSING_WHAT = {"01": "graph inventory", "02": "memory per sample or benchmark",
+                "04": "DDP factor"}
+
+
+def _builtin_fix(r) -> str:
+    """The workbook's own fix as notebook 02's benchmark measured it on this graph (never
+    quoted as the speed of a pipeline it did not time)."""
+    b = r.bench
+    if b is None or b.ratio_vs_lazy_form is None:
+        return ("The workbook's own fix, the node-mask shared graph (workbook_lib.nodemask), "
+                "was not benchmarked in this run.")
+    where = "at the real spec" if b.full_size else "at this run's reduced size"
+    return (f"The workbook's own fix, the node-mask shared graph (workbook_lib.nodemask), "
+            f"measured {b.ratio_vs_lazy_form.median:.3g}x faster per sample (forward + backward) "
+            f"than replicated masks in the Lazy model's form in notebook 02's benchmark on this "
+            f"graph, {where} (the built-in forms, not your pipelines).")
+
+
+def fix_text(v: VerdictResult) -> str:
+    """The fix in one paragraph: the fastest exact pipeline, named for what its figure times."""
+    r = v.recommendation
+    slow = v.gap_strategies[0] if v.gap_strategies else None
+    if r is None:
+        return ("**No exact pipeline in this run** (every one declares exact = False, or its "
+                "loss was not finite): nothing here computes the perturbed graph to recommend. "
+                "The node-mask shared graph (workbook_lib.nodemask) is exact; check a rewrite "
+                "with `python -m workbook_lib equal SLOW FAST` before trusting its speed.")
+    shaky = set(v.disturbed) | set(v.contended)
+    if r.strategy == r.baseline:
+        return (f"**No exact pipeline in this run is faster than {r.title}.** "
+                + (_builtin_fix(r) + " " if v.builtin else
+                   "The node-mask shared graph (workbook_lib.nodemask) computes the same model "
+                   "with one pass over one shared graph. ")
+                + "Check that a rewrite computes the same model with `python -m workbook_lib "
+                "equal SLOW FAST` before trusting its speed.")
+    head = ("**The fix, provisionally: " if "loop" in v.contended else "**The fix: ")
+    if v.gap is not None and r.strategy == v.gap.fast and r.strategy != "node_mask_shared":
+        return (head + f"{r.title}**, exact and the faster side of this gap (its per-epoch "
+                "figure is the gap above). Check it computes the same model with "
+                f"`python -m workbook_lib equal {v.gap.slow} {v.gap.fast}` before adopting it.")
+    text = head + f"{r.title}**, exact"
+    if r.speedup is not None:
+        text += (f"; its full step per sample (notebook 03, same loop) {r.speedup.median:.3g}x "
+                 f"faster than {pipelines.title(r.baseline)}"
+                 + (" (a disturbed or contended figure, see above)" if "speedup" in shaky
+                    else ""))
+    b = r.bench
+    if r.strategy != "node_mask_shared":
+        text += ". " + (_builtin_fix(r) if v.builtin else "")
+    elif b is not None and b.ratio_vs_lazy_form is not None:
+        where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
+        text += (f"; benchmark per sample, forward + backward: {b.ratio_vs_lazy_form.median:.3g}x "
+                 f"faster than replicated masks in the Lazy model's form {where}"
+                 + (" (a disturbed or contended figure, see above)" if "bench" in shaky else ""))
+        if b.passes_per_sample is not None:
+            text += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
+    text = text.strip()
+    if "disturbed" in r.tie_rule or r.contended:
+        text += f" Choosing among {', '.join(pipelines.title(n) for n in r.tied)}: {r.tie_rule}."
+    return text if text.endswith(".") else text + "."
+
+
+def story(v: VerdictResult, scale: float | None = None, edges: int | None = None) -> str:
+    """The investigation's figures beside this run's (only when built-in strategies ran)."""
+    if not v.builtin or v.gap is None:
+        return ""
+    where = f" at scale {scale:g} ({edges:,} edges)" if scale is not None and edges else ""
+    return (f"The investigation observed about 40x on 4 GPUs at the real size; this run measured "
+            f"{v.gap.ratio.median:.3g}x on a {v.device_type.upper()}{where}. The steps-per-epoch "
+            "factor is the same arithmetic in both; the per-step factor depends on the device "
+            "and the graph's size (notebook 02's benchmark shows it at the real size).")
+
+
+def compose(v: VerdictResult, scale: float | None = None, edges: int | None = None) -> str:
+    """The whole answer: the lead sentence, one caveat a line, the fix, and (built-in runs) the
+    investigation's figures and what a CPU can say. Sets ``v.lead`` and ``v.caveats``."""
+    v.lead = lead(v)
+    v.caveats = caveats(v)
+    parts = [v.lead]
+    if v.caveats:
+        parts.append("\n".join(f"- {c}" for c in v.caveats))
+    parts.append(fix_text(v))
+    st = story(v, scale, edges)
+    if st:
+        parts.append(st)
+    if v.cannot_say and v.builtin:
+        parts.append("A CPU run can say: " + "; ".join(v.can_say) + ". It cannot say: "
+                     + "; ".join(v.cannot_say) + ".")
+    v.answer = "\n\n".join(parts)
+    return v.answer
+
+
 EFFECTS = {"adds": "adds time", "saves": "saves time", "rest": "not attributed",
-           "noise": "within its noise", "": ""}
+           "noise": "shown, not booked", "": ""}
 
 
 def causes_table(v: VerdictResult):
-    rows = [{"stage": c.stage, "cause": c.cause, "evidence": c.evidence, "effect": EFFECTS.get(c.effect, c.effect),
+    if not v.causes:
+        return Markdown(v.no_answer[0].upper() + v.no_answer[1:] + "." if v.no_answer else
+                        "No causes: the pair was not timed.")
+    rows = [{"stage": c.stage, "cause": c.cause,
+             "evidence": c.evidence + (f"; {c.note}" if c.note else ""),
+             "effect": EFFECTS.get(c.effect, c.effect),
              "difference per epoch (slow - fast)": fmt_seconds(c.difference_s)
-             if c.difference_s is not None else c.kind,
+             if c.difference_s is not None else ("not booked" if c.effect == "noise"
+                                                 else c.kind),
              "share of the measured gap": fmt_pct(c.share) if c.share is not None else ""}
             for c in v.causes]
-    return table(rows, caption="The epoch-time difference between the two pipelines by "
-                               "mechanism: notebook 03's stage medians x steps per epoch (80% of "
-                               "the dataset at each pipeline's batch size), and notebook 04's "
-                               "DDP factor (always applied, with its IQR). Shares are of the measured gap (the "
-                               "full steps' medians x steps per epoch): the causes that add time, "
-                               "minus those that save time, plus the unattributed rest, make "
-                               "100%.")
+    g = v.gap
+    cap = ("The epoch-time difference between the two pipelines, stage by stage: notebook 03's "
+           "stage medians x steps per epoch (80% of the dataset at each pipeline's batch size), "
+           "slow minus fast. ")
+    cap += ("Shares are of the measured gap (" + g.basis + "): the rows that add time, minus "
+            "those that save time, plus the unattributed rest, make 100%. A factor within its "
+            "noise or contended is shown, not booked."
+            if g is not None and g.measurable else
+            "The two pipelines are within each other's noise: no share of a gap is given.")
+    return table(rows, caption=cap)
 
 
 def causes_plot(v: VerdictResult) -> None:
-    groups = [("adds", "adds time"), ("saves", "saves time"), ("noise", "within its noise"),
-              ("rest", "not attributed")]
-    rows = [(c, lab) for eff, lab in groups for c in v.causes
-            if c.effect == eff and c.share is not None]
-    if not rows:
+    """A bridge (waterfall) from the fast pipeline's epoch time to the slow one's, stage by
+    stage: each booked row a step up (adds) or down (saves), the rest last."""
+    g = v.gap
+    rows = [c for c in v.causes if c.difference_s is not None and c.effect != "noise"]
+    if g is None or not rows:
         return
-    fig, ax = plotting.plt.subplots(figsize=(10, 0.65 * len(rows) + 1.6))
-    colours = {"adds time": plotting.PALETTE[3], "saves time": plotting.PALETTE[2],
-               "within its noise": "#cccccc", "not attributed": "#999999"}
-    vals = np.array([abs(c.share) * 100 for c, _ in rows])
-    ax.barh(range(len(rows)), vals, color=[colours[lab] for _, lab in rows])
-    ax.set_yticks(range(len(rows)), [textwrap.fill(f"[{lab}] {c.cause}", 58, max_lines=2,
-                                                   placeholder="...") for c, lab in rows],
-                  fontsize=8)
-    ax.invert_yaxis()
-    for i, ((c, lab), x) in enumerate(zip(rows, vals)):
-        sign = "-" if lab == "saves time" or (lab in ("not attributed", "within its noise")
-                                              and c.share < 0) else ""
-        ax.text(x, i, f" {sign}{x:.1f}%", va="center", fontsize=8)
-    ax.set_xlim(0, max(vals.max() * 1.18, 1.0))
-    ax.set_xlabel("size of the cause, % of the measured epoch-time gap")
-    slow = next((s for s in (v.gap_strategies or []) if s), "")
-    plotting.title(ax, f"Why {pipelines.title(slow) if slow else 'the slow pipeline'} is slower, "
-                   "by mechanism", device=v.device)
-    plotting.show(fig, "Horizontal bars: each mechanism's part of the measured epoch-time gap "
-                       "(slow minus fast pipeline). Red bars add time to the slow pipeline, "
-                       "green bars save time (shown as their size, labelled with a minus), a "
-                       "light grey bar is a factor whose IQR holds 1 (booked, no measurable "
-                       "effect), the grey bar is what the stage medians leave unattributed.")
+    start, end = g.epoch_s[g.fast], g.epoch_s[g.fast] + sum(c.difference_s for c in rows)
+    labels = [f"{pipelines.label(g.fast)}\n(fast)"]
+    bottoms, heights, colours = [0.0], [start], ["#7f9fbf"]
+    level = start
+    for c in rows:
+        d = c.difference_s
+        labels.append(textwrap.fill(c.cause, 14, max_lines=2, placeholder="..."))
+        bottoms.append(level if d >= 0 else level + d)
+        heights.append(abs(d))
+        colours.append(plotting.PALETTE[3] if d > 0 else plotting.PALETTE[2]
+                       if c.effect != "rest" else "#999999")
+        if c.effect == "rest":
+            colours[-1] = "#999999"
+        level += d
+    labels.append(f"{pipelines.label(g.slow)}\n(slow)")
+    bottoms.append(0.0)
+    heights.append(end)
+    colours.append("#7f9fbf")
+    unit, div = ("h", 3600.0) if end >= 3 * 3600 else (("min", 60.0) if end >= 180 else ("s", 1.0))
+    fig, ax = plotting.plt.subplots(figsize=(max(7.0, 0.9 * len(labels) + 2), 4.6))
+    x = np.arange(len(labels))
+    ax.bar(x, np.array(heights) / div, bottom=np.array(bottoms) / div, color=colours)
+    for i in range(1, len(labels) - 1):
+        c = rows[i - 1]
+        share = f"{c.share:+.0%}" if c.share is not None else ""
+        ax.text(i, (bottoms[i] + heights[i]) / div, share, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel(f"seconds per epoch, one process ({unit})" if unit != "s" else
+                  "seconds per epoch, one process")
+    plotting.title(ax, f"From {pipelines.title(g.fast)}'s epoch to {pipelines.title(g.slow)}'s, "
+                   "stage by stage", device=v.device,
+                   repeats="stage medians x steps per epoch; labels: share of the gap")
+    plotting.show(fig, "Bridge chart: the first bar is the fast pipeline's epoch time, each "
+                       "following bar the difference one stage makes (red adds time, green "
+                       "saves time, grey the unattributed rest), the last bar the slow "
+                       "pipeline's epoch time; shares of the measured gap are printed above.")
 
 
 def claims_table(v: VerdictResult):
+    if not v.claims:
+        return Markdown(f"No claim of the investigation was judged: {v.claims_note}."
+                        if v.claims_note else "No claim of the investigation was judged.")
     import pandas as pd
 
     df = pd.DataFrame([{"claim": c.claim, "claimed": c.claimed, "this run": c.measured,
@@ -84,7 +290,8 @@ def claims_table(v: VerdictResult):
                        for c in v.claims])
     counts = {s: sum(c.status == s for c in v.claims) for s in C.STATUSES}
     cap = ("Each status comes from this run's figure through the rule shown. "
-           + ", ".join(f"{k}: {n}" for k, n in counts.items()) + ".")
+           + ", ".join(f"{k}: {n}" for k, n in counts.items()) + "."
+           + (f" {v.claims_note[0].upper()}{v.claims_note[1:]}." if v.claims_note else ""))
     st = table(df, caption=cap)
     return st.map(lambda s: f"background-color: {STATUS_COLOURS.get(s, '')}" if s in
                   STATUS_COLOURS else "", subset=["status"])
@@ -93,15 +300,17 @@ def claims_table(v: VerdictResult):
 def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
     r = v.recommendation
     if r is None:
-        return Markdown("No exact strategy ran in notebook 03: no recommendation.")
+        return Markdown("No exact pipeline with a finite loss ran in notebook 03: no "
+                        "recommendation.")
     lines = [f"### Use {r.title}",
              f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms')}** per sample "
              f"(notebook 03, {v.device}); {r.tie_rule}."]
     if r.speedup is not None:
-        lines.append(f"- Against {pipelines.title(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** faster "
-                     "per sample, same loop, same rounds.")
+        lines.append(f"- Against {pipelines.title(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** "
+                     "faster per sample, full step, same loop"
+                     + (", same rounds." if "paired" in (v.gap.basis if v.gap else "") else "."))
     b = r.bench
-    if b is not None:
+    if b is not None and v.builtin:
         where = ("the real spec" if b.full_size else
                  "this run's reduced sizes only (the real-spec figure: `python -m workbook_lib "
                  f"bench --params params/full.yaml --out {_bench_out(run_dir)}`)")
@@ -117,11 +326,15 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
                          "exact sample")
         form = (f" (the shared graph as measured: {b.shared_form}, L = {b.sizes['layers']})"
                 if b.shared_form else "")
-        lines.append(f"- Benchmark ({r.bench_source}), per sample, forward + backward, at "
-                     f"{where}{form}: " + "; ".join(parts) + ".")
+        if parts:
+            lines.append(f"- Benchmark ({r.bench_source}), per sample, forward + backward, at "
+                         f"{where}{form}: " + "; ".join(parts) + ".")
     if r.memory_per_sample:
         lines.append("- Measured peak memory per sample (notebook 02): " + "; ".join(
             f"{label(n)} {b_ / 1e6:,.0f} MB" for n, b_ in r.memory_per_sample.items()) + ".")
+    elif "02_mask_cost_model" in v.missing:
+        lines.append(f"- Memory per sample: not measured (notebook 02 "
+                     f"{v.missing['02_mask_cost_model']}).")
     return Markdown("\n".join(lines))
 
 
@@ -136,6 +349,8 @@ def _bench_out(run_dir) -> str:
 
 def epochs_table(v: VerdictResult):
     r = v.recommendation
+    if r is None or not r.epochs_per_day:
+        return Markdown("No epochs-per-day projection: no exact pipeline to recommend.")
     rows = [{"strategy": label(n), **{k: fmt_num(x) for k, x in by.items()}}
             for n, by in r.epochs_per_day.items()]
     return table(rows, caption="Projected epochs per 24 h: " + r.projection_basis + ".")
@@ -165,6 +380,24 @@ attention readout or a non-linearity after the last layer use `batch.layer` inst
 trains the same model both ways and compares the loss curves.'''
 
 
+def form(v: VerdictResult) -> Markdown:
+    """Which form of the node-mask shared graph to adopt (from the benchmark; built-in runs
+    only, where the benchmark ran)."""
+    if not v.builtin:
+        return Markdown("")
+    from ..analysis import bench
+    from .mask_cost_view import form_text
+
+    return form_text(bench.recommended_form(v.recommendation.bench if v.recommendation
+                                            else None))
+
+
+def sizes_of(found: dict) -> dict:
+    """The scale and edge count of the run's graph, from notebook 01 when it completed."""
+    inv = found.get("01_graph_inventory")
+    return {"scale": getattr(inv, "scale", None), "edges": getattr(inv, "total_edges", None)}
+
+
 def adoption(v: VerdictResult) -> Markdown:
     r = v.recommendation
     if r is None or r.strategy != "node_mask_shared":
@@ -182,37 +415,32 @@ def cpu_text(v: VerdictResult) -> Markdown:
 
 
 def headline(v: VerdictResult) -> str:
-    r = v.recommendation
-    parts = []
-    first = next((c for c in v.causes if c.effect == "adds" and c.share is not None), None)
-    if first is not None:
-        parts.append(f"first cause: {first.cause.split(' (')[0]} ({first.share:.0%} of the gap)")
-    if r is not None and r.strategy == r.baseline:
-        parts.append(f"no exact pipeline here is faster than {r.title}")
-    elif r is not None:
-        s = f"use {r.title}"
-        if r.speedup is not None:
-            s += (f" ({r.speedup.median:.3g}x faster per sample than {pipelines.title(r.baseline)} here"
-                  + (" (disturbed)" if "speedup" in v.disturbed else "")
-                  + (" (contended)" if "speedup" in v.contended else ""))
-            b = r.bench
-            if r.strategy == "node_mask_shared" and b is not None \
-                    and b.ratio_vs_lazy_form is not None:  # the benchmark times this form only
-                s += (f"; {b.ratio_vs_lazy_form.median:.3g}x against the Lazy model's form at "
-                      f"{'the real spec' if b.full_size else 'reduced size'}"
-                      + (" (disturbed)" if "bench" in v.disturbed else "")
-                      + (" (contended)" if "bench" in v.contended else ""))
-            s += ")"
-        parts.append(s)
-    if v.gap_total is not None:
-        parts.append(f"measured gap {v.gap_total.median:.3g}x (the investigation: 40x on GPUs)")
-    counts = {s: sum(c.status == s for c in v.claims) for s in C.STATUSES}
-    parts.append("claims " + ", ".join(f"{k}: {n}" for k, n in counts.items() if n))
+    """One short sentence for the index (at most :data:`HEADLINE_MAX` characters): a contended
+    or disturbed mark first, then the answer."""
+    marks = []
     if v.contended:
-        parts.append("contended (not relied on): " + ", ".join(v.contended))
-    if v.disturbed:
-        parts.append("disturbed (not relied on): " + ", ".join(v.disturbed))
-    return "; ".join(parts)
+        marks.append("contended")
+    if v.disturbed and not set(v.disturbed) <= set(v.contended):
+        marks.append("disturbed")
+    mark = (" and ".join(marks).upper() + ": ") if marks else ""
+    if v.no_answer:
+        return one_line(mark + v.no_answer)
+    g = v.gap
+    if not g.measurable:
+        text = (f"{g.slow} and {g.fast}: no measurable gap ({g.ratio.median:.3g}x per epoch, "
+                "IQR holds 1)")
+    else:
+        text = f"{g.slow} {g.ratio.median:.3g}x slower per epoch than {g.fast}"
+        if g.swapped:
+            text += " (listed the other way round)"
+        first = V.first_causes(v.causes)
+        if first:
+            text += "; first cause: " + ", then ".join(
+                f"{c.cause} ({_pct(c.share)})" for c in first)
+    r = v.recommendation
+    if r is not None and r.strategy not in (g.slow, g.fast):
+        text += f"; fix: {r.label}"
+    return one_line(mark + text)
 
 
 def saved(path, headline_text: str) -> Markdown:

@@ -8,8 +8,9 @@
 * ``submit.sh``: submits one job per notebook, each with the resources it needs (01 and 05 a
   few CPUs; 02, 03 and 06 one GPU when ``--gpus`` > 0; 04 ``--nodes`` x ``--gpus``), chained:
   each after the notebooks whose results it reads (02 after 01, 04 after 03, 06 after 02
-  and 04), and the verdict (05) only after 01-04 **succeeded** (``afterok``; SLURM cancels it
-  when one of them failed or was cancelled). It prints the run folder it uses;
+  and 04), and the verdict (05) only after 03 **succeeded** (``afterok``; SLURM cancels it
+  when 03 failed or was cancelled) and after 01, 02 and 04 ended either way (``afterany``: the
+  verdict names any of them that did not complete). It prints the run folder it uses;
 * ``workbook.sbatch`` instead, with ``--single-job``: one job runs every notebook in order.
 
 The run folder is fixed when the scripts are written (``--run-dir``, an absolute path), not
@@ -360,12 +361,11 @@ def submit_script(*, nb_script: Path, run_dir: Path, nodes: int, gpus: int, cpus
             deps = [("afterany", ids["03"])]
         if n == "06":
             deps = [("afterany", ids[d]) for d in ("02", "04") if d in ids]
-        if n == "05":
-            deps = [("afterok", ids[d]) for d in ("01", "02", "03", "04") if d in ids]
-        dep = ""
-        if deps:
-            kind = deps[0][0]
-            dep = kind + ":" + ":".join(f"${v}" for _, v in deps)
+        if n == "05":  # needs 03's timings; reads 01, 02 and 04 when they completed
+            deps = [("afterok", ids["03"])] if "03" in ids else []
+            deps += [("afterany", ids[d]) for d in ("01", "02", "04") if d in ids]
+        dep = ",".join(kind + ":" + ":".join(f"${v}" for k, v in deps if k == kind)
+                       for kind in dict.fromkeys(k for k, _ in deps))
         var = f"J{n}"
         lines.append(f'{var}=$(submit {n} "{dep}" {res}) || fail {n}')
         ids[n] = "{" + var + "}"

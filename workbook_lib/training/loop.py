@@ -242,6 +242,9 @@ class ArmResult(Record):
     warmup_steps: int = 0
     timed_steps: int = 0
     stopped_by: str = ""
+    # what the counted step's batch held: tensors, tensor_bytes, objects, kinds (the transfer
+    # stage walks all of it; see measurement.syncs.batch_contents)
+    batch_contents: dict = field(default_factory=dict)
 
     @property
     def samples_per_step(self) -> int:
@@ -277,7 +280,8 @@ def _result(arm: Arm, clock: StepClock, warmup: int, counted: SyncCounter | None
         extra=extra, syncs_per_step=None if counted is None else float(counted.total),
         sync_kinds={} if counted is None else {k: float(v) for k, v in counted.by_kind.items()},
         syncs_by_stage={} if counted is None else {k: float(v) for k, v in counted.by_stage.items()},
-        warmup_steps=warmup, timed_steps=clock.n, stopped_by=stopped_by)
+        warmup_steps=warmup, timed_steps=clock.n, stopped_by=stopped_by,
+        batch_contents={} if counted is None else dict(counted.contents))
 
 
 def _children_label(loader: DataLoader) -> str | None:
