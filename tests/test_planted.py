@@ -2,10 +2,11 @@
 
 Each pipeline under ``tests/planted/`` is the README's example made slow for one known reason
 (see its README). Each pair (planted, fast) runs through notebook 03's loop at the ci params,
-then the verdict's cause ranking: its first cause must name the planted stage, with the largest
-share of the measured gap; the step-bound classification must say data-bound for the data stages
-and sync-bound on a GPU for the syncs. No absolute time is asserted: only which stage dominates,
-by margins the planted work makes several times larger than the fast pipeline's whole step.
+then the verdict's cause ranking: its first cause must name the planted stage, ahead of the
+second by a margin the measurement resolves (in at least 3 of 4 steps, paired within the step); the step-bound classification must say
+data-bound for the data stages and sync-bound on a GPU for the syncs (a property of the forward,
+which stays the stage named). No absolute time or share threshold is asserted: a busy machine
+moves shares, not the order of a planted cause several times the fast pipeline's whole step.
 The loops run on one intra-op thread: on a machine shared with other jobs, two threads of small
 parallel operations wait at each barrier for a thread that is not scheduled, which inflates the
 model stages a hundredfold and says nothing about the planted cause (notebook 03 reports that
@@ -29,7 +30,7 @@ PLANTED = ROOT / "tests" / "planted"
 CASES = {
     "slow_item": ("data_item", {}),
     "slow_collate": ("collate", {}),
-    "slow_syncs": ("syncs", {}),
+    "slow_syncs": ("forward", {}),
     "slow_loop": ("forward", {}),
     "slow_optimizer": ("optimizer", {}),
     "slow_workers": ("data_item", {"num_workers": 1}),
@@ -68,15 +69,49 @@ class _Timing:
         self.loops = loops
 
 
+def _per_step(arm, key: str) -> list[float]:
+    """A stage's seconds in each timed step (the data stages: the loader wait, split as
+    stage_medians splits it)."""
+    from workbook_lib.analysis.stages import stage_medians
+
+    if key == "overhead":
+        return arm.untracked.samples
+    if key in ("data_item", "collate"):
+        med = stage_medians(arm)
+        wait = arm.stages["loader_wait"]
+        frac = med[key] / wait.median if wait.median else 0.0
+        return [x * frac for x in wait.samples]
+    return arm.stages[key].samples if key in arm.stages else [0.0] * arm.step.n
+
+
+def _margin_resolved(loops, first, second, slow: str, fast: str, gap) -> bool:
+    """The first cause ahead of the second in at least 3 of 4 paired steps: per step of the
+    slow pipeline, (first - second) x its steps per epoch, minus the same in the fast one's
+    medians; its lower quartile above 0."""
+    from workbook_lib.measurement.timing import Stat
+
+    a, b = loops.arm(slow), loops.arm(fast)
+    fa, sa = _per_step(a, first.stage), _per_step(a, second.stage)
+    fb = Stat.from_samples(_per_step(b, first.stage)).median
+    sb = Stat.from_samples(_per_step(b, second.stage)).median
+    d = [(x - y) * gap.steps[slow] - (fb - sb) * gap.steps[fast] for x, y in zip(fa, sa)]
+    return Stat.from_samples(d).q1 > 0
+
+
 @pytest.mark.parametrize("slow", list(CASES))
 def test_the_first_cause_is_the_planted_stage(slow, graph):
     p, loops = _loops(slow, graph)
-    causes = V.rank_causes(_Timing(loops), None, slow, "fast", p["num_samples"], "cpu")
-    timed = [c for c in causes if c.share is not None and c.effect != "rest"]
-    first = causes[0]
+    t = _Timing(loops)
+    gap = V.measure_gap(loops, slow, "fast", p["num_samples"])
+    assert (gap.slow, gap.fast) == (slow, "fast") and gap.measurable and not gap.swapped
+    causes = V.rank_causes(t, slow, "fast", gap, "cpu")
+    timed = [c for c in causes if c.share is not None and c.effect not in ("rest", "noise")]
+    first, second = timed[0], timed[1]
     assert first.stage == CASES[slow][0], [(c.stage, round(c.share, 2)) for c in timed]
-    assert first.share == max(c.share for c in timed) and first.share > 0.5
     assert first.advice  # what to change comes with it
+    # ahead of the second by a margin the measurement resolves (paired by step)
+    assert _margin_resolved(loops, first, second, slow, "fast", gap), (first, second)
+    assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
     bound = step_bound(loops.arm(slow))
     fast = step_bound(loops.arm("fast"))
     assert fast.bound == "model-bound" and not fast.sync_bound_on_gpu
@@ -85,8 +120,8 @@ def test_the_first_cause_is_the_planted_stage(slow, graph):
     else:
         assert bound.bound == "model-bound"
     assert bound.sync_bound_on_gpu == (slow == "slow_syncs")
-    if slow == "slow_syncs":
-        assert first.cause.startswith("host syncs in the forward")
+    if slow == "slow_syncs":  # the syncs ride on the forward's row, their cost not measured
+        assert first.syncs[0] > first.syncs[1] and "not measured here" in first.evidence
 
 
 def test_a_gap_without_a_planted_cause_has_no_dominant_stage(graph):
@@ -98,7 +133,8 @@ def test_a_gap_without_a_planted_cause_has_no_dominant_stage(graph):
                           f"again={PLANTED / 'fast'}.py:make_pipeline"])
     p = params_mod.validate(raw)
     loops = study.run_loops(p, graph, torch.device("cpu"))
-    causes = V.rank_causes(_Timing(loops), None, "fast", "again", p["num_samples"], "cpu")
+    gap = V.measure_gap(loops, "fast", "again", p["num_samples"])
+    causes = V.rank_causes(_Timing(loops), gap.slow, gap.fast, gap, "cpu")
     a = loops.arm("fast").step
     # every stage's difference is small against the fast pipeline's own epoch
     steps = -(-int(0.8 * p["num_samples"]) // loops.arm("fast").samples_per_step)

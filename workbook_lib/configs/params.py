@@ -718,6 +718,18 @@ def validate(raw: dict | None, *, source: str = "params") -> dict:
     return out
 
 
+def ddp_strategy(params: dict) -> str:
+    """The pipeline notebook 04's scaling runs train: ``ddp_strategy`` when set, else the
+    node-mask shared graph when it is among the strategies, else the slow pipeline of
+    ``gap_strategies`` (the user's own, on a run without built-in strategies)."""
+    if params["ddp_strategy"] is not None:
+        return params["ddp_strategy"]
+    if "node_mask_shared" in params["strategies"]:
+        return "node_mask_shared"
+    compared = list(params["strategies"]) + [s.name for s in parse_specs(params["pipelines"])]
+    return (list(params["gap_strategies"]) or compared)[0]
+
+
 def _cross_checks(out: dict, source: str) -> None:
     def fail(key, msg):
         raise ParamsError(f"{source}: '{key}' {msg} (got {show(out[key])})", key=key,
@@ -740,10 +752,7 @@ def _cross_checks(out: dict, source: str) -> None:
         fail("rdzv_endpoint", f"is needed (host:port) for nnodes={out['nnodes']}")
     if out["loop_max_steps"] < out["loop_steps"]:
         fail("loop_max_steps", f"must be >= loop_steps={out['loop_steps']}")
-    if out["ddp_strategy"] is None:
-        out["ddp_strategy"] = ("node_mask_shared" if "node_mask_shared" in out["strategies"]
-                               else (out["gap_strategies"] or compared)[0])
-    elif out["ddp_strategy"] not in compared:
+    if out["ddp_strategy"] is not None and out["ddp_strategy"] not in compared:
         fail("ddp_strategy", f"must name a strategy or pipeline the run compares (one of "
                              f"{compared})")
     kmax = max_k(out["perturbation_k"])

@@ -15,6 +15,7 @@ import torch
 from ..measurement.timing import Stat
 from ..records import Record
 from ..common.progress import note
+from ..configs.params import ddp_strategy
 from . import allreduce_model as arm
 from .analysis import (GapDecomposition, WorldSummary, efficiencies, gap_decomposition,
                        summarize, within_noise)
@@ -67,7 +68,7 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path,
         return pl, {}
     slow, fast = params["gap_strategies"]
     cfg = {"params": {**params, "backend": pl.backend},
-           "scaling_strategy": params["ddp_strategy"], "gap_strategies": [slow, fast],
+           "scaling_strategy": ddp_strategy(params), "gap_strategies": [slow, fast],
            "batch_size": params["ddp_batch_size"],
            "global_batch": params["ddp_batch_size"] * max(params["world_sizes"]),
            "steps": params["ddp_steps"], "steps_cap": 3 * params["ddp_steps"],
@@ -93,7 +94,7 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path,
 def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
             ratio_03: Stat | None = None) -> DDPResult:
     slow, fast = params["gap_strategies"]
-    worlds = {w: summarize([r.ranks for r in res], scaling=params["ddp_strategy"],
+    worlds = {w: summarize([r.ranks for r in res], scaling=ddp_strategy(params),
                            gap=[slow, fast], procs_per_node=ln.procs_per_node, nnodes=ln.nnodes,
                            workers_per_rank=ln.workers_per_rank)
               for w, (ln, res) in sorted(launched.items())}
@@ -140,7 +141,7 @@ def analyse(params: dict, pl: Plan, launched: dict, run_dir: Path,
             except ValueError:
                 rel = str(res.out_dir)
             logs[Path(rel).name] = rel
-    return DDPResult(plan=pl, scaling_strategy=params["ddp_strategy"],
+    return DDPResult(plan=pl, scaling_strategy=ddp_strategy(params),
                      gap_strategies=[slow, fast], worlds=worlds, weak=weak, strong=strong,
                      ring=ring, link=link, link_source=source, predictions=preds,
                      presets=presets, gap=gap, ratio_03=ratio_03, agrees_with_03=agrees,

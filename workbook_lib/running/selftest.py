@@ -41,6 +41,7 @@ import torch
 
 from ..measurement.precision import float32_tolerance
 from ..paths import REPO_ROOT
+from ..configs.params import ddp_strategy
 
 OK, FAILED, SKIPPED, BUSY = "ok", "FAILED", "skipped", "busy"
 
@@ -276,14 +277,14 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
     backend = "nccl" if device.type == "cuda" else "gloo"
     p = {**params, "backend": backend, "device": device.type}
     slow, fast = p["gap_strategies"]
-    cfg = {"params": p, "scaling_strategy": p["ddp_strategy"], "gap_strategies": [slow, fast],
+    cfg = {"params": p, "scaling_strategy": ddp_strategy(p), "gap_strategies": [slow, fast],
            "batch_size": p["ddp_batch_size"], "global_batch": p["ddp_batch_size"] * ranks,
            "steps": 2, "steps_cap": 2, "warmup": 1, "budget_s": 30, "timeout_s": 120}
     with tempfile.TemporaryDirectory() as d:
         try:
             res = launcher.launch("workbook_lib.distributed.worker", cfg, nproc_per_node=ranks,
                                   out_dir=d, timeout_s=120, threads_per_rank=1)
-            s = analysis.summarize(res.ranks, scaling=p["ddp_strategy"], gap=[slow, fast],
+            s = analysis.summarize(res.ranks, scaling=ddp_strategy(p), gap=[slow, fast],
                                    procs_per_node=ranks, nnodes=1)
             ok = len(s.comm_per_rank) == ranks and all(c.hook.median > 0
                                                        for c in s.comm_per_rank.values())
