@@ -283,3 +283,24 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     assert main(["trace", str(good), "--out", str(blocker / "sub" / "r")]) == 2
     errs = capsys.readouterr().err.strip().splitlines()
     assert len(errs) == 3 and all(e.startswith("error:") for e in errs)
+
+
+def test_sync_wait_by_stage_counts_the_measured_code_s_syncs_not_the_timer_s():
+    """A CUDA trace's host waits at syncs, per stage: the .item() inside the forward counts,
+    the timer's own synchronize (in its harness:sync range) does not; CPU work is no wait."""
+    from workbook_lib.measurement.trace_analysis import Event, sync_wait_by_stage
+
+    def ev(name, ts, dur, cat="cpu_op"):
+        return Event(name, ts, dur, tid=1, pid=1, cat=cat)
+    events = [ev("ProfilerStep#3", 0, 1000, "user_annotation"),
+              ev("wb:forward", 10, 490, "user_annotation"),
+              ev("aten::item", 20, 100), ev("cudaStreamSynchronize", 30, 80, "cuda_runtime"),
+              ev("aten::mm", 150, 200),
+              ev("harness:sync", 470, 29, "user_annotation"),
+              ev("cudaDeviceSynchronize", 471, 27, "cuda_runtime"),
+              ev("wb:backward", 500, 400, "user_annotation"),
+              ev("harness:sync", 880, 19, "user_annotation"),
+              ev("cudaDeviceSynchronize", 881, 17, "cuda_runtime"),
+              ev("cudaMemcpy", 950, 20, "cuda_runtime")]  # outside any stage
+    got = sync_wait_by_stage(events)
+    assert got == {"forward": pytest.approx(80e-6)}

@@ -393,3 +393,30 @@ def test_no_measurable_gap_ranks_no_cause():
                         gap_strategies=[g.slow, g.fast])
     view.compose(v)
     assert "same speed within the noise" in v.lead and "first cause" not in v.lead
+
+
+def test_on_a_gpu_the_sync_wait_is_carved_out_of_its_stage_and_can_change_the_advice():
+    """The forward's syncs: on a CPU counted, their cost not measured, the stage's advice kept;
+    on a GPU the host's wait at them (profiled) is part of the forward's time, never added to
+    it, and when it is most of the forward's difference the advice is the syncs'."""
+    from workbook_lib.measurement.profiling import ProfileResult
+
+    def timing(wait_ms):
+        t = _timing()
+        a = t.loops.arms["replicated_mask_cpu/full"]
+        a.syncs_by_stage = {"forward": 70.0}
+        t.loops.arms["dango_wildtype/full"].syncs_by_stage = {"forward": 1.0}
+        t.profiles = {n: ProfileResult({"wait": 1, "warmup": 1, "active": 2, "cuda": 1}, "", 0.1,
+                                       sync_wait={"forward": 2 * w / 1e3})
+                      for n, w in (("replicated_mask_cpu", wait_ms), ("dango_wildtype", 0.1))}
+        return t
+    cpu = next(c for c in _causes(timing(35.0)) if c.stage == "forward")
+    assert cpu.syncs == (70.0, 1.0) and "not measured here" in cpu.evidence
+    assert cpu.sync_wait_s is None and cpu.advice == V.ADVICE["forward"]
+    gpu = next(c for c in _causes(timing(35.0), device="cuda") if c.stage == "forward")
+    steps = -(-800 // 7)
+    assert gpu.sync_wait_s == pytest.approx(0.035 * steps - 0.0001 * -(-800 // 16))
+    assert gpu.difference_s == cpu.difference_s  # carved out, never added
+    assert gpu.advice == V.SYNC_ADVICE and "waited 35 ms per step" in gpu.evidence
+    few = next(c for c in _causes(timing(2.0), device="cuda") if c.stage == "forward")
+    assert few.advice == V.ADVICE["forward"]

@@ -75,6 +75,9 @@ class Cause(Record):
     stage: str = ""
     advice: str = ""  # what to change when this is the first cause
     syncs: tuple[float, float] | None = None  # host syncs per step in this stage (slow, fast)
+    # on a GPU: seconds per epoch (slow - fast) of the stage's time the host waited at those
+    # syncs (carved out of the stage's time, never added to it); None where not measured
+    sync_wait_s: float | None = None
     note: str = ""  # what the stage's time went to, where its label would mislead
 
 
@@ -314,6 +317,9 @@ ADVICE = {
                 "hooks)",
     "ddp": "accumulate gradients with no_sync(), or fewer, larger steps",
 }
+SYNC_ADVICE = ("take the host syncs out of the step (.item(), nonzero, boolean-mask indexing, "
+               ".tolist(), printing a tensor): keep values on the device and vectorize over the "
+               "batch; torch.cuda.set_sync_debug_mode('warn') names each one")
 H2D_WALK = ("keep Python objects out of the batch (names, strings, per-sample lists): .to() "
             "walks every one of them each step; carry indices and look names up outside the "
             "step")
@@ -357,6 +363,11 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
     a, b = lo.arm(slow, "full"), lo.arm(fast, "full")
     ma, mb = stage_medians(a), stage_medians(b)
     ns, nf = gap.steps[slow], gap.steps[fast]
+    profiles = getattr(timing, "profiles", None) or {}
+
+    def waited(name: str, key: str) -> float | None:
+        p = profiles.get(name)
+        return p.sync_wait_per_step(key) if p is not None else None
     rows = []
     for key in STAGE_ORDER:
         if key not in ma and key not in mb:
@@ -373,17 +384,27 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
             c = getattr(a, "batch_contents", None) or {}
             if device_type != "cuda" or int(c.get("objects", 0) or 0) > 8 * a.samples_per_step:
                 advice = H2D_WALK if c and int(c.get("objects", 0) or 0) else advice
-        syncs = None
+        syncs, wait_s = None, None
         if key in SYNC_STAGES and (a.syncs_by_stage or b.syncs_by_stage):
             syncs = (a.syncs_by_stage.get(key, 0.0), b.syncs_by_stage.get(key, 0.0))
             if syncs[0] or syncs[1]:
-                evidence += (f"; {syncs[0]:.0f} host syncs per step against {syncs[1]:.0f}"
-                             + ("" if device_type == "cuda" else
-                                " (their cost is not measured here: a CPU never waits for a "
-                                "device)"))
+                evidence += f"; {syncs[0]:.0f} host syncs per step against {syncs[1]:.0f}"
+                wa, wb = waited(slow, key), waited(fast, key)
+                if device_type != "cuda":
+                    evidence += (" (their cost is not measured here: a CPU never waits for a "
+                                 "device)")
+                elif wa is None:
+                    evidence += " (their wait was not profiled)"
+                else:  # carved out of the stage's time, never added to it
+                    wait_s = wa * ns - (wb or 0.0) * nf
+                    evidence += (f", of which the host waited {wa * 1e3:.3g} ms per step at them "
+                                 f"against {(wb or 0.0) * 1e3:.3g} ms (profiled warm steps; "
+                                 "inside the stage's time)")
+                    if sa - sb > 0 and wait_s > 0.5 * (sa - sb):
+                        advice = SYNC_ADVICE
         rows.append(Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
                           claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
-                          note=note))
+                          sync_wait_s=wait_s, note=note))
     total = gap.epoch_s[slow] - gap.epoch_s[fast]
     if gap.ddp_factor is not None:
         extra = gap.epoch_s[slow] * (gap.ddp_factor.median - 1.0)

@@ -30,6 +30,17 @@ class ProfileResult(Record):
     naive: dict[str, float] = field(default_factory=dict)  # seconds, nested durations summed
     trace: str = ""  # path of the Chrome trace (relative to the run folder where possible)
     summed: dict[str, float] = field(default_factory=dict)  # seconds, the investigation's sums
+    # seconds the host waited at CUDA syncs per wb: stage over the recorded steps (the timer's
+    # own syncs apart); empty on a CPU
+    sync_wait: dict[str, float] = field(default_factory=dict)
+
+    def sync_wait_per_step(self, stage: str) -> float | None:
+        """Seconds per recorded step the host waited at syncs in ``stage`` (None: no CUDA
+        trace)."""
+        if not self.schedule.get("cuda", 0):
+            return None
+        active = self.schedule.get("active", 0)
+        return self.sync_wait.get(stage, 0.0) / active if active else None
 
     @property
     def coverage(self) -> float:
@@ -116,10 +127,12 @@ def profile_steps(step: Callable[[], float], *, steps_done: int, wait: int = 1, 
         except ValueError:
             pass
     return ProfileResult(
-        schedule={"wait": wait, "warmup": warmup, "active": active},
+        schedule={"wait": wait, "warmup": warmup, "active": active,
+                  "cuda": int(device.type == "cuda")},
         profiled_steps=(f"steps {first}-{first + active - 1} of the run (after {steps_done} loop "
                         f"warm-up step(s), then profiler wait {wait} and warmup {warmup})"),
         wall_s=sum(walls[wait + warmup:]),
         categories=ta.exclusive_breakdown(events),
         naive=ta.naive_breakdown(ta.load_trace(trace_path)),
-        trace=str(shown), summed=investigation_sums(events))
+        trace=str(shown), summed=investigation_sums(events),
+        sync_wait=ta.sync_wait_by_stage(events) if device.type == "cuda" else {})

@@ -44,13 +44,23 @@ import torch
 DEFAULT_TARGET = 0.10
 
 
+HARNESS_SYNC = "harness:sync"  # the profiler range of the timer's own device syncs
+
+
 def sync(device: torch.device | str | None) -> None:
-    """Wait for the work queued on ``device`` (CUDA); on CPU work is synchronous already."""
+    """Wait for the work queued on ``device`` (CUDA); on CPU work is synchronous already.
+
+    On CUDA the wait runs in a :data:`HARNESS_SYNC` profiler range, so that a trace tells the
+    timer's own syncs from those the measured code makes
+    (:func:`~workbook_lib.measurement.trace_analysis.sync_wait_by_stage`)."""
     if device is None:
         return
     dev = torch.device(device)
     if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+        from torch.profiler import record_function
+
+        with record_function(HARNESS_SYNC):
+            torch.cuda.synchronize(dev)
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:

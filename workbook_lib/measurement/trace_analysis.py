@@ -345,6 +345,35 @@ def exclusive_breakdown(events: list[Event], *, thread: tuple | None = None) -> 
     return out
 
 
+# CUDA runtime calls in which the host waits for the device (a host sync): what .item(),
+# nonzero, boolean-mask indexing and a pageable device-to-host copy end in
+SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize",
+                        "cudaEventSynchronize", "cudaMemcpy"})
+HARNESS_SYNC = "harness:sync"  # measurement.timing's own syncs (never the measured code's)
+
+
+def sync_wait_by_stage(events: list[Event]) -> dict[str, float]:
+    """Seconds the host waited in CUDA sync calls (:data:`SYNC_CALLS`) inside each ``wb:``
+    stage, the timer's own syncs (inside a :data:`HARNESS_SYNC` range) left out: the part of a
+    stage's time that its host syncs cost on a GPU. Empty for a CPU trace (no such calls)."""
+    build_tree(events)
+    out: dict[str, float] = {}
+    for e in events:
+        if e.name not in SYNC_CALLS:
+            continue
+        cur, harness = e.parent, False
+        while cur is not None:
+            if cur.name == HARNESS_SYNC:
+                harness = True
+                break
+            cur = cur.parent
+        stage = stage_of(e)
+        if harness or stage is None:
+            continue
+        out[stage] = out.get(stage, 0.0) + (e.clipped_end - e.ts) / 1e6
+    return out
+
+
 def naive_breakdown(events: list[Event]) -> dict[str, float]:
     """What summing every event's inclusive duration gives (the mistake to avoid): each
     event counted under its stage on every thread, parents and children alike."""
