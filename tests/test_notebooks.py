@@ -102,11 +102,16 @@ def test_results_of_each_notebook(ci_run):
     assert t.loops.pipelined("node_mask_shared") is not None
     v = load_result(out, "05_verdict")
     assert v.recommendation.strategy and v.claims
-    # figures measured beside another job lead the answer (contended), then imprecise ones
-    assert v.answer.startswith("**Contended figures" if v.contended else
-                               "**Disturbed figures" if v.disturbed else "**On this run")
+    # the answer opens with its one sentence about the pair, caveats one line each after it
+    assert v.answer.startswith(v.lead) and v.lead.startswith("**Replicated masks")
+    assert "slower per epoch than" in v.lead and "first cause:" in v.lead
+    assert all("\n" not in c for c in v.caveats)
     assert set(v.inputs) == {"01_graph_inventory", "02_mask_cost_model",
                              "03_data_vs_model_timing", "04_ddp_scaling"}
+    assert sum(c.share for c in v.causes if c.share is not None) == pytest.approx(1.0)
+    assert "The investigation observed about 40x" in v.answer  # built-in strategies ran
+    for name in NOTEBOOK_NAMES:  # one short sentence each on the index
+        assert len(read_meta(out, name).headline) <= 200, name
     a = load_result(out, "06_adopt_fix")
     assert a.max_rel_diff <= 1e-5
     assert a.speedup.median == pytest.approx(Stat.from_samples(
@@ -150,7 +155,7 @@ def test_the_html_a_reader_gets(ci_run):
     flat = re.sub(r"\s+", " ", _text(index))
     assert "slower per epoch" in flat and first_words[:25] in flat
     verdict_html = _text((out / "05_verdict.html").read_text())
-    assert verdict_html.index("The answer") < verdict_html.index("Causes of the gap")
+    assert verdict_html.index("The answer") < verdict_html.index("The gap, stage by stage")
     assert "traces_03/" in index and "ddp_04/world2/" in index  # relative links
     assert str(out) not in index
 
@@ -193,14 +198,18 @@ def test_papermill_bad_values_fail_clearly_before_work(tmp_path):
         assert not (tmp_path / "01_graph_inventory.json").exists()
 
 
-def test_verdict_refuses_partial_inputs(tmp_path):
+def test_verdict_refuses_without_notebook_03(tmp_path):
+    """03's timings of the pair are the verdict's one required input: without them it refuses
+    in one line, and writes no results."""
     import papermill as pm
 
     with pytest.raises(pm.PapermillExecutionError) as e:
         pm.execute_notebook(str(ROOT / "notebooks" / "05_verdict.ipynb"),
                             str(tmp_path / "05.ipynb"), parameters={"run_dir": str(tmp_path)},
                             kernel_name="python3", progress_bar=False)
-    assert e.value.ename == "IncompleteInputsError" and "01_graph_inventory" in e.value.evalue
+    assert e.value.ename == "IncompleteInputsError"
+    assert "03_data_vs_model_timing: not run" in e.value.evalue
+    assert "\n" not in e.value.evalue.strip()
     assert not (tmp_path / "05_verdict.json").exists()
 
 
@@ -289,9 +298,11 @@ def test_examples_through_notebooks_01_to_05(examples_run):
     assert d.gap_strategies == ["lazy_pyg", "dango_pyg"] and d.gap.batch_sizes == {
         "lazy_pyg": 4, "dango_pyg": 8}
     v = load_result(out, "05_verdict")
-    assert "'lazy_pyg'" in v.answer and "'dango_pyg'" in v.answer
+    assert "'lazy_pyg'" in v.lead and "'dango_pyg'" in v.lead
     assert v.causes and v.recommendation.strategy in ("node_mask_shared", "lazy_pyg",
                                                       "nodemask_pyg")  # exact ones only
+    # built-in strategies ran, but the gap is the user's pair: the gap claims are not judged
+    assert "epoch_gap" not in {c.key for c in v.claims} and "another pair" in v.claims_note
 
 
 # ------------------------------------------------------------------ your pipelines alone
@@ -321,24 +332,28 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     for name in NOTEBOOK_NAMES:
         assert read_meta(out, name).complete, name
     mc = load_result(out, "02_mask_cost_model")
-    assert mc.exact == {}  # no built-in strategy: not re-checked, and said so
-    assert read_meta(out, "02_mask_cost_model").headline.startswith(
-        "no built-in strategy: exactness not re-checked")
+    # no built-in strategy: none of the investigation's sections ran, and one line says so
+    assert mc.exact == {} and mc.cost is None and mc.bench is None and mc.layers is None
+    assert {pt.strategy for pt in mc.memory.points} == {"slow_item", "fast"}
+    assert "built-in sections not run" in read_meta(out, "02_mask_cost_model").headline
     t = load_result(out, "03_data_vs_model_timing")
     assert t.bounds["slow_item"].bound == "data-bound"
     assert t.bounds["fast"].bound == "model-bound"
+    assert t.reported == [] and t.stored_reads is None and t.syncs.scaling == []
     head = read_meta(out, "03_data_vs_model_timing").headline
-    assert "slow_item data-bound (data item" in head and "DANGO/Lazy it/s" not in head
+    assert "slow_item data-bound (data item" in head and "DANGO" not in head
     v = load_result(out, "05_verdict")
     assert v.causes[0].stage == "data_item" and v.causes[0].effect == "adds"
-    assert "**What to change first** (data item)" in v.answer
-    # the investigation's Lazy-vs-DANGO claims, judged on this run's gap, say which pipelines
-    claims = {c.key: c for c in v.claims}
-    assert "slow_item over fast" in claims["data_model_ratio"].measured
-    assert claims["epoch_gap"].note.startswith("slow_item over fast (this run's gap)")
-    # the built-in fix's benchmark is never quoted as the speed of a user's pipeline
-    assert "the built-in forms, not your pipelines" in v.answer
-    assert read_meta(out, "05_verdict").headline.startswith("first cause: data item")
+    assert "first cause: data item" in v.lead and "change first: move the per-sample" in v.lead
+    # the investigation's story is not told about the user's pair
+    assert v.claims == [] and "strategies: []" in v.claims_note
+    assert "40x" not in v.answer and "investigation" not in v.answer.lower()
+    assert "the built-in forms" not in v.answer
+    head = read_meta(out, "05_verdict").headline
+    assert head.startswith(("slow_item", "CONTENDED: slow_item"))
+    assert "slower per epoch than fast; first cause: data item" in head
+    for name in NOTEBOOK_NAMES:
+        assert len(read_meta(out, name).headline) <= 200, name
     index = (out / "index.html").read_text()
     assert "slow_item data-bound" in index and "first cause: data item" in index
 

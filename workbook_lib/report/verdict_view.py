@@ -108,8 +108,6 @@ def caveats(v: VerdictResult) -> list[str]:
     first = V.first_causes(v.causes)
     if first and first[0].note:
         out.append(f"Where the {first[0].cause}'s time went: {first[0].note}.")
-    if v.claims_note:
-        out.append(f"Claims: {v.claims_note}.")
     return out
 
 
