@@ -55,10 +55,32 @@ def test_gap_and_ddp_names_must_be_compared():
         params_mod.validate({"gap_strategies": ["lazy_pyg", "dango_wildtype"]})
     with pytest.raises(ParamsError, match="'ddp_strategy'"):
         params_mod.validate({"ddp_strategy": "nope"})
+    with pytest.raises(ParamsError, match="'ddp_strategy' must name a strategy or pipeline the "
+                                          "run compares"):  # a built-in left out of the run
+        params_mod.validate({"strategies": [], "pipelines": list(EXAMPLES.values()),
+                             "ddp_strategy": "node_mask_shared"})
+    p = params_mod.validate({"strategies": [], "pipelines": list(EXAMPLES.values())})
+    assert p["ddp_strategy"] is None and params_mod.ddp_strategy(p) == p["gap_strategies"][0]
+    assert params_mod.ddp_strategy(params_mod.validate({})) == "node_mask_shared"
     with pytest.raises(ParamsError, match="'strategies' must not be empty"):
         params_mod.validate({"strategies": []})
     assert params_mod.validate({"strategies": [], "pipelines": list(EXAMPLES.values()),
                                 "ddp_strategy": "nodemask_pyg"})["ddp_strategy"] == "nodemask_pyg"
+
+
+def test_several_factories_of_one_file_are_named_by_their_factories():
+    """A user's habit: one file, a factory per variant, no NAME=: each is named by its
+    factory; a clash with an explicit name or a built-in strategy takes module.factory; the
+    same entry twice is still refused."""
+    f = "tests/matrix/family.py"
+    p = params_mod.validate({"strategies": [], "pipelines": [f"{f}:slow", f"{f}:fast"]})
+    assert [s.name for s in params_mod.parse_specs(p["pipelines"])] == ["slow", "fast"]
+    assert p["gap_strategies"] == ["slow", "fast"]
+    names = [s.name for s in params_mod.parse_specs([f"{f}:slow", f"{f}:fast",
+                                                     f"fast={f}:inexact"])]
+    assert names == ["slow", "family.fast", "fast"]
+    with pytest.raises(ParamsError, match="twice"):
+        params_mod.validate({"strategies": [], "pipelines": [f"{f}:slow", f"{f}:slow"]})
 
 
 # ------------------------------------------------------------------ the examples

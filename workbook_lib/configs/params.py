@@ -205,15 +205,31 @@ def spec_file(module: str) -> Path | None:
 
 
 def parse_specs(entries: list[str]) -> list[PipelineSpec]:
-    """The entries as specs with their names (syntax assumed checked by :func:`spec_problem`)."""
-    out = []
+    """The entries as specs with their names (syntax assumed checked by :func:`spec_problem`).
+
+    ``NAME=TARGET`` names it; otherwise the module's (file's) name, and where several entries
+    come from one module (``family.py:slow``, ``family.py:fast``), each is named by its factory
+    (``slow``, ``fast``), or ``module.factory`` where that is taken too."""
+    parsed = []
     for e in entries:
         if "=" in e:
             name, target = (s.strip() for s in e.split("=", 1))
+            parsed.append((name, target, True))
         else:
             target = e.strip()
             module = target.split(":")[0]
             name = Path(module).stem if module.endswith(".py") else module.rsplit(".", 1)[-1]
+            parsed.append((name, target, False))
+    defaults = [n for n, _t, explicit in parsed if not explicit]
+    taken = {n for n, _t, explicit in parsed if explicit}
+    out = []
+    for name, target, explicit in parsed:
+        if not explicit and defaults.count(name) > 1:
+            factory = target.rsplit(":", 1)[-1]
+            others = [t.rsplit(":", 1)[-1] for n, t, x in parsed if not x and n == name]
+            unique = others.count(factory) == 1 and factory not in taken | set(STRATEGY_NAMES) \
+                and factory not in defaults
+            name = factory if unique else f"{name}.{factory}"
         out.append(PipelineSpec(name, target))
     return out
 
