@@ -435,14 +435,23 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
                                                 if p.requires_grad])
                 arm = loop.Arm(name, pipe, loop.make_loader(pipe), loop.Variant("full"),
                                optimizer=opt)
-                arm.watchdog, arm.stall_limit = wd, stall
+                arm.watchdog = wd if stall else None
                 arm.stream = loop.cycle(arm.loader)
                 clock = StepClock(device)
+
+                def step(timed: bool) -> None:
+                    if arm.watchdog is not None:
+                        wd.arm(stall)
+                    try:
+                        arm.step(clock, timed=timed)
+                    finally:
+                        if arm.watchdog is not None:
+                            wd.disarm()
                 for _ in range(warm):
-                    arm.step(clock, timed=False)
+                    step(False)
 
                 def one() -> float:
-                    arm.step(clock, timed=True)
+                    step(True)
                     return clock.steps[-1]["_wall"]
                 out[name] = profile_steps(one, steps_done=warm, wait=wait, warmup=pw,
                                           active=active,

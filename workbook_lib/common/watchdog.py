@@ -16,7 +16,8 @@ pipeline, an arm), where (the stage) and for how long it may run. Past that limi
   nothing is stopped.
 
 In both cases a monitor thread says on the terminal which stage has been waiting, once it has
-run :data:`WAITING_NOTE_S` seconds, so that a long wait is visible before its limit.
+run a quarter of its limit (at least :data:`WAITING_NOTE_S` seconds), so that a long wait is
+visible before its limit.
 
 Written here rather than taken from a library: the maintained ones (``timeout-decorator``,
 ``func-timeout``, ``stopit``) either use the same ``SIGALRM`` per call (re-installing the
@@ -32,7 +33,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-WAITING_NOTE_S = 15.0  # a stage running this long is named on the terminal
+WAITING_NOTE_S = 15.0  # a stage running a quarter of its limit, and this long, is named
 
 
 class Stalled(BaseException):
@@ -57,7 +58,10 @@ class Stalled(BaseException):
 class Watchdog:
     """Stops (or reports) a stage that runs past its limit; see the module docstring.
 
-    Use as a context manager around the work, and :meth:`watch` around each stage.
+    Use as a context manager around the work, and :meth:`watch` around each stage; or, where
+    a stage's two system calls (arming and cancelling the timer) would be in a timed region,
+    :meth:`arm` before a series of stages (a training step), :meth:`enter`/:meth:`leave` around
+    each (attribute writes only) and :meth:`disarm` after.
 
     Args:
         announce: where notes go (a stage waiting long, a stall that cannot be stopped); e.g.
@@ -72,6 +76,7 @@ class Watchdog:
         self.what = self.where = ""
         self.started = 0.0
         self.limit: float | None = None
+        self.active = False  # a stage is running (armed: ``limit`` is set)
         self._serial = 0  # one stage watched after another: notes are said once per stage
         self._noted = 0  # serial of the stage last named (negative: its stall)
         self._previous = None
@@ -97,7 +102,7 @@ class Watchdog:
         stack = _ACTIVE.get(os.getpid(), [])
         if self in stack:
             stack.remove(self)
-        self.limit = None
+        self.limit, self.active = None, False
         if self.signals:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self._previous or signal.SIG_DFL)
@@ -111,7 +116,8 @@ class Watchdog:
 
     @contextmanager
     def watch(self, what: str, where: str, limit_s: float | None) -> Iterator[None]:
-        """Watch one stage (not nested: a stage inside it is named with :meth:`rename`).
+        """Watch one stage with its own timer (not nested: a part of it is named with
+        :meth:`rename`).
 
         Args:
             what: what runs (named in the message).
@@ -128,22 +134,45 @@ class Watchdog:
             self.stop()
 
     def start(self, what: str, where: str, limit_s: float) -> None:
-        """Start watching a stage (for work whose start and end are two calls; else
-        :meth:`watch`)."""
-        self.what, self.where, self.started = what, where, time.monotonic()
-        self._serial += 1
+        """Start watching a stage with its own timer (for work whose start and end are two
+        calls; else :meth:`watch`)."""
+        self.arm(limit_s)
+        self.enter(what, where)
+
+    def stop(self) -> None:
+        """Stop watching (the timer is cancelled)."""
+        self.disarm()
+
+    def arm(self, limit_s: float) -> None:
+        """Arm the timer for a series of stages (a training step), each then named by
+        :meth:`enter` and :meth:`leave` without a system call: the stage that runs when the
+        timer fires is checked against its own start, and the timer re-armed for what it has
+        left."""
         self.limit = float(limit_s)
+        self.active = False
         if self.signals:
             signal.setitimer(signal.ITIMER_REAL, self.limit)
 
-    def stop(self) -> None:
-        """Stop watching (a pending alarm is ignored)."""
-        self.limit = None
+    def disarm(self) -> None:
+        """End the series (the timer is cancelled)."""
+        self.limit, self.active = None, False
+        if self.signals:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def enter(self, what: str, where: str) -> None:
+        """A stage of the armed series starts (attribute writes only)."""
+        self.what, self.where, self.started = what, where, time.monotonic()
+        self._serial += 1
+        self.active = True
+
+    def leave(self) -> None:
+        """The stage ended (an alarm between stages re-arms the timer)."""
+        self.active = False
 
     def rename(self, where: str) -> None:
         """Name the part of the watched stage now running (e.g. "data item" in the loader
         wait); no effect outside a watched stage."""
-        if self.limit is not None:
+        if self.active:
             self.where = where
 
     def message(self, waited: float) -> str:
@@ -153,9 +182,12 @@ class Watchdog:
     def _fire(self, signum, frame) -> None:
         limit = self.limit
         if limit is None:
+            return  # not armed: an alarm left over
+        if not self.active:  # between stages: the next one gets the whole limit
+            signal.setitimer(signal.ITIMER_REAL, limit)
             return
         waited = time.monotonic() - self.started
-        if waited < limit:  # an alarm of an earlier stage, or early: wait for the rest
+        if waited < limit:  # the stage began after the timer was armed: wait for the rest
             signal.setitimer(signal.ITIMER_REAL, max(1e-3, limit - waited))
             return
         msg = self.message(waited)
@@ -167,7 +199,7 @@ class Watchdog:
     def _monitor(self) -> None:
         while not self._stop.wait(0.5):
             limit, serial = self.limit, self._serial
-            if limit is None or self.announce is None:
+            if limit is None or not self.active or self.announce is None:
                 continue
             waited = time.monotonic() - self.started
             if not self.signals and waited > limit and self._noted != -serial:
@@ -175,7 +207,7 @@ class Watchdog:
                 self._say(f"STALLED: {self.what}: {self.message(waited)}; it cannot be stopped from this "
                           "thread (signals reach the main thread only): interrupt the run to "
                           "stop it")
-            elif waited > WAITING_NOTE_S and self._noted not in (serial, -serial):
+            elif waited > max(WAITING_NOTE_S, limit / 4) and self._noted not in (serial, -serial):
                 self._noted = serial
                 self._say(f"{self.what}: waiting in {self.where} for {waited:.0f} s (stopped "
                           f"at {limit:g} s: {self.why})")

@@ -487,7 +487,7 @@ def headline(r: TimingResult) -> str:
     if r.sanity:
         parts.append(f"{len(r.sanity)} mode-order flag(s)")
     for f in (getattr(lo, "failures", {}) or {}).values():
-        parts.append(f"FAILED: {f.line()}" if not f.figures_kept else f.line())
+        parts.append(f.line())
     bad = [k for k, a in lo.arms.items() if a.step.contended] if lo is not None else []
     if bad:
         parts.append(f"CONTENDED: {len(bad)} of {len(lo.arms)} arms measured while the process "

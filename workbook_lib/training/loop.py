@@ -299,8 +299,9 @@ class Arm:
         # every micro-batch's loss, detached, with its step: checked for NaN/inf when the arm
         # ends (one host read then, none in the step)
         self.loss_checks: list[tuple[int, torch.Tensor]] = []
-        self.watchdog: Watchdog | None = None  # set by run_arms: stops a stalled stage
-        self.stall_limit: float | None = None  # seconds a stage of this step may run
+        # set (and armed for each step) by run_arms, or by a caller that arms it itself: stops
+        # a stage of the step that stalls
+        self.watchdog: Watchdog | None = None
         self.watch_loader = True  # False with DataLoader workers: they watch themselves
 
     @property
@@ -344,17 +345,14 @@ class Arm:
         """The arm's name after its pipeline's ("full", "gap", "ddp@all-threads")."""
         return self.name.split("/", 1)[1] if "/" in self.name else self.variant.name
 
-    def _watch(self, stage: str):
-        wd = self.watchdog
-        if wd is None or (stage == "loader_wait" and not self.watch_loader):
-            return nullcontext()
-        return wd.watch(f"'{self.pipeline.name}' ({self.mode_name})",
-                        LOOP_STAGE_NAMES.get(stage, stage), self.stall_limit)
-
     def _stage(self, clock: StepClock, name: str, synced: bool,
                counter: SyncCounter | None = None):
         self.where = name
-        return _stage(clock, name, synced, counter, self._watch(name))
+        wd = self.watchdog
+        if wd is not None and (name != "loader_wait" or self.watch_loader):
+            return _stage(clock, name, synced, counter, wd,
+                          f"'{self.pipeline.name}' ({self.mode_name})")
+        return _stage(clock, name, synced, counter)
 
     def _step(self, clock: StepClock, timed: bool, counter: SyncCounter | None,
               index: int) -> None:
@@ -439,14 +437,20 @@ def _takes_gather(pipeline: Pipeline) -> bool:
 
 @contextmanager
 def _stage(clock: StepClock, name: str, synced: bool = True, counter: SyncCounter | None = None,
-           watch=None):
+           watchdog: Watchdog | None = None, what: str = ""):
     """One timed stage in a profiler range; with ``counter``, its host syncs counted (inside
-    the clock's own device syncs, which are not the stage's); with ``watch``, stopped should it
-    stall (the watch is outside the clock: its device sync is part of the stage)."""
-    with (watch if watch is not None else nullcontext()), record_function(f"wb:{name}"), \
-            clock.stage(name, synced), \
-            (counter.stage(name) if counter is not None else nullcontext()):
-        yield
+    the clock's own device syncs, which are not the stage's); with an armed ``watchdog``, named
+    to it (attribute writes, no system call), so that it is stopped should it stall (the device
+    sync that ends the stage is part of it)."""
+    if watchdog is not None:
+        watchdog.enter(what, LOOP_STAGE_NAMES.get(name, name))
+    try:
+        with record_function(f"wb:{name}"), clock.stage(name, synced), \
+                (counter.stage(name) if counter is not None else nullcontext()):
+            yield
+    finally:
+        if watchdog is not None:
+            watchdog.leave()
 
 
 @dataclass
@@ -580,6 +584,7 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
     stopped = {a.name: "" for a in arms}
     agree = agree or (lambda flag: flag)
     slowest: dict[str, float] = {}  # pipeline -> its slowest step so far (the stall rule)
+    shown = [0.0]  # when the progress line last named the arm running
     failed: set[str] = set()
 
     def stop_reason(arm: Arm, spent: float, budget: float) -> str:
@@ -608,11 +613,16 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
         pipe = arm.pipeline.name
         if pipe in failed:
             return False
-        arm.watchdog = watchdog
-        arm.stall_limit = stall_limit(stall_timeout_s, slowest.get(pipe))
+        limit = stall_limit(stall_timeout_s, slowest.get(pipe))
+        arm.watchdog = watchdog if limit else None
         arm.watch_loader = getattr(arm.loader, "num_workers", 0) == 0
-        bar.set_postfix_str(arm.name, refresh=False)
         t0 = time.perf_counter()
+        # the arm running, on the terminal (at most once a second: a refresh writes the line)
+        bar.set_postfix_str(arm.name, refresh=t0 - shown[0] > 1.0)
+        if t0 - shown[0] > 1.0:
+            shown[0] = t0
+        if arm.watchdog is not None:
+            arm.watchdog.arm(limit)  # once per step, outside its timed region
         try:
             arm.step(clocks[arm.name], timed=timed, counter=counter)
         except PipelineFailed as exc:
@@ -628,6 +638,9 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
                     other.stream = None
             note(f"{desc}: {f.line()}; the other pipelines go on")
             return False
+        finally:
+            if arm.watchdog is not None:
+                arm.watchdog.disarm()
         slowest[pipe] = max(slowest.get(pipe, 0.0), time.perf_counter() - t0)
         return True
 
