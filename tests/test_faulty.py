@@ -85,6 +85,31 @@ def test_forward_reaching_into_the_model_is_refused_in_one_line(tmp_path, capsys
     assert not out.exists()
 
 
+def test_under_a_real_ddp_the_same_forward_fails_and_is_named_by_the_rule(graph, tmp_path):
+    """What the preflight's wrapper stands for: a real (one-process, gloo) DDP has no 'conv'
+    either; without the preflight the loop records the same rule for that pipeline."""
+    import torch.distributed as dist
+
+    p = _params("calls_submodule")
+    pipe = build_pipeline(p, "calls_submodule", graph, "cpu", check=False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(pipe.model)
+        arm = loop.Arm("calls_submodule/gap", pipe, loop.make_loader(pipe),
+                       loop.Variant("ddp", "full"), model=model,
+                       optimizer=pipe.configure_optimizer(pipe.model.parameters()))
+        failures = {}
+        assert loop.run_arms([arm], warmup_steps=1, min_steps=2, max_steps=2, budget_s=30,
+                             failures=failures, notebook="04") == {}
+    finally:
+        dist.destroy_process_group()
+    f = failures["calls_submodule"]
+    assert (f.stage, f.step, f.mode) == ("forward", 0, "gap")
+    assert f.message.startswith("forward uses model.conv, which DDP's wrapper does not have")
+    assert "'DistributedDataParallel' object has no attribute 'conv'" in f.traceback
+
+
 def test_a_batch_a_worker_cannot_send_back_is_refused_with_workers(tmp_path, capsys, graph):
     out = tmp_path / "run"
     rc, err = _run(["--out", str(out), "--only", "03", "--set", "strategies=[]", "--set",

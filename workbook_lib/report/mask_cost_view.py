@@ -447,6 +447,9 @@ def headline(r: MaskCostResult) -> str:
     bench_part = headline_bench_part(b)
     if bench_part:
         parts.append(bench_part)
+    mem = getattr(r, "memory", None)
+    for f in (getattr(mem, "failures", {}) or {}).values():
+        parts.append(f"memory probe: {f.line()}")
     return "; ".join(parts)
 
 

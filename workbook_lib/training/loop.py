@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ ALLREDUCE = ("every", "last", "never")
 STALL_FACTOR = 20.0  # a stage this many times the pipeline's slowest step has stalled...
 STALL_FLOOR_S = 30.0  # ...but never under this many seconds (stall_timeout_s may be shorter)
 LOADER_TIMEOUT_MARGIN_S = 2.0  # the DataLoader's own timeout: the workers' limit plus this
+_DDP_NO_ATTR = re.compile(r"'DistributedDataParallel' object has no attribute '(\w+)'")
 
 
 @dataclass
@@ -334,9 +336,14 @@ class Arm:
                     "a stage it could not be stopped in, died, or returned a batch that "
                     "cannot be pickled)", _format(exc), index, self.mode_name,
                     waited_s=float(w))) from None
-            raise PipelineFailed(failure_from(exc, pipeline=self.pipeline.name, notebook="",
-                                              stage=stage, step=index,
-                                              mode=self.mode_name)) from None
+            f = failure_from(exc, pipeline=self.pipeline.name, notebook="", stage=stage,
+                             step=index, mode=self.mode_name)
+            m = _DDP_NO_ATTR.search(str(exc)) if isinstance(exc, AttributeError) else None
+            if m is not None:  # the rule the preflight checks, met here without it
+                f.message = (f"forward uses model.{m.group(1)}, which DDP's wrapper does not "
+                             "have: call model(...) and let the model's own forward use its "
+                             "parts")
+            raise PipelineFailed(f) from None
         finally:
             self.where = ""
 
