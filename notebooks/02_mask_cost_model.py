@@ -44,6 +44,7 @@ warmup: int = 1  # untimed warm-up calls or steps before anything is timed
 min_repeats: int = 5  # fewest timed repeats of a figure
 precision_target: float = 0.1  # repeat a figure until IQR/median is at most this (or its time budget is spent)
 time_budget_s: float = 2.0  # seconds one benchmark figure may spend on repeats beyond min_repeats
+stall_timeout_s: float = 300.0  # a stage of a pipeline's step (data item, collate, forward...) running this long has stalled: that pipeline is stopped and recorded, the others go on (once it has run a step, also 20x its slowest step, at least 30 s)
 sweep_edges: List[int] = [20000, 50000, 100000, 200000]  # edge counts E of the cost-model sweeps; the largest is held out of every fit
 sweep_hidden: List[int] = [16, 32, 64]  # hidden sizes H of the cost-model sweeps
 sweep_p: List[float] = [0.001, 0.01, 0.1, 0.3, 0.6]  # removed-edge fractions p of the filter sweeps
@@ -160,10 +161,12 @@ display(view.rates_table(bres))
 # %% [markdown]
 # ## Peak memory of a training step
 # One forward + backward step per point in a fresh process; on CPU the resident-set high-water
-# mark, reset just before the step; on GPU `torch.cuda.max_memory_allocated`.
+# mark, reset just before the step; on GPU `torch.cuda.max_memory_allocated`. A pipeline whose
+# probe raises or stalls is named above the table, the others' points stand.
 
 # %%
 mem = memory_study.memory_study(P, NB.device)
+display(view.memory_failures(mem))
 display(view.memory_table(mem))
 view.memory_plot(mem)
 

@@ -45,6 +45,7 @@ warmup: int = 1  # untimed warm-up calls or steps before anything is timed
 min_repeats: int = 5  # fewest timed repeats of a figure
 precision_target: float = 0.1  # repeat a figure until IQR/median is at most this (or its time budget is spent)
 time_budget_s: float = 2.0  # seconds one benchmark figure may spend on repeats beyond min_repeats
+stall_timeout_s: float = 300.0  # a stage of a pipeline's step (data item, collate, forward...) running this long has stalled: that pipeline is stopped and recorded, the others go on (once it has run a step, also 20x its slowest step, at least 30 s)
 batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)
 batch_size_dango: int = 16  # batch of the DANGO-style strategy (the investigation: 64)
 loop_steps: int = 10  # fewest timed training steps per strategy and mode
@@ -77,6 +78,15 @@ display(view.settings(NB.params, NB.graph, NB.device_label))
 loops = study.run_loops(NB.params, NB.graph, NB.device)
 display(view.loop_table(loops))
 view.loop_plot(loops)
+
+# %% [markdown]
+# ## Pipelines that failed
+# A pipeline whose step raised or stalled (no progress within `stall_timeout_s`) is left out of
+# every figure of this notebook, and the others are measured as if it were not there; one whose
+# loss was NaN or infinite keeps its figures, marked (they are of a diverged step).
+
+# %%
+display(view.failures_note(loops))
 
 # %% [markdown]
 # ## What the process got of the CPUs
@@ -169,9 +179,9 @@ view.sync_plot(syncs)
 # training step once appeared as "optimizer 24%".
 
 # %%
-profiles = study.profile_strategies(NB.params, NB.graph, NB.device,
+profiles = study.profile_strategies(NB.params, NB.graph, NB.device, loops=loops,
                                     trace_dir=NB.run_dir / "traces_03", run_dir=NB.run_dir)
-display(view.profile_table(profiles))
+display(view.profile_table(profiles, loops))
 view.profile_plot(profiles, NB.device_label, pick=(NB.params["gap_strategies"] or [None])[0])
 
 # %% [markdown]

@@ -46,6 +46,7 @@ warmup: int = 1  # untimed warm-up calls or steps before anything is timed
 min_repeats: int = 5  # fewest timed repeats of a figure
 precision_target: float = 0.1  # repeat a figure until IQR/median is at most this (or its time budget is spent)
 time_budget_s: float = 2.0  # seconds one benchmark figure may spend on repeats beyond min_repeats
+stall_timeout_s: float = 300.0  # a stage of a pipeline's step (data item, collate, forward...) running this long has stalled: that pipeline is stopped and recorded, the others go on (once it has run a step, also 20x its slowest step, at least 30 s)
 batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)
 batch_size_dango: int = 16  # batch of the DANGO-style strategy (the investigation: 64)
 num_workers: int = 0  # DataLoader worker processes (0: load in the main process)
@@ -95,6 +96,7 @@ ratio_03 = (timing.loops.ratio(timing.loops.arm(slow), timing.loops.arm(fast))
             if timing and slow in timing.loops.strategies and fast in timing.loops.strategies
             else None)
 ddp = study.analyse(NB.params, plan, launched, NB.run_dir, ratio_03=ratio_03)
+display(view.failures_note(ddp))
 display(view.step_table(ddp))
 view.scaling_plot(ddp, NB.device_label)
 

@@ -6,13 +6,15 @@ every floor reads, at the top what drives everything. ``LAYERS`` (below) is this
 ``tests/test_layers.py`` checks every import against it (imports inside functions too), allows at
 most 3 that climb, each with its reason, and refuses any import cycle.
 
-0  ``exceptions``, ``paths``, ``records``, ``catalog``, ``common/``: errors, locations, typed JSON,
-   the names of strategies and notebooks, and what every floor uses (``common``):
+0  ``exceptions``, ``paths``, ``records``, ``catalog``, ``failures``, ``common/``: errors,
+   locations, typed JSON, the names of strategies and notebooks, the one record of a pipeline
+   that failed in a notebook (``failures``), and what every floor uses (``common``):
     ``files``           atomic writes with the umask's mode
     ``device``          ``device`` -> torch.device; the host memory a run may use; the CPU
                         allocator setting
     ``progress``        progress bars and stage notes, on the terminal only
     ``processes``       stopping processes we started
+    ``watchdog``        a stage that stops making progress: stopped (SIGALRM) and named
 1  ``configs/``     ``params``: the one schema of every params file, ``--set``, papermill ``-p``
                    and parameters cell (and which keys each notebook reads); ``pipelines``
                    entries parsed and checked as plain strings (importing them is
@@ -86,7 +88,7 @@ __version__ = "0.2.0"
 
 # The map above as data: its floors, bottom first (tests/test_layers.py keeps both true).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("exceptions", "paths", "records", "catalog", "common"),
+    ("exceptions", "paths", "records", "catalog", "failures", "common"),
     ("configs",),
     ("measurement",),
     ("nodemask",),

@@ -78,7 +78,8 @@ def _cmd_run(args) -> int:
 
         try:  # a user's pipeline can take a while to build: a signal here is an interrupt too
             with _signals_interrupt():
-                names = preflight(p)  # each user pipeline run on one batch, nothing timed
+                # each user pipeline run on one batch as the notebooks will, nothing timed
+                names = preflight(p, warn=lambda w: print(f"warning: {w}", file=sys.stderr))
         except KeyboardInterrupt:
             print("\nINTERRUPTED while checking the pipelines: nothing was run or written.",
                   file=sys.stderr)

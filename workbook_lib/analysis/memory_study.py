@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..measurement.memory import MemoryFit, MemoryPoint, device_budget, fit_memory
+from ..failures import RAISED, STALLED, PipelineFailure, one_line
+from ..measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryFit, MemoryPoint,
+                                  device_budget, fit_memory)
 from ..records import Record
-from ..common.progress import progress
+from ..common.progress import note, progress
 from ..training.step_memory import measure_point
 
 STRATEGIES = (("replicated_mask_cpu", "gather_scatter"), ("replicated_mask_cpu", "spmm"),
@@ -31,6 +33,9 @@ class MemoryStudy(Record):
     budget_label: str
     points: list[MemoryPoint] = field(default_factory=list)
     fits: dict[str, MemoryFit] = field(default_factory=dict)
+    # user pipeline -> the failure of its probes (raised or stalled); ``figures_kept`` when some
+    # of its points were measured
+    failures: dict[str, PipelineFailure] = field(default_factory=dict)
 
     def per_sample(self) -> dict[str, float]:
         """Measured bytes per sample by strategy (the real-size fit preferred), for the
@@ -83,4 +88,31 @@ def memory_study(params: dict, device: torch.device, *, dual: bool | None = None
         groups.setdefault(_label(s, f, sz), []).append(pt)
     for key, pts in groups.items():
         out.fits[key] = fit_memory(pts, budget, label, label=key)
+    for name in user_specs(params):
+        f = probe_failure(name, [pt for (s, _f, _b, _sz), pt in zip(jobs, points) if s == name])
+        if f is not None:
+            out.failures[name] = f
+            note(f"02 memory: {f.line()}")
     return out
+
+
+def probe_failure(name: str, points: list[MemoryPoint]) -> PipelineFailure | None:
+    """The record of a pipeline whose memory probes failed (the first failed point's; out of
+    memory is a measurement, not a failure), or None."""
+    bad = [p for p in points if p.status in (STATUS_FAILED, STATUS_TIMEOUT)]
+    if not bad:
+        return None
+    p = bad[0]
+    kept = any(pt.usable for pt in points)
+    if p.details:
+        f = PipelineFailure.from_json(p.details)
+    else:  # failed before the step: building the pipeline, or the probe timed out
+        stalled = p.status == STATUS_TIMEOUT
+        f = PipelineFailure(name, "02", "memory probe" if stalled else "build",
+                            STALLED if stalled else RAISED, one_line(p.reason or p.status),
+                            p.traceback, mode=f"memory probe, B={p.batch_size}")
+    f.notebook, f.figures_kept = "02", kept
+    others = [f"B={pt.batch_size}" for pt in bad[1:]]
+    if others:
+        f.message += f" (also at {', '.join(others)})"
+    return f

@@ -20,8 +20,9 @@ from ..data.snapshots import CellGraph
 from ..measurement.profiling import ProfileResult, profile_steps
 from ..measurement.syncs import SyncCounter, method_for
 from ..measurement.timing import Stat, StepClock
+from ..failures import NONFINITE, PipelineFailed, PipelineFailure, failure_from
 from ..records import Record
-from ..common.progress import progress
+from ..common.progress import note, progress
 from ..pipelines import build_pipeline, compared_names
 from ..strategies import make_strategy
 from ..training import loop
@@ -56,6 +57,9 @@ class LoopStudy(Record):
     # pipeline -> seconds of its shared pass (``shared_forward``: the part of the forward every
     # sample of a batch shares, e.g. the dual forward's wildtype pass), forward only, no grad
     shared_pass: dict[str, Stat] = field(default_factory=dict)
+    # pipeline -> why it has no figures here (it raised or stalled: not in ``strategies``), or
+    # why its figures are marked (a loss that is not finite: ``figures_kept``, still compared)
+    failures: dict[str, PipelineFailure] = field(default_factory=dict)
 
     def arm(self, strategy: str, mode: str = "full") -> loop.ArmResult:
         return self.arms[arm_key(strategy, mode)]
@@ -94,13 +98,19 @@ class LoopStudy(Record):
 def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
               strategies: list[str] | None = None) -> LoopStudy:
     """The loop of every pipeline (built-in strategies and the ``pipelines`` of the params) in
-    the four modes (``params``: batch sizes, loop settings)."""
+    the four modes (``params``: batch sizes, loop settings).
+
+    A pipeline that cannot be built, or whose step raises or stalls (``stall_timeout_s``), is
+    recorded in ``failures`` and left out of ``strategies``; the others are measured as if it
+    were not there. One whose loss is not finite keeps its figures and is recorded too."""
     names = list(strategies or compared_names(params))
     warm, lo, hi = params["warmup"], params["loop_steps"], params["loop_max_steps"]
     rows_needed = (warm + 1 + hi) * (len(loop.MODES) + 1)
     interleaved = params["num_workers"] == 0
     store = Path(tempfile.mkdtemp(prefix="wb-masks-"))
     arms, made = [], {}
+    failures: dict[str, PipelineFailure] = {}
+    stall = params.get("stall_timeout_s")
     try:
         for name in names:
             # distinct samples for every step, capped (strategy 3 stores a mask per sample); a
@@ -110,13 +120,20 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
             if name in params["strategies"]:
                 b = batch_size_for(params, name)
                 n_items = min(rows_needed * b, max(8 * b, MAX_DISTINCT_SAMPLES))
-            pipe = build_pipeline(params, name, graph, device, n_items=n_items,
-                                  storage_dir=store)
+            try:
+                pipe = build_pipeline(params, name, graph, device, n_items=n_items,
+                                      storage_dir=store)
+                opt = pipe.configure_optimizer([p for p in pipe.model.parameters()
+                                                if p.requires_grad])
+                loader = loop.make_loader(pipe, num_workers=params["num_workers"],
+                                          pin_memory=params["pin_memory"],
+                                          persistent_workers=params["persistent_workers"],
+                                          stall_timeout_s=stall)
+            except Exception as exc:  # noqa: BLE001 - this pipeline only: recorded
+                failures[name] = build_failure(exc, name, "03")
+                note(f"03: {failures[name].line()}; the other pipelines go on")
+                continue
             made[name] = pipe
-            opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
-            loader = loop.make_loader(pipe, num_workers=params["num_workers"],
-                                      pin_memory=params["pin_memory"],
-                                      persistent_workers=params["persistent_workers"])
             for mode in loop.MODES:
                 arms.append(loop.Arm(arm_key(name, mode), pipe, loader, loop.Variant(mode, mode),
                                      optimizer=opt))
@@ -126,10 +143,18 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                                  optimizer=opt))
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
                             target=params["precision_target"], budget_s=params["loop_budget_s"],
-                            interleave=interleaved, desc="03 loop")
-        shared = shared_pass_times(made, params, device)
+                            interleave=interleaved, desc="03 loop", failures=failures,
+                            stall_timeout_s=stall, notebook="03") if arms else {}
+        for n in [n for n in names if n in made and n not in failures]:
+            f = nonfinite_failure(n, [a for a in res.values() if a.strategy == n])
+            if f is not None:
+                record_failure(failures, f)
+                note(f"03: {f.line()}")
+        shared = shared_pass_times({n: made[n] for n in measured_names(names, made, failures)},
+                                   params, device, failures)
     finally:
         shutil.rmtree(store, ignore_errors=True)
+    measured = measured_names(names, made, failures)
     sizes = (f"{graph.num_edges():,} edges, H={params['hidden']}, L={params['layers']}, "
              f"k={params['perturbation_k']}, B={params['batch_size_lazy']} (perturbed-graph "
              f"strategies) / {params['batch_size_dango']} (DANGO-style)")
@@ -138,8 +163,8 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
 
     threads = fit_threads(workers=params["num_workers"])  # what setup applied, and why
     return LoopStudy(
-        device=device_label(device), sizes=sizes, strategies=names,
-        batch_sizes={n: made[n].batch_size for n in names}, interleaved=interleaved,
+        device=device_label(device), sizes=sizes, strategies=measured,
+        batch_sizes={n: made[n].batch_size for n in made}, interleaved=interleaved,
         settings={"warmup_steps": warm, "min_steps": lo, "max_steps": hi,
                   "precision_target": params["precision_target"],
                   "budget_s": params["loop_budget_s"], "num_workers": params["num_workers"],
@@ -147,12 +172,59 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                   "persistent_workers": params["persistent_workers"],
                   "dual_forward": params["dual_forward"],
                   "threads": torch.get_num_threads(), "threads_why": threads.why},
-        arms=res, exact={n: bool(getattr(made[n], "exact", True)) for n in names},
-        labels={n: made[n].label for n in names}, shared_pass=shared)
+        arms=res, exact={n: bool(getattr(made[n], "exact", True)) for n in made},
+        labels={n: made[n].label for n in made}, shared_pass=shared, failures=failures)
 
 
-def shared_pass_times(pipelines: dict, params: dict, device: torch.device) -> dict[str, Stat]:
-    """The forward-only time (no grad) of each pipeline's shared pass, where it has one."""
+def measured_names(names: list[str], made: dict, failures: dict[str, PipelineFailure]
+                   ) -> list[str]:
+    """The pipelines built whose figures stand (no failure, or one that kept them)."""
+    return [n for n in names if n in made and (n not in failures or failures[n].figures_kept)]
+
+
+def record_failure(failures: dict[str, PipelineFailure], f: PipelineFailure) -> None:
+    """Keep one failure per pipeline: the one that lost its figures over one that kept them."""
+    old = failures.get(f.pipeline)
+    if old is None or (old.figures_kept and not f.figures_kept):
+        failures[f.pipeline] = f
+
+
+def build_failure(exc: BaseException, name: str, notebook: str) -> PipelineFailure:
+    """The record of a pipeline that could not be built or checked (its check names the
+    stage: "pipeline 'x': forward raised ...")."""
+    from ..exceptions import PipelineError
+
+    if isinstance(exc, PipelineFailed):
+        exc.failure.notebook = notebook
+        return exc.failure
+    f = failure_from(exc, pipeline=name, notebook=notebook, stage="build")
+    if isinstance(exc, PipelineError):
+        f.message = exc.problem
+    return f
+
+
+def nonfinite_failure(name: str, arms: list[loop.ArmResult]) -> PipelineFailure | None:
+    """The record of a pipeline whose loss was NaN or infinite in some arm (its figures kept,
+    marked), or None."""
+    bad = [a for a in arms if a.nonfinite_steps]
+    if not bad:
+        return None
+    first = min(bad, key=lambda a: a.first_nonfinite_step)
+    n_bad = sum(a.nonfinite_steps for a in bad)
+    n_all = sum(a.loss_steps for a in arms)
+    when = (f"from step {first.first_nonfinite_step}" if n_bad == n_all else
+            f"at {n_bad} of {n_all} steps, first at step {first.first_nonfinite_step} of "
+            f"'{first.mode}'")
+    return PipelineFailure(name, "03", "loss", NONFINITE,
+                           f"the loss was not finite {when} ({first.nonfinite_value}): its "
+                           "timings are of a diverged step", step=first.first_nonfinite_step,
+                           mode=first.variant, figures_kept=True)
+
+
+def shared_pass_times(pipelines: dict, params: dict, device: torch.device,
+                      failures: dict[str, PipelineFailure] | None = None) -> dict[str, Stat]:
+    """The forward-only time (no grad) of each pipeline's shared pass, where it has one (one
+    that raises is recorded in ``failures`` when given, stage "shared pass")."""
     from ..measurement.timing import measure
 
     out = {}
@@ -160,17 +232,26 @@ def shared_pass_times(pipelines: dict, params: dict, device: torch.device) -> di
         fn = getattr(pipe, "shared_forward", None)
         if fn is None:
             continue
-        with torch.no_grad():
-            if fn(pipe.model) is None:
-                continue
+        try:
+            with torch.no_grad():
+                if fn(pipe.model) is None:
+                    continue
 
-            def run(pipe=pipe):
-                with torch.no_grad():
-                    pipe.shared_forward(pipe.model)
-            out[name] = measure(run, device=device, warmup=params["warmup"],
-                                min_repeats=params["min_repeats"],
-                                target=params["precision_target"],
-                                max_time_s=params["time_budget_s"], label=f"{name} shared pass")
+                def run(pipe=pipe):
+                    with torch.no_grad():
+                        pipe.shared_forward(pipe.model)
+                out[name] = measure(run, device=device, warmup=params["warmup"],
+                                    min_repeats=params["min_repeats"],
+                                    target=params["precision_target"],
+                                    max_time_s=params["time_budget_s"],
+                                    label=f"{name} shared pass")
+        except Exception as exc:  # noqa: BLE001 - the pipeline's own pass: recorded
+            if failures is None:
+                raise
+            f = failure_from(exc, pipeline=name, notebook="03", stage="shared pass")
+            f.figures_kept = True  # the loop's figures stand; its shared pass is not timed
+            record_failure(failures, f)
+            note(f"03: {f.line()}")
     return out
 
 
@@ -338,33 +419,68 @@ def stored_reads(params: dict, graph: CellGraph) -> StoredReads | None:
 
 def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
                        trace_dir: str | Path, run_dir: str | Path,
-                       strategies: list[str] | None = None) -> dict[str, ProfileResult]:
+                       strategies: list[str] | None = None,
+                       loops: LoopStudy | None = None) -> dict[str, ProfileResult]:
     """Warm full training steps of each strategy under ``torch.profiler``, by exclusive time.
 
     Strategy 3 is left out: its device work is strategy 2's (its storage read is in the loop).
+    With ``loops``, only the pipelines it measured are profiled, and one whose profiled steps
+    raise or stall is recorded in ``loops.failures`` (its loop figures kept) and not profiled.
     """
-    names = [n for n in (strategies or compared_names(params)) if n != "replicated_mask_stored"]
+    from ..common.watchdog import Watchdog
+
+    base = strategies or (loops.strategies if loops is not None else compared_names(params))
+    names = [n for n in base if n != "replicated_mask_stored"]
     warm = max(1, params["warmup"])
     wait, pw, active = params["profile_wait"], params["profile_warmup"], params["profile_active"]
+    stall = params.get("stall_timeout_s")
     out = {}
-    for name in progress(names, desc="03 profiles"):
-        n_items = ((warm + wait + pw + active) * batch_size_for(params, name)
-                   if name in params["strategies"] else None)
-        pipe = build_pipeline(params, name, graph, device, n_items=n_items, salt=1)
-        opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
-        arm = loop.Arm(name, pipe, loop.make_loader(pipe), loop.Variant("full"), optimizer=opt)
-        arm.stream = loop.cycle(arm.loader)
-        clock = StepClock(device)
-        for _ in range(warm):
-            arm.step(clock, timed=False)
+    with Watchdog(announce=note, why="stall_timeout_s") as wd:
+        for name in progress(names, desc="03 profiles"):
+            n_items = ((warm + wait + pw + active) * batch_size_for(params, name)
+                       if name in params["strategies"] else None)
+            arm = None
+            try:
+                pipe = build_pipeline(params, name, graph, device, n_items=n_items, salt=1,
+                                      check=loops is None)
+                opt = pipe.configure_optimizer([p for p in pipe.model.parameters()
+                                                if p.requires_grad])
+                arm = loop.Arm(name, pipe, loop.make_loader(pipe), loop.Variant("full"),
+                               optimizer=opt)
+                arm.watchdog = wd if stall else None
+                arm.stream = loop.cycle(arm.loader)
+                clock = StepClock(device)
 
-        def one() -> float:
-            arm.step(clock, timed=True)
-            return clock.steps[-1]["_wall"]
-        out[name] = profile_steps(one, steps_done=warm, wait=wait, warmup=pw, active=active,
-                                  trace_path=Path(trace_dir) / f"{name}.json", device=device,
-                                  relative_to=run_dir)
-        arm.stream = None
+                def step(timed: bool) -> None:
+                    if arm.watchdog is not None:
+                        wd.arm(stall)
+                    try:
+                        arm.step(clock, timed=timed)
+                    finally:
+                        if arm.watchdog is not None:
+                            wd.disarm()
+                for _ in range(warm):
+                    step(False)
+
+                def one() -> float:
+                    step(True)
+                    return clock.steps[-1]["_wall"]
+                out[name] = profile_steps(one, steps_done=warm, wait=wait, warmup=pw,
+                                          active=active,
+                                          trace_path=Path(trace_dir) / f"{name}.json",
+                                          device=device, relative_to=run_dir)
+            except (Exception, PipelineFailed) as exc:  # noqa: BLE001 - this pipeline only
+                if loops is None:
+                    raise
+                f = build_failure(exc, name, "03")
+                f.figures_kept = True  # the loop measured it; only its profile is missing
+                f.message += " (in its profiled steps: no profile)"
+                record_failure(loops.failures, f)
+                note(f"03: {f.line()}")
+            finally:
+                if arm is not None:
+                    loop.close_stream(arm.stream)
+                    arm.stream = None
     return out
 
 

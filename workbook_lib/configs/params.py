@@ -309,6 +309,10 @@ SCHEMA: tuple[Field, ...] = (
     Field("time_budget_s", "float", 2.0,
           "seconds one benchmark figure may spend on repeats beyond min_repeats", S_MEAS,
           _positive),
+    Field("stall_timeout_s", "float", 300.0,
+          "a stage of a pipeline's step (data item, collate, forward...) running this long has "
+          "stalled: that pipeline is stopped and recorded, the others go on (once it has run a "
+          "step, also 20x its slowest step, at least 30 s)", S_MEAS, _positive),
     Field("sweep_edges", "list_int", [20000, 50000, 100000, 200000],
           "edge counts E of the cost-model sweeps; the largest is held out of every fit", S_02,
           _distinct_at_least(3, "the largest is held out and the fits in E need 2 more")),

@@ -166,7 +166,9 @@ def _comm_per_rank(launches: list[dict], arm: str) -> dict[int, CommRank]:
 
 def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
               nnodes: int, workers_per_rank: int = 0) -> WorldSummary:
-    """One world size's figures from its launch (``{rank: result}``) or launches (a list)."""
+    """One world size's figures from its launch (``{rank: result}``) or launches (a list).
+    ``gap`` names the two gap pipelines (slow, fast), or fewer when one failed (then no per-step
+    ratio)."""
     launches = _launch_list(ranks)
     r0 = next(iter(launches[0].values()))
     world = r0["world_size"]
@@ -209,11 +211,15 @@ def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
     spread = ((max(per_rank_compute) - min(per_rank_compute)) /
               (sorted(per_rank_compute)[len(per_rank_compute) // 2] or 1.0))
     gap_steps = {g: synchronous(launches, f"{g}/gap") for g in gap}
-    slow, fast = gap
-    ratio_series = [_ratio_series(series(ln, f"{slow}/gap"), series(ln, f"{fast}/gap"))
-                    for ln in launches]
-    ratio = Stat.from_samples([x for rs in ratio_series for x in rs], unit="ratio").with_cpu(
-        arm_cpu(launches, f"{slow}/gap", f"{fast}/gap"))
+    ratio_series: list[list[float]] = []
+    ratio = None
+    if len(gap) == 2:  # fewer: a gap pipeline failed (no per-step ratio)
+        slow, fast = gap
+        ratio_series = [_ratio_series(series(ln, f"{slow}/gap"), series(ln, f"{fast}/gap"))
+                        for ln in launches]
+        ratio = Stat.from_samples([x for rs in ratio_series for x in rs],
+                                  unit="ratio").with_cpu(
+            arm_cpu(launches, f"{slow}/gap", f"{fast}/gap"))
     gathers = []
     for ln in launches:  # a pipeline whose loss cannot gather has no toggled arm
         if "gather" in variants:
@@ -223,7 +229,8 @@ def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
                    **{g: [series(ln, f"{g}/gap") for ln in launches] for g in gap}}
     threads_all = r0.get("threads_all")
     thread_effect, thread_steps = None, {}
-    if threads_all and f"{slow}/gap@all-threads" in r0["arms"]:
+    if threads_all and len(gap) == 2 and f"{gap[0]}/gap@all-threads" in r0["arms"]:
+        slow, fast = gap
         t_ratio = []
         for ln in launches:
             all_r = _ratio_series(series(ln, f"{slow}/gap@all-threads"),
@@ -231,6 +238,7 @@ def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
             eq_r = _ratio_series(series(ln, f"{slow}/gap"), series(ln, f"{fast}/gap"))
             t_ratio += _ratio_series(all_r, eq_r)
         thread_effect = Stat.from_samples(t_ratio, unit="ratio")
+    if threads_all and f"{scaling}/ddp@all-threads" in r0["arms"]:
         for name, arm_eq, arm_all in [(scaling, ddp_arm, f"{scaling}/ddp@all-threads"),
                                       *[(g, f"{g}/gap", f"{g}/gap@all-threads") for g in gap]]:
             xs = []

@@ -26,7 +26,11 @@ rank's device (NCCL serves only CUDA tensors).
 
 Each rank writes ``rank{R}.json`` on success, ``rank{R}.log`` as it goes, ``rank{R}.error`` (the
 traceback) on failure, and ``rank{R}.heartbeat`` every second from a thread: the time and the
-stage it is in, so the launcher can tell a stopped rank from the ranks waiting for it.
+stage it is in, so the launcher can tell a stopped rank from the ranks waiting for it. A failure
+that belongs to one pipeline (it could not be built, or its step raised or stalled: the loop's
+:class:`~workbook_lib.failures.PipelineFailed`) is also written as ``rank{R}.failure.json``, the
+:class:`~workbook_lib.failures.PipelineFailure` record with the rank, so that notebook 04 can
+record it and launch again without that pipeline.
 """
 from __future__ import annotations
 
@@ -212,7 +216,13 @@ def main(cfg_path: str) -> None:
     fh = open(out / f"rank{rank}.log", "a")
     try:
         _main(cfg, out, rank, world, fh, hb)
-    except BaseException:
+    except BaseException as exc:
+        from ..failures import PipelineFailed
+
+        if isinstance(exc, PipelineFailed):
+            f = exc.failure
+            f.notebook, f.rank = "04", rank
+            (out / f"rank{rank}.failure.json").write_text(json.dumps(f.to_json()))
         (out / f"rank{rank}.error").write_text(traceback.format_exc())
         _log(fh, "FAILED:\n" + traceback.format_exc())
         raise
@@ -306,9 +316,15 @@ def _main(cfg, out, rank, world, fh, hb):
     def ddp_run(name: str, batch: int | None, tag: str, arm_threads: int | None = None):
         hb.set(f"preparing {name} ({tag})")
         distinct = min(max(8, cfg["steps_cap"]), 64)  # the stream cycles over them
-        pipe = build_pipeline(P, name, graph, device, batch_size=batch,
-                              n_items=distinct * (batch or 1) * P["grad_accum_steps"],
-                              salt=1000 * rank + len(modules))
+        try:  # checked once, by the CLI or notebook 03: here only built
+            pipe = build_pipeline(P, name, graph, device, batch_size=batch,
+                                  n_items=distinct * (batch or 1) * P["grad_accum_steps"],
+                                  salt=1000 * rank + len(modules), check=False)
+        except Exception as exc:  # noqa: BLE001 - this pipeline's: recorded as its failure
+            from ..failures import PipelineFailed, failure_from
+
+            raise PipelineFailed(failure_from(exc, pipeline=name, notebook="04",
+                                              stage="build", mode=tag)) from exc
         hb.set(f"DistributedDataParallel({tag}) (broadcast)")
         model = torch.nn.parallel.DistributedDataParallel(
             pipe.model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -321,7 +337,8 @@ def _main(cfg, out, rank, world, fh, hb):
         model.register_comm_hook(None, timer.hook)
         opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
         ld = loop.make_loader(pipe, num_workers=workers, pin_memory=P["pin_memory"],
-                              persistent_workers=P["persistent_workers"])
+                              persistent_workers=P["persistent_workers"],
+                              stall_timeout_s=P.get("stall_timeout_s"))
         modules[tag] = model
         comm[tag] = timer
         return pipe, model, opt, ld, timer
@@ -374,7 +391,8 @@ def _main(cfg, out, rank, world, fh, hb):
     results = loop.run_arms(arms, warmup_steps=cfg["warmup"], min_steps=cfg["steps"],
                             max_steps=cfg["steps_cap"], target=P["precision_target"],
                             budget_s=cfg["budget_s"], interleave=workers == 0,
-                            count_syncs=False, agree=agree, desc=f"rank {rank}")
+                            count_syncs=False, agree=agree, desc=f"rank {rank}",
+                            stall_timeout_s=P.get("stall_timeout_s"), notebook="04")
     torch.set_num_threads(threads)
     logging = {}
     for tag, m in modules.items():

@@ -78,6 +78,18 @@ def oom_text(text: str) -> bool:
     return any(t in low for t in _OOM_TEXT)
 
 
+def _failure_line(stdout: str) -> dict:
+    """The failed child's JSON line (see :func:`_child_or_failure`), or {}."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "failed" in doc:
+            return doc
+    return {}
+
+
 def _status_bytes(key: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -190,6 +202,8 @@ class MemoryPoint(Record):
     method: str = ""
     reason: str | None = None
     seconds: float = 0.0
+    traceback: str = ""  # a failed probe's traceback (its stderr)
+    details: dict = field(default_factory=dict)  # what the set-up's exception said of itself
 
     @property
     def usable(self) -> bool:
@@ -208,6 +222,25 @@ class StepToMeasure:
     step: Callable[[], object]
     device: torch.device
     after_warm_up: Callable[[], object] = lambda: None
+
+
+def _child_or_failure(setup: str, cfg: dict) -> int:
+    """The child's entry: prints :func:`_child`'s JSON line and returns 0, or, when the set-up
+    or a step raises, prints the traceback on stderr and a JSON line on stdout saying so (with
+    the exception's ``details``, a dict the set-up may attach) and returns 1."""
+    import traceback
+
+    try:
+        print(json.dumps(_child(setup, cfg)))
+        return 0
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which records it
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        details = getattr(exc, "details", None)
+        print(json.dumps({"failed": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                          "traceback": tb,
+                          "details": details if isinstance(details, dict) else {}}))
+        return 1
 
 
 def _child(setup: str, cfg: dict) -> dict:
@@ -262,8 +295,11 @@ def measure_in_fresh_process(setup: str, cfg: dict, point: dict, *, device: str 
                                reason="the probe was killed by the kernel (OOM killer)")
         if oom_text(proc.stderr):
             return MemoryPoint(**base, status=STATUS_OOM, seconds=secs, reason=err)
+        said = _failure_line(proc.stdout)
         return MemoryPoint(**base, status=STATUS_FAILED, seconds=secs,
-                           reason=f"exit {proc.returncode}: {err}")
+                           reason=said.get("failed") or f"exit {proc.returncode}: {err}",
+                           traceback=said.get("traceback") or proc.stderr[-5000:],
+                           details=said.get("details") or {})
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     status, reason = STATUS_OK, None
     if not device.startswith("cuda") and res["step_bytes"] < CPU_RESOLUTION_BYTES:
@@ -398,4 +434,4 @@ def fit_memory(points: list[MemoryPoint], budget_bytes: float, budget_label: str
 
 
 if __name__ == "__main__":
-    print(json.dumps(_child(sys.argv[1], json.loads(sys.argv[2]))))
+    sys.exit(_child_or_failure(sys.argv[1], json.loads(sys.argv[2])))

@@ -113,13 +113,17 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
     if batch_size is not None:
         pipe.batch_size = int(batch_size)
     if check:
-        check_pipeline(pipe)
+        pipe.preflight_warnings = check_pipeline(
+            pipe, num_workers=params.get("num_workers", 0),
+            stall_timeout_s=params.get("stall_timeout_s"))
     return pipe
 
 
-def preflight(params: dict, graph=None, device=None) -> list[str]:
-    """Build and check every user pipeline of ``params`` on one batch (before any timing).
-    Returns their names; raises :class:`PipelineError` on the first that cannot work."""
+def preflight(params: dict, graph=None, device=None, warn=None) -> list[str]:
+    """Build and check every user pipeline of ``params`` on one batch (before any timing), as
+    the notebooks will run it (:func:`check_pipeline`). Returns their names; raises
+    :class:`PipelineError` on the first that cannot work; ``warn`` gets each warning (a loss
+    that is not finite on the first batch) as a line."""
     specs = user_specs(params)
     if not specs:
         return []
@@ -133,5 +137,8 @@ def preflight(params: dict, graph=None, device=None) -> list[str]:
         device = resolve_device(params["device"])
     for name in specs:
         pipe = build_pipeline(params, name, graph, device)
+        for w in getattr(pipe, "preflight_warnings", []):
+            if warn is not None:
+                warn(w)
         del pipe
     return list(specs)

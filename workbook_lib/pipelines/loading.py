@@ -9,19 +9,34 @@ gives a PyG ``HeteroData``) and the ``torch.device``, and returns a pipeline
 (:mod:`workbook_lib.pipelines.protocol`). Without ``NAME=`` the pipeline's name is its own
 ``name`` attribute when set, else the module's (file's) name.
 
-:func:`check_pipeline` runs one batch through every stage before anything is timed, so a
-pipeline that cannot work is refused with one line naming it and what is wrong.
+:func:`check_pipeline` runs one batch through every stage before anything is timed, the way the
+notebooks will run it, so a pipeline that cannot work is refused with one line naming it and
+what is wrong: the batch also comes through a ``DataLoader`` with the run's ``num_workers`` (an
+error only a worker process meets, or a batch a worker cannot send back), the model is called
+through a wrapper that exposes what ``DistributedDataParallel`` exposes (notebook 04 wraps it),
+and the full step ends with one step of the pipeline's own optimizer, on the real model, whose
+parameters, buffers and random state are restored afterwards.
+
+The wrapper (:class:`DDPLike`) rather than a real single-process DDP: a real one needs a process
+group (a TCP store on a port, global state in the CLI's or the notebook kernel's process, a
+device id on CUDA), and what the check needs of it is only its surface: calling it,
+``.module``, the parameters. An attribute of the model reached through the wrapper raises the
+``AttributeError`` DDP would raise, which the check turns into the rule that was broken.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib
 import importlib.util
+import math
 import re
 import sys
 from typing import Any, Callable
 
 import torch
 
+from ..common.watchdog import Stalled, Watchdog
 from ..configs.params import PipelineSpec, spec_file
 from ..exceptions import PipelineError
 from .protocol import REQUIRED
@@ -105,36 +120,100 @@ def _leading(x: Any) -> int | None:
     return None
 
 
-def check_pipeline(pipe, *, batch_size: int | None = None) -> None:
-    """One batch through every stage (dataset, collate, transfer, prepare, forward, loss,
-    backward), no timing. Raises :class:`PipelineError` naming the pipeline and the stage.
+class DDPLike(torch.nn.Module):
+    """What ``torch.nn.parallel.DistributedDataParallel`` exposes of the model it wraps: calling
+    it, ``.module``, the parameters and buffers, ``train``/``eval``, ``zero_grad``,
+    ``no_sync()``; any other attribute raises ``AttributeError`` as DDP does."""
 
-    The rules: the dataset holds at least one batch; ``forward`` returns a tensor (or a
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        yield
+
+
+_NO_ATTR = re.compile(r"'DDPLike' object has no attribute '(\w+)'")
+
+
+def check_pipeline(pipe, *, batch_size: int | None = None, num_workers: int = 0,
+                   stall_timeout_s: float | None = None) -> list[str]:
+    """One batch through every stage (dataset, collate, a DataLoader with ``num_workers``,
+    transfer, prepare, forward through a DDP-like wrapper, loss, backward, one optimizer step),
+    no timing; the model's state is restored afterwards. Raises :class:`PipelineError` naming
+    the pipeline and the stage; returns warnings (a loss that is not finite on this batch:
+    notebook 03 times it anyway and names it).
+
+    The rules: the dataset holds at least one batch; with workers, the batch can be sent back
+    from a worker (pickled) and a worker can build it; ``forward`` calls the ``model`` it is
+    given (never an attribute of it: DDP wraps the model) and returns a tensor (or a
     tuple/list/dict of them) with one leading row per sample of the batch; ``loss`` returns a
-    scalar tensor that requires grad; backward gives some trainable parameter a gradient.
+    scalar tensor that requires grad; backward gives some trainable parameter a gradient;
+    ``configure_optimizer`` returns an optimizer whose step runs.
+
+    Args:
+        pipe: the pipeline.
+        batch_size: the batch (default: the pipeline's).
+        num_workers: DataLoader worker processes of the run (0: the main process only).
+        stall_timeout_s: how long one stage may run before the check stops it (None: no limit).
     """
     name = getattr(pipe, "name", "") or type(pipe).__name__
     b = batch_size or pipe.batch_size
+    warnings: list[str] = []
 
-    def stage(what: str, fn):
+    devices = [torch.device(pipe.device)] if torch.device(pipe.device).type == "cuda" else []
+    with Watchdog(why="stall_timeout_s") as wd, torch.random.fork_rng(devices=devices):
+        def stage(what: str, fn):
+            try:
+                with wd.watch(f"pipeline '{name}'", what, stall_timeout_s):
+                    return fn()
+            except PipelineError:
+                raise
+            except Stalled as exc:
+                raise PipelineError(name, f"{what} made no progress for {exc.waited_s:.0f} s "
+                                          "(stall_timeout_s): it blocks") from None
+            except Exception as exc:  # noqa: BLE001 - the user's code: its error, in one line
+                raise PipelineError(name, f"{what} raised {type(exc).__name__}: "
+                                          f"{_one_line(exc)}") from None
+
+        ds = stage("dataset()", pipe.dataset)
+        n = stage("len(dataset())", lambda: len(ds))
+        if n < b:
+            raise PipelineError(name, f"the dataset holds {n} items, fewer than one batch of {b}")
+        items = [stage(f"dataset()[{i}]", lambda i=i: ds[i]) for i in range(b)]
+        batch = stage("collate", lambda: pipe.collate(items))
+        if num_workers > 0:
+            _check_workers(pipe, name, ds, batch, b, num_workers, stage)
+        batch = stage("to_device", lambda: pipe.to_device(batch, False))
+        model = pipe.model
+        state = copy.deepcopy(model.state_dict())
         try:
-            return fn()
-        except PipelineError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the user's code: its error, in one line
-            raise PipelineError(name, f"{what} raised {type(exc).__name__}: "
-                                      f"{_one_line(exc)}") from None
+            _full_step(pipe, name, batch, b, stage, warnings)
+        finally:
+            with torch.no_grad():
+                model.load_state_dict(state)
+            model.zero_grad(set_to_none=True)
+    return warnings
 
-    ds = stage("dataset()", pipe.dataset)
-    n = stage("len(dataset())", lambda: len(ds))
-    if n < b:
-        raise PipelineError(name, f"the dataset holds {n} items, fewer than one batch of {b}")
-    items = [stage(f"dataset()[{i}]", lambda i=i: ds[i]) for i in range(b)]
-    batch = stage("collate", lambda: pipe.collate(items))
-    batch = stage("to_device", lambda: pipe.to_device(batch, False))
+
+def _full_step(pipe, name: str, batch, b: int, stage, warnings: list[str]) -> None:
     inputs = stage("prepare", lambda: pipe.prepare(batch))
     pipe.model.train()
-    out = stage("forward", lambda: pipe.forward(pipe.model, inputs))
+    wrapped = DDPLike(pipe.model)
+    try:
+        out = stage("forward", lambda: pipe.forward(wrapped, inputs))
+    except PipelineError as exc:
+        m = _NO_ATTR.search(exc.problem)
+        if m is None:
+            raise
+        raise PipelineError(name, f"forward uses model.{m.group(1)}, which DDP's wrapper does "
+                                  "not have (notebook 04 wraps the model in "
+                                  "DistributedDataParallel): call model(...) and let the "
+                                  "model's own forward use its parts") from None
     lead = _leading(out) if getattr(pipe, "per_sample_output", True) else b
     if lead is None:
         raise PipelineError(name, f"forward must return a tensor with one row per sample "
@@ -147,10 +226,52 @@ def check_pipeline(pipe, *, batch_size: int | None = None) -> None:
         raise PipelineError(name, f"loss must be a scalar tensor (got {_describe(loss)})")
     if not loss.requires_grad:
         raise PipelineError(name, "the loss does not require grad: nothing to train")
+    value = float(loss.detach().float().reshape(()))
+    if not math.isfinite(value):
+        warnings.append(f"pipeline '{name}': the loss is not finite on the first batch "
+                        f"({value}): the notebooks time it and name it (its timings would be "
+                        "of a diverged step)")
     stage("backward", loss.backward)
     if not any(p.grad is not None for p in pipe.model.parameters()):
         raise PipelineError(name, "backward gave no parameter of 'model' a gradient")
-    pipe.model.zero_grad(set_to_none=True)
+    if not callable(getattr(pipe, "configure_optimizer", None)):
+        raise PipelineError(name, "has no configure_optimizer(parameters) (subclass "
+                                  "workbook_lib.pipelines.Pipeline for the default AdamW)")
+    opt = stage("configure_optimizer", lambda: pipe.configure_optimizer(
+        [p for p in pipe.model.parameters() if p.requires_grad]))
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise PipelineError(name, f"configure_optimizer must return a torch.optim.Optimizer "
+                                  f"(got {type(opt).__name__})")
+    stage("optimizer step", opt.step)
+    opt.zero_grad(set_to_none=True)
+
+
+def _check_workers(pipe, name: str, ds, batch, b: int, workers: int, stage) -> None:
+    """The batch sent back from a worker (pickled as a DataLoader worker pickles it) and one
+    batch built in a worker process."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.utils.data import DataLoader
+
+    try:
+        ForkingPickler.dumps(batch)
+    except Exception as exc:  # noqa: BLE001 - what the worker would meet sending it back
+        raise PipelineError(name, f"collate returns a batch that a DataLoader worker cannot send "
+                                  f"back (num_workers: {workers}; it is pickled): "
+                                  f"{type(exc).__name__}: {_one_line(exc)}; return tensors, "
+                                  "lists, dicts or tuples of them") from None
+
+    def first_batch():
+        loader = DataLoader(ds, batch_size=b, num_workers=1, collate_fn=pipe.collate,
+                            drop_last=True)
+        it = iter(loader)
+        try:
+            return next(it)
+        finally:
+            stop = getattr(it, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
+    stage(f"a DataLoader worker (num_workers: {workers})", first_batch)
 
 
 def _describe(x: Any) -> str:

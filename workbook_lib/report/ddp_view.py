@@ -9,11 +9,25 @@ from ..distributed.plan import Plan
 from ..distributed.study import DDPResult
 from .. import pipelines
 from . import plotting
+from .failures_view import failures_note as _failures_note
 from .tables import one_line, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 
 def label(name: str) -> str:
     return pipelines.label(name)
+
+
+def failures_note(r: DDPResult):
+    """Each pipeline that failed in a rank, in one line with the rank's traceback collapsed."""
+    return _failures_note(getattr(r, "failures", {}) or {}, what="The DDP figures")
+
+
+def _missing(r: DDPResult) -> str:
+    """Why there are no DDP figures at all."""
+    f = (getattr(r, "failures", {}) or {}).get(r.scaling_strategy)
+    if f is not None:
+        return f"No DDP figures: the scaling pipeline failed ({f.line()})."
+    return "No DDP figures: no world size was launched."
 
 
 def plan_text(pl: Plan) -> Markdown:
@@ -43,6 +57,8 @@ def plan_text(pl: Plan) -> Markdown:
 
 
 def step_table(r: DDPResult):
+    if not r.worlds:
+        return Markdown(_missing(r))
     rows = []
     for w, s in r.worlds.items():
         rows.append({
@@ -92,7 +108,8 @@ def comm_table(r: DDPResult):
                 "DDP - no_sync, synchronous step (for comparison)":
                     fmt_time_stat(s.ddp_minus_no_sync)})
     if not rows:
-        return Markdown("Only world size 1 ran: no communication to measure.")
+        return Markdown(_missing(r) if not r.worlds else
+                        "Only world size 1 ran: no communication to measure.")
     s = next(v for w, v in r.worlds.items() if w > 1)
     return table(rows, caption=f"Communication per rank, measured by DDP's own comm hook: "
                                f"{s.comm_method}. The hook's time includes waiting for a slower "
@@ -103,6 +120,8 @@ def comm_table(r: DDPResult):
 
 
 def scaling_plot(r: DDPResult, device: str) -> None:
+    if not r.worlds:
+        return
     ws = np.array(sorted(r.worlds))
     fig, axes = plotting.plt.subplots(1, 2, figsize=(12, 4.2))
     for i, (name, get) in enumerate((("weak (per-rank batch fixed)", lambda s: s.step),
@@ -135,6 +154,8 @@ def scaling_plot(r: DDPResult, device: str) -> None:
 
 
 def variants_table(r: DDPResult, accum: int, gather_on: bool):
+    if not r.worlds:
+        return Markdown(_missing(r))
     rows = []
     for w, s in r.worlds.items():
         rows.append({
@@ -153,6 +174,8 @@ def variants_table(r: DDPResult, accum: int, gather_on: bool):
 
 
 def ring_text(r: DDPResult) -> Markdown:
+    if not r.worlds:
+        return Markdown(_missing(r))
     f = r.ring
     same = f is not None and f.bandwidth_gbps == r.link["bandwidth_gbps"] and \
         f.latency_us == r.link["latency_us"]  # the link is the fit: say it once
@@ -174,6 +197,8 @@ def ring_text(r: DDPResult) -> Markdown:
 
 
 def prediction_table(r: DDPResult):
+    if not r.predictions:
+        return Markdown(_missing(r) if not r.worlds else "No prediction was made.")
     rows = [{"world size": p.world_size,
              "all-reduce of the gradients": f"{p.comm_s * 1e3:.3g} ms",
              "predicted step": f"{p.step_s * 1e3:.3g} ms",
@@ -186,6 +211,8 @@ def prediction_table(r: DDPResult):
 
 
 def presets_table(r: DDPResult):
+    if not r.worlds:
+        return Markdown(_missing(r))
     rows = [{"link": name, **{f"{w} ranks": f"{v * 1e3:.3g} ms" for w, v in by.items()}}
             for name, by in r.presets.items()]
     grad = next(iter(r.worlds.values())).grad_bytes
@@ -195,8 +222,19 @@ def presets_table(r: DDPResult):
                                "link_latency_us).")
 
 
+def no_gap(r: DDPResult) -> str:
+    """Why no gap was decomposed (a gap pipeline, or the scaling one, failed)."""
+    fs = getattr(r, "failures", {}) or {}
+    why = [fs[n].line() for n in [*r.gap_strategies, r.scaling_strategy]
+           if n in fs and not fs[n].figures_kept]
+    return ("No gap decomposed: " + ("; ".join(dict.fromkeys(why)) if why else
+                                     "nothing was measured") + ".")
+
+
 def gap_text(r: DDPResult) -> Markdown:
     g = r.gap
+    if g is None:
+        return Markdown(no_gap(r))
     pairs = ", ".join(f"x{v:.3g}" for v in g.factor_by_pair)
     ddp = (f"DDP factor {fmt_stat(g.ddp_factor)} (measured at {g.world_size} against "
            f"{g.base_world_size} rank(s), {g.threads_per_rank} thread(s) per rank at both; a "
@@ -233,6 +271,8 @@ def gap_text(r: DDPResult) -> Markdown:
 
 def gap_plot(r: DDPResult, device: str) -> None:
     g = r.gap
+    if g is None:
+        return
     terms = [("steps per epoch\n(arithmetic)", g.steps_ratio, 0.0),
              ("time per step\n(measured)", g.per_step_ratio.median, g.per_step_ratio.iqr),
              ("DDP factor\n(separate launches)", g.ddp_factor.median, g.ddp_factor.iqr)]
@@ -272,7 +312,11 @@ def headline(r: DDPResult) -> str:
         if w > min(r.worlds) and w in r.weak:
             parts.append(f"{label(r.scaling_strategy)} weak efficiency "
                          f"{fmt_ratio(r.weak[w].median)[:-1]} at {w} ranks")
-    failed = list(getattr(r, "failures", None) or {})
+    if not r.worlds:
+        parts.append(_missing(r).rstrip("."))
+    elif g is None:
+        parts.append(no_gap(r).rstrip("."))
+    failed = [n for n, f in (getattr(r, "failures", None) or {}).items()]
     if failed:
         parts.append("failed: " + ", ".join(failed))
     text = mark + ("; ".join(parts) or "nothing measured")

@@ -401,6 +401,14 @@ def memory_table(m: MemoryStudy):
                                f"bytes = intercept + per sample x B. Budget: {m.budget_label}.")
 
 
+def memory_failures(m: MemoryStudy):
+    """Each pipeline whose memory probes failed, in one line with the probe's traceback
+    collapsed (nothing when none did)."""
+    from .failures_view import failures_note
+
+    return failures_note(getattr(m, "failures", {}) or {}, what="The memory figures", none="")
+
+
 EXTRAPOLATION_FLAG = 10.0  # a projected largest batch this far beyond the measured ones is flagged
 
 

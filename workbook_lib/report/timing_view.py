@@ -9,6 +9,7 @@ from ..measurement.profiling import ProfileResult
 from .. import pipelines
 from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
 from . import plotting
+from .failures_view import failures_note as _failures_note
 from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
@@ -23,8 +24,32 @@ def label(name: str) -> str:
     return pipelines.label(name)
 
 
+NONFINITE_MARK = "(loss not finite)"
+
+
+def marked(study: LoopStudy, name: str) -> str:
+    """The pipeline's label, marked when its loss was not finite (its timings are of a diverged
+    step)."""
+    f = getattr(study, "failures", {}).get(name)
+    return label(name) + (f" {NONFINITE_MARK}" if f is not None and f.kind == "nonfinite_loss"
+                          else "")
+
+
+def failures_note(study: LoopStudy):
+    """Each pipeline that failed in 03, in one line with its traceback collapsed."""
+    return _failures_note(getattr(study, "failures", {}), what="The loop's figures")
+
+
+def _nothing(study: LoopStudy) -> Markdown | None:
+    if study.strategies:
+        return None
+    return Markdown("No pipeline was measured: every one failed (above).")
+
+
 def repeats(study: LoopStudy) -> str:
     ns = [a.timed_steps for a in study.arms.values()]
+    if not ns:
+        return "no arm measured"
     return (f"{min(ns)}-{max(ns)} timed steps per arm after {study.settings['warmup_steps']} "
             f"warm-up; median, IQR")
 
@@ -56,9 +81,11 @@ def threads_line(params: dict) -> str:
 
 
 def loop_table(study: LoopStudy):
+    if _nothing(study):
+        return _nothing(study)
     rows = []
     for n in study.strategies:
-        row = {"pipeline": label(n), "B": study.batch_sizes[n]}
+        row = {"pipeline": marked(study, n), "B": study.batch_sizes[n]}
         for m in MODES:
             row[f"{MODE_LABELS[m]}, ms/sample"] = fmt_stat(study.arm(n, m).ms_per_sample)
         row["full step, it/s"] = fmt_num(study.arm(n, "full").it_per_s.median)
@@ -69,12 +96,17 @@ def loop_table(study: LoopStudy):
     shared = (" Shared pass: the part of the forward every sample of a batch shares (the dual "
               "forward's wildtype pass), timed alone, forward only without gradients, per step."
               if study.shared_pass else "")
+    diverged = (f" {NONFINITE_MARK}: the loss was NaN or infinite at some step (see the "
+                "failures above): the timings are of a diverged step."
+                if any(NONFINITE_MARK in r["pipeline"] for r in rows) else "")
     return table(rows, caption=f"Per sample, median of the timed steps ({repeats(study)}); "
-                               f"{study.device}." + shared)
+                               f"{study.device}." + shared + diverged)
 
 
 def loop_plot(study: LoopStudy) -> None:
     names = study.strategies
+    if not names:
+        return
     fig, ax = plotting.plt.subplots(figsize=(10, 0.55 * len(names) + 1.8))
     y = np.arange(len(names))
     h = 0.2
@@ -84,7 +116,7 @@ def loop_plot(study: LoopStudy) -> None:
         hi = np.array([study.arm(n, m).ms_per_sample.q3 for n in names])
         ax.barh(y + (i - 1.5) * h, med, h, xerr=[med - lo, hi - med], label=MODE_LABELS[m],
                 color=mode_colour(m), capsize=2)
-    ax.set_yticks(y, [label(n) for n in names], fontsize=8)
+    ax.set_yticks(y, [marked(study, n) for n in names], fontsize=8)
     ax.invert_yaxis()
     plotting.value_axis(ax, [a.ms_per_sample.median for a in study.arms.values()],
                         "ms per sample", "; bars: median, whiskers: IQR")
@@ -108,10 +140,13 @@ def stage_rows(study: LoopStudy, mode: str = "full") -> dict[str, dict[str, floa
 
 
 def stage_table(study: LoopStudy):
+    if _nothing(study):
+        return _nothing(study)
     rows = []
     for n, st in stage_rows(study).items():
         wall = study.arm(n, "full").step.median
-        row = {"strategy": label(n), "full step": fmt_time_stat(study.arm(n, "full").step)}
+        row = {"strategy": marked(study, n),
+               "full step": fmt_time_stat(study.arm(n, "full").step)}
         for s in (*MAIN_STAGES, "untracked"):
             if s in st:
                 row[STAGE_LABELS[s]] = f"{st[s] / wall:.0%}"
@@ -163,6 +198,8 @@ def stage_colour(stage: str, i: int) -> str:
 def stage_plot(study: LoopStudy) -> None:
     data = stage_rows(study)
     names = list(data)
+    if not names:
+        return
     fig, ax = plotting.plt.subplots(figsize=(10, 0.5 * len(names) + 1.8))
     left = np.zeros(len(names))
     stages = [*MAIN_STAGES, "untracked"]
@@ -172,7 +209,7 @@ def stage_plot(study: LoopStudy) -> None:
         ax.barh(range(len(names)), shares, left=left, color=stage_colour(s, i),
                 label=STAGE_LABELS[s])
         left += shares
-    ax.set_yticks(range(len(names)), [label(n) for n in names], fontsize=8)
+    ax.set_yticks(range(len(names)), [marked(study, n) for n in names], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of the full step (stage medians)")
@@ -185,6 +222,8 @@ def stage_plot(study: LoopStudy) -> None:
 
 
 def worker_table(study: LoopStudy):
+    if _nothing(study):
+        return _nothing(study)
     rows = []
     for n in study.strategies:
         a = study.arm(n, "data")
@@ -286,7 +325,16 @@ def sync_plot(syncs: SyncStudy) -> None:
                        "line 2BkT.")
 
 
-def profile_table(profiles: dict[str, ProfileResult]):
+def profile_table(profiles: dict[str, ProfileResult], loops: LoopStudy | None = None):
+    missing = [] if loops is None else [
+        f for n, f in loops.failures.items() if n in loops.strategies and n not in profiles
+        and f.kind != "nonfinite_loss"]
+    if missing:
+        from IPython.display import display
+
+        display(_failures_note({f.pipeline: f for f in missing}, what="The profiles"))
+    if not profiles:
+        return Markdown("No pipeline was profiled.")
     cats = sorted({c for p in profiles.values() for c in p.categories})
     rows = []
     for n, p in profiles.items():
@@ -311,6 +359,8 @@ def profile_table(profiles: dict[str, ProfileResult]):
 
 def profile_plot(profiles: dict[str, ProfileResult], device: str, pick: str | None = None) -> None:
     names = list(profiles)
+    if not names:
+        return
     found = {c for p in profiles.values() for c in p.categories}
     order = [*MAIN_STAGES, "untracked (loop, Python)"]
     cats = [c for c in order if c in found] + sorted(found - set(order))

@@ -4,15 +4,20 @@ in a fresh process by :mod:`workbook_lib.measurement.memory`.
 :func:`measure_point` names the set-up (:func:`setup_step`) that the fresh process runs: validate
 the params at the point's sizes, load the snapshot, build the pipeline and one batch of items.
 The step is collate, transfer, device preparation, forward, loss and backward of that batch; the
-warm-up step's gradients are dropped before the measured step.
+warm-up step's gradients are dropped before the measured step. Each stage (the items' reads
+too) is watched for a stall (``stall_timeout_s``); one that raises or stalls is raised as
+:class:`~workbook_lib.failures.PipelineFailed`, whose record the probe hands its parent (the
+point's ``details``).
 """
 from __future__ import annotations
 
 import torch
 
+from ..common.watchdog import Stalled, process_watchdog
 from ..configs.params import validate
 from ..data.snapshots import load_snapshot
 from ..measurement.memory import MemoryPoint, StepToMeasure, measure_in_fresh_process
+from ..failures import PipelineFailed, failure_from
 from ..pipelines import build_pipeline, is_builtin
 from ..records import to_json
 
@@ -32,15 +37,40 @@ def setup_step(cfg: dict) -> StepToMeasure:
     builtin = is_builtin(cfg["strategy"])
     pipe = build_pipeline(p, cfg["strategy"], graph, cfg["device"], batch_size=b, n_items=b,
                           form=cfg["form"] if builtin else None, check=False)
-    ds = pipe.dataset()
+    limit = p.get("stall_timeout_s")
+    wd = process_watchdog(why="stall_timeout_s")
+    steps = [0]
+
+    def stage(where: str, fn):
+        """One stage, watched for a stall; a failure raised as the pipeline's (its record goes
+        to the parent as the exception's ``details``)."""
+        try:
+            if limit:
+                wd.start(f"'{pipe.name}'", where, limit)
+            return fn()
+        except PipelineFailed:
+            raise
+        except (Exception, Stalled) as exc:  # noqa: BLE001 - the pipeline's code: recorded
+            raise PipelineFailed(failure_from(exc, pipeline=pipe.name, notebook="02",
+                                              stage=where, step=steps[0],
+                                              mode=f"memory probe, B={b}")) from exc
+        finally:
+            wd.stop()
+
+    ds = stage("data item", pipe.dataset)
     if len(ds) < b:
         raise ValueError(f"pipeline {pipe.name!r}: its dataset holds {len(ds)} items, fewer than "
                          f"a batch of {b}")
-    items = [ds[i] for i in range(b)]
+    items = [stage("data item", lambda i=i: ds[i]) for i in range(b)]
 
     def step():
-        batch = pipe.to_device(pipe.collate(items))
-        pipe.loss(pipe.forward(pipe.model, pipe.prepare(batch)), batch).backward()
+        host = stage("collate", lambda: pipe.collate(items))
+        batch = stage("transfer", lambda: pipe.to_device(host))
+        inputs = stage("device prep", lambda: pipe.prepare(batch))
+        out = stage("forward", lambda: pipe.forward(pipe.model, inputs))
+        loss = stage("loss", lambda: pipe.loss(out, batch))
+        stage("backward", loss.backward)
+        steps[0] += 1
     return StepToMeasure(step, torch.device(pipe.device),
                          after_warm_up=lambda: pipe.model.zero_grad(set_to_none=True))
 

@@ -1,0 +1,190 @@
+"""A generated matrix of pipeline sets, each through the notebooks at a tiny scale.
+
+The sets are drawn from a family of small pipelines written as a user writes one from the
+README (``tests/matrix/family.py``): exact and inexact; one, two and three pipelines; with and
+without built-in strategies; the slow one listed first and second; no measurable gap; one that
+raises at its 4th forward; a NaN loss; a stalled dataset item; DataLoader workers; a forward
+that reaches into a submodule; a LightningModule. Every case runs notebooks 01 to 06 in this
+process (``tests/matrix/harness.py``; notebooks 02 and 04, which start processes of their own,
+on the cases marked ``chain``) and every case must hold the same rules:
+
+* each notebook completes, or refuses in one line (a workbook error, no newline);
+* 05 always writes an answer about the pair, or one line saying why not;
+* the booked shares of the gap add to 100%;
+* every headline is one short sentence (at most 200 characters);
+* an idle machine is not marked contended (checked where the case's machine was idle: the
+  contention meter's own tests drive the busy side);
+* every view renders (no exception), and every ``None`` or empty branch of every view is
+  rendered by some case (``test_every_empty_branch_is_rendered``).
+
+The preflight refusals (a submodule-reaching forward) go through the CLI, as a user meets them.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "matrix"))
+
+from harness import execute  # noqa: E402
+
+from workbook_lib.catalog import NOTEBOOK_NAMES  # noqa: E402
+from workbook_lib.configs import params as params_mod  # noqa: E402
+from workbook_lib.exceptions import WorkbookError  # noqa: E402
+
+FAMILY = "tests/matrix/family.py"
+TINY = {"loop_steps": 2, "loop_max_steps": 3, "ddp_steps": 2, "adopt_steps": 4,
+        "profile_active": 1, "num_samples": 1000}
+QUICK = ("01_graph_inventory", "03_data_vs_model_timing", "05_verdict", "06_adopt_fix")
+
+
+@dataclass
+class Case:
+    name: str
+    pipelines: list[str]  # family factories, or 'NAME=factory' for a second copy
+    strategies: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+    chain: bool = False  # every notebook (02 and 04 start processes: a few cases only)
+    expect: dict = field(default_factory=dict)
+
+    def specs(self) -> list[str]:
+        out = []
+        for p in self.pipelines:
+            if p.startswith(("examples/", "tests/")):
+                out.append(p)
+            elif "=" in p:
+                name, fac = p.split("=")
+                out.append(f"{name}={FAMILY}:{fac}")
+            else:
+                out.append(f"{FAMILY}:{p}")
+        return out
+
+
+def generate() -> list[Case]:
+    """The matrix: every dimension the issue lists, each case named by what it holds."""
+    cases = [
+        # pairs and their order
+        Case("slow_fast", ["slow", "fast"], chain=True),
+        Case("fast_first", ["fast", "slow"], expect={"swapped": True}),
+        Case("same_twice", ["fast", "again=fast"], expect={"measurable": False}),
+        # sizes of the set
+        Case("three_with_inexact", ["slow", "fast", "inexact"]),
+        Case("two_inexact", ["inexact", "examples/dango_pyg.py:make_pipeline"],
+             expect={"recommendation": None}),
+        # with the built-in strategies beside
+        Case("builtins_beside", ["slow", "fast"], strategies=["node_mask_shared"],
+             chain=True),
+        # faults
+        Case("raises_slow", ["raises", "fast"], expect={"no_answer": "raises"}),
+        Case("raises_third", ["slow", "fast", "raises"], expect={"failed": "raises"}),
+        Case("nan_loss", ["slow", "nan"], expect={"nonfinite": "nan"}),
+        Case("stalls", ["stalls", "fast"], extra={"stall_timeout_s": 3.0},
+             expect={"no_answer": "stalls"}),
+        # the loader and the frameworks
+        Case("workers", ["slow", "fast"], extra={"num_workers": 1}),
+        Case("lightning", ["slow", "lightning"]),
+        Case("one_alone", ["fast"], expect={"refused": "there is no gap to explain"}),
+    ]
+    return cases
+
+
+CASES = generate()
+
+
+def _params(case: Case) -> dict:
+    raw = params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    raw.pop("gap_strategies", None)
+    return params_mod.validate({**raw, **TINY, "strategies": case.strategies,
+                                "pipelines": case.specs(), **case.extra},
+                               source=f"matrix case {case.name}")
+
+
+def run_case(case: Case, out: Path) -> dict:
+    """Every notebook of the case in-process, as the CLI would run them (the same checks
+    first): name -> Executed, or {"refused": one line} when the run is refused up front."""
+    from workbook_lib.pipelines import preflight  # the CLI's checks before any work
+
+    try:
+        p = _params(case)
+        names = list(NOTEBOOK_NAMES if case.chain else QUICK)
+        params_mod.check_gap(p, names)
+        preflight(p)
+    except WorkbookError as exc:
+        return {"refused": str(exc)}
+    return {nb: execute(nb, p, out) for nb in names}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return {}
+
+
+def _run(case, results, tmp_path_factory):
+    if case.name not in results:
+        results[case.name] = (run_case(case, tmp_path_factory.mktemp(case.name)), case)
+    return results[case.name][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_case_gets_an_answer_or_one_line_why(case, results, tmp_path_factory):
+    from workbook_lib.running.results import load_result, read_meta
+
+    got = _run(case, results, tmp_path_factory)
+    if "refused" in got:
+        assert case.expect.get("refused"), got["refused"]
+        assert case.expect["refused"] in got["refused"] and "\n" not in got["refused"]
+        return
+    for name, ex in got.items():
+        if ex.status != "ok":  # a refusal in one line, never a crash
+            assert ex.error[0] in _WORKBOOK_ERRORS and "\n" not in ex.error[1].strip(), \
+                (name, ex.error)
+    run = _run_dir(got)
+    for name in got:
+        meta = read_meta(run, name)
+        if meta is not None and meta.complete:
+            assert len(meta.headline) <= 200, (name, meta.headline)
+    v = load_result(run, "05_verdict")
+    assert v is not None, got["05_verdict"].error  # 05 always writes an answer
+    assert v.answer.startswith(v.lead) and v.lead and "\n" not in v.lead
+    assert all("\n" not in c for c in v.caveats)
+    if v.no_answer:
+        assert v.lead.startswith("**No answer")
+    else:
+        booked = [c.share for c in v.causes if c.share is not None]
+        if v.gap.measurable:
+            assert sum(booked) == pytest.approx(1.0)
+        else:
+            assert booked == [] and "no gap to explain" in v.lead
+    _expectations(case, v)
+
+
+_WORKBOOK_ERRORS = {"ParamsError", "IncompleteInputsError", "PipelineError", "SnapshotError"}
+
+
+def _run_dir(got: dict) -> Path:
+    return next(iter(got.values())).run_dir
+
+
+def _expectations(case: Case, v) -> None:
+    e = case.expect
+    if "swapped" in e:
+        assert v.gap.swapped == e["swapped"] and v.caveats[0].startswith("Listed the other way")
+        assert (v.gap.slow, v.gap.fast) == ("slow", "fast")
+    if "measurable" in e:
+        assert v.gap.measurable == e["measurable"]
+    if "recommendation" in e:
+        assert v.recommendation is None and "No exact pipeline in this run" in v.answer
+    if "no_answer" in e:
+        assert e["no_answer"] in v.no_answer and e["no_answer"] in v.failures
+    if "failed" in e:
+        assert e["failed"] in v.failures and not v.no_answer
+    if "nonfinite" in e:
+        assert e["nonfinite"] in v.nonfinite
+        assert v.recommendation is None or v.recommendation.strategy != e["nonfinite"]
