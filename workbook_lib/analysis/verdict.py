@@ -614,26 +614,20 @@ def contended_figures(gap: Gap | None, rec: Recommendation | None,
 # what went wrong in the user's pipelines
 
 
-def _failure_line(f) -> str:
-    stage = getattr(f, "stage", "") or ""
-    step = getattr(f, "step", None)
-    msg = getattr(f, "message", "") or str(f)
-    kind = getattr(f, "kind", "raised")
-    where = f"{stage}" + (f" at step {step}" if step is not None else "")
-    verb = {"stalled": "stalled in", "raised": "failed in"}.get(kind, f"{kind} in")
-    return f"{verb} {where}: {msg}" if where else f"{verb}: {msg}"
-
-
 def pipeline_failures(found: dict) -> dict[str, str]:
-    """pipeline -> "NB: what failed" for every failure a notebook recorded (one line each)."""
+    """pipeline -> "NB: what failed" for every pipeline a notebook lost (one line each; a loss
+    that was not finite is :func:`nonfinite_losses`'s)."""
+    from ..failures import NONFINITE
+
     out: dict[str, str] = {}
-    for nb, res in found.items():
-        groups = [getattr(res, "failures", None), getattr(getattr(res, "loops", None),
-                                                          "failures", None),
+    for nb, res in sorted(found.items()):
+        groups = [getattr(res, "failures", None),
+                  getattr(getattr(res, "loops", None), "failures", None),
                   getattr(getattr(res, "memory", None), "failures", None)]
         for g in groups:
             for name, f in (g or {}).items():
-                out.setdefault(name, f"{nb[:2]} {_failure_line(f)}")
+                if getattr(f, "kind", "") != NONFINITE:
+                    out.setdefault(name, f"in notebook {nb[:2]}: {f.line()}")
     return out
 
 
@@ -694,9 +688,9 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
     absent = [n for n in listed if not _in_timing(lo, n)]
     if absent:
         n = absent[0]
-        res.no_answer = (f"no answer about {listed[0]} against {listed[1]}: {n} has no full "
-                         "step in notebook 03 ("
-                         + (failures[n] if n in failures else "not timed") + ")")
+        why = failures[n].split(": ", 1)[1] if n in failures else f"'{n}' was not timed"
+        res.no_answer = (f"no answer about '{listed[0]}' against '{listed[1]}': notebook 03 has "
+                         f"no full step of '{n}': {why}")
     else:
         g = measure_gap(lo, *listed, params["num_samples"], ddp)
         res.gap, res.gap_total, res.gap_strategies = g, g.ratio, [g.slow, g.fast]

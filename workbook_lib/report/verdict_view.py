@@ -94,13 +94,14 @@ def caveats(v: VerdictResult) -> list[str]:
                    + (" (it is not recommended)." if v.recommendation is None or
                       v.recommendation.strategy != name else "."))
     for name, what in v.failures.items():
-        out.append(f"'{name}' {what}.")
+        if f"'{name}'" not in v.no_answer:  # the lead says it already
+            out.append(f"{what[0].upper()}{what[1:]}.")
     if g is not None and g.ddp_factor is not None and not g.ddp_booked:
         out.append(f"DDP factor at {g.ddp_world} ranks {g.ddp_factor.median:.3g} (IQR "
                    f"{g.ddp_factor.iqr:.2g}): {g.ddp_why}.")
     for nb, why in v.missing.items():
         what = MISSING_WHAT.get(nb[:2], nb)
-        fail = [f"{n}: {w}" for n, w in v.failures.items() if w.startswith(nb[:2])]
+        fail = [w for n, w in v.failures.items() if w.startswith(f"in notebook {nb[:2]}")]
         out.append(f"No {what}: notebook {nb[:2]} {why}" + (f" ({'; '.join(fail)})" if fail
                                                               else "") + ".")
     if v.syncs_note:
