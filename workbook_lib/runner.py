@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from .catalog import BY_NAME, inputs_of, requires_of
-from .exceptions import NotebookFailedError, ParamsError, WorkbookError
+from .exceptions import NotebookFailedError, ParamsError
 from .paths import NOTEBOOK_DIR
 from .records import to_json
 from .common import processes, progress as terminal
@@ -579,10 +579,6 @@ def snapshot_checksum(params: dict) -> str:
     from .running.notebook import load_checked_snapshot
 
     return load_checked_snapshot(params).checksum
-
-
-def is_complete(out_dir: Path, name: str, params: dict, checksum: str | None = None) -> bool:
-    return completeness(out_dir, name, params, checksum)[0]
 
 
 def escape(s: str) -> str:

@@ -258,7 +258,7 @@ def timing_claims(timing, device_type: str, scale: float | None = None) -> list[
         device_type: ``"cpu"`` or ``"cuda"`` (what a CPU run cannot measure is not measured).
         scale: the run's scale (its figures are marked as measured at a reduced size).
     """
-    from .timing_study import DANGO, LAZY
+    from .timing_study import LAZY
 
     out = []
     size = reduced(scale)

@@ -756,7 +756,6 @@ def _cross_checks(out: dict, source: str) -> None:
                           value=out[key])
 
     users = [s.name for s in parse_specs(out["pipelines"])]
-    known = list(STRATEGY_NAMES) + users
     compared = list(out["strategies"]) + users
     if not compared:
         fail("strategies", "must not be empty unless 'pipelines' names one or more")

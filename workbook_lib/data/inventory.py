@@ -167,15 +167,6 @@ def dataset_bytes(per_sample: dict, num_samples: int) -> dict:
     return {rep: v * num_samples for rep, v in per_sample.items()}
 
 
-def human_bytes(n: float) -> str:
-    """1234567 -> '1.23 MB' (decimal units, as the investigation did)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} TB"
-
-
 @dataclass
 class EdgeTypeRow(Record):
     name: str

@@ -87,9 +87,3 @@ def comm_seconds(grad_bytes: float, world_size: int, link: dict, *,
                                   link["latency_us"], num_buckets(grad_bytes, bucket_cap_mb))
 
 
-def predict_step(compute_s: float, grad_bytes: float, world_size: int, link: dict, *,
-                 bucket_cap_mb: float = 25.0, overlap: float = 0.0) -> float:
-    """Step time at ``world_size``: compute plus the part of the all-reduce not hidden behind
-    backward (``overlap`` = fraction hidden, measured)."""
-    comm = comm_seconds(grad_bytes, world_size, link, bucket_cap_mb=bucket_cap_mb)
-    return compute_s + (1.0 - min(max(overlap, 0.0), 1.0)) * comm

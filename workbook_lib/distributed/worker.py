@@ -277,7 +277,6 @@ def time_allreduces(sizes: list[int], device: torch.device, repeats: int) -> lis
 
 
 def _main(cfg, out, rank, world, fh, hb):
-    from ..measurement.timing import Stat
     from ..common.device import configure_cpu_allocator
     from ..configs.params import validate
     from ..data.snapshots import load_snapshot

@@ -385,14 +385,6 @@ def naive_breakdown(events: list[Event]) -> dict[str, float]:
     return out
 
 
-def covered_seconds(events: list[Event], *, thread: tuple | None = None) -> float:
-    """Union length of the root events on one thread (seconds)."""
-    thread = thread if thread is not None else main_thread(events)
-    evs = [e for e in events if thread is None or (e.pid, e.tid) == thread]
-    roots = build_tree(evs)
-    return union_seconds([(r.ts, r.end) for r in roots])
-
-
 # ---------------------------------------------------------------------------------------------
 # The general breakdown: every thread and stream, by range, kind and operator.
 

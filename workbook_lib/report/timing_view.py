@@ -10,7 +10,7 @@ from .. import pipelines
 from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
 from . import plotting
 from .failures_view import failures_note as _failures_note
-from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_stat, fmt_time_stat, table
 
 MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
                "full": "+ optimizer (full step)"}

@@ -133,7 +133,6 @@ def _builtin_fix(r) -> str:
 def fix_text(v: VerdictResult) -> str:
     """The fix in one paragraph: the fastest exact pipeline, named for what its figure times."""
     r = v.recommendation
-    slow = v.gap_strategies[0] if v.gap_strategies else None
     if r is None:
         return ("**No exact pipeline in this run** (every one declares exact = False, or its "
                 "loss was not finite): nothing here computes the perturbed graph to recommend. "

@@ -144,7 +144,7 @@ def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
 def check_sync_counter(params: dict, device: torch.device, graph) -> list[Check]:
     """The counter both ways on this device, then each strategy's step counted."""
     from ..measurement.syncs import SyncCounter
-    from ..strategies import REGISTRY, build_ctx
+    from ..strategies import REGISTRY
     from ..training.factory import build_run
 
     out = []

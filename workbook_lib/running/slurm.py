@@ -41,7 +41,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..catalog import BY_NAME, NOTEBOOK_NAMES
+from ..catalog import BY_NAME
 from ..configs import params as params_mod
 from ..exceptions import ParamsError
 from ..paths import REPO_ROOT, resolve_path
@@ -93,15 +93,6 @@ def _gres_gpus(gres: str) -> int:
             last = item.split(":")[-1]
             total += int(last) if last.isdigit() else 1
     return total
-
-
-def sinfo_cpus(partition: str | None) -> int | None:
-    """CPUs per node of the partition as ``sinfo`` reports them (None without sinfo)."""
-    parts = sinfo_partitions()
-    if not parts:
-        return None
-    p = _partition(parts, partition)
-    return p["cpus"] if p and p["cpus"] else None
 
 
 def _partition(parts: dict[str, dict], partition: str | None) -> dict | None:

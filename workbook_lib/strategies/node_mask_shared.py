@@ -29,7 +29,6 @@ figure names a path its step did not take.
 """
 from __future__ import annotations
 
-import torch
 
 from ..nodemask import NodeMaskBatch, SharedGraph, corrections, validate_deleted
 from ..nodemask.delta import default_push_kernel, default_push_kernel_reason

@@ -52,13 +52,6 @@ def in_degree(dst: torch.Tensor, num_nodes: int, weight: torch.Tensor | None = N
     return torch.zeros(num_nodes, dtype=dtype, device=dst.device).index_add_(0, dst, w)
 
 
-def transpose_csr(a: torch.Tensor) -> torch.Tensor:
-    """The CSR matrix of ``a.T`` (built once, reused by every backward)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return a.t().to_sparse_csr()
-
-
 def spmm(a: torch.Tensor, x: torch.Tensor, a_t: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ x`` for a CSR ``a`` and dense ``x`` (differentiable in ``x``). With ``a_t`` (the
     CSR of ``a.T``) the backward is one more sparse product instead of a transpose per call."""

@@ -1,7 +1,6 @@
 """Strategy 1: per-sample subgraph in CPU workers (PyG ``subgraph``), then batched."""
 from __future__ import annotations
 
-import torch
 from torch_geometric.utils import subgraph
 
 from ..data.perturbations import node_keep_mask
