@@ -189,10 +189,13 @@ class _Net(torch.nn.Module):
         self.drop = torch.nn.Dropout(0.5)
         self.head = torch.nn.Linear(16, 1)
         self.loop, self.functional_p, self.cast, self.scale = loop, functional_p, cast, scale
+        self.cache = None  # filled by the first forward (as GCNConv(cached=True) does)
 
     def forward(self, x):
+        if self.cache is None:
+            self.cache = torch.ones(16)
         h = torch.stack([self.lin(row) for row in x]) if self.loop else self.lin(x)
-        h = self.drop(self.norm(h).relu())
+        h = self.drop(self.norm(h * self.cache).relu())
         h = torch.nn.functional.dropout(h, self.functional_p, training=self.training)
         out = self.scale * self.head(h).squeeze(-1)
         return out.float() if self.cast else out
@@ -238,6 +241,7 @@ def test_dropout_modules_are_switched_off_and_the_models_left_as_they_were():
     assert all(torch.equal(before[k], after[k]) and after[k].dtype == before[k].dtype
                for k in before)
     assert not slow.model.training and not slow.model.drop.training
+    assert slow.model.cache is None and fast.model.cache is None  # not left in float64
     assert fast.model.training and fast.model.drop.training
     assert all(p.grad is None and p.dtype == torch.float32
                for m in (slow.model, fast.model) for p in m.parameters())

@@ -424,18 +424,23 @@ def dropout_modules(model: torch.nn.Module) -> dict[str, float]:
 
 
 class _ModelState:
-    """A model's parameters (their tensors), buffers (their tensors and values) and modes, put
-    back by :meth:`restore` after a run changed its dtype, batch norm's running statistics or
-    its modes."""
+    """A model's parameters (their tensors), buffers (their tensors and values), modes and every
+    module's other attributes (a cache a forward fills, e.g. ``GCNConv(cached=True)``'s, filled
+    in float64 during a run, is dropped), put back by :meth:`restore` after a run changed its
+    dtype, batch norm's running statistics or its modes."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
+        self.attrs = [(m, dict(m.__dict__)) for m in model.modules()]
         self.params = [(p, p.data) for p in model.parameters()]
         self.buffers = [(m, n, b, b.detach().clone()) for m in model.modules()
                         for n, b in m._buffers.items() if b is not None]
         self.modes = [(m, m.training) for m in model.modules()]
 
     def restore(self) -> None:
+        for m, attrs in self.attrs:
+            m.__dict__.clear()
+            m.__dict__.update(attrs)
         with torch.no_grad():
             for p, data in self.params:
                 p.data = data
