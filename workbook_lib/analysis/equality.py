@@ -644,6 +644,43 @@ def _refuse_stochastic(pipe, side: str, seed: int, rows: list[TensorDiff], mode:
         side=side, pipeline=pipe.name, row=w)
 
 
+def _try_float64(run, pipes: dict, seed: int) -> tuple[torch.dtype, dict, str]:
+    """Batch 0 of both sides in float64 under the dtype guard: ``(float64, {side: run}, "")``
+    where both ran in it, else ``(float32, {}, why)``."""
+    first = {}
+    for side in ("slow", "fast"):
+        name = pipes[side].name
+        try:
+            r = run(side, 0, seed, torch.float64, guard=True)
+        except Exception as exc:  # noqa: BLE001 - any failure: float32, and said why
+            return torch.float32, {}, f"float64 could not run: '{name}' raised {_one_line(exc)}"
+        if r.off_dtype:
+            return torch.float32, {}, (f"float64 could not run: '{name}' computes in another "
+                                       f"dtype ({r.off_dtype})")
+        first[side] = r
+    return torch.float64, first, ""
+
+
+def _rule(dtype: torch.dtype, tolerance: float, tolerance_basis: str,
+          tolerance64: float | None, seed: int):
+    """``(tol, its basis, the probe in words, probe factory model -> context)`` of the rule in
+    ``dtype`` (module docstring)."""
+    from ..measurement.precision import (FLOAT64_TOLERANCE, ROUNDING_MODEL_EPS, rounding_model,
+                                         rounding_probe)
+
+    if dtype == torch.float64:
+        tol = FLOAT64_TOLERANCE if tolerance64 is None else tolerance64
+        basis = ("float64: seven orders of magnitude above its rounding, six below a 0.2% "
+                 "difference" if tolerance64 is None else "given") + f" ({tol:.0e})"
+        return (tol, basis, f"every module's output rounded at relative size {tol:.0e}",
+                lambda model: rounding_probe(model, tol, seed=seed))
+    rel = ROUNDING_MODEL_EPS * torch.finfo(torch.float32).eps
+    return (tolerance, tolerance_basis,
+            f"every operation's result rounded at {ROUNDING_MODEL_EPS} float32 eps ({rel:.1e}), "
+            "a sum's by sqrt(terms) x the sum of its terms' magnitudes",
+            lambda model: rounding_model(rel, seed=seed))
+
+
 def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed: int = 0,
                     renames: dict[str, str] | None = None, batches: int = 1,
                     batch_size: int | None = None, precision: str = "float64",
@@ -673,9 +710,6 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
         ValueError: ``batches``, ``batch_size``, ``precision`` or ``mode`` invalid, or a dataset
             too small.
     """
-    from ..measurement.precision import (FLOAT64_TOLERANCE, ROUNDING_MODEL_EPS, rounding_model,
-                                         rounding_probe)
-
     b = batch_size or slow.batch_size
     if not isinstance(batches, int) or batches <= 0:
         raise ValueError(f"'batches' must be a positive integer (got {batches!r})")
@@ -687,9 +721,8 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
         raise ValueError(f"'mode' must be 'train' or 'eval' (got {mode!r})")
     if not tolerance > 0:
         raise ValueError(f"'tolerance' must be > 0 (got {tolerance})")
-    tol64 = FLOAT64_TOLERANCE if tolerance64 is None else tolerance64
-    if not tol64 > 0:
-        raise ValueError(f"'tolerance64' must be > 0 (got {tol64})")
+    if tolerance64 is not None and not tolerance64 > 0:
+        raise ValueError(f"'tolerance64' must be > 0 (got {tolerance64})")
     for p in (slow, fast):
         n = len(p.dataset())
         if n < batches * b:
@@ -705,40 +738,10 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
     def run(side: str, i: int, s: int, dtype: torch.dtype, **kw) -> _Run:
         return _run(pipes[side], states[side], i, b, s, dtype=dtype, mode=mode, **kw)
 
-    first: dict[str, _Run] = {}
-    note = ""
-    dtype = torch.float64 if precision == "float64" else torch.float32
-    if dtype == torch.float64:  # batch 0 of both, guarded: can they run in float64?
-        for side in ("slow", "fast"):
-            try:
-                r = run(side, 0, seed, torch.float64, guard=True)
-            except Exception as exc:  # noqa: BLE001 - any failure: float32 (and said why)
-                note = f"float64 could not run: '{pipes[side].name}' raised {_one_line(exc)}"
-                break
-            if r.off_dtype:
-                note = (f"float64 could not run: '{pipes[side].name}' computes in another "
-                        f"dtype ({r.off_dtype})")
-                break
-            first[side] = r
-        if note:
-            dtype, first = torch.float32, {}
-    if dtype == torch.float64:
-        tol, basis = tol64, ("float64: seven orders of magnitude above its rounding, six below "
-                             "a 0.2% difference" if tolerance64 is None else "given")
-        basis = f"{basis} ({tol:.0e})"
-        probe_text = f"every module's output rounded at relative size {tol:.0e}"
-
-        def probe(model):
-            return rounding_probe(model, tol, seed=seed)
-    else:
-        tol, basis = tolerance, tolerance_basis
-        rel = ROUNDING_MODEL_EPS * torch.finfo(torch.float32).eps
-        probe_text = (f"every operation's result rounded at {ROUNDING_MODEL_EPS} float32 eps "
-                      f"({rel:.1e}), a sum's by sqrt(terms) x the sum of its terms' magnitudes")
-
-        def probe(model):
-            return rounding_model(rel, seed=seed)
-
+    dtype, first, note = torch.float32, {}, ""
+    if precision == "float64":
+        dtype, first, note = _try_float64(run, pipes, seed)
+    tol, basis, probe_text, probe = _rule(dtype, tolerance, tolerance_basis, tolerance64, seed)
     worst: dict[str, TensorDiff] = {}
 
     def keep(row: TensorDiff) -> None:
