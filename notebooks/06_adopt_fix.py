@@ -76,8 +76,9 @@ display(view.form_text(form, NB.params))
 # %% [markdown]
 # ## Do the two pipelines compute the same?
 # Before training, the check of `python -m workbook_lib equal`: both built from the same seed,
-# the slow model's parameters copied into the fast one (paired by name), one batch through both,
-# outputs, loss and every parameter's gradient compared against float32 rounding.
+# the slow model's parameters copied into the fast one (paired by name), dropout modules switched
+# off, one batch through both in float64, outputs, loss and every parameter's gradient compared
+# against rounding.
 
 # %%
 pair = adoption.check_pair(NB.params, NB.graph, NB.device, middle=form.middle)

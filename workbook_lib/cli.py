@@ -206,7 +206,8 @@ def _cmd_equal(args) -> int:
     graph, device = load_snapshot(p), resolve_device(p["device"])
     try:
         res = check_equal(p, slow, fast, graph, device, renames=renames, batches=args.batches,
-                          batch_size=args.batch_size, tolerance=args.tolerance)
+                          batch_size=args.batch_size, tolerance=args.tolerance,
+                          mode="eval" if args.eval else "train")
     except WorkbookError:  # parameters that do not pair, a pipeline that cannot work: exit 2
         raise
     except ValueError as exc:  # a dataset too small for the batches asked
@@ -429,9 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build SLOW and FAST (pipeline specs as in the 'pipelines' params key, or "
                     "built-in strategy names) from the same seed, pair their parameters by name "
                     "(refused, exit 2, when they do not pair), copy SLOW's parameters into FAST, "
-                    "run the same batch through both and compare the outputs, the loss and every "
-                    "parameter's gradient against float32 rounding. Exit 0: equal; 1: they "
-                    "differ; 2: bad input.")
+                    "switch off their dropout modules, run the same batch through both in float64 "
+                    "(float32 where a pipeline cannot, said so) and compare the outputs, the loss "
+                    "and every parameter's gradient against rounding. Exit 0: equal; 1: they "
+                    "differ; 2: bad input (a pipeline still random with dropout off included).")
     sp.add_argument("slow", metavar="SLOW", help="the reference pipeline (e.g. "
                                                  "examples/lazy_pyg.py:make_pipeline)")
     sp.add_argument("fast", metavar="FAST", help="the rewrite (e.g. "
@@ -445,8 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-size", type=int, default=None, metavar="B",
                     help="samples per batch (default: SLOW's batch size)")
     sp.add_argument("--tolerance", type=float, default=None, metavar="REL",
-                    help="relative float32 tolerance (default: derived from the graph and the "
-                         "layers, see workbook_lib.measurement.precision)")
+                    help="relative tolerance, in the precision the check runs (default: 1e-9 in "
+                         "float64; in float32 derived from the graph and the layers, see "
+                         "workbook_lib.measurement.precision)")
+    sp.add_argument("--eval", action="store_true",
+                    help="run both with every module in eval mode (default: training mode with "
+                         "dropout modules switched off); for randomness outside dropout modules "
+                         "that follows the module's training flag")
     sp.add_argument("--json", metavar="FILE.json", help="also write the table as JSON")
     sp.set_defaults(fn=_cmd_equal)
     sp = sub.add_parser("slurm", help="write sbatch scripts that run the workbook on a cluster")

@@ -24,8 +24,10 @@ relative difference per step is compared (the workbook does not know a user's lo
 bound the predictions as above), with the float32 tolerance of
 :func:`~workbook_lib.analysis.equality.equality_tolerance`. Before training, in both cases, the
 two pipelines go through :func:`~workbook_lib.analysis.equality.check_pipelines` (the check of
-``python -m workbook_lib equal``), which also copies the slow model's parameters into the fast
-one: both train from the very same numbers. When there is no such pair (one pipeline, a fast one
+``python -m workbook_lib equal``: in float64, dropout modules off), which also copies the slow
+model's parameters into the fast one and leaves both models otherwise as they were (dtype,
+buffers, modes): both train from the very same numbers. A pipeline still random with its dropout
+modules off cannot be checked, and 06 says so. When there is no such pair (one pipeline, a fast one
 that is not exact, parameters that do not pair, a rewrite that does not compute the same), 06
 trains nothing and says why in one sentence (:class:`AdoptionResult` with ``applicable`` False).
 """

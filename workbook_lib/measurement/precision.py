@@ -1,8 +1,37 @@
-"""How far two float32 computations of the same sums may differ when they add in another order
-(a GPU's atomic ``index_add_``/scatter sums in whatever order its threads arrive)."""
+"""How far two computations of the same sums may differ when they add in another order (a
+rewrite that vectorizes a loop, a GPU's atomic ``index_add_``/scatter sums in whatever order its
+threads arrive), and the tools ``python -m workbook_lib equal`` measures that with.
+
+* :func:`float32_tolerance`: a relative tolerance for a float32 result, from the graph's largest
+  in-degree and the layers.
+* :data:`FLOAT64_TOLERANCE`: the relative tolerance of a comparison run in float64.
+* :class:`rounding_probe`: every module's output rounded at a relative size (cheap; it moves a
+  tensor as much as rounding of the terms a module hands on moves it, cancellation included).
+* :class:`rounding_model`: every operation's result rounded, a sum's by the magnitude of the
+  terms it adds (``sqrt(terms) x sum |term|``), not of its result: the bound of a float32
+  comparison, where a gradient that is a small difference of large sums (a GIN ``eps`` summed
+  over every node, the dual forward's wildtype pass subtracted) holds rounding far larger than
+  its own size times any tolerance.
+* :class:`dtype_guard`: records the first operation that computed in another floating dtype
+  (a pipeline that hard-codes float32 inside a float64 run).
+
+The last two are ``torch.utils._python_dispatch.TorchDispatchMode`` s: they see every ATen
+operation below autograd, the backward pass's included, which no module hook does. PyTorch has
+no maintained tool for either (``torch.testing`` compares, it does not bound rounding), hence
+written here.
+"""
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+FLOAT64_TOLERANCE = 1e-9
+"""Relative tolerance of a comparison run in float64: seven orders of magnitude above float64's
+rounding (eps 2.2e-16), six below a 0.2% difference. The rounding probe at this size covers a
+tensor whose terms cancel (docs/own-pipeline.md, "The rule")."""
+
+ROUNDING_MODEL_EPS = 4
+"""The :class:`rounding_model` of a float32 comparison rounds at this many float32 eps."""
 
 
 def float32_tolerance(graph, layers: int, floor: float = 2e-5) -> float:
@@ -28,27 +57,60 @@ def float32_tolerance(graph, layers: int, floor: float = 2e-5) -> float:
     return max(floor, 32 * eps * max(1, d) ** 0.5 * max(1, layers))
 
 
+class _Noise:
+    """Uniform noise in [-1, 1] from a generator of its own (seeded), so that a probe never
+    moves torch's global RNG (dropout draws stay where they were). A pool of 2^20 values per
+    device and dtype, read at a moving offset: drawing afresh per operation costs more than
+    the operations."""
+
+    POOL = 1 << 20
+
+    def __init__(self, seed: int):
+        self.seed, self.pools, self.offset = seed, {}, 0
+
+    def like(self, t: torch.Tensor) -> torch.Tensor:
+        key = (t.device, t.dtype)
+        pool = self.pools.get(key)
+        if pool is None:
+            g = torch.Generator().manual_seed(self.seed)
+            u = (2 * torch.rand(self.POOL, generator=g, dtype=torch.float64) - 1)
+            pool = self.pools[key] = torch.cat([u, u]).to(t.device, t.dtype)
+        n = t.numel()
+        if n > self.POOL:
+            return pool[:self.POOL].repeat(-(-n // self.POOL))[:n].view(t.shape)
+        self.offset = (self.offset + 7919) % self.POOL  # a prime stride: no two alike
+        return pool[self.offset:self.offset + n].view(t.shape)
+
+
+def _floating(t) -> bool:
+    return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.layout == torch.strided
+            and t.numel() > 0)
+
+
 class rounding_probe:
     """Within the block, every floating-point tensor a submodule of ``model`` returns (the model
     itself included) is multiplied by ``1 + rel * u``, ``u`` uniform in [-1, 1] per element
-    (drawn from torch's global RNG): rounding of relative size ``rel`` at each module's output,
-    independent on each side of a subtraction. How far that moves a result (an output, a
-    gradient) is how far float32 rounding of that size can move it, cancellation included: a
-    gradient that is a difference of two large terms moves as much as the terms do.
+    (from a generator of its own, seeded: torch's global RNG is not touched): rounding of
+    relative size ``rel`` at each module's output, independent on each side of a subtraction.
+    How far that moves a result (an output, a gradient) is how far rounding of that size can
+    move it, cancellation included: a gradient that is a difference of two large terms moves as
+    much as the terms do.
 
     Args:
         model: the module whose submodules' outputs are perturbed.
         rel: the relative size (> 0).
+        seed: the noise's seed.
     """
 
-    def __init__(self, model: torch.nn.Module, rel: float):
+    def __init__(self, model: torch.nn.Module, rel: float, seed: int = 0):
         if not rel > 0:
             raise ValueError(f"'rel' must be > 0 (got {rel})")
         self.model, self.rel, self.handles = model, float(rel), []
+        self.noise = _Noise(seed)
 
     def _hook(self, module, inputs, output):
-        if isinstance(output, torch.Tensor) and output.is_floating_point():
-            return output * (1 + self.rel * (2 * torch.rand_like(output) - 1))
+        if _floating(output):
+            return output * (1 + self.rel * self.noise.like(output))
         return None
 
     def __enter__(self) -> "rounding_probe":
@@ -59,3 +121,112 @@ class rounding_probe:
         for h in self.handles:
             h.remove()
         self.handles = []
+
+
+_aten = torch.ops.aten
+_SUMS = {getattr(getattr(_aten, op), ov) for op, ov in (
+    ("mm", "default"), ("addmm", "default"), ("addmm_", "default"), ("bmm", "default"),
+    ("baddbmm", "default"), ("mv", "default"), ("addmv", "default"), ("dot", "default"),
+    ("sum", "default"), ("sum", "dim_IntList"), ("mean", "default"), ("mean", "dim"),
+    ("index_add", "default"), ("index_add_", "default"), ("scatter_add", "default"),
+    ("scatter_add_", "default"), ("scatter_reduce", "two"), ("scatter_reduce_", "two"),
+    ("embedding_dense_backward", "default"), ("index_put", "default"),
+    ("index_put_", "default"), ("_sparse_mm", "default"), ("_sparse_csr_mm", "default"),
+    ("segment_reduce", "default")) if hasattr(getattr(_aten, op, None), ov)}
+_MEANS = {_aten.mean.default, _aten.mean.dim}
+_ROUNDING_IN_PLACE = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_"}
+
+
+class rounding_model(TorchDispatchMode):
+    """Within the block, every operation's floating-point result is rounded at relative size
+    ``rel`` (forward and backward, in-place accumulations included): an element-wise result
+    ``y`` becomes ``y (1 + rel u)``; a sum's result (matrix products, ``sum``/``mean``,
+    ``index_add``/``scatter_add``/``scatter_reduce``, embedding and sparse products) becomes
+    ``y + rel u sqrt(n) S``, where ``S`` is the same operation on the terms' absolute values and
+    ``n`` the number of terms of that element (the operation on ones): the probabilistic bound
+    of a sum of ``n`` terms added in another order scales with the magnitude of its terms, not
+    of its result. ``u`` is uniform in [-1, 1] per element, from a generator of its own
+    (torch's global RNG is not touched). Views and other in-place operations are left exact.
+
+    How far this moves a result is how far rounding of every operation at ``rel`` can move it:
+    a gradient that cancels to a small part of its terms moves as much as its terms allow.
+
+    Args:
+        rel: the relative size (> 0), e.g. a few float32 eps.
+        seed: the noise's seed.
+    """
+
+    def __init__(self, rel: float, seed: int = 0):
+        super().__init__()
+        if not rel > 0:
+            raise ValueError(f"'rel' must be > 0 (got {rel})")
+        self.rel, self.noise = float(rel), _Noise(seed)
+
+    def _magnitude(self, func, out, args, kwargs) -> torch.Tensor:
+        def absolute(v):
+            return v.abs() if isinstance(v, torch.Tensor) and v.is_floating_point() else (
+                abs(v) if isinstance(v, float) else v)
+
+        def ones(v):
+            return torch.ones_like(v) if _floating(v) else (1.0 if isinstance(v, float) else v)
+
+        # (an in-place form writes into its first argument: a new tensor here, never the caller's)
+        mag = func(*[absolute(a) for a in args], **{k: absolute(v) for k, v in kwargs.items()})
+        if func in _MEANS:
+            n = max(1.0, args[0].numel() / max(1, out.numel()))
+            return mag * n ** 0.5
+        n = func(*[ones(a) for a in args], **{k: ones(v) for k, v in kwargs.items()})
+        return mag * n.clamp(min=1).sqrt()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _SUMS:
+            mutable = func._schema.is_mutable
+            before = (args[0].clone(),) + tuple(args[1:]) if mutable else args
+            out = func(*args, **kwargs)
+            if _floating(out):
+                try:
+                    mag = self._magnitude(func, out, before, kwargs)
+                except (RuntimeError, TypeError, ValueError, IndexError):
+                    mag = out.abs()  # an overload the magnitude cannot be taken of: its result
+                if mutable:
+                    return out.add_(self.rel * self.noise.like(out) * mag)
+                return out + self.rel * self.noise.like(out) * mag
+            return out
+        out = func(*args, **kwargs)
+        if func.is_view:
+            return out
+        if func._schema.is_mutable:
+            if func.overloadpacket.__name__ in _ROUNDING_IN_PLACE and _floating(out):
+                out.mul_(1 + self.rel * self.noise.like(out))
+            return out
+        if _floating(out):
+            return out * (1 + self.rel * self.noise.like(out))
+        if isinstance(out, (tuple, list)):
+            return type(out)(o * (1 + self.rel * self.noise.like(o)) if _floating(o) else o
+                             for o in out)
+        return out
+
+
+class dtype_guard(TorchDispatchMode):
+    """Within the block, records the first operation (forward or backward) whose floating-point
+    result is not of ``dtype``: ``found`` is ``"aten.mm returned torch.float32"`` or ``""``.
+
+    Args:
+        dtype: the floating dtype every result must have (e.g. ``torch.float64``).
+    """
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype, self.found = dtype, ""
+
+    def _check(self, func, t) -> None:
+        if (not self.found and isinstance(t, torch.Tensor) and t.is_floating_point()
+                and t.dtype != self.dtype):
+            self.found = f"{func.overloadpacket} returned {t.dtype}"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            self._check(func, t)
+        return out

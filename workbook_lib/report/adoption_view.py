@@ -12,7 +12,7 @@ from .tables import one_line, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 def check_text(pair) -> Markdown:
     """The check before training (:func:`workbook_lib.analysis.adoption.check_pair`): the pair,
     the equality table, and whether 06 applies."""
-    from .equality_view import RULE, rows
+    from .equality_view import rows, rule_text
 
     names = list(pair.names.values())
     head = (f"**The pair:** {' and '.join(f'`{n}`' for n in names)}"
@@ -31,8 +31,8 @@ def check_text(pair) -> Markdown:
 
         text += ("\n\n| " + " | ".join(map(cell, cols)) + " |\n|" + "---|" * len(cols) + "\n"
                  + "\n".join("| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rs)
-                 + f"\n\nOne batch of {eq.batch_size} through both pipelines' own stages. Rule: "
-                 f"{RULE}; tol = {eq.tolerance:.1e} ({eq.tolerance_basis}). The same check "
+                 + f"\n\nOne batch of {eq.batch_size} through both pipelines' own stages. "
+                 f"{eq.conditions()} Rule: {rule_text(eq)}. The same check "
                  "runs from the command line: `python -m workbook_lib equal SLOW FAST`.")
     return Markdown(text)
 

@@ -6,7 +6,13 @@ import math
 from ..analysis.equality import EqualityResult, TensorDiff
 
 RULE = ("a tensor is equal when max|fast - slow| <= max(tol x its size, how far a rounding probe "
-        "of the slow pipeline moved it: every module's output rounded at relative size tol)")
+        "of the slow pipeline moved it)")
+
+
+def rule_text(res: EqualityResult) -> str:
+    """The rule with this check's tolerance and probe, in one sentence."""
+    return (f"{RULE}; tol = {res.tolerance:.2e} ({res.tolerance_basis}); the probe: "
+            f"{res.probe or 'every module output rounded at relative size tol'}")
 
 
 def _num(v: float) -> str:
@@ -37,10 +43,12 @@ def table_lines(res: EqualityResult) -> list[str]:
            f"{res.device}, the slow model's parameters copied into the fast one"
            + (f" (renamed: {', '.join(f'{a} -> {b}' for a, b in res.renames.items())})"
               if res.renames else ""),
+           res.conditions(),
            "  ".join(c.ljust(width[c]) for c in cols)]
     out += ["  ".join(r[c].ljust(width[c]) for c in cols) for r in rs]
-    out.append(f"Rule: {RULE}; tol = {res.tolerance:.2e} ({res.tolerance_basis}). Each row: "
-               "the largest over the batches.")
+    out.append(f"Rule: {rule_text(res)}. Each row: the largest over the batches.")
+    if res.randomness:
+        out.append(f"Randomness: {res.randomness}.")
     if res.buffers_not_copied:
         out.append("Buffers of the fast model not copied (no same-named buffer of that shape in "
                    f"the slow one): {', '.join(res.buffers_not_copied)}")
@@ -54,5 +62,5 @@ def table(res: EqualityResult):
 
     return styled(rows(res), caption=(
         f"{res.fast} against {res.slow} on the same {res.batches} batch(es) of "
-        f"{res.batch_size}, from the same parameters. Rule: {RULE}; tol = {res.tolerance:.1e} "
-        f"({res.tolerance_basis})."))
+        f"{res.batch_size}, from the same parameters. {res.conditions()} Rule: "
+        f"{rule_text(res)}."))
