@@ -86,6 +86,12 @@ def generate() -> list[Case]:
         Case("nan_loss", ["slow", "nan"], expect={"nonfinite": "nan"}),
         Case("stalls", ["stalls", "fast"], extra={"stall_timeout_s": 3.0},
              expect={"no_answer": "stalls"}),
+        Case("fails_in_04_only", ["unused", "fast"], chain=True,
+             expect={"failed": "unused", "missing": "04_ddp_scaling"}),
+        # the real client: a TorchCell-style Lazy model against a DANGO-style one
+        Case("torchcell", ["tests/rewrites/lazy_dropout_gin.py:make_pipeline",
+                           "examples/dango_pyg.py:make_pipeline"],
+             expect={"first": "forward", "advice": "one shared graph"}),
         # the loader and the frameworks
         Case("workers", ["slow", "fast"], extra={"num_workers": 1}),
         Case("lightning", ["slow", "lightning"]),
@@ -185,6 +191,11 @@ def _expectations(case: Case, v) -> None:
         assert e["no_answer"] in v.no_answer and e["no_answer"] in v.failures
     if "failed" in e:
         assert e["failed"] in v.failures and not v.no_answer
+    if "missing" in e:
+        assert e["missing"] in v.missing or v.gap.ddp_factor is None
+    if "first" in e:
+        first = [c for c in v.causes if c.effect == "adds"][0]
+        assert first.stage == e["first"] and e["advice"] in first.advice, v.lead
     if "nonfinite" in e:
         assert e["nonfinite"] in v.nonfinite
         assert v.recommendation is None or v.recommendation.strategy != e["nonfinite"]

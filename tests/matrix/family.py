@@ -14,6 +14,8 @@ factory        what the user wrote
 ``lightning``  the README's model as a LightningModule with a LightningDataModule
 ``stalls``     ``fast`` whose dataset item blocks on its 20th read (a filesystem that stopped
                answering)
+``unused``     ``slow`` with a layer the forward never uses (fine alone; DDP's reducer refuses
+               it from the second step: it fails in notebook 04 only)
 =============  ==============================================================================
 """
 import time
@@ -159,6 +161,16 @@ class Stalls(MyPipeline):
 
 def stalls(params, graph, device):
     return Stalls(graph, device)
+
+
+class WithUnused(LoopModel):
+    def __init__(self, num_genes, hidden):
+        super().__init__(num_genes, hidden)
+        self.spare = torch.nn.Linear(hidden, hidden)  # kept for an experiment, never called
+
+
+def unused(params, graph, device):
+    return MyPipeline(graph, device, model_class=WithUnused)
 
 
 def lightning(params, graph, device):
