@@ -138,7 +138,7 @@ def test_a_full_disk_is_recorded_per_notebook_and_the_run_goes_on(tmp_path, tiny
 def _sigterm_during(monkeypatch, capsys, module, attr, argv) -> str:
     """``run`` with ``module.attr`` replaced by a step that receives a SIGTERM; asserts the
     interrupt (130, the message, no run folder, the handler restored) and returns stderr."""
-    def slow_step(params):
+    def slow_step(params, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
         raise AssertionError(f"the signal did not stop {attr}")
