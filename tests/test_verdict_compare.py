@@ -420,3 +420,13 @@ def test_on_a_gpu_the_sync_wait_is_carved_out_of_its_stage_and_can_change_the_ad
     assert gpu.advice == V.SYNC_ADVICE and "waited 35 ms per step" in gpu.evidence
     few = next(c for c in _causes(timing(2.0), device="cuda") if c.stage == "forward")
     assert few.advice == V.ADVICE["forward"]
+
+
+def test_a_gap_inside_the_precision_target_is_not_resolved():
+    """A precise 1.05x (IQR clear of 1) is inside the 10% target the figures were repeated for:
+    no gap; a precise 1.5x is one; a precise 0.6x is one the other way round."""
+    def stat(m):
+        return Stat.from_samples([m * (1 + 0.005 * x) for x in (-1, 0, 1)] * 4, unit="ratio")
+    assert V.resolved(stat(1.05), 0.10) == 0
+    assert V.resolved(stat(1.5), 0.10) == 1 and V.resolved(stat(0.6), 0.10) == -1
+    assert V.resolved(stat(1.05), 0.02) == 1  # a tighter target resolves it

@@ -255,7 +255,19 @@ def ddp_booking(g, swapped: bool) -> tuple[Stat | None, bool, str]:
     return f, True, "1 outside its IQR: booked"
 
 
-def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None) -> Gap:
+def resolved(r: Stat, target: float) -> int:
+    """+1 when the ratio ``r`` is above 1 beyond its noise and beyond the precision target (its
+    IQR clear of 1 and its median outside [1/(1+target), 1+target]: a difference smaller than
+    the precision the figures were repeated for is not resolved), -1 likewise below, else 0."""
+    if r.q1 > 1.0 and r.median > 1.0 + target:
+        return 1
+    if r.q3 < 1.0 and r.median < 1.0 / (1.0 + target):
+        return -1
+    return 0
+
+
+def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
+                target: float = 0.1) -> Gap:
     """The pair's epoch-time ratio, oriented so that ``slow`` is the slower beyond the noise.
 
     Args:
@@ -263,6 +275,8 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None) -> Gap:
         slow, fast: the pair as listed (``gap_strategies``).
         num_samples: the dataset size (80% of it per epoch).
         ddp: notebook 04's result, or None.
+        target: the precision target: a gap is measurable (and a listing is turned round) only
+            beyond it (:func:`resolved`).
     """
     listed = [slow, fast]
     steps = {n: _epoch_steps(lo, n, num_samples) for n in listed}
@@ -272,7 +286,7 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None) -> Gap:
         return per_step, per_step.scaled(steps[a] / steps[b], "ratio")
 
     per_step, r = ratio(slow, fast)
-    swapped = r.q3 < 1.0
+    swapped = resolved(r, target) < 0
     if swapped:
         slow, fast = fast, slow
         per_step, r = ratio(slow, fast)
@@ -288,7 +302,7 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None) -> Gap:
                per_step=per_step, steps=steps,
                batch_sizes={n: lo.arm(n, "full").samples_per_step for n in listed},
                epoch_s={n: lo.arm(n, "full").step.median * steps[n] for n in listed},
-               measurable=not (r.q1 <= 1.0 <= r.q3), ddp_factor=factor,
+               measurable=resolved(r, target) > 0, ddp_factor=factor,
                ddp_world=None if g is None else g.world_size, ddp_booked=booked, ddp_why=why)
 
 
@@ -692,7 +706,7 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
         res.no_answer = (f"no answer about '{listed[0]}' against '{listed[1]}': notebook 03 has "
                          f"no full step of '{n}': {why}")
     else:
-        g = measure_gap(lo, *listed, params["num_samples"], ddp)
+        g = measure_gap(lo, *listed, params["num_samples"], ddp, params["precision_target"])
         res.gap, res.gap_total, res.gap_strategies = g, g.ratio, [g.slow, g.fast]
         res.causes = rank_causes(timing, g.slow, g.fast, g, device_type)
         res.syncs_note = syncs_note(res.causes, device_type)

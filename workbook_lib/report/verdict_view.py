@@ -44,8 +44,9 @@ def lead(v: VerdictResult) -> str:
                                           if "gap" in v.disturbed else "")
     if not g.measurable:
         return (f"**{s[0].upper()}{s[1:]} and {f} train at the same speed within the noise**: "
-                f"epoch-time ratio {r.median:.3g}x ({fig}, IQR {r.q1:.3g}-{r.q3:.3g} holds 1): "
-                "there is no gap to explain.")
+                f"epoch-time ratio {r.median:.3g}x ({fig}; quartiles {r.q1:.3g}-{r.q3:.3g}), "
+                f"not resolved beyond its IQR and the {v.target:.0%} precision target: there is "
+                "no gap to explain.")
     text = f"**{s[0].upper()}{s[1:]} is {r.median:.3g}x slower per epoch than {f}** ({fig})"
     first = V.first_causes(v.causes)
     if not first:
