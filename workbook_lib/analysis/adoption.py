@@ -252,7 +252,8 @@ def train_pair(params: dict, pair: Pair, device: torch.device) -> tuple[dict, di
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
-                            budget_s=float("inf"), count_syncs=False, desc="06 training")
+                            budget_s=float("inf"), count_syncs=False, desc="06 training",
+                            stall_timeout_s=params.get("stall_timeout_s"), notebook="06")
     finally:
         if cuda:
             torch.use_deterministic_algorithms(was)
@@ -308,9 +309,15 @@ def adopt(params: dict, pair: Pair, device: torch.device, device_label: str, *, 
           ddp=None, graph=None) -> AdoptionResult:
     """Train the checked pair and compare the trainings (:func:`train_pair`, :func:`compare`);
     the not-applicable result when the pair does not apply."""
+    from ..failures import PipelineFailed
+
     if not pair.applicable:
         return not_applicable(params, pair, device_label)
-    res, losses = train_pair(params, pair, device)
+    try:
+        res, losses = train_pair(params, pair, device)
+    except PipelineFailed as exc:  # one of the two failed or stalled: nothing to compare
+        pair.reason = f"the training stopped: {exc.failure.line()}"
+        return not_applicable(params, pair, device_label)
     return compare(params, res, losses, pair.batch_size, device_label, labels=pair.labels,
                    memory=memory, ddp=ddp, graph=graph, pair=pair)
 
