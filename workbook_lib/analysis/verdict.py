@@ -17,9 +17,11 @@ an input changed.
   folder or notebook 02 with ``bench_full_size``), and epochs per day at the dataset size, with
   notebook 04's measured DDP factor for several ranks.
 * **Figures it does not rest on**: a headline figure whose IQR/median is beyond the precision
-  target is *disturbed*; one measured while the process got less than 80% of the CPU its threads
-  asked for (:mod:`workbook_lib.measurement.cpu`) is *contended*: another job on the same CPUs
-  slows every repeat alike, so such a figure can be precise and wrong by orders of magnitude,
+  target is *disturbed*; one measured while the process's compute threads got less than 80% of
+  the CPU they asked for (:mod:`workbook_lib.measurement.cpu`) is *contended*: other jobs on the
+  same CPUs, or the run's own processes outnumbering them (each figure says which:
+  :attr:`CpuShare.cause`, :meth:`CpuShare.explain`), slow every repeat alike, so such a figure
+  can be precise and wrong by orders of magnitude,
   and can flip the order of two pipelines. Both are named first in the answer, shown and marked,
   and the answer does not rest on them (a fix chosen from contended full steps is provisional).
 """
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from ..catalog import notebook_info
 from ..exceptions import IncompleteInputsError
-from ..measurement.cpu import CpuShare
+from ..measurement.cpu import CpuShare, causes_text
 from ..measurement.timing import Stat
 from ..records import Record
 from ..running.results import (file_checksum, load_result, params_differ, read_meta,
@@ -346,9 +348,9 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     contended = sorted(n for n in exact if ms[n].contended)
     if contended:
         rule += (f"; measured while the process got less CPU than it asked for "
-                 f"({', '.join(contended)}: contended): another job on the same CPUs can change "
-                 "the order of these figures, so this choice is provisional; rerun alone to "
-                 "firm it up")
+                 f"({', '.join(contended)}: contended), which can change the order of these "
+                 "figures, so this choice is provisional. "
+                 + causes_text(ms[n].cpu for n in contended))
     speed = lo.ratio(lo.arm(baseline, "full"), lo.arm(best, "full")).scaled(
         lo.arm(best, "full").samples_per_step / lo.arm(baseline, "full").samples_per_step,
         "ratio") if baseline in lo.strategies and baseline != best else None
@@ -484,11 +486,11 @@ def answer(v: VerdictResult, ddp, inv, params: dict) -> str:
         lines.append("**Contended figures (the process got less CPU than it asked for):** "
                      + "; ".join(f"{CONTENDED_LABELS[k]}: {c.describe()}"
                                  for k, c in v.contended.items())
-                     + ". Another job was running on the same CPUs: it slows every repeat "
-                     "alike, so these figures can look precise and still be wrong by orders of "
-                     "magnitude, and the order of two pipelines can flip. The answer below does "
-                     "not rest on them: they are shown and marked; rerun alone (no other "
-                     "CPU-heavy job on these CPUs) to firm them up.")
+                     + ". " + causes_text(v.contended.values())
+                     + " Contention slows every repeat alike, so these figures can look precise "
+                     "and still be wrong by orders of magnitude, and the order of two pipelines "
+                     "can flip. The answer below does not rest on them: they are shown and "
+                     "marked.")
     if v.disturbed:
         lines.append("**Disturbed figures (beyond the precision target):** " + "; ".join(
             f"{DISTURBED_LABELS[k]} {x:.0%}" for k, x in v.disturbed.items())

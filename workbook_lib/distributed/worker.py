@@ -374,7 +374,8 @@ def _main(cfg, out, rank, world, fh, hb):
     results = loop.run_arms(arms, warmup_steps=cfg["warmup"], min_steps=cfg["steps"],
                             max_steps=cfg["steps_cap"], target=P["precision_target"],
                             budget_s=cfg["budget_s"], interleave=workers == 0,
-                            count_syncs=False, agree=agree, desc=f"rank {rank}")
+                            count_syncs=False, agree=agree, desc=f"rank {rank}",
+                            procs=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
     torch.set_num_threads(threads)
     logging = {}
     for tag, m in modules.items():

@@ -63,7 +63,8 @@ def step_table(r: DDPResult):
                                "CPU its threads asked for that the worst rank got over its timed "
                                "steps, its CPU use (CPU time / wall x threads, DataLoader workers "
                                "not counted) and the machine's CPU pressure; contended below "
-                               "80% got (another job on these CPUs, or ranks that do not fit).")
+                               "80% got, with its cause: other jobs on these CPUs, or this run's own "
+                               "ranks and workers that do not fit them.")
 
 
 def _cpu_cell(c) -> str:
@@ -71,8 +72,9 @@ def _cpu_cell(c) -> str:
         return "not recorded"
     got = "n/a" if c.got is None else f"{c.got:.0%}"
     pressure = "n/a" if c.pressure is None else f"{c.pressure:.0%}"
-    return (f"got {got}, use {c.use:.0%} of {c.threads} thread(s), pressure {pressure}"
-            + (" CONTENDED" if c.contended else ""))
+    others = "" if c.others is None else f", other jobs {c.others:.2f} CPU"
+    return (f"got {got}, use {c.use:.0%} of {c.threads} thread(s){others}, pressure {pressure}"
+            + (f" CONTENDED ({c.explain()})" if c.contended else ""))
 
 
 def comm_table(r: DDPResult):

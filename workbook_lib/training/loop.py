@@ -291,7 +291,8 @@ def _children_label(loader: DataLoader) -> str | None:
 def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
              max_steps: int = 30, target: float = DEFAULT_TARGET, budget_s: float = 120.0,
              interleave: bool = True, count_syncs: bool = True,
-             agree: Callable[[bool], bool] | None = None, desc: str = "loop") -> dict[str, ArmResult]:
+             agree: Callable[[bool], bool] | None = None, desc: str = "loop",
+             procs: int = 1) -> dict[str, ArmResult]:
     """Run every arm until it is precise enough (see the module docstring).
 
     Args:
@@ -305,6 +306,8 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
         count_syncs: run one untimed step per arm under the sync counter.
         agree: for DDP, turns this rank's "stop" into one every rank agrees on (collectives
             must match across ranks); None on a single process.
+        procs: the run's processes sharing these CPUs (DDP ranks on the node), for the CPU
+            figures' cause.
 
     Returns:
         ``{arm name: ArmResult}``.
@@ -319,7 +322,8 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
     if max_steps < min_steps:
         raise ValueError(f"'max_steps' must be >= min_steps={min_steps} (got {max_steps})")
     device = torch.device(arms[0].pipeline.device)
-    clocks = {a.name: StepClock(device, children=_children_label(a.loader)) for a in arms}
+    clocks = {a.name: StepClock(device, children=_children_label(a.loader), procs=procs,
+                                workers=getattr(a.loader, "num_workers", 0)) for a in arms}
     counters: dict[str, SyncCounter | None] = {a.name: None for a in arms}
     stopped = {a.name: "" for a in arms}
     agree = agree or (lambda flag: flag)
