@@ -16,10 +16,12 @@ The spread of the samples cannot see that; what the process got of the CPUs can.
   their run-queue wait (the time they were ready to run and no CPU was free), from the kernel's
   per-thread ``/proc/self/task/*/schedstat``. A thread that sleeps (waiting for a batch, idle
   between parallel regions) asks for nothing, so a serial step alone still gets ~100%; beside a
-  CPU hog it gets what the scheduler leaves it. *Compute threads* are the threads that carry the
-  process's own name (the main thread, PyTorch's intra-op OpenMP threads, Python's threads);
+  CPU hog it gets what the scheduler leaves it. *Compute threads* are the main thread (which
+  runs the timed step) and the threads native code starts for it under its name (PyTorch's
+  intra-op OpenMP threads); the others are *helpers*, their run and wait recorded apart and not
+  ruled on: Python threads beside the main one (ipykernel's I/O threads, a rank's heartbeat) and
   threads a library named for itself (``gloo_tcp_loop``, ``pt_gloo_runloop``, ``ZMQbg/IO/0``,
-  ``cuda-EvtHandlr``) are its *helpers*: their run and wait are recorded apart and not ruled on.
+  ``cuda-EvtHandlr``).
   Measured on this project's 2-CPU machine at ``params/ci.yaml``: a DDP rank of 2 (1 thread each,
   a configuration that fits) had its main thread get ~90% while gloo's three threads, woken for
   each message while both CPUs ran the two ranks' compute, got 30-60%, which made the whole
@@ -41,7 +43,7 @@ The spread of the samples cannot see that; what the process got of the CPUs can.
   counts as another job's. ``/proc/stat`` and ``/proc/PID/stat`` count in ticks of 10 ms, so
   each interval's difference is off by about a tick: other jobs' use is told over the timed
   intervals when that resolution (:func:`resolution`: tick x sqrt(intervals) / their wall time)
-  is within :data:`RESOLUTION` (0.05 CPU), else over the span from the first interval's start
+  is within :data:`RESOLUTION` (0.025 CPU), else over the span from the first interval's start
   to the last one's end (one difference; the loop's arms take turns within it) when its
   resolution is, else not at all.
 
@@ -53,18 +55,19 @@ too, and the figure says which rule it was judged by. Pressure is reported, not 
 counts other jobs' waits among themselves.
 
 A contended figure's **cause** (:attr:`CpuShare.cause`) is *other jobs* when other jobs used at
-least :data:`OTHERS_SEEN` (0.25) of a CPU on average over the window, else *this run's own
+least :data:`OTHERS_SEEN` (0.1) of a CPU on average over the window, else *this run's own
 processes* (self-oversubscription: its ranks, DataLoader workers, threads beyond its CPUs), named
-with the configuration that fits (:func:`fit_threads`). 0.25 CPU is more than ten times an
-idle machine's background (the kernel's threads, the system's daemons, interrupts and the
-hypervisor's steal: 0.02 CPU, measured over a minute on this project's 2-CPU machine) and five
-times the coarsest resolution it is told with; a job that makes one of this run's threads wait a
-fifth of the time it asked for runs about 0.2 CPU or more on its CPU, so the line sits at the
-low end of what contends. Both causes keep the figure marked and not relied on: a figure
-contended by its own processes measures threads waiting for each other on a configuration whose
-threads outnumber its CPUs, not the pipeline; its remedy is the configuration that fits, not a
-rerun. Where ``/proc/stat`` or the tree cannot be read, or the window is too short for the
-ticks, the cause is *not told apart*, and said so.
+with the configuration that fits (:func:`fit_threads`). 0.1 CPU is five times an idle machine's
+background (the kernel's threads, the system's daemons, interrupts and the hypervisor's steal:
+0.02 CPU, measured over a minute on this project's 2-CPU machine) and four times the coarsest
+resolution it is told with; it is low on purpose: a job using a tenth of a CPU already costs a
+step of a few milliseconds a scheduler slice now and then, which is enough to make it contended
+(measured: 4 ms data-only steps beside other jobs using 0.14 CPU got 74% of their CPU). Both
+causes keep the figure marked and not relied on: a figure contended by its own processes
+measures threads waiting for each other on a configuration whose threads outnumber its CPUs, not
+the pipeline; its remedy is the configuration that fits, not a rerun. Where ``/proc/stat`` or
+the tree cannot be read, or the window is too short for the ticks, the cause is *not told
+apart*, and said so.
 
 :func:`allowed_cpus` says how many CPUs the process may use: the tightest of its affinity
 (``os.sched_getaffinity``), the cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
@@ -83,6 +86,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +94,8 @@ from pathlib import Path
 from ..records import Record
 
 CONTENDED_BELOW = 0.8  # a figure whose threads got less than this share of their asked CPU
-OTHERS_SEEN = 0.25  # CPUs: other jobs that used at least this much on average were seen
-RESOLUTION = 0.05  # CPUs: the coarsest tick resolution other jobs' use is told with
+OTHERS_SEEN = 0.1  # CPUs: other jobs that used at least this much on average were seen
+RESOLUTION = 0.025  # CPUs: the coarsest tick resolution other jobs' use is told with
 ROOT_ENV = "WORKBOOK_RUN_ROOT"  # the pid of the run's root process (see the module docstring)
 OTHER_JOBS, OWN_PROCESSES, NOT_TOLD = "other jobs", "own processes", "not told apart"
 PRESSURE_PATH = Path("/proc/pressure/cpu")
@@ -272,16 +276,25 @@ def _comm(path: Path) -> str | None:
         return None
 
 
+def python_threads() -> set[int]:
+    """Native ids of this process's Python threads other than the main thread."""
+    main = threading.main_thread()
+    return {t.native_id for t in threading.enumerate()
+            if t is not main and t.native_id is not None}
+
+
 def read_threads(task_dir: Path = Path("/proc/self/task"), *,
-                 names: dict[int, bool] | None = None
+                 names: dict[int, bool] | None = None, python: set[int] | None = None
                  ) -> dict[int, tuple[int, int, bool]] | None:
     """Per thread of this process: (ns run on a CPU, ns waiting on a run queue, helper?), or
     None where the kernel has no schedstat. A *helper* is a thread whose name differs from the
-    main thread's (a library named it for itself: ``gloo_tcp_loop``, ``ZMQbg/IO/0``).
+    main thread's (a library named it for itself: ``gloo_tcp_loop``, ``ZMQbg/IO/0``) or one of
+    ``python`` (Python threads beside the main one: ipykernel's I/O, a heartbeat).
 
     Args:
         task_dir: the process's ``task`` folder.
-        names: a cache tid -> helper? (a thread's name is read once).
+        names: a cache tid -> named as a helper? (a thread's name is read once).
+        python: native ids of Python threads that are helpers (default: none).
     """
     out = {}
     try:
@@ -302,7 +315,7 @@ def read_threads(task_dir: Path = Path("/proc/self/task"), *,
                 main = _comm(task_dir.parent / "comm") or ""
             name = _comm(task_dir / tid / "comm")
             cache[t] = name is not None and name != main
-        out[t] = (int(run), int(wait), cache[t])
+        out[t] = (int(run), int(wait), cache[t] or t in (python or ()))
     return out or None
 
 
@@ -766,7 +779,8 @@ class CpuMeter:
         return torch.get_num_threads()
 
     def _snap(self) -> _Snap:
-        return _Snap(time.perf_counter(), time.process_time(), read_threads(names=self._names),
+        return _Snap(time.perf_counter(), time.process_time(),
+                     read_threads(names=self._names, python=python_threads()),
                      read_pressure(), read_busy(self.cpus), tree_cpu(self.root))
 
     def begin(self) -> None:
