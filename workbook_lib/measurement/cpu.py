@@ -22,10 +22,12 @@ The spread of the samples cannot see that; what the process got of the CPUs can.
   ruled on: Python threads beside the main one (ipykernel's I/O threads, a rank's heartbeat) and
   threads a library named for itself (``gloo_tcp_loop``, ``pt_gloo_runloop``, ``ZMQbg/IO/0``,
   ``cuda-EvtHandlr``).
-  Measured on this project's 2-CPU machine at ``params/ci.yaml``: a DDP rank of 2 (1 thread each,
-  a configuration that fits) had its main thread get ~90% while gloo's three threads, woken for
-  each message while both CPUs ran the two ranks' compute, got 30-60%, which made the whole
-  process's share 42-62%: a cost of DDP on those CPUs that every rerun pays, not a disturbance.
+  Measured on this project's 2-CPU machine at ``params/ci.yaml``, with the run given priority
+  over the machine's other processes: a DDP rank of 2 (1 thread each, a configuration that
+  fits) had its main thread get ~90% while gloo's threads, woken for each message while both
+  CPUs ran the two ranks' compute, waited as long as or longer than they ran, which made the
+  whole process's share 42-62%: a cost of DDP on those CPUs that every rerun pays, not a
+  disturbance (judged on compute threads: 86-100%).
 * **CPU pressure**: the share of wall time in which some task on the machine waited for a CPU
   (``/proc/pressure/cpu``, "some"), where the kernel exposes it; "not available here" otherwise,
   never a guess. It is machine-wide context: other jobs waiting among themselves raise it.
@@ -650,8 +652,8 @@ class CpuShare(Record):
                 fix = f"this run's own {self.configuration()}: {self.fitting()}"
             else:
                 fix = (f"its {self.configuration()} fit, so its other processes took the CPUs "
-                       "(DataLoader workers, launcher, other notebooks): fewer processes per "
-                       "CPU, or more CPUs")
+                       "(a launcher, processes its pipeline started): fewer processes per CPU, "
+                       "or more CPUs")
             return (f"contended by this run's own processes, not another job: {got}; "
                     f"{self._others_text()}; {fix}")
         why = ("no /proc/stat or process tree here" if self.busy_s is None or self.tree_s is None
