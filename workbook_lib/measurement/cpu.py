@@ -24,10 +24,9 @@ The spread of the samples cannot see that; what the process got of the CPUs can.
   ``cuda-EvtHandlr``).
   Measured on this project's 2-CPU machine at ``params/ci.yaml``, with the run given priority
   over the machine's other processes: a DDP rank of 2 (1 thread each, a configuration that
-  fits) had its main thread get ~90% while gloo's threads, woken for each message while both
-  CPUs ran the two ranks' compute, waited as long as or longer than they ran, which made the
-  whole process's share 42-62%: a cost of DDP on those CPUs that every rerun pays, not a
-  disturbance (judged on compute threads: 86-100%).
+  fits) got 42-62% over all its threads; its main thread got ~90% while gloo's threads, woken
+  for each message while both CPUs ran the two ranks' compute, got 14-69%: a cost of DDP on
+  those CPUs that every rerun pays, not a disturbance (judged on compute threads: 86-100%).
 * **CPU pressure**: the share of wall time in which some task on the machine waited for a CPU
   (``/proc/pressure/cpu``, "some"), where the kernel exposes it; "not available here" otherwise,
   never a guess. It is machine-wide context: other jobs waiting among themselves raise it.
