@@ -198,9 +198,12 @@ def resolve_backend(backend: str, device_pref: str) -> tuple[str, torch.device]:
 
 
 def main(cfg_path: str) -> None:
+    from ..measurement.cpu import ROOT_ENV, run_root
     from .launcher import set_parent_death_signal
 
     set_parent_death_signal()  # torchrun gone: stop too
+    if run_root() == os.getpid():  # the launcher's root is on another node (srun) or unnamed:
+        os.environ[ROOT_ENV] = str(os.getppid())  # this node's torchrun agent and its ranks
     cfg = json.loads(Path(cfg_path).read_text())
     out = Path(cfg["out_dir"])
     rank = int(os.environ["RANK"])

@@ -37,7 +37,8 @@ The spread of the samples cannot see that; what the process got of the CPUs can.
   process and all its descendants: the root is named by ``WORKBOOK_RUN_ROOT`` (set by ``python
   -m workbook_lib run`` to itself, so that papermill, the notebook kernel, torchrun, the ranks
   and their DataLoader workers all count as this run; the torchrun launcher passes it on to the
-  ranks), where that process is this one or an ancestor of it, else this process. Each process
+  ranks, and a rank whose root is on another node takes its node's torchrun agent), where that
+  process is this one or an ancestor of it, else this process. Each process
   counts with user + system + the CPU time of its reaped children (``/proc/PID/stat``), so a
   DataLoader worker that exits and is reaped between two reads still counts (in its parent);
   one whose parent left the tree before reaping it (an orphan) takes its CPU time with it and
@@ -698,8 +699,9 @@ def causes_text(shares) -> str:
                    + f": this run's own processes took its CPUs ({fix}); a rerun as it is "
                    "waits the same.")
     if any(s.cause == NOT_TOLD for s in busy):
-        out.append("For some, other jobs and this run's own processes could not be told apart "
-                   "(too short a window, or no /proc/stat here).")
+        out.append(("For some, other" if out else "Other") + " jobs and this run's own "
+                   "processes could not be told apart (too short a window, or no /proc/stat "
+                   "here).")
     return " ".join(out)
 
 
