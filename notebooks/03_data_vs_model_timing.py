@@ -91,8 +91,9 @@ display(view.failures_note(loops))
 # %% [markdown]
 # ## What the process got of the CPUs
 # Another job on the same CPUs slows every step alike, so the IQR stays small while the figures
-# are wrong: each arm's CPU share says whether it was measured alone. A contended arm is marked in
-# every table and the verdict does not rest on it.
+# are wrong: each arm's CPU share says whether it was measured alone, and a contended one says by
+# whom (other jobs, or this run's own processes outnumbering its CPUs). A contended arm is marked
+# in every table and the verdict does not rest on it.
 
 # %%
 display(view.cpu_table(loops))

@@ -43,6 +43,7 @@ from .paths import NOTEBOOK_DIR
 from .records import to_json
 from .common import processes, progress as terminal
 from .running import environment
+from .measurement import cpu
 from .configs.params import check_gap, results_relevant
 from .common.files import atomic_write_text
 from .running.results import file_checksum, read_meta, read_results, results_path
@@ -194,8 +195,11 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
     # the kernel inherits this process's environment: --quiet drops its bars too (the one-line
     # stage notes stay, unless WORKBOOK_PROGRESS=0 turned everything off)
     quiet = {} if progress or not terminal.enabled() else {"WORKBOOK_PROGRESS": "notes"}
+    # this process is the run's root: the kernel's (and its ranks') CPU figures count papermill,
+    # the kernel, torchrun, the ranks and their DataLoader workers as the run's own processes
+    root = {cpu.ROOT_ENV: str(cpu.run_root())}
     try:
-        with _environ(quiet):
+        with _environ({**quiet, **root}):
             pm.execute_notebook(_notebook_node(name), str(out_nb),
                                 parameters={**to_json(params), "run_dir": str(out_dir)},
                                 cwd=str(notebook_dir()), kernel_name="python3",

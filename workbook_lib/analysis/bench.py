@@ -608,8 +608,9 @@ def cpu_lines(r: BenchResult) -> list[str]:
     bad = [k for k, st in r.steps.items() if st.contended]
     if bad:
         out.append(f"CONTENDED: {', '.join(bad)}: the process got less than 80% of the CPU its "
-                   "threads asked for (another job on these CPUs); these figures and the ratios "
-                   "built on them are not reliable: rerun alone")
+                   "compute threads asked for; these figures and the ratios built on them are "
+                   "not reliable")
+        out.extend(f"  {k}: {r.steps[k].cpu.explain()}" for k in bad)
     return out
 
 

@@ -67,7 +67,7 @@ def _cell(f: Figure | None) -> str:
     noise = f" <small>(IQR {f.iqr:.2g})</small>" if f.iqr is not None else ""
     if f.rel_se is not None:
         noise = f" <small>(standard error {f.rel_se:.0%})</small>"
-    busy = (f" <b class='worse'>contended</b> <small>({html.escape(f.cpu.describe())})</small>"
+    busy = (f" <b class='worse'>contended</b> <small>({html.escape(f.cpu.explain())})</small>"
             if f.contended else "")
     return f"{fmt_value(f.value)}{unit}{noise}{busy}"
 
@@ -172,8 +172,9 @@ interquartile ranges; two standard errors of a fitted coefficient), else "within
 times move with the machine's speed; ratios measured in the same rounds do not; ratios of separate
 launches (notebook 04's DDP factor, the gap it multiplies, the weak-scaling efficiency) move with
 the machine's drift between the launches. A figure marked <b>contended</b> was measured while the
-process got less than 80% of the CPU its threads asked for (another job on the same CPUs): it can
-look precise and be wrong by orders of magnitude, so it is not compared.</p>
+process's compute threads got less than 80% of the CPU they asked for (its line says by whom:
+other jobs on the same CPUs, or the run's own processes): it can look precise and be wrong by
+orders of magnitude, so it is not compared.</p>
 <table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table></body></html>"""
     out_path = Path(out) if out else Path("runs") / ("compare-" + "-vs-".join(
         d.name for d in paths) + ".html")

@@ -10,8 +10,9 @@ much a reference (the same benchmark step, same kernels) moved between the runs.
 in the same rounds cancels that drift; when one still differs, its own noise (IQR) says whether
 the difference is within it. The verdict rests on ratios and on the recommended strategy, and
 the report says for each figure whether the verdict rests on it. A figure measured while the
-process got less than 80% of the CPU its threads asked for in any run (another job on the same
-CPUs) is marked contended there and not judged: its agreement or disagreement says nothing.
+process's compute threads got less than 80% of the CPU they asked for in any run (other jobs on
+the same CPUs, or the run's own processes outnumbering them: each says which) is marked contended
+there and not judged: its agreement or disagreement says nothing.
 """
 from __future__ import annotations
 
@@ -84,9 +85,8 @@ def compare_figures(run_dirs: list[Path], tolerance: float = 0.15) -> StabilityR
         busy = [(d.name, f.cpu) for d, f in zip(run_dirs, fs) if f is not None and f.contended]
         if busy:
             agrees = None
-            note = ("contended in " + "; ".join(f"{n} ({c.describe()})" for n, c in busy)
-                    + ": measured while another job used the same CPUs, so it is not judged; "
-                    "rerun alone")
+            note = ("contended in " + "; ".join(f"{n} ({c.explain()})" for n, c in busy)
+                    + ": so it is not judged")
         elif agrees is False:
             if f0.kind == FITTED:
                 note = _fitted_note(fs, drift, tolerance)
@@ -217,7 +217,8 @@ def page(r: StabilityResult) -> str:
     summary = ("Every figure the verdict rests on agrees within the tolerance." if not bad else
                "Figures the verdict rests on that differ: " + ", ".join(x.label for x in bad))
     if busy:
-        summary += (" Contended (measured while another job used the same CPUs; not judged): "
+        summary += (" Contended (measured while the process got less than 80% of the CPU it "
+                    "asked for; not judged): "
                     + ", ".join(x.label for x in busy) + ".")
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Stability</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1250px;margin:2em auto}}

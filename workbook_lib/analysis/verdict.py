@@ -19,9 +19,12 @@ completed, and says in one line what it could not use and why:
   Host syncs are a property of a stage: counted per stage, their cost "not measured here" on a
   CPU (a CPU never waits for a device); never a cause of their own.
 * **Figures it does not rest on**: a headline figure whose IQR/median is beyond the precision
-  target is *disturbed*; one measured while its threads got less than 80% of the CPU they asked
-  for (:mod:`workbook_lib.measurement.cpu`) is *contended*. Both are named in the caveats and
-  the answer does not rest on them.
+  target is *disturbed*; one measured while the process's compute threads got less than 80% of
+  the CPU they asked for (:mod:`workbook_lib.measurement.cpu`) is *contended*: other jobs on the
+  same CPUs, or the run's own processes outnumbering them (each figure says which:
+  :attr:`CpuShare.cause`, :meth:`CpuShare.explain`). Contention slows every repeat alike, so
+  such a figure can be precise and wrong, and can flip the order of two pipelines. Both are
+  named in the caveats and the answer does not rest on them.
 * **The investigation's story** (its 40x, its claims, the built-in benchmark) is told only when
   built-in strategies ran; with ``strategies: []`` the verdict is about the user's pipelines
   alone.
@@ -38,7 +41,7 @@ from pathlib import Path
 
 from ..catalog import notebook_info
 from ..exceptions import IncompleteInputsError
-from ..measurement.cpu import CpuShare
+from ..measurement.cpu import CpuShare, causes_text
 from ..measurement.timing import Stat
 from ..records import Record
 from ..running.results import (file_checksum, load_result, params_differ, read_meta,
@@ -541,7 +544,9 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     contended = sorted(n for n in exact if ms[n].contended)
     if contended:
         rule += (f"; measured while the process got less CPU than it asked for "
-                 f"({', '.join(contended)}: contended): this choice is provisional")
+                 f"({', '.join(contended)}: contended), which can change the order of these "
+                 "figures, so this choice is provisional. "
+                 + causes_text(ms[n].cpu for n in contended))
     speed = lo.ratio(lo.arm(baseline, "full"), lo.arm(best, "full")).scaled(
         lo.arm(best, "full").samples_per_step / lo.arm(baseline, "full").samples_per_step,
         "ratio") if baseline in lo.strategies and baseline != best else None

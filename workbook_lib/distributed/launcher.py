@@ -39,6 +39,7 @@ import psutil
 
 from ..exceptions import LaunchError
 from ..common import processes
+from ..measurement.cpu import mark_run_root
 
 WAITING_STAGES = ("collective", "all-reduce", "barrier", "broadcast", "rendezvous", "agreeing")
 STALE_S = 10.0  # a heartbeat thread writes every second; this long without one: not running
@@ -204,6 +205,7 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
                               world_size=world)
         cmd = ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *cmd]
     env = dict(os.environ)
+    mark_run_root(env)  # the ranks' CPU figures count this run's whole process tree as its own
     if threads_per_rank:
         env["OMP_NUM_THREADS"] = str(threads_per_rank)
     log = out / "torchrun.log"

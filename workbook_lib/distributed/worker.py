@@ -202,9 +202,12 @@ def resolve_backend(backend: str, device_pref: str) -> tuple[str, torch.device]:
 
 
 def main(cfg_path: str) -> None:
+    from ..measurement.cpu import ROOT_ENV, run_root
     from .launcher import set_parent_death_signal
 
     set_parent_death_signal()  # torchrun gone: stop too
+    if run_root() == os.getpid():  # the launcher's root is on another node (srun) or unnamed:
+        os.environ[ROOT_ENV] = str(os.getppid())  # this node's torchrun agent and its ranks
     cfg = json.loads(Path(cfg_path).read_text())
     out = Path(cfg["out_dir"])
     rank = int(os.environ["RANK"])
@@ -391,7 +394,8 @@ def _main(cfg, out, rank, world, fh, hb):
                             max_steps=cfg["steps_cap"], target=P["precision_target"],
                             budget_s=cfg["budget_s"], interleave=workers == 0,
                             count_syncs=False, agree=agree, desc=f"rank {rank}",
-                            stall_timeout_s=P.get("stall_timeout_s"), notebook="04")
+                            stall_timeout_s=P.get("stall_timeout_s"), notebook="04",
+                            procs=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
     torch.set_num_threads(threads)
     logging = {}
     for tag, m in modules.items():

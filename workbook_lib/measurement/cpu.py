@@ -1,4 +1,5 @@
-"""What the process got of the CPUs while it was timed, and how many CPUs it may use.
+"""What the process got of the CPUs while it was timed, who else used them, and how many CPUs
+it may use.
 
 A machine shared with another CPU-heavy job can look quiet: every step is slowed by the same
 amount, so the IQR stays small while the median is wrong by orders of magnitude (a step made of
@@ -9,23 +10,66 @@ The spread of the samples cannot see that; what the process got of the CPUs can.
 
 * **CPU use**: the process's CPU time (user + system, all its threads:
   ``time.process_time``) over wall time x its compute threads (``torch.get_num_threads()``, at
-  most the CPUs it may use). Child processes (DataLoader workers) are not counted: their CPU time
-  is in their own processes, and the label says so where a run has workers.
-* **Share of the CPU its threads asked for**: the threads' run time over their run time plus
+  most the CPUs it may use). Child processes (DataLoader workers) are not counted here: their CPU
+  time is in their own processes (they are in the run's process tree below).
+* **Share of the CPU its compute threads asked for**: their run time over their run time plus
   their run-queue wait (the time they were ready to run and no CPU was free), from the kernel's
   per-thread ``/proc/self/task/*/schedstat``. A thread that sleeps (waiting for a batch, idle
   between parallel regions) asks for nothing, so a serial step alone still gets ~100%; beside a
-  CPU hog it gets what the scheduler leaves it.
+  CPU hog it gets what the scheduler leaves it. *Compute threads* are the main thread (which
+  runs the timed step) and the threads native code starts for it under its name (PyTorch's
+  intra-op OpenMP threads); the others are *helpers*, their run and wait recorded apart and not
+  ruled on: Python threads beside the main one (ipykernel's I/O threads, a rank's heartbeat) and
+  threads a library named for itself (``gloo_tcp_loop``, ``pt_gloo_runloop``, ``ZMQbg/IO/0``,
+  ``cuda-EvtHandlr``).
+  Measured on this project's 2-CPU machine at ``params/ci.yaml``, with the run given priority
+  over the machine's other processes: a DDP rank of 2 (1 thread each, a configuration that
+  fits) got 42-62% over all its threads; its main thread got ~90% while gloo's threads, woken
+  for each message while both CPUs ran the two ranks' compute, got 14-69%: a cost of DDP on
+  those CPUs that every rerun pays, not a disturbance (judged on compute threads: 86-100%).
 * **CPU pressure**: the share of wall time in which some task on the machine waited for a CPU
   (``/proc/pressure/cpu``, "some"), where the kernel exposes it; "not available here" otherwise,
   never a guess. It is machine-wide context: other jobs waiting among themselves raise it.
+* **Who else used the CPUs**: the machine's busy CPU time on the CPUs this process may run on
+  (``/proc/stat``'s ``cpuN`` lines of its affinity: user + nice + system + irq + softirq +
+  steal) and this run's process tree's CPU time over the same intervals; the difference is
+  **other jobs' use**, both in CPUs (CPU-seconds per wall-second). The tree is the run's root
+  process and all its descendants: the root is named by ``WORKBOOK_RUN_ROOT`` (set by ``python
+  -m workbook_lib run`` to itself, so that papermill, the notebook kernel, torchrun, the ranks
+  and their DataLoader workers all count as this run; the torchrun launcher passes it on to the
+  ranks, and a rank whose root is on another node takes its node's torchrun agent), where that
+  process is this one or an ancestor of it, else this process. Each process
+  counts with user + system + the CPU time of its reaped children (``/proc/PID/stat``), so a
+  DataLoader worker that exits and is reaped between two reads still counts (in its parent);
+  one whose parent left the tree before reaping it (an orphan) takes its CPU time with it and
+  counts as another job's. ``/proc/stat`` and ``/proc/PID/stat`` count in ticks of 10 ms, so
+  each interval's difference is off by about a tick: other jobs' use is told over the timed
+  intervals when that resolution (:func:`resolution`: tick x sqrt(intervals) / their wall time)
+  is within :data:`RESOLUTION` (0.025 CPU), else over the span from the first interval's start
+  to the last one's end (one difference; the loop's arms take turns within it) when its
+  resolution is, else not at all.
 
-**The rule** (:data:`CONTENDED_BELOW`): a figure is *contended* when its threads got less than
-80% of the CPU time they asked for (run / (run + run-queue wait) < 0.8). Where the kernel has no
-per-thread schedstat, the CPU use (CPU time / (wall x threads)) is ruled on instead, with the
-same 80%: a weaker proxy, since a serial step uses one thread of several alone too, and the
-figure says which rule it was judged by. Pressure is reported, not ruled on: it counts other
-jobs' waits.
+**The rules.** A figure is *contended* (:data:`CONTENDED_BELOW`) when its compute threads got
+less than 80% of the CPU time they asked for (run / (run + run-queue wait) < 0.8). Where the
+kernel has no per-thread schedstat, the CPU use (CPU time / (wall x threads)) is ruled on
+instead, with the same 80%: a weaker proxy, since a serial step uses one thread of several alone
+too, and the figure says which rule it was judged by. Pressure is reported, not ruled on: it
+counts other jobs' waits among themselves.
+
+A contended figure's **cause** (:attr:`CpuShare.cause`) is *other jobs* when other jobs used at
+least :data:`OTHERS_SEEN` (0.1) of a CPU on average over the window, else *this run's own
+processes* (self-oversubscription: its ranks, DataLoader workers, threads beyond its CPUs), named
+with the configuration that fits (:func:`fit_threads`). 0.1 CPU is five times an idle machine's
+background (the kernel's threads, the system's daemons, interrupts and the hypervisor's steal:
+0.02 CPU, measured over a minute on this project's 2-CPU machine) and four times the coarsest
+resolution it is told with; it is low on purpose: a job using a tenth of a CPU already costs a
+step of a few milliseconds a scheduler slice now and then, which is enough to make it contended
+(measured: 4 ms data-only steps beside other jobs using 0.14 CPU got 74% of their CPU). Both
+causes keep the figure marked and not relied on: a figure contended by its own processes
+measures threads waiting for each other on a configuration whose threads outnumber its CPUs, not
+the pipeline; its remedy is the configuration that fits, not a rerun. Where ``/proc/stat`` or
+the tree cannot be read, or the window is too short for the ticks, the cause is *not told
+apart*, and said so.
 
 :func:`allowed_cpus` says how many CPUs the process may use: the tightest of its affinity
 (``os.sched_getaffinity``), the cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
@@ -35,12 +79,16 @@ jobs' waits.
 
 Written here rather than taken from a library: psutil gives a process's CPU times but neither
 the per-thread run-queue wait nor CPU pressure nor cgroup quotas; these are a few ``/proc`` and
-``/sys`` reads.
+``/sys`` reads. The process tree is walked through ``/proc/PID/task/TID/children`` (a few reads
+per process of the tree) rather than psutil's ``Process.children``, which reads every process
+of the machine: 4.5 ms per call on this project's busy 2-CPU machine, twice per timed step;
+psutil is the fallback where the kernel has no ``children`` file.
 """
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +96,13 @@ from pathlib import Path
 from ..records import Record
 
 CONTENDED_BELOW = 0.8  # a figure whose threads got less than this share of their asked CPU
+OTHERS_SEEN = 0.1  # CPUs: other jobs that used at least this much on average were seen
+RESOLUTION = 0.025  # CPUs: the coarsest tick resolution other jobs' use is told with
+ROOT_ENV = "WORKBOOK_RUN_ROOT"  # the pid of the run's root process (see the module docstring)
+OTHER_JOBS, OWN_PROCESSES, NOT_TOLD = "other jobs", "own processes", "not told apart"
 PRESSURE_PATH = Path("/proc/pressure/cpu")
-RULE = (f"contended: its threads got less than {CONTENDED_BELOW:.0%} of the CPU time they "
-        "asked for (run / (run + run-queue wait), per-thread schedstat)")
+RULE = (f"contended: its compute threads got less than {CONTENDED_BELOW:.0%} of the CPU time "
+        "they asked for (run / (run + run-queue wait), per-thread schedstat)")
 RULE_FALLBACK = (f"contended: CPU time below {CONTENDED_BELOW:.0%} of wall x threads (no "
                  "per-thread schedstat here)")
 
@@ -200,7 +252,7 @@ def fit_threads(*, procs: int = 1, workers: int = 0, requested: int | None = Non
 
 
 # ---------------------------------------------------------------------------------------------
-# what the process got while it was timed
+# what the process got while it was timed, and who else used its CPUs
 
 
 def read_pressure(path: Path = PRESSURE_PATH) -> float | None:
@@ -218,37 +270,241 @@ def read_pressure(path: Path = PRESSURE_PATH) -> float | None:
     return None
 
 
-def read_schedstat(task_dir: Path = Path("/proc/self/task")) -> dict[int, tuple[int, int]] | None:
-    """Per thread of this process: (ns run on a CPU, ns waiting on a run queue), or None where
-    the kernel has no schedstat."""
+def _comm(path: Path) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def python_threads() -> set[int]:
+    """Native ids of this process's Python threads other than the main thread."""
+    main = threading.main_thread()
+    return {t.native_id for t in threading.enumerate()
+            if t is not main and t.native_id is not None}
+
+
+def read_threads(task_dir: Path = Path("/proc/self/task"), *,
+                 names: dict[int, bool] | None = None, python: set[int] | None = None
+                 ) -> dict[int, tuple[int, int, bool]] | None:
+    """Per thread of this process: (ns run on a CPU, ns waiting on a run queue, helper?), or
+    None where the kernel has no schedstat. A *helper* is a thread whose name differs from the
+    main thread's (a library named it for itself: ``gloo_tcp_loop``, ``ZMQbg/IO/0``) or one of
+    ``python`` (Python threads beside the main one: ipykernel's I/O, a heartbeat).
+
+    Args:
+        task_dir: the process's ``task`` folder.
+        names: a cache tid -> named as a helper? (a thread's name is read once).
+        python: native ids of Python threads that are helpers (default: none).
+    """
     out = {}
     try:
         tids = os.listdir(task_dir)
     except OSError:
         return None
+    cache = {} if names is None else names
+    main = None
     for tid in tids:
         try:
             with open(task_dir / tid / "schedstat") as fh:
                 run, wait = fh.read().split()[:2]
         except (OSError, ValueError):
             continue  # a thread that ended meanwhile
-        out[int(tid)] = (int(run), int(wait))
+        t = int(tid)
+        if t not in cache:
+            if main is None:
+                main = _comm(task_dir.parent / "comm") or ""
+            name = _comm(task_dir / tid / "comm")
+            cache[t] = name is not None and name != main
+        out[t] = (int(run), int(wait), cache[t] or t in (python or ()))
     return out or None
+
+
+def read_schedstat(task_dir: Path = Path("/proc/self/task")) -> dict[int, tuple[int, int]] | None:
+    """Per thread of this process: (ns run on a CPU, ns waiting on a run queue), or None where
+    the kernel has no schedstat."""
+    threads = read_threads(task_dir)
+    return None if threads is None else {t: (r, w) for t, (r, w, _) in threads.items()}
+
+
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system (idle iowait) irq softirq steal
+
+
+def _ticks_per_s() -> float:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100.0
+
+
+TICKS = _ticks_per_s()
+
+
+def resolution(wall_s: float, reads: int) -> float:
+    """How finely other jobs' use (in CPUs) is told over ``reads`` intervals adding up to
+    ``wall_s`` seconds: about one tick of ``/proc/stat`` per interval (each interval's
+    difference of counters truncated to ticks), adding up as independent errors do:
+    tick x sqrt(reads) / wall. inf for no wall time."""
+    if wall_s <= 0 or reads < 1:
+        return math.inf
+    return math.sqrt(reads) / TICKS / wall_s
+
+
+def read_busy(cpus: set[int] | None = None, path: Path = Path("/proc/stat")) -> float | None:
+    """Seconds the machine's CPUs in ``cpus`` (all where None) were busy since boot: user + nice
+    + system + irq + softirq + steal of their ``cpuN`` lines; None where unreadable."""
+    try:
+        with open(path) as fh:
+            lines = fh.readlines()
+    except OSError:
+        return None
+    total, seen = 0, 0
+    for line in lines:
+        parts = line.split()
+        if not parts or not parts[0].startswith("cpu") or not parts[0][3:].isdigit():
+            continue
+        if cpus is not None and int(parts[0][3:]) not in cpus:
+            continue
+        vals = parts[1:]
+        total += sum(int(vals[i]) for i in _BUSY_FIELDS if i < len(vals))
+        seen += 1
+    return total / TICKS if seen else None
+
+
+def _stat_fields(pid: int, proc: Path) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name (field 3 onwards), or None."""
+    try:
+        with open(proc / str(pid) / "stat") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+def _parent(pid: int, proc: Path = Path("/proc")) -> int | None:
+    f = _stat_fields(pid, proc)
+    return int(f[1]) if f else None
+
+
+def _children(pid: int, proc: Path) -> list[int] | None:
+    """The children of ``pid`` from its threads' ``children`` files; None where the kernel has
+    none (then the caller asks psutil)."""
+    try:
+        tids = os.listdir(proc / str(pid) / "task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tids:
+        try:
+            with open(proc / str(pid) / "task" / tid / "children") as fh:
+                kids.extend(int(x) for x in fh.read().split())
+        except FileNotFoundError:
+            if not (proc / str(pid) / "task" / tid).exists():
+                continue  # the thread ended
+            return None
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+def tree_pids(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """``root`` and all its descendants (processes that end meanwhile are left out)."""
+    out, stack, seen = [], [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        out.append(pid)
+        kids = _children(pid, proc)
+        if kids is None:  # no children files: psutil walks the whole machine instead
+            import psutil
+
+            try:
+                return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
+            except psutil.Error:
+                return [root]
+        stack.extend(kids)
+    return out
+
+
+def tree_cpu(root: int, proc: Path = Path("/proc")) -> tuple[float, int] | None:
+    """(CPU seconds, processes) of ``root`` and its descendants: each process's user + system
+    time plus its reaped children's (``/proc/PID/stat`` fields 14-17), this process's own from
+    ``time.process_time`` (exact, not in ticks); None where ``root``'s stat cannot be read."""
+    me = os.getpid()
+    total, n = 0.0, 0
+    for pid in tree_pids(root, proc):
+        f = _stat_fields(pid, proc)
+        if f is None or len(f) < 15:
+            if pid == root:
+                return None
+            continue
+        utime, stime, cutime, cstime = (int(x) for x in f[11:15])
+        if pid == me:
+            total += time.process_time() + (cutime + cstime) / TICKS
+        else:
+            total += (utime + stime + cutime + cstime) / TICKS
+        n += 1
+    return total, n
+
+
+def run_root(environ: dict | None = None, proc: Path = Path("/proc")) -> int:
+    """The run's root process: ``WORKBOOK_RUN_ROOT`` when it names this process or an ancestor
+    of it, else this process (see the module docstring)."""
+    env = os.environ if environ is None else environ
+    me = os.getpid()
+    v = str(env.get(ROOT_ENV, "")).strip()
+    if not v.isdigit():
+        return me
+    want, pid = int(v), me
+    if want <= 1:  # init: the whole machine would count as this run
+        return me
+    for _ in range(64):  # up the parent chain
+        if pid == want:
+            return want
+        if pid is None or pid <= 1:
+            break
+        pid = _parent(pid, proc)
+    return me
+
+
+def mark_run_root(environ: dict | None = None) -> int:
+    """Name the run's root in ``environ`` (default ``os.environ``) for the processes started
+    from here: an existing valid root is kept, else this process is the root."""
+    env = os.environ if environ is None else environ
+    root = run_root(env)
+    env[ROOT_ENV] = str(root)
+    return root
 
 
 @dataclass
 class CpuShare(Record):
-    """What a process got of the CPUs over the timed intervals of one figure."""
+    """What a process got of the CPUs over the timed intervals of one figure, and who else
+    used them."""
 
     wall_s: float  # summed wall time of the timed intervals
     cpu_s: float  # process CPU time (user + system, all threads) over them
     threads: int  # compute threads it asked for (torch threads, at most ``allowed``)
     allowed: int  # CPUs it may use
     intervals: int  # timed intervals measured
-    run_s: float | None = None  # its threads' time on a CPU (schedstat)
-    wait_s: float | None = None  # its threads' run-queue wait (schedstat)
+    run_s: float | None = None  # its compute threads' time on a CPU (schedstat)
+    wait_s: float | None = None  # its compute threads' run-queue wait (schedstat)
     pressure_s: float | None = None  # machine-wide CPU "some" pressure over them
     children: str = "not counted (DataLoader workers' CPU time is in their own processes)"
+    helper_run_s: float | None = None  # library-named helper threads' time on a CPU
+    helper_wait_s: float | None = None  # and their run-queue wait (recorded, not ruled on)
+    requested: int | None = None  # compute threads per process as set (not capped)
+    procs: int = 1  # processes of the run sharing the CPUs (DDP ranks on the node)
+    workers: int = 0  # DataLoader worker processes of each
+    cpus_seen: int | None = None  # CPUs the machine's busy time covers (its affinity)
+    busy_s: float | None = None  # the machine's busy CPU time on them over the intervals
+    tree_s: float | None = None  # this run's process tree's CPU time over the intervals
+    span_s: float | None = None  # wall time from the first interval's start to the last's end
+    span_busy_s: float | None = None  # the machine's busy CPU time over the span
+    span_tree_s: float | None = None  # the run's process tree's CPU time over the span
+    tree_procs: int | None = None  # the most processes seen in the run's tree
 
     @property
     def use(self) -> float:
@@ -258,10 +514,18 @@ class CpuShare(Record):
 
     @property
     def got(self) -> float | None:
-        """run / (run + run-queue wait) of its threads; None without schedstat."""
+        """run / (run + run-queue wait) of its compute threads; None without schedstat."""
         if self.run_s is None or self.wait_s is None or self.run_s + self.wait_s <= 0:
             return None
         return self.run_s / (self.run_s + self.wait_s)
+
+    @property
+    def helper_got(self) -> float | None:
+        """run / (run + run-queue wait) of its helper threads; None without any."""
+        r, w = self.helper_run_s, self.helper_wait_s
+        if r is None or w is None or r + w <= 0:
+            return None
+        return r / (r + w)
 
     @property
     def pressure(self) -> float | None:
@@ -286,15 +550,159 @@ class CpuShare(Record):
     def rule(self) -> str:
         return RULE if self.got is not None else RULE_FALLBACK
 
+    # --- who else used the CPUs ------------------------------------------------------------
+
+    @property
+    def window(self) -> tuple[float, float, float, str] | None:
+        """(wall s, machine busy CPU-s, run's tree CPU-s, what) over which other jobs' use is
+        told: the timed intervals when their resolution (:func:`resolution`) is within
+        :data:`RESOLUTION`, else the span from the first to the last when its is; None where
+        neither was read or neither is that fine."""
+        if (self.busy_s is not None and self.tree_s is not None
+                and resolution(self.wall_s, self.intervals) <= RESOLUTION):
+            return self.wall_s, self.busy_s, self.tree_s, "its timed intervals"
+        if (self.span_s is not None and self.span_busy_s is not None
+                and self.span_tree_s is not None and resolution(self.span_s, 1) <= RESOLUTION):
+            return (self.span_s, self.span_busy_s, self.span_tree_s,
+                    "the span of its timed intervals")
+        return None
+
+    @property
+    def others(self) -> float | None:
+        """Other jobs' CPU use on its CPUs, in CPUs (machine busy - this run's tree, per wall
+        second, at least 0); None where not told (see :attr:`window`)."""
+        w = self.window
+        return None if w is None else max(0.0, (w[1] - w[2]) / w[0])
+
+    @property
+    def own(self) -> float | None:
+        """This run's process tree's CPU use over the same window, in CPUs."""
+        w = self.window
+        return None if w is None else max(0.0, w[2] / w[0])
+
+    @property
+    def others_seen(self) -> bool | None:
+        """Other jobs used at least :data:`OTHERS_SEEN` CPU; None where not told."""
+        o = self.others
+        return None if o is None else o >= OTHERS_SEEN
+
+    @property
+    def oversubscribed(self) -> bool:
+        """This run's own compute threads and DataLoader workers outnumber its CPUs:
+        ``procs x (threads + workers) > allowed``."""
+        per = (self.requested or self.threads) + self.workers
+        return self.procs * per > self.allowed
+
+    @property
+    def cause(self) -> str | None:
+        """Why a contended figure waited: :data:`OTHER_JOBS`, :data:`OWN_PROCESSES` or
+        :data:`NOT_TOLD`; None when it is not contended."""
+        if not self.contended:
+            return None
+        seen = self.others_seen
+        if seen is None:
+            return NOT_TOLD
+        return OTHER_JOBS if seen else OWN_PROCESSES
+
+    def configuration(self) -> str:
+        """'2 ranks x 2 threads + 1 DataLoader worker each on 2 CPUs'."""
+        t = self.requested or self.threads
+        who = f"{self.procs} ranks" if self.procs > 1 else "1 process"
+        each = " each" if self.procs > 1 else ""
+        workers = (f" + {self.workers} DataLoader worker{'s' if self.workers != 1 else ''}{each}"
+                   if self.workers else "")
+        return (f"{who} x {t} thread{'s' if t != 1 else ''}{workers} on {self.allowed} "
+                f"CPU{'s' if self.allowed != 1 else ''}")
+
+    def fitting(self) -> str:
+        """The configuration that fits its CPUs (:func:`fit_threads`), as advice."""
+        per = "per rank" if self.procs > 1 else "per process"
+        if self.procs > self.allowed:
+            return (f"run at most {self.allowed} rank(s) on these {self.allowed} CPU(s), "
+                    "1 thread each, or give the run more CPUs")
+        a = CpuAllowance(cpus=self.allowed, source="recorded", host=self.allowed)
+        fit = fit_threads(procs=self.procs, workers=self.workers,
+                          requested=self.requested or self.threads, allowance=a)
+        share = max(1, self.allowed // self.procs)
+        workers = min(self.workers, max(0, share - fit.threads))
+        out = f"use {fit.threads} thread{'s' if fit.threads != 1 else ''}"
+        if workers != self.workers:
+            out += f" and {workers} DataLoader worker{'s' if workers != 1 else ''}"
+        return out + f" {per}"
+
+    def _others_text(self) -> str:
+        w = self.window
+        return (f"other jobs used {self.others:.2f} CPU of its {self.cpus_seen} and this run's "
+                f"{self.tree_procs or 1} process(es) {self.own:.2f}, over {w[3]} ({w[0]:.2g} s)")
+
+    def explain(self) -> str:
+        """One line: whether the figure was contended, by whom, and what to do."""
+        got = (f"its threads got {self.got:.0%} of the CPU they asked for" if self.got is not None
+               else f"CPU use {self.use:.0%} of {self.threads} thread(s)")
+        c = self.cause
+        if c is None:
+            return f"not contended: {got}"
+        if c == OTHER_JOBS:
+            also = (f"; this run's own {self.configuration()} also outnumber its CPUs: "
+                    f"{self.fitting()}" if self.oversubscribed else "")
+            return (f"contended by other jobs: {got}; {self._others_text()}: rerun when they "
+                    f"are done, or on CPUs of its own{also}")
+        if c == OWN_PROCESSES:
+            if self.oversubscribed:
+                fix = f"this run's own {self.configuration()}: {self.fitting()}"
+            else:
+                fix = (f"its {self.configuration()} fit, so its other processes took the CPUs "
+                       "(a launcher, processes its pipeline started): fewer processes per CPU, "
+                       "or more CPUs")
+            return (f"contended by this run's own processes, not another job: {got}; "
+                    f"{self._others_text()}; {fix}")
+        why = ("no /proc/stat or process tree here" if self.busy_s is None or self.tree_s is None
+               else f"timed over {max(self.wall_s, self.span_s or 0):.2g} s: too short for "
+                    f"/proc/stat's {1 / TICKS:g} s ticks")
+        return (f"contended: {got}; other jobs and this run's own processes not told apart "
+                f"({why})")
+
     def describe(self) -> str:
-        """'got 52% of the CPU asked for, CPU use 49% of 2 threads, pressure 61%'."""
+        """'got 52% of the CPU asked for, CPU use 49% of 2 thread(s) on 2 CPU(s), other jobs
+        0.95 CPU, CPU pressure 61% (contended: other jobs)'."""
         got = "run-queue wait n/a" if self.got is None else \
             f"got {self.got:.0%} of the CPU asked for"
         pressure = "pressure not available here" if self.pressure is None else \
             f"CPU pressure {self.pressure:.0%}"
-        flag = " (contended)" if self.contended else ""
+        others = "" if self.others is None else f", other jobs {self.others:.2f} CPU"
+        flag = f" (contended: {self.cause})" if self.contended else ""
         return (f"{got}, CPU use {self.use:.0%} of {self.threads} thread(s) on "
-                f"{self.allowed} CPU(s), {pressure}{flag}")
+                f"{self.allowed} CPU(s){others}, {pressure}{flag}")
+
+
+def causes_text(shares) -> str:
+    """One or two sentences on why contended figures waited, for a summary (a verdict, a
+    table's caption): other jobs, this run's own processes (with the configuration that fits),
+    or not told apart; "" when none of ``shares`` is contended.
+
+    Args:
+        shares: CpuShare objects (None and uncontended ones are skipped).
+    """
+    busy = [s for s in shares if s is not None and s.contended]
+    out = []
+    if any(s.cause == OTHER_JOBS for s in busy):
+        most = max((s for s in busy if s.cause == OTHER_JOBS), key=lambda s: s.others or 0)
+        out.append(f"Other jobs were running on the same CPUs (up to {most.others:.2f} CPU of "
+                   f"{most.cpus_seen}): rerun when they are done, or on CPUs of its own.")
+    own = [s for s in busy if s.cause == OWN_PROCESSES]
+    if own:
+        s = own[0]
+        fix = (f"{s.configuration()}: {s.fitting()}" if s.oversubscribed else
+               f"{s.configuration()} fit, its other processes took the CPUs: fewer processes "
+               "per CPU, or more CPUs")
+        out.append("No other job was seen" + (" for some" if len(own) < len(busy) else "")
+                   + f": this run's own processes took its CPUs ({fix}); a rerun as it is "
+                   "waits the same.")
+    if any(s.cause == NOT_TOLD for s in busy):
+        out.append(("For some, other" if out else "Other") + " jobs and this run's own "
+                   "processes could not be told apart (too short a window, or no /proc/stat "
+                   "here).")
+    return " ".join(out)
 
 
 def worse(*shares: "CpuShare | None") -> CpuShare | None:
@@ -310,38 +718,60 @@ def worse(*shares: "CpuShare | None") -> CpuShare | None:
 class _Snap:
     wall: float
     cpu: float
-    sched: dict[int, tuple[int, int]] | None
+    threads: dict[int, tuple[int, int, bool]] | None
     pressure: float | None
-
-
-def _snap() -> _Snap:
-    return _Snap(time.perf_counter(), time.process_time(), read_schedstat(), read_pressure())
+    busy: float | None
+    tree: tuple[float, int] | None
 
 
 class CpuMeter:
-    """Accumulates what the process got of the CPUs over timed intervals.
+    """Accumulates what the process got of the CPUs over timed intervals, and what the
+    machine and the run's process tree used over them.
 
     ``begin()`` before an interval and ``end()`` after it (outside the timed region: the reads
-    cost tens of microseconds); ``share()`` sums them. An interval whose schedstat or pressure
-    could not be read leaves those figures out (None), never guessed.
+    cost well under a millisecond); ``share()`` sums them. An interval whose schedstat, pressure,
+    ``/proc/stat`` or tree could not be read leaves those figures out (None), never guessed.
 
     Args:
         threads: the compute threads the work uses (default: ``torch.get_num_threads()`` at
             each ``begin``).
+        allowance: the CPUs it may use (default: :func:`allowed_cpus`).
         children: what the figure says about child processes' CPU time.
+        procs: the run's processes sharing these CPUs (DDP ranks on the node).
+        workers: DataLoader worker processes of each.
+        root: the run's root process (default: :func:`run_root`).
     """
 
     def __init__(self, threads: int | None = None, allowance: CpuAllowance | None = None,
-                 children: str | None = None):
+                 children: str | None = None, *, procs: int = 1, workers: int = 0,
+                 root: int | None = None):
+        if procs < 1:
+            raise ValueError(f"'procs' must be a positive integer (got {procs})")
+        if workers < 0:
+            raise ValueError(f"'workers' must be >= 0 (got {workers})")
         self._fixed_threads = threads
         self.allowance = allowance or allowed_cpus()
         self.children = children
+        self.procs, self.workers = procs, workers
+        self.root = run_root() if root is None else root
+        try:
+            self.cpus: set[int] | None = set(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self.cpus = None
+        self._names: dict[int, bool] = {}
         self._start: _Snap | None = None
+        self._first: _Snap | None = None
+        self._last: _Snap | None = None
         self._threads: list[int] = []
         self.wall = self.cpu = 0.0
         self.run: float | None = 0.0
         self.wait: float | None = 0.0
+        self.helper_run: float | None = 0.0
+        self.helper_wait: float | None = 0.0
         self.pressure: float | None = 0.0
+        self.busy: float | None = 0.0
+        self.tree: float | None = 0.0
+        self.tree_procs = 0
         self.n = 0
 
     def _threads_now(self) -> int:
@@ -351,28 +781,48 @@ class CpuMeter:
 
         return torch.get_num_threads()
 
+    def _snap(self) -> _Snap:
+        return _Snap(time.perf_counter(), time.process_time(),
+                     read_threads(names=self._names, python=python_threads()),
+                     read_pressure(), read_busy(self.cpus), tree_cpu(self.root))
+
     def begin(self) -> None:
         self._threads.append(self._threads_now())
-        self._start = _snap()
+        self._start = self._snap()
+        if self._first is None:
+            self._first = self._start
 
     def end(self) -> None:
         if self._start is None:
             raise RuntimeError("CpuMeter.end() without begin()")
-        a, b = self._start, _snap()
-        self._start = None
+        a, b = self._start, self._snap()
+        self._start, self._last = None, b
         self.wall += b.wall - a.wall
         self.cpu += b.cpu - a.cpu
-        if a.sched is None or b.sched is None or self.run is None or self.wait is None:
-            self.run = self.wait = None
+        if a.threads is None or b.threads is None or self.run is None:
+            self.run = self.wait = self.helper_run = self.helper_wait = None
         else:
-            for tid, (run, wait) in b.sched.items():
-                r0, w0 = a.sched.get(tid, (0, 0))  # a thread started meanwhile counts from 0
-                self.run += (run - r0) / 1e9
-                self.wait += (wait - w0) / 1e9
+            for tid, (run, wait, helper) in b.threads.items():
+                r0, w0, _ = a.threads.get(tid, (0, 0, helper))  # a new thread counts from 0
+                if helper:
+                    self.helper_run += (run - r0) / 1e9
+                    self.helper_wait += (wait - w0) / 1e9
+                else:
+                    self.run += (run - r0) / 1e9
+                    self.wait += (wait - w0) / 1e9
         if a.pressure is None or b.pressure is None or self.pressure is None:
             self.pressure = None
         else:
             self.pressure += (b.pressure - a.pressure) / 1e6
+        if None in (a.busy, b.busy, self.busy):
+            self.busy = None
+        else:
+            self.busy += b.busy - a.busy
+        if a.tree is None or b.tree is None or self.tree is None:
+            self.tree = None
+        else:
+            self.tree += b.tree[0] - a.tree[0]
+            self.tree_procs = max(self.tree_procs, a.tree[1], b.tree[1])
         self.n += 1
 
     def cancel(self) -> None:
@@ -394,6 +844,20 @@ class CpuMeter:
         threads = max(self._threads) if self._threads else 1
         allowed = self.allowance.cpus
         kw = {} if self.children is None else {"children": self.children}
+        a, b = self._first, self._last
+        span = span_busy = span_tree = None
+        if a is not None and b is not None:
+            span = b.wall - a.wall
+            if a.busy is not None and b.busy is not None:
+                span_busy = b.busy - a.busy
+            if a.tree is not None and b.tree is not None:
+                span_tree = b.tree[0] - a.tree[0]
         return CpuShare(wall_s=self.wall, cpu_s=self.cpu, threads=min(threads, allowed),
                         allowed=allowed, intervals=self.n, run_s=self.run, wait_s=self.wait,
-                        pressure_s=self.pressure, **kw)
+                        pressure_s=self.pressure, helper_run_s=self.helper_run,
+                        helper_wait_s=self.helper_wait, requested=threads, procs=self.procs,
+                        workers=self.workers,
+                        cpus_seen=len(self.cpus) if self.cpus else None,
+                        busy_s=self.busy, tree_s=self.tree, span_s=span,
+                        span_busy_s=span_busy, span_tree_s=span_tree,
+                        tree_procs=self.tree_procs or None, **kw)

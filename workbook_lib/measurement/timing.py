@@ -13,10 +13,11 @@ Rules it enforces by construction:
 * **Every figure carries its noise**: a :class:`Stat` holds the median, the quartiles, the IQR
   and n, and says whether it met the precision target.
 * **Every figure carries what the process got of the CPUs** while it was timed
-  (:class:`~workbook_lib.measurement.cpu.CpuShare`: CPU use, the share of the CPU its threads
-  asked for, CPU pressure): a steady disturbance (another job on the same CPUs) slows every
-  repeat alike and keeps the IQR small, so a figure is also marked *contended*
-  (:attr:`Stat.contended`) when its threads got less than 80% of the CPU they asked for.
+  (:class:`~workbook_lib.measurement.cpu.CpuShare`: CPU use, the share of the CPU its compute
+  threads asked for, CPU pressure, other jobs' use of its CPUs): a steady disturbance slows
+  every repeat alike and keeps the IQR small, so a figure is also marked *contended*
+  (:attr:`Stat.contended`) when its compute threads got less than 80% of the CPU they asked
+  for, and says by whom (:attr:`CpuShare.cause`: other jobs, or this run's own processes).
 
 :func:`measure` times one pure function with ``torch.utils.benchmark.Timer.adaptive_autorange``
 (PyTorch's own timer: it synchronizes the accelerator, picks a block size and repeats until the
@@ -302,13 +303,16 @@ class StepClock:
     Args:
         device: where the steps run (synchronized around every step and stage).
         children: what the CPU figure says about child processes (DataLoader workers).
+        procs: the run's processes sharing these CPUs (DDP ranks on the node).
+        workers: DataLoader worker processes of each.
     """
 
-    def __init__(self, device: torch.device | str = "cpu", *, children: str | None = None):
+    def __init__(self, device: torch.device | str = "cpu", *, children: str | None = None,
+                 procs: int = 1, workers: int = 0):
         self.device = torch.device(device)
         self.steps: list[dict[str, float]] = []  # timed steps only; "_wall" is the whole step
         self._cur: dict[str, float] | None = None
-        self.meter = CpuMeter(children=children)
+        self.meter = CpuMeter(children=children, procs=procs, workers=workers)
 
     @contextmanager
     def step(self, timed: bool = True) -> Iterator[dict[str, float]]:

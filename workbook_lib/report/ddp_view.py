@@ -7,6 +7,7 @@ from IPython.display import Markdown
 from ..distributed.analysis import within_noise
 from ..distributed.plan import Plan
 from ..distributed.study import DDPResult
+from ..measurement.cpu import OWN_PROCESSES, causes_text
 from .. import pipelines
 from . import plotting
 from .failures_view import failures_note as _failures_note
@@ -76,10 +77,13 @@ def step_table(r: DDPResult):
                                "synchronous step lasts as long as its slowest rank: per step, "
                                "the maximum over ranks. Efficiencies relative to the smallest "
                                "world size run (1 = ideal). CPU, worst rank: the share of the "
-                               "CPU its threads asked for that the worst rank got over its timed "
-                               "steps, its CPU use (CPU time / wall x threads, DataLoader workers "
-                               "not counted) and the machine's CPU pressure; contended below "
-                               "80% got (another job on these CPUs, or ranks that do not fit).")
+                               "CPU its compute threads asked for that the worst rank got over "
+                               "its timed steps, its CPU use (CPU time / wall x threads, "
+                               "DataLoader workers not counted), other jobs' use of its CPUs "
+                               "(the machine's busy time minus this run's processes') and the "
+                               "machine's CPU pressure; contended below 80% got, by other jobs "
+                               "(from 0.1 CPU) or by this run's own ranks and workers. "
+                               + causes_text(s.step.cpu for s in r.worlds.values()))
 
 
 def _cpu_cell(c) -> str:
@@ -87,8 +91,12 @@ def _cpu_cell(c) -> str:
         return "not recorded"
     got = "n/a" if c.got is None else f"{c.got:.0%}"
     pressure = "n/a" if c.pressure is None else f"{c.pressure:.0%}"
-    return (f"got {got}, use {c.use:.0%} of {c.threads} thread(s), pressure {pressure}"
-            + (" CONTENDED" if c.contended else ""))
+    others = "" if c.others is None else f", other jobs {c.others:.2f} CPU"
+    why = "" if not c.contended else f" by {c.cause}" + (
+        f" ({c.configuration()}: {c.fitting()})" if c.cause == OWN_PROCESSES
+        and c.oversubscribed else "")
+    return (f"got {got}, use {c.use:.0%} of {c.threads} thread(s){others}, pressure {pressure}"
+            + (f" CONTENDED{why}" if c.contended else ""))
 
 
 def comm_table(r: DDPResult):

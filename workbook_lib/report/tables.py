@@ -20,9 +20,11 @@ IMPRECISE = "(noisy)"
 FOOTNOTE = ("(noisy): IQR/median stayed above the precision target after the figure's time "
             "budget; read it with its IQR.")
 CONTENDED = "(contended)"
-CONTENDED_NOTE = ("(contended): measured while the process got less than 80% of the CPU time "
-                  "its threads asked for (another job on the same CPUs): it may look precise and "
-                  "still be wrong by orders of magnitude; rerun alone.")
+CONTENDED_NOTE = ("(contended): measured while the process's compute threads got less than 80% "
+                  "of the CPU time they asked for: it may look precise and still be wrong by "
+                  "orders of magnitude. Each figure's CPU line says by whom: other jobs on the "
+                  "same CPUs (rerun when they are done), or this run's own processes, whose "
+                  "threads outnumber its CPUs (use the configuration it names).")
 
 
 HEADLINE_MAX = 200  # characters of a notebook's headline on the index

@@ -412,11 +412,16 @@ def cpu_rows(study: LoopStudy) -> list[dict]:
                      else "n/a (no schedstat)",
                      "CPU pressure (machine)": fmt_pct(c.pressure, 0)
                      if c.pressure is not None else "not available here",
-                     "contended": "CONTENDED" if c.contended else "no"})
+                     "other jobs (CPUs)": f"{c.others:.2f}" if c.others is not None
+                     else "not told",
+                     "contended": "CONTENDED" if c.contended else "no",
+                     "by": c.cause or ""})
     return rows
 
 
 def cpu_table(study: LoopStudy):
+    from ..measurement.cpu import OTHERS_SEEN, causes_text
+
     rows = cpu_rows(study)
     s = study.settings
     first = next((a.step.cpu for a in study.arms.values() if a.step.cpu is not None), None)
@@ -430,9 +435,13 @@ def cpu_table(study: LoopStudy):
         f"processes {children}. Got: its threads' time on a CPU over that time plus their "
         "run-queue wait (a sleeping thread asks for nothing, so a serial step alone gets ~100%). "
         "CPU pressure: the share of the wall time in which some task on the machine waited for "
-        f"a CPU (/proc/pressure/cpu; other jobs' waits count too). Rule: {rule}."
+        "a CPU (/proc/pressure/cpu; other jobs' waits count too). Other jobs: the machine's busy "
+        "CPU time on these CPUs minus this run's process tree's, per wall second. "
+        f"Rule: {rule}; by other jobs when they used at least {OTHERS_SEEN:g} CPU, else by "
+        "this run's own processes."
         + (f" {bad} arm(s) contended: their figures are marked in every table and the verdict "
-           "does not rest on them; rerun alone." if bad else "")))
+           "does not rest on them. " + causes_text(a.step.cpu for a in study.arms.values())
+           if bad else "")))
 
 
 def cpu_plot(study: LoopStudy) -> None:
@@ -481,7 +490,8 @@ def headline(r: TimingResult, pair: list[str] | None = None) -> str:
     failures and losses that were not finite."""
     lo = r.loops
     bad = [k for k, a in lo.arms.items() if a.step.contended] if lo is not None else []
-    mark = f"CONTENDED ({len(bad)} of {len(lo.arms)} arms): " if bad else ""
+    by = ", ".join(sorted({lo.arms[k].step.cpu.cause for k in bad}))
+    mark = f"CONTENDED by {by} ({len(bad)} of {len(lo.arms)} arms): " if bad else ""
     names = [n for n in (pair or []) if n in r.bounds]
     if not names:
         names = [r.fastest_exact] if r.fastest_exact in r.bounds else list(r.bounds)[:2]

@@ -9,6 +9,7 @@ from IPython.display import Markdown
 from ..analysis import claims as C
 from ..analysis import verdict as V
 from ..analysis.verdict import VerdictResult
+from ..measurement.cpu import causes_text
 from .. import pipelines
 from . import plotting
 from .tables import one_line, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
@@ -77,13 +78,10 @@ def caveats(v: VerdictResult) -> list[str]:
                    f"slow one, but it is the faster ({r.median:.3g}x per epoch, IQR {r.iqr:.2g})"
                    f"; the gap is explained as '{g.slow}' over '{g.fast}'.")
     if v.contended:
-        worst = min(v.contended.values(), key=lambda c: c.judged)
-        explain = getattr(worst, "explain", None)
-        why = explain() if callable(explain) else (
-            f"{worst.describe()}: another job on the same CPUs, or this run's own processes, "
-            "slowed it")
         out.append("Contended, not relied on: " + ", ".join(
-            V.CONTENDED_LABELS.get(k, k) for k in v.contended) + f" ({why}).")
+            V.CONTENDED_LABELS.get(k, k) for k in v.contended) + ". "
+            + (causes_text(v.contended.values()) or "The process got less CPU than it asked "
+               "for while they were measured."))
     noisy = [k for k in v.disturbed if k not in v.contended]
     if noisy:
         out.append("Disturbed, not relied on: " + ", ".join(

@@ -19,8 +19,9 @@ the table and exits 1 when any check failed (2 for bad input, before any work). 
   measures at least its length (a missing device sync would time the launch only);
 * **CPU share**: a short CPU-bound timing in the workbook's StepClock, and what the process got
   of the CPUs while it ran (:mod:`workbook_lib.measurement.cpu`), with the CPUs it may use and
-  the threads that fit them: ``busy`` (not a failure) when another job on these CPUs took more
-  than 20% of what its threads asked for, so that timings taken now would be marked contended;
+  the threads that fit them: ``busy`` (not a failure) when its threads got less than 80% of
+  what they asked for, so that timings taken now would be marked contended (the detail says by
+  whom: other jobs on these CPUs, or its own threads outnumbering them);
 * **DDP launch** (``--ranks`` >= 2): a short ``torchrun`` launch of the DDP worker (NCCL on GPUs,
   gloo on CPU) whose comm hook measured every rank's all-reduce.
 
@@ -256,7 +257,7 @@ def check_cpu_share(device: torch.device) -> Check:
     fit = fit_threads()
     busy = st.contended
     detail = (f"{st.cpu.describe()}; threads: {fit.why}"
-              + ("; another job is using these CPUs: timings taken now are marked contended"
+              + (f"; timings taken now are marked contended: {st.cpu.explain()}"
                  if busy else ""))
     return Check("CPU share", BUSY if busy else OK, detail, time.perf_counter() - t0)
 

@@ -553,7 +553,8 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
              interleave: bool = True, count_syncs: bool = True,
              agree: Callable[[bool], bool] | None = None, desc: str = "loop",
              failures: dict[str, PipelineFailure] | None = None,
-             stall_timeout_s: float | None = None, notebook: str = "") -> dict[str, ArmResult]:
+             stall_timeout_s: float | None = None, notebook: str = "",
+             procs: int = 1) -> dict[str, ArmResult]:
     """Run every arm until it is precise enough (see the module docstring).
 
     Args:
@@ -574,6 +575,8 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
             ``agree`` (a rank cannot leave its collectives).
         stall_timeout_s: the stall limit of a stage (:func:`stall_limit`); None: no limit.
         notebook: written into the failure records ("03").
+        procs: the run's processes sharing these CPUs (DDP ranks on the node), for the CPU
+            figures' cause.
 
     Returns:
         ``{arm name: ArmResult}`` of the arms whose pipeline did not fail.
@@ -590,7 +593,8 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
     if agree is not None:
         failures = None
     device = torch.device(arms[0].pipeline.device)
-    clocks = {a.name: StepClock(device, children=_children_label(a.loader)) for a in arms}
+    clocks = {a.name: StepClock(device, children=_children_label(a.loader), procs=procs,
+                                workers=getattr(a.loader, "num_workers", 0)) for a in arms}
     counters: dict[str, SyncCounter | None] = {a.name: None for a in arms}
     stopped = {a.name: "" for a in arms}
     agree = agree or (lambda flag: flag)
