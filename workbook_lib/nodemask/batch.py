@@ -31,12 +31,12 @@ building them syncs once per batch (their count is data-dependent).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import torch
 
-from .delta import PushPlan, default_push_kernel, push
+from .delta import PushPlan, default_push_kernel, grouped_messages, push
 from .kernels import batched_spmm, nnz, sparse_range, typed_aggregate_linear, typed_spmm
 
 if TYPE_CHECKING:  # names in annotations only: the graph builds batches (SharedGraph.batch)
@@ -75,7 +75,10 @@ def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
 
 @dataclass
 class Corrections:
-    """The (sample, gene) rows a deletion changes in a first layer, and what feeds them."""
+    """The (sample, gene) rows a deletion changes in a first layer, and what feeds them.
+
+    Every index is built on the host (:func:`corrections`, in the collate) with its sizes in
+    ``plan``, so that a training step on a GPU never reads a count back."""
 
     pair_sample: torch.Tensor  # [R]
     pair_gene: torch.Tensor  # [R]
@@ -86,20 +89,33 @@ class Corrections:
     changed_slot: torch.Tensor | None = None  # [Q] distinct entry_slot: (row, type) whose
     #                                           in-degree a deletion lowers (mean aggregation)
     plan: PushPlan | None = None  # host-side sizes of the delta layer's push
+    source_gene: torch.Tensor | None = None  # [G] the batch's distinct deleted genes
+    entry_source_index: torch.Tensor | None = None  # [E] entry_source as an index into it
+    deleted_pair: torch.Tensor | None = None  # [D] the rows whose gene is deleted
+    msg_pair: torch.Tensor | None = None  # [M] row of each message, type-major (delta layer)
+    msg_index: torch.Tensor | None = None  # [R*T] message of (row, type), -1 where none
+    pool_drop: torch.Tensor | None = None  # [F] b*T*N + t*N + j: the deleted genes' in-edges
 
     def to(self, device) -> "Corrections":
         def mv(t):
             return None if t is None else t.to(device, non_blocking=True)
-        return Corrections(*(mv(t) for t in (
-            self.pair_sample, self.pair_gene, self.pair_deleted, self.entry_slot,
-            self.entry_source, self.pair_out, self.changed_slot)), plan=self.plan)
+        return Corrections(**{f.name: (getattr(self, f.name) if f.name == "plan" else
+                                       mv(getattr(self, f.name))) for f in fields(self)})
 
 
 def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     """Correction rows of the incremental first layer for ``deleted`` ``[B, k]``, computed
     where ``deleted`` is (on the host: no device sync; in a DataLoader worker: off the main
-    process). ``out_edges`` is ``SharedGraph.out_edges``."""
+    process). ``out_edges`` is ``SharedGraph.out_edges``.
+
+    Also lists, for the delta layer, the messages it forms: one per (changed row, edge type the
+    row's gene sends on), grouped by type (``msg_pair``, ``msg_index``, ``plan.type_counts``),
+    and for the pooled layer the in-edges that each sample's deleted genes take out of its
+    weights (``pool_drop``)."""
     deleted = validate_deleted(deleted, out_edges.num_nodes)
+    if out_edges.sends is None or out_edges.in_ptr is None:
+        raise ValueError("'out_edges' carries no type or in-edge lists: use "
+                         "SharedGraph.out_edges")
     dev = deleted.device
     ptr, slot = out_edges.ptr.to(dev), out_edges.slot.to(dev)
     n, t = out_edges.num_nodes, out_edges.num_types
@@ -121,10 +137,33 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     pair_sample, pair_gene = uniq // n, uniq % n
     plan = PushPlan(pair_sample, pair_gene, out_edges.ptr, out_edges.slot, deleted.shape[0])
     entry_slot = inv[:total] * t + e_slot % t
+    source_gene, source_index = torch.unique(e_gene, return_inverse=True)
+    # the delta layer's messages: (row, type) where the row's gene sends on that type
+    sends = out_edges.sends.to(dev)[pair_gene]  # [R, T]
+    by_type = sends.T.reshape(-1).nonzero().flatten()  # type-major: t * R + row
+    r = pair_gene.numel()
+    msg_pair = by_type % r
+    msg_index = torch.full((r * t,), -1, dtype=torch.long, device=dev)
+    msg_index[msg_pair * t + by_type // r] = torch.arange(by_type.numel(), device=dev)
+    plan.type_counts = sends.sum(0).tolist()
+    # the pooled layer's weights: sample b loses the in-edges (j -> s, type t) of each deleted s
+    in_ptr, in_slot = out_edges.in_ptr.to(dev), out_edges.in_slot.to(dev)
+    icount = in_ptr[genes + 1] - in_ptr[genes]
+    itotal = int(icount.sum())
+    i_first = torch.repeat_interleave(in_ptr[genes], icount, output_size=itotal)
+    i_within = torch.arange(itotal, device=dev) - torch.repeat_interleave(
+        torch.cumsum(icount, 0) - icount, icount, output_size=itotal)
+    i_slot = in_slot[i_first + i_within]
+    i_sample = torch.repeat_interleave(samples, icount, output_size=itotal)
+    pool_drop = (i_sample * t + i_slot % t) * n + i_slot // t
+    deleted_pair = is_del.nonzero().flatten()
+    plan.num_deleted = int(deleted_pair.numel())
     return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
                        entry_slot=entry_slot, entry_source=e_gene,
                        pair_out=plan.pair_out.to(dev), changed_slot=torch.unique(entry_slot),
-                       plan=plan)
+                       plan=plan, source_gene=source_gene, entry_source_index=source_index,
+                       deleted_pair=deleted_pair, msg_pair=msg_pair, msg_index=msg_index,
+                       pool_drop=pool_drop)
 
 
 @dataclass
@@ -277,10 +316,23 @@ class NodeMaskBatch:
                                  batch_size=self.batch_size)
 
     def pooled_weights(self) -> torch.Tensor:
-        """``[B, T, N]``: ``w_tb[j]`` with ``mean_n agg_tb[n] = sum_j w_tb[j] h_b[j]``."""
+        """``[B, T, N]``: ``w_tb[j]`` with ``mean_n agg_tb[n] = sum_j w_tb[j] h_b[j]``.
+
+        Sum aggregation: ``w_tb[j] = D_b[j] (outdeg_t(j) - #edges j -> S_b of type t) / N``, the
+        wildtype out-degrees less the deleted genes' in-edges (``Corrections.pool_drop``); mean
+        aggregation: one product of ``A_t^T`` with the per-sample ``D_b / deg_tb``, width B."""
         if self._pool_w is None:
             g = self.graph
             n, t = g.num_nodes, g.num_types
+            if g.aggr == "sum" and self._corrections_allowed():
+                c = self.corrections()
+                w = g.out_deg.unsqueeze(0).repeat(self.batch_size, 1, 1)  # [B, T, N]
+                drop = c.pool_drop
+                with sparse_range(drop.numel()):
+                    w.view(-1).index_put_((drop,), torch.full_like(drop, -1.0, dtype=w.dtype),
+                                          accumulate=True)
+                self._pool_w = w * (self.keep / n).unsqueeze(1)
+                return self._pool_w
             d = self.keep.T.contiguous()  # [N, B]
             v = d.repeat_interleave(t, dim=0)  # row n*T + t = D[n]
             with sparse_range(nnz(g.blockdiag_t, *([g.a] if g.aggr == "mean" else []))
@@ -290,6 +342,12 @@ class NodeMaskBatch:
                 w = torch.sparse.mm(g.blockdiag_t, v).view(n, t, self.batch_size)
             self._pool_w = (w * d.unsqueeze(1) / n).permute(2, 1, 0).contiguous()
         return self._pool_w
+
+    def _corrections_allowed(self) -> bool:
+        """The corrections are given, or can be built without reading the device back (the
+        deleted genes are on the host): the pooled weights then need no product over E."""
+        c = self._corrections
+        return (c.pool_drop is not None) if c is not None else self._host_deleted is not None
 
     def aggregate_pooled(self, h: torch.Tensor) -> torch.Tensor:
         """``[B, T, H]``: the mean over genes of each sample's per-type aggregation of ``h``
@@ -392,8 +450,10 @@ class NodeMaskBatch:
             wt = wt + bias
         gene = c.pair_gene
         kept = (~c.pair_deleted).to(x0.dtype).unsqueeze(1)
-        xw = (x0 @ weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)).view(-1, ho)
-        msgs = xw.index_select(0, c.entry_source * t + c.entry_slot % t)  # [E_k, Ho]
+        # each deleted gene's messages x0[s] W_t, once per batch (not x0 W_t for every gene)
+        w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
+        xw = (x0.index_select(0, c.source_gene) @ w_push).view(-1, ho)  # [G*T, Ho]
+        msgs = xw.index_select(0, c.entry_source_index * t + c.entry_slot % t)  # [E_k, Ho]
         r = gene.numel()
         if g.aggr == "mean":
             new_inv, change = self._mean_row_terms(sw, x0.dtype)
@@ -414,14 +474,20 @@ class NodeMaskBatch:
 
     def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
                     bias: torch.Tensor | None = None, *, eps: float = 0.0,
-                    relu: bool = True) -> torch.Tensor:
+                    relu: bool = True, with_wildtype: bool = False):
         """The GIN-shaped :meth:`layer` for features in delta form (the output of
         :meth:`first_layer_delta`), delta-propagated: one wildtype product for the batch, and
         per sample a push along the out-edges of its correction rows only (see
         :mod:`workbook_lib.nodemask.delta`). Returns ``[B, N, H_out]``, equal to
-        ``layer(h.dense(), ...)``."""
+        ``layer(h.dense(), ...)``; with ``with_wildtype`` also the layer's wildtype output
+        ``[N, H_out]`` (computed on the way: the dual forward's wildtype pass reuses it).
+
+        Per sample, a changed row forms one message ``e W_t^T`` per edge type its gene sends
+        on (not all T): the messages are grouped by type, one product per type for the whole
+        batch, so that their weight gradient is batched over samples too."""
         g, c = self.graph, self.corrections()
-        if c.plan is None or c.pair_out is None or c.changed_slot is None:
+        if c.plan is None or c.pair_out is None or c.changed_slot is None \
+                or c.msg_pair is None:
             raise ValueError("these corrections carry no push plan: build them with "
                              "workbook_lib.nodemask.corrections")
         n, t = g.num_nodes, g.num_types
@@ -431,8 +497,7 @@ class NodeMaskBatch:
         kept = (~c.pair_deleted).to(h1.dtype).unsqueeze(1)
         # D_b h1_b - h1 at the correction rows: the change, or minus the whole row if deleted
         e = d1 * kept - (1.0 - kept) * h1.index_select(0, gene)
-        w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
-        u = (e @ w_push).view(-1, t, ho)  # [R, T, Ho]: each type's map applied before pushing
+        u = grouped_messages(e, weight, c.msg_pair, c.plan.type_counts)  # [M, Ho]
         sw, agg_lin = self._typed_linear(h1, weight)
         wsum = self._wsum(weight, t)
         selfwt = (1.0 + eps) * (h1 @ wsum.T)
@@ -449,9 +514,13 @@ class NodeMaskBatch:
         else:
             w = keep.expand(self.batch_size, n, t).reshape(self.batch_size, n * t)
         corr = corr - (1.0 - kept) * agg_lin.index_select(0, gene)
-        out = push(g, c, agg_lin + selfwt, u, w, self.push_kernel)
+        base = agg_lin + selfwt
+        out = push(g, c, base, u, w, self.push_kernel)
         out.index_put_((c.pair_sample, gene), corr, accumulate=True)  # rows are distinct
-        return torch.relu(out) if relu else out
+        out = torch.relu(out) if relu else out
+        if with_wildtype:
+            return out, (torch.relu(base) if relu else base)
+        return out
 
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:

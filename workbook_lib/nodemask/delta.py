@@ -80,36 +80,36 @@ def _numba_kernels():
         return _NUMBA
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
-    def fwd(out, u, pair_ptr, pair_gene, ptr, slot, t, w):  # pragma: no cover - jitted
+    def fwd(out, u, pair_ptr, pair_gene, ptr, node, etype, slot, msg_index, t,
+            w):  # pragma: no cover - jitted
         nb = pair_ptr.shape[0] - 1
-        ho = u.shape[2]
+        ho = u.shape[1]
         for b in prange(nb):
             for p in range(pair_ptr[b], pair_ptr[b + 1]):
                 s = pair_gene[p]
                 for e in range(ptr[s], ptr[s + 1]):
-                    sl = slot[e]
-                    c = w[b, sl]
+                    c = w[b, slot[e]]
                     if c != 0.0:
-                        n = sl // t
-                        ty = sl - n * t
+                        q = msg_index[p * t + etype[e]]
+                        n = node[e]
                         for j in range(ho):
-                            out[b, n, j] += c * u[p, ty, j]
+                            out[b, n, j] += c * u[q, j]
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
-    def bwd(gu, g, pair_sample, pair_gene, ptr, slot, t, w):  # pragma: no cover - jitted
+    def bwd(gu, g, pair_sample, pair_gene, ptr, node, etype, slot, msg_index, t,
+            w):  # pragma: no cover - jitted
         np_ = pair_gene.shape[0]
         ho = g.shape[2]
         for p in prange(np_):
             b = pair_sample[p]
             s = pair_gene[p]
             for e in range(ptr[s], ptr[s + 1]):
-                sl = slot[e]
-                c = w[b, sl]
+                c = w[b, slot[e]]
                 if c != 0.0:
-                    n = sl // t
-                    ty = sl - n * t
+                    q = msg_index[p * t + etype[e]]
+                    n = node[e]
                     for j in range(ho):
-                        gu[p, ty, j] += c * g[b, n, j]
+                        gu[q, j] += c * g[b, n, j]
 
     _NUMBA = (fwd, bwd, numba)
     return _NUMBA
@@ -198,30 +198,45 @@ def _enumerate(plan: PushPlan, b: int, pair_gene: torch.Tensor, pair_out: torch.
 
 def _index_add_forward(out, u, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
-    flat, uf = out.view(-1, out.shape[-1]), u.view(-1, u.shape[-1])
+    flat = out.view(-1, out.shape[-1])
     for b in range(len(plan.ranges) - 1):
         if plan.entries[b]:
             rows, sl = _enumerate(plan, b, corr.pair_gene, corr.pair_out, graph.out_ptr,
                                   graph.out_slot)
-            msg = uf.index_select(0, rows * t + sl % t) * w[b].index_select(0, sl).unsqueeze(-1)
+            q = corr.msg_index.index_select(0, rows * t + sl % t)
+            msg = u.index_select(0, q) * w[b].index_select(0, sl).unsqueeze(-1)
             flat.index_add_(0, b * n + sl // t, msg)
 
 
 def _index_add_backward(gu, grad, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
-    gflat, guf = grad.view(-1, grad.shape[-1]), gu.view(-1, gu.shape[-1])
+    gflat = grad.view(-1, grad.shape[-1])
     for b in range(len(plan.ranges) - 1):
         if plan.entries[b]:
             rows, sl = _enumerate(plan, b, corr.pair_gene, corr.pair_out, graph.out_ptr,
                                   graph.out_slot)
+            q = corr.msg_index.index_select(0, rows * t + sl % t)
             msg = gflat.index_select(0, b * n + sl // t) * w[b].index_select(0, sl).unsqueeze(-1)
-            guf.index_add_(0, rows * t + sl % t, msg)
+            gu.index_add_(0, q, msg)
+
+
+def message_slots(corr) -> torch.Tensor:
+    """``[M]``: ``row * T + type`` of each message (``Corrections.msg_pair`` with its type, the
+    messages grouped by type in ``plan.type_counts``): where a message sits in ``[R, T, Ho]``."""
+    counts = corr.plan.type_counts
+    dev = corr.msg_pair.device
+    types = torch.repeat_interleave(torch.arange(len(counts), device=dev),
+                                    torch.tensor(counts, device=dev),
+                                    output_size=int(sum(counts)))
+    return corr.msg_pair * len(counts) + types
 
 
 def _pull_forward(out, u, w, graph, corr):
     """Per sample and type, ``A_t`` times the rows of ``R_b`` scattered into a zero ``[N, H]``
     operand: the full product's sparse work, but none of its dense work."""
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
+    full = u.new_zeros(corr.pair_gene.numel() * t, u.shape[-1]).index_copy_(
+        0, message_slots(corr), u).view(-1, t, u.shape[-1])
     wv = w.view(w.shape[0], n, t)
     dense = u.new_zeros(t, n, u.shape[-1])
     for b in range(len(plan.ranges) - 1):
@@ -230,13 +245,14 @@ def _pull_forward(out, u, w, graph, corr):
             continue
         genes = corr.pair_gene[lo:hi]
         dense.zero_()
-        dense.index_copy_(1, genes, u[lo:hi].transpose(0, 1))
+        dense.index_copy_(1, genes, full[lo:hi].transpose(0, 1))
         for j, a in enumerate(graph.per_type):
             out[b].addcmul_(wv[b, :, j].unsqueeze(-1), torch.mm(a, dense[j]))
 
 
 def _pull_backward(gu, grad, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
+    full = gu.new_zeros(corr.pair_gene.numel(), t, gu.shape[-1])
     wv = w.view(w.shape[0], n, t)
     for b in range(len(plan.ranges) - 1):
         lo, hi = plan.ranges[b], plan.ranges[b + 1]
@@ -245,7 +261,28 @@ def _pull_backward(gu, grad, w, graph, corr):
         genes = corr.pair_gene[lo:hi]
         for j, a_t in enumerate(graph.per_type_t):
             g = torch.mm(a_t, grad[b] * wv[b, :, j].unsqueeze(-1))
-            gu[lo:hi, j] = g.index_select(0, genes)
+            full[lo:hi, j] = g.index_select(0, genes)
+    gu.copy_(full.view(-1, gu.shape[-1]).index_select(0, message_slots(corr)))
+
+
+def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tensor,
+                     type_counts: list[int]) -> torch.Tensor:
+    """``[M, H_out]``: the messages ``e[msg_pair[m]] W_t^T``, grouped by type ``t``
+    (``type_counts[t]`` rows each, in order): one product per type for the whole batch, so
+    that a row forms only the types its gene sends on, and each type's weight gradient is one
+    product over every sample's rows.
+
+    Args:
+        e: ``[R, H]`` the rows' changes.
+        weight: ``[H_out, T*H]`` the layer's weight (type-major input features).
+        msg_pair: ``[M]`` the row of each message.
+        type_counts: messages per type (host ints: the split needs no device read).
+    """
+    t, hd = len(type_counts), e.shape[-1]
+    if weight.shape[1] != t * hd:
+        raise ValueError(f"'weight' must be [H_out, {t}*{hd}] (got {list(weight.shape)})")
+    parts = e.index_select(0, msg_pair).split(type_counts)
+    return torch.cat([part @ weight[:, i * hd:(i + 1) * hd].T for i, part in enumerate(parts)])
 
 
 class _Push(torch.autograd.Function):
@@ -254,7 +291,7 @@ class _Push(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, base, u, w, graph, corr, kernel):
-        bsz, n = len(corr.plan.ranges) - 1, graph.num_nodes
+        bsz = len(corr.plan.ranges) - 1
         out = base.unsqueeze(0).repeat(bsz, 1, 1)  # new memory even for B = 1
         u, w = u.contiguous(), w.contiguous()
         with sparse_range(corr.plan.total_entries * u.shape[-1]):  # useful multiply-adds
@@ -288,7 +325,8 @@ def _push_forward(out, u, w, graph, corr, kernel):
         _numba_threads()
         fwd = _numba_kernels()[0]
         fwd(_np(out), _np(u), _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()),
-            _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types, _np(w))
+            _np(graph.out_edges.ptr), _np(graph.out_node), _np(graph.out_type),
+            _np(graph.out_edges.slot), _np(corr.msg_index), graph.num_types, _np(w))
     elif kernel == "pull":
         _pull_forward(out, u, w, graph, corr)
     else:
@@ -300,7 +338,8 @@ def _push_backward(gu, grad, w, graph, corr, kernel):
         _numba_threads()
         bwd = _numba_kernels()[1]
         bwd(_np(gu), _np(grad), _np(corr.pair_sample.long()), _np(corr.pair_gene.long()),
-            _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types, _np(w))
+            _np(graph.out_edges.ptr), _np(graph.out_node), _np(graph.out_type),
+            _np(graph.out_edges.slot), _np(corr.msg_index), graph.num_types, _np(w))
     elif kernel == "pull":
         _pull_backward(gu, grad, w, graph, corr)
     else:
@@ -309,14 +348,17 @@ def _push_backward(gu, grad, w, graph, corr, kernel):
 
 def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
          kernel: str | None = None) -> torch.Tensor:
-    """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each correction row ``p``'s
-    messages ``u[p, t]`` (``u`` ``[R, T, Ho]``) pushed along its gene's out-edges of type ``t``,
-    each scaled by ``weight[b, n*T + t]`` (``[B, N*T]``: 0 for a deleted receiver, 1/degree
-    for mean aggregation). Differentiable in ``base`` and ``u``.
+    """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each correction row's
+    messages pushed along its gene's out-edges of their type, each scaled by
+    ``weight[b, n*T + t]`` (``[B, N*T]``: 0 for a deleted receiver, 1/degree for mean
+    aggregation). Differentiable in ``base`` and ``u``.
 
     Args:
         graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
         corr: the batch's ``Corrections`` (built by ``corrections``: it carries the plan).
+        u: the messages, ``[M, Ho]`` grouped by type as ``corr.msg_pair`` lists them (what
+            :func:`grouped_messages` returns), or ``[R, T, Ho]`` one per (row, type) (the
+            types a row's gene does not send on are never read).
         kernel: ``numba`` (CPU), ``pull`` (PyTorch, per-type CSR products: the CPU fallback)
             or ``index_add`` (PyTorch push: the CUDA path); default by device.
     """
@@ -329,7 +371,9 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
                              "use push_kernel='pull'")
         if base.device.type != "cpu":
             raise ValueError("push_kernel='numba' runs on CPU tensors only; use 'index_add'")
-    if corr.plan is None or corr.pair_out is None:
+    if corr.plan is None or corr.pair_out is None or corr.msg_index is None:
         raise ValueError("these corrections carry no push plan: build them with "
                          "workbook_lib.nodemask.corrections")
+    if u.dim() == 3:
+        u = u.reshape(-1, u.shape[-1]).index_select(0, message_slots(corr))
     return _Push.apply(base, u, weight, graph, corr, kernel)
