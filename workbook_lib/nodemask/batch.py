@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .delta import PushPlan, default_push_kernel, grouped_messages, push
-from .kernels import batched_spmm, nnz, sparse_range, typed_aggregate_linear, typed_spmm
+from .kernels import (add_rows, batched_spmm, nnz, sparse_range, typed_aggregate_linear,
+                      typed_spmm)
 
 if TYPE_CHECKING:  # names in annotations only: the graph builds batches (SharedGraph.batch)
     from .graph import OutEdges, SharedGraph
@@ -248,6 +249,7 @@ class NodeMaskBatch:
         self._corrections = corrections
         self._deg = None
         self._pool_w = None
+        self._pool_w1 = None
 
     # ---------------------------------------------------------------- helpers
     def _check(self, h: torch.Tensor, shared: bool = False) -> None:
@@ -460,8 +462,7 @@ class NodeMaskBatch:
             msgs = msgs * new_inv.reshape(-1).index_select(0, c.entry_slot).unsqueeze(-1)
         else:
             change = None
-        lost = torch.zeros(r, ho, device=x0.device, dtype=x0.dtype).index_add(
-            0, c.entry_slot // t, msgs)
+        lost = add_rows(msgs, c.entry_slot // t, r)
         delta = change - lost if change is not None else -lost
         # a deleted gene aggregates nothing: its row loses the whole aggregation term
         delta = delta * kept - (1.0 - kept) * agg_lin.index_select(0, gene)
@@ -515,9 +516,7 @@ class NodeMaskBatch:
             w = keep.expand(self.batch_size, n, t).reshape(self.batch_size, n * t)
         corr = corr - (1.0 - kept) * agg_lin.index_select(0, gene)
         base = agg_lin + selfwt
-        out = push(g, c, base, u, w, self.push_kernel)
-        out.index_put_((c.pair_sample, gene), corr, accumulate=True)  # rows are distinct
-        out = torch.relu(out) if relu else out
+        out = push(g, c, base, u, w, self.push_kernel, rows=corr, relu=relu)
         if with_wildtype:
             return out, (torch.relu(base) if relu else base)
         return out
@@ -526,10 +525,22 @@ class NodeMaskBatch:
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:
         """The mean over genes of a last (linear, no activation) layer's output, per sample:
         ``[B, H_out]``. Exact because the mean of a linear map is the linear map of the mean;
-        needs no ReLU between the layer and the pool."""
+        needs no ReLU between the layer and the pool. For per-sample ``h`` the self term's mean
+        is one more row of weights (``1/N``) in the same product: one pass over ``h``, forward
+        and backward."""
         t = self.graph.num_types
-        pooled = self.aggregate_pooled(h)  # [B, T, H]
-        hbar = h.mean(dim=-2) if h.dim() == 3 else h.mean(dim=0).expand(self.batch_size, -1)
-        out = pooled.reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (
-            hbar @ self._wsum(weight, t).T)
+        wsum = self._wsum(weight, t)
+        if h.dim() == 2:
+            pooled = self.aggregate_pooled(h)  # [B, T, H]
+            hbar = h.mean(dim=0).expand(self.batch_size, -1)
+            out = pooled.reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (hbar @ wsum.T)
+            return out + bias if bias is not None else out
+        self._check(h)
+        if self._pool_w1 is None:
+            w = self.pooled_weights()
+            n = self.graph.num_nodes
+            self._pool_w1 = torch.cat([w, w.new_full((self.batch_size, 1, n), 1.0 / n)], 1)
+        pooled = torch.bmm(self._pool_w1, h)  # [B, T + 1, H]: T weighted sums and the mean
+        out = pooled[:, :t].reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (
+            pooled[:, t] @ wsum.T)
         return out + bias if bias is not None else out

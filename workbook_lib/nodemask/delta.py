@@ -80,11 +80,13 @@ def _numba_kernels():
         return _NUMBA
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
-    def fwd(out, u, pair_ptr, pair_gene, ptr, node, etype, slot, msg_index, t,
-            w):  # pragma: no cover - jitted
-        nb = pair_ptr.shape[0] - 1
-        ho = u.shape[1]
-        for b in prange(nb):
+    def fwd(out, base, u, rows, pair_ptr, pair_gene, ptr, node, etype, slot, msg_index, t,
+            w, relu):  # pragma: no cover - jitted
+        nb, n_nodes, ho = out.shape
+        for b in prange(nb):  # one sample's slab per thread: it stays in cache, no atomics
+            for n in range(n_nodes):
+                for j in range(ho):
+                    out[b, n, j] = base[n, j]
             for p in range(pair_ptr[b], pair_ptr[b + 1]):
                 s = pair_gene[p]
                 for e in range(ptr[s], ptr[s + 1]):
@@ -94,22 +96,42 @@ def _numba_kernels():
                         n = node[e]
                         for j in range(ho):
                             out[b, n, j] += c * u[q, j]
+            for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                s = pair_gene[p]
+                for j in range(ho):
+                    out[b, s, j] += rows[p, j]
+            if relu:
+                for n in range(n_nodes):
+                    for j in range(ho):
+                        if out[b, n, j] < 0.0:
+                            out[b, n, j] = 0.0
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
-    def bwd(gu, g, pair_sample, pair_gene, ptr, node, etype, slot, msg_index, t,
-            w):  # pragma: no cover - jitted
-        np_ = pair_gene.shape[0]
-        ho = g.shape[2]
-        for p in prange(np_):
-            b = pair_sample[p]
-            s = pair_gene[p]
-            for e in range(ptr[s], ptr[s + 1]):
-                c = w[b, slot[e]]
-                if c != 0.0:
-                    q = msg_index[p * t + etype[e]]
-                    n = node[e]
+    def bwd(gu, grows, gbase, scratch, g, out, pair_ptr, pair_gene, ptr, node, etype, slot,
+            msg_index, t, w, relu):  # pragma: no cover - jitted
+        nb, n_nodes, ho = g.shape
+        chunks = gbase.shape[0]
+        for ch in prange(chunks):  # samples ch, ch + chunks, ...: each chunk its own buffers
+            sc = scratch[ch]
+            for b in range(ch, nb, chunks):
+                for n in range(n_nodes):  # the gradient before the ReLU, once per sample
                     for j in range(ho):
-                        gu[q, j] += c * g[b, n, j]
+                        v = g[b, n, j]
+                        if relu and out[b, n, j] <= 0.0:
+                            v = 0.0
+                        sc[n, j] = v
+                        gbase[ch, n, j] += v
+                for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                    s = pair_gene[p]
+                    for j in range(ho):
+                        grows[p, j] = sc[s, j]
+                    for e in range(ptr[s], ptr[s + 1]):
+                        c = w[b, slot[e]]
+                        if c != 0.0:
+                            q = msg_index[p * t + etype[e]]
+                            n = node[e]
+                            for j in range(ho):
+                                gu[q, j] += c * sc[n, j]
 
     _NUMBA = (fwd, bwd, numba)
     return _NUMBA
@@ -286,32 +308,63 @@ def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tens
 
 
 class _Push(torch.autograd.Function):
-    """``out[b] = base + sum over rows p of sample b, out-edges (n, t) of gene(p):
-    w[b, n*T + t] u[p, t]`` (``[B, N, Ho]``); gradients for ``base`` and ``u``."""
+    """``out[b] = act(base + rows at (b, gene) + sum over rows p of sample b, out-edges (n, t)
+    of gene(p): w[b, n*T + t] u[m(p, t)])`` (``[B, N, Ho]``; ``act`` ReLU or none); gradients
+    for ``base``, ``u`` and ``rows``. The compiled kernel does each sample in one pass over its
+    slab, the ReLU and its gradient included (no other pass over ``[B, N, Ho]``)."""
 
     @staticmethod
-    def forward(ctx, base, u, w, graph, corr, kernel):
+    def forward(ctx, base, u, rows, w, graph, corr, kernel, relu):
         bsz = len(corr.plan.ranges) - 1
-        out = base.unsqueeze(0).repeat(bsz, 1, 1)  # new memory even for B = 1
-        u, w = u.contiguous(), w.contiguous()
+        base, u, rows, w = base.contiguous(), u.contiguous(), rows.contiguous(), w.contiguous()
         with sparse_range(corr.plan.total_entries * u.shape[-1]):  # useful multiply-adds
-            _push_forward(out, u, w, graph, corr, kernel)
-        ctx.args = (graph, corr, kernel, u.shape)
-        ctx.save_for_backward(w)
+            if kernel == "numba":
+                out = base.new_empty(bsz, *base.shape)
+                _numba_threads()
+                _numba_kernels()[0](
+                    _np(out), _np(base), _np(u), _np(rows), _np(corr.plan.pair_ptr),
+                    _np(corr.pair_gene.long()), _np(graph.out_edges.ptr), _np(graph.out_node),
+                    _np(graph.out_type), _np(graph.out_edges.slot), _np(corr.msg_index),
+                    graph.num_types, _np(w), relu)
+            else:
+                out = base.unsqueeze(0).repeat(bsz, 1, 1)  # new memory even for B = 1
+                (_pull_forward if kernel == "pull" else _index_add_forward)(
+                    out, u, w, graph, corr)
+                out.index_put_((corr.pair_sample, corr.pair_gene), rows, accumulate=True)
+                if relu:
+                    out.relu_()
+        ctx.args = (graph, corr, kernel, u.shape, relu)
+        ctx.save_for_backward(w, out if relu else None)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        graph, corr, kernel, u_shape = ctx.args
-        (w,) = ctx.saved_tensors
+        graph, corr, kernel, u_shape, relu = ctx.args
+        w, out = ctx.saved_tensors
         grad = grad.contiguous()
-        gbase = grad.sum(0) if ctx.needs_input_grad[0] else None
-        gu = None
-        if ctx.needs_input_grad[1]:
-            gu = grad.new_zeros(u_shape)
-            with sparse_range(corr.plan.total_entries * u_shape[-1]):
-                _push_backward(gu, grad, w, graph, corr, kernel)
-        return gbase, gu, None, None, None, None
+        gu = grad.new_zeros(u_shape)
+        with sparse_range(corr.plan.total_entries * u_shape[-1]):
+            if kernel == "numba":
+                _numba_threads()
+                numba = _numba_kernels()[2]
+                chunks = max(1, min(numba.get_num_threads(), grad.shape[0]))
+                parts = grad.new_zeros(chunks, *grad.shape[1:])
+                scratch = grad.new_empty(chunks, *grad.shape[1:])
+                grows = grad.new_empty(corr.pair_gene.numel(), grad.shape[-1])
+                _numba_kernels()[1](
+                    _np(gu), _np(grows), _np(parts), _np(scratch), _np(grad),
+                    _np(out if relu else grad), _np(corr.plan.pair_ptr),
+                    _np(corr.pair_gene.long()), _np(graph.out_edges.ptr), _np(graph.out_node),
+                    _np(graph.out_type), _np(graph.out_edges.slot), _np(corr.msg_index),
+                    graph.num_types, _np(w), relu)
+                gbase = parts.sum(0)
+            else:
+                g = grad * (out > 0) if relu else grad
+                gbase = g.sum(0)
+                grows = g[corr.pair_sample, corr.pair_gene]
+                (_pull_backward if kernel == "pull" else _index_add_backward)(
+                    gu, g, w, graph, corr)
+        return gbase, gu, grows, None, None, None, None, None
 
 
 def _numba_threads() -> None:
@@ -320,38 +373,14 @@ def _numba_threads() -> None:
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
 
 
-def _push_forward(out, u, w, graph, corr, kernel):
-    if kernel == "numba":
-        _numba_threads()
-        fwd = _numba_kernels()[0]
-        fwd(_np(out), _np(u), _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()),
-            _np(graph.out_edges.ptr), _np(graph.out_node), _np(graph.out_type),
-            _np(graph.out_edges.slot), _np(corr.msg_index), graph.num_types, _np(w))
-    elif kernel == "pull":
-        _pull_forward(out, u, w, graph, corr)
-    else:
-        _index_add_forward(out, u, w, graph, corr)
-
-
-def _push_backward(gu, grad, w, graph, corr, kernel):
-    if kernel == "numba":
-        _numba_threads()
-        bwd = _numba_kernels()[1]
-        bwd(_np(gu), _np(grad), _np(corr.pair_sample.long()), _np(corr.pair_gene.long()),
-            _np(graph.out_edges.ptr), _np(graph.out_node), _np(graph.out_type),
-            _np(graph.out_edges.slot), _np(corr.msg_index), graph.num_types, _np(w))
-    elif kernel == "pull":
-        _pull_backward(gu, grad, w, graph, corr)
-    else:
-        _index_add_backward(gu, grad, w, graph, corr)
-
-
 def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
-         kernel: str | None = None) -> torch.Tensor:
+         kernel: str | None = None, *, rows: torch.Tensor | None = None,
+         relu: bool = False) -> torch.Tensor:
     """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each correction row's
     messages pushed along its gene's out-edges of their type, each scaled by
     ``weight[b, n*T + t]`` (``[B, N*T]``: 0 for a deleted receiver, 1/degree for mean
-    aggregation). Differentiable in ``base`` and ``u``.
+    aggregation), plus ``rows`` at the correction rows themselves, then a ReLU if ``relu``.
+    Differentiable in ``base``, ``u`` and ``rows``.
 
     Args:
         graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
@@ -361,6 +390,8 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
             types a row's gene does not send on are never read).
         kernel: ``numba`` (CPU), ``pull`` (PyTorch, per-type CSR products: the CPU fallback)
             or ``index_add`` (PyTorch push: the CUDA path); default by device.
+        rows: ``[R, Ho]`` added at row ``(pair_sample[p], pair_gene[p])`` (zero if not given).
+        relu: apply a ReLU to the result (inside the compiled kernel's pass on a CPU).
     """
     kernel = kernel or default_push_kernel(base.device)
     if kernel not in PUSH_KERNELS:
@@ -376,4 +407,6 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
                          "workbook_lib.nodemask.corrections")
     if u.dim() == 3:
         u = u.reshape(-1, u.shape[-1]).index_select(0, message_slots(corr))
-    return _Push.apply(base, u, weight, graph, corr, kernel)
+    if rows is None:
+        rows = base.new_zeros(corr.pair_gene.numel(), base.shape[-1])
+    return _Push.apply(base, u, rows, weight, graph, corr, kernel, relu)

@@ -220,3 +220,27 @@ def typed_spmm(graph, x: torch.Tensor) -> torch.Tensor:
         return _TypedSpMM.apply(x, graph.per_type, graph.per_type_t)
     s = spmm(graph.a, graph.a_t, x).view(graph.num_nodes, graph.num_types, x.shape[-1])
     return s.permute(1, 0, 2)
+
+
+class _AddRows(torch.autograd.Function):
+    """``out[index[i]] += src[i]`` into ``rows`` zero rows, tagged as a sparse product both ways
+    (its backward gathers the gradient's rows)."""
+
+    @staticmethod
+    def forward(ctx, src, index, rows):
+        ctx.save_for_backward(index)
+        out = src.new_zeros(rows, *src.shape[1:])
+        with sparse_range(src.numel()):
+            return out.index_add_(0, index, src)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        with sparse_range(index.numel() * grad[0].numel()):
+            return grad.index_select(0, index), None, None
+
+
+def add_rows(src: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[rows, ...]``: the rows of ``src`` added at ``index`` (differentiable in ``src``): a
+    scatter of messages along listed edges, counted with the sparse products."""
+    return _AddRows.apply(src, index, rows)
