@@ -151,6 +151,18 @@ def test_push_with_rows_and_relu_is_the_composition(graph, kernel):
     gp = torch.autograd.grad((plain * weights).sum(), (base, u, rows))
     for a, b in zip(gf, gp):
         assert rel(a, b) < TOL
+    # one weight per receiving gene [B, N] (sum aggregation's kept mask): as the same weight
+    # repeated over the receiver's types
+    wn = torch.rand(7, graph.num_genes, generator=g) * nb.keep
+    per_gene = push(sg, c, base, u, wn, kernel, rows=rows, relu=True)
+    per_slot = push(sg, c, base, u, wn.repeat_interleave(sg.num_types, dim=1), kernel,
+                    rows=rows, relu=True)
+    assert rel(per_gene, per_slot) < TOL
+    gn = torch.autograd.grad((per_gene * weights).sum(), (u, rows))
+    gs = torch.autograd.grad((per_slot * weights).sum(), (u, rows))
+    assert all(rel(a, b) < TOL for a, b in zip(gn, gs))
+    with pytest.raises(ValueError, match="'weight' must be"):
+        push(sg, c, base, u, wn[:, :5], kernel)
     # messages given one per (row, type) [R, T, H]: the same push
     full = torch.zeros(c.pair_gene.numel() * sg.num_types, 3)
     full[delta.message_slots(c)] = u.detach()

@@ -107,7 +107,7 @@ def test_the_delta_steps_dense_work_is_its_own_arithmetic_and_near_the_floor(gra
     c = corrections(sg.out_edges, pert)
     n, t = sg.num_nodes, sg.num_types
     r, m = c.pair_gene.numel(), c.msg_pair.numel()
-    assert m == int(sg.out_edges.sends[c.pair_gene].sum()) < r * t
+    assert m == int(sg.out_edges.sends[:, c.pair_gene].sum()) < r * t
     msgs_1 = int(c.source_gene.numel()) * t  # x0[s] W_t, every type, once per batch
     per_layer = t * n * h * h + n * h * h  # the typed map and the self term
     expected = 3 * (2 * per_layer + msgs_1 * h * h + m * h * h + r * h * h)

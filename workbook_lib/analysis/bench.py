@@ -65,7 +65,7 @@ from ..measurement.memory import is_oom
 from ..measurement.timing import Stat, interleave, sync
 from ..nodemask import SharedGraph
 from ..nodemask.floor import FloorPart
-from ..nodemask.kernels import SPARSE_TAG
+from ..nodemask.kernels import MOVE_TAG, SPARSE_TAG
 from ..records import Record
 from ..common.progress import native_stderr_to_terminal, note
 from ..strategies import build_ctx
@@ -328,7 +328,8 @@ _DENSE_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
 def achieved_rates(fn, device, variant: str, machine: dict) -> list[RateFigure]:
     """Profile one call of ``fn`` (a warm training step) and return the multiply-add rates of
     its sparse products (the ranges tagged ``SPARSE_TAG``) and of its dense matrix products
-    (outside those ranges), each beside this machine's best measured rate in ``machine``."""
+    (outside those ranges and outside ``MOVE_TAG``'s, which move rows with a product of ones),
+    each beside this machine's best measured rate in ``machine``."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.device(device).type == "cuda"
@@ -357,12 +358,16 @@ def achieved_rates(fn, device, variant: str, machine: dict) -> list[RateFigure]:
 
     def is_dense(ev) -> bool:
         return ev.name in _DENSE_OPS and (ev.flops or 0) > 0
+
+    def is_move(ev) -> bool:
+        return ev.name == MOVE_TAG
     sp_macs = sp_us = de_macs = de_us = 0.0
     for ev in prof.events():
         if is_sparse(ev) and not inside(ev, is_sparse):
             sp_macs += float(ev.name[len(SPARSE_TAG):])
             sp_us += dur(ev)
-        elif is_dense(ev) and not inside(ev, lambda p: is_sparse(p) or is_dense(p)):
+        elif is_dense(ev) and not inside(ev, lambda p: is_sparse(p) or is_dense(p)
+                                         or is_move(p)):
             de_macs += ev.flops / 2.0
             de_us += dur(ev)
     out = []

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .delta import PushPlan, default_push_kernel, grouped_messages, push
-from .kernels import (add_rows, batched_spmm, nnz, sparse_range, typed_aggregate_linear,
-                      typed_spmm)
+from .kernels import (add_rows, batched_spmm, gather_rows, nnz, selection_csr, sparse_range,
+                      typed_aggregate_linear, typed_spmm)
 
 if TYPE_CHECKING:  # names in annotations only: the graph builds batches (SharedGraph.batch)
     from .graph import OutEdges, SharedGraph
@@ -94,14 +94,27 @@ class Corrections:
     entry_source_index: torch.Tensor | None = None  # [E] entry_source as an index into it
     deleted_pair: torch.Tensor | None = None  # [D] the rows whose gene is deleted
     msg_pair: torch.Tensor | None = None  # [M] row of each message, type-major (delta layer)
-    msg_index: torch.Tensor | None = None  # [R*T] message of (row, type), -1 where none
+    msg_index: torch.Tensor | None = None  # [T*R] message of (type, row), -1 where none
     pool_drop: torch.Tensor | None = None  # [F] b*T*N + t*N + j: the deleted genes' in-edges
+    entry_msg: torch.Tensor | None = None  # [E] source index * T + type: its message's row
+    entry_pair: torch.Tensor | None = None  # [E] entry_slot // T: the row it lands on
+    msg_back: torch.Tensor | None = None  # CSR [R, M]: the messages of each row (CPU backward)
+    gene_back: torch.Tensor | None = None  # CSR [N, R]: the rows of each gene (CPU backward)
+    entry_msg_back: torch.Tensor | None = None  # CSR [G*T, E]: the entries of each message
+    entry_pair_csr: torch.Tensor | None = None  # CSR [R, E]: the entries landing on each row
+
+    # the row selections' transposes, for a CPU (a GPU's index_add_ needs no such table)
+    BACKWARD_ONLY_ON_CPU = ("msg_back", "gene_back", "entry_msg_back", "entry_pair_csr")
 
     def to(self, device) -> "Corrections":
-        def mv(t):
-            return None if t is None else t.to(device, non_blocking=True)
+        device = torch.device(device)
+
+        def mv(name, t):
+            if t is None or (name in self.BACKWARD_ONLY_ON_CPU and device.type != "cpu"):
+                return None
+            return t.to(device, non_blocking=True)
         return Corrections(**{f.name: (getattr(self, f.name) if f.name == "plan" else
-                                       mv(getattr(self, f.name))) for f in fields(self)})
+                                       mv(f.name, getattr(self, f.name))) for f in fields(self)})
 
 
 def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
@@ -138,15 +151,19 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     pair_sample, pair_gene = uniq // n, uniq % n
     plan = PushPlan(pair_sample, pair_gene, out_edges.ptr, out_edges.slot, deleted.shape[0])
     entry_slot = inv[:total] * t + e_slot % t
-    source_gene, source_index = torch.unique(e_gene, return_inverse=True)
-    # the delta layer's messages: (row, type) where the row's gene sends on that type
-    sends = out_edges.sends.to(dev)[pair_gene]  # [R, T]
-    by_type = sends.T.reshape(-1).nonzero().flatten()  # type-major: t * R + row
+    source_gene, source_of = torch.unique(genes, return_inverse=True)
+    source_index = torch.repeat_interleave(source_of, counts, output_size=total)
+    # the delta layer's messages: (row, type) where the row's gene sends on that type, listed
+    # type-major; a running count gives each its place (no division, sort or mask selection)
     r = pair_gene.numel()
-    msg_pair = by_type % r
-    msg_index = torch.full((r * t,), -1, dtype=torch.long, device=dev)
-    msg_index[msg_pair * t + by_type // r] = torch.arange(by_type.numel(), device=dev)
-    plan.type_counts = sends.sum(0).tolist()
+    sends = out_edges.sends.to(dev).index_select(1, pair_gene)  # [T, R] 0/1
+    place = torch.cumsum(sends.view(-1), 0, dtype=torch.int32).view(t, r)
+    type_counts = sends.sum(1)
+    m = int(place[-1, -1]) if r else 0
+    msg_index = (place * sends - 1).view(-1).long()  # [T*R]: type t, row p at t*R + p
+    msg_pair = torch.empty(m + 1, dtype=torch.long, device=dev).scatter_(
+        0, torch.where(msg_index >= 0, msg_index, m), torch.arange(r, device=dev).repeat(t))[:m]
+    plan.type_counts = type_counts.tolist()
     # the pooled layer's weights: sample b loses the in-edges (j -> s, type t) of each deleted s
     in_ptr, in_slot = out_edges.in_ptr.to(dev), out_edges.in_slot.to(dev)
     icount = in_ptr[genes + 1] - in_ptr[genes]
@@ -154,17 +171,26 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     i_first = torch.repeat_interleave(in_ptr[genes], icount, output_size=itotal)
     i_within = torch.arange(itotal, device=dev) - torch.repeat_interleave(
         torch.cumsum(icount, 0) - icount, icount, output_size=itotal)
-    i_slot = in_slot[i_first + i_within]
     i_sample = torch.repeat_interleave(samples, icount, output_size=itotal)
-    pool_drop = (i_sample * t + i_slot % t) * n + i_slot // t
+    pool_drop = i_sample * (t * n) + in_slot[i_first + i_within]
     deleted_pair = is_del.nonzero().flatten()
     plan.num_deleted = int(deleted_pair.numel())
+    # the backward's scatters as sparse products (CPU): each row's messages, each gene's rows
+    row_major = msg_index.view(t, r).T.reshape(-1)
+    msg_back = selection_csr(msg_pair, r, order=row_major[row_major >= 0])
+    gene_back = selection_csr(pair_gene, n)
+    entry_msg = source_index * t + e_slot % t
+    entry_pair = inv[:total]
+    entry_msg_back = selection_csr(entry_msg, source_gene.numel() * t)
+    entry_pair_csr = selection_csr(entry_pair, r)
     return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
                        entry_slot=entry_slot, entry_source=e_gene,
                        pair_out=plan.pair_out.to(dev), changed_slot=torch.unique(entry_slot),
                        plan=plan, source_gene=source_gene, entry_source_index=source_index,
                        deleted_pair=deleted_pair, msg_pair=msg_pair, msg_index=msg_index,
-                       pool_drop=pool_drop)
+                       pool_drop=pool_drop, entry_msg=entry_msg, entry_pair=entry_pair,
+                       msg_back=msg_back, gene_back=gene_back, entry_msg_back=entry_msg_back,
+                       entry_pair_csr=entry_pair_csr)
 
 
 @dataclass
@@ -275,6 +301,17 @@ class NodeMaskBatch:
             src = self._host_deleted if self._host_deleted is not None else self.deleted
             self._corrections = corrections(self.graph.out_edges, src).to(self.graph.device)
         return self._corrections
+
+    def _on_deleted_rows(self, rows: torch.Tensor, wild: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+        """``rows`` ``[R, H]`` plus ``scale * wild[gene]`` at the correction rows whose gene is
+        deleted (``k`` per sample: a short list, not a gather of every row)."""
+        c = self.corrections()
+        if c.deleted_pair is None:
+            d = (~c.pair_deleted).to(rows.dtype).unsqueeze(1)
+            return rows + scale * (1.0 - d) * wild.index_select(0, c.pair_gene)
+        genes = c.pair_gene.index_select(0, c.deleted_pair)
+        return rows.index_add(0, c.deleted_pair, wild.index_select(0, genes), alpha=scale)
 
     @staticmethod
     def _wsum(weight: torch.Tensor, t: int) -> torch.Tensor:
@@ -455,18 +492,18 @@ class NodeMaskBatch:
         # each deleted gene's messages x0[s] W_t, once per batch (not x0 W_t for every gene)
         w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
         xw = (x0.index_select(0, c.source_gene) @ w_push).view(-1, ho)  # [G*T, Ho]
-        msgs = xw.index_select(0, c.entry_source_index * t + c.entry_slot % t)  # [E_k, Ho]
+        msgs = gather_rows(xw, c.entry_msg, c.entry_msg_back)  # [E_k, Ho]
         r = gene.numel()
         if g.aggr == "mean":
             new_inv, change = self._mean_row_terms(sw, x0.dtype)
             msgs = msgs * new_inv.reshape(-1).index_select(0, c.entry_slot).unsqueeze(-1)
         else:
             change = None
-        lost = add_rows(msgs, c.entry_slot // t, r)
+        lost = add_rows(msgs, c.entry_pair, r, c.entry_pair_csr)
         delta = change - lost if change is not None else -lost
         # a deleted gene aggregates nothing: its row loses the whole aggregation term
-        delta = delta * kept - (1.0 - kept) * agg_lin.index_select(0, gene)
-        wt_rows = wt.index_select(0, gene)
+        delta = self._on_deleted_rows(delta * kept, agg_lin, -1.0)
+        wt_rows = gather_rows(wt, gene, c.gene_back)
         new_rows = wt_rows + delta
         if relu:
             wt, wt_rows, new_rows = torch.relu(wt), torch.relu(wt_rows), torch.relu(new_rows)
@@ -497,8 +534,8 @@ class NodeMaskBatch:
         gene = c.pair_gene
         kept = (~c.pair_deleted).to(h1.dtype).unsqueeze(1)
         # D_b h1_b - h1 at the correction rows: the change, or minus the whole row if deleted
-        e = d1 * kept - (1.0 - kept) * h1.index_select(0, gene)
-        u = grouped_messages(e, weight, c.msg_pair, c.plan.type_counts)  # [M, Ho]
+        e = self._on_deleted_rows(d1 * kept, h1, -1.0)
+        u = grouped_messages(e, weight, c.msg_pair, c.plan.type_counts, c.msg_back)  # [M, Ho]
         sw, agg_lin = self._typed_linear(h1, weight)
         wsum = self._wsum(weight, t)
         selfwt = (1.0 + eps) * (h1 @ wsum.T)
@@ -513,8 +550,8 @@ class NodeMaskBatch:
             w = (inv * keep).view(self.batch_size, n * t)
             corr = corr + change * kept
         else:
-            w = keep.expand(self.batch_size, n, t).reshape(self.batch_size, n * t)
-        corr = corr - (1.0 - kept) * agg_lin.index_select(0, gene)
+            w = self.keep  # [B, N]: one weight per receiving gene
+        corr = self._on_deleted_rows(corr, agg_lin, -1.0)
         base = agg_lin + selfwt
         out = push(g, c, base, u, w, self.push_kernel, rows=corr, relu=relu)
         if with_wildtype:

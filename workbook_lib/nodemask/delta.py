@@ -8,37 +8,46 @@ genes, so for sum aggregation
 
     ``sum_t A_t (D_b h1_b) W_t^T = sum_t A_t h1 W_t^T + sum_t A_t (e_b W_t^T)``:
 
-the wildtype part is one product per batch, and each sample adds a *push* of
-``u_b = e_b W_t^T`` (``|R_b| x H x T x H_out`` dense work) along the out-edges of ``R_b`` only
-(``|edges leaving R_b| x H_out``), not all ``E`` edges. Mean aggregation divides each message
-by the receiving row's per-sample degree ``deg_tb`` (it differs from the wildtype's only at the
-out-neighbours of deleted genes) and corrects the wildtype part on those rows with
+the wildtype part is one product per batch, and each sample adds a *push* of the messages
+``e_b[r] W_t^T`` along the out-edges of ``R_b`` only (``|edges leaving R_b| x H_out``), not all
+``E`` edges. A row forms a message only for the edge types its gene sends on (5.9 of 9 on the
+real graph's changed rows): :func:`grouped_messages` lists them by type and makes one product
+per type for the whole batch (``M x H x H_out`` dense work, ``M`` the messages; the weight
+gradient is batched over samples). Mean aggregation divides each message by the receiving row's
+per-sample degree ``deg_tb`` (it differs from the wildtype's only at the out-neighbours of
+deleted genes) and corrects the wildtype part on those rows with
 ``S_t (1 / deg_tb - 1 / deg_t) W_t^T`` (``S`` the wildtype sums): exact as well.
 
-The push (:func:`push`) is a column-sliced sparse product. Stock PyTorch has none that is fast on
-a CPU (``index_add_`` of gathered messages, CSC products and column-filtered CSR builds all cost
-about as much as the full product there), so two kernels compute it:
+The push (:func:`push`) is a column-sliced sparse product; it also adds the correction rows'
+own terms (``rows``) and applies the layer's ReLU, so that the compiled kernel passes over each
+sample's ``[N, H]`` slab once, forward and backward (the ReLU's gradient, the wildtype part's
+gradient summed over samples and the rows' gradients are taken in the same pass). Stock PyTorch
+has no fast column-sliced product on a CPU (``index_add_`` of gathered messages, CSC products
+and column-filtered CSR builds all cost about as much as the full product there), so three
+kernels compute it:
 
 * ``numba`` (CPU default when ``numba`` is installed): a compiled loop, parallel over samples
   (each sample writes only its own ``[N, H]`` slab, which stays in a core's cache, so no atomics);
-  its backward is a gather, parallel over the rows of ``R_b``. Numba is the maintained way to
-  compile such a loop that installs from PyPI as a wheel on a fresh machine (no compiler needed
-  at run time, unlike ``torch.utils.cpp_extension``).
+  its backward is a gather, parallel over chunks of samples (each chunk its own buffers). Numba is
+  the maintained way to compile such a loop that installs from PyPI as a wheel on a fresh
+  machine (no compiler needed at run time, unlike ``torch.utils.cpp_extension``).
 * ``pull`` (PyTorch only: the CPU fallback without numba): per sample and type, ``A_t`` times
   the changed rows scattered into a zero operand: the full product's sparse work, none of its
   dense work (1.6-1.8x slower per step than ``numba`` on this project's 2-core CPU). Falling
-  back to it warns once per process (a ``UserWarning``: :class:`PushKernelFallback`), and the kernel a step used is named in
-  the benchmark's labels and results (``default_push_kernel_reason`` says why);
+  back to it warns once per process (a ``UserWarning``: :class:`PushKernelFallback`), and the
+  kernel a step used is named in the benchmark's labels and results
+  (``default_push_kernel_reason`` says why);
 * ``index_add`` (PyTorch; the CUDA default, where ``index_add_`` is native): per sample, the
   out-edges of ``R_b`` are enumerated on the device with sizes known on the host (no sync) and
   the gathered messages are added with ``index_add_``. On a CPU, ``index_add_`` of many rows is
   slow (measured here: a push over 14.7M entries at H = 64 took 9.6 s on one thread against
   0.28 s compiled).
 
-Both give the same result as the plain reference (float32 rounding), outputs and gradients; the
-test suite runs both. With more than three layers, layers between the second and the last need
-the full per-sample product (by then nearly every gene has changed): only the second layer is
-delta-propagated.
+All give the same result as the plain reference (float32 rounding), outputs and gradients; the
+test suite runs every kernel. With more than three layers, layers between the second and the
+last need the full per-sample product (by then nearly every gene has changed): only the second
+layer is delta-propagated. What an exact sample needs at the least is
+:mod:`workbook_lib.nodemask.floor`.
 """
 from __future__ import annotations
 
@@ -48,7 +57,7 @@ import warnings
 import numpy as np
 import torch
 
-from .kernels import sparse_range
+from .kernels import MOVE_TAG, sparse_range
 
 PUSH_KERNELS = ("numba", "pull", "index_add")
 
@@ -80,9 +89,10 @@ def _numba_kernels():
         return _NUMBA
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
-    def fwd(out, base, u, rows, pair_ptr, pair_gene, ptr, node, etype, slot, msg_index, t,
+    def fwd(out, base, u, rows, pair_ptr, pair_gene, ptr, node, etype, widx, msg_index, t,
             w, relu):  # pragma: no cover - jitted
         nb, n_nodes, ho = out.shape
+        r = pair_gene.shape[0]
         for b in prange(nb):  # one sample's slab per thread: it stays in cache, no atomics
             for n in range(n_nodes):
                 for j in range(ho):
@@ -90,9 +100,9 @@ def _numba_kernels():
             for p in range(pair_ptr[b], pair_ptr[b + 1]):
                 s = pair_gene[p]
                 for e in range(ptr[s], ptr[s + 1]):
-                    c = w[b, slot[e]]
+                    c = w[b, widx[e]]
                     if c != 0.0:
-                        q = msg_index[p * t + etype[e]]
+                        q = msg_index[etype[e] * r + p]
                         n = node[e]
                         for j in range(ho):
                             out[b, n, j] += c * u[q, j]
@@ -107,10 +117,11 @@ def _numba_kernels():
                             out[b, n, j] = 0.0
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
-    def bwd(gu, grows, gbase, scratch, g, out, pair_ptr, pair_gene, ptr, node, etype, slot,
+    def bwd(gu, grows, gbase, scratch, g, out, pair_ptr, pair_gene, ptr, node, etype, widx,
             msg_index, t, w, relu):  # pragma: no cover - jitted
         nb, n_nodes, ho = g.shape
         chunks = gbase.shape[0]
+        r = pair_gene.shape[0]
         for ch in prange(chunks):  # samples ch, ch + chunks, ...: each chunk its own buffers
             sc = scratch[ch]
             for b in range(ch, nb, chunks):
@@ -125,10 +136,15 @@ def _numba_kernels():
                     s = pair_gene[p]
                     for j in range(ho):
                         grows[p, j] = sc[s, j]
+                    for ty in range(t):  # this row's messages: zeroed here, not in a pass
+                        q = msg_index[ty * r + p]
+                        if q >= 0:
+                            for j in range(ho):
+                                gu[q, j] = 0.0
                     for e in range(ptr[s], ptr[s + 1]):
-                        c = w[b, slot[e]]
+                        c = w[b, widx[e]]
                         if c != 0.0:
-                            q = msg_index[p * t + etype[e]]
+                            q = msg_index[etype[e] * r + p]
                             n = node[e]
                             for j in range(ho):
                                 gu[q, j] += c * sc[n, j]
@@ -218,6 +234,12 @@ def _enumerate(plan: PushPlan, b: int, pair_gene: torch.Tensor, pair_out: torch.
     return rows, slot[start + within]
 
 
+def _weight_column(sl: torch.Tensor, w: torch.Tensor, n: int, t: int) -> torch.Tensor:
+    """The column of ``w`` weighing out-edges landing on slots ``sl``: the slot itself for
+    ``[B, N*T]`` weights, the receiving gene for ``[B, N]`` ones."""
+    return sl if w.shape[1] == n * t else sl // t
+
+
 def _index_add_forward(out, u, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
     flat = out.view(-1, out.shape[-1])
@@ -225,8 +247,9 @@ def _index_add_forward(out, u, w, graph, corr):
         if plan.entries[b]:
             rows, sl = _enumerate(plan, b, corr.pair_gene, corr.pair_out, graph.out_ptr,
                                   graph.out_slot)
-            q = corr.msg_index.index_select(0, rows * t + sl % t)
-            msg = u.index_select(0, q) * w[b].index_select(0, sl).unsqueeze(-1)
+            q = corr.msg_index.index_select(0, (sl % t) * corr.pair_gene.numel() + rows)
+            msg = u.index_select(0, q) * w[b].index_select(0, _weight_column(sl, w, n, t)
+                                                          ).unsqueeze(-1)
             flat.index_add_(0, b * n + sl // t, msg)
 
 
@@ -237,8 +260,9 @@ def _index_add_backward(gu, grad, w, graph, corr):
         if plan.entries[b]:
             rows, sl = _enumerate(plan, b, corr.pair_gene, corr.pair_out, graph.out_ptr,
                                   graph.out_slot)
-            q = corr.msg_index.index_select(0, rows * t + sl % t)
-            msg = gflat.index_select(0, b * n + sl // t) * w[b].index_select(0, sl).unsqueeze(-1)
+            q = corr.msg_index.index_select(0, (sl % t) * corr.pair_gene.numel() + rows)
+            msg = gflat.index_select(0, b * n + sl // t) * w[b].index_select(
+                0, _weight_column(sl, w, n, t)).unsqueeze(-1)
             gu.index_add_(0, q, msg)
 
 
@@ -259,7 +283,7 @@ def _pull_forward(out, u, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
     full = u.new_zeros(corr.pair_gene.numel() * t, u.shape[-1]).index_copy_(
         0, message_slots(corr), u).view(-1, t, u.shape[-1])
-    wv = w.view(w.shape[0], n, t)
+    wv = w.view(w.shape[0], n, -1).expand(w.shape[0], n, t)
     dense = u.new_zeros(t, n, u.shape[-1])
     for b in range(len(plan.ranges) - 1):
         lo, hi = plan.ranges[b], plan.ranges[b + 1]
@@ -275,7 +299,7 @@ def _pull_forward(out, u, w, graph, corr):
 def _pull_backward(gu, grad, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
     full = gu.new_zeros(corr.pair_gene.numel(), t, gu.shape[-1])
-    wv = w.view(w.shape[0], n, t)
+    wv = w.view(w.shape[0], n, -1).expand(w.shape[0], n, t)
     for b in range(len(plan.ranges) - 1):
         lo, hi = plan.ranges[b], plan.ranges[b + 1]
         if hi == lo:
@@ -287,8 +311,57 @@ def _pull_backward(gu, grad, w, graph, corr):
     gu.copy_(full.view(-1, gu.shape[-1]).index_select(0, message_slots(corr)))
 
 
+class _GroupedMessages(torch.autograd.Function):
+    """``u[m] = e[msg_pair[m]] W_t^T`` for the messages of each type ``t`` in turn, written in
+    place (no concatenation); backward: the messages' gradients mapped back per type, added to
+    their rows with ``back`` (:func:`~workbook_lib.nodemask.kernels.gather_rows`), and each
+    type's weight gradient one product over every sample's rows."""
+
+    @staticmethod
+    def forward(ctx, e, weight, msg_pair, counts, back):
+        hd, ho = e.shape[-1], weight.shape[0]
+        ec = e.index_select(0, msg_pair)  # [M, H]
+        out = e.new_empty(ec.shape[0], ho)
+        lo = 0
+        for i, m in enumerate(counts):
+            if m:
+                torch.mm(ec[lo:lo + m], weight[:, i * hd:(i + 1) * hd].T, out=out[lo:lo + m])
+            lo += m
+        ctx.counts, ctx.back, ctx.rows = counts, back, e.shape[0]
+        ctx.save_for_backward(ec, weight, msg_pair)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        ec, weight, msg_pair = ctx.saved_tensors
+        hd = ec.shape[-1]
+        grad = grad.contiguous()
+        ge = gw = None
+        if ctx.needs_input_grad[0]:
+            gec = torch.empty_like(ec)
+            lo = 0
+            for i, m in enumerate(ctx.counts):
+                if m:
+                    torch.mm(grad[lo:lo + m], weight[:, i * hd:(i + 1) * hd],
+                             out=gec[lo:lo + m])
+                lo += m
+            if ctx.back is not None and gec.device.type == "cpu":
+                with torch.profiler.record_function(MOVE_TAG):
+                    ge = torch.sparse.mm(ctx.back, gec)
+            else:
+                ge = gec.new_zeros(ctx.rows, hd).index_add_(0, msg_pair, gec)
+        if ctx.needs_input_grad[1]:
+            gw = weight.new_zeros(weight.shape)
+            lo = 0
+            for i, m in enumerate(ctx.counts):
+                if m:
+                    gw[:, i * hd:(i + 1) * hd] = grad[lo:lo + m].T @ ec[lo:lo + m]
+                lo += m
+        return ge, gw, None, None, None
+
+
 def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tensor,
-                     type_counts: list[int]) -> torch.Tensor:
+                     type_counts: list[int], back: torch.Tensor | None = None) -> torch.Tensor:
     """``[M, H_out]``: the messages ``e[msg_pair[m]] W_t^T``, grouped by type ``t``
     (``type_counts[t]`` rows each, in order): one product per type for the whole batch, so
     that a row forms only the types its gene sends on, and each type's weight gradient is one
@@ -299,12 +372,16 @@ def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tens
         weight: ``[H_out, T*H]`` the layer's weight (type-major input features).
         msg_pair: ``[M]`` the row of each message.
         type_counts: messages per type (host ints: the split needs no device read).
+        back: optional CSR ``[R, M]``, each row's messages (``Corrections.msg_back``): the
+            backward adds the messages' gradients to their rows with one sparse product (CPU).
     """
     t, hd = len(type_counts), e.shape[-1]
     if weight.shape[1] != t * hd:
         raise ValueError(f"'weight' must be [H_out, {t}*{hd}] (got {list(weight.shape)})")
-    parts = e.index_select(0, msg_pair).split(type_counts)
-    return torch.cat([part @ weight[:, i * hd:(i + 1) * hd].T for i, part in enumerate(parts)])
+    if sum(type_counts) != msg_pair.numel():
+        raise ValueError(f"'type_counts' sum to {sum(type_counts)}, 'msg_pair' has "
+                         f"{msg_pair.numel()} messages")
+    return _GroupedMessages.apply(e, weight, msg_pair, list(type_counts), back)
 
 
 class _Push(torch.autograd.Function):
@@ -324,7 +401,7 @@ class _Push(torch.autograd.Function):
                 _numba_kernels()[0](
                     _np(out), _np(base), _np(u), _np(rows), _np(corr.plan.pair_ptr),
                     _np(corr.pair_gene.long()), _np(graph.out_edges.ptr), _np(graph.out_node),
-                    _np(graph.out_type), _np(graph.out_edges.slot), _np(corr.msg_index),
+                    _np(graph.out_type), _np(_weight_index(graph, w)), _np(corr.msg_index),
                     graph.num_types, _np(w), relu)
             else:
                 out = base.unsqueeze(0).repeat(bsz, 1, 1)  # new memory even for B = 1
@@ -342,7 +419,7 @@ class _Push(torch.autograd.Function):
         graph, corr, kernel, u_shape, relu = ctx.args
         w, out = ctx.saved_tensors
         grad = grad.contiguous()
-        gu = grad.new_zeros(u_shape)
+        gu = grad.new_empty(u_shape) if kernel == "numba" else grad.new_zeros(u_shape)
         with sparse_range(corr.plan.total_entries * u_shape[-1]):
             if kernel == "numba":
                 _numba_threads()
@@ -355,7 +432,7 @@ class _Push(torch.autograd.Function):
                     _np(gu), _np(grows), _np(parts), _np(scratch), _np(grad),
                     _np(out if relu else grad), _np(corr.plan.pair_ptr),
                     _np(corr.pair_gene.long()), _np(graph.out_edges.ptr), _np(graph.out_node),
-                    _np(graph.out_type), _np(graph.out_edges.slot), _np(corr.msg_index),
+                    _np(graph.out_type), _np(_weight_index(graph, w)), _np(corr.msg_index),
                     graph.num_types, _np(w), relu)
                 gbase = parts.sum(0)
             else:
@@ -365,6 +442,12 @@ class _Push(torch.autograd.Function):
                 (_pull_backward if kernel == "pull" else _index_add_backward)(
                     gu, g, w, graph, corr)
         return gbase, gu, grows, None, None, None, None, None
+
+
+def _weight_index(graph, w: torch.Tensor) -> torch.Tensor:
+    """Per out-edge, its column in ``w``: the slot (``[B, N*T]``) or the receiver (``[B, N]``)."""
+    return graph.out_edges.slot if w.shape[1] == graph.num_nodes * graph.num_types \
+        else graph.out_node
 
 
 def _numba_threads() -> None:
@@ -379,7 +462,9 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
     """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each correction row's
     messages pushed along its gene's out-edges of their type, each scaled by
     ``weight[b, n*T + t]`` (``[B, N*T]``: 0 for a deleted receiver, 1/degree for mean
-    aggregation), plus ``rows`` at the correction rows themselves, then a ReLU if ``relu``.
+    aggregation) or ``weight[b, n]`` (``[B, N]``: one weight per receiving gene, e.g. the kept
+    mask for sum aggregation), plus ``rows`` at the correction rows themselves, then a ReLU if
+    ``relu``.
     Differentiable in ``base``, ``u`` and ``rows``.
 
     Args:
@@ -405,6 +490,10 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
     if corr.plan is None or corr.pair_out is None or corr.msg_index is None:
         raise ValueError("these corrections carry no push plan: build them with "
                          "workbook_lib.nodemask.corrections")
+    n, t = graph.num_nodes, graph.num_types
+    if weight.dim() != 2 or weight.shape[1] not in (n, n * t):
+        raise ValueError(f"'weight' must be [B, N*T] (per receiving slot) or [B, N] (per "
+                         f"receiving gene) with N={n}, T={t} (got {list(weight.shape)})")
     if u.dim() == 3:
         u = u.reshape(-1, u.shape[-1]).index_select(0, message_slots(corr))
     if rows is None:

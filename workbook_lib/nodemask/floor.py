@@ -142,7 +142,7 @@ def work_floor(graph, corr, hidden: int, layers: int, dual: bool = True) -> Work
     ps, pg = corr.pair_sample.cpu(), corr.pair_gene.cpu()
     is_del = corr.pair_deleted.cpu()
     b, r = len(corr.plan.ranges) - 1, int(pg.numel())
-    tau = oe.sends[pg].sum(1)  # the types each changed row's gene sends on
+    tau = oe.sends[:, pg].sum(0)  # the types each changed row's gene sends on
     keep = torch.ones(b, n, dtype=torch.bool)
     keep[ps[is_del], pg[is_del]] = False
     # the deleted genes' out-edges (first layer) and in-edges (pooled weights), per sample
@@ -177,7 +177,7 @@ def work_floor(graph, corr, hidden: int, layers: int, dual: bool = True) -> Work
     # and those whose pooled weight differs: the deleted genes' in-neighbours
     pooled_rows = changed2.clone().view(-1)
     pooled_rows[drop_sample * n + drop % n] = True
-    g_msgs = float(oe.sends[corr.source_gene.cpu()].sum())
+    g_msgs = float(oe.sends[:, corr.source_gene.cpu()].sum())
     parts: dict[str, FloorPart] = {}
     parts["layer 1 wildtype"] = _part(("sparse", _sparse(e, h, n, n * t)),
                                       ("dense", _dense(n, t * h, h)))

@@ -36,11 +36,11 @@ class OutEdges:
     """Host copy of every gene's out-edges: ``slot[ptr[s]:ptr[s+1]]`` are the (gene, type)
     slots ``n*T + t`` gene ``s`` sends to. Small and picklable (DataLoader workers use it).
 
-    ``sends[s, t]``: gene ``s`` has an out-edge of type ``t`` (the delta layer forms a message of
-    that type for a changed row only then); ``in_slot[in_ptr[s]:in_ptr[s+1]]`` are the
-    (source ``j``, type ``t``) slots ``j*T + t`` of gene ``s``'s in-edges (the pooled layer's
-    weights lose exactly those when ``s`` is deleted). Built by :func:`out_edges_of` when not
-    given."""
+    ``sends[t, s]``: 1 when gene ``s`` has an out-edge of type ``t`` (the delta layer forms a
+    message of that type for a changed row only then), else 0 (``[T, N]`` int32); ``in_slot[in_ptr[s]:in_ptr[s+1]]`` are the
+    (type ``t``, source ``j``) places ``t*N + j`` of gene ``s``'s in-edges in the pooled layer's
+    ``[T, N]`` weights (they lose exactly those when ``s`` is deleted). Built by
+    :func:`out_edges_of`."""
 
     ptr: torch.Tensor
     slot: torch.Tensor
@@ -60,11 +60,11 @@ def out_edges_of(a: torch.Tensor, num_nodes: int, num_types: int) -> OutEdges:
     at = transpose(a)
     ptr, slot = at.crow_indices().long(), at.col_indices().long()
     src = torch.repeat_interleave(torch.arange(n), ptr[1:] - ptr[:-1])
-    sends = torch.zeros(n, t, dtype=torch.bool)
-    sends[src, slot % t] = True
+    sends = torch.zeros(t, n, dtype=torch.int32)
+    sends[slot % t, src] = 1
     row_type = torch.repeat_interleave(torch.arange(n * t) % t, crow[1:] - crow[:-1])
     return OutEdges(ptr, slot, n, t, sends=sends, in_ptr=crow[::t].contiguous(),
-                    in_slot=col * t + row_type)
+                    in_slot=row_type * n + col)
 
 
 def edge_index_dict(graph) -> tuple[dict[str, torch.Tensor], int | None]:
