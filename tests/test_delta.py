@@ -284,3 +284,20 @@ def test_footprint_counts_changed_genes_and_messages_by_hand():
     isolated = {(x.layer, x.edge_type): x for x in footprint(g, torch.tensor([[4]]), 2)}
     assert isolated[(2, "all")].genes.median == pytest.approx(1 / 5)
     assert isolated[(2, "all")].edges.median == 0
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+def test_numba_threads_block_instead_of_spinning(graph):
+    """The compiled push runs on numba's workqueue layer (its OpenMP layer's spinning threads
+    starve PyTorch's next operations on a machine with as many cores as threads), unless the
+    user chose a layer."""
+    import os
+
+    if os.environ.get("NUMBA_THREADING_LAYER"):
+        pytest.skip("the user chose numba's threading layer")
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    nb = sg.batch(perturbations(graph.num_genes)[:3], push_kernel="numba")
+    c = nb.corrections()
+    push(sg, c, torch.zeros(graph.num_genes, 2), torch.ones(c.msg_pair.numel(), 2), nb.keep,
+         "numba")
+    assert delta.numba_threading_layer() == delta.THREADING_LAYER == "workqueue"

@@ -64,6 +64,7 @@ from ..data.snapshots import induced_subgraph, load_snapshot
 from ..measurement.memory import is_oom
 from ..measurement.timing import Stat, interleave, sync
 from ..nodemask import SharedGraph
+from ..nodemask.delta import numba_threading_layer
 from ..nodemask.floor import FloorPart
 from ..nodemask.kernels import MOVE_TAG, SPARSE_TAG
 from ..records import Record
@@ -269,6 +270,7 @@ class BenchResult(Record):
     rounds: int = 0
     seconds: float = 0.0
     push_kernel: str = ""  # the delta push's kernel in the timed steps ("" : no delta form ran)
+    push_threads: str = ""  # numba's threading layer when the push ran compiled
     shared_form: str = ""  # the path of the step timed as "shared" ("delta, push numba"...)
     run_layers: int | None = None  # the run's model depth (the benchmark's is sizes["layers"])
     ratio_vs_dango_sample: Stat | None = None  # shared / wildtype, per sample each
@@ -685,6 +687,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         ratio_vs_dango_sample=ratio("shared", "wildtype"), floor=floor,
         machine=machine, kernels=kernels, skipped=skipped, notes=notes, rounds=res.rounds,
         seconds=time.perf_counter() - t0, push_kernel=push_kernel,
+        push_threads=numba_threading_layer() if push_kernel == "numba" else "",
         shared_form=shared_form, run_layers=run_layers)
 
 
@@ -772,7 +775,8 @@ def summary_lines(r: BenchResult) -> list[str]:
     s = r.sizes
     lines = [f"bench on {r.device}: {s['edges']:,} edges, H={s['hidden']}, L={s['layers']}, "
              f"k={s['k']}; {r.rounds} interleaved rounds, {r.seconds:.0f} s; delta push kernel: "
-             f"{r.push_kernel or 'none (no delta form ran)'}",
+             f"{r.push_kernel or 'none (no delta form ran)'}"
+             + (f" ({r.push_threads} threads)" if r.push_threads else ""),
              f"{'variant':28s} {'B':>4s} {'ms/sample':>11s} {'IQR':>8s} {'n':>3s}"]
     for k, v in r.per_sample_s.items():
         what = v.batch_reason if k.startswith("repl") else v.label

@@ -30,7 +30,9 @@ kernels compute it:
   (each sample writes only its own ``[N, H]`` slab, which stays in a core's cache, so no atomics);
   its backward is a gather, parallel over chunks of samples (each chunk its own buffers). Numba is
   the maintained way to compile such a loop that installs from PyPI as a wheel on a fresh
-  machine (no compiler needed at run time, unlike ``torch.utils.cpp_extension``).
+  machine (no compiler needed at run time, unlike ``torch.utils.cpp_extension``). Its threads
+  run on numba's ``workqueue`` layer (:data:`THREADING_LAYER`: they block between launches
+  instead of spinning beside PyTorch's threads).
 * ``pull`` (PyTorch only: the CPU fallback without numba): per sample and type, ``A_t`` times
   the changed rows scattered into a zero operand: the full product's sparse work, none of its
   dense work (1.6-1.8x slower per step than ``numba`` on this project's 2-core CPU). Falling
@@ -66,6 +68,13 @@ _WARNED_FALLBACK = False  # the pull fallback has been announced in this process
 
 NO_NUMBA_ENV = "WORKBOOK_NO_NUMBA"  # set (non-empty): behave as if numba were not installed
 
+# numba's threads wait for work blocked, not spinning: its default OpenMP layer keeps its threads
+# spinning after each parallel region, and on a machine with as many cores as PyTorch's threads
+# they starve PyTorch's next operations (measured inside the backward on the 2-core machine: a
+# 1.7 MB zeros took 15 ms and an 84-row index_add_ 150 ms after the push, 0.2 and 0.07 ms with
+# 'workqueue'). Applied before numba's first parallel launch, unless NUMBA_THREADING_LAYER is set.
+THREADING_LAYER = "workqueue"
+
 
 class PushKernelFallback(UserWarning):
     """The delta push fell back to the slower ``pull`` kernel (numba unavailable). Notebooks
@@ -87,6 +96,8 @@ def _numba_kernels():
     except ImportError:
         _NUMBA = False
         return _NUMBA
+    if not os.environ.get("NUMBA_THREADING_LAYER"):  # a user's explicit choice is kept
+        numba.config.THREADING_LAYER = THREADING_LAYER
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
     def fwd(out, base, u, rows, pair_ptr, pair_gene, ptr, node, etype, widx, msg_index, t,
@@ -157,6 +168,19 @@ def _np(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor, sharing memory (through DLPack: not a host copy, and not
     counted as one by :mod:`workbook_lib.measurement.syncs`)."""
     return np.from_dlpack(t.detach())
+
+
+def numba_threading_layer() -> str:
+    """The threading layer numba's parallel kernels run on in this process ("" without numba;
+    the configured one until the first parallel launch)."""
+    kernels = _numba_kernels()
+    if not kernels:
+        return ""
+    numba = kernels[2]
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel launch yet
+        return str(numba.config.THREADING_LAYER)
 
 
 def numba_available() -> bool:
