@@ -193,17 +193,28 @@ def _spy_step(graph, layers, middle, kernel, monkeypatch):
     """One training step of strategy 6; returns (its path label, delta layers run, kernels
     pushed with)."""
     calls = {"delta": 0, "kernels": []}
-    real_delta, real_push = NodeMaskBatch.delta_layer, delta.push
+    real_delta, real_pooled = NodeMaskBatch.delta_layer, NodeMaskBatch.delta_pooled_layer
+    real_push, real_push_pooled = delta.push, delta.push_pooled
 
     def spy_delta(self, *a, **k):
         calls["delta"] += 1
         return real_delta(self, *a, **k)
 
+    def spy_delta_pooled(self, *a, **k):
+        calls["delta"] += 1
+        return real_pooled(self, *a, **k)
+
     def spy_push(g, c, base, u, w, kernel=None, **kw):
         calls["kernels"].append(kernel)
         return real_push(g, c, base, u, w, kernel, **kw)
+
+    def spy_push_pooled(g, c, base, u, w, pool, kernel=None, **kw):
+        calls["kernels"].append(kernel)
+        return real_push_pooled(g, c, base, u, w, pool, kernel, **kw)
     monkeypatch.setattr(NodeMaskBatch, "delta_layer", spy_delta)
+    monkeypatch.setattr(NodeMaskBatch, "delta_pooled_layer", spy_delta_pooled)
     monkeypatch.setattr("workbook_lib.nodemask.batch.push", spy_push)
+    monkeypatch.setattr("workbook_lib.nodemask.batch.push_pooled", spy_push_pooled)
     model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=4, layers=layers, seed=1)
     s = make_strategy("node_mask_shared", graph, aggr="sum", middle=middle, push_kernel=kernel)
     pert = torch.tensor([[0, 3], [5, -1], [7, 8]])

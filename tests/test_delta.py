@@ -301,3 +301,31 @@ def test_numba_threads_block_instead_of_spinning(graph):
     push(sg, c, torch.zeros(graph.num_genes, 2), torch.ones(c.msg_pair.numel(), 2), nb.keep,
          "numba")
     assert delta.numba_threading_layer() == delta.THREADING_LAYER == "workqueue"
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+@pytest.mark.parametrize("per", ["gene", "slot"])
+def test_push_pooled_in_one_pass_is_the_push_then_the_weighted_sums(graph, per):
+    """The compiled push with the pooled layer's weighted sums taken inside it (the [B, N, H]
+    output never written) against the push, then a batched product: values and gradients, for
+    weights per receiving gene (sum aggregation) and per receiving slot (mean)."""
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    nb = sg.batch(perturbations(graph.num_genes)[:9], push_kernel="numba")
+    c = nb.corrections()
+    g = torch.Generator().manual_seed(8)
+    n, t = graph.num_genes, sg.num_types
+    base = torch.randn(n, 4, generator=g, requires_grad=True)
+    u = torch.randn(c.msg_pair.numel(), 4, generator=g, requires_grad=True)
+    rows = torch.randn(c.pair_gene.numel(), 4, generator=g, requires_grad=True)
+    w = torch.rand(9, n if per == "gene" else n * t, generator=g)
+    pool = torch.rand(9, t + 1, n, generator=g)
+    fused = delta.push_pooled(sg, c, base, u, w, pool, "numba", rows=rows)
+    plain = torch.bmm(pool, push(sg, c, base, u, w, "numba", rows=rows, relu=True))
+    assert fused.shape == (9, t + 1, 4) and rel(fused, plain) < TOL
+    gw = torch.randn(9, t + 1, 4, generator=g)
+    gf = torch.autograd.grad((fused * gw).sum(), (base, u, rows))
+    gp = torch.autograd.grad((plain * gw).sum(), (base, u, rows))
+    for a, b in zip(gf, gp):
+        assert rel(a, b) < TOL
+    with pytest.raises(ValueError, match="'pool' must be"):
+        delta.push_pooled(sg, c, base, u, w, pool[:, :, :5], "numba")

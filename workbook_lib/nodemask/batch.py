@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .delta import PushPlan, default_push_kernel, grouped_messages, push
+from .delta import PushPlan, default_push_kernel, grouped_messages, push, push_pooled
 from .kernels import (add_rows, batched_spmm, gather_rows, nnz, selection_csr, sparse_range,
                       typed_aggregate_linear, typed_spmm)
 
@@ -510,6 +510,40 @@ class NodeMaskBatch:
         return DeltaFeatures(wildtype=wt, delta=new_rows - wt_rows,
                              rows=c.pair_sample * g.num_nodes + gene, batch_size=self.batch_size)
 
+    def _delta_parts(self, h: DeltaFeatures, weight: torch.Tensor,
+                     bias: torch.Tensor | None, eps: float):
+        """What the delta layer pushes: ``(base [N, Ho], messages [M, Ho], weights, rows
+        [R, Ho])`` (see :meth:`delta_layer`)."""
+        g, c = self.graph, self.corrections()
+        if c.plan is None or c.pair_out is None or c.changed_slot is None \
+                or c.msg_pair is None:
+            raise ValueError("these corrections carry no push plan: build them with "
+                             "workbook_lib.nodemask.corrections")
+        n, t = g.num_nodes, g.num_types
+        h1, d1 = h.wildtype, h.delta
+        gene = c.pair_gene
+        kept = (~c.pair_deleted).to(h1.dtype).unsqueeze(1)
+        # D_b h1_b - h1 at the correction rows: the change, or minus the whole row if deleted
+        e = self._on_deleted_rows(d1 * kept, h1, -1.0)
+        u = grouped_messages(e, weight, c.msg_pair, c.plan.type_counts, c.msg_back)  # [M, Ho]
+        sw, agg_lin = self._typed_linear(h1, weight)
+        wsum = self._wsum(weight, t)
+        selfwt = (1.0 + eps) * (h1 @ wsum.T)
+        if bias is not None:
+            selfwt = selfwt + bias
+        corr = (1.0 + eps) * (d1 @ wsum.T)  # the self term's change
+        if g.aggr == "mean":
+            keep = self.keep.unsqueeze(-1)  # [B, N, 1]: a deleted gene receives no message
+            new_inv, change = self._mean_row_terms(sw, h1.dtype)
+            inv = (1.0 / g.deg.clamp(min=1)).unsqueeze(0).repeat(self.batch_size, 1, 1)
+            inv[c.pair_sample, gene] = new_inv
+            w = (inv * keep).view(self.batch_size, n * t)
+            corr = corr + change * kept
+        else:
+            w = self.keep  # [B, N]: one weight per receiving gene
+        corr = self._on_deleted_rows(corr, agg_lin, -1.0)
+        return agg_lin + selfwt, u, w, corr
+
     def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
                     bias: torch.Tensor | None = None, *, eps: float = 0.0,
                     relu: bool = True, with_wildtype: bool = False):
@@ -523,40 +557,44 @@ class NodeMaskBatch:
         Per sample, a changed row forms one message ``e W_t^T`` per edge type its gene sends
         on (not all T): the messages are grouped by type, one product per type for the whole
         batch, so that their weight gradient is batched over samples too."""
-        g, c = self.graph, self.corrections()
-        if c.plan is None or c.pair_out is None or c.changed_slot is None \
-                or c.msg_pair is None:
-            raise ValueError("these corrections carry no push plan: build them with "
-                             "workbook_lib.nodemask.corrections")
-        n, t = g.num_nodes, g.num_types
-        h1, d1 = h.wildtype, h.delta
-        hd, ho = h1.shape[-1], weight.shape[0]
-        gene = c.pair_gene
-        kept = (~c.pair_deleted).to(h1.dtype).unsqueeze(1)
-        # D_b h1_b - h1 at the correction rows: the change, or minus the whole row if deleted
-        e = self._on_deleted_rows(d1 * kept, h1, -1.0)
-        u = grouped_messages(e, weight, c.msg_pair, c.plan.type_counts, c.msg_back)  # [M, Ho]
-        sw, agg_lin = self._typed_linear(h1, weight)
-        wsum = self._wsum(weight, t)
-        selfwt = (1.0 + eps) * (h1 @ wsum.T)
-        if bias is not None:
-            selfwt = selfwt + bias
-        keep = self.keep.unsqueeze(-1)  # [B, N, 1]: a deleted gene receives no message
-        corr = (1.0 + eps) * (d1 @ wsum.T)  # the self term's change
-        if g.aggr == "mean":
-            new_inv, change = self._mean_row_terms(sw, h1.dtype)
-            inv = (1.0 / g.deg.clamp(min=1)).unsqueeze(0).repeat(self.batch_size, 1, 1)
-            inv[c.pair_sample, gene] = new_inv
-            w = (inv * keep).view(self.batch_size, n * t)
-            corr = corr + change * kept
-        else:
-            w = self.keep  # [B, N]: one weight per receiving gene
-        corr = self._on_deleted_rows(corr, agg_lin, -1.0)
-        base = agg_lin + selfwt
-        out = push(g, c, base, u, w, self.push_kernel, rows=corr, relu=relu)
+        base, u, w, corr = self._delta_parts(h, weight, bias, eps)
+        out = push(self.graph, self.corrections(), base, u, w, self.push_kernel, rows=corr,
+                   relu=relu)
         if with_wildtype:
             return out, (torch.relu(base) if relu else base)
         return out
+
+    def delta_pooled_layer(self, h: DeltaFeatures, weight: torch.Tensor,
+                           bias: torch.Tensor | None, last_weight: torch.Tensor,
+                           last_bias: torch.Tensor | None = None, *, eps: float = 0.0,
+                           with_wildtype: bool = False):
+        """``pooled_layer(delta_layer(h, weight, bias), last_weight, last_bias)`` (``[B, H_out]``)
+        in one go: the pooled layer's weighted sums are taken inside the push
+        (:func:`~workbook_lib.nodemask.delta.push_pooled`: with the compiled kernel the
+        middle layer's ``[B, N, H]`` output is never written). With ``with_wildtype`` also the
+        middle layer's wildtype output ``[N, H]``."""
+        base, u, w, corr = self._delta_parts(h, weight, bias, eps)
+        pooled = push_pooled(self.graph, self.corrections(), base, u, w, self._pool_weights_1(),
+                             self.push_kernel, rows=corr)  # [B, T + 1, H]
+        out = self._pooled_map(pooled, last_weight, last_bias, eps)
+        return (out, torch.relu(base)) if with_wildtype else out
+
+    def _pool_weights_1(self) -> torch.Tensor:
+        """``[B, T + 1, N]``: the pooled weights and a row of ``1/N`` (the self term's mean)."""
+        if self._pool_w1 is None:
+            w = self.pooled_weights()
+            n = self.graph.num_nodes
+            self._pool_w1 = torch.cat([w, w.new_full((self.batch_size, 1, n), 1.0 / n)], 1)
+        return self._pool_w1
+
+    def _pooled_map(self, pooled: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+        """The last layer's map of ``pooled`` ``[B, T + 1, H]`` (the T weighted sums and the
+        mean): ``[B, H_out]``."""
+        t = self.graph.num_types
+        out = pooled[:, :t].reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (
+            pooled[:, t] @ self._wsum(weight, t).T)
+        return out + bias if bias is not None else out
 
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:
@@ -573,11 +611,5 @@ class NodeMaskBatch:
             out = pooled.reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (hbar @ wsum.T)
             return out + bias if bias is not None else out
         self._check(h)
-        if self._pool_w1 is None:
-            w = self.pooled_weights()
-            n = self.graph.num_nodes
-            self._pool_w1 = torch.cat([w, w.new_full((self.batch_size, 1, n), 1.0 / n)], 1)
-        pooled = torch.bmm(self._pool_w1, h)  # [B, T + 1, H]: T weighted sums and the mean
-        out = pooled[:, :t].reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (
-            pooled[:, t] @ wsum.T)
-        return out + bias if bias is not None else out
+        pooled = torch.bmm(self._pool_weights_1(), h)  # [B, T + 1, H]: T weighted sums, mean
+        return self._pooled_map(pooled, weight, bias, eps)

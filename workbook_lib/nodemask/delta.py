@@ -59,7 +59,7 @@ import warnings
 import numpy as np
 import torch
 
-from .kernels import MOVE_TAG, sparse_range
+from .kernels import MOVE_TAG, dense_inside, sparse_range
 
 PUSH_KERNELS = ("numba", "pull", "index_add")
 
@@ -160,7 +160,88 @@ def _numba_kernels():
                             for j in range(ho):
                                 gu[q, j] += c * sc[n, j]
 
-    _NUMBA = (fwd, bwd, numba)
+    @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
+    def fwd_pool(pooled, mask, scratch, base, u, rows, pair_ptr, pair_gene, ptr, node, etype,
+                 widx, msg_index, t, w, wp):  # pragma: no cover - jitted
+        nb, kk, ho = pooled.shape
+        n_nodes = base.shape[0]
+        chunks = scratch.shape[0]
+        r = pair_gene.shape[0]
+        for ch in prange(chunks):  # samples ch, ch + chunks, ...: a slab of its own per chunk
+            sl = scratch[ch]
+            for b in range(ch, nb, chunks):
+                for n in range(n_nodes):
+                    for j in range(ho):
+                        sl[n, j] = base[n, j]
+                for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                    s = pair_gene[p]
+                    for e in range(ptr[s], ptr[s + 1]):
+                        c = w[b, widx[e]]
+                        if c != 0.0:
+                            q = msg_index[etype[e] * r + p]
+                            n = node[e]
+                            for j in range(ho):
+                                sl[n, j] += c * u[q, j]
+                for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                    s = pair_gene[p]
+                    for j in range(ho):
+                        sl[s, j] += rows[p, j]
+                for k in range(kk):
+                    for j in range(ho):
+                        pooled[b, k, j] = 0.0
+                for n in range(n_nodes):  # ReLU, then this row's share of every weighted sum
+                    for j in range(ho):
+                        if sl[n, j] > 0.0:
+                            mask[b, n, j] = 1
+                        else:
+                            sl[n, j] = 0.0
+                            mask[b, n, j] = 0
+                    for k in range(kk):
+                        c = wp[b, k, n]
+                        if c != 0.0:
+                            for j in range(ho):
+                                pooled[b, k, j] += c * sl[n, j]
+
+    @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
+    def bwd_pool(gu, grows, gbase, scratch, gpooled, mask, wp, pair_ptr, pair_gene, ptr, node,
+                 etype, widx, msg_index, t, w):  # pragma: no cover - jitted
+        nb, kk, ho = gpooled.shape
+        n_nodes = mask.shape[1]
+        chunks = gbase.shape[0]
+        r = pair_gene.shape[0]
+        for ch in prange(chunks):
+            sc = scratch[ch]
+            for b in range(ch, nb, chunks):
+                for n in range(n_nodes):  # the rows' gradient, through the ReLU
+                    for j in range(ho):
+                        sc[n, j] = 0.0
+                    for k in range(kk):
+                        c = wp[b, k, n]
+                        if c != 0.0:
+                            for j in range(ho):
+                                sc[n, j] += c * gpooled[b, k, j]
+                    for j in range(ho):
+                        if mask[b, n, j] == 0:
+                            sc[n, j] = 0.0
+                        gbase[ch, n, j] += sc[n, j]
+                for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                    s = pair_gene[p]
+                    for j in range(ho):
+                        grows[p, j] = sc[s, j]
+                    for ty in range(t):
+                        q = msg_index[ty * r + p]
+                        if q >= 0:
+                            for j in range(ho):
+                                gu[q, j] = 0.0
+                    for e in range(ptr[s], ptr[s + 1]):
+                        c = w[b, widx[e]]
+                        if c != 0.0:
+                            q = msg_index[etype[e] * r + p]
+                            n = node[e]
+                            for j in range(ho):
+                                gu[q, j] += c * sc[n, j]
+
+    _NUMBA = (fwd, bwd, numba, fwd_pool, bwd_pool)
     return _NUMBA
 
 
@@ -468,6 +549,82 @@ class _Push(torch.autograd.Function):
         return gbase, gu, grows, None, None, None, None, None
 
 
+class _PushPool(torch.autograd.Function):
+    """The compiled push (with its rows and ReLU) followed by weighted sums of each sample's
+    rows, ``pooled[b, k] = sum_n wp[b, k, n] out[b, n]``, in one pass per sample: the
+    ``[B, N, Ho]`` output is never written (a ReLU mask of one byte per element is); backward the
+    same way. Gradients for ``base``, ``u`` and ``rows`` (``wp`` is a constant)."""
+
+    @staticmethod
+    def forward(ctx, base, u, rows, w, wp, graph, corr):
+        bsz, kk = wp.shape[0], wp.shape[1]
+        base, u, rows, w, wp = (x.contiguous() for x in (base, u, rows, w, wp))
+        _numba_threads()
+        numba = _numba_kernels()[2]
+        chunks = max(1, min(numba.get_num_threads(), bsz))
+        pooled = base.new_empty(bsz, kk, base.shape[-1])
+        mask = torch.empty(bsz, *base.shape, dtype=torch.uint8)
+        scratch = base.new_empty(chunks, *base.shape)
+        with sparse_range(corr.plan.total_entries * u.shape[-1]):
+            dense_inside(pooled.numel() * base.shape[0])  # the weighted sums: B K N Ho
+            _numba_kernels()[3](
+                _np(pooled), _np(mask), _np(scratch), _np(base), _np(u), _np(rows),
+                _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()), _np(graph.out_edges.ptr),
+                _np(graph.out_node), _np(graph.out_type), _np(_weight_index(graph, w)),
+                _np(corr.msg_index), graph.num_types, _np(w), _np(wp))
+        ctx.args = (graph, corr, u.shape, chunks)
+        ctx.save_for_backward(w, wp, mask)
+        return pooled
+
+    @staticmethod
+    def backward(ctx, gpooled):
+        graph, corr, u_shape, chunks = ctx.args
+        w, wp, mask = ctx.saved_tensors
+        gpooled = gpooled.contiguous()
+        n, ho = mask.shape[1], mask.shape[2]
+        gu = gpooled.new_empty(u_shape)
+        grows = gpooled.new_empty(corr.pair_gene.numel(), ho)
+        parts = gpooled.new_zeros(chunks, n, ho)
+        scratch = gpooled.new_empty(chunks, n, ho)
+        _numba_threads()
+        with sparse_range(corr.plan.total_entries * u_shape[-1]):
+            dense_inside(gpooled.numel() * n)  # the rows' gradient: B K N Ho
+            _numba_kernels()[4](
+                _np(gu), _np(grows), _np(parts), _np(scratch), _np(gpooled), _np(mask), _np(wp),
+                _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()), _np(graph.out_edges.ptr),
+                _np(graph.out_node), _np(graph.out_type), _np(_weight_index(graph, w)),
+                _np(corr.msg_index), graph.num_types, _np(w))
+        return parts.sum(0), gu, grows, None, None, None, None
+
+
+def push_pooled(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
+                pool: torch.Tensor, kernel: str | None = None, *,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, K, Ho]``: ``pool`` ``[B, K, N]`` times each sample's rows of
+    ``push(..., rows=rows, relu=True)`` (weighted sums: a pooled last layer's input). With the
+    ``numba`` kernel one pass per sample, the ``[B, N, Ho]`` result never written; with the
+    others the push, then a batched product. Differentiable in ``base``, ``u`` and ``rows``.
+
+    Args:
+        graph, corr, base, u, weight, kernel, rows: as for :func:`push`.
+        pool: ``[B, K, N]`` weights (no gradient), e.g. the pooled layer's ``T`` per-type
+            weights and a row of ``1/N`` for the mean.
+    """
+    kernel = kernel or default_push_kernel(base.device)
+    _check_push_args(graph, corr, base, weight, kernel)
+    bsz = len(corr.plan.ranges) - 1
+    if pool.dim() != 3 or pool.shape[0] != bsz or pool.shape[2] != graph.num_nodes:
+        raise ValueError(f"'pool' must be [B, K, N] with B={bsz}, N={graph.num_nodes} "
+                         f"(got {list(pool.shape)})")
+    if kernel != "numba" or pool.requires_grad:
+        return torch.bmm(pool, push(graph, corr, base, u, weight, kernel, rows=rows, relu=True))
+    if u.dim() == 3:
+        u = u.reshape(-1, u.shape[-1]).index_select(0, message_slots(corr))
+    if rows is None:
+        rows = base.new_zeros(corr.pair_gene.numel(), base.shape[-1])
+    return _PushPool.apply(base, u, rows, weight, pool, graph, corr)
+
+
 def _weight_index(graph, w: torch.Tensor) -> torch.Tensor:
     """Per out-edge, its column in ``w``: the slot (``[B, N*T]``) or the receiver (``[B, N]``)."""
     return graph.out_edges.slot if w.shape[1] == graph.num_nodes * graph.num_types \
@@ -478,6 +635,24 @@ def _numba_threads() -> None:
     """As many numba threads as PyTorch uses (a DDP rank set to one thread stays on one)."""
     numba = _numba_kernels()[2]
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+def _check_push_args(graph, corr, base: torch.Tensor, weight: torch.Tensor, kernel: str) -> None:
+    if kernel not in PUSH_KERNELS:
+        raise ValueError(f"'push_kernel' must be one of {list(PUSH_KERNELS)} (got {kernel!r})")
+    if kernel == "numba":
+        if not numba_available():
+            raise ValueError("push_kernel='numba' needs the numba package (pip install numba); "
+                             "use push_kernel='pull'")
+        if base.device.type != "cpu":
+            raise ValueError("push_kernel='numba' runs on CPU tensors only; use 'index_add'")
+    if corr.plan is None or corr.pair_out is None or corr.msg_index is None:
+        raise ValueError("these corrections carry no push plan: build them with "
+                         "workbook_lib.nodemask.corrections")
+    n, t = graph.num_nodes, graph.num_types
+    if weight.dim() != 2 or weight.shape[1] not in (n, n * t):
+        raise ValueError(f"'weight' must be [B, N*T] (per receiving slot) or [B, N] (per "
+                         f"receiving gene) with N={n}, T={t} (got {list(weight.shape)})")
 
 
 def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
@@ -503,21 +678,7 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
         relu: apply a ReLU to the result (inside the compiled kernel's pass on a CPU).
     """
     kernel = kernel or default_push_kernel(base.device)
-    if kernel not in PUSH_KERNELS:
-        raise ValueError(f"'push_kernel' must be one of {list(PUSH_KERNELS)} (got {kernel!r})")
-    if kernel == "numba":
-        if not numba_available():
-            raise ValueError("push_kernel='numba' needs the numba package (pip install numba); "
-                             "use push_kernel='pull'")
-        if base.device.type != "cpu":
-            raise ValueError("push_kernel='numba' runs on CPU tensors only; use 'index_add'")
-    if corr.plan is None or corr.pair_out is None or corr.msg_index is None:
-        raise ValueError("these corrections carry no push plan: build them with "
-                         "workbook_lib.nodemask.corrections")
-    n, t = graph.num_nodes, graph.num_types
-    if weight.dim() != 2 or weight.shape[1] not in (n, n * t):
-        raise ValueError(f"'weight' must be [B, N*T] (per receiving slot) or [B, N] (per "
-                         f"receiving gene) with N={n}, T={t} (got {list(weight.shape)})")
+    _check_push_args(graph, corr, base, weight, kernel)
     if u.dim() == 3:
         u = u.reshape(-1, u.shape[-1]).index_select(0, message_slots(corr))
     if rows is None:

@@ -36,6 +36,18 @@ SPARSE_TAG = "workbook::sparse_product::"
 MOVE_TAG = "workbook::row_movement"
 
 
+# Dense multiply-adds done inside another product's kernel (the pooled layer's weighted sums
+# inside the compiled push): an empty range carrying their count, so that the benchmark counts
+# them with the dense work (their time is the enclosing product's).
+DENSE_INSIDE_TAG = "workbook::dense_inside::"
+
+
+def dense_inside(macs: int) -> None:
+    """Mark ``macs`` dense multiply-adds done inside the enclosing product (see the tag)."""
+    with torch.profiler.record_function(f"{DENSE_INSIDE_TAG}{int(macs)}"):
+        pass
+
+
 def nnz(*mats) -> int:
     """Stored entries of sparse matrices (metadata only: no device read)."""
     return sum(int(m._nnz()) for m in mats)

@@ -254,7 +254,8 @@ def rates_table(b: BenchResult):
     """Achieved multiply-add rates of the shared steps' products beside this machine's best."""
     rows = [{"step": b.per_sample_s[f.variant].label if f.variant in b.per_sample_s
              else f.variant, "products": f.kind,
-             "G multiply-adds": f"{f.macs / 1e9:.3g}",
+             "G multiply-adds": f"{f.macs / 1e9:.3g}" + (
+                 f" (+{f.inside_macs / 1e9:.3g} inside the push)" if f.inside_macs else ""),
              "time in them": f"{f.seconds * 1e3:.3g} ms ({f.seconds / f.step_seconds:.0%} of "
                              "the profiled step)",
              "achieved GMAC/s": f"{f.gmacs:.3g}",
@@ -265,7 +266,10 @@ def rates_table(b: BenchResult):
     return table(rows, caption="One warm step of each shared form under the profiler: every "
                                "sparse product is a profiler range carrying its multiply-add "
                                "count; dense products are the profiler's count of mm/addmm/bmm "
-                               "outside them. The rest of the step is elementwise work, "
+                               "outside them (dense multiply-adds done inside the compiled "
+                               "push, the pooled layer's weighted sums, are shown beside them: "
+                               "their time is the push's). The rest of the step is elementwise "
+                               "work, "
                                "indexing and autograd. A best rate is the fastest measured here, "
                                "not a hardware peak.")
 

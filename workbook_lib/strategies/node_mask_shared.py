@@ -16,7 +16,9 @@ A training step runs the model as three kinds of layers:
   propagation, kept for comparison) one sparse product per sample slab;
 * any further middle layers in full: by then nearly every gene has changed;
 * the last layer pooled (the model reads out the mean over genes of a linear last layer): per
-  sample weights from one product of width B, then a weighted sum of rows.
+  sample weights (the wildtype out-degrees less the deleted genes' in-edges for sum
+  aggregation), then weighted sums of rows; at three layers taken inside the delta layer's push
+  (``NodeMaskBatch.delta_pooled_layer``).
 
 ``node_outputs`` (every gene's last-layer embedding, for the exactness tests) runs the last
 layer in full instead.
@@ -161,6 +163,13 @@ class NodeMaskShared(Strategy):
             return out, wt_pool
         first = 1
         # pooled, delta needs a middle layer (last >= 2): the path self.path(last + 1) names
+        if self.middle == "delta" and pooled and last == 2:  # the delta layer feeds the pool
+            hd = nb.first_layer_delta(model.embedding, lins[0].weight, lins[0].bias, eps=eps)
+            h, wt = nb.delta_pooled_layer(hd, lins[1].weight, lins[1].bias, lins[2].weight,
+                                          lins[2].bias, eps=eps, with_wildtype=True)
+            if dual:
+                wt_pool = self.shared.pooled_layer(wt, lins[2].weight, lins[2].bias, eps=eps)
+            return h, wt_pool
         if self.middle == "delta" and last >= (2 if pooled else 1):
             hd = nb.first_layer_delta(model.embedding, lins[0].weight, lins[0].bias, eps=eps)
             h, wt = nb.delta_layer(hd, lins[1].weight, lins[1].bias, eps=eps, relu=last > 1,
