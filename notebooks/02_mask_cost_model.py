@@ -138,8 +138,8 @@ view.layer_plot(layers, NB.device_label)
 # with `bench_full_size: true`; at least `bench_min_layers` (3) layers, so that the delta form is
 # measured. Each shared label names the path its step took and the push kernel. The replicated
 # forms are measured at the shared form's batch when their memory estimate fits the budget, else
-# projected from B = 1, 2 and labelled so; the table shows the projection's error at the largest
-# batch measured.
+# at the largest batch that fits, labelled with that batch ("at least" when their per-sample cost
+# rose with B); the projection from B = 1, 2 is shown beside it with its error there.
 
 # %%
 bres = mask_cost.benchmark(P)
@@ -152,11 +152,14 @@ display(view.form_of(bres))
 # ### What bounds the per-sample sparse product
 # On a CPU a CSR product is bound by fetching the dense rows its nonzeros point to: the kernels
 # tried differ in how much of the dense operand stays in cache. The step's own sparse and dense
-# products, as achieved in one profiled step, beside the best rates measured on this machine.
+# products, as achieved in one profiled step, beside the best rates measured on this machine;
+# then the floor: the fewest multiply-adds an exact sample of this model needs (from the batch's
+# own deletions), beside the step's measured counts and the time the floor takes at these rates.
 
 # %%
 display(view.kernel_table(bres))
 display(view.rates_table(bres))
+display(view.floor_table(bres))
 
 # %% [markdown]
 # ## Peak memory of a training step

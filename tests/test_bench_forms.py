@@ -1,7 +1,8 @@
 """What the benchmark's figures say they are: the shared graph's labels name the path its step
 took and the push kernel (a 2-layer step is plain, never "delta"); the replicated forms are
-measured at the shared form's batch when the memory estimate fits, else labelled as projected
-from B = 1, 2 with the projection's error at the largest batch measured; without numba the push
+measured at the shared form's batch when the memory estimate fits, else quoted as measured at the
+largest batch that ran, labelled with it, the projection from B = 1, 2 beside it with its error
+at the largest batch measured; without numba the push
 falls back to 'pull' with one warning, and the kernel is recorded."""
 import sys
 import warnings
@@ -95,25 +96,39 @@ def test_fit_at_the_shared_batch_is_the_measurement_not_the_line():
     assert "0.28x the measurement at B = 28" in fit.error_text
 
 
-def test_fit_that_does_not_fit_is_labelled_projected_with_its_error_where_measured():
+def test_fit_that_does_not_fit_is_quoted_as_measured_at_the_largest_batch():
     plan = ReplicatedPlan((1, 2, 10), 28, False, "B = 28 does not fit")
     fit = replicated_fit(_steps(GROWING), "rep", plan)
-    assert not fit.measured and fit.per_sample is fit.projected
-    assert fit.basis.startswith("projected from B = 1, 2 to B = 28")
+    # the figure quoted is B = 10's measurement, never the projection (0.54x of it here)
+    assert not fit.measured and fit.quoted_batch == 10
+    assert fit.per_sample.median == pytest.approx(0.300 * 1.02)
+    assert fit.per_sample.median > 1.5 * fit.projected.median
+    assert fit.basis.startswith("measured at B = 10, the largest batch that ran (B = 28 does "
+                                "not fit)")
+    assert fit.at_least and "rose from B = 2 to B = 10" in fit.basis and "at least" in fit.basis
     assert "same batch" not in fit.basis and "shared form's batch" not in fit.basis
+    assert fit.short_basis == "measured at B = 10"
+    # the projection beside it, labelled as one, with its error where measured
     assert fit.check_batch == 10 and fit.projection_error.median < 1.0  # underestimates
-    assert "at B = 10" in fit.error_text
+    assert fit.projection_text.startswith("projected from B = 1, 2 to B = 28")
+    assert "at B = 10" in fit.projection_text
+    # a per-sample cost that fell with B is quoted as measured, without "at least"
+    falling = replicated_fit(_steps({1: 300.0, 2: 200.0, 10: 150.0}), "rep", plan)
+    assert falling.quoted_batch == 10 and not falling.at_least
+    assert "at least" not in falling.basis
 
 
-def test_fit_falls_back_to_the_projection_when_the_planned_batch_ran_out_of_memory():
+def test_fit_falls_back_to_the_largest_measured_batch_when_the_planned_one_ran_out_of_memory():
     steps = _steps(GROWING)
     del steps["rep@28"]  # skipped: out of memory at B = 28
     fit = replicated_fit(steps, "rep", ReplicatedPlan((1, 2, 28), 28, True, "B = 28 fits"))
-    assert not fit.measured and "did not run" in fit.rule
+    assert not fit.measured and "did not run" in fit.rule and fit.quoted_batch == 2
+    assert fit.per_sample.median == pytest.approx(0.155 * 1.02)
     assert fit.projection_error is None and "unknown" in fit.error_text
     only_b1 = replicated_fit({"rep@1": steps["rep@1"]}, "rep",
                              ReplicatedPlan((1,), 28, False, "B = 2 does not fit"))
-    assert only_b1.basis.startswith("B = 1 only, not projected")
+    assert only_b1.basis.startswith("measured at B = 1, the largest batch that ran")
+    assert not only_b1.at_least and "B = 2 did not run" in only_b1.projection_text
     assert replicated_fit({}, "rep", ReplicatedPlan((1,), 28, False, "")) is None
 
 
@@ -121,9 +136,50 @@ def test_a_projection_that_is_noise_says_so():
     steps = _steps({1: 150.0, 2: 70.0, 10: 300.0})  # B = 2's step faster than B = 1's
     fit = replicated_fit(steps, "rep", ReplicatedPlan((1, 2, 10), 28, False, "B = 28 does not "
                                                                              "fit"))
-    assert fit.per_sample.median <= 0 and "the projection is noise" in fit.basis
+    assert fit.projected.median <= 0 and "the projection is noise" in fit.projection_text
+    assert fit.per_sample.median > 0 and fit.quoted_batch == 10  # the measurement is quoted
     ok = replicated_fit(_steps(GROWING), "rep", ReplicatedPlan((1, 2, 10), 28, False, "x"))
-    assert "noise" not in ok.basis
+    assert "noise" not in ok.projection_text
+
+
+def _issue_bench(lazy_steps: dict[int, float], shared_ms: float = 18.27):
+    """A real-spec benchmark as measured (issue 35): the Lazy form at B = 1, 2 and 8 (B = 28
+    does not fit), the shared form at B = 28, five rounds."""
+    from workbook_lib.analysis.bench import BenchResult
+
+    rounds = 5
+    shared = Stat.from_samples([shared_ms * 1e-3 * (1 + 0.002 * i) for i in range(rounds)],
+                               unit="s/sample")
+    steps = {f"rep@{b}": Stat.from_samples([t * (1 + 0.002 * i) for i in range(rounds)])
+             for b, t in lazy_steps.items()}
+    fit = replicated_fit(steps, "rep", ReplicatedPlan((1, 2, 8), 28, False,
+                                                      "B = 28 does not fit"))
+    fit.projected_ratio = fit.projected.ratio_to(shared, paired=True)
+    ratio = fit.per_sample.ratio_to(shared, paired=True)
+    return BenchResult(device="cpu", sizes={"layers": 3}, full_size=True, per_sample_s={},
+                       steps={}, ratio_vs_lazy_form=ratio, ratio_vs_sparse_form=None,
+                       passes_per_sample=None, exact_max_rel_error=0.0,
+                       replicated={"replicated_gather_scatter": fit},
+                       shared_form="delta, push numba")
+
+
+def test_the_headline_quotes_the_measured_ratio_labelled_with_its_batch():
+    """The issue's run: B = 8 measured 22.5 s per step (2.81 s per sample), the line through
+    B = 1, 2 projects 0.50 s per sample at B = 28 (27.6x): the headline quotes 154x."""
+    from workbook_lib.analysis.bench import replicated_ratio_text
+    from workbook_lib.report import mask_cost_view as view
+
+    b = _issue_bench({1: 1.109, 2: 1.590, 8: 22.5})
+    text = replicated_ratio_text(b, "replicated_gather_scatter")
+    assert text.startswith("at least 154x") and "Lazy form measured at B = 8" in text
+    assert "projected from B = 1, 2 to B = 28: 27.6x, not quoted" in text
+    assert "0.20x the measurement at B = 8" in text
+    head = view.headline_bench_part(b)
+    assert "at least 154x" in head and "measured at B = 8" in head and "27.6x" in head
+    assert "154x" in view.bench_text(b).data
+    # per-sample cost not rising from B = 2 to B = 8: the measurement, without "at least"
+    flat = _issue_bench({1: 1.109, 2: 1.590, 8: 6.0})
+    assert replicated_ratio_text(flat, "replicated_gather_scatter").startswith("41.1x")
 
 
 def test_bench_layers_reaches_the_delta_form():
@@ -137,17 +193,28 @@ def _spy_step(graph, layers, middle, kernel, monkeypatch):
     """One training step of strategy 6; returns (its path label, delta layers run, kernels
     pushed with)."""
     calls = {"delta": 0, "kernels": []}
-    real_delta, real_push = NodeMaskBatch.delta_layer, delta.push
+    real_delta, real_pooled = NodeMaskBatch.delta_layer, NodeMaskBatch.delta_pooled_layer
+    real_push, real_push_pooled = delta.push, delta.push_pooled
 
     def spy_delta(self, *a, **k):
         calls["delta"] += 1
         return real_delta(self, *a, **k)
 
-    def spy_push(g, c, base, u, w, kernel=None):
+    def spy_delta_pooled(self, *a, **k):
+        calls["delta"] += 1
+        return real_pooled(self, *a, **k)
+
+    def spy_push(g, c, base, u, w, kernel=None, **kw):
         calls["kernels"].append(kernel)
-        return real_push(g, c, base, u, w, kernel)
+        return real_push(g, c, base, u, w, kernel, **kw)
+
+    def spy_push_pooled(g, c, base, u, w, pool, kernel=None, **kw):
+        calls["kernels"].append(kernel)
+        return real_push_pooled(g, c, base, u, w, pool, kernel, **kw)
     monkeypatch.setattr(NodeMaskBatch, "delta_layer", spy_delta)
+    monkeypatch.setattr(NodeMaskBatch, "delta_pooled_layer", spy_delta_pooled)
     monkeypatch.setattr("workbook_lib.nodemask.batch.push", spy_push)
+    monkeypatch.setattr("workbook_lib.nodemask.batch.push_pooled", spy_push_pooled)
     model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=4, layers=layers, seed=1)
     s = make_strategy("node_mask_shared", graph, aggr="sum", middle=middle, push_kernel=kernel)
     pert = torch.tensor([[0, 3], [5, -1], [7, 8]])
@@ -228,9 +295,12 @@ def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params
     assert any(k.name == "push, pull" for k in b.kernels)
     rep = b.replicated["replicated_gather_scatter"]
     assert not rep.measured and "bench_replicated_max_batch = 2" in rep.rule
-    assert "projected from B = 1, 2 to B = 4" in view.bar_label(b, "replicated_gather_scatter")
-    assert "projected from B = 1, 2" in b.per_sample_s["replicated_gather_scatter"].batch_reason
-    assert "replicated projected from B = 1, 2" in view.headline_bench_part(b)
+    assert "measured at B = 2" in view.bar_label(b, "replicated_gather_scatter")
+    assert b.per_sample_s["replicated_gather_scatter"].batch_size == 2
+    assert b.per_sample_s["replicated_gather_scatter"].batch_reason.startswith(
+        "measured at B = 2, the largest batch that ran")
+    assert "Lazy form measured at B = 2" in view.headline_bench_part(b)
+    assert "projected from B = 1, 2 to B = 4" in view.headline_bench_part(b)
 
 
 def test_notebooks_show_the_fallback_on_the_terminal_not_in_the_report(monkeypatch):

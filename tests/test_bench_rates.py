@@ -5,7 +5,7 @@ import torch
 
 from workbook_lib.analysis.bench import achieved_rates, amortised
 from workbook_lib.measurement.timing import Stat
-from workbook_lib.nodemask.kernels import sparse_range
+from workbook_lib.nodemask.kernels import MOVE_TAG, dense_inside, sparse_range
 
 
 def test_amortised_follows_the_per_step_line():
@@ -35,12 +35,17 @@ def test_achieved_rates_count_the_products_of_the_step(capfd, monkeypatch):
 
     def step():
         with sparse_range(nnz * 32):
+            dense_inside(1000)  # dense work done inside the sparse kernel: counted, not timed
             y = torch.sparse.mm(a, x)
+        with torch.profiler.record_function(MOVE_TAG):  # rows moved by a product of ones
+            torch.sparse.mm(a, x)
         return torch.relu(y @ w1).sum() + (w2 @ x.T).sum()
     machine = {"sparse_gmacs": 5.0, "sparse_source": "k", "dense_gmacs": 50.0}
     rates = {f.kind: f for f in achieved_rates(step, "cpu", "s", machine)}
     assert rates["sparse"].macs == nnz * 32  # the sparse mm inside the range is not dense
-    assert rates["dense"].macs == 300 * 32 * 48 + 64 * 32 * 300
+    assert rates["dense"].macs == 300 * 32 * 48 + 64 * 32 * 300  # not the moved rows
+    assert rates["dense"].inside_macs == 1000 and rates["sparse"].inside_macs == 0
+    assert rates["dense"].step_macs == rates["dense"].macs + 1000
     for f in rates.values():
         assert 0 < f.seconds <= f.step_seconds
         assert f.gmacs == pytest.approx(f.macs / f.seconds / 1e9)

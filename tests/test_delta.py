@@ -7,6 +7,7 @@ from workbook_lib.data.perturbations import sample_perturbations
 from workbook_lib.data.snapshots import CellGraph, content_checksum
 from workbook_lib.measurement.syncs import SyncCounter
 from workbook_lib.nodemask import SharedGraph
+from workbook_lib.nodemask import delta
 from workbook_lib.nodemask.delta import numba_available, push
 from workbook_lib.strategies import build_ctx, make_strategy
 from workbook_lib.strategies.model import PerturbGIN
@@ -74,9 +75,99 @@ def _check(graph, pert, aggr, layers, kernel, dual):
 @pytest.mark.parametrize("layers", [2, 3, 4])
 @pytest.mark.parametrize("aggr", ["sum", "mean"])
 def test_delta_strategy_is_exact(graph, aggr, layers, kernel):
-    # B = 64 at the model's 3 layers (with the dual forward), 16 at 2 and 4
+    # B = 64 at the model's 3 layers, 16 at 2 and 4; the dual forward (its wildtype pass reuses
+    # the perturbed pass's layers and reads out pooled) at every depth
     pert = perturbations(graph.num_genes)[:64 if layers == 3 else 16]
-    _check(graph, pert, aggr, layers, kernel, dual=layers == 3)
+    _check(graph, pert, aggr, layers, kernel, dual=True)
+
+
+@pytest.mark.parametrize("middle", ["delta", "full"])
+@pytest.mark.parametrize("aggr", ["sum", "mean"])
+def test_dual_forward_without_numba_kernels(graph, aggr, middle):
+    """The full form's dual forward (wildtype middle layers in full, readout pooled)."""
+    pert = perturbations(graph.num_genes)[:8]
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=5, layers=3, seed=3)
+    s = make_strategy("node_mask_shared", graph, aggr=aggr, middle=middle, push_kernel="pull")
+    got = s.predict(model, build_ctx(s, pert), dual=True)
+    assert rel(got, reference_predict(model, graph, pert, aggr, True)) < TOL
+
+
+@pytest.mark.parametrize("aggr", ["sum", "mean"])
+def test_wildtype_pooled_layer_is_the_mean_of_the_full_layer(graph, aggr):
+    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr=aggr)
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=4, layers=2, seed=2)
+    h = torch.randn(graph.num_genes, 4, requires_grad=True)
+    lin = model.lins[1]
+    full = model.combine(1, h, sg.wildtype_aggregate(h)).mean(0)
+    got = sg.pooled_layer(h, lin.weight, lin.bias)
+    assert rel(got, full) < TOL
+    g_full = torch.autograd.grad(full.sum(), (h, lin.weight))
+    g_got = torch.autograd.grad(got.sum(), (h, lin.weight))
+    assert all(rel(a, b) < TOL for a, b in zip(g_got, g_full))
+    with pytest.raises(ValueError, match=r"\[N, H\]"):
+        sg.pooled_layer(h[:3], lin.weight)
+
+
+def test_pooled_weights_less_the_deleted_genes_in_edges_equal_the_product(graph):
+    """Sum aggregation: the wildtype out-degrees less each deleted gene's in-edges (listed in
+    the collate) against the product of A_t^T with the kept genes, and against a dense count."""
+    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr="sum")
+    pert = perturbations(graph.num_genes)[:12]
+    nb = sg.batch(pert)
+    got = nb.pooled_weights()
+    prod = sg.batch(pert)
+    prod._corrections_allowed = lambda: False  # as a batch without host corrections
+    assert torch.allclose(got, prod.pooled_weights(), rtol=1e-6, atol=0)
+    n, t = sg.num_nodes, sg.num_types
+    for b in (0, 1, 5):
+        keep = torch.ones(n)
+        keep[pert[b][pert[b] >= 0]] = 0
+        for i, ei in enumerate(graph.edge_index.values()):
+            a = torch.zeros(n, n).index_put_((ei[1], ei[0]), torch.ones(ei.shape[1]),
+                                             accumulate=True)  # A[dst, src]
+            want = keep * (keep @ a) / n  # w[j] = D[j] sum_n A[n, j] D[n] / N
+            assert torch.allclose(got[b, i], want)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_push_with_rows_and_relu_is_the_composition(graph, kernel):
+    """The push with its correction rows and ReLU inside (one pass per sample slab on the
+    compiled kernel) equals push, then the rows added, then ReLU: values and gradients."""
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    nb = sg.batch(perturbations(graph.num_genes)[:7], push_kernel=kernel)
+    c = nb.corrections()
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(graph.num_genes, 3, generator=g, requires_grad=True)
+    u = torch.randn(c.msg_pair.numel(), 3, generator=g, requires_grad=True)
+    rows = torch.randn(c.pair_gene.numel(), 3, generator=g, requires_grad=True)
+    w = torch.rand(7, graph.num_genes * sg.num_types, generator=g) * nb.keep.repeat_interleave(
+        sg.num_types, dim=1)
+    weights = torch.randn(7, graph.num_genes, 3, generator=g)
+    fused = push(sg, c, base, u, w, kernel, rows=rows, relu=True)
+    plain = push(sg, c, base, u, w, kernel)
+    plain = torch.relu(plain.index_put((c.pair_sample, c.pair_gene), rows, accumulate=True))
+    assert rel(fused, plain) < TOL and (fused == 0).any() and (fused > 0).any()
+    gf = torch.autograd.grad((fused * weights).sum(), (base, u, rows))
+    gp = torch.autograd.grad((plain * weights).sum(), (base, u, rows))
+    for a, b in zip(gf, gp):
+        assert rel(a, b) < TOL
+    # one weight per receiving gene [B, N] (sum aggregation's kept mask): as the same weight
+    # repeated over the receiver's types
+    wn = torch.rand(7, graph.num_genes, generator=g) * nb.keep
+    per_gene = push(sg, c, base, u, wn, kernel, rows=rows, relu=True)
+    per_slot = push(sg, c, base, u, wn.repeat_interleave(sg.num_types, dim=1), kernel,
+                    rows=rows, relu=True)
+    assert rel(per_gene, per_slot) < TOL
+    gn = torch.autograd.grad((per_gene * weights).sum(), (u, rows))
+    gs = torch.autograd.grad((per_slot * weights).sum(), (u, rows))
+    assert all(rel(a, b) < TOL for a, b in zip(gn, gs))
+    with pytest.raises(ValueError, match="'weight' must be"):
+        push(sg, c, base, u, wn[:, :5], kernel)
+    # messages given one per (row, type) [R, T, H]: the same push
+    full = torch.zeros(c.pair_gene.numel() * sg.num_types, 3)
+    full[delta.message_slots(c)] = u.detach()
+    again = push(sg, c, base, full.view(-1, sg.num_types, 3), w, kernel, rows=rows, relu=True)
+    assert rel(again, fused) < TOL
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -193,3 +284,48 @@ def test_footprint_counts_changed_genes_and_messages_by_hand():
     isolated = {(x.layer, x.edge_type): x for x in footprint(g, torch.tensor([[4]]), 2)}
     assert isolated[(2, "all")].genes.median == pytest.approx(1 / 5)
     assert isolated[(2, "all")].edges.median == 0
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+def test_numba_threads_block_instead_of_spinning(graph):
+    """The compiled push runs on numba's workqueue layer (its OpenMP layer's spinning threads
+    starve PyTorch's next operations on a machine with as many cores as threads), unless the
+    user chose a layer."""
+    import os
+
+    if os.environ.get("NUMBA_THREADING_LAYER"):
+        pytest.skip("the user chose numba's threading layer")
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    nb = sg.batch(perturbations(graph.num_genes)[:3], push_kernel="numba")
+    c = nb.corrections()
+    push(sg, c, torch.zeros(graph.num_genes, 2), torch.ones(c.msg_pair.numel(), 2), nb.keep,
+         "numba")
+    assert delta.numba_threading_layer() == delta.THREADING_LAYER == "workqueue"
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+@pytest.mark.parametrize("per", ["gene", "slot"])
+def test_push_pooled_in_one_pass_is_the_push_then_the_weighted_sums(graph, per):
+    """The compiled push with the pooled layer's weighted sums taken inside it (the [B, N, H]
+    output never written) against the push, then a batched product: values and gradients, for
+    weights per receiving gene (sum aggregation) and per receiving slot (mean)."""
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    nb = sg.batch(perturbations(graph.num_genes)[:9], push_kernel="numba")
+    c = nb.corrections()
+    g = torch.Generator().manual_seed(8)
+    n, t = graph.num_genes, sg.num_types
+    base = torch.randn(n, 4, generator=g, requires_grad=True)
+    u = torch.randn(c.msg_pair.numel(), 4, generator=g, requires_grad=True)
+    rows = torch.randn(c.pair_gene.numel(), 4, generator=g, requires_grad=True)
+    w = torch.rand(9, n if per == "gene" else n * t, generator=g)
+    pool = torch.rand(9, t + 1, n, generator=g)
+    fused = delta.push_pooled(sg, c, base, u, w, pool, "numba", rows=rows)
+    plain = torch.bmm(pool, push(sg, c, base, u, w, "numba", rows=rows, relu=True))
+    assert fused.shape == (9, t + 1, 4) and rel(fused, plain) < TOL
+    gw = torch.randn(9, t + 1, 4, generator=g)
+    gf = torch.autograd.grad((fused * gw).sum(), (base, u, rows))
+    gp = torch.autograd.grad((plain * gw).sum(), (base, u, rows))
+    for a, b in zip(gf, gp):
+        assert rel(a, b) < TOL
+    with pytest.raises(ValueError, match="'pool' must be"):
+        delta.push_pooled(sg, c, base, u, w, pool[:, :, :5], "numba")

@@ -1,5 +1,6 @@
 """CUDA paths driven from the CPU where the same code runs: the pipelined step's syncs, the loss
-tolerance on CUDA, the CUDA-event comm timing (skipped without CUDA)."""
+tolerance on CUDA, the CUDA-event comm timing (skipped without CUDA), the fix's delta step with
+its GPU structure."""
 import pytest
 import torch
 
@@ -177,3 +178,57 @@ def test_exactness_report_runs_the_strategies_on_the_given_device(monkeypatch):
     got = benchmarks.exactness_report(small, ["node_mask_shared", "replicated_mask_cpu"], k=2,
                                       hidden=4, device="cuda:3")
     assert set(seen) == {"cuda:3"} and max(got.values()) < 1e-4
+
+
+@pytest.mark.parametrize("aggr", ["sum", "mean"])
+@pytest.mark.parametrize("layers", [3, 4])
+def test_delta_step_as_it_runs_on_a_gpu_is_exact_and_sync_free(aggr, layers):
+    """The fix's delta step with the structure it has on a GPU, driven on the CPU: the
+    'index_add' push, and the corrections as ``Corrections.to('cuda')`` leaves them (without
+    the CPU's backward tables, so every gather's backward is an index_add_). Outputs, prediction
+    (dual forward) and every gradient equal the plain reference's; the step makes no host sync."""
+    import dataclasses
+
+    from conftest import make_graph
+    from workbook_lib.data.snapshots import CellGraph, content_checksum
+    from workbook_lib.measurement.syncs import SyncCounter
+    from workbook_lib.nodemask.batch import Corrections
+    from workbook_lib.strategies import make_strategy
+    from workbook_lib.strategies.model import PerturbGIN
+    from workbook_lib.strategies.reference import reference_node_outputs, reference_predict
+
+    g0 = make_graph(num_genes=24, types={"a": 90, "b": 40, "c": 12}, seed=7)
+    graph = CellGraph("gpu-shaped", 24, g0.edge_index, "test", content_checksum(24, g0.edge_index))
+    pert = torch.tensor([[0, 3, 9], [5, -1, -1], [2, 7, 11], [0, 1, 2]])
+    model = PerturbGIN(24, graph.edge_types, hidden=5, layers=layers, seed=2)
+    s = make_strategy("node_mask_shared", graph, aggr=aggr, push_kernel="index_add")
+    batch = s.collate([s.make_item(i, row) for i, row in enumerate(pert)])
+    gpu_like = dataclasses.replace(batch["corrections"],
+                                   **{k: None for k in Corrections.BACKWARD_ONLY_ON_CPU})
+    assert all(getattr(batch["corrections"], k) is not None
+               for k in Corrections.BACKWARD_ONLY_ON_CPU)  # the CPU has them
+    batch["corrections"] = gpu_like
+    w = torch.randn(4, 24, 5, generator=torch.Generator().manual_seed(0))
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        nodes, pred = fn()
+        ((nodes * w).sum() + pred.sum()).backward()
+        return nodes.detach(), pred.detach(), {n: p.grad.clone() for n, p in
+                                               model.named_parameters() if p.grad is not None}
+    def step():
+        ctx = s.device_prepare(s.to_device(dict(batch)))
+        return s.node_outputs(model, ctx), s.predict(model, ctx, dual=True)
+    c = SyncCounter("cpu")
+    with c.count():  # device preparation, forward and backward
+        got = run(step)
+    assert c.total == 0, dict(c.by_kind)
+    ref = run(lambda: (reference_node_outputs(model, graph, pert, aggr),
+                       reference_predict(model, graph, pert, aggr, True)))
+
+    def rel(a, b):
+        return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+    assert rel(got[0], ref[0]) < 2e-5 and rel(got[1], ref[1]) < 2e-5
+    assert set(got[2]) == set(ref[2])
+    for k in ref[2]:
+        assert rel(got[2][k], ref[2][k]) < 2e-5, k

@@ -16,6 +16,43 @@ def test_selftest_passes_on_cpu(capsys):
     assert "exactness: node_mask_shared" in out and "timing synchronization" in out
     assert "syncs per step: device_mask_loop" in out
     assert "DDP launch (torchrun)" in out and "skipped" in out  # one rank on a CPU
+    # the fix's delta path, which ci's 2-layer model never takes, checked at 3 layers
+    from workbook_lib.nodemask.delta import default_push_kernel
+    kernel = default_push_kernel("cpu")
+    for line in (f"exactness: node_mask_shared [delta, push {kernel}, L = 3]",
+                 "syncs per step: node_mask_shared [delta, L = 3]"):
+        assert any(row.startswith(line) and " ok " in row for row in out.splitlines()), line
+    if kernel != "pull":
+        assert "exactness: node_mask_shared [delta, push pull, L = 3]" in out
+
+
+def test_delta_path_checks_fail_when_the_step_syncs_or_errs(monkeypatch):
+    """Both ways: a host read in the delta layer fails the sync check, a wrong delta layer the
+    exactness check."""
+    from workbook_lib.configs.params import load_params_file
+    from workbook_lib.data.snapshots import load_snapshot
+    from workbook_lib.nodemask import NodeMaskBatch
+    from workbook_lib.paths import REPO_ROOT
+
+    params = load_params_file(REPO_ROOT / "params" / "ci.yaml")
+    graph = load_snapshot(params)
+    cpu = torch.device("cpu")
+    assert selftest.check_delta_syncs(params, cpu, graph).status == selftest.OK
+    real = NodeMaskBatch._delta_parts  # what the delta layer pushes, pooled or not
+
+    def syncing(self, h, *a, **k):
+        h.delta.sum().item()  # a host read in the hot path
+        return real(self, h, *a, **k)
+    monkeypatch.setattr(NodeMaskBatch, "_delta_parts", syncing)
+    bad = selftest.check_delta_syncs(params, cpu, graph)
+    assert bad.status == selftest.FAILED and "1 per step" in bad.detail
+
+    def wrong(self, h, *a, **k):
+        base, u, w, rows = real(self, h, *a, **k)
+        return base * 1.01, u, w, rows
+    monkeypatch.setattr(NodeMaskBatch, "_delta_parts", wrong)
+    checks = selftest.check_delta_exactness(params, cpu, graph)
+    assert checks and all(c.status == selftest.FAILED for c in checks)
 
 
 def test_selftest_exit_1_on_a_failed_check(monkeypatch, capsys):

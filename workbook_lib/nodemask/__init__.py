@@ -13,16 +13,20 @@ every batch with a boolean edge mask per sample::
     pooled = batch.aggregate_pooled(h)  # a last layer before a mean over genes: [B, T, H]
     h1 = batch.first_layer_delta(x0, W1, b1)  # wildtype + delta rows (what a deletion changed)
     h2 = batch.delta_layer(h1, W2, b2)  # [B, N, H]: per sample, work on the changed rows only
+    out = batch.pooled_layer(h2, W3, b3)  # [B, H]: the mean over genes of a last linear layer
+    wt = graph.pooled_layer(h_wt, W3, b3)  # [H]: the same on the whole graph (a dual forward)
+    work_floor(graph, batch.corrections(), H, L)  # the fewest multiply-adds a sample needs
 
 Exact (float32 rounding) for sum and mean aggregation, forward and gradients; see
 :mod:`workbook_lib.nodemask.batch` for the identities and their conditions.
 """
 from .batch import (Corrections, DeltaFeatures, NodeMaskBatch, SharedAggregation, corrections,
                     validate_deleted)
-from .delta import PUSH_KERNELS, default_push_kernel, push
+from .delta import PUSH_KERNELS, default_push_kernel, grouped_messages, push
+from .floor import WorkFloor, work_floor
 from .graph import OutEdges, SharedGraph
 from .kernels import KERNELS, batched_spmm
 
 __all__ = ["SharedGraph", "NodeMaskBatch", "SharedAggregation", "DeltaFeatures", "Corrections",
            "corrections", "validate_deleted", "OutEdges", "batched_spmm", "KERNELS", "push",
-           "PUSH_KERNELS", "default_push_kernel"]
+           "PUSH_KERNELS", "default_push_kernel", "grouped_messages", "work_floor", "WorkFloor"]

@@ -31,13 +31,14 @@ building them syncs once per batch (their count is data-dependent).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import torch
 
-from .delta import PushPlan, default_push_kernel, push
-from .kernels import batched_spmm, nnz, sparse_range, typed_aggregate_linear, typed_spmm
+from .delta import PushPlan, default_push_kernel, grouped_messages, push, push_pooled
+from .kernels import (add_rows, batched_spmm, gather_rows, nnz, selection_csr, sparse_range,
+                      typed_aggregate_linear, typed_spmm)
 
 if TYPE_CHECKING:  # names in annotations only: the graph builds batches (SharedGraph.batch)
     from .graph import OutEdges, SharedGraph
@@ -75,7 +76,10 @@ def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
 
 @dataclass
 class Corrections:
-    """The (sample, gene) rows a deletion changes in a first layer, and what feeds them."""
+    """The (sample, gene) rows a deletion changes in a first layer, and what feeds them.
+
+    Every index is built on the host (:func:`corrections`, in the collate) with its sizes in
+    ``plan``, so that a training step on a GPU never reads a count back."""
 
     pair_sample: torch.Tensor  # [R]
     pair_gene: torch.Tensor  # [R]
@@ -86,20 +90,46 @@ class Corrections:
     changed_slot: torch.Tensor | None = None  # [Q] distinct entry_slot: (row, type) whose
     #                                           in-degree a deletion lowers (mean aggregation)
     plan: PushPlan | None = None  # host-side sizes of the delta layer's push
+    source_gene: torch.Tensor | None = None  # [G] the batch's distinct deleted genes
+    entry_source_index: torch.Tensor | None = None  # [E] entry_source as an index into it
+    deleted_pair: torch.Tensor | None = None  # [D] the rows whose gene is deleted
+    msg_pair: torch.Tensor | None = None  # [M] row of each message, type-major (delta layer)
+    msg_index: torch.Tensor | None = None  # [T*R] message of (type, row), -1 where none
+    pool_drop: torch.Tensor | None = None  # [F] b*T*N + t*N + j: the deleted genes' in-edges
+    entry_msg: torch.Tensor | None = None  # [E] source index * T + type: its message's row
+    entry_pair: torch.Tensor | None = None  # [E] entry_slot // T: the row it lands on
+    msg_back: torch.Tensor | None = None  # CSR [R, M]: the messages of each row (CPU backward)
+    gene_back: torch.Tensor | None = None  # CSR [N, R]: the rows of each gene (CPU backward)
+    entry_msg_back: torch.Tensor | None = None  # CSR [G*T, E]: the entries of each message
+    entry_pair_csr: torch.Tensor | None = None  # CSR [R, E]: the entries landing on each row
+
+    # the row selections' transposes, for a CPU (a GPU's index_add_ needs no such table)
+    BACKWARD_ONLY_ON_CPU = ("msg_back", "gene_back", "entry_msg_back", "entry_pair_csr")
 
     def to(self, device) -> "Corrections":
-        def mv(t):
-            return None if t is None else t.to(device, non_blocking=True)
-        return Corrections(*(mv(t) for t in (
-            self.pair_sample, self.pair_gene, self.pair_deleted, self.entry_slot,
-            self.entry_source, self.pair_out, self.changed_slot)), plan=self.plan)
+        device = torch.device(device)
+
+        def mv(name, t):
+            if t is None or (name in self.BACKWARD_ONLY_ON_CPU and device.type != "cpu"):
+                return None
+            return t.to(device, non_blocking=True)
+        return Corrections(**{f.name: (getattr(self, f.name) if f.name == "plan" else
+                                       mv(f.name, getattr(self, f.name))) for f in fields(self)})
 
 
 def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     """Correction rows of the incremental first layer for ``deleted`` ``[B, k]``, computed
     where ``deleted`` is (on the host: no device sync; in a DataLoader worker: off the main
-    process). ``out_edges`` is ``SharedGraph.out_edges``."""
+    process). ``out_edges`` is ``SharedGraph.out_edges``.
+
+    Also lists, for the delta layer, the messages it forms: one per (changed row, edge type the
+    row's gene sends on), grouped by type (``msg_pair``, ``msg_index``, ``plan.type_counts``),
+    and for the pooled layer the in-edges that each sample's deleted genes take out of its
+    weights (``pool_drop``)."""
     deleted = validate_deleted(deleted, out_edges.num_nodes)
+    if out_edges.sends is None or out_edges.in_ptr is None:
+        raise ValueError("'out_edges' carries no type or in-edge lists: use "
+                         "SharedGraph.out_edges")
     dev = deleted.device
     ptr, slot = out_edges.ptr.to(dev), out_edges.slot.to(dev)
     n, t = out_edges.num_nodes, out_edges.num_types
@@ -121,10 +151,46 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     pair_sample, pair_gene = uniq // n, uniq % n
     plan = PushPlan(pair_sample, pair_gene, out_edges.ptr, out_edges.slot, deleted.shape[0])
     entry_slot = inv[:total] * t + e_slot % t
+    source_gene, source_of = torch.unique(genes, return_inverse=True)
+    source_index = torch.repeat_interleave(source_of, counts, output_size=total)
+    # the delta layer's messages: (row, type) where the row's gene sends on that type, listed
+    # type-major; a running count gives each its place (no division, sort or mask selection)
+    r = pair_gene.numel()
+    sends = out_edges.sends.to(dev).index_select(1, pair_gene)  # [T, R] 0/1
+    place = torch.cumsum(sends.view(-1), 0, dtype=torch.int32).view(t, r)
+    type_counts = sends.sum(1)
+    m = int(place[-1, -1]) if r else 0
+    msg_index = (place * sends - 1).view(-1).long()  # [T*R]: type t, row p at t*R + p
+    msg_pair = torch.empty(m + 1, dtype=torch.long, device=dev).scatter_(
+        0, torch.where(msg_index >= 0, msg_index, m), torch.arange(r, device=dev).repeat(t))[:m]
+    plan.type_counts = type_counts.tolist()
+    # the pooled layer's weights: sample b loses the in-edges (j -> s, type t) of each deleted s
+    in_ptr, in_slot = out_edges.in_ptr.to(dev), out_edges.in_slot.to(dev)
+    icount = in_ptr[genes + 1] - in_ptr[genes]
+    itotal = int(icount.sum())
+    i_first = torch.repeat_interleave(in_ptr[genes], icount, output_size=itotal)
+    i_within = torch.arange(itotal, device=dev) - torch.repeat_interleave(
+        torch.cumsum(icount, 0) - icount, icount, output_size=itotal)
+    i_sample = torch.repeat_interleave(samples, icount, output_size=itotal)
+    pool_drop = i_sample * (t * n) + in_slot[i_first + i_within]
+    deleted_pair = is_del.nonzero().flatten()
+    plan.num_deleted = int(deleted_pair.numel())
+    # the backward's scatters as sparse products (CPU): each row's messages, each gene's rows
+    row_major = msg_index.view(t, r).T.reshape(-1)
+    msg_back = selection_csr(msg_pair, r, order=row_major[row_major >= 0])
+    gene_back = selection_csr(pair_gene, n)
+    entry_msg = source_index * t + e_slot % t
+    entry_pair = inv[:total]
+    entry_msg_back = selection_csr(entry_msg, source_gene.numel() * t)
+    entry_pair_csr = selection_csr(entry_pair, r)
     return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
                        entry_slot=entry_slot, entry_source=e_gene,
                        pair_out=plan.pair_out.to(dev), changed_slot=torch.unique(entry_slot),
-                       plan=plan)
+                       plan=plan, source_gene=source_gene, entry_source_index=source_index,
+                       deleted_pair=deleted_pair, msg_pair=msg_pair, msg_index=msg_index,
+                       pool_drop=pool_drop, entry_msg=entry_msg, entry_pair=entry_pair,
+                       msg_back=msg_back, gene_back=gene_back, entry_msg_back=entry_msg_back,
+                       entry_pair_csr=entry_pair_csr)
 
 
 @dataclass
@@ -209,6 +275,7 @@ class NodeMaskBatch:
         self._corrections = corrections
         self._deg = None
         self._pool_w = None
+        self._pool_w1 = None
 
     # ---------------------------------------------------------------- helpers
     def _check(self, h: torch.Tensor, shared: bool = False) -> None:
@@ -234,6 +301,17 @@ class NodeMaskBatch:
             src = self._host_deleted if self._host_deleted is not None else self.deleted
             self._corrections = corrections(self.graph.out_edges, src).to(self.graph.device)
         return self._corrections
+
+    def _on_deleted_rows(self, rows: torch.Tensor, wild: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+        """``rows`` ``[R, H]`` plus ``scale * wild[gene]`` at the correction rows whose gene is
+        deleted (``k`` per sample: a short list, not a gather of every row)."""
+        c = self.corrections()
+        if c.deleted_pair is None:
+            d = (~c.pair_deleted).to(rows.dtype).unsqueeze(1)
+            return rows + scale * (1.0 - d) * wild.index_select(0, c.pair_gene)
+        genes = c.pair_gene.index_select(0, c.deleted_pair)
+        return rows.index_add(0, c.deleted_pair, wild.index_select(0, genes), alpha=scale)
 
     @staticmethod
     def _wsum(weight: torch.Tensor, t: int) -> torch.Tensor:
@@ -277,10 +355,23 @@ class NodeMaskBatch:
                                  batch_size=self.batch_size)
 
     def pooled_weights(self) -> torch.Tensor:
-        """``[B, T, N]``: ``w_tb[j]`` with ``mean_n agg_tb[n] = sum_j w_tb[j] h_b[j]``."""
+        """``[B, T, N]``: ``w_tb[j]`` with ``mean_n agg_tb[n] = sum_j w_tb[j] h_b[j]``.
+
+        Sum aggregation: ``w_tb[j] = D_b[j] (outdeg_t(j) - #edges j -> S_b of type t) / N``, the
+        wildtype out-degrees less the deleted genes' in-edges (``Corrections.pool_drop``); mean
+        aggregation: one product of ``A_t^T`` with the per-sample ``D_b / deg_tb``, width B."""
         if self._pool_w is None:
             g = self.graph
             n, t = g.num_nodes, g.num_types
+            if g.aggr == "sum" and self._corrections_allowed():
+                c = self.corrections()
+                w = g.out_deg.unsqueeze(0).repeat(self.batch_size, 1, 1)  # [B, T, N]
+                drop = c.pool_drop
+                with sparse_range(drop.numel()):
+                    w.view(-1).index_put_((drop,), torch.full_like(drop, -1.0, dtype=w.dtype),
+                                          accumulate=True)
+                self._pool_w = w * (self.keep / n).unsqueeze(1)
+                return self._pool_w
             d = self.keep.T.contiguous()  # [N, B]
             v = d.repeat_interleave(t, dim=0)  # row n*T + t = D[n]
             with sparse_range(nnz(g.blockdiag_t, *([g.a] if g.aggr == "mean" else []))
@@ -290,6 +381,12 @@ class NodeMaskBatch:
                 w = torch.sparse.mm(g.blockdiag_t, v).view(n, t, self.batch_size)
             self._pool_w = (w * d.unsqueeze(1) / n).permute(2, 1, 0).contiguous()
         return self._pool_w
+
+    def _corrections_allowed(self) -> bool:
+        """The corrections are given, or can be built without reading the device back (the
+        deleted genes are on the host): the pooled weights then need no product over E."""
+        c = self._corrections
+        return (c.pool_drop is not None) if c is not None else self._host_deleted is not None
 
     def aggregate_pooled(self, h: torch.Tensor) -> torch.Tensor:
         """``[B, T, H]``: the mean over genes of each sample's per-type aggregation of ``h``
@@ -392,75 +489,127 @@ class NodeMaskBatch:
             wt = wt + bias
         gene = c.pair_gene
         kept = (~c.pair_deleted).to(x0.dtype).unsqueeze(1)
-        xw = (x0 @ weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)).view(-1, ho)
-        msgs = xw.index_select(0, c.entry_source * t + c.entry_slot % t)  # [E_k, Ho]
+        # each deleted gene's messages x0[s] W_t, once per batch (not x0 W_t for every gene)
+        w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
+        xw = (x0.index_select(0, c.source_gene) @ w_push).view(-1, ho)  # [G*T, Ho]
+        msgs = gather_rows(xw, c.entry_msg, c.entry_msg_back)  # [E_k, Ho]
         r = gene.numel()
         if g.aggr == "mean":
             new_inv, change = self._mean_row_terms(sw, x0.dtype)
             msgs = msgs * new_inv.reshape(-1).index_select(0, c.entry_slot).unsqueeze(-1)
         else:
             change = None
-        lost = torch.zeros(r, ho, device=x0.device, dtype=x0.dtype).index_add(
-            0, c.entry_slot // t, msgs)
+        lost = add_rows(msgs, c.entry_pair, r, c.entry_pair_csr)
         delta = change - lost if change is not None else -lost
         # a deleted gene aggregates nothing: its row loses the whole aggregation term
-        delta = delta * kept - (1.0 - kept) * agg_lin.index_select(0, gene)
-        wt_rows = wt.index_select(0, gene)
+        delta = self._on_deleted_rows(delta * kept, agg_lin, -1.0)
+        wt_rows = gather_rows(wt, gene, c.gene_back)
         new_rows = wt_rows + delta
         if relu:
             wt, wt_rows, new_rows = torch.relu(wt), torch.relu(wt_rows), torch.relu(new_rows)
         return DeltaFeatures(wildtype=wt, delta=new_rows - wt_rows,
                              rows=c.pair_sample * g.num_nodes + gene, batch_size=self.batch_size)
 
-    def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
-                    bias: torch.Tensor | None = None, *, eps: float = 0.0,
-                    relu: bool = True) -> torch.Tensor:
-        """The GIN-shaped :meth:`layer` for features in delta form (the output of
-        :meth:`first_layer_delta`), delta-propagated: one wildtype product for the batch, and
-        per sample a push along the out-edges of its correction rows only (see
-        :mod:`workbook_lib.nodemask.delta`). Returns ``[B, N, H_out]``, equal to
-        ``layer(h.dense(), ...)``."""
+    def _delta_parts(self, h: DeltaFeatures, weight: torch.Tensor,
+                     bias: torch.Tensor | None, eps: float):
+        """What the delta layer pushes: ``(base [N, Ho], messages [M, Ho], weights, rows
+        [R, Ho])`` (see :meth:`delta_layer`)."""
         g, c = self.graph, self.corrections()
-        if c.plan is None or c.pair_out is None or c.changed_slot is None:
+        if c.plan is None or c.pair_out is None or c.changed_slot is None \
+                or c.msg_pair is None:
             raise ValueError("these corrections carry no push plan: build them with "
                              "workbook_lib.nodemask.corrections")
         n, t = g.num_nodes, g.num_types
         h1, d1 = h.wildtype, h.delta
-        hd, ho = h1.shape[-1], weight.shape[0]
         gene = c.pair_gene
         kept = (~c.pair_deleted).to(h1.dtype).unsqueeze(1)
         # D_b h1_b - h1 at the correction rows: the change, or minus the whole row if deleted
-        e = d1 * kept - (1.0 - kept) * h1.index_select(0, gene)
-        w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
-        u = (e @ w_push).view(-1, t, ho)  # [R, T, Ho]: each type's map applied before pushing
+        e = self._on_deleted_rows(d1 * kept, h1, -1.0)
+        u = grouped_messages(e, weight, c.msg_pair, c.plan.type_counts, c.msg_back)  # [M, Ho]
         sw, agg_lin = self._typed_linear(h1, weight)
         wsum = self._wsum(weight, t)
         selfwt = (1.0 + eps) * (h1 @ wsum.T)
         if bias is not None:
             selfwt = selfwt + bias
-        keep = self.keep.unsqueeze(-1)  # [B, N, 1]: a deleted gene receives no message
         corr = (1.0 + eps) * (d1 @ wsum.T)  # the self term's change
         if g.aggr == "mean":
+            keep = self.keep.unsqueeze(-1)  # [B, N, 1]: a deleted gene receives no message
             new_inv, change = self._mean_row_terms(sw, h1.dtype)
             inv = (1.0 / g.deg.clamp(min=1)).unsqueeze(0).repeat(self.batch_size, 1, 1)
             inv[c.pair_sample, gene] = new_inv
             w = (inv * keep).view(self.batch_size, n * t)
             corr = corr + change * kept
         else:
-            w = keep.expand(self.batch_size, n, t).reshape(self.batch_size, n * t)
-        corr = corr - (1.0 - kept) * agg_lin.index_select(0, gene)
-        out = push(g, c, agg_lin + selfwt, u, w, self.push_kernel)
-        out.index_put_((c.pair_sample, gene), corr, accumulate=True)  # rows are distinct
-        return torch.relu(out) if relu else out
+            w = self.keep  # [B, N]: one weight per receiving gene
+        corr = self._on_deleted_rows(corr, agg_lin, -1.0)
+        return agg_lin + selfwt, u, w, corr
+
+    def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None, *, eps: float = 0.0,
+                    relu: bool = True, with_wildtype: bool = False):
+        """The GIN-shaped :meth:`layer` for features in delta form (the output of
+        :meth:`first_layer_delta`), delta-propagated: one wildtype product for the batch, and
+        per sample a push along the out-edges of its correction rows only (see
+        :mod:`workbook_lib.nodemask.delta`). Returns ``[B, N, H_out]``, equal to
+        ``layer(h.dense(), ...)``; with ``with_wildtype`` also the layer's wildtype output
+        ``[N, H_out]`` (computed on the way: the dual forward's wildtype pass reuses it).
+
+        Per sample, a changed row forms one message ``e W_t^T`` per edge type its gene sends
+        on (not all T): the messages are grouped by type, one product per type for the whole
+        batch, so that their weight gradient is batched over samples too."""
+        base, u, w, corr = self._delta_parts(h, weight, bias, eps)
+        out = push(self.graph, self.corrections(), base, u, w, self.push_kernel, rows=corr,
+                   relu=relu)
+        if with_wildtype:
+            return out, (torch.relu(base) if relu else base)
+        return out
+
+    def delta_pooled_layer(self, h: DeltaFeatures, weight: torch.Tensor,
+                           bias: torch.Tensor | None, last_weight: torch.Tensor,
+                           last_bias: torch.Tensor | None = None, *, eps: float = 0.0,
+                           with_wildtype: bool = False):
+        """``pooled_layer(delta_layer(h, weight, bias), last_weight, last_bias)`` (``[B, H_out]``)
+        in one go: the pooled layer's weighted sums are taken inside the push
+        (:func:`~workbook_lib.nodemask.delta.push_pooled`: with the compiled kernel the
+        middle layer's ``[B, N, H]`` output is never written). With ``with_wildtype`` also the
+        middle layer's wildtype output ``[N, H]``."""
+        base, u, w, corr = self._delta_parts(h, weight, bias, eps)
+        pooled = push_pooled(self.graph, self.corrections(), base, u, w, self._pool_weights_1(),
+                             self.push_kernel, rows=corr)  # [B, T + 1, H]
+        out = self._pooled_map(pooled, last_weight, last_bias, eps)
+        return (out, torch.relu(base)) if with_wildtype else out
+
+    def _pool_weights_1(self) -> torch.Tensor:
+        """``[B, T + 1, N]``: the pooled weights and a row of ``1/N`` (the self term's mean)."""
+        if self._pool_w1 is None:
+            w = self.pooled_weights()
+            n = self.graph.num_nodes
+            self._pool_w1 = torch.cat([w, w.new_full((self.batch_size, 1, n), 1.0 / n)], 1)
+        return self._pool_w1
+
+    def _pooled_map(self, pooled: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+        """The last layer's map of ``pooled`` ``[B, T + 1, H]`` (the T weighted sums and the
+        mean): ``[B, H_out]``."""
+        t = self.graph.num_types
+        out = pooled[:, :t].reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (
+            pooled[:, t] @ self._wsum(weight, t).T)
+        return out + bias if bias is not None else out
 
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:
         """The mean over genes of a last (linear, no activation) layer's output, per sample:
         ``[B, H_out]``. Exact because the mean of a linear map is the linear map of the mean;
-        needs no ReLU between the layer and the pool."""
+        needs no ReLU between the layer and the pool. For per-sample ``h`` the self term's mean
+        is one more row of weights (``1/N``) in the same product: one pass over ``h``, forward
+        and backward."""
         t = self.graph.num_types
-        pooled = self.aggregate_pooled(h)  # [B, T, H]
-        hbar = h.mean(dim=-2) if h.dim() == 3 else h.mean(dim=0).expand(self.batch_size, -1)
-        out = pooled.reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (
-            hbar @ self._wsum(weight, t).T)
-        return out + bias if bias is not None else out
+        wsum = self._wsum(weight, t)
+        if h.dim() == 2:
+            pooled = self.aggregate_pooled(h)  # [B, T, H]
+            hbar = h.mean(dim=0).expand(self.batch_size, -1)
+            out = pooled.reshape(self.batch_size, -1) @ weight.T + (1.0 + eps) * (hbar @ wsum.T)
+            return out + bias if bias is not None else out
+        self._check(h)
+        pooled = torch.bmm(self._pool_weights_1(), h)  # [B, T + 1, H]: T weighted sums, mean
+        return self._pooled_map(pooled, weight, bias, eps)

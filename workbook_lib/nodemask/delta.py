@@ -8,37 +8,48 @@ genes, so for sum aggregation
 
     ``sum_t A_t (D_b h1_b) W_t^T = sum_t A_t h1 W_t^T + sum_t A_t (e_b W_t^T)``:
 
-the wildtype part is one product per batch, and each sample adds a *push* of
-``u_b = e_b W_t^T`` (``|R_b| x H x T x H_out`` dense work) along the out-edges of ``R_b`` only
-(``|edges leaving R_b| x H_out``), not all ``E`` edges. Mean aggregation divides each message
-by the receiving row's per-sample degree ``deg_tb`` (it differs from the wildtype's only at the
-out-neighbours of deleted genes) and corrects the wildtype part on those rows with
+the wildtype part is one product per batch, and each sample adds a *push* of the messages
+``e_b[r] W_t^T`` along the out-edges of ``R_b`` only (``|edges leaving R_b| x H_out``), not all
+``E`` edges. A row forms a message only for the edge types its gene sends on (5.9 of 9 on the
+real graph's changed rows): :func:`grouped_messages` lists them by type and makes one product
+per type for the whole batch (``M x H x H_out`` dense work, ``M`` the messages; the weight
+gradient is batched over samples). Mean aggregation divides each message by the receiving row's
+per-sample degree ``deg_tb`` (it differs from the wildtype's only at the out-neighbours of
+deleted genes) and corrects the wildtype part on those rows with
 ``S_t (1 / deg_tb - 1 / deg_t) W_t^T`` (``S`` the wildtype sums): exact as well.
 
-The push (:func:`push`) is a column-sliced sparse product. Stock PyTorch has none that is fast on
-a CPU (``index_add_`` of gathered messages, CSC products and column-filtered CSR builds all cost
-about as much as the full product there), so two kernels compute it:
+The push (:func:`push`) is a column-sliced sparse product; it also adds the correction rows'
+own terms (``rows``) and applies the layer's ReLU, so that the compiled kernel passes over each
+sample's ``[N, H]`` slab once, forward and backward (the ReLU's gradient, the wildtype part's
+gradient summed over samples and the rows' gradients are taken in the same pass). Stock PyTorch
+has no fast column-sliced product on a CPU (``index_add_`` of gathered messages, CSC products
+and column-filtered CSR builds all cost about as much as the full product there), so three
+kernels compute it:
 
 * ``numba`` (CPU default when ``numba`` is installed): a compiled loop, parallel over samples
   (each sample writes only its own ``[N, H]`` slab, which stays in a core's cache, so no atomics);
-  its backward is a gather, parallel over the rows of ``R_b``. Numba is the maintained way to
-  compile such a loop that installs from PyPI as a wheel on a fresh machine (no compiler needed
-  at run time, unlike ``torch.utils.cpp_extension``).
+  its backward is a gather, parallel over chunks of samples (each chunk its own buffers). Numba is
+  the maintained way to compile such a loop that installs from PyPI as a wheel on a fresh
+  machine (no compiler needed at run time, unlike ``torch.utils.cpp_extension``). Its threads
+  run on numba's ``workqueue`` layer (:data:`THREADING_LAYER`: they block between launches
+  instead of spinning beside PyTorch's threads).
 * ``pull`` (PyTorch only: the CPU fallback without numba): per sample and type, ``A_t`` times
   the changed rows scattered into a zero operand: the full product's sparse work, none of its
   dense work (1.6-1.8x slower per step than ``numba`` on this project's 2-core CPU). Falling
-  back to it warns once per process (a ``UserWarning``: :class:`PushKernelFallback`), and the kernel a step used is named in
-  the benchmark's labels and results (``default_push_kernel_reason`` says why);
+  back to it warns once per process (a ``UserWarning``: :class:`PushKernelFallback`), and the
+  kernel a step used is named in the benchmark's labels and results
+  (``default_push_kernel_reason`` says why);
 * ``index_add`` (PyTorch; the CUDA default, where ``index_add_`` is native): per sample, the
   out-edges of ``R_b`` are enumerated on the device with sizes known on the host (no sync) and
   the gathered messages are added with ``index_add_``. On a CPU, ``index_add_`` of many rows is
   slow (measured here: a push over 14.7M entries at H = 64 took 9.6 s on one thread against
   0.28 s compiled).
 
-Both give the same result as the plain reference (float32 rounding), outputs and gradients; the
-test suite runs both. With more than three layers, layers between the second and the last need
-the full per-sample product (by then nearly every gene has changed): only the second layer is
-delta-propagated.
+All give the same result as the plain reference (float32 rounding), outputs and gradients; the
+test suite runs every kernel. With more than three layers, layers between the second and the
+last need the full per-sample product (by then nearly every gene has changed): only the second
+layer is delta-propagated. What an exact sample needs at the least is
+:mod:`workbook_lib.nodemask.floor`.
 """
 from __future__ import annotations
 
@@ -48,7 +59,7 @@ import warnings
 import numpy as np
 import torch
 
-from .kernels import sparse_range
+from .kernels import MOVE_TAG, dense_inside, sparse_range
 
 PUSH_KERNELS = ("numba", "pull", "index_add")
 
@@ -56,6 +67,13 @@ _NUMBA = None  # (forward, backward) once compiled; False when numba is unavaila
 _WARNED_FALLBACK = False  # the pull fallback has been announced in this process
 
 NO_NUMBA_ENV = "WORKBOOK_NO_NUMBA"  # set (non-empty): behave as if numba were not installed
+
+# numba's threads wait for work blocked, not spinning: its default OpenMP layer keeps its threads
+# spinning after each parallel region, and on a machine with as many cores as PyTorch's threads
+# they starve PyTorch's next operations (measured inside the backward on the 2-core machine: a
+# 1.7 MB zeros took 15 ms and an 84-row index_add_ 150 ms after the push, 0.2 and 0.07 ms with
+# 'workqueue'). Applied before numba's first parallel launch, unless NUMBA_THREADING_LAYER is set.
+THREADING_LAYER = "workqueue"
 
 
 class PushKernelFallback(UserWarning):
@@ -78,40 +96,152 @@ def _numba_kernels():
     except ImportError:
         _NUMBA = False
         return _NUMBA
+    if not os.environ.get("NUMBA_THREADING_LAYER"):  # a user's explicit choice is kept
+        numba.config.THREADING_LAYER = THREADING_LAYER
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
-    def fwd(out, u, pair_ptr, pair_gene, ptr, slot, t, w):  # pragma: no cover - jitted
-        nb = pair_ptr.shape[0] - 1
-        ho = u.shape[2]
-        for b in prange(nb):
+    def fwd(out, base, u, rows, pair_ptr, pair_gene, ptr, node, etype, widx, msg_index, t,
+            w, relu):  # pragma: no cover - jitted
+        nb, n_nodes, ho = out.shape
+        r = pair_gene.shape[0]
+        for b in prange(nb):  # one sample's slab per thread: it stays in cache, no atomics
+            for n in range(n_nodes):
+                for j in range(ho):
+                    out[b, n, j] = base[n, j]
             for p in range(pair_ptr[b], pair_ptr[b + 1]):
                 s = pair_gene[p]
                 for e in range(ptr[s], ptr[s + 1]):
-                    sl = slot[e]
-                    c = w[b, sl]
+                    c = w[b, widx[e]]
                     if c != 0.0:
-                        n = sl // t
-                        ty = sl - n * t
+                        q = msg_index[etype[e] * r + p]
+                        n = node[e]
                         for j in range(ho):
-                            out[b, n, j] += c * u[p, ty, j]
+                            out[b, n, j] += c * u[q, j]
+            for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                s = pair_gene[p]
+                for j in range(ho):
+                    out[b, s, j] += rows[p, j]
+            if relu:
+                for n in range(n_nodes):
+                    for j in range(ho):
+                        if out[b, n, j] < 0.0:
+                            out[b, n, j] = 0.0
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
-    def bwd(gu, g, pair_sample, pair_gene, ptr, slot, t, w):  # pragma: no cover - jitted
-        np_ = pair_gene.shape[0]
-        ho = g.shape[2]
-        for p in prange(np_):
-            b = pair_sample[p]
-            s = pair_gene[p]
-            for e in range(ptr[s], ptr[s + 1]):
-                sl = slot[e]
-                c = w[b, sl]
-                if c != 0.0:
-                    n = sl // t
-                    ty = sl - n * t
+    def bwd(gu, grows, gbase, scratch, g, out, pair_ptr, pair_gene, ptr, node, etype, widx,
+            msg_index, t, w, relu):  # pragma: no cover - jitted
+        nb, n_nodes, ho = g.shape
+        chunks = gbase.shape[0]
+        r = pair_gene.shape[0]
+        for ch in prange(chunks):  # samples ch, ch + chunks, ...: each chunk its own buffers
+            sc = scratch[ch]
+            for b in range(ch, nb, chunks):
+                for n in range(n_nodes):  # the gradient before the ReLU, once per sample
                     for j in range(ho):
-                        gu[p, ty, j] += c * g[b, n, j]
+                        v = g[b, n, j]
+                        if relu and out[b, n, j] <= 0.0:
+                            v = 0.0
+                        sc[n, j] = v
+                        gbase[ch, n, j] += v
+                for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                    s = pair_gene[p]
+                    for j in range(ho):
+                        grows[p, j] = sc[s, j]
+                    for ty in range(t):  # this row's messages: zeroed here, not in a pass
+                        q = msg_index[ty * r + p]
+                        if q >= 0:
+                            for j in range(ho):
+                                gu[q, j] = 0.0
+                    for e in range(ptr[s], ptr[s + 1]):
+                        c = w[b, widx[e]]
+                        if c != 0.0:
+                            q = msg_index[etype[e] * r + p]
+                            n = node[e]
+                            for j in range(ho):
+                                gu[q, j] += c * sc[n, j]
 
-    _NUMBA = (fwd, bwd, numba)
+    @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
+    def fwd_pool(pooled, mask, scratch, base, u, rows, pair_ptr, pair_gene, ptr, node, etype,
+                 widx, msg_index, t, w, wp):  # pragma: no cover - jitted
+        nb, kk, ho = pooled.shape
+        n_nodes = base.shape[0]
+        chunks = scratch.shape[0]
+        r = pair_gene.shape[0]
+        for ch in prange(chunks):  # samples ch, ch + chunks, ...: a slab of its own per chunk
+            sl = scratch[ch]
+            for b in range(ch, nb, chunks):
+                for n in range(n_nodes):
+                    for j in range(ho):
+                        sl[n, j] = base[n, j]
+                for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                    s = pair_gene[p]
+                    for e in range(ptr[s], ptr[s + 1]):
+                        c = w[b, widx[e]]
+                        if c != 0.0:
+                            q = msg_index[etype[e] * r + p]
+                            n = node[e]
+                            for j in range(ho):
+                                sl[n, j] += c * u[q, j]
+                for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                    s = pair_gene[p]
+                    for j in range(ho):
+                        sl[s, j] += rows[p, j]
+                for k in range(kk):
+                    for j in range(ho):
+                        pooled[b, k, j] = 0.0
+                for n in range(n_nodes):  # ReLU, then this row's share of every weighted sum
+                    for j in range(ho):
+                        if sl[n, j] > 0.0:
+                            mask[b, n, j] = 1
+                        else:
+                            sl[n, j] = 0.0
+                            mask[b, n, j] = 0
+                    for k in range(kk):
+                        c = wp[b, k, n]
+                        if c != 0.0:
+                            for j in range(ho):
+                                pooled[b, k, j] += c * sl[n, j]
+
+    @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
+    def bwd_pool(gu, grows, gbase, scratch, gpooled, mask, wp, pair_ptr, pair_gene, ptr, node,
+                 etype, widx, msg_index, t, w):  # pragma: no cover - jitted
+        nb, kk, ho = gpooled.shape
+        n_nodes = mask.shape[1]
+        chunks = gbase.shape[0]
+        r = pair_gene.shape[0]
+        for ch in prange(chunks):
+            sc = scratch[ch]
+            for b in range(ch, nb, chunks):
+                for n in range(n_nodes):  # the rows' gradient, through the ReLU
+                    for j in range(ho):
+                        sc[n, j] = 0.0
+                    for k in range(kk):
+                        c = wp[b, k, n]
+                        if c != 0.0:
+                            for j in range(ho):
+                                sc[n, j] += c * gpooled[b, k, j]
+                    for j in range(ho):
+                        if mask[b, n, j] == 0:
+                            sc[n, j] = 0.0
+                        gbase[ch, n, j] += sc[n, j]
+                for p in range(pair_ptr[b], pair_ptr[b + 1]):
+                    s = pair_gene[p]
+                    for j in range(ho):
+                        grows[p, j] = sc[s, j]
+                    for ty in range(t):
+                        q = msg_index[ty * r + p]
+                        if q >= 0:
+                            for j in range(ho):
+                                gu[q, j] = 0.0
+                    for e in range(ptr[s], ptr[s + 1]):
+                        c = w[b, widx[e]]
+                        if c != 0.0:
+                            q = msg_index[etype[e] * r + p]
+                            n = node[e]
+                            for j in range(ho):
+                                gu[q, j] += c * sc[n, j]
+
+    _NUMBA = (fwd, bwd, numba, fwd_pool, bwd_pool)
     return _NUMBA
 
 
@@ -119,6 +249,19 @@ def _np(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor, sharing memory (through DLPack: not a host copy, and not
     counted as one by :mod:`workbook_lib.measurement.syncs`)."""
     return np.from_dlpack(t.detach())
+
+
+def numba_threading_layer() -> str:
+    """The threading layer numba's parallel kernels run on in this process ("" without numba;
+    the configured one until the first parallel launch)."""
+    kernels = _numba_kernels()
+    if not kernels:
+        return ""
+    numba = kernels[2]
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel launch yet
+        return str(numba.config.THREADING_LAYER)
 
 
 def numba_available() -> bool:
@@ -196,33 +339,56 @@ def _enumerate(plan: PushPlan, b: int, pair_gene: torch.Tensor, pair_out: torch.
     return rows, slot[start + within]
 
 
+def _weight_column(sl: torch.Tensor, w: torch.Tensor, n: int, t: int) -> torch.Tensor:
+    """The column of ``w`` weighing out-edges landing on slots ``sl``: the slot itself for
+    ``[B, N*T]`` weights, the receiving gene for ``[B, N]`` ones."""
+    return sl if w.shape[1] == n * t else sl // t
+
+
 def _index_add_forward(out, u, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
-    flat, uf = out.view(-1, out.shape[-1]), u.view(-1, u.shape[-1])
+    flat = out.view(-1, out.shape[-1])
     for b in range(len(plan.ranges) - 1):
         if plan.entries[b]:
             rows, sl = _enumerate(plan, b, corr.pair_gene, corr.pair_out, graph.out_ptr,
                                   graph.out_slot)
-            msg = uf.index_select(0, rows * t + sl % t) * w[b].index_select(0, sl).unsqueeze(-1)
+            q = corr.msg_index.index_select(0, (sl % t) * corr.pair_gene.numel() + rows)
+            msg = u.index_select(0, q) * w[b].index_select(0, _weight_column(sl, w, n, t)
+                                                          ).unsqueeze(-1)
             flat.index_add_(0, b * n + sl // t, msg)
 
 
 def _index_add_backward(gu, grad, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
-    gflat, guf = grad.view(-1, grad.shape[-1]), gu.view(-1, gu.shape[-1])
+    gflat = grad.view(-1, grad.shape[-1])
     for b in range(len(plan.ranges) - 1):
         if plan.entries[b]:
             rows, sl = _enumerate(plan, b, corr.pair_gene, corr.pair_out, graph.out_ptr,
                                   graph.out_slot)
-            msg = gflat.index_select(0, b * n + sl // t) * w[b].index_select(0, sl).unsqueeze(-1)
-            guf.index_add_(0, rows * t + sl % t, msg)
+            q = corr.msg_index.index_select(0, (sl % t) * corr.pair_gene.numel() + rows)
+            msg = gflat.index_select(0, b * n + sl // t) * w[b].index_select(
+                0, _weight_column(sl, w, n, t)).unsqueeze(-1)
+            gu.index_add_(0, q, msg)
+
+
+def message_slots(corr) -> torch.Tensor:
+    """``[M]``: ``row * T + type`` of each message (``Corrections.msg_pair`` with its type, the
+    messages grouped by type in ``plan.type_counts``): where a message sits in ``[R, T, Ho]``."""
+    counts = corr.plan.type_counts
+    dev = corr.msg_pair.device
+    types = torch.repeat_interleave(torch.arange(len(counts), device=dev),
+                                    torch.tensor(counts, device=dev),
+                                    output_size=int(sum(counts)))
+    return corr.msg_pair * len(counts) + types
 
 
 def _pull_forward(out, u, w, graph, corr):
     """Per sample and type, ``A_t`` times the rows of ``R_b`` scattered into a zero ``[N, H]``
     operand: the full product's sparse work, but none of its dense work."""
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
-    wv = w.view(w.shape[0], n, t)
+    full = u.new_zeros(corr.pair_gene.numel() * t, u.shape[-1]).index_copy_(
+        0, message_slots(corr), u).view(-1, t, u.shape[-1])
+    wv = w.view(w.shape[0], n, -1).expand(w.shape[0], n, t)
     dense = u.new_zeros(t, n, u.shape[-1])
     for b in range(len(plan.ranges) - 1):
         lo, hi = plan.ranges[b], plan.ranges[b + 1]
@@ -230,14 +396,15 @@ def _pull_forward(out, u, w, graph, corr):
             continue
         genes = corr.pair_gene[lo:hi]
         dense.zero_()
-        dense.index_copy_(1, genes, u[lo:hi].transpose(0, 1))
+        dense.index_copy_(1, genes, full[lo:hi].transpose(0, 1))
         for j, a in enumerate(graph.per_type):
             out[b].addcmul_(wv[b, :, j].unsqueeze(-1), torch.mm(a, dense[j]))
 
 
 def _pull_backward(gu, grad, w, graph, corr):
     plan, n, t = corr.plan, graph.num_nodes, graph.num_types
-    wv = w.view(w.shape[0], n, t)
+    full = gu.new_zeros(corr.pair_gene.numel(), t, gu.shape[-1])
+    wv = w.view(w.shape[0], n, -1).expand(w.shape[0], n, t)
     for b in range(len(plan.ranges) - 1):
         lo, hi = plan.ranges[b], plan.ranges[b + 1]
         if hi == lo:
@@ -245,36 +412,223 @@ def _pull_backward(gu, grad, w, graph, corr):
         genes = corr.pair_gene[lo:hi]
         for j, a_t in enumerate(graph.per_type_t):
             g = torch.mm(a_t, grad[b] * wv[b, :, j].unsqueeze(-1))
-            gu[lo:hi, j] = g.index_select(0, genes)
+            full[lo:hi, j] = g.index_select(0, genes)
+    gu.copy_(full.view(-1, gu.shape[-1]).index_select(0, message_slots(corr)))
 
 
-class _Push(torch.autograd.Function):
-    """``out[b] = base + sum over rows p of sample b, out-edges (n, t) of gene(p):
-    w[b, n*T + t] u[p, t]`` (``[B, N, Ho]``); gradients for ``base`` and ``u``."""
+class _GroupedMessages(torch.autograd.Function):
+    """``u[m] = e[msg_pair[m]] W_t^T`` for the messages of each type ``t`` in turn, written in
+    place (no concatenation); backward: the messages' gradients mapped back per type, added to
+    their rows with ``back`` (:func:`~workbook_lib.nodemask.kernels.gather_rows`), and each
+    type's weight gradient one product over every sample's rows."""
 
     @staticmethod
-    def forward(ctx, base, u, w, graph, corr, kernel):
-        bsz, n = len(corr.plan.ranges) - 1, graph.num_nodes
-        out = base.unsqueeze(0).repeat(bsz, 1, 1)  # new memory even for B = 1
-        u, w = u.contiguous(), w.contiguous()
-        with sparse_range(corr.plan.total_entries * u.shape[-1]):  # useful multiply-adds
-            _push_forward(out, u, w, graph, corr, kernel)
-        ctx.args = (graph, corr, kernel, u.shape)
-        ctx.save_for_backward(w)
+    def forward(ctx, e, weight, msg_pair, counts, back):
+        hd, ho = e.shape[-1], weight.shape[0]
+        ec = e.index_select(0, msg_pair)  # [M, H]
+        out = e.new_empty(ec.shape[0], ho)
+        lo = 0
+        for i, m in enumerate(counts):
+            if m:
+                torch.mm(ec[lo:lo + m], weight[:, i * hd:(i + 1) * hd].T, out=out[lo:lo + m])
+            lo += m
+        ctx.counts, ctx.back, ctx.rows = counts, back, e.shape[0]
+        ctx.save_for_backward(ec, weight, msg_pair)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        graph, corr, kernel, u_shape = ctx.args
-        (w,) = ctx.saved_tensors
+        ec, weight, msg_pair = ctx.saved_tensors
+        hd = ec.shape[-1]
         grad = grad.contiguous()
-        gbase = grad.sum(0) if ctx.needs_input_grad[0] else None
-        gu = None
+        ge = gw = None
+        if ctx.needs_input_grad[0]:
+            gec = torch.empty_like(ec)
+            lo = 0
+            for i, m in enumerate(ctx.counts):
+                if m:
+                    torch.mm(grad[lo:lo + m], weight[:, i * hd:(i + 1) * hd],
+                             out=gec[lo:lo + m])
+                lo += m
+            if ctx.back is not None and gec.device.type == "cpu":
+                with torch.profiler.record_function(MOVE_TAG):
+                    ge = torch.sparse.mm(ctx.back, gec)
+            else:
+                ge = gec.new_zeros(ctx.rows, hd).index_add_(0, msg_pair, gec)
         if ctx.needs_input_grad[1]:
-            gu = grad.new_zeros(u_shape)
-            with sparse_range(corr.plan.total_entries * u_shape[-1]):
-                _push_backward(gu, grad, w, graph, corr, kernel)
-        return gbase, gu, None, None, None, None
+            gw = weight.new_zeros(weight.shape)
+            lo = 0
+            for i, m in enumerate(ctx.counts):
+                if m:
+                    gw[:, i * hd:(i + 1) * hd] = grad[lo:lo + m].T @ ec[lo:lo + m]
+                lo += m
+        return ge, gw, None, None, None
+
+
+def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tensor,
+                     type_counts: list[int], back: torch.Tensor | None = None) -> torch.Tensor:
+    """``[M, H_out]``: the messages ``e[msg_pair[m]] W_t^T``, grouped by type ``t``
+    (``type_counts[t]`` rows each, in order): one product per type for the whole batch, so
+    that a row forms only the types its gene sends on, and each type's weight gradient is one
+    product over every sample's rows.
+
+    Args:
+        e: ``[R, H]`` the rows' changes.
+        weight: ``[H_out, T*H]`` the layer's weight (type-major input features).
+        msg_pair: ``[M]`` the row of each message.
+        type_counts: messages per type (host ints: the split needs no device read).
+        back: optional CSR ``[R, M]``, each row's messages (``Corrections.msg_back``): the
+            backward adds the messages' gradients to their rows with one sparse product (CPU).
+    """
+    t, hd = len(type_counts), e.shape[-1]
+    if weight.shape[1] != t * hd:
+        raise ValueError(f"'weight' must be [H_out, {t}*{hd}] (got {list(weight.shape)})")
+    if sum(type_counts) != msg_pair.numel():
+        raise ValueError(f"'type_counts' sum to {sum(type_counts)}, 'msg_pair' has "
+                         f"{msg_pair.numel()} messages")
+    return _GroupedMessages.apply(e, weight, msg_pair, list(type_counts), back)
+
+
+class _Push(torch.autograd.Function):
+    """``out[b] = act(base + rows at (b, gene) + sum over rows p of sample b, out-edges (n, t)
+    of gene(p): w[b, n*T + t] u[m(p, t)])`` (``[B, N, Ho]``; ``act`` ReLU or none); gradients
+    for ``base``, ``u`` and ``rows``. The compiled kernel does each sample in one pass over its
+    slab, the ReLU and its gradient included (no other pass over ``[B, N, Ho]``)."""
+
+    @staticmethod
+    def forward(ctx, base, u, rows, w, graph, corr, kernel, relu):
+        bsz = len(corr.plan.ranges) - 1
+        base, u, rows, w = base.contiguous(), u.contiguous(), rows.contiguous(), w.contiguous()
+        with sparse_range(corr.plan.total_entries * u.shape[-1]):  # useful multiply-adds
+            if kernel == "numba":
+                out = base.new_empty(bsz, *base.shape)
+                _numba_threads()
+                _numba_kernels()[0](
+                    _np(out), _np(base), _np(u), _np(rows), _np(corr.plan.pair_ptr),
+                    _np(corr.pair_gene.long()), _np(graph.out_edges.ptr), _np(graph.out_node),
+                    _np(graph.out_type), _np(_weight_index(graph, w)), _np(corr.msg_index),
+                    graph.num_types, _np(w), relu)
+            else:
+                out = base.unsqueeze(0).repeat(bsz, 1, 1)  # new memory even for B = 1
+                (_pull_forward if kernel == "pull" else _index_add_forward)(
+                    out, u, w, graph, corr)
+                out.index_put_((corr.pair_sample, corr.pair_gene), rows, accumulate=True)
+                if relu:
+                    out.relu_()
+        ctx.args = (graph, corr, kernel, u.shape, relu)
+        ctx.save_for_backward(w, out if relu else None)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        graph, corr, kernel, u_shape, relu = ctx.args
+        w, out = ctx.saved_tensors
+        grad = grad.contiguous()
+        gu = grad.new_empty(u_shape) if kernel == "numba" else grad.new_zeros(u_shape)
+        with sparse_range(corr.plan.total_entries * u_shape[-1]):
+            if kernel == "numba":
+                _numba_threads()
+                numba = _numba_kernels()[2]
+                chunks = max(1, min(numba.get_num_threads(), grad.shape[0]))
+                parts = grad.new_zeros(chunks, *grad.shape[1:])
+                scratch = grad.new_empty(chunks, *grad.shape[1:])
+                grows = grad.new_empty(corr.pair_gene.numel(), grad.shape[-1])
+                _numba_kernels()[1](
+                    _np(gu), _np(grows), _np(parts), _np(scratch), _np(grad),
+                    _np(out if relu else grad), _np(corr.plan.pair_ptr),
+                    _np(corr.pair_gene.long()), _np(graph.out_edges.ptr), _np(graph.out_node),
+                    _np(graph.out_type), _np(_weight_index(graph, w)), _np(corr.msg_index),
+                    graph.num_types, _np(w), relu)
+                gbase = parts.sum(0)
+            else:
+                g = grad * (out > 0) if relu else grad
+                gbase = g.sum(0)
+                grows = g[corr.pair_sample, corr.pair_gene]
+                (_pull_backward if kernel == "pull" else _index_add_backward)(
+                    gu, g, w, graph, corr)
+        return gbase, gu, grows, None, None, None, None, None
+
+
+class _PushPool(torch.autograd.Function):
+    """The compiled push (with its rows and ReLU) followed by weighted sums of each sample's
+    rows, ``pooled[b, k] = sum_n wp[b, k, n] out[b, n]``, in one pass per sample: the
+    ``[B, N, Ho]`` output is never written (a ReLU mask of one byte per element is); backward the
+    same way. Gradients for ``base``, ``u`` and ``rows`` (``wp`` is a constant)."""
+
+    @staticmethod
+    def forward(ctx, base, u, rows, w, wp, graph, corr):
+        bsz, kk = wp.shape[0], wp.shape[1]
+        base, u, rows, w, wp = (x.contiguous() for x in (base, u, rows, w, wp))
+        _numba_threads()
+        numba = _numba_kernels()[2]
+        chunks = max(1, min(numba.get_num_threads(), bsz))
+        pooled = base.new_empty(bsz, kk, base.shape[-1])
+        mask = torch.empty(bsz, *base.shape, dtype=torch.uint8)
+        scratch = base.new_empty(chunks, *base.shape)
+        with sparse_range(corr.plan.total_entries * u.shape[-1]):
+            dense_inside(pooled.numel() * base.shape[0])  # the weighted sums: B K N Ho
+            _numba_kernels()[3](
+                _np(pooled), _np(mask), _np(scratch), _np(base), _np(u), _np(rows),
+                _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()), _np(graph.out_edges.ptr),
+                _np(graph.out_node), _np(graph.out_type), _np(_weight_index(graph, w)),
+                _np(corr.msg_index), graph.num_types, _np(w), _np(wp))
+        ctx.args = (graph, corr, u.shape, chunks)
+        ctx.save_for_backward(w, wp, mask)
+        return pooled
+
+    @staticmethod
+    def backward(ctx, gpooled):
+        graph, corr, u_shape, chunks = ctx.args
+        w, wp, mask = ctx.saved_tensors
+        gpooled = gpooled.contiguous()
+        n, ho = mask.shape[1], mask.shape[2]
+        gu = gpooled.new_empty(u_shape)
+        grows = gpooled.new_empty(corr.pair_gene.numel(), ho)
+        parts = gpooled.new_zeros(chunks, n, ho)
+        scratch = gpooled.new_empty(chunks, n, ho)
+        _numba_threads()
+        with sparse_range(corr.plan.total_entries * u_shape[-1]):
+            dense_inside(gpooled.numel() * n)  # the rows' gradient: B K N Ho
+            _numba_kernels()[4](
+                _np(gu), _np(grows), _np(parts), _np(scratch), _np(gpooled), _np(mask), _np(wp),
+                _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()), _np(graph.out_edges.ptr),
+                _np(graph.out_node), _np(graph.out_type), _np(_weight_index(graph, w)),
+                _np(corr.msg_index), graph.num_types, _np(w))
+        return parts.sum(0), gu, grows, None, None, None, None
+
+
+def push_pooled(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
+                pool: torch.Tensor, kernel: str | None = None, *,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, K, Ho]``: ``pool`` ``[B, K, N]`` times each sample's rows of
+    ``push(..., rows=rows, relu=True)`` (weighted sums: a pooled last layer's input). With the
+    ``numba`` kernel one pass per sample, the ``[B, N, Ho]`` result never written; with the
+    others the push, then a batched product. Differentiable in ``base``, ``u`` and ``rows``.
+
+    Args:
+        graph, corr, base, u, weight, kernel, rows: as for :func:`push`.
+        pool: ``[B, K, N]`` weights (no gradient), e.g. the pooled layer's ``T`` per-type
+            weights and a row of ``1/N`` for the mean.
+    """
+    kernel = kernel or default_push_kernel(base.device)
+    _check_push_args(graph, corr, base, weight, kernel)
+    bsz = len(corr.plan.ranges) - 1
+    if pool.dim() != 3 or pool.shape[0] != bsz or pool.shape[2] != graph.num_nodes:
+        raise ValueError(f"'pool' must be [B, K, N] with B={bsz}, N={graph.num_nodes} "
+                         f"(got {list(pool.shape)})")
+    if kernel != "numba" or pool.requires_grad:
+        return torch.bmm(pool, push(graph, corr, base, u, weight, kernel, rows=rows, relu=True))
+    if u.dim() == 3:
+        u = u.reshape(-1, u.shape[-1]).index_select(0, message_slots(corr))
+    if rows is None:
+        rows = base.new_zeros(corr.pair_gene.numel(), base.shape[-1])
+    return _PushPool.apply(base, u, rows, weight, pool, graph, corr)
+
+
+def _weight_index(graph, w: torch.Tensor) -> torch.Tensor:
+    """Per out-edge, its column in ``w``: the slot (``[B, N*T]``) or the receiver (``[B, N]``)."""
+    return graph.out_edges.slot if w.shape[1] == graph.num_nodes * graph.num_types \
+        else graph.out_node
 
 
 def _numba_threads() -> None:
@@ -283,44 +637,7 @@ def _numba_threads() -> None:
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
 
 
-def _push_forward(out, u, w, graph, corr, kernel):
-    if kernel == "numba":
-        _numba_threads()
-        fwd = _numba_kernels()[0]
-        fwd(_np(out), _np(u), _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()),
-            _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types, _np(w))
-    elif kernel == "pull":
-        _pull_forward(out, u, w, graph, corr)
-    else:
-        _index_add_forward(out, u, w, graph, corr)
-
-
-def _push_backward(gu, grad, w, graph, corr, kernel):
-    if kernel == "numba":
-        _numba_threads()
-        bwd = _numba_kernels()[1]
-        bwd(_np(gu), _np(grad), _np(corr.pair_sample.long()), _np(corr.pair_gene.long()),
-            _np(graph.out_edges.ptr), _np(graph.out_edges.slot), graph.num_types, _np(w))
-    elif kernel == "pull":
-        _pull_backward(gu, grad, w, graph, corr)
-    else:
-        _index_add_backward(gu, grad, w, graph, corr)
-
-
-def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
-         kernel: str | None = None) -> torch.Tensor:
-    """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each correction row ``p``'s
-    messages ``u[p, t]`` (``u`` ``[R, T, Ho]``) pushed along its gene's out-edges of type ``t``,
-    each scaled by ``weight[b, n*T + t]`` (``[B, N*T]``: 0 for a deleted receiver, 1/degree
-    for mean aggregation). Differentiable in ``base`` and ``u``.
-
-    Args:
-        graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
-        corr: the batch's ``Corrections`` (built by ``corrections``: it carries the plan).
-        kernel: ``numba`` (CPU), ``pull`` (PyTorch, per-type CSR products: the CPU fallback)
-            or ``index_add`` (PyTorch push: the CUDA path); default by device.
-    """
-    kernel = kernel or default_push_kernel(base.device)
+def _check_push_args(graph, corr, base: torch.Tensor, weight: torch.Tensor, kernel: str) -> None:
     if kernel not in PUSH_KERNELS:
         raise ValueError(f"'push_kernel' must be one of {list(PUSH_KERNELS)} (got {kernel!r})")
     if kernel == "numba":
@@ -329,7 +646,41 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
                              "use push_kernel='pull'")
         if base.device.type != "cpu":
             raise ValueError("push_kernel='numba' runs on CPU tensors only; use 'index_add'")
-    if corr.plan is None or corr.pair_out is None:
+    if corr.plan is None or corr.pair_out is None or corr.msg_index is None:
         raise ValueError("these corrections carry no push plan: build them with "
                          "workbook_lib.nodemask.corrections")
-    return _Push.apply(base, u, weight, graph, corr, kernel)
+    n, t = graph.num_nodes, graph.num_types
+    if weight.dim() != 2 or weight.shape[1] not in (n, n * t):
+        raise ValueError(f"'weight' must be [B, N*T] (per receiving slot) or [B, N] (per "
+                         f"receiving gene) with N={n}, T={t} (got {list(weight.shape)})")
+
+
+def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
+         kernel: str | None = None, *, rows: torch.Tensor | None = None,
+         relu: bool = False) -> torch.Tensor:
+    """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each correction row's
+    messages pushed along its gene's out-edges of their type, each scaled by
+    ``weight[b, n*T + t]`` (``[B, N*T]``: 0 for a deleted receiver, 1/degree for mean
+    aggregation) or ``weight[b, n]`` (``[B, N]``: one weight per receiving gene, e.g. the kept
+    mask for sum aggregation), plus ``rows`` at the correction rows themselves, then a ReLU if
+    ``relu``.
+    Differentiable in ``base``, ``u`` and ``rows``.
+
+    Args:
+        graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
+        corr: the batch's ``Corrections`` (built by ``corrections``: it carries the plan).
+        u: the messages, ``[M, Ho]`` grouped by type as ``corr.msg_pair`` lists them (what
+            :func:`grouped_messages` returns), or ``[R, T, Ho]`` one per (row, type) (the
+            types a row's gene does not send on are never read).
+        kernel: ``numba`` (CPU), ``pull`` (PyTorch, per-type CSR products: the CPU fallback)
+            or ``index_add`` (PyTorch push: the CUDA path); default by device.
+        rows: ``[R, Ho]`` added at row ``(pair_sample[p], pair_gene[p])`` (zero if not given).
+        relu: apply a ReLU to the result (inside the compiled kernel's pass on a CPU).
+    """
+    kernel = kernel or default_push_kernel(base.device)
+    _check_push_args(graph, corr, base, weight, kernel)
+    if u.dim() == 3:
+        u = u.reshape(-1, u.shape[-1]).index_select(0, message_slots(corr))
+    if rows is None:
+        rows = base.new_zeros(corr.pair_gene.numel(), base.shape[-1])
+    return _Push.apply(base, u, rows, weight, graph, corr, kernel, relu)

@@ -14,7 +14,11 @@ Matrices prepared here (``T`` edge types, ``N`` genes):
   sends to; the incremental first layer corrects exactly those;
 * ``blockdiag_t``: ``[N*T, N*T]``, the block-diagonal of the per-type transposes; one product of
   it with a ``[N*T, B]`` matrix gives ``A_t^T v_t`` for every type (the pooled last layer's weights);
-* ``deg``: ``[N, T]`` wildtype in-degrees (mean aggregation).
+* ``deg``: ``[N, T]`` wildtype in-degrees (mean aggregation); ``out_deg`` ``[T, N]`` wildtype
+  out-degrees (the pooled last layer's weights for sum aggregation, corrected per sample over the
+  deleted genes' in-edges only);
+* host copies (:class:`OutEdges`) of every gene's out-edges, in-edges and the edge types it sends
+  on: what the collate needs to list a batch's changed rows without touching the device.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import default_kernel, to_csr, transpose
+from .kernels import default_kernel, nnz, sparse_range, to_csr, transpose
 
 AGGRS = ("sum", "mean")
 
@@ -30,12 +34,37 @@ AGGRS = ("sum", "mean")
 @dataclass
 class OutEdges:
     """Host copy of every gene's out-edges: ``slot[ptr[s]:ptr[s+1]]`` are the (gene, type)
-    slots ``n*T + t`` gene ``s`` sends to. Small and picklable (DataLoader workers use it)."""
+    slots ``n*T + t`` gene ``s`` sends to. Small and picklable (DataLoader workers use it).
+
+    ``sends[t, s]``: 1 when gene ``s`` has an out-edge of type ``t`` (the delta layer forms a
+    message of that type for a changed row only then), else 0 (``[T, N]`` int32); ``in_slot[in_ptr[s]:in_ptr[s+1]]`` are the
+    (type ``t``, source ``j``) places ``t*N + j`` of gene ``s``'s in-edges in the pooled layer's
+    ``[T, N]`` weights (they lose exactly those when ``s`` is deleted). Built by
+    :func:`out_edges_of`."""
 
     ptr: torch.Tensor
     slot: torch.Tensor
     num_nodes: int
     num_types: int
+    sends: torch.Tensor | None = None
+    in_ptr: torch.Tensor | None = None
+    in_slot: torch.Tensor | None = None
+
+
+def out_edges_of(a: torch.Tensor, num_nodes: int, num_types: int) -> OutEdges:
+    """The host lists of :class:`OutEdges` from the stacked in-edge matrix ``a`` ``[N*T, N]``
+    (row ``n*T + t``: gene ``n``'s in-edges of type ``t``)."""
+    a = a.cpu()
+    crow, col = a.crow_indices().long(), a.col_indices().long()
+    n, t = num_nodes, num_types
+    at = transpose(a)
+    ptr, slot = at.crow_indices().long(), at.col_indices().long()
+    src = torch.repeat_interleave(torch.arange(n), ptr[1:] - ptr[:-1])
+    sends = torch.zeros(t, n, dtype=torch.int32)
+    sends[slot % t, src] = 1
+    row_type = torch.repeat_interleave(torch.arange(n * t) % t, crow[1:] - crow[:-1])
+    return OutEdges(ptr, slot, n, t, sends=sends, in_ptr=crow[::t].contiguous(),
+                    in_slot=row_type * n + col)
 
 
 def edge_index_dict(graph) -> tuple[dict[str, torch.Tensor], int | None]:
@@ -135,12 +164,17 @@ class SharedGraph:
             self.per_type_t.append(transpose(m).to(self.device))
         deg = torch.zeros(n * t).index_add_(0, rows_all, ones)
         self.deg = deg.view(n, t).to(self.device)
-        # host copy of the out-edge lists (the incremental first layer's corrections)
-        at = transpose(a)
-        self.out_edges = OutEdges(at.crow_indices().long(), at.col_indices().long(), n, t)
+        out_deg = torch.zeros(t * n).index_add_(0, (rows_all % t) * n + cols_all, ones)
+        self.out_deg = out_deg.view(t, n).to(self.device)
+        # host copy of the out- and in-edge lists (the collate lists a batch's changed rows)
+        self.out_edges = out_edges_of(a, n, t)
+        # the push's receivers and types per out-edge, precomputed for the compiled CPU kernel
+        self.out_node = (self.out_edges.slot // t).to(torch.int32)
+        self.out_type = (self.out_edges.slot % t).to(torch.int32)
         # and on the device (the delta layer's push enumerates them there)
         self.out_ptr = self.out_edges.ptr.to(self.device)
         self.out_slot = self.out_edges.slot.to(self.device)
+        self._wt_pool = None
 
     @property
     def num_types(self) -> int:
@@ -164,6 +198,35 @@ class SharedGraph:
         """``[N, T, H]``: the per-type aggregation (sum or mean) of ``x`` on the whole graph."""
         s = self.wildtype_sums(x)
         return s / self.deg.clamp(min=1).unsqueeze(-1) if self.aggr == "mean" else s
+
+    def wildtype_pool_weights(self) -> torch.Tensor:
+        """``[T, N]``: ``w_t[j]`` with ``mean_n agg_t[n] = sum_j w_t[j] h[j]`` on the whole graph
+        (the out-degree over N for sum aggregation; computed once)."""
+        if self._wt_pool is None:
+            n, t = self.num_nodes, self.num_types
+            if self.aggr == "mean":
+                v = (1.0 / self.deg.clamp(min=1)).reshape(n * t, 1)
+                with sparse_range(nnz(self.blockdiag_t)):
+                    w = torch.sparse.mm(self.blockdiag_t, v).view(n, t).T
+            else:
+                w = self.out_deg
+            self._wt_pool = (w / n).contiguous()
+        return self._wt_pool
+
+    def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:
+        """``[H_out]``: the mean over genes of a last (linear) GIN-shaped layer's output on the
+        whole graph, for its input ``h`` ``[N, H]``: ``T x N x H`` multiply-adds (weighted sums
+        of rows) instead of the layer's sparse product and ``T x N x H x H_out`` map. The dual
+        forward's wildtype readout."""
+        if h.dim() != 2 or h.shape[0] != self.num_nodes:
+            raise ValueError(f"features must be [N, H] with N={self.num_nodes} "
+                             f"(got {list(h.shape)})")
+        t = self.num_types
+        pooled = self.wildtype_pool_weights() @ h  # [T, H]
+        wsum = weight.view(weight.shape[0], t, -1).sum(1)
+        out = pooled.reshape(-1) @ weight.T + (1.0 + eps) * (h.mean(dim=0) @ wsum.T)
+        return out + bias if bias is not None else out
 
     def __repr__(self) -> str:
         return (f"SharedGraph({self.num_nodes:,} nodes, {self.num_types} edge types, "

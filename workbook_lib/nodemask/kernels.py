@@ -31,6 +31,23 @@ KERNELS = ("slab", "wide")
 SPARSE_TAG = "workbook::sparse_product::"
 
 
+# Rows moved by a sparse product of ones (a gather's backward): data movement, not the model's
+# arithmetic; the benchmark counts what runs inside such a range as neither sparse nor dense.
+MOVE_TAG = "workbook::row_movement"
+
+
+# Dense multiply-adds done inside another product's kernel (the pooled layer's weighted sums
+# inside the compiled push): an empty range carrying their count, so that the benchmark counts
+# them with the dense work (their time is the enclosing product's).
+DENSE_INSIDE_TAG = "workbook::dense_inside::"
+
+
+def dense_inside(macs: int) -> None:
+    """Mark ``macs`` dense multiply-adds done inside the enclosing product (see the tag)."""
+    with torch.profiler.record_function(f"{DENSE_INSIDE_TAG}{int(macs)}"):
+        pass
+
+
 def nnz(*mats) -> int:
     """Stored entries of sparse matrices (metadata only: no device read)."""
     return sum(int(m._nnz()) for m in mats)
@@ -220,3 +237,77 @@ def typed_spmm(graph, x: torch.Tensor) -> torch.Tensor:
         return _TypedSpMM.apply(x, graph.per_type, graph.per_type_t)
     s = spmm(graph.a, graph.a_t, x).view(graph.num_nodes, graph.num_types, x.shape[-1])
     return s.permute(1, 0, 2)
+
+
+class _AddRows(torch.autograd.Function):
+    """``out[index[i]] += src[i]`` into ``rows`` zero rows, tagged as a sparse product both ways
+    (its backward gathers the gradient's rows). With ``csr`` (``[rows, len(index)]`` of ones,
+    :func:`selection_csr`) the forward is one sparse product: PyTorch's ``index_add_`` runs on
+    a CPU as a ``scatter_add_`` over an index expanded to every element."""
+
+    @staticmethod
+    def forward(ctx, src, index, rows, csr):
+        ctx.save_for_backward(index)
+        with sparse_range(src.numel()):
+            if csr is not None and src.device.type == "cpu" and src.dim() == 2:
+                return torch.sparse.mm(csr, src.contiguous())
+            return src.new_zeros(rows, *src.shape[1:]).index_add_(0, index, src)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        with sparse_range(index.numel() * grad[0].numel()):
+            return grad.index_select(0, index), None, None, None
+
+
+def add_rows(src: torch.Tensor, index: torch.Tensor, rows: int,
+             csr: torch.Tensor | None = None) -> torch.Tensor:
+    """``[rows, ...]``: the rows of ``src`` added at ``index`` (differentiable in ``src``): a
+    scatter of messages along listed edges, counted with the sparse products; ``csr`` the
+    selection's transpose (:func:`selection_csr`) makes it one sparse product on a CPU."""
+    return _AddRows.apply(src, index, rows, csr)
+
+
+class _GatherRows(torch.autograd.Function):
+    """``x[index]`` whose backward adds the gradient's rows back with ``back`` (the transposed
+    selection as a CSR matrix ``[rows of x, len(index)]``, built on the host with the batch):
+    one sparse product instead of ``index_add_``, which PyTorch runs on a CPU as a
+    ``scatter_add_`` over an index expanded to every element (several times slower)."""
+
+    @staticmethod
+    def forward(ctx, x, index, back):
+        ctx.back, ctx.rows = back, x.shape[0]
+        ctx.save_for_backward(index)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        grad = grad.contiguous()
+        if ctx.back is not None and grad.dim() == 2:
+            with torch.profiler.record_function(MOVE_TAG):
+                return torch.sparse.mm(ctx.back, grad), None, None
+        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_add_(0, index, grad), None, None
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor, back: torch.Tensor | None = None):
+    """``x.index_select(0, index)``, differentiable; with ``back`` (a CSR ``[x.shape[0],
+    len(index)]`` of ones: row ``i`` lists the positions of ``i`` in ``index``) its backward is
+    one sparse product. Without ``back``, or on a device where ``index_add_`` is native, the
+    plain gather."""
+    if back is None or x.device.type != "cpu" or not x.requires_grad:
+        return x.index_select(0, index)
+    return _GatherRows.apply(x, index, back)
+
+
+def selection_csr(index: torch.Tensor, rows: int, order: torch.Tensor | None = None):
+    """The CSR ``[rows, len(index)]`` with a one at ``(index[i], i)``: the transpose of the
+    selection ``x[index]``. ``order`` lists the positions ``i`` grouped by ``index[i]``
+    ascending when the caller knows it (else a stable argsort)."""
+    if order is None:
+        order = torch.argsort(index, stable=True)
+    crow = torch.zeros(rows + 1, dtype=torch.int32, device=index.device)
+    crow[1:] = torch.cumsum(torch.bincount(index, minlength=rows), 0)
+    return torch.sparse_csr_tensor(crow, order.to(torch.int32),
+                                   torch.ones(index.numel(), device=index.device),
+                                   size=(rows, index.numel()), check_invariants=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis.bench import BenchResult, FormChoice
+from ..analysis.bench import BenchResult, FormChoice, replicated_ratio_text
 from ..analysis.benchmarks import LayerSweep, MaskGeneration
 from ..analysis.costmodel import COEFFICIENTS
 from ..analysis.mask_cost import CostModelStudy, MaskCostResult
@@ -292,7 +292,8 @@ def rates_table(b: BenchResult):
     """Achieved multiply-add rates of the shared steps' products beside this machine's best."""
     rows = [{"step": b.per_sample_s[f.variant].label if f.variant in b.per_sample_s
              else f.variant, "products": f.kind,
-             "G multiply-adds": f"{f.macs / 1e9:.3g}",
+             "G multiply-adds": f"{f.macs / 1e9:.3g}" + (
+                 f" (+{f.inside_macs / 1e9:.3g} inside the push)" if f.inside_macs else ""),
              "time in them": f"{f.seconds * 1e3:.3g} ms ({f.seconds / f.step_seconds:.0%} of "
                              "the profiled step)",
              "achieved GMAC/s": f"{f.gmacs:.3g}",
@@ -303,7 +304,10 @@ def rates_table(b: BenchResult):
     return table(rows, caption="One warm step of each shared form under the profiler: every "
                                "sparse product is a profiler range carrying its multiply-add "
                                "count; dense products are the profiler's count of mm/addmm/bmm "
-                               "outside them. The rest of the step is elementwise work, "
+                               "outside them (dense multiply-adds done inside the compiled "
+                               "push, the pooled layer's weighted sums, are shown beside them: "
+                               "their time is the push's). The rest of the step is elementwise "
+                               "work, "
                                "indexing and autograd. A best rate is the fastest measured here, "
                                "not a hardware peak.")
 
@@ -317,20 +321,63 @@ def bench_text(b: BenchResult) -> Markdown:
         "--params params/full.yaml` for the real spec)"
     notes = "".join(f" {n[0].upper()}{n[1:]}." for n in b.notes)
 
-    def basis(key):
-        f = b.replicated.get(key)
-        return f"; replicated figure {f.basis}" if f is not None else ""
+    def versus(key, what):
+        text = replicated_ratio_text(b, key)
+        if not text:
+            return f"n/a against {what}"
+        ratio, _, rest = text.partition(" (")
+        return f"**{ratio}** ({rest} faster than {what}"
     form = f" ({b.shared_form}, L = {b.sizes['layers']})" if b.shared_form else ""
+    dango = (f" ({r(b.ratio_vs_dango_sample)} a DANGO-style sample's cost)"
+             if b.ratio_vs_dango_sample is not None else "")
+    floor = ("" if b.floor is None else
+             " The floor of an exact sample for this model, from the batch's own deletions: "
+             + "; ".join(b.floor.lines()) + ".")
     return Markdown(
         f"Per sample, {kind}: the node-mask shared graph{form} is "
         + (f"{r(b.ratio_vs_full_form)} faster with its second layer delta-propagated than with "
            "full middle layers, " if b.ratio_vs_full_form is not None else "")
-        + f"{r(b.ratio_vs_lazy_form)} faster than replicated masks in the Lazy model's form "
-        f"(every message materialised, then masked{basis('replicated_gather_scatter')}) and "
-        f"{r(b.ratio_vs_sparse_form)} faster than their sparse-product form"
-        f"{' (' + basis('replicated_sparse')[2:] + ')' if basis('replicated_sparse') else ''}. "
-        f"One exact sample costs {r(b.passes_per_sample, '')} DANGO-style wildtype steps. "
-        f"Exactness in the same run: max relative error {b.exact_max_rel_error:.1e}.{notes}")
+        + versus("replicated_gather_scatter",
+                 "replicated masks in the Lazy model's form (every message materialised, then "
+                 "masked)")
+        + " and " + versus("replicated_sparse", "their sparse-product form") + ". "
+        f"One exact sample costs {r(b.passes_per_sample, '')} DANGO-style wildtype steps{dango}."
+        f"{floor} Exactness in the same run: max relative error {b.exact_max_rel_error:.1e}."
+        f"{notes}")
+
+
+@skip_none
+def floor_table(b: BenchResult):
+    """The floor of an exact sample, part by part, beside the step's measured counts."""
+    f = b.floor
+    if f is None:
+        return Markdown("No floor: the shared form's delta path did not run (it needs L >= 3).")
+    rows = [{"part (forward + backward)": k,
+             "sparse M multiply-adds": f"{v.sparse_macs / f.batch_size / 1e6:.3g}",
+             "dense M multiply-adds": f"{v.dense_macs / f.batch_size / 1e6:.3g}",
+             "MB": f"{v.bytes / f.batch_size / 1e6:.3g}"} for k, v in f.parts.items()]
+    rows.append({"part (forward + backward)": "**floor, per exact sample**",
+                 "sparse M multiply-adds": f"{f.sparse_macs / 1e6:.3g}",
+                 "dense M multiply-adds": f"{f.dense_macs / 1e6:.3g}",
+                 "MB": f"{f.bytes / 1e6:.3g}"})
+    rows.append({"part (forward + backward)": "the step, measured (one profiled step)",
+                 "sparse M multiply-adds": "n/a" if f.measured_sparse_macs is None else
+                 f"{f.measured_sparse_macs / 1e6:.3g} ({f.ratio('sparse'):.2f}x the floor)",
+                 "dense M multiply-adds": "n/a" if f.measured_dense_macs is None else
+                 f"{f.measured_dense_macs / 1e6:.3g} ({f.ratio('dense'):.2f}x the floor)",
+                 "MB": ""})
+    when = "" if f.seconds_at_machine is None else (
+        f" At this machine's best measured rates the floor's products take "
+        f"{f.seconds_at_machine * 1e3:.3g} ms per sample"
+        + (f" ({f.seconds_at_step_rates * 1e3:.3g} ms at the rates the step achieved)"
+           if f.seconds_at_step_rates is not None else "")
+        + (f"; the exact sample measured {f.measured_seconds * 1e3:.3g} ms."
+           if f.measured_seconds is not None else "."))
+    return table(rows, caption=f"The fewest multiply-adds an exact sample needs for this model "
+                               f"(B = {f.batch_size}, the benchmark batch's own deletions; "
+                               "workbook_lib.nodemask.floor), per sample, against one profiled "
+                               "step of the shared form (sparse: the tagged sparse products; "
+                               f"dense: the profiler's mm/bmm count).{when}")
 
 
 @skip_none
@@ -364,9 +411,8 @@ def bar_label(b: BenchResult, key: str) -> str:
         return text
     if fit.measured:
         return f"{text}\nmeasured at B = {fit.at_batch}"
-    if fit.step_b2 is None:
-        return f"{text}\nB = 1 only (not projected)"
-    return f"{text}\nprojected from B = 1, 2 to B = {fit.at_batch}"
+    return (f"{text}\nmeasured at B = {fit.quoted_batch}"
+            + (f" (at least this at B = {fit.at_batch})" if fit.at_least else ""))
 
 
 @skip_none
@@ -502,17 +548,15 @@ def headline(r: MaskCostResult) -> str:
 
 def headline_bench_part(b: BenchResult) -> str:
     """The benchmark's clause of the headline: the shared form measured (path, push kernel,
-    depth) against the Lazy model's replicated form, measured at the same batch or projected;
-    empty without that ratio."""
-    if b.ratio_vs_lazy_form is None:
+    depth) against the Lazy model's replicated form, as measured (at the same batch, or at the
+    largest batch that ran, labelled with it), the projection beside it; empty without that
+    ratio."""
+    text = replicated_ratio_text(b, "replicated_gather_scatter")
+    if not text:
         return ""
-    fit = b.replicated.get("replicated_gather_scatter")
-    how = ("" if fit is None else ", replicated measured at the same batch" if fit.measured
-           else ", replicated projected from B = 1, 2")
     form = f" [{b.shared_form}, L = {b.sizes['layers']}]" if b.shared_form else ""
-    return (f"node-mask shared{form} vs replicated (the Lazy model's form) per sample: "
-            f"{fmt_ratio(b.ratio_vs_lazy_form.median)} "
-            f"({'real spec' if b.full_size else 'reduced size'}{how})")
+    return (f"node-mask shared{form} vs replicated (the Lazy model's form) per sample: {text} "
+            f"({'real spec' if b.full_size else 'reduced size'})")
 
 
 def saved(path, headline_text: str) -> Markdown:

@@ -12,6 +12,11 @@ the table and exits 1 when any check failed (2 for bad input, before any work). 
 * **sync counter**: counts 0 for device-only arithmetic and at least 1 for an ``.item()`` (both
   ways, on this device), then each strategy's step (device preparation, forward, backward) is
   counted and reported;
+* **the fix's delta path**: ``params/ci.yaml`` trains 2 layers, where the node-mask shared graph
+  has no middle layer, so its delta path (second layer delta-propagated, the dual forward's
+  wildtype pass reusing it) is checked on its own at ``L = 3``: exactness against the CPU
+  reference with the device's push kernel (and the PyTorch fallback ``pull`` on a CPU), and a
+  training step that must make no host sync (``FAILED`` otherwise);
 * **memory probe**: one probe in a fresh process on the device returns a peak, ``ok`` or
   below the CPU's resolution;
 * **timing synchronization**: a known amount of device work (a sleep on the CPU, a spin kernel
@@ -140,6 +145,85 @@ def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
             status, detail = FAILED, f"{type(exc).__name__}: {exc}"[:300]
         out.append(Check(f"exactness: {name}", status, detail, time.perf_counter() - t0))
     return out
+
+
+def delta_layers(params: dict) -> int:
+    """The depth at which the delta path is checked: at least 3 (it needs a middle layer)."""
+    return max(3, int(params["layers"]))
+
+
+def check_delta_exactness(params: dict, device: torch.device, graph) -> list[Check]:
+    """The node-mask shared graph's delta path at :func:`delta_layers` on ``device`` against the
+    plain CPU reference: node outputs, prediction (with the dual forward when the params ask)
+    and every parameter's gradient, with the device's push kernel and, on a CPU, the fallback
+    ``pull`` too."""
+    from ..nodemask.delta import default_push_kernel
+    from ..pipelines.builtin import make_model
+    from ..strategies import make_strategy
+    from ..strategies.reference import reference_node_outputs, reference_predict
+
+    layers = delta_layers(params)
+    p = {**params, "layers": layers}
+    tol = float32_tolerance(graph, layers)
+    pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % graph.num_genes
+    pert[2, 2] = -1
+    torch.manual_seed(0)
+    weights = torch.randn(pert.shape[0], graph.num_genes, params["hidden"])
+    dual = bool(params["dual_forward"])
+    base = make_model(graph, p, "cpu")
+    m = copy.deepcopy(base)
+    m.zero_grad(set_to_none=True)
+    r_out = reference_node_outputs(m, graph, pert, params["aggr"])
+    r_pred = reference_predict(m, graph, pert, params["aggr"], dual)
+    (r_pred.sum() + (r_out * weights).sum()).backward()
+    r_g = {n: q.grad.detach().clone() for n, q in m.named_parameters() if q.grad is not None}
+    kernels = [default_push_kernel(device)]
+    if device.type == "cpu" and kernels[0] != "pull":
+        kernels.append("pull")
+    out = []
+    for kernel in kernels:
+        t0 = time.perf_counter()
+        try:
+            s = make_strategy("node_mask_shared", graph, device=device, aggr=params["aggr"],
+                              push_kernel=kernel)
+            got = _outputs(s.prepare(), copy.deepcopy(base).to(device), pert, dual, weights)
+            if set(got[2]) != set(r_g):
+                raise AssertionError(f"gradients of {sorted(set(got[2]) ^ set(r_g))} differ "
+                                     "in presence from the reference")
+            errs = {"outputs": _rel(got[0], r_out), "prediction": _rel(got[1], r_pred),
+                    "gradients": max((_rel(got[2][k], r_g[k]) for k in r_g), default=0.0)}
+            worst = max(errs.values())
+            status = OK if worst <= tol else FAILED
+            detail = (f"max relative error {worst:.2g} (tolerance {tol:.2g}); "
+                      + ", ".join(f"{k} {v:.1g}" for k, v in errs.items()))
+        except Exception as exc:  # noqa: BLE001 - reported as the check's failure
+            status, detail = FAILED, f"{type(exc).__name__}: {exc}"[:300]
+        out.append(Check(f"exactness: node_mask_shared [delta, push {kernel}, L = {layers}]",
+                         status, detail, time.perf_counter() - t0))
+    return out
+
+
+def check_delta_syncs(params: dict, device: torch.device, graph) -> Check:
+    """One training step of the node-mask shared graph's delta path (after the collate, on the
+    host) on ``device``: ``FAILED`` when it makes any host sync."""
+    from ..measurement.syncs import SyncCounter
+    from ..training.factory import build_run
+
+    t0 = time.perf_counter()
+    layers = delta_layers(params)
+    name = f"syncs per step: node_mask_shared [delta, L = {layers}]"
+    run = build_run(params, "node_mask_shared", graph=graph, device=device, layers=layers)
+    pert = run.perturbations(run.batch_size)
+    st = run.strategy.prepare()
+    batch = st.to_device(st.collate([st.make_item(i, pert[i]) for i in range(len(pert))]))
+    c = SyncCounter(device)
+    with c.count():
+        ctx = st.device_prepare(batch)
+        st.predict(run.model, ctx, run.dual).sum().backward()
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(c.by_kind.items())) or "none"
+    return Check(name, OK if c.total == 0 else FAILED,
+                 f"{c.total} per step (batch {run.batch_size}, push "
+                 f"{st.step_push_kernel()}): {kinds}", time.perf_counter() - t0)
 
 
 def check_sync_counter(params: dict, device: torch.device, graph) -> list[Check]:
@@ -331,8 +415,10 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
         ranks = torch.cuda.device_count() if dev.type == "cuda" else 1
     graph = load_snapshot(params)
     steps: list[tuple[str, Callable[[], list[Check] | Check]]] = [
-        ("exactness", lambda: check_exactness(params, dev, graph)),
-        ("syncs", lambda: check_sync_counter(params, dev, graph)),
+        ("exactness", lambda: check_exactness(params, dev, graph)
+         + check_delta_exactness(params, dev, graph)),
+        ("syncs", lambda: check_sync_counter(params, dev, graph)
+         + [check_delta_syncs(params, dev, graph)]),
         ("memory", lambda: check_memory_probe(params, dev)),
         ("timing", lambda: check_timing_sync(dev)),
         ("cpu", lambda: check_cpu_share(dev)),

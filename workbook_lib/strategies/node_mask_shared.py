@@ -16,7 +16,9 @@ A training step runs the model as three kinds of layers:
   propagation, kept for comparison) one sparse product per sample slab;
 * any further middle layers in full: by then nearly every gene has changed;
 * the last layer pooled (the model reads out the mean over genes of a linear last layer): per
-  sample weights from one product of width B, then a weighted sum of rows.
+  sample weights (the wildtype out-degrees less the deleted genes' in-edges for sum
+  aggregation), then weighted sums of rows; at three layers taken inside the delta layer's push
+  (``NodeMaskBatch.delta_pooled_layer``).
 
 ``node_outputs`` (every gene's last-layer embedding, for the exactness tests) runs the last
 layer in full instead.
@@ -147,7 +149,10 @@ class NodeMaskShared(Strategy):
 
     def _layers(self, model, nb: NodeMaskBatch, pooled: bool, dual: bool = False):
         """The perturbed pass (pooled or per gene) and, with ``dual``, the wildtype pass's mean
-        over genes, which reuses the first layer's wildtype output."""
+        over genes. The wildtype pass reuses what the perturbed one computed of it (the first
+        layer's output; with delta propagation the second layer's), takes any further middle
+        layer in full and its last layer pooled (``SharedGraph.pooled_layer``: weighted sums
+        of rows, no product over the edges)."""
         lins, last, eps = model.lins, model.num_layers - 1, model.eps
         wt_pool = None
         if last == 0 and pooled:
@@ -157,10 +162,18 @@ class NodeMaskShared(Strategy):
             return out, wt_pool
         first = 1
         # pooled, delta needs a middle layer (last >= 2): the path self.path(last + 1) names
+        if self.middle == "delta" and pooled and last == 2:  # the delta layer feeds the pool
+            hd = nb.first_layer_delta(model.embedding, lins[0].weight, lins[0].bias, eps=eps)
+            h, wt = nb.delta_pooled_layer(hd, lins[1].weight, lins[1].bias, lins[2].weight,
+                                          lins[2].bias, eps=eps, with_wildtype=True)
+            if dual:
+                wt_pool = self.shared.pooled_layer(wt, lins[2].weight, lins[2].bias, eps=eps)
+            return h, wt_pool
         if self.middle == "delta" and last >= (2 if pooled else 1):
             hd = nb.first_layer_delta(model.embedding, lins[0].weight, lins[0].bias, eps=eps)
-            h = nb.delta_layer(hd, lins[1].weight, lins[1].bias, eps=eps, relu=last > 1)
-            wt, first = hd.wildtype, 2
+            h, wt = nb.delta_layer(hd, lins[1].weight, lins[1].bias, eps=eps, relu=last > 1,
+                                   with_wildtype=True)
+            first = 2
         else:
             h, wt = nb.first_layer(model.embedding, lins[0].weight, lins[0].bias, eps=eps,
                                    relu=last > 0)
@@ -169,9 +182,11 @@ class NodeMaskShared(Strategy):
         if pooled and last > 0:
             h = nb.pooled_layer(h, lins[last].weight, lins[last].bias, eps=eps)
         if dual:
-            for i in range(1, last + 1):
+            for i in range(first, last):
                 wt = model.combine(i, wt, self.shared.wildtype_aggregate(wt))
-            wt_pool = wt.mean(dim=0)
+            lin = lins[last]
+            wt_pool = self.shared.pooled_layer(wt, lin.weight, lin.bias, eps=eps) \
+                if first <= last else wt.mean(dim=0)
         return h, wt_pool
 
     def node_outputs(self, model, ctx):
