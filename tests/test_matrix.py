@@ -21,8 +21,6 @@ The preflight refusals (a submodule-reaching forward) go through the CLI, as a u
 """
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path

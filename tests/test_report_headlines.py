@@ -58,35 +58,31 @@ def test_loss_curves_compared_by_the_predictions_they_imply():
     assert implied_prediction_diff([0.0, 1e-6], [0.0, 1e-6], 0.2) == [0.0, 0.0]
 
 
-def test_03_headline_quotes_the_data_stages_not_the_harness():
-    """The data-only step carries the harness's trivial loss and loop (7.5x where the data
-    stages give 21.5x): the headline's data figure is the stages', the step's named as such."""
+def test_03_headline_names_what_bounds_the_pair_then_failures():
+    """03's headline: what bounds each pipeline of the pair (else the fastest exact one), the
+    pipelines that failed, at most one line of HEADLINE_MAX characters."""
+    from types import SimpleNamespace as NS
+
     from workbook_lib.report import timing_view
+    from workbook_lib.report.tables import HEADLINE_MAX
 
-    class F:
-        names = ("Lazy", "DANGO")
-
-        def __init__(self, v):
-            self.measured = Stat.from_samples([v * 0.99, v, v * 1.01])
-
-    class R:
-        fastest_exact = None
-        loops = None
-        sanity = []
-        bounds = {}
-        figs = {"data_stages_ratio": F(21.5), "data_only_ratio": F(7.5),
-                "data_model_ratio": F(18.3)}
-
-        def figure(self, k):
-            return self.figs.get(k)
-    text = timing_view.headline(R())
-    assert "21.5x data stages" in text
-    assert "7.5x the whole data-only step, its trivial loss included" in text
-    assert "DANGO/Lazy it/s ratio 18.3x" in text
-    F.names = ("my_slow", "my_fast")  # user pipelines: named as they are, never DANGO/Lazy
-    assert "my_fast/my_slow it/s ratio 18.3x" in timing_view.headline(R())
-    R.figs = {"data_only_ratio": F(7.5)}  # an older result without the stages figure
-    assert "7.5x data-only step, its trivial loss included" in timing_view.headline(R())
+    bounds = {"my_slow": NS(bound="data-bound", largest_stage="data_item", largest_share=0.93),
+              "my_fast": NS(bound="model-bound", largest_stage="forward", largest_share=0.61)}
+    r = NS(loops=None, bounds=bounds, fastest_exact="my_fast")
+    text = timing_view.headline(r, ["my_slow", "my_fast"])
+    assert "my_slow" in text and "data-bound" in text and "93%" in text
+    assert "my_fast" in text and "model-bound" in text and "61%" in text
+    assert text.index("my_slow") < text.index("my_fast")
+    alone = timing_view.headline(r, ["gone", "other"])  # the pair not measured: the fastest exact
+    assert "my_fast" in alone and "my_slow" not in alone
+    lo = NS(arms={}, strategies=["my_fast"], failures={"my_slow": object()},
+            arm=lambda n, m: NS(nonfinite_steps=0))
+    failed = timing_view.headline(NS(loops=lo, bounds={"my_fast": bounds["my_fast"]},
+                                     fastest_exact="my_fast"), ["my_slow", "my_fast"])
+    assert "failed: my_slow" in failed
+    many = {f"pipeline_{i:02d}_with_a_long_name": bounds["my_fast"] for i in range(12)}
+    long = timing_view.headline(NS(loops=None, bounds=many, fastest_exact=None), list(many))
+    assert len(long) <= HEADLINE_MAX and "\n" not in long
 
 
 def test_03_modes_chart_draws_forward_and_backward_in_the_stage_charts_colours():

@@ -55,7 +55,7 @@ def test_a_notebook_run_alone_refuses_inputs_made_with_other_params(tmp_path, ti
     with pytest.raises(ParamsError) as e:
         runner.run_notebooks(other, out, only=["05"], progress=False)
     assert e.value.key == "hidden" and "hidden=32 there, 8 now" in str(e.value)
-    assert "05_verdict reads 01_graph_inventory" in str(e.value)
+    assert "05_verdict reads 03_data_vs_model_timing" in str(e.value)  # its one required input
     assert not (out / "05_verdict.json").exists()
     runner.check_inputs_match(out, ["05_verdict"], tiny)  # the same params: accepted
 
@@ -81,9 +81,13 @@ def test_a_notebook_never_reads_an_input_made_with_other_params(tmp_path, tiny, 
     assert load_result(out, "01_graph_inventory", other) is None
     for nb in NBS[1:]:
         _complete(out, nb, tiny)
-    with pytest.raises(IncompleteInputsError, match=r"other params: 01_graph_inventory \(hidden\)"
-                       r".*02_mask_cost_model \(hidden\)"):
-        verdict.load_inputs(out, other)
+    with pytest.raises(IncompleteInputsError, match=r"notebook 03.*other params \(hidden\)"):
+        verdict.load_inputs(out, other)  # 03, the one it needs, was made with other params
+    write_results(out, "03_data_vs_model_timing", {"x": 3}, other, headline="h")
+    found, _sums, why_not = verdict.load_inputs(out, other)  # the others: not used, and why
+    assert set(found) == {"03_data_vs_model_timing"}
+    assert why_not["01_graph_inventory"] == "made with other params (hidden)"
+    assert why_not["02_mask_cost_model"] == "made with other params (hidden)"
 
 
 def test_a_result_made_without_an_input_that_exists_now_is_not_complete(tmp_path, tiny):

@@ -11,7 +11,7 @@ from ..analysis.mask_cost import CostModelStudy, MaskCostResult
 from ..analysis.memory_study import MemoryStudy
 from .. import pipelines
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from .tables import one_line, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table
 
 
 def label(name: str) -> str:

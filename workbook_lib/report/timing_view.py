@@ -499,7 +499,7 @@ def headline(r: TimingResult, pair: list[str] | None = None) -> str:
     failed = list((getattr(lo, "failures", None) or {}))
     if failed:
         parts.append("failed: " + ", ".join(failed))
-    diverged = [n for n in lo.strategies if n in r.bounds
+    diverged = [n for n in (lo.strategies if lo is not None else []) if n in r.bounds
                 and getattr(lo.arm(n, "full"), "nonfinite_steps", 0)]
     if diverged:
         parts.append("loss not finite: " + ", ".join(diverged))
