@@ -221,6 +221,13 @@ def check_pair(params: dict, graph, device: torch.device, middle: str = "delta")
     except ValueError as exc:
         return Pair(mode, names, {}, None, f"the check before training could not run ({exc})",
                     b, labels)
+    except Exception as exc:  # noqa: BLE001 - a user's pipeline failing: 06 does not apply
+        if mode != "pipelines":
+            raise  # a built-in strategy failing is a bug of this package
+        msg = " ".join(str(exc).split())[:200]
+        return Pair(mode, names, {}, None, (
+            f"a pipeline failed in the check before training ({type(exc).__name__}: {msg}), so "
+            "there is nothing to train side by side"), b, labels)
     if not eq.equal:
         return Pair(mode, names, {}, eq, (
             "the check before training found that they do not compute the same, so their "

@@ -393,7 +393,7 @@ def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
     types = graph.edge_types
     if "device_mask_loop" not in params["strategies"]:  # the investigation's loop form: not run
         types = []
-    for t in sorted({1, min(3, len(types)), len(types)} - {0}):
+    for t in (sorted({1, min(3, len(types)), len(types)}) if types else []):
         sub = CellGraph(graph.name, graph.num_genes, {e: graph.edge_index[e] for e in types[:t]},
                         graph.source, graph.checksum, graph.scale)
         s4 = make_strategy("device_mask_loop", sub, device=device)

@@ -239,10 +239,12 @@ def _ddp_gap(ddp, slow: str, fast: str):
     return g
 
 
-def ddp_booking(g, swapped: bool) -> tuple[Stat | None, bool, str]:
+def ddp_booking(g, swapped: bool, target: float = 0.1) -> tuple[Stat | None, bool, str]:
     """(the DDP factor oriented slow over fast, whether it is booked, why).
 
-    Booked only when it is a measured effect: 1 outside its IQR and not contended."""
+    Booked only when it is a measured effect the answer can rest on: 1 outside its IQR, not
+    contended, and not disturbed (IQR/median within ``target``, the rule of
+    :func:`disturbed_figures`)."""
     if g is None:
         return None, False, ""
     f = g.ddp_factor
@@ -255,13 +257,23 @@ def ddp_booking(g, swapped: bool) -> tuple[Stat | None, bool, str]:
         return f, False, "contended (its ranks got less CPU than they asked for): not booked"
     if f.q1 <= 1.0 <= f.q3:
         return f, False, "1 lies within its IQR: no measurable effect, not booked"
+    if f.n > 1 and f.rel_iqr > target:
+        return f, False, (f"disturbed (IQR/median {f.rel_iqr:.0%} beyond the {target:.0%} "
+                          "target): not booked")
     return f, True, "1 outside its IQR: booked"
+
+
+MIN_PAIRED = 5  # fewer repeats than this have no IQR to speak of: nothing is resolved on them
 
 
 def resolved(r: Stat, target: float) -> int:
     """+1 when the ratio ``r`` is above 1 beyond its noise and beyond the precision target (its
     IQR clear of 1 and its median outside [1/(1+target), 1+target]: a difference smaller than
-    the precision the figures were repeated for is not resolved), -1 likewise below, else 0."""
+    the precision the figures were repeated for is not resolved), -1 likewise below, else 0;
+    always 0 on fewer than :data:`MIN_PAIRED` repeats (two copies of one pipeline measured 1.3x
+    apart on two steps)."""
+    if r.n < MIN_PAIRED:
+        return 0
     if r.q1 > 1.0 and r.median > 1.0 + target:
         return 1
     if r.q3 < 1.0 and r.median < 1.0 / (1.0 + target):
@@ -297,7 +309,8 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
              + ("paired by round" if lo.interleaved else "(separate series)")
              + " x steps per epoch")
     g = _ddp_gap(ddp, *listed)
-    factor, booked, why = ddp_booking(g, swapped=g is not None and g.slow != slow)
+    factor, booked, why = ddp_booking(g, swapped=g is not None and g.slow != slow,
+                                      target=target)
     if booked:
         r = r.times(factor)
         basis += f" x the DDP factor at {g.world_size} ranks (notebook 04, separate launches)"

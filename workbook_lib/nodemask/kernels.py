@@ -256,7 +256,8 @@ class _AddRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (index,) = ctx.saved_tensors
-        with sparse_range(index.numel() * grad[0].numel()):
+        row = grad.numel() // max(grad.shape[0], 1)  # elements per row (no rows: none)
+        with sparse_range(index.numel() * row):
             return grad.index_select(0, index), None, None, None
 
 

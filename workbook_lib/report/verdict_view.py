@@ -43,6 +43,10 @@ def lead(v: VerdictResult) -> str:
                                           if "gap" in v.contended else
                                           "; disturbed, not relied on: see below"
                                           if "gap" in v.disturbed else "")
+    if not g.measurable and r.n < V.MIN_PAIRED:
+        return (f"**{s[0].upper()}{s[1:]} and {f}: too few paired steps to resolve a gap** "
+                f"(n = {r.n}, at least {V.MIN_PAIRED} needed; epoch-time ratio {r.median:.3g}x): "
+                "there is no gap to explain on these figures; raise loop_steps.")
     if not g.measurable:
         return (f"**{s[0].upper()}{s[1:]} and {f} train at the same speed within the noise**: "
                 f"epoch-time ratio {r.median:.3g}x ({fig}; quartiles {r.q1:.3g}-{r.q3:.3g}), "
@@ -78,10 +82,11 @@ def caveats(v: VerdictResult) -> list[str]:
                    f"slow one, but it is the faster ({r.median:.3g}x per epoch, IQR {r.iqr:.2g})"
                    f"; the gap is explained as '{g.slow}' over '{g.fast}'.")
     if v.contended:
+        worst = min(v.contended.values(), key=lambda c: c.got if c.got is not None else 1.0)
+        causes = {c.cause for c in v.contended.values()}
         out.append("Contended, not relied on: " + ", ".join(
-            V.CONTENDED_LABELS.get(k, k) for k in v.contended) + ". "
-            + (causes_text(v.contended.values()) or "The process got less CPU than it asked "
-               "for while they were measured."))
+            V.CONTENDED_LABELS.get(k, k) for k in v.contended) + f" (the worst: {worst.explain()})."
+            + (" " + causes_text(v.contended.values()) if len(causes) > 1 else ""))
     noisy = [k for k in v.disturbed if k not in v.contended]
     if noisy:
         out.append("Disturbed, not relied on: " + ", ".join(
