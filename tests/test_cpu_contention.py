@@ -285,6 +285,8 @@ def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_p
     from workbook_lib.analysis import compare as cmp
     from workbook_lib.analysis import stability as stab
     from workbook_lib.analysis.headlines import RATIO, Figure
+    from workbook_lib.report.compare_view import cell
+    from workbook_lib.report.stability_view import page
 
     def fig(v, cpu=None):
         return Figure("per_step_ratio_03", "per-step ratio", "03", v, 0.05 * v, None, "x",
@@ -294,7 +296,7 @@ def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_p
     assert cmp._verdict(fig(2.0, quiet), fig(20.0, quiet))[1] == "worse"
     text, cls = cmp._verdict(fig(2.0, quiet), fig(20.0, busy))
     assert cls == "" and "contended: not compared" in text
-    assert "contended" in cmp._cell(fig(20.0, busy)) and "contended" not in cmp._cell(fig(2.0))
+    assert "contended" in cell(fig(20.0, busy)) and "contended" not in cell(fig(2.0))
     runs = [tmp_path / "run1", tmp_path / "run2"]
     for d in runs:
         d.mkdir()
@@ -304,7 +306,7 @@ def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_p
     row = res.rows[0]
     assert row.agrees is None and row.note.startswith("contended in run2")
     assert row.values[1].endswith("(contended)") and res.disagreeing == []
-    assert "CONTENDED" in stab.page(res) and "not judged" in stab.page(res)
+    assert "CONTENDED" in page(res) and "not judged" in page(res)
     figs[runs[1]] = fig(20.0, quiet)  # the same difference measured alone: it differs
     assert stab.compare_figures(runs).rows[0].agrees is False
 

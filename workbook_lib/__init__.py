@@ -68,8 +68,10 @@ most 3 that climb, each with its reason, and refuses any import cycle.
                    forward's mask bytes, stored masks read cold and warm), ``verdict`` (05),
                    ``adoption`` (06), ``compare``, ``headlines`` (figures, the fix's speedups),
                    ``stability``
-11 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook,
-                   ``html`` (export, index page)
+11 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook
+                   and per command's page (``trace_view``, ``compare_view``,
+                   ``stability_view``), ``html`` (the run folder's index), ``pages`` (one look:
+                   every page from ``templates/workbook/page.html.j2`` and ``workbook.css``)
 12 ``runner``       runs the notebooks with papermill into a run folder (and ``stability``'s
                    repeated runs)
 13 ``cli``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)

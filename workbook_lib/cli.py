@@ -138,8 +138,9 @@ def _cmd_bench(args) -> int:
 
 def _cmd_compare(args) -> int:
     from .analysis.compare import compare_runs
+    from .report.compare_view import write_page
 
-    path = compare_runs(args.runs, args.out, force=args.force)
+    path = write_page(compare_runs(args.runs, force=args.force), args.out)
     print(f"Comparison: {path}")
     return 0
 

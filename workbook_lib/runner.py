@@ -456,7 +456,8 @@ def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
                   progress: bool = True) -> StabilityResult:
     """Run the notebooks ``runs`` times and compare every headline figure
     (:mod:`workbook_lib.analysis.stability`)."""
-    from .analysis.stability import compare_figures, page
+    from .analysis.stability import compare_figures
+    from .report.stability_view import page
 
     if runs < 2:
         raise ParamsError(f"--runs must be at least 2 (got {runs})", key="runs", value=runs)

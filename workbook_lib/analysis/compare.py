@@ -10,11 +10,14 @@ same snapshot at different scales compare (the page says so: absolute figures mo
 A figure measured while the process got less than 80% of the CPU its threads asked for (another
 job on the same CPUs: :mod:`workbook_lib.measurement.cpu`) is marked contended and not compared:
 a steady disturbance keeps its IQR small, so its noise band would not cover the error.
+
+This module returns the comparison as records (:class:`RunComparison`);
+:mod:`workbook_lib.report.compare_view` writes its page.
 """
 from __future__ import annotations
 
-import html
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..exceptions import RunComparisonError
@@ -56,22 +59,6 @@ def fmt_value(v: float) -> str:
     return f"{v:.4g}"
 
 
-def _cell(f: Figure | None) -> str:
-    if f is None:
-        return "—"
-    if f.text is not None:
-        return html.escape(f.text)
-    if f.value is None:
-        return "n/a"
-    unit = f" {f.unit}" if f.unit and f.unit != "x" else ("x" if f.unit == "x" else "")
-    noise = f" <small>(IQR {f.iqr:.2g})</small>" if f.iqr is not None else ""
-    if f.rel_se is not None:
-        noise = f" <small>(standard error {f.rel_se:.0%})</small>"
-    busy = (f" <b class='worse'>contended</b> <small>({html.escape(f.cpu.explain())})</small>"
-            if f.contended else "")
-    return f"{fmt_value(f.value)}{unit}{noise}{busy}"
-
-
 def half_band(f: Figure) -> float:
     """Half the width of a figure's noise band: IQR/2, two standard errors of a fitted
     coefficient, 0 for an exact figure."""
@@ -83,7 +70,7 @@ def half_band(f: Figure) -> float:
 
 
 def _verdict(a: Figure | None, b: Figure | None) -> tuple[str, str]:
-    """(text, css class) of run b against run a for this figure."""
+    """(text, direction: "better", "worse" or "") of run b against run a for this figure."""
     if a is None or b is None:
         return "", ""
     if a.text is not None:
@@ -107,9 +94,50 @@ def _verdict(a: Figure | None, b: Figure | None) -> tuple[str, str]:
     return f"{r:.3g}x ({'better' if good else 'worse'})", "better" if good else "worse"
 
 
-def compare_runs(runs: list[str | Path], out: str | Path | None = None, *,
-                 force: bool = False) -> Path:
-    """Write an HTML page comparing run folders (the first is the reference); returns its path.
+@dataclass
+class ComparedRun:
+    """One run folder as the comparison names it."""
+    name: str
+    device: str | None
+    scale: float | None
+    hidden: int | None
+    created: str | None
+
+
+@dataclass
+class ComparedFigure:
+    """One headline figure in every run, and each run after the first against the first."""
+    key: str
+    label: str
+    notebook: str
+    kind: str
+    figures: list[Figure | None]  # one per run (None: not in that run)
+    against_first: list[tuple[str, str]]  # one per run after the first: (text, direction)
+
+
+@dataclass
+class RunComparison:
+    runs: list[ComparedRun]
+    other_snapshots: bool  # the runs used different snapshots (compared with force)
+    other_scales: bool  # the same snapshot at different scales
+    rows: list[ComparedFigure] = field(default_factory=list)
+
+
+def _run(d: Path) -> ComparedRun:
+    env = {}
+    if (d / "environment.json").is_file():
+        env = json.loads((d / "environment.json").read_text())
+    p = env.get("params", {}) or {}
+    return ComparedRun(d.name, env.get("device_label"), p.get("scale"), p.get("hidden"),
+                       env.get("created"))
+
+
+def compare_runs(runs: list[str | Path], *, force: bool = False) -> RunComparison:
+    """Every headline figure of two or more run folders, each run against the first.
+
+    Args:
+        runs: the run folders; the first is the reference.
+        force: compare runs made on different snapshots too.
 
     Raises:
         RunComparisonError: fewer than two runs, a folder missing or without results, or runs
@@ -134,50 +162,10 @@ def compare_runs(runs: list[str | Path], out: str | Path | None = None, *,
         raise RunComparisonError(
             "the runs used different snapshots; their numbers would not be comparable "
             "(pass --force to compare anyway)")
-    keys = list(dict.fromkeys(k for f in figs for k in f))
-    head = "".join(f"<th>{html.escape(d.name)}</th>" for d in paths) + "".join(
-        f"<th>{html.escape(d.name)} vs {html.escape(paths[0].name)}</th>" for d in paths[1:])
-    rows = []
-    for k in keys:
-        ref = figs[0].get(k)
+    out = RunComparison([_run(d) for d in paths], bool(differ), bool(scales))
+    for k in dict.fromkeys(k for f in figs for k in f):
         any_f = next(f[k] for f in figs if k in f)
-        cells = "".join(f"<td>{_cell(f.get(k))}</td>" for f in figs)
-        for f in figs[1:]:
-            text, cls = _verdict(ref, f.get(k))
-            cells += f"<td class='{cls}'>{text}</td>"
-        rows.append(f"<tr><td>{html.escape(any_f.label)}<br><small>{any_f.notebook}, "
-                    f"{any_f.kind}</small></td>{cells}</tr>")
-
-    def env_line(d: Path) -> str:
-        env = {}
-        if (d / "environment.json").is_file():
-            env = json.loads((d / "environment.json").read_text())
-        p = env.get("params", {}) or {}
-        return (f"<li><b>{html.escape(d.name)}</b>: {html.escape(str(env.get('device_label')))}"
-                f", scale {p.get('scale')}, H {p.get('hidden')}, created "
-                f"{html.escape(str(env.get('created')))}</li>")
-    warn = "<p class='warn'>The runs used different snapshots (compared with --force).</p>" \
-        if differ else ("<p class='warn'>The runs used the same snapshot at different scales: "
-                        "absolute figures move with the graph's size, and so may ratios.</p>"
-                        if scales else "")
-    page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
-<title>Run comparison</title><style>body{{font-family:system-ui,sans-serif;max-width:1200px;
-margin:2em auto}} td,th{{border-bottom:1px solid #ddd;padding:5px 8px;text-align:left;
-vertical-align:top}} th{{background:#f4f4f4}} .better{{color:#176d17}} .worse{{color:#a11}}
-.warn{{background:#fbe3e3;padding:6px}} small{{color:#666}}</style></head><body>
-<h1>Run comparison</h1><ul>{''.join(env_line(d) for d in paths)}</ul>{warn}
-<p>Each run against the first: the ratio, better or worse by the figure's direction (lower is
-better for times, higher for speedups) when the two figures' noise bands do not overlap (their
-interquartile ranges; two standard errors of a fitted coefficient), else "within noise". Absolute
-times move with the machine's speed; ratios measured in the same rounds do not; ratios of separate
-launches (notebook 04's DDP factor, the gap it multiplies, the weak-scaling efficiency) move with
-the machine's drift between the launches. A figure marked <b>contended</b> was measured while the
-process's compute threads got less than 80% of the CPU they asked for (its line says by whom:
-other jobs on the same CPUs, or the run's own processes): it can look precise and be wrong by
-orders of magnitude, so it is not compared.</p>
-<table><tr><th>figure</th>{head}</tr>{''.join(rows)}</table></body></html>"""
-    out_path = Path(out) if out else Path("runs") / ("compare-" + "-vs-".join(
-        d.name for d in paths) + ".html")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(page, encoding="utf-8")
-    return out_path
+        out.rows.append(ComparedFigure(k, any_f.label, any_f.notebook, any_f.kind,
+                                       [f.get(k) for f in figs],
+                                       [_verdict(figs[0].get(k), f.get(k)) for f in figs[1:]]))
+    return out

@@ -2,7 +2,7 @@
 runs every notebook ``runs`` times into ``DIR/run1``, ``DIR/run2``... and reports every headline
 figure side by side with its relative difference (the largest over pairs of runs), against a
 tolerance (15% by default). :func:`workbook_lib.runner.run_stability` makes the runs; this module
-compares them (:func:`compare_figures`) and writes the page.
+compares them (:func:`compare_figures`); :mod:`workbook_lib.report.stability_view` writes the page.
 
 Where a figure cannot agree the report says why. An absolute time moves with the machine's
 speed, which on a shared machine drifts by tens of percent over minutes: the report shows how
@@ -16,7 +16,6 @@ there and not judged: its agreement or disagreement says nothing.
 """
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,37 +194,3 @@ def _claim_rows(run_dirs: list[Path]) -> list[StabilityRow]:
                                 "claim status", [f"{same} of {len(keys)}"] * len(run_dirs),
                                 None, same == len(keys), False, ""))
     return rows
-
-
-def page(r: StabilityResult) -> str:
-    rows = []
-    for x in r.rows:
-        status = ("CONTENDED" if x.note.startswith("contended") else "—") if x.agrees is None \
-            else ("agrees" if x.agrees else "DIFFERS")
-        cls = "" if x.agrees is not False else ("bad" if x.verdict_rests_on else "warn")
-        rel = "" if x.rel_diff is None else f"{x.rel_diff:.1%}"
-        rows.append(f"<tr class='{cls}'><td>{html.escape(x.label)}<br><small>{x.kind}</small>"
-                    f"</td>" + "".join(f"<td>{html.escape(v)}</td>" for v in x.values)
-                    + f"<td>{rel}</td><td>{status}</td><td>{'yes' if x.verdict_rests_on else ''}"
-                    f"</td><td>{html.escape(x.note)}</td></tr>")
-    head = "".join(f"<th>{html.escape(n)}</th>" for n in r.runs)
-    drift = "" if r.drift is None else (f"<p>The machine's speed, by a reference (the benchmark's "
-                                        f"shared step, same kernels), moved {r.drift:.0%} "
-                                        "between the runs.</p>")
-    bad = [x for x in r.disagreeing if x.verdict_rests_on]
-    busy = [x for x in r.rows if x.note.startswith("contended")]
-    summary = ("Every figure the verdict rests on agrees within the tolerance." if not bad else
-               "Figures the verdict rests on that differ: " + ", ".join(x.label for x in bad))
-    if busy:
-        summary += (" Contended (measured while the process got less than 80% of the CPU it "
-                    "asked for; not judged): "
-                    + ", ".join(x.label for x in busy) + ".")
-    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Stability</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:1250px;margin:2em auto}}
-td,th{{border-bottom:1px solid #ddd;padding:5px 8px;text-align:left;vertical-align:top}}
-th{{background:#f4f4f4}} tr.bad{{background:#fbe3e3}} tr.warn{{background:#fcf6e6}}
-small{{color:#666}}</style></head><body><h1>Do two runs agree?</h1>
-<p>Tolerance: {r.tolerance:.0%} relative difference (largest over pairs of runs).
-{html.escape(summary)}</p>{drift}
-<table><tr><th>figure</th>{head}<th>difference</th><th>status</th><th>the verdict rests on it</th>
-<th>why, where it differs</th></tr>{''.join(rows)}</table></body></html>"""

@@ -1,0 +1,49 @@
+"""Every HTML page the workbook writes has one look: one base template and one stylesheet.
+
+The pages (the run folder's ``index.html``, ``trace``'s, ``compare``'s and ``stability``'s)
+are jinja2 templates in ``report/templates/workbook/`` that extend ``page.html.j2``, which
+inlines ``workbook.css``; the notebooks' reports (nbconvert's ``index.html.j2``, in the same
+folder) inline the same file. Every page is so one self-contained file a reader can share.
+jinja2 comes with nbconvert, which exports the reports. No template here may take the name of
+one of nbconvert's (``base.html.j2`` would replace the one its lab template extends: that
+folder is searched first).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+TEMPLATES = Path(__file__).resolve().parent / "templates" / "workbook"
+STYLESHEET = TEMPLATES / "workbook.css"
+
+
+@functools.cache
+def _environment():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True,
+                              lstrip_blocks=True)
+
+
+def render(template: str, **context) -> str:
+    """One page: ``template`` (a file in ``report/templates/workbook/``) filled from
+    ``context``; strings are escaped unless marked safe (:func:`markup`).
+
+    Args:
+        template: the template's file name, e.g. ``"trace.html.j2"``.
+        **context: the template's variables.
+    """
+    return _environment().get_template(template).render(**context)
+
+
+def markup(html: str):
+    """``html`` marked as markup the page inserts as it is (already escaped where needed)."""
+    from markupsafe import Markup
+
+    return Markup(html)
+
+
+def stylesheet() -> str:
+    """The one stylesheet every page inlines."""
+    return STYLESHEET.read_text(encoding="utf-8")
