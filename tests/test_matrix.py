@@ -265,6 +265,8 @@ def empty_branches(path: Path) -> dict[int, str]:
 # first line) -> the configuration that reaches it
 UNREACHABLE = {
     ("verdict_view.py", "cpu_text", ""): "a GPU run (every claim testable there)",
+    ("compare_view.py", "cell", ""): "python -m workbook_lib compare over runs that lack a "
+                                     "figure (a tool's page, not a notebook's)",
     ("verdict_view.py", "lead", "if not first"): "a measured gap no stage holds 5% of",
     ("inventory_view.py", "footprint_text", "No footprint"): "a result from before 01 computed "
                                                              "the footprint",
