@@ -275,3 +275,12 @@ def test_the_map_parser_reads_floor_lines_only():
     assert map_floors(doc) == [("paths", "common"), ("configs",)]
     with pytest.raises(AssertionError, match="numbered 2"):
         map_floors("0  ``a``\n2  ``b``\n")
+
+
+def test_the_development_page_shows_the_same_floors():
+    """docs/development.md's table of floors is the map a reader opens first: it names the rooms
+    of ``LAYERS``, floor by floor, so it cannot go stale without this failing."""
+    page = (ROOT.parent / "docs" / "development.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", page, flags=re.M)
+    shown = {int(n): tuple(re.findall(r"`([\w_]+)/?`", rooms)) for n, rooms in rows}
+    assert shown == dict(enumerate(workbook_lib.LAYERS)), shown
