@@ -28,13 +28,8 @@ venv: $(VENV)/.installed
 report: venv
 	$(PY) -m workbook_lib run --params $(PARAMS) --out $(OUT)
 
-# the suite in two parts: files spread over TEST_WORKERS processes (pytest-xdist, one file per
-# worker at a time: a file's shared fixtures run once), then the tests that judge timings or
-# CPU shares (marked serial) alone, so that the other worker is not their contention
-TEST_WORKERS ?= 2
 test: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
-	$(PY) -m pytest -q -m serial
+	$(PY) -m pytest -q
 
 # the documentation site from docs/ and mkdocs.yml into site/ (open site/index.html); strict: a
 # broken link or anchor, or a page missing from the nav, fails it

@@ -26,8 +26,6 @@ import torch
 from workbook_lib.measurement import cpu as C
 from workbook_lib.measurement.timing import Stat, StepClock, measure
 
-pytestmark = pytest.mark.serial  # judges CPU shares: alone, after the parallel part (make test)
-
 LINUX = sys.platform.startswith("linux") and hasattr(os, "sched_setaffinity")
 
 

@@ -105,7 +105,7 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     assert "40x" not in v.answer and "investigation" not in v.answer.lower()
     assert "the built-in forms" not in v.answer
     head = read_meta(out, "05_verdict").headline
-    assert head.startswith(("slow_item", "CONTENDED: slow_item"))
+    assert head.startswith(("slow_item", "CONTENDED: slow_item", "DISTURBED: slow_item"))
     assert "slower per epoch than fast; first cause: data item" in head
     for name in NOTEBOOK_NAMES:
         assert len(read_meta(out, name).headline) <= 200, name

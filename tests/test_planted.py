@@ -24,7 +24,6 @@ from workbook_lib.configs import params as params_mod
 from workbook_lib.running.notebook import load_checked_snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.serial  # ranks stages by timings: alone, after the parallel part
 PLANTED = ROOT / "tests" / "planted"
 
 # planted pipeline -> (stage the verdict must name first, extra params)
