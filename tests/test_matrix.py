@@ -271,6 +271,13 @@ UNREACHABLE = {
     ("verdict_view.py", "cpu_text", ""): "a GPU run (every claim testable there)",
     ("compare_view.py", "cell", ""): "python -m workbook_lib compare over runs that lack a "
                                      "figure (a tool's page, not a notebook's)",
+    ("timing_view.py", "repeats", "no arm measured"): "none: its callers return first when no "
+                                                      "arm was measured (both_raise)",
+    ("tables.py", "fmt_seconds", "n/a"): "a figure a result lacks where a table quotes it: no "
+                                         "tiny case leaves one None there",
+    ("tables.py", "fmt_num", "n/a"): "the same",
+    ("tables.py", "fmt_stat", "n/a"): "the same",
+    ("tables.py", "fmt_time_stat", "n/a"): "the same",
     ("verdict_view.py", "lead", "if not first"): "a measured gap no stage holds 5% of",
     ("inventory_view.py", "footprint_text", "No footprint"): "a result from before 01 computed "
                                                              "the footprint",
