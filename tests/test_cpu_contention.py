@@ -15,6 +15,7 @@ no other job on it (alone, or the run's own processes) retries up to three times
 naming the load, when every try saw other jobs there. A test of "other jobs seen" holds under
 any load (more load only adds to the hog).
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -159,12 +160,17 @@ def one_cpu():
         pytest.skip("needs Linux CPU affinity")
     before, threads = os.sched_getaffinity(0), torch.get_num_threads()
     cpu = _idlest_cpu()
-    os.sched_setaffinity(0, {cpu})
+    tids = [int(t) for t in os.listdir("/proc/self/task")]  # every thread: OpenMP's pool too,
+    for tid in tids:  # made earlier with every CPU, would not follow the main thread's mask
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, {cpu})
     torch.set_num_threads(1)
     try:
         yield cpu
     finally:
-        os.sched_setaffinity(0, before)
+        for tid in [int(t) for t in os.listdir("/proc/self/task")]:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before)
         torch.set_num_threads(threads)
 
 
