@@ -68,6 +68,7 @@ from IPython.display import display
 from workbook_lib.analysis import benchmarks, mask_cost, memory_study
 from workbook_lib.data import snapshots
 from workbook_lib.report import mask_cost_view as view
+from workbook_lib.results.mask_cost import MaskCostResult
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
 
@@ -186,8 +187,8 @@ display(view.dual_masks_text(dual))
 # ## Results
 
 # %%
-result = mask_cost.MaskCostResult(NB.device_label, exact, small.describe(), cost, maskgen, layers,
-                                  bres, mem, dual_masks=dual)
+result = MaskCostResult(NB.device_label, exact, small.describe(), cost, maskgen, layers, bres, mem,
+                        dual_masks=dual)
 path = write_results(NB.run_dir, "02_mask_cost_model", result, P, headline=view.headline(result),
                      snapshot_checksum=NB.graph.checksum,
                      inputs=checksums(NB.run_dir, ["01_graph_inventory"] if inventory else []))

@@ -65,6 +65,7 @@ from IPython.display import display
 
 from workbook_lib.analysis import timing_study as study
 from workbook_lib.report import timing_view as view
+from workbook_lib.results.timing import TimingResult
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import write_results
 
@@ -189,8 +190,8 @@ view.profile_plot(profiles, NB.device_label, pick=(NB.params["gap_strategies"] o
 # ## Results
 
 # %%
-result = study.TimingResult(loops, sanity, reported, epochs, syncs, profiles,
-                            study.fastest_exact(loops), stored_reads=reads, bounds=bounds)
+result = TimingResult(loops, sanity, reported, epochs, syncs, profiles, study.fastest_exact(loops),
+                      stored_reads=reads, bounds=bounds)
 path = write_results(NB.run_dir, "03_data_vs_model_timing", result, NB.params,
                      headline=view.headline(result, NB.params["gap_strategies"]),
                      snapshot_checksum=NB.graph.checksum, files=[p.trace for p in profiles.values()])

@@ -145,7 +145,7 @@ def test_a_projection_that_is_noise_says_so():
 def _issue_bench(lazy_steps: dict[int, float], shared_ms: float = 18.27):
     """A real-spec benchmark as measured (issue 35): the Lazy form at B = 1, 2 and 8 (B = 28
     does not fit), the shared form at B = 28, five rounds."""
-    from workbook_lib.analysis.bench import BenchResult
+    from workbook_lib.results.bench import BenchResult
 
     rounds = 5
     shared = Stat.from_samples([shared_ms * 1e-3 * (1 + 0.002 * i) for i in range(rounds)],
@@ -276,7 +276,8 @@ def test_with_numba_the_push_is_compiled_and_silent(graph, monkeypatch):
 def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params, no_numba):
     """The whole benchmark without numba (tiny sizes): the kernel is in its results, its
     labels, the CLI table and the report's table and text."""
-    from workbook_lib.analysis.bench import BenchResult, run_bench, summary_lines
+    from workbook_lib.analysis.bench import run_bench, summary_lines
+    from workbook_lib.results.bench import BenchResult
     from workbook_lib.report import mask_cost_view as view
 
     p = dict(ci_params, min_repeats=3, time_budget_s=0.02, precision_target=0.9, hidden=8,

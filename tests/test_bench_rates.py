@@ -56,7 +56,7 @@ def test_achieved_rates_count_the_products_of_the_step(capfd, monkeypatch):
 
 
 def _bench_with(ratio_samples, layers=3, run_layers=None):
-    from workbook_lib.analysis.bench import BenchResult
+    from workbook_lib.results.bench import BenchResult
 
     return BenchResult(run_layers=run_layers, device="cpu", sizes={"layers": layers}, full_size=True, per_sample_s={},
                        steps={}, ratio_vs_lazy_form=None, ratio_vs_sparse_form=None,

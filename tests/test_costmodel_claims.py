@@ -6,6 +6,7 @@ from workbook_lib.analysis import claims as C
 from workbook_lib.analysis import costmodel as cm
 from workbook_lib.measurement import trace_analysis as ta
 from workbook_lib.measurement.timing import Stat
+from workbook_lib.results.mask_cost import SweepPoint
 from conftest import write_trace
 
 
@@ -23,19 +24,19 @@ def _points(true, noise=0.0):
         return v * (1 + noise * float(torch.randn(1, generator=g)))
     pts = []
     for e in (1000, 2000, 4000, 8000):
-        pts.append(cm.SweepPoint("keep_mask", e, 0, 0.0, st(n(true["gamma"] * e + 1e-6))))
+        pts.append(SweepPoint("keep_mask", e, 0, 0.0, st(n(true["gamma"] * e + 1e-6))))
         for p in (0.1, 0.5):
-            pts.append(cm.SweepPoint("gather", e, 0, p, st(n(true["delta"] * e + 1e-6))))
+            pts.append(SweepPoint("gather", e, 0, p, st(n(true["delta"] * e + 1e-6))))
         for h in (8, 16, 32):
             un = true["beta"] * e * h + true["beta_e"] * e + true["c"]
             mask = true["alpha_eh"] * e * h
-            pts.append(cm.SweepPoint("unmasked", e, h, 0.0, st(n(un))))
-            pts.append(cm.SweepPoint("masked", e, h, 0.01, st(n(un + mask))))
-            pts.append(cm.SweepPoint("mask_cost", e, h, 0.01, st(n(mask))))
+            pts.append(SweepPoint("unmasked", e, h, 0.0, st(n(un))))
+            pts.append(SweepPoint("masked", e, h, 0.01, st(n(un + mask))))
+            pts.append(SweepPoint("mask_cost", e, h, 0.01, st(n(mask))))
             for p in (0.01, 0.5):
                 f = (true["gamma"] + true["delta"]) * e + (1 - p) * (
                     true["beta"] * e * h + true["beta_e"] * e) + true["c"]
-                pts.append(cm.SweepPoint("filter_layer", e, h, p, st(n(f))))
+                pts.append(SweepPoint("filter_layer", e, h, p, st(n(f))))
     return pts
 
 
@@ -60,7 +61,7 @@ def test_fit_recovers_coefficients_and_holds_out_the_largest_e():
 def test_held_out_points_change_no_coefficient():
     pts = _points(TRUE)
     base = cm.fit(pts)
-    wild = [cm.SweepPoint(p.kind, p.E, p.H, p.p, st(p.stat.median * 7)) if p.E == 8000 else p
+    wild = [SweepPoint(p.kind, p.E, p.H, p.p, st(p.stat.median * 7)) if p.E == 8000 else p
             for p in pts]
     m = cm.fit(wild)
     assert m.beta.coefficients == base.beta.coefficients  # 8000 is in no fit
@@ -136,7 +137,7 @@ class _Obj:
 
 
 def _inventory(mask_bytes_per_edge=1.0, incidence_scale=1.0):
-    from workbook_lib.data.inventory import RealSize
+    from workbook_lib.results.inventory import RealSize
 
     e, n, t = 242_337, 6607, 9
     rs = RealSize(2_423_370, 2_423_370, 28 * 2_423_370, 2_423_370 * 332313,
@@ -152,7 +153,7 @@ def _statuses(claims):
 
 
 def _dual(factor):
-    from workbook_lib.analysis.claim_probes import DualForwardMasks
+    from workbook_lib.results.mask_cost import DualForwardMasks
 
     return DualForwardMasks("replicated_mask_cpu", 2, 12117, 24234, int(24234 * factor))
 
@@ -203,10 +204,10 @@ def test_dual_forward_probe_reads_what_the_forward_reads():
 
 
 def _mask_cost(err=1e-7, filter_over_mask=1.3):
-    pts = [cm.SweepPoint("masked", 1000, 32, 0.01, Stat.from_samples([1.0, 1.01, 0.99])),
-           cm.SweepPoint("filter_layer", 1000, 32, 0.001,
-                         Stat.from_samples([filter_over_mask, filter_over_mask * 1.01,
-                                            filter_over_mask * 0.99]))]
+    pts = [SweepPoint("masked", 1000, 32, 0.01, Stat.from_samples([1.0, 1.01, 0.99])),
+           SweepPoint("filter_layer", 1000, 32, 0.001,
+                      Stat.from_samples([filter_over_mask, filter_over_mask * 1.01,
+                                         filter_over_mask * 0.99]))]
     return _Obj(exact={"node_mask_shared": err, "replicated_mask_cpu": 1e-7},
                 exact_graph="g", cost=_Obj(points=pts), memory=_Obj(fits={}))
 
@@ -221,7 +222,7 @@ def test_cost_claims_both_ways():
 def _timing(data_ratio=56.0, dm_ratio=19.0, model_ratio=1.6, per_gene_syncs=1.0, vec_syncs=0.0,
             optimizer_share=0.02, summed_optimizer=0.24, h2d_top=False, loop_ratio=1.0,
             stages_ratio=None):
-    from workbook_lib.analysis.timing_study import ReportedFigure, SyncPoint
+    from workbook_lib.results.timing import ReportedFigure, SyncPoint
     from workbook_lib.measurement.profiling import ProfileResult
 
     figs = [ReportedFigure("data_only_ratio", "d", 56, st(data_ratio, 0.01 * data_ratio), "x"),
@@ -308,7 +309,8 @@ def test_investigation_summation_counts_profiler_steps_as_the_optimizer(tmp_path
 
 
 def _ddp(total=40.0, steps=2.29, per_step=17.5, factor=1.0, factor_noise=0.05, gather=1.0):
-    from workbook_lib.distributed.analysis import GapDecomposition, within_noise
+    from workbook_lib.distributed.analysis import within_noise
+    from workbook_lib.results.ddp import GapDecomposition
 
     f = st(factor, factor_noise)
     g = GapDecomposition("a", "b", {"a": 28, "b": 64}, 2, 1, steps, st(per_step, 0.5), f,
@@ -317,7 +319,7 @@ def _ddp(total=40.0, steps=2.29, per_step=17.5, factor=1.0, factor_noise=0.05, g
 
 
 def _bench(lazy_per_sample, wildtype_per_sample, full=True):
-    from workbook_lib.analysis.bench import PerSample
+    from workbook_lib.results.bench import PerSample
 
     def steps(v, b):
         return Stat.from_samples([v * b * x for x in (0.95, 1.0, 1.05)])

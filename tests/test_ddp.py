@@ -211,7 +211,8 @@ def test_ring_model_fit_presets_and_extrapolation():
 
 def _world(slow: list[list[float]], fast: list[list[float]], threads=1):
     """A world summary with per-launch step series of the two gap strategies."""
-    from workbook_lib.distributed.analysis import WorldSummary, _ratio_series
+    from workbook_lib.distributed.analysis import _ratio_series
+    from workbook_lib.results.ddp import WorldSummary
 
     ratio = [_ratio_series(a, b) for a, b in zip(slow, fast)]
     w = WorldSummary.__new__(WorldSummary)

@@ -15,12 +15,13 @@ from torch.utils.data import TensorDataset, default_collate
 
 from workbook_lib import cli, runner
 from workbook_lib.analysis.equality import (ParameterMismatchError, StochasticPipelineError,
-                                            check_pipelines, compare_tensors, dropout_text,
-                                            parameter_mapping, parse_renames)
+                                            check_pipelines, compare_tensors, parameter_mapping,
+                                            parse_renames)
 from workbook_lib.measurement.precision import dtype_guard, rounding_model
 from workbook_lib.pipelines import Pipeline
 from workbook_lib.configs import params as params_mod
 from workbook_lib.running.results import load_result
+from workbook_lib.results.adoption import dropout_text
 
 ROOT = Path(__file__).resolve().parent.parent
 LAZY = "examples/lazy_pyg.py:make_pipeline"

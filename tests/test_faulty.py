@@ -24,13 +24,15 @@ from workbook_lib.configs import params as params_mod
 from workbook_lib.exceptions import PipelineError
 from workbook_lib.failures import PipelineFailure
 from workbook_lib.pipelines import build_pipeline, check_pipeline
+from workbook_lib.results.ddp import DDPResult
+from workbook_lib.results.timing import PIPELINED, LoopStudy
 from workbook_lib.running.notebook import load_checked_snapshot
 from workbook_lib.training import loop
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTY = ROOT / "tests" / "faulty"
 CI = ROOT / "params" / "ci.yaml"
-MODES = [*loop.MODES, study.PIPELINED]
+MODES = [*loop.MODES, PIPELINED]
 
 
 def _params(bad: str, other: str = "fine", **extra) -> dict:
@@ -176,7 +178,7 @@ def test_a_forward_that_raises_costs_only_its_own_arms(graph):
     view.loop_table(lo).to_html()
     view.stage_table(lo).to_html()
     # the record survives the results file
-    back = study.LoopStudy.from_json(json.loads(json.dumps(lo.to_json())))
+    back = LoopStudy.from_json(json.loads(json.dumps(lo.to_json())))
     assert back.failures["raises_4th"] == f
 
 
@@ -352,7 +354,7 @@ def test_04_a_rank_raising_in_one_pipeline_is_recorded_and_the_rest_measured(tmp
     assert "No gap decomposed: 'raises_4th' failed in forward" in ddp_view.gap_text(r).data
     assert "No gap decomposed" in ddp_view.headline(r)
     assert ddp_view.failures_note(r).data.count("<details>") == 1
-    back = ddp_study.DDPResult.from_json(json.loads(json.dumps(r.to_json())))
+    back = DDPResult.from_json(json.loads(json.dumps(r.to_json())))
     assert back.gap is None and back.failures["raises_4th"] == f
     assert not _children()
 

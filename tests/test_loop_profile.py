@@ -10,6 +10,7 @@ from workbook_lib.measurement import trace_analysis as ta
 from workbook_lib.measurement.profiling import profile_steps
 from workbook_lib.measurement.syncs import H2D, batch_tensors
 from workbook_lib.measurement.timing import StepClock
+from workbook_lib.results.timing import ArmResult
 from workbook_lib.strategies import make_strategy
 from workbook_lib.training import loop
 
@@ -48,7 +49,7 @@ def test_every_mode_runs_to_min_steps_with_its_stages(small):
         assert r.extra["worker_fetch"].median > 0
         assert r.stopped_by in ("precision target", "max steps", "time budget")
         assert r.untracked.median >= -1e-3  # stages never exceed the step's wall time
-    back = loop.ArmResult.from_json(json.loads(json.dumps(res["replicated_mask_cpu/full"]
+    back = ArmResult.from_json(json.loads(json.dumps(res["replicated_mask_cpu/full"]
                                                           .to_json())))
     assert back.ms_per_sample.median == pytest.approx(res["replicated_mask_cpu/full"]
                                                       .ms_per_sample.median)
@@ -103,12 +104,13 @@ def test_bad_loop_arguments(small):
 
 
 def test_sanity_check_flags_inverted_modes():
-    from workbook_lib.analysis.timing_study import LoopStudy, sanity_check
+    from workbook_lib.analysis.timing_study import sanity_check
+    from workbook_lib.results.timing import LoopStudy
     from workbook_lib.measurement.timing import Stat
 
     def arm(mode, med):
-        return loop.ArmResult("s/" + mode, "node_mask_shared", mode, mode, 4, 1,
-                              Stat.from_samples([med * 0.99, med, med * 1.01]))
+        return ArmResult("s/" + mode, "node_mask_shared", mode, mode, 4, 1,
+                         Stat.from_samples([med * 0.99, med, med * 1.01]))
     ok = {f"node_mask_shared/{m}": arm(m, v) for m, v in zip(loop.MODES, (1, 2, 3, 4))}
     st = LoopStudy("cpu", "", ["node_mask_shared"], {"node_mask_shared": 4}, True, {}, ok)
     assert sanity_check(st) == []

@@ -5,6 +5,7 @@ import torch
 from workbook_lib.data import inventory
 from workbook_lib.data.perturbations import node_keep_mask, sample_perturbations
 from workbook_lib.data.snapshots import CellGraph, content_checksum
+from workbook_lib.results.inventory import InventoryResult
 
 
 def test_sampler_distinct_seeded_padded():
@@ -67,5 +68,5 @@ def test_inventory_measures_what_strategy_2_carries():
     assert r.measured_batch_mask_bytes_per_sample == g.num_edges()  # 1 byte per edge
     assert r.measured_incidence_cache_bytes == inventory.incidence_cache_bytes(g)
     assert r.real_size is None  # no spec: a test graph
-    back = inventory.InventoryResult.from_json(r.to_json())
+    back = InventoryResult.from_json(r.to_json())
     assert back.hop_coverage[2].median == r.hop_coverage[2].median

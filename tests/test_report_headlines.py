@@ -1,7 +1,7 @@
 """What notebooks 03 and 06 show a reader follows what was measured: headlines and colours."""
-from workbook_lib.analysis.adoption import AdoptionResult
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.report import adoption_view as view
+from workbook_lib.results.adoption import AdoptionResult
 
 
 def _result(max_rel_diff):

@@ -7,9 +7,10 @@ import pytest
 from workbook_lib.analysis import compare as cmp
 from workbook_lib.analysis import verdict as V
 from workbook_lib.analysis.headlines import FITTED, RATIO, Figure
-from workbook_lib.distributed.analysis import GapDecomposition, within_noise
+from workbook_lib.distributed.analysis import within_noise
 from workbook_lib.measurement.timing import Stat
-from workbook_lib.training.loop import ArmResult
+from workbook_lib.results.ddp import GapDecomposition
+from workbook_lib.results.timing import ArmResult
 
 
 def st(median, rel=0.02, n=12):
@@ -30,7 +31,7 @@ class _Obj:
 
 
 def _loops(arms, interleaved=True):
-    from workbook_lib.analysis.timing_study import LoopStudy
+    from workbook_lib.results.timing import LoopStudy
 
     return LoopStudy("cpu", "", list(arms), {n: a.batch_size for n, a in arms.items()},
                      interleaved, {}, {f"{n}/full": a for n, a in arms.items()})

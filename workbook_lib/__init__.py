@@ -33,12 +33,15 @@ most 3 that climb, each with its reason, and refuses any import cycle.
 3  ``nodemask/``    the fix as a public API: per-sample aggregation on one shared graph
     ``graph``, ``batch``, ``kernels``   the shared graph, a batch's layers, sparse products
     ``delta``           delta propagation: the second layer's per-sample push (numba/PyTorch)
-4  ``data/``        the graph and the samples
+4  ``results/``    what each notebook's results file holds, typed (one module per notebook:
+                   ``inventory``, ``mask_cost``, ``timing``, ``ddp``, ``verdict``, ``adoption``;
+                   ``bench`` the full-size benchmark's): everything ``load_result`` reads back
+5  ``data/``        the graph and the samples
     ``snapshots``       the wildtype cell graph: synthetic from a spec (cached, checksummed) or
                         a user's HeteroData
     ``perturbations``   which genes each sample deletes; synthetic labels
     ``inventory``       bytes of every representation (notebook 01)
-5  ``strategies/``  how the built-in pipelines compute a batch of perturbed graphs (one module
+6  ``strategies/``  how the built-in pipelines compute a batch of perturbed graphs (one module
                    per strategy)
     ``base``            how a strategy splits its work: prepared once / dataset item / collate /
                         transfer / device prep / aggregation; the incidence cache
@@ -46,35 +49,35 @@ most 3 that climb, each with its reason, and refuses any import cycle.
                         built: CPU workers, disk, the device), ``subgraph_cpu``,
                         ``replicated_filter_device``, ``node_mask_shared``, ``dango_wildtype``
     ``model``, ``reference``, ``sparse_ops`` (the products every strategy uses)
-6  ``pipelines/``   THE seam of what is measured: a training pipeline, stage by stage
+7  ``pipelines/``   THE seam of what is measured: a training pipeline, stage by stage
     ``protocol``        the interface every measured thing implements: dataset / collate /
                         transfer / device prep / forward / loss, its model and batch size
     ``builtin``         the built-in strategies + the workbook's model as pipelines
     ``loading``         user pipelines (params key ``pipelines``): import, build, check on a batch
     ``lightning``       a LightningModule + LightningDataModule as a pipeline
-7  ``training/``    ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
+8  ``training/``    ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
                    training loop over any pipeline, its arms and variants, interleaving),
                    ``step_memory`` (a pipeline's training step for the memory probe)
-8  ``distributed/`` ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
+9  ``distributed/`` ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
                    ``allreduce_model``, ``plan`` (world sizes from the allocation)
-9  ``running/``     what running a notebook needs: ``notebook`` (a notebook's setup),
+10 ``running/``     what running a notebook needs: ``notebook`` (a notebook's setup),
                    ``notebooks`` (sources and builds), ``results`` (JSON), ``environment``,
                    ``slurm``, ``selftest`` (a new machine checked before a long run),
                    ``runlock`` (one writer per notebook of a run folder), ``kernel`` (this
                    clone's kernel)
-10 ``analysis/``    the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,
+11 ``analysis/``    the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,
                    ``bench`` (the full-size benchmark), ``mask_cost`` (02), ``timing_study`` (03),
                    ``claims``, ``claim_probes`` (small measurements some claims need: the dual
                    forward's mask bytes, stored masks read cold and warm), ``verdict`` (05),
                    ``adoption`` (06), ``compare``, ``headlines`` (figures, the fix's speedups),
                    ``stability``
-11 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook
+12 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook
                    and per command's page (``trace_view``, ``compare_view``,
                    ``stability_view``), ``html`` (the run folder's index), ``pages`` (one look:
                    every page from ``templates/workbook/page.html.j2`` and ``workbook.css``)
-12 ``runner``       runs the notebooks with papermill into a run folder (and ``stability``'s
+13 ``runner``       runs the notebooks with papermill into a run folder (and ``stability``'s
                    repeated runs)
-13 ``cli``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
+14 ``cli``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
 """
 import warnings
 
@@ -94,6 +97,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("configs",),
     ("measurement",),
     ("nodemask",),
+    ("results",),
     ("data",),
     ("strategies",),
     ("pipelines",),

@@ -33,59 +33,19 @@ trains nothing and says why in one sentence (:class:`AdoptionResult` with ``appl
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..measurement.timing import Stat
-from ..records import Record
 from ..data.perturbations import sample_perturbations
 from ..pipelines import build_pipeline, user_specs
 from ..training import loop
-from .equality import (EqualityResult, ParameterMismatchError, check_pipelines,
-                       equality_tolerance, seeded_build)
+from ..results.adoption import AdoptionResult, EqualityResult
+from .equality import ParameterMismatchError, check_pipelines, equality_tolerance, seeded_build
 
 PIPELINES = {"replicated": ("replicated_mask_cpu", "gather_scatter"),
              "fix": ("node_mask_shared", "spmm")}
-
-
-@dataclass
-class AdoptionResult(Record):
-    steps: int
-    warmup_steps: int
-    batch_size: int
-    lr: float
-    optimizer: str
-    losses: dict[str, list[float]]
-    # per step: the least relative RMS difference of the predictions that the losses imply
-    rel_diff: list[float]
-    max_rel_diff: float
-    step: dict[str, Stat]  # seconds per step (timed steps)
-    speedup: Stat | None  # replicated / fix, paired by round (None: not applicable)
-    memory_per_sample: dict[str, float] = field(default_factory=dict)
-    epochs_per_day: dict[str, dict[str, float]] = field(default_factory=dict)
-    projection_basis: str = ""
-    device: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    label_variance: float | None = None  # the loss of predicting the labels' mean
-    # the loss curves "agree" within this: 1e-5 on a CPU; on CUDA (atomic sums in any order) the
-    # float32 accumulation bound of measurement.precision, if larger
-    tolerance: float = 1e-5
-    tolerance_basis: str = "float32 rounding (1e-5)"
-    # "builtin" (replicated masks against the node-mask shared graph) or "pipelines" (the user's
-    # slow pipeline against its rewrite, named in gap_strategies); keys of losses/step -> names
-    mode: str = "builtin"
-    names: dict[str, str] = field(default_factory=dict)
-    applicable: bool = True
-    reason: str = ""  # why 06 does not apply, one sentence (when not applicable)
-    equality: EqualityResult | None = None  # the check before training
-    # how rel_diff is computed from the losses
-    rule: str = "the least relative RMS difference of the predictions the MSE losses imply"
-
-    @property
-    def keys(self) -> list[str]:
-        """The reference's key then the rewrite's."""
-        return list(self.losses) or list(self.names)
 
 
 def implied_prediction_diff(rep: list[float], fix: list[float], label_max: float) -> list[float]:

@@ -56,7 +56,7 @@ induced subgraph in the same run.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -65,169 +65,15 @@ from ..measurement.memory import is_oom
 from ..measurement.timing import Stat, interleave, sync
 from ..nodemask import SharedGraph
 from ..nodemask.delta import numba_threading_layer
-from ..nodemask.floor import FloorPart
 from ..nodemask.kernels import DENSE_INSIDE_TAG, MOVE_TAG, SPARSE_TAG
 from ..records import Record
 from ..common.progress import native_stderr_to_terminal, note
 from ..strategies import build_ctx
 from ..training.factory import build_run
+from ..results.bench import (BenchResult, FloorFigure, KernelFigure, PerSample, RateFigure,
+                             ReplicatedFit)
 
 REAL_SPEC = {"scale": 1.0, "hidden": 64, "layers": 3}
-
-
-@dataclass
-class PerSample(Record):
-    """Seconds per sample of one variant (its step divided by its batch size)."""
-
-    median: float
-    iqr: float
-    n: int
-    batch_size: int
-    label: str = ""
-    batch_reason: str = ""
-
-
-@dataclass
-class KernelFigure(Record):
-    name: str
-    description: str
-    seconds: Stat
-    gmacs: float  # multiply-adds per second, 1e9
-    used_by_step: bool = False  # the kernel the shared step uses on this device
-
-
-@dataclass
-class RateFigure(Record):
-    """Achieved multiply-add rate of one kind of product inside one profiled step."""
-
-    variant: str
-    kind: str  # "sparse" or "dense"
-    macs: float  # the multiply-adds whose time is `seconds` (the rate's)
-    seconds: float  # time inside those products (profiler, CPU time; device time on CUDA)
-    step_seconds: float  # the profiled step's wall time
-    gmacs: float
-    machine_gmacs: float | None  # this machine's best measured rate for that kind
-    machine_source: str = ""
-    inside_macs: float = 0.0  # dense multiply-adds done inside a sparse kernel (timed with it)
-
-    @property
-    def step_macs(self) -> float:
-        """All the step's multiply-adds of this kind (those done inside another kind's kernel
-        too): what is compared with the floor."""
-        return self.macs + self.inside_macs
-
-
-@dataclass
-class ReplicatedFit(Record):
-    """A replicated form's per-sample cost: measured at the shared form's batch ``at_batch``
-    when it ran there, else **measured at the largest batch that ran** (``quoted_batch``), never
-    a projection; the projection from B = 1, 2 to ``at_batch`` is kept beside it, with its error
-    at the largest batch measured (``check_batch``)."""
-
-    step_b1: Stat
-    step_b2: Stat | None
-    at_batch: int
-    per_sample: Stat  # the figure quoted: measured at quoted_batch
-    measured: bool = False  # per_sample was timed at at_batch itself
-    projected: Stat | None = None  # per round (t1 (2 - B) + t2 (B - 1)) / B at at_batch
-    check_batch: int | None = None  # the largest batch timed beyond 2
-    check_step: Stat | None = None  # its step
-    projection_error: Stat | None = None  # projected / measured per sample at check_batch
-    rule: str = ""  # why this batch (the memory estimate, the budget, the cap)
-    quoted_batch: int | None = None  # the batch per_sample was measured at
-    at_least: bool = False  # per-sample cost rose from B = 2 to quoted_batch
-    rising_over: list[int] = field(default_factory=list)  # [2, quoted_batch] when it did
-    projected_ratio: Stat | None = None  # the projection / the shared form, per sample
-
-    @property
-    def basis(self) -> str:
-        """What the per-sample figure is, in words for labels (never "same batch" unless it
-        was timed at the shared form's batch)."""
-        if self.measured:
-            return f"measured at B = {self.at_batch} (the shared form's batch)"
-        q = self.quoted_batch or 1
-        out = f"measured at B = {q}, the largest batch that ran ({self.rule})"
-        if self.at_least:
-            lo, hi = self.rising_over
-            out += (f"; its per-sample cost rose from B = {lo} to B = {hi}: at B = "
-                    f"{self.at_batch} it is taken to be at least this")
-        return out
-
-    @property
-    def short_basis(self) -> str:
-        """``measured at B = 8`` or ``measured at the same batch, B = 28``."""
-        if self.measured:
-            return f"measured at the same batch, B = {self.at_batch}"
-        return f"measured at B = {self.quoted_batch or 1}"
-
-    @property
-    def error_text(self) -> str:
-        """The projection's error at the largest measured batch, or why there is none."""
-        if self.projection_error is None:
-            return "no batch beyond 2 measured: the projection's error is unknown"
-        e = self.projection_error
-        return (f"the projection from B = 1, 2 is {e.median:.2f}x the measurement at "
-                f"B = {self.check_batch} (IQR {e.iqr:.2g}, n={e.n})")
-
-    @property
-    def projection_text(self) -> str:
-        """The projection to the shared form's batch, labelled as one, with its error."""
-        if self.projected is None:
-            return "no projection (B = 2 did not run)"
-        if self.projected.median <= 0:
-            return ("the line through B = 1, 2 gives no positive time (B = 2's step was not "
-                    "slower than B = 1's): the projection is noise, not a figure")
-        ratio = (f", {self.projected_ratio.median:.3g}x the shared form"
-                 if self.projected_ratio is not None else "")
-        return (f"projected from B = 1, 2 to B = {self.at_batch}: "
-                f"{self.projected.median * 1e3:.3g} ms per sample{ratio}; {self.error_text}")
-
-
-@dataclass
-class FloorFigure(Record):
-    """The floor of an exact sample (:mod:`workbook_lib.nodemask.floor`, from the benchmark
-    batch's own perturbations) beside the shared step's measured counts, per sample."""
-
-    batch_size: int
-    sparse_macs: float
-    dense_macs: float
-    bytes: float
-    parts: dict[str, FloorPart] = field(default_factory=dict)  # per batch
-    measured_sparse_macs: float | None = None  # the profiled step's, per sample
-    measured_dense_macs: float | None = None
-    seconds_at_machine: float | None = None  # the floor's products at the machine's best rates
-    seconds_at_step_rates: float | None = None  # at the rates the step's products achieved
-    measured_seconds: float | None = None  # the exact sample as timed (median)
-    rates_source: str = ""
-
-    def ratio(self, kind: str) -> float | None:
-        """Measured / floor multiply-adds per sample for ``sparse`` or ``dense``."""
-        if kind not in ("sparse", "dense"):
-            raise ValueError(f"'kind' must be sparse or dense (got {kind!r})")
-        got = getattr(self, f"measured_{kind}_macs")
-        want = getattr(self, f"{kind}_macs")
-        return None if got is None or not want else got / want
-
-    def lines(self) -> list[str]:
-        """The floor and the step's counts in words (the CLI and the report print them)."""
-        out = []
-        for kind in ("sparse", "dense"):
-            f, m, r = getattr(self, f"{kind}_macs"), getattr(self, f"measured_{kind}_macs"), \
-                self.ratio(kind)
-            out.append(f"{kind}: {f / 1e6:.1f}M multiply-adds per exact sample at the floor"
-                       + (f", the step {m / 1e6:.1f}M: **{r:.2f}x its floor**" if r else
-                          ", the step's count not measured"))
-        out.append(f"bytes at the floor: {self.bytes / 1e6:.1f} MB per sample (each product's "
-                   "operands read once, its result written once)")
-        if self.seconds_at_machine is not None:
-            t = (f"the floor's products would take {self.seconds_at_machine * 1e3:.3g} ms per "
-                 f"sample at this machine's best measured rates ({self.rates_source})")
-            if self.seconds_at_step_rates is not None:
-                t += f", {self.seconds_at_step_rates * 1e3:.3g} ms at the rates the step achieved"
-            if self.measured_seconds is not None:
-                t += f"; the exact sample measured {self.measured_seconds * 1e3:.3g} ms"
-            out.append(t)
-        return out
 
 
 def floor_figure(sg: SharedGraph, pert: torch.Tensor, hidden: int, layers: int, dual: bool,
@@ -255,34 +101,6 @@ def floor_figure(sg: SharedGraph, pert: torch.Tensor, hidden: int, layers: int, 
     if "sparse" in got and "dense" in got:
         fig.seconds_at_step_rates = wf.seconds_at(got["sparse"].gmacs, got["dense"].gmacs)
     return fig
-
-
-@dataclass
-class BenchResult(Record):
-    device: str
-    sizes: dict
-    full_size: bool
-    per_sample_s: dict[str, PerSample]
-    steps: dict[str, Stat]  # seconds per step
-    ratio_vs_lazy_form: Stat | None
-    ratio_vs_sparse_form: Stat | None
-    passes_per_sample: Stat | None
-    exact_max_rel_error: float
-    ratio_vs_full_form: Stat | None = None  # shared_full / shared per sample (delta's gain)
-    replicated: dict[str, ReplicatedFit] = field(default_factory=dict)
-    rates: list[RateFigure] = field(default_factory=list)
-    machine: dict = field(default_factory=dict)  # best sparse / dense GMAC/s measured here
-    kernels: list[KernelFigure] = field(default_factory=list)
-    skipped: dict[str, str] = field(default_factory=dict)  # variant -> why it did not run
-    notes: list[str] = field(default_factory=list)
-    rounds: int = 0
-    seconds: float = 0.0
-    push_kernel: str = ""  # the delta push's kernel in the timed steps ("" : no delta form ran)
-    push_threads: str = ""  # numba's threading layer when the push ran compiled
-    shared_form: str = ""  # the path of the step timed as "shared" ("delta, push numba"...)
-    run_layers: int | None = None  # the run's model depth (the benchmark's is sizes["layers"])
-    ratio_vs_dango_sample: Stat | None = None  # shared / wildtype, per sample each
-    floor: FloorFigure | None = None  # the exact sample's floor beside the step's counts
 
 
 def replicated_bytes_per_sample(num_edges: int, max_type_edges: int, num_genes: int,

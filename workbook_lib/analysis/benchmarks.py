@@ -6,27 +6,17 @@ forms (and, per batch size, the strategies) are timed in the same rounds.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
 from ..data.perturbations import sample_perturbations
 from ..data.snapshots import CellGraph
 from ..measurement.memory import is_oom
-from ..measurement.timing import Stat, interleave
-from ..records import Record
+from ..measurement.timing import interleave
 from ..common.progress import progress
 from ..strategies import build_ctx, make_strategy
 from ..strategies.model import PerturbGIN
-
-
-@dataclass
-class MaskGeneration(Record):
-    """Milliseconds per sample to produce one sample's edge removal, by form."""
-
-    batch_size: int
-    per_sample_ms: dict[str, Stat]
-    where: dict[str, str]
+from ..results.mask_cost import LayerPoint, LayerSweep, MaskGeneration
 
 
 def mask_generation(graph: CellGraph, k, batch_size: int, device, *, warmup=1, min_rounds=5,
@@ -60,25 +50,6 @@ def mask_generation(graph: CellGraph, k, batch_size: int, device, *, warmup=1, m
              "device_mask_vectorized": "device", "replicated_filter_device": "device"}
     return MaskGeneration(batch_size, {n: s.scaled(1e3 / batch_size, "ms/sample")
                                        for n, s in res.stats.items()}, where)
-
-
-@dataclass
-class LayerPoint(Record):
-    strategy: str
-    batch_size: int
-    stat: Stat | None  # seconds per layer (forward), None when it did not fit
-    reason: str | None = None
-
-
-@dataclass
-class LayerSweep(Record):
-    hidden: int
-    edges: int
-    points: list[LayerPoint] = field(default_factory=list)
-
-    def series(self, strategy: str) -> list[LayerPoint]:
-        return sorted((p for p in self.points if p.strategy == strategy),
-                      key=lambda p: p.batch_size)
 
 
 def _hidden_input(strategy, ctx, hidden: int, gen: torch.Generator) -> torch.Tensor:

@@ -9,31 +9,14 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..measurement.timing import Stat
-from ..records import Record
-
-
-@dataclass
-class DualForwardMasks(Record):
-    """Per-edge mask bytes one forward reads, single and dual."""
-
-    strategy: str
-    batch_size: int
-    edges: int  # the graph's edges
-    single_bytes: int
-    dual_bytes: int
-
-    def describe(self) -> str:
-        return (f"per-edge mask bytes one forward of {self.strategy} reads at B = "
-                f"{self.batch_size} ({self.edges:,} edges): {self.single_bytes:,} without the "
-                f"dual forward, {self.dual_bytes:,} with it (every 1-D per-edge tensor an "
-                "operator reads, counted once)")
+from ..results.mask_cost import DualForwardMasks
+from ..results.timing import StoredReads
 
 
 class _PerEdgeReads(TorchDispatchMode):
@@ -84,20 +67,6 @@ def dual_forward_masks(params: dict, graph, device, *, strategy: str = "replicat
     single = mask_bytes_read(run.strategy, run.model, ctx, batch_size, dual=False)
     dual = mask_bytes_read(run.strategy, run.model, ctx, batch_size, dual=True)
     return DualForwardMasks(strategy, batch_size, graph.num_edges(), single, dual)
-
-
-@dataclass
-class StoredReads(Record):
-    """Reading stored masks per item, cold (the file's pages dropped from the page cache
-    first) and warm (read again right after), paired by round."""
-
-    items: int
-    bytes_per_item: int
-    file_bytes: int
-    cold_ms: Stat  # per item
-    warm_ms: Stat
-    cold_over_warm: Stat
-    dropped: bool  # posix_fadvise was available (the kernel may still keep pages, e.g. tmpfs)
 
 
 def drop_page_cache(path) -> bool:

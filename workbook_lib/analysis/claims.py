@@ -23,29 +23,13 @@ are then not measured).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from ..measurement.timing import Stat
-from ..records import Record
+from ..results.verdict import Claim
 
 HELD, FAILED, NOISE, NOT_MEASURED = "held", "failed", "within noise", "not measured here"
 STATUSES = (HELD, FAILED, NOISE, NOT_MEASURED)
 MEASURED, ARITHMETIC = "measured", "arithmetic"
-
-
-@dataclass
-class Claim(Record):
-    key: str
-    claim: str  # the investigation's words
-    claimed: str  # its figure
-    measured: str  # this run's figure (with its IQR where it has one)
-    kind: str  # measured, arithmetic, or not measured here
-    rule: str  # the comparison, in words
-    status: str
-    source: str  # the notebook the figure comes from
-    note: str = ""
-    value: float | None = None  # the number the rule compared
-    size: str = ""  # where the claim is about the real sizes: the sizes the figure comes from
 
 
 def within_band(st: Stat, claimed: float, factor: float = 2.0) -> str:
@@ -106,7 +90,7 @@ def size_claims(inv, dual=None) -> list[Claim]:
 
     Args:
         inv: notebook 01's result.
-        dual: notebook 02's :class:`~workbook_lib.analysis.claim_probes.DualForwardMasks` (the
+        dual: notebook 02's :class:`~workbook_lib.results.mask_cost.DualForwardMasks` (the
             mask bytes a forward reads with and without the dual forward); None: the 130 MB
             claim is not measured.
     """

@@ -26,14 +26,14 @@ swept p.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..measurement.timing import Stat, interleave
-from ..records import Record
 from ..strategies import sparse_ops
+from ..results.mask_cost import CostModel, CrossoverCheck, Fit, SweepPoint
 
 COEFFICIENTS = {
     "beta": ("s per edge·channel", "message computation and aggregation"),
@@ -60,15 +60,6 @@ def random_edges(num_nodes: int, num_edges: int, seed: int = 0,
 def _keep(e: int, p: float, seed: int, device) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.rand(e, generator=g) >= p).to(device)
-
-
-@dataclass
-class SweepPoint(Record):
-    kind: str  # masked, unmasked, mask_cost, spmm, keep_mask, gather, filter_layer
-    E: int
-    H: int
-    p: float
-    stat: Stat
 
 
 @dataclass
@@ -138,27 +129,6 @@ def sweep(cfg: SweepConfig) -> list[SweepPoint]:
     return out
 
 
-@dataclass
-class Fit(Record):
-    """One least-squares fit: coefficients, in-fit residuals, held-out errors."""
-
-    name: str
-    terms: list[str]
-    coefficients: dict[str, float]
-    in_fit_points: int
-    in_fit_median_abs_rel: float
-    held_out_points: int
-    held_out_median_abs_rel: float | None
-    negative: list[str] = field(default_factory=list)
-    stderr: dict[str, float] = field(default_factory=dict)  # least-squares standard errors
-    point_noise: float | None = None  # median IQR/median of the fitted points' timings
-
-    def rel_stderr(self, name: str) -> float | None:
-        """A coefficient's standard error relative to it (None where not estimable)."""
-        v, se = self.coefficients.get(name), self.stderr.get(name)
-        return None if v in (None, 0) or se is None else abs(se / v)
-
-
 def _design(term: str, pt: SweepPoint) -> float:
     return {"E*H": pt.E * pt.H, "E": pt.E, "1": 1.0}[term]
 
@@ -189,54 +159,6 @@ def _fit(name: str, pts: list[SweepPoint], terms: list[str], coef_names: list[st
     return Fit(name, terms, named, len(fit_pts), rel(fit_pts) or 0.0, len(held), rel(held),
                [c for c, v in named.items() if v < 0 and c != "c"], stderr,
                float(np.median(noise)) if noise else None)
-
-
-@dataclass
-class CostModel(Record):
-    """Fitted coefficients (seconds per unit) and how well they predict."""
-
-    beta: Fit  # unmasked layers: beta*E*H + beta_e*E + c
-    alpha: Fit  # the mask multiply, by the term that fits it better (alpha_eh*E*H or alpha_e*E)
-    gamma: Fit  # keep mask: gamma*E + c
-    delta: Fit  # gather: delta*E + c
-    held_out_edges: int
-    filter_check: Fit  # the filter model predicted (not fitted) vs measured filter layers
-    alpha_carrier: str  # "E*H" or "E": the term that carries the mask cost
-    alpha_other: Fit | None = None  # the other single-term fit, for comparison
-
-    def coefficient(self, name: str) -> float:
-        for f in (self.beta, self.alpha, self.gamma, self.delta):
-            if name in f.coefficients:
-                return f.coefficients[name]
-        raise KeyError(name)
-
-    def predict_unmasked(self, e: float, h: float) -> float:
-        b = self.beta.coefficients
-        return b["beta"] * e * h + b["beta_e"] * e + b["c"]
-
-    def predict_mask(self, e: float, h: float) -> float:
-        a = self.alpha.coefficients
-        return self.predict_unmasked(e, h) + a["alpha_eh"] * e * h + a["alpha_e"] * e
-
-    def predict_filter(self, e: float, h: float, p: float) -> float:
-        b = self.beta.coefficients
-        return ((self.gamma.coefficients["gamma"] + self.delta.coefficients["delta"]) * e
-                + (1 - p) * (b["beta"] * e * h + b["beta_e"] * e) + b["c"])
-
-    def crossover_p(self, h: float) -> float | None:
-        """The p above which filtering is predicted cheaper than masking at hidden size ``h``,
-        or None if never in [0, 1):
-        ``(gamma + delta - alpha_e - alpha_eh*H) / (beta*H + beta_e)``."""
-        b = self.beta.coefficients
-        denom = b["beta"] * h + b["beta_e"]
-        if denom <= 0:
-            return None
-        a = self.alpha.coefficients
-        p = (self.gamma.coefficients["gamma"] + self.delta.coefficients["delta"]
-             - a["alpha_e"] - a["alpha_eh"] * h) / denom
-        if p < 0:
-            return 0.0
-        return float(p) if p < 1 else None
 
 
 def fit(points: list[SweepPoint]) -> CostModel:
@@ -270,18 +192,6 @@ def fit(points: list[SweepPoint]) -> CostModel:
                 len(errs_in), float(np.median(errs_in)) if errs_in else 0.0, len(errs_out),
                 float(np.median(errs_out)) if errs_out else None)
     return CostModel(beta, alpha, gamma, delta, held_e, check, carrier, alpha_other)
-
-
-@dataclass
-class CrossoverCheck(Record):
-    """Predicted crossover p against direct filter-vs-mask timings at one (E, H)."""
-
-    E: int
-    H: int
-    predicted_p: float | None
-    measured: dict[float, float]  # p -> filter / masked (median ratio); < 1: filter wins
-    measured_p: float | None  # first swept p where filtering won (None: never)
-    agrees: bool  # prediction and measurement put every swept p on the same side
 
 
 def crossover_checks(model: CostModel, points: list[SweepPoint]) -> list[CrossoverCheck]:

@@ -67,13 +67,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..exceptions import WorkbookError
-from ..records import Record
+from ..results.adoption import EqualityResult, TensorDiff
 
 
 class ParameterMismatchError(WorkbookError, ValueError):
@@ -88,39 +88,6 @@ class ParameterMismatchError(WorkbookError, ValueError):
     def __init__(self, message: str, *, missing=(), extra=(), shapes=None):
         super().__init__(message)
         self.missing, self.extra, self.shapes = list(missing), list(extra), dict(shapes or {})
-
-
-@dataclass
-class TensorDiff(Record):
-    """One compared tensor of the pair.
-
-    Attributes:
-        name: ``output``, ``output[0]``, ``loss``, or the (slow model's) parameter name.
-        kind: ``output``, ``loss`` or ``gradient``.
-        max_abs_diff: ``max|fast - slow|`` (NaN when not comparable).
-        scale: ``max(max|slow|, max|fast|)``.
-        rel_diff: ``max_abs_diff / scale`` (0 when both are exactly equal, inf when not
-            comparable).
-        probe: ``max|probe - slow|``, how far the rounding probe moved the slow side (NaN
-            without a probe).
-        allowed: ``max(tol * scale, probe)`` (the rule of the module docstring).
-        ratio: ``max_abs_diff / allowed`` (at most 1: equal; inf when not comparable).
-        equal: within the rule.
-        note: why it is not comparable, or what is special (shapes, no gradient).
-        fast_name: the fast model's name of a gradient's parameter, where it differs.
-    """
-
-    name: str
-    kind: str
-    max_abs_diff: float
-    scale: float
-    rel_diff: float
-    probe: float
-    allowed: float
-    ratio: float
-    equal: bool
-    note: str = ""
-    fast_name: str = ""
 
 
 class StochasticPipelineError(WorkbookError, ValueError):
@@ -138,108 +105,6 @@ class StochasticPipelineError(WorkbookError, ValueError):
     def __init__(self, message: str, *, side: str, pipeline: str, row: "TensorDiff"):
         super().__init__(message)
         self.side, self.pipeline, self.row = side, pipeline, row
-
-
-@dataclass
-class EqualityResult(Record):
-    """Both pipelines on the same batch(es), every output, loss and gradient compared.
-
-    Attributes:
-        slow, fast: the two pipelines' names.
-        tolerance: the relative tolerance of the rule (module docstring), of the precision used.
-        tolerance_basis: how it was derived, in words.
-        batch_size: samples per compared batch (the slow pipeline's).
-        batches: how many batches were compared (each row: the largest over them).
-        renames: the explicit ``slow name -> fast name`` renames applied.
-        rows: one per compared tensor.
-        buffers_copied: buffers copied from the slow model (same name and shape).
-        buffers_not_copied: buffers of the fast model that had no same-named, same-shaped
-            buffer in the slow model (left as the fast model built them).
-        device: where both ran.
-        precision: ``float64`` or ``float32``: what both ran in.
-        precision_note: why float32, where float64 could not run (empty otherwise).
-        probe: the rounding injected for the rule's probe, in words.
-        mode: ``train`` (every module in training mode but dropout) or ``eval``.
-        dropout_off: the dropout modules switched off, ``{"slow"|"fast": {module: p}}``.
-        randomness: what the runs with another seed found, in words.
-    """
-
-    slow: str
-    fast: str
-    tolerance: float
-    tolerance_basis: str
-    batch_size: int
-    batches: int
-    renames: dict[str, str] = field(default_factory=dict)
-    rows: list[TensorDiff] = field(default_factory=list)
-    buffers_copied: list[str] = field(default_factory=list)
-    buffers_not_copied: list[str] = field(default_factory=list)
-    device: str = ""
-    precision: str = "float32"
-    precision_note: str = ""
-    probe: str = ""
-    mode: str = "train"
-    dropout_off: dict[str, dict[str, float]] = field(default_factory=dict)
-    randomness: str = ""
-
-    @property
-    def equal(self) -> bool:
-        return bool(self.rows) and all(r.equal for r in self.rows)
-
-    @property
-    def differing(self) -> list[TensorDiff]:
-        return [r for r in self.rows if not r.equal]
-
-    @property
-    def worst(self) -> TensorDiff | None:
-        """The row furthest from its tolerance (a not comparable one first)."""
-        if not self.rows:
-            return None
-        return max(self.rows, key=lambda r: r.ratio)
-
-    def conditions(self) -> str:
-        """How both ran, in one sentence: precision, modes, dropout switched off."""
-        prec = (f"in {self.precision}" if not self.precision_note else
-                f"in {self.precision} ({self.precision_note})")
-        mode = ("every module in eval mode" if self.mode == "eval" else
-                "in training mode")
-        return f"Both ran {prec}, {mode}; {dropout_text(self.dropout_off)}."
-
-    def summary(self) -> str:
-        """One sentence: equal or not, and the largest difference."""
-        w = self.worst
-        rounding = f"{self.precision} rounding"
-        if self.equal:
-            return (f"'{self.fast}' computes the same as '{self.slow}': outputs, loss and "
-                    f"{sum(r.kind == 'gradient' for r in self.rows)} parameter gradients within "
-                    f"{rounding} (tolerance {self.tolerance:.1e}; the closest to its limit:"
-                    f" {w.name}, {w.ratio:.2g} of it)")
-        bad = self.differing
-        names = ", ".join(r.name for r in bad[:6]) + (f" and {len(bad) - 6} more"
-                                                      if len(bad) > 6 else "")
-        worst = (w.note if w.note else f"{w.ratio:.3g}x the allowed difference, "
-                 f"{w.rel_diff:.2e} of its size")
-        return (f"'{self.fast}' does NOT compute the same as '{self.slow}': {len(bad)} of "
-                f"{len(self.rows)} tensors differ beyond {rounding} ({names}; the "
-                f"largest: {w.name}, {worst})")
-
-
-def dropout_text(dropout_off: dict[str, dict[str, float]]) -> str:
-    """``dropout switched off in both: 3 modules (p = 0.1)``, or per side where they differ, or
-    ``no dropout module``."""
-    def ps(mods: dict[str, float]) -> str:
-        vals = sorted(set(mods.values()))
-        return "p = " + ", ".join(f"{v:g}" for v in vals)
-
-    sides = {k: v for k, v in dropout_off.items() if v}
-    if not sides:
-        return "no dropout module"
-    s, f = dropout_off.get("slow", {}), dropout_off.get("fast", {})
-    if len(s) == len(f) and sorted(s.values()) == sorted(f.values()):
-        return f"dropout switched off in both: {len(s)} module{'s' * (len(s) != 1)} ({ps(s)})"
-    return "dropout switched off: " + "; ".join(
-        f"{len(m)} module{'s' * (len(m) != 1)} in {side}" + (f" ({ps(m)})" if m else "")
-        for side, m in (("slow", s), ("fast", f)))
 
 
 # ------------------------------------------------------------------ parameter names

@@ -181,7 +181,7 @@ def speedups(run_dir: str | Path, adoption=None) -> list[Speedup]:
     written; default: the one in the folder)."""
     import json
 
-    from .bench import BenchResult
+    from ..results.bench import BenchResult
 
     out: list[Speedup] = []
     v = load_result(run_dir, "05_verdict")

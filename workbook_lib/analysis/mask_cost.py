@@ -2,36 +2,13 @@
 one layer across B, the strategy benchmark and peak memory."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
-from ..measurement.timing import Stat
-from ..records import Record
 from ..common.progress import note
+from ..results.bench import BenchResult
+from ..results.mask_cost import CostModelStudy, DualForwardMasks, LayerSweep, MaskGeneration
 from . import costmodel
-from .bench import BenchResult
-from .claim_probes import DualForwardMasks
-from .benchmarks import LayerSweep, MaskGeneration
-from .memory_study import MemoryStudy
-
-
-@dataclass
-class CostModelStudy(Record):
-    """The sweep, the fitted model and the crossover checked against direct timings."""
-
-    points: list[costmodel.SweepPoint]
-    model: costmodel.CostModel
-    crossover: list[costmodel.CrossoverCheck]
-    run_hidden: int
-    crossover_at_run_hidden: float | None
-    seconds: float = 0.0
-
-    def forms(self) -> list[tuple[int, int, Stat, Stat]]:
-        """(E, H, gather-scatter, CSR product) of the unmasked layers."""
-        gs = {(p.E, p.H): p.stat for p in self.points if p.kind == "unmasked"}
-        sp = {(p.E, p.H): p.stat for p in self.points if p.kind == "spmm"}
-        return [(e, h, gs[(e, h)], sp[(e, h)]) for (e, h) in sorted(gs) if (e, h) in sp]
 
 
 BUILTIN_ONLY = ("exactness of the built-in strategies, the cost model of masking against "
@@ -72,22 +49,6 @@ def cost_model_study(params: dict, num_nodes: int, device: torch.device) -> Cost
                           run_hidden=params["hidden"],
                           crossover_at_run_hidden=model.crossover_p(params["hidden"]),
                           seconds=time.perf_counter() - t0)
-
-
-@dataclass
-class MaskCostResult(Record):
-    """Notebook 02's results."""
-
-    device: str
-    exact: dict[str, float]
-    exact_graph: str
-    cost: CostModelStudy | None  # None: no built-in strategy ran (so for every section below
-    mask_generation: MaskGeneration | None  # but the memory)
-    layers: LayerSweep | None
-    bench: BenchResult | None
-    memory: MemoryStudy
-    notes: list[str] = field(default_factory=list)
-    dual_masks: DualForwardMasks | None = None  # what the dual forward adds (a claim's figure)
 
 
 def mask_generation_study(params: dict, graph, device: torch.device) -> MaskGeneration | None:

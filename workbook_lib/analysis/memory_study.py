@@ -9,44 +9,20 @@ its run time.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import torch
 
 from ..failures import RAISED, STALLED, PipelineFailure, one_line
-from ..measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryFit, MemoryPoint,
-                                  device_budget, fit_memory)
-from ..records import Record
+from ..measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryPoint, device_budget,
+                                  fit_memory)
 from ..common.progress import note, progress
 from ..training.step_memory import measure_point
+from ..results.mask_cost import MemoryStudy
 
 STRATEGIES = (("replicated_mask_cpu", "gather_scatter"), ("replicated_mask_cpu", "spmm"),
               ("node_mask_shared", "spmm"))
 REAL = {"scale": 1.0, "hidden": 64, "layers": 3}
 REAL_BATCHES = {"replicated_mask_cpu": [1, 2, 3], "node_mask_shared": [2, 8, 16]}
-
-
-@dataclass
-class MemoryStudy(Record):
-    device: str
-    budget_bytes: float
-    budget_label: str
-    points: list[MemoryPoint] = field(default_factory=list)
-    fits: dict[str, MemoryFit] = field(default_factory=dict)
-    # user pipeline -> the failure of its probes (raised or stalled); ``figures_kept`` when some
-    # of its points were measured
-    failures: dict[str, PipelineFailure] = field(default_factory=dict)
-
-    def per_sample(self) -> dict[str, float]:
-        """Measured bytes per sample by strategy (the real-size fit preferred), for the
-        verdict's tie-break; only fits that succeeded."""
-        out: dict[str, float] = {}
-        for key in sorted(self.fits, key=lambda k: "real" not in k):
-            f = self.fits[key]
-            name = key.split(":")[0]
-            if f.status == "ok" and f.per_sample_bytes and name not in out:
-                out[name] = f.per_sample_bytes
-        return out
 
 
 def _label(strategy: str, form: str, sizes: dict) -> str:

@@ -25,21 +25,9 @@ stage, not in two bins.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
-from ..records import Record
+from ..results.timing import STAGES, StepBound
 
-# stage key -> (words for tables and causes, group)
-STAGES = {
-    "data_item": ("data item (the dataset's __getitem__, DataLoader worker)", "data"),
-    "collate": ("collate (the DataLoader's collate_fn)", "data"),
-    "h2d": ("host-to-device transfer of the batch", "transfer"),
-    "device_prep": ("device preparation (the pipeline's prepare)", "device prep"),
-    "forward": ("forward (model and loss)", "model"),
-    "backward": ("backward", "model"),
-    "optimizer": ("optimizer (step and zero_grad)", "model"),
-    "overhead": ("loop overhead (Python between stages)", "loop overhead"),
-}
 GROUPS = ("data", "transfer", "device prep", "model", "loop overhead")
 BOUND_WORDS = {"data": "data-bound", "transfer": "transfer-bound",
                "device prep": "preparation-bound", "model": "model-bound",
@@ -55,7 +43,7 @@ def stage_medians(arm) -> dict[str, float]:
     """Seconds per step of each named stage of a full-step arm (see the module docstring).
 
     Args:
-        arm: an :class:`~workbook_lib.training.loop.ArmResult` of mode ``full``.
+        arm: an :class:`~workbook_lib.results.timing.ArmResult` of mode ``full``.
 
     Returns:
         ``{stage key: seconds}`` for the stages the arm measured (``overhead`` always).
@@ -85,37 +73,11 @@ def model_syncs(arm) -> float | None:
     return float(arm.syncs_per_step)
 
 
-@dataclass
-class StepBound(Record):
-    """What bounds one pipeline's full step (:data:`BOUND_RULE`)."""
-
-    pipeline: str
-    bound: str  # data-bound, model-bound, ...
-    group_shares: dict[str, float]  # group -> share of the step median
-    largest_stage: str  # stage key of the largest single stage
-    largest_share: float
-    step_s: float
-    batch_size: int
-    syncs_per_step: float | None = None
-    sync_bound_on_gpu: bool = False
-    stage_shares: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def summary(self) -> str:
-        """``data-bound (data item 78% of the step)``, with the syncs when they bound a GPU."""
-        s = (f"{self.bound} ({STAGES[self.largest_stage][0].split(' (')[0]} "
-             f"{self.largest_share:.0%} of the step)")
-        if self.sync_bound_on_gpu:
-            s += (f"; sync-bound on a GPU ({self.syncs_per_step:.0f} host syncs per step, "
-                  f"{self.syncs_per_step / self.batch_size:.2g} per sample)")
-        return s
-
-
 def step_bound(arm) -> StepBound:
     """What bounds a pipeline's full step, by :data:`BOUND_RULE`.
 
     Args:
-        arm: the pipeline's full-step :class:`~workbook_lib.training.loop.ArmResult`.
+        arm: the pipeline's full-step :class:`~workbook_lib.results.timing.ArmResult`.
     """
     med = stage_medians(arm)
     step = arm.step.median

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -21,78 +19,17 @@ from ..measurement.profiling import ProfileResult, profile_steps
 from ..measurement.syncs import SyncCounter, method_for
 from ..measurement.timing import Stat, StepClock
 from ..failures import NONFINITE, PipelineFailed, PipelineFailure, failure_from
-from ..records import Record
 from ..common.progress import note, progress
 from ..pipelines import build_pipeline, compared_names
 from ..strategies import make_strategy
 from ..training import loop
 from ..pipelines.builtin import batch_size_for
-from .claim_probes import StoredReads
-from .stages import StepBound, step_bound
+from ..results.timing import (arm_key, LoopStudy, PIPELINED, ReportedFigure, SanityFlag, StepBound,
+                              StoredReads, SyncPoint, SyncStudy)
+from .stages import step_bound
 
 LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
-
-
-PIPELINED = "pipelined"  # the full step without per-stage syncs
-
-
-def arm_key(strategy: str, mode: str) -> str:
-    return f"{strategy}/{mode}"
-
-
-@dataclass
-class LoopStudy(Record):
-    """Every (strategy, mode) arm of the loop."""
-
-    device: str
-    sizes: str
-    strategies: list[str]  # every pipeline compared: built-in strategies, then the user's
-    batch_sizes: dict[str, int]
-    interleaved: bool
-    settings: dict[str, Any]
-    arms: dict[str, loop.ArmResult] = field(default_factory=dict)
-    exact: dict[str, bool] = field(default_factory=dict)  # pipeline -> computes the exact forward
-    labels: dict[str, str] = field(default_factory=dict)  # pipeline -> name for tables
-    # pipeline -> seconds of its shared pass (``shared_forward``: the part of the forward every
-    # sample of a batch shares, e.g. the dual forward's wildtype pass), forward only, no grad
-    shared_pass: dict[str, Stat] = field(default_factory=dict)
-    # pipeline -> why it has no figures here (it raised or stalled: not in ``strategies``), or
-    # why its figures are marked (a loss that is not finite: ``figures_kept``, still compared)
-    failures: dict[str, PipelineFailure] = field(default_factory=dict)
-
-    def arm(self, strategy: str, mode: str = "full") -> loop.ArmResult:
-        return self.arms[arm_key(strategy, mode)]
-
-    def ratio(self, a: loop.ArmResult, b: loop.ArmResult) -> Stat:
-        """``a.step / b.step``: paired by round when the arms were interleaved."""
-        if self.interleaved:
-            n = min(a.step.n, b.step.n)
-            return Stat.from_samples([x / y for x, y in zip(a.step.samples[:n],
-                                                            b.step.samples[:n])],
-                                     unit="ratio").with_cpu(a.step.cpu, b.step.cpu)
-        return a.step.ratio_to(b.step)
-
-    def pipelined(self, strategy: str) -> tuple[Stat, Stat, Stat] | None:
-        """(full step with every stage synchronized, the same step synchronized only at its
-        start and end, their difference paired by round): what the stage attribution's syncs
-        cost. None when the study has no pipelined arm."""
-        key = arm_key(strategy, PIPELINED)
-        if key not in self.arms:
-            return None
-        a, b = self.arm(strategy, "full"), self.arms[key]
-        n = min(a.step.n, b.step.n)
-        diff = Stat.from_samples([x - y for x, y in zip(a.step.samples[:n],
-                                                       b.step.samples[:n])]).with_cpu(a.step.cpu,
-                                                                                      b.step.cpu)
-        return a.step, b.step, diff
-
-    def model_seconds(self, strategy: str) -> Stat:
-        """Forward + backward + optimizer of the full step (the model's share, no data)."""
-        a = self.arm(strategy, "full")
-        parts = [a.stages[s].samples for s in ("forward", "backward", "optimizer") if s in a.stages]
-        return Stat.from_samples([sum(p[i] for p in parts)
-                                  for i in range(a.step.n)]).with_cpu(a.step.cpu)
 
 
 def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
@@ -203,7 +140,7 @@ def build_failure(exc: BaseException, name: str, notebook: str) -> PipelineFailu
     return f
 
 
-def nonfinite_failure(name: str, arms: list[loop.ArmResult]) -> PipelineFailure | None:
+def nonfinite_failure(name: str, arms: list[ArmResult]) -> PipelineFailure | None:
     """The record of a pipeline whose loss was NaN or infinite in some arm (its figures kept,
     marked), or None."""
     bad = [a for a in arms if a.nonfinite_steps]
@@ -255,17 +192,6 @@ def shared_pass_times(pipelines: dict, params: dict, device: torch.device,
     return out
 
 
-@dataclass
-class SanityFlag(Record):
-    """A mode that took longer than a mode that does strictly more work, beyond noise."""
-
-    strategy: str
-    lower: str
-    upper: str
-    lower_ms: float
-    upper_ms: float
-
-
 def sanity_check(study: LoopStudy) -> list[SanityFlag]:
     """data <= forward <= forward_backward <= full per strategy, within noise: a pair is flagged
     when the smaller mode's lower quartile is above the larger mode's upper quartile."""
@@ -278,22 +204,10 @@ def sanity_check(study: LoopStudy) -> list[SanityFlag]:
     return flags
 
 
-@dataclass
-class ReportedFigure(Record):
-    """One of the investigation's data-vs-model figures, re-measured here."""
-
-    key: str
-    figure: str
-    claimed: float
-    measured: Stat
-    unit: str
-    names: tuple[str, str] = ("Lazy", "DANGO")  # (slow, fast) as the figure names them
-
-
 DATA_STAGES = ("loader_wait", "h2d", "device_prep")
 
 
-def data_stage_seconds(arm: loop.ArmResult) -> Stat:
+def data_stage_seconds(arm: ArmResult) -> Stat:
     """Per step, the data stages themselves: waiting for the loader (fetch + collate when it
     runs in the main process), the host-to-device copy and the device preparation; the
     harness's own cost (the loop between stages) left out."""
@@ -302,7 +216,7 @@ def data_stage_seconds(arm: loop.ArmResult) -> Stat:
                               for i in range(arm.step.n)]).with_cpu(arm.step.cpu)
 
 
-def harness_seconds(arm: loop.ArmResult) -> Stat:
+def harness_seconds(arm: ArmResult) -> Stat:
     """Per step, what is not a data stage: in the data mode, the harness's own cost."""
     data = data_stage_seconds(arm).samples
     return Stat.from_samples([w - d for w, d in zip(arm.step.samples, data)]).with_cpu(
@@ -362,25 +276,6 @@ def epochs_per_day(study: LoopStudy, num_samples: int) -> dict[str, float]:
         out[name] = loop.project_epochs(a.step.median, a.samples_per_step,
                                         num_samples)["epochs_per_day"]
     return out
-
-
-@dataclass
-class SyncPoint(Record):
-    """Syncs of the loop-form device mask generation at one (B, k, T)."""
-
-    batch_size: int
-    k: int
-    edge_types: int
-    counted: int
-    expected: int  # from the loop's structure: one per gene slot, two per gene and edge type
-
-
-@dataclass
-class SyncStudy(Record):
-    method: str
-    per_step: dict[str, float]  # strategy -> syncs per full step (the loop's counted step)
-    kinds: dict[str, dict[str, float]]
-    scaling: list[SyncPoint] = field(default_factory=list)
 
 
 def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
@@ -482,24 +377,6 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
                     loop.close_stream(arm.stream)
                     arm.stream = None
     return out
-
-
-@dataclass
-class TimingResult(Record):
-    """Notebook 03's results."""
-
-    loops: LoopStudy
-    sanity: list[SanityFlag]
-    reported: list[ReportedFigure]
-    epochs_per_day_1rank: dict[str, float]
-    syncs: SyncStudy
-    profiles: dict[str, ProfileResult]
-    fastest_exact: str | None
-    stored_reads: StoredReads | None = None  # strategy 3's reads, cold and warm
-    bounds: dict[str, StepBound] = field(default_factory=dict)  # what bounds each step
-
-    def figure(self, key: str) -> ReportedFigure | None:
-        return next((f for f in self.reported if f.key == key), None)
 
 
 def step_bounds(study: LoopStudy) -> dict[str, StepBound]:

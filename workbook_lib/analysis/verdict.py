@@ -36,21 +36,21 @@ Text is composed by :mod:`workbook_lib.report.verdict_view`; this module returns
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import notebook_info
 from ..exceptions import IncompleteInputsError
 from ..measurement.cpu import CpuShare, causes_text
 from ..measurement.timing import Stat
-from ..records import Record
 from ..running.results import (file_checksum, load_result, params_differ, read_meta,
                                 results_path)
 from .. import pipelines
 from ..training.loop import project_epochs
+from ..results.bench import BenchResult
+from ..results.timing import STAGES
+from ..results.verdict import Cause, Gap, Recommendation, VerdictResult
 from . import claims as claims_mod
-from .bench import BenchResult
-from .stages import STAGES, stage_medians
+from .stages import stage_medians
 from .timing_study import DANGO, LAZY, is_exact
 
 TIMING = "03_data_vs_model_timing"
@@ -60,97 +60,6 @@ STAGE_ORDER = ("data_item", "collate", "h2d", "device_prep", "forward", "backwar
                "overhead")
 SYNC_STAGES = ("device_prep", "forward", "backward")
 MINOR = 0.05  # a cause below this share of the gap is not named in the lead
-
-
-@dataclass
-class Cause(Record):
-    cause: str  # the stage in words
-    evidence: str
-    slow_s_per_epoch: float | None
-    fast_s_per_epoch: float | None
-    difference_s: float | None
-    share: float | None  # of the measured epoch-time gap (negative: the stage saves time)
-    kind: str  # measured, or not measured here
-    # "adds" or "saves" time on the slow pipeline; "rest": unattributed; "noise": shown, not
-    # booked (a factor within its IQR, or contended)
-    effect: str = ""
-    # data_item, collate, h2d, device_prep, forward, backward, optimizer, overhead, ddp, rest
-    stage: str = ""
-    advice: str = ""  # what to change when this is the first cause
-    syncs: tuple[float, float] | None = None  # host syncs per step in this stage (slow, fast)
-    # on a GPU: seconds per epoch (slow - fast) of the stage's time the host waited at those
-    # syncs (carved out of the stage's time, never added to it); None where not measured
-    sync_wait_s: float | None = None
-    note: str = ""  # what the stage's time went to, where its label would mislead
-
-
-@dataclass
-class Gap(Record):
-    """The epoch-time ratio between the pair, oriented slow over fast."""
-
-    slow: str
-    fast: str
-    listed: list[str]  # the pair as gap_strategies named it
-    swapped: bool  # the one listed slow is the faster: explained the other way round
-    ratio: Stat  # epoch time slow / fast (the one gap ratio of the answer)
-    basis: str  # what the ratio times
-    per_step: Stat  # full step slow / fast (same rounds when interleaved)
-    steps: dict[str, int]  # steps per epoch, per pipeline
-    batch_sizes: dict[str, int]
-    epoch_s: dict[str, float]  # seconds per epoch on one process, per pipeline (medians)
-    measurable: bool  # the ratio's IQR clear of 1
-    ddp_factor: Stat | None = None
-    ddp_world: int | None = None
-    ddp_booked: bool = False
-    ddp_why: str = ""  # why the factor is or is not booked
-
-
-@dataclass
-class Recommendation(Record):
-    strategy: str
-    label: str
-    title: str
-    ms_per_sample: Stat
-    baseline: str
-    speedup: Stat | None  # baseline / recommended, full step per sample (03, same rounds)
-    fastest: str
-    tied: list[str]
-    tie_rule: str
-    memory_per_sample: dict[str, float] = field(default_factory=dict)
-    contended: list[str] = field(default_factory=list)  # exact strategies measured contended
-    bench: BenchResult | None = None
-    bench_source: str = ""
-    epochs_per_day: dict[str, dict[str, float]] = field(default_factory=dict)
-    projection_basis: str = ""
-
-
-@dataclass
-class VerdictResult(Record):
-    answer: str  # the whole answer (markdown): lead, caveats, fix
-    device: str
-    device_type: str
-    causes: list[Cause]
-    claims: list[claims_mod.Claim]
-    recommendation: Recommendation | None
-    gap_total: Stat | None
-    can_say: list[str]
-    cannot_say: list[str]
-    inputs: dict[str, str] = field(default_factory=dict)  # notebook -> results checksum
-    disturbed: dict[str, float] = field(default_factory=dict)  # headline figure -> IQR/median
-    # headline figure -> what the process got of the CPUs while it was measured (contended)
-    contended: dict[str, CpuShare] = field(default_factory=dict)
-    target: float = 0.1  # the precision target the figures were repeated for
-    gap_strategies: list[str] = field(default_factory=list)  # [slow, fast] as answered
-    lead: str = ""  # the answer's first sentence
-    caveats: list[str] = field(default_factory=list)  # one line each
-    gap: Gap | None = None
-    no_answer: str = ""  # why there is no answer about the pair (then lead says so)
-    missing: dict[str, str] = field(default_factory=dict)  # notebook -> why it was not used
-    failures: dict[str, str] = field(default_factory=dict)  # pipeline -> "NB: what failed"
-    nonfinite: dict[str, str] = field(default_factory=dict)  # pipeline -> its loss, in words
-    builtin: bool = True  # built-in strategies ran: the investigation's story applies
-    claims_note: str = ""  # why no claim was judged, when none was
-    syncs_note: str = ""  # host syncs of the pair's stages and what they cost here
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +195,7 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
     """The pair's epoch-time ratio, oriented so that ``slow`` is the slower beyond the noise.
 
     Args:
-        lo: notebook 03's :class:`~workbook_lib.analysis.timing_study.LoopStudy`.
+        lo: notebook 03's :class:`~workbook_lib.results.timing.LoopStudy`.
         slow, fast: the pair as listed (``gap_strategies``).
         num_samples: the dataset size (80% of it per epoch).
         ddp: notebook 04's result, or None.
@@ -754,7 +663,7 @@ def syncs_note(causes: list[Cause], device_type: str) -> str:
 
 
 def judge_claims(inv, mc, timing, ddp, params: dict, run_dir: Path,
-                 device_type: str) -> tuple[list[claims_mod.Claim], str]:
+                 device_type: str) -> tuple[list[Claim], str]:
     """The investigation's claims, judged only when built-in strategies ran (they are about its
     models); the gap claims only when this run's gap is the investigated pair."""
     if not params["strategies"]:

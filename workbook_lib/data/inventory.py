@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dataclasses import dataclass, field
 
 from ..measurement.timing import Stat
-from ..records import Record
+from ..results.inventory import EdgeTypeRow, FootprintRow, InventoryResult, RealSize
 from .perturbations import node_keep_mask, sample_perturbations
 from .snapshots import CellGraph
 
@@ -91,19 +90,6 @@ def hop_coverage(graph: CellGraph, pert: torch.Tensor, hops: int = 3,
     return out
 
 
-@dataclass
-class FootprintRow(Record):
-    """What a perturbation changes at one layer, for one edge type (or ``"all"``): the fraction
-    of genes whose aggregation (``"all"``: whose layer output) differs from the wildtype's, and
-    the fraction of edges whose message differs (their source changed at the layer before),
-    per sample."""
-
-    layer: int
-    edge_type: str
-    genes: Stat
-    edges: Stat
-
-
 def footprint(graph: CellGraph, pert: torch.Tensor, layers: int,
               chunk: int = 64) -> list[FootprintRow]:
     """Per layer ``l = 1..layers`` and edge type: with ``R_0`` the deleted genes and ``R_l`` the
@@ -165,53 +151,6 @@ def per_batch_bytes(per_sample: dict, batch_sizes: list[int]) -> dict:
 
 def dataset_bytes(per_sample: dict, num_samples: int) -> dict:
     return {rep: v * num_samples for rep, v in per_sample.items()}
-
-
-@dataclass
-class EdgeTypeRow(Record):
-    name: str
-    nodes: int
-    edges: int
-    bytes_int64: int
-    bytes_int32: int
-
-
-@dataclass
-class RealSize(Record):
-    """Arithmetic at the real graph's edge count (the spec's), whatever this run's scale."""
-
-    total_edges: int
-    mask_bytes_per_sample: float
-    mask_bytes_per_batch_28: float
-    dataset_mask_bytes: float
-    incidence_cache_bytes_int64: float
-    incidence_cache_bytes_int32: float
-    num_samples: int
-
-
-@dataclass
-class InventoryResult(Record):
-    """Notebook 01's results: sizes computed from the snapshot and sampled perturbations."""
-
-    graph_name: str
-    source: str
-    scale: float
-    num_genes: int
-    total_edges: int
-    edge_types: list[EdgeTypeRow]
-    perturbation_k: object
-    num_perturbations: int
-    removed_edge_fraction: Stat  # per sample, fraction of all edges
-    hop_coverage: dict[int, Stat]  # hops -> fraction of genes within reach, per sample
-    bytes_per_sample: dict[str, float]
-    bytes_per_batch: dict[str, dict[int, float]]
-    dataset_bytes: dict[str, float]
-    incidence_cache_bytes: int
-    measured_batch_mask_bytes_per_sample: float = 0.0  # in a collated strategy-2 batch
-    measured_incidence_cache_bytes: int = 0  # strategy 2's prepared host structure
-    real_size: RealSize | None = None
-    ignored_types: list[str] = field(default_factory=list)
-    footprint: list[FootprintRow] = field(default_factory=list)  # per layer and edge type
 
 
 def real_size(spec: dict | None, num_genes: int, num_types: int,

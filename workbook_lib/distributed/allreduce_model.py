@@ -8,11 +8,10 @@ and says so, with the fit's in-sample error beside it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..records import Record
+from ..results.ddp import RingFit
 
 # Typical per-GPU all-reduce bus bandwidth (GB/s) and per-hop latency (us); orders of magnitude
 # only: measure on your cluster and pass link_bandwidth_gbps / link_latency_us.
@@ -37,20 +36,6 @@ def ring_allreduce_seconds(num_bytes: float, world_size: int, bandwidth_gbps: fl
     n = world_size
     return (2 * (n - 1) / n * num_bytes / (bandwidth_gbps * 1e9)
             + num_calls * 2 * (n - 1) * latency_us * 1e-6)
-
-
-@dataclass
-class RingFit(Record):
-    bandwidth_gbps: float
-    latency_us: float
-    world_sizes: list[int]
-    points: int
-    median_abs_rel_error: float  # in-sample
-    source: str = "fitted on all-reduces timed here"
-    notes: list[str] = field(default_factory=list)
-
-    def link(self) -> dict:
-        return {"bandwidth_gbps": self.bandwidth_gbps, "latency_us": self.latency_us}
 
 
 def fit_ring(samples: list[tuple[int, float, float]]) -> RingFit:

@@ -26,14 +26,12 @@ figure contended.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..measurement.cpu import CpuShare, worse
 from ..measurement.timing import Stat
 from ..records import Record
-
-LAUNCH_PAIRED = ("ratio of separate launches, alternated (1, 2, 1, 2...): per step index within "
-                 "each pair of adjacent launches, pooled over the pairs")
+from ..results.ddp import CommRank, GapDecomposition, LAUNCH_PAIRED, WorldSummary
 
 
 def within_noise(st: Stat, value: float = 1.0) -> bool:
@@ -93,57 +91,6 @@ def _has(launches: list[dict], arm: str, stage: str) -> bool:
 def _ratio_series(a: list[float], b: list[float]) -> list[float]:
     n = min(len(a), len(b))
     return [x / y for x, y in zip(a[:n], b[:n])]
-
-
-@dataclass
-class CommRank(Record):
-    """One rank's communication per step (see the module docstring)."""
-
-    rank: int
-    hook: Stat  # the comm hook: buckets' ready -> all-reduce finished, summed
-    transfer: Stat  # the all-reduce of the gradient bytes, timed after a barrier
-    wait: Stat  # hook - the transfer's median: waiting for slower ranks
-    buckets: float
-
-
-@dataclass
-class WorldSummary(Record):
-    world_size: int
-    procs_per_node: int
-    nnodes: int
-    threads_per_rank: list[int]
-    backend: str
-    device: str
-    batch_size: int
-    strong_batch: int
-    global_batch: int
-    grad_bytes: int
-    step: Stat  # the ddp variant
-    variants: dict[str, Stat]  # no_sync, accum_last, accum_every, gather, strong
-    stages: dict[str, Stat]  # forward, backward, optimizer of the ddp variant
-    comm_total: Stat | None  # per step, the rank that waited least (closest to the transfer)
-    comm_exposed: Stat | None  # the same rank's time from compute done to all-reduce done
-    ddp_minus_no_sync: Stat | None  # paired difference, for comparison with the hook
-    allreduce_grad: Stat | None
-    allreduce: list[tuple[int, Stat]] = field(default_factory=list)
-    exposed_exceeds_allreduce: bool = False
-    overlap: float | None = None
-    overlap_note: str = ""
-    rank_spread: float = 0.0
-    gap_steps: dict[str, Stat] = field(default_factory=dict)
-    per_step_ratio: Stat | None = None  # slow / fast, paired by round
-    gather_ratio: Stat | None = None  # toggled all-gather / configured, paired
-    comm_method: str = ""
-    ddp_logging: dict = field(default_factory=dict)
-    launches: int = 1
-    workers_per_rank: int = 0
-    comm_per_rank: dict[int, CommRank] = field(default_factory=dict)
-    # per launch, per step: the per-step ratio and each strategy's synchronous step
-    ratio_series: list[list[float]] = field(default_factory=list)
-    step_series: dict[str, list[list[float]]] = field(default_factory=dict)
-    threads_all: int | None = None
-    thread_effect: Stat | None = None  # per-step ratio with all threads / at equal threads
-    thread_step_effect: dict[str, Stat] = field(default_factory=dict)  # step, all / equal
 
 
 def _comm_per_rank(launches: list[dict], arm: str) -> dict[int, CommRank]:
@@ -304,31 +251,6 @@ def launch_factor(top: list[list[float]], base: list[list[float]]) -> LaunchFact
         xs += _ratio_series(top[i], base[i])
         by.append(statistics.median(top[i]) / statistics.median(base[i]))
     return LaunchFactor(Stat.from_samples(xs, unit="ratio"), by, pairs)
-
-
-@dataclass
-class GapDecomposition(Record):
-    """Epoch-time ratio slow/fast = steps-per-epoch ratio x per-step ratio x DDP factor."""
-
-    slow: str
-    fast: str
-    batch_sizes: dict[str, int]
-    world_size: int  # the largest world size measured
-    base_world_size: int
-    steps_ratio: float  # arithmetic: samples per step
-    per_step_ratio: Stat  # measured at base_world_size, paired by round
-    ddp_factor: Stat  # measured: per-step ratio at world_size over at base (separate launches)
-    ddp_within_noise: bool  # descriptive only: 1 inside the factor's IQR (it is applied anyway)
-    total: Stat  # steps ratio x per-step ratio x DDP factor, the IQRs combined
-    measured: list[str] = field(default_factory=lambda: ["per-step ratio", "DDP factor"])
-    arithmetic: list[str] = field(default_factory=lambda: ["steps per epoch"])
-    factor_by_pair: list[float] = field(default_factory=list)
-    factor_method: str = LAUNCH_PAIRED
-    threads_per_rank: int | None = None
-    thread_effect: Stat | None = None  # at base: per-step ratio, all threads / equal threads
-    threads_all: int | None = None
-    # each strategy's own step factor (step at world_size / at base, weak scaling)
-    step_factors: dict[str, Stat] = field(default_factory=dict)
 
 
 def _step_cpu(world, name: str) -> CpuShare | None:

@@ -18,11 +18,10 @@ world size's launch running its arms with the whole share of a single process as
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
-from ..records import Record
+from ..results.ddp import Launch, Plan
 
 
 def allocated_cpus() -> tuple[int, str]:
@@ -39,30 +38,6 @@ def allocated_gpus() -> tuple[int, str]:
     if not torch.cuda.is_available():
         return 0, "no CUDA device"
     return torch.cuda.device_count(), "torch.cuda.device_count (CUDA_VISIBLE_DEVICES)"
-
-
-@dataclass
-class Launch(Record):
-    world_size: int
-    nnodes: int
-    procs_per_node: int
-    threads_per_rank: int  # intra-op threads of every rank (the same at every world size)
-    workers_per_rank: int = 0  # DataLoader workers of every rank (the same at every world size)
-    threads_all: int | None = None  # the thread-effect arms' threads (smallest world size only)
-
-
-@dataclass
-class Plan(Record):
-    backend: str
-    device_type: str
-    capacity_per_node: int
-    capacity_source: str
-    nnodes: int
-    launches: list[Launch] = field(default_factory=list)
-    cpus: int = 1
-    cpus_source: str = ""
-    skipped: dict[int, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 def plan(world_sizes: list[int], *, backend: str, device: torch.device, nnodes: int = 1,

@@ -25,52 +25,15 @@ import torch
 from ..exceptions import LaunchError
 from ..failures import NONFINITE, PipelineFailure
 from ..measurement.timing import Stat
-from ..records import Record
 from ..common.progress import note
 from ..configs.params import ddp_strategy
+from ..results.ddp import DDPResult, Plan, Prediction
 from . import allreduce_model as arm
-from .analysis import (GapDecomposition, WorldSummary, efficiencies, gap_decomposition,
-                       summarize, within_noise)
+from .analysis import efficiencies, gap_decomposition, summarize, within_noise
 from .launcher import launch
-from .plan import Plan, plan
+from .plan import plan
 
 ROUNDS = 2  # launches per world size, alternated
-
-
-@dataclass
-class Prediction(Record):
-    world_size: int
-    comm_s: float  # all-reduce of one step's gradients, predicted
-    step_s: float
-    measured_s: float | None
-    extrapolated: bool
-
-
-@dataclass
-class DDPResult(Record):
-    plan: Plan
-    scaling_strategy: str
-    gap_strategies: list[str]
-    worlds: dict[int, WorldSummary]
-    weak: dict[int, Stat]
-    strong: dict[int, Stat]
-    ring: arm.RingFit | None
-    link: dict
-    link_source: str
-    predictions: list[Prediction]
-    presets: dict[str, dict[int, float]]  # link -> world size -> comm seconds of the gradients
-    gap: GapDecomposition | None  # None: a gap pipeline failed (see failures)
-    ratio_03: Stat | None = None  # notebook 03's per-step ratio of the same two strategies
-    agrees_with_03: bool | None = None
-    logs: dict[str, str] = field(default_factory=dict)  # launch name -> folder (relative)
-    # pipeline -> why its DDP arms are missing (a rank raised or stalled in it), or why they are
-    # marked (a loss that is not finite: ``figures_kept``)
-    failures: dict[str, PipelineFailure] = field(default_factory=dict)
-
-    def log_files(self, run_dir: Path) -> list[str]:
-        """Every file of the launches (torchrun log, rank logs and results), relative."""
-        return [f"{d}/{f.name}" for d in self.logs.values()
-                for f in sorted((Path(run_dir) / d).glob("*")) if f.is_file()]
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis.adoption import AdoptionResult
+from ..results.adoption import AdoptionResult
 from . import plotting
 from .tables import one_line, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 

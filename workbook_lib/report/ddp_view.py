@@ -5,10 +5,9 @@ import numpy as np
 from IPython.display import Markdown
 
 from ..distributed.analysis import within_noise
-from ..distributed.plan import Plan
-from ..distributed.study import DDPResult
 from ..measurement.cpu import OWN_PROCESSES, causes_text
 from .. import pipelines
+from ..results.ddp import DDPResult, Plan
 from . import plotting
 from .failures_view import failures_note as _failures_note
 from .tables import one_line, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table

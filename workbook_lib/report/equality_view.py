@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..analysis.equality import EqualityResult, TensorDiff
+from ..results.adoption import EqualityResult, TensorDiff
 
 RULE = ("a tensor is equal when max|fast - slow| <= max(tol x its size, how far a rounding probe "
         "of the slow pipeline moved it)")

@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis.bench import BenchResult, FormChoice, replicated_ratio_text
-from ..analysis.benchmarks import LayerSweep, MaskGeneration
+from ..analysis.bench import FormChoice, replicated_ratio_text
 from ..analysis.costmodel import COEFFICIENTS
-from ..analysis.mask_cost import CostModelStudy, MaskCostResult
-from ..analysis.memory_study import MemoryStudy
 from .. import pipelines
+from ..results.bench import BenchResult
+from ..results.mask_cost import (CostModelStudy, LayerSweep, MaskCostResult, MaskGeneration,
+                                 MemoryStudy)
 from . import plotting
 from .tables import one_line, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis.timing_study import PIPELINED, LoopStudy, SyncStudy, TimingResult
 from ..measurement.profiling import ProfileResult
 from .. import pipelines
-from ..training.loop import MAIN_STAGES, MODES, WORKER_STAGES
+from ..training.loop import MODES, WORKER_STAGES
+from ..results.timing import LoopStudy, MAIN_STAGES, PIPELINED, SyncStudy, TimingResult
 from . import plotting
 from .failures_view import failures_note as _failures_note
 from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_stat, fmt_time_stat, table
@@ -157,7 +157,8 @@ def stage_table(study: LoopStudy):
 
 def bound_table(bounds: dict):
     """What bounds each pipeline's step: the groups' shares and the rule."""
-    from ..analysis.stages import BOUND_RULE, GROUPS, STAGES
+    from ..analysis.stages import BOUND_RULE, GROUPS
+    from ..results.timing import STAGES
 
     rows = []
     for n, b in bounds.items():
@@ -479,7 +480,7 @@ def cpu_plot(study: LoopStudy) -> None:
 
 def _short_bound(b) -> str:
     """'model-bound (forward 61%)'."""
-    from ..analysis.stages import STAGES
+    from ..results.timing import STAGES
 
     return f"{b.bound} ({STAGES[b.largest_stage][0].split(' (')[0]} {b.largest_share:.0%})"
 

@@ -8,9 +8,9 @@ from IPython.display import Markdown
 
 from ..analysis import claims as C
 from ..analysis import verdict as V
-from ..analysis.verdict import VerdictResult
 from ..measurement.cpu import causes_text
 from .. import pipelines
+from ..results.verdict import VerdictResult
 from . import plotting
 from .tables import one_line, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 

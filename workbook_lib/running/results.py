@@ -1,7 +1,8 @@
 """Results files: one JSON per notebook in the run folder, with what made it recorded.
 
-``<run_dir>/<notebook>.json`` holds the notebook's typed result (a :class:`~workbook_lib.records.Record`)
-at top level and ``_meta``: the headline shown in ``index.html``, the params as validated, the
+``<run_dir>/<notebook>.json`` holds the notebook's typed result (a
+:class:`~workbook_lib.records.Record` of :mod:`workbook_lib.results`, one module per notebook) at
+top level and ``_meta``: the headline shown in ``index.html``, the params as validated, the
 snapshot checksum, the environment, the files the notebook wrote, the checksums of the results
 it read, and ``complete: true``. :func:`load_result` gives the typed result back, so readers
 (the verdict, ``compare``, ``stability``) use attributes, not string keys.
@@ -13,7 +14,6 @@ shared run folder stays readable by the group.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,17 +21,23 @@ from typing import Any
 
 from ..common.files import atomic_write_text
 from ..records import Record, to_json
+from ..results.adoption import AdoptionResult
+from ..results.ddp import DDPResult
+from ..results.inventory import InventoryResult
+from ..results.mask_cost import MaskCostResult
+from ..results.timing import TimingResult
+from ..results.verdict import VerdictResult
 
 SCHEMA_VERSION = 2
 
-# notebook -> "module:Class" of its typed result (imported when read)
-RESULT_TYPES = {
-    "01_graph_inventory": "workbook_lib.data.inventory:InventoryResult",
-    "02_mask_cost_model": "workbook_lib.analysis.mask_cost:MaskCostResult",
-    "03_data_vs_model_timing": "workbook_lib.analysis.timing_study:TimingResult",
-    "04_ddp_scaling": "workbook_lib.distributed.study:DDPResult",
-    "05_verdict": "workbook_lib.analysis.verdict:VerdictResult",
-    "06_adopt_fix": "workbook_lib.analysis.adoption:AdoptionResult",
+# notebook -> the type of its typed result (workbook_lib.results: one module per notebook)
+RESULT_TYPES: dict[str, type[Record]] = {
+    "01_graph_inventory": InventoryResult,
+    "02_mask_cost_model": MaskCostResult,
+    "03_data_vs_model_timing": TimingResult,
+    "04_ddp_scaling": DDPResult,
+    "05_verdict": VerdictResult,
+    "06_adopt_fix": AdoptionResult,
 }
 
 
@@ -101,8 +107,7 @@ def read_meta(run_dir: str | Path, notebook: str) -> Meta | None:
 
 
 def result_type(notebook: str) -> type[Record]:
-    mod, _, cls = RESULT_TYPES[notebook].partition(":")
-    return getattr(importlib.import_module(mod), cls)
+    return RESULT_TYPES[notebook]
 
 
 def params_differ(made: dict, params: dict) -> list[str]:

@@ -52,7 +52,7 @@ import os
 import re
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -64,12 +64,11 @@ from ..common.watchdog import Stalled, Watchdog, current, process_watchdog
 from ..failures import (LOOP_STAGE_NAMES, RAISED, STALLED, PipelineFailed, PipelineFailure,
                         failure_from, one_line)
 from ..measurement.syncs import SyncCounter
-from ..measurement.timing import DEFAULT_TARGET, Stat, StepClock
-from ..records import Record
+from ..measurement.timing import DEFAULT_TARGET, StepClock
 from ..pipelines.protocol import Pipeline
+from ..results.timing import ArmResult, MAIN_STAGES
 
 MODES = ("data", "forward", "forward_backward", "full")
-MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "backward", "optimizer")
 WORKER_STAGES = ("worker_fetch", "worker_collate")
 ALLREDUCE = ("every", "last", "never")
 STALL_FACTOR = 20.0  # a stage this many times the pipeline's slowest step has stalled...
@@ -458,56 +457,6 @@ def _stage(clock: StepClock, name: str, synced: bool = True, counter: SyncCounte
     finally:
         if watchdog is not None:
             watchdog.leave()
-
-
-@dataclass
-class ArmResult(Record):
-    """The timed steps of one arm: wall time per optimizer step, per stage, syncs."""
-
-    name: str
-    strategy: str
-    variant: str
-    mode: str
-    batch_size: int
-    micro_batches: int
-    step: Stat
-    stages: dict[str, Stat] = field(default_factory=dict)
-    extra: dict[str, Stat] = field(default_factory=dict)  # worker stages, hook figures
-    syncs_per_step: float | None = None
-    sync_kinds: dict[str, float] = field(default_factory=dict)
-    syncs_by_stage: dict[str, float] = field(default_factory=dict)  # stage -> syncs it made
-    warmup_steps: int = 0
-    timed_steps: int = 0
-    stopped_by: str = ""
-    # what the counted step's batch held: tensors, tensor_bytes, objects, kinds (the transfer
-    # stage walks all of it; see measurement.syncs.batch_contents)
-    batch_contents: dict = field(default_factory=dict)
-    # steps whose loss was NaN or infinite (their timings are of a diverged step), the first of
-    # them (0 = the arm's first step, warm-up included), what it was, and the steps checked
-    nonfinite_steps: int = 0
-    first_nonfinite_step: int | None = None
-    nonfinite_value: str = ""
-    loss_steps: int = 0
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.batch_size * self.micro_batches
-
-    @property
-    def ms_per_sample(self) -> Stat:
-        return self.step.scaled(1e3 / self.samples_per_step, "ms/sample")
-
-    @property
-    def it_per_s(self) -> Stat:
-        return self.step.inverse("it/s")
-
-    @property
-    def untracked(self) -> Stat:
-        """Wall time not inside any stage (loop overhead, zero_grad, hooks)."""
-        parts = [self.stages[s].samples for s in MAIN_STAGES if s in self.stages]
-        return Stat.from_samples([w - sum(p[i] for p in parts)
-                                  for i, w in enumerate(self.step.samples)]).with_cpu(
-            self.step.cpu)
 
 
 def _result(arm: Arm, clock: StepClock, warmup: int, counted: SyncCounter | None,

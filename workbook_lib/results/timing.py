@@ -1,0 +1,240 @@
+"""Notebook 03's results (``03_data_vs_model_timing.json``): every arm of the training loop (an
+:class:`ArmResult` per pipeline and mode, timed by :mod:`workbook_lib.training.loop`), what bounds
+each step (its stages: :mod:`workbook_lib.analysis.stages`), host syncs, profiles and the figures
+the notebook reports; measured by :mod:`workbook_lib.analysis.timing_study`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..failures import PipelineFailure
+from ..measurement.profiling import ProfileResult
+from ..measurement.timing import Stat
+from ..records import Record
+
+
+MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "backward", "optimizer")
+
+
+@dataclass
+class ArmResult(Record):
+    """The timed steps of one arm: wall time per optimizer step, per stage, syncs."""
+
+    name: str
+    strategy: str
+    variant: str
+    mode: str
+    batch_size: int
+    micro_batches: int
+    step: Stat
+    stages: dict[str, Stat] = field(default_factory=dict)
+    extra: dict[str, Stat] = field(default_factory=dict)  # worker stages, hook figures
+    syncs_per_step: float | None = None
+    sync_kinds: dict[str, float] = field(default_factory=dict)
+    syncs_by_stage: dict[str, float] = field(default_factory=dict)  # stage -> syncs it made
+    warmup_steps: int = 0
+    timed_steps: int = 0
+    stopped_by: str = ""
+    # what the counted step's batch held: tensors, tensor_bytes, objects, kinds (the transfer
+    # stage walks all of it; see measurement.syncs.batch_contents)
+    batch_contents: dict = field(default_factory=dict)
+    # steps whose loss was NaN or infinite (their timings are of a diverged step), the first of
+    # them (0 = the arm's first step, warm-up included), what it was, and the steps checked
+    nonfinite_steps: int = 0
+    first_nonfinite_step: int | None = None
+    nonfinite_value: str = ""
+    loss_steps: int = 0
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.batch_size * self.micro_batches
+
+    @property
+    def ms_per_sample(self) -> Stat:
+        return self.step.scaled(1e3 / self.samples_per_step, "ms/sample")
+
+    @property
+    def it_per_s(self) -> Stat:
+        return self.step.inverse("it/s")
+
+    @property
+    def untracked(self) -> Stat:
+        """Wall time not inside any stage (loop overhead, zero_grad, hooks)."""
+        parts = [self.stages[s].samples for s in MAIN_STAGES if s in self.stages]
+        return Stat.from_samples([w - sum(p[i] for p in parts)
+                                  for i, w in enumerate(self.step.samples)]).with_cpu(
+            self.step.cpu)
+
+
+# stage key -> (words for tables and causes, group)
+STAGES = {
+    "data_item": ("data item (the dataset's __getitem__, DataLoader worker)", "data"),
+    "collate": ("collate (the DataLoader's collate_fn)", "data"),
+    "h2d": ("host-to-device transfer of the batch", "transfer"),
+    "device_prep": ("device preparation (the pipeline's prepare)", "device prep"),
+    "forward": ("forward (model and loss)", "model"),
+    "backward": ("backward", "model"),
+    "optimizer": ("optimizer (step and zero_grad)", "model"),
+    "overhead": ("loop overhead (Python between stages)", "loop overhead"),
+}
+
+
+@dataclass
+class StepBound(Record):
+    """What bounds one pipeline's full step (:data:`BOUND_RULE`)."""
+
+    pipeline: str
+    bound: str  # data-bound, model-bound, ...
+    group_shares: dict[str, float]  # group -> share of the step median
+    largest_stage: str  # stage key of the largest single stage
+    largest_share: float
+    step_s: float
+    batch_size: int
+    syncs_per_step: float | None = None
+    sync_bound_on_gpu: bool = False
+    stage_shares: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def summary(self) -> str:
+        """``data-bound (data item 78% of the step)``, with the syncs when they bound a GPU."""
+        s = (f"{self.bound} ({STAGES[self.largest_stage][0].split(' (')[0]} "
+             f"{self.largest_share:.0%} of the step)")
+        if self.sync_bound_on_gpu:
+            s += (f"; sync-bound on a GPU ({self.syncs_per_step:.0f} host syncs per step, "
+                  f"{self.syncs_per_step / self.batch_size:.2g} per sample)")
+        return s
+
+
+@dataclass
+class StoredReads(Record):
+    """Reading stored masks per item, cold (the file's pages dropped from the page cache
+    first) and warm (read again right after), paired by round."""
+
+    items: int
+    bytes_per_item: int
+    file_bytes: int
+    cold_ms: Stat  # per item
+    warm_ms: Stat
+    cold_over_warm: Stat
+    dropped: bool  # posix_fadvise was available (the kernel may still keep pages, e.g. tmpfs)
+
+
+PIPELINED = "pipelined"  # the full step without per-stage syncs
+
+
+def arm_key(strategy: str, mode: str) -> str:
+    return f"{strategy}/{mode}"
+
+
+@dataclass
+class LoopStudy(Record):
+    """Every (strategy, mode) arm of the loop."""
+
+    device: str
+    sizes: str
+    strategies: list[str]  # every pipeline compared: built-in strategies, then the user's
+    batch_sizes: dict[str, int]
+    interleaved: bool
+    settings: dict[str, Any]
+    arms: dict[str, ArmResult] = field(default_factory=dict)
+    exact: dict[str, bool] = field(default_factory=dict)  # pipeline -> computes the exact forward
+    labels: dict[str, str] = field(default_factory=dict)  # pipeline -> name for tables
+    # pipeline -> seconds of its shared pass (``shared_forward``: the part of the forward every
+    # sample of a batch shares, e.g. the dual forward's wildtype pass), forward only, no grad
+    shared_pass: dict[str, Stat] = field(default_factory=dict)
+    # pipeline -> why it has no figures here (it raised or stalled: not in ``strategies``), or
+    # why its figures are marked (a loss that is not finite: ``figures_kept``, still compared)
+    failures: dict[str, PipelineFailure] = field(default_factory=dict)
+
+    def arm(self, strategy: str, mode: str = "full") -> ArmResult:
+        return self.arms[arm_key(strategy, mode)]
+
+    def ratio(self, a: ArmResult, b: ArmResult) -> Stat:
+        """``a.step / b.step``: paired by round when the arms were interleaved."""
+        if self.interleaved:
+            n = min(a.step.n, b.step.n)
+            return Stat.from_samples([x / y for x, y in zip(a.step.samples[:n],
+                                                            b.step.samples[:n])],
+                                     unit="ratio").with_cpu(a.step.cpu, b.step.cpu)
+        return a.step.ratio_to(b.step)
+
+    def pipelined(self, strategy: str) -> tuple[Stat, Stat, Stat] | None:
+        """(full step with every stage synchronized, the same step synchronized only at its
+        start and end, their difference paired by round): what the stage attribution's syncs
+        cost. None when the study has no pipelined arm."""
+        key = arm_key(strategy, PIPELINED)
+        if key not in self.arms:
+            return None
+        a, b = self.arm(strategy, "full"), self.arms[key]
+        n = min(a.step.n, b.step.n)
+        diff = Stat.from_samples([x - y for x, y in zip(a.step.samples[:n],
+                                                       b.step.samples[:n])]).with_cpu(a.step.cpu,
+                                                                                      b.step.cpu)
+        return a.step, b.step, diff
+
+    def model_seconds(self, strategy: str) -> Stat:
+        """Forward + backward + optimizer of the full step (the model's share, no data)."""
+        a = self.arm(strategy, "full")
+        parts = [a.stages[s].samples for s in ("forward", "backward", "optimizer") if s in a.stages]
+        return Stat.from_samples([sum(p[i] for p in parts)
+                                  for i in range(a.step.n)]).with_cpu(a.step.cpu)
+
+
+@dataclass
+class SanityFlag(Record):
+    """A mode that took longer than a mode that does strictly more work, beyond noise."""
+
+    strategy: str
+    lower: str
+    upper: str
+    lower_ms: float
+    upper_ms: float
+
+
+@dataclass
+class ReportedFigure(Record):
+    """One of the investigation's data-vs-model figures, re-measured here."""
+
+    key: str
+    figure: str
+    claimed: float
+    measured: Stat
+    unit: str
+    names: tuple[str, str] = ("Lazy", "DANGO")  # (slow, fast) as the figure names them
+
+
+@dataclass
+class SyncPoint(Record):
+    """Syncs of the loop-form device mask generation at one (B, k, T)."""
+
+    batch_size: int
+    k: int
+    edge_types: int
+    counted: int
+    expected: int  # from the loop's structure: one per gene slot, two per gene and edge type
+
+
+@dataclass
+class SyncStudy(Record):
+    method: str
+    per_step: dict[str, float]  # strategy -> syncs per full step (the loop's counted step)
+    kinds: dict[str, dict[str, float]]
+    scaling: list[SyncPoint] = field(default_factory=list)
+
+
+@dataclass
+class TimingResult(Record):
+    """Notebook 03's results."""
+
+    loops: LoopStudy
+    sanity: list[SanityFlag]
+    reported: list[ReportedFigure]
+    epochs_per_day_1rank: dict[str, float]
+    syncs: SyncStudy
+    profiles: dict[str, ProfileResult]
+    fastest_exact: str | None
+    stored_reads: StoredReads | None = None  # strategy 3's reads, cold and warm
+    bounds: dict[str, StepBound] = field(default_factory=dict)  # what bounds each step
+
+    def figure(self, key: str) -> ReportedFigure | None:
+        return next((f for f in self.reported if f.key == key), None)

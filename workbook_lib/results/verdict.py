@@ -1,0 +1,117 @@
+"""Notebook 05's results (``05_verdict.json``): the answer, its causes, the claims judged
+(:mod:`workbook_lib.analysis.claims`) and the recommendation; reasoned by
+:mod:`workbook_lib.analysis.verdict`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..measurement.cpu import CpuShare
+from ..measurement.timing import Stat
+from ..records import Record
+from .bench import BenchResult
+
+
+@dataclass
+class Claim(Record):
+    key: str
+    claim: str  # the investigation's words
+    claimed: str  # its figure
+    measured: str  # this run's figure (with its IQR where it has one)
+    kind: str  # measured, arithmetic, or not measured here
+    rule: str  # the comparison, in words
+    status: str
+    source: str  # the notebook the figure comes from
+    note: str = ""
+    value: float | None = None  # the number the rule compared
+    size: str = ""  # where the claim is about the real sizes: the sizes the figure comes from
+
+
+@dataclass
+class Cause(Record):
+    cause: str  # the stage in words
+    evidence: str
+    slow_s_per_epoch: float | None
+    fast_s_per_epoch: float | None
+    difference_s: float | None
+    share: float | None  # of the measured epoch-time gap (negative: the stage saves time)
+    kind: str  # measured, or not measured here
+    # "adds" or "saves" time on the slow pipeline; "rest": unattributed; "noise": shown, not
+    # booked (a factor within its IQR, or contended)
+    effect: str = ""
+    # data_item, collate, h2d, device_prep, forward, backward, optimizer, overhead, ddp, rest
+    stage: str = ""
+    advice: str = ""  # what to change when this is the first cause
+    syncs: tuple[float, float] | None = None  # host syncs per step in this stage (slow, fast)
+    # on a GPU: seconds per epoch (slow - fast) of the stage's time the host waited at those
+    # syncs (carved out of the stage's time, never added to it); None where not measured
+    sync_wait_s: float | None = None
+    note: str = ""  # what the stage's time went to, where its label would mislead
+
+
+@dataclass
+class Gap(Record):
+    """The epoch-time ratio between the pair, oriented slow over fast."""
+
+    slow: str
+    fast: str
+    listed: list[str]  # the pair as gap_strategies named it
+    swapped: bool  # the one listed slow is the faster: explained the other way round
+    ratio: Stat  # epoch time slow / fast (the one gap ratio of the answer)
+    basis: str  # what the ratio times
+    per_step: Stat  # full step slow / fast (same rounds when interleaved)
+    steps: dict[str, int]  # steps per epoch, per pipeline
+    batch_sizes: dict[str, int]
+    epoch_s: dict[str, float]  # seconds per epoch on one process, per pipeline (medians)
+    measurable: bool  # the ratio's IQR clear of 1
+    ddp_factor: Stat | None = None
+    ddp_world: int | None = None
+    ddp_booked: bool = False
+    ddp_why: str = ""  # why the factor is or is not booked
+
+
+@dataclass
+class Recommendation(Record):
+    strategy: str
+    label: str
+    title: str
+    ms_per_sample: Stat
+    baseline: str
+    speedup: Stat | None  # baseline / recommended, full step per sample (03, same rounds)
+    fastest: str
+    tied: list[str]
+    tie_rule: str
+    memory_per_sample: dict[str, float] = field(default_factory=dict)
+    contended: list[str] = field(default_factory=list)  # exact strategies measured contended
+    bench: BenchResult | None = None
+    bench_source: str = ""
+    epochs_per_day: dict[str, dict[str, float]] = field(default_factory=dict)
+    projection_basis: str = ""
+
+
+@dataclass
+class VerdictResult(Record):
+    answer: str  # the whole answer (markdown): lead, caveats, fix
+    device: str
+    device_type: str
+    causes: list[Cause]
+    claims: list[Claim]
+    recommendation: Recommendation | None
+    gap_total: Stat | None
+    can_say: list[str]
+    cannot_say: list[str]
+    inputs: dict[str, str] = field(default_factory=dict)  # notebook -> results checksum
+    disturbed: dict[str, float] = field(default_factory=dict)  # headline figure -> IQR/median
+    # headline figure -> what the process got of the CPUs while it was measured (contended)
+    contended: dict[str, CpuShare] = field(default_factory=dict)
+    target: float = 0.1  # the precision target the figures were repeated for
+    gap_strategies: list[str] = field(default_factory=list)  # [slow, fast] as answered
+    lead: str = ""  # the answer's first sentence
+    caveats: list[str] = field(default_factory=list)  # one line each
+    gap: Gap | None = None
+    no_answer: str = ""  # why there is no answer about the pair (then lead says so)
+    missing: dict[str, str] = field(default_factory=dict)  # notebook -> why it was not used
+    failures: dict[str, str] = field(default_factory=dict)  # pipeline -> "NB: what failed"
+    nonfinite: dict[str, str] = field(default_factory=dict)  # pipeline -> its loss, in words
+    builtin: bool = True  # built-in strategies ran: the investigation's story applies
+    claims_note: str = ""  # why no claim was judged, when none was
+    syncs_note: str = ""  # host syncs of the pair's stages and what they cost here
