@@ -4,7 +4,10 @@ itself back through others.
 The floors are ``workbook_lib.LAYERS`` (bottom first), the one table of them; the package
 docstring's map names the same floors in the same order (checked here). Every module of
 ``workbook_lib`` is parsed with :mod:`ast` (no import runs): imports inside functions count,
-``from __future__`` and imports under ``if TYPE_CHECKING:`` do not (they never run). A module's
+``from __future__`` and imports under ``if TYPE_CHECKING:`` do not (they never run), and so do
+imports by name (:func:`by_name`: ``importlib.import_module("workbook_lib.x")``, or a
+``"workbook_lib.x:Name"`` string that something imports later), which no import statement shows.
+A module's
 room is its first name below ``workbook_lib`` (``workbook_lib.data.snapshots`` -> ``data``); the
 package's own ``__init__`` is on the bottom floor. ``ast`` is used rather than a tool such as
 import-linter or grimp because the rule here is this project's table with a short, reasoned
@@ -74,9 +77,41 @@ def _imported(node: ast.AST, module: str, is_pkg: bool, modules: set[str]) -> li
     return out
 
 
+IMPORTERS = {"import_module", "__import__", "find_spec"}
+
+
+def by_name(node: ast.AST, module: str, modules: set[str], pkg: str = PKG) -> list[str]:
+    """The package's modules a node imports by name: the first argument of
+    ``importlib.import_module`` (``__import__``, ``find_spec``) when it is a string of the
+    package, or a ``"pkg.module:Name"`` string anywhere (the form a by-name table or set-up hook
+    takes). A name built at run time (``f"{__name__}:setup"``, a user's module) is not seen:
+    the module that builds it imports what it names itself.
+
+    ``measurement.memory`` runs ``importlib.import_module`` on the set-up its caller names
+    (``training.step_memory`` passes its own ``module:function``): the name comes from the
+    caller's floor, so it is no edge of ``measurement``; ``pipelines.loading`` imports users'
+    modules, outside the package."""
+    text = None
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        arg = node.args[0].value
+        if called in IMPORTERS and isinstance(arg, str) and \
+                (arg == pkg or arg.startswith(pkg + ".")):
+            text = arg
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+            re.fullmatch(rf"{pkg}(\.\w+)*:\w+", node.value):
+        text = node.value.partition(":")[0]
+    if text is None:
+        return []
+    while text and text not in modules:
+        text = text.rpartition(".")[0]
+    return [text] if text and text != module else []
+
+
 def import_graph(root: Path, pkg: str = PKG) -> dict[str, set[str]]:
     """module -> the package's modules it imports (at any depth of its code, but not under
-    ``if TYPE_CHECKING:``)."""
+    ``if TYPE_CHECKING:``), by an import statement or by name (:func:`by_name`)."""
     files = module_files(root, pkg)
     modules = set(files)
     graph: dict[str, set[str]] = {}
@@ -95,6 +130,8 @@ def import_graph(root: Path, pkg: str = PKG) -> dict[str, set[str]]:
         def visit_one(node: ast.AST) -> None:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 found.update(_imported(node, module, is_pkg, modules))
+            else:
+                found.update(by_name(node, module, modules, pkg))
             visit(node)
 
         visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
@@ -252,6 +289,42 @@ def test_the_tool_sees_climbs_lazy_imports_and_cycles(tmp_path):
     assert cycles(graph) == [["pkg.high.b", "pkg.low.a", "pkg.low.c"]]
     with pytest.raises(ValueError, match="pkg.high.b"):
         floors([("low",)], graph, "pkg")
+
+
+def test_the_tool_sees_imports_by_name(tmp_path):
+    """A by-name import that climbs fails like an import statement would; a name in prose, a
+    non-package module or a name built at run time is no edge."""
+    pkg = _write(tmp_path, {
+        "__init__.py": "",
+        "low/__init__.py": "",
+        "low/a.py": ("import importlib\n"
+                     "def f():\n    return importlib.import_module('pkg.high.b')\n"),
+        "low/c.py": "TYPES = {'x': 'pkg.high.b:Thing'}\n",
+        "low/d.py": ("import importlib\nfrom importlib import import_module\n"
+                     "NOTE = 'see pkg.high.b for the Thing'\n"
+                     "def g(name):\n    importlib.import_module(name)\n"
+                     "    import_module('json')\n    return import_module(f'{__name__}:x')\n"),
+        "high/__init__.py": "",
+        "high/b.py": "Thing = 1\n",
+    })
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.low.a"] == {"pkg.high.b"}
+    assert graph["pkg.low.c"] == {"pkg.high.b"}
+    assert graph["pkg.low.d"] == set()
+    floor = floors([("low",), ("high",)], graph, "pkg")
+    assert climbs(graph, floor) == [("pkg.low.a", "pkg.high.b"), ("pkg.low.c", "pkg.high.b")]
+
+
+def test_the_package_imports_nothing_of_its_own_by_name():
+    """Today no module imports one of the package's modules by name (``running.results`` imports
+    the notebooks' result types from ``results/``): a new one is an edge the floors check, and
+    this test says where it is."""
+    seen = {}
+    for module, path in module_files(ROOT).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for target in by_name(node, module, set(GRAPH)):
+                seen.setdefault(module, set()).add(target)
+    assert seen == {}
 
 
 def test_the_tool_skips_type_checking_imports(tmp_path):
