@@ -40,7 +40,7 @@ from .delta import PushPlan, default_push_kernel, grouped_messages, push, push_p
 from .kernels import (add_rows, batched_spmm, gather_rows, nnz, selection_csr, sparse_range,
                       typed_aggregate_linear, typed_spmm)
 
-if TYPE_CHECKING:  # names in annotations only: the graph builds batches (SharedGraph.batch)
+if TYPE_CHECKING:  # names in annotations only: graph.py imports this module (SharedGraph.batch)
     from .graph import OutEdges, SharedGraph
 
 

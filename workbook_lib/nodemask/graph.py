@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import default_kernel, nnz, sparse_range, to_csr, transpose
+from .batch import NodeMaskBatch
+from .kernels import default_kernel, nnz, sparse_range, spmm, to_csr, transpose
 
 AGGRS = ("sum", "mean")
 
@@ -184,14 +185,10 @@ class SharedGraph:
         """A batch of samples, each the graph with the genes in one row of ``deleted``
         (``[B, k]``, padded with -1) removed; ``corrections`` and ``options`` (``validate``,
         ``push_kernel``) as for :class:`NodeMaskBatch`."""
-        from .batch import NodeMaskBatch
-
         return NodeMaskBatch(self, deleted, corrections, **options)
 
     def wildtype_sums(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, T, H]``: per-type sums over in-neighbours of ``x`` ``[N, H]`` (no deletion)."""
-        from .kernels import spmm
-
         return spmm(self.a, self.a_t, x).view(self.num_nodes, self.num_types, x.shape[-1])
 
     def wildtype_aggregate(self, x: torch.Tensor) -> torch.Tensor:
