@@ -267,7 +267,7 @@ class Field:
         return type_name(self.type)
 
 
-def _members(tp: Any) -> tuple:
+def union_members(tp: Any) -> tuple:
     """The members of a union type (``int | None`` -> (int, NoneType)), else ()."""
     return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) \
         else ()
@@ -276,7 +276,7 @@ def _members(tp: Any) -> tuple:
 def type_hint(tp: Any) -> str:
     """``list[int]`` -> ``List[int]``, ``float | None`` -> ``Optional[float]``, ``int | dict[int,
     float]`` -> ``Union[int, Dict[int, float]]``."""
-    members = _members(tp)
+    members = union_members(tp)
     if members:
         rest = [m for m in members if m is not type(None)]
         if len(rest) == 1 and len(members) == 2:
@@ -297,7 +297,7 @@ _PLURALS = {int: "integers", float: "numbers", str: "strings"}
 
 def type_name(tp: Any) -> str:
     """The type in words: ``float | None`` -> "a number or null"."""
-    members = _members(tp)
+    members = union_members(tp)
     if members:
         return " or ".join(type_name(m) for m in members)
     if typing.get_origin(tp) is list:

@@ -28,13 +28,13 @@ from .checks import MAX_INT
 from .filesystem import (cache_dir_usable, max_scale, path_check, snapshot_exists,
                          snapshot_spec)
 from .loading import check_size, load_yaml, read_params_file, show
-from .schema import FIELDS, PLACEMENT_KEYS, Field, Params, _members, defaults
+from .schema import FIELDS, PLACEMENT_KEYS, Field, Params, union_members, defaults
 from .specs import normalize, parse_specs
 
 
 def _accepts(tp: Any, plain: type) -> bool:
     """Whether ``tp`` is ``plain`` or a union holding it."""
-    return tp is plain or plain in _members(tp)
+    return tp is plain or plain in union_members(tp)
 
 
 def _coerce(field: Field, value: Any) -> Any:
@@ -70,7 +70,7 @@ def _is_number(x: Any) -> bool:
 def _conform(tp: Any, value: Any) -> tuple[bool, Any]:
     """Whether ``value`` is of type ``tp``, and the value normalised (an int given for a float
     becomes a float, a tuple a list, a mapping's keys ints where ``tp`` says so)."""
-    members = _members(tp)
+    members = union_members(tp)
     if members:
         for m in members:
             ok, norm = _conform(m, value)
