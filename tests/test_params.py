@@ -144,3 +144,95 @@ def test_cuda_without_gpu_is_an_error():
     with pytest.raises(ParamsError, match="cuda"):
         resolve_device("cuda")
     assert resolve_device("auto").type == "cpu"
+
+
+# --- the validated params object: frozen, typed, and the mapping every caller reads ---------
+
+def _old_dict(name: str) -> dict:
+    """What ``validate`` returned before it returned a :class:`Params`: the schema defaults
+    updated with the file's values (the shipped files give every value in its field's type)."""
+    return {**P.defaults(), **(yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text())
+                               or {})}
+
+
+@pytest.mark.parametrize("name", ["default", "ci", "full"])
+def test_params_equal_the_old_dict(name):
+    p = P.load_params_file(ROOT / "params" / f"{name}.yaml")
+    old = _old_dict(name)
+    assert isinstance(p, P.Params)
+    assert p == old and old == p and dict(p) == old and {**p} == old
+    assert list(p) == list(P.FIELDS) and len(p) == len(P.FIELDS)
+    assert all(type(p[k]) is type(v) or isinstance(v, int) for k, v in old.items()), \
+        {k: (type(p[k]), type(v)) for k, v in old.items() if type(p[k]) is not type(v)}
+    assert p != {**old, "seed": old["seed"] + 1}
+
+
+def test_params_read_as_a_mapping_and_by_attribute():
+    from collections.abc import Mapping
+
+    p = P.validate({"loop_steps": 7, "loop_max_steps": 9})
+    assert isinstance(p, Mapping)
+    assert p["loop_steps"] == p.loop_steps == p.get("loop_steps") == 7
+    assert p.get("no_such_key") is None and p.get("no_such_key", 3) == 3
+    assert "loop_steps" in p and "no_such_key" not in p
+    with pytest.raises(KeyError):
+        p["no_such_key"]
+    assert dict(p.items())["loop_max_steps"] == 9 and set(p.keys()) == set(P.FIELDS)
+    assert {**p, "seed": 5}["seed"] == 5 and p.seed == 0  # a changed copy is a plain dict
+    assert P.validate({**p, "seed": 5}).seed == 5  # ... validated again into Params
+
+
+def test_params_are_frozen():
+    import dataclasses
+
+    p = P.validate({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.loop_steps = 3
+    with pytest.raises(TypeError, match="read-only"):
+        p["loop_steps"] = 3
+    with pytest.raises(TypeError, match="read-only"):
+        del p["loop_steps"]
+    for method in ("update", "setdefault", "pop", "popitem", "clear"):
+        assert not hasattr(p, method), method
+    with pytest.raises(TypeError):
+        hash(p)  # like the dict it replaces (its lists are not hashable either)
+    assert p.loop_steps == P.defaults()["loop_steps"]
+
+
+def test_params_pickle_and_copy_round_trip():
+    import copy
+    import pickle
+
+    p = P.load_params_file(ROOT / "params" / "ci.yaml")
+    for back in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p), copy.copy(p)):
+        assert isinstance(back, P.Params) and back == p and back.perturbation_k == {2: 0.25,
+                                                                                      3: 0.75}
+
+
+def test_params_to_json_and_papermill():
+    import json
+
+    from papermill.translators import PythonTranslator
+
+    from workbook_lib.records import to_json
+
+    p = P.load_params_file(ROOT / "params" / "ci.yaml")
+    doc = json.loads(json.dumps(to_json(p)))
+    assert doc["perturbation_k"] == {"2": 0.25, "3": 0.75} and doc["batch_sizes"] == [1, 4, 28]
+    assert P.validate(doc) == p  # a results file's _meta.params reads back as the same params
+    src = PythonTranslator.codify({**to_json(p), "run_dir": "runs/x"})
+    ns = {}
+    exec(src, ns)
+    assert P.validate({k: ns[k] for k in P.FIELDS}) == p
+
+
+def test_params_fields_are_typed():
+    import typing
+
+    hints = typing.get_type_hints(P.Params)
+    assert list(hints) == list(P.FIELDS)
+    assert hints["loop_steps"] is int and hints["batch_sizes"] == list[int]
+    assert hints["memory_budget_gb"] == float | None
+    assert P.FIELDS["perturbation_k"].type_hint == "Union[int, Dict[int, float]]"
+    assert P.FIELDS["rdzv_endpoint"].type_name == "a string or null"
+    assert P.Params() == P.defaults()

@@ -15,10 +15,14 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``progress``        progress bars and stage notes, on the terminal only
     ``processes``       stopping processes we started
     ``watchdog``        a stage that stops making progress: stopped (SIGALRM) and named
-1  ``configs/``     ``params``: the one schema of every params file, ``--set``, papermill ``-p``
-                   and parameters cell (and which keys each notebook reads); ``pipelines``
-                   entries parsed and checked as plain strings (importing them is
-                   ``pipelines.loading``'s)
+1  ``configs/``     the one schema of every params file, ``--set``, papermill ``-p`` and
+                   parameters cell; ``params`` re-exports the public names of:
+    ``schema``          ``Params``: frozen, typed, one field per key (read as a mapping too)
+    ``checks``, ``specs``   value checks; ``pipelines`` entries parsed and checked as plain
+                        strings (importing them is ``pipelines.loading``'s)
+    ``loading``, ``validation``, ``filesystem``   the hardened YAML loader; ``validate`` and
+                        its checks across keys and on disk
+    ``cells``           the help text, and which keys each notebook's parameters cell reads
 2  ``measurement/`` how anything is measured: it measures a callable it is given and knows
                    nothing of pipelines or params
     ``timing``          THE timer: device sync, warm-up excluded, repeats to a precision

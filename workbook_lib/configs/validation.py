@@ -1,0 +1,301 @@
+"""Validating params: a mapping in, a :class:`.schema.Params` out, or one line that says what is
+wrong, before any work starts.
+
+An unknown key is an error with a "did you mean", a wrong type or an impossible value an error
+naming the key and the value, and missing keys take the schema default. The type of each key is
+its annotation on :class:`.schema.Params`; :func:`_conform` reads it (int, float, bool, str,
+``X | None``, ``list[X]``, ``dict[K, V]`` and unions of these: the few forms the schema uses;
+written here because the project's dependencies hold no validating dataclass library, and the
+messages must name the key in one line).
+
+A string given for a non-string key is read as YAML first, because that is what command lines
+pass: ``papermill -p batch_sizes "[1, 2]"`` injects a string, and YAML itself reads ``1e-3`` as a
+string. Keys marked ``placement`` say where a run executes (node count, rendezvous endpoint, cache
+folder); they are recorded but are not part of what ``run --resume`` compares
+(:func:`results_relevant`).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import ParamsError
+from .checks import MAX_INT
+from .filesystem import (cache_dir_usable, max_scale, path_check, snapshot_exists,
+                         snapshot_spec)
+from .loading import check_size, load_yaml, read_params_file, show
+from .schema import FIELDS, PLACEMENT_KEYS, Field, Params, union_members, defaults
+from .specs import normalize, parse_specs
+
+
+def _accepts(tp: Any, plain: type) -> bool:
+    """Whether ``tp`` is ``plain`` or a union holding it."""
+    return tp is plain or plain in union_members(tp)
+
+
+def _coerce(field: Field, value: Any) -> Any:
+    """A string for a non-string key is read as YAML (command lines pass strings)."""
+    tp = field.type
+    if isinstance(value, str) and not _accepts(tp, str):
+        try:
+            parsed = load_yaml(value, f"'{field.name}'", key=field.name)
+        except ParamsError as exc:
+            if "not valid YAML" in str(exc):
+                return value
+            raise
+        if isinstance(parsed, str) and _accepts(tp, float):
+            try:
+                return float(parsed)
+            except ValueError:
+                return value
+        return parsed
+    if _accepts(tp, type(None)) and isinstance(value, str) and value.strip().lower() in (
+            "null", "none", "~", ""):
+        return None
+    return value
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _conform(tp: Any, value: Any) -> tuple[bool, Any]:
+    """Whether ``value`` is of type ``tp``, and the value normalised (an int given for a float
+    becomes a float, a tuple a list, a mapping's keys ints where ``tp`` says so)."""
+    members = union_members(tp)
+    if members:
+        for m in members:
+            ok, norm = _conform(m, value)
+            if ok:
+                return True, norm
+        return False, value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is type(None):
+        return value is None, value
+    if tp is int:
+        return _is_int(value), value
+    if tp is float:
+        if not _is_number(value):
+            return False, value
+        try:
+            return True, float(value)
+        except OverflowError:  # an int too large for a float: reported as not finite
+            return True, math.inf
+    if tp in (bool, str):
+        return isinstance(value, tp), value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        items = [_conform(args[0], x) for x in value]
+        return all(ok for ok, _ in items), [x for _, x in items]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return False, value
+        key_type, value_type = args
+        try:
+            items = [(key_type(k), _conform(value_type, v)) for k, v in value.items()]
+        except (TypeError, ValueError, OverflowError):
+            return False, value
+        return all(ok for _, (ok, _v) in items), {k: v for k, (_ok, v) in items}
+    raise AssertionError(f"a params field of a type the schema does not use: {tp}")
+
+
+def _not_finite(value: Any) -> str | None:
+    """A NaN or infinite number, or an integer beyond :data:`MAX_INT`, anywhere in a value."""
+    items = value if isinstance(value, (list, tuple)) else (
+        [*value.keys(), *value.values()] if isinstance(value, dict) else [value])
+    for x in items:
+        if isinstance(x, float) and not math.isfinite(x):
+            return f"must hold finite numbers (got {show(x)})"
+        if _is_int(x) and abs(x) > MAX_INT:
+            return f"holds {show(x)}, beyond what int64 arithmetic takes (at most 2**62)"
+    return None
+
+
+def suggest(key: str) -> str:
+    """' (did you mean 'x'?)' for a misspelt key, else ''."""
+    close = difflib.get_close_matches(key, list(FIELDS), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def unknown_key_error(keys: list[str], source: str) -> ParamsError:
+    parts = [f"'{k}'{suggest(k)}" for k in keys]
+    return ParamsError(f"{source}: unknown params key(s) {', '.join(parts)}; "
+                       "`python -m workbook_lib params` lists every key",
+                       key=keys[0], value=None)
+
+
+def validate(raw: Mapping | None, *, source: str = "params") -> Params:
+    """Validate a params mapping and return it complete and normalised, as a read-only
+    :class:`Params`.
+
+    Args:
+        raw: a mapping read from a params file, given by ``--set`` or injected by papermill
+            (``None`` means empty); a :class:`Params`, or a dict copy of one with keys
+            changed, is checked again.
+        source: where it came from, named in error messages.
+
+    Raises:
+        ParamsError: on an unknown key (with "did you mean"), a wrong type or an impossible
+            value (naming key and value). Nothing else has been done at that point.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ParamsError(f"{source}: expected a mapping of params, got {type(raw).__name__}")
+    unknown = sorted(str(k) for k in set(raw) - set(FIELDS))
+    if unknown:
+        raise unknown_key_error(unknown, source)
+    out = defaults()
+    for key, value in raw.items():
+        field = FIELDS[key]
+        check_size(value, f"{source}: '{key}'", key=key)
+        ok, norm = _conform(field.type, _coerce(field, value))
+        if not ok:
+            raise ParamsError(f"{source}: '{key}' must be {field.type_name} "
+                              f"(got {show(value)})", key=key, value=value)
+        problem = _not_finite(norm) if norm is not None else None
+        if problem:
+            raise ParamsError(f"{source}: '{key}' {problem}", key=key, value=value)
+        try:
+            if field.choices is not None and norm not in field.choices:
+                raise ParamsError(f"{source}: '{key}' must be one of {list(field.choices)} "
+                                  f"(got {show(norm)})", key=key, value=value)
+        except TypeError:  # an unhashable value
+            raise ParamsError(f"{source}: '{key}' must be one of {list(field.choices)} "
+                              f"(got {show(norm)})", key=key, value=value) from None
+        problem = field.check(norm) if field.check is not None and norm is not None else None
+        if problem:
+            raise ParamsError(f"{source}: '{key}' {problem} (got {show(value)})", key=key,
+                              value=value)
+        out[key] = norm
+    if out["pipelines"]:
+        out["pipelines"] = [normalize(e) for e in out["pipelines"]]
+    if "gap_strategies" not in raw and len(out["pipelines"]) >= 2:
+        out["gap_strategies"] = [s.name for s in parse_specs(out["pipelines"])[:2]]
+    elif "gap_strategies" not in raw and not out["strategies"] and len(out["pipelines"]) == 1:
+        out["gap_strategies"] = []  # one pipeline alone: no gap (notebooks 01-03 only)
+    _cross_checks(out, source)
+    return Params(**out)
+
+
+def ddp_strategy(params: dict) -> str:
+    """The pipeline notebook 04's scaling runs train: ``ddp_strategy`` when set, else the
+    node-mask shared graph when it is among the strategies, else the slow pipeline of
+    ``gap_strategies`` (the user's own, on a run without built-in strategies)."""
+    if params["ddp_strategy"] is not None:
+        return params["ddp_strategy"]
+    if "node_mask_shared" in params["strategies"]:
+        return "node_mask_shared"
+    compared = list(params["strategies"]) + [s.name for s in parse_specs(params["pipelines"])]
+    return (list(params["gap_strategies"]) or compared)[0]
+
+
+def _cross_checks(out: dict, source: str) -> None:
+    def fail(key, msg):
+        raise ParamsError(f"{source}: '{key}' {msg} (got {show(out[key])})", key=key,
+                          value=out[key])
+
+    users = [s.name for s in parse_specs(out["pipelines"])]
+    compared = list(out["strategies"]) + users
+    if not compared:
+        fail("strategies", "must not be empty unless 'pipelines' names one or more")
+    if len(compared) == 1 and not out["gap_strategies"]:
+        pass  # one pipeline alone: notebooks 01-03 (check_gap refuses the others)
+    elif len(out["gap_strategies"]) != 2 or out["gap_strategies"][0] == out["gap_strategies"][1]:
+        fail("gap_strategies", "must name 2 different strategies or pipelines (slow, fast)")
+    bad = [g for g in out["gap_strategies"] if g not in compared]
+    if bad:
+        fail("gap_strategies", f"names {bad}, which the run does not compare (its strategies and "
+                               f"pipelines: {compared})")
+    if out["nnodes"] > 1 and out["rdzv_endpoint"] is None:
+        fail("rdzv_endpoint", f"is needed (host:port) for nnodes={out['nnodes']}")
+    if out["loop_max_steps"] < out["loop_steps"]:
+        fail("loop_max_steps", f"must be >= loop_steps={out['loop_steps']}")
+    if out["ddp_strategy"] is not None and out["ddp_strategy"] not in compared:
+        fail("ddp_strategy", f"must name a strategy or pipeline the run compares (one of "
+                             f"{compared})")
+    kmax = max_k(out["perturbation_k"])
+    path_check(out, source, "snapshot", snapshot_exists)
+    spec = snapshot_spec(out["snapshot"])
+    if spec is not None:
+        spec_genes = int(spec["num_genes"])
+        if kmax > spec_genes:
+            fail("perturbation_k", f"must not exceed the gene count of snapshot "
+                                   f"'{out['snapshot']}' ({spec_genes})")
+        if out["exactness_genes"] > spec_genes:
+            fail("exactness_genes", f"must not exceed the gene count of snapshot "
+                                    f"'{out['snapshot']}' ({spec_genes})")
+        top = max_scale(spec)
+        if out["scale"] > top:
+            fail("scale", f"must be at most {top:.4g} for snapshot '{out['snapshot']}': beyond "
+                          "it an edge type holds more edges than its genes have pairs")
+        path_check(out, source, "cache_dir", cache_dir_usable)
+    if out["exactness_genes"] <= kmax:
+        fail("exactness_genes", f"must exceed the largest perturbation_k ({kmax})")
+    gbatch = out["ddp_batch_size"] * max(out["world_sizes"])
+    bad = [w for w in out["world_sizes"] if gbatch % w]
+    if bad:
+        fail("world_sizes", f"must each divide the strong-scaling global batch "
+                            f"ddp_batch_size x max(world_sizes) = {gbatch} ({bad} do not)")
+
+
+def check_gap(params: dict, notebooks: list[str]) -> None:
+    """Refuse, in one line and before any work, notebooks that compare two pipelines (04, 05,
+    06) when the params compare one.
+
+    Raises:
+        ParamsError: ``gap_strategies`` is empty and a notebook named needs it.
+    """
+    from ..catalog import BY_NAME
+
+    need = [n for n in notebooks if n in BY_NAME and BY_NAME[n].needs_gap]
+    if need and not params["gap_strategies"]:
+        one = list(params["strategies"]) + [s.name for s in parse_specs(params["pipelines"])]
+        raise ParamsError(
+            f"{', '.join(need)} compare two pipelines (gap_strategies: slow, fast) and this run "
+            f"has one ({', '.join(one)}): there is no gap to explain. Add a second pipeline or a "
+            "built-in strategy, or run --only 01 02 03", key="gap_strategies", value=[])
+
+
+def max_k(k: int | dict) -> int:
+    """Largest number of genes a sample may delete."""
+    return k if isinstance(k, int) else max(k)
+
+
+def mean_k(k: int | dict) -> float:
+    """Expected number of genes deleted per sample."""
+    return float(k) if isinstance(k, int) else sum(kk * p for kk, p in k.items())
+
+
+def load_params_file(path: str | Path) -> Params:
+    """Read and validate a params YAML file (see :func:`.loading.find_params_file`)."""
+    p, raw = read_params_file(path)
+    return validate(raw, source=str(p))
+
+
+def results_relevant(params: dict) -> dict:
+    """The params a run's results depend on (without the ``placement`` keys)."""
+    return {k: v for k, v in params.items() if k not in PLACEMENT_KEYS}
+
+
+def check_against_graph(params: dict, num_genes: int) -> None:
+    """Checks that need the loaded graph (e.g. a user-supplied HeteroData)."""
+    kmax = max_k(params["perturbation_k"])
+    if kmax > num_genes:
+        raise ParamsError(
+            f"'perturbation_k' must not exceed the gene count of the snapshot ({num_genes}) "
+            f"(got {params['perturbation_k']!r})", key="perturbation_k",
+            value=params["perturbation_k"])
+    if params["exactness_genes"] > num_genes:
+        raise ParamsError(f"'exactness_genes' must not exceed the gene count of the snapshot "
+                          f"({num_genes}) (got {params['exactness_genes']})",
+                          key="exactness_genes", value=params["exactness_genes"])
