@@ -155,3 +155,31 @@ def page(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | None = No
                 "tables": tables}
     return render("trace.html.j2", title=" vs ".join(names), wall_note=markup(WALL_NOTE),
                   png=png, alt=alt, diff=diff, traces=traces, names=names, footnote=FOOTNOTE)
+
+
+def summary_lines(bds: list[TraceBreakdown], names: list[str],
+                  dif: TraceDiff | None = None) -> list[str]:
+    """The terminal's summary of ``trace``: per trace, each row's wall time and how much of it
+    the exclusive times cover, the main row's five largest ranges; with two traces, the
+    difference's total and its five largest ranges.
+
+    Args:
+        bds: the traces' breakdowns (:func:`workbook_lib.measurement.trace_analysis.breakdown`).
+        names: one name per trace.
+        dif: the second trace against the first, or None.
+    """
+    lines = []
+    for bd, name in zip(bds, names):
+        lines.append(name)
+        for r in bd.rows:
+            per = f"{r.steps} steps" if r.steps else "no steps"
+            lines.append(f"  {r.label[:70]:70s} wall {r.wall_s * 1e3:10.3f} ms ({per}); "
+                         f"exclusive times add up to {r.coverage:.1%}")
+            for k, v in list(r.ranges.items())[:5] if r.main else []:
+                lines.append(f"    {v / r.per_step * 1e3:10.3f} ms"
+                             f"{'/step' if r.steps else ''}  {k[:80]}")
+    if dif is not None:
+        lines.append(f"{names[1]} against {names[0]} ({dif.per}):")
+        lines += [f"  {r.delta_s * 1e3:+10.3f} ms  {r.key[:80]}"
+                  for r in dif.rows[:1] + dif.ranges[:5]]
+    return lines
