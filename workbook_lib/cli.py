@@ -15,8 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .common.argtypes import (existing_file, int_at_least, path, positive_float, positive_int,
-                              writable_file)
+from .common.argtypes import (existing_file, int_at_least, nonempty_path, positive_float,
+                              positive_int, writable_file)
 from .configs import params as params_mod
 from .exceptions import NotebookFailedError, ParamsError, WorkbookError
 
@@ -116,15 +116,13 @@ def _cmd_run(args) -> int:
 def _cmd_bench(args) -> int:
     from .analysis.bench import run_bench, summary_lines
     from .common.device import configure_cpu_allocator
+    from .common.files import atomic_write_text
+    from .running.environment import configure_threads
 
     p = _load(args.params, args.set)
     configure_cpu_allocator(p["cpu_allocator_cache"])
-    from .running.environment import configure_threads
-
     print(f"threads: {configure_threads(p)['why']}")
     res = run_bench(p, full_size=True if args.full_size else None)
-    from .common.files import atomic_write_text
-
     atomic_write_text(args.out, json.dumps(res.to_json(), indent=1))
     _print(summary_lines(res))
     print(f"Results: {args.out}")
@@ -320,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def params_args(p, required=False):
         p.add_argument("--params", default=None if required else DEFAULT_PARAMS,
-                       required=required, metavar="FILE", type=path("--params"),
+                       required=required, metavar="FILE", type=nonempty_path("--params"),
                        help="params YAML: a path, or a name in params/ (default: "
                             f"{DEFAULT_PARAMS})")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -337,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=_cmd_params)
     sp = sub.add_parser("run", help="execute the notebooks with papermill, write the reports")
     params_args(sp)
-    sp.add_argument("--out", default="runs/default", metavar="DIR", type=path("--out"),
+    sp.add_argument("--out", default="runs/default", metavar="DIR",
+                    type=nonempty_path("--out"),
                     help="run folder (default runs/default)")
     sp.add_argument("--only", nargs="+", metavar="NB",
                     help="run only these notebooks: names or numbers (02, 2, 02_mask_cost_model)")
@@ -371,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     params_args(sp)
     sp.add_argument("--runs", type=int_at_least("--runs", 2), default=2,
                     help="how many runs (default 2)")
-    sp.add_argument("--out", default="runs/stability", metavar="DIR", type=path("--out"),
+    sp.add_argument("--out", default="runs/stability", metavar="DIR",
+                    type=nonempty_path("--out"),
                     help="folder of the runs and the report (default runs/stability)")
     sp.add_argument("--tolerance", type=positive_float("--tolerance"), default=0.15,
                     help="relative difference allowed (default 0.15)")
@@ -399,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "prefix) differently; repeat for several")
     sp.add_argument("--batches", type=positive_int("--batches"), default=1, metavar="N",
                     help="compare the first N batches (default 1)")
-    sp.add_argument("--batch-size", type=positive_int("--batch-size"), default=None, metavar="B",
+    sp.add_argument("--batch-size", type=positive_int("--batch-size"), default=None,
+                    metavar="B",
                     help="samples per batch (default: SLOW's batch size)")
     sp.add_argument("--tolerance", type=positive_float("--tolerance"), default=None,
                     metavar="REL",
@@ -430,9 +431,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--single-job", action="store_true",
                     help="one job runs every notebook in order (default: one job per notebook, "
                          "each with its own resources, chained by dependencies)")
-    sp.add_argument("--out-dir", default="runs/slurm", metavar="DIR", type=path("--out-dir"),
+    sp.add_argument("--out-dir", default="runs/slurm", metavar="DIR",
+                    type=nonempty_path("--out-dir"),
                     help="where the scripts and job logs go (default runs/slurm)")
-    sp.add_argument("--run-dir", default=None, metavar="DIR", type=path("--run-dir"),
+    sp.add_argument("--run-dir", default=None, metavar="DIR",
+                    type=nonempty_path("--run-dir"),
                     help="the run folder the jobs write (default runs/slurm-run: one folder, "
                          "so a resubmission resumes it)")
     sp.add_argument("--force", action="store_true",

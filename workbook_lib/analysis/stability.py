@@ -1,8 +1,9 @@
 """Do two runs agree? ``python -m workbook_lib stability --params FILE --runs 2 --out DIR``
 runs every notebook ``runs`` times into ``DIR/run1``, ``DIR/run2``... and reports every headline
 figure side by side with its relative difference (the largest over pairs of runs), against a
-tolerance (15% by default). :func:`run_stability` makes the runs (:mod:`workbook_lib.running.run_folder`) and
-compares them (:func:`compare_figures`); :mod:`workbook_lib.report.stability_view` writes the page.
+tolerance (15% by default). :func:`run_stability` makes the runs
+(:mod:`workbook_lib.running.run_folder`) and compares them (:func:`compare_figures`);
+:mod:`workbook_lib.report.stability_view` writes the page.
 
 Where a figure cannot agree the report says why. An absolute time moves with the machine's
 speed, which on a shared machine drifts by tens of percent over minutes: the report shows how

@@ -45,13 +45,13 @@ def why_unwritable(path: Path) -> str | None:
     return None
 
 
-def path(option: str) -> Callable[[str], str]:
+def nonempty_path(option: str) -> Callable[[str], str]:
     """Any path, but not an empty one (``--out: empty path``)."""
     def check(value: str) -> str:
         if not value.strip():
             raise ArgumentError(f"{option}: empty path")
         return value
-    check.__name__ = "path"
+    check.__name__ = "nonempty_path"
     return check
 
 
@@ -61,7 +61,7 @@ def writable_file(option: str, *, example: str | None = None,
     goes. When a folder is given, ``example`` names a file in it to suggest (``bench.json``),
     and ``kind`` says what the file is (``JSON file``)."""
     def check(value: str) -> Path:
-        path(option)(value)
+        nonempty_path(option)(value)
         out = Path(value)
         if out.is_dir():
             hint = f"; name the {kind} (e.g. {out / example})" if example else ""
