@@ -232,8 +232,7 @@ def _trace_out(args) -> Path:
 
 def _cmd_trace(args) -> int:
     from .measurement import trace_analysis as ta
-    from .common.files import atomic_write_text
-    from .report.trace_view import page, summary_lines
+    from .report.trace_view import summary_lines, write_report
 
     paths = [p for p in (args.trace, args.other) if p]
     traces = [ta.read_trace(p) for p in paths]  # both refused before any work if not traces
@@ -243,11 +242,7 @@ def _cmd_trace(args) -> int:
     if len(names) == 2 and names[0] == names[1]:
         names = [str(p) for p in paths]
     dif = ta.diff(bds[0], bds[1]) if len(bds) == 2 else None
-    doc = {"traces": [b.to_json() for b in bds], "diff": dif.to_json() if dif else None,
-           "wall_time": ta.WALL_DEFINITION}
-    html_path, json_path = Path(f"{out}.html"), Path(f"{out}.json")
-    atomic_write_text(json_path, json.dumps(doc, indent=1))
-    atomic_write_text(html_path, page(bds, names, dif, top=args.top))
+    html_path, json_path = write_report(bds, names, dif, out, top=args.top)
     _print(summary_lines(bds, names, dif))
     print(f"Report: {html_path}\nJSON:   {json_path}")
     return 0
