@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
-from workbook_lib import cli, runner
+from workbook_lib import cli
+from workbook_lib.report.html import write_index
+from workbook_lib.running.run_folder import run_notebooks
 from workbook_lib.analysis.equality import (ParameterMismatchError, StochasticPipelineError,
                                             check_pipelines, compare_tensors, parameter_mapping,
                                             parse_renames)
@@ -344,7 +346,8 @@ def test_the_dtype_guard_names_the_first_operation_in_another_dtype():
 def _run_06(tmp_path, pipelines):
     _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
     p = params_mod.validate({**raw, "strategies": [], "pipelines": pipelines})
-    outcomes = runner.run_notebooks(p, tmp_path, only=["06"], progress=False, log_output=False)
+    outcomes = run_notebooks(p, tmp_path, only=["06"], progress=False, log_output=False,
+                             write_index=write_index)
     assert [o.status for o in outcomes] == ["ok"]
     return load_result(tmp_path, "06_adopt_fix"), (tmp_path / "06_adopt_fix.html").read_text()
 

@@ -96,7 +96,7 @@ def test_environment_keeps_the_device_of_the_jobs_that_used_one(tmp_path, monkey
     job's device (each job keeps its own record)."""
     import json
 
-    from workbook_lib import runner
+    from workbook_lib.running.run_folder import write_environment
     from workbook_lib.running import environment
     from workbook_lib.configs.params import load_params_file
     from pathlib import Path
@@ -113,9 +113,9 @@ def test_environment_keeps_the_device_of_the_jobs_that_used_one(tmp_path, monkey
         return rec
     monkeypatch.setattr(environment, "collect", fake)
     monkeypatch.setenv("SLURM_JOB_ID", "101")
-    runner.write_environment(tmp_path, p, ["03_data_vs_model_timing"], resume=True)
+    write_environment(tmp_path, p, ["03_data_vs_model_timing"], resume=True)
     monkeypatch.setenv("SLURM_JOB_ID", "102")
-    runner.write_environment(tmp_path, p, ["05_verdict"], resume=True)
+    write_environment(tmp_path, p, ["05_verdict"], resume=True)
     env = json.loads((tmp_path / "environment.json").read_text())
     assert env["device_label"] == "cuda: NVIDIA H100"
     assert [j["slurm_job_id"] for j in env["jobs"]] == ["101", "102"]

@@ -15,7 +15,7 @@ from workbook_lib.analysis.headlines import RATIO, Figure
 from workbook_lib.configs import params as params_mod
 from workbook_lib.report import compare_view, pages, stability_view, trace_view
 from workbook_lib.report.html import index_page
-from workbook_lib.runner import NotebookOutcome, export_html
+from workbook_lib.running.papermill_run import NotebookOutcome, export_html
 
 PACKAGE = Path(pages.__file__).resolve().parent.parent
 CSS = pages.stylesheet().strip()

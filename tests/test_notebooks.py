@@ -13,7 +13,8 @@ from workbook_lib.catalog import NOTEBOOK_NAMES
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.running import notebooks as nbsrc
 from workbook_lib.configs import params as params_mod
-from workbook_lib import runner
+from workbook_lib.report.html import write_index
+from workbook_lib.running.run_folder import run_notebooks
 from workbook_lib.running.results import load_result, read_meta
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +25,7 @@ PAPERMILL = [sys.executable, "-m", "papermill"]
 def ci_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ci_run")
     p = params_mod.load_params_file(ROOT / "params" / "ci.yaml")
-    outcomes = runner.run_notebooks(p, out, progress=False, log_output=False)
+    outcomes = run_notebooks(p, out, progress=False, log_output=False, write_index=write_index)
     return out, {o.name: o for o in outcomes}
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from workbook_lib.catalog import NOTEBOOK_NAMES
 from workbook_lib.configs import params as params_mod
-from workbook_lib import runner
+from workbook_lib.report.html import write_index
+from workbook_lib.running.run_folder import run_notebooks
 from workbook_lib.running.results import load_result, read_meta
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,8 +31,8 @@ def examples_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("examples_run")
     _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
     p = params_mod.validate({**raw, "pipelines": EXAMPLES, "strategies": ["node_mask_shared"]})
-    outcomes = runner.run_notebooks(p, out, only=["01", "03", "05"], progress=False,
-                                    log_output=False)
+    outcomes = run_notebooks(p, out, only=["01", "03", "05"], progress=False,
+                             log_output=False, write_index=write_index)
     return out, {o.name: o for o in outcomes}
 
 

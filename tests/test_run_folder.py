@@ -8,7 +8,9 @@ import time
 import pytest
 
 from workbook_lib.exceptions import NotebookFailedError, ParamsError
-from workbook_lib import cli, runner
+from workbook_lib import cli
+from workbook_lib.running import papermill_run, run_folder
+from workbook_lib.running.resume import check_inputs_match, completeness
 from workbook_lib.running import runlock
 from workbook_lib.configs import params as params_mod
 from workbook_lib.running.results import file_checksum, write_results
@@ -38,7 +40,7 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path, capsys):
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
         assert "in use" in err and "04_ddp_scaling" in err and f"pid {os.getpid()}" in err
         with pytest.raises(runlock.RunFolderInUseError):  # a job of notebook 04 alone, too
-            runner.run_notebooks(params_mod.load_params_file("ci"), out, only=["04"],
+            run_folder.run_notebooks(params_mod.load_params_file("ci"), out, only=["04"],
                                  progress=False)
         with runlock.hold(out, ["01_graph_inventory"]):  # other notebooks: side by side
             pass
@@ -53,11 +55,11 @@ def test_a_notebook_run_alone_refuses_inputs_made_with_other_params(tmp_path, ti
         _complete(out, nb, tiny)
     other = params_mod.validate({"scale": 0.002, "device": "cpu", "hidden": 8})
     with pytest.raises(ParamsError) as e:
-        runner.run_notebooks(other, out, only=["05"], progress=False)
+        run_folder.run_notebooks(other, out, only=["05"], progress=False)
     assert e.value.key == "hidden" and "hidden=32 there, 8 now" in str(e.value)
     assert "05_verdict reads 03_data_vs_model_timing" in str(e.value)  # its one required input
     assert not (out / "05_verdict.json").exists()
-    runner.check_inputs_match(out, ["05_verdict"], tiny)  # the same params: accepted
+    check_inputs_match(out, ["05_verdict"], tiny)  # the same params: accepted
 
 
 def test_a_notebook_never_reads_an_input_made_with_other_params(tmp_path, tiny, monkeypatch):
@@ -93,14 +95,14 @@ def test_a_notebook_never_reads_an_input_made_with_other_params(tmp_path, tiny, 
 def test_a_result_made_without_an_input_that_exists_now_is_not_complete(tmp_path, tiny):
     out = tmp_path / "run"
     _complete(out, "04_ddp_scaling", tiny)  # 03 was cancelled: 04 ran without it
-    assert runner.completeness(out, "04_ddp_scaling", tiny) == (True, "")
+    assert completeness(out, "04_ddp_scaling", tiny) == (True, "")
     _complete(out, "03_data_vs_model_timing", tiny)  # the resubmission made 03
-    ok, why = runner.completeness(out, "04_ddp_scaling", tiny)
+    ok, why = completeness(out, "04_ddp_scaling", tiny)
     assert not ok and "03_data_vs_model_timing" in why
     _complete(out, "04_ddp_scaling", tiny,
               inputs={"03_data_vs_model_timing": file_checksum(
                   out / "03_data_vs_model_timing.json")})
-    assert runner.completeness(out, "04_ddp_scaling", tiny)[0]
+    assert completeness(out, "04_ddp_scaling", tiny)[0]
 
 
 def test_a_verdict_older_than_bench_json_is_not_complete(tmp_path, tiny):
@@ -109,14 +111,14 @@ def test_a_verdict_older_than_bench_json_is_not_complete(tmp_path, tiny):
         _complete(out, nb, tiny)
     sums = {nb: file_checksum(out / f"{nb}.json") for nb in NBS}
     _complete(out, "05_verdict", tiny, inputs=sums)
-    assert runner.completeness(out, "05_verdict", tiny)[0]
+    assert completeness(out, "05_verdict", tiny)[0]
     (out / "bench.json").write_text("{}")  # python -m workbook_lib bench --out RUN/bench.json
-    ok, why = runner.completeness(out, "05_verdict", tiny)
+    ok, why = completeness(out, "05_verdict", tiny)
     assert not ok and "bench.json" in why
     _complete(out, "05_verdict", tiny, inputs={**sums, "bench": file_checksum(out / "bench.json")})
-    assert runner.completeness(out, "05_verdict", tiny)[0]
+    assert completeness(out, "05_verdict", tiny)[0]
     (out / "bench.json").unlink()
-    assert "gone" in runner.completeness(out, "05_verdict", tiny)[1]
+    assert "gone" in completeness(out, "05_verdict", tiny)[1]
 
 
 def test_a_full_disk_is_recorded_per_notebook_and_the_run_goes_on(tmp_path, tiny, monkeypatch):
@@ -129,10 +131,10 @@ def test_a_full_disk_is_recorded_per_notebook_and_the_run_goes_on(tmp_path, tiny
 
     def full(path, *a, **k):
         raise OSError(28, "No space left on device", str(path))
-    monkeypatch.setattr(runner, "export_html", lambda nb, html, **k: full(html))
-    monkeypatch.setattr(runner, "write_index", lambda out, *a: full(out / "index.html"))
+    monkeypatch.setattr(papermill_run, "export_html", lambda nb, html, **k: full(html))
     with pytest.raises(NotebookFailedError) as e:
-        runner.run_notebooks(tiny, out, progress=False, log_output=False)
+        run_folder.run_notebooks(tiny, out, progress=False, log_output=False,
+                                 write_index=lambda out, *a: full(out / "index.html"))
     by = {o.name: o for o in e.value.failures}
     assert set(by) == {"01_a", "02_b"}  # the second was attempted
     assert "t.pt" in by["01_a"].error and "No space left" in by["01_a"].error  # its own cause
@@ -158,7 +160,7 @@ def _sigterm_during(monkeypatch, capsys, module, attr, argv) -> str:
 
 
 def test_sigterm_while_the_snapshot_builds_is_an_interrupt(tmp_path, monkeypatch, capsys):
-    err = _sigterm_during(monkeypatch, capsys, runner, "snapshot_checksum",
+    err = _sigterm_during(monkeypatch, capsys, run_folder, "snapshot_checksum",
                           ["--out", str(tmp_path / "run")])
     assert "--resume" in err
     assert "nothing was written yet" in err and "kept in" not in err

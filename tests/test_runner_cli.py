@@ -12,7 +12,11 @@ import psutil
 import pytest
 
 from workbook_lib.configs import params as params_mod
-from workbook_lib import runner
+from workbook_lib.report.html import write_index
+from workbook_lib.running import papermill_run
+from workbook_lib.running.notebooks import resolve_only
+from workbook_lib.running.resume import completeness
+from workbook_lib.running.run_folder import run_notebooks
 from workbook_lib.running.results import file_checksum, write_results
 from workbook_lib.exceptions import NotebookFailedError
 from conftest import write_notebook
@@ -53,7 +57,7 @@ def test_failing_notebook_keeps_partial_output_and_others_run(nb_dir, tiny, tmp_
     _nb(nb_dir / "03_ok.ipynb", _write("03_ok"))
     out = tmp_path / "run"
     with pytest.raises(NotebookFailedError) as e:
-        runner.run_notebooks(tiny, out, progress=False, log_output=False)
+        run_notebooks(tiny, out, progress=False, log_output=False, write_index=write_index)
     assert "02_bad" in str(e.value) and "boom here" in str(e.value)
     assert e.value.failures[0].failed_exec == 5  # params, injected, setup, print, raise
     assert (out / "01_ok.json").is_file() and (out / "03_ok.json").is_file()
@@ -113,7 +117,7 @@ def test_bad_params_file_and_out_folder(tmp_path):
 def test_cli_version_only_by_number_and_help():
     r = subprocess.run([*CLI, "--version"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.startswith("workbook_lib ")
-    assert runner.resolve_only(["1", "03", "04_ddp"]) == ["01_graph_inventory",
+    assert resolve_only(["1", "03", "04_ddp"]) == ["01_graph_inventory",
                                                            "03_data_vs_model_timing",
                                                            "04_ddp_scaling"]
     r = subprocess.run([*CLI, "slurm", "--help"], capture_output=True, text=True, cwd=ROOT)
@@ -126,15 +130,18 @@ def test_cli_version_only_by_number_and_help():
 def test_resume_keeps_complete_and_reruns_changed(nb_dir, tiny, tmp_path):
     _nb(nb_dir / "01_a.ipynb", _write("01_a"))
     out = tmp_path / "run"
-    runner.run_notebooks(tiny, out, progress=False, log_output=False)
-    o = runner.run_notebooks(tiny, out, resume=True, progress=False, log_output=False)
+    run_notebooks(tiny, out, progress=False, log_output=False, write_index=write_index)
+    o = run_notebooks(tiny, out, resume=True, progress=False, log_output=False,
+                      write_index=write_index)
     assert o[0].status == "kept" and (out / "count-01_a").read_text() == "x"
     placed = params_mod.validate({"scale": 0.002, "device": "cpu", "nnodes": 2,
                                   "rdzv_endpoint": "n1:29500"})
-    o = runner.run_notebooks(placed, out, resume=True, progress=False, log_output=False)
+    o = run_notebooks(placed, out, resume=True, progress=False, log_output=False,
+                      write_index=write_index)
     assert o[0].status == "kept"  # where a run executes is not what it measured
     changed = params_mod.validate({"scale": 0.002, "device": "cpu", "seed": 5})
-    o = runner.run_notebooks(changed, out, resume=True, progress=False, log_output=False)
+    o = run_notebooks(changed, out, resume=True, progress=False, log_output=False,
+                      write_index=write_index)
     assert o[0].status == "ok" and (out / "count-01_a").read_text() == "xx"
     index = (out / "index.html").read_text()
     assert "earlier run, 0 s" not in index
@@ -151,9 +158,9 @@ def test_resume_reruns_what_read_a_changed_input(tiny, tmp_path):
                "04_ddp_scaling")}
     write_results(out, "05_verdict", {"x": 1}, tiny, headline="h", inputs=inputs)
     (out / "05_verdict.html").write_text("<html></html>")
-    assert runner.completeness(out, "05_verdict", tiny) == (True, "")
+    assert completeness(out, "05_verdict", tiny) == (True, "")
     write_results(out, "04_ddp_scaling", {"x": 2}, tiny, headline="remade")
-    ok, why = runner.completeness(out, "05_verdict", tiny)
+    ok, why = completeness(out, "05_verdict", tiny)
     assert not ok and "04_ddp_scaling changed" in why
 
 
@@ -162,13 +169,13 @@ def test_a_report_that_cannot_be_written_is_not_complete(nb_dir, tiny, tmp_path,
 
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(runner, "export_html", full_disk)
+    monkeypatch.setattr(papermill_run, "export_html", full_disk)
     out = tmp_path / "run"
     with pytest.raises(NotebookFailedError, match="No space left"):
-        runner.run_notebooks(tiny, out, progress=False, log_output=False)
+        run_notebooks(tiny, out, progress=False, log_output=False, write_index=write_index)
     meta = json.loads((out / "01_a.json").read_text())["_meta"]
     assert meta["complete"] is False
-    assert not runner.completeness(out, "01_a", tiny)[0]
+    assert not completeness(out, "01_a", tiny)[0]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])

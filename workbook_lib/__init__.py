@@ -14,6 +14,7 @@ most 3 that climb, each with its reason, and refuses any import cycle.
                         allocator setting
     ``progress``        progress bars and stage notes, on the terminal only
     ``processes``       stopping processes we started
+    ``argtypes``        the command line's paths and numbers, one error each (argparse types)
     ``watchdog``        a stage that stops making progress: stopped (SIGALRM) and named
 1  ``configs/``     the one schema of every params file, ``--set``, papermill ``-p`` and
                    parameters cell; ``params`` re-exports the public names of:
@@ -64,24 +65,25 @@ most 3 that climb, each with its reason, and refuses any import cycle.
                    ``step_memory`` (a pipeline's training step for the memory probe)
 9  ``distributed/`` ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
                    ``allreduce_model``, ``plan`` (world sizes from the allocation)
-10 ``running/``     what running a notebook needs: ``notebook`` (a notebook's setup),
-                   ``notebooks`` (sources and builds), ``results`` (JSON), ``environment``,
-                   ``slurm``, ``selftest`` (a new machine checked before a long run),
-                   ``runlock`` (one writer per notebook of a run folder), ``kernel`` (this
-                   clone's kernel)
+9  ``running/``     running the notebooks: ``run_folder`` (every notebook in order into a run
+                   folder, with papermill), ``papermill_run`` (one notebook and its HTML
+                   report), ``resume`` (what an earlier run left complete), ``notebook`` (a
+                   notebook's setup), ``notebooks`` (sources, builds, ``--only``), ``results``
+                   (JSON), ``environment``, ``slurm``, ``selftest`` (a new machine checked
+                   before a long run), ``runlock`` (one writer per notebook of a run folder),
+                   ``kernel`` (this clone's kernel)
 11 ``analysis/``    the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,
                    ``bench`` (the full-size benchmark), ``mask_cost`` (02), ``timing_study`` (03),
                    ``claims``, ``claim_probes`` (small measurements some claims need: the dual
                    forward's mask bytes, stored masks read cold and warm), ``verdict`` (05),
                    ``adoption`` (06), ``compare``, ``headlines`` (figures, the fix's speedups),
-                   ``stability``
+                   ``stability`` (and its repeated runs)
 12 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook
                    and per command's page (``trace_view``, ``compare_view``,
                    ``stability_view``), ``html`` (the run folder's index), ``pages`` (one look:
-                   every page from ``templates/workbook/page.html.j2`` and ``workbook.css``)
-13 ``runner``       runs the notebooks with papermill into a run folder (and ``stability``'s
-                   repeated runs)
-14 ``cli``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
+                   every page from ``templates/workbook/page.html.j2`` and ``workbook.css``),
+                   ``terminal`` (what the commands without a page print)
+13 ``cli``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
 """
 import warnings
 
@@ -110,6 +112,5 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("running",),
     ("analysis",),
     ("report",),
-    ("runner",),
     ("cli", "__main__"),
 )

@@ -15,9 +15,10 @@ import sys
 import threading
 from pathlib import Path
 
-from .catalog import BY_NAME
-from .exceptions import NotebookFailedError, ParamsError, WorkbookError
+from .common.argtypes import (existing_file, int_at_least, nonempty_path, positive_float,
+                              positive_int, writable_file)
 from .configs import params as params_mod
+from .exceptions import NotebookFailedError, ParamsError, WorkbookError
 
 DEFAULT_PARAMS = "params/default.yaml"
 
@@ -33,19 +34,24 @@ def _load(path: str, sets: list[str] | None) -> dict:
     return params_mod.validate(raw, source=str(src) + (" with --set" if sets else ""))
 
 
-def _cmd_list(args) -> int:
-    from .runner import available_notebooks
+def _print(lines: list[str]) -> None:
+    print("\n".join(lines))
 
-    for name in available_notebooks():
-        print(f"{name:28s} {BY_NAME[name].title if name in BY_NAME else ''}")
+
+def _cmd_list(args) -> int:
+    from .report.terminal import notebook_lines
+    from .running.notebooks import available_notebooks
+
+    _print(notebook_lines(available_notebooks()))
     return 0
 
 
 def _cmd_params(args) -> int:
     if args.file or args.set:
+        from .report.terminal import params_lines
+
         # --set without a file: the defaults (params/default.yaml) with the overrides
-        for k, v in _load(args.file or DEFAULT_PARAMS, args.set).items():
-            print(f"{k}: {v!r}")
+        _print(params_lines(_load(args.file or DEFAULT_PARAMS, args.set)))
     else:
         print(params_mod.describe())
     return 0
@@ -68,11 +74,13 @@ def _signals_interrupt():
 
 
 def _cmd_run(args) -> int:
-    from .configs.params import check_gap
-    from .runner import resolve_only, run_notebooks
+    from .report.html import write_index
+    from .report.terminal import run_lines
+    from .running.notebooks import resolve_only
+    from .running.run_folder import run_notebooks
 
     p = _load(args.params, args.set)  # every check before any work
-    check_gap(p, resolve_only(args.only))
+    params_mod.check_gap(p, resolve_only(args.only))
     if p["pipelines"]:
         from .pipelines import preflight
 
@@ -88,7 +96,7 @@ def _cmd_run(args) -> int:
     try:
         outcomes = run_notebooks(p, args.out, only=args.only, show_code=args.show_code,
                                  resume=args.resume, progress=not args.quiet,
-                                 log_output=not args.quiet)
+                                 log_output=not args.quiet, write_index=write_index)
     except KeyboardInterrupt:
         kept = (f"finished notebooks are kept in {args.out}" if Path(args.out).is_dir() else
                 "nothing was written yet (no run folder)")
@@ -101,38 +109,23 @@ def _cmd_run(args) -> int:
         print(f"Partial notebooks and reports (the failing cell marked) are in {args.out}; "
               "after fixing the cause, --resume reruns only what is incomplete.", file=sys.stderr)
         return 1
-    for o in outcomes:
-        t = "kept" if o.status == "kept" else f"{o.seconds:7.1f} s"
-        print(f"{o.status:8s} {o.name:28s} {t}")
-    print(f"Reports: {Path(args.out).resolve() / 'index.html'}")
+    _print(run_lines(outcomes, args.out))
     return 0
 
 
 def _cmd_bench(args) -> int:
     from .analysis.bench import run_bench, summary_lines
     from .common.device import configure_cpu_allocator
-
-    p = _load(args.params, args.set)
-    out = Path(args.out)
-    if out.is_dir():
-        raise ParamsError(f"--out {out}: is a folder; name the JSON file (e.g. {out}/bench.json)",
-                          key="out", value=str(out))
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".probe").write_text("")
-        out.with_suffix(".probe").unlink()
-    except OSError as exc:
-        raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-    configure_cpu_allocator(p["cpu_allocator_cache"])
+    from .common.files import atomic_write_text
     from .running.environment import configure_threads
 
+    p = _load(args.params, args.set)
+    configure_cpu_allocator(p["cpu_allocator_cache"])
     print(f"threads: {configure_threads(p)['why']}")
     res = run_bench(p, full_size=True if args.full_size else None)
-    from .common.files import atomic_write_text
-
-    atomic_write_text(out, json.dumps(res.to_json(), indent=1))
-    print("\n".join(summary_lines(res)))
-    print(f"Results: {out}")
+    atomic_write_text(args.out, json.dumps(res.to_json(), indent=1))
+    _print(summary_lines(res))
+    print(f"Results: {args.out}")
     return 0
 
 
@@ -146,17 +139,15 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_stability(args) -> int:
-    from .runner import run_stability
+    from .analysis.stability import run_stability
+    from .report.html import write_index
+    from .report.stability_view import summary_lines, write_page
 
     p = _load(args.params, args.set)
     res = run_stability(p, args.out, runs=args.runs, tolerance=args.tolerance, only=args.only,
-                        progress=not args.quiet)
-    for r in res.rows:  # one line per figure: label, each run's value, difference, status
-        rel = "" if r.rel_diff is None else f"{r.rel_diff:.1%}"
-        status = "" if r.agrees is None else ("ok" if r.agrees else "DIFFERS")
-        label = r.label if len(r.label) <= 60 else r.label[:57] + "..."
-        print(f"{label:60s} {' | '.join(v[:30] for v in r.values):44s} {rel:>7s} {status}")
-    print(f"Report: {Path(args.out) / 'stability.html'}")
+                        progress=not args.quiet, write_index=write_index)
+    _print(summary_lines(res))  # one line per figure: label, each run's value, difference, status
+    print(f"Report: {write_page(res, args.out)}")
     return 0 if not [r for r in res.disagreeing if r.verdict_rests_on] else 1
 
 
@@ -169,12 +160,6 @@ def _cmd_equal(args) -> int:
         renames = parse_renames(args.map)
     except ValueError as exc:
         raise ParamsError(str(exc), key="map") from None
-    if args.batches < 1:
-        raise ParamsError(f"--batches must be a positive integer (got {args.batches})")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ParamsError(f"--batch-size must be a positive integer (got {args.batch_size})")
-    if args.tolerance is not None and not args.tolerance > 0:
-        raise ParamsError(f"--tolerance must be > 0 (got {args.tolerance})")
     entries = [e for e in (args.slow, args.fast) if not is_builtin(e)]
     for e in entries:
         problem = spec_problem(e)
@@ -192,15 +177,6 @@ def _cmd_equal(args) -> int:
     if entries:
         sets.append(f"pipelines={json.dumps(entries)}")
     p = _load(args.params, sets)  # every check before any work
-    if args.json:
-        probe = Path(args.json).with_suffix(".probe")
-        try:
-            probe.parent.mkdir(parents=True, exist_ok=True)
-            probe.write_text("")
-            probe.unlink()
-        except OSError as exc:
-            raise ParamsError(f"--json {args.json}: cannot write there "
-                              f"({exc.strerror or exc})") from None
     from .data.snapshots import load_snapshot
     from .running.environment import resolve_device
 
@@ -213,16 +189,17 @@ def _cmd_equal(args) -> int:
         raise
     except ValueError as exc:  # a dataset too small for the batches asked
         raise ParamsError(str(exc)) from None
-    print("\n".join(table_lines(res)))
+    _print(table_lines(res))
     if args.json:
-        from .running.results import atomic_write_text
+        from .common.files import atomic_write_text
 
-        atomic_write_text(Path(args.json), json.dumps(res.to_json(), indent=1))
+        atomic_write_text(args.json, json.dumps(res.to_json(), indent=1))
         print(f"Results: {args.json}")
     return 0 if res.equal else 1
 
 
 def _cmd_slurm(args) -> int:
+    from .report.terminal import slurm_lines
     from .running.slurm import write_scripts
 
     p = _load(args.params, args.set)
@@ -235,70 +212,38 @@ def _cmd_slurm(args) -> int:
                           time=args.time, cpus_per_task=args.cpus_per_task, mem=args.mem,
                           account=args.account, array=not args.single_job, force=args.force,
                           sets=sets)
-    for kind, path in paths.items():
-        print(f"{kind:8s} {path}")
-    if "submit" in paths:
-        print(f"Submit with: bash {paths['submit']}")
-    else:
-        print(f"Submit with: sbatch {paths['sbatch']}")
+    _print(slurm_lines(paths))
     return 0
 
 
 def _trace_out(args) -> Path:
-    """--out without its .html/.json suffix (default runs/trace-STEM[-vs-STEM])."""
+    """--out without its .html/.json suffix (default runs/trace-STEM[-vs-STEM]), writable."""
     if args.out:
-        out = Path(args.out)
-        return out.with_suffix("") if out.suffix in (".html", ".json") else out
+        return args.out.with_suffix("") if args.out.suffix in (".html", ".json") else args.out
 
     def stem(p: str) -> str:
         name = Path(p).name
         for suf in (".gz", ".json", ".trace", ".pt"):
             name = name.removesuffix(suf)
         return name
-    return Path("runs") / ("trace-" + "-vs-".join(stem(p) for p in [args.trace, args.other]
-                                                    if p))
+    return writable_file("--out")(str(Path("runs") / (
+        "trace-" + "-vs-".join(stem(p) for p in [args.trace, args.other] if p))))
 
 
 def _cmd_trace(args) -> int:
     from .measurement import trace_analysis as ta
-    from .report.trace_view import page
-    from .common.files import atomic_write_text
+    from .report.trace_view import summary_lines, write_report
 
-    if args.depth is not None and args.depth < 1:
-        raise ParamsError(f"--depth must be a positive integer (got {args.depth})")
-    if args.top < 1:
-        raise ParamsError(f"--top must be a positive integer (got {args.top})")
     paths = [p for p in (args.trace, args.other) if p]
     traces = [ta.read_trace(p) for p in paths]  # both refused before any work if not traces
     out = _trace_out(args)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        Path(f"{out}.probe").write_text("")
-        Path(f"{out}.probe").unlink()
-    except OSError as exc:
-        raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     bds = [ta.breakdown(t, depth=args.depth) for t in traces]
     names = [Path(p).name for p in paths]
     if len(names) == 2 and names[0] == names[1]:
         names = [str(p) for p in paths]
     dif = ta.diff(bds[0], bds[1]) if len(bds) == 2 else None
-    doc = {"traces": [b.to_json() for b in bds], "diff": dif.to_json() if dif else None,
-           "wall_time": ta.WALL_DEFINITION}
-    html_path, json_path = Path(f"{out}.html"), Path(f"{out}.json")
-    atomic_write_text(json_path, json.dumps(doc, indent=1))
-    atomic_write_text(html_path, page(bds, names, dif, top=args.top))
-    for bd, name in zip(bds, names):
-        print(name)
-        for r in bd.rows:
-            per = f"{r.steps} steps" if r.steps else "no steps"
-            print(f"  {r.label[:70]:70s} wall {r.wall_s * 1e3:10.3f} ms ({per}); exclusive "
-                  f"times add up to {r.coverage:.1%}")
-            for k, v in list(r.ranges.items())[:5] if r.main else []:
-                print(f"    {v / r.per_step * 1e3:10.3f} ms{'/step' if r.steps else ''}  {k[:80]}")
-    if dif is not None:
-        print(f"{names[1]} against {names[0]} ({dif.per}):")
-        for r in dif.rows[:1] + dif.ranges[:5]:
-            print(f"  {r.delta_s * 1e3:+10.3f} ms  {r.key[:80]}")
+    html_path, json_path = write_report(bds, names, dif, out, top=args.top)
+    _print(summary_lines(bds, names, dif))
     print(f"Report: {html_path}\nJSON:   {json_path}")
     return 0
 
@@ -324,12 +269,12 @@ def _cmd_selftest(args) -> int:
         return 2
     print(format_table(checks, args.device))
     return 1 if any(c.status == FAILED for c in checks) else 0
-def _cmd_html(args) -> int:
-    from .runner import export_html
 
-    src = Path(args.notebook)
-    if not src.is_file():
-        raise ParamsError(f"{src}: no such executed notebook", key="notebook")
+
+def _cmd_html(args) -> int:
+    from .running.papermill_run import export_html
+
+    src = args.notebook
     try:
         import nbformat
 
@@ -347,8 +292,8 @@ def _cmd_kernel(args) -> int:
     from .running import kernel
 
     if args.remove:
-        for path in kernel.remove():
-            print(f"removed {path}")
+        for removed in kernel.remove():
+            print(f"removed {removed}")
         return 0
     if not args.check:
         print(f"registered {kernel.install()}")
@@ -368,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def params_args(p, required=False):
         p.add_argument("--params", default=None if required else DEFAULT_PARAMS,
-                       required=required, metavar="FILE",
+                       required=required, metavar="FILE", type=nonempty_path("--params"),
                        help="params YAML: a path, or a name in params/ (default: "
                             f"{DEFAULT_PARAMS})")
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -386,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("run", help="execute the notebooks with papermill, write the reports")
     params_args(sp)
     sp.add_argument("--out", default="runs/default", metavar="DIR",
+                    type=nonempty_path("--out"),
                     help="run folder (default runs/default)")
     sp.add_argument("--only", nargs="+", metavar="NB",
                     help="run only these notebooks: names or numbers (02, 2, 02_mask_cost_model)")
@@ -400,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("bench", help="the strategy benchmark, per sample, interleaved; JSON")
     params_args(sp)
     sp.add_argument("--out", required=True, metavar="FILE.json",
+                    type=writable_file("--out", example="bench.json", kind="JSON file"),
                     help="where the results go (e.g. RUN_FOLDER/bench.json, which the verdict "
                          "then quotes)")
     sp.add_argument("--full-size", action="store_true",
@@ -409,17 +356,19 @@ def build_parser() -> argparse.ArgumentParser:
                                         "side (HTML)")
     sp.add_argument("runs", nargs="+", metavar="RUN", help="run folders; the first is the "
                                                            "reference")
-    sp.add_argument("--out", metavar="FILE.html",
+    sp.add_argument("--out", metavar="FILE.html", type=writable_file("--out"),
                     help="where to write (default runs/compare-A-vs-B.html)")
     sp.add_argument("--force", action="store_true", help="compare runs of different snapshots")
     sp.set_defaults(fn=_cmd_compare)
     sp = sub.add_parser("stability", help="run the notebooks twice (or more) and check that "
                                           "every headline figure agrees")
     params_args(sp)
-    sp.add_argument("--runs", type=int, default=2, help="how many runs (default 2)")
+    sp.add_argument("--runs", type=int_at_least("--runs", 2), default=2,
+                    help="how many runs (default 2)")
     sp.add_argument("--out", default="runs/stability", metavar="DIR",
+                    type=nonempty_path("--out"),
                     help="folder of the runs and the report (default runs/stability)")
-    sp.add_argument("--tolerance", type=float, default=0.15,
+    sp.add_argument("--tolerance", type=positive_float("--tolerance"), default=0.15,
                     help="relative difference allowed (default 0.15)")
     sp.add_argument("--only", nargs="+", metavar="NB", help="run only these notebooks")
     sp.add_argument("--quiet", action="store_true",
@@ -443,11 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--map", action="append", metavar="SLOW_NAME=FAST_NAME",
                     help="FAST names this parameter (or every parameter under this module "
                          "prefix) differently; repeat for several")
-    sp.add_argument("--batches", type=int, default=1, metavar="N",
+    sp.add_argument("--batches", type=positive_int("--batches"), default=1, metavar="N",
                     help="compare the first N batches (default 1)")
-    sp.add_argument("--batch-size", type=int, default=None, metavar="B",
+    sp.add_argument("--batch-size", type=positive_int("--batch-size"), default=None,
+                    metavar="B",
                     help="samples per batch (default: SLOW's batch size)")
-    sp.add_argument("--tolerance", type=float, default=None, metavar="REL",
+    sp.add_argument("--tolerance", type=positive_float("--tolerance"), default=None,
+                    metavar="REL",
                     help="relative tolerance, in the precision the check runs (default: 1e-9 in "
                          "float64; in float32 derived from the graph and the layers, see "
                          "workbook_lib.measurement.precision)")
@@ -455,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run both with every module in eval mode (default: training mode with "
                          "dropout modules switched off); for randomness outside dropout modules "
                          "that follows the module's training flag")
-    sp.add_argument("--json", metavar="FILE.json", help="also write the table as JSON")
+    sp.add_argument("--json", metavar="FILE.json", type=writable_file("--json"),
+                    help="also write the table as JSON")
     sp.set_defaults(fn=_cmd_equal)
     sp = sub.add_parser("slurm", help="write sbatch scripts that run the workbook on a cluster")
     params_args(sp)
@@ -475,8 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one job runs every notebook in order (default: one job per notebook, "
                          "each with its own resources, chained by dependencies)")
     sp.add_argument("--out-dir", default="runs/slurm", metavar="DIR",
+                    type=nonempty_path("--out-dir"),
                     help="where the scripts and job logs go (default runs/slurm)")
     sp.add_argument("--run-dir", default=None, metavar="DIR",
+                    type=nonempty_path("--run-dir"),
                     help="the run folder the jobs write (default runs/slurm-run: one folder, "
                          "so a resubmission resumes it)")
     sp.add_argument("--force", action="store_true",
@@ -493,13 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("trace", metavar="TRACE", help="a Chrome trace (.json or .json.gz)")
     sp.add_argument("other", nargs="?", metavar="OTHER",
                     help="a second trace to compare against the first")
-    sp.add_argument("--out", metavar="PATH",
+    sp.add_argument("--out", metavar="PATH", type=writable_file("--out"),
                     help="where the report goes: PATH.html and PATH.json (default "
                          "runs/trace-NAME or runs/trace-NAME-vs-OTHER)")
-    sp.add_argument("--depth", type=int, default=None, metavar="N",
+    sp.add_argument("--depth", type=positive_int("--depth"), default=None, metavar="N",
                     help="group by the outermost N record_function ranges only (default: the "
                          "full path of nested ranges)")
-    sp.add_argument("--top", type=int, default=25, metavar="N",
+    sp.add_argument("--top", type=positive_int("--top"), default=25, metavar="N",
                     help="operators shown per table in the HTML (default 25; the JSON has all)")
     sp.set_defaults(fn=_cmd_trace)
     sp = sub.add_parser("selftest", help="check this machine before a long run: exactness on "
@@ -515,8 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=_cmd_selftest)
     sp = sub.add_parser("html", help="the HTML report of an executed notebook (e.g. papermill's "
                                      "output), as run writes it")
-    sp.add_argument("notebook", help="an executed .ipynb")
-    sp.add_argument("--out", metavar="FILE.html", help="default: beside it, .html")
+    sp.add_argument("notebook", type=existing_file(what="executed notebook"),
+                    help="an executed .ipynb")
+    sp.add_argument("--out", metavar="FILE.html", type=writable_file("--out"),
+                    help="default: beside it, .html")
     sp.add_argument("--show-code", action="store_true", help="keep the code cells")
     sp.set_defaults(fn=_cmd_html)
     sp = sub.add_parser("kernel", help="register this clone's Jupyter kernel in its environment "
@@ -537,12 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
     logging.getLogger("papermill").setLevel(logging.WARNING)
-    args = build_parser().parse_args(argv)
     try:
-        for opt in ("out", "out_dir", "run_dir", "params"):
-            value = getattr(args, opt, None)
-            if isinstance(value, str) and not value.strip():
-                raise ParamsError(f"--{opt.replace('_', '-')}: empty path", key=opt)
+        args = build_parser().parse_args(argv)  # a bad path or number: ArgumentError, below
         return args.fn(args)
     except WorkbookError as exc:
         print(f"error: {params_mod.one_line(str(exc))}", file=sys.stderr)

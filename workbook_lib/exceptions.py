@@ -22,6 +22,12 @@ class ParamsError(WorkbookError, ValueError):
         self.key, self.value = key, value
 
 
+class ArgumentError(WorkbookError):
+    """A command-line argument is invalid (raised by ``common.argtypes`` while argparse parses,
+    before any work). Not a ``ValueError`` on purpose: argparse would turn that into its own
+    two-line message; this one reaches ``cli.main``, which prints it in one line (exit 2)."""
+
+
 class SnapshotError(WorkbookError):
     """A snapshot spec or graph file is missing, malformed or inconsistent.
 

@@ -1,8 +1,9 @@
 """Do two runs agree? ``python -m workbook_lib stability --params FILE --runs 2 --out DIR``
 runs every notebook ``runs`` times into ``DIR/run1``, ``DIR/run2``... and reports every headline
 figure side by side with its relative difference (the largest over pairs of runs), against a
-tolerance (15% by default). :func:`workbook_lib.runner.run_stability` makes the runs; this module
-compares them (:func:`compare_figures`); :mod:`workbook_lib.report.stability_view` writes the page.
+tolerance (15% by default). :func:`run_stability` makes the runs
+(:mod:`workbook_lib.running.run_folder`) and compares them (:func:`compare_figures`);
+:mod:`workbook_lib.report.stability_view` writes the page.
 
 Where a figure cannot agree the report says why. An absolute time moves with the machine's
 speed, which on a shared machine drifts by tens of percent over minutes: the report shows how
@@ -16,9 +17,13 @@ there and not judged: its agreement or disagreement says nothing.
 """
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common.files import atomic_write_text
+from ..exceptions import ParamsError
 from ..records import Record
 from ..running.results import load_result
 from .compare import fmt_value
@@ -194,3 +199,43 @@ def _claim_rows(run_dirs: list[Path]) -> list[StabilityRow]:
                                 "claim status", [f"{same} of {len(keys)}"] * len(run_dirs),
                                 None, same == len(keys), False, ""))
     return rows
+
+
+def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
+                  tolerance: float = 0.15, only: list[str] | None = None,
+                  progress: bool = True, write_index=None) -> StabilityResult:
+    """Run the notebooks ``runs`` times into ``out_dir/run1``, ``run2``... and compare every
+    headline figure (:func:`compare_figures`); the comparison is written to
+    ``out_dir/stability.json`` (its page: :func:`workbook_lib.report.stability_view.write_page`).
+
+    Args:
+        params: validated params.
+        out_dir: the folder of the runs.
+        runs: how many runs (at least 2).
+        tolerance: relative difference allowed (a positive number).
+        only: ``--only`` values; None runs every notebook.
+        progress: progress bars.
+        write_index: each run folder's index writer
+            (:func:`workbook_lib.running.run_folder.run_notebooks`).
+
+    Raises:
+        ParamsError: runs below 2, a tolerance not positive, an unknown notebook; before the
+            first run.
+    """
+    from ..running.notebooks import resolve_only
+    from ..running.run_folder import run_notebooks
+
+    if runs < 2:
+        raise ParamsError(f"--runs must be at least 2 (got {runs})", key="runs", value=runs)
+    if not (math.isfinite(tolerance) and tolerance > 0):
+        raise ParamsError(f"--tolerance must be a positive number (got {tolerance})",
+                          key="tolerance", value=tolerance)
+    resolve_only(only)  # an unknown notebook refused before the first run
+    out = Path(out_dir)
+    dirs = [out / f"run{i + 1}" for i in range(runs)]
+    for d in dirs:
+        run_notebooks(params, d, only=only, progress=progress, log_output=False,
+                      write_index=write_index)
+    res = compare_figures(dirs, tolerance)
+    atomic_write_text(out / "stability.json", json.dumps(res.to_json(), indent=1))
+    return res

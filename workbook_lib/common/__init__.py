@@ -5,6 +5,7 @@
                 CPU allocator setting a process applies once
 ``progress``    progress bars and stage notes on the terminal, never in a report
 ``processes``   stopping processes we started, whatever state they are in
+``argtypes``    the command line's paths and numbers as argparse types, one error each
 
 They are small utilities that the data, training, measurement and running layers all need; kept
 here so that none of those reaches up into ``running`` or ``report`` for them.

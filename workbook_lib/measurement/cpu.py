@@ -321,13 +321,6 @@ def read_threads(task_dir: Path = Path("/proc/self/task"), *,
     return out or None
 
 
-def read_schedstat(task_dir: Path = Path("/proc/self/task")) -> dict[int, tuple[int, int]] | None:
-    """Per thread of this process: (ns run on a CPU, ns waiting on a run queue), or None where
-    the kernel has no schedstat."""
-    threads = read_threads(task_dir)
-    return None if threads is None else {t: (r, w) for t, (r, w, _) in threads.items()}
-
-
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system (idle iowait) irq softirq steal
 
 

@@ -41,8 +41,3 @@ def failures_note(failures: dict[str, PipelineFailure], *, what: str = "",
                 f"pipelines; {', '.join(html.escape(repr(n)) for n in lost)} "
                 f"{'is' if len(lost) == 1 else 'are'} missing from them.</p>")
     return HTML("".join(failure_html(f) for f in failures.values()) + tail)
-
-
-def failure_lines(failures: dict[str, PipelineFailure]) -> list[str]:
-    """The failures' lines (for headlines)."""
-    return [f.line() for f in failures.values()]

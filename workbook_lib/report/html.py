@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..catalog import BY_NAME, NOTEBOOK_NAMES
+from ..common.files import atomic_write_text
 from ..running.results import read_meta, read_results
 from .pages import markup, render
 
@@ -51,7 +52,7 @@ def index_page(out_dir: Path, outcomes, params: dict) -> str:
 
     Args:
         out_dir: the run folder.
-        outcomes: this run's notebook outcomes (``runner.NotebookOutcome``).
+        outcomes: this run's notebook outcomes (``running.papermill_run.NotebookOutcome``).
         params: the run's params.
     """
     env = {}
@@ -96,3 +97,11 @@ def index_page(out_dir: Path, outcomes, params: dict) -> str:
                   files=[f for f in ("environment.json", "bench.json")
                          if (out_dir / f).is_file()],
                   answer=answer, no_verdict=no_verdict, rows=rows)
+
+
+def write_index(out_dir: Path, outcomes, params: dict) -> Path:
+    """Write :func:`index_page` to ``out_dir/index.html`` (what
+    :func:`workbook_lib.running.run_folder.run_notebooks` calls after each notebook); its path."""
+    path = out_dir / "index.html"
+    atomic_write_text(path, index_page(out_dir, outcomes, params))
+    return path

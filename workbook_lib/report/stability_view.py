@@ -3,7 +3,10 @@ side, whether it agrees, and why not (:mod:`workbook_lib.analysis.stability` jud
 through the template ``stability.html.j2`` (:mod:`workbook_lib.report.pages`)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..analysis.stability import StabilityResult, StabilityRow
+from ..common.files import atomic_write_text
 from .pages import render
 
 
@@ -33,3 +36,23 @@ def page(r: StabilityResult) -> str:
     return render("stability.html.j2", runs=r.runs, tolerance=f"{r.tolerance:.0%}",
                   drift=None if r.drift is None else f"{r.drift:.0%}", summary=summary,
                   rows=rows)
+
+
+def write_page(r: StabilityResult, out_dir: str | Path) -> Path:
+    """Write :func:`page` to ``out_dir/stability.html``; its path."""
+    path = Path(out_dir) / "stability.html"
+    atomic_write_text(path, page(r))
+    return path
+
+
+def summary_lines(r: StabilityResult) -> list[str]:
+    """The terminal's table: one line per figure with its label, each run's value, the
+    relative difference and whether it agrees (``ok``, ``DIFFERS``, blank when not judged)."""
+    lines = []
+    for x in r.rows:
+        rel = "" if x.rel_diff is None else f"{x.rel_diff:.1%}"
+        status = "" if x.agrees is None else ("ok" if x.agrees else "DIFFERS")
+        label = x.label if len(x.label) <= 60 else x.label[:57] + "..."
+        lines.append(f"{label:60s} {' | '.join(v[:30] for v in x.values):44s} {rel:>7s} "
+                     f"{status}")
+    return lines

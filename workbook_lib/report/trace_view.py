@@ -10,9 +10,12 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+from pathlib import Path
 
 from ..measurement.trace_analysis import OUTSIDE, WALL_DEFINITION, DiffRow, RowBreakdown, \
     TraceBreakdown, TraceDiff
+from ..common.files import atomic_write_text
 from ..measurement.timing import Stat
 from .pages import markup, render
 from .tables import FOOTNOTE, IMPRECISE, fmt_pct, fmt_ratio, fmt_seconds, fmt_time_stat
@@ -155,3 +158,49 @@ def page(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | None = No
                 "tables": tables}
     return render("trace.html.j2", title=" vs ".join(names), wall_note=markup(WALL_NOTE),
                   png=png, alt=alt, diff=diff, traces=traces, names=names, footnote=FOOTNOTE)
+
+
+def write_report(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | None,
+                 out: Path, *, top: int = 25) -> tuple[Path, Path]:
+    """Write ``OUT.html`` (:func:`page`) and ``OUT.json`` (every breakdown, the difference and
+    what wall time means); their paths.
+
+    Args:
+        bds, names, dif: as for :func:`page`.
+        out: the path without its suffix.
+        top: operators shown per table in the HTML (the JSON has all).
+    """
+    doc = {"traces": [b.to_json() for b in bds], "diff": dif.to_json() if dif else None,
+           "wall_time": WALL_DEFINITION}
+    html_path, json_path = Path(f"{out}.html"), Path(f"{out}.json")
+    atomic_write_text(json_path, json.dumps(doc, indent=1))
+    atomic_write_text(html_path, page(bds, names, dif, top=top))
+    return html_path, json_path
+
+
+def summary_lines(bds: list[TraceBreakdown], names: list[str],
+                  dif: TraceDiff | None = None) -> list[str]:
+    """The terminal's summary of ``trace``: per trace, each row's wall time and how much of it
+    the exclusive times cover, the main row's five largest ranges; with two traces, the
+    difference's total and its five largest ranges.
+
+    Args:
+        bds: the traces' breakdowns (:func:`workbook_lib.measurement.trace_analysis.breakdown`).
+        names: one name per trace.
+        dif: the second trace against the first, or None.
+    """
+    lines = []
+    for bd, name in zip(bds, names):
+        lines.append(name)
+        for r in bd.rows:
+            per = f"{r.steps} steps" if r.steps else "no steps"
+            lines.append(f"  {r.label[:70]:70s} wall {r.wall_s * 1e3:10.3f} ms ({per}); "
+                         f"exclusive times add up to {r.coverage:.1%}")
+            for k, v in list(r.ranges.items())[:5] if r.main else []:
+                lines.append(f"    {v / r.per_step * 1e3:10.3f} ms"
+                             f"{'/step' if r.steps else ''}  {k[:80]}")
+    if dif is not None:
+        lines.append(f"{names[1]} against {names[0]} ({dif.per}):")
+        lines += [f"  {r.delta_s * 1e3:+10.3f} ms  {r.key[:80]}"
+                  for r in dif.rows[:1] + dif.ranges[:5]]
+    return lines

@@ -13,11 +13,13 @@ the test suite checks it is current.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
 
 from ..catalog import NOTEBOOK_NAMES
+from ..exceptions import ParamsError
 from ..paths import NOTEBOOK_DIR
 from .kernel import KERNEL_DISPLAY, KERNEL_NAME  # one name for the metadata and `make kernel`
 from ..configs.params import parameters_cell
@@ -76,6 +78,46 @@ def sync(check: bool = False, directory: Path | None = None) -> list[str]:
         if not check:
             jupytext.write(read(name, directory), ipynb_path(name, directory), fmt="ipynb")
     return stale
+
+
+def notebook_dir() -> Path:
+    """Where the notebook sources are (``WORKBOOK_NOTEBOOK_DIR`` overrides, for tests)."""
+    return Path(os.environ.get("WORKBOOK_NOTEBOOK_DIR", NOTEBOOK_DIR))
+
+
+def available_notebooks() -> list[str]:
+    """Notebook names in execution order (sources present in the notebook folder)."""
+    d = notebook_dir()
+    return sorted(p.stem for p in d.glob("[0-9][0-9]_*.py")) or \
+        sorted(p.stem for p in d.glob("[0-9][0-9]_*.ipynb"))
+
+
+def resolve_only(only: list[str] | None) -> list[str]:
+    """``--only`` values (full names, ``02``, ``2`` or ``02_mask``) to notebook names."""
+    names = available_notebooks()
+    if not only:
+        return names
+    out = []
+    for item in only:
+        key = item.strip()
+        if key.isdigit():
+            key = f"{int(key):02d}"
+        hits = [n for n in names if n == key or n.startswith(key + "_") or n.startswith(key)]
+        if len(hits) != 1:
+            raise ParamsError(f"--only: {item!r} names {'no' if not hits else 'more than one'} "
+                              f"notebook; available: {', '.join(names)}", key="only", value=item)
+        out.append(hits[0])
+    return [n for n in names if n in out]
+
+
+def notebook_node(name: str):
+    """Notebook ``name`` as papermill runs it: read from its source when there is one (never a
+    stale ``.ipynb``), else its ``.ipynb``."""
+    if source_path(name, notebook_dir()).is_file():
+        return read(name, notebook_dir())
+    import nbformat
+
+    return nbformat.read(str(ipynb_path(name, notebook_dir())), as_version=4)
 
 
 if __name__ == "__main__":

@@ -91,10 +91,6 @@ class Strategy:
         state["dev"] = {}
         return state
 
-    def prepared_bytes(self) -> dict:
-        """``{"host": bytes, "device": bytes}`` of what ``prepare`` built."""
-        return {"host": tensor_bytes(self.host), "device": tensor_bytes(self.dev)}
-
     # ------------------------------------------------------------------ data pipeline
     def make_item(self, index: int, pert_row: torch.Tensor) -> dict:
         """One dataset item (runs in a DataLoader worker). Default: the indices only."""

@@ -41,9 +41,6 @@ class ReplicatedMaskStored(ReplicatedMaskCPU):
         self._mm = None
         return path
 
-    def stored_bytes(self) -> int:
-        return self.store_path.stat().st_size if self.store_path else 0
-
     def make_item(self, index, pert_row):
         if self.store_path is None:
             raise RuntimeError("call store(perturbations) before reading stored masks")

@@ -1,0 +1,38 @@
+"""What the commands without a page of their own print on the terminal: the notebooks (``list``),
+params (``params FILE``), a run's outcome per notebook (``run``), the scripts ``slurm`` wrote.
+The commands with a page print its summary from its view (``trace_view``, ``stability_view``,
+``equality_view``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..catalog import BY_NAME
+
+
+def notebook_lines(names: list[str]) -> list[str]:
+    """One line per notebook: its name and title."""
+    return [f"{n:28s} {BY_NAME[n].title if n in BY_NAME else ''}" for n in names]
+
+
+def params_lines(params: dict) -> list[str]:
+    """One ``key: value`` line per param."""
+    return [f"{k}: {v!r}" for k, v in params.items()]
+
+
+def run_lines(outcomes, out_dir: str | Path) -> list[str]:
+    """One line per notebook of a run (status, name, seconds or ``kept``), then its index.
+
+    Args:
+        outcomes: the run's ``running.papermill_run.NotebookOutcome``s.
+        out_dir: the run folder.
+    """
+    lines = [f"{o.status:8s} {o.name:28s} " + ("kept" if o.status == "kept" else
+                                                 f"{o.seconds:7.1f} s") for o in outcomes]
+    return lines + [f"Reports: {Path(out_dir).resolve() / 'index.html'}"]
+
+
+def slurm_lines(paths: dict[str, Path]) -> list[str]:
+    """Each script ``slurm`` wrote, then how to submit them."""
+    lines = [f"{kind:8s} {path}" for kind, path in paths.items()]
+    submit = (f"bash {paths['submit']}" if "submit" in paths else f"sbatch {paths['sbatch']}")
+    return lines + [f"Submit with: {submit}"]

@@ -1,0 +1,284 @@
+"""Running the notebooks in order into a run folder (``python -m workbook_lib run``).
+
+Nothing is created before every check has passed (params, device, the run folder's path, the
+snapshot with the checks every notebook's set-up makes, the params of inputs read but not rerun);
+then the run holds each notebook it runs against a second writer (:mod:`.runlock`) and runs each
+with :func:`.papermill_run.execute_one`; a failing notebook does not stop the others.
+``resume`` keeps the notebooks :func:`.resume.completeness` finds complete.
+
+SIGINT, SIGTERM and SIGHUP stop the kernel and every process it started (torchrun and its
+ranks run in their own sessions and are found through the process tree, snapshotted before
+anything dies), keep what finished, update the index and exit 130.
+
+The run folder's ``index.html`` is what a reader sees, so it is written by the report
+(``workbook_lib.report.html.write_index``), which the caller hands in as ``write_index``: this
+floor runs notebooks and knows nothing of how a page looks.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from ..common import processes
+from ..common.files import atomic_write_text
+from ..configs.params import check_gap
+from ..exceptions import NotebookFailedError, ParamsError
+from ..records import to_json
+from . import environment
+from .notebooks import resolve_only
+from .papermill_run import NotebookOutcome, execute_one, os_error, report_files
+from .resume import check_inputs_match, completeness
+from .results import results_path
+
+log = logging.getLogger(__name__)
+
+# writes the run folder's index page from the outcomes so far: (run folder, outcomes, params)
+IndexWriter = Callable[[Path, list[NotebookOutcome], dict], object]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP (a cluster's time limit, a closed terminal) as an interrupt."""
+
+
+_AT_SIGNAL: dict[int, psutil.Process] = {}
+
+
+def _on_signal(signum, frame):
+    # snapshot every descendant before anything dies: once the kernel is gone, torchrun and
+    # its ranks (own sessions) are re-parented and could no longer be found
+    try:
+        for c in psutil.Process().children(recursive=True):
+            _AT_SIGNAL.setdefault(c.pid, c)
+    except psutil.Error:
+        pass
+    # stop the kernel outright: a kernel asked to shut down while its client is going away
+    # replies on a closed socket and prints a traceback on the terminal. What nbclient and
+    # asyncio then report about the dead kernel is expected: the runner says what happened.
+    for name in ("papermill", "asyncio", "traitlets"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    for proc in list(_AT_SIGNAL.values()):
+        try:
+            if any("ipykernel" in part for part in proc.cmdline()):
+                proc.kill()
+        except psutil.Error:
+            pass
+    raise _Terminated()
+
+
+def out_path(out_dir: str | Path) -> Path:
+    """The run folder as an absolute path, refusing an empty one or a file (nothing created)."""
+    if str(out_dir).strip() == "":
+        raise ParamsError("--out: empty path (name the run folder, e.g. runs/default)",
+                          key="out", value=str(out_dir))
+    try:
+        out = Path(out_dir).expanduser().resolve()
+    except (OSError, RuntimeError) as exc:
+        raise ParamsError(f"--out {out_dir}: not a usable path ({exc})", key="out",
+                          value=str(out_dir)) from None
+    try:
+        is_file = out.exists() and not out.is_dir()
+    except OSError as exc:  # e.g. a name too long
+        raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})",
+                          key="out", value=str(out)) from None
+    if is_file:
+        raise ParamsError(f"--out {out}: is a file, not a folder", key="out", value=str(out))
+    return out
+
+
+def _check_out_dir(out: Path) -> Path:
+    """Create the run folder and fail fast, in one line, when it cannot be written; on failure
+    remove the folders this created."""
+    out = out_path(out)
+    created = []
+    try:
+        probe_dir = out
+        while not probe_dir.exists() and probe_dir.parent != probe_dir:
+            created.append(probe_dir)
+            probe_dir = probe_dir.parent
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("x")
+        probe.unlink()
+    except OSError as exc:
+        for d in created:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise ParamsError(f"--out {out}: cannot write there ({exc.strerror or exc})",
+                          key="out", value=str(out)) from None
+    return out
+
+
+def write_environment(out: Path, params: dict, names: list[str], *, resume: bool) -> Path:
+    """This job's environment record in ``environment/<job>.json`` (one per job: several SLURM
+    jobs share a run folder), and ``environment.json`` merged from every record
+    (:func:`environment.merge_records`). A run that does not resume starts the records anew."""
+    uses = any(n not in DEVICE_FREE for n in names)
+    rec = {**environment.collect(params, uses_device=uses, run_level=True),
+           "notebooks": list(names)}
+    folder = out / "environment"
+    if not resume and folder.is_dir():
+        for f in folder.glob("*.json"):
+            f.unlink()
+    folder.mkdir(exist_ok=True)
+    job = os.environ.get("SLURM_JOB_ID") or f"local-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    atomic_write_text(folder / f"{job}.json", json.dumps(to_json(rec), indent=1))
+    records = []
+    for f in sorted(folder.glob("*.json")):
+        try:
+            records.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    path = out / "environment.json"
+    atomic_write_text(path, json.dumps(to_json(environment.merge_records(records)), indent=1))
+    return path
+
+
+# notebooks that measure nothing on the device: they run on a CPU node whatever 'device' says
+# (the SLURM layout gives them no GPU)
+DEVICE_FREE = ("01_graph_inventory", "05_verdict")
+
+
+def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None = None,
+                  show_code: bool = False, resume: bool = False, progress: bool = True,
+                  log_output: bool = True,
+                  write_index: IndexWriter | None = None) -> list[NotebookOutcome]:
+    """Run the notebooks in order into ``out_dir`` (see the module docstring).
+
+    Args:
+        params: validated params (:func:`workbook_lib.configs.params.validate`).
+        out_dir: the run folder (created once every check has passed).
+        only: ``--only`` values (names or numbers); None runs every notebook.
+        show_code: keep the code cells in the HTML reports.
+        resume: keep the notebooks complete from an earlier run (:mod:`.resume`).
+        progress: progress bars; False leaves the one-line stage notes.
+        log_output: show the kernel's output on the terminal.
+        write_index: called after each notebook and at the end (an interrupt included) to
+            refresh the run folder's index page; the CLI passes
+            ``workbook_lib.report.html.write_index``. None writes no index.
+
+    Every check comes before anything is created: the notebooks named, the device, the run
+    folder's path, the snapshot (loaded and checked against the params, as every notebook's
+    set-up does), the inputs a notebook run alone would read. Then the run folder is created
+    and held against a second writer (:mod:`.runlock`). Signals are handled from the start, so a
+    SIGTERM while the snapshot builds is an interrupt (exit 130) like any other.
+
+    Raises:
+        ParamsError: an unknown notebook, an unwritable folder, a snapshot that does not load,
+            inputs made with other params; before any work.
+        RunFolderInUseError: another run holds one of these notebooks in ``out_dir``.
+        NotebookFailedError: one or more notebooks failed (the others ran).
+        KeyboardInterrupt: on SIGINT/SIGTERM/SIGHUP, after stopping every child process.
+    """
+    from .runlock import hold
+
+    _AT_SIGNAL.clear()
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    prev = {s: signal.signal(s, _on_signal) for s in sigs} if _main_thread() else {}
+    try:
+        names = resolve_only(only)
+        check_gap(params, names)
+        if any(n not in DEVICE_FREE for n in names):  # 'cuda' without a GPU fails here, first
+            environment.resolve_device(params["device"])
+        out = out_path(out_dir)
+        checksum = snapshot_checksum(params)  # loads and checks the snapshot
+        check_inputs_match(out, names, params)
+        out = _check_out_dir(out)
+        with hold(out, names):
+            return _run_held(names, params, out, checksum, show_code=show_code, resume=resume,
+                             progress=progress, log_output=log_output,
+                             write_index=write_index)
+    finally:
+        for s, handler in prev.items():
+            signal.signal(s, handler)
+
+
+def _run_held(names: list[str], params: dict, out: Path, checksum: str, *, show_code: bool,
+              resume: bool, progress: bool, log_output: bool,
+              write_index: IndexWriter | None) -> list[NotebookOutcome]:
+    """The run itself, the folder created and held."""
+    try:
+        write_environment(out, params, names, resume=resume)
+    except OSError as exc:  # recorded; each notebook records its own environment too
+        log.error("could not write %s: %s", out / "environment.json", os_error(exc))
+    outcomes: list[NotebookOutcome] = []
+    seen: dict[int, psutil.Process] = {}
+    from ..common.progress import progress as bar_of
+
+    try:
+        bar = bar_of(names, desc="notebooks") if progress else names
+        for name in bar:
+            if resume:
+                ok, why = completeness(out, name, params, checksum)
+                if ok:
+                    log.info("%s: complete from an earlier run with the same params, snapshot "
+                             "and inputs: kept (--resume)", name)
+                    outcomes.append(NotebookOutcome(name, "kept", files=report_files(out, name)))
+                    continue
+                log.info("%s: rerun (%s)", name, why)
+            try:
+                results_path(out, name).unlink(missing_ok=True)  # never leave stale results
+            except OSError as exc:
+                outcomes.append(NotebookOutcome(name, "failed", error=os_error(exc)))
+                continue
+            o = execute_one(name, params, out, show_code=show_code, progress=progress,
+                            log_output=log_output)
+            outcomes.append(o)
+            if o.status == "failed":
+                log.error("%s FAILED at %s: %s (partial notebook kept: %s)", name, o.where,
+                          o.error, out / f"{name}.ipynb")
+            _try_index(write_index, out, outcomes, params)
+    except KeyboardInterrupt:
+        seen.update(_AT_SIGNAL)
+        try:
+            for c in psutil.Process().children(recursive=True):
+                seen.setdefault(c.pid, c)
+        except psutil.Error:
+            pass
+        killed = processes.terminate(seen.values())
+        log.error("interrupted: stopped the kernel and %d process(es) it had started; "
+                  "finished notebooks kept in %s", len(killed), out)
+        done = {o.name for o in outcomes}
+        rest = [n for n in names if n not in done]
+        if rest:
+            outcomes.append(NotebookOutcome(rest[0], "interrupted", error="interrupted"))
+        _try_index(write_index, out, outcomes, params)
+        raise
+    _try_index(write_index, out, outcomes, params)
+    failures = [o for o in outcomes if o.status == "failed"]
+    if failures:
+        summary = "; ".join(f"{o.name} ({o.where}): {o.error}" for o in failures)
+        raise NotebookFailedError(f"{len(failures)} notebook(s) failed: {summary}",
+                                  failures=failures)
+    return outcomes
+
+
+
+def _try_index(write_index: IndexWriter | None, out: Path, outcomes, params) -> None:
+    if write_index is None:
+        return
+    try:
+        write_index(out, outcomes, params)
+    except OSError as exc:
+        log.error("could not write %s/index.html: %s", out, exc)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def snapshot_checksum(params: dict) -> str:
+    """Load (building the cache if needed) and check the snapshot, with the checks every
+    notebook's set-up makes; its content checksum."""
+    from .notebook import load_checked_snapshot
+
+    return load_checked_snapshot(params).checksum
