@@ -65,7 +65,7 @@ most 3 that climb, each with its reason, and refuses any import cycle.
                    ``step_memory`` (a pipeline's training step for the memory probe)
 9  ``distributed/`` ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
                    ``allreduce_model``, ``plan`` (world sizes from the allocation)
-9  ``running/``     running the notebooks: ``run_folder`` (every notebook in order into a run
+10 ``running/``     running the notebooks: ``run_folder`` (every notebook in order into a run
                    folder, with papermill), ``papermill_run`` (one notebook and its HTML
                    report), ``resume`` (what an earlier run left complete), ``notebook`` (a
                    notebook's setup), ``notebooks`` (sources, builds, ``--only``), ``results``
