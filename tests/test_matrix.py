@@ -113,7 +113,7 @@ CASES = generate()
 
 
 def _params(case: Case) -> dict:
-    raw = params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
     raw.pop("gap_strategies", None)
     return params_mod.validate({**raw, **TINY, "strategies": case.strategies,
                                 "pipelines": case.specs(), **case.extra},

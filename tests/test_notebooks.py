@@ -271,7 +271,7 @@ PLANTED = ["tests/planted/slow_item.py:make_pipeline", "tests/planted/fast.py:ma
 def test_one_pipeline_alone_runs_01_to_03_and_refuses_the_gap_notebooks(tmp_path):
     """One pipeline, no built-in strategy: valid params (01-03 profile it), and the notebooks
     that compare two pipelines are refused in one line before any work (exit 2, no folder)."""
-    raw = params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
     raw.pop("gap_strategies")
     p = params_mod.validate({**raw, "strategies": [], "pipelines": PLANTED[1:]})
     assert p["gap_strategies"] == []

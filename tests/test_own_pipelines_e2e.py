@@ -108,6 +108,7 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     head = read_meta(out, "05_verdict").headline
     assert head.startswith(("slow_item", "CONTENDED: slow_item", "DISTURBED: slow_item"))
     assert "slower per epoch than fast; first cause: data item" in head
+    assert f"Answer: {head}" in r.stdout.splitlines()  # the terminal ends with the answer
     for name in NOTEBOOK_NAMES:
         assert len(read_meta(out, name).headline) <= 200, name
     index = (out / "index.html").read_text()

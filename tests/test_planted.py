@@ -38,7 +38,7 @@ CASES = {
 
 
 def _params(slow: str, extra: dict) -> dict:
-    raw = params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
     raw.update(strategies=[], gap_strategies=[slow, "fast"],
                pipelines=[f"{PLANTED / slow}.py:make_pipeline",
                           f"{PLANTED / 'fast'}.py:make_pipeline"], **extra)
@@ -127,7 +127,7 @@ def test_the_first_cause_is_the_planted_stage(slow, graph):
 def test_a_gap_without_a_planted_cause_has_no_dominant_stage(graph):
     """The fast pipeline against itself (a second copy): no stage takes most of a gap that is
     noise, so nothing passes as a cause by construction."""
-    raw = params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
     raw.update(strategies=[], gap_strategies=["fast", "again"],
                pipelines=[f"{PLANTED / 'fast'}.py:make_pipeline",
                           f"again={PLANTED / 'fast'}.py:make_pipeline"])

@@ -435,3 +435,19 @@ def test_a_gap_inside_the_precision_target_is_not_resolved():
     assert V.resolved(stat(1.05), 0.10) == 0
     assert V.resolved(stat(1.5), 0.10) == 1 and V.resolved(stat(0.6), 0.10) == -1
     assert V.resolved(stat(1.05), 0.02) == 1  # a tighter target resolves it
+
+
+def test_the_equal_command_the_answer_prints_runs_as_printed():
+    """The command names the specs the run was given (a name alone is not importable), with
+    ``NAME=`` where the name is not the file's."""
+    from types import SimpleNamespace
+
+    from workbook_lib.report.verdict_view import equal_command
+
+    v = SimpleNamespace(gap=SimpleNamespace(slow="slow_gene", fast="quick"),
+                        specs={"slow_gene": "/tmp/u/slow_gene.py:make_pipeline",
+                               "quick": "my_pkg.models:make_fast"})
+    assert equal_command(v) == ("python -m workbook_lib equal /tmp/u/slow_gene.py:make_pipeline "
+                                "quick=my_pkg.models:make_fast")
+    v.specs = {}  # built-in strategies: their names are what the command takes
+    assert equal_command(v) == "python -m workbook_lib equal slow_gene quick"

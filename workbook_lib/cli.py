@@ -80,14 +80,16 @@ def _cmd_run(args) -> int:
     from .running.run_folder import run_notebooks
 
     p = _load(args.params, args.set)  # every check before any work
-    params_mod.check_gap(p, resolve_only(args.only))
+    names = resolve_only(args.only)
+    params_mod.check_gap(p, names)
     if p["pipelines"]:
         from .pipelines import preflight
 
         try:  # a user's pipeline can take a while to build: a signal here is an interrupt too
             with _signals_interrupt():
                 # each user pipeline run on one batch as the notebooks will, nothing timed
-                names = preflight(p, warn=lambda w: print(f"warning: {w}", file=sys.stderr))
+                names = preflight(p, warn=lambda w: print(f"warning: {w}", file=sys.stderr),
+                                  ddp="04_ddp_scaling" in names)
         except KeyboardInterrupt:
             print("\nINTERRUPTED while checking the pipelines: nothing was run or written.",
                   file=sys.stderr)

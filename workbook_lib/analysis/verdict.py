@@ -625,7 +625,8 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
                         cannot_say=CPU_CANNOT if device_type != "cuda" else [], inputs=inputs,
                         target=params["precision_target"], gap_strategies=listed,
                         missing=missing, failures=failures, nonfinite=nonfinite,
-                        builtin=builtin)
+                        builtin=builtin, num_samples=int(params["num_samples"]),
+                        specs={n: s.target for n, s in pipelines.user_specs(params).items()})
     absent = [n for n in listed if not _in_timing(lo, n)]
     if absent:
         n = absent[0]

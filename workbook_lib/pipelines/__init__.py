@@ -61,7 +61,8 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
                    n_items: int | None = None, salt: int = 0, form: str | None = None,
                    storage_dir: str | Path | None = None, hidden: int | None = None,
                    layers: int | None = None, labels: torch.Tensor | None = None,
-                   middle: str | None = None, check: bool = True) -> Pipeline:
+                   middle: str | None = None, check: bool = True,
+                   ddp: bool = False) -> Pipeline:
     """A pipeline ready to train.
 
     Args:
@@ -77,6 +78,8 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
         form, storage_dir, hidden, layers, labels, middle: built-in only (message form,
             strategy 3's mask folder, model sizes, targets, the shared graph's middle-layer form).
         check: user pipelines: run one batch through every stage first (:func:`check_pipeline`).
+        ddp: with ``check``, refuse a forward that reaches into the model (``model.conv(...)``,
+            which DDP's wrapper lacks); False (the notebooks but 04's preflight): a warning.
 
     Raises:
         PipelineError: an unknown name, or a user pipeline that cannot work.
@@ -115,15 +118,16 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
     if check:
         pipe.preflight_warnings = check_pipeline(
             pipe, num_workers=params.get("num_workers", 0),
-            stall_timeout_s=params.get("stall_timeout_s"))
+            stall_timeout_s=params.get("stall_timeout_s"), ddp=ddp)
     return pipe
 
 
-def preflight(params: dict, graph=None, device=None, warn=None) -> list[str]:
+def preflight(params: dict, graph=None, device=None, warn=None, ddp: bool = True) -> list[str]:
     """Build and check every user pipeline of ``params`` on one batch (before any timing), as
     the notebooks will run it (:func:`check_pipeline`). Returns their names; raises
     :class:`PipelineError` on the first that cannot work; ``warn`` gets each warning (a loss
-    that is not finite on the first batch) as a line."""
+    that is not finite on the first batch; with ``ddp`` False, because notebook 04 is not run,
+    a forward that reaches into the model) as a line."""
     specs = user_specs(params)
     if not specs:
         return []
@@ -136,7 +140,7 @@ def preflight(params: dict, graph=None, device=None, warn=None) -> list[str]:
 
         device = resolve_device(params["device"])
     for name in specs:
-        pipe = build_pipeline(params, name, graph, device)
+        pipe = build_pipeline(params, name, graph, device, ddp=ddp)
         for w in getattr(pipe, "preflight_warnings", []):
             if warn is not None:
                 warn(w)

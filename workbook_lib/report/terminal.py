@@ -20,14 +20,20 @@ def params_lines(params: dict) -> list[str]:
 
 
 def run_lines(outcomes, out_dir: str | Path) -> list[str]:
-    """One line per notebook of a run (status, name, seconds or ``kept``), then its index.
+    """One line per notebook of a run (status, name, seconds or ``kept``), 05's answer in one
+    line when it wrote one, then the index.
 
     Args:
         outcomes: the run's ``running.papermill_run.NotebookOutcome``s.
         out_dir: the run folder.
     """
+    from ..running.results import read_meta
+
     lines = [f"{o.status:8s} {o.name:28s} " + ("kept" if o.status == "kept" else
                                                  f"{o.seconds:7.1f} s") for o in outcomes]
+    verdict = read_meta(out_dir, "05_verdict")  # the answer, as the index leads with it
+    if verdict is not None and verdict.complete and verdict.headline:
+        lines.append(f"Answer: {verdict.headline}")
     return lines + [f"Reports: {Path(out_dir).resolve() / 'index.html'}"]
 
 

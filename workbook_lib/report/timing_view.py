@@ -59,11 +59,14 @@ def settings(study_or_params, graph=None, device_label: str | None = None) -> Ma
     p = study_or_params
     inter = "interleaved (one step of each strategy and mode in turn)" if p["num_workers"] == 0 \
         else "one arm after another (DataLoader workers would prefetch during other arms)"
+    sizes = (f"Batch {p['batch_size_lazy']} for the perturbed-graph strategies, "
+             f"{p['batch_size_dango']} for the DANGO-style one; H = {p['hidden']}, "
+             f"{p['layers']} layers, k = {p['perturbation_k']}, dual forward "
+             f"{'on' if p['dual_forward'] else 'off'}." if p["strategies"] else
+             "Your pipelines, each with its own model, data and batch size (the built-in "
+             "model's sizes do not apply: no built-in strategy ran).")
     return Markdown(
-        f"**Run:** {graph.describe()} on {device_label}. Batch {p['batch_size_lazy']} for the "
-        f"perturbed-graph strategies, {p['batch_size_dango']} for the DANGO-style one; H = "
-        f"{p['hidden']}, {p['layers']} layers, k = {p['perturbation_k']}, dual forward "
-        f"{'on' if p['dual_forward'] else 'off'}. Each arm: {p['warmup']} warm-up step(s), one "
+        f"**Run:** {graph.describe()} on {device_label}. {sizes} Each arm: {p['warmup']} warm-up step(s), one "
         f"untimed step under the sync counter, then at least {p['loop_steps']} timed steps, "
         f"until IQR/median <= {p['precision_target']:.0%} (at most {p['loop_max_steps']}, time "
         f"budget {p['loop_budget_s']:.0f} s). Arms run {inter}. DataLoader workers: "

@@ -134,6 +134,18 @@ def _builtin_fix(r) -> str:
             f"graph, {where} (the built-in forms, not your pipelines).")
 
 
+def equal_command(v: VerdictResult) -> str:
+    """``python -m workbook_lib equal SLOW FAST`` for the pair, with the specs the run was given
+    (a pipeline's name alone is not a spec the command can import)."""
+    def spec(name: str) -> str:
+        target = v.specs.get(name)
+        return name if target is None else (target if target.split(":")[0].split("/")[-1]
+                                            .removesuffix(".py") == name else
+                                            f"{name}={target}")
+
+    return f"python -m workbook_lib equal {spec(v.gap.slow)} {spec(v.gap.fast)}"
+
+
 def fix_text(v: VerdictResult) -> str:
     """The fix in one paragraph: the fastest exact pipeline, named for what its figure times."""
     r = v.recommendation
@@ -154,7 +166,7 @@ def fix_text(v: VerdictResult) -> str:
     if v.gap is not None and r.strategy == v.gap.fast and r.strategy != "node_mask_shared":
         return (head + f"{r.title}**, exact and the faster side of this gap (its per-epoch "
                 "figure is the gap above). Check it computes the same model with "
-                f"`python -m workbook_lib equal {v.gap.slow} {v.gap.fast}` before adopting it.")
+                f"`{equal_command(v)}` before adopting it.")
     text = head + f"{r.title}**, exact"
     if r.speedup is not None:
         text += (f"; its full step per sample (notebook 03, same loop) {r.speedup.median:.3g}x "
@@ -225,8 +237,11 @@ def causes_table(v: VerdictResult):
             for c in v.causes]
     g = v.gap
     cap = ("The epoch-time difference between the two pipelines, stage by stage: notebook 03's "
-           "stage medians x steps per epoch (80% of the dataset at each pipeline's batch size), "
-           "slow minus fast. ")
+           "stage medians x steps per epoch (80% of the dataset, num_samples = "
+           f"{v.num_samples:,}, at each pipeline's batch size), slow minus fast. "
+           + ("" if v.builtin or not v.num_samples else
+              "num_samples defaults to the investigated dataset's size: set it to yours "
+              "(--set num_samples=N) for epoch times of your own; the ratio does not change. "))
     cap += ("Shares are of the measured gap (" + g.basis + "): the rows that add time, minus "
             "those that save time, plus the unattributed rest, make 100%. A factor within its "
             "noise or contended is shown, not booked."
@@ -413,7 +428,9 @@ def cpu_text(v: VerdictResult) -> Markdown:
         return Markdown("This run was on a GPU: every claim it could test was tested.")
     return Markdown("**What a CPU run can say about a GPU run.** It can: "
                     + "; ".join(v.can_say) + ". It cannot: " + "; ".join(v.cannot_say)
-                    + ". Run the workbook on a GPU node with `params/full.yaml` for those.")
+                    + (". Run the workbook on a GPU node with `params/full.yaml` for those."
+                       if v.builtin else ". Run your pipelines on a GPU node (`--set "
+                       "device=cuda`) for those."))
 
 
 def headline(v: VerdictResult) -> str:
