@@ -12,6 +12,10 @@ Matrices prepared here (``T`` edge types, ``N`` genes):
   side, ready for a linear map over ``T*H`` features without a copy; ``a_t`` its transpose;
 * ``out_edges`` ``[N, N*T]`` (``= a_t``): row ``s`` lists the (gene, type) slots that gene ``s``
   sends to; the incremental first layer corrects exactly those;
+* ``a_tt`` (``slab`` kernel only, else ``None``): ``[N*T, N]``, row ``j*T + t`` lists the
+  receivers of gene ``j``'s type-``t`` out-edges: ``a_tt @ g`` is ``A_t^T g`` for every type side
+  by side (the backward of a wildtype layer's stacked product,
+  ``kernels.stacked_aggregate_linear``);
 * ``blockdiag_t``: ``[N*T, N*T]``, the block-diagonal of the per-type transposes; one product of
   it with a ``[N*T, B]`` matrix gives ``A_t^T v_t`` for every type (the pooled last layer's weights);
 * ``deg``: ``[N, T]`` wildtype in-degrees (mean aggregation); ``out_deg`` ``[T, N]`` wildtype
@@ -155,6 +159,10 @@ class SharedGraph:
         # block-diagonal transposes: row (j, t) <- column (n, t) with A_t[n, j]
         bd_rows = cols_all * t + (rows_all % t)
         self.blockdiag_t = to_csr(bd_rows, rows_all, ones, (n * t, n * t)).to(self.device)
+        # A_T [N*T, N]: row j*T + t lists the receivers of gene j's type-t out-edges (the
+        # backward of the CPU kernel's stacked aggregate-linear; kernels.stacked_aggregate_linear)
+        self.a_tt = (to_csr(cols_all * t + rows_all % t, rows_all // t, ones, (n * t, n))
+                     .to(self.device) if self.kernel == "slab" else None)
         # per type: A_t [N, N] and A_t^T (the CPU kernel's products)
         self.per_type, self.per_type_t = [], []
         for i in range(t):
