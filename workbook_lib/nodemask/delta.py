@@ -32,10 +32,11 @@ kernels compute it:
   message is read once into a buffer of its own and pushed along its type's out-edges
   (``SharedGraph.out_type_ptr``/``out_type_node``: the out-edges grouped by sender and type), its
   gradient summed in such a buffer: per out-edge only the receiver, its weight and its row are
-  read (the out-edges in (receiver, type) order read a type and a message index per edge too,
-  and measured 1.17-1.18x slower forward and backward: 9 interleaved rounds at the real graph
-  size, two threads, IQR 0.02-0.04, on the 2-core machine loaded by other jobs; the same
-  result to the bit, since each receiver's terms are added in the same order). Numba is
+  read (walking the out-edges in (receiver, type) order, which reads a type and a message index
+  per edge too, the pooled push ran 1.18x slower forward and 1.17x backward: 9 interleaved
+  rounds at the real graph size, B = 28, two threads, IQR 0.02-0.04, on the 2-core machine
+  loaded by other jobs; the same result to the bit, each receiver's terms added in the same
+  order). Numba is
   the maintained way to compile such a loop that installs from PyPI as a wheel on a fresh
   machine (no compiler needed at run time, unlike ``torch.utils.cpp_extension``). Its threads
   run on numba's ``workqueue`` layer (:data:`THREADING_LAYER`: they block between launches
