@@ -82,3 +82,21 @@ def test_recommended_form_follows_the_measured_ratio():
     assert deep.middle == "full" and deep.measured
     none = recommended_form(None)
     assert none.middle == "delta" and not none.measured and "not measured here" in none.reason
+
+
+@pytest.mark.parametrize("aggr", ["sum", "mean"])
+def test_kernel_figures_mark_the_products_the_step_takes(aggr):
+    """On a CPU the full middle layers take per-type slabs, and with sum aggregation the delta
+    path's wildtype layers one stacked product: both are marked as the step's, and the push."""
+    from conftest import make_graph
+    from workbook_lib.analysis.bench import kernel_figures
+    from workbook_lib.nodemask import SharedGraph
+
+    graph = make_graph(num_genes=20, types={"a": 40, "b": 20}, seed=1)
+    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr=aggr, kernel="slab")
+    pert = torch.tensor([[0, 3], [5, -1]])
+    figs = kernel_figures(sg, 2, 4, "cpu", target=1.0, max_time_s=2.0, pert=pert)
+    used = {f.name for f in figs if f.used_by_step}
+    stacked = {"slabs, stacked types"} if aggr == "sum" else set()
+    assert used == {"slabs, per type", *stacked} | {f.name for f in figs
+                                                    if f.name.startswith("push")}

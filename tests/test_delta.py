@@ -329,3 +329,19 @@ def test_push_pooled_in_one_pass_is_the_push_then_the_weighted_sums(graph, per):
         assert rel(a, b) < TOL
     with pytest.raises(ValueError, match="'pool' must be"):
         delta.push_pooled(sg, c, base, u, w, pool[:, :, :5], "numba")
+
+
+def test_typed_out_edges_list_every_out_edge_by_sender_and_type(graph):
+    """The compiled push's out-edges grouped by (sender, type): exactly each gene's out-edges
+    of that type, receivers ascending (each receiver's terms are then added in the order of the
+    (receiver, type) lists)."""
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    n, t = sg.num_nodes, sg.num_types
+    ptr, node = sg.out_type_ptr, sg.out_type_node
+    assert ptr.shape == (n * t + 1,) and int(ptr[-1]) == sg.num_edges == node.numel()
+    oe = sg.out_edges
+    for s in range(n):
+        slots = oe.slot[oe.ptr[s]:oe.ptr[s + 1]]
+        for ty in range(t):
+            got = node[ptr[s * t + ty]:ptr[s * t + ty + 1]].long()
+            assert torch.equal(got, slots[slots % t == ty] // t)

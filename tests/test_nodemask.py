@@ -162,3 +162,69 @@ def test_cuda_matches_cpu(graph, kernel):
     sg = SharedGraph(graph.edge_index, graph.num_genes, device="cuda", kernel=kernel)
     out = _layers(sg.batch(pert.cuda()), gpu_model, True)
     assert rel(out.cpu(), cpu) < 1e-4
+
+
+def _per_type_dense(graph, sg):
+    """``A_t`` as dense ``[N, N]`` matrices (row: receiver), from the graph's edge lists."""
+    n = graph.num_genes
+    mats = []
+    for name in sg.edge_types:
+        a = torch.zeros(n, n)
+        ei = graph.edge_index[name]
+        a.index_put_((ei[1], ei[0]), torch.ones(ei.shape[1]), accumulate=True)
+        mats.append(a)
+    return mats
+
+
+@pytest.mark.parametrize("h,ho", [(6, 6), (5, 7)])
+def test_stacked_aggregate_linear_is_the_per_type_products(graph, h, ho):
+    """One stacked CSR product each way (the CPU kernel's wildtype layers, sum aggregation)
+    equals sum_t (A_t x) W_t^T computed densely type by type: output and both gradients, an
+    empty edge type and H != H_out included."""
+    from workbook_lib.nodemask.kernels import stacked_aggregate_linear
+
+    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr="sum", kernel="slab")
+    t, n = sg.num_types, graph.num_genes
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, h, generator=g, requires_grad=True)
+    w = torch.randn(ho, t * h, generator=g, requires_grad=True)
+    up = torch.randn(n, ho, generator=g)
+    got = stacked_aggregate_linear(x, w, sg.a, sg.a_tt)
+    gx, gw = torch.autograd.grad(got, [x, w], up)
+    mats = _per_type_dense(graph, sg)
+    ref = sum(mats[i] @ x @ w[:, i * h:(i + 1) * h].T for i in range(t))
+    rx, rw = torch.autograd.grad(ref, [x, w], up)
+    assert rel(got, ref) < TOL and rel(gx, rx) < TOL and rel(gw, rw) < TOL
+    with pytest.raises(ValueError, match="do not agree"):
+        stacked_aggregate_linear(x, w[:, :-1], sg.a, sg.a_tt)
+
+
+@pytest.mark.parametrize("layers", [2, 3, 4])
+def test_delta_step_with_the_stacked_product_equals_the_per_type_one(graph, layers):
+    """The delta path's wildtype layers take the stacked product on a CPU with sum aggregation
+    (``SharedGraph.a_tt``) and the per-type products otherwise: both give the same outputs and
+    gradients (the reference comparison is in test_delta.py)."""
+    from workbook_lib.strategies import build_ctx, make_strategy
+
+    s = make_strategy("node_mask_shared", graph, aggr="sum", push_kernel="pull")
+    assert s.shared.a_tt is not None
+    assert SharedGraph(graph.edge_index, graph.num_genes, kernel="wide").a_tt is None
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=6, layers=layers, seed=2)
+    pert = PERTS[0]
+
+    def run():
+        model.zero_grad()
+        ctx = build_ctx(s, pert)
+        nodes, pred = s.node_outputs(model, ctx), s.predict(model, ctx, dual=True)
+        (nodes.sum() + pred.sum()).backward()
+        return [nodes.detach(), pred.detach()] + [p.grad.clone() for p in model.parameters()
+                                                  if p.grad is not None]
+    stacked = run()
+    a_tt, s.shared.a_tt = s.shared.a_tt, None
+    try:
+        per_type = run()
+    finally:
+        s.shared.a_tt = a_tt
+    assert len(stacked) == len(per_type)
+    for a, b in zip(stacked, per_type):
+        assert rel(a, b) < TOL

@@ -227,7 +227,8 @@ def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: 
     """The per-sample product of a middle layer (every edge type, every sample) with each
     kernel tried, and (given perturbations ``pert``) the delta layer's push. ``used_by_step``
     marks the kernels the shared step uses on this device: ``slabs, per type`` with the CPU's
-    ``slab`` kernel, ``wide, int32`` with CUDA's ``wide`` one."""
+    ``slab`` kernel (and ``slabs, stacked types``: the delta path's wildtype layers, sum
+    aggregation), ``wide, int32`` with CUDA's ``wide`` one."""
     n, t = sg.num_nodes, sg.num_types
     x = torch.randn(batch, n, hidden, device=device)
     wide_x = x.permute(1, 0, 2).reshape(n, batch * hidden).contiguous()
@@ -272,9 +273,13 @@ def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: 
         macs[name] = corr.plan.total_entries * hidden
     res = interleave({k: f for k, (_, f) in cases.items()}, device=device, warmup=1,
                      min_rounds=3, target=target, max_time_s=max_time_s)
-    step_kernel = "slabs, per type" if sg.kernel == "slab" else "wide, int32"
+    # the CPU's full middle layers take per-type slabs; its delta path's wildtype layers (sum
+    # aggregation) one stacked product (kernels.stacked_aggregate_linear)
+    step_kernels = ({"slabs, per type"} | ({"slabs, stacked types"} if sg.a_tt is not None
+                                           and sg.aggr == "sum" else set())
+                    if sg.kernel == "slab" else {"wide, int32"})
     return [KernelFigure(k, desc, res.stats[k], macs[k] / res.stats[k].median / 1e9,
-                         used_by_step=k == step_kernel or k.startswith("push"))
+                         used_by_step=k in step_kernels or k.startswith("push"))
             for k, (desc, _) in cases.items()]
 
 

@@ -38,7 +38,7 @@ import torch
 
 from .delta import PushPlan, default_push_kernel, grouped_messages, push, push_pooled
 from .kernels import (add_rows, batched_spmm, gather_rows, nnz, selection_csr, sparse_range,
-                      typed_aggregate_linear, typed_spmm)
+                      stacked_aggregate_linear, typed_aggregate_linear, typed_spmm)
 
 if TYPE_CHECKING:  # names in annotations only: graph.py imports this module (SharedGraph.batch)
     from .graph import OutEdges, SharedGraph
@@ -444,6 +444,8 @@ class NodeMaskBatch:
         types, each divided by its wildtype in-degree for mean aggregation)."""
         g = self.graph
         t, hd, ho = g.num_types, x.shape[-1], weight.shape[0]
+        if g.aggr == "sum" and g.a_tt is not None:  # one stacked product each way, no [T, N, Ho]
+            return None, stacked_aggregate_linear(x, weight, g.a, g.a_tt)
         sums = typed_spmm(g, x)  # [T, N, H]
         sw = torch.bmm(sums, weight.view(ho, t, hd).permute(1, 2, 0))  # [T, N, Ho]
         if g.aggr == "mean":

@@ -12,13 +12,19 @@ Matrices prepared here (``T`` edge types, ``N`` genes):
   side, ready for a linear map over ``T*H`` features without a copy; ``a_t`` its transpose;
 * ``out_edges`` ``[N, N*T]`` (``= a_t``): row ``s`` lists the (gene, type) slots that gene ``s``
   sends to; the incremental first layer corrects exactly those;
+* ``a_tt`` (``slab`` kernel only, else ``None``): ``[N*T, N]``, row ``j*T + t`` lists the
+  receivers of gene ``j``'s type-``t`` out-edges: ``a_tt @ g`` is ``A_t^T g`` for every type side
+  by side (the backward of a wildtype layer's stacked product,
+  ``kernels.stacked_aggregate_linear``);
 * ``blockdiag_t``: ``[N*T, N*T]``, the block-diagonal of the per-type transposes; one product of
   it with a ``[N*T, B]`` matrix gives ``A_t^T v_t`` for every type (the pooled last layer's weights);
 * ``deg``: ``[N, T]`` wildtype in-degrees (mean aggregation); ``out_deg`` ``[T, N]`` wildtype
   out-degrees (the pooled last layer's weights for sum aggregation, corrected per sample over the
   deleted genes' in-edges only);
 * host copies (:class:`OutEdges`) of every gene's out-edges, in-edges and the edge types it sends
-  on: what the collate needs to list a batch's changed rows without touching the device.
+  on: what the collate needs to list a batch's changed rows without touching the device; and
+  ``out_type_ptr``/``out_type_node``, the rows of ``a_tt`` on the host: the compiled push's
+  out-edges grouped by (sender, type).
 """
 from __future__ import annotations
 
@@ -156,6 +162,13 @@ class SharedGraph:
         # block-diagonal transposes: row (j, t) <- column (n, t) with A_t[n, j]
         bd_rows = cols_all * t + (rows_all % t)
         self.blockdiag_t = to_csr(bd_rows, rows_all, ones, (n * t, n * t)).to(self.device)
+        # A_T [N*T, N]: row j*T + t lists the receivers of gene j's type-t out-edges (the
+        # backward of the CPU kernel's stacked aggregate-linear; kernels.stacked_aggregate_linear)
+        a_tt = to_csr(cols_all * t + rows_all % t, rows_all // t, ones, (n * t, n))
+        self.a_tt = a_tt.to(self.device) if self.kernel == "slab" else None
+        # the same lists on the host for the compiled push (receivers ascending within each)
+        self.out_type_ptr = a_tt.crow_indices().long()
+        self.out_type_node = a_tt.col_indices().to(torch.int32)
         # per type: A_t [N, N] and A_t^T (the CPU kernel's products)
         self.per_type, self.per_type_t = [], []
         for i in range(t):
@@ -169,9 +182,6 @@ class SharedGraph:
         self.out_deg = out_deg.view(t, n).to(self.device)
         # host copy of the out- and in-edge lists (the collate lists a batch's changed rows)
         self.out_edges = out_edges_of(a, n, t)
-        # the push's receivers and types per out-edge, precomputed for the compiled CPU kernel
-        self.out_node = (self.out_edges.slot // t).to(torch.int32)
-        self.out_type = (self.out_edges.slot % t).to(torch.int32)
         # and on the device (the delta layer's push enumerates them there)
         self.out_ptr = self.out_edges.ptr.to(self.device)
         self.out_slot = self.out_edges.slot.to(self.device)
