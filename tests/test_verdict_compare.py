@@ -451,3 +451,23 @@ def test_the_equal_command_the_answer_prints_runs_as_printed():
                                 "quick=my_pkg.models:make_fast")
     v.specs = {}  # built-in strategies: their names are what the command takes
     assert equal_command(v) == "python -m workbook_lib equal slow_gene quick"
+
+
+def test_two_causes_closer_than_the_gap_resolves_are_named_together_not_ranked():
+    """The rule both ways, with the figures of a contended user run (1.55x, IQR 0.32: shares
+    58% and 55%) and of a planted one (7.11x, IQR 0.19: 58% and 41%)."""
+    from types import SimpleNamespace
+
+    def cause(stage, share):
+        return V.Cause(stage, "", 1.0, 0.5, 0.5, share, "measured", effect="adds", stage=stage)
+
+    def gap(median, iqr):
+        return SimpleNamespace(ratio=Stat.from_samples([median - iqr, median - iqr / 2, median,
+                                                        median + iqr / 2, median + iqr]))
+
+    near = [cause("backward", 0.58), cause("forward", 0.55)]
+    g = gap(1.55, 0.32)
+    assert g.ratio.iqr == pytest.approx(0.32, rel=0.01)
+    assert not V.told_apart(near, g)
+    assert V.told_apart([cause("forward", 0.58), cause("backward", 0.41)], gap(7.11, 0.19))
+    assert V.told_apart(near[:1], g)  # one cause: nothing to rank

@@ -66,7 +66,12 @@ def lead(v: VerdictResult) -> str:
             if off:
                 p += ", offset by " + ", ".join(f"{o.cause} {_pct(o.share)}" for o in off[:2])
         parts.append(p + ")")
-    text += "; first cause: " + parts[0] + (", then " + ", ".join(parts[1:]) if parts[1:] else "")
+    if V.told_apart(first, g):
+        text += "; first cause: " + parts[0] + (", then " + ", ".join(parts[1:]) if parts[1:]
+                                                 else "")
+    else:  # a near tie: both named, neither put first on figures that cannot rank them
+        text += ("; first causes, not told apart at this precision: " + parts[0] + " and "
+                 + parts[1])
     if first[0].advice:
         text += f"; change first: {first[0].advice}"
     return text + "."
@@ -454,7 +459,9 @@ def headline(v: VerdictResult) -> str:
             text += " (listed the other way round)"
         first = V.first_causes(v.causes)
         if first:
-            text += "; first cause: " + ", then ".join(
+            text += ("; first cause: " if V.told_apart(first, g) else
+                     "; first causes (not told apart): ") + (
+                ", then " if V.told_apart(first, g) else " and ").join(
                 f"{c.cause} ({_pct(c.share)})" for c in first)
     r = v.recommendation
     if r is not None and r.strategy not in (g.slow, g.fast):
