@@ -345,7 +345,9 @@ def test_the_dtype_guard_names_the_first_operation_in_another_dtype():
 # ------------------------------------------------------------------ notebook 06, user pipelines
 def _run_06(tmp_path, pipelines):
     _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
-    p = params_mod.validate({**raw, "strategies": [], "pipelines": pipelines})
+    # 4 training steps (ci: 20): the Lazy example's step is the slow one; 4 paired steps give
+    # the speedup its n >= 3 and the same-training check its losses
+    p = params_mod.validate({**raw, "strategies": [], "pipelines": pipelines, "adopt_steps": 4})
     outcomes = run_notebooks(p, tmp_path, only=["06"], progress=False, log_output=False,
                              write_index=write_index)
     assert [o.status for o in outcomes] == ["ok"]
