@@ -10,6 +10,7 @@ the notebooks through papermill and the CLI; this is for breadth.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ class Executed:
     error: tuple[str, str] | None = None
     html: list[str] = field(default_factory=list)
     cell: int | None = None
+    seconds: float = 0.0  # wall time of the notebook's cells (what a case costs the suite)
 
 
 def code_cells(name: str) -> tuple[list[str], int]:
@@ -83,6 +85,7 @@ def execute(name: str, params: dict, run_dir: Path) -> Executed:
     real = ipd.display
     ipd.display = lambda *objs, **kw: shown.extend(objs)
     out = Executed(name, Path(run_dir), "ok")
+    start = time.perf_counter()
     try:
         for i, code in enumerate(cells):
             try:
@@ -93,6 +96,7 @@ def execute(name: str, params: dict, run_dir: Path) -> Executed:
                 out.status, out.error, out.cell = "failed", (type(exc).__name__, str(exc)), i
                 break
     finally:
+        out.seconds = time.perf_counter() - start
         ipd.display = real
         torch.set_num_threads(before)
         with contextlib.suppress(Exception):
