@@ -38,6 +38,7 @@ from pathlib import Path
 import psutil
 
 from ..exceptions import LaunchError
+from ..records import to_json
 from ..common import processes
 from ..measurement.cpu import mark_run_root
 
@@ -185,9 +186,11 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
     for f in out.glob("rank*"):
         f.unlink()
     cfg_path = out / "config.json"
-    cfg_path.write_text(json.dumps({**config, "out_dir": str(out.resolve()),
-                                    "threads": threads_per_rank,
-                                    "pg_timeout_s": pg_timeout_s(timeout_s, startup_s)}, indent=1))
+    # to_json: the params (a frozen Params, a mapping) and any record in the config as plain data
+    cfg_path.write_text(json.dumps(to_json({**config, "out_dir": str(out.resolve()),
+                                            "threads": threads_per_rank,
+                                            "pg_timeout_s": pg_timeout_s(timeout_s, startup_s)}),
+                                   indent=1))
     if nnodes == 1 and rdzv_endpoint is None:
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     else:
