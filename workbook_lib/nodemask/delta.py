@@ -141,6 +141,32 @@ def _numba_kernels():
                         if out[b, n, j] < 0.0:
                             out[b, n, j] = 0.0
 
+    @njit(inline="always", cache=True, nogil=True, fastmath=True, boundscheck=False)
+    def _pairs_backward(b, sc, acc, gu, grows, pair_ptr, pair_gene, tptr, tnode, msg_index, t,
+                        r, w, per_slot):  # pragma: no cover - jitted
+        """Sample ``b``'s deleted rows and messages, from its rows' gradient ``sc``: each
+        deleted gene's row gradient, and each message's gradient summed along its type's
+        out-edges in ``acc`` (shared by ``bwd`` and ``bwd_pool``)."""
+        ho = sc.shape[1]
+        for p in range(pair_ptr[b], pair_ptr[b + 1]):
+            s = pair_gene[p]
+            for j in range(ho):
+                grows[p, j] = sc[s, j]
+            for ty in range(t):
+                q = msg_index[ty * r + p]
+                if q < 0:
+                    continue
+                for j in range(ho):
+                    acc[j] = 0.0
+                for e in range(tptr[s * t + ty], tptr[s * t + ty + 1]):
+                    n = tnode[e]
+                    c = w[b, n * t + ty] if per_slot else w[b, n]
+                    if c != 0.0:
+                        for j in range(ho):
+                            acc[j] += c * sc[n, j]
+                for j in range(ho):
+                    gu[q, j] = acc[j]
+
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
     def bwd(gu, grows, gbase, scratch, g, out, pair_ptr, pair_gene, tptr, tnode, msg_index, t,
             w, per_slot, relu):  # pragma: no cover - jitted
@@ -158,24 +184,8 @@ def _numba_kernels():
                             v = 0.0
                         sc[n, j] = v
                         gbase[ch, n, j] += v
-                for p in range(pair_ptr[b], pair_ptr[b + 1]):
-                    s = pair_gene[p]
-                    for j in range(ho):
-                        grows[p, j] = sc[s, j]
-                    for ty in range(t):
-                        q = msg_index[ty * r + p]
-                        if q < 0:
-                            continue
-                        for j in range(ho):
-                            acc[j] = 0.0
-                        for e in range(tptr[s * t + ty], tptr[s * t + ty + 1]):
-                            n = tnode[e]
-                            c = w[b, n * t + ty] if per_slot else w[b, n]
-                            if c != 0.0:
-                                for j in range(ho):
-                                    acc[j] += c * sc[n, j]
-                        for j in range(ho):
-                            gu[q, j] = acc[j]
+                _pairs_backward(b, sc, acc, gu, grows, pair_ptr, pair_gene, tptr, tnode,
+                                msg_index, t, r, w, per_slot)
 
     @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
     def fwd_pool(pooled, mask, scratch, base, u, rows, pair_ptr, pair_gene, tptr, tnode,
@@ -248,24 +258,8 @@ def _numba_kernels():
                         if mask[b, n, j] == 0:
                             sc[n, j] = 0.0
                         gbase[ch, n, j] += sc[n, j]
-                for p in range(pair_ptr[b], pair_ptr[b + 1]):
-                    s = pair_gene[p]
-                    for j in range(ho):
-                        grows[p, j] = sc[s, j]
-                    for ty in range(t):
-                        q = msg_index[ty * r + p]
-                        if q < 0:
-                            continue
-                        for j in range(ho):
-                            acc[j] = 0.0
-                        for e in range(tptr[s * t + ty], tptr[s * t + ty + 1]):
-                            n = tnode[e]
-                            c = w[b, n * t + ty] if per_slot else w[b, n]
-                            if c != 0.0:
-                                for j in range(ho):
-                                    acc[j] += c * sc[n, j]
-                        for j in range(ho):
-                            gu[q, j] = acc[j]
+                _pairs_backward(b, sc, acc, gu, grows, pair_ptr, pair_gene, tptr, tnode,
+                                msg_index, t, r, w, per_slot)
 
     _NUMBA = (fwd, bwd, numba, fwd_pool, bwd_pool)
     return _NUMBA
