@@ -459,10 +459,10 @@ def headline(v: VerdictResult) -> str:
             text += " (listed the other way round)"
         first = V.first_causes(v.causes)
         if first:
-            text += ("; first cause: " if V.told_apart(first, g) else
-                     "; first causes (not told apart): ") + (
-                ", then " if V.told_apart(first, g) else " and ").join(
-                f"{c.cause} ({_pct(c.share)})" for c in first)
+            ranked = V.told_apart(first, g)
+            text += ("; first cause: " if ranked else "; first causes (not told apart): ") + (
+                ", then " if ranked else " and ").join(f"{c.cause} ({_pct(c.share)})"
+                                                       for c in first)
     r = v.recommendation
     if r is not None and r.strategy not in (g.slow, g.fast):
         text += f"; fix: {r.label}"
