@@ -1,7 +1,11 @@
-"""Strategy 1: per-sample subgraph in CPU workers (PyG ``subgraph``), then batched."""
-from __future__ import annotations
+"""Strategy 1: per-sample subgraph in CPU workers (PyG ``subgraph``), then batched.
 
-from torch_geometric.utils import subgraph
+PyG is imported when the strategy is built, not when this module is: ``import torch_geometric``
+takes about 3 s (it imports ``torch._dynamo``), which every process that imports the strategies
+(each notebook kernel, memory probe and DDP rank) would otherwise pay. Built in the parent,
+before any DataLoader worker starts, so a worker never imports it inside a timed step.
+"""
+from __future__ import annotations
 
 from ..data.perturbations import node_keep_mask
 from ..strategies.base import ReplicatedAggregateMixin, Strategy, offset_concat
@@ -13,9 +17,15 @@ class SubgraphCPU(ReplicatedAggregateMixin, Strategy):
     title = "per-sample subgraphs"
     number = 1
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from torch_geometric.utils import subgraph
+
+        self._subgraph = subgraph
+
     def make_item(self, index, pert_row):
         keep = node_keep_mask(pert_row.unsqueeze(0), self.n)[0]
-        edges = {t: subgraph(keep, ei, relabel_nodes=False, num_nodes=self.n)[0]
+        edges = {t: self._subgraph(keep, ei, relabel_nodes=False, num_nodes=self.n)[0]
                  for t, ei in self.graph.edge_index.items()}
         return {"index": index, "pert": pert_row, "edges": edges}
 
