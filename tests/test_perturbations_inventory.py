@@ -70,3 +70,18 @@ def test_inventory_measures_what_strategy_2_carries():
     assert r.real_size is None  # no spec: a test graph
     back = InventoryResult.from_json(r.to_json())
     assert back.hop_coverage[2].median == r.hop_coverage[2].median
+
+
+def test_headline_quotes_the_investigations_batch_only_when_its_strategies_ran():
+    from conftest import make_graph
+    from workbook_lib.configs.params import validate
+    from workbook_lib.report.inventory_view import headline
+
+    g = make_graph(num_genes=40, types={"x": 200, "y": 120}, seed=7)
+    ran = inventory.inventory(validate({"num_perturbations": 8, "batch_sizes": [1, 28]}), g)
+    assert ran.builtin and "per batch of 28" in headline(ran)
+    own = inventory.inventory(validate({"num_perturbations": 8, "batch_sizes": [1, 28],
+                                        "strategies": [], "pipelines": ["a:f", "b:g"]}), g)
+    assert not own.builtin  # a user's own pipelines: their batch is their own
+    assert "per batch" not in headline(own) and "boolean edge masks" in headline(own)
+    assert InventoryResult.from_json(own.to_json()).builtin is False

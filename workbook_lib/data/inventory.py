@@ -197,4 +197,5 @@ def inventory(params: dict, graph: CellGraph) -> InventoryResult:
         real_size=real_size(graph.spec, graph.num_genes, len(graph.edge_types),
                             params["num_samples"]),
         ignored_types=list(graph.ignored),
-        footprint=footprint(graph, pert, params["layers"]))
+        footprint=footprint(graph, pert, params["layers"]),
+        builtin=bool(params["strategies"]))

@@ -163,10 +163,13 @@ def real_size_table(r: InventoryResult):
 
 
 def _headline(r: InventoryResult) -> str:
-    b = 28 if 28 in r.bytes_per_batch["edge_masks"] else max(r.bytes_per_batch["edge_masks"])
-    return (f"{r.total_edges:,} edges over {r.num_genes:,} genes; masks "
-            f"{fmt_bytes(r.bytes_per_sample['edge_masks'])}/sample, "
-            f"{fmt_bytes(r.bytes_per_batch['edge_masks'][b])} per batch of {b}; a perturbation "
+    masks = f"masks {fmt_bytes(r.bytes_per_sample['edge_masks'])}/sample"
+    if r.builtin:  # the investigation's batch; a user's own pipelines have their own
+        b = 28 if 28 in r.bytes_per_batch["edge_masks"] else max(r.bytes_per_batch["edge_masks"])
+        masks += f", {fmt_bytes(r.bytes_per_batch['edge_masks'][b])} per batch of {b}"
+    else:
+        masks = "boolean edge " + masks
+    return (f"{r.total_edges:,} edges over {r.num_genes:,} genes; {masks}; a perturbation "
             f"removes {fmt_pct(r.removed_edge_fraction.median, 2)} of edges but reaches "
             f"{fmt_pct(r.hop_coverage[2].median, 0)} of genes within 2 hops")
 

@@ -66,3 +66,4 @@ class InventoryResult(Record):
     real_size: RealSize | None = None
     ignored_types: list[str] = field(default_factory=list)
     footprint: list[FootprintRow] = field(default_factory=list)  # per layer and edge type
+    builtin: bool = True  # built-in strategies ran: the investigation's batch sizes apply
