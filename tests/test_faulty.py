@@ -353,7 +353,7 @@ def test_04_a_rank_raising_in_one_pipeline_is_recorded_and_the_rest_measured(tmp
         "scale": 0.002, "hidden": 4, "layers": 1, "device": "cpu", "perturbation_k": 2,
         "grad_accum_steps": 2, "batch_size_lazy": 2, "batch_size_dango": 4,
         "ddp_batch_size": 2, "exactness_genes": 10, "world_sizes": [2], "ddp_steps": 2,
-        "ddp_budget_s": 10, "strategies": [], "ddp_strategy": "fine",  # fine scales
+        "ddp_budget_s": 4, "strategies": [], "ddp_strategy": "fine",  # fine scales
         "pipelines": [f"{FAULTY}/raises_4th.py:make_pipeline", f"{FAULTY}/fine.py:make_pipeline"]})
     snapshots.load_snapshot(p)
     pl, got = ddp_study.run_ddp(p, torch.device("cpu"), tmp_path, rounds=1)

@@ -112,6 +112,28 @@ def test_a_cause_that_saves_time_is_apart_not_a_negative_share_of_the_extra():
     assert not [c for c in none if c.effect == "saves" and abs(c.share) > 0.01]
 
 
+def test_a_stage_within_its_noise_is_shown_not_booked():
+    t = _timing()
+    slow_arm = t.loops.arms["replicated_mask_cpu/full"]
+    # the slow side's optimizer spreads 0.4-7.6 ms a step (0.05-0.87 s per epoch of 115 steps),
+    # the fast side's 8 ms a step is 0.4 s per epoch of 50: the ranges overlap
+    slow_arm.stages["optimizer"] = st(0.004, rel=0.9)
+    t.loops.arms["dango_wildtype/full"].stages["optimizer"] = st(0.008)
+    causes = _causes(t, _ddp())
+    opt = next(c for c in causes if c.stage == "optimizer")
+    assert opt.effect == "noise" and opt.share is None and opt.difference_s is not None
+    assert "within the noise" in opt.evidence and causes.index(opt) > \
+        causes.index(next(c for c in causes if c.effect == "rest"))
+    rest = next(c for c in causes if c.effect == "rest")
+    assert "optimizer" in rest.evidence  # its difference stays in the rest
+    assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
+    assert opt not in V.first_causes(causes)
+    # the same medians, each side within 2%: the difference is resolved and booked
+    slow_arm.stages["optimizer"] = st(0.004)
+    opt = next(c for c in _causes(t, _ddp()) if c.stage == "optimizer")
+    assert opt.effect == "adds" and opt.share > 0
+
+
 def _mask_cost(mem=None):
     return _Obj(memory=_Obj(per_sample=lambda: dict(mem or {})),
                 bench=_Obj(full_size=False, ratio_vs_lazy_form=st(5.0), ratio_vs_sparse_form=None,

@@ -63,6 +63,35 @@ def stage_medians(arm) -> dict[str, float]:
     return out
 
 
+def stage_quartiles(arm) -> dict[str, tuple[float, float]]:
+    """(first, third) quartile in seconds per step of each stage :func:`stage_medians` names,
+    from the same figures (the DataLoader wait split in the same proportion)."""
+    s = arm.stages
+    out: dict[str, tuple[float, float]] = {}
+    med = stage_medians(arm)
+    if "loader_wait" in s:
+        wait = s["loader_wait"]
+        for key in ("data_item", "collate"):
+            frac = med[key] / wait.median if wait.median > 0 else 0.0
+            out[key] = (wait.q1 * frac, wait.q3 * frac)
+    for key in ("h2d", "device_prep", "forward", "backward", "optimizer"):
+        if key in s:
+            out[key] = (s[key].q1, s[key].q3)
+    out["overhead"] = (arm.untracked.q1, arm.untracked.q3)
+    return out
+
+
+def within_noise(slow: tuple[float, float], fast: tuple[float, float], slow_steps: float,
+                 fast_steps: float) -> bool:
+    """Whether a stage's difference between the pair is within its noise: its interquartile
+    ranges per epoch (quartiles per step x steps per epoch) on the two sides overlap, so the
+    order of the two is not resolved. A zero-width range (a stage one side does not have, or a
+    constant) overlaps only a range that contains it."""
+    a_lo, a_hi = slow[0] * slow_steps, slow[1] * slow_steps
+    b_lo, b_hi = fast[0] * fast_steps, fast[1] * fast_steps
+    return a_lo <= b_hi and b_lo <= a_hi
+
+
 def model_syncs(arm) -> float | None:
     """Host syncs per step in the device prep, forward and backward (the counted step), or
     None when the arm was not counted. The transfer's own syncs (a pageable copy) are apart."""

@@ -16,6 +16,9 @@ completed, and says in one line what it could not use and why:
   device prep, forward (with the loss), backward, optimizer, loop overhead, then DDP (booked only
   as above) and the unattributed rest (stage medians do not add up to the step median). Each
   row is slow minus fast in seconds per epoch; shares are of the measured gap and add to 100%.
+  A stage whose difference is within its noise (the two sides' interquartile ranges per epoch
+  overlap: :func:`~workbook_lib.analysis.stages.within_noise`) is shown, not booked: its
+  difference stays in the unattributed rest.
   Host syncs are a property of a stage: counted per stage, their cost "not measured here" on a
   CPU (a CPU never waits for a device); never a cause of their own.
 * **Figures it does not rest on**: a headline figure whose IQR/median is beyond the precision
@@ -48,9 +51,9 @@ from .. import pipelines
 from ..training.loop import project_epochs
 from ..results.bench import BenchResult
 from ..results.timing import STAGES
-from ..results.verdict import Cause, Gap, Recommendation, VerdictResult
+from ..results.verdict import Cause, Claim, Gap, Recommendation, VerdictResult
 from . import claims as claims_mod
-from .stages import stage_medians
+from .stages import stage_medians, stage_quartiles, within_noise
 from .timing_study import DANGO, LAZY, is_exact
 
 TIMING = "03_data_vs_model_timing"
@@ -301,6 +304,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
     lo = timing.loops
     a, b = lo.arm(slow, "full"), lo.arm(fast, "full")
     ma, mb = stage_medians(a), stage_medians(b)
+    qa, qb = stage_quartiles(a), stage_quartiles(b)
     ns, nf = gap.steps[slow], gap.steps[fast]
     profiles = getattr(timing, "profiles", None) or {}
 
@@ -341,9 +345,14 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                                  "inside the stage's time)")
                     if sa - sb > 0 and wait_s > 0.5 * (sa - sb):
                         advice = SYNC_ADVICE
-        rows.append(Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
-                          claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
-                          sync_wait_s=wait_s, note=note))
+        row = Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
+                    claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
+                    sync_wait_s=wait_s, note=note)
+        if key in qa and key in qb and within_noise(qa[key], qb[key], ns, nf):
+            row.effect = "noise"
+            row.evidence += ("; the two sides' interquartile ranges per epoch overlap: within "
+                             "the noise, not booked (its difference is in the unattributed rest)")
+        rows.append(row)
     total = gap.epoch_s[slow] - gap.epoch_s[fast]
     if gap.ddp_factor is not None:
         extra = gap.epoch_s[slow] * (gap.ddp_factor.median - 1.0)
@@ -357,22 +366,26 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
         else:
             row.effect = "noise"
         rows.append(row)
-    attributed = sum(r.difference_s for r in rows if r.difference_s is not None)
+    attributed = sum(r.difference_s for r in rows
+                     if r.difference_s is not None and r.effect != "noise")
+    noisy = [r.cause for r in rows if r.effect == "noise" and r.difference_s is not None]
     rows.append(Cause("unattributed", "the full steps' medians x steps per epoch minus the "
-                      "stages' (stage medians do not add up to the step's)", None, None,
+                      "booked stages' (stage medians do not add up to the step's"
+                      + (f"; with the stages within their noise: {', '.join(noisy)}"
+                         if noisy else "") + ")", None, None,
                       total - attributed, None, claims_mod.MEASURED, "rest", stage="rest"))
     set_shares(rows, total if gap.measurable else 0.0)
-    timed = sorted((r for r in rows if r.difference_s is not None and r.effect != "rest"),
-                   key=lambda r: -(r.difference_s or 0))
+    timed = sorted((r for r in rows if r.difference_s is not None
+                    and r.effect not in ("rest", "noise")), key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \
-        [r for r in rows if r.difference_s is None]
+        [r for r in rows if r.effect == "noise" or r.difference_s is None]
 
 
 def set_shares(rows: list[Cause], gap: float) -> None:
     """Each booked row's share of the measured gap (none when the gap is 0 or not measurable)
     and whether it adds or saves time (the rest keeps "rest", noise keeps "noise")."""
     for r in rows:
-        if r.difference_s is None:
+        if r.difference_s is None or r.effect == "noise":
             continue
         r.share = r.difference_s / gap if gap else None
         if r.effect not in ("rest", "noise"):
@@ -521,7 +534,9 @@ CPU_CANNOT = ["host-to-device transfer costs (a CPU run copies nothing)",
 
 
 DISTURBED_LABELS = {"gap": "the epoch-time gap", "per_step_ratio": "the per-step ratio",
-                    "ddp_factor": "the DDP factor", "speedup": "the fix's speedup in the loop",
+                    "ddp_factor": "the DDP factor",
+                    "speedup": "the recommended pipeline's speedup over the slow one (notebook "
+                               "03's loop)",
                     "bench": "the benchmark's ratio"}
 CONTENDED_LABELS = {**DISTURBED_LABELS, "loop": "notebook 03's full steps (the fix is chosen "
                                                 "by them)"}
