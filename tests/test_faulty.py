@@ -98,7 +98,7 @@ def test_without_04_the_same_forward_is_a_warning_and_runs(tmp_path, capsys):
     assert rc == 0, err
     warned = [ln for ln in err if ln.startswith("warning:")]
     assert len(warned) == 1 and "forward uses model.conv" in warned[0], err
-    assert "notebook 04 will fail for it" in warned[0]
+    assert "it would fail in notebook 04, which this run leaves out" in warned[0]
     assert (out / "01_graph_inventory.json").is_file()
 
 

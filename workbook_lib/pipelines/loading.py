@@ -218,9 +218,10 @@ def _full_step(pipe, name: str, batch, b: int, stage, warnings: list[str],
                 "04 wraps the model in DistributedDataParallel): call model(...) and let the "
                 "model's own forward use its parts")
         if ddp:
-            raise PipelineError(name, rule) from None
-        warnings.append(f"pipeline '{name}': {rule}; notebook 04 will fail for it, the other "
-                        "notebooks run it as it is")
+            raise PipelineError(name, rule + "; or leave notebook 04 out (--only 01 02 03 05 "
+                                             "06), where this is a warning") from None
+        warnings.append(f"pipeline '{name}': {rule}; it would fail in notebook 04, which this "
+                        "run leaves out: the other notebooks run it as it is")
         out = stage("forward", lambda: pipe.forward(pipe.model, inputs))
     lead = _leading(out) if getattr(pipe, "per_sample_output", True) else b
     if lead is None:
