@@ -70,8 +70,10 @@ def lead(v: VerdictResult) -> str:
         text += "; first cause: " + parts[0] + (", then " + ", ".join(parts[1:]) if parts[1:]
                                                  else "")
     else:  # a near tie: both named, neither put first on figures that cannot rank them
-        text += ("; first causes, not told apart at this precision: " + parts[0] + " and "
-                 + parts[1])
+        spread = g.ratio.iqr / max(g.ratio.median - 1.0, 1e-12)
+        text += (f"; first causes, not told apart at this precision (their shares differ by "
+                 f"less than the gap's own spread, its IQR over the ratio minus one: "
+                 f"{_pct(spread)} of it): " + parts[0] + " and " + parts[1])
     if first[0].advice:
         text += f"; change first: {first[0].advice}"
     return text + "."
