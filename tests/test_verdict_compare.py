@@ -112,6 +112,16 @@ def test_a_cause_that_saves_time_is_apart_not_a_negative_share_of_the_extra():
     assert not [c for c in none if c.effect == "saves" and abs(c.share) > 0.01]
 
 
+def test_the_gap_basis_names_the_ratio_of_the_medians_beside_the_paired_one():
+    t = _timing()
+    g = _gap(t, _ddp())
+    lo = t.loops
+    of_medians = (lo.arm("replicated_mask_cpu").step.median * g.steps["replicated_mask_cpu"]
+                  / (lo.arm("dango_wildtype").step.median * g.steps["dango_wildtype"]))
+    assert f"the ratio of the two medians (notebook 03's tables) is {of_medians:.3g}x" in g.basis
+    assert f"the median of the rounds' ratios, {g.ratio.median:.3g}x" in g.basis
+
+
 def test_a_stage_within_its_noise_is_shown_not_booked():
     t = _timing()
     slow_arm = t.loops.arms["replicated_mask_cpu/full"]
