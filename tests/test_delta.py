@@ -345,3 +345,43 @@ def test_typed_out_edges_list_every_out_edge_by_sender_and_type(graph):
         for ty in range(t):
             got = node[ptr[s * t + ty]:ptr[s * t + ty + 1]].long()
             assert torch.equal(got, slots[slots % t == ty] // t)
+
+
+def test_add_at_rows_is_index_add_in_outputs_and_gradients():
+    """``add_at_rows`` (in place, no ``index_add_``) against ``index_add``: the same rows and
+    the same gradients for both inputs; autograd refuses it on rows that their producer's
+    backward needs (in place on a saved tensor) rather than computing a wrong gradient."""
+    from workbook_lib.nodemask.kernels import add_at_rows
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 6, generator=gen, requires_grad=True)
+    src = torch.randn(7, 6, generator=gen, requires_grad=True)
+    index = torch.randperm(40, generator=gen)[:7]
+    w = torch.randn(40, 6, generator=gen)
+    want = (x * 2.0).index_add(0, index, src, alpha=-1.5)
+    gx, gs = torch.autograd.grad((want * w).sum(), (x, src))
+    got = add_at_rows(x * 2.0, src, index, -1.5)
+    assert torch.equal(got, want)
+    hx, hs = torch.autograd.grad((got * w).sum(), (x, src))
+    assert torch.equal(hx, gx) and torch.equal(hs, gs)
+    saved = x.exp()  # ExpBackward keeps its result
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        add_at_rows(saved, src, index).sum().backward()
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+def test_delta_step_runs_no_index_add_on_cpu(graph):
+    """The CPU delta step (numba push, sum aggregation: the benchmark's) adds rows back with
+    sparse products and in-place row copies, never with ``index_add_``: PyTorch runs it on a CPU
+    as a ``scatter_add_`` sorting an index expanded to every element, whose parallel passes
+    stalled for 50-120 ms each when other jobs shared the 2 cores. (Mean aggregation's degree
+    corrections still use it.)"""
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=5, layers=3, seed=3)
+    s = make_strategy("node_mask_shared", graph, aggr="sum", push_kernel="numba")
+    ctx = build_ctx(s, perturbations(graph.num_genes)[:6])
+    with torch.profiler.profile() as prof:
+        s.predict(model, ctx, dual=True).pow(2).sum().backward()
+    ops = {e.name for e in prof.events()}
+    assert "aten::index_select" in ops  # the profile sees the step's row movements
+    assert not ops & {"aten::index_add_", "aten::index_add", "aten::scatter_add_"}, \
+        sorted(ops & {"aten::index_add_", "aten::index_add", "aten::scatter_add_"})
