@@ -385,3 +385,34 @@ def test_delta_step_runs_no_index_add_on_cpu(graph):
     assert "aten::index_select" in ops  # the profile sees the step's row movements
     assert not ops & {"aten::index_add_", "aten::index_add", "aten::scatter_add_"}, \
         sorted(ops & {"aten::index_add_", "aten::index_add", "aten::scatter_add_"})
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+@pytest.mark.parametrize("case", ["mixed", "one_sample", "nothing_deleted", "isolated_only"])
+def test_compiled_corrections_equal_the_torch_ones(graph, case):
+    """The compiled corrections builder (the CPU collate's) gives every field of the PyTorch
+    version, the same values in the same order, the push plan and the selection CSRs
+    included."""
+    from dataclasses import fields
+
+    from workbook_lib.nodemask.batch import _corrections_compiled, _corrections_torch
+
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    pert = {"mixed": perturbations(graph.num_genes)[:20],
+            "one_sample": perturbations(graph.num_genes)[3:4],
+            "nothing_deleted": torch.full((3, 4), -1),
+            "isolated_only": torch.tensor([[26, 27, -1], [29, -1, -1]])}[case]
+    a = _corrections_compiled(sg.out_edges, pert)
+    b = _corrections_torch(sg.out_edges, pert)
+    for f in fields(b):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "plan":
+            for k in ("ranges", "entries", "type_counts", "num_deleted"):
+                assert getattr(x, k) == getattr(y, k), k
+            assert torch.equal(x.pair_ptr, y.pair_ptr) and torch.equal(x.pair_out, y.pair_out)
+        elif y.layout == torch.sparse_csr:
+            assert x.shape == y.shape, f.name
+            for part in ("crow_indices", "col_indices", "values"):
+                assert torch.equal(getattr(x, part)(), getattr(y, part)()), (f.name, part)
+        else:
+            assert x.dtype == y.dtype and torch.equal(x, y), f.name

@@ -34,9 +34,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from .delta import PushPlan, default_push_kernel, grouped_messages, push, push_pooled
+from .delta import (PushPlan, _numba_kernels, default_push_kernel, grouped_messages, push,
+                    push_pooled)
 from .kernels import (add_at_rows, add_rows, batched_spmm, gather_rows, nnz, selection_csr,
                       sparse_range, stacked_aggregate_linear, typed_aggregate_linear, typed_spmm)
 
@@ -134,6 +136,56 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     if out_edges.sends is None or out_edges.in_ptr is None:
         raise ValueError("'out_edges' carries no type or in-edge lists: use "
                          "SharedGraph.out_edges")
+    if deleted.device.type == "cpu" and _numba_kernels():
+        return _corrections_compiled(out_edges, deleted)
+    return _corrections_torch(out_edges, deleted)
+
+
+def _csr(crow: torch.Tensor, col: torch.Tensor, rows: int) -> torch.Tensor:
+    """The selection CSR ``[rows, len(col)]`` of ones from its int32 ``crow`` and ``col`` (the
+    ones filled by NumPy: ``torch.ones`` runs in parallel and waited for a busy second core)."""
+    ones = torch.from_numpy(np.ones(col.numel(), dtype=np.float32))
+    return torch.sparse_csr_tensor(crow, col, ones, size=(rows, col.numel()),
+                                   check_invariants=False)
+
+
+def _corrections_compiled(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
+    """:func:`corrections` on the host in one compiled pass
+    (:func:`~workbook_lib.nodemask.numba_push.corrections_host`): the PyTorch version makes
+    about 150 small operations, several of them sorts (22 ms per batch of 28 at the real graph
+    size on one thread of the 2-core machine, and its parallel ones stalled when other jobs
+    shared the cores); the same tensors (``tests/test_delta.py`` compares every field)."""
+    n, t = out_edges.num_nodes, out_edges.num_types
+    k = _numba_kernels()[5]
+    arr = k(deleted.contiguous().numpy(), out_edges.ptr.numpy(), out_edges.slot.numpy(), n, t,
+            out_edges.sends.numpy(), out_edges.in_ptr.numpy(), out_edges.in_slot.numpy())
+    (pair_sample, pair_gene, is_del, entry_slot, e_gene, pair_out, changed_slot, pair_ptr,
+     entries, source_gene, source_index, deleted_pair, deleted_gene, msg_pair, msg_index,
+     type_counts, pool_drop, entry_msg, entry_pair, msg_crow, msg_col) = (
+        torch.from_numpy(a) for a in arr)
+    plan = PushPlan.from_counts(pair_ptr, entries, pair_out)
+    plan.type_counts = type_counts.tolist()
+    plan.num_deleted = int(deleted_pair.numel())
+    r, g = pair_gene.numel(), source_gene.numel()
+    sel = _numba_kernels()[6]
+    return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
+                       entry_slot=entry_slot, entry_source=e_gene, pair_out=pair_out,
+                       changed_slot=changed_slot, plan=plan, source_gene=source_gene,
+                       entry_source_index=source_index, deleted_pair=deleted_pair,
+                       msg_pair=msg_pair, msg_index=msg_index, pool_drop=pool_drop,
+                       entry_msg=entry_msg, entry_pair=entry_pair,
+                       msg_back=_csr(msg_crow, msg_col, r),
+                       gene_back=_csr(*(torch.from_numpy(a) for a in sel(arr[1], n)), n),
+                       entry_msg_back=_csr(*(torch.from_numpy(a) for a in sel(arr[17], g * t)),
+                                           g * t),
+                       entry_pair_csr=_csr(*(torch.from_numpy(a) for a in sel(arr[18], r)), r),
+                       deleted_gene=deleted_gene,
+                       deleted_back=_csr(*(torch.from_numpy(a) for a in sel(arr[12], n)), n),
+                       source_back=_csr(*(torch.from_numpy(a) for a in sel(arr[9], n)), n))
+
+
+def _corrections_torch(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
+    """:func:`corrections` in PyTorch operations, where ``deleted`` lives (any device)."""
     dev = deleted.device
     ptr, slot = out_edges.ptr.to(dev), out_edges.slot.to(dev)
     n, t = out_edges.num_nodes, out_edges.num_types

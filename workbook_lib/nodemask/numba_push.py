@@ -1,4 +1,6 @@
-"""The delta push's compiled CPU kernels (numba), imported only when numba is.
+"""The delta push's compiled CPU kernels (numba), imported only when numba is, and the compiled
+builder of a batch's corrections on the host (:func:`corrections_host`, the CPU collate's:
+``batch._corrections_compiled``).
 
 They live at module level, not inside a function: numba's on-disk cache keys a function by its
 code and its closure, and a closure holding another jitted function pickles differently in every
@@ -226,3 +228,170 @@ def bwd_pool(gu, grows, gbase, scratch, gpooled, mask, wp, pair_ptr, pair_gene, 
                     gbase[ch, n, j] += sc[n, j]
             pairs_backward(b, sc, acc, gu, grows, pair_ptr, pair_gene, tptr, tnode,
                             msg_index, t, r, w, per_slot)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def selection(index, rows):  # pragma: no cover - jitted
+    """``(crow, col)`` int32 of the CSR ``[rows, len(index)]`` with a one at ``(index[i], i)``,
+    each row's positions ascending (a counting sort: what ``kernels.selection_csr`` builds with
+    a stable argsort)."""
+    m = index.shape[0]
+    crow = np.zeros(rows + 1, dtype=np.int32)
+    for i in range(m):
+        crow[index[i] + 1] += 1
+    for r in range(rows):
+        crow[r + 1] += crow[r]
+    fill = crow[:-1].copy()
+    col = np.empty(m, dtype=np.int32)
+    for i in range(m):
+        g = index[i]
+        col[fill[g]] = i
+        fill[g] += 1
+    return crow, col
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def corrections_host(deleted, ptr, slot, n, t, sends, in_ptr, in_slot):  # pragma: no cover
+    """Every index of ``batch.corrections`` for ``deleted`` ``[B, k]`` (``-1`` pads) in one
+    compiled pass over the deleted genes' out- and in-edges (single-threaded: it runs in the
+    collate, beside the step). The same arrays, in the same order, as the PyTorch version."""
+    bsz, kk = deleted.shape
+    nv = 0
+    for b in range(bsz):
+        for j in range(kk):
+            if deleted[b, j] >= 0:
+                nv += 1
+    samples = np.empty(nv, np.int64)
+    genes = np.empty(nv, np.int64)
+    total = 0
+    itotal = 0
+    i = 0
+    for b in range(bsz):
+        for j in range(kk):
+            g = deleted[b, j]
+            if g >= 0:
+                samples[i] = b
+                genes[i] = g
+                total += ptr[g + 1] - ptr[g]
+                itotal += in_ptr[g + 1] - in_ptr[g]
+                i += 1
+    # the rows: (sample, gene) keys of every out-edge's receiver and of every deleted gene
+    rowid = np.full(bsz * n, -1, np.int64)
+    e_gene = np.empty(total, np.int64)
+    e_slot = np.empty(total, np.int64)
+    e_key = np.empty(total, np.int64)
+    e = 0
+    for i in range(nv):
+        b, g = samples[i], genes[i]
+        rowid[b * n + g] = 0
+        for x in range(ptr[g], ptr[g + 1]):
+            s = slot[x]
+            e_gene[e] = g
+            e_slot[e] = s
+            e_key[e] = b * n + s // t
+            rowid[e_key[e]] = 0
+            e += 1
+    r = 0
+    for key in range(bsz * n):
+        if rowid[key] == 0:
+            rowid[key] = r
+            r += 1
+    pair_sample = np.empty(r, np.int64)
+    pair_gene = np.empty(r, np.int64)
+    pair_ptr = np.zeros(bsz + 1, np.int64)
+    for key in range(bsz * n):
+        p = rowid[key]
+        if p >= 0:
+            pair_sample[p] = key // n
+            pair_gene[p] = key % n
+            pair_ptr[key // n + 1] += 1
+    for b in range(bsz):
+        pair_ptr[b + 1] += pair_ptr[b]
+    is_del = np.zeros(r, np.bool_)
+    for i in range(nv):
+        is_del[rowid[samples[i] * n + genes[i]]] = True
+    pair_out = np.empty(r, np.int64)
+    entries = np.zeros(bsz, np.int64)
+    for p in range(r):
+        pair_out[p] = ptr[pair_gene[p] + 1] - ptr[pair_gene[p]]
+        entries[pair_sample[p]] += pair_out[p]
+    # the batch's distinct deleted genes, ascending, and each entry's index among them
+    src_of = np.full(n, -1, np.int64)
+    for i in range(nv):
+        src_of[genes[i]] = 0
+    ng = 0
+    for g in range(n):
+        if src_of[g] == 0:
+            src_of[g] = ng
+            ng += 1
+    source_gene = np.empty(ng, np.int64)
+    for g in range(n):
+        if src_of[g] >= 0:
+            source_gene[src_of[g]] = g
+    entry_pair = np.empty(total, np.int64)
+    entry_slot = np.empty(total, np.int64)
+    entry_msg = np.empty(total, np.int64)
+    source_index = np.empty(total, np.int64)
+    changed = np.zeros(r * t, np.bool_)
+    for e in range(total):
+        p = rowid[e_key[e]]
+        ty = e_slot[e] % t
+        entry_pair[e] = p
+        entry_slot[e] = p * t + ty
+        source_index[e] = src_of[e_gene[e]]
+        entry_msg[e] = source_index[e] * t + ty
+        changed[p * t + ty] = True
+    nq = 0
+    for q in range(r * t):
+        if changed[q]:
+            nq += 1
+    changed_slot = np.empty(nq, np.int64)
+    nq = 0
+    for q in range(r * t):
+        if changed[q]:
+            changed_slot[nq] = q
+            nq += 1
+    # the delta layer's messages: (type, row) where the row's gene sends on the type, type-major
+    msg_index = np.full(t * r, -1, np.int64)
+    type_counts = np.zeros(t, np.int64)
+    m = 0
+    for ty in range(t):
+        for p in range(r):
+            if sends[ty, pair_gene[p]] != 0:
+                msg_index[ty * r + p] = m
+                m += 1
+                type_counts[ty] += 1
+    msg_pair = np.empty(m, np.int64)
+    msg_crow = np.zeros(r + 1, np.int32)
+    msg_col = np.empty(m, np.int32)
+    c = 0
+    for p in range(r):  # each row's messages, type order: msg_back
+        for ty in range(t):
+            q = msg_index[ty * r + p]
+            if q >= 0:
+                msg_pair[q] = p
+                msg_col[c] = q
+                c += 1
+        msg_crow[p + 1] = c
+    # the pooled layer's weights: sample b loses the in-edges (j -> s, type t) of each deleted s
+    pool_drop = np.empty(itotal, np.int64)
+    x = 0
+    for i in range(nv):
+        g = genes[i]
+        for y in range(in_ptr[g], in_ptr[g + 1]):
+            pool_drop[x] = samples[i] * (t * n) + in_slot[y]
+            x += 1
+    nd = 0
+    for p in range(r):
+        if is_del[p]:
+            nd += 1
+    deleted_pair = np.empty(nd, np.int64)
+    nd = 0
+    for p in range(r):
+        if is_del[p]:
+            deleted_pair[nd] = p
+            nd += 1
+    deleted_gene = pair_gene[deleted_pair]
+    return (pair_sample, pair_gene, is_del, entry_slot, e_gene, pair_out, changed_slot,
+            pair_ptr, entries, source_gene, source_index, deleted_pair, deleted_gene, msg_pair,
+            msg_index, type_counts, pool_drop, entry_msg, entry_pair, msg_crow, msg_col)
