@@ -416,3 +416,35 @@ def test_compiled_corrections_equal_the_torch_ones(graph, case):
                 assert torch.equal(getattr(x, part)(), getattr(y, part)()), (f.name, part)
         else:
             assert x.dtype == y.dtype and torch.equal(x, y), f.name
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+@pytest.mark.parametrize("per", ["gene", "slot"])
+@pytest.mark.parametrize("width", [64, 63])
+def test_compiled_push_at_the_unrolled_width_equals_pull(graph, per, width):
+    """The compiled kernels' per-edge loops take a fixed trip count at H = ``numba_push.WIDE``
+    (64, the real spec's) and the general loop otherwise: both, the pooled pass included,
+    against the PyTorch ``pull`` kernel, values and gradients, weights per receiving gene (sum)
+    and per slot (mean)."""
+    from workbook_lib.nodemask import numba_push
+
+    assert numba_push.WIDE == 64
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    nb = sg.batch(perturbations(graph.num_genes)[:9], push_kernel="numba")
+    c = nb.corrections()
+    g = torch.Generator().manual_seed(9)
+    n, t = graph.num_genes, sg.num_types
+    base = torch.randn(n, width, generator=g, requires_grad=True)
+    u = torch.randn(c.msg_pair.numel(), width, generator=g, requires_grad=True)
+    rows = torch.randn(c.pair_gene.numel(), width, generator=g, requires_grad=True)
+    w = torch.rand(9, n if per == "gene" else n * t, generator=g)
+    pool = torch.rand(9, t + 1, n, generator=g)
+    gout = torch.randn(9, n, width, generator=g)
+    gpool = torch.randn(9, t + 1, width, generator=g)
+    for fn, gw in ((lambda k: push(sg, c, base, u, w, k, rows=rows, relu=True), gout),
+                   (lambda k: delta.push_pooled(sg, c, base, u, w, pool, k, rows=rows), gpool)):
+        got, want = fn("numba"), fn("pull")
+        assert rel(got, want) < TOL
+        for a, b in zip(torch.autograd.grad((got * gw).sum(), (base, u, rows)),
+                        torch.autograd.grad((want * gw).sum(), (base, u, rows))):
+            assert rel(a, b) < TOL
