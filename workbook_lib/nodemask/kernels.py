@@ -7,8 +7,9 @@ kernels compute ``A @ x_b`` for a batch of samples ``x`` of shape ``[B, N, H]``:
   preallocated output. On the 2-core CPU this workbook was built on, at the real graph size
   (2.42M edges) and H = 64, B = 28, slabs ran at 8.7 G multiply-adds/s against 2.4 for one
   product of the samples side by side (``[N, B*H]``, the ``wide`` kernel): a slab's dense operand
-  (1.7 MB) stays in a core's L2 cache while the CSR streams past it, whereas the wide operand
-  (47 MB) does not fit the 32 MB L3, and every nonzero then fetches a 7 kB row from memory.
+  (1.7 MB) stays in the machine's 8 MB L3 cache (not in a core's 512 KB L2) while the CSR
+  streams past it, whereas the wide operand (47 MB) fits no cache, and every nonzero then
+  fetches a 7 kB row from memory.
 * ``wide`` (default on CUDA, where cuSPARSE's SpMM is built for wide dense operands): one product
   of ``[N, B*H]``. Not measured on a GPU while this was written; the benchmark
   (``python -m workbook_lib bench``) times both kernels on the device it runs on.
