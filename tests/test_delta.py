@@ -345,3 +345,106 @@ def test_typed_out_edges_list_every_out_edge_by_sender_and_type(graph):
         for ty in range(t):
             got = node[ptr[s * t + ty]:ptr[s * t + ty + 1]].long()
             assert torch.equal(got, slots[slots % t == ty] // t)
+
+
+def test_add_at_rows_is_index_add_in_outputs_and_gradients():
+    """``add_at_rows`` (in place, no ``index_add_``) against ``index_add``: the same rows and
+    the same gradients for both inputs; autograd refuses it on rows that their producer's
+    backward needs (in place on a saved tensor) rather than computing a wrong gradient."""
+    from workbook_lib.nodemask.kernels import add_at_rows
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 6, generator=gen, requires_grad=True)
+    src = torch.randn(7, 6, generator=gen, requires_grad=True)
+    index = torch.randperm(40, generator=gen)[:7]
+    w = torch.randn(40, 6, generator=gen)
+    want = (x * 2.0).index_add(0, index, src, alpha=-1.5)
+    gx, gs = torch.autograd.grad((want * w).sum(), (x, src))
+    got = add_at_rows(x * 2.0, src, index, -1.5)
+    assert torch.equal(got, want)
+    hx, hs = torch.autograd.grad((got * w).sum(), (x, src))
+    assert torch.equal(hx, gx) and torch.equal(hs, gs)
+    saved = x.exp()  # ExpBackward keeps its result
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        add_at_rows(saved, src, index).sum().backward()
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+def test_delta_step_runs_no_index_add_on_cpu(graph):
+    """The CPU delta step (numba push, sum aggregation: the benchmark's) adds rows back with
+    sparse products and in-place row copies, never with ``index_add_``: PyTorch runs it on a CPU
+    as a ``scatter_add_`` sorting an index expanded to every element, whose parallel passes
+    stalled for 50-120 ms each when other jobs shared the 2 cores. (Mean aggregation's degree
+    corrections still use it.)"""
+    model = PerturbGIN(graph.num_genes, graph.edge_types, hidden=5, layers=3, seed=3)
+    s = make_strategy("node_mask_shared", graph, aggr="sum", push_kernel="numba")
+    ctx = build_ctx(s, perturbations(graph.num_genes)[:6])
+    with torch.profiler.profile() as prof:
+        s.predict(model, ctx, dual=True).pow(2).sum().backward()
+    ops = {e.name for e in prof.events()}
+    assert "aten::index_select" in ops  # the profile sees the step's row movements
+    assert not ops & {"aten::index_add_", "aten::index_add", "aten::scatter_add_"}, \
+        sorted(ops & {"aten::index_add_", "aten::index_add", "aten::scatter_add_"})
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+@pytest.mark.parametrize("case", ["mixed", "one_sample", "nothing_deleted", "isolated_only"])
+def test_compiled_corrections_equal_the_torch_ones(graph, case):
+    """The compiled corrections builder (the CPU collate's) gives every field of the PyTorch
+    version, the same values in the same order, the push plan and the selection CSRs
+    included."""
+    from dataclasses import fields
+
+    from workbook_lib.nodemask.batch import _corrections_compiled, _corrections_torch
+
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    pert = {"mixed": perturbations(graph.num_genes)[:20],
+            "one_sample": perturbations(graph.num_genes)[3:4],
+            "nothing_deleted": torch.full((3, 4), -1),
+            "isolated_only": torch.tensor([[26, 27, -1], [29, -1, -1]])}[case]
+    a = _corrections_compiled(sg.out_edges, pert)
+    b = _corrections_torch(sg.out_edges, pert)
+    for f in fields(b):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "plan":
+            for k in ("ranges", "entries", "type_counts", "num_deleted"):
+                assert getattr(x, k) == getattr(y, k), k
+            assert torch.equal(x.pair_ptr, y.pair_ptr) and torch.equal(x.pair_out, y.pair_out)
+        elif y.layout == torch.sparse_csr:
+            assert x.shape == y.shape, f.name
+            for part in ("crow_indices", "col_indices", "values"):
+                assert torch.equal(getattr(x, part)(), getattr(y, part)()), (f.name, part)
+        else:
+            assert x.dtype == y.dtype and torch.equal(x, y), f.name
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+@pytest.mark.parametrize("per", ["gene", "slot"])
+@pytest.mark.parametrize("width", [64, 63])
+def test_compiled_push_at_the_unrolled_width_equals_pull(graph, per, width):
+    """The compiled kernels' per-edge loops take a fixed trip count at H = ``numba_push.WIDE``
+    (64, the real spec's) and the general loop otherwise: both, the pooled pass included,
+    against the PyTorch ``pull`` kernel, values and gradients, weights per receiving gene (sum)
+    and per slot (mean)."""
+    from workbook_lib.nodemask import numba_push
+
+    assert numba_push.WIDE == 64
+    sg = SharedGraph(graph.edge_index, graph.num_genes)
+    nb = sg.batch(perturbations(graph.num_genes)[:9], push_kernel="numba")
+    c = nb.corrections()
+    g = torch.Generator().manual_seed(9)
+    n, t = graph.num_genes, sg.num_types
+    base = torch.randn(n, width, generator=g, requires_grad=True)
+    u = torch.randn(c.msg_pair.numel(), width, generator=g, requires_grad=True)
+    rows = torch.randn(c.pair_gene.numel(), width, generator=g, requires_grad=True)
+    w = torch.rand(9, n if per == "gene" else n * t, generator=g)
+    pool = torch.rand(9, t + 1, n, generator=g)
+    gout = torch.randn(9, n, width, generator=g)
+    gpool = torch.randn(9, t + 1, width, generator=g)
+    for fn, gw in ((lambda k: push(sg, c, base, u, w, k, rows=rows, relu=True), gout),
+                   (lambda k: delta.push_pooled(sg, c, base, u, w, pool, k, rows=rows), gpool)):
+        got, want = fn("numba"), fn("pull")
+        assert rel(got, want) < TOL
+        for a, b in zip(torch.autograd.grad((got * gw).sum(), (base, u, rows)),
+                        torch.autograd.grad((want * gw).sum(), (base, u, rows))):
+            assert rel(a, b) < TOL

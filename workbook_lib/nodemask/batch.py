@@ -34,11 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from .delta import PushPlan, default_push_kernel, grouped_messages, push, push_pooled
-from .kernels import (add_rows, batched_spmm, gather_rows, nnz, selection_csr, sparse_range,
-                      stacked_aggregate_linear, typed_aggregate_linear, typed_spmm)
+from .delta import (PushPlan, _numba_kernels, default_push_kernel, grouped_messages, push,
+                    push_pooled)
+from .kernels import (add_at_rows, add_rows, batched_spmm, gather_rows, nnz, selection_csr,
+                      sparse_range, stacked_aggregate_linear, typed_aggregate_linear, typed_spmm)
 
 if TYPE_CHECKING:  # names in annotations only: graph.py imports this module (SharedGraph.batch)
     from .graph import OutEdges, SharedGraph
@@ -102,9 +104,13 @@ class Corrections:
     gene_back: torch.Tensor | None = None  # CSR [N, R]: the rows of each gene (CPU backward)
     entry_msg_back: torch.Tensor | None = None  # CSR [G*T, E]: the entries of each message
     entry_pair_csr: torch.Tensor | None = None  # CSR [R, E]: the entries landing on each row
+    deleted_gene: torch.Tensor | None = None  # [D] pair_gene[deleted_pair]
+    deleted_back: torch.Tensor | None = None  # CSR [N, D]: the deleted rows of each gene
+    source_back: torch.Tensor | None = None  # CSR [N, G]: where each gene is in source_gene
 
     # the row selections' transposes, for a CPU (a GPU's index_add_ needs no such table)
-    BACKWARD_ONLY_ON_CPU = ("msg_back", "gene_back", "entry_msg_back", "entry_pair_csr")
+    BACKWARD_ONLY_ON_CPU = ("msg_back", "gene_back", "entry_msg_back", "entry_pair_csr",
+                            "deleted_back", "source_back")
 
     def to(self, device) -> "Corrections":
         device = torch.device(device)
@@ -130,6 +136,56 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     if out_edges.sends is None or out_edges.in_ptr is None:
         raise ValueError("'out_edges' carries no type or in-edge lists: use "
                          "SharedGraph.out_edges")
+    if deleted.device.type == "cpu" and _numba_kernels():
+        return _corrections_compiled(out_edges, deleted)
+    return _corrections_torch(out_edges, deleted)
+
+
+def _csr(crow: torch.Tensor, col: torch.Tensor, rows: int) -> torch.Tensor:
+    """The selection CSR ``[rows, len(col)]`` of ones from its int32 ``crow`` and ``col`` (the
+    ones filled by NumPy: ``torch.ones`` runs in parallel and waited for a busy second core)."""
+    ones = torch.from_numpy(np.ones(col.numel(), dtype=np.float32))
+    return torch.sparse_csr_tensor(crow, col, ones, size=(rows, col.numel()),
+                                   check_invariants=False)
+
+
+def _corrections_compiled(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
+    """:func:`corrections` on the host in one compiled pass
+    (:func:`~workbook_lib.nodemask.numba_push.corrections_host`): the PyTorch version makes
+    about 150 small operations, several of them sorts (22 ms per batch of 28 at the real graph
+    size on one thread of the 2-core machine, and its parallel ones stalled when other jobs
+    shared the cores); the same tensors (``tests/test_delta.py`` compares every field)."""
+    n, t = out_edges.num_nodes, out_edges.num_types
+    k = _numba_kernels()[5]
+    arr = k(deleted.contiguous().numpy(), out_edges.ptr.numpy(), out_edges.slot.numpy(), n, t,
+            out_edges.sends.numpy(), out_edges.in_ptr.numpy(), out_edges.in_slot.numpy())
+    (pair_sample, pair_gene, is_del, entry_slot, e_gene, pair_out, changed_slot, pair_ptr,
+     entries, source_gene, source_index, deleted_pair, deleted_gene, msg_pair, msg_index,
+     type_counts, pool_drop, entry_msg, entry_pair, msg_crow, msg_col) = (
+        torch.from_numpy(a) for a in arr)
+    plan = PushPlan.from_counts(pair_ptr, entries, pair_out)
+    plan.type_counts = type_counts.tolist()
+    plan.num_deleted = int(deleted_pair.numel())
+    r, g = pair_gene.numel(), source_gene.numel()
+    sel = _numba_kernels()[6]
+    return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
+                       entry_slot=entry_slot, entry_source=e_gene, pair_out=pair_out,
+                       changed_slot=changed_slot, plan=plan, source_gene=source_gene,
+                       entry_source_index=source_index, deleted_pair=deleted_pair,
+                       msg_pair=msg_pair, msg_index=msg_index, pool_drop=pool_drop,
+                       entry_msg=entry_msg, entry_pair=entry_pair,
+                       msg_back=_csr(msg_crow, msg_col, r),
+                       gene_back=_csr(*(torch.from_numpy(a) for a in sel(arr[1], n)), n),
+                       entry_msg_back=_csr(*(torch.from_numpy(a) for a in sel(arr[17], g * t)),
+                                           g * t),
+                       entry_pair_csr=_csr(*(torch.from_numpy(a) for a in sel(arr[18], r)), r),
+                       deleted_gene=deleted_gene,
+                       deleted_back=_csr(*(torch.from_numpy(a) for a in sel(arr[12], n)), n),
+                       source_back=_csr(*(torch.from_numpy(a) for a in sel(arr[9], n)), n))
+
+
+def _corrections_torch(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
+    """:func:`corrections` in PyTorch operations, where ``deleted`` lives (any device)."""
     dev = deleted.device
     ptr, slot = out_edges.ptr.to(dev), out_edges.slot.to(dev)
     n, t = out_edges.num_nodes, out_edges.num_types
@@ -174,6 +230,7 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     i_sample = torch.repeat_interleave(samples, icount, output_size=itotal)
     pool_drop = i_sample * (t * n) + in_slot[i_first + i_within]
     deleted_pair = is_del.nonzero().flatten()
+    deleted_gene = pair_gene.index_select(0, deleted_pair)
     plan.num_deleted = int(deleted_pair.numel())
     # the backward's scatters as sparse products (CPU): each row's messages, each gene's rows
     row_major = msg_index.view(t, r).T.reshape(-1)
@@ -190,7 +247,9 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
                        deleted_pair=deleted_pair, msg_pair=msg_pair, msg_index=msg_index,
                        pool_drop=pool_drop, entry_msg=entry_msg, entry_pair=entry_pair,
                        msg_back=msg_back, gene_back=gene_back, entry_msg_back=entry_msg_back,
-                       entry_pair_csr=entry_pair_csr)
+                       entry_pair_csr=entry_pair_csr, deleted_gene=deleted_gene,
+                       deleted_back=selection_csr(deleted_gene, n),
+                       source_back=selection_csr(source_gene, n))
 
 
 @dataclass
@@ -305,13 +364,17 @@ class NodeMaskBatch:
     def _on_deleted_rows(self, rows: torch.Tensor, wild: torch.Tensor,
                          scale: float) -> torch.Tensor:
         """``rows`` ``[R, H]`` plus ``scale * wild[gene]`` at the correction rows whose gene is
-        deleted (``k`` per sample: a short list, not a gather of every row)."""
+        deleted (``k`` per sample: a short list, not a gather of every row), added in place
+        (``rows`` is a fresh intermediate at every call). Neither direction runs an
+        ``index_add_`` on a CPU (:func:`~workbook_lib.nodemask.kernels.add_at_rows`, and the
+        gather's backward one sparse product with ``Corrections.deleted_back``)."""
         c = self.corrections()
         if c.deleted_pair is None:
             d = (~c.pair_deleted).to(rows.dtype).unsqueeze(1)
             return rows + scale * (1.0 - d) * wild.index_select(0, c.pair_gene)
-        genes = c.pair_gene.index_select(0, c.deleted_pair)
-        return rows.index_add(0, c.deleted_pair, wild.index_select(0, genes), alpha=scale)
+        genes = c.deleted_gene if c.deleted_gene is not None else \
+            c.pair_gene.index_select(0, c.deleted_pair)
+        return add_at_rows(rows, gather_rows(wild, genes, c.deleted_back), c.deleted_pair, scale)
 
     @staticmethod
     def _wsum(weight: torch.Tensor, t: int) -> torch.Tensor:
@@ -493,7 +556,7 @@ class NodeMaskBatch:
         kept = (~c.pair_deleted).to(x0.dtype).unsqueeze(1)
         # each deleted gene's messages x0[s] W_t, once per batch (not x0 W_t for every gene)
         w_push = weight.view(ho, t, hd).permute(2, 1, 0).reshape(hd, t * ho)
-        xw = (x0.index_select(0, c.source_gene) @ w_push).view(-1, ho)  # [G*T, Ho]
+        xw = (gather_rows(x0, c.source_gene, c.source_back) @ w_push).view(-1, ho)  # [G*T, Ho]
         msgs = gather_rows(xw, c.entry_msg, c.entry_msg_back)  # [E_k, Ho]
         r = gene.numel()
         if g.aggr == "mean":

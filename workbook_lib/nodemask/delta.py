@@ -108,7 +108,7 @@ def _numba_kernels():
 
     from . import numba_push as k
 
-    _NUMBA = (k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool)
+    _NUMBA = (k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host, k.selection)
     return _NUMBA
 
 
@@ -186,6 +186,17 @@ class PushPlan:
         self.ranges = self.pair_ptr.tolist()
         self.entries = per_sample.tolist()  # out-edges leaving R_b, per sample
         self.pair_out = deg  # [P] out-degree of each row's gene
+
+    @classmethod
+    def from_counts(cls, pair_ptr: torch.Tensor, entries: torch.Tensor,
+                    pair_out: torch.Tensor) -> "PushPlan":
+        """The plan from counts made elsewhere (the compiled corrections builder): ``pair_ptr``
+        ``[B + 1]`` the rows' per-sample offsets, ``entries`` ``[B]`` their out-edges per
+        sample, ``pair_out`` ``[P]`` each row's out-degree (CPU tensors)."""
+        plan = cls.__new__(cls)
+        plan.pair_ptr, plan.pair_out = pair_ptr, pair_out
+        plan.ranges, plan.entries = pair_ptr.tolist(), entries.tolist()
+        return plan
 
     @property
     def total_entries(self) -> int:

@@ -7,8 +7,9 @@ kernels compute ``A @ x_b`` for a batch of samples ``x`` of shape ``[B, N, H]``:
   preallocated output. On the 2-core CPU this workbook was built on, at the real graph size
   (2.42M edges) and H = 64, B = 28, slabs ran at 8.7 G multiply-adds/s against 2.4 for one
   product of the samples side by side (``[N, B*H]``, the ``wide`` kernel): a slab's dense operand
-  (1.7 MB) stays in a core's L2 cache while the CSR streams past it, whereas the wide operand
-  (47 MB) does not fit the 32 MB L3, and every nonzero then fetches a 7 kB row from memory.
+  (1.7 MB) stays in the machine's 8 MB L3 cache (not in a core's 512 KB L2) while the CSR
+  streams past it, whereas the wide operand (47 MB) fits no cache, and every nonzero then
+  fetches a 7 kB row from memory.
 * ``wide`` (default on CUDA, where cuSPARSE's SpMM is built for wide dense operands): one product
   of ``[N, B*H]``. Not measured on a GPU while this was written; the benchmark
   (``python -m workbook_lib bench``) times both kernels on the device it runs on.
@@ -362,6 +363,34 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, back: torch.Tensor | None 
     if back is None or x.device.type != "cpu" or not x.requires_grad:
         return x.index_select(0, index)
     return _GatherRows.apply(x, index, back)
+
+
+class _AddAtRows(torch.autograd.Function):
+    """``rows[index] += alpha * src`` in place (``index`` without repeats), marked dirty: the
+    rows are gathered, added to and copied back (no ``index_add_``: on a CPU PyTorch runs it as a
+    ``scatter_add_`` that sorts an index expanded to every element, whose parallel passes stalled
+    for 50-120 ms each on the 2-core machine while other jobs ran); backward the gradient passes
+    to ``rows`` as it is and ``src`` gets its rows at ``index``."""
+
+    @staticmethod
+    def forward(ctx, rows, src, index, alpha):
+        ctx.alpha = alpha
+        ctx.save_for_backward(index)
+        ctx.mark_dirty(rows)
+        return rows.index_copy_(0, index, rows.index_select(0, index).add_(src, alpha=alpha))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad, grad.index_select(0, index).mul_(ctx.alpha), None, None
+
+
+def add_at_rows(rows: torch.Tensor, src: torch.Tensor, index: torch.Tensor,
+                alpha: float = 1.0) -> torch.Tensor:
+    """``rows`` with ``alpha * src`` added at its rows ``index`` (distinct), in place
+    (differentiable in both: ``rows`` must not be needed by the backward of what made it; autograd
+    says so if it is)."""
+    return _AddAtRows.apply(rows, src, index, float(alpha))
 
 
 def selection_csr(index: torch.Tensor, rows: int, order: torch.Tensor | None = None):
