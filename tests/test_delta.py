@@ -395,7 +395,7 @@ def test_compiled_corrections_equal_the_torch_ones(graph, case):
     included."""
     from dataclasses import fields
 
-    from workbook_lib.nodemask.batch import _corrections_compiled, _corrections_torch
+    from workbook_lib.nodemask.corrections import _corrections_compiled, _corrections_torch
 
     sg = SharedGraph(graph.edge_index, graph.num_genes)
     pert = {"mixed": perturbations(graph.num_genes)[:20],

@@ -192,7 +192,7 @@ def test_delta_step_as_it_runs_on_a_gpu_is_exact_and_sync_free(aggr, layers):
     from conftest import make_graph
     from workbook_lib.data.snapshots import CellGraph, content_checksum
     from workbook_lib.measurement.syncs import SyncCounter
-    from workbook_lib.nodemask.batch import Corrections
+    from workbook_lib.nodemask.corrections import Corrections
     from workbook_lib.strategies import make_strategy
     from workbook_lib.strategies.model import PerturbGIN
     from workbook_lib.strategies.reference import reference_node_outputs, reference_predict

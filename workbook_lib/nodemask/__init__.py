@@ -20,8 +20,8 @@ every batch with a boolean edge mask per sample::
 Exact (float32 rounding) for sum and mean aggregation, forward and gradients; see
 :mod:`workbook_lib.nodemask.batch` for the identities and their conditions.
 """
-from .batch import (Corrections, DeltaFeatures, NodeMaskBatch, SharedAggregation, corrections,
-                    validate_deleted)
+from .batch import DeltaFeatures, NodeMaskBatch, SharedAggregation
+from .corrections import Corrections, corrections, validate_deleted
 from .delta import PUSH_KERNELS, default_push_kernel, grouped_messages, push
 from .floor import WorkFloor, work_floor
 from .graph import OutEdges, SharedGraph

@@ -3,7 +3,7 @@
 For the workbook's model (GIN-shaped layers, ``T`` edge types with one weight block ``W_t``
 each, hidden width ``H`` in and out, a pooled last layer) with ``L >= 3`` layers, forward and
 backward, summed over a batch and divided by its B samples. Every per-sample count below comes
-from the batch's own perturbations (its :class:`~workbook_lib.nodemask.batch.Corrections`):
+from the batch's own perturbations (its :class:`~workbook_lib.nodemask.corrections.Corrections`):
 
 * **first layer** (input ``x0`` shared by every sample): the wildtype layer once per batch
   (``E x H`` sparse, ``T x N x H x H`` dense); per sample only the deleted genes' messages
@@ -120,7 +120,7 @@ def work_floor(graph, corr, hidden: int, layers: int, dual: bool = True) -> Work
 
     Args:
         graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
-        corr: the batch's corrections (:func:`~workbook_lib.nodemask.batch.corrections`).
+        corr: the batch's corrections (:func:`~workbook_lib.nodemask.corrections.corrections`).
         hidden: H, every layer's width.
         layers: L, at least 3 (the delta path: a first, a delta-propagated second and a pooled
             last layer).

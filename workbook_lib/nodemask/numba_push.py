@@ -1,6 +1,6 @@
 """The delta push's compiled CPU kernels (numba), imported only when numba is, and the compiled
 builder of a batch's corrections on the host (:func:`corrections_host`, the CPU collate's:
-``batch._corrections_compiled``).
+``corrections._corrections_compiled``).
 
 They live at module level, not inside a function: numba's on-disk cache keys a function by its
 code and its closure, and a closure holding another jitted function pickles differently in every
@@ -271,7 +271,7 @@ def selection(index, rows):  # pragma: no cover - jitted
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def corrections_host(deleted, ptr, slot, n, t, sends, in_ptr, in_slot):  # pragma: no cover
-    """Every index of ``batch.corrections`` for ``deleted`` ``[B, k]`` (``-1`` pads) in one
+    """Every index of ``corrections.corrections`` for ``deleted`` ``[B, k]`` (``-1`` pads) in one
     compiled pass over the deleted genes' out- and in-edges (single-threaded: it runs in the
     collate, beside the step). The same arrays, in the same order, as the PyTorch version."""
     bsz, kk = deleted.shape
