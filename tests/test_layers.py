@@ -28,8 +28,6 @@ ROOT = Path(workbook_lib.__file__).resolve().parent
 
 # (importing module, imported module) -> why this import may climb. At most 3.
 ALLOWED_CLIMBS = {
-    ("workbook_lib.data.inventory", "workbook_lib.strategies.replicated_mask_cpu"):
-        "notebook 01 checks its computed sizes against the bytes strategy 2's collate builds",
     ("workbook_lib.running.notebook", "workbook_lib.report.plotting"):
         "a notebook's setup applies the report's figure style before its first cell",
 }

@@ -116,7 +116,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from .analysis.bench import run_bench, summary_lines
+    from .studies.mask_cost.bench import run_bench, summary_lines
     from .common.device import configure_cpu_allocator
     from .common.files import atomic_write_text
     from .running.environment import configure_threads
@@ -132,7 +132,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from .analysis.compare import compare_runs
+    from .tools.compare import compare_runs
     from .report.compare_view import write_page
 
     path = write_page(compare_runs(args.runs, force=args.force), args.out)
@@ -141,7 +141,7 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_stability(args) -> int:
-    from .analysis.stability import run_stability
+    from .tools.stability import run_stability
     from .report.html import write_index
     from .report.stability_view import summary_lines, write_page
 
@@ -154,7 +154,7 @@ def _cmd_stability(args) -> int:
 
 
 def _cmd_equal(args) -> int:
-    from .analysis.equality import check_equal, parse_renames
+    from .studies.adoption.equality import check_equal, parse_renames
     from .pipelines import is_builtin, parse_specs, spec_problem
     from .report.equality_view import table_lines
 
@@ -233,7 +233,7 @@ def _trace_out(args) -> Path:
 
 
 def _cmd_trace(args) -> int:
-    from .measurement import trace_analysis as ta
+    from . import traces as ta
     from .report.trace_view import summary_lines, write_report
 
     paths = [p for p in (args.trace, args.other) if p]
@@ -262,7 +262,7 @@ def _cmd_notebooks(args) -> int:
 
 
 def _cmd_selftest(args) -> int:
-    from .running.selftest import FAILED, format_table, run_selftest
+    from .tools.selftest import FAILED, format_table, run_selftest
 
     try:
         checks = run_selftest(args.device, args.ranks, args.params, args.only)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis.bench import FormChoice, replicated_ratio_text
-from ..analysis.costmodel import COEFFICIENTS
+from ..studies.mask_cost.bench import FormChoice, replicated_ratio_text
+from ..studies.mask_cost.costmodel import COEFFICIENTS
 from .. import pipelines
 from ..results.bench import BenchResult
 from ..results.mask_cost import (CostModelStudy, LayerSweep, MaskCostResult, MaskGeneration,
@@ -38,7 +38,7 @@ def skip_none(fn):
 
 def builtin_note(params: dict) -> Markdown:
     """The one line saying which sections did not run (strategies: []), else nothing."""
-    from ..analysis.mask_cost import builtin_note as note
+    from ..studies.mask_cost import builtin_note as note
 
     return Markdown(note(params))
 
@@ -275,7 +275,7 @@ def bench_table(b: BenchResult):
 def form_of(b: BenchResult) -> Markdown:
     """The form of the node-mask shared graph the benchmark recommends (nothing without a
     benchmark: no built-in strategy ran)."""
-    from ..analysis.bench import recommended_form
+    from ..studies.mask_cost.bench import recommended_form
 
     return form_text(recommended_form(b))
 

@@ -160,7 +160,7 @@ def stage_table(study: LoopStudy):
 
 def bound_table(bounds: dict):
     """What bounds each pipeline's step: the groups' shares and the rule."""
-    from ..analysis.stages import BOUND_RULE, GROUPS
+    from ..studies.timing.stages import BOUND_RULE, GROUPS
     from ..results.timing import STAGES
 
     rows = []

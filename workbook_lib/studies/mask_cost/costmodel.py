@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..measurement.timing import Stat, interleave
-from ..strategies import sparse_ops
-from ..results.mask_cost import CostModel, CrossoverCheck, Fit, SweepPoint
+from ...measurement.timing import Stat, interleave
+from ...strategies import sparse_ops
+from ...results.mask_cost import CostModel, CrossoverCheck, Fit, SweepPoint
 
 COEFFICIENTS = {
     "beta": ("s per edge·channel", "message computation and aggregation"),

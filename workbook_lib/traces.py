@@ -60,8 +60,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..exceptions import TraceError
-from ..records import Record
+from .exceptions import TraceError
+from .records import Record
 
 STAGE_PREFIX = "wb:"
 UNTRACKED = "untracked (loop, Python)"

@@ -348,7 +348,8 @@ def check_cpu_share(device: torch.device) -> Check:
 
 def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
     """A short torchrun launch of the DDP worker with the comm hook."""
-    from ..distributed import analysis, launcher
+    from ..studies.ddp import summary
+    from ..distributed import launcher
 
     t0 = time.perf_counter()
     if ranks < 2:
@@ -369,8 +370,8 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
         try:
             res = launcher.launch("workbook_lib.distributed.worker", cfg, nproc_per_node=ranks,
                                   out_dir=d, timeout_s=120, threads_per_rank=1)
-            s = analysis.summarize(res.ranks, scaling=ddp_strategy(p), gap=[slow, fast],
-                                   procs_per_node=ranks, nnodes=1)
+            s = summary.summarize(res.ranks, scaling=ddp_strategy(p), gap=[slow, fast],
+                                  procs_per_node=ranks, nnodes=1)
             ok = len(s.comm_per_rank) == ranks and all(c.hook.median > 0
                                                        for c in s.comm_per_rank.values())
             detail = (f"{ranks} ranks, {s.backend}: comm hook per rank "

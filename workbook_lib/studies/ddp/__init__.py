@@ -22,16 +22,16 @@ from pathlib import Path
 
 import torch
 
-from ..exceptions import LaunchError
-from ..failures import NONFINITE, PipelineFailure
-from ..measurement.timing import Stat
-from ..common.progress import note
-from ..configs.params import ddp_strategy
-from ..results.ddp import DDPResult, Plan, Prediction
+from ...exceptions import LaunchError
+from ...failures import NONFINITE, PipelineFailure
+from ...measurement.timing import Stat
+from ...common.progress import note
+from ...configs.params import ddp_strategy
+from ...results.ddp import DDPResult, Plan, Prediction
 from . import allreduce_model as arm
-from .analysis import efficiencies, gap_decomposition, summarize, within_noise
-from .launcher import launch
-from .plan import plan
+from .summary import efficiencies, gap_decomposition, summarize, within_noise
+from ...distributed.launcher import launch
+from ...distributed.plan import plan
 
 ROUNDS = 2  # launches per world size, alternated
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 
-from ..measurement.timing import Stat
-from ..results.verdict import Claim
+from ...measurement.timing import Stat
+from ...results.verdict import Claim
 
 HELD, FAILED, NOISE, NOT_MEASURED = "held", "failed", "within noise", "not measured here"
 STATUSES = (HELD, FAILED, NOISE, NOT_MEASURED)
@@ -242,7 +242,7 @@ def timing_claims(timing, device_type: str, scale: float | None = None) -> list[
         device_type: ``"cpu"`` or ``"cuda"`` (what a CPU run cannot measure is not measured).
         scale: the run's scale (its figures are marked as measured at a reduced size).
     """
-    from .timing_study import LAZY
+    from ..timing import LAZY
 
     out = []
     size = reduced(scale)
@@ -378,7 +378,7 @@ def timing_claims(timing, device_type: str, scale: float | None = None) -> list[
 
 def _gap_pair(g) -> str:
     """The pipelines notebook 04's gap compared, when not the built-in Lazy and DANGO forms."""
-    from .timing_study import DANGO, LAZY
+    from ..timing import DANGO, LAZY
     pair = (getattr(g, "slow", LAZY), getattr(g, "fast", DANGO))
     return "" if pair == (LAZY, DANGO) else f"{pair[0]} over {pair[1]} (this run's gap): "
 

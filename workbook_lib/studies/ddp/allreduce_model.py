@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..results.ddp import RingFit
+from ...results.ddp import RingFit
 
 # Typical per-GPU all-reduce bus bandwidth (GB/s) and per-hop latency (us); orders of magnitude
 # only: measure on your cluster and pass link_bandwidth_gbps / link_latency_us.

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ..common.progress import note
-from ..results.bench import BenchResult
-from ..results.mask_cost import CostModelStudy, DualForwardMasks, LayerSweep, MaskGeneration
+from ...common.progress import note
+from ...results.bench import BenchResult
+from ...results.mask_cost import CostModelStudy, DualForwardMasks, LayerSweep, MaskGeneration
 from . import costmodel
+from .layers import exactness_report  # noqa: F401 (the notebook's exactness section)
+from .memory import memory_study  # noqa: F401 (the notebook's peak-memory section)
 
 
 BUILTIN_ONLY = ("exactness of the built-in strategies, the cost model of masking against "
@@ -56,7 +58,7 @@ def mask_generation_study(params: dict, graph, device: torch.device) -> MaskGene
     strategies)."""
     import tempfile
 
-    from .benchmarks import mask_generation
+    from .layers import mask_generation
 
     if not params["strategies"]:
         return None
@@ -69,7 +71,7 @@ def mask_generation_study(params: dict, graph, device: torch.device) -> MaskGene
 def layer_study(params: dict, graph, device: torch.device) -> LayerSweep | None:
     """One middle layer of the built-in forms across batch size (None when none of them
     runs)."""
-    from .benchmarks import layer_across_batch
+    from .layers import layer_across_batch
 
     names = [s for s in ("replicated_mask_cpu", "replicated_filter_device", "node_mask_shared",
                          "dango_wildtype") if s in params["strategies"]]
@@ -90,6 +92,6 @@ def benchmark(params: dict) -> BenchResult | None:
 
 def dual_masks(params: dict, graph, device: torch.device) -> DualForwardMasks | None:
     """What the dual forward adds to the mask bytes (None without built-in strategies)."""
-    from .claim_probes import dual_forward_masks
+    from .forward_masks import dual_forward_masks
 
     return dual_forward_masks(params, graph, device) if params["strategies"] else None

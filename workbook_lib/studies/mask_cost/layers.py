@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from ..data.perturbations import sample_perturbations
-from ..data.snapshots import CellGraph
-from ..measurement.memory import is_oom
-from ..measurement.timing import interleave
-from ..common.progress import progress
-from ..strategies import build_ctx, make_strategy
-from ..strategies.model import PerturbGIN
-from ..results.mask_cost import LayerPoint, LayerSweep, MaskGeneration
+from ...data.perturbations import sample_perturbations
+from ...data.snapshots import CellGraph
+from ...measurement.memory import is_oom
+from ...measurement.timing import interleave
+from ...common.progress import progress
+from ...strategies import build_ctx, make_strategy
+from ...strategies.model import PerturbGIN
+from ...results.mask_cost import LayerPoint, LayerSweep, MaskGeneration
 
 
 def mask_generation(graph: CellGraph, k, batch_size: int, device, *, warmup=1, min_rounds=5,
@@ -116,7 +116,7 @@ def exactness_report(graph: CellGraph, strategies: list[str], *, k, batch_size: 
     kernels and custom autograd functions), against the plain reference (per-sample PyG
     subgraph + GINConv) on the CPU. Perturbations delete some of the best-connected genes, so
     edges are actually removed."""
-    from ..strategies.reference import reference_node_outputs, reference_predict
+    from ...strategies.reference import reference_node_outputs, reference_predict
 
     dev = torch.device(device)
     pert = sample_perturbations(graph.num_genes, k, batch_size, seed=seed)

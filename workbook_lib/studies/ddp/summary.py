@@ -28,10 +28,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..measurement.cpu import CpuShare, worse
-from ..measurement.timing import Stat
-from ..records import Record
-from ..results.ddp import CommRank, GapDecomposition, LAUNCH_PAIRED, WorldSummary
+from ...measurement.cpu import CpuShare, worse
+from ...measurement.timing import Stat
+from ...records import Record
+from ...results.ddp import CommRank, GapDecomposition, LAUNCH_PAIRED, WorldSummary
 
 
 def within_noise(st: Stat, value: float = 1.0) -> bool:

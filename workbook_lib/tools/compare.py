@@ -1,6 +1,6 @@
 """Comparing run folders: the headline figures of two or more runs side by side.
 
-Each row is one headline figure (:mod:`workbook_lib.analysis.headlines`) with its unit and noise
+Each row is one headline figure (:mod:`workbook_lib.tools.headlines`) with its unit and noise
 in every run, and each run after the first against the first: the ratio, and whether that is
 better or worse for that figure (lower is better for a time, higher for a speedup) only when the two figures' noise bands do not
 overlap (interquartile ranges, or two standard errors of a fitted coefficient; exact figures

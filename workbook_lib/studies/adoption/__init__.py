@@ -22,8 +22,8 @@ names (the first two of ``pipelines`` by default) when the fast one is exact, ea
 dataset in order, one optimizer (``adopt_optimizer``, ``adopt_lr``) for both; their loss's own
 relative difference per step is compared (the workbook does not know a user's loss, so it cannot
 bound the predictions as above), with the float32 tolerance of
-:func:`~workbook_lib.analysis.equality.equality_tolerance`. Before training, in both cases, the
-two pipelines go through :func:`~workbook_lib.analysis.equality.check_pipelines` (the check of
+:func:`~workbook_lib.studies.adoption.equality.equality_tolerance`. Before training, in both cases, the
+two pipelines go through :func:`~workbook_lib.studies.adoption.equality.check_pipelines` (the check of
 ``python -m workbook_lib equal``: in float64, dropout modules off), which also copies the slow
 model's parameters into the fast one and leaves both models otherwise as they were (dtype,
 buffers, modes): both train from the very same numbers. A pipeline still random with its dropout
@@ -37,11 +37,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..measurement.timing import Stat
-from ..data.perturbations import sample_perturbations
-from ..pipelines import build_pipeline, user_specs
-from ..training import loop
-from ..results.adoption import AdoptionResult, EqualityResult
+from ...measurement.timing import Stat
+from ...data.perturbations import sample_perturbations
+from ...pipelines import build_pipeline, user_specs
+from ...training import loop
+from ...results.adoption import AdoptionResult, EqualityResult
+from .fix_speedups import speedup_inputs, speedups  # noqa: F401 (the notebook's speedups table)
 from .equality import ParameterMismatchError, check_pipelines, equality_tolerance, seeded_build
 
 PIPELINES = {"replicated": ("replicated_mask_cpu", "gather_scatter"),
@@ -85,8 +86,8 @@ def teacher_labels(params: dict, graph, device: torch.device, pert: torch.Tensor
         pert: ``[n, k]`` perturbations.
         batch_size: samples per teacher forward.
     """
-    from ..strategies import build_ctx
-    from ..training.factory import build_run
+    from ...strategies import build_ctx
+    from ...training.factory import build_run
 
     t = build_run({**params, "seed": params["seed"] + TEACHER_SEED_OFFSET}, "node_mask_shared",
                   graph=graph, device=device, batch_size=batch_size)
@@ -267,7 +268,7 @@ def _form_label(key: str, pair: Pair | None, layers: int) -> str:
 
 
 def _label(name: str) -> str:
-    from .. import pipelines
+    from ... import pipelines
 
     return pipelines.label(name)
 
@@ -276,7 +277,7 @@ def adopt(params: dict, pair: Pair, device: torch.device, device_label: str, *, 
           ddp=None, graph=None) -> AdoptionResult:
     """Train the checked pair and compare the trainings (:func:`train_pair`, :func:`compare`);
     the not-applicable result when the pair does not apply."""
-    from ..failures import PipelineFailed
+    from ...failures import PipelineFailed
 
     if not pair.applicable:
         return not_applicable(params, pair, device_label)
@@ -295,7 +296,7 @@ def loss_tolerance(device_label: str, graph=None, layers: int = 1) -> tuple[floa
     float32 accumulation bound for this graph (:mod:`workbook_lib.measurement.precision`) when it
     is larger."""
     if device_label.startswith("cuda") and graph is not None:
-        from ..measurement.precision import float32_tolerance
+        from ...measurement.precision import float32_tolerance
 
         tol = float32_tolerance(graph, layers, floor=1e-5)
         return tol, (f"float32 accumulation in any order on CUDA ({tol:.1e}: eps x sqrt(in-degree)"
@@ -309,7 +310,7 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
     """The two trainings side by side. ``labels``: those the built-in pipelines trained on
     (their largest absolute value bounds the predictions, see :func:`implied_prediction_diff`);
     ``pair``: the checked pair (default: the built-in one, unchecked)."""
-    from ..training.loop import project_epochs
+    from ...training.loop import project_epochs
 
     names = pair.names if pair is not None else {k: n for k, (n, _f) in PIPELINES.items()}
     mode = pair.mode if pair is not None else "builtin"

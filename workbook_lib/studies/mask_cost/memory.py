@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..failures import RAISED, STALLED, PipelineFailure, one_line
-from ..measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryPoint, device_budget,
-                                  fit_memory)
-from ..common.progress import note, progress
-from ..training.step_memory import measure_point
-from ..results.mask_cost import MemoryStudy
+from ...failures import RAISED, STALLED, PipelineFailure, one_line
+from ...measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryPoint, device_budget,
+                                   fit_memory)
+from ...common.progress import note, progress
+from ...training.step_memory import measure_point
+from ...results.mask_cost import MemoryStudy
 
 STRATEGIES = (("replicated_mask_cpu", "gather_scatter"), ("replicated_mask_cpu", "spmm"),
               ("node_mask_shared", "spmm"))
@@ -33,7 +33,7 @@ def _label(strategy: str, form: str, sizes: dict) -> str:
 def memory_study(params: dict, device: torch.device, *, dual: bool | None = None,
                  parallel: int = 2) -> MemoryStudy:
     """Every point of the sweep (and the real spec with ``memory_full_size``), then the fits."""
-    from ..running.environment import device_label
+    from ...running.environment import device_label
 
     budget, label = device_budget(device)
     if params["memory_budget_gb"] is not None:
@@ -41,7 +41,7 @@ def memory_study(params: dict, device: torch.device, *, dual: bool | None = None
     dual = params["dual_forward"] if dual is None else dual
     run_sizes = {"scale": params["scale"], "hidden": params["hidden"],
                  "layers": params["layers"]}
-    from ..pipelines import user_specs
+    from ...pipelines import user_specs
 
     # the built-in forms, then every user pipeline (its own form: "own") at the run's sizes
     pairs = (list(STRATEGIES) if params["strategies"] else []) + \

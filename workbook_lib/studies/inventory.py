@@ -10,8 +10,8 @@ import torch
 
 from ..measurement.timing import Stat
 from ..results.inventory import EdgeTypeRow, FootprintRow, InventoryResult, RealSize
-from .perturbations import node_keep_mask, sample_perturbations
-from .snapshots import CellGraph
+from ..data.perturbations import node_keep_mask, sample_perturbations
+from ..data.snapshots import CellGraph
 
 INT64 = 8
 INT32 = 4

@@ -12,7 +12,7 @@ completed, and says in one line what it could not use and why:
 * **Orientation.** When the pipeline listed slow is the faster one beyond the noise, the answer
   says so in one line and explains the gap the right way round; when the two are within each
   other's noise there is no gap to explain, and the answer says that instead of ranking causes.
-* **Causes are stages** (:mod:`workbook_lib.analysis.stages`): data item, collate, transfer,
+* **Causes are stages** (:mod:`workbook_lib.studies.timing.stages`): data item, collate, transfer,
   device prep, forward (with the loss), backward, optimizer, loop overhead, then DDP (booked only
   as above) and the unattributed rest (stage medians do not add up to the step median). Each
   row is slow minus fast in seconds per epoch; shares are of the measured gap and add to 100%.
@@ -38,20 +38,19 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..catalog import notebook_info
-from ..exceptions import IncompleteInputsError
-from ..measurement.cpu import CpuShare, causes_text
-from ..measurement.timing import Stat
-from ..running.results import (file_checksum, load_result, params_differ, read_meta,
-                                results_path)
-from .. import pipelines
-from ..training.loop import project_epochs
-from ..results.bench import BenchResult
-from ..results.timing import STAGES
-from ..results.verdict import Cause, Gap, Recommendation, VerdictResult
+from ...catalog import notebook_info
+from ...exceptions import IncompleteInputsError
+from ...measurement.cpu import CpuShare, causes_text
+from ...measurement.timing import Stat
+from ...running.results import file_checksum, load_result, params_differ, read_meta, results_path
+from ... import pipelines
+from ...training.loop import project_epochs
+from ...results.bench import BenchResult
+from ...results.timing import STAGES
+from ...results.verdict import Cause, Gap, Recommendation, VerdictResult
 from . import claims as claims_mod
-from .stages import stage_medians
-from .timing_study import DANGO, LAZY, is_exact
+from ..timing.stages import stage_medians
+from ..timing import DANGO, LAZY, is_exact
 
 TIMING = "03_data_vs_model_timing"
 REQUIRED = notebook_info("05_verdict").requires  # notebook 03
@@ -292,7 +291,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
         gap: :func:`measure_gap`'s result (the DDP factor's booking, the steps per epoch).
         device_type: ``cpu`` or ``cuda``.
 
-    Each stage of :mod:`~workbook_lib.analysis.stages` is one row, its median per step x steps
+    Each stage of :mod:`~workbook_lib.studies.timing.stages` is one row, its median per step x steps
     per epoch, slow minus fast; host syncs ride on their stage's row as evidence. Then the DDP
     factor (its extra time when booked, else a row marked noise with no share), and the
     unattributed rest, so that the booked rows' shares add to exactly 100% of the measured gap.
@@ -570,7 +569,7 @@ def contended_figures(gap: Gap | None, rec: Recommendation | None,
 def pipeline_failures(found: dict) -> dict[str, str]:
     """pipeline -> "NB: what failed" for every pipeline a notebook lost (one line each; a loss
     that was not finite is :func:`nonfinite_losses`'s)."""
-    from ..failures import NONFINITE
+    from ...failures import NONFINITE
 
     out: dict[str, str] = {}
     for nb, res in sorted(found.items()):

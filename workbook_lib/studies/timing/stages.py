@@ -26,7 +26,7 @@ stage, not in two bins.
 from __future__ import annotations
 
 
-from ..results.timing import STAGES, StepBound
+from ...results.timing import STAGES, StepBound
 
 GROUPS = ("data", "transfer", "device prep", "model", "loop overhead")
 BOUND_WORDS = {"data": "data-bound", "transfer": "transfer-bound",

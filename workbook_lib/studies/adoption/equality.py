@@ -72,8 +72,8 @@ from typing import Any
 
 import torch
 
-from ..exceptions import WorkbookError
-from ..results.adoption import EqualityResult, TensorDiff
+from ...exceptions import WorkbookError
+from ...results.adoption import EqualityResult, TensorDiff
 
 
 class ParameterMismatchError(WorkbookError, ValueError):
@@ -423,7 +423,7 @@ def _run(pipe, state: _ModelState, batch_index: int, batch_size: int, seed: int,
     The model is restored afterwards (``state``)."""
     from torch.nn.modules.dropout import _DropoutNd
 
-    from ..measurement.precision import dtype_guard
+    from ...measurement.precision import dtype_guard
 
     try:
         with _precision(pipe, dtype):
@@ -530,8 +530,8 @@ def _rule(dtype: torch.dtype, tolerance: float, tolerance_basis: str,
           tolerance64: float | None, seed: int):
     """``(tol, its basis, the probe in words, probe factory model -> context)`` of the rule in
     ``dtype`` (module docstring)."""
-    from ..measurement.precision import (FLOAT64_TOLERANCE, ROUNDING_MODEL_EPS, rounding_model,
-                                         rounding_probe)
+    from ...measurement.precision import (FLOAT64_TOLERANCE, ROUNDING_MODEL_EPS, rounding_model,
+                                          rounding_probe)
 
     if dtype == torch.float64:
         tol = FLOAT64_TOLERANCE if tolerance64 is None else tolerance64
@@ -650,7 +650,7 @@ def _structure(leaves: dict | None) -> str:
 
 def equality_tolerance(graph, layers: int) -> tuple[float, str]:
     """The rule's tolerance for ``graph`` and ``layers`` and its basis in words."""
-    from ..measurement.precision import float32_tolerance
+    from ...measurement.precision import float32_tolerance
 
     tol = float32_tolerance(graph, layers)
     return tol, (f"float32 sums in another order: 32 x eps x sqrt(largest in-degree) x "
@@ -664,7 +664,7 @@ def seeded_build(params: dict, name: str, graph, device, **kw):
 
     import numpy as np
 
-    from ..pipelines import build_pipeline
+    from ...pipelines import build_pipeline
 
     random.seed(params["seed"])
     np.random.seed(params["seed"] % 2 ** 32)

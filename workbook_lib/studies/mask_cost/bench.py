@@ -60,18 +60,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data.snapshots import induced_subgraph, load_snapshot
-from ..measurement.memory import is_oom
-from ..measurement.timing import Stat, interleave, sync
-from ..nodemask import SharedGraph
-from ..nodemask.delta import numba_threading_layer
-from ..nodemask.kernels import DENSE_INSIDE_TAG, MOVE_TAG, SPARSE_TAG
-from ..records import Record
-from ..common.progress import native_stderr_to_terminal, note
-from ..strategies import build_ctx
-from ..training.factory import build_run
-from ..results.bench import (BenchResult, FloorFigure, KernelFigure, PerSample, RateFigure,
-                             ReplicatedFit)
+from ...data.snapshots import induced_subgraph, load_snapshot
+from ...measurement.memory import is_oom
+from ...measurement.timing import Stat, interleave, sync
+from ...nodemask import SharedGraph
+from ...nodemask.delta import numba_threading_layer
+from ...nodemask.kernels import DENSE_INSIDE_TAG, MOVE_TAG, SPARSE_TAG
+from ...records import Record
+from ...common.progress import native_stderr_to_terminal, note
+from ...strategies import build_ctx
+from ...training.factory import build_run
+from ...results.bench import (BenchResult, FloorFigure, KernelFigure, PerSample, RateFigure,
+                              ReplicatedFit)
 
 REAL_SPEC = {"scale": 1.0, "hidden": 64, "layers": 3}
 
@@ -81,8 +81,8 @@ def floor_figure(sg: SharedGraph, pert: torch.Tensor, hidden: int, layers: int, 
     """The floor of the benchmark batch ``pert`` (``[B, k]``) and the shared step's measured
     counts (its ``rates``) per sample, with the floor's time at the machine's and at the step's
     rates."""
-    from ..nodemask import corrections
-    from ..nodemask.floor import work_floor
+    from ...nodemask import corrections
+    from ...nodemask.floor import work_floor
 
     wf = work_floor(sg, corrections(sg.out_edges, pert.cpu()), hidden, layers, dual)
     b = wf.batch_size
@@ -258,7 +258,7 @@ def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: 
     }
     macs = {k: sg.num_edges * batch * hidden for k in cases}
     if pert is not None:  # the delta layer's push over the out-edges of the changed rows
-        from ..nodemask.delta import push
+        from ...nodemask.delta import push
 
         nb = sg.batch(pert.to(device) if pert.device != device else pert)
         corr = nb.corrections()
@@ -286,7 +286,7 @@ def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: 
 def exact_error(params: dict, graph, hidden: int, layers: int) -> float:
     """Max relative error of the shared graph vs the plain reference (outputs, predictions,
     gradients) on an induced subgraph, with the params' aggregation."""
-    from .benchmarks import exactness_report
+    from .layers import exactness_report
 
     small = induced_subgraph(graph, min(params["exactness_genes"], graph.num_genes))
     return exactness_report(small, ["node_mask_shared"], k=params["perturbation_k"],
@@ -387,8 +387,8 @@ def bench_layers(params: dict) -> int:
 
 def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> BenchResult:
     """Run the benchmark (see the module docstring)."""
-    from ..running.environment import device_label, resolve_device
-    from ..strategies import make_strategy
+    from ...running.environment import device_label, resolve_device
+    from ...strategies import make_strategy
 
     full = params["bench_full_size"] if full_size is None else full_size
     p = {**params, **REAL_SPEC} if full else dict(params)

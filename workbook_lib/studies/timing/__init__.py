@@ -13,19 +13,19 @@ from pathlib import Path
 
 import torch
 
-from ..data.perturbations import sample_perturbations
-from ..data.snapshots import CellGraph
-from ..measurement.profiling import ProfileResult, profile_steps
-from ..measurement.syncs import SyncCounter, method_for
-from ..measurement.timing import Stat, StepClock
-from ..failures import NONFINITE, PipelineFailed, PipelineFailure, failure_from
-from ..common.progress import note, progress
-from ..pipelines import build_pipeline, compared_names
-from ..strategies import make_strategy
-from ..training import loop
-from ..pipelines.builtin import batch_size_for
-from ..results.timing import (arm_key, LoopStudy, PIPELINED, ReportedFigure, SanityFlag, StepBound,
-                              StoredReads, SyncPoint, SyncStudy)
+from ...data.perturbations import sample_perturbations
+from ...data.snapshots import CellGraph
+from ...measurement.profiling import ProfileResult, profile_steps
+from ...measurement.syncs import SyncCounter, method_for
+from ...measurement.timing import Stat, StepClock
+from ...failures import NONFINITE, PipelineFailed, PipelineFailure, failure_from
+from ...common.progress import note, progress
+from ...pipelines import build_pipeline, compared_names
+from ...strategies import make_strategy
+from ...training import loop
+from ...pipelines.builtin import batch_size_for
+from ...results.timing import (arm_key, LoopStudy, PIPELINED, ReportedFigure, SanityFlag, StepBound,
+                               StoredReads, SyncPoint, SyncStudy)
 from .stages import step_bound
 
 LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
@@ -95,8 +95,8 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
     sizes = (f"{graph.num_edges():,} edges, H={params['hidden']}, L={params['layers']}, "
              f"k={params['perturbation_k']}, B={params['batch_size_lazy']} (perturbed-graph "
              f"strategies) / {params['batch_size_dango']} (DANGO-style)")
-    from ..running.environment import device_label
-    from ..measurement.cpu import fit_threads
+    from ...running.environment import device_label
+    from ...measurement.cpu import fit_threads
 
     threads = fit_threads(workers=params["num_workers"])  # what setup applied, and why
     return LoopStudy(
@@ -129,7 +129,7 @@ def record_failure(failures: dict[str, PipelineFailure], f: PipelineFailure) -> 
 def build_failure(exc: BaseException, name: str, notebook: str) -> PipelineFailure:
     """The record of a pipeline that could not be built or checked (its check names the
     stage: "pipeline 'x': forward raised ...")."""
-    from ..exceptions import PipelineError
+    from ...exceptions import PipelineError
 
     if isinstance(exc, PipelineFailed):
         exc.failure.notebook = notebook
@@ -162,7 +162,7 @@ def shared_pass_times(pipelines: dict, params: dict, device: torch.device,
                       failures: dict[str, PipelineFailure] | None = None) -> dict[str, Stat]:
     """The forward-only time (no grad) of each pipeline's shared pass, where it has one (one
     that raises is recorded in ``failures`` when given, stage "shared pass")."""
-    from ..measurement.timing import measure
+    from ...measurement.timing import measure
 
     out = {}
     for name, pipe in pipelines.items():
@@ -262,7 +262,7 @@ def reported_figures(study: LoopStudy, gap: tuple[str, str] | list[str] = (LAZY,
 
 
 def stored_read_perturbations(params: dict, graph: CellGraph, n: int = 64) -> torch.Tensor:
-    """The perturbations whose stored masks :func:`~.claim_probes.stored_mask_reads` reads."""
+    """The perturbations whose stored masks :func:`~.stored_masks.stored_mask_reads` reads."""
     return sample_perturbations(graph.num_genes, params["perturbation_k"], n,
                                 seed=params["seed"] + 3)
 
@@ -307,7 +307,7 @@ def stored_reads(params: dict, graph: CellGraph) -> StoredReads | None:
     when strategy 3 is not among the run's built-in strategies."""
     if "replicated_mask_stored" not in params["strategies"]:
         return None
-    from .claim_probes import stored_mask_reads
+    from .stored_masks import stored_mask_reads
 
     return stored_mask_reads(graph, stored_read_perturbations(params, graph))
 
@@ -322,7 +322,7 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
     With ``loops``, only the pipelines it measured are profiled, and one whose profiled steps
     raise or stall is recorded in ``loops.failures`` (its loop figures kept) and not profiled.
     """
-    from ..common.watchdog import Watchdog
+    from ...common.watchdog import Watchdog
 
     base = strategies or (loops.strategies if loops is not None else compared_names(params))
     names = [n for n in base if n != "replicated_mask_stored"]
@@ -389,7 +389,7 @@ def is_exact(study: LoopStudy, name: str) -> bool:
     results written before pipelines declared it: the built-in strategy's flag)."""
     if name in study.exact:
         return study.exact[name]
-    from ..strategies import REGISTRY
+    from ...strategies import REGISTRY
 
     return REGISTRY[name].exact if name in REGISTRY else True
 
