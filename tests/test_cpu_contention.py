@@ -317,7 +317,7 @@ def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_p
 
 def test_the_cpu_table_names_each_arm_once_the_pipelined_step_apart_from_the_full_step():
     from workbook_lib.results.timing import PIPELINED, LoopStudy
-    from workbook_lib.report.timing_view import cpu_rows
+    from workbook_lib.report.cpu_view import cpu_rows
     from workbook_lib.training.loop import MODES
     from workbook_lib.results.timing import ArmResult
 

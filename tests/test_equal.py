@@ -16,9 +16,10 @@ from torch.utils.data import TensorDataset, default_collate
 from workbook_lib import cli
 from workbook_lib.report.html import write_index
 from workbook_lib.running.run_folder import run_notebooks
-from workbook_lib.studies.adoption.equality import (ParameterMismatchError, StochasticPipelineError,
-                                                    check_pipelines, compare_tensors,
-                                                    parameter_mapping, parse_renames)
+from workbook_lib.studies.adoption.equality import StochasticPipelineError, check_pipelines
+from workbook_lib.studies.adoption.parameters import (ParameterMismatchError, parameter_mapping,
+                                                      parse_renames)
+from workbook_lib.studies.adoption.seeded_runs import compare_tensors
 from workbook_lib.measurement.precision import dtype_guard, rounding_model
 from workbook_lib.pipelines import Pipeline
 from workbook_lib.configs import params as params_mod

@@ -166,7 +166,7 @@ def speedups_table(rows):
 def form_text(form, params: dict) -> Markdown:
     """The built-in fix's form (from notebook 02's benchmark); nothing on a run without
     built-in strategies, where the fix is the user's own rewrite."""
-    from .mask_cost_view import form_text as text
+    from .bench_view import form_text as text
 
     return text(form) if params["strategies"] else Markdown("")
 

@@ -408,7 +408,7 @@ def form(v: VerdictResult) -> Markdown:
     if not v.builtin:
         return Markdown("")
     from ..studies.mask_cost import bench
-    from .mask_cost_view import form_text
+    from .bench_view import form_text
 
     return form_text(bench.recommended_form(v.recommendation.bench if v.recommendation
                                             else None))

@@ -22,8 +22,9 @@ names (the first two of ``pipelines`` by default) when the fast one is exact, ea
 dataset in order, one optimizer (``adopt_optimizer``, ``adopt_lr``) for both; their loss's own
 relative difference per step is compared (the workbook does not know a user's loss, so it cannot
 bound the predictions as above), with the float32 tolerance of
-:func:`~workbook_lib.studies.adoption.equality.equality_tolerance`. Before training, in both cases, the
-two pipelines go through :func:`~workbook_lib.studies.adoption.equality.check_pipelines` (the check of
+:func:`~workbook_lib.studies.adoption.equality.equality_tolerance`. Before training, in both
+cases, the two pipelines go through
+:func:`~workbook_lib.studies.adoption.equality.check_pipelines` (the check of
 ``python -m workbook_lib equal``: in float64, dropout modules off), which also copies the slow
 model's parameters into the fast one and leaves both models otherwise as they were (dtype,
 buffers, modes): both train from the very same numbers. A pipeline still random with its dropout
@@ -43,7 +44,8 @@ from ...pipelines import build_pipeline, user_specs
 from ...training import loop
 from ...results.adoption import AdoptionResult, EqualityResult
 from .fix_speedups import speedup_inputs, speedups  # noqa: F401 (the notebook's speedups table)
-from .equality import ParameterMismatchError, check_pipelines, equality_tolerance, seeded_build
+from .equality import check_pipelines, equality_tolerance, seeded_build
+from .parameters import ParameterMismatchError
 
 PIPELINES = {"replicated": ("replicated_mask_cpu", "gather_scatter"),
              "fix": ("node_mask_shared", "spmm")}

@@ -62,16 +62,15 @@ import torch
 
 from ...data.snapshots import induced_subgraph, load_snapshot
 from ...measurement.memory import is_oom
-from ...measurement.timing import Stat, interleave, sync
+from ...measurement.timing import Stat, interleave
 from ...nodemask import SharedGraph
 from ...nodemask.delta import numba_threading_layer
-from ...nodemask.kernels import DENSE_INSIDE_TAG, MOVE_TAG, SPARSE_TAG
 from ...records import Record
-from ...common.progress import native_stderr_to_terminal, note
+from ...common.progress import note
 from ...strategies import build_ctx
 from ...training.factory import build_run
-from ...results.bench import (BenchResult, FloorFigure, KernelFigure, PerSample, RateFigure,
-                              ReplicatedFit)
+from ...results.bench import BenchResult, FloorFigure, PerSample, RateFigure, ReplicatedFit
+from .rates import achieved_rates, dense_rate, kernel_figures
 
 REAL_SPEC = {"scale": 1.0, "hidden": 64, "layers": 3}
 
@@ -148,139 +147,6 @@ def amortised(b1: Stat, b2: Stat | None, at_batch: int) -> Stat:
     return Stat.from_samples([(t1 * (2 - bs) + t2 * (bs - 1)) / bs
                               for t1, t2 in zip(b1.samples, b2.samples)],
                              unit="s/sample", target=b1.target).with_cpu(b1.cpu, b2.cpu)
-
-
-_DENSE_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
-
-
-def achieved_rates(fn, device, variant: str, machine: dict) -> list[RateFigure]:
-    """Profile one call of ``fn`` (a warm training step) and return the multiply-add rates of
-    its sparse products (the ranges tagged ``SPARSE_TAG``) and of its dense matrix products
-    (outside those ranges and outside ``MOVE_TAG``'s, which move rows with a product of ones),
-    each beside this machine's best measured rate in ``machine``. Dense multiply-adds done
-    inside a sparse kernel (``DENSE_INSIDE_TAG``: the pooled layer's weighted sums inside the
-    compiled push) are counted in the dense figure's ``inside_macs``, not in its rate."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = torch.device(device).type == "cuda"
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with native_stderr_to_terminal():  # the profiler's probe lines stay off the terminal
-        sync(device)
-        t0 = time.perf_counter()
-        with profile(activities=acts, with_flops=True) as prof:
-            fn()
-            sync(device)
-        wall = time.perf_counter() - t0
-
-    def dur(ev) -> float:  # microseconds
-        return float(getattr(ev, "device_time_total", 0.0) if cuda else ev.cpu_time_total)
-
-    def inside(ev, pred) -> bool:
-        p = ev.cpu_parent
-        while p is not None:
-            if pred(p):
-                return True
-            p = p.cpu_parent
-        return False
-
-    def is_sparse(ev) -> bool:
-        return ev.name.startswith(SPARSE_TAG)
-
-    def is_dense(ev) -> bool:
-        return ev.name in _DENSE_OPS and (ev.flops or 0) > 0
-
-    def is_move(ev) -> bool:
-        return ev.name == MOVE_TAG
-    sp_macs = sp_us = de_macs = de_us = de_inside = 0.0
-    for ev in prof.events():
-        if ev.name.startswith(DENSE_INSIDE_TAG):
-            de_inside += float(ev.name[len(DENSE_INSIDE_TAG):])
-        elif is_sparse(ev) and not inside(ev, is_sparse):
-            sp_macs += float(ev.name[len(SPARSE_TAG):])
-            sp_us += dur(ev)
-        elif is_dense(ev) and not inside(ev, lambda p: is_sparse(p) or is_dense(p)
-                                         or is_move(p)):
-            de_macs += ev.flops / 2.0
-            de_us += dur(ev)
-    out = []
-    for kind, macs, us in (("sparse", sp_macs, sp_us), ("dense", de_macs, de_us)):
-        if macs and us:
-            out.append(RateFigure(variant, kind, macs, us * 1e-6, wall,
-                                  macs / (us * 1e-6) / 1e9, machine.get(f"{kind}_gmacs"),
-                                  machine.get(f"{kind}_source", ""),
-                                  inside_macs=de_inside if kind == "dense" else 0.0))
-    return out
-
-
-def dense_rate(device, *, size: int, target: float, max_time_s: float) -> tuple[Stat, float]:
-    """A large dense matmul (``size`` cubed, float32): its time and G multiply-adds/s."""
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
-    res = interleave({"dense": lambda: a @ b}, device=device, warmup=1, min_rounds=3,
-                     target=target, max_time_s=max_time_s)
-    st = res.stats["dense"]
-    return st, size ** 3 / st.median / 1e9
-
-
-def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: float,
-                   max_time_s: float, pert: torch.Tensor | None = None) -> list[KernelFigure]:
-    """The per-sample product of a middle layer (every edge type, every sample) with each
-    kernel tried, and (given perturbations ``pert``) the delta layer's push. ``used_by_step``
-    marks the kernels the shared step uses on this device: ``slabs, per type`` with the CPU's
-    ``slab`` kernel (and ``slabs, stacked types``: the delta path's wildtype layers, sum
-    aggregation), ``wide, int32`` with CUDA's ``wide`` one."""
-    n, t = sg.num_nodes, sg.num_types
-    x = torch.randn(batch, n, hidden, device=device)
-    wide_x = x.permute(1, 0, 2).reshape(n, batch * hidden).contiguous()
-    a = sg.a
-    a64 = torch.sparse_csr_tensor(a.crow_indices().long(), a.col_indices().long(), a.values(),
-                                  size=a.shape)
-    out_s = torch.empty(batch, n * t, hidden, device=device)
-    out_t = torch.empty(batch, t, n, hidden, device=device)
-
-    def slabs():
-        for i in range(batch):
-            out_s[i].addmm_(a, x[i], beta=0)
-
-    def typed():
-        for i in range(batch):
-            for j in range(t):
-                out_t[i, j].addmm_(sg.per_type[j], x[i], beta=0)
-    cases = {
-        "wide, int64": ("all samples side by side [N, B*H], one product, int64 indices",
-                        lambda: torch.sparse.mm(a64, wide_x)),
-        "wide, int32": ("[N, B*H], one product, int32 indices",
-                        lambda: torch.sparse.mm(a, wide_x)),
-        "slabs, stacked types": ("one product per sample slab [N, H], all types stacked",
-                                 slabs),
-        "slabs, per type": ("one product per (sample, type) [N, H]: every operand "
-                            "cache-sized (the CPU's 'slab' kernel)", typed),
-    }
-    macs = {k: sg.num_edges * batch * hidden for k in cases}
-    if pert is not None:  # the delta layer's push over the out-edges of the changed rows
-        from ...nodemask.delta import push
-
-        nb = sg.batch(pert.to(device) if pert.device != device else pert)
-        corr = nb.corrections()
-        u = torch.randn(corr.pair_gene.numel(), t, hidden, device=device)
-        base = torch.zeros(n, hidden, device=device)
-        w = torch.ones(batch, n * t, device=device)
-        name = f"push, {nb.push_kernel}"
-        cases[name] = (f"the delta layer's push: only the out-edges of the rows a deletion "
-                       f"changed ({corr.plan.total_entries / batch / sg.num_edges:.0%} of the "
-                       f"edges per sample here), kernel '{nb.push_kernel}' (the step's)",
-                       lambda: push(sg, corr, base, u, w, nb.push_kernel))
-        macs[name] = corr.plan.total_entries * hidden
-    res = interleave({k: f for k, (_, f) in cases.items()}, device=device, warmup=1,
-                     min_rounds=3, target=target, max_time_s=max_time_s)
-    # the CPU's full middle layers take per-type slabs; its delta path's wildtype layers (sum
-    # aggregation) one stacked product (kernels.stacked_aggregate_linear)
-    step_kernels = ({"slabs, per type"} | ({"slabs, stacked types"} if sg.a_tt is not None
-                                           and sg.aggr == "sum" else set())
-                    if sg.kernel == "slab" else {"wide, int32"})
-    return [KernelFigure(k, desc, res.stats[k], macs[k] / res.stats[k].median / 1e9,
-                         used_by_step=k in step_kernels or k.startswith("push"))
-            for k, (desc, _) in cases.items()]
 
 
 def exact_error(params: dict, graph, hidden: int, layers: int) -> float:
@@ -566,94 +432,3 @@ def recommended_form(b: BenchResult | None) -> FormChoice:
                               "does not pay off on this device", True)
 
 
-def cpu_lines(r: BenchResult) -> list[str]:
-    """What the process got of the CPUs while each variant was timed, and whether any was
-    contended (the ratios built on a contended variant are)."""
-    out = []
-    for k, st in r.steps.items():
-        if st.cpu is not None:
-            out.append(f"{'CPU while timing ' + k:28s} {st.cpu.describe()}")
-    bad = [k for k, st in r.steps.items() if st.contended]
-    if bad:
-        out.append(f"CONTENDED: {', '.join(bad)}: the process got less than 80% of the CPU its "
-                   "compute threads asked for; these figures and the ratios built on them are "
-                   "not reliable")
-        out.extend(f"  {k}: {r.steps[k].cpu.explain()}" for k in bad)
-    return out
-
-
-FORM_NAMES = {"replicated_gather_scatter": "Lazy form", "replicated_sparse": "sparse form"}
-
-
-def replicated_ratio_text(b: BenchResult, key: str) -> str:
-    """The shared form's per-sample speedup over replicated form ``key`` as measured, labelled
-    with the batch the replicated figure was measured at ("at least 154x, Lazy form measured at
-    B = 8" when it could not run at the shared form's batch and its per-sample cost rose with
-    B), the projection from B = 1, 2 beside it with its measured error; "" without one."""
-    st = b.ratio_vs_lazy_form if key == "replicated_gather_scatter" else b.ratio_vs_sparse_form
-    if st is None:
-        return ""
-    fit = b.replicated.get(key)
-    form = FORM_NAMES.get(key, key)
-    if fit is None:
-        return f"{st.median:.3g}x (IQR {st.iqr:.2g})"
-    bound = "at least " if fit.at_least else ""
-    text = f"{bound}{st.median:.3g}x (IQR {st.iqr:.2g}), {form} {fit.short_basis}"
-    if not fit.measured and fit.projected_ratio is not None:
-        text += (f"; projected from B = 1, 2 to B = {fit.at_batch}: "
-                 f"{fit.projected_ratio.median:.3g}x, not quoted: {fit.error_text}")
-    elif not fit.measured and fit.projected is not None and fit.projected.median <= 0:
-        text += "; the projection from B = 1, 2 is noise (B = 2 not slower than B = 1)"
-    return text
-
-
-def summary_lines(r: BenchResult) -> list[str]:
-    """A short plain-text table (the CLI prints it)."""
-    s = r.sizes
-    lines = [f"bench on {r.device}: {s['edges']:,} edges, H={s['hidden']}, L={s['layers']}, "
-             f"k={s['k']}; {r.rounds} interleaved rounds, {r.seconds:.0f} s; delta push kernel: "
-             f"{r.push_kernel or 'none (no delta form ran)'}"
-             + (f" ({r.push_threads} threads)" if r.push_threads else ""),
-             f"{'variant':28s} {'B':>4s} {'ms/sample':>11s} {'IQR':>8s} {'n':>3s}"]
-    for k, v in r.per_sample_s.items():
-        what = v.batch_reason if k.startswith("repl") else v.label
-        lines.append(f"{k:28s} {v.batch_size:4d} {v.median * 1e3:11.2f} {v.iqr * 1e3:8.2f} "
-                     f"{v.n:3d}  ({what})")
-    for k, f in r.replicated.items():
-        if f.projected is not None:
-            lines.append(f"{k + ' projected':36s} {f.at_batch:4d} "
-                         f"{f.projected.median * 1e3:11.2f} {f.projected.iqr * 1e3:8.2f} "
-                         f"{f.projected.n:3d}  (from B = 1, 2: not quoted)")
-        lines.append(f"{k + ' projection':36s} {f.error_text}")
-    for k, why in r.skipped.items():
-        lines.append(f"{k:28s} skipped: {why}")
-
-    def show(label, st):
-        if st is not None:
-            lines.append(f"{label:28s} {st.median:.3g} (IQR {st.iqr:.2g})"
-                         + (" CONTENDED" if st.contended else ""))
-    show("delta vs full form", r.ratio_vs_full_form)
-    for key, name in (("replicated_gather_scatter", "ratio vs Lazy model's form"),
-                      ("replicated_sparse", "ratio vs sparse form")):
-        text = replicated_ratio_text(r, key)
-        if text:
-            st = r.ratio_vs_lazy_form if key == "replicated_gather_scatter" \
-                else r.ratio_vs_sparse_form
-            lines.append(f"{name:28s} {text}" + (" CONTENDED" if st.contended else ""))
-    show("exact / DANGO-style sample", r.ratio_vs_dango_sample)
-    show("wildtype steps per sample", r.passes_per_sample)
-    if r.floor is not None:
-        lines += [f"{'floor' if i == 0 else '':28s} {x.replace('**', '')}"
-                  for i, x in enumerate(r.floor.lines())]
-    for f in r.rates:
-        best = f" (machine best {f.machine_gmacs:.3g}: {f.machine_source})" \
-            if f.machine_gmacs else ""
-        lines.append(f"{f.variant + ' ' + f.kind + ' GMAC/s':28s} {f.gmacs:.3g}, "
-                     f"{f.seconds / f.step_seconds:.0%} of the step{best}")
-    for k in r.kernels:
-        lines.append(f"{'kernel ' + k.name:28s} {k.gmacs:.3g} GMAC/s"
-                     + (" (the step's)" if k.used_by_step else ""))
-    lines.append(f"{'exact max rel. error':28s} {r.exact_max_rel_error:.2e}")
-    lines += cpu_lines(r)
-    lines += [f"note: {n}" for n in r.notes]
-    return lines
