@@ -24,7 +24,7 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``loading``, ``validation``, ``filesystem``   the hardened YAML loader; ``validate`` and
                         its checks across keys and on disk
     ``cells``           the help text, and which keys each notebook's parameters cell reads
-2  ``measurement/``, ``traces`` how anything is measured: it measures a callable it is given
+2  ``measurement/``, ``traces/`` how anything is measured: it measures a callable it is given
                    and knows nothing of pipelines or params; ``traces`` reads a Chrome trace
     ``timing``          THE timer: device sync, warm-up excluded, repeats to a precision
                         target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock
@@ -33,10 +33,13 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
     ``precision``       float32 tolerance for sums in another order (CUDA atomics)
     ``profiling``       warm-step profiles by exclusive time (read with ``traces``)
-    ``cpu``             the CPU share a timed region got (contended or not)
-  ``traces``          any Chrome trace by range, kind, operator, per thread and GPU stream,
+    ``cpu``             the meter beside every timed region and its /proc readers;
+                        ``cpu_allowance`` (the CPUs a process may use, how threads fit),
+                        ``cpu_share`` (what a figure got of them: contended or not, and why)
+  ``traces/``         any Chrome trace by range, kind, operator, per thread and GPU stream,
                         exclusive times that add up (the ``trace`` command; its page:
-                        ``report/trace_view``); it measures nothing
+                        ``report/trace_view``); it measures nothing: ``reading`` (events,
+                        nesting, exclusive times), ``breakdown`` (per row), ``diff``
 3  ``nodemask/``    the fix as a public API: per-sample aggregation on one shared graph
     ``graph``, ``batch``, ``kernels``   the shared graph, a batch's layers, sparse products
     ``delta``           delta propagation: the second layer's per-sample push (numba/PyTorch)
@@ -62,7 +65,9 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``loading``         user pipelines (params key ``pipelines``): import, build, check on a batch
     ``lightning``       a LightningModule + LightningDataModule as a pipeline
 8  ``training/``    ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
-                   training loop over any pipeline, its arms and variants, interleaving),
+                   training loop over any pipeline, interleaving), ``arms`` (an arm and its
+                   variant, a stage timed), ``timed_data`` (dataset and collate timing
+                   themselves in the workers),
                    ``step_memory`` (a pipeline's training step for the memory probe)
 9  ``distributed/`` the DDP machinery: ``launcher`` (torchrun), ``worker`` (one rank), ``plan``
                    (world sizes from the allocation)
@@ -77,23 +82,29 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``inventory``       01: bytes of every representation
     ``mask_cost/``      02: ``costmodel`` (masking against filtering), ``layers`` (mask
                         generation, one layer across B, exactness), ``bench`` (the strategy
-                        benchmark, also the ``bench`` command), ``memory`` (peak memory),
-                        ``forward_masks`` (the dual forward's mask bytes)
+                        benchmark, also the ``bench`` command; ``rates``, its achieved rates;
+                        ``bench_text``, its words), ``memory`` (peak memory), ``forward_masks``
+                        (the dual forward's mask bytes)
     ``timing/``         03: the training loop of every pipeline; ``stages`` (what a step's time
                         goes to), ``stored_masks`` (stored masks read cold and warm)
     ``ddp/``            04: launches, ``summary`` (ranks -> figures), ``allreduce_model``
-    ``verdict/``        05: ``claims`` (every claim by a stated rule), the verdict
-    ``adoption/``       06: training both pipelines, ``equality`` (also the ``equal``
-                        command), ``fix_speedups``
+    ``verdict/``        05: the inputs and the verdict; ``gap``, ``causes``, ``recommend`` (the
+                        fix), ``claims`` (every claim by a stated rule)
+    ``adoption/``       06: training both pipelines; ``equality`` (the check, also the
+                        ``equal`` command), ``parameters`` (how two models' parameters pair),
+                        ``seeded_runs`` (one seeded run, tensors compared), ``fix_speedups``
 12 ``tools/``       the commands that are no notebook: ``compare``, ``headlines`` (a run
                    folder's figures), ``stability`` (and its repeated runs), ``selftest`` (a new
                    machine checked before a long run)
 13 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook
+                   (and its sections: ``bench_view``, ``cpu_view``, ``profile_view``,
+                   ``stage_style``)
                    and per command's page (``trace_view``, ``compare_view``,
                    ``stability_view``), ``html`` (the run folder's index), ``pages`` (one look:
                    every page from ``templates/workbook/page.html.j2`` and ``workbook.css``),
                    ``terminal`` (what the commands without a page print)
-14 ``cli``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
+14 ``cli/``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...):
+                   ``parser`` (every command and its arguments), ``commands`` (one function each)
 """
 import warnings
 
