@@ -47,10 +47,10 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.data import inventory
 from workbook_lib.report import inventory_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import write_results
+from workbook_lib.studies import inventory
 
 NB = setup(globals(), needs_device=False)
 inv = inventory.inventory(NB.params, NB.graph)

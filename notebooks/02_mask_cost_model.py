@@ -65,12 +65,12 @@ import tempfile
 
 from IPython.display import display
 
-from workbook_lib.analysis import benchmarks, mask_cost, memory_study
 from workbook_lib.data import snapshots
 from workbook_lib.report import mask_cost_view as view
 from workbook_lib.results.mask_cost import MaskCostResult
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
+from workbook_lib.studies import mask_cost
 
 NB = setup(globals())
 P = NB.params
@@ -84,10 +84,10 @@ display(view.builtin_note(P))
 
 # %%
 small = snapshots.induced_subgraph(NB.graph, min(P["exactness_genes"], NB.graph.num_genes))
-exact = benchmarks.exactness_report(small, P["strategies"], k=P["perturbation_k"], aggr=P["aggr"],
-                                    hidden=min(P["hidden"], 16), seed=P["seed"],
-                                    storage_dir=tempfile.mkdtemp(prefix="wb-masks-"),
-                                    device=NB.device)
+exact = mask_cost.exactness_report(small, P["strategies"], k=P["perturbation_k"], aggr=P["aggr"],
+                                   hidden=min(P["hidden"], 16), seed=P["seed"],
+                                   storage_dir=tempfile.mkdtemp(prefix="wb-masks-"),
+                                   device=NB.device)
 display(view.exactness_table(exact, small.describe()))
 
 # %% [markdown]
@@ -169,7 +169,7 @@ display(view.floor_table(bres))
 # probe raises or stalls is named above the table, the others' points stand.
 
 # %%
-mem = memory_study.memory_study(P, NB.device)
+mem = mask_cost.memory_study(P, NB.device)
 display(view.memory_failures(mem))
 display(view.memory_table(mem))
 view.memory_plot(mem)

@@ -63,11 +63,11 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import timing_study as study
 from workbook_lib.report import timing_view as view
 from workbook_lib.results.timing import TimingResult
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import write_results
+from workbook_lib.studies import timing as study
 
 NB = setup(globals())
 display(view.settings(NB.params, NB.graph, NB.device_label))

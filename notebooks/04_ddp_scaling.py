@@ -72,10 +72,10 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.distributed import study
 from workbook_lib.report import ddp_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
+from workbook_lib.studies import ddp as study
 
 NB = setup(globals(), notebook="04_ddp_scaling")  # the snapshot is cached before any rank starts
 

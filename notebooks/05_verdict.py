@@ -50,10 +50,10 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import verdict
 from workbook_lib.report import verdict_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import read_meta, write_results
+from workbook_lib.studies import verdict
 
 NB = setup(globals(), load_graph=False, needs_device=False, notebook="05_verdict")
 found, inputs, missing = verdict.load_inputs(NB.run_dir, NB.params)

@@ -55,10 +55,11 @@ run_dir: str = "runs/interactive"  # where results go (a relative path is taken 
 # %%
 from IPython.display import display
 
-from workbook_lib.analysis import adoption, bench, headlines
 from workbook_lib.report import adoption_view as view
 from workbook_lib.running.notebook import setup
 from workbook_lib.running.results import checksums, load_result, write_results
+from workbook_lib.studies import adoption
+from workbook_lib.studies.mask_cost import bench
 
 NB = setup(globals(), notebook="06_adopt_fix")
 
@@ -105,7 +106,7 @@ display(view.compare_table(r))
 # by what it times.
 
 # %%
-display(view.speedups_table(headlines.speedups(NB.run_dir, adoption=r)))
+display(view.speedups_table(adoption.speedups(NB.run_dir, adoption=r)))
 
 # %% [markdown]
 # ## Results
@@ -115,5 +116,5 @@ path = write_results(NB.run_dir, "06_adopt_fix", r, NB.params, headline=view.hea
                      snapshot_checksum=NB.graph.checksum,
                      inputs=checksums(NB.run_dir, [n for n, res in (("02_mask_cost_model", mask_cost),
                                                                    ("04_ddp_scaling", ddp)) if res]
-                                      + headlines.speedup_inputs(NB.run_dir)))
+                                      + adoption.speedup_inputs(NB.run_dir)))
 display(view.saved(path, view.headline(r)))

@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
-from workbook_lib.analysis.bench import (ReplicatedPlan, bench_layers, replicated_fit,
-                                         replicated_plan)
+from workbook_lib.studies.mask_cost.bench import (ReplicatedPlan, bench_layers, replicated_fit,
+                                                  replicated_plan)
 from workbook_lib.data.snapshots import CellGraph, content_checksum
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.nodemask import NodeMaskBatch, delta
@@ -166,7 +166,7 @@ def _issue_bench(lazy_steps: dict[int, float], shared_ms: float = 18.27):
 def test_the_headline_quotes_the_measured_ratio_labelled_with_its_batch():
     """The issue's run: B = 8 measured 22.5 s per step (2.81 s per sample), the line through
     B = 1, 2 projects 0.50 s per sample at B = 28 (27.6x): the headline quotes 154x."""
-    from workbook_lib.analysis.bench import replicated_ratio_text
+    from workbook_lib.studies.mask_cost.bench_text import replicated_ratio_text
     from workbook_lib.report import mask_cost_view as view
 
     b = _issue_bench({1: 1.109, 2: 1.590, 8: 22.5})
@@ -276,7 +276,8 @@ def test_with_numba_the_push_is_compiled_and_silent(graph, monkeypatch):
 def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params, no_numba):
     """The whole benchmark without numba (tiny sizes): the kernel is in its results, its
     labels, the CLI table and the report's table and text."""
-    from workbook_lib.analysis.bench import run_bench, summary_lines
+    from workbook_lib.studies.mask_cost.bench import run_bench
+    from workbook_lib.studies.mask_cost.bench_text import summary_lines
     from workbook_lib.results.bench import BenchResult
     from workbook_lib.report import mask_cost_view as view
 

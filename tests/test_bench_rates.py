@@ -3,7 +3,8 @@ and achieved multiply-add rates read from one profiled step."""
 import pytest
 import torch
 
-from workbook_lib.analysis.bench import achieved_rates, amortised
+from workbook_lib.studies.mask_cost.bench import amortised
+from workbook_lib.studies.mask_cost.rates import achieved_rates
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.nodemask.kernels import MOVE_TAG, dense_inside, sparse_range
 
@@ -65,7 +66,7 @@ def _bench_with(ratio_samples, layers=3, run_layers=None):
 
 
 def test_recommended_form_follows_the_measured_ratio():
-    from workbook_lib.analysis.bench import recommended_form
+    from workbook_lib.studies.mask_cost.bench import recommended_form
 
     assert recommended_form(_bench_with([2.9, 3.1, 3.0])).middle == "delta"
     slower = recommended_form(_bench_with([0.7, 0.8, 0.75]))
@@ -89,7 +90,7 @@ def test_kernel_figures_mark_the_products_the_step_takes(aggr):
     """On a CPU the full middle layers take per-type slabs, and with sum aggregation the delta
     path's wildtype layers one stacked product: both are marked as the step's, and the push."""
     from conftest import make_graph
-    from workbook_lib.analysis.bench import kernel_figures
+    from workbook_lib.studies.mask_cost.rates import kernel_figures
     from workbook_lib.nodemask import SharedGraph
 
     graph = make_graph(num_genes=20, types={"a": 40, "b": 20}, seed=1)

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from workbook_lib.analysis import claims as C
-from workbook_lib.analysis import costmodel as cm
-from workbook_lib.measurement import trace_analysis as ta
+from workbook_lib.studies.verdict import claims as C
+from workbook_lib.studies.mask_cost import costmodel as cm
+from workbook_lib import traces as ta
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.results.mask_cost import SweepPoint
 from conftest import write_trace
@@ -84,8 +84,8 @@ def test_standard_errors_follow_the_scatter_of_the_points():
 
 
 def test_stability_says_why_a_coefficient_differs():
-    from workbook_lib.analysis.headlines import FITTED, Figure
-    from workbook_lib.analysis.stability import _fitted_note
+    from workbook_lib.tools.headlines import FITTED, Figure
+    from workbook_lib.tools.stability import _fitted_note
 
     def fig(v, se, noise):
         return Figure("beta_e", "cost model beta_e", "02", v, None, None, "s/edge", "lower",
@@ -177,7 +177,7 @@ def test_size_claims_both_ways():
 def test_dual_forward_probe_reads_what_the_forward_reads():
     """The probe counts the per-edge tensors an operator reads: a wildtype pass that multiplies
     by masks of its own shows as more bytes, one that reads none as the same."""
-    from workbook_lib.analysis.claim_probes import mask_bytes_read
+    from workbook_lib.studies.mask_cost.forward_masks import mask_bytes_read
 
     class G:
         edge_types = ["a"]
@@ -309,7 +309,7 @@ def test_investigation_summation_counts_profiler_steps_as_the_optimizer(tmp_path
 
 
 def _ddp(total=40.0, steps=2.29, per_step=17.5, factor=1.0, factor_noise=0.05, gather=1.0):
-    from workbook_lib.distributed.analysis import within_noise
+    from workbook_lib.studies.ddp.summary import within_noise
     from workbook_lib.results.ddp import GapDecomposition
 
     f = st(factor, factor_noise)

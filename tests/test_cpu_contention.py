@@ -228,7 +228,7 @@ def test_measure_records_the_share_too(one_cpu):
 def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_them(tmp_path):
     from test_verdict_compare import _Obj, _ddp, _mask_cost, _timing
 
-    from workbook_lib.analysis import verdict as V
+    from workbook_lib.studies import verdict as V
 
     busy = share(run=0.3, wait=0.7, threads=2, pressure=0.9)
     inv = _Obj(scale=0.1, total_edges=242337)
@@ -270,7 +270,7 @@ def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_th
 
 
 def test_selftest_says_the_machine_is_busy_beside_a_hog(one_cpu):
-    from workbook_lib.running import selftest
+    from workbook_lib.tools import selftest
 
     hog = _hog(one_cpu)
     try:
@@ -286,9 +286,9 @@ def test_selftest_says_the_machine_is_busy_beside_a_hog(one_cpu):
 
 def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_path,
                                                                            monkeypatch):
-    from workbook_lib.analysis import compare as cmp
-    from workbook_lib.analysis import stability as stab
-    from workbook_lib.analysis.headlines import RATIO, Figure
+    from workbook_lib.tools import compare as cmp
+    from workbook_lib.tools import stability as stab
+    from workbook_lib.tools.headlines import RATIO, Figure
     from workbook_lib.report.compare_view import cell
     from workbook_lib.report.stability_view import page
 
@@ -317,7 +317,7 @@ def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_p
 
 def test_the_cpu_table_names_each_arm_once_the_pipelined_step_apart_from_the_full_step():
     from workbook_lib.results.timing import PIPELINED, LoopStudy
-    from workbook_lib.report.timing_view import cpu_rows
+    from workbook_lib.report.cpu_view import cpu_rows
     from workbook_lib.training.loop import MODES
     from workbook_lib.results.timing import ArmResult
 

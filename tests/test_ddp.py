@@ -8,8 +8,8 @@ import time
 import psutil
 import pytest
 
-from workbook_lib.distributed import allreduce_model as arm
-from workbook_lib.distributed import analysis as da
+from workbook_lib.studies.ddp import allreduce_model as arm
+from workbook_lib.studies.ddp import summary as da
 from workbook_lib.distributed import launcher
 from workbook_lib.distributed.plan import plan
 from workbook_lib.exceptions import LaunchError
@@ -213,7 +213,7 @@ def test_ring_model_fit_presets_and_extrapolation():
 
 def _world(slow: list[list[float]], fast: list[list[float]], threads=1):
     """A world summary with per-launch step series of the two gap strategies."""
-    from workbook_lib.distributed.analysis import _ratio_series
+    from workbook_lib.studies.ddp.summary import _ratio_series
     from workbook_lib.results.ddp import WorldSummary
 
     ratio = [_ratio_series(a, b) for a, b in zip(slow, fast)]

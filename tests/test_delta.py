@@ -268,7 +268,7 @@ def test_shared_graph_training_step_has_no_host_sync(graph, aggr, middle, kernel
 
 def test_footprint_counts_changed_genes_and_messages_by_hand():
     """Chain 0 -> 1 -> 2 -> 3 in type a, 0 -> 3 in type b; gene 4 isolated; gene 0 deleted."""
-    from workbook_lib.data.inventory import footprint
+    from workbook_lib.studies.inventory import footprint
 
     ei = {"a": torch.tensor([[0, 1, 2], [1, 2, 3]]), "b": torch.tensor([[0], [3]])}
     g = CellGraph("hand", 5, ei, "test", content_checksum(5, ei))

@@ -16,9 +16,10 @@ from torch.utils.data import TensorDataset, default_collate
 from workbook_lib import cli
 from workbook_lib.report.html import write_index
 from workbook_lib.running.run_folder import run_notebooks
-from workbook_lib.analysis.equality import (ParameterMismatchError, StochasticPipelineError,
-                                            check_pipelines, compare_tensors, parameter_mapping,
-                                            parse_renames)
+from workbook_lib.studies.adoption.equality import StochasticPipelineError, check_pipelines
+from workbook_lib.studies.adoption.parameters import (ParameterMismatchError, parameter_mapping,
+                                                      parse_renames)
+from workbook_lib.studies.adoption.seeded_runs import compare_tensors
 from workbook_lib.measurement.precision import dtype_guard, rounding_model
 from workbook_lib.pipelines import Pipeline
 from workbook_lib.configs import params as params_mod
@@ -287,7 +288,7 @@ def test_the_realistic_float32_only_rewrites_fall_back_and_are_still_judged_righ
     specs = [GIN, "tests/rewrites/float32_only.py:make_pipeline",
              "tests/rewrites/float32_only.py:make_off"]
     p = params_mod.validate({**raw, "pipelines": [f"p{i}={s}" for i, s in enumerate(specs)]})
-    from workbook_lib.analysis.equality import equality_tolerance, seeded_build
+    from workbook_lib.studies.adoption.equality import equality_tolerance, seeded_build
     from workbook_lib.data.snapshots import load_snapshot
 
     graph = load_snapshot(p)

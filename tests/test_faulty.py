@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from workbook_lib import cli
-from workbook_lib.analysis import timing_study as study
+from workbook_lib.studies import timing as study
 from workbook_lib.common.watchdog import Stalled, Watchdog
 from workbook_lib.configs import params as params_mod
 from workbook_lib.exceptions import PipelineError
@@ -321,7 +321,7 @@ def test_a_watchdog_in_the_main_thread_stops_the_stage_once_past_its_limit():
 
 # ------------------------------------------------------------------ notebooks 02 and 04
 def test_02_a_memory_probe_that_raises_is_recorded_with_its_traceback():
-    from workbook_lib.analysis.memory_study import probe_failure
+    from workbook_lib.studies.mask_cost.memory import probe_failure
     from workbook_lib.measurement.memory import MemoryPoint
     from workbook_lib.report.mask_cost_view import memory_failures
     from workbook_lib.training.step_memory import measure_point
@@ -344,7 +344,7 @@ def test_02_a_memory_probe_that_raises_is_recorded_with_its_traceback():
 def test_04_a_rank_raising_in_one_pipeline_is_recorded_and_the_rest_measured(tmp_path,
                                                                              monkeypatch):
     from workbook_lib.data import snapshots
-    from workbook_lib.distributed import study as ddp_study
+    from workbook_lib.studies import ddp as ddp_study
     from workbook_lib.report import ddp_view
 
     monkeypatch.setenv("FAULTY_RANK", "1")  # rank 1 only, at the 3rd call of its forward

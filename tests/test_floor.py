@@ -3,7 +3,7 @@ delta step's measured multiply-adds against its own arithmetic and against the f
 import pytest
 import torch
 
-from workbook_lib.analysis.bench import achieved_rates
+from workbook_lib.studies.mask_cost.rates import achieved_rates
 from workbook_lib.data.snapshots import CellGraph, content_checksum
 from workbook_lib.nodemask import SharedGraph, corrections
 from workbook_lib.nodemask.delta import numba_available

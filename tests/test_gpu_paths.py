@@ -4,7 +4,7 @@ its GPU structure."""
 import pytest
 import torch
 
-from workbook_lib.analysis.adoption import loss_tolerance
+from workbook_lib.studies.adoption import loss_tolerance
 from workbook_lib.measurement import timing
 from workbook_lib.measurement.precision import float32_tolerance
 
@@ -160,7 +160,7 @@ def test_a_cpu_only_notebook_runs_on_a_node_without_the_gpu(tmp_path):
 def test_exactness_report_runs_the_strategies_on_the_given_device(monkeypatch):
     """02's exactness re-check builds every strategy on the run's device (the reference stays on
     the CPU): a device argument that were ignored would leave them on the CPU."""
-    from workbook_lib.analysis import benchmarks
+    from workbook_lib.studies.mask_cost import layers as benchmarks
     from workbook_lib.data.snapshots import induced_subgraph, load_snapshot
     from workbook_lib.configs.params import load_params_file
     from pathlib import Path

@@ -28,8 +28,6 @@ ROOT = Path(workbook_lib.__file__).resolve().parent
 
 # (importing module, imported module) -> why this import may climb. At most 3.
 ALLOWED_CLIMBS = {
-    ("workbook_lib.data.inventory", "workbook_lib.strategies.replicated_mask_cpu"):
-        "notebook 01 checks its computed sizes against the bytes strategy 2's collate builds",
     ("workbook_lib.running.notebook", "workbook_lib.report.plotting"):
         "a notebook's setup applies the report's figure style before its first cell",
 }
@@ -350,10 +348,55 @@ def test_the_map_parser_reads_floor_lines_only():
         map_floors("0  ``a``\n2  ``b``\n")
 
 
-def test_the_development_page_shows_the_same_floors():
-    """docs/development.md's table of floors is the map a reader opens first: it names the rooms
-    of ``LAYERS``, floor by floor, so it cannot go stale without this failing."""
+PICTURE_LINE = re.compile(r"^(\d+)\s+((?:[\w/]+, )*[\w/]+)(?:\s{2,}(.*))?$")
+
+
+def picture_floors(page: str) -> list[tuple[int, tuple[str, ...], str]]:
+    """The map drawn at the top of docs/development.md (its first ``text`` block), top floor
+    first: (floor, its rooms as written, ``/`` marking a folder, and its description with
+    the lines that continue it)."""
+    block = page.split("```text\n", 1)[1].split("```", 1)[0]
+    out: list[tuple[int, tuple[str, ...], str]] = []
+    for line in block.splitlines()[1:]:  # the first line is the header
+        m = PICTURE_LINE.match(line)
+        if m:
+            out.append((int(m.group(1)), tuple(m.group(2).split(", ")), m.group(3) or ""))
+        elif out and line.strip():
+            n, rooms, text = out[-1]
+            out[-1] = (n, rooms, f"{text} {line.strip()}")
+    return out
+
+
+def test_the_development_page_opens_with_the_map_of_every_folder():
+    """docs/development.md opens with the picture of the floors (top floor first, imports going
+    down): it names the rooms of ``LAYERS`` floor by floor in their order, a folder with a
+    ``/``, and every sub-package on its room's floor, so it cannot go stale without this
+    failing."""
     page = (ROOT.parent / "docs" / "development.md").read_text(encoding="utf-8")
-    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", page, flags=re.M)
-    shown = {int(n): tuple(re.findall(r"`([\w_]+)/?`", rooms)) for n, rooms in rows}
-    assert shown == dict(enumerate(workbook_lib.LAYERS)), shown
+    first = re.search(r"^## (.*)$", page, flags=re.M).group(1)
+    assert first == "The map of `workbook_lib`", "the map opens the page"
+    assert page.index("```text") < page.index("\n## ", page.index("## The map")), "its picture"
+    drawn = picture_floors(page)
+    top = len(workbook_lib.LAYERS) - 1
+    assert [n for n, _, _ in drawn] == list(range(top, -1, -1)), "floors, top first, each once"
+    for n, rooms, text in drawn:
+        assert tuple(r.rstrip("/") for r in rooms) == tuple(workbook_lib.LAYERS[n]), (n, rooms)
+        for r in rooms:
+            name = r.rstrip("/")
+            is_dir = (ROOT / name).is_dir()
+            assert is_dir == r.endswith("/"), f"floor {n}: {r} (a folder ends with '/')"
+            if is_dir:
+                for sub in sorted((ROOT / name).iterdir()):
+                    if (sub / "__init__.py").is_file():
+                        assert f"{sub.name}/" in text, f"floor {n}: {name}/{sub.name}/ not drawn"
+    folders = {d.name for d in ROOT.iterdir() if (d / "__init__.py").is_file()}
+    assert folders <= {r.rstrip("/") for _, rooms, _ in drawn for r in rooms if r.endswith("/")}
+
+
+def test_no_module_over_500_lines_outside_nodemask():
+    """Every module outside ``nodemask/`` (the fix's API, its kernels kept whole) is at most
+    500 lines: a longer one is split into modules named for what they hold."""
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
+            if "nodemask" not in p.relative_to(ROOT).parts
+            and (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert long == {}

@@ -9,9 +9,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workbook_lib.analysis import compare as cmp
-from workbook_lib.analysis import stability as stab
-from workbook_lib.analysis.headlines import RATIO, Figure
+from workbook_lib.tools import compare as cmp
+from workbook_lib.tools import stability as stab
+from workbook_lib.tools.headlines import RATIO, Figure
 from workbook_lib.configs import params as params_mod
 from workbook_lib.report import compare_view, pages, stability_view, trace_view
 from workbook_lib.report.html import index_page
@@ -61,7 +61,7 @@ def test_a_report_has_the_one_look(tmp_path):
 def test_the_trace_page_has_the_one_look(tmp_path):
     from test_trace import _synthetic, _write
 
-    from workbook_lib.measurement import trace_analysis as ta
+    from workbook_lib import traces as ta
 
     bds = [ta.breakdown(ta.read_trace(_write(tmp_path / f"{n}.json", _synthetic(steps=s))))
            for n, s in (("a", 2), ("b", 3))]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbook_lib.data.perturbations import sample_perturbations
-from workbook_lib.measurement import trace_analysis as ta
+from workbook_lib import traces as ta
 from workbook_lib.measurement.profiling import profile_steps
 from workbook_lib.measurement.syncs import H2D, batch_tensors
 from workbook_lib.measurement.timing import StepClock
@@ -104,7 +104,7 @@ def test_bad_loop_arguments(small):
 
 
 def test_sanity_check_flags_inverted_modes():
-    from workbook_lib.analysis.timing_study import sanity_check
+    from workbook_lib.studies.timing import sanity_check
     from workbook_lib.results.timing import LoopStudy
     from workbook_lib.measurement.timing import Stat
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbook_lib.analysis.adoption import loss_fall
+from workbook_lib.studies.adoption import loss_fall
 from workbook_lib.catalog import NOTEBOOK_NAMES
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.running import notebooks as nbsrc
@@ -232,7 +232,7 @@ def test_stability_compares_figures_and_claim_statuses(ci_run, tmp_path):
     """Two copies of one run agree everywhere; a copy with one claim flipped and the machine
     twice as slow is called out: the claim row names both statuses, the absolute time says why."""
     import shutil
-    from workbook_lib.analysis.stability import compare_figures
+    from workbook_lib.tools.stability import compare_figures
 
     out, _ = ci_run
     a, b = tmp_path / "run1", tmp_path / "run2"

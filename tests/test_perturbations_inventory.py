@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbook_lib.data import inventory
+from workbook_lib.studies import inventory
 from workbook_lib.data.perturbations import node_keep_mask, sample_perturbations
 from workbook_lib.data.snapshots import CellGraph, content_checksum
 from workbook_lib.results.inventory import InventoryResult

@@ -292,7 +292,7 @@ def test_readme_example_works_pasted_into_a_new_file(tmp_path, monkeypatch):
 
 
 def test_shared_pass_timed_where_a_pipeline_has_one():
-    from workbook_lib.analysis.timing_study import shared_pass_times
+    from workbook_lib.studies.timing import shared_pass_times
 
     g = make_graph(num_genes=30, types={"a": 80, "b": 40}, seed=2)
     p = _params(hidden=4)

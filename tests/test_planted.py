@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbook_lib.analysis import timing_study as study
-from workbook_lib.analysis import verdict as V
-from workbook_lib.analysis.stages import step_bound
+from workbook_lib.studies import timing as study
+from workbook_lib.studies import verdict as V
+from workbook_lib.studies.timing.stages import step_bound
 from workbook_lib.configs import params as params_mod
 from workbook_lib.running.notebook import load_checked_snapshot
 
@@ -72,7 +72,7 @@ class _Timing:
 def _per_step(arm, key: str) -> list[float]:
     """A stage's seconds in each timed step (the data stages: the loader wait, split as
     stage_medians splits it)."""
-    from workbook_lib.analysis.stages import stage_medians
+    from workbook_lib.studies.timing.stages import stage_medians
 
     if key == "overhead":
         return arm.untracked.samples

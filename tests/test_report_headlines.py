@@ -46,7 +46,7 @@ def test_loss_curves_compared_by_the_predictions_they_imply():
     """Rounding-level differences of the predictions (3e-7) pass the 1e-5 tolerance even where
     the loss fell to 1e-6 (the losses' own relative difference there is far above 1e-5); a
     pipeline 1e-4 off fails it. The implied figure never exceeds the true difference."""
-    from workbook_lib.analysis.adoption import implied_prediction_diff
+    from workbook_lib.studies.adoption import implied_prediction_diff
 
     rep, fix, ymax = _curve(3e-7)
     own = max(abs(f - r) / r for r, f in zip(rep, fix))

@@ -66,7 +66,7 @@ def test_a_notebook_never_reads_an_input_made_with_other_params(tmp_path, tiny, 
     """What the runner's check cannot see (a run with other params writing the input into the
     folder while this one runs, a notebook run from JupyterLab): the notebook itself treats an
     input made with other params as absent, and the verdict refuses it, naming the keys."""
-    from workbook_lib.analysis import verdict
+    from workbook_lib.studies import verdict
     from workbook_lib.exceptions import IncompleteInputsError
     from workbook_lib.running import results
     from workbook_lib.running.results import load_result

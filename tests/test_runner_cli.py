@@ -214,7 +214,7 @@ def test_real_cpu_oom_is_recorded_and_the_sweep_goes_on(monkeypatch):
     import torch
 
     from conftest import make_graph
-    from workbook_lib.analysis import benchmarks
+    from workbook_lib.studies.mask_cost import layers as benchmarks
 
     g = make_graph(num_genes=20, types={"a": 40})
     real = benchmarks.build_ctx
@@ -238,7 +238,7 @@ def test_non_oom_errors_are_not_swallowed(monkeypatch):
     import torch
 
     from conftest import make_graph
-    from workbook_lib.analysis import benchmarks
+    from workbook_lib.studies.mask_cost import layers as benchmarks
 
     g = make_graph(num_genes=20, types={"a": 40})
     monkeypatch.setattr(benchmarks, "build_ctx",

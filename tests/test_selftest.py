@@ -5,7 +5,7 @@ import torch
 
 from workbook_lib.measurement.precision import float32_tolerance
 from workbook_lib import cli
-from workbook_lib.running import selftest
+from workbook_lib.tools import selftest
 
 
 def test_selftest_passes_on_cpu(capsys):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from workbook_lib.measurement import trace_analysis as ta
+from workbook_lib import traces as ta
 from workbook_lib.cli import main
 
 
@@ -288,7 +288,7 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
 def test_sync_wait_by_stage_counts_the_measured_code_s_syncs_not_the_timer_s():
     """A CUDA trace's host waits at syncs, per stage: the .item() inside the forward counts,
     the timer's own synchronize (in its harness:sync range) does not; CPU work is no wait."""
-    from workbook_lib.measurement.trace_analysis import Event, sync_wait_by_stage
+    from workbook_lib.traces import Event, sync_wait_by_stage
 
     def ev(name, ts, dur, cat="cpu_op"):
         return Event(name, ts, dur, tid=1, pid=1, cat=cat)

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from workbook_lib.analysis import compare as cmp
-from workbook_lib.analysis import verdict as V
-from workbook_lib.analysis.headlines import FITTED, RATIO, Figure
-from workbook_lib.distributed.analysis import within_noise
+from workbook_lib.tools import compare as cmp
+from workbook_lib.studies import verdict as V
+from workbook_lib.tools.headlines import FITTED, RATIO, Figure
+from workbook_lib.studies.ddp.summary import within_noise
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.results.ddp import GapDecomposition
 from workbook_lib.results.timing import ArmResult
@@ -251,7 +251,7 @@ def test_the_answer_does_not_rest_on_disturbed_figures():
 def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
     """run_bench's derived figures from its own interleaved rounds: per sample = step / B,
     the ratios per round, passes per sample = shared per sample over one wildtype step."""
-    from workbook_lib.analysis.bench import run_bench
+    from workbook_lib.studies.mask_cost.bench import run_bench
 
     p = dict(ci_params, min_repeats=3, time_budget_s=0.05, precision_target=0.5, hidden=8,
              layers=1, bench_replicated_max_batch=64)  # ci caps it at 2; B = 4 is measured here
@@ -289,7 +289,7 @@ def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
 def test_stored_mask_reads_cold_then_warm(tmp_path):
     from conftest import make_graph
 
-    from workbook_lib.analysis import claim_probes as cp
+    from workbook_lib.studies.timing import stored_masks as cp
     from workbook_lib.data.perturbations import sample_perturbations
 
     g = make_graph(num_genes=40, types={"a": 300, "b": 200}, seed=1)
@@ -347,8 +347,8 @@ def test_separate_launch_figures_are_not_labelled_same_rounds(tmp_path, monkeypa
     """04's DDP factor, the gap that multiplies it in and the weak-scaling efficiency divide
     separately launched runs: their kind says so, and stability's note does not call a
     difference between runs one of 'steps in the same rounds'."""
-    from workbook_lib.analysis import headlines as hl
-    from workbook_lib.analysis import stability as stab
+    from workbook_lib.tools import headlines as hl
+    from workbook_lib.tools import stability as stab
 
     kinds = {key: kind for key, _l, _nb, _u, _b, kind, _g in hl.SPECS}
     for key in ("gap_total", "ddp_factor", "weak_efficiency"):

@@ -24,17 +24,22 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``loading``, ``validation``, ``filesystem``   the hardened YAML loader; ``validate`` and
                         its checks across keys and on disk
     ``cells``           the help text, and which keys each notebook's parameters cell reads
-2  ``measurement/`` how anything is measured: it measures a callable it is given and knows
-                   nothing of pipelines or params
+2  ``measurement/``, ``traces/`` how anything is measured: it measures a callable it is given
+                   and knows nothing of pipelines or params; ``traces`` reads a Chrome trace
     ``timing``          THE timer: device sync, warm-up excluded, repeats to a precision
                         target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock
     ``memory``          peak memory of a step (fresh process, high-water mark reset; the caller
                         names the set-up that builds the step), fits
     ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
     ``precision``       float32 tolerance for sums in another order (CUDA atomics)
-    ``profiling``, ``trace_analysis``   warm-step profiles by exclusive time; any Chrome
-                        trace by range, kind, operator, per thread and GPU stream (the
-                        ``trace`` command; its page: ``report/trace_view``)
+    ``profiling``       warm-step profiles by exclusive time (read with ``traces``)
+    ``cpu``             the meter beside every timed region and its /proc readers;
+                        ``cpu_allowance`` (the CPUs a process may use, how threads fit),
+                        ``cpu_share`` (what a figure got of them: contended or not, and why)
+  ``traces/``         any Chrome trace by range, kind, operator, per thread and GPU stream,
+                        exclusive times that add up (the ``trace`` command; its page:
+                        ``report/trace_view``); it measures nothing: ``reading`` (events,
+                        nesting, exclusive times), ``breakdown`` (per row), ``diff``
 3  ``nodemask/``    the fix as a public API: per-sample aggregation on one shared graph
     ``graph``, ``batch``, ``kernels``   the shared graph, a batch's layers, sparse products
     ``delta``           delta propagation: the second layer's per-sample push (numba/PyTorch)
@@ -45,7 +50,6 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``snapshots``       the wildtype cell graph: synthetic from a spec (cached, checksummed) or
                         a user's HeteroData
     ``perturbations``   which genes each sample deletes; synthetic labels
-    ``inventory``       bytes of every representation (notebook 01)
 6  ``strategies/``  how the built-in pipelines compute a batch of perturbed graphs (one module
                    per strategy)
     ``base``            how a strategy splits its work: prepared once / dataset item / collate /
@@ -61,29 +65,46 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``loading``         user pipelines (params key ``pipelines``): import, build, check on a batch
     ``lightning``       a LightningModule + LightningDataModule as a pipeline
 8  ``training/``    ``factory`` (params -> graph, strategy, model), ``loop`` (the DataLoader
-                   training loop over any pipeline, its arms and variants, interleaving),
+                   training loop over any pipeline, interleaving), ``arms`` (an arm and its
+                   variant, a stage timed), ``timed_data`` (dataset and collate timing
+                   themselves in the workers),
                    ``step_memory`` (a pipeline's training step for the memory probe)
-9  ``distributed/`` ``launcher`` (torchrun), ``worker`` (one rank), ``study`` (notebook 04),
-                   ``allreduce_model``, ``plan`` (world sizes from the allocation)
+9  ``distributed/`` the DDP machinery: ``launcher`` (torchrun), ``worker`` (one rank), ``plan``
+                   (world sizes from the allocation)
 10 ``running/``     running the notebooks: ``run_folder`` (every notebook in order into a run
                    folder, with papermill), ``papermill_run`` (one notebook and its HTML
                    report), ``resume`` (what an earlier run left complete), ``notebook`` (a
                    notebook's setup), ``notebooks`` (sources, builds, ``--only``), ``results``
-                   (JSON), ``environment``, ``slurm``, ``selftest`` (a new machine checked
-                   before a long run), ``runlock`` (one writer per notebook of a run folder),
-                   ``kernel`` (this clone's kernel)
-11 ``analysis/``    the notebooks' experiments and conclusions: ``costmodel``, ``benchmarks``,
-                   ``bench`` (the full-size benchmark), ``mask_cost`` (02), ``timing_study`` (03),
-                   ``claims``, ``claim_probes`` (small measurements some claims need: the dual
-                   forward's mask bytes, stored masks read cold and warm), ``verdict`` (05),
-                   ``adoption`` (06), ``compare``, ``headlines`` (figures, the fix's speedups),
-                   ``stability`` (and its repeated runs)
-12 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook
+                   (JSON), ``environment``, ``slurm`` (one job per notebook, chained),
+                   ``runlock`` (one writer per notebook of a run folder), ``kernel`` (this
+                   clone's kernel)
+11 ``studies/``     one notebook, one study, named after it (its view: ``report/<name>_view``):
+    ``inventory``       01: bytes of every representation
+    ``mask_cost/``      02: ``costmodel`` (masking against filtering), ``layers`` (mask
+                        generation, one layer across B, exactness), ``bench`` (the strategy
+                        benchmark, also the ``bench`` command; ``rates``, its achieved rates;
+                        ``bench_text``, its words), ``memory`` (peak memory), ``forward_masks``
+                        (the dual forward's mask bytes)
+    ``timing/``         03: the training loop of every pipeline; ``stages`` (what a step's time
+                        goes to), ``stored_masks`` (stored masks read cold and warm)
+    ``ddp/``            04: launches, ``summary`` (ranks -> figures), ``allreduce_model``
+    ``verdict/``        05: the inputs and the verdict; ``gap``, ``causes``, ``recommend`` (the
+                        fix), ``claims`` (every claim by a stated rule)
+    ``adoption/``       06: training both pipelines; ``equality`` (the check, also the
+                        ``equal`` command), ``parameters`` (how two models' parameters pair),
+                        ``seeded_runs`` (one seeded run, tensors compared), ``fix_speedups``
+12 ``tools/``       the commands that are no notebook: ``compare``, ``headlines`` (a run
+                   folder's figures), ``stability`` (and its repeated runs), ``selftest`` (a new
+                   machine checked before a long run)
+13 ``report/``      what a reader sees: ``plotting``, ``tables``, one ``*_view`` per notebook
+                   (and its sections: ``bench_view``, ``cpu_view``, ``profile_view``,
+                   ``stage_style``)
                    and per command's page (``trace_view``, ``compare_view``,
                    ``stability_view``), ``html`` (the run folder's index), ``pages`` (one look:
                    every page from ``templates/workbook/page.html.j2`` and ``workbook.css``),
                    ``terminal`` (what the commands without a page print)
-13 ``cli``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...)
+14 ``cli/``, ``__main__``: ``python -m workbook_lib`` (run, params, bench, trace, selftest...):
+                   ``parser`` (every command and its arguments), ``commands`` (one function each)
 """
 import warnings
 
@@ -101,7 +122,7 @@ __version__ = "0.2.0"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("exceptions", "paths", "records", "catalog", "failures", "common"),
     ("configs",),
-    ("measurement",),
+    ("measurement", "traces"),
     ("nodemask",),
     ("results",),
     ("data",),
@@ -110,7 +131,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("distributed",),
     ("running",),
-    ("analysis",),
+    ("studies",),
+    ("tools",),
     ("report",),
     ("cli", "__main__"),
 )

@@ -1,5 +1,5 @@
 """Profiling warm training steps with ``torch.profiler`` and breaking the trace down by
-exclusive time (see ``trace_analysis``).
+exclusive time (read with :mod:`workbook_lib.traces`).
 
 The steps profiled are warm by construction: the caller's loop has already run its warm-up steps,
 and the profiler's own schedule then waits ``wait >= 1`` steps and warms up ``warmup >= 1`` more
@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from ..records import Record
 from ..common.progress import native_stderr_to_terminal
-from . import trace_analysis as ta
+from .. import traces as ta
 
 
 @dataclass

@@ -53,7 +53,7 @@ def sync(device: torch.device | str | None) -> None:
 
     On CUDA the wait runs in a :data:`HARNESS_SYNC` profiler range, so that a trace tells the
     timer's own syncs from those the measured code makes
-    (:func:`~workbook_lib.measurement.trace_analysis.sync_wait_by_stage`)."""
+    (:func:`~workbook_lib.traces.sync_wait_by_stage`)."""
     if device is None:
         return
     dev = torch.device(device)

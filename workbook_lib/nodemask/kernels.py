@@ -38,7 +38,7 @@ KERNELS = ("slab", "wide")
 
 # Every sparse product of the shared graph runs inside a profiler range named with this prefix
 # and its multiply-add count, so that the benchmark can read the achieved rate of a step's
-# sparse products from one profiled step (``analysis.bench.achieved_rates``).
+# sparse products from one profiled step (``studies.mask_cost.bench.achieved_rates``).
 SPARSE_TAG = "workbook::sparse_product::"
 
 

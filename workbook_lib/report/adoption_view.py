@@ -10,7 +10,7 @@ from .tables import one_line, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 
 
 def check_text(pair) -> Markdown:
-    """The check before training (:func:`workbook_lib.analysis.adoption.check_pair`): the pair,
+    """The check before training (:func:`workbook_lib.studies.adoption.check_pair`): the pair,
     the equality table, and whether 06 applies."""
     from .equality_view import rows, rule_text
 
@@ -38,7 +38,7 @@ def check_text(pair) -> Markdown:
 
 
 def loss_text(r: AdoptionResult) -> Markdown:
-    from ..analysis.adoption import loss_fall
+    from ..studies.adoption import loss_fall
 
     if not r.applicable:
         return Markdown(f"**06 does not apply here:** {r.reason}. Nothing was trained.")
@@ -166,13 +166,13 @@ def speedups_table(rows):
 def form_text(form, params: dict) -> Markdown:
     """The built-in fix's form (from notebook 02's benchmark); nothing on a run without
     built-in strategies, where the fix is the user's own rewrite."""
-    from .mask_cost_view import form_text as text
+    from .bench_view import form_text as text
 
     return text(form) if params["strategies"] else Markdown("")
 
 
 def _headline(r: AdoptionResult) -> str:
-    from ..analysis.adoption import loss_fall
+    from ..studies.adoption import loss_fall
 
     if not r.applicable:
         return f"not applicable: {r.reason}"

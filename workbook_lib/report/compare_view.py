@@ -1,13 +1,13 @@
 """The page of ``python -m workbook_lib compare``: the runs' headline figures side by side
-(:mod:`workbook_lib.analysis.compare` compares them), through the template
+(:mod:`workbook_lib.tools.compare` compares them), through the template
 ``compare.html.j2`` (:mod:`workbook_lib.report.pages`)."""
 from __future__ import annotations
 
 import html
 from pathlib import Path
 
-from ..analysis.compare import RunComparison, fmt_value
-from ..analysis.headlines import Figure
+from ..tools.compare import RunComparison, fmt_value
+from ..tools.headlines import Figure
 from ..common.files import atomic_write_text
 from .pages import markup, render
 
@@ -33,7 +33,7 @@ def page(c: RunComparison) -> str:
     """The comparison's HTML page.
 
     Args:
-        c: the comparison (:func:`workbook_lib.analysis.compare.compare_runs`).
+        c: the comparison (:func:`workbook_lib.tools.compare.compare_runs`).
     """
     rows = [{"label": r.label, "notebook": r.notebook, "kind": r.kind,
              "cells": [cell(f) for f in r.figures], "against_first": r.against_first}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..distributed.analysis import within_noise
+from ..studies.ddp.summary import within_noise
 from ..measurement.cpu import OWN_PROCESSES, causes_text
 from .. import pipelines
 from ..results.ddp import DDPResult, Plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..data.inventory import REPRESENTATION_LABELS
+from ..studies.inventory import REPRESENTATION_LABELS
 from ..results.inventory import InventoryResult
 from . import plotting
 from .tables import one_line, fmt_bytes, fmt_pct, table

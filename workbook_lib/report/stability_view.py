@@ -1,11 +1,11 @@
 """The page of ``python -m workbook_lib stability``: every headline figure of the runs side by
-side, whether it agrees, and why not (:mod:`workbook_lib.analysis.stability` judges them),
+side, whether it agrees, and why not (:mod:`workbook_lib.tools.stability` judges them),
 through the template ``stability.html.j2`` (:mod:`workbook_lib.report.pages`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..analysis.stability import StabilityResult, StabilityRow
+from ..tools.stability import StabilityResult, StabilityRow
 from ..common.files import atomic_write_text
 from .pages import render
 
@@ -20,7 +20,7 @@ def page(r: StabilityResult) -> str:
     """The stability page.
 
     Args:
-        r: the runs' comparison (:func:`workbook_lib.analysis.stability.compare_figures`).
+        r: the runs' comparison (:func:`workbook_lib.tools.stability.compare_figures`).
     """
     bad = [x for x in r.disagreeing if x.verdict_rests_on]
     busy = [x for x in r.rows if x.note.startswith("contended")]

@@ -116,3 +116,18 @@ def table(rows: list[dict[str, Any]] | pd.DataFrame, caption: str | None = None,
                                  "props": "caption-side: bottom; text-align: left; "
                                           "font-size: 85%; color: #555;"},
                                 {"selector": "td, th", "props": "text-align: left;"}])
+
+
+def skip_none(fn):
+    """A view of a section that did not run (its study returned None: no built-in strategy,
+    said once at the top of the notebook) shows nothing."""
+    import functools
+
+    from IPython.display import Markdown
+
+    @functools.wraps(fn)
+    def wrapper(first, *args, **kwargs):
+        if first is None:
+            return Markdown("")
+        return fn(first, *args, **kwargs)
+    return wrapper

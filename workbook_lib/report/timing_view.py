@@ -4,24 +4,16 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..measurement.profiling import ProfileResult
-from .. import pipelines
 from ..training.loop import MODES, WORKER_STAGES
-from ..results.timing import LoopStudy, MAIN_STAGES, PIPELINED, SyncStudy, TimingResult
+from ..results.timing import LoopStudy, MAIN_STAGES, SyncStudy, TimingResult
 from . import plotting
 from .failures_view import failures_note as _failures_note
-from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_stat, fmt_time_stat, table
-
-MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
-               "full": "+ optimizer (full step)"}
-PIPELINED_LABEL = "pipelined (synchronized at start and end only)"
-STAGE_LABELS = {"loader_wait": "data loading (fetch + collate)", "h2d": "host-to-device copy",
-                "device_prep": "device prep (masks, filtering)", "forward": "forward",
-                "backward": "backward", "optimizer": "optimizer", "untracked": "loop overhead"}
-
-
-def label(name: str) -> str:
-    return pipelines.label(name)
+from .tables import one_line, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
+from .stage_style import (MODE_LABELS, PIPELINED_LABEL, STAGE_LABELS, label, mode_colour,
+                          stage_colour)
+# the notebook's CPU and profile sections
+from .cpu_view import cpu_plot, cpu_table  # noqa: F401
+from .profile_view import profile_plot, profile_table  # noqa: F401
 
 
 NONFINITE_MARK = "(loss not finite)"
@@ -160,7 +152,7 @@ def stage_table(study: LoopStudy):
 
 def bound_table(bounds: dict):
     """What bounds each pipeline's step: the groups' shares and the rule."""
-    from ..analysis.stages import BOUND_RULE, GROUPS
+    from ..studies.timing.stages import BOUND_RULE, GROUPS
     from ..results.timing import STAGES
 
     rows = []
@@ -177,26 +169,6 @@ def bound_table(bounds: dict):
                                "Data is the step's wait for the DataLoader (with worker "
                                "processes, what their prefetching did not hide), split into item "
                                "and collate by the workers' own times.")
-
-
-# one colour per stage in every chart of this report (the profile's categories are the stages)
-STAGE_COLOURS = {"loader_wait": plotting.PALETTE[0], "h2d": plotting.PALETTE[1],
-                 "device_prep": plotting.PALETTE[2], "forward": plotting.PALETTE[3],
-                 "backward": plotting.PALETTE[4], "optimizer": plotting.PALETTE[5],
-                 "untracked": plotting.PALETTE[6], "untracked (loop, Python)": plotting.PALETTE[6]}
-
-
-# each mode in the colour of the stage it adds, as the stage charts below draw that stage
-MODE_STAGE = {"data": "loader_wait", "forward": "forward", "forward_backward": "backward",
-              "full": "optimizer"}
-
-
-def mode_colour(mode: str) -> str:
-    return STAGE_COLOURS[MODE_STAGE[mode]]
-
-
-def stage_colour(stage: str, i: int) -> str:
-    return STAGE_COLOURS.get(stage, plotting.PALETTE[(7 + i) % 10])
 
 
 def stage_plot(study: LoopStudy) -> None:
@@ -327,158 +299,6 @@ def sync_plot(syncs: SyncStudy) -> None:
     plotting.show(fig, "Scatter on log axes: host syncs per batch of the loop-form device mask "
                        "generation against B times k times the number of edge types, with the "
                        "line 2BkT.")
-
-
-def profile_table(profiles: dict[str, ProfileResult], loops: LoopStudy | None = None):
-    missing = [] if loops is None else [
-        f for n, f in loops.failures.items() if n in loops.strategies and n not in profiles
-        and f.kind != "nonfinite_loss"]
-    if missing:
-        from IPython.display import display
-
-        display(_failures_note({f.pipeline: f for f in missing}, what="The profiles"))
-    if not profiles:
-        return Markdown("No pipeline was profiled.")
-    cats = sorted({c for p in profiles.values() for c in p.categories})
-    rows = []
-    for n, p in profiles.items():
-        row = {"strategy": label(n), "profiled": p.profiled_steps.split(" of the run")[0]}
-        sh = p.shares()
-        row.update({c.replace("untracked (loop, Python)", "loop overhead"): fmt_pct(sh.get(c, 0))
-                    for c in cats})
-        row["exclusive sum / wall"] = f"{p.coverage:.2f}"
-        row["nested sum / wall"] = f"{p.naive_over_wall:.1f}"
-        if p.summed:
-            row["optimizer, summed as the investigation did"] = fmt_pct(
-                p.summed_shares().get("optimizer", 0.0))
-        rows.append(row)
-    first = next(iter(profiles.values()))
-    return table(rows, caption=f"Shares by exclusive (self) time on the main thread; "
-                               f"{first.profiled_steps}. 'nested sum / wall' is what summing "
-                               "every event's duration gives: parents and children counted again "
-                               "and again. The investigation's analyzer also named categories by "
-                               "keywords in event names, so every ProfilerStep (a whole step) "
-                               "counted as the optimizer: its last column reproduces that sum.")
-
-
-def profile_plot(profiles: dict[str, ProfileResult], device: str, pick: str | None = None) -> None:
-    names = list(profiles)
-    if not names:
-        return
-    found = {c for p in profiles.values() for c in p.categories}
-    order = [*MAIN_STAGES, "untracked (loop, Python)"]
-    cats = [c for c in order if c in found] + sorted(found - set(order))
-    fig, axes = plotting.plt.subplots(1, 2, figsize=(15, 0.45 * len(names) + 2.6))
-    left = np.zeros(len(names))
-    for i, c in enumerate(cats):
-        v = np.array([profiles[n].shares().get(c, 0.0) * 100 for n in names])
-        axes[0].barh(range(len(names)), v, left=left, color=stage_colour(c, i),
-                     label=STAGE_LABELS.get(c, c.replace("untracked (loop, Python)",
-                                                         "loop overhead")))
-        left += v
-    axes[0].set_yticks(range(len(names)), [label(n) for n in names], fontsize=8)
-    axes[0].invert_yaxis()
-    axes[0].set_xlim(0, 100)
-    axes[0].set_xlabel("% of profiled time (exclusive time)")
-    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, fontsize=7)
-    plotting.title(axes[0], "Categories by exclusive time (they add up)", device=device,
-                   repeats=next(iter(profiles.values())).profiled_steps.split(" (")[0])
-    pick = pick if pick in profiles else names[0]
-    p = profiles[pick]
-    keys = sorted(set(p.categories) | set(p.naive))
-    y = np.arange(len(keys))
-    axes[1].barh(y - 0.2, [p.categories.get(k, 0) / p.wall_s * 100 for k in keys], 0.4,
-                 label="exclusive time (correct)")
-    axes[1].barh(y + 0.2, [p.naive.get(k, 0) / p.wall_s * 100 for k in keys], 0.4,
-                 label="nested durations summed (wrong)")
-    axes[1].axvline(100, color="k", ls=":", lw=1)
-    axes[1].set_yticks(y, [k.replace("untracked (loop, Python)", "loop overhead") for k in keys])
-    axes[1].set_xlabel("% of the profiled wall time")
-    axes[1].legend(fontsize=7)
-    plotting.title(axes[1], f"{label(pick)}: exclusive vs nested sums", device=device)
-    plotting.show(fig, "Left: stacked shares of profiled time per category by exclusive time "
-                       "for each strategy. Right: for one strategy, exclusive time against the "
-                       "sum of nested event durations per category, which exceeds 100%.")
-
-
-def cpu_rows(study: LoopStudy) -> list[dict]:
-    """Per arm: what the process got of the CPUs over its timed steps."""
-    rows = []
-    for key, a in study.arms.items():
-        c = a.step.cpu
-        if c is None:
-            continue
-        mode = PIPELINED_LABEL if a.variant == PIPELINED else MODE_LABELS.get(a.mode, a.variant)
-        rows.append({"pipeline": label(a.strategy), "mode": mode,
-                     "threads / CPUs": f"{c.threads} / {c.allowed}",
-                     "CPU use (CPU time / wall x threads)": fmt_pct(c.use, 0),
-                     "got of the CPU asked for": fmt_pct(c.got, 0) if c.got is not None
-                     else "n/a (no schedstat)",
-                     "CPU pressure (machine)": fmt_pct(c.pressure, 0)
-                     if c.pressure is not None else "not available here",
-                     "other jobs (CPUs)": f"{c.others:.2f}" if c.others is not None
-                     else "not told",
-                     "contended": "CONTENDED" if c.contended else "no",
-                     "by": c.cause or ""})
-    return rows
-
-
-def cpu_table(study: LoopStudy):
-    from ..measurement.cpu import OTHERS_SEEN, causes_text
-
-    rows = cpu_rows(study)
-    s = study.settings
-    first = next((a.step.cpu for a in study.arms.values() if a.step.cpu is not None), None)
-    rule = first.rule if first is not None else ""
-    children = first.children if first is not None else ""
-    bad = sum(r["contended"] == "CONTENDED" for r in rows)
-    return table(rows, caption=(
-        f"What the process got of the CPUs over each arm's timed steps. Threads: "
-        f"{s.get('threads', '?')} ({s.get('threads_why', 'not recorded')}). CPU use: the "
-        "process's CPU time (user + system, all threads) over wall time x threads; child "
-        f"processes {children}. Got: its threads' time on a CPU over that time plus their "
-        "run-queue wait (a sleeping thread asks for nothing, so a serial step alone gets ~100%). "
-        "CPU pressure: the share of the wall time in which some task on the machine waited for "
-        "a CPU (/proc/pressure/cpu; other jobs' waits count too). Other jobs: the machine's busy "
-        "CPU time on these CPUs minus this run's process tree's, per wall second. "
-        f"Rule: {rule}; by other jobs when they used at least {OTHERS_SEEN:g} CPU, else by "
-        "this run's own processes."
-        + (f" {bad} arm(s) contended: their figures are marked in every table and the verdict "
-           "does not rest on them. " + causes_text(a.step.cpu for a in study.arms.values())
-           if bad else "")))
-
-
-def cpu_plot(study: LoopStudy) -> None:
-    from ..measurement.cpu import CONTENDED_BELOW
-
-    arms = [(k, a) for k, a in study.arms.items() if a.step.cpu is not None]
-    if not arms:
-        return
-    fig, ax = plotting.plt.subplots(figsize=(10, 0.28 * len(arms) + 1.8))
-    judged = np.array([a.step.cpu.judged * 100 for _, a in arms])
-    use = np.array([a.step.cpu.use * 100 for _, a in arms])
-    y = np.arange(len(arms))
-    ax.barh(y - 0.2, judged, 0.4, label="got of the CPU its threads asked for (green; red: "
-                                        "contended)",
-            color=[plotting.PALETTE[3] if a.step.contended else plotting.PALETTE[2]
-                   for _, a in arms])
-    ax.barh(y + 0.2, use, 0.4, label="CPU use (CPU time / wall x threads)",
-            color=plotting.PALETTE[7])
-    ax.axvline(CONTENDED_BELOW * 100, color="black", linestyle="--", linewidth=1,
-               label=f"contended below {CONTENDED_BELOW:.0%}")
-    ax.set_yticks(y, [f"{label(a.strategy)} · {a.variant}" for _, a in arms], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 105)
-    ax.set_xlabel("% over the arm's timed steps (red: contended)")
-    ax.legend(loc="lower right", fontsize=7)
-    ns = [a.step.cpu.intervals for _, a in arms]
-    plotting.title(ax, "What the process got of the CPUs while each arm was timed",
-                   device=study.device, sizes=study.sizes,
-                   repeats=f"totals over {min(ns)}-{max(ns)} timed steps per arm (warm-up "
-                           "excluded)")
-    plotting.show(fig, "Horizontal bars per arm: the share of the CPU time its threads asked "
-                       "for that they got (red below the 80% rule line: contended), and its CPU "
-                       "use over wall time x threads.")
 
 
 def _short_bound(b) -> str:

@@ -13,8 +13,7 @@ import io
 import json
 from pathlib import Path
 
-from ..measurement.trace_analysis import OUTSIDE, WALL_DEFINITION, DiffRow, RowBreakdown, \
-    TraceBreakdown, TraceDiff
+from ..traces import OUTSIDE, WALL_DEFINITION, DiffRow, RowBreakdown, TraceBreakdown, TraceDiff
 from ..common.files import atomic_write_text
 from ..measurement.timing import Stat
 from .pages import markup, render
@@ -185,7 +184,7 @@ def summary_lines(bds: list[TraceBreakdown], names: list[str],
     difference's total and its five largest ranges.
 
     Args:
-        bds: the traces' breakdowns (:func:`workbook_lib.measurement.trace_analysis.breakdown`).
+        bds: the traces' breakdowns (:func:`workbook_lib.traces.breakdown`).
         names: one name per trace.
         dif: the second trace against the first, or None.
     """

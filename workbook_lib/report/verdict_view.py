@@ -6,8 +6,8 @@ import textwrap
 import numpy as np
 from IPython.display import Markdown
 
-from ..analysis import claims as C
-from ..analysis import verdict as V
+from ..studies.verdict import claims as C
+from ..studies import verdict as V
 from ..measurement.cpu import causes_text
 from .. import pipelines
 from ..results.verdict import VerdictResult
@@ -409,8 +409,8 @@ def form(v: VerdictResult) -> Markdown:
     only, where the benchmark ran)."""
     if not v.builtin:
         return Markdown("")
-    from ..analysis import bench
-    from .mask_cost_view import form_text
+    from ..studies.mask_cost import bench
+    from .bench_view import form_text
 
     return form_text(bench.recommended_form(v.recommendation.bench if v.recommendation
                                             else None))

@@ -1,6 +1,6 @@
 """Notebook 06's results (``06_adopt_fix.json``): the user's pipelines against the fix, their
-equality check (:mod:`workbook_lib.analysis.equality`) and speed; run by
-:mod:`workbook_lib.analysis.adoption`."""
+equality check (:mod:`workbook_lib.studies.adoption.equality`) and speed; run by
+:mod:`workbook_lib.studies.adoption`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,6 @@
 """The full-size benchmark's results (``python -m workbook_lib bench``, and its figures quoted by
 notebooks 02 and 05): per-sample figures, the kernels' rates, the replicated strategy's fit and
-the fix's floor of work; measured by :mod:`workbook_lib.analysis.bench`."""
+the fix's floor of work; measured by :mod:`workbook_lib.studies.mask_cost.bench`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,8 +1,8 @@
 """Notebook 04's results (``04_ddp_scaling.json``): the launch plan
 (:mod:`workbook_lib.distributed.plan`), each world size's summary and the gap's decomposition
-(:mod:`workbook_lib.distributed.analysis`), the ring all-reduce fit
-(:mod:`workbook_lib.distributed.allreduce_model`); measured by
-:mod:`workbook_lib.distributed.study`."""
+(:mod:`workbook_lib.studies.ddp.summary`), the ring all-reduce fit
+(:mod:`workbook_lib.studies.ddp.allreduce_model`); measured by
+:mod:`workbook_lib.studies.ddp`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

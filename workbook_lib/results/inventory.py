@@ -1,5 +1,5 @@
 """Notebook 01's results (``01_graph_inventory.json``): the bytes of every representation of a
-batch, per edge type and at the real size; computed by :mod:`workbook_lib.data.inventory`."""
+batch, per edge type and at the real size; computed by :mod:`workbook_lib.studies.inventory`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

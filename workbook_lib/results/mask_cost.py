@@ -1,8 +1,8 @@
 """Notebook 02's results (``02_mask_cost_model.json``): the cost model's sweep and fit
-(:mod:`workbook_lib.analysis.costmodel`), mask generation and the layer across batch sizes
-(:mod:`workbook_lib.analysis.benchmarks`), peak memory per sample
-(:mod:`workbook_lib.analysis.memory_study`), the dual forward's mask bytes and the full-size
-benchmark; put together by :mod:`workbook_lib.analysis.mask_cost`."""
+(:mod:`workbook_lib.studies.mask_cost.costmodel`), mask generation and the layer across batch sizes
+(:mod:`workbook_lib.studies.mask_cost.layers`), peak memory per sample
+(:mod:`workbook_lib.studies.mask_cost.memory`), the dual forward's mask bytes and the full-size
+benchmark; put together by :mod:`workbook_lib.studies.mask_cost`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

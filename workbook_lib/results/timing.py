@@ -1,7 +1,7 @@
 """Notebook 03's results (``03_data_vs_model_timing.json``): every arm of the training loop (an
 :class:`ArmResult` per pipeline and mode, timed by :mod:`workbook_lib.training.loop`), what bounds
-each step (its stages: :mod:`workbook_lib.analysis.stages`), host syncs, profiles and the figures
-the notebook reports; measured by :mod:`workbook_lib.analysis.timing_study`."""
+each step (its stages: :mod:`workbook_lib.studies.timing.stages`), host syncs, profiles and the figures
+the notebook reports; measured by :mod:`workbook_lib.studies.timing`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,6 @@
 """Notebook 05's results (``05_verdict.json``): the answer, its causes, the claims judged
-(:mod:`workbook_lib.analysis.claims`) and the recommendation; reasoned by
-:mod:`workbook_lib.analysis.verdict`."""
+(:mod:`workbook_lib.studies.verdict.claims`) and the recommendation; reasoned by
+:mod:`workbook_lib.studies.verdict`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

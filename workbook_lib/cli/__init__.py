@@ -1,0 +1,30 @@
+"""Command line: ``python -m workbook_lib {run,list,params,bench,compare,equal,stability,slurm,...}``.
+
+Every bad argument (a params file that is not YAML, a ``--set`` that does not parse, an ``--out``
+that cannot be written) gets a one-line error and exit status 2 before any work; a failed
+notebook exits 1 with a summary; an interrupt exits 130.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from ..configs import params as params_mod
+from ..exceptions import WorkbookError
+from .parser import build_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("papermill").setLevel(logging.WARNING)
+    try:
+        args = build_parser().parse_args(argv)  # a bad path or number: ArgumentError, below
+        return args.fn(args)
+    except WorkbookError as exc:
+        print(f"error: {params_mod.one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {params_mod.one_line(f'{exc.strerror or exc}{where}')}", file=sys.stderr)
+        return 2

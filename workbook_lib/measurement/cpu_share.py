@@ -1,0 +1,275 @@
+"""What a process got of the CPUs over the timed intervals of one figure, and who else used them:
+the share, the rule that calls it contended, its cause and its words (see :mod:`.cpu`)."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from ..records import Record
+from .cpu_allowance import CpuAllowance, fit_threads
+
+
+CONTENDED_BELOW = 0.8  # a figure whose threads got less than this share of their asked CPU
+OTHERS_SEEN = 0.1  # CPUs: other jobs that used at least this much on average were seen
+RESOLUTION = 0.025  # CPUs: the coarsest tick resolution other jobs' use is told with
+OTHER_JOBS, OWN_PROCESSES, NOT_TOLD = "other jobs", "own processes", "not told apart"
+RULE = (f"contended: its compute threads got less than {CONTENDED_BELOW:.0%} of the CPU time "
+        "they asked for (run / (run + run-queue wait), per-thread schedstat)")
+RULE_FALLBACK = (f"contended: CPU time below {CONTENDED_BELOW:.0%} of wall x threads (no "
+                 "per-thread schedstat here)")
+
+
+def _ticks_per_s() -> float:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100.0
+
+
+TICKS = _ticks_per_s()
+
+
+def resolution(wall_s: float, reads: int) -> float:
+    """How finely other jobs' use (in CPUs) is told over ``reads`` intervals adding up to
+    ``wall_s`` seconds: about one tick of ``/proc/stat`` per interval (each interval's
+    difference of counters truncated to ticks), adding up as independent errors do:
+    tick x sqrt(reads) / wall. inf for no wall time."""
+    if wall_s <= 0 or reads < 1:
+        return math.inf
+    return math.sqrt(reads) / TICKS / wall_s
+
+
+@dataclass
+class CpuShare(Record):
+    """What a process got of the CPUs over the timed intervals of one figure, and who else
+    used them."""
+
+    wall_s: float  # summed wall time of the timed intervals
+    cpu_s: float  # process CPU time (user + system, all threads) over them
+    threads: int  # compute threads it asked for (torch threads, at most ``allowed``)
+    allowed: int  # CPUs it may use
+    intervals: int  # timed intervals measured
+    run_s: float | None = None  # its compute threads' time on a CPU (schedstat)
+    wait_s: float | None = None  # its compute threads' run-queue wait (schedstat)
+    pressure_s: float | None = None  # machine-wide CPU "some" pressure over them
+    children: str = "not counted (DataLoader workers' CPU time is in their own processes)"
+    helper_run_s: float | None = None  # library-named helper threads' time on a CPU
+    helper_wait_s: float | None = None  # and their run-queue wait (recorded, not ruled on)
+    requested: int | None = None  # compute threads per process as set (not capped)
+    procs: int = 1  # processes of the run sharing the CPUs (DDP ranks on the node)
+    workers: int = 0  # DataLoader worker processes of each
+    cpus_seen: int | None = None  # CPUs the machine's busy time covers (its affinity)
+    busy_s: float | None = None  # the machine's busy CPU time on them over the intervals
+    tree_s: float | None = None  # this run's process tree's CPU time over the intervals
+    span_s: float | None = None  # wall time from the first interval's start to the last's end
+    span_busy_s: float | None = None  # the machine's busy CPU time over the span
+    span_tree_s: float | None = None  # the run's process tree's CPU time over the span
+    tree_procs: int | None = None  # the most processes seen in the run's tree
+
+    @property
+    def use(self) -> float:
+        """CPU time / (wall x threads)."""
+        denom = self.wall_s * max(1, self.threads)
+        return self.cpu_s / denom if denom > 0 else math.nan
+
+    @property
+    def got(self) -> float | None:
+        """run / (run + run-queue wait) of its compute threads; None without schedstat."""
+        if self.run_s is None or self.wait_s is None or self.run_s + self.wait_s <= 0:
+            return None
+        return self.run_s / (self.run_s + self.wait_s)
+
+    @property
+    def helper_got(self) -> float | None:
+        """run / (run + run-queue wait) of its helper threads; None without any."""
+        r, w = self.helper_run_s, self.helper_wait_s
+        if r is None or w is None or r + w <= 0:
+            return None
+        return r / (r + w)
+
+    @property
+    def pressure(self) -> float | None:
+        """Share of the wall time in which some task on the machine waited for a CPU."""
+        if self.pressure_s is None or self.wall_s <= 0:
+            return None
+        return min(1.0, self.pressure_s / self.wall_s)
+
+    @property
+    def judged(self) -> float:
+        """The share the rule judges: :attr:`got`, else :attr:`use`."""
+        g = self.got
+        return g if g is not None else self.use
+
+    @property
+    def contended(self) -> bool:
+        """True when the judged share is below :data:`CONTENDED_BELOW` (see the module)."""
+        j = self.judged
+        return bool(self.intervals > 0 and not math.isnan(j) and j < CONTENDED_BELOW)
+
+    @property
+    def rule(self) -> str:
+        return RULE if self.got is not None else RULE_FALLBACK
+
+    # --- who else used the CPUs ------------------------------------------------------------
+
+    @property
+    def window(self) -> tuple[float, float, float, str] | None:
+        """(wall s, machine busy CPU-s, run's tree CPU-s, what) over which other jobs' use is
+        told: the timed intervals when their resolution (:func:`resolution`) is within
+        :data:`RESOLUTION`, else the span from the first to the last when its is; None where
+        neither was read or neither is that fine."""
+        if (self.busy_s is not None and self.tree_s is not None
+                and resolution(self.wall_s, self.intervals) <= RESOLUTION):
+            return self.wall_s, self.busy_s, self.tree_s, "its timed intervals"
+        if (self.span_s is not None and self.span_busy_s is not None
+                and self.span_tree_s is not None and resolution(self.span_s, 1) <= RESOLUTION):
+            return (self.span_s, self.span_busy_s, self.span_tree_s,
+                    "the span of its timed intervals")
+        return None
+
+    @property
+    def others(self) -> float | None:
+        """Other jobs' CPU use on its CPUs, in CPUs (machine busy - this run's tree, per wall
+        second, at least 0); None where not told (see :attr:`window`)."""
+        w = self.window
+        return None if w is None else max(0.0, (w[1] - w[2]) / w[0])
+
+    @property
+    def own(self) -> float | None:
+        """This run's process tree's CPU use over the same window, in CPUs."""
+        w = self.window
+        return None if w is None else max(0.0, w[2] / w[0])
+
+    @property
+    def others_seen(self) -> bool | None:
+        """Other jobs used at least :data:`OTHERS_SEEN` CPU; None where not told."""
+        o = self.others
+        return None if o is None else o >= OTHERS_SEEN
+
+    @property
+    def oversubscribed(self) -> bool:
+        """This run's own compute threads and DataLoader workers outnumber its CPUs:
+        ``procs x (threads + workers) > allowed``."""
+        per = (self.requested or self.threads) + self.workers
+        return self.procs * per > self.allowed
+
+    @property
+    def cause(self) -> str | None:
+        """Why a contended figure waited: :data:`OTHER_JOBS`, :data:`OWN_PROCESSES` or
+        :data:`NOT_TOLD`; None when it is not contended."""
+        if not self.contended:
+            return None
+        seen = self.others_seen
+        if seen is None:
+            return NOT_TOLD
+        return OTHER_JOBS if seen else OWN_PROCESSES
+
+    def configuration(self) -> str:
+        """'2 ranks x 2 threads + 1 DataLoader worker each on 2 CPUs'."""
+        t = self.requested or self.threads
+        who = f"{self.procs} ranks" if self.procs > 1 else "1 process"
+        each = " each" if self.procs > 1 else ""
+        workers = (f" + {self.workers} DataLoader worker{'s' if self.workers != 1 else ''}{each}"
+                   if self.workers else "")
+        return (f"{who} x {t} thread{'s' if t != 1 else ''}{workers} on {self.allowed} "
+                f"CPU{'s' if self.allowed != 1 else ''}")
+
+    def fitting(self) -> str:
+        """The configuration that fits its CPUs (:func:`fit_threads`), as advice."""
+        per = "per rank" if self.procs > 1 else "per process"
+        if self.procs > self.allowed:
+            return (f"run at most {self.allowed} rank(s) on these {self.allowed} CPU(s), "
+                    "1 thread each, or give the run more CPUs")
+        a = CpuAllowance(cpus=self.allowed, source="recorded", host=self.allowed)
+        fit = fit_threads(procs=self.procs, workers=self.workers,
+                          requested=self.requested or self.threads, allowance=a)
+        share = max(1, self.allowed // self.procs)
+        workers = min(self.workers, max(0, share - fit.threads))
+        out = f"use {fit.threads} thread{'s' if fit.threads != 1 else ''}"
+        if workers != self.workers:
+            out += f" and {workers} DataLoader worker{'s' if workers != 1 else ''}"
+        return out + f" {per}"
+
+    def _others_text(self) -> str:
+        w = self.window
+        return (f"other jobs used {self.others:.2f} CPU of its {self.cpus_seen} and this run's "
+                f"{self.tree_procs or 1} process(es) {self.own:.2f}, over {w[3]} ({w[0]:.2g} s)")
+
+    def explain(self) -> str:
+        """One line: whether the figure was contended, by whom, and what to do."""
+        got = (f"its threads got {self.got:.0%} of the CPU they asked for" if self.got is not None
+               else f"CPU use {self.use:.0%} of {self.threads} thread(s)")
+        c = self.cause
+        if c is None:
+            return f"not contended: {got}"
+        if c == OTHER_JOBS:
+            also = (f"; this run's own {self.configuration()} also outnumber its CPUs: "
+                    f"{self.fitting()}" if self.oversubscribed else "")
+            return (f"contended by other jobs: {got}; {self._others_text()}: rerun when they "
+                    f"are done, or on CPUs of its own{also}")
+        if c == OWN_PROCESSES:
+            if self.oversubscribed:
+                fix = f"this run's own {self.configuration()}: {self.fitting()}"
+            else:
+                fix = (f"its {self.configuration()} fit, so its other processes took the CPUs "
+                       "(a launcher, processes its pipeline started): fewer processes per CPU, "
+                       "or more CPUs")
+            return (f"contended by this run's own processes, not another job: {got}; "
+                    f"{self._others_text()}; {fix}")
+        why = ("no /proc/stat or process tree here" if self.busy_s is None or self.tree_s is None
+               else f"timed over {max(self.wall_s, self.span_s or 0):.2g} s: too short for "
+                    f"/proc/stat's {1 / TICKS:g} s ticks")
+        return (f"contended: {got}; other jobs and this run's own processes not told apart "
+                f"({why})")
+
+    def describe(self) -> str:
+        """'got 52% of the CPU asked for, CPU use 49% of 2 thread(s) on 2 CPU(s), other jobs
+        0.95 CPU, CPU pressure 61% (contended: other jobs)'."""
+        got = "run-queue wait n/a" if self.got is None else \
+            f"got {self.got:.0%} of the CPU asked for"
+        pressure = "pressure not available here" if self.pressure is None else \
+            f"CPU pressure {self.pressure:.0%}"
+        others = "" if self.others is None else f", other jobs {self.others:.2f} CPU"
+        flag = f" (contended: {self.cause})" if self.contended else ""
+        return (f"{got}, CPU use {self.use:.0%} of {self.threads} thread(s) on "
+                f"{self.allowed} CPU(s){others}, {pressure}{flag}")
+
+
+def causes_text(shares) -> str:
+    """One or two sentences on why contended figures waited, for a summary (a verdict, a
+    table's caption): other jobs, this run's own processes (with the configuration that fits),
+    or not told apart; "" when none of ``shares`` is contended.
+
+    Args:
+        shares: CpuShare objects (None and uncontended ones are skipped).
+    """
+    busy = [s for s in shares if s is not None and s.contended]
+    out = []
+    if any(s.cause == OTHER_JOBS for s in busy):
+        most = max((s for s in busy if s.cause == OTHER_JOBS), key=lambda s: s.others or 0)
+        out.append(f"Other jobs were running on the same CPUs (up to {most.others:.2f} CPU of "
+                   f"{most.cpus_seen}): rerun when they are done, or on CPUs of its own.")
+    own = [s for s in busy if s.cause == OWN_PROCESSES]
+    if own:
+        s = own[0]
+        fix = (f"{s.configuration()}: {s.fitting()}" if s.oversubscribed else
+               f"{s.configuration()} fit, its other processes took the CPUs: fewer processes "
+               "per CPU, or more CPUs")
+        out.append("No other job was seen" + (" for some" if len(own) < len(busy) else "")
+                   + f": this run's own processes took its CPUs ({fix}); a rerun as it is "
+                   "waits the same.")
+    if any(s.cause == NOT_TOLD for s in busy):
+        out.append(("For some, other" if out else "Other") + " jobs and this run's own "
+                   "processes could not be told apart (too short a window, or no /proc/stat "
+                   "here).")
+    return " ".join(out)
+
+
+def worse(*shares: "CpuShare | None") -> CpuShare | None:
+    """The share with the lower judged value (a ratio of two figures is as contended as its
+    worse side); None when none is given."""
+    present = [s for s in shares if s is not None]
+    if not present:
+        return None
+    return min(present, key=lambda s: (math.inf if math.isnan(s.judged) else s.judged))

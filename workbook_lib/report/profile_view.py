@@ -1,0 +1,85 @@
+"""Warm-step profiles by exclusive time, per pipeline: the table and the plot of notebook 03's
+profile section."""
+from __future__ import annotations
+
+import numpy as np
+from IPython.display import Markdown
+
+from ..measurement.profiling import ProfileResult
+from ..results.timing import LoopStudy, MAIN_STAGES
+from . import plotting
+from .failures_view import failures_note as _failures_note
+from .tables import fmt_pct, table
+from .stage_style import STAGE_LABELS, label, stage_colour
+
+
+def profile_table(profiles: dict[str, ProfileResult], loops: LoopStudy | None = None):
+    missing = [] if loops is None else [
+        f for n, f in loops.failures.items() if n in loops.strategies and n not in profiles
+        and f.kind != "nonfinite_loss"]
+    if missing:
+        from IPython.display import display
+
+        display(_failures_note({f.pipeline: f for f in missing}, what="The profiles"))
+    if not profiles:
+        return Markdown("No pipeline was profiled.")
+    cats = sorted({c for p in profiles.values() for c in p.categories})
+    rows = []
+    for n, p in profiles.items():
+        row = {"strategy": label(n), "profiled": p.profiled_steps.split(" of the run")[0]}
+        sh = p.shares()
+        row.update({c.replace("untracked (loop, Python)", "loop overhead"): fmt_pct(sh.get(c, 0))
+                    for c in cats})
+        row["exclusive sum / wall"] = f"{p.coverage:.2f}"
+        row["nested sum / wall"] = f"{p.naive_over_wall:.1f}"
+        if p.summed:
+            row["optimizer, summed as the investigation did"] = fmt_pct(
+                p.summed_shares().get("optimizer", 0.0))
+        rows.append(row)
+    first = next(iter(profiles.values()))
+    return table(rows, caption=f"Shares by exclusive (self) time on the main thread; "
+                               f"{first.profiled_steps}. 'nested sum / wall' is what summing "
+                               "every event's duration gives: parents and children counted again "
+                               "and again. The investigation's analyzer also named categories by "
+                               "keywords in event names, so every ProfilerStep (a whole step) "
+                               "counted as the optimizer: its last column reproduces that sum.")
+
+
+def profile_plot(profiles: dict[str, ProfileResult], device: str, pick: str | None = None) -> None:
+    names = list(profiles)
+    if not names:
+        return
+    found = {c for p in profiles.values() for c in p.categories}
+    order = [*MAIN_STAGES, "untracked (loop, Python)"]
+    cats = [c for c in order if c in found] + sorted(found - set(order))
+    fig, axes = plotting.plt.subplots(1, 2, figsize=(15, 0.45 * len(names) + 2.6))
+    left = np.zeros(len(names))
+    for i, c in enumerate(cats):
+        v = np.array([profiles[n].shares().get(c, 0.0) * 100 for n in names])
+        axes[0].barh(range(len(names)), v, left=left, color=stage_colour(c, i),
+                     label=STAGE_LABELS.get(c, c.replace("untracked (loop, Python)",
+                                                         "loop overhead")))
+        left += v
+    axes[0].set_yticks(range(len(names)), [label(n) for n in names], fontsize=8)
+    axes[0].invert_yaxis()
+    axes[0].set_xlim(0, 100)
+    axes[0].set_xlabel("% of profiled time (exclusive time)")
+    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, fontsize=7)
+    plotting.title(axes[0], "Categories by exclusive time (they add up)", device=device,
+                   repeats=next(iter(profiles.values())).profiled_steps.split(" (")[0])
+    pick = pick if pick in profiles else names[0]
+    p = profiles[pick]
+    keys = sorted(set(p.categories) | set(p.naive))
+    y = np.arange(len(keys))
+    axes[1].barh(y - 0.2, [p.categories.get(k, 0) / p.wall_s * 100 for k in keys], 0.4,
+                 label="exclusive time (correct)")
+    axes[1].barh(y + 0.2, [p.naive.get(k, 0) / p.wall_s * 100 for k in keys], 0.4,
+                 label="nested durations summed (wrong)")
+    axes[1].axvline(100, color="k", ls=":", lw=1)
+    axes[1].set_yticks(y, [k.replace("untracked (loop, Python)", "loop overhead") for k in keys])
+    axes[1].set_xlabel("% of the profiled wall time")
+    axes[1].legend(fontsize=7)
+    plotting.title(axes[1], f"{label(pick)}: exclusive vs nested sums", device=device)
+    plotting.show(fig, "Left: stacked shares of profiled time per category by exclusive time "
+                       "for each strategy. Right: for one strategy, exclusive time against the "
+                       "sum of nested event durations per category, which exceeds 100%.")

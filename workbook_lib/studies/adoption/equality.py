@@ -1,0 +1,302 @@
+"""Does a rewrite compute the same thing as the pipeline it replaces? (``python -m workbook_lib
+equal SLOW FAST``; notebook 06 runs the same check before it trains.)
+
+A user who rewrites a slow pipeline (e.g. with :mod:`workbook_lib.nodemask`, or by vectorizing a
+per-sample loop) must know the rewrite computes the same model before its speed means anything.
+The check:
+
+1. builds both pipelines from the same seed (``params["seed"]``, set before each factory call);
+2. maps the slow model's parameters to the fast model's by name (an explicit ``OLD=NEW`` rename
+   per parameter or module prefix where the rewrite names them differently) and refuses, naming
+   both sides, when a parameter is missing, extra or of another shape
+   (:class:`ParameterMismatchError`, a bad input: exit 2);
+3. copies the slow model's parameters (and its same-named, same-shaped buffers) into the fast one,
+   so the two start from the very same numbers whatever their initialisation;
+4. switches off every dropout module of both models (``torch.nn`` ``Dropout``, ``Dropout1d/2d/3d``,
+   ``AlphaDropout``, ``FeatureAlphaDropout``: a vectorized rewrite draws their masks in another
+   order, so draw for draw the two cannot agree); every other module stays in training mode
+   (batch norm in training mode is a deterministic function of the batch), or, with
+   ``mode="eval"``, every module in eval mode;
+5. runs the same batch(es) through both, each through its own stages (dataset items ``i*B`` to
+   ``(i+1)*B - 1``, collate, transfer, prepare, forward, loss, backward: the seam of
+   :mod:`workbook_lib.pipelines.protocol`), **in float64**: both models converted, the batch's and
+   the pipeline's floating-point tensors converted, the default dtype float64, torch's RNG set to
+   the seed before each forward. Where a pipeline cannot run in float64 (it raises, or an
+   operation computes in another dtype: :class:`~workbook_lib.measurement.precision.dtype_guard`),
+   the whole check runs in the pipelines' own float32 and says why;
+6. runs the slow pipeline again with another seed: randomness left after step 4 (functional
+   dropout, ``dropout_edge``, noise) changes its outputs, and the check refuses
+   (:class:`StochasticPipelineError`, exit 2) rather than call a different draw a difference.
+   Where the two differ, the fast pipeline is run again the same way;
+7. compares the outputs, the loss and every mapped parameter's gradient.
+
+Afterwards both models are as they were after step 3: their dtype, parameters, buffers (batch
+norm's running statistics included) and modes restored, their gradients cleared.
+
+The rule, per tensor (the outputs, the loss, each parameter's gradient): the rewrite's tensor is
+*equal* when ``max|fast - slow| <= allowed``, with
+
+    allowed = max(tol * max(max|slow|, max|fast|),  max|probe - slow|)
+
+``probe`` is the slow pipeline run again with rounding injected, and ``max|probe - slow|`` how
+far that moves the tensor: a tensor's own size is no scale for its rounding when it is a small
+difference of large terms (a GIN ``eps`` gradient summed over every node of the perturbed graphs
+minus the same over the wildtype graph; the Lazy model's last bias gradient, exactly 0 in exact
+arithmetic). The probe moves it as much as rounding of its terms does.
+
+* In float64: ``tol`` is :data:`~workbook_lib.measurement.precision.FLOAT64_TOLERANCE` (1e-9)
+  and the probe is :class:`~workbook_lib.measurement.precision.rounding_probe` at that size
+  (every module's output rounded at relative size 1e-9). float64 rounding (2.2e-16) magnified
+  by any cancellation measured stays orders of magnitude below, a 0.2% difference orders of
+  magnitude above.
+* In float32 (the fallback): ``tol`` is the float32 bound of
+  :func:`~workbook_lib.measurement.precision.float32_tolerance` and the probe is
+  :class:`~workbook_lib.measurement.precision.rounding_model` at 4 float32 eps: every
+  operation's result rounded, a sum's by ``sqrt(terms) x sum |term|``, the magnitude of what
+  was summed into it, not of its result.
+
+Shapes that differ (other than ``[B]`` against ``[B, 1]``), a gradient on one side only, or a
+non-finite value on either side are *different*; both sides without a gradient are equal.
+Differences are taken in float64.
+
+Written here rather than with ``torch.testing.assert_close``: that raises on the first tensor
+with an element-wise ``atol + rtol * |expected|`` rule, where this must report every tensor of the
+pair in one table, against a tolerance that follows the rounding of each tensor's own terms.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...exceptions import WorkbookError
+from ...results.adoption import EqualityResult, TensorDiff
+from .parameters import copy_parameters, parameter_mapping
+from .seeded_runs import _ModelState, _Run, _compare, _run, dropout_modules
+
+
+# ------------------------------------------------------------------ the check
+class StochasticPipelineError(WorkbookError, ValueError):
+    """A pipeline's outputs change from one run to the next on the same batch with its dropout
+    modules switched off (randomness the check cannot switch off: functional dropout,
+    ``dropout_edge``, noise, an unseeded generator), so a difference between the two pipelines
+    cannot be told from a different draw (a bad input: exit 2).
+
+    Attributes:
+        side: ``slow`` or ``fast``.
+        pipeline: its name.
+        row: the tensor that changed most, compared between the two runs.
+    """
+
+    def __init__(self, message: str, *, side: str, pipeline: str, row: "TensorDiff"):
+        super().__init__(message)
+        self.side, self.pipeline, self.row = side, pipeline, row
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:160]}{'...' if len(text) > 160 else ''}"
+
+
+def _refuse_stochastic(pipe, side: str, seed: int, rows: list[TensorDiff], mode: str) -> None:
+    """Raise :class:`StochasticPipelineError` when a row of the two seeds' runs differs."""
+    bad = [r for r in rows if not r.equal]
+    if not bad:
+        return
+    w = max(bad, key=lambda r: r.ratio)
+    how = "in eval mode" if mode == "eval" else "with dropout modules off"
+    raise StochasticPipelineError(
+        f"'{pipe.name}' ({side}) is still random {how}: seeds {seed} and {seed + 1} give "
+        f"another {w.name} ({w.rel_diff:.1e} of its size), so a difference could be a draw. "
+        "Make it follow the module's training flag (F.dropout, dropout_edge: "
+        "training=self.training) and pass --eval",
+        side=side, pipeline=pipe.name, row=w)
+
+
+def _try_float64(run, pipes: dict, seed: int) -> tuple[torch.dtype, dict, str]:
+    """Batch 0 of both sides in float64 under the dtype guard: ``(float64, {side: run}, "")``
+    where both ran in it, else ``(float32, {}, why)``."""
+    first = {}
+    for side in ("slow", "fast"):
+        name = pipes[side].name
+        try:
+            r = run(side, 0, seed, torch.float64, guard=True)
+        except Exception as exc:  # noqa: BLE001 - any failure: float32, and said why
+            return torch.float32, {}, f"float64 could not run: '{name}' raised {_one_line(exc)}"
+        if r.off_dtype:
+            return torch.float32, {}, (f"float64 could not run: '{name}' computes in another "
+                                       f"dtype ({r.off_dtype})")
+        first[side] = r
+    return torch.float64, first, ""
+
+
+def _rule(dtype: torch.dtype, tolerance: float, tolerance_basis: str,
+          tolerance64: float | None, seed: int):
+    """``(tol, its basis, the probe in words, probe factory model -> context)`` of the rule in
+    ``dtype`` (module docstring)."""
+    from ...measurement.precision import (FLOAT64_TOLERANCE, ROUNDING_MODEL_EPS, rounding_model,
+                                          rounding_probe)
+
+    if dtype == torch.float64:
+        tol = FLOAT64_TOLERANCE if tolerance64 is None else tolerance64
+        basis = ("float64: seven orders of magnitude above its rounding, six below a 0.2% "
+                 "difference" if tolerance64 is None else "given") + f" ({tol:.0e})"
+        return (tol, basis, f"every module's output rounded at relative size {tol:.0e}",
+                lambda model: rounding_probe(model, tol, seed=seed))
+    rel = ROUNDING_MODEL_EPS * torch.finfo(torch.float32).eps
+    return (tolerance, tolerance_basis,
+            f"every operation's result rounded at {ROUNDING_MODEL_EPS} float32 eps ({rel:.1e}), "
+            "a sum's by sqrt(terms) x the sum of its terms' magnitudes",
+            lambda model: rounding_model(rel, seed=seed))
+
+
+def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed: int = 0,
+                    renames: dict[str, str] | None = None, batches: int = 1,
+                    batch_size: int | None = None, precision: str = "float64",
+                    mode: str = "train", tolerance64: float | None = None) -> EqualityResult:
+    """Steps 2-7 of the module docstring on two built pipelines (the fast model's parameters are
+    overwritten with the slow model's; both models are otherwise as before, gradients cleared).
+
+    Args:
+        slow: the reference pipeline.
+        fast: the rewrite.
+        tolerance: the rule's relative tolerance in float32.
+        tolerance_basis: how it was derived (for the report).
+        seed: the RNG seed set before each forward (the runs that look for randomness use
+            ``seed + 1``).
+        renames: slow name (or prefix) -> fast name, see :func:`parameter_mapping`.
+        batches: how many batches to compare (the first ones of each dataset).
+        batch_size: samples per batch (default: the slow pipeline's).
+        precision: ``float64`` (falls back to float32 where a pipeline cannot run in it, and
+            says why) or ``float32`` (the pipelines' own).
+        mode: ``train`` (every module in training mode but dropout) or ``eval``.
+        tolerance64: the rule's relative tolerance in float64 (default
+            :data:`~workbook_lib.measurement.precision.FLOAT64_TOLERANCE`).
+
+    Raises:
+        ParameterMismatchError: the parameters do not pair.
+        StochasticPipelineError: a pipeline's outputs change with the seed.
+        ValueError: ``batches``, ``batch_size``, ``precision`` or ``mode`` invalid, or a dataset
+            too small.
+    """
+    b = batch_size or slow.batch_size
+    if not isinstance(batches, int) or batches <= 0:
+        raise ValueError(f"'batches' must be a positive integer (got {batches!r})")
+    if not isinstance(b, int) or b <= 0:
+        raise ValueError(f"'batch_size' must be a positive integer (got {b!r})")
+    if precision not in ("float64", "float32"):
+        raise ValueError(f"'precision' must be 'float64' or 'float32' (got {precision!r})")
+    if mode not in ("train", "eval"):
+        raise ValueError(f"'mode' must be 'train' or 'eval' (got {mode!r})")
+    if not tolerance > 0:
+        raise ValueError(f"'tolerance' must be > 0 (got {tolerance})")
+    if tolerance64 is not None and not tolerance64 > 0:
+        raise ValueError(f"'tolerance64' must be > 0 (got {tolerance64})")
+    for p in (slow, fast):
+        n = len(p.dataset())
+        if n < batches * b:
+            raise ValueError(f"the dataset of '{p.name}' holds {n} items, fewer than {batches} "
+                             f"batch(es) of {b}")
+    mapping = parameter_mapping(slow.model, fast.model, renames, slow_label=slow.name,
+                                fast_label=fast.name)
+    copied, not_copied = copy_parameters(slow.model, fast.model, mapping)
+    states = {"slow": _ModelState(slow.model), "fast": _ModelState(fast.model)}
+    pipes = {"slow": slow, "fast": fast}
+    dropout_off = {side: dropout_modules(p.model) for side, p in pipes.items()}
+
+    def run(side: str, i: int, s: int, dtype: torch.dtype, **kw) -> _Run:
+        return _run(pipes[side], states[side], i, b, s, dtype=dtype, mode=mode, **kw)
+
+    dtype, first, note = torch.float32, {}, ""
+    if precision == "float64":
+        dtype, first, note = _try_float64(run, pipes, seed)
+    tol, basis, probe_text, probe = _rule(dtype, tolerance, tolerance_basis, tolerance64, seed)
+    worst: dict[str, TensorDiff] = {}
+
+    def keep(row: TensorDiff) -> None:
+        old = worst.get(row.name)
+        if old is None or (not row.equal and old.equal) or (
+                row.equal == old.equal and row.ratio > old.ratio):
+            worst[row.name] = row
+
+    fast_checked = False
+    for i in range(batches):
+        a = first.get("slow") if i == 0 else None
+        a = a or run("slow", i, seed, dtype)
+        if i == 0:  # randomness left with dropout off: the same batch, another seed
+            again = run("slow", 0, seed + 1, dtype)
+            _refuse_stochastic(slow, "slow", seed, _compare(a, again, None, tol), mode)
+        pr = run("slow", i, seed, dtype, probe=probe)
+        f = (first.get("fast") if i == 0 else None) or run("fast", i, seed, dtype)
+        rows = _compare(a, f, mapping, tol, probe=pr)
+        if not fast_checked and not all(r.equal for r in rows):
+            fast_checked = True
+            again = run("fast", i, seed + 1, dtype)
+            _refuse_stochastic(fast, "fast", seed, _compare(f, again, None, tol), mode)
+        for row in rows:
+            keep(row)
+    randomness = (f"none left: the slow pipeline's outputs and loss are the same with seeds "
+                  f"{seed} and {seed + 1}" + (", and the fast pipeline's" if fast_checked
+                                              else ""))
+    return EqualityResult(slow=slow.name, fast=fast.name, tolerance=tol,
+                          tolerance_basis=basis, batch_size=b, batches=batches,
+                          renames=dict(renames or {}), rows=list(worst.values()),
+                          buffers_copied=copied, buffers_not_copied=not_copied,
+                          device=str(torch.device(fast.device)),
+                          precision="float64" if dtype == torch.float64 else "float32",
+                          precision_note=note, probe=probe_text, mode=mode,
+                          dropout_off=dropout_off, randomness=randomness)
+
+
+def equality_tolerance(graph, layers: int) -> tuple[float, str]:
+    """The rule's tolerance for ``graph`` and ``layers`` and its basis in words."""
+    from ...measurement.precision import float32_tolerance
+
+    tol = float32_tolerance(graph, layers)
+    return tol, (f"float32 sums in another order: 32 x eps x sqrt(largest in-degree) x "
+                 f"{layers} layers, at least 2e-5 ({tol:.1e})")
+
+
+def seeded_build(params: dict, name: str, graph, device, **kw):
+    """:func:`workbook_lib.pipelines.build_pipeline` with torch's (and Python's and numpy's)
+    RNG set to ``params["seed"]`` first, so that two pipelines start from the same draws."""
+    import random
+
+    import numpy as np
+
+    from ...pipelines import build_pipeline
+
+    random.seed(params["seed"])
+    np.random.seed(params["seed"] % 2 ** 32)
+    torch.manual_seed(params["seed"])
+    return build_pipeline(params, name, graph, device, **kw)
+
+
+def check_equal(params: dict, slow: str, fast: str, graph, device, *,
+                renames: dict[str, str] | None = None, batches: int = 1,
+                batch_size: int | None = None, tolerance: float | None = None,
+                precision: str = "float64", mode: str = "train") -> EqualityResult:
+    """Build ``slow`` and ``fast`` (built-in strategy names or entries of
+    ``params["pipelines"]``) from the same seed and compare them (:func:`check_pipelines`).
+
+    Args:
+        params: validated params (``seed``, ``layers`` and the pipelines' own keys).
+        slow, fast: the pipelines' names.
+        graph: the loaded snapshot.
+        device: where both run.
+        renames, batches, batch_size, precision, mode: see :func:`check_pipelines`.
+        tolerance: the rule's relative tolerance, in whichever precision the check runs
+            (default: :data:`~workbook_lib.measurement.precision.FLOAT64_TOLERANCE` in float64,
+            :func:`equality_tolerance` in float32).
+    """
+    if slow == fast:
+        raise ValueError(f"compare two different pipelines (got {slow!r} twice)")
+    if tolerance is not None and not tolerance > 0:
+        raise ValueError(f"'tolerance' must be > 0 (got {tolerance})")
+    s = seeded_build(params, slow, graph, device)
+    f = seeded_build(params, fast, graph, device)
+    if tolerance is None:
+        tol, basis = equality_tolerance(graph, params["layers"])
+    else:
+        tol, basis = tolerance, f"given ({tolerance:.1e})"
+    return check_pipelines(s, f, tolerance=tol, tolerance_basis=basis, seed=params["seed"],
+                           renames=renames, batches=batches, batch_size=batch_size,
+                           precision=precision, mode=mode, tolerance64=tolerance)

@@ -1,0 +1,127 @@
+"""How the slow model's parameters pair with the fast model's: by name, with an explicit
+``OLD=NEW`` rename per parameter or module prefix (see :mod:`.equality`), and copied across."""
+from __future__ import annotations
+
+import torch
+
+from ...exceptions import WorkbookError
+
+
+class ParameterMismatchError(WorkbookError, ValueError):
+    """The two models' parameters cannot be paired by name (a bad input: nothing was run).
+
+    Attributes:
+        missing: slow-model parameters the fast model lacks (after renames).
+        extra: fast-model parameters no slow-model parameter maps to.
+        shapes: ``{slow name: (slow shape, fast name, fast shape)}`` where they differ.
+    """
+
+    def __init__(self, message: str, *, missing=(), extra=(), shapes=None):
+        super().__init__(message)
+        self.missing, self.extra, self.shapes = list(missing), list(extra), dict(shapes or {})
+
+
+# ------------------------------------------------------------------ parameter names
+def parse_renames(entries: list[str] | None) -> dict[str, str]:
+    """``["OLD=NEW", ...]`` as a dict; OLD is a slow-model parameter name or module prefix.
+
+    Args:
+        entries: the ``--map`` values.
+
+    Raises:
+        ValueError: an entry without ``=``, an empty side, or OLD given twice.
+    """
+    out: dict[str, str] = {}
+    for e in entries or []:
+        old, sep, new = (s.strip() for s in e.partition("="))
+        if not sep or not old or not new:
+            raise ValueError(f"--map expects SLOW_NAME=FAST_NAME (got {e!r})")
+        if old in out:
+            raise ValueError(f"--map names {old!r} twice")
+        out[old] = new
+    return out
+
+
+def _renamed(name: str, renames: dict[str, str]) -> str:
+    """``name`` under the longest matching rename (a whole name or a module prefix)."""
+    best = ""
+    for old in renames:
+        if (name == old or name.startswith(old + ".")) and len(old) > len(best):
+            best = old
+    return renames[best] + name[len(best):] if best else name
+
+
+def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
+                      renames: dict[str, str] | None = None, *, slow_label: str = "slow",
+                      fast_label: str = "fast") -> dict[str, str]:
+    """``{slow parameter name: fast parameter name}`` covering both models' parameters.
+
+    Args:
+        slow: the reference model.
+        fast: the rewrite.
+        renames: ``{slow name or prefix: fast name or prefix}`` where the rewrite names a
+            parameter differently (default: none, every name must match).
+        slow_label, fast_label: the pipelines' names, for the error.
+
+    Raises:
+        ParameterMismatchError: a slow parameter without a fast one, a fast parameter nothing
+            maps to, a shape that differs, or a rename that matches no parameter.
+    """
+    renames = renames or {}
+    sp, fp = dict(slow.named_parameters()), dict(fast.named_parameters())
+    unused = [o for o in renames if not any(n == o or n.startswith(o + ".") for n in sp)]
+    if unused:
+        raise ParameterMismatchError(
+            f"--map {', '.join(unused)}: no parameter of '{slow_label}' has that name or prefix "
+            f"(its parameters: {_names(sp)})")
+    mapping = {n: _renamed(n, renames) for n in sp}
+    missing = [n for n, m in mapping.items() if m not in fp]
+    extra = sorted(set(fp) - set(mapping.values()))
+    shapes = {n: (list(sp[n].shape), m, list(fp[m].shape)) for n, m in mapping.items()
+              if m in fp and sp[n].shape != fp[m].shape}
+    if missing or extra or shapes:
+        parts = []
+        if missing:
+            parts.append(f"only '{slow_label}' has " + _names(
+                [n if mapping[n] == n else f"{mapping[n]} (renamed from {n})" for n in missing]))
+        if extra:
+            parts.append(f"only '{fast_label}' has {_names(extra)}")
+        if shapes:
+            parts.append("shapes differ: " + ", ".join(
+                f"{n} {a} vs {m} {b}" for n, (a, m, b) in shapes.items()))
+        raise ParameterMismatchError(
+            "the parameters do not pair by name: " + "; ".join(parts)
+            + ". Pair them with --map SLOW_NAME=FAST_NAME (a name or a module prefix)",
+            missing=missing, extra=extra, shapes=shapes)
+    return mapping
+
+
+def _names(names, limit: int = 8) -> str:
+    """Names, those under one top-level module grouped (``lins.* (4)``), so that an error line
+    names both sides whole."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(n.split(".", 1)[0] if "." in n else n, []).append(n)
+    parts = [g[0] if len(g) == 1 else f"{k}.* ({len(g)})" for k, g in groups.items()]
+    return ", ".join(parts[:limit]) + (f" and {len(parts) - limit} more" if len(parts) > limit
+                                       else "")
+
+
+def copy_parameters(slow: torch.nn.Module, fast: torch.nn.Module,
+                    mapping: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Copy the slow model's parameters into the fast one (``mapping`` from
+    :func:`parameter_mapping`), and its buffers of the same name and shape; returns
+    ``(buffers copied, fast buffers not copied)``."""
+    sp, fp = dict(slow.named_parameters()), dict(fast.named_parameters())
+    sb, fb = dict(slow.named_buffers()), dict(fast.named_buffers())
+    copied, not_copied = [], []
+    with torch.no_grad():
+        for n, m in mapping.items():
+            fp[m].copy_(sp[n].to(fp[m].device, fp[m].dtype))
+        for n, b in fb.items():
+            if n in sb and sb[n].shape == b.shape:
+                b.copy_(sb[n].to(b.device, b.dtype))
+                copied.append(n)
+            else:
+                not_copied.append(n)
+    return copied, not_copied

@@ -1,0 +1,66 @@
+"""What the dual forward adds to the masks a forward reads (notebook 02; read by a claim of 05).
+
+:func:`dual_forward_masks`: the per-edge mask bytes a forward of the replicated pipeline reads,
+without and with the dual forward (the "130 MB with the dual forward" claim). Every operator the
+model's forward calls is seen by a ``TorchDispatchMode``; the distinct storages of 1-D floating
+or boolean tensors with one value per edge of the batch (B x E_t for an edge type t) are summed.
+Reading what the operators read, rather than what the code says, keeps the figure honest if the
+model changes.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ...results.mask_cost import DualForwardMasks
+
+
+class _PerEdgeReads(TorchDispatchMode):
+    def __init__(self, lengths: set[int]):
+        super().__init__()
+        self.lengths = lengths
+        self.seen: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in pytree.tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor) and a.dim() == 1 and a.numel() in self.lengths \
+                    and (a.dtype == torch.bool or a.is_floating_point()):
+                st = a.untyped_storage()
+                self.seen[st.data_ptr()] = st.nbytes()
+        return func(*args, **kwargs)
+
+
+def mask_bytes_read(strategy, model, ctx: dict, batch_size: int, *, dual: bool) -> int:
+    """Bytes of the distinct per-edge (B x E_t long) float or boolean tensors one forward reads.
+
+    Args:
+        strategy: a prepared strategy.
+        model: the model.
+        ctx: the batch as :func:`workbook_lib.strategies.build_ctx` prepares it.
+        batch_size: B of the batch.
+        dual: run the dual forward.
+    """
+    lengths = {batch_size * strategy.graph.num_edges(t) for t in strategy.graph.edge_types}
+    probe = _PerEdgeReads(lengths)
+    with torch.no_grad(), probe:
+        model(strategy, ctx, dual=dual)
+    return int(sum(probe.seen.values()))
+
+
+def dual_forward_masks(params: dict, graph, device, *, strategy: str = "replicated_mask_cpu",
+                       batch_size: int = 2) -> DualForwardMasks:
+    """Measure what the dual forward adds to the mask bytes a forward reads (see the module
+    docstring). ``batch_size`` must be at least 2 (B x E_t would not tell a batch from one
+    wildtype copy)."""
+    from ...strategies import build_ctx
+    from ...training.factory import build_run
+
+    if batch_size < 2:
+        raise ValueError(f"'batch_size' must be at least 2 (got {batch_size})")
+    run = build_run(params, strategy, graph=graph, device=device, batch_size=batch_size)
+    ctx = build_ctx(run.strategy, run.perturbations(batch_size))
+    single = mask_bytes_read(run.strategy, run.model, ctx, batch_size, dual=False)
+    dual = mask_bytes_read(run.strategy, run.model, ctx, batch_size, dual=True)
+    return DualForwardMasks(strategy, batch_size, graph.num_edges(), single, dual)

@@ -1,0 +1,94 @@
+"""Notebook 02's peak-memory study: one training step per (pipeline, batch size) in a fresh
+process each, fitted per pipeline, projected to the memory of the device measured on. The
+pipelines are three built-in forms and every user pipeline of the params.
+
+Probes run two at a time: a memory figure is not a timing (each probe measures only its own
+process), and the set-up of a probe (a fresh interpreter, the graph, the strategy) dominates
+its run time.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from ...failures import RAISED, STALLED, PipelineFailure, one_line
+from ...measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryPoint, device_budget,
+                                   fit_memory)
+from ...common.progress import note, progress
+from ...training.step_memory import measure_point
+from ...results.mask_cost import MemoryStudy
+
+STRATEGIES = (("replicated_mask_cpu", "gather_scatter"), ("replicated_mask_cpu", "spmm"),
+              ("node_mask_shared", "spmm"))
+REAL = {"scale": 1.0, "hidden": 64, "layers": 3}
+REAL_BATCHES = {"replicated_mask_cpu": [1, 2, 3], "node_mask_shared": [2, 8, 16]}
+
+
+def _label(strategy: str, form: str, sizes: dict) -> str:
+    return (f"{strategy}:{form} @ scale {sizes['scale']:g}, H={sizes['hidden']}, "
+            f"L={sizes['layers']}")
+
+
+def memory_study(params: dict, device: torch.device, *, dual: bool | None = None,
+                 parallel: int = 2) -> MemoryStudy:
+    """Every point of the sweep (and the real spec with ``memory_full_size``), then the fits."""
+    from ...running.environment import device_label
+
+    budget, label = device_budget(device)
+    if params["memory_budget_gb"] is not None:
+        budget, label = params["memory_budget_gb"] * 1e9, "memory_budget_gb"
+    dual = params["dual_forward"] if dual is None else dual
+    run_sizes = {"scale": params["scale"], "hidden": params["hidden"],
+                 "layers": params["layers"]}
+    from ...pipelines import user_specs
+
+    # the built-in forms, then every user pipeline (its own form: "own") at the run's sizes
+    pairs = (list(STRATEGIES) if params["strategies"] else []) + \
+        [(name, "own") for name in user_specs(params)]
+    jobs = [(s, f, b, run_sizes) for s, f in pairs for b in params["memory_batch_sizes"]]
+    if params["memory_full_size"] and params["strategies"]:
+        jobs += [(s, f, b, REAL) for s, f in STRATEGIES if (s, f) != ("replicated_mask_cpu", "spmm")
+                 for b in REAL_BATCHES[s]]
+
+    def one(job):
+        s, f, b, sz = job
+        return measure_point(params, strategy=s, form=f, batch_size=b, device=str(device),
+                             dual=dual, **sz)
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        points = list(progress(pool.map(one, jobs), total=len(jobs), desc="02 memory"))
+    out = MemoryStudy(device=device_label(device), budget_bytes=budget, budget_label=label,
+                      points=points)
+    groups: dict[str, list[MemoryPoint]] = {}
+    for (s, f, _b, sz), pt in zip(jobs, points):
+        groups.setdefault(_label(s, f, sz), []).append(pt)
+    for key, pts in groups.items():
+        out.fits[key] = fit_memory(pts, budget, label, label=key)
+    for name in user_specs(params):
+        f = probe_failure(name, [pt for (s, _f, _b, _sz), pt in zip(jobs, points) if s == name])
+        if f is not None:
+            out.failures[name] = f
+            note(f"02 memory: {f.line()}")
+    return out
+
+
+def probe_failure(name: str, points: list[MemoryPoint]) -> PipelineFailure | None:
+    """The record of a pipeline whose memory probes failed (the first failed point's; out of
+    memory is a measurement, not a failure), or None."""
+    bad = [p for p in points if p.status in (STATUS_FAILED, STATUS_TIMEOUT)]
+    if not bad:
+        return None
+    p = bad[0]
+    kept = any(pt.usable for pt in points)
+    if p.details:
+        f = PipelineFailure.from_json(p.details)
+    else:  # failed before the step: building the pipeline, or the probe timed out
+        stalled = p.status == STATUS_TIMEOUT
+        f = PipelineFailure(name, "02", "memory probe" if stalled else "build",
+                            STALLED if stalled else RAISED, one_line(p.reason or p.status),
+                            p.traceback, mode=f"memory probe, B={p.batch_size}")
+    f.notebook, f.figures_kept = "02", kept
+    others = [f"B={pt.batch_size}" for pt in bad[1:]]
+    if others:
+        f.message += f" (also at {', '.join(others)})"
+    return f

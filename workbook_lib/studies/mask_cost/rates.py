@@ -1,0 +1,147 @@
+"""Achieved rates of the benchmark's steps against the machine's: the operators' FLOP/s and bytes/s
+from a profile of one step, a dense product's rate as the reference, and the node-mask kernels
+timed alone (see :mod:`.bench`)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ...measurement.timing import Stat, interleave, sync
+from ...nodemask import SharedGraph
+from ...nodemask.kernels import DENSE_INSIDE_TAG, MOVE_TAG, SPARSE_TAG
+from ...common.progress import native_stderr_to_terminal
+from ...results.bench import KernelFigure, RateFigure
+
+
+_DENSE_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+
+
+def achieved_rates(fn, device, variant: str, machine: dict) -> list[RateFigure]:
+    """Profile one call of ``fn`` (a warm training step) and return the multiply-add rates of
+    its sparse products (the ranges tagged ``SPARSE_TAG``) and of its dense matrix products
+    (outside those ranges and outside ``MOVE_TAG``'s, which move rows with a product of ones),
+    each beside this machine's best measured rate in ``machine``. Dense multiply-adds done
+    inside a sparse kernel (``DENSE_INSIDE_TAG``: the pooled layer's weighted sums inside the
+    compiled push) are counted in the dense figure's ``inside_macs``, not in its rate."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with native_stderr_to_terminal():  # the profiler's probe lines stay off the terminal
+        sync(device)
+        t0 = time.perf_counter()
+        with profile(activities=acts, with_flops=True) as prof:
+            fn()
+            sync(device)
+        wall = time.perf_counter() - t0
+
+    def dur(ev) -> float:  # microseconds
+        return float(getattr(ev, "device_time_total", 0.0) if cuda else ev.cpu_time_total)
+
+    def inside(ev, pred) -> bool:
+        p = ev.cpu_parent
+        while p is not None:
+            if pred(p):
+                return True
+            p = p.cpu_parent
+        return False
+
+    def is_sparse(ev) -> bool:
+        return ev.name.startswith(SPARSE_TAG)
+
+    def is_dense(ev) -> bool:
+        return ev.name in _DENSE_OPS and (ev.flops or 0) > 0
+
+    def is_move(ev) -> bool:
+        return ev.name == MOVE_TAG
+    sp_macs = sp_us = de_macs = de_us = de_inside = 0.0
+    for ev in prof.events():
+        if ev.name.startswith(DENSE_INSIDE_TAG):
+            de_inside += float(ev.name[len(DENSE_INSIDE_TAG):])
+        elif is_sparse(ev) and not inside(ev, is_sparse):
+            sp_macs += float(ev.name[len(SPARSE_TAG):])
+            sp_us += dur(ev)
+        elif is_dense(ev) and not inside(ev, lambda p: is_sparse(p) or is_dense(p)
+                                         or is_move(p)):
+            de_macs += ev.flops / 2.0
+            de_us += dur(ev)
+    out = []
+    for kind, macs, us in (("sparse", sp_macs, sp_us), ("dense", de_macs, de_us)):
+        if macs and us:
+            out.append(RateFigure(variant, kind, macs, us * 1e-6, wall,
+                                  macs / (us * 1e-6) / 1e9, machine.get(f"{kind}_gmacs"),
+                                  machine.get(f"{kind}_source", ""),
+                                  inside_macs=de_inside if kind == "dense" else 0.0))
+    return out
+
+
+def dense_rate(device, *, size: int, target: float, max_time_s: float) -> tuple[Stat, float]:
+    """A large dense matmul (``size`` cubed, float32): its time and G multiply-adds/s."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    res = interleave({"dense": lambda: a @ b}, device=device, warmup=1, min_rounds=3,
+                     target=target, max_time_s=max_time_s)
+    st = res.stats["dense"]
+    return st, size ** 3 / st.median / 1e9
+
+
+def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: float,
+                   max_time_s: float, pert: torch.Tensor | None = None) -> list[KernelFigure]:
+    """The per-sample product of a middle layer (every edge type, every sample) with each
+    kernel tried, and (given perturbations ``pert``) the delta layer's push. ``used_by_step``
+    marks the kernels the shared step uses on this device: ``slabs, per type`` with the CPU's
+    ``slab`` kernel (and ``slabs, stacked types``: the delta path's wildtype layers, sum
+    aggregation), ``wide, int32`` with CUDA's ``wide`` one."""
+    n, t = sg.num_nodes, sg.num_types
+    x = torch.randn(batch, n, hidden, device=device)
+    wide_x = x.permute(1, 0, 2).reshape(n, batch * hidden).contiguous()
+    a = sg.a
+    a64 = torch.sparse_csr_tensor(a.crow_indices().long(), a.col_indices().long(), a.values(),
+                                  size=a.shape)
+    out_s = torch.empty(batch, n * t, hidden, device=device)
+    out_t = torch.empty(batch, t, n, hidden, device=device)
+
+    def slabs():
+        for i in range(batch):
+            out_s[i].addmm_(a, x[i], beta=0)
+
+    def typed():
+        for i in range(batch):
+            for j in range(t):
+                out_t[i, j].addmm_(sg.per_type[j], x[i], beta=0)
+    cases = {
+        "wide, int64": ("all samples side by side [N, B*H], one product, int64 indices",
+                        lambda: torch.sparse.mm(a64, wide_x)),
+        "wide, int32": ("[N, B*H], one product, int32 indices",
+                        lambda: torch.sparse.mm(a, wide_x)),
+        "slabs, stacked types": ("one product per sample slab [N, H], all types stacked",
+                                 slabs),
+        "slabs, per type": ("one product per (sample, type) [N, H]: every operand "
+                            "cache-sized (the CPU's 'slab' kernel)", typed),
+    }
+    macs = {k: sg.num_edges * batch * hidden for k in cases}
+    if pert is not None:  # the delta layer's push over the out-edges of the changed rows
+        from ...nodemask.delta import push
+
+        nb = sg.batch(pert.to(device) if pert.device != device else pert)
+        corr = nb.corrections()
+        u = torch.randn(corr.pair_gene.numel(), t, hidden, device=device)
+        base = torch.zeros(n, hidden, device=device)
+        w = torch.ones(batch, n * t, device=device)
+        name = f"push, {nb.push_kernel}"
+        cases[name] = (f"the delta layer's push: only the out-edges of the rows a deletion "
+                       f"changed ({corr.plan.total_entries / batch / sg.num_edges:.0%} of the "
+                       f"edges per sample here), kernel '{nb.push_kernel}' (the step's)",
+                       lambda: push(sg, corr, base, u, w, nb.push_kernel))
+        macs[name] = corr.plan.total_entries * hidden
+    res = interleave({k: f for k, (_, f) in cases.items()}, device=device, warmup=1,
+                     min_rounds=3, target=target, max_time_s=max_time_s)
+    # the CPU's full middle layers take per-type slabs; its delta path's wildtype layers (sum
+    # aggregation) one stacked product (kernels.stacked_aggregate_linear)
+    step_kernels = ({"slabs, per type"} | ({"slabs, stacked types"} if sg.a_tt is not None
+                                           and sg.aggr == "sum" else set())
+                    if sg.kernel == "slab" else {"wide, int32"})
+    return [KernelFigure(k, desc, res.stats[k], macs[k] / res.stats[k].median / 1e9,
+                         used_by_step=k in step_kernels or k.startswith("push"))
+            for k, (desc, _) in cases.items()]

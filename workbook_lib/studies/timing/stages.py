@@ -1,0 +1,126 @@
+"""What a training step's time goes to, stage by stage, and what bounds it.
+
+The loop (:mod:`workbook_lib.training.loop`) times every stage of a step between device syncs:
+waiting for the DataLoader, the host-to-device copy, the device preparation, the forward (with
+the loss), the backward and the optimizer; the DataLoader's workers time each dataset item and
+the collate themselves, and one untimed step counts the host syncs of each stage. This module
+turns one pipeline's full-step arm into named stages:
+
+* **data item** and **collate**: the time the step *waits* for the DataLoader (what the data
+  pipeline costs the step; with worker processes, what their prefetching did not hide), split
+  in the proportion of the workers' own item and collate times (both measured, the split is
+  arithmetic on them and labelled so);
+* **transfer**, **device prep**, **forward** (the pipeline's forward and its loss), **backward**,
+  **optimizer** (step and zero_grad): their own medians;
+* **loop overhead**: the step's wall time outside every stage.
+
+:func:`step_bound` says what bounds one pipeline's step, by a stated rule: the group with the
+largest share of the step median, data (item + collate), transfer, device prep, model (forward +
+backward + optimizer) or loop overhead; and, separately, "sync-bound on a GPU" when its model
+and preparation make at least one host sync per sample (each drains a GPU's queue; a CPU run
+counts them but cannot time what they would cost). Written here rather than taken from a
+profiler's "input-bound / compute-bound" summary because the stages are the harness's own
+(measured between syncs, worker times sent with each batch), and the verdict needs them per
+stage, not in two bins.
+"""
+from __future__ import annotations
+
+
+from ...results.timing import STAGES, StepBound
+
+GROUPS = ("data", "transfer", "device prep", "model", "loop overhead")
+BOUND_WORDS = {"data": "data-bound", "transfer": "transfer-bound",
+               "device prep": "preparation-bound", "model": "model-bound",
+               "loop overhead": "overhead-bound"}
+SYNC_STAGES = ("device_prep", "forward", "backward")
+BOUND_RULE = ("the stage group (data: item + collate; transfer; device prep; model: forward + "
+              "backward + optimizer; loop overhead) with the largest share of the full step's "
+              "median; sync-bound on a GPU when the device prep, forward and backward make at "
+              "least one host sync per sample")
+
+
+def stage_medians(arm) -> dict[str, float]:
+    """Seconds per step of each named stage of a full-step arm (see the module docstring).
+
+    Args:
+        arm: an :class:`~workbook_lib.results.timing.ArmResult` of mode ``full``.
+
+    Returns:
+        ``{stage key: seconds}`` for the stages the arm measured (``overhead`` always).
+    """
+    s = arm.stages
+    out: dict[str, float] = {}
+    if "loader_wait" in s:
+        wait = s["loader_wait"].median
+        item = arm.extra["worker_fetch"].median if "worker_fetch" in arm.extra else 0.0
+        coll = arm.extra["worker_collate"].median if "worker_collate" in arm.extra else 0.0
+        frac = item / (item + coll) if item + coll > 0 else 1.0
+        out["data_item"], out["collate"] = wait * frac, wait * (1.0 - frac)
+    for key in ("h2d", "device_prep", "forward", "backward", "optimizer"):
+        if key in s:
+            out[key] = s[key].median
+    out["overhead"] = arm.untracked.median
+    return out
+
+
+def stage_quartiles(arm) -> dict[str, tuple[float, float]]:
+    """(first, third) quartile in seconds per step of each stage :func:`stage_medians` names,
+    from the same figures (the DataLoader wait split in the same proportion)."""
+    s = arm.stages
+    out: dict[str, tuple[float, float]] = {}
+    med = stage_medians(arm)
+    if "loader_wait" in s:
+        wait = s["loader_wait"]
+        for key in ("data_item", "collate"):
+            frac = med[key] / wait.median if wait.median > 0 else 0.0
+            out[key] = (wait.q1 * frac, wait.q3 * frac)
+    for key in ("h2d", "device_prep", "forward", "backward", "optimizer"):
+        if key in s:
+            out[key] = (s[key].q1, s[key].q3)
+    out["overhead"] = (arm.untracked.q1, arm.untracked.q3)
+    return out
+
+
+def within_noise(slow: tuple[float, float], fast: tuple[float, float], slow_steps: float,
+                 fast_steps: float) -> bool:
+    """Whether a stage's difference between the pair is within its noise: its interquartile
+    ranges per epoch (quartiles per step x steps per epoch) on the two sides overlap, so the
+    order of the two is not resolved. A zero-width range (a stage one side does not have, or a
+    constant) overlaps only a range that contains it."""
+    a_lo, a_hi = slow[0] * slow_steps, slow[1] * slow_steps
+    b_lo, b_hi = fast[0] * fast_steps, fast[1] * fast_steps
+    return a_lo <= b_hi and b_lo <= a_hi
+
+
+def model_syncs(arm) -> float | None:
+    """Host syncs per step in the device prep, forward and backward (the counted step), or
+    None when the arm was not counted. The transfer's own syncs (a pageable copy) are apart."""
+    if arm.syncs_per_step is None:
+        return None
+    if arm.syncs_by_stage:
+        return float(sum(arm.syncs_by_stage.get(k, 0.0) for k in SYNC_STAGES))
+    return float(arm.syncs_per_step)
+
+
+def step_bound(arm) -> StepBound:
+    """What bounds a pipeline's full step, by :data:`BOUND_RULE`.
+
+    Args:
+        arm: the pipeline's full-step :class:`~workbook_lib.results.timing.ArmResult`.
+    """
+    med = stage_medians(arm)
+    step = arm.step.median
+    if step <= 0:
+        raise ValueError(f"arm {arm.name!r}: its step median must be positive (got {step})")
+    groups = {g: 0.0 for g in GROUPS}
+    for key, sec in med.items():
+        groups[STAGES[key][1]] += max(sec, 0.0)
+    shares = {g: v / step for g, v in groups.items()}
+    top = max(GROUPS, key=lambda g: shares[g])
+    largest = max(med, key=lambda k: med[k])
+    syncs = model_syncs(arm)
+    return StepBound(pipeline=arm.strategy, bound=BOUND_WORDS[top], group_shares=shares,
+                     largest_stage=largest, largest_share=med[largest] / step, step_s=step,
+                     batch_size=arm.samples_per_step, syncs_per_step=syncs,
+                     sync_bound_on_gpu=syncs is not None and syncs >= arm.samples_per_step,
+                     stage_shares={k: v / step for k, v in med.items()})

@@ -1,0 +1,297 @@
+"""Notebook 05: why the slow pipeline is slow, and the fix, from what notebooks 01-04 measured.
+
+The verdict answers about the run's own pair (``gap_strategies``: slow, fast), from what
+completed, and says in one line what it could not use and why:
+
+* **The gap** comes from notebook 03, the only input it needs: the two pipelines' full training
+  steps in the same loop (paired by round when interleaved), times the steps per epoch (80% of
+  ``num_samples`` at each pipeline's batch). Notebook 04's DDP factor multiplies it only when
+  it is a measured effect: beyond its IQR (1 outside it) and not contended; a factor within its
+  noise, or contended, is shown and not booked. 01, 02 and 04 are read when complete with these
+  params; each one missing, failed or made with other params is named in a caveat.
+* **Orientation.** When the pipeline listed slow is the faster one beyond the noise, the answer
+  says so in one line and explains the gap the right way round; when the two are within each
+  other's noise there is no gap to explain, and the answer says that instead of ranking causes.
+* **Causes are stages** (:mod:`workbook_lib.studies.timing.stages`): data item, collate, transfer,
+  device prep, forward (with the loss), backward, optimizer, loop overhead, then DDP (booked only
+  as above) and the unattributed rest (stage medians do not add up to the step median). Each
+  row is slow minus fast in seconds per epoch; shares are of the measured gap and add to 100%.
+  A stage whose difference is within its noise (the two sides' interquartile ranges per epoch
+  overlap: :func:`~workbook_lib.studies.timing.stages.within_noise`) is shown, not booked: its
+  difference stays in the unattributed rest.
+  Host syncs are a property of a stage: counted per stage, their cost "not measured here" on a
+  CPU (a CPU never waits for a device); never a cause of their own.
+* **Figures it does not rest on**: a headline figure whose IQR/median is beyond the precision
+  target is *disturbed*; one measured while the process's compute threads got less than 80% of
+  the CPU they asked for (:mod:`workbook_lib.measurement.cpu`) is *contended*: other jobs on the
+  same CPUs, or the run's own processes outnumbering them (each figure says which:
+  :attr:`CpuShare.cause`, :meth:`CpuShare.explain`). Contention slows every repeat alike, so
+  such a figure can be precise and wrong, and can flip the order of two pipelines. Both are
+  named in the caveats and the answer does not rest on them.
+* **The investigation's story** (its 40x, its claims, the built-in benchmark) is told only when
+  built-in strategies ran; with ``strategies: []`` the verdict is about the user's pipelines
+  alone.
+* **The fix**: the fastest exact pipeline of notebook 03 (ties within
+  ``verdict_tie_tolerance`` go to the least memory per sample when notebook 02 measured it).
+
+Text is composed by :mod:`workbook_lib.report.verdict_view`; this module returns figures.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...catalog import notebook_info
+from ...exceptions import IncompleteInputsError
+from ...measurement.cpu import CpuShare
+from ...measurement.timing import Stat
+from ...running.results import file_checksum, load_result, params_differ, read_meta, results_path
+from ... import pipelines
+from ...results.verdict import Claim, Gap, Recommendation, VerdictResult
+from . import claims as claims_mod
+from ..timing import DANGO, LAZY, is_exact
+# the parts, and the names the view and the tests read here
+from .causes import (ADVICE, SYNC_ADVICE, first_causes, offsets, rank_causes,  # noqa: F401
+                     syncs_note, told_apart)
+from .gap import MIN_PAIRED, measure_gap, resolved  # noqa: F401
+from .recommend import _bench, recommend
+
+TIMING = "03_data_vs_model_timing"
+REQUIRED = notebook_info("05_verdict").requires  # notebook 03
+OPTIONAL = notebook_info("05_verdict").reads  # 01, 02, 04
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+def load_inputs(run_dir: str | Path, params: dict | None = None
+                ) -> tuple[dict, dict[str, str], dict[str, str]]:
+    """The typed results of notebook 03 (required) and of 01, 02, 04 (when complete with the
+    same result-relevant params), their checksums, and why each optional one was not used.
+
+    Raises:
+        IncompleteInputsError: notebook 03 is missing, incomplete, unreadable or made with
+            other params (the verdict's one required input).
+    """
+    found, sums, why_not = {}, {}, {}
+    for nb in REQUIRED + OPTIONAL:
+        meta = read_meta(run_dir, nb)
+        reason = ""
+        if meta is None:
+            reason = notebook_error(run_dir, nb) or "not run"
+        elif not meta.complete:
+            reason = "failed or incomplete" + (f" ({meta.incomplete_because})"
+                                               if getattr(meta, "incomplete_because", "") else "")
+        elif params is not None and params_differ(meta.params, params):
+            reason = f"made with other params ({', '.join(params_differ(meta.params, params)[:3])})"
+        res = None if reason else load_result(run_dir, nb)
+        if res is None and not reason:
+            reason = "its results are unreadable"
+        if reason:
+            why_not[nb] = reason
+            continue
+        found[nb] = res
+        sums[nb] = file_checksum(results_path(run_dir, nb))
+    bench = Path(run_dir) / "bench.json"  # quoted when present: --resume reruns when it changes
+    if bench.is_file():
+        sums["bench"] = file_checksum(bench)
+    missing = [nb for nb in REQUIRED if nb in why_not]
+    if missing:
+        raise IncompleteInputsError(
+            f"the verdict needs notebook 03's timings in {run_dir} ({TIMING}: "
+            f"{why_not[TIMING]}); run it first (python -m workbook_lib run --resume --out "
+            f"{run_dir} finishes what is missing)", missing=missing)
+    return found, sums, why_not
+
+
+def notebook_error(run_dir: str | Path, nb: str) -> str:
+    """"failed: ERROR" from the partial notebook a failed run left in the run folder (the
+    failing cell's error, one line), or ""."""
+    import json
+
+    path = Path(run_dir) / f"{nb}.ipynb"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    for cell in doc.get("cells", []):
+        for out in cell.get("outputs", []) or []:
+            if out.get("output_type") == "error":
+                text = " ".join(f"{out.get('ename', '')}: {out.get('evalue', '')}".split())
+                return "failed: " + (text if len(text) <= 200 else text[:197] + "...")
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# what a CPU run can and cannot tell (the gap: ``gap``, its causes: ``causes``, the fix:
+# ``recommend``)
+
+
+CPU_CAN = ["exactness of every strategy (outputs and gradients)",
+           "sizes: masks, replicated edge indices, caches, what a batch carries",
+           "how the strategies' compute compares (graph passes per sample, message forms)",
+           "how many host syncs each pipeline makes",
+           "peak memory per sample of each strategy (host memory)"]
+CPU_CANNOT = ["host-to-device transfer costs (a CPU run copies nothing)",
+              "what each sync costs (a CPU never waits for a device)",
+              "GPU kernel efficiency and GPU memory limits",
+              "NCCL communication between GPUs"]
+
+
+DISTURBED_LABELS = {"gap": "the epoch-time gap", "per_step_ratio": "the per-step ratio",
+                    "ddp_factor": "the DDP factor",
+                    "speedup": "the recommended pipeline's speedup over the slow one (notebook "
+                               "03's loop)",
+                    "bench": "the benchmark's ratio"}
+CONTENDED_LABELS = {**DISTURBED_LABELS, "loop": "notebook 03's full steps (the fix is chosen "
+                                                "by them)"}
+
+
+def _headline_stats(gap: Gap | None, rec: Recommendation | None) -> dict[str, Stat | None]:
+    figs: dict[str, Stat | None] = {}
+    if gap is not None:
+        figs.update(gap=gap.ratio, per_step_ratio=gap.per_step)
+        if gap.ddp_factor is not None:
+            figs["ddp_factor"] = gap.ddp_factor
+    if rec is not None:
+        figs["speedup"] = rec.speedup
+        figs["bench"] = rec.bench.ratio_vs_lazy_form if rec.bench is not None else None
+    return figs
+
+
+def disturbed_figures(gap: Gap | None, rec: Recommendation | None,
+                      target: float) -> dict[str, float]:
+    """The headline figures whose IQR/median is beyond ``target`` (the machine was disturbed
+    while they were measured, or they are too few): key -> IQR/median."""
+    return {k: st.rel_iqr for k, st in _headline_stats(gap, rec).items()
+            if st is not None and st.n > 1 and st.rel_iqr > target}
+
+
+def contended_figures(gap: Gap | None, rec: Recommendation | None,
+                      timing=None) -> dict[str, CpuShare]:
+    """The headline figures measured while the process got less CPU than its threads asked for
+    (:attr:`Stat.contended`), and notebook 03's full steps when any exact strategy's was: key ->
+    the CPU share it was measured with."""
+    out = {k: st.cpu for k, st in _headline_stats(gap, rec).items()
+           if st is not None and getattr(st, "contended", False)}
+    if timing is not None:
+        lo = timing.loops
+        arms = [lo.arm(n, "full").step for n in lo.strategies if is_exact(lo, n)]
+        bad = [a.cpu for a in arms if getattr(a, "contended", False)]
+        if bad:
+            out["loop"] = min(bad, key=lambda c: c.judged)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# what went wrong in the user's pipelines
+
+
+def pipeline_failures(found: dict) -> dict[str, str]:
+    """pipeline -> "NB: what failed" for every pipeline a notebook lost (one line each; a loss
+    that was not finite is :func:`nonfinite_losses`'s)."""
+    from ...failures import NONFINITE
+
+    out: dict[str, str] = {}
+    for nb, res in sorted(found.items()):
+        groups = [getattr(res, "failures", None),
+                  getattr(getattr(res, "loops", None), "failures", None),
+                  getattr(getattr(res, "memory", None), "failures", None)]
+        for g in groups:
+            for name, f in (g or {}).items():
+                if getattr(f, "kind", "") != NONFINITE:
+                    out.setdefault(name, f"in notebook {nb[:2]}: {f.line()}")
+    return out
+
+
+def nonfinite_losses(lo) -> dict[str, str]:
+    """pipeline -> its loss in words, for pipelines whose full step's loss was not finite."""
+    out = {}
+    for n in lo.strategies:
+        try:
+            a = lo.arm(n, "full")
+        except KeyError:
+            continue
+        bad = getattr(a, "nonfinite_steps", 0) or 0
+        if bad:
+            first = getattr(a, "first_nonfinite_step", None)
+            out[n] = (f"its loss was not finite in {bad} of its steps"
+                      + (f" from step {first}" if first is not None else ""))
+    return out
+
+
+def _in_timing(lo, name: str) -> bool:
+    try:
+        lo.arm(name, "full")
+        return True
+    except KeyError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# the verdict
+
+
+def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Path,
+                  device: str, device_type: str,
+                  missing: dict[str, str] | None = None) -> VerdictResult:
+    """Everything notebook 05 says, as figures (its text: the view).
+
+    Args:
+        found: the typed results :func:`load_inputs` read (03 always; 01, 02, 04 when usable).
+        missing: notebook -> why it was not used (from :func:`load_inputs`).
+    """
+    missing = dict(missing or {})
+    inv = found.get("01_graph_inventory")
+    mc = found.get("02_mask_cost_model")
+    timing = found[TIMING]
+    ddp = found.get("04_ddp_scaling")
+    lo = timing.loops
+    listed = list(params["gap_strategies"])
+    builtin = bool(params["strategies"])
+    failures = pipeline_failures(found)
+    nonfinite = nonfinite_losses(lo)
+    res = VerdictResult(answer="", device=device, device_type=device_type, causes=[],
+                        claims=[], recommendation=None, gap_total=None,
+                        can_say=CPU_CAN if device_type != "cuda" else [],
+                        cannot_say=CPU_CANNOT if device_type != "cuda" else [], inputs=inputs,
+                        target=params["precision_target"], gap_strategies=listed,
+                        missing=missing, failures=failures, nonfinite=nonfinite,
+                        builtin=builtin, num_samples=int(params["num_samples"]),
+                        specs={n: s.target for n, s in pipelines.user_specs(params).items()})
+    absent = [n for n in listed if not _in_timing(lo, n)]
+    if absent:
+        n = absent[0]
+        why = failures[n].split(": ", 1)[1] if n in failures else f"'{n}' was not timed"
+        res.no_answer = (f"no answer about '{listed[0]}' against '{listed[1]}': notebook 03 has "
+                         f"no full step of '{n}': {why}")
+    else:
+        g = measure_gap(lo, *listed, params["num_samples"], ddp, params["precision_target"])
+        res.gap, res.gap_total, res.gap_strategies = g, g.ratio, [g.slow, g.fast]
+        res.causes = rank_causes(timing, g.slow, g.fast, g, device_type)
+        res.syncs_note = syncs_note(res.causes, device_type)
+    res.claims, res.claims_note = judge_claims(inv, mc, timing, ddp, params, run_dir,
+                                               device_type)
+    res.recommendation = recommend(
+        timing, mc, ddp, run_dir, baseline=res.gap_strategies[0],
+        tie_tolerance=params["verdict_tie_tolerance"], num_samples=params["num_samples"],
+        target=params["precision_target"], exclude=tuple(nonfinite))
+    res.disturbed = disturbed_figures(res.gap, res.recommendation, params["precision_target"])
+    res.contended = contended_figures(res.gap, res.recommendation, timing)
+    return res
+
+
+def judge_claims(inv, mc, timing, ddp, params: dict, run_dir: Path,
+                 device_type: str) -> tuple[list[Claim], str]:
+    """The investigation's claims, judged only when built-in strategies ran (they are about its
+    models); the gap claims only when this run's gap is the investigated pair."""
+    if not params["strategies"]:
+        return [], ("no built-in strategy ran (strategies: []): the investigation's claims are "
+                    "about its own models and are not judged on your pipelines")
+    on_pair = list(params["gap_strategies"]) == [LAZY, DANGO]
+    cl = claims_mod.check_claims(inv, mc, timing, ddp if on_pair else None,
+                                 device_type=device_type, hidden=params["hidden"],
+                                 bench=_bench(run_dir, mc)[0])
+    note = "" if on_pair else ("the epoch-gap claims are about the Lazy and DANGO-style models; "
+                               "this run's gap is another pair, so they are not judged")
+    return cl, note

@@ -1,0 +1,210 @@
+"""What the gap goes to: the stages that add to it, ranked, with advice, and what offsets it (see
+the package docstring)."""
+from __future__ import annotations
+
+from ...results.timing import STAGES
+from ...results.verdict import Cause, Gap
+from . import claims as claims_mod
+from ..timing.stages import stage_medians, stage_quartiles, within_noise
+
+
+STAGE_ORDER = ("data_item", "collate", "h2d", "device_prep", "forward", "backward", "optimizer",
+               "overhead")
+SYNC_STAGES = ("device_prep", "forward", "backward")
+MINOR = 0.05  # a cause below this share of the gap is not named in the lead
+
+
+ADVICE = {
+    "data_item": "move the per-sample work out of the dataset item: precompute it once, or build "
+                 "it on the device from the deleted genes' indices (the node-mask shared graph, "
+                 "workbook_lib.nodemask, needs nothing else per sample)",
+    "collate": "make the collate cheap: no per-sample copies of the graph or masks; batch the "
+               "deleted genes' indices and build what the model needs on the device, once per "
+               "batch",
+    "h2d": "transfer less: indices instead of masks or graph copies, from pinned memory "
+           "(pin_memory: true)",
+    "device_prep": "vectorize the device preparation over the batch (no loop per sample or gene)",
+    "forward": "batch the samples' work: one pass over one shared graph for the whole batch "
+               "instead of a loop or a graph copy per sample (workbook_lib.nodemask)",
+    "backward": "the backward mirrors the forward: shrink the forward's per-sample work (one "
+                "pass over one shared graph, workbook_lib.nodemask) and the backward shrinks "
+                "with it",
+    "optimizer": "a foreach or fused optimizer (torch.optim.AdamW(foreach=True), fused=True on "
+                 "CUDA) with no Python loop over parameters or their rows",
+    "overhead": "less Python between the stages (per-step logging, metrics read with .item(), "
+                "hooks)",
+    "ddp": "accumulate gradients with no_sync(), or fewer, larger steps",
+}
+
+
+SYNC_ADVICE = ("take the host syncs out of the step (.item(), nonzero, boolean-mask indexing, "
+               ".tolist(), printing a tensor): keep values on the device and vectorize over the "
+               "batch; torch.cuda.set_sync_debug_mode('warn') names each one")
+
+
+H2D_WALK = ("keep Python objects out of the batch (names, strings, per-sample lists): .to() "
+            "walks every one of them each step; carry indices and look names up outside the "
+            "step")
+
+def _stage_words(key: str) -> str:
+    return STAGES[key][0].split(" (")[0]
+
+
+def _h2d_note(arm, device_type: str) -> str:
+    """What a transfer stage's time went to, from the batch's contents (counted once)."""
+    c = getattr(arm, "batch_contents", None) or {}
+    objs = int(c.get("objects", 0) or 0)
+    if device_type == "cuda":
+        return (f"{c.get('tensor_bytes', 0) / 1e6:,.2f} MB in {int(c.get('tensors', 0))} "
+                f"tensors" + (f", and {objs:,} other Python objects walked" if objs else "")
+                if c else "")
+    text = "on a CPU no byte is copied: this is the pipeline's to_device walk itself"
+    if c:
+        text += (f" over {int(c.get('tensors', 0))} tensors and {objs:,} other Python objects"
+                 + (f" ({c['kinds']})" if c.get("kinds") else ""))
+    return text
+
+
+def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> list[Cause]:
+    """The gap, stage by stage: slow minus fast in seconds per epoch, shares adding to 100%.
+
+    Args:
+        timing: notebook 03's results (its ``loops``).
+        slow, fast: the pair, oriented (``gap.slow``, ``gap.fast``).
+        gap: :func:`measure_gap`'s result (the DDP factor's booking, the steps per epoch).
+        device_type: ``cpu`` or ``cuda``.
+
+    Each stage of :mod:`~workbook_lib.studies.timing.stages` is one row, its median per step x steps
+    per epoch, slow minus fast; host syncs ride on their stage's row as evidence. Then the DDP
+    factor (its extra time when booked, else a row marked noise with no share), and the
+    unattributed rest, so that the booked rows' shares add to exactly 100% of the measured gap.
+    Rows that add time come first, the largest first.
+    """
+    lo = timing.loops
+    a, b = lo.arm(slow, "full"), lo.arm(fast, "full")
+    ma, mb = stage_medians(a), stage_medians(b)
+    qa, qb = stage_quartiles(a), stage_quartiles(b)
+    ns, nf = gap.steps[slow], gap.steps[fast]
+    profiles = getattr(timing, "profiles", None) or {}
+
+    def waited(name: str, key: str) -> float | None:
+        p = profiles.get(name)
+        return p.sync_wait_per_step(key) if p is not None else None
+    rows = []
+    for key in STAGE_ORDER:
+        if key not in ma and key not in mb:
+            continue
+        sa, sb = ma.get(key, 0.0) * ns, mb.get(key, 0.0) * nf
+        evidence = (f"{ma.get(key, 0.0) * 1e3:.3g} ms per step at batch {a.samples_per_step} "
+                    f"against {mb.get(key, 0.0) * 1e3:.3g} ms at batch {b.samples_per_step}")
+        if key in ("data_item", "collate"):
+            evidence += (" (the step's wait for the DataLoader, split by the workers' own item "
+                         "and collate times)")
+        note, advice = "", ADVICE[key]
+        if key == "h2d":
+            note = _h2d_note(a, device_type)
+            c = getattr(a, "batch_contents", None) or {}
+            if device_type != "cuda" or int(c.get("objects", 0) or 0) > 8 * a.samples_per_step:
+                advice = H2D_WALK if c and int(c.get("objects", 0) or 0) else advice
+        syncs, wait_s = None, None
+        if key in SYNC_STAGES and (a.syncs_by_stage or b.syncs_by_stage):
+            syncs = (a.syncs_by_stage.get(key, 0.0), b.syncs_by_stage.get(key, 0.0))
+            if syncs[0] or syncs[1]:
+                evidence += f"; {syncs[0]:.0f} host syncs per step against {syncs[1]:.0f}"
+                wa, wb = waited(slow, key), waited(fast, key)
+                if device_type != "cuda":
+                    evidence += (" (their cost is not measured here: a CPU never waits for a "
+                                 "device)")
+                elif wa is None:
+                    evidence += " (their wait was not profiled)"
+                else:  # carved out of the stage's time, never added to it
+                    wait_s = wa * ns - (wb or 0.0) * nf
+                    evidence += (f", of which the host waited {wa * 1e3:.3g} ms per step at them "
+                                 f"against {(wb or 0.0) * 1e3:.3g} ms (profiled warm steps; "
+                                 "inside the stage's time)")
+                    if sa - sb > 0 and wait_s > 0.5 * (sa - sb):
+                        advice = SYNC_ADVICE
+        row = Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
+                    claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
+                    sync_wait_s=wait_s, note=note)
+        if key in qa and key in qb and within_noise(qa[key], qb[key], ns, nf):
+            row.effect = "noise"
+            row.evidence += ("; the two sides' interquartile ranges per epoch overlap: within "
+                             "the noise, not booked (its difference is in the unattributed rest)")
+        rows.append(row)
+    total = gap.epoch_s[slow] - gap.epoch_s[fast]
+    if gap.ddp_factor is not None:
+        extra = gap.epoch_s[slow] * (gap.ddp_factor.median - 1.0)
+        row = Cause(f"DDP at {gap.ddp_world} ranks",
+                    f"factor {gap.ddp_factor.median:.3g} (IQR {gap.ddp_factor.iqr:.2g}; separate "
+                    f"launches, alternated): {gap.ddp_why}", extra if gap.ddp_booked else None,
+                    0.0 if gap.ddp_booked else None, extra if gap.ddp_booked else None, None,
+                    claims_mod.MEASURED, stage="ddp", advice=ADVICE["ddp"])
+        if gap.ddp_booked:
+            total += extra
+        else:
+            row.effect = "noise"
+        rows.append(row)
+    attributed = sum(r.difference_s for r in rows
+                     if r.difference_s is not None and r.effect != "noise")
+    noisy = [r.cause for r in rows if r.effect == "noise" and r.difference_s is not None]
+    rows.append(Cause("unattributed", "the full steps' medians x steps per epoch minus the "
+                      "booked stages' (stage medians do not add up to the step's"
+                      + (f"; with the stages within their noise: {', '.join(noisy)}"
+                         if noisy else "") + ")", None, None,
+                      total - attributed, None, claims_mod.MEASURED, "rest", stage="rest"))
+    set_shares(rows, total if gap.measurable else 0.0)
+    timed = sorted((r for r in rows if r.difference_s is not None
+                    and r.effect not in ("rest", "noise")), key=lambda r: -(r.difference_s or 0))
+    return timed + [r for r in rows if r.effect == "rest"] + \
+        [r for r in rows if r.effect == "noise" or r.difference_s is None]
+
+
+def set_shares(rows: list[Cause], gap: float) -> None:
+    """Each booked row's share of the measured gap (none when the gap is 0 or not measurable)
+    and whether it adds or saves time (the rest keeps "rest", noise keeps "noise")."""
+    for r in rows:
+        if r.difference_s is None or r.effect == "noise":
+            continue
+        r.share = r.difference_s / gap if gap else None
+        if r.effect not in ("rest", "noise"):
+            r.effect = "adds" if r.difference_s > 0 else "saves" if r.difference_s < 0 else ""
+
+
+def first_causes(causes: list[Cause], n: int = 2) -> list[Cause]:
+    """The stages that add the most, each at least :data:`MINOR` of the gap."""
+    return [c for c in causes if c.effect == "adds" and c.share is not None
+            and c.share >= MINOR and c.stage != "rest"][:n]
+
+
+def told_apart(first: list[Cause], gap: Gap) -> bool:
+    """Whether the first two causes are ranked by a margin the measurement resolves: their
+    shares differ by more than the gap's own spread as a share of it (the ratio's IQR over the
+    ratio minus one; 0.32 over 0.55 is 58% of the gap, so 58% against 55% is not told apart,
+    while 58% against 41% of a 7.1x gap with IQR 0.19, 3% of it, is). True with one cause."""
+    if len(first) < 2:
+        return True
+    r = gap.ratio
+    spread = r.iqr / max(r.median - 1.0, 1e-12)
+    return abs(first[0].share - first[1].share) > spread
+
+
+def offsets(causes: list[Cause]) -> list[Cause]:
+    """Rows that save time (negative shares), the largest first: shown beside any share above
+    100%."""
+    return sorted((c for c in causes if c.share is not None and c.share < -0.005),
+                  key=lambda c: c.share)
+
+
+def syncs_note(causes: list[Cause], device_type: str) -> str:
+    """The pair's host syncs by stage, in one line, with what they cost here ("" without any
+    the slow pipeline makes more of)."""
+    more = [c for c in causes if c.syncs is not None and c.syncs[0] > c.syncs[1]]
+    if not more:
+        return ""
+    per = ", ".join(f"{c.syncs[0]:.0f} against {c.syncs[1]:.0f} in the {c.cause}" for c in more)
+    return (f"host syncs per step: {per}; "
+            + ("their wait is inside the stage's time above, not added to it"
+               if device_type == "cuda" else
+               "not measured here: a CPU never waits for a device, so their cost on a GPU "
+               "needs a GPU run"))

@@ -1,0 +1,110 @@
+"""The gap between the run's two pipelines from notebook 03's loop, per epoch, and what notebook
+04's DDP factor adds to it when it is a measured effect (see the package docstring)."""
+from __future__ import annotations
+
+import math
+
+from ...measurement.timing import Stat
+from ...results.verdict import Gap
+
+
+def _epoch_steps(lo, name: str, num_samples: int) -> int:
+    return math.ceil(0.8 * num_samples / lo.arm(name, "full").samples_per_step)
+
+
+def _ddp_gap(ddp, slow: str, fast: str):
+    """Notebook 04's gap decomposition of this pair (either orientation), or None."""
+    g = getattr(ddp, "gap", None) if ddp is not None else None
+    if g is None or {g.slow, g.fast} != {slow, fast}:
+        return None
+    return g
+
+
+def ddp_booking(g, swapped: bool, target: float = 0.1) -> tuple[Stat | None, bool, str]:
+    """(the DDP factor oriented slow over fast, whether it is booked, why).
+
+    Booked only when it is a measured effect the answer can rest on: 1 outside its IQR, not
+    contended, and not disturbed (IQR/median within ``target``, the rule of
+    :func:`disturbed_figures`)."""
+    if g is None:
+        return None, False, ""
+    f = g.ddp_factor
+    if swapped:
+        f = Stat.from_samples([1.0 / x for x in f.samples if x > 0], unit="ratio").with_cpu(
+            f.cpu) if f.samples else f
+    if g.world_size == g.base_world_size:
+        return None, False, "one world size measured: no DDP factor"
+    if f.contended:
+        return f, False, "contended (its ranks got less CPU than they asked for): not booked"
+    if f.q1 <= 1.0 <= f.q3:
+        return f, False, "1 lies within its IQR: no measurable effect, not booked"
+    if f.n > 1 and f.rel_iqr > target:
+        return f, False, (f"disturbed (IQR/median {f.rel_iqr:.0%} beyond the {target:.0%} "
+                          "target): not booked")
+    return f, True, "1 outside its IQR: booked"
+
+
+MIN_PAIRED = 5  # fewer repeats than this have no IQR to speak of: nothing is resolved on them
+
+
+def resolved(r: Stat, target: float) -> int:
+    """+1 when the ratio ``r`` is above 1 beyond its noise and beyond the precision target (its
+    IQR clear of 1 and its median outside [1/(1+target), 1+target]: a difference smaller than
+    the precision the figures were repeated for is not resolved), -1 likewise below, else 0;
+    always 0 on fewer than :data:`MIN_PAIRED` repeats (two copies of one pipeline measured 1.3x
+    apart on two steps)."""
+    if r.n < MIN_PAIRED:
+        return 0
+    if r.q1 > 1.0 and r.median > 1.0 + target:
+        return 1
+    if r.q3 < 1.0 and r.median < 1.0 / (1.0 + target):
+        return -1
+    return 0
+
+
+def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
+                target: float = 0.1) -> Gap:
+    """The pair's epoch-time ratio, oriented so that ``slow`` is the slower beyond the noise.
+
+    Args:
+        lo: notebook 03's :class:`~workbook_lib.results.timing.LoopStudy`.
+        slow, fast: the pair as listed (``gap_strategies``).
+        num_samples: the dataset size (80% of it per epoch).
+        ddp: notebook 04's result, or None.
+        target: the precision target: a gap is measurable (and a listing is turned round) only
+            beyond it (:func:`resolved`).
+    """
+    listed = [slow, fast]
+    steps = {n: _epoch_steps(lo, n, num_samples) for n in listed}
+
+    def ratio(a: str, b: str) -> tuple[Stat, Stat]:
+        per_step = lo.ratio(lo.arm(a, "full"), lo.arm(b, "full"))
+        return per_step, per_step.scaled(steps[a] / steps[b], "ratio")
+
+    per_step, r = ratio(slow, fast)
+    swapped = resolved(r, target) < 0
+    if swapped:
+        slow, fast = fast, slow
+        per_step, r = ratio(slow, fast)
+    basis = ("epoch time on one process: notebook 03's full steps "
+             + ("paired by round" if lo.interleaved else "(separate series)")
+             + " x steps per epoch")
+    g = _ddp_gap(ddp, *listed)
+    factor, booked, why = ddp_booking(g, swapped=g is not None and g.slow != slow,
+                                      target=target)
+    if booked:
+        r = r.times(factor)
+        basis += f" x the DDP factor at {g.world_size} ranks (notebook 04, separate launches)"
+    if lo.interleaved:  # what notebook 03's tables show: the two medians, each on its own
+        of_medians = (lo.arm(slow, "full").step.median * steps[slow]
+                      / max(lo.arm(fast, "full").step.median * steps[fast], 1e-300)
+                      * (factor.median if booked else 1.0))
+        basis += (f"; the median of the rounds' ratios, {r.median:.3g}x, where the ratio of "
+                  f"the two medians (notebook 03's tables) is {of_medians:.3g}x: they differ "
+                  "when the rounds vary")
+    return Gap(slow=slow, fast=fast, listed=listed, swapped=swapped, ratio=r, basis=basis,
+               per_step=per_step, steps=steps,
+               batch_sizes={n: lo.arm(n, "full").samples_per_step for n in listed},
+               epoch_s={n: lo.arm(n, "full").step.median * steps[n] for n in listed},
+               measurable=resolved(r, target) > 0, ddp_factor=factor,
+               ddp_world=None if g is None else g.world_size, ddp_booked=booked, ddp_why=why)

@@ -1,0 +1,122 @@
+"""The fix recommended: the fastest exact pipeline of notebook 03's loop, ties and the full-size
+benchmark's say included (see the package docstring)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...measurement.cpu import causes_text
+from ...measurement.timing import Stat
+from ... import pipelines
+from ...training.loop import project_epochs
+from ...results.bench import BenchResult
+from ...results.verdict import Recommendation
+from ..timing import is_exact
+
+
+def label(name: str) -> str:
+    return pipelines.label(name)
+
+
+def title(name: str) -> str:
+    return pipelines.title(name)
+
+
+def _bench(run_dir: Path, mask_cost) -> tuple[BenchResult | None, str]:
+    """The benchmark to quote: a real-spec one when measured (``bench.json`` from the CLI in the
+    run folder, else notebook 02's), otherwise 02's reduced-size one; None when neither ran."""
+    import json
+
+    own = getattr(mask_cost, "bench", None) if mask_cost is not None else None
+    path = Path(run_dir) / "bench.json"
+    if path.is_file():
+        try:
+            b = BenchResult.from_json(json.loads(path.read_text()))
+            if b.full_size or own is None or not own.full_size:
+                return b, "bench.json (python -m workbook_lib bench) in the run folder"
+        except (ValueError, KeyError, TypeError):
+            pass
+    return own, "notebook 02" if own is not None else ""
+
+
+def tied_with_fastest(ms: dict[str, Stat], tie_tolerance: float,
+                      target: float) -> tuple[str, list[str], list[str]]:
+    """The fastest median, the strategies tied with it, and those among them tied only because
+    the machine was disturbed.
+
+    Tied: a median within ``tie_tolerance`` of the fastest's. When either figure is disturbed
+    (IQR/median beyond ``target``), also any whose IQR overlaps the fastest's: this run cannot
+    tell them apart, so the choice must not rest on their medians.
+    """
+    fastest = min(ms, key=lambda n: ms[n].median)
+    f = ms[fastest]
+    close = {n for n in ms if ms[n].median <= f.median * (1 + tie_tolerance)}
+    noisy = {n for n in ms if n not in close and (f.rel_iqr > target or ms[n].rel_iqr > target)
+             and ms[n].q1 <= f.q3}
+    return fastest, sorted(close | noisy), sorted(noisy)
+
+
+def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_tolerance: float,
+              num_samples: int, target: float = 0.1,
+              exclude: tuple[str, ...] = ()) -> Recommendation | None:
+    """The fastest exact pipeline of notebook 03 (None when none is exact).
+
+    Args:
+        mask_cost: notebook 02's result or None (memory per sample then unknown: ties go to
+            the fastest median).
+        ddp: notebook 04's result or None (no multi-rank projection then).
+        exclude: pipelines left out (e.g. one whose loss was not finite).
+    """
+    lo = timing.loops
+    exact = [n for n in lo.strategies if is_exact(lo, n) and n not in exclude]
+    if not exact:
+        return None
+    ms = {n: lo.arm(n, "full").ms_per_sample for n in exact}
+    fastest, tied, noisy = tied_with_fastest(ms, tie_tolerance, target)
+    why = (f"within {tie_tolerance:.0%} of the fastest" if not noisy else
+           f"within {tie_tolerance:.0%} of the fastest or, on this disturbed run, with IQRs "
+           f"overlapping its ({', '.join(noisy)})")
+    mem = mask_cost.memory.per_sample() if mask_cost is not None and \
+        getattr(mask_cost, "memory", None) is not None else {}
+    if len(tied) > 1 and all(n in mem for n in tied):
+        best = min(tied, key=lambda n: (mem[n], ms[n].median))
+        rule = (f"{len(tied)} strategies {why}: the least memory per sample measured in "
+                "notebook 02 wins")
+    else:
+        best = fastest
+        rule = ("the fastest full step per sample" if len(tied) == 1 else
+                f"{len(tied)} strategies {why}; memory per sample was not measured for all of "
+                "them, so the fastest median wins"
+                + (" (disturbed: rerun on a quieter machine to firm the choice up)"
+                   if noisy else ""))
+    contended = sorted(n for n in exact if ms[n].contended)
+    if contended:
+        rule += (f"; measured while the process got less CPU than it asked for "
+                 f"({', '.join(contended)}: contended), which can change the order of these "
+                 "figures, so this choice is provisional. "
+                 + causes_text(ms[n].cpu for n in contended))
+    speed = lo.ratio(lo.arm(baseline, "full"), lo.arm(best, "full")).scaled(
+        lo.arm(best, "full").samples_per_step / lo.arm(baseline, "full").samples_per_step,
+        "ratio") if baseline in lo.strategies and baseline != best else None
+    bench, source = _bench(run_dir, mask_cost)
+    worlds = sorted(getattr(ddp, "worlds", {}) or {})
+    gap = getattr(ddp, "gap", None)
+    factors = (getattr(gap, "step_factors", {}) or {}) if gap is not None else {}
+    top, base = (worlds[-1], worlds[0]) if worlds else (1, 1)
+    epochs = {}
+    for n in {best, baseline} & set(lo.strategies):
+        a = lo.arm(n, "full")
+        one = project_epochs(a.step.median, a.samples_per_step, num_samples)["epochs_per_day"]
+        epochs[n] = {"1 rank": one}
+        if top != base and n in factors:  # each strategy's own measured factor
+            epochs[n][f"{top} ranks"] = one * (top / base) / factors[n].median
+    basis = (f"80% of {num_samples:,} samples per epoch; 1 rank: notebook 03's full step"
+             + (f"; {top} ranks: {top / base:g}x the samples per step at each pipeline's own "
+                f"step factor measured in notebook 04 (weak scaling, separate launches); a "
+                f"pipeline 04 did not run has no {top}-rank figure" if top != base else
+                "; no multi-rank figure (notebook 04 did not measure one)"))
+    return Recommendation(strategy=best, label=label(best), title=title(best),
+                          ms_per_sample=ms[best],
+                          baseline=baseline, speedup=speed, fastest=fastest, tied=tied,
+                          tie_rule=rule, memory_per_sample=mem, contended=contended,
+                          bench=bench, bench_source=source,
+                          epochs_per_day=epochs, projection_basis=basis)
