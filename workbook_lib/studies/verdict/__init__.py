@@ -46,7 +46,7 @@ from ...measurement.cpu import CpuShare
 from ...measurement.timing import Stat
 from ...running.results import file_checksum, load_result, params_differ, read_meta, results_path
 from ... import pipelines
-from ...results.verdict import Claim, Gap, Recommendation, VerdictResult
+from ...results.verdict import Cause, Claim, Gap, Recommendation, VerdictResult  # noqa: F401
 from . import claims as claims_mod
 from ..timing import DANGO, LAZY, is_exact
 # the parts, and the names the view and the tests read here
