@@ -156,8 +156,11 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, rows: int) -> torch.Tensor:
     """The selection CSR ``[rows, len(col)]`` of ones from its int32 ``crow`` and ``col`` (the
-    ones filled by NumPy: ``torch.ones`` runs in parallel and waited for a busy second core)."""
-    ones = torch.from_numpy(np.ones(col.numel(), dtype=np.float32))
+    ones filled by NumPy: ``torch.ones`` runs in parallel and waited for a busy second core),
+    in the default dtype as :func:`~workbook_lib.nodemask.kernels.selection_csr`'s (float64
+    where a float64 check runs the pipeline)."""
+    ones = torch.from_numpy(np.ones(col.numel(), dtype=np.float64 if torch.get_default_dtype()
+                                    == torch.float64 else np.float32))  # as torch.ones would
     return torch.sparse_csr_tensor(crow, col, ones, size=(rows, col.numel()),
                                    check_invariants=False)
 
