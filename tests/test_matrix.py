@@ -284,15 +284,15 @@ UNREACHABLE = {
                                                                 "graph (no spec)",
     ("mask_cost_view.py", "layer_plot", "NO_BUILTIN"): "built-in strategies none of which has a "
                                                        "layer of its own",
-    ("mask_cost_view.py", "versus", "n/a against"): "a benchmark whose replicated forms did "
-                                                    "not run (out of memory at B = 1)",
+    ("bench_view.py", "versus", "n/a against"): "a benchmark whose replicated forms did "
+                                                "not run (out of memory at B = 1)",
     ("mask_cost_view.py", "headline_bench_part", 'return ""'): "the same",
-    ("mask_cost_view.py", "bar_label", "return text"): "a benchmark's bars: notebook 02 with a "
-                                                       "built-in strategy, rendered under "
-                                                       "papermill in test_notebooks (92 s "
-                                                       "in-process, so not a matrix case)",
-    ("mask_cost_view.py", "floor_table", "No floor"): "the shared form at one layer (no delta "
-                                                      "path)",
+    ("bench_view.py", "bar_label", "return text"): "a benchmark's bars: notebook 02 with a "
+                                                   "built-in strategy, rendered under "
+                                                   "papermill in test_notebooks (92 s "
+                                                   "in-process, so not a matrix case)",
+    ("bench_view.py", "floor_table", "No floor"): "the shared form at one layer (no delta "
+                                                  "path)",
     ("mask_cost_view.py", "filter_vs_mask_measured", 'return ""'): "a cost model without its "
                                                                    "crossover points",
 }
