@@ -72,42 +72,52 @@ def prefetch_row_w(typingctx, arr, row):
     return types.void(arr, row), _prefetch_codegen(1)
 
 
+@njit(inline="always", cache=True, nogil=True, fastmath=True, boundscheck=False)
+def pairs_forward(b, slab, ur, base, u, rows, pair_ptr, pair_gene, tptr, tnode, msg_index, t,
+                  r, w, per_slot):  # pragma: no cover - jitted
+    """Sample ``b``'s ``[N, H]`` slab before its activation: the wildtype ``base``, each of its
+    messages pushed along its type's out-edges (``ur`` a buffer no output can alias), and its
+    deleted rows' corrections (shared by ``fwd`` and ``fwd_pool``)."""
+    n_nodes, ho = slab.shape
+    ne = tnode.shape[0]
+    for n in range(n_nodes):
+        for j in range(ho):
+            slab[n, j] = base[n, j]
+    for p in range(pair_ptr[b], pair_ptr[b + 1]):
+        s = pair_gene[p]
+        for ty in range(t):  # each message once, pushed along its type's out-edges
+            q = msg_index[ty * r + p]
+            if q < 0:
+                continue
+            for j in range(ho):
+                ur[j] = u[q, j]
+            for e in range(tptr[s * t + ty], tptr[s * t + ty + 1]):
+                if e + PREFETCH_AHEAD < ne:  # past the group: the next type's receivers
+                    prefetch_row_w(slab, tnode[e + PREFETCH_AHEAD])
+                n = tnode[e]
+                c = w[b, n * t + ty] if per_slot else w[b, n]
+                if c != 0.0:
+                    if ho == WIDE:  # a fixed trip count: unrolled, no runtime checks
+                        for j in range(WIDE):
+                            slab[n, j] += c * ur[j]
+                    else:
+                        for j in range(ho):
+                            slab[n, j] += c * ur[j]
+    for p in range(pair_ptr[b], pair_ptr[b + 1]):
+        s = pair_gene[p]
+        for j in range(ho):
+            slab[s, j] += rows[p, j]
+
+
 @njit(parallel=True, cache=True, nogil=True, fastmath=True, boundscheck=False)
 def fwd(out, base, u, rows, pair_ptr, pair_gene, tptr, tnode, msg_index, t, w, per_slot,
         relu):  # pragma: no cover - jitted
     nb, n_nodes, ho = out.shape
     r = pair_gene.shape[0]
-    ne = tnode.shape[0]
     for b in prange(nb):  # one sample's slab per thread: it stays in cache, no atomics
-        slab = out[b]
-        ur = np.empty_like(u[0])  # the message, in a buffer no output can alias
-        for n in range(n_nodes):
-            for j in range(ho):
-                out[b, n, j] = base[n, j]
-        for p in range(pair_ptr[b], pair_ptr[b + 1]):
-            s = pair_gene[p]
-            for ty in range(t):  # each message once, pushed along its type's out-edges
-                q = msg_index[ty * r + p]
-                if q < 0:
-                    continue
-                for j in range(ho):
-                    ur[j] = u[q, j]
-                for e in range(tptr[s * t + ty], tptr[s * t + ty + 1]):
-                    if e + PREFETCH_AHEAD < ne:  # past the group: the next type's receivers
-                        prefetch_row_w(slab, tnode[e + PREFETCH_AHEAD])
-                    n = tnode[e]
-                    c = w[b, n * t + ty] if per_slot else w[b, n]
-                    if c != 0.0:
-                        if ho == WIDE:  # a fixed trip count: unrolled, no runtime checks
-                            for j in range(WIDE):
-                                slab[n, j] += c * ur[j]
-                        else:
-                            for j in range(ho):
-                                slab[n, j] += c * ur[j]
-        for p in range(pair_ptr[b], pair_ptr[b + 1]):
-            s = pair_gene[p]
-            for j in range(ho):
-                out[b, s, j] += rows[p, j]
+        ur = np.empty_like(u[0])
+        pairs_forward(b, out[b], ur, base, u, rows, pair_ptr, pair_gene, tptr, tnode,
+                      msg_index, t, r, w, per_slot)
         if relu:
             for n in range(n_nodes):
                 for j in range(ho):
@@ -174,38 +184,12 @@ def fwd_pool(pooled, mask, scratch, base, u, rows, pair_ptr, pair_gene, tptr, tn
     n_nodes = base.shape[0]
     chunks = scratch.shape[0]
     r = pair_gene.shape[0]
-    ne = tnode.shape[0]
     for ch in prange(chunks):  # samples ch, ch + chunks, ...: a slab of its own per chunk
         sl = scratch[ch]
         ur = np.empty_like(u[0])
         for b in range(ch, nb, chunks):
-            for n in range(n_nodes):
-                for j in range(ho):
-                    sl[n, j] = base[n, j]
-            for p in range(pair_ptr[b], pair_ptr[b + 1]):
-                s = pair_gene[p]
-                for ty in range(t):
-                    q = msg_index[ty * r + p]
-                    if q < 0:
-                        continue
-                    for j in range(ho):
-                        ur[j] = u[q, j]
-                    for e in range(tptr[s * t + ty], tptr[s * t + ty + 1]):
-                        if e + PREFETCH_AHEAD < ne:
-                            prefetch_row_w(sl, tnode[e + PREFETCH_AHEAD])
-                        n = tnode[e]
-                        c = w[b, n * t + ty] if per_slot else w[b, n]
-                        if c != 0.0:
-                            if ho == WIDE:
-                                for j in range(WIDE):
-                                    sl[n, j] += c * ur[j]
-                            else:
-                                for j in range(ho):
-                                    sl[n, j] += c * ur[j]
-            for p in range(pair_ptr[b], pair_ptr[b + 1]):
-                s = pair_gene[p]
-                for j in range(ho):
-                    sl[s, j] += rows[p, j]
+            pairs_forward(b, sl, ur, base, u, rows, pair_ptr, pair_gene, tptr, tnode,
+                          msg_index, t, r, w, per_slot)
             for k in range(kk):
                 for j in range(ho):
                     pooled[b, k, j] = 0.0
