@@ -19,8 +19,9 @@
 # (and the loss), **+ backward**, and the **full step** (+ the optimizer).
 # Every stage is timed between device syncs; warm-up steps are never recorded; each
 # (strategy, mode) arm repeats until its step time's IQR/median is within the precision target.
-# Then: the investigation's data-vs-model ratios, epochs per day on one rank, host syncs per step, and
-# profiles of warm steps broken down by exclusive time.
+# Then: epochs per day on one rank, host syncs per step, and profiles of warm steps broken down
+# by exclusive time; when built-in strategies ran, the ratios the investigation reported are set
+# beside this run's.
 
 # %% tags=["parameters"]
 # The params keys this notebook reads (every key: python -m workbook_lib params); papermill sets them with -p KEY VALUE or -f FILE.yaml, and also takes any other key

@@ -523,7 +523,7 @@ def _detached_hog(cpu: int) -> int:
     so init adopts it): another job. Returns its pid; the caller kills it."""
     code = (f"import os; os.sched_setaffinity(0, {{{cpu}}}); print('ready', flush=True)\n"
             "while True: pass")
-    sh = subprocess.Popen(["sh", "-c", f'"$0" -c "$1" & echo $!', sys.executable, code],
+    sh = subprocess.Popen(["sh", "-c", '"$0" -c "$1" & echo $!', sys.executable, code],
                           stdout=subprocess.PIPE, text=True)
     pid = int(sh.stdout.readline())
     assert sh.stdout.readline().strip() == "ready"

@@ -118,7 +118,7 @@ def test_pooled_weights_less_the_deleted_genes_in_edges_equal_the_product(graph)
     prod = sg.batch(pert)
     prod._corrections_allowed = lambda: False  # as a batch without host corrections
     assert torch.allclose(got, prod.pooled_weights(), rtol=1e-6, atol=0)
-    n, t = sg.num_nodes, sg.num_types
+    n = sg.num_nodes
     for b in (0, 1, 5):
         keep = torch.ones(n)
         keep[pert[b][pert[b] >= 0]] = 0

@@ -7,7 +7,6 @@ memory probes, 03's loop, 04's DDP launches) with its stage, while the other pip
 stand. Library functions are driven directly; one test runs notebook 03 end to end.
 """
 import json
-import os
 import signal
 import threading
 import time

@@ -126,7 +126,6 @@ def test_environment_keeps_the_device_of_the_jobs_that_used_one(tmp_path, monkey
 
 
 def test_cpu_only_notebooks_do_not_need_the_gpu_named_in_params():
-    import types
 
     from workbook_lib.running import environment
 

@@ -1,8 +1,6 @@
 """Shared use: a group's run folder, two clones, the notebooks' sources under jupytext."""
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

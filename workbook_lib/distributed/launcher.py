@@ -269,7 +269,7 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
                 tails = "\n".join(f"--- rank {r} last output ---\n{_tail(out / f'rank{r}.log')}"
                                   for r in (blame or sorted(beats)))
                 silent = (f"made no progress for {allowed:.0f} s" if not stale else
-                          f"has a rank that stopped responding")
+                          "has a rank that stopped responding")
                 raise LaunchError(
                     f"DDP launch (world size {world}) {silent}: "
                     f"{why}. Stopped.\n{tails}", kind="hung",

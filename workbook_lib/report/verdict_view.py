@@ -327,7 +327,7 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
         return Markdown("No exact pipeline with a finite loss ran in notebook 03: no "
                         "recommendation.")
     lines = [f"### Use {r.title}",
-             f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms')}** per sample "
+             f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}** "
              f"(notebook 03, {v.device}); {r.tie_rule.rstrip('.')}."]
     if r.speedup is not None:
         lines.append(f"- Against {pipelines.title(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** "

@@ -268,7 +268,7 @@ def single_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: st
         lines.append(f"#SBATCH --mem={mem}")
     lines += ["set -eu", f"cd {q(str(repo))}", f'RUN="${{WORKBOOK_OUT:-{run_dir}}}"',
               'NB="04"', *_ddp_lines(),
-              f'echo "run folder: $RUN"', *_selftest_lines(python),
+              'echo "run folder: $RUN"', *_selftest_lines(python),
               f'{q(python)} -m workbook_lib run --params {q(str(params_file))}{_sets(sets)} '
               '--out "$RUN" --resume --quiet $EXTRA']
     return "\n".join(lines) + "\n"

@@ -137,8 +137,9 @@ def _rule(dtype: torch.dtype, tolerance: float, tolerance_basis: str,
 
     if dtype == torch.float64:
         tol = FLOAT64_TOLERANCE if tolerance64 is None else tolerance64
-        basis = ("float64: seven orders of magnitude above its rounding, six below a 0.2% "
-                 "difference" if tolerance64 is None else "given") + f" ({tol:.0e})"
+        basis = (f"float64, {tol:.0e}: about 10^7 times float64's rounding (2.2e-16) and 10^6 "
+                 "times smaller than the 0.2% difference it must catch" if tolerance64 is None
+                 else f"given ({tol:.0e})")
         return (tol, basis, f"every module's output rounded at relative size {tol:.0e}",
                 lambda model: rounding_probe(model, tol, seed=seed))
     rel = ROUNDING_MODEL_EPS * torch.finfo(torch.float32).eps
