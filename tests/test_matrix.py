@@ -293,8 +293,6 @@ UNREACHABLE = {
                                                    "in-process, so not a matrix case)",
     ("bench_view.py", "floor_table", "No floor"): "the shared form at one layer (no delta "
                                                   "path)",
-    ("mask_cost_view.py", "filter_vs_mask_measured", 'return ""'): "a cost model without its "
-                                                                   "crossover points",
 }
 
 

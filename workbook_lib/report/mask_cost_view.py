@@ -296,22 +296,6 @@ def memory_plot(m: MemoryStudy) -> None:
                        "for each strategy and size; lines: the linear fits.")
 
 
-def filter_vs_mask_measured(c: CostModelStudy) -> str:
-    """The direct timings of filtering over masking at the largest E, at the run's H (or the
-    nearest swept), at the smallest and largest swept p."""
-    if not c.crossover:
-        return ""
-    e = max(x.E for x in c.crossover)
-    pick = min((x for x in c.crossover if x.E == e), key=lambda x: abs(x.H - c.run_hidden))
-    ps = sorted(pick.measured)
-    if not ps:
-        return ""
-    shown = [ps[0]] if len(ps) == 1 else [ps[0], ps[-1]]
-    return ("filter/mask measured " + ", ".join(f"{pick.measured[p]:.2f} at p = {p:g}"
-                                                for p in shown)
-            + f" (E = {e:,}, H = {pick.H}; below 1: filtering wins)")
-
-
 def headline(r: MaskCostResult) -> str:
     """One short sentence for the index (at most :data:`HEADLINE_MAX` characters): the
     benchmark's answer (which form is fastest per sample) when the built-in strategies ran,
