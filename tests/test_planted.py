@@ -109,6 +109,8 @@ def test_the_first_cause_is_the_planted_stage(slow, graph):
     first, second = timed[0], timed[1]
     assert first.stage == CASES[slow][0], [(c.stage, round(c.share, 2)) for c in timed]
     assert first.advice  # what to change comes with it
+    if first.stage == "forward":  # a slow forward, with or without a few syncs: one shared graph
+        assert "one pass over one shared graph" in first.advice, first.advice
     # ahead of the second by a margin the measurement resolves (paired by step)
     assert _margin_resolved(loops, first, second, slow, "fast", gap), (first, second)
     assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
