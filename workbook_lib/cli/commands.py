@@ -66,14 +66,14 @@ def _signals_interrupt():
 
 
 def _cmd_run(args) -> int:
-    from ..report.html import write_index
-    from ..report.terminal import run_lines
     from ..running.notebooks import resolve_only
-    from ..running.run_folder import run_notebooks
 
-    p = _load(args.params, args.set)  # every check before any work
+    p = _load(args.params, args.set)  # every check before any work (and before PyTorch loads)
     names = resolve_only(args.only)
     params_mod.check_gap(p, names)
+    from ..report.html import write_index
+    from ..report.terminal import run_lines
+    from ..running.run_folder import run_notebooks
     if p["pipelines"]:
         from ..pipelines import preflight
 
@@ -108,13 +108,13 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    p = _load(args.params, args.set)  # every check before any work (and before PyTorch loads)
     from ..studies.mask_cost.bench import run_bench
     from ..studies.mask_cost.bench_text import summary_lines
     from ..common.device import configure_cpu_allocator
     from ..common.files import atomic_write_text
     from ..running.environment import configure_threads
 
-    p = _load(args.params, args.set)
     configure_cpu_allocator(p["cpu_allocator_cache"])
     print(f"threads: {configure_threads(p)['why']}")
     res = run_bench(p, full_size=True if args.full_size else None)
@@ -134,11 +134,11 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_stability(args) -> int:
+    p = _load(args.params, args.set)  # every check before any work (and before PyTorch loads)
     from ..tools.stability import run_stability
     from ..report.html import write_index
     from ..report.stability_view import summary_lines, write_page
 
-    p = _load(args.params, args.set)
     res = run_stability(p, args.out, runs=args.runs, tolerance=args.tolerance, only=args.only,
                         progress=not args.quiet, write_index=write_index)
     _print(summary_lines(res))  # one line per figure: label, each run's value, difference, status
@@ -147,10 +147,8 @@ def _cmd_stability(args) -> int:
 
 
 def _cmd_equal(args) -> int:
-    from ..studies.adoption.equality import check_equal
     from ..studies.adoption.parameters import parse_renames
     from ..pipelines import is_builtin, parse_specs, spec_problem
-    from ..report.equality_view import table_lines
 
     try:
         renames = parse_renames(args.map)
@@ -174,7 +172,9 @@ def _cmd_equal(args) -> int:
         sets.append(f"pipelines={json.dumps(entries)}")
     p = _load(args.params, sets)  # every check before any work
     from ..data.snapshots import load_snapshot
+    from ..report.equality_view import table_lines
     from ..running.environment import resolve_device
+    from ..studies.adoption.equality import check_equal
 
     graph, device = load_snapshot(p), resolve_device(p["device"])
     try:
