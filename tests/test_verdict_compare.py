@@ -245,6 +245,7 @@ def test_the_answer_does_not_rest_on_disturbed_figures():
     assert "disturbed, not relied on" in loud.lead  # the gap itself is marked where quoted
     line = next(c for c in loud.caveats if c.startswith("Disturbed, not relied on"))
     assert "the epoch-time gap" in line and "the per-step ratio" in line
+    assert "no contention seen" in line and "quieter machine" not in line  # nothing else ran
     assert loud.answer.index(loud.lead) == 0  # the answer opens with its one sentence
 
 

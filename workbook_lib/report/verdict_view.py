@@ -98,8 +98,10 @@ def caveats(v: VerdictResult) -> list[str]:
     if noisy:
         out.append("Disturbed, not relied on: " + ", ".join(
             f"{V.DISTURBED_LABELS.get(k, k)} (IQR/median {v.disturbed[k]:.0%})" for k in noisy)
-            + f", against the {v.target:.0%} target: rerun on a quieter machine or with a larger "
-            "time budget.")
+            + f", against the {v.target:.0%} target, with no contention seen: the steps themselves "
+            "varied that much (batches of unequal cost, or a stage whose time varies); more "
+            "steps (loop_steps, loop_budget_s) firm up the median, they do not narrow the "
+            "spread.")
     for name, what in v.nonfinite.items():
         out.append(f"'{name}': {what}: its timings are of a diverged step"
                    + (" (it is not recommended)." if v.recommendation is None or

@@ -86,7 +86,8 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
         rule = ("the fastest full step per sample" if len(tied) == 1 else
                 f"{len(tied)} strategies {why}; memory per sample was not measured for all of "
                 "them, so the fastest median wins"
-                + (" (disturbed: rerun on a quieter machine to firm the choice up)"
+                + (" (disturbed: their steps vary beyond the precision target; more steps firm the "
+                   "choice up)"
                    if noisy else ""))
     contended = sorted(n for n in exact if ms[n].contended)
     if contended:
