@@ -22,6 +22,8 @@ def test_headline_says_same_training_only_within_the_tolerance():
     assert not above.startswith("same training") and "above the 1.0e-05 tolerance" in above
     assert "not shown to be the same training" in above
     assert "4.2e-05" in above
+    same = view.headline(_result(0.0))  # bit for bit: no "within 0.0e+00"
+    assert same.startswith("same training: identical loss curves over 40 steps"), same
 
 
 def _curve(pred_rel_error: float, steps: int = 200, seed: int = 0):

@@ -504,3 +504,15 @@ def test_two_causes_closer_than_the_gap_resolves_are_named_together_not_ranked()
     assert not V.told_apart(near, g)
     assert V.told_apart([cause("forward", 0.58), cause("backward", 0.41)], gap(7.11, 0.19))
     assert V.told_apart(near[:1], g)  # one cause: nothing to rank
+
+
+def test_the_recommendation_quotes_small_memory_in_its_own_unit():
+    """A user pipeline's few kB per sample read '52.1 kB', not '0 MB'."""
+    from workbook_lib.report import verdict_view as view
+
+    rec = V.Recommendation("node_mask_shared", "", "shared", st(1.6), "replicated_mask_cpu",
+                           st(11.0), "node_mask_shared", ["node_mask_shared"], "",
+                           memory_per_sample={"node_mask_shared": 52100.0,
+                                              "replicated_mask_cpu": 3.2e9})
+    text = view.recommendation_text(_verdict(_timing(), _ddp(), rec)).data
+    assert "52.1 kB" in text and "3.2 GB" in text and "0 MB" not in text

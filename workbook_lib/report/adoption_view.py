@@ -183,6 +183,8 @@ def _headline(r: AdoptionResult) -> str:
               if r.max_rel_diff <= tol else
               f"loss curves imply predictions apart by {r.max_rel_diff:.1e}, above the "
               f"{tol:.1e} tolerance ({r.tolerance_basis}): not shown to be the same training")
+    if r.max_rel_diff == 0:
+        curves = "same training: identical loss curves"
     if r.mode != "builtin":
         curves = curves.replace("put the predictions within", "within").replace(
             "imply predictions apart by", "apart by")

@@ -12,7 +12,7 @@ from ..measurement.cpu import causes_text
 from .. import pipelines
 from ..results.verdict import VerdictResult
 from . import plotting
-from .tables import one_line, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
+from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 
 STATUS_COLOURS = {C.HELD: "#dff0d8", C.FAILED: "#f2dede", C.NOISE: "#fcf8e3",
                   C.NOT_MEASURED: "#eeeeee"}
@@ -295,7 +295,7 @@ def causes_plot(v: VerdictResult) -> None:
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel(f"seconds per epoch, one process ({unit})" if unit != "s" else
                   "seconds per epoch, one process")
-    plotting.title(ax, f"From {pipelines.title(g.fast)}'s epoch to {pipelines.title(g.slow)}'s, "
+    plotting.title(ax, f"From {label(g.fast)}'s epoch to {label(g.slow)}'s, "
                    "stage by stage", device=v.device,
                    repeats="stage medians x steps per epoch; labels: share of the gap")
     plotting.show(fig, "Bridge chart: the first bar is the fast pipeline's epoch time, each "
@@ -357,7 +357,7 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
                          f"{where}{form}: " + "; ".join(parts) + ".")
     if r.memory_per_sample:
         lines.append("- Measured peak memory per sample (notebook 02): " + "; ".join(
-            f"{label(n)} {b_ / 1e6:,.0f} MB" for n, b_ in r.memory_per_sample.items()) + ".")
+            f"{label(n)} {fmt_bytes(b_)}" for n, b_ in r.memory_per_sample.items()) + ".")
     elif "02_mask_cost_model" in v.missing:
         lines.append(f"- Memory per sample: not measured (notebook 02 "
                      f"{v.missing['02_mask_cost_model']}).")
