@@ -178,13 +178,14 @@ def _headline(r: AdoptionResult) -> str:
         return f"not applicable: {r.reason}"
     first, last = loss_fall(r.losses[r.keys[0]])
     tol = getattr(r, "tolerance", 1e-5)
-    curves = (f"same training: the loss curves put the predictions within {r.max_rel_diff:.1e} "
-              f"of each other (tolerance {tol:.1e})"
-              if r.max_rel_diff <= tol else
-              f"loss curves imply predictions apart by {r.max_rel_diff:.1e}, above the "
-              f"{tol:.1e} tolerance ({r.tolerance_basis}): not shown to be the same training")
     if r.max_rel_diff == 0:
         curves = "same training: identical loss curves"
+    elif r.max_rel_diff <= tol:
+        curves = (f"same training: the loss curves put the predictions within "
+                  f"{r.max_rel_diff:.1e} of each other (tolerance {tol:.1e})")
+    else:
+        curves = (f"loss curves imply predictions apart by {r.max_rel_diff:.1e}, above the "
+                  f"{tol:.1e} tolerance ({r.tolerance_basis}): not shown to be the same training")
     if r.mode != "builtin":
         curves = curves.replace("put the predictions within", "within").replace(
             "imply predictions apart by", "apart by")
