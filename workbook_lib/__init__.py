@@ -14,6 +14,8 @@ most 3 that climb, each with its reason, and refuses any import cycle.
                         allocator setting
     ``progress``        progress bars and stage notes, on the terminal only
     ``processes``       stopping processes we started
+    ``prefork``         a function in a fresh process forked from a server that has
+                        imported PyTorch once (the memory probes)
     ``argtypes``        the command line's paths and numbers, one error each (argparse types)
     ``watchdog``        a stage that stops making progress: stopped (SIGALRM) and named
 1  ``configs/``     the one schema of every params file, ``--set``, papermill ``-p`` and

@@ -13,10 +13,12 @@
   ``mem_get_info`` says is free plus what this process's allocator holds (the CUDA context and
   other processes' memory are not available to a step).
 
-:func:`measure_in_fresh_process` measures one point in a fresh process
-(``python -m workbook_lib.measurement.memory SETUP CONFIG``): the caller's set-up (a
+:func:`measure_in_fresh_process` measures one point in a fresh process: the caller's set-up (a
 ``module:function`` that builds the step; for a pipeline's training step
 :func:`workbook_lib.training.step_memory.setup_step`), one warm-up step, then the measured step.
+The process is forked from a server that has imported PyTorch and the set-up's module and run
+nothing else (:mod:`workbook_lib.common.prefork`), so a point does not import PyTorch again;
+``python -m workbook_lib.measurement.memory SETUP CONFIG`` runs the same child by hand.
 This module knows nothing of params or pipelines: what a step is belongs to the caller. A
 high-water mark is a lifetime value that a child inherits across ``exec``, and the set-up may
 peak higher than a step, so the reset is what makes the figure the step's. In the probe glibc
@@ -48,6 +50,7 @@ from typing import Callable
 
 import torch
 
+from ..common.prefork import run_forked
 from ..records import Record
 
 CPU_RESOLUTION_BYTES = 1 << 20  # RSS moves by about this much without any tensor work
@@ -262,7 +265,7 @@ def _child(setup: str, cfg: dict) -> dict:
 
 def measure_in_fresh_process(setup: str, cfg: dict, point: dict, *, device: str = "cpu",
                              timeout_s: float = 900.0) -> MemoryPoint:
-    """Peak memory of one step in a fresh process (``python -m workbook_lib.measurement.memory``).
+    """Peak memory of one step in a fresh process (see module docs).
 
     Args:
         setup: ``module:function`` that the child calls with ``cfg`` and that returns a
@@ -276,14 +279,16 @@ def measure_in_fresh_process(setup: str, cfg: dict, point: dict, *, device: str 
     if ":" not in setup:
         raise ValueError(f"'setup' must be 'module:function' (got {setup!r})")
     base = dict(point, device=device)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                           str(torch.get_num_threads()))}
+    try:
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        threads = torch.get_num_threads()
     t0 = time.perf_counter()
     try:
         with gpu_lock(device):
-            proc = subprocess.run([sys.executable, "-m", "workbook_lib.measurement.memory",
-                                   setup, json.dumps(cfg)], capture_output=True, text=True,
-                                  timeout=timeout_s, env=env)
+            proc = run_forked(f"{__name__}:_child_or_failure", [setup, cfg], threads=threads,
+                              preload=["torch", __name__, setup.partition(":")[0]],
+                              timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
         return MemoryPoint(**base, status=STATUS_TIMEOUT, seconds=time.perf_counter() - t0,
                            reason=f"the probe ran longer than {timeout_s:.0f} s")

@@ -2,9 +2,13 @@
 process each, fitted per pipeline, projected to the memory of the device measured on. The
 pipelines are three built-in forms and every user pipeline of the params.
 
-Probes run two at a time: a memory figure is not a timing (each probe measures only its own
-process), and the set-up of a probe (a fresh interpreter, the graph, the strategy) dominates
-its run time.
+A memory figure is not a timing (each probe measures only its own process), so probes run side
+by side where the CPUs hold them: as many at once as the allowed CPUs fit the compute threads
+each uses (on a 2-core machine with 2 threads, one at a time: two probes of 2 threads each ran
+the nine ci points in 32 s, one at a time in 8 s, as OpenMP threads that outnumber the cores
+wait for each other); one at a time on a GPU, where probes of one device take turns. Every
+probe of the study is forked from one server that imported PyTorch once
+(:func:`workbook_lib.common.prefork.session`), which ends with the study.
 """
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ...common import prefork
 from ...failures import RAISED, STALLED, PipelineFailure, one_line
+from ...measurement.cpu_allowance import allowed_cpus
 from ...measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryPoint, device_budget,
                                    fit_memory)
 from ...common.progress import note, progress
@@ -31,9 +37,20 @@ def _label(strategy: str, form: str, sizes: dict) -> str:
 
 
 def memory_study(params: dict, device: torch.device, *, dual: bool | None = None,
-                 parallel: int = 2) -> MemoryStudy:
-    """Every point of the sweep (and the real spec with ``memory_full_size``), then the fits."""
+                 parallel: int | None = None) -> MemoryStudy:
+    """Every point of the sweep (and the real spec with ``memory_full_size``), then the fits.
+
+    Args:
+        params: validated params.
+        device: where the probes run.
+        dual: the Lazy model's dual forward (default: ``dual_forward``).
+        parallel: probes at once (default: see module docs).
+    """
     from ...running.environment import device_label
+
+    if parallel is None:
+        parallel = 1 if device.type == "cuda" else \
+            max(1, allowed_cpus().cpus // torch.get_num_threads())
 
     budget, label = device_budget(device)
     if params["memory_budget_gb"] is not None:
@@ -55,7 +72,7 @@ def memory_study(params: dict, device: torch.device, *, dual: bool | None = None
         s, f, b, sz = job
         return measure_point(params, strategy=s, form=f, batch_size=b, device=str(device),
                              dual=dual, **sz)
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    with prefork.session(), ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         points = list(progress(pool.map(one, jobs), total=len(jobs), desc="02 memory"))
     out = MemoryStudy(device=device_label(device), budget_bytes=budget, budget_label=label,
                       points=points)
