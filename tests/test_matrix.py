@@ -4,9 +4,9 @@ The sets are drawn from a family of small pipelines written as a user writes one
 README (``tests/matrix/family.py``): exact and inexact; one, two and three pipelines; with and
 without built-in strategies; the slow one listed first and second; no measurable gap; one that
 raises at its 4th forward; a NaN loss; a stalled dataset item; DataLoader workers; a forward
-that reaches into a submodule; a LightningModule. Every case runs notebooks 01 to 06 in this
-process (``tests/matrix/harness.py``; notebooks 02 and 04, which start processes of their own,
-on a few cases) and every case must hold the same rules:
+that reaches into a submodule; a LightningModule. Every case runs notebooks 01 to 06 in one
+process of its own, two cases at a time (``tests/matrix/harness.py``; notebooks 02 and 04,
+which start processes of their own, on a few cases) and every case must hold the same rules:
 
 * each notebook completes, or refuses in one line (a workbook error, no newline);
 * 05 always writes an answer about the pair, or one line saying why not;
@@ -32,13 +32,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "matrix"))
 
+import harness  # noqa: E402
 from harness import execute  # noqa: E402
 
 from workbook_lib.catalog import NOTEBOOK_NAMES  # noqa: E402
 from workbook_lib.configs import params as params_mod  # noqa: E402
 from workbook_lib.exceptions import WorkbookError  # noqa: E402
 
-# every case runs once in the module fixture (about 7 minutes on the 2-core reference machine)
+# every case runs once in the module fixture (about 2 minutes on the 2-core reference machine)
 pytestmark = pytest.mark.timeout(1800)
 
 FAMILY = "tests/matrix/family.py"
@@ -159,17 +160,69 @@ class Tracer:
                 self.cov.stop()
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """Every case run once, the report package's lines executed by its views recorded
-    (coverage, on only while a view renders)."""
+def case_in_child(name: str, out: str) -> int:
+    """One case in a process of its own, its view lines traced (coverage, on only while a view
+    renders); what it got and the lines go to ``OUT/case.pkl``."""
+    import pickle
+
     import coverage
 
     cov = coverage.Coverage(data_file=None, include=[str(p) for p in VIEWS])
-    traced = Tracer(cov)
-    got = {c.name: run_case(c, tmp_path_factory.mktemp(c.name), traced) for c in CASES}
+    case = next(c for c in CASES if c.name == name)
+    got = run_case(case, Path(out), Tracer(cov))
     data = cov.get_data()
-    return got, {str(p): set(data.lines(str(p)) or ()) for p in VIEWS}
+    lines = {str(p): set(data.lines(str(p)) or ()) for p in VIEWS}
+    with open(Path(out) / "case.pkl", "wb") as fh:
+        pickle.dump((got, lines), fh)
+    return 0
+
+
+# the cases that start processes of their own (02's probes, 04's ranks) first, so that the
+# two at a time end together
+FIRST = ("slow_fast", "fails_in_04_only")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Every case run once, two at a time, each in a process forked from one that imported
+    PyTorch and the notebooks' modules once (``workbook_lib.common.prefork``), with one compute
+    thread: the tiny cases are single-threaded Python, so the two never wait for each other's
+    threads. Returns what each case got and the report package's lines its views executed."""
+    import os
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workbook_lib.common import prefork
+
+    order = sorted(CASES, key=lambda c: c.name not in FIRST)
+    jobs = [(c.name, tmp_path_factory.mktemp(c.name)) for c in order]
+    preload = ["torch", "torch_geometric", "matplotlib.pyplot", "test_matrix",
+               *[f"workbook_lib.report.{m}" for m in harness.VIEW_MODULES],
+               *[f"workbook_lib.studies.{m}" for m in ("inventory", "timing", "verdict",
+                                                          "adoption")]]
+
+    def one(job):
+        name, out = job
+        r = prefork.run_forked("test_matrix:case_in_child", [name, str(out)], preload=preload,
+                               threads=1, timeout_s=900)
+        assert r.returncode == 0, (name, r.stderr[-3000:])
+        with open(out / "case.pkl", "rb") as fh:
+            return name, pickle.load(fh)
+
+    here = [str(ROOT / "tests"), str(ROOT / "tests" / "matrix")]
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(here + ([before] if before else []))
+    try:
+        with prefork.session(), ThreadPoolExecutor(max_workers=2) as pool:
+            done = dict(pool.map(one, jobs))
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
+    got = {name: done[name][0] for name, _ in jobs}
+    lines = {str(p): set().union(*(done[n][1][str(p)] for n in done)) for p in VIEWS}
+    return got, lines
 
 
 @pytest.mark.slow
