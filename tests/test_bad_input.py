@@ -214,3 +214,23 @@ def test_empty_edge_snapshot_refused_alike_by_notebook(tmp_path):
         setup(ns)
     ns["exactness_genes"] = 10  # fits the 50 genes: accepted
     assert setup(ns).graph.num_genes == 50
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "--params", "ci", "--set", "scale=-1"], "'scale' must be positive"),
+    (["equal", "nosuch.py:make", "other.py:make"], "nosuch.py does not exist"),
+    (["equal", "node_mask_shared", "dango_wildtype", "--map", "x"], "--map expects"),
+])
+def test_the_command_line_refuses_before_pytorch_loads(argv, words):
+    """A mistyped command line gets its one line without waiting for PyTorch (2 to 3 s): the
+    arguments and params are checked first, in a fresh interpreter that then says whether
+    PyTorch was imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from workbook_lib.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr[-1500:])
+    assert words in r.stderr and r.stderr.count("\n") == 1, r.stderr

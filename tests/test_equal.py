@@ -17,8 +17,8 @@ from workbook_lib import cli
 from workbook_lib.report.html import write_index
 from workbook_lib.running.run_folder import run_notebooks
 from workbook_lib.studies.adoption.equality import StochasticPipelineError, check_pipelines
-from workbook_lib.studies.adoption.parameters import (ParameterMismatchError, parameter_mapping,
-                                                      parse_renames)
+from workbook_lib.configs.specs import parse_renames
+from workbook_lib.studies.adoption.parameters import ParameterMismatchError, parameter_mapping
 from workbook_lib.studies.adoption.seeded_runs import compare_tensors
 from workbook_lib.measurement.precision import dtype_guard, rounding_model
 from workbook_lib.pipelines import Pipeline

@@ -147,8 +147,11 @@ def _cmd_stability(args) -> int:
 
 
 def _cmd_equal(args) -> int:
-    from ..studies.adoption.parameters import parse_renames
-    from ..pipelines import is_builtin, parse_specs, spec_problem
+    from ..catalog import STRATEGY_NAMES
+    from ..configs.specs import parse_renames, parse_specs, spec_problem
+
+    def is_builtin(entry: str) -> bool:
+        return entry in STRATEGY_NAMES
 
     try:
         renames = parse_renames(args.map)

@@ -2,7 +2,8 @@
 ``package.module:factory`` or ``path/to/file.py:factory``.
 
 Parsed and checked here, with the schema (a bad entry is refused before any work); importing and
-building them is ``pipelines.loading``'s.
+building them is ``pipelines.loading``'s. ``equal``'s ``--map OLD=NEW`` renames are parsed here
+too: the command line checks its arguments before PyTorch loads.
 """
 from __future__ import annotations
 
@@ -101,4 +102,24 @@ def parse_specs(entries: list[str]) -> list[PipelineSpec]:
                 and factory not in defaults
             name = factory if unique else f"{name}.{factory}"
         out.append(PipelineSpec(name, target))
+    return out
+
+
+def parse_renames(entries: list[str] | None) -> dict[str, str]:
+    """``["OLD=NEW", ...]`` as a dict; OLD is a slow-model parameter name or module prefix.
+
+    Args:
+        entries: the ``--map`` values.
+
+    Raises:
+        ValueError: an entry without ``=``, an empty side, or OLD given twice.
+    """
+    out: dict[str, str] = {}
+    for e in entries or []:
+        old, sep, new = (s.strip() for s in e.partition("="))
+        if not sep or not old or not new:
+            raise ValueError(f"--map expects SLOW_NAME=FAST_NAME (got {e!r})")
+        if old in out:
+            raise ValueError(f"--map names {old!r} twice")
+        out[old] = new
     return out

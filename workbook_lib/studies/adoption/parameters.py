@@ -22,26 +22,6 @@ class ParameterMismatchError(WorkbookError, ValueError):
 
 
 # ------------------------------------------------------------------ parameter names
-def parse_renames(entries: list[str] | None) -> dict[str, str]:
-    """``["OLD=NEW", ...]`` as a dict; OLD is a slow-model parameter name or module prefix.
-
-    Args:
-        entries: the ``--map`` values.
-
-    Raises:
-        ValueError: an entry without ``=``, an empty side, or OLD given twice.
-    """
-    out: dict[str, str] = {}
-    for e in entries or []:
-        old, sep, new = (s.strip() for s in e.partition("="))
-        if not sep or not old or not new:
-            raise ValueError(f"--map expects SLOW_NAME=FAST_NAME (got {e!r})")
-        if old in out:
-            raise ValueError(f"--map names {old!r} twice")
-        out[old] = new
-    return out
-
-
 def _renamed(name: str, renames: dict[str, str]) -> str:
     """``name`` under the longest matching rename (a whole name or a module prefix)."""
     best = ""
