@@ -70,3 +70,8 @@ def inputs_of(name: str) -> tuple[str, ...]:
 def requires_of(name: str) -> tuple[str, ...]:
     nb = BY_NAME.get(name)
     return () if nb is None else nb.requires
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is one of the built-in strategies (not a user pipeline)."""
+    return name in STRATEGY_NAMES

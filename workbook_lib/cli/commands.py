@@ -147,11 +147,8 @@ def _cmd_stability(args) -> int:
 
 
 def _cmd_equal(args) -> int:
-    from ..catalog import STRATEGY_NAMES
+    from ..catalog import is_builtin
     from ..configs.specs import parse_renames, parse_specs, spec_problem
-
-    def is_builtin(entry: str) -> bool:
-        return entry in STRATEGY_NAMES
 
     try:
         renames = parse_renames(args.map)

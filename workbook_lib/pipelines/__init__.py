@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..catalog import is_builtin
 from ..exceptions import PipelineError
 from ..configs.params import PipelineSpec, parse_specs, spec_problem
 from .loading import build_user_pipeline, check_pipeline
@@ -24,12 +25,6 @@ from .protocol import Pipeline, move_to
 __all__ = ["Pipeline", "PipelineError", "PipelineSpec", "build_pipeline", "check_pipeline",
            "compared_names", "is_builtin", "label", "move_to", "parse_specs", "spec_problem",
            "title", "user_specs"]
-
-
-def is_builtin(name: str) -> bool:
-    from ..catalog import STRATEGY_NAMES
-
-    return name in STRATEGY_NAMES
 
 
 def user_specs(params: dict) -> dict[str, PipelineSpec]:
