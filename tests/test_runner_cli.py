@@ -210,6 +210,31 @@ def test_signals_stop_kernel_and_children(nb_dir, tmp_path, sig):
     assert (tmp_path / "o" / "01_fast.json").is_file()  # what finished is kept
 
 
+def test_a_finished_kernel_is_shut_down_without_an_interrupt(nb_dir, tmp_path, tiny):
+    """jupyter_client sends SIGINT to a kernel's process group before asking it to shut down;
+    on a loaded machine it lands in the kernel's reply handler, which prints on the terminal. A
+    child in the kernel's process group writes down the signals it gets; the kernel's own
+    shutdown ends it with SIGTERM."""
+    got = tmp_path / "signals"
+    child = ("import signal, sys, time\n"
+             f"def note(s, f): open({str(got)!r}, 'a').write(signal.Signals(s).name + ' ')\n"
+             "signal.signal(signal.SIGINT, note)\n"
+             "signal.signal(signal.SIGTERM, lambda s, f: (note(s, f), sys.exit(0)))\n"
+             f"open({str(got)!r}, 'a').write('up ')\n"
+             "time.sleep(120)")
+    _nb(nb_dir / "01_fast.ipynb",
+        "import os, subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+        f"while not os.path.exists({str(got)!r}): time.sleep(0.05)",
+        _write("01_fast"))
+    outcomes = run_notebooks(tiny, tmp_path / "o", progress=False, log_output=False)
+    assert [o.status for o in outcomes] == ["ok"]
+    deadline = time.time() + 10
+    while "SIGTERM" not in got.read_text() and time.time() < deadline:
+        time.sleep(0.1)
+    assert got.read_text() == "up SIGTERM "  # no SIGINT before the kernel's own SIGTERM
+
+
 def test_real_cpu_oom_is_recorded_and_the_sweep_goes_on(monkeypatch):
     import torch
 

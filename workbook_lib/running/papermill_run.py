@@ -102,6 +102,43 @@ def _environ(values: dict[str, str]):
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
+def kernel_manager_class():
+    """papermill's kernel manager (jupyter_client's ``AsyncKernelManager``), except that shutting
+    down a kernel never interrupts it first.
+
+    jupyter_client sends SIGINT to the kernel's process group before asking it to shut down. The
+    notebook has finished by then, but on a loaded machine the kernel can still be in its reply
+    handler: the interrupt lands there and the kernel prints "KeyboardInterrupt caught in kernel"
+    or a tornado "Uncaught exception in ZMQStream callback" traceback on the run's terminal (4 of
+    80 shutdowns beside two busy loops here). The shutdown request, the wait and the kill that
+    follow are jupyter_client's own; an interrupt asked for otherwise (nbclient on a cell's
+    time-out) is unchanged. Built on first use: jupyter_client loads with papermill.
+    """
+    global _KernelManager
+    if _KernelManager is None:
+        from jupyter_client.manager import AsyncKernelManager
+
+        class NoInterruptAtShutdown(AsyncKernelManager):
+            _in_shutdown = False
+
+            async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+                self._in_shutdown = True
+                try:
+                    await super().shutdown_kernel(now=now, restart=restart)
+                finally:
+                    self._in_shutdown = False
+
+            async def _async_interrupt_kernel(self) -> None:
+                if not self._in_shutdown:
+                    await super()._async_interrupt_kernel()
+
+        _KernelManager = NoInterruptAtShutdown
+    return _KernelManager
+
+
+_KernelManager = None
+
+
 class _EveryKeyInjected(logging.Filter):
     """The runner injects every params key into every notebook (each notebook's parameters cell
     lists only the keys it reads, and validates all): papermill's "unknown parameter" notes for
@@ -135,7 +172,8 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
                                 parameters={**to_json(params), "run_dir": str(out_dir)},
                                 cwd=str(notebook_dir()), kernel_name="python3",
                                 progress_bar=progress, log_output=log_output,
-                                extra_arguments=KERNEL_ARGUMENTS)
+                                extra_arguments=KERNEL_ARGUMENTS,
+                                kernel_manager_class=kernel_manager_class())
     except KeyboardInterrupt:
         outcome.status, outcome.error = "interrupted", "interrupted (signal)"
         outcome.seconds = time.perf_counter() - t0
