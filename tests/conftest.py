@@ -1,3 +1,5 @@
+import contextlib
+import fcntl
 import logging
 import os
 from pathlib import Path
@@ -10,6 +12,84 @@ from workbook_lib.configs import params as params_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WORKBOOK_PROGRESS", "0")
+
+# ------------------------------------------------------------------ side-by-side workers
+# ``make test`` runs the suite in pytest-xdist workers, one file per worker at a time
+# (``--dist loadfile``: a file's fixtures run once), longest files first. Each worker and the
+# processes it starts (kernels, CLI runs, torchrun ranks) get an equal share of the allowed CPUs
+# as compute threads: two PyTorch processes with two OpenMP threads each on two CPUs spin
+# against each other and run many times slower (docs/development.md). ``pytest`` alone runs
+# the suite in this one process with every thread.
+MAX_WORKERS = 4  # beyond this the longest file bounds the suite's time, and memory grows
+
+
+def _allowed_cpus() -> int:
+    from workbook_lib.measurement.cpu_allowance import allowed_cpus
+    return allowed_cpus().cpus
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: `-n auto`
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(MAX_WORKERS, _allowed_cpus()))
+
+
+def _share_the_cpus() -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, _allowed_cpus() // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # what the worker's processes inherit
+        torch.set_num_threads(threads)
+
+
+_share_the_cpus()
+
+# The files that take longest (seconds, one process on the 2-core reference machine), run first:
+# the last file to start should be a short one
+LONGEST_FIRST = ["test_notebooks.py",  # 260: every notebook under papermill, its habits
+                 "test_own_pipelines_e2e.py",  # 180: the CLI run of user pipelines, examples
+                 "test_matrix.py",  # 150: the matrix of pipeline sets
+                 "test_cluster.py", "test_ddp.py", "test_runner_cli.py",  # 90-120 each
+                 "test_faulty.py", "test_equal.py", "test_measurement.py"]  # 40-90 each
+
+
+@contextlib.contextmanager
+def _turn(config, alone: bool):
+    """Run one test beside the other workers' tests, or alone (``@pytest.mark.alone``: a test
+    whose assertion needs the CPUs to itself). A readers-writer lock over two files in the run's
+    shared temporary folder: every test holds ``run`` shared, an alone test holds it exclusive;
+    an alone test waits at ``gate`` holding it, so that no new test starts before it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not config.option.basetemp:
+        yield  # one process: nothing runs beside
+        return
+    shared = Path(config.option.basetemp).parent  # the controller's, one folder per worker in it
+    with open(shared / "turn.gate", "a") as gate, open(shared / "turn.run", "a") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # set-up (a file's fixtures: whole notebook runs), call and tear-down in one turn
+    with _turn(item.config, alone=item.get_closest_marker("alone") is not None):
+        yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first; a file with a test that runs alone last, so that it waits for
+    the other workers' last (short) tests, not for a whole notebook run."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    last = {item.path for item in items if item.get_closest_marker("alone")}
+    items.sort(key=lambda item: len(rank) + 1 if item.path in last  # stable: files keep order
+               else rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture

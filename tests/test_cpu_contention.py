@@ -12,8 +12,9 @@ The machine may be shared with other jobs while the tests run (other sessions' t
 their load IS other jobs for the meter. The timed work and its hogs are pinned to one CPU, the
 idlest, and the machine's busy time is read from that CPU's ``cpuN`` line only; a test that needs
 no other job on it (alone, or the run's own processes) retries up to three times and skips,
-naming the load, when every try saw other jobs there. A test of "other jobs seen" holds under
-any load (more load only adds to the hog).
+naming the load, when every try saw other jobs there; under ``make test`` (pytest-xdist
+workers) such a test is marked ``alone``, so that the suite's other tests never run beside it. A
+test of "other jobs seen" holds under any load (more load only adds to the hog).
 """
 import contextlib
 import os
@@ -183,6 +184,7 @@ def _hog(cpu: int) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.alone  # its 'alone' figure needs no other test beside it
 def test_a_timing_beside_a_cpu_hog_is_contended_and_alone_is_not(one_cpu):
     hog = _hog(one_cpu)
     try:
@@ -571,6 +573,7 @@ def _skip_if_busy(tries) -> None:
                     + ")")
 
 
+@pytest.mark.alone  # its 'alone' figure needs no other test beside it
 def test_beside_its_own_child_the_cause_is_its_own_processes(one_cpu, monkeypatch):
     monkeypatch.delenv(C.ROOT_ENV, raising=False)
 
@@ -593,6 +596,7 @@ def test_beside_its_own_child_the_cause_is_its_own_processes(one_cpu, monkeypatc
     assert "this run's own processes, not another job" in c.explain()
 
 
+@pytest.mark.alone  # its 'alone' figure needs no other test beside it
 def test_two_compute_threads_on_one_cpu_are_its_own_oversubscription(one_cpu, monkeypatch):
     monkeypatch.delenv(C.ROOT_ENV, raising=False)
     torch.set_num_threads(2)  # on one CPU (the fixture restores 1, then the thread count)
