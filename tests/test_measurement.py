@@ -271,3 +271,38 @@ def test_records_round_trip():
     assert doc["nan"] is None and back.nan != back.nan  # NaN -> null -> NaN
     assert from_json(dict[int, float], {"3": 1}) == {3: 1.0}
     assert to_json(torch.tensor([1, 2])) == [1, 2]
+
+
+@pytest.mark.parametrize("omp, expect", [("1", 2), (None, 1)])
+def test_memory_probes_side_by_side_fit_the_threads_each_probe_runs(monkeypatch, omp, expect):
+    """02's probes at once: the allowed CPUs over the threads a probe runs with, the same
+    figure the probe takes (OMP_NUM_THREADS first); two probes of 2 threads on 2 CPUs spin
+    against each other."""
+    from types import SimpleNamespace
+
+    from workbook_lib.configs import params as params_mod
+    from workbook_lib.studies.mask_cost import memory as study
+
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    monkeypatch.setattr(study, "allowed_cpus", lambda: SimpleNamespace(cpus=2))
+    sizes = []
+
+    class Stop(Exception):
+        pass
+
+    def pool(max_workers):
+        sizes.append(max_workers)
+        raise Stop
+    monkeypatch.setattr(study, "ThreadPoolExecutor", pool)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        p = params_mod.validate({"scale": 0.002, "device": "cpu"})
+        with pytest.raises(Stop):
+            study.memory_study(p, torch.device("cpu"))
+    finally:
+        torch.set_num_threads(before)
+    assert sizes == [expect] and memory.probe_threads() == 2 // expect

@@ -263,6 +263,16 @@ def _child(setup: str, cfg: dict) -> dict:
     return {"step_bytes": peak.bytes, "setup_bytes": peak.before_bytes, "method": method}
 
 
+def probe_threads() -> int:
+    """The compute threads of a probe: ``OMP_NUM_THREADS`` when set (what a fresh PyTorch
+    process would take), else this process's PyTorch setting. A study that runs probes side by
+    side divides the CPUs by this, the same figure the probes run with."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return torch.get_num_threads()
+
+
 def measure_in_fresh_process(setup: str, cfg: dict, point: dict, *, device: str = "cpu",
                              timeout_s: float = 900.0) -> MemoryPoint:
     """Peak memory of one step in a fresh process (see module docs).
@@ -279,10 +289,7 @@ def measure_in_fresh_process(setup: str, cfg: dict, point: dict, *, device: str 
     if ":" not in setup:
         raise ValueError(f"'setup' must be 'module:function' (got {setup!r})")
     base = dict(point, device=device)
-    try:
-        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
-    except (KeyError, ValueError):
-        threads = torch.get_num_threads()
+    threads = probe_threads()
     t0 = time.perf_counter()
     try:
         with gpu_lock(device):

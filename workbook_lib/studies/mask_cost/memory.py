@@ -20,7 +20,7 @@ from ...common import prefork
 from ...failures import RAISED, STALLED, PipelineFailure, one_line
 from ...measurement.cpu_allowance import allowed_cpus
 from ...measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryPoint, device_budget,
-                                   fit_memory)
+                                   fit_memory, probe_threads)
 from ...common.progress import note, progress
 from ...training.step_memory import measure_point
 from ...results.mask_cost import MemoryStudy
@@ -50,7 +50,7 @@ def memory_study(params: dict, device: torch.device, *, dual: bool | None = None
 
     if parallel is None:
         parallel = 1 if device.type == "cuda" else \
-            max(1, allowed_cpus().cpus // torch.get_num_threads())
+            max(1, allowed_cpus().cpus // probe_threads())
 
     budget, label = device_budget(device)
     if params["memory_budget_gb"] is not None:
