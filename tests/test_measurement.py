@@ -303,6 +303,7 @@ def test_memory_probes_side_by_side_fit_the_threads_each_probe_runs(monkeypatch,
         p = params_mod.validate({"scale": 0.002, "device": "cpu"})
         with pytest.raises(Stop):
             study.memory_study(p, torch.device("cpu"))
+        threads = memory.probe_threads()
     finally:
         torch.set_num_threads(before)
-    assert sizes == [expect] and memory.probe_threads() == 2 // expect
+    assert sizes == [expect] and threads == 2 // expect
