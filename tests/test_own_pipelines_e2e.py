@@ -106,7 +106,9 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     assert "40x" not in v.answer and "investigation" not in v.answer.lower()
     assert "the built-in forms" not in v.answer
     head = read_meta(out, "05_verdict").headline
-    assert head.startswith(("slow_item", "CONTENDED: slow_item", "DISTURBED: slow_item"))
+    # marked when the machine was busy (under make test, the other worker's tests run beside)
+    assert head.startswith(tuple(f"{m}slow_item" for m in (
+        "", "CONTENDED: ", "DISTURBED: ", "CONTENDED AND DISTURBED: "))), head
     assert "slower per epoch than fast; first cause: data item" in head
     assert f"Answer: {head}" in r.stdout.splitlines()  # the terminal ends with the answer
     for name in NOTEBOOK_NAMES:
