@@ -35,8 +35,9 @@ def pytest_xdist_auto_num_workers(config):
 
 def _share_the_cpus() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:
-        threads = max(1, _allowed_cpus() // workers)
+    if workers > 1:  # the product's own rule for processes sharing the CPUs
+        from workbook_lib.measurement.cpu_allowance import fit_threads
+        threads = fit_threads(procs=workers).threads
         os.environ["OMP_NUM_THREADS"] = str(threads)  # what the worker's processes inherit
         torch.set_num_threads(threads)
 

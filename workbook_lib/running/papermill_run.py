@@ -9,6 +9,7 @@ full disk) fails the notebook, naming the file. :mod:`.run_folder` runs the note
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -102,6 +103,7 @@ def _environ(values: dict[str, str]):
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
+@functools.cache
 def kernel_manager_class():
     """papermill's kernel manager (jupyter_client's ``AsyncKernelManager``), except that shutting
     down a kernel never interrupts it first.
@@ -110,33 +112,27 @@ def kernel_manager_class():
     notebook has finished by then, but on a loaded machine the kernel can still be in its reply
     handler: the interrupt lands there and the kernel prints "KeyboardInterrupt caught in kernel"
     or a tornado "Uncaught exception in ZMQStream callback" traceback on the run's terminal (4 of
-    80 shutdowns beside two busy loops here). The shutdown request, the wait and the kill that
+    80 shutdowns beside three busy loops here). The shutdown request, the wait and the kill that
     follow are jupyter_client's own; an interrupt asked for otherwise (nbclient on a cell's
     time-out) is unchanged. Built on first use: jupyter_client loads with papermill.
     """
-    global _KernelManager
-    if _KernelManager is None:
-        from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.manager import AsyncKernelManager
 
-        class NoInterruptAtShutdown(AsyncKernelManager):
-            _in_shutdown = False
+    class NoInterruptAtShutdown(AsyncKernelManager):
+        _in_shutdown = False
 
-            async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
-                self._in_shutdown = True
-                try:
-                    await super().shutdown_kernel(now=now, restart=restart)
-                finally:
-                    self._in_shutdown = False
+        async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+            self._in_shutdown = True
+            try:
+                await super().shutdown_kernel(now=now, restart=restart)
+            finally:
+                self._in_shutdown = False
 
-            async def _async_interrupt_kernel(self) -> None:
-                if not self._in_shutdown:
-                    await super()._async_interrupt_kernel()
+        async def _async_interrupt_kernel(self) -> None:
+            if not self._in_shutdown:
+                await super()._async_interrupt_kernel()
 
-        _KernelManager = NoInterruptAtShutdown
-    return _KernelManager
-
-
-_KernelManager = None
+    return NoInterruptAtShutdown
 
 
 class _EveryKeyInjected(logging.Filter):
