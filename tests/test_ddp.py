@@ -141,6 +141,7 @@ def test_stopped_rank_named_before_the_waiting_rank_times_out(tiny_params, tmp_p
     _no_orphans(tmp_path)
 
 
+@pytest.mark.alone  # a 1 s stall limit on a healthy start: another worker beside it stalled it
 def test_short_timeout_does_not_stop_a_healthy_start(tiny_params, tmp_path):
     """ddp_timeout_s=1 once stopped a healthy launch during start-up with a nameless message:
     start-up gets its own allowance, then the 1 s applies (and names who was silent)."""

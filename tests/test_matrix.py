@@ -40,7 +40,9 @@ from workbook_lib.configs import params as params_mod  # noqa: E402
 from workbook_lib.exceptions import WorkbookError  # noqa: E402
 
 # every case runs once in the module fixture (about 2 minutes on the 2-core reference machine)
-pytestmark = pytest.mark.timeout(1800)
+# alone: a case's gap (same_twice: none) is judged from 5 paired steps, which another worker's
+# tests beside it moved to a 1.26x 'gap' once; its own two cases at a time use both CPUs
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.alone]
 
 FAMILY = "tests/matrix/family.py"
 TINY = {"loop_steps": 5, "loop_max_steps": 6, "ddp_steps": 2, "adopt_steps": 4,
