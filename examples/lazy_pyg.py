@@ -83,6 +83,7 @@ class PerturbedGraphs(torch.utils.data.Dataset):
 
 class LazyPipeline(Pipeline):
     title = "the Lazy model (PyG, replicated graph + edge masks)"
+    exact = True  # every sample's own perturbed graph
 
     def __init__(self, graph: HeteroData, model: nn.Module, deleted, y, batch_size, device):
         self.graph, self.model, self.batch_size = graph, model.to(device), batch_size

@@ -56,6 +56,7 @@ class NodeMaskLazy(nn.Module):
 
 class NodeMaskPipeline(Pipeline):
     title = "the Lazy model on a shared graph (workbook_lib.nodemask)"
+    exact = True  # the same perturbed graphs as example 1 (tests/test_equal.py checks it)
 
     def __init__(self, graph: SharedGraph, model, deleted, y, batch_size, device):
         self.device = torch.device(device)

@@ -109,6 +109,15 @@ display(view.stage_table(loops))
 view.stage_plot(loops)
 
 # %% [markdown]
+# ## How each stage grows with the samples of a batch
+# The gap's two pipelines run their full step at a second batch size beside the others: a stage
+# that is one pass over a shared graph costs the same whatever the batch, one that copies the
+# graph or loops over the samples grows, and a loop makes more operator calls per sample.
+
+# %%
+display(view.growth_table(loops))
+
+# %% [markdown]
 # ## What bounds each step
 # Data-bound, model-bound (or transfer-, preparation-, overhead-bound) by the stage group with the
 # largest share of the full step, and sync-bound on a GPU when its device prep, forward and
@@ -186,6 +195,14 @@ profiles = study.profile_strategies(NB.params, NB.graph, NB.device, loops=loops,
                                     trace_dir=NB.run_dir / "traces_03", run_dir=NB.run_dir)
 display(view.profile_table(profiles, loops))
 view.profile_plot(profiles, NB.device_label, pick=(NB.params["gap_strategies"] or [None])[0])
+
+# %% [markdown]
+# ## Where each stage's time is in the pipelines' code
+# The same profiled steps recorded with Python stacks: each stage's time at the function of the
+# pipeline's own files that holds it.
+
+# %%
+display(view.code_table(profiles))
 
 # %% [markdown]
 # ## Results

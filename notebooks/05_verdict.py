@@ -44,6 +44,7 @@ stall_timeout_s: float = 300.0  # a stage of a pipeline's step (data item, colla
 batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)
 batch_size_dango: int = 16  # batch of the DANGO-style strategy (the investigation: 64)
 verdict_tie_tolerance: float = 0.15  # exact strategies within this fraction of the fastest count as tied (ties go to the one with the least measured memory per sample)
+verdict_check_equal: bool = False  # 05 runs python -m workbook_lib equal on the pair when no kept outcome matches their sources (a pipeline that does not declare itself exact is then the fix only if proven equal)
 gap_strategies: List[str] = ['replicated_mask_cpu', 'dango_wildtype']  # the two strategies or pipelines whose gap the verdict explains (slow, fast); when not given and 'pipelines' names two or more, the first two pipelines
 run_dir: str = "runs/interactive"  # where results go (a relative path is taken from the repository root)
 
@@ -60,15 +61,22 @@ found, inputs, missing = verdict.load_inputs(NB.run_dir, NB.params)
 env = read_meta(NB.run_dir, "03_data_vs_model_timing").environment
 v = verdict.build_verdict(found, inputs, NB.params, NB.run_dir, env["device_label"],
                           env["device"].split(":")[0], missing)
-view.compose(v, **view.sizes_of(found))
 display(view.answer(v))
 
 # %% [markdown]
 # ## The gap, stage by stage
+# Each stage's time per epoch, slow minus fast, and how it grows with the samples of a batch
+# (the slow pipeline's full step at two batch sizes in notebook 03's loop).
 
 # %%
 display(view.causes_table(v))
 view.causes_plot(v)
+
+# %% [markdown]
+# ## Where the first causes are in your code
+
+# %%
+display(view.code_table(v))
 
 # %% [markdown]
 # ## The investigation's claims

@@ -250,7 +250,7 @@ def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_th
                             disturbed=V.disturbed_figures(g, rec, 0.10),
                             contended=V.contended_figures(g, rec, t), gap=g,
                             gap_strategies=[g.slow, g.fast])
-        view.compose(v, inv.scale, inv.total_edges)
+        V.compose(v, inv.scale, inv.total_edges)
         return v
     quiet = verdict(False)
     assert quiet.contended == {} and quiet.disturbed == {}
@@ -260,9 +260,11 @@ def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_th
     loud = verdict(True)
     assert loud.disturbed == {}  # precise figures: only the CPU share tells
     assert set(loud.contended) == {"gap", "per_step_ratio", "speedup", "loop"}
-    assert "contended, not relied on" in loud.lead  # the gap is marked where it is quoted
+    # a gap measured contended is never resolved: the lead says so, with the CPU share
+    assert not loud.gap.measurable and "no gap is resolved" in loud.lead and "30%" in loud.lead
+    assert "first cause" not in loud.lead
     line = next(c for c in loud.caveats if c.startswith("Contended, not relied on"))
-    assert "the epoch-time gap" in line and "30%" in line
+    assert "the fix is chosen by them" in line and "the epoch-time gap" not in line
     assert "**The fix, provisionally: " in loud.answer
     assert "provisional" in loud.recommendation.tie_rule
     # and through JSON, as notebook 05 writes it and compare/stability read it

@@ -186,6 +186,13 @@ def _cmd_equal(args) -> int:
     except ValueError as exc:  # a dataset too small for the batches asked
         raise ParamsError(str(exc)) from None
     _print(table_lines(res))
+    if len(entries) == 2:  # two user pipelines: the outcome is kept for the verdict
+        from ..studies.adoption import proofs
+
+        slow_t, fast_t = (sp.target for sp in parse_specs(entries))
+        kept = proofs.save(p["cache_dir"], slow_t, fast_t, res.equal, res.summary())
+        if kept is not None:
+            print(f"Kept for the verdict: {kept}")
     if args.json:
         from ..common.files import atomic_write_text
 

@@ -212,6 +212,10 @@ class Params(Mapping):
     verdict_tie_tolerance: float = param(0.15,
         "exact strategies within this fraction of the fastest count as tied (ties go to the "
         "one with the least measured memory per sample)", S_05, checks.positive)
+    verdict_check_equal: bool = param(False,
+        "05 runs python -m workbook_lib equal on the pair when no kept outcome matches their "
+        "sources (a pipeline that does not declare itself exact is then the fix only if proven "
+        "equal)", S_05)
     gap_strategies: list[str] = param(["replicated_mask_cpu", "dango_wildtype"],
         "the two strategies or pipelines whose gap the verdict explains (slow, fast); when "
         "not given and 'pipelines' names two or more, the first two pipelines", S_05)

@@ -127,13 +127,17 @@ def sync_kind(func, args, kwargs) -> str | None:
 
 
 class _DispatchCounter(TorchDispatchMode):
-    def __init__(self, counter: Counter):
+    """Counts every aten operator call (``ops``) and, with ``syncs``, the calls that would
+    synchronize on CUDA."""
+
+    def __init__(self, counter: Counter, ops: list[int], syncs: bool = True):
         super().__init__()
-        self.counter = counter
+        self.counter, self.ops, self.syncs = counter, ops, syncs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        kind = sync_kind(func, args, kwargs)
+        self.ops[0] += 1
+        kind = sync_kind(func, args, kwargs) if self.syncs else None
         if kind is not None:
             self.counter[kind] += 1
         return func(*args, **kwargs)
@@ -164,7 +168,9 @@ class _HostCopyCounter(TorchFunctionMode):
 
 class SyncCounter:
     """Counts host syncs inside ``with counter.count(): ...``; ``total`` and ``by_kind``;
-    inside ``with counter.stage(name): ...`` also ``by_stage`` (which stage made them).
+    inside ``with counter.stage(name): ...`` also ``by_stage`` (which stage made them) and
+    ``ops_by_stage`` (every aten operator call, on any device: a Python loop over samples makes
+    more of them with every sample).
 
     On CUDA the count is PyTorch's own (``set_sync_debug_mode``); on CPU it is what a GPU would
     sync (see the module docstring). ``method`` says which, for reports.
@@ -174,6 +180,8 @@ class SyncCounter:
         self.device = torch.device(device)
         self.by_kind: Counter = Counter()
         self.by_stage: Counter = Counter()
+        self.ops_by_stage: Counter = Counter()  # aten operator calls each stage made
+        self._ops = [0]
         self.contents: dict = {}  # what the counted step's batch held (batch_contents)
 
     @property
@@ -194,13 +202,15 @@ class SyncCounter:
 
     @contextmanager
     def stage(self, name: str) -> Iterator["SyncCounter"]:
-        """Count the syncs of one stage of a step into ``by_stage[name]`` (and ``by_kind``)."""
-        before = self.total
+        """Count the syncs of one stage of a step into ``by_stage[name]`` (and ``by_kind``),
+        and its aten operator calls into ``ops_by_stage[name]``."""
+        before, ops = self.total, self._ops[0]
         try:
             with self.count():
                 yield self
         finally:
             self.by_stage[name] += self.total - before
+            self.ops_by_stage[name] += self._ops[0] - ops
 
     @contextmanager
     def count(self) -> Iterator["SyncCounter"]:
@@ -210,14 +220,15 @@ class SyncCounter:
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    yield self
+                    with _DispatchCounter(self.by_kind, self._ops, syncs=False):
+                        yield self
                 finally:
                     torch.cuda.set_sync_debug_mode(prev)
             for w in caught:
                 if "synchroniz" in str(w.message).lower():
                     self.by_kind["cuda sync (set_sync_debug_mode)"] += 1
         else:
-            with _HostCopyCounter(self.by_kind), _DispatchCounter(self.by_kind):
+            with _HostCopyCounter(self.by_kind), _DispatchCounter(self.by_kind, self._ops):
                 yield self
 
 

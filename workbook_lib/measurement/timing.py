@@ -7,9 +7,10 @@ Rules it enforces by construction:
 * **Warm-up is excluded by construction**: :func:`measure` and :func:`interleave` run their
   warm-up calls before the first timed one, and :class:`StepClock` keeps a step's stage times only
   when the step was opened as a timed step, so a warm-up step can never leak into a timed one.
-* **Repeats until a precision target or a time budget**: a figure is repeated until its
-  IQR/median is at most ``target`` (10% by default) or its time budget is spent, and never fewer
-  than ``min_repeats`` times.
+* **Repeats until a precision target or a time budget**: a figure is repeated until its median
+  is known to ``target`` (10% by default: the half-width of the median's 95% confidence
+  interval, :meth:`Stat.known_to`) or its time budget is spent, and never fewer than
+  ``min_repeats`` times (:func:`measure` uses PyTorch's own rule, IQR/median).
 * **Every figure carries its noise**: a :class:`Stat` holds the median, the quartiles, the IQR
   and n, and says whether it met the precision target.
 * **Every figure carries what the process got of the CPUs** while it was timed
@@ -43,6 +44,7 @@ import numpy as np
 import torch
 
 DEFAULT_TARGET = 0.10
+CI_LEVEL = 0.95  # the confidence of the median's interval that precision is judged on
 
 
 HARNESS_SYNC = "harness:sync"  # the profiler range of the timer's own device syncs
@@ -116,10 +118,39 @@ class Stat(Record):
         """IQR / median (the precision of the figure); inf for a zero median."""
         return self.iqr / abs(self.median) if self.median else math.inf
 
+    def median_ci(self, level: float = CI_LEVEL) -> tuple[float, float]:
+        """A distribution-free confidence interval of the median: the order statistics
+        ``x(k)``, ``x(n-k+1)`` of the samples with the largest ``k`` whose binomial(n, 1/2)
+        coverage is at least ``level`` (min to max when n is too small for it). Without
+        samples: the quartiles."""
+        xs = sorted(self.samples)
+        n = len(xs)
+        if n < 2:
+            return (self.q1, self.q3) if not xs else (-math.inf, math.inf)
+        k, tail = 0, 0.0  # tail: P(Bin(n, 1/2) <= k - 1), the mass left out on each side
+        while True:
+            nxt = tail + math.comb(n, k) / 2 ** n
+            if 1 - 2 * nxt < level or k + 1 > n - k:
+                break
+            k, tail = k + 1, nxt
+        k = max(k, 1)
+        return xs[k - 1], xs[n - k]
+
+    def ci_half_width(self, level: float = CI_LEVEL) -> float:
+        """Half the width of :meth:`median_ci` over the median (inf for a zero median)."""
+        lo, hi = self.median_ci(level)
+        return (hi - lo) / (2 * abs(self.median)) if self.median else math.inf
+
+    def known_to(self, target: float) -> bool:
+        """Whether the median is known to within ``target`` of itself: the half-width of its
+        confidence interval (:meth:`median_ci`) at most ``target``. A varied workload measured
+        long enough is precise, however wide the spread of its steps."""
+        return self.ci_half_width() <= target
+
     @property
     def precise(self) -> bool:
-        """True when IQR/median is within the target it was measured for (default 10%)."""
-        return self.rel_iqr <= (self.target if self.target is not None else DEFAULT_TARGET)
+        """:meth:`known_to` the target it was measured for (default 10%)."""
+        return self.known_to(self.target if self.target is not None else DEFAULT_TARGET)
 
     def scaled(self, factor: float, unit: str) -> "Stat":
         """The same measurement in another unit (e.g. seconds per batch -> ms per sample)."""
@@ -249,7 +280,8 @@ def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | s
     """Time several variants interleaved: round r calls each variant once (A, B, C, then
     B, C, A...), each call between device syncs.
 
-    Rounds continue until every variant's IQR/median <= ``target`` (and at least ``min_rounds``),
+    Rounds continue until every variant's median is known to ``target`` (:meth:`Stat.known_to`;
+    at least ``min_rounds``),
     or until ``max_rounds`` or ``max_time_s`` of timed work. ``warmup`` untimed rounds come first.
 
     Returns:
@@ -282,7 +314,7 @@ def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | s
             on_round(rounds)
         if rounds < min_rounds:
             continue
-        done = all(Stat.from_samples(s).rel_iqr <= target for s in samples.values())
+        done = all(Stat.from_samples(s).known_to(target) for s in samples.values())
         if done or rounds >= max_rounds or spent >= max_time_s:
             break
     return Interleaved({n: Stat.from_samples(s, target=target).with_cpu(meters[n].share())

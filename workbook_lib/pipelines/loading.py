@@ -106,7 +106,7 @@ def build_user_pipeline(spec: PipelineSpec, params: dict, graph, device: torch.d
     if not getattr(pipe, "title", ""):
         pipe.title = spec.name
     if not hasattr(pipe, "exact"):
-        pipe.exact = True
+        pipe.exact = None  # not stated
     return pipe
 
 

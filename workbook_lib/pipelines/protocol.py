@@ -16,6 +16,10 @@ forward            ``forward(model, inputs)`` -> output         device
 loss               ``loss(output, batch)`` -> scalar tensor     device
 =================  ==========================================  ===============================
 
+The loss is a stage of its own, backward included: the harness hands ``loss`` the output's
+tensors detached (:class:`LossSplit`), so the loss's backward stops at them and is timed apart
+from the model's.
+
 plus ``model`` (the ``torch.nn.Module`` that is trained; DDP wraps it, so ``forward`` must call
 the ``model`` it is given, not ``self.model``), ``batch_size`` (samples per step, the
 DataLoader's batch size), ``configure_optimizer`` (default AdamW, lr 1e-3) and, optionally,
@@ -58,6 +62,84 @@ def move_to(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
     return obj
 
 
+class LossSplit:
+    """The loss's backward apart from the model's: ``loss`` sees the output's tensors detached
+    (new leaves), so ``loss_backward()`` stops at them (and at any parameter the loss uses
+    itself) and ``model_backward()`` carries their gradients on through the model, in one
+    backward pass (DDP's hooks fire once per parameter). The gradients equal ``loss.backward()``.
+
+    Args:
+        output: what ``forward`` returned.
+        parameters: the model's trainable parameters (a loss may use them itself, e.g. a
+            penalty).
+    """
+
+    def __init__(self, output: Any, parameters: Sequence[torch.Tensor]):
+        self.originals: list[torch.Tensor] = []
+        self.leaves: list[torch.Tensor] = []
+        self.parameters = list(parameters)
+        self.why_not = _unsplittable(output)
+        self.output = output if self.why_not else self._detach(output)
+        self.loss: torch.Tensor | None = None
+
+    def _detach(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            if not obj.requires_grad:
+                return obj
+            leaf = obj.detach().requires_grad_()
+            self.originals.append(obj)
+            self.leaves.append(leaf)
+            return leaf
+        if isinstance(obj, dict):
+            return type(obj)((k, self._detach(v)) for k, v in obj.items())
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*(self._detach(v) for v in obj))
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._detach(v) for v in obj)
+        return obj
+
+    @property
+    def split(self) -> bool:
+        return not self.why_not
+
+    def loss_backward(self) -> None:
+        """The loss's own backward: gradients of the output's tensors and of parameters the
+        loss uses itself, nothing accumulated yet."""
+        inputs = self.leaves + self.parameters
+        self._grads = torch.autograd.grad(self.loss, inputs, allow_unused=True)
+
+    def model_backward(self) -> None:
+        """The model's backward from those gradients (and the loss's own parameter gradients
+        accumulated in the same pass)."""
+        pairs = [(t, g) for t, g in zip(self.originals + self.parameters, self._grads)
+                 if g is not None]
+        self._grads = ()
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+
+
+def _unsplittable(output: Any) -> str:
+    """Why the output's tensors cannot be handed to the loss detached ("" when they can)."""
+    def tensors(obj: Any) -> bool | None:  # None: something else inside
+        if isinstance(obj, torch.Tensor):
+            return obj.requires_grad
+        if isinstance(obj, dict):
+            found = [tensors(v) for v in obj.values()]
+        elif isinstance(obj, (list, tuple)):
+            found = [tensors(v) for v in obj]
+        else:
+            return None
+        return None if None in found else any(found)
+
+    found = tensors(output)
+    if found is None:
+        return (f"forward returns a {type(output).__name__}, not tensors (or lists, tuples, "
+                "dicts of them): the loss's backward is in the backward")
+    if not found:
+        return "no output tensor requires grad: the loss's backward is in the backward"
+    return ""
+
+
 class Pipeline:
     """Base class of a training pipeline (see the module docstring for the stages).
 
@@ -69,8 +151,10 @@ class Pipeline:
         name: short identifier (results, tables); set by the loader from the params key when
             empty.
         title: for sentences in reports ("the Lazy model"); defaults to the name.
-        exact: whether the pipeline computes the perturbed-graph forward exactly (the verdict
-            recommends only exact pipelines).
+        exact: whether the pipeline computes the perturbed-graph forward exactly: True
+            (declared exact), False (declared not: another model, e.g. one wildtype pass) or
+            None (not stated, the default). The verdict recommends as the fix only a pipeline
+            declared exact, or proven equal to the slow one by ``equal``.
         per_sample_output: ``forward`` returns one row per sample (checked on one batch); False
             when it returns something else (e.g. a Lightning ``training_step``'s loss).
         model: the ``torch.nn.Module`` trained (and wrapped by DDP).
@@ -80,7 +164,7 @@ class Pipeline:
 
     name: str = ""
     title: str = ""
-    exact: bool = True
+    exact: bool | None = None
     per_sample_output: bool = True
     model: torch.nn.Module
     device: torch.device

@@ -83,3 +83,33 @@ def profile_plot(profiles: dict[str, ProfileResult], device: str, pick: str | No
     plotting.show(fig, "Left: stacked shares of profiled time per category by exclusive time "
                        "for each strategy. Right: for one strategy, exclusive time against the "
                        "sum of nested event durations per category, which exceeds 100%.")
+
+
+def code_table(profiles: dict[str, ProfileResult], most: int = 3):
+    """Per pipeline and stage, the functions of its own code that hold the stage's profiled
+    time (the largest ``most`` of each stage that runs any)."""
+    rows, said = [], []
+    for n, p in profiles.items():
+        if not p.sites:
+            said.append(f"{label(n)}: {p.sites_note or 'not attributed'}")
+            continue
+        for stage in MAIN_STAGES:
+            sites = p.sites.get(stage, [])
+            total = sum(r.seconds for r in sites)
+            own = [r for r in sites if r.file][:most]
+            for r in own:
+                rows.append({"pipeline": label(n), "stage": STAGE_LABELS.get(stage, stage),
+                             "function": r.function, "where": f"{r.file}:{r.line}",
+                             "library under it": r.library or "(its own code)",
+                             "ms per step": f"{r.seconds * 1e3:.3g}",
+                             "share of the stage": fmt_pct(r.seconds / total) if total else "",
+                             "operator calls per step": f"{r.ops:.0f}"})
+    cap = ("Where each stage's profiled time is in each pipeline's own files (recorded with "
+           "Python stacks: a backward operator counts at the function that ran its forward; "
+           "time under no function of the pipeline's own, the loop's or a library's called from "
+           "it, is left out of the rows but not of the shares). The Python tracer slows "
+           "Python-heavy code: shares of a profiled step, not the loop's timings."
+           + (" Not attributed: " + "; ".join(said) + "." if said else ""))
+    if not rows:
+        return Markdown(cap)
+    return table(rows, caption=cap)

@@ -6,7 +6,8 @@ from .. import pipelines
 from . import plotting
 
 
-MODE_LABELS = {"data": "data only", "forward": "+ forward", "forward_backward": "+ backward",
+MODE_LABELS = {"data": "data only", "forward": "+ forward and loss",
+               "forward_backward": "+ backward",
                "full": "+ optimizer (full step)"}
 
 
@@ -15,7 +16,8 @@ PIPELINED_LABEL = "pipelined (synchronized at start and end only)"
 
 STAGE_LABELS = {"loader_wait": "data loading (fetch + collate)", "h2d": "host-to-device copy",
                 "device_prep": "device prep (masks, filtering)", "forward": "forward",
-                "backward": "backward", "optimizer": "optimizer", "untracked": "loop overhead"}
+                "loss": "loss", "loss_backward": "loss's backward", "backward": "backward",
+                "optimizer": "optimizer", "untracked": "loop overhead"}
 
 
 def label(name: str) -> str:
@@ -26,7 +28,8 @@ def label(name: str) -> str:
 STAGE_COLOURS = {"loader_wait": plotting.PALETTE[0], "h2d": plotting.PALETTE[1],
                  "device_prep": plotting.PALETTE[2], "forward": plotting.PALETTE[3],
                  "backward": plotting.PALETTE[4], "optimizer": plotting.PALETTE[5],
-                 "untracked": plotting.PALETTE[6], "untracked (loop, Python)": plotting.PALETTE[6]}
+                 "untracked": plotting.PALETTE[6], "untracked (loop, Python)": plotting.PALETTE[6],
+                 "loss": plotting.PALETTE[8], "loss_backward": plotting.PALETTE[9]}
 
 
 # each mode in the colour of the stage it adds, as the stage charts below draw that stage

@@ -13,7 +13,7 @@ from .stage_style import (MODE_LABELS, PIPELINED_LABEL, STAGE_LABELS, label, mod
                           stage_colour)
 # the notebook's CPU and profile sections
 from .cpu_view import cpu_plot, cpu_table  # noqa: F401
-from .profile_view import profile_plot, profile_table  # noqa: F401
+from .profile_view import code_table, profile_plot, profile_table  # noqa: F401
 
 
 NONFINITE_MARK = "(loss not finite)"
@@ -146,8 +146,39 @@ def stage_table(study: LoopStudy):
             if s in st:
                 row[STAGE_LABELS[s]] = f"{st[s] / wall:.0%}"
         rows.append(row)
+    split = {label(n): a.loss_split for n in study.strategies
+             if (a := study.arm(n, "full")).loss_split}
     return table(rows, caption="Share of the full step's wall time per stage (stage medians "
-                               "over the step median; each stage timed between device syncs).")
+                               "over the step median; each stage timed between device syncs). "
+                               "The loss is timed apart from the model: its forward, and its "
+                               "own backward down to the model's output."
+                 + ("".join(f" {k}: {w}." for k, w in split.items()) if split else ""))
+
+
+def growth_table(study: LoopStudy):
+    """How each stage of the gap's pair grows with the samples of a batch."""
+    from ..results.timing import GROWS_RULE, LOOP_RULE
+
+    rows = []
+    for n, by in study.growth.items():
+        for stage, g in by.items():
+            rows.append({"pipeline": label(n), "stage": stage.replace("_", " "),
+                         "batches": f"{g.batch_sizes[0]} and {g.batch_sizes[1]}",
+                         "per extra sample": fmt_time_stat(g.per_sample),
+                         "share of the stage at its batch": f"{g.share:.0%}",
+                         "operator calls per extra sample": "" if g.ops_per_sample is None
+                         else f"{g.ops_per_sample:.3g}",
+                         "host syncs per extra sample": "" if g.syncs_per_sample is None
+                         else f"{g.syncs_per_sample:.3g}",
+                         "grows": "yes" if g.grows else "",
+                         "a loop over the samples": "yes" if g.python_loop and g.grows else ""})
+    notes = "; ".join(f"{label(n)}: {w}" for n, w in study.growth_note.items() if w)
+    cap = (f"The gap's pair, each at a second batch size in the same loop. {GROWS_RULE}; "
+           f"{LOOP_RULE}." + (f" Not measured: {notes}." if notes else ""))
+    if not rows:
+        return Markdown("No growth was measured: it is measured for the two pipelines of "
+                        "gap_strategies." + (f" {notes}." if notes else ""))
+    return table(rows, caption=cap)
 
 
 def bound_table(bounds: dict):

@@ -7,12 +7,11 @@ import numpy as np
 from IPython.display import Markdown
 
 from ..studies.verdict import claims as C
-from ..studies import verdict as V
 from ..measurement.cpu import causes_text
 from .. import pipelines
 from ..results.verdict import VerdictResult
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
+from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 
 STATUS_COLOURS = {C.HELD: "#dff0d8", C.FAILED: "#f2dede", C.NOISE: "#fcf8e3",
                   C.NOT_MEASURED: "#eeeeee"}
@@ -26,208 +25,6 @@ def answer(v: VerdictResult) -> Markdown:
     return Markdown("## The answer\n\n" + v.answer)
 
 
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
-
-
-def lead(v: VerdictResult) -> str:
-    """The answer's first sentence: the pair's one gap ratio, the first causes, what to change
-    first (or one line why there is no such answer)."""
-    if v.no_answer:
-        return f"**No answer about this pair:** {v.no_answer[len('no answer about '):]}." \
-            if v.no_answer.startswith("no answer about ") else f"**No answer:** {v.no_answer}."
-    g = v.gap
-    s, f = pipelines.title(g.slow), pipelines.title(g.fast)
-    r = g.ratio
-    fig = f"IQR {r.iqr:.2g}, n = {r.n}" + ("; contended, not relied on: see below"
-                                          if "gap" in v.contended else
-                                          "; disturbed, not relied on: see below"
-                                          if "gap" in v.disturbed else "")
-    if not g.measurable and r.n < V.MIN_PAIRED:
-        return (f"**{s[0].upper()}{s[1:]} and {f}: too few paired steps to resolve a gap** "
-                f"(n = {r.n}, at least {V.MIN_PAIRED} needed; epoch-time ratio {r.median:.3g}x): "
-                "there is no gap to explain on these figures; raise loop_steps.")
-    if not g.measurable:
-        return (f"**{s[0].upper()}{s[1:]} and {f} train at the same speed within the noise**: "
-                f"epoch-time ratio {r.median:.3g}x ({fig}; quartiles {r.q1:.3g}-{r.q3:.3g}), "
-                f"not resolved beyond its IQR and the {v.target:.0%} precision target: there is "
-                "no gap to explain.")
-    text = f"**{s[0].upper()}{s[1:]} is {r.median:.3g}x slower per epoch than {f}** ({fig})"
-    first = V.first_causes(v.causes)
-    if not first:
-        top = next((c for c in v.causes if c.effect == "adds" and c.share is not None), None)
-        return text + ("; no stage stands out" + (f" (largest: {top.cause}, {_pct(top.share)} "
-                                                  "of the gap)" if top else "") + ".")
-    parts = []
-    for i, c in enumerate(first):
-        p = f"{c.cause} ({_pct(c.share)}" + (" of the gap" if i == 0 else "")
-        if c.share > 1.0:  # an offsetting term stands beside any share above 100%
-            off = V.offsets(v.causes)
-            if off:
-                p += ", offset by " + ", ".join(f"{o.cause} {_pct(o.share)}" for o in off[:2])
-        parts.append(p + ")")
-    if V.told_apart(first, g):
-        text += "; first cause: " + parts[0] + (", then " + ", ".join(parts[1:]) if parts[1:]
-                                                 else "")
-    else:  # a near tie: both named, neither put first on figures that cannot rank them
-        spread = g.ratio.iqr / max(g.ratio.median - 1.0, 1e-12)
-        text += (f"; first causes, not told apart at this precision (their shares differ by "
-                 f"less than the gap's own spread, its IQR over the ratio minus one: "
-                 f"{_pct(spread)} of it): " + parts[0] + " and " + parts[1])
-    if first[0].advice:
-        text += f"; change first: {first[0].advice}"
-    return text + "."
-
-
-def caveats(v: VerdictResult) -> list[str]:
-    """One line each: what the answer does not rest on, what is missing and why."""
-    out = []
-    g = v.gap
-    if g is not None and g.swapped:
-        r = g.ratio
-        out.append(f"Listed the other way round: gap_strategies names '{g.listed[0]}' as the "
-                   f"slow one, but it is the faster ({r.median:.3g}x per epoch, IQR {r.iqr:.2g})"
-                   f"; the gap is explained as '{g.slow}' over '{g.fast}'.")
-    if v.contended:
-        worst = min(v.contended.values(), key=lambda c: c.got if c.got is not None else 1.0)
-        causes = {c.cause for c in v.contended.values()}
-        out.append("Contended, not relied on: " + ", ".join(
-            V.CONTENDED_LABELS.get(k, k) for k in v.contended) + f" (the worst: {worst.explain()})."
-            + (" " + causes_text(v.contended.values()) if len(causes) > 1 else ""))
-    noisy = [k for k in v.disturbed if k not in v.contended]
-    if noisy:
-        out.append("Disturbed, not relied on: " + ", ".join(
-            f"{V.DISTURBED_LABELS.get(k, k)} (IQR/median {v.disturbed[k]:.0%})" for k in noisy)
-            + f", against the {v.target:.0%} target, with no contention seen: the steps themselves "
-            "varied that much (batches of unequal cost, or a stage whose time varies); more "
-            "steps (loop_steps, loop_budget_s) firm up the median, they do not narrow the "
-            "spread.")
-    for name, what in v.nonfinite.items():
-        out.append(f"'{name}': {what}: its timings are of a diverged step"
-                   + (" (it is not recommended)." if v.recommendation is None or
-                      v.recommendation.strategy != name else "."))
-    for name, what in v.failures.items():
-        if f"'{name}'" not in v.no_answer:  # the lead says it already
-            out.append(f"{what[0].upper()}{what[1:]}.")
-    if g is not None and g.ddp_factor is not None and not g.ddp_booked:
-        out.append(f"DDP factor at {g.ddp_world} ranks {g.ddp_factor.median:.3g} (IQR "
-                   f"{g.ddp_factor.iqr:.2g}): {g.ddp_why}.")
-    for nb, why in v.missing.items():
-        what = MISSING_WHAT.get(nb[:2], nb)
-        fail = [w for n, w in v.failures.items() if w.startswith(f"in notebook {nb[:2]}")]
-        out.append(f"No {what}: notebook {nb[:2]} {why}" + (f" ({'; '.join(fail)})" if fail
-                                                              else "") + ".")
-    if v.syncs_note:
-        out.append(v.syncs_note[0].upper() + v.syncs_note[1:] + ".")
-    first = V.first_causes(v.causes)
-    if first and first[0].note:
-        out.append(f"Where the {first[0].cause}'s time went: {first[0].note}.")
-    return out
-
-
-MISSING_WHAT = {"01": "graph inventory", "02": "memory per sample or benchmark",
-                "04": "DDP factor"}
-
-
-def _builtin_fix(r) -> str:
-    """The workbook's own fix as notebook 02's benchmark measured it on this graph (never
-    quoted as the speed of a pipeline it did not time)."""
-    b = r.bench
-    if b is None or b.ratio_vs_lazy_form is None:
-        return ("The workbook's own fix, the node-mask shared graph (workbook_lib.nodemask), "
-                "was not benchmarked in this run.")
-    where = "at the real spec" if b.full_size else "at this run's reduced size"
-    return (f"The workbook's own fix, the node-mask shared graph (workbook_lib.nodemask), "
-            f"measured {b.ratio_vs_lazy_form.median:.3g}x faster per sample (forward + backward) "
-            f"than replicated masks in the Lazy model's form in notebook 02's benchmark on this "
-            f"graph, {where} (the built-in forms, not your pipelines).")
-
-
-def equal_command(v: VerdictResult) -> str:
-    """``python -m workbook_lib equal SLOW FAST`` for the pair, with the specs the run was given
-    (a pipeline's name alone is not a spec the command can import)."""
-    def spec(name: str) -> str:
-        target = v.specs.get(name)
-        return name if target is None else (target if target.split(":")[0].split("/")[-1]
-                                            .removesuffix(".py") == name else
-                                            f"{name}={target}")
-
-    return f"python -m workbook_lib equal {spec(v.gap.slow)} {spec(v.gap.fast)}"
-
-
-def fix_text(v: VerdictResult) -> str:
-    """The fix in one paragraph: the fastest exact pipeline, named for what its figure times."""
-    r = v.recommendation
-    if r is None:
-        return ("**No exact pipeline in this run** (every one declares exact = False, or its "
-                "loss was not finite): nothing here computes the perturbed graph to recommend. "
-                "The node-mask shared graph (workbook_lib.nodemask) is exact; check a rewrite "
-                "with `python -m workbook_lib equal SLOW FAST` before trusting its speed.")
-    shaky = set(v.disturbed) | set(v.contended)
-    if r.strategy == r.baseline:
-        return (f"**No exact pipeline in this run is faster than {r.title}.** "
-                + (_builtin_fix(r) + " " if v.builtin else
-                   "The node-mask shared graph (workbook_lib.nodemask) computes the same model "
-                   "with one pass over one shared graph. ")
-                + "Check that a rewrite computes the same model with `python -m workbook_lib "
-                "equal SLOW FAST` before trusting its speed.")
-    head = ("**The fix, provisionally: " if "loop" in v.contended else "**The fix: ")
-    if v.gap is not None and r.strategy == v.gap.fast and r.strategy != "node_mask_shared":
-        return (head + f"{r.title}**, exact and the faster side of this gap (its per-epoch "
-                "figure is the gap above). Check it computes the same model with "
-                f"`{equal_command(v)}` before adopting it.")
-    text = head + f"{r.title}**, exact"
-    if r.speedup is not None:
-        text += (f"; its full step per sample (notebook 03, same loop) {r.speedup.median:.3g}x "
-                 f"faster than {pipelines.title(r.baseline)}"
-                 + (" (a disturbed or contended figure, see above)" if "speedup" in shaky
-                    else ""))
-    b = r.bench
-    if r.strategy != "node_mask_shared":
-        text += ". " + (_builtin_fix(r) if v.builtin else "")
-    elif b is not None and b.ratio_vs_lazy_form is not None:
-        where = "at the real spec" if b.full_size else "at this run's reduced size (only)"
-        text += (f"; benchmark per sample, forward + backward: {b.ratio_vs_lazy_form.median:.3g}x "
-                 f"faster than replicated masks in the Lazy model's form {where}"
-                 + (" (a disturbed or contended figure, see above)" if "bench" in shaky else ""))
-        if b.passes_per_sample is not None:
-            text += f", {b.passes_per_sample.median:.2g} wildtype steps per exact sample"
-    text = text.strip()
-    if "disturbed" in r.tie_rule or r.contended:
-        text += f" Choosing among {', '.join(pipelines.title(n) for n in r.tied)}: {r.tie_rule}."
-    return text if text.endswith(".") else text + "."
-
-
-def story(v: VerdictResult, scale: float | None = None, edges: int | None = None) -> str:
-    """The investigation's figures beside this run's (only when built-in strategies ran)."""
-    if not v.builtin or v.gap is None:
-        return ""
-    where = f" at scale {scale:g} ({edges:,} edges)" if scale is not None and edges else ""
-    return (f"The investigation observed about 40x on 4 GPUs at the real size; this run measured "
-            f"{v.gap.ratio.median:.3g}x on a {v.device_type.upper()}{where}. The steps-per-epoch "
-            "factor is the same arithmetic in both; the per-step factor depends on the device "
-            "and the graph's size (notebook 02's benchmark shows it at the real size).")
-
-
-def compose(v: VerdictResult, scale: float | None = None, edges: int | None = None) -> str:
-    """The whole answer: the lead sentence, one caveat a line, the fix, and (built-in runs) the
-    investigation's figures and what a CPU can say. Sets ``v.lead`` and ``v.caveats``."""
-    v.lead = lead(v)
-    v.caveats = caveats(v)
-    parts = [v.lead]
-    if v.caveats:
-        parts.append("\n".join(f"- {c}" for c in v.caveats))
-    parts.append(fix_text(v))
-    st = story(v, scale, edges)
-    if st:
-        parts.append(st)
-    if v.cannot_say and v.builtin:
-        parts.append("A CPU run can say: " + "; ".join(v.can_say) + ". It cannot say: "
-                     + "; ".join(v.cannot_say) + ".")
-    v.answer = "\n\n".join(parts)
-    return v.answer
-
-
 EFFECTS = {"adds": "adds time", "saves": "saves time", "rest": "not attributed",
            "noise": "shown, not booked", "": ""}
 
@@ -238,6 +35,7 @@ def causes_table(v: VerdictResult):
                         "No causes: the pair was not timed.")
     rows = [{"stage": c.stage, "cause": c.cause,
              "evidence": c.evidence + (f"; {c.note}" if c.note else ""),
+             "per extra sample (slow)": growth_cell(c.growth),
              "effect": EFFECTS.get(c.effect, c.effect),
              "difference per epoch (slow - fast)": fmt_seconds(c.difference_s)
              if c.difference_s is not None else ("not booked" if c.effect == "noise"
@@ -256,6 +54,46 @@ def causes_table(v: VerdictResult):
             "noise or contended is shown, not booked."
             if g is not None and g.measurable else
             "The two pipelines are within each other's noise: no share of a gap is given.")
+    return table(rows, caption=cap)
+
+
+def growth_cell(g) -> str:
+    """How a stage grows with the samples, in a table cell ("" when not measured)."""
+    if g is None:
+        return ""
+    text = fmt_stat(g.per_sample.scaled(1e3, "ms"), unit="ms") + f", {g.share:.0%} of the stage"
+    if g.ops_per_sample is not None:
+        text += f"; {g.ops_per_sample:.3g} ops"
+    return text + (" (grows)" if g.grows else "")
+
+
+def code_table(v: VerdictResult):
+    """The first causes' extra time in the slow pipeline's own code, function by function."""
+    first = [c for c in v.causes if c.effect == "adds" and c.share is not None
+             and c.stage != "rest"][:2]
+    if not first:
+        return Markdown("No cause to find in the code: " + (v.no_answer or "no stage adds to a "
+                                                             "measured gap") + ".")
+    rows, said = [], []
+    for c in first:
+        if not c.sites:
+            said.append(f"{c.cause}: {c.sites_note or 'not attributed'}")
+        for s in c.sites:
+            rows.append({"cause": c.cause, "function": s.function, "where": f"{s.file}:{s.line}",
+                         "library under it": s.library or "(its own code)",
+                         "slow, ms per step": f"{s.slow_ms:.3g}",
+                         "fast, ms per step": f"{s.fast_ms:.3g}",
+                         "share of the stage's extra time": fmt_pct(s.share),
+                         "operator calls per step": f"{s.ops:.0f}"})
+    cap = ("Where each first cause's extra time is, in the slow pipeline's own files: "
+           "notebook 03's profiled steps with Python stacks (a backward operator counts at the "
+           "function that ran its forward), each function's time per step against the fast "
+           "pipeline's same function (0 where it has none); shares are of the sum of the "
+           "functions' positive differences. The profiler's Python tracer slows Python-heavy "
+           "code, so these are shares of a profiled step, not the loop's timings."
+           + (" " + "; ".join(said) + "." if said else ""))
+    if not rows:
+        return Markdown(cap)
     return table(rows, caption=cap)
 
 
@@ -418,12 +256,6 @@ def form(v: VerdictResult) -> Markdown:
                                             else None))
 
 
-def sizes_of(found: dict) -> dict:
-    """The scale and edge count of the run's graph, from notebook 01 when it completed."""
-    inv = found.get("01_graph_inventory")
-    return {"scale": getattr(inv, "scale", None), "edges": getattr(inv, "total_edges", None)}
-
-
 def adoption(v: VerdictResult) -> Markdown:
     r = v.recommendation
     if r is None or r.strategy != "node_mask_shared":
@@ -433,9 +265,14 @@ def adoption(v: VerdictResult) -> Markdown:
 
 
 def cpu_text(v: VerdictResult) -> Markdown:
+    notes = ("**What the answer does not rest on.**\n\n" + "\n".join(f"- {n}" for n in v.notes)
+             + "\n\n") if v.notes else ""
+    exact = ("**Exactness.** " + "; ".join(f"{label(n)}: {w}" for n, w in v.exactness.items())
+             + ".\n\n") if v.exactness else ""
     if not v.cannot_say:
-        return Markdown("This run was on a GPU: every claim it could test was tested.")
-    return Markdown("**What a CPU run can say about a GPU run.** It can: "
+        return Markdown(notes + exact + "This run was on a GPU: every claim it could test was "
+                        "tested.")
+    return Markdown(notes + exact + "**What a CPU run can say about a GPU run.** It can: "
                     + "; ".join(v.can_say) + ". It cannot: " + "; ".join(v.cannot_say)
                     + (". Run the workbook on a GPU node with `params/full.yaml` for those."
                        if v.builtin else ". Run your pipelines on a GPU node (`--set "
@@ -443,34 +280,8 @@ def cpu_text(v: VerdictResult) -> Markdown:
 
 
 def headline(v: VerdictResult) -> str:
-    """One short sentence for the index (at most :data:`HEADLINE_MAX` characters): a contended
-    or disturbed mark first, then the answer."""
-    marks = []
-    if v.contended:
-        marks.append("contended")
-    if v.disturbed and not set(v.disturbed) <= set(v.contended):
-        marks.append("disturbed")
-    mark = (" and ".join(marks).upper() + ": ") if marks else ""
-    if v.no_answer:
-        return one_line(mark + v.no_answer)
-    g = v.gap
-    if not g.measurable:
-        text = (f"{g.slow} and {g.fast}: no measurable gap ({g.ratio.median:.3g}x per epoch, "
-                "IQR holds 1)")
-    else:
-        text = f"{g.slow} {g.ratio.median:.3g}x slower per epoch than {g.fast}"
-        if g.swapped:
-            text += " (listed the other way round)"
-        first = V.first_causes(v.causes)
-        if first:
-            ranked = V.told_apart(first, g)
-            text += ("; first cause: " if ranked else "; first causes (not told apart): ") + (
-                ", then " if ranked else " and ").join(f"{c.cause} ({_pct(c.share)})"
-                                                       for c in first)
-    r = v.recommendation
-    if r is not None and r.strategy not in (g.slow, g.fast):
-        text += f"; fix: {r.label}"
-    return one_line(mark + text)
+    """The index's one sentence (composed with the answer: :mod:`~workbook_lib.studies.verdict.answer`)."""
+    return v.headline
 
 
 def saved(path, headline_text: str) -> Markdown:

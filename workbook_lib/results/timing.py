@@ -13,7 +13,10 @@ from ..measurement.timing import Stat
 from ..records import Record
 
 
-MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "backward", "optimizer")
+MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "loss", "loss_backward", "backward",
+               "optimizer")
+
+MODEL_STAGES = ("forward", "loss", "loss_backward", "backward", "optimizer")
 
 
 @dataclass
@@ -32,6 +35,7 @@ class ArmResult(Record):
     syncs_per_step: float | None = None
     sync_kinds: dict[str, float] = field(default_factory=dict)
     syncs_by_stage: dict[str, float] = field(default_factory=dict)  # stage -> syncs it made
+    ops_by_stage: dict[str, float] = field(default_factory=dict)  # stage -> aten operator calls
     warmup_steps: int = 0
     timed_steps: int = 0
     stopped_by: str = ""
@@ -44,6 +48,8 @@ class ArmResult(Record):
     first_nonfinite_step: int | None = None
     nonfinite_value: str = ""
     loss_steps: int = 0
+    # why the loss's backward is inside the backward stage ("" when it is timed on its own)
+    loss_split: str = ""
 
     @property
     def samples_per_step(self) -> int:
@@ -72,8 +78,9 @@ STAGES = {
     "collate": ("collate (the DataLoader's collate_fn)", "data"),
     "h2d": ("host-to-device transfer of the batch", "transfer"),
     "device_prep": ("device preparation (the pipeline's prepare)", "device prep"),
-    "forward": ("forward (model and loss)", "model"),
-    "backward": ("backward", "model"),
+    "forward": ("forward (the model's)", "model"),
+    "loss": ("loss (its forward and its backward)", "model"),
+    "backward": ("backward (the model's)", "model"),
     "optimizer": ("optimizer (step and zero_grad)", "model"),
     "overhead": ("loop overhead (Python between stages)", "loop overhead"),
 }
@@ -126,6 +133,40 @@ def arm_key(strategy: str, mode: str) -> str:
     return f"{strategy}/{mode}"
 
 
+HALF = "half"  # the full step at a second batch size (how each stage grows with samples)
+
+
+@dataclass
+class Growth(Record):
+    """How one stage's cost grows with the samples of a batch: the pipeline's full step at its
+    batch size and at a second one, interleaved (paired by round)."""
+
+    stage: str
+    batch_sizes: tuple[int, int]  # (the pipeline's, the second)
+    per_sample: Stat  # seconds per extra sample (per round: difference / difference in samples)
+    at_batch: Stat  # seconds per step at the pipeline's batch size
+    share: float  # per_sample x batch size / at_batch: the part of the stage that is per sample
+    ops_per_sample: float | None = None  # aten operator calls per extra sample (counted steps)
+    syncs_per_sample: float | None = None  # host syncs per extra sample (counted steps)
+    grows: bool = False  # GROWS_RULE
+
+    @property
+    def python_loop(self) -> bool:
+        """Many small operator calls per sample: a loop over the samples (LOOP_RULE)."""
+        return self.ops_per_sample is not None and self.ops_per_sample >= LOOP_OPS
+
+
+GROWS_SHARE = 0.5
+GROWS_RULE = ("the stage grows with the samples of a batch when its cost per extra sample "
+              "(full steps at two batch sizes, paired by round) is above 0 in three rounds of "
+              f"four (its lower quartile) and, times the batch size, at least {GROWS_SHARE:.0%} "
+              "of the stage's time")
+LOOP_OPS = 4.0
+LOOP_RULE = (f"a loop over the samples: at least {LOOP_OPS:g} more operator calls for every "
+             "extra sample of a batch (counted in one step at each batch size; one pass over "
+             "the batch makes the same calls whatever its size)")
+
+
 @dataclass
 class LoopStudy(Record):
     """Every (strategy, mode) arm of the loop."""
@@ -137,7 +178,8 @@ class LoopStudy(Record):
     interleaved: bool
     settings: dict[str, Any]
     arms: dict[str, ArmResult] = field(default_factory=dict)
-    exact: dict[str, bool] = field(default_factory=dict)  # pipeline -> computes the exact forward
+    # pipeline -> declared exact (True), declared not (False) or not stated (None)
+    exact: dict[str, bool | None] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # pipeline -> name for tables
     # pipeline -> seconds of its shared pass (``shared_forward``: the part of the forward every
     # sample of a batch shares, e.g. the dual forward's wildtype pass), forward only, no grad
@@ -145,6 +187,10 @@ class LoopStudy(Record):
     # pipeline -> why it has no figures here (it raised or stalled: not in ``strategies``), or
     # why its figures are marked (a loss that is not finite: ``figures_kept``, still compared)
     failures: dict[str, PipelineFailure] = field(default_factory=dict)
+    # pipeline -> stage -> how it grows with the samples of a batch (the gap's pair only)
+    growth: dict[str, dict[str, Growth]] = field(default_factory=dict)
+    # pipeline -> why its growth was not measured ("" or absent when it was)
+    growth_note: dict[str, str] = field(default_factory=dict)
 
     def arm(self, strategy: str, mode: str = "full") -> ArmResult:
         return self.arms[arm_key(strategy, mode)]
@@ -173,9 +219,10 @@ class LoopStudy(Record):
         return a.step, b.step, diff
 
     def model_seconds(self, strategy: str) -> Stat:
-        """Forward + backward + optimizer of the full step (the model's share, no data)."""
+        """Forward, loss, backward and optimizer of the full step (the model's share, no
+        data)."""
         a = self.arm(strategy, "full")
-        parts = [a.stages[s].samples for s in ("forward", "backward", "optimizer") if s in a.stages]
+        parts = [a.stages[s].samples for s in MODEL_STAGES if s in a.stages]
         return Stat.from_samples([sum(p[i] for p in parts)
                                   for i in range(a.step.n)]).with_cpu(a.step.cpu)
 

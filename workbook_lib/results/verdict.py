@@ -9,6 +9,7 @@ from ..measurement.cpu import CpuShare
 from ..measurement.timing import Stat
 from ..records import Record
 from .bench import BenchResult
+from .timing import Growth
 
 
 @dataclass
@@ -24,6 +25,26 @@ class Claim(Record):
     note: str = ""
     value: float | None = None  # the number the rule compared
     size: str = ""  # where the claim is about the real sizes: the sizes the figure comes from
+
+
+@dataclass
+class CodeSite(Record):
+    """A function of the slow pipeline's own code that holds part of a stage's extra time
+    against the fast one, from their profiled steps (per step)."""
+
+    function: str  # its qualified name ("MyGather.backward")
+    file: str  # as the trace names it
+    line: int  # its first line
+    library: str  # the library frame under it that holds most of its time ("" for its own)
+    slow_ms: float  # the slow pipeline's profiled time in it, per step
+    fast_ms: float  # the fast one's (0 when it has no such function)
+    share: float  # of the stage's extra profiled time (the sum of the sites' positive
+    # differences)
+    ops: float = 0.0  # operator calls under it per profiled step (slow pipeline)
+
+    @property
+    def where(self) -> str:
+        return f"`{self.function}` ({self.file}:{self.line})"
 
 
 @dataclass
@@ -46,6 +67,13 @@ class Cause(Record):
     # syncs (carved out of the stage's time, never added to it); None where not measured
     sync_wait_s: float | None = None
     note: str = ""  # what the stage's time went to, where its label would mislead
+    # where the stage's extra time is in the slow pipeline's code (profiled), largest first,
+    # or why not (sites_note)
+    sites: list[CodeSite] = field(default_factory=list)
+    sites_note: str = ""
+    growth: Growth | None = None  # how the stage grows with the samples (slow pipeline)
+    fast_growth: Growth | None = None  # the same for the fast pipeline
+    finding: str = ""  # what was measured, in one sentence (said instead of advice)
 
 
 @dataclass
@@ -62,7 +90,8 @@ class Gap(Record):
     steps: dict[str, int]  # steps per epoch, per pipeline
     batch_sizes: dict[str, int]
     epoch_s: dict[str, float]  # seconds per epoch on one process, per pipeline (medians)
-    measurable: bool  # the ratio's IQR clear of 1
+    measurable: bool  # the ratio resolved beyond its IQR and the target, and not contended
+    contended: bool = False  # measured while the process got less CPU than it asked for
     ddp_factor: Stat | None = None
     ddp_world: int | None = None
     ddp_booked: bool = False
@@ -86,6 +115,8 @@ class Recommendation(Record):
     bench_source: str = ""
     epochs_per_day: dict[str, dict[str, float]] = field(default_factory=dict)
     projection_basis: str = ""
+    exactness: str = "declared exact"  # how it is known to be exact, in words
+    proven: bool = False  # proven equal to the slow pipeline by ``equal``
 
 
 @dataclass
@@ -117,3 +148,6 @@ class VerdictResult(Record):
     syncs_note: str = ""  # host syncs of the pair's stages and what they cost here
     num_samples: int = 0  # the dataset size an epoch is 80% of (params num_samples)
     specs: dict[str, str] = field(default_factory=dict)  # user pipeline -> its spec as given
+    exactness: dict[str, str] = field(default_factory=dict)  # pipeline -> how exact, in words
+    notes: list[str] = field(default_factory=list)  # what the answer does not rest on
+    headline: str = ""  # the index's one sentence

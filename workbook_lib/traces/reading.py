@@ -37,6 +37,7 @@ class Event:
     children: list = field(default_factory=list)
     parent: "Event | None" = None
     stop: float | None = None  # the end clipped to the parent's (set by build_tree)
+    args: dict = field(default_factory=dict)  # the event's args (sequence numbers...)
 
     @property
     def end(self) -> float:
@@ -169,8 +170,9 @@ def read_trace(path: str | Path) -> Trace:
         if dur is None or dur < 0:
             skip("malformed")
             continue
+        args = e.get("args")
         events.append(Event(name=str(e.get("name", "")), ts=ts, dur=dur, tid=key[1],
-                            pid=key[0], cat=cat))
+                            pid=key[0], cat=cat, args=args if isinstance(args, dict) else {}))
     unclosed = sum(len(s) for s in open_b.values())
     if unclosed:
         ignored["unclosed begin (B)"] = unclosed

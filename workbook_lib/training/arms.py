@@ -17,7 +17,7 @@ from ..common.watchdog import Stalled, Watchdog
 from ..failures import LOOP_STAGE_NAMES, STALLED, PipelineFailed, PipelineFailure, failure_from
 from ..measurement.syncs import SyncCounter
 from ..measurement.timing import StepClock
-from ..pipelines.protocol import Pipeline
+from ..pipelines.protocol import LossSplit, Pipeline
 from .timed_data import DataFailure
 
 
@@ -59,11 +59,14 @@ class Arm:
             ``pipeline.model``).
         optimizer: required for mode ``full``.
         hooks: optional object with ``begin_step()`` and ``end_step(clock)`` (e.g. DDP comm timing).
+        optional: a failure stops this arm alone, not its pipeline (it needs a loader of its
+            own).
     """
 
     def __init__(self, name: str, pipeline: Pipeline, loader: DataLoader, variant: Variant, *,
                  model: torch.nn.Module | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, hooks=None):
+                 optimizer: torch.optim.Optimizer | None = None, hooks=None,
+                 optional: bool = False):
         if variant.mode == "full" and optimizer is None:
             raise ValueError(f"arm {name!r}: mode 'full' needs an optimizer")
         if variant.gather and not _takes_gather(pipeline):
@@ -72,6 +75,7 @@ class Arm:
         self.name, self.pipeline, self.loader = name, pipeline, loader
         self.model = pipeline.model if model is None else model
         self.variant, self.optimizer, self.hooks = variant, optimizer, hooks
+        self.optional = optional
         self.ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         self.batch_size = loader.batch_size
         self.stream: Iterator | None = None
@@ -86,6 +90,10 @@ class Arm:
         # a stage of the step that stalls
         self.watchdog: Watchdog | None = None
         self.watch_loader = True  # False with DataLoader workers: they watch themselves
+        # the trainable parameters (a loss may use some itself: LossSplit), and why the loss's
+        # backward is not timed apart from the model's ("" when it is)
+        self.parameters = [p for p in pipeline.model.parameters() if p.requires_grad]
+        self.loss_split = ""
 
     @property
     def samples_per_step(self) -> int:
@@ -172,14 +180,26 @@ class Arm:
                         continue
                     with self._stage(clock, "forward", v.sync_stages, counter):
                         out = pipe.forward(self.model, inputs)
-                        self.where = "loss"
+                    with self._stage(clock, "loss", v.sync_stages, counter):
+                        split = (LossSplit(out, self.parameters) if v.mode != "forward"
+                                 else None)
+                        if split is not None and split.split:
+                            out = split.output
                         loss = (pipe.loss(out, batch, gather=True) if v.gather
                                 else pipe.loss(out, batch))
                     if isinstance(loss, torch.Tensor):
                         self.loss_checks.append((index, loss.detach()))
-                    if v.mode != "forward":
-                        with self._stage(clock, "backward", v.sync_stages, counter):
-                            loss.backward()
+                    if split is not None:
+                        self.loss_split = split.why_not
+                        if split.split:
+                            split.loss = loss
+                            with self._stage(clock, "loss_backward", v.sync_stages, counter):
+                                split.loss_backward()
+                            with self._stage(clock, "backward", v.sync_stages, counter):
+                                split.model_backward()
+                        else:
+                            with self._stage(clock, "backward", v.sync_stages, counter):
+                                loss.backward()
             # the optimizer is outside the sync count: AdamW keeps its step counters on the host
             # (their .item() never waits for a GPU), which a CPU run could not tell apart
             if v.mode == "full":

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -145,8 +146,11 @@ def _result(arm: Arm, clock: StepClock, warmup: int, counted: SyncCounter | None
         extra=extra, syncs_per_step=None if counted is None else float(counted.total),
         sync_kinds={} if counted is None else {k: float(v) for k, v in counted.by_kind.items()},
         syncs_by_stage={} if counted is None else {k: float(v) for k, v in counted.by_stage.items()},
+        ops_by_stage={} if counted is None else {k: float(v)
+                                                 for k, v in counted.ops_by_stage.items()},
         warmup_steps=warmup, timed_steps=clock.n, stopped_by=stopped_by, nonfinite_steps=bad,
         first_nonfinite_step=first, nonfinite_value=value, loss_steps=checked,
+        loss_split=arm.loss_split,
         batch_contents={} if counted is None else dict(counted.contents))
 
 
@@ -169,6 +173,180 @@ def stall_limit(stall_timeout_s: float | None, slowest_step_s: float | None) -> 
     return min(float(stall_timeout_s), max(STALL_FACTOR * slowest_step_s, STALL_FLOOR_S))
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How long arms run: untimed warm-up steps, then timed steps until the median is known to
+    ``target`` (:meth:`Stat.known_to`) with at least ``min_steps``, or ``max_steps``, or
+    ``budget_s`` spent (then arms stop at ``min_steps``)."""
+
+    warmup_steps: int = 1
+    min_steps: int = 10
+    max_steps: int = 30
+    target: float = DEFAULT_TARGET
+    budget_s: float = 120.0
+
+    def __post_init__(self):
+        if self.warmup_steps < 0:
+            raise ValueError(f"'warmup_steps' must be >= 0 (got {self.warmup_steps})")
+        if self.min_steps <= 0:
+            raise ValueError(f"'min_steps' must be a positive integer (got {self.min_steps})")
+        if self.max_steps < self.min_steps:
+            raise ValueError(f"'max_steps' must be >= min_steps={self.min_steps} "
+                             f"(got {self.max_steps})")
+
+    def stop_reason(self, clock: StepClock, spent: float, budget: float) -> str:
+        """Why an arm whose steps are in ``clock`` stops now ("" when it goes on)."""
+        if clock.n < self.min_steps:
+            return ""
+        if clock.wall().known_to(self.target):
+            return "precision target"
+        if clock.n >= self.max_steps:
+            return "max steps"
+        if spent >= budget:
+            return "time budget"
+        return ""
+
+
+class Stepper:
+    """Runs one step of an arm at a time and keeps what the steps leave: the clocks, the sync
+    counts, the slowest step per pipeline (the stall rule) and the failures. A pipeline that
+    fails stops all its arms; an arm marked ``optional`` that fails stops alone (its failure
+    is recorded under the arm's name)."""
+
+    def __init__(self, arms: list[Arm], *, failures: dict[str, PipelineFailure] | None,
+                 stall_timeout_s: float | None, notebook: str, desc: str, procs: int,
+                 count_syncs: bool):
+        names = [a.name for a in arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique (got {names})")
+        self.arms, self.failures, self.notebook, self.desc = arms, failures, notebook, desc
+        self.stall_timeout_s, self.count_syncs = stall_timeout_s, count_syncs
+        self.device = torch.device(arms[0].pipeline.device)
+        self.clocks = {a.name: StepClock(self.device, children=_children_label(a.loader),
+                                         procs=procs, workers=getattr(a.loader, "num_workers", 0))
+                       for a in arms}
+        self.counters: dict[str, SyncCounter | None] = {a.name: None for a in arms}
+        self.stopped = {a.name: "" for a in arms}
+        self.slowest: dict[str, float] = {}
+        self.failed: set[str] = set()  # pipelines, and optional arms, that failed
+        self.watchdog = Watchdog(announce=note, why="stall_timeout_s, or "
+                                 f"{STALL_FACTOR:g}x the slowest step and at least "
+                                 f"{STALL_FLOOR_S:g} s") if stall_timeout_s else None
+        self.bar = None
+        self._shown = 0.0
+
+    def live(self, arm: Arm) -> bool:
+        return arm.pipeline.name not in self.failed and arm.name not in self.failed
+
+    def step(self, arm: Arm, *, timed: bool, counter: SyncCounter | None = None) -> bool:
+        """One step of ``arm``; False when it failed (recorded, its arms stopped)."""
+        if not self.live(arm):
+            return False
+        pipe = arm.pipeline.name
+        limit = stall_limit(self.stall_timeout_s, self.slowest.get(pipe))
+        arm.watchdog = self.watchdog if limit else None
+        arm.watch_loader = getattr(arm.loader, "num_workers", 0) == 0
+        t0 = time.perf_counter()
+        if self.bar is not None:  # the arm running, at most once a second
+            self.bar.set_postfix_str(arm.name, refresh=t0 - self._shown > 1.0)
+            if t0 - self._shown > 1.0:
+                self._shown = t0
+        if arm.watchdog is not None:
+            arm.watchdog.arm(limit)  # once per step, outside its timed region
+        try:
+            arm.step(self.clocks[arm.name], timed=timed, counter=counter)
+        except PipelineFailed as exc:
+            self._failed(arm, exc.failure)
+            return False
+        finally:
+            if arm.watchdog is not None:
+                arm.watchdog.disarm()
+        self.slowest[pipe] = max(self.slowest.get(pipe, 0.0), time.perf_counter() - t0)
+        return True
+
+    def _failed(self, arm: Arm, f: PipelineFailure) -> None:
+        f.notebook = self.notebook
+        if self.failures is None:
+            raise PipelineFailed(f)
+        key = arm.name if arm.optional else arm.pipeline.name
+        self.failures[key] = f
+        self.failed.add(key)
+        for other in self.arms:
+            if other.name == key or (not arm.optional and other.pipeline.name == key):
+                close_stream(other.stream)
+                other.stream = None
+        note(f"{self.desc}: {f.line()}" + (f" (its arm '{arm.name}' only)" if arm.optional
+                                          else "; the other pipelines go on"))
+
+    def count(self, arm: Arm) -> None:
+        """One untimed step under the sync counter."""
+        if self.count_syncs and self.live(arm):
+            self.counters[arm.name] = SyncCounter(self.device)
+            self.step(arm, timed=False, counter=self.counters[arm.name])
+
+    def results(self, plan: Plan) -> dict[str, ArmResult]:
+        return {a.name: _result(a, self.clocks[a.name], plan.warmup_steps,
+                                self.counters[a.name], self.stopped[a.name], plan.target)
+                for a in self.arms if self.live(a)}
+
+
+def _interleaved(st: Stepper, plan: Plan, agree: Callable[[bool], bool]) -> None:
+    """One step of each arm in turn (arms sharing a loader share its stream)."""
+    shared: dict = {}
+    try:
+        for a in st.arms:
+            if id(a.loader) not in shared:
+                shared[id(a.loader)] = cycle(a.loader)
+            a.stream = shared[id(a.loader)]
+        for _ in range(plan.warmup_steps):
+            for a in st.arms:
+                st.step(a, timed=False)
+        for a in st.arms:
+            st.count(a)
+        t0 = time.perf_counter()
+        active = [a for a in st.arms if st.live(a)]
+        while active:
+            for a in active:
+                if st.step(a, timed=True):
+                    st.bar.update(1)
+            spent = time.perf_counter() - t0
+            still = []
+            for a in active:
+                if not st.live(a):
+                    continue
+                why = plan.stop_reason(st.clocks[a.name], spent, plan.budget_s)
+                if agree(bool(why)):
+                    st.stopped[a.name] = why or "stopped with the other ranks"
+                else:
+                    still.append(a)
+            active = still
+    finally:
+        for stream in shared.values():
+            close_stream(stream)
+
+
+def _sequential(st: Stepper, plan: Plan, agree: Callable[[bool], bool]) -> None:
+    """Arm after arm, each with a fresh stream (closed when it ends)."""
+    per_arm = plan.budget_s / max(1, len(st.arms))
+    for a in st.arms:
+        if not st.live(a):
+            continue
+        a.stream = cycle(a.loader)
+        try:
+            if all(st.step(a, timed=False) for _ in range(plan.warmup_steps)):
+                st.count(a)
+            t0 = time.perf_counter()
+            while st.step(a, timed=True):
+                st.bar.update(1)
+                why = plan.stop_reason(st.clocks[a.name], time.perf_counter() - t0, per_arm)
+                if agree(bool(why)):
+                    st.stopped[a.name] = why or "stopped with the other ranks"
+                    break
+        finally:
+            close_stream(a.stream)  # ends this arm's worker processes
+            a.stream = None
+
+
 def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
              max_steps: int = 30, target: float = DEFAULT_TARGET, budget_s: float = 120.0,
              interleave: bool = True, count_syncs: bool = True,
@@ -180,176 +358,38 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
 
     Args:
         arms: the arms; their names must be unique.
-        warmup_steps: untimed steps per arm first (never recorded).
-        min_steps: the fewest timed steps per arm.
-        max_steps: the most timed steps per arm.
-        target: stop an arm once its step time's IQR/median is at most this.
-        budget_s: time for the timed steps of all arms; once spent, arms stop at ``min_steps``.
+        warmup_steps, min_steps, max_steps, target, budget_s: the :class:`Plan`.
         interleave: one step of each arm in turn (else arm after arm, each with a fresh stream).
         count_syncs: run one untimed step per arm under the sync counter.
         agree: for DDP, turns this rank's "stop" into one every rank agrees on (collectives
             must match across ranks); None on a single process.
         desc: the progress bar's label.
-        failures: where a pipeline that fails is recorded (pipeline -> its failure): its arms
-            stop, the others go on, and its arms are left out of the result. None: the first
-            failure is raised (:class:`~workbook_lib.failures.PipelineFailed`); always so with
-            ``agree`` (a rank cannot leave its collectives).
+        failures: where a pipeline that fails is recorded (pipeline -> its failure; an optional
+            arm: arm name -> its failure). None: the first failure is raised
+            (:class:`~workbook_lib.failures.PipelineFailed`); always so with ``agree`` (a rank
+            cannot leave its collectives).
         stall_timeout_s: the stall limit of a stage (:func:`stall_limit`); None: no limit.
         notebook: written into the failure records ("03").
         procs: the run's processes sharing these CPUs (DDP ranks on the node), for the CPU
             figures' cause.
 
     Returns:
-        ``{arm name: ArmResult}`` of the arms whose pipeline did not fail.
+        ``{arm name: ArmResult}`` of the arms that did not fail.
     """
-    names = [a.name for a in arms]
-    if len(set(names)) != len(names):
-        raise ValueError(f"arm names must be unique (got {names})")
-    if warmup_steps < 0:
-        raise ValueError(f"'warmup_steps' must be >= 0 (got {warmup_steps})")
-    if min_steps <= 0:
-        raise ValueError(f"'min_steps' must be a positive integer (got {min_steps})")
-    if max_steps < min_steps:
-        raise ValueError(f"'max_steps' must be >= min_steps={min_steps} (got {max_steps})")
-    if agree is not None:
-        failures = None
-    device = torch.device(arms[0].pipeline.device)
-    clocks = {a.name: StepClock(device, children=_children_label(a.loader), procs=procs,
-                                workers=getattr(a.loader, "num_workers", 0)) for a in arms}
-    counters: dict[str, SyncCounter | None] = {a.name: None for a in arms}
-    stopped = {a.name: "" for a in arms}
-    agree = agree or (lambda flag: flag)
-    slowest: dict[str, float] = {}  # pipeline -> its slowest step so far (the stall rule)
-    shown = [0.0]  # when the progress line last named the arm running
-    failed: set[str] = set()
-
-    def stop_reason(arm: Arm, spent: float, budget: float) -> str:
-        c = clocks[arm.name]
-        if c.n < min_steps:
-            return ""
-        if c.wall().rel_iqr <= target:
-            return "precision target"
-        if c.n >= max_steps:
-            return "max steps"
-        if spent >= budget:
-            return "time budget"
-        return ""
-
-    def prelude(arm: Arm, shared: dict) -> None:
-        if interleave:
-            key = id(arm.loader)
-            if key not in shared:
-                shared[key] = cycle(arm.loader)
-            arm.stream = shared[key]
-        else:
-            arm.stream = cycle(arm.loader)
-
-    def run_step(arm: Arm, *, timed: bool, counter: SyncCounter | None = None) -> bool:
-        """One step of ``arm``; False when its pipeline failed (recorded, its arms stopped)."""
-        pipe = arm.pipeline.name
-        if pipe in failed:
-            return False
-        limit = stall_limit(stall_timeout_s, slowest.get(pipe))
-        arm.watchdog = watchdog if limit else None
-        arm.watch_loader = getattr(arm.loader, "num_workers", 0) == 0
-        t0 = time.perf_counter()
-        # the arm running, on the terminal (at most once a second: a refresh writes the line)
-        bar.set_postfix_str(arm.name, refresh=t0 - shown[0] > 1.0)
-        if t0 - shown[0] > 1.0:
-            shown[0] = t0
-        if arm.watchdog is not None:
-            arm.watchdog.arm(limit)  # once per step, outside its timed region
-        try:
-            arm.step(clocks[arm.name], timed=timed, counter=counter)
-        except PipelineFailed as exc:
-            f = exc.failure
-            f.notebook = notebook
-            if failures is None:
-                raise
-            failures[pipe] = f
-            failed.add(pipe)
-            for other in arms:
-                if other.pipeline.name == pipe:
-                    close_stream(other.stream)
-                    other.stream = None
-            note(f"{desc}: {f.line()}; the other pipelines go on")
-            return False
-        finally:
-            if arm.watchdog is not None:
-                arm.watchdog.disarm()
-        slowest[pipe] = max(slowest.get(pipe, 0.0), time.perf_counter() - t0)
-        return True
-
-    def count_step(arm: Arm) -> None:
-        if count_syncs:
-            counters[arm.name] = SyncCounter(device)
-            run_step(arm, timed=False, counter=counters[arm.name])
-
-    shared: dict = {}
-    total = len(arms) * max_steps
-    bar = progress(desc=desc, total=total)
-    watchdog = Watchdog(announce=note, why="stall_timeout_s, or "
-                        f"{STALL_FACTOR:g}x the slowest step and at least {STALL_FLOOR_S:g} s") \
-        if stall_timeout_s else None
+    plan = Plan(warmup_steps, min_steps, max_steps, target, budget_s)
+    st = Stepper(arms, failures=None if agree is not None else failures,
+                 stall_timeout_s=stall_timeout_s, notebook=notebook, desc=desc, procs=procs,
+                 count_syncs=count_syncs)
+    st.bar = progress(desc=desc, total=len(arms) * max_steps)
     try:
-        with watchdog if watchdog is not None else nullcontext():
-            if interleave:
-                for a in arms:
-                    prelude(a, shared)
-                for _ in range(warmup_steps):
-                    for a in arms:
-                        run_step(a, timed=False)
-                for a in arms:
-                    count_step(a)
-                t0 = time.perf_counter()
-                active = [a for a in arms if a.pipeline.name not in failed]
-                while active:
-                    for a in active:
-                        if run_step(a, timed=True):
-                            bar.update(1)
-                    spent = time.perf_counter() - t0
-                    still = []
-                    for a in active:
-                        if a.pipeline.name in failed:
-                            continue
-                        why = stop_reason(a, spent, budget_s)
-                        if agree(bool(why)):
-                            stopped[a.name] = why or "stopped with the other ranks"
-                        else:
-                            still.append(a)
-                    active = still
-            else:
-                per_arm = budget_s / max(1, len(arms))
-                for a in arms:
-                    if a.pipeline.name in failed:
-                        continue
-                    prelude(a, shared)
-                    ok = all(run_step(a, timed=False) for _ in range(warmup_steps))
-                    if ok:
-                        count_step(a)
-                    t0 = time.perf_counter()
-                    while a.pipeline.name not in failed:
-                        if run_step(a, timed=True):
-                            bar.update(1)
-                        else:
-                            break
-                        why = stop_reason(a, time.perf_counter() - t0, per_arm)
-                        if agree(bool(why)):
-                            stopped[a.name] = why or "stopped with the other ranks"
-                            break
-                    close_stream(a.stream)  # ends this arm's worker processes
-                    a.stream = None
+        with st.watchdog if st.watchdog is not None else nullcontext():
+            (_interleaved if interleave else _sequential)(st, plan, agree or (lambda f: f))
     finally:
-        bar.close()
+        st.bar.close()
         for a in arms:
-            if not interleave:
-                close_stream(a.stream)
             a.stream = None
             a.watchdog = None
-        for st in shared.values():
-            close_stream(st)
-    return {a.name: _result(a, clocks[a.name], warmup_steps, counters[a.name], stopped[a.name],
-                            target) for a in arms if a.pipeline.name not in failed}
+    return st.results(plan)
 
 
 def project_epochs(step_seconds: float, samples_per_step: int, num_samples: int, *,

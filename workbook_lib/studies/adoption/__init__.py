@@ -166,7 +166,7 @@ def check_pair(params: dict, graph, device: torch.device, middle: str = "delta")
         names = {slow: slow, fast: fast}
         mode, labels = "pipelines", None
         pipes = {n: seeded_build(params, n, graph, device) for n in (slow, fast)}
-        if not getattr(pipes[fast], "exact", True):
+        if getattr(pipes[fast], "exact", None) is False:
             return Pair(mode, names, {}, None, (
                 f"the fast pipeline of gap_strategies, '{fast}', is not exact (exact = False): "
                 f"it computes another model than '{slow}', so their trainings cannot be the "

@@ -24,8 +24,10 @@ from ...pipelines import build_pipeline, compared_names
 from ...strategies import make_strategy
 from ...training import loop
 from ...pipelines.builtin import batch_size_for
-from ...results.timing import (arm_key, LoopStudy, PIPELINED, ReportedFigure, SanityFlag, StepBound,
-                               StoredReads, SyncPoint, SyncStudy)
+from ...results.timing import (arm_key, HALF, LoopStudy, PIPELINED, ReportedFigure, SanityFlag,
+                               StepBound, StoredReads, SyncPoint, SyncStudy)
+from .growth import growth, second_batch
+from .own_code import OwnCode
 from .stages import step_bound
 
 LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
@@ -46,6 +48,8 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
     interleaved = params["num_workers"] == 0
     store = Path(tempfile.mkdtemp(prefix="wb-masks-"))
     arms, made = [], {}
+    pair = set(params["gap_strategies"] or [])
+    growth_note: dict[str, str] = {}
     failures: dict[str, PipelineFailure] = {}
     stall = params.get("stall_timeout_s")
     try:
@@ -78,10 +82,25 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
             arms.append(loop.Arm(arm_key(name, PIPELINED), pipe, loader,
                                  loop.Variant(PIPELINED, "full", sync_stages=False),
                                  optimizer=opt))
+            if name in pair:  # the full step at a second batch size: how each stage grows
+                try:
+                    half = loop.make_loader(pipe, second_batch(pipe.batch_size),
+                                            num_workers=params["num_workers"],
+                                            pin_memory=params["pin_memory"],
+                                            persistent_workers=params["persistent_workers"],
+                                            stall_timeout_s=stall)
+                except ValueError as exc:  # a dataset too small for it: this figure only
+                    growth_note[name] = str(exc)
+                else:
+                    arms.append(loop.Arm(arm_key(name, HALF), pipe, half,
+                                         loop.Variant(HALF, "full"), optimizer=opt,
+                                         optional=True))
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
                             target=params["precision_target"], budget_s=params["loop_budget_s"],
                             interleave=interleaved, desc="03 loop", failures=failures,
                             stall_timeout_s=stall, notebook="03") if arms else {}
+        for key in [k for k in failures if k.endswith("/" + HALF)]:  # an optional arm's
+            growth_note[key.split("/")[0]] = failures.pop(key).line()
         for n in [n for n in names if n in made and n not in failures]:
             f = nonfinite_failure(n, [a for a in res.values() if a.strategy == n])
             if f is not None:
@@ -99,7 +118,7 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
     from ...measurement.cpu import fit_threads
 
     threads = fit_threads(workers=params["num_workers"])  # what setup applied, and why
-    return LoopStudy(
+    study = LoopStudy(
         device=device_label(device), sizes=sizes, strategies=measured,
         batch_sizes={n: made[n].batch_size for n in made}, interleaved=interleaved,
         settings={"warmup_steps": warm, "min_steps": lo, "max_steps": hi,
@@ -109,8 +128,11 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                   "persistent_workers": params["persistent_workers"],
                   "dual_forward": params["dual_forward"],
                   "threads": torch.get_num_threads(), "threads_why": threads.why},
-        arms=res, exact={n: bool(getattr(made[n], "exact", True)) for n in made},
-        labels={n: made[n].label for n in made}, shared_pass=shared, failures=failures)
+        arms=res, exact={n: getattr(made[n], "exact", None) for n in made},
+        labels={n: made[n].label for n in made}, shared_pass=shared, failures=failures,
+        growth_note=growth_note)
+    study.growth = {n: g for n in measured if n in pair and (g := growth(study, n))}
+    return study
 
 
 def measured_names(names: list[str], made: dict, failures: dict[str, PipelineFailure]
@@ -363,7 +385,8 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
                 out[name] = profile_steps(one, steps_done=warm, wait=wait, warmup=pw,
                                           active=active,
                                           trace_path=Path(trace_dir) / f"{name}.json",
-                                          device=device, relative_to=run_dir)
+                                          device=device, relative_to=run_dir,
+                                          own=OwnCode(builtin=name in params["strategies"]))
             except (Exception, PipelineFailed) as exc:  # noqa: BLE001 - this pipeline only
                 if loops is None:
                     raise
@@ -385,13 +408,13 @@ def step_bounds(study: LoopStudy) -> dict[str, StepBound]:
 
 
 def is_exact(study: LoopStudy, name: str) -> bool:
-    """Whether a compared pipeline computes the exact perturbed-graph forward (as it declared;
-    results written before pipelines declared it: the built-in strategy's flag)."""
+    """Whether a compared pipeline declared that it computes the exact perturbed-graph forward
+    (``exact = True``; a built-in strategy: its flag). Not stated is not exact."""
     if name in study.exact:
-        return study.exact[name]
+        return study.exact[name] is True
     from ...strategies import REGISTRY
 
-    return REGISTRY[name].exact if name in REGISTRY else True
+    return REGISTRY[name].exact if name in REGISTRY else False
 
 
 def fastest_exact(study: LoopStudy) -> str | None:

@@ -10,13 +10,14 @@ turns one pipeline's full-step arm into named stages:
   pipeline costs the step; with worker processes, what their prefetching did not hide), split
   in the proportion of the workers' own item and collate times (both measured, the split is
   arithmetic on them and labelled so);
-* **transfer**, **device prep**, **forward** (the pipeline's forward and its loss), **backward**,
-  **optimizer** (step and zero_grad): their own medians;
+* **transfer**, **device prep**, **forward** (the pipeline's forward), **loss** (its forward and
+  its own backward, timed apart from the model's), **backward** (the model's), **optimizer**
+  (step and zero_grad): their own medians;
 * **loop overhead**: the step's wall time outside every stage.
 
 :func:`step_bound` says what bounds one pipeline's step, by a stated rule: the group with the
-largest share of the step median, data (item + collate), transfer, device prep, model (forward +
-backward + optimizer) or loop overhead; and, separately, "sync-bound on a GPU" when its model
+largest share of the step median, data (item + collate), transfer, device prep, model (forward,
+loss, backward and optimizer) or loop overhead; and, separately, "sync-bound on a GPU" when its model
 and preparation make at least one host sync per sample (each drains a GPU's queue; a CPU run
 counts them but cannot time what they would cost). Written here rather than taken from a
 profiler's "input-bound / compute-bound" summary because the stages are the harness's own
@@ -26,58 +27,66 @@ stage, not in two bins.
 from __future__ import annotations
 
 
+from ...measurement.timing import Stat
 from ...results.timing import STAGES, StepBound
 
 GROUPS = ("data", "transfer", "device prep", "model", "loop overhead")
 BOUND_WORDS = {"data": "data-bound", "transfer": "transfer-bound",
                "device prep": "preparation-bound", "model": "model-bound",
                "loop overhead": "overhead-bound"}
-SYNC_STAGES = ("device_prep", "forward", "backward")
-BOUND_RULE = ("the stage group (data: item + collate; transfer; device prep; model: forward + "
-              "backward + optimizer; loop overhead) with the largest share of the full step's "
+SYNC_STAGES = ("device_prep", "forward", "loss", "loss_backward", "backward")
+BOUND_RULE = ("the stage group (data: item + collate; transfer; device prep; model: forward, "
+              "loss, backward and optimizer; loop overhead) with the largest share of the full step's "
               "median; sync-bound on a GPU when the device prep, forward and backward make at "
               "least one host sync per sample")
 
 
-def stage_medians(arm) -> dict[str, float]:
-    """Seconds per step of each named stage of a full-step arm (see the module docstring).
+TIMED = ("h2d", "device_prep", "forward", "backward", "optimizer")
+LOSS_PARTS = ("loss", "loss_backward")
+
+
+def stage_series(arm) -> dict[str, list[float]]:
+    """Seconds in each timed step of each named stage of a full-step arm (see the module
+    docstring): the DataLoader wait split into data item and collate in the proportion of the
+    workers' own medians, the loss's forward and backward summed as "loss".
 
     Args:
         arm: an :class:`~workbook_lib.results.timing.ArmResult` of mode ``full``.
 
     Returns:
-        ``{stage key: seconds}`` for the stages the arm measured (``overhead`` always).
+        ``{stage key: per-step seconds}`` for the stages the arm measured (``overhead`` always).
     """
     s = arm.stages
-    out: dict[str, float] = {}
+    out: dict[str, list[float]] = {}
     if "loader_wait" in s:
-        wait = s["loader_wait"].median
         item = arm.extra["worker_fetch"].median if "worker_fetch" in arm.extra else 0.0
         coll = arm.extra["worker_collate"].median if "worker_collate" in arm.extra else 0.0
         frac = item / (item + coll) if item + coll > 0 else 1.0
-        out["data_item"], out["collate"] = wait * frac, wait * (1.0 - frac)
-    for key in ("h2d", "device_prep", "forward", "backward", "optimizer"):
+        wait = s["loader_wait"].samples
+        out["data_item"] = [w * frac for w in wait]
+        out["collate"] = [w * (1.0 - frac) for w in wait]
+    for key in TIMED:
         if key in s:
-            out[key] = s[key].median
-    out["overhead"] = arm.untracked.median
+            out[key] = list(s[key].samples)
+        if key == "forward" and any(k in s for k in LOSS_PARTS):
+            parts = [s[k].samples for k in LOSS_PARTS if k in s]
+            out["loss"] = [sum(x) for x in zip(*parts)]
+    out["overhead"] = list(arm.untracked.samples)
     return out
 
 
+def stage_medians(arm) -> dict[str, float]:
+    """Seconds per step of each stage :func:`stage_series` names (medians over the steps)."""
+    return {k: Stat.from_samples(v).median for k, v in stage_series(arm).items() if v}
+
+
 def stage_quartiles(arm) -> dict[str, tuple[float, float]]:
-    """(first, third) quartile in seconds per step of each stage :func:`stage_medians` names,
-    from the same figures (the DataLoader wait split in the same proportion)."""
-    s = arm.stages
-    out: dict[str, tuple[float, float]] = {}
-    med = stage_medians(arm)
-    if "loader_wait" in s:
-        wait = s["loader_wait"]
-        for key in ("data_item", "collate"):
-            frac = med[key] / wait.median if wait.median > 0 else 0.0
-            out[key] = (wait.q1 * frac, wait.q3 * frac)
-    for key in ("h2d", "device_prep", "forward", "backward", "optimizer"):
-        if key in s:
-            out[key] = (s[key].q1, s[key].q3)
-    out["overhead"] = (arm.untracked.q1, arm.untracked.q3)
+    """(first, third) quartile in seconds per step of each stage :func:`stage_series` names."""
+    out = {}
+    for k, v in stage_series(arm).items():
+        if v:
+            st = Stat.from_samples(v)
+            out[k] = (st.q1, st.q3)
     return out
 
 

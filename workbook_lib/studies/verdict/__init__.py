@@ -50,10 +50,13 @@ from ...results.verdict import Cause, Claim, Gap, Recommendation, VerdictResult 
 from . import claims as claims_mod
 from ..timing import DANGO, LAZY, is_exact
 # the parts, and the names the view and the tests read here
-from .causes import (ADVICE, SYNC_ADVICE, first_causes, offsets, rank_causes,  # noqa: F401
+from .advice import NODEMASK, STATIC, SYNC_ADVICE  # noqa: F401
+from .causes import (first_causes, offsets, rank_causes,  # noqa: F401
                      syncs_note, told_apart)
 from .gap import MIN_PAIRED, measure_gap, resolved  # noqa: F401
+from .answer import CONTENDED_LABELS, DISTURBED_LABELS, compose  # noqa: F401
 from .recommend import _bench, recommend
+from ..adoption import proofs
 
 TIMING = "03_data_vs_model_timing"
 REQUIRED = notebook_info("05_verdict").requires  # notebook 03
@@ -138,15 +141,6 @@ CPU_CANNOT = ["host-to-device transfer costs (a CPU run copies nothing)",
               "NCCL communication between GPUs"]
 
 
-DISTURBED_LABELS = {"gap": "the epoch-time gap", "per_step_ratio": "the per-step ratio",
-                    "ddp_factor": "the DDP factor",
-                    "speedup": "the recommended pipeline's speedup over the slow one (notebook "
-                               "03's loop)",
-                    "bench": "the benchmark's ratio"}
-CONTENDED_LABELS = {**DISTURBED_LABELS, "loop": "notebook 03's full steps (the fix is chosen "
-                                                "by them)"}
-
-
 def _headline_stats(gap: Gap | None, rec: Recommendation | None) -> dict[str, Stat | None]:
     figs: dict[str, Stat | None] = {}
     if gap is not None:
@@ -161,14 +155,15 @@ def _headline_stats(gap: Gap | None, rec: Recommendation | None) -> dict[str, St
 
 def disturbed_figures(gap: Gap | None, rec: Recommendation | None,
                       target: float) -> dict[str, float]:
-    """The headline figures whose IQR/median is beyond ``target`` (the machine was disturbed
-    while they were measured, or they are too few): key -> IQR/median."""
-    return {k: st.rel_iqr for k, st in _headline_stats(gap, rec).items()
-            if st is not None and st.n > 1 and st.rel_iqr > target}
+    """The headline figures whose median is not known to ``target`` (:meth:`Stat.known_to`:
+    the half-width of its 95% confidence interval beyond it): key -> that half-width over the
+    median. A figure whose steps vary but were measured long enough is not disturbed."""
+    return {k: st.ci_half_width() for k, st in _headline_stats(gap, rec).items()
+            if st is not None and st.n > 1 and not st.known_to(target)}
 
 
 def contended_figures(gap: Gap | None, rec: Recommendation | None,
-                      timing=None) -> dict[str, CpuShare]:
+                      timing=None, exact: set[str] | None = None) -> dict[str, CpuShare]:
     """The headline figures measured while the process got less CPU than its threads asked for
     (:attr:`Stat.contended`), and notebook 03's full steps when any exact strategy's was: key ->
     the CPU share it was measured with."""
@@ -176,7 +171,8 @@ def contended_figures(gap: Gap | None, rec: Recommendation | None,
            if st is not None and getattr(st, "contended", False)}
     if timing is not None:
         lo = timing.loops
-        arms = [lo.arm(n, "full").step for n in lo.strategies if is_exact(lo, n)]
+        arms = [lo.arm(n, "full").step for n in lo.strategies
+                if (n in exact if exact is not None else is_exact(lo, n))]
         bad = [a.cpu for a in arms if getattr(a, "contended", False)]
         if bad:
             out["loop"] = min(bad, key=lambda c: c.judged)
@@ -272,13 +268,74 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
         res.syncs_note = syncs_note(res.causes, device_type)
     res.claims, res.claims_note = judge_claims(inv, mc, timing, ddp, params, run_dir,
                                                device_type)
+    res.exactness, proven = exactness(lo, params, res.gap_strategies if res.gap else [])
+    exact = {n for n in lo.strategies if is_exact(lo, n)} | proven
     res.recommendation = recommend(
         timing, mc, ddp, run_dir, baseline=res.gap_strategies[0],
         tie_tolerance=params["verdict_tie_tolerance"], num_samples=params["num_samples"],
-        target=params["precision_target"], exclude=tuple(nonfinite))
+        target=params["precision_target"], exclude=tuple(nonfinite), exact=exact,
+        words=res.exactness, proven=proven)
     res.disturbed = disturbed_figures(res.gap, res.recommendation, params["precision_target"])
-    res.contended = contended_figures(res.gap, res.recommendation, timing)
+    res.contended = contended_figures(res.gap, res.recommendation, timing, exact)
+    compose(res, **sizes_of(found))
     return res
+
+
+def sizes_of(found: dict) -> dict:
+    """The scale and edge count of the run's graph, from notebook 01 when it completed."""
+    inv = found.get("01_graph_inventory")
+    return {"scale": getattr(inv, "scale", None), "edges": getattr(inv, "total_edges", None)}
+
+
+def exactness(lo, params, pair: list[str]) -> tuple[dict[str, str], set[str]]:
+    """Every pipeline's exactness in words ("declared exact", "declared not exact", "not
+    stated", or what ``equal`` found for the pair's fast side against its slow one), and the
+    pipelines proven equal to the slow one.
+
+    A kept outcome of ``equal`` for the pair's sources is read; with ``verdict_check_equal``
+    and none kept, the check runs here (on the run's snapshot) and its outcome is kept."""
+    from ...strategies import REGISTRY
+
+    words = {}
+    for n in lo.strategies:
+        declared = REGISTRY[n].exact if n in REGISTRY else lo.exact.get(n)
+        words[n] = {True: "declared exact", False: "declared not exact"}.get(
+            declared, "exactness not stated")
+    proven: set[str] = set()
+    if len(pair) != 2:
+        return words, proven
+    slow, fast = pair
+    found = proofs.targets(params, slow, fast)
+    if found is None:  # a built-in strategy: its flag is the workbook's own
+        return words, proven
+    proof = proofs.load(params["cache_dir"], *found)
+    if proof is None and params["verdict_check_equal"]:
+        proof = run_equal(params, slow, fast, found)
+    if proof is not None:
+        words[fast] = proof.words(slow)
+        if proof.equal:
+            proven.add(fast)
+    return words, proven
+
+
+def run_equal(params, slow: str, fast: str, found: list[str]):
+    """``equal`` on the pair here (verdict_check_equal), its outcome kept; None when the two
+    cannot be compared (parameters that do not pair: another model), said in the words."""
+    from ...common.progress import note
+    from ...data.snapshots import load_snapshot
+    from ...exceptions import WorkbookError
+    from ...running.environment import resolve_device
+    from ..adoption.equality import check_equal
+
+    note(f"05: checking '{fast}' against '{slow}' with equal (verdict_check_equal)")
+    try:
+        res = check_equal(params, slow, fast, load_snapshot(params),
+                          resolve_device(params["device"]))
+    except (WorkbookError, ValueError) as exc:
+        note(f"05: equal could not compare them: {' '.join(str(exc).split())[:200]}")
+        return None
+    proofs.save(params["cache_dir"], *found, res.equal, res.summary())
+    return proofs.load(params["cache_dir"], *found)
 
 
 def judge_claims(inv, mc, timing, ddp, params: dict, run_dir: Path,

@@ -6,45 +6,15 @@ from ...results.timing import STAGES
 from ...results.verdict import Cause, Gap
 from . import claims as claims_mod
 from ..timing.stages import stage_medians, stage_quartiles, within_noise
+from .advice import H2D_WALK, advise
+from .code import code_sites
 
 
-STAGE_ORDER = ("data_item", "collate", "h2d", "device_prep", "forward", "backward", "optimizer",
-               "overhead")
-SYNC_STAGES = ("device_prep", "forward", "backward")
+STAGE_ORDER = ("data_item", "collate", "h2d", "device_prep", "forward", "loss", "backward",
+               "optimizer", "overhead")
+SYNC_STAGES = ("device_prep", "forward", "loss", "backward")
 MINOR = 0.05  # a cause below this share of the gap is not named in the lead
 
-
-ADVICE = {
-    "data_item": "move the per-sample work out of the dataset item: precompute it once, or build "
-                 "it on the device from the deleted genes' indices (the node-mask shared graph, "
-                 "workbook_lib.nodemask, needs nothing else per sample)",
-    "collate": "make the collate cheap: no per-sample copies of the graph or masks; batch the "
-               "deleted genes' indices and build what the model needs on the device, once per "
-               "batch",
-    "h2d": "transfer less: indices instead of masks or graph copies, from pinned memory "
-           "(pin_memory: true)",
-    "device_prep": "vectorize the device preparation over the batch (no loop per sample or gene)",
-    "forward": "batch the samples' work: one pass over one shared graph for the whole batch "
-               "instead of a loop or a graph copy per sample (workbook_lib.nodemask)",
-    "backward": "the backward mirrors the forward: shrink the forward's per-sample work (one "
-                "pass over one shared graph, workbook_lib.nodemask) and the backward shrinks "
-                "with it",
-    "optimizer": "a foreach or fused optimizer (torch.optim.AdamW(foreach=True), fused=True on "
-                 "CUDA) with no Python loop over parameters or their rows",
-    "overhead": "less Python between the stages (per-step logging, metrics read with .item(), "
-                "hooks)",
-    "ddp": "accumulate gradients with no_sync(), or fewer, larger steps",
-}
-
-
-SYNC_ADVICE = ("take the host syncs out of the step (.item(), nonzero, boolean-mask indexing, "
-               ".tolist(), printing a tensor): keep values on the device and vectorize over the "
-               "batch; torch.cuda.set_sync_debug_mode('warn') names each one")
-
-
-H2D_WALK = ("keep Python objects out of the batch (names, strings, per-sample lists): .to() "
-            "walks every one of them each step; carry indices and look names up outside the "
-            "step")
 
 def _stage_words(key: str) -> str:
     return STAGES[key][0].split(" (")[0]
@@ -63,6 +33,12 @@ def _h2d_note(arm, device_type: str) -> str:
         text += (f" over {int(c.get('tensors', 0))} tensors and {objs:,} other Python objects"
                  + (f" ({c['kinds']})" if c.get("kinds") else ""))
     return text
+
+
+def stage_syncs(arm, key: str) -> float:
+    """Host syncs per step a named stage made (the loss: its forward and its backward)."""
+    parts = ("loss", "loss_backward") if key == "loss" else (key,)
+    return float(sum(arm.syncs_by_stage.get(k, 0.0) for k in parts))
 
 
 def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> list[Cause]:
@@ -89,7 +65,11 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
 
     def waited(name: str, key: str) -> float | None:
         p = profiles.get(name)
-        return p.sync_wait_per_step(key) if p is not None else None
+        if p is None:
+            return None
+        parts = [p.sync_wait_per_step(k) for k in (("loss", "loss_backward") if key == "loss"
+                                                    else (key,))]
+        return None if None in parts else sum(parts)
     rows = []
     for key in STAGE_ORDER:
         if key not in ma and key not in mb:
@@ -100,7 +80,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
         if key in ("data_item", "collate"):
             evidence += (" (the step's wait for the DataLoader, split by the workers' own item "
                          "and collate times)")
-        note, advice = "", ADVICE[key]
+        note, advice = "", ""
         if key == "h2d":
             note = _h2d_note(a, device_type)
             c = getattr(a, "batch_contents", None) or {}
@@ -108,7 +88,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                 advice = H2D_WALK if c and int(c.get("objects", 0) or 0) else advice
         syncs, wait_s = None, None
         if key in SYNC_STAGES and (a.syncs_by_stage or b.syncs_by_stage):
-            syncs = (a.syncs_by_stage.get(key, 0.0), b.syncs_by_stage.get(key, 0.0))
+            syncs = (stage_syncs(a, key), stage_syncs(b, key))
             if syncs[0] or syncs[1]:
                 evidence += f"; {syncs[0]:.0f} host syncs per step against {syncs[1]:.0f}"
                 wa, wb = waited(slow, key), waited(fast, key)
@@ -122,11 +102,12 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                     evidence += (f", of which the host waited {wa * 1e3:.3g} ms per step at them "
                                  f"against {(wb or 0.0) * 1e3:.3g} ms (profiled warm steps; "
                                  "inside the stage's time)")
-                    if sa - sb > 0 and wait_s > 0.5 * (sa - sb):
-                        advice = SYNC_ADVICE
+        sites, why = code_sites(profiles, slow, fast, key, device_type)
         row = Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
                     claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
-                    sync_wait_s=wait_s, note=note)
+                    sync_wait_s=wait_s, note=note, sites=sites, sites_note=why,
+                    growth=lo.growth.get(slow, {}).get(key),
+                    fast_growth=lo.growth.get(fast, {}).get(key))
         if key in qa and key in qb and within_noise(qa[key], qb[key], ns, nf):
             row.effect = "noise"
             row.evidence += ("; the two sides' interquartile ranges per epoch overlap: within "
@@ -139,7 +120,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                     f"factor {gap.ddp_factor.median:.3g} (IQR {gap.ddp_factor.iqr:.2g}; separate "
                     f"launches, alternated): {gap.ddp_why}", extra if gap.ddp_booked else None,
                     0.0 if gap.ddp_booked else None, extra if gap.ddp_booked else None, None,
-                    claims_mod.MEASURED, stage="ddp", advice=ADVICE["ddp"])
+                    claims_mod.MEASURED, stage="ddp")
         if gap.ddp_booked:
             total += extra
         else:
@@ -154,6 +135,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                          if noisy else "") + ")", None, None,
                       total - attributed, None, claims_mod.MEASURED, "rest", stage="rest"))
     set_shares(rows, total if gap.measurable else 0.0)
+    advise(rows, device_type)
     timed = sorted((r for r in rows if r.difference_s is not None
                     and r.effect not in ("rest", "noise")), key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \

@@ -38,9 +38,9 @@ def ddp_booking(g, swapped: bool, target: float = 0.1) -> tuple[Stat | None, boo
         return f, False, "contended (its ranks got less CPU than they asked for): not booked"
     if f.q1 <= 1.0 <= f.q3:
         return f, False, "1 lies within its IQR: no measurable effect, not booked"
-    if f.n > 1 and f.rel_iqr > target:
-        return f, False, (f"disturbed (IQR/median {f.rel_iqr:.0%} beyond the {target:.0%} "
-                          "target): not booked")
+    if f.n > 1 and not f.known_to(target):
+        return f, False, (f"disturbed (its median known to ±{f.ci_half_width():.0%}, beyond the "
+                          f"{target:.0%} target): not booked")
     return f, True, "1 outside its IQR: booked"
 
 
@@ -72,7 +72,8 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
         num_samples: the dataset size (80% of it per epoch).
         ddp: notebook 04's result, or None.
         target: the precision target: a gap is measurable (and a listing is turned round) only
-            beyond it (:func:`resolved`).
+            beyond it (:func:`resolved`), and never when it was measured contended (another
+            job's share of the CPUs can make one copy of a pipeline look slower than another).
     """
     listed = [slow, fast]
     steps = {n: _epoch_steps(lo, n, num_samples) for n in listed}
@@ -82,7 +83,7 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
         return per_step, per_step.scaled(steps[a] / steps[b], "ratio")
 
     per_step, r = ratio(slow, fast)
-    swapped = resolved(r, target) < 0
+    swapped = resolved(r, target) < 0 and not r.contended
     if swapped:
         slow, fast = fast, slow
         per_step, r = ratio(slow, fast)
@@ -106,5 +107,6 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
                per_step=per_step, steps=steps,
                batch_sizes={n: lo.arm(n, "full").samples_per_step for n in listed},
                epoch_s={n: lo.arm(n, "full").step.median * steps[n] for n in listed},
-               measurable=resolved(r, target) > 0, ddp_factor=factor,
+               measurable=resolved(r, target) > 0 and not r.contended,
+               contended=r.contended, ddp_factor=factor,
                ddp_world=None if g is None else g.world_size, ddp_booked=booked, ddp_why=why)

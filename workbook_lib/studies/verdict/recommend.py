@@ -44,20 +44,22 @@ def tied_with_fastest(ms: dict[str, Stat], tie_tolerance: float,
     the machine was disturbed.
 
     Tied: a median within ``tie_tolerance`` of the fastest's. When either figure is disturbed
-    (IQR/median beyond ``target``), also any whose IQR overlaps the fastest's: this run cannot
+    (its median not known to ``target``), also any whose IQR overlaps the fastest's: this run cannot
     tell them apart, so the choice must not rest on their medians.
     """
     fastest = min(ms, key=lambda n: ms[n].median)
     f = ms[fastest]
     close = {n for n in ms if ms[n].median <= f.median * (1 + tie_tolerance)}
-    noisy = {n for n in ms if n not in close and (f.rel_iqr > target or ms[n].rel_iqr > target)
+    noisy = {n for n in ms if n not in close and (not f.known_to(target)
+                                                  or not ms[n].known_to(target))
              and ms[n].q1 <= f.q3}
     return fastest, sorted(close | noisy), sorted(noisy)
 
 
 def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_tolerance: float,
-              num_samples: int, target: float = 0.1,
-              exclude: tuple[str, ...] = ()) -> Recommendation | None:
+              num_samples: int, target: float = 0.1, exclude: tuple[str, ...] = (),
+              exact: set[str] | None = None, words: dict[str, str] | None = None,
+              proven: set[str] = frozenset()) -> Recommendation | None:
     """The fastest exact pipeline of notebook 03 (None when none is exact).
 
     Args:
@@ -65,9 +67,13 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
             the fastest median).
         ddp: notebook 04's result or None (no multi-rank projection then).
         exclude: pipelines left out (e.g. one whose loss was not finite).
+        exact: the pipelines known to be exact (declared, or proven equal to the slow one);
+            default: those that declared it.
+        words: each pipeline's exactness in words; proven: those proven by ``equal``.
     """
     lo = timing.loops
-    exact = [n for n in lo.strategies if is_exact(lo, n) and n not in exclude]
+    known = exact if exact is not None else {n for n in lo.strategies if is_exact(lo, n)}
+    exact = [n for n in lo.strategies if n in known and n not in exclude]
     if not exact:
         return None
     ms = {n: lo.arm(n, "full").ms_per_sample for n in exact}
@@ -120,4 +126,6 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                           baseline=baseline, speedup=speed, fastest=fastest, tied=tied,
                           tie_rule=rule, memory_per_sample=mem, contended=contended,
                           bench=bench, bench_source=source,
-                          epochs_per_day=epochs, projection_basis=basis)
+                          epochs_per_day=epochs, projection_basis=basis,
+                          exactness=(words or {}).get(best, "declared exact"),
+                          proven=best in proven)

@@ -1,0 +1,92 @@
+"""Whether a pipeline computes the same as another, as ``equal`` found: kept in the cache folder
+per pair of pipeline sources, and read back by the verdict.
+
+A proof is keyed by the two specs' targets and the contents of their source files (a module
+spec: its module's file), so editing either file retires it. It holds the check's outcome in one
+line and when it ran. The verdict calls a pipeline "proven equal to SLOW by equal" only on a
+proof of an equal outcome for the pair as the run names it.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...common.files import atomic_write_text
+from ...configs.specs import parse_specs, spec_file
+from ...paths import resolve_path
+from ...records import Record
+
+
+@dataclass
+class Proof(Record):
+    """An ``equal`` outcome for a pair of pipeline sources."""
+
+    slow: str  # the slow spec's target
+    fast: str
+    equal: bool
+    summary: str  # the check's one line
+    when: str  # local time it ran
+    files: list[str]  # the source files it is keyed by
+
+    def words(self, slow_name: str) -> str:
+        return (f"proven equal to '{slow_name}' by `equal` ({self.when})" if self.equal else
+                f"shown to differ from '{slow_name}' by `equal` ({self.when}: {self.summary})")
+
+
+def _source(target: str) -> Path | None:
+    module = target.rsplit(":", 1)[0]
+    if module.endswith(".py"):
+        return spec_file(module)
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return Path(found.origin) if found is not None and found.origin else None
+
+
+def _key(slow: str, fast: str) -> tuple[str, list[str]] | None:
+    files = [_source(t) for t in (slow, fast)]
+    if None in files:
+        return None
+    h = hashlib.sha256(f"{slow}\n{fast}\n".encode())
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:24], [str(f) for f in files]
+
+
+def _path(cache_dir: str, key: str) -> Path:
+    return resolve_path(cache_dir) / "equal" / f"{key}.json"
+
+
+def targets(params, *names: str) -> list[str] | None:
+    """The spec targets of user pipelines named in the run (None when one is not a user's)."""
+    specs = {s.name: s.target for s in parse_specs(list(params["pipelines"]))}
+    out = [specs.get(n) for n in names]
+    return None if None in out else out
+
+
+def save(cache_dir: str, slow: str, fast: str, equal: bool, summary: str) -> Path | None:
+    """Keep an ``equal`` outcome for the pair of targets (None: a source was not found)."""
+    k = _key(slow, fast)
+    if k is None:
+        return None
+    proof = Proof(slow, fast, equal, summary, time.strftime("%Y-%m-%d %H:%M"), k[1])
+    path = _path(cache_dir, k[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(proof.to_json(), indent=1))
+    return path
+
+
+def load(cache_dir: str, slow: str, fast: str) -> Proof | None:
+    """The kept outcome for the pair of targets as their sources are now, or None."""
+    k = _key(slow, fast)
+    if k is None:
+        return None
+    try:
+        return Proof.from_json(json.loads(_path(cache_dir, k[0]).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,94 @@
+"""Which files of a profiled step are the pipeline's own code, and what its functions are called.
+
+A trace names a Python frame ``file(first line): function``, the file relative to the folder it
+was imported from. The pipeline's code is every file that resolves outside the installed
+libraries (the standard library, site-packages) and outside the workbook's own package; for a
+built-in strategy, the workbook's strategy and fix modules are its code. A frame is named by its
+qualified name, read from the file's source (``MyGather.backward``).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import sys
+import sysconfig
+from pathlib import Path
+
+import workbook_lib
+
+PACKAGE = Path(workbook_lib.__file__).resolve().parent
+BUILTIN_CODE = ("strategies", "nodemask", "data")  # a built-in strategy's own code
+GENERATED = ("torch_geometric.",)  # modules a library writes at run time (PyG's propagate)
+
+
+def _library_roots() -> list[Path]:
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    roots = {Path(p).resolve() for k in keys if (p := sysconfig.get_paths().get(k))}
+    return sorted(roots)
+
+
+class OwnCode:
+    """``own(file)``: whose a trace's file is (the pipeline's, the harness's, a library's);
+    ``own.name(frame)``: the frame's qualified name.
+
+    Args:
+        builtin: the pipeline is a built-in strategy (the workbook's strategy modules are then
+            its code).
+    """
+
+    def __init__(self, builtin: bool = False):
+        self.builtin = builtin
+        self.libraries = _library_roots()
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one object per profile, a few files
+    def resolve(self, file: str) -> Path | None:
+        """The file a trace's name stands for (tried against ``sys.path``), or None."""
+        if file.startswith("<"):
+            return None
+        p = Path(file)
+        for base in ([p] if p.is_absolute() else [Path(b or ".") / p for b in sys.path]):
+            if base.is_file():
+                return base.resolve()
+        return None
+
+    def __call__(self, file: str) -> str:
+        """"own" (the pipeline's code), "harness" (the workbook's code that runs the steps) or
+        "library" (anything else: the standard library, site-packages, generated modules)."""
+        path = self.resolve(file)
+        if path is None or path.name.startswith(GENERATED):
+            return "library"
+        if path.is_relative_to(PACKAGE):
+            rel = path.relative_to(PACKAGE).parts
+            return "own" if self.builtin and rel[0] in BUILTIN_CODE else "harness"
+        return "library" if any(path.is_relative_to(r) for r in self.libraries) else "own"
+
+    def name(self, frame) -> str:
+        """``Class.method`` for a frame (by its file and first line), else its bare name."""
+        path = self.resolve(frame.file)
+        return (_qualnames(str(path)).get(frame.line) if path is not None else None) \
+            or frame.function
+
+
+@functools.lru_cache(maxsize=256)
+def _qualnames(path: str) -> dict[int, str]:
+    """First line (its ``def`` line and each decorator's) -> qualified name, for every function
+    of a source file."""
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    out: dict[int, str] = {}
+
+    def walk(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                q = prefix + child.name
+                for line in [child.lineno, *(d.lineno for d in child.decorator_list)]:
+                    out.setdefault(line, q)
+                walk(child, q + ".<locals>.")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, prefix + child.name + ".")
+            else:
+                walk(child, prefix)
+    walk(tree, "")
+    return out

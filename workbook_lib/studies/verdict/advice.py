@@ -1,0 +1,155 @@
+"""What to change first, from the figures a cause shows: its code sites, how it grows with the
+samples of a batch, its operator calls and host syncs per extra sample, and the other causes.
+
+Each rule states the figure it rests on; where none applies, the cause says what was measured
+and no change is advised (:attr:`Cause.finding` stands alone).
+
+* **A loop over the samples** (:data:`~workbook_lib.results.timing.LOOP_RULE`): named with its
+  function and line, and told to work on the whole batch at once.
+* **One pass over one shared graph** (``workbook_lib.nodemask``) only for a forward (or a
+  backward that mirrors it) that grows with the samples of a batch
+  (:data:`~workbook_lib.results.timing.GROWS_RULE`), with its cost per extra sample; never to a
+  pipeline whose forward costs the same whatever the batch.
+* **The backward mirrors the forward** only when the forward adds to the gap too (at least
+  :data:`~.causes.MINOR` of it) and the backward's largest site is the forward's; a custom
+  autograd ``backward`` is named as such.
+* **A loss** is told as a loss (its forward and its own backward are one stage).
+"""
+from __future__ import annotations
+
+from ...results.verdict import Cause
+
+NODEMASK = ("one pass over one shared graph for the whole batch instead of a graph copy or a "
+            "loop per sample (workbook_lib.nodemask)")
+SYNC_ADVICE = ("take the host syncs out of the step (.item(), nonzero, boolean-mask indexing, "
+               ".tolist(), printing a tensor): keep values on the device and vectorize over the "
+               "batch; torch.cuda.set_sync_debug_mode('warn') names each one")
+H2D_WALK = ("keep Python objects out of the batch (names, strings, per-sample lists): .to() "
+            "walks every one of them each step; carry indices and look names up outside the "
+            "step")
+STATIC = {
+    "data_item": "move the per-sample work out of the dataset item: precompute it once, or build "
+                 "it on the device from the deleted genes' indices (the node-mask shared graph, "
+                 "workbook_lib.nodemask, needs nothing else per sample)",
+    "collate": "make the collate cheap: no per-sample copies of the graph or masks; batch the "
+               "deleted genes' indices and build what the model needs on the device, once per "
+               "batch",
+    "h2d": "transfer less: indices instead of masks or graph copies, from pinned memory "
+           "(pin_memory: true)",
+    "optimizer": "a foreach or fused optimizer (torch.optim.AdamW(foreach=True), fused=True on "
+                 "CUDA) with no Python loop over parameters or their rows",
+    "overhead": "less Python between the stages (per-step logging, metrics read with .item(), "
+                "hooks)",
+    "ddp": "accumulate gradients with no_sync(), or fewer, larger steps",
+}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _site(c: Cause) -> str:
+    if not c.sites:
+        return ""
+    s = c.sites[0]
+    return f"{s.where}" + (f" (under {s.library})" if s.library else "")
+
+
+def _where(c: Cause) -> str:
+    """", {share} of it in FUNCTION (file:line)", or ""."""
+    if not c.sites:
+        return ""
+    return f", {c.sites[0].share:.0%} of its extra time in {_site(c)}"
+
+
+def growth_words(c: Cause) -> str:
+    """How the stage grows with the samples, in figures ("" when not measured)."""
+    g = c.growth
+    if g is None:
+        return ""
+    big, small = g.batch_sizes
+    text = (f"{_ms(g.per_sample.median)} per extra sample (IQR {g.per_sample.iqr * 1e3:.2g}, "
+            f"n = {g.per_sample.n}; batches {big} and {small}), {g.share:.0%} of the stage at "
+            f"batch {big}")
+    if g.ops_per_sample is not None:
+        text += f"; {g.ops_per_sample:.3g} operator calls per extra sample"
+    if g.syncs_per_sample:
+        text += f", {g.syncs_per_sample:.3g} host syncs"
+    return text
+
+
+def _loop(c: Cause, what: str) -> str:
+    g = c.growth
+    return (f"a Python loop over the samples in {_site(c) or 'the ' + what} "
+            f"({g.ops_per_sample:.3g} operator calls per extra sample): work on the whole "
+            "batch at once, with tensor operations over a batch dimension")
+
+
+def _custom_backward(c: Cause) -> bool:
+    s = c.sites[0] if c.sites else None
+    return s is not None and s.function.split(".")[-1] == "backward"
+
+
+def advise(rows: list[Cause], device_type: str) -> None:
+    """Sets every row's ``advice`` (what to change, or "") and ``finding`` (what was measured,
+    in one sentence)."""
+    by = {c.stage: c for c in rows}
+    for c in sorted(rows, key=lambda c: c.stage == "backward"):  # the forward's advice first
+        c.finding = _finding(c)
+        c.advice = _advice(c, by, device_type)
+
+
+def _finding(c: Cause) -> str:
+    parts = [f"{c.cause}: {c.evidence.split('; ')[0]}"]
+    g = growth_words(c)
+    if g:
+        parts.append(g)
+    if c.sites:
+        parts.append(f"{c.sites[0].share:.0%} of its extra time in {_site(c)}")
+    elif c.sites_note:
+        parts.append(c.sites_note)
+    return "; ".join(parts)
+
+
+def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
+    g = c.growth
+    loop = g is not None and g.python_loop and g.grows
+    grows = g is not None and g.grows
+    if c.sync_wait_s is not None and c.difference_s and c.sync_wait_s > 0.5 * c.difference_s:
+        return SYNC_ADVICE  # measured on a GPU: the syncs' wait is most of the stage's extra
+    if c.stage == "loss":
+        if loop:
+            return "the loss: " + _loop(c, "loss")
+        return ""
+    if c.stage in ("forward", "device_prep"):
+        advice = []
+        if loop:
+            advice.append(_loop(c, c.stage.replace("_", " ")))
+        if grows and c.stage == "forward":
+            advice.append(f"{NODEMASK}: the forward costs {_ms(g.per_sample.median)} per extra "
+                          f"sample, {g.share:.0%} of it at batch {g.batch_sizes[0]}")
+        return "; ".join(advice)
+    if c.stage == "backward":
+        if _custom_backward(c):
+            s = c.sites[0]
+            text = (f"the custom autograd backward {s.where} holds {s.share:.0%} of the "
+                    "backward's extra time")
+            return text + (f": {_loop(c, 'backward').split(': ', 1)[1]}" if loop else
+                           ": make it one batched tensor operation")
+        fwd = by.get("forward")
+        if fwd is not None and fwd.effect == "adds" and (fwd.share or 0) >= 0.05 and \
+                fwd.advice and c.sites and fwd.sites and \
+                c.sites[0].function == fwd.sites[0].function:
+            return (f"the backward mirrors the forward (its largest site, {c.sites[0].where}, "
+                    f"is the forward's): {fwd.advice}")
+        return "" if not loop else _loop(c, "backward")
+    if c.stage == "h2d":
+        return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch
+    if c.stage in ("data_item", "collate"):
+        return STATIC[c.stage] + (f" ({_site(c)} holds {c.sites[0].share:.0%} of the data "
+                                  "loading's extra time)" if c.sites else "")
+    if c.stage == "optimizer":
+        return STATIC["optimizer"] + (f" ({_site(c)} holds {c.sites[0].share:.0%} of its extra "
+                                      "time)" if c.sites else "")
+    return STATIC.get(c.stage, "")
+

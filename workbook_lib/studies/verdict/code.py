@@ -1,0 +1,73 @@
+"""Where a cause's extra time is in the slow pipeline's own code: its profiled sites against the
+fast pipeline's, function by function (notebook 03's profiles, :mod:`workbook_lib.traces.sites`).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ...measurement.profiling import NOT_OWN
+from ...results.verdict import CodeSite
+
+# a cause's stage -> the profiled stages that hold it
+PROFILED = {"data_item": ("loader_wait",), "collate": ("loader_wait",), "h2d": ("h2d",),
+            "device_prep": ("device_prep",), "forward": ("forward",),
+            "loss": ("loss", "loss_backward"), "backward": ("backward",),
+            "optimizer": ("optimizer",)}
+MIN_SITE = 0.05  # a site below this share of the stage's extra time is not named
+MOST = 3
+
+
+def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
+    """(function, file, line) -> [seconds per step, ops per step, {library: seconds}]."""
+    out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float)])
+    for st in stages:
+        for r in profile.sites.get(st, []):
+            sec = r.device_seconds if device else r.seconds
+            row = out[(r.function, r.file, r.line)]
+            row[0] += sec
+            row[1] += r.ops
+            if r.library:
+                row[2][r.library] += sec
+    return out
+
+
+def code_sites(profiles: dict, slow: str, fast: str, stage: str,
+               device_type: str = "cpu") -> tuple[list[CodeSite], str]:
+    """The slow pipeline's functions that hold a stage's extra time against the fast one's (at
+    most :data:`MOST`, each at least :data:`MIN_SITE` of it), and why none are named.
+
+    Each function's profiled time per step, slow minus fast (0 where the fast one has no such
+    function); a share is of the sum of the positive differences, so the named functions' shares
+    add up to at most 100%. On a GPU the kernels' device time is compared where the stage has
+    any, else host time.
+    """
+    stages = PROFILED.get(stage)
+    if stages is None:
+        return [], "not attributed: this stage runs no code of the pipeline's (it is the loop's)"
+    a, b = profiles.get(slow), profiles.get(fast)
+    if a is None or b is None:
+        missing = slow if a is None else fast
+        return [], f"not attributed: '{missing}' was not profiled"
+    for p in (a, b):
+        if not p.sites:
+            return [], p.sites_note or "not attributed: no Python frames in the profile"
+    device = device_type == "cuda" and any(r.device_seconds for st in stages
+                                           for r in a.sites.get(st, []))
+    sa, sb = _by_function(a, stages, device), _by_function(b, stages, device)
+    diffs = {k: sa[k][0] - (sb[k][0] if k in sb else 0.0) for k in sa}
+    extra = sum(d for d in diffs.values() if d > 0)
+    if extra <= 0:
+        return [], "not attributed: no function of the slow pipeline takes longer than the fast one's"
+    out = []
+    for k, d in sorted(diffs.items(), key=lambda kv: -kv[1]):
+        if d <= 0 or d / extra < MIN_SITE or k[0] == NOT_OWN or len(out) >= MOST:
+            continue
+        libs = sa[k][2]
+        top = max(libs, key=libs.get) if libs else ""
+        lib = top if top and libs[top] > 0.5 * sa[k][0] else ""
+        out.append(CodeSite(k[0], k[1], k[2], lib, sa[k][0] * 1e3,
+                            (sb[k][0] if k in sb else 0.0) * 1e3, d / extra, sa[k][1]))
+    if not out:
+        return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
+                    "a library called from it)")
+    return out, ""

@@ -1,0 +1,204 @@
+"""Where each stage's time goes in the profiled code: the innermost frame of the pipeline's own
+code that holds it.
+
+A trace recorded with Python stacks (``torch.profiler.profile(with_stack=True)``) holds the Python
+calls as events (``cat: python_function``, named ``file(first line): function``) nested with the
+operators they ran. Each event's self time (:func:`~.reading.self_time`) goes to the innermost
+enclosing frame whose file the caller counts as the pipeline's code (``is_own``), with the
+outermost library frame under it (a PyG ``propagate``, a ``Batch.from_data_list``). A backward
+operator has no Python frame of its own: it goes to the frame of the forward operator that
+created it (the same autograd sequence number, the latest before it), while a custom autograd
+function's Python ``backward`` is a frame of its own and holds its time itself.
+
+Written here rather than read with ``prof.key_averages(group_by_stack_n=...)`` because that
+groups operators by their full stack, not by the pipeline's frame, does not follow a backward
+operator to its forward, and the profiler's parser of Python stacks fails on some traces
+(``UnicodeDecodeError``) where the exported trace reads fine.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+from .reading import Event, build_tree, main_thread, self_time
+
+PYTHON = "python_function"
+EVALUATE = "autograd::engine::evaluate_function: "
+RUN_BACKWARD = "run_backward"  # the engine's entry: the host waits in it for other threads
+FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A Python frame as the trace names it."""
+
+    file: str
+    line: int
+    function: str
+
+    @classmethod
+    def parse(cls, name: str) -> "Frame | None":
+        m = FRAME.match(name)
+        return None if m is None else cls(m["file"], int(m["line"]), m["func"])
+
+    def __str__(self) -> str:
+        return f"{self.function} ({self.file}:{self.line})"
+
+
+@dataclass
+class SiteTotals:
+    """Seconds and operator calls of one site in one stage, over the recorded steps: host
+    self time, and the device time of the kernels its operators launched (CUDA traces)."""
+
+    seconds: float = 0.0
+    ops: int = 0
+    device_seconds: float = 0.0
+
+
+Site = tuple  # (the pipeline's frame or None, the library frame under it or None)
+UNOWNED: Site = (None, None)
+PLUMBING = ("torch/nn/modules/module.py",)  # calls into a module: its forward is named instead
+
+
+def _sequence(e: Event) -> int | None:
+    v = e.args.get("Sequence number")
+    return int(v) if isinstance(v, (int, float)) and v >= 0 else None
+
+
+def _is_op(e: Event) -> bool:
+    return e.cat == "cpu_op"
+
+
+def python_frames(events: list[Event]) -> int:
+    """How many Python frames the trace holds (0: it was not recorded with stacks)."""
+    return sum(1 for e in events if e.cat == PYTHON)
+
+
+def attribute(events: list[Event], kind: Callable[[str], str],
+              stage_prefix: str = "wb:") -> tuple[dict[str, float],
+                                                  dict[str, dict[Site, SiteTotals]]]:
+    """Self time per stage, and per stage and site: self time, operator calls, device time.
+
+    Every instant of a recorded step on the thread that holds the steps is one event's self time
+    (the ranges themselves are left out of the nesting: a range that ``record_function``'s
+    ``__enter__`` opens starts inside that Python call and outlasts it); it belongs to the stage
+    whose range holds it, or to :data:`~.reading.UNTRACKED` between stages. An event of another
+    CPU thread (autograd's device thread) counts in the stage that holds its start.
+
+    Args:
+        events: a trace's events (:func:`~.reading.load_trace`), recorded with Python stacks.
+        kind: a frame's file (as the trace names it) -> "own" (the pipeline's code), "harness"
+            (the code that runs the steps: nothing above it is the pipeline's) or "library".
+        stage_prefix: the prefix of the stage ranges.
+
+    Returns:
+        ``({stage: seconds}, {stage: {(frame or None, library frame or None): SiteTotals}})``;
+        ``None`` as the frame holds what ran under no frame of the pipeline's own (the harness,
+        a library it called, a backward operator whose forward was not found).
+    """
+    from .reading import GPU_CATS, STEP_PREFIX, UNTRACKED
+
+    thread = main_thread(events) or main_thread(events, step_marker=stage_prefix)
+    mine = [e for e in events if (e.pid, e.tid) == thread]
+    stages = _spans([e for e in mine if e.name.startswith(stage_prefix)], len(stage_prefix))
+    steps = _spans([e for e in mine if e.name.startswith(STEP_PREFIX)], 0) or \
+        [(float("-inf"), float("inf"), "")]
+    host = [e for e in events if e.cat.lower() not in GPU_CATS and not e.is_range]
+    build_tree(host)
+    sites: dict[int, Site] = {}
+    backward: dict[int, bool] = {}
+    forward_ops: dict[int, list[Event]] = defaultdict(list)
+    by_external: dict = {}
+    categories: dict[str, float] = defaultdict(float)
+    out: dict[str, dict[Site, SiteTotals]] = defaultdict(lambda: defaultdict(SiteTotals))
+    for e in sorted(host, key=lambda e: (e.ts, -e.dur)):  # parents before their children
+        up = sites.get(id(e.parent), UNOWNED) if e.parent is not None else UNOWNED
+        in_bw = backward.get(id(e.parent), False) if e.parent is not None else False
+        if e.cat == PYTHON:
+            f = Frame.parse(e.name)
+            k = kind(f.file) if f is not None else "library"
+            if k == "own":
+                up = (f, None)
+            elif k == "harness":
+                up = UNOWNED
+            elif f is not None and up[0] is not None and up[1] is None and \
+                    not f.file.endswith(PLUMBING):
+                up = (up[0], f)
+        elif e.name.startswith(EVALUATE):
+            in_bw = True
+            seq = _sequence(e)
+            fwd = forward_ops.get(seq, []) if seq is not None else []
+            up = sites.get(id(fwd[-1]), UNOWNED) if fwd else UNOWNED
+        elif _is_op(e) and not in_bw:
+            seq = _sequence(e)
+            outer = e.parent is not None and _is_op(e.parent) and _sequence(e.parent) == seq
+            if seq is not None and not outer:
+                forward_ops[seq].append(e)
+        sites[id(e)], backward[id(e)] = up, in_bw
+        at = _at(stages, e.ts)
+        if _is_op(e) and "External id" in e.args:
+            by_external[e.args["External id"]] = (at, up)
+        if e.cat == PYTHON and RUN_BACKWARD in e.name:
+            continue  # the engine's entry waits for its threads: their work is counted
+        if (e.pid, e.tid) == thread:
+            parts = _split(_self_spans(e), stages, steps, UNTRACKED)
+        else:
+            parts = {at: self_time(e) / 1e6} if at is not None else {}
+        for stage, sec in parts.items():
+            categories[stage] += sec
+            if stage != UNTRACKED:
+                out[stage][up].seconds += sec
+        if at is not None and _is_op(e) and not (e.parent is not None and _is_op(e.parent)):
+            out[at][up].ops += 1
+    for e in events:  # kernels and copies: device time, at the operator that launched them
+        if e.cat.lower() in GPU_CATS and e.cat.lower() != "gpu_user_annotation":
+            hit = by_external.get(e.args.get("External id"))
+            if hit is not None and hit[0] is not None:
+                out[hit[0]][hit[1]].device_seconds += e.dur / 1e6
+    return dict(categories), {k: dict(v) for k, v in out.items()}
+
+
+def _spans(ranges: list[Event], cut: int) -> list[tuple[float, float, str]]:
+    return sorted((e.ts, e.end, e.name[cut:]) for e in ranges)
+
+
+def _at(spans: list[tuple[float, float, str]], ts: float) -> str | None:
+    """The name of the span that holds ``ts`` (the spans do not overlap), or None."""
+    from bisect import bisect_right
+
+    i = bisect_right(spans, (ts, float("inf"), "")) - 1
+    return spans[i][2] if i >= 0 and ts < spans[i][1] else None
+
+
+def _self_spans(e: Event) -> list[tuple[float, float]]:
+    """The instants of ``e`` that none of its children covers."""
+    out, cur = [], e.ts
+    for c in sorted(e.children, key=lambda c: c.ts):
+        if c.ts > cur:
+            out.append((cur, c.ts))
+        cur = max(cur, c.clipped_end)
+    if e.clipped_end > cur:
+        out.append((cur, e.clipped_end))
+    return out
+
+
+def _split(parts: list[tuple[float, float]], stages, steps, outside: str) -> dict[str, float]:
+    """Seconds of ``parts`` in each stage span, and ``outside`` for those in a step span but
+    no stage span (time outside every step is left out)."""
+    out: dict[str, float] = defaultdict(float)
+    for lo, hi in parts:
+        for s_lo, s_hi, _ in steps:
+            a, b = max(lo, s_lo), min(hi, s_hi)
+            if b <= a:
+                continue
+            inside = 0.0
+            for t_lo, t_hi, name in stages:
+                x, y = max(a, t_lo), min(b, t_hi)
+                if y > x:
+                    out[name] += (y - x) / 1e6
+                    inside += y - x
+            if b - a - inside > 0:
+                out[outside] += (b - a - inside) / 1e6
+    return out
