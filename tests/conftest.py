@@ -2,6 +2,8 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,16 @@ from workbook_lib.configs import params as params_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WORKBOOK_PROGRESS", "0")
+
+# The suite's processes (PyG writes a module file per MessagePassing class and process) keep
+# their temporary files in a folder of their own, removed at the end: not the system's
+_TMP = tempfile.mkdtemp(prefix="wb-tests-")
+os.environ["TMPDIR"] = _TMP
+tempfile.tempdir = None
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_TMP, ignore_errors=True)
 
 # ------------------------------------------------------------------ side-by-side workers
 # ``make test`` runs the suite in pytest-xdist workers, one file per worker at a time

@@ -72,11 +72,13 @@ def user_only_run(tmp_path_factory):
     import os
 
     out = tmp_path_factory.mktemp("user_only")
+    before = set(Path(os.environ["TMPDIR"]).glob("torch_geometric*"))
     r = subprocess.run([sys.executable, "-m", "workbook_lib", "run", "--params", "ci", "--out",
                         str(out), "--quiet", "--set", "strategies=[]", "--set",
                         f"pipelines={json.dumps(PLANTED)}"],
                        capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r.tmp_before = before
     return out, r
 
 
@@ -99,8 +101,13 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     head = read_meta(out, "03_data_vs_model_timing").headline
     assert "slow_item data-bound (data item" in head and "DANGO" not in head
     v = load_result(out, "05_verdict")
-    assert v.causes[0].stage == "data_item" and v.causes[0].effect == "adds"
-    assert "first cause: data item" in v.lead and "change first: move the per-sample" in v.lead
+    if v.gap.contended:  # under make test the other worker's tests can take the CPUs
+        assert not v.gap.measurable and "no gap is resolved" in v.lead
+    else:
+        assert v.causes[0].stage == "data_item" and v.causes[0].effect == "adds"
+        assert "first cause: data item" in v.lead and "change first: move the per-sample" in v.lead
+        # the function that holds it, named from the profile
+        assert "`HopDataset._hops` (slow_item.py:" in v.lead
     # the investigation's story is not told about the user's pair
     assert v.claims == [] and "strategies: []" in v.claims_note
     assert "40x" not in v.answer and "investigation" not in v.answer.lower()
@@ -109,11 +116,16 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     # marked when the machine was busy (under make test, the other worker's tests run beside)
     assert head.startswith(tuple(f"{m}slow_item" for m in (
         "", "CONTENDED: ", "DISTURBED: ", "CONTENDED AND DISTURBED: "))), head
-    assert "slower per epoch than fast; first cause: data item" in head
+    assert ("slower per epoch than fast; first cause: data item" in head
+            if not v.gap.contended else "no measurable gap (measured contended)" in head)
     assert f"Answer: {head}" in r.stdout.splitlines()  # the terminal ends with the answer
     for name in NOTEBOOK_NAMES:
         assert len(read_meta(out, name).headline) <= 200, name
     index = (out / "index.html").read_text()
-    assert "slow_item data-bound" in index and "first cause: data item" in index
+    assert "slow_item data-bound" in index and head in index
+    # the run's processes kept their temporary files in the run folder, removed at its end
+    assert not (out / "tmp").exists()
+    import os
+    assert set(Path(os.environ["TMPDIR"]).glob("torch_geometric*")) <= r.tmp_before
 
 

@@ -30,15 +30,25 @@ pytestmark = pytest.mark.alone
 ROOT = Path(__file__).resolve().parent.parent
 PLANTED = ROOT / "tests" / "planted"
 
-# planted pipeline -> (stage the verdict must name first, extra params)
+# planted pipeline -> (stages the verdict may name first, extra params, the function its first
+# site must name, a word its advice must hold: "" for none at all)
 CASES = {
-    "slow_item": ("data_item", {}),
-    "slow_collate": ("collate", {}),
-    "slow_syncs": ("forward", {}),
-    "slow_loop": ("forward", {}),
-    "slow_optimizer": ("optimizer", {}),
-    "slow_workers": ("data_item", {"num_workers": 1}),
+    "slow_item": (("data_item",), {}, "HopDataset._hops", "move the per-sample work"),
+    "slow_collate": (("collate",), {}, "SlowCollate.collate", "make the collate cheap"),
+    "slow_syncs": (("forward",), {}, "SyncModel.forward", "a Python loop over the samples"),
+    "slow_loop": (("forward",), {}, "LoopModel.forward", "a Python loop over the samples"),
+    "slow_optimizer": (("optimizer",), {}, "RowAdagrad.step", "foreach or fused"),
+    "slow_workers": (("data_item",), {"num_workers": 1}, "HopDataset._hops",
+                     "move the per-sample work"),
+    "slow_loss": (("loss",), {}, "soft_rank_loss", ""),
+    "slow_loss_loop": (("loss",), {}, "pairwise_rank_loss", "the loss: a Python loop"),
+    "slow_custom_backward": (("backward",), {}, "GatherRows.backward",
+                             "the custom autograd backward"),
+    # already one pass over one shared graph, only heavier: the forward or its backward first,
+    # never told to share a graph
+    "slow_shared_pass": (("forward", "backward"), {}, "DeepModel.forward", ""),
 }
+RANKED = [k for k, v in CASES.items() if len(v[0]) == 1]  # one stage: its margin is asserted
 
 
 def _params(slow: str, extra: dict) -> dict:
@@ -62,15 +72,19 @@ def graph():
     return load_checked_snapshot(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
 
 
-def _loops(slow: str, graph):
-    stage, extra = CASES[slow]
+def _loops(slow: str, graph, tmp_path):
+    """Notebook 03's loop and profiles of the pair (the profiles: where the code is)."""
+    stages, extra, _f, _a = CASES[slow]
     p = _params(slow, extra)
-    return p, study.run_loops(p, graph, torch.device("cpu"))
+    loops = study.run_loops(p, graph, torch.device("cpu"))
+    profiles = study.profile_strategies(p, graph, torch.device("cpu"), loops=loops,
+                                        trace_dir=tmp_path, run_dir=tmp_path)
+    return p, loops, profiles
 
 
 class _Timing:
-    def __init__(self, loops):
-        self.loops = loops
+    def __init__(self, loops, profiles=None):
+        self.loops, self.profiles = loops, profiles or {}
 
 
 def _per_step(arm, key: str) -> list[float]:
@@ -103,31 +117,43 @@ def _margin_resolved(loops, first, second, slow: str, fast: str, gap) -> bool:
 
 
 @pytest.mark.parametrize("slow", list(CASES))
-def test_the_first_cause_is_the_planted_stage(slow, graph):
-    p, loops = _loops(slow, graph)
-    t = _Timing(loops)
+def test_the_first_cause_is_the_planted_stage_with_its_function(slow, graph, tmp_path):
+    stages, _extra, function, advice = CASES[slow]
+    p, loops, profiles = _loops(slow, graph, tmp_path)
     gap = V.measure_gap(loops, slow, "fast", p["num_samples"])
     assert (gap.slow, gap.fast) == (slow, "fast") and gap.measurable and not gap.swapped
-    causes = V.rank_causes(t, slow, "fast", gap, "cpu")
+    causes = V.rank_causes(_Timing(loops, profiles), slow, "fast", gap, "cpu")
     timed = [c for c in causes if c.share is not None and c.effect not in ("rest", "noise")]
     first, second = timed[0], timed[1]
-    assert first.stage == CASES[slow][0], [(c.stage, round(c.share, 2)) for c in timed]
-    assert first.advice  # what to change comes with it
-    if first.stage == "forward":  # a slow forward, with or without a few syncs: one shared graph
-        assert "one pass over one shared graph" in first.advice, first.advice
-    # ahead of the second by a margin the measurement resolves (paired by step)
-    assert _margin_resolved(loops, first, second, slow, "fast", gap), (first, second)
+    assert first.stage in stages, [(c.stage, round(c.share, 2)) for c in timed]
+    # the function that holds the stage's extra time, by its qualified name and its file
+    assert first.sites and first.sites[0].function == function, (first.sites, first.sites_note)
+    assert first.sites[0].file.endswith(".py") and first.sites[0].line > 0
+    if advice:
+        assert advice in first.advice, first.advice
+    elif first.stage == "forward":  # no advice follows: said what was measured instead
+        assert first.advice == "" and first.finding, first
+    # never one shared graph for a forward that does not grow with the batch
+    if first.growth is not None and not first.growth.grows:
+        assert V.NODEMASK not in first.advice
+    assert "mirrors the forward" not in first.advice or slow in ("slow_syncs", "slow_loop")
+    if slow in RANKED:  # ahead of the second by a margin the measurement resolves
+        assert _margin_resolved(loops, first, second, slow, "fast", gap), (first, second)
     assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
     bound = step_bound(loops.arm(slow))
     fast = step_bound(loops.arm("fast"))
     assert fast.bound == "model-bound" and not fast.sync_bound_on_gpu
-    if CASES[slow][0] in ("data_item", "collate"):
-        assert bound.bound == "data-bound" and bound.largest_stage == CASES[slow][0]
+    if first.stage in ("data_item", "collate"):
+        assert bound.bound == "data-bound" and bound.largest_stage == first.stage
     else:
         assert bound.bound == "model-bound"
     assert bound.sync_bound_on_gpu == (slow == "slow_syncs")
     if slow == "slow_syncs":  # the syncs ride on the forward's row, their cost not measured
         assert first.syncs[0] > first.syncs[1] and "not measured here" in first.evidence
+    if slow in ("slow_syncs", "slow_loop", "slow_loss_loop", "slow_custom_backward"):
+        assert first.growth.python_loop, first.growth  # counted operator calls per sample
+    if slow in ("slow_loss", "slow_shared_pass"):
+        assert not first.growth.python_loop, first.growth
 
 
 def test_a_gap_without_a_planted_cause_has_no_dominant_stage(graph):

@@ -141,6 +141,45 @@ def test_a_full_disk_is_recorded_per_notebook_and_the_run_goes_on(tmp_path, tiny
     assert "02_b.html" in by["02_b"].error  # the file that could not be written
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 kB tmpfs (root only): a disk that fills up."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs",
+                                            str(mnt)], capture_output=True).returncode:
+        pytest.skip("a small disk needs a tmpfs mount (root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_disk_that_fills_up_leaves_every_file_whole_or_absent(tmp_path, tiny, monkeypatch,
+                                                                small_disk):
+    """A real full disk: papermill's notebook, the report and the results are each written
+    whole or not at all, and the run says the disk is full once (not a derived "Notebook does
+    not appear to be JSON")."""
+    d = tmp_path / "nbs"
+    d.mkdir()
+    monkeypatch.setenv("WORKBOOK_NOTEBOOK_DIR", str(d))
+    write_notebook(d / "01_a.ipynb", "for i in range(40):\n    print('x' * 20_000)")
+    out = small_disk / "run"
+    with pytest.raises(NotebookFailedError) as e:
+        run_folder.run_notebooks(tiny, out, progress=False, log_output=False)
+    (failed,) = e.value.failures
+    assert "the disk is full" in failed.error and failed.error.count("No space left") == 1
+    assert "does not appear to be JSON" not in failed.error
+    for f in out.rglob("*"):
+        if f.suffix in (".ipynb", ".json"):
+            json.loads(f.read_text())  # whole
+        elif f.suffix == ".html":
+            assert f.read_text().rstrip().endswith("</html>")
+    assert not list(out.glob(".*.tmp"))  # no temporary file left behind
+
+
 def _sigterm_during(monkeypatch, capsys, module, attr, argv) -> str:
     """``run`` with ``module.attr`` replaced by a step that receives a SIGTERM; asserts the
     interrupt (130, the message, no run folder, the handler restored) and returns stderr."""

@@ -54,3 +54,22 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+RUN_TEMP = "tmp"  # the run folder's temporary files (of its processes and what they start)
+
+
+def use_run_temp(run_dir: str | Path, who: str) -> Path:
+    """Send this process's temporary files, and those of the processes it starts, to
+    ``<run_dir>/tmp/<who>-<pid>`` (``TMPDIR``; PyG writes a module file per ``MessagePassing``
+    class there). A process whose ``TMPDIR`` is in the run folder already keeps it. Returns the
+    folder."""
+    base = (Path(run_dir) / RUN_TEMP).resolve()
+    now = Path(os.environ.get("TMPDIR") or tempfile.gettempdir()).resolve()
+    if now.is_relative_to(base) and now.is_dir():
+        return now
+    d = base / f"{who}-{os.getpid()}"
+    d.mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(d)
+    tempfile.tempdir = None  # read TMPDIR again
+    return d

@@ -14,6 +14,8 @@ CONTENDED_BELOW = 0.8  # a figure whose threads got less than this share of thei
 OTHERS_SEEN = 0.1  # CPUs: other jobs that used at least this much on average were seen
 RESOLUTION = 0.025  # CPUs: the coarsest tick resolution other jobs' use is told with
 OTHER_JOBS, OWN_PROCESSES, NOT_TOLD = "other jobs", "own processes", "not told apart"
+SPIN = ("where PyTorch processes share cores, their OpenMP threads spin while they wait for "
+        "each other: OMP_WAIT_POLICY=passive, or fewer threads per process, lets them share")
 RULE = (f"contended: its compute threads got less than {CONTENDED_BELOW:.0%} of the CPU time "
         "they asked for (run / (run + run-queue wait), per-thread schedstat)")
 RULE_FALLBACK = (f"contended: CPU time below {CONTENDED_BELOW:.0%} of wall x threads (no "
@@ -216,12 +218,31 @@ class CpuShare(Record):
                        "(a launcher, processes its pipeline started): fewer processes per CPU, "
                        "or more CPUs")
             return (f"contended by this run's own processes, not another job: {got}; "
-                    f"{self._others_text()}; {fix}")
+                    f"{self._others_text()}; {self.tree_text()}{fix}; {SPIN}")
         why = ("no /proc/stat or process tree here" if self.busy_s is None or self.tree_s is None
                else f"timed over {max(self.wall_s, self.span_s or 0):.2g} s: too short for "
                     f"/proc/stat's {1 / TICKS:g} s ticks")
         return (f"contended: {got}; other jobs and this run's own processes not told apart "
                 f"({why})")
+
+    def tree_text(self) -> str:
+        """Which of the run's processes shared the CPUs: those its configuration names, and
+        how many more its tree held ("" when the tree was not read)."""
+        if self.tree_procs is None:
+            return ""
+        named = self.procs * (1 + self.workers) + (1 if self.procs > 1 else 0)
+        parts = [f"{self.procs} rank{'s' if self.procs != 1 else ''}" if self.procs > 1
+                 else "its main process"]
+        if self.procs > 1:
+            parts.append("the torchrun agent")
+        if self.workers:
+            parts.append(f"{self.procs * self.workers} DataLoader worker"
+                         f"{'s' if self.procs * self.workers != 1 else ''}")
+        more = self.tree_procs - named
+        if more > 0:
+            parts.append(f"{more} more process{'es' if more != 1 else ''} it started (its "
+                         "pipeline's own, or a launcher's)")
+        return f"its process tree held up to {self.tree_procs}: " + ", ".join(parts) + "; "
 
     def describe(self) -> str:
         """'got 52% of the CPU asked for, CPU use 49% of 2 thread(s) on 2 CPU(s), other jobs

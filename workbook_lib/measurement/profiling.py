@@ -1,6 +1,6 @@
 """Profiling warm training steps with ``torch.profiler`` and breaking the trace down by
-exclusive time (read with :mod:`workbook_lib.traces`), stage by stage and, with Python stacks,
-by the frame of the pipeline's own code that holds it (:mod:`workbook_lib.traces.sites`).
+exclusive time (read with :mod:`workbook_lib.traces`); where in the pipeline's code the time
+goes: :mod:`.code_sites`.
 
 The steps profiled are warm by construction: the caller's loop has already run its warm-up steps,
 and the profiler's own schedule then waits ``wait >= 1`` steps and warms up ``warmup >= 1`` more
@@ -55,8 +55,8 @@ class ProfileResult(Record):
     # seconds the host waited at CUDA syncs per wb: stage over the recorded steps (the timer's
     # own syncs apart); empty on a CPU
     sync_wait: dict[str, float] = field(default_factory=dict)
-    # stage -> where its time went in the pipeline's own code, largest first (with Python
-    # stacks); the function NOT_OWN holds what ran under no frame of it
+    # stage -> where its time went in the pipeline's own code, largest first
+    # (:mod:`.code_sites`); the function NOT_OWN holds what ran under no frame of it
     sites: dict[str, list[SiteTime]] = field(default_factory=dict)
     sites_note: str = ""  # why there are no sites ("" when there are)
 
@@ -112,46 +112,11 @@ def investigation_sums(events: list) -> dict[str, float]:
     return out
 
 
-def site_times(events: list, own, active: int
-               ) -> tuple[dict[str, float], dict[str, list[SiteTime]], str]:
-    """Seconds per stage (exclusive, adding up to the steps), and per stage where its time
-    went in the pipeline's own code (per recorded step), and why nothing was attributed when
-    that is so (:func:`workbook_lib.traces.sites.attribute`).
-
-    Args:
-        events: the trace's events.
-        own: ``own(file)`` says whose a frame's file is ("own", "harness" or "library") and
-            ``own.name(frame)`` names a frame (its qualified name).
-        active: the recorded steps.
-    """
-    from ..traces import sites as ts
-
-    categories, by_stage = ts.attribute(events, own)
-    if not ts.python_frames(events):
-        return categories, {}, ("not attributed: the profiler recorded no Python frames (this "
-                                "Python's stacks are not supported by the profiler)")
-    out: dict[str, list[SiteTime]] = {}
-    for stage, by_site in by_stage.items():
-        rows = [SiteTime(own.name(frame) if frame is not None else NOT_OWN,
-                         frame.file if frame is not None else "",
-                         frame.line if frame is not None else 0,
-                         f"{own.name(library)} ({library.file}:{library.line})"
-                         if library is not None else "",
-                         tot.seconds / active, tot.ops / active, tot.device_seconds / active)
-                for (frame, library), tot in by_site.items()]
-        out[stage] = sorted(rows, key=lambda r: -(r.seconds + r.device_seconds))
-    return categories, out, ""
-
-
 def profile_steps(step: Callable[[], float], *, steps_done: int, wait: int = 1, warmup: int = 1,
                   active: int = 3, trace_path: str | Path, device: torch.device,
-                  relative_to: str | Path | None = None, own=None) -> ProfileResult:
+                  relative_to: str | Path | None = None) -> ProfileResult:
     """Profile ``wait + warmup + active`` calls of ``step`` (each one training step that returns
     its own wall time in seconds) after ``steps_done`` warm steps already run by the caller.
-
-    With ``own`` (see :func:`site_times`) the steps are recorded with Python stacks and each
-    stage's time is attributed to the pipeline's own code; the Python tracer slows Python-heavy
-    code, so the profiled times are shares of a profiled step, not the loop's timings.
 
     Raises:
         ValueError: ``wait`` or ``warmup`` below 1 (the recorded steps would not be warm) or
@@ -174,18 +139,13 @@ def profile_steps(step: Callable[[], float], *, steps_done: int, wait: int = 1, 
     walls = []
     with native_stderr_to_terminal(), profile(
             activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-            on_trace_ready=on_ready, with_stack=own is not None) as prof:
+            on_trace_ready=on_ready) as prof:
         for _ in range(wait + warmup + active):
             walls.append(step())
             prof.step()
     if not exported:
         raise RuntimeError(f"the profiler wrote no trace ({wait=}, {warmup=}, {active=})")
     events = ta.load_trace(trace_path)
-    if own is not None:
-        categories, sites, why = site_times(events, own, active)
-    else:
-        categories, sites, why = (ta.exclusive_breakdown(events), {},
-                                  "not attributed: profiled without Python stacks")
     first = steps_done + wait + warmup + 1
     shown = trace_path
     if relative_to is not None:
@@ -199,8 +159,7 @@ def profile_steps(step: Callable[[], float], *, steps_done: int, wait: int = 1, 
         profiled_steps=(f"steps {first}-{first + active - 1} of the run (after {steps_done} loop "
                         f"warm-up step(s), then profiler wait {wait} and warmup {warmup})"),
         wall_s=sum(walls[wait + warmup:]),
-        categories=categories,
+        categories=ta.exclusive_breakdown(events),
         naive=ta.naive_breakdown(ta.load_trace(trace_path)),
         trace=str(shown), summed=investigation_sums(events),
-        sync_wait=ta.sync_wait_by_stage(events) if device.type == "cuda" else {},
-        sites=sites, sites_note=why)
+        sync_wait=ta.sync_wait_by_stage(events) if device.type == "cuda" else {})

@@ -56,6 +56,12 @@ def plan_text(pl: Plan) -> Markdown:
     return Markdown("\n".join(lines))
 
 
+def _loss_cell(stages: dict) -> str:
+    """The loss's forward and its own backward, each the slowest rank's median."""
+    parts = [stages[k] for k in ("loss", "loss_backward") if k in stages]
+    return " + ".join(fmt_time_stat(p) for p in parts) if parts else "in the forward"
+
+
 def step_table(r: DDPResult):
     if not r.worlds:
         return Markdown(_missing(r))
@@ -66,6 +72,7 @@ def step_table(r: DDPResult):
             "step (DDP)": fmt_time_stat(s.step),
             "no_sync step": fmt_time_stat(s.variants["no_sync"]),
             "forward": fmt_time_stat(s.stages["forward"]),
+            "loss (forward + backward)": _loss_cell(s.stages),
             "backward": fmt_time_stat(s.stages["backward"]),
             "weak eff.": fmt_stat(r.weak[w]), "strong eff.": fmt_stat(r.strong[w]),
             "rank spread (compute)": fmt_pct(s.rank_spread),

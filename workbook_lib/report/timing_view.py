@@ -171,7 +171,7 @@ def growth_table(study: LoopStudy):
                          "host syncs per extra sample": "" if g.syncs_per_sample is None
                          else f"{g.syncs_per_sample:.3g}",
                          "grows": "yes" if g.grows else "",
-                         "a loop over the samples": "yes" if g.python_loop and g.grows else ""})
+                         "a loop over the samples": "yes" if g.python_loop else ""})
     notes = "; ".join(f"{label(n)}: {w}" for n, w in study.growth_note.items() if w)
     cap = (f"The gap's pair, each at a second batch size in the same loop. {GROWS_RULE}; "
            f"{LOOP_RULE}." + (f" Not measured: {notes}." if notes else ""))

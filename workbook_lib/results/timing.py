@@ -152,15 +152,16 @@ class Growth(Record):
 
     @property
     def python_loop(self) -> bool:
-        """Many small operator calls per sample: a loop over the samples (LOOP_RULE)."""
+        """Operator calls that grow with the samples: a loop over them (LOOP_RULE; counted,
+        not timed)."""
         return self.ops_per_sample is not None and self.ops_per_sample >= LOOP_OPS
 
 
 GROWS_SHARE = 0.5
 GROWS_RULE = ("the stage grows with the samples of a batch when its cost per extra sample "
-              "(full steps at two batch sizes, paired by round) is above 0 in three rounds of "
-              f"four (its lower quartile) and, times the batch size, at least {GROWS_SHARE:.0%} "
-              "of the stage's time")
+              "(full steps at two batch sizes, paired by round) is above 0 beyond its noise (the "
+              "95% confidence interval of its median) and, times the batch size, at least "
+              f"{GROWS_SHARE:.0%} of the stage's time")
 LOOP_OPS = 4.0
 LOOP_RULE = (f"a loop over the samples: at least {LOOP_OPS:g} more operator calls for every "
              "extra sample of a batch (counted in one step at each batch size; one pass over "

@@ -132,12 +132,14 @@ def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True
         notebook: the notebook's name, for the checks only some notebooks need (a notebook
             comparing two pipelines refuses params that compare one).
     """
+    from ..common.files import use_run_temp
     from .kernel import check_notebook_clone
 
     check_notebook_clone()  # a notebook opened with another clone's kernel is refused
     p, run_dir = notebook_params(namespace)
     if notebook is not None:
         check_gap(p, [notebook])
+    use_run_temp(run_dir, "kernel")  # temporary files in the run folder, not the system's
     warnings_to_terminal()
     namespace[_DONE] = True
     configure_cpu_allocator(p["cpu_allocator_cache"])

@@ -9,6 +9,7 @@ full disk) fails the notebook, naming the file. :mod:`.run_folder` runs the note
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -147,13 +148,32 @@ class _EveryKeyInjected(logging.Filter):
 logging.getLogger("papermill").addFilter(_EveryKeyInjected())
 
 
+DISK_FULL = os.strerror(errno.ENOSPC)  # "No space left on device"
+
+
+@functools.cache
+def atomic_notebook_writes() -> None:
+    """papermill writes the output notebook after every cell, with a plain ``open``: on a full
+    disk that leaves a notebook cut mid-way (not JSON). From here on, papermill's writes to an
+    absolute path go through a temporary file and a rename: the notebook is whole (the last
+    cell it held) or absent."""
+    from papermill.iorw import LocalHandler, papermill_io
+
+    class AtomicLocalHandler(LocalHandler):
+        def write(self, buf, path):
+            atomic_write_text(Path(path), buf)
+
+    papermill_io.register("/", AtomicLocalHandler())
+
+
 def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = False,
                 progress: bool = True, log_output: bool = True) -> NotebookOutcome:
     """Run one notebook with papermill into ``out_dir``; export its HTML (also on failure)."""
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    out_nb, out_html = out_dir / f"{name}.ipynb", out_dir / f"{name}.html"
+    atomic_notebook_writes()
+    out_nb, out_html = out_dir.resolve() / f"{name}.ipynb", out_dir / f"{name}.html"
     t0 = time.perf_counter()
     outcome = NotebookOutcome(name=name, status="ok")
     # the kernel inherits this process's environment: --quiet drops its bars too (the one-line
@@ -187,7 +207,10 @@ def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = Fal
         outcome.status, outcome.error = "failed", f"{type(exc).__name__}: {exc}"
         outcome.failed_cell = _failed_cell(out_nb)
     outcome.seconds = time.perf_counter() - t0
-    if out_nb.is_file():
+    if DISK_FULL in (outcome.error or ""):  # said once: no report is attempted on a full disk
+        outcome.error = f"the disk is full ({outcome.error}); free space and run again with " \
+                        "--resume"
+    elif out_nb.is_file():
         try:
             export_html(out_nb, out_html, show_code=show_code)
         except Exception as exc:  # noqa: BLE001 - a report that cannot be written: not complete

@@ -16,6 +16,7 @@ floor runs notebooks and knows nothing of how a page looks.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -193,13 +194,37 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
         checksum = snapshot_checksum(params)  # loads and checks the snapshot
         check_inputs_match(out, names, params)
         out = _check_out_dir(out)
-        with hold(out, names):
+        with hold(out, names), _run_temp(out):
             return _run_held(names, params, out, checksum, show_code=show_code, resume=resume,
                              progress=progress, log_output=log_output,
                              write_index=write_index)
     finally:
         for s, handler in prev.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _run_temp(out: Path):
+    """The run's processes keep their temporary files in the run folder, removed at its end
+    (``TMPDIR`` and ``tempfile`` restored)."""
+    import shutil
+    import tempfile
+
+    from ..common.files import use_run_temp
+
+    before = os.environ.get("TMPDIR")
+    d = use_run_temp(out, "run")
+    try:
+        yield d
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
+        shutil.rmtree(d, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            d.parent.rmdir()  # when no other process of the run keeps files there
 
 
 def _run_held(names: list[str], params: dict, out: Path, checksum: str, *, show_code: bool,

@@ -77,41 +77,42 @@ def python_frames(events: list[Event]) -> int:
 
 
 def attribute(events: list[Event], kind: Callable[[str], str],
-              stage_prefix: str = "wb:") -> tuple[dict[str, float],
-                                                  dict[str, dict[Site, SiteTotals]]]:
-    """Self time per stage, and per stage and site: self time, operator calls, device time.
-
-    Every instant of a recorded step on the thread that holds the steps is one event's self time
-    (the ranges themselves are left out of the nesting: a range that ``record_function``'s
-    ``__enter__`` opens starts inside that Python call and outlasts it); it belongs to the stage
-    whose range holds it, or to :data:`~.reading.UNTRACKED` between stages. An event of another
-    CPU thread (autograd's device thread) counts in the stage that holds its start.
+              stage_prefix: str = "wb:") -> dict[str, dict[Site, SiteTotals]]:
+    """Self time, operator calls and device time per stage and site.
 
     Args:
         events: a trace's events (:func:`~.reading.load_trace`), recorded with Python stacks.
         kind: a frame's file (as the trace names it) -> "own" (the pipeline's code), "harness"
             (the code that runs the steps: nothing above it is the pipeline's) or "library".
-        stage_prefix: the prefix of the stage ranges.
+        stage_prefix: the prefix of the stage ranges on the thread that holds the steps; an
+            event (of any CPU thread: autograd's device thread too) is in the stage whose range
+            holds its start. The ranges are left out of the nesting: one that
+            ``record_function``'s ``__enter__`` opens starts inside that Python call and
+            outlasts it.
 
     Returns:
-        ``({stage: seconds}, {stage: {(frame or None, library frame or None): SiteTotals}})``;
-        ``None`` as the frame holds what ran under no frame of the pipeline's own (the harness,
-        a library it called, a backward operator whose forward was not found).
+        ``{stage: {(frame or None, library frame or None): SiteTotals}}``; ``None`` as the frame
+        holds what ran under no frame of the pipeline's own (the harness, a library it called,
+        a backward operator whose forward was not found).
     """
-    from .reading import GPU_CATS, STEP_PREFIX, UNTRACKED
+    from bisect import bisect_right
+
+    from .reading import GPU_CATS
 
     thread = main_thread(events) or main_thread(events, step_marker=stage_prefix)
-    mine = [e for e in events if (e.pid, e.tid) == thread]
-    stages = _spans([e for e in mine if e.name.startswith(stage_prefix)], len(stage_prefix))
-    steps = _spans([e for e in mine if e.name.startswith(STEP_PREFIX)], 0) or \
-        [(float("-inf"), float("inf"), "")]
+    spans = sorted((e.ts, e.end, e.name[len(stage_prefix):]) for e in events
+                   if e.name.startswith(stage_prefix) and (e.pid, e.tid) == thread)
+
+    def stage_at(ts: float) -> str | None:
+        i = bisect_right(spans, (ts, float("inf"), "")) - 1
+        return spans[i][2] if i >= 0 and ts < spans[i][1] else None
+
     host = [e for e in events if e.cat.lower() not in GPU_CATS and not e.is_range]
     build_tree(host)
     sites: dict[int, Site] = {}
     backward: dict[int, bool] = {}
     forward_ops: dict[int, list[Event]] = defaultdict(list)
     by_external: dict = {}
-    categories: dict[str, float] = defaultdict(float)
     out: dict[str, dict[Site, SiteTotals]] = defaultdict(lambda: defaultdict(SiteTotals))
     for e in sorted(host, key=lambda e: (e.ts, -e.dur)):  # parents before their children
         up = sites.get(id(e.parent), UNOWNED) if e.parent is not None else UNOWNED
@@ -137,68 +138,18 @@ def attribute(events: list[Event], kind: Callable[[str], str],
             if seq is not None and not outer:
                 forward_ops[seq].append(e)
         sites[id(e)], backward[id(e)] = up, in_bw
-        at = _at(stages, e.ts)
+        stage = stage_at(e.ts)
         if _is_op(e) and "External id" in e.args:
-            by_external[e.args["External id"]] = (at, up)
-        if e.cat == PYTHON and RUN_BACKWARD in e.name:
+            by_external[e.args["External id"]] = (stage, up)
+        if stage is None or (e.cat == PYTHON and RUN_BACKWARD in e.name):
             continue  # the engine's entry waits for its threads: their work is counted
-        if (e.pid, e.tid) == thread:
-            parts = _split(_self_spans(e), stages, steps, UNTRACKED)
-        else:
-            parts = {at: self_time(e) / 1e6} if at is not None else {}
-        for stage, sec in parts.items():
-            categories[stage] += sec
-            if stage != UNTRACKED:
-                out[stage][up].seconds += sec
-        if at is not None and _is_op(e) and not (e.parent is not None and _is_op(e.parent)):
-            out[at][up].ops += 1
+        tot = out[stage][up]
+        tot.seconds += self_time(e) / 1e6
+        if _is_op(e) and not (e.parent is not None and _is_op(e.parent)):
+            tot.ops += 1
     for e in events:  # kernels and copies: device time, at the operator that launched them
         if e.cat.lower() in GPU_CATS and e.cat.lower() != "gpu_user_annotation":
             hit = by_external.get(e.args.get("External id"))
             if hit is not None and hit[0] is not None:
                 out[hit[0]][hit[1]].device_seconds += e.dur / 1e6
-    return dict(categories), {k: dict(v) for k, v in out.items()}
-
-
-def _spans(ranges: list[Event], cut: int) -> list[tuple[float, float, str]]:
-    return sorted((e.ts, e.end, e.name[cut:]) for e in ranges)
-
-
-def _at(spans: list[tuple[float, float, str]], ts: float) -> str | None:
-    """The name of the span that holds ``ts`` (the spans do not overlap), or None."""
-    from bisect import bisect_right
-
-    i = bisect_right(spans, (ts, float("inf"), "")) - 1
-    return spans[i][2] if i >= 0 and ts < spans[i][1] else None
-
-
-def _self_spans(e: Event) -> list[tuple[float, float]]:
-    """The instants of ``e`` that none of its children covers."""
-    out, cur = [], e.ts
-    for c in sorted(e.children, key=lambda c: c.ts):
-        if c.ts > cur:
-            out.append((cur, c.ts))
-        cur = max(cur, c.clipped_end)
-    if e.clipped_end > cur:
-        out.append((cur, e.clipped_end))
-    return out
-
-
-def _split(parts: list[tuple[float, float]], stages, steps, outside: str) -> dict[str, float]:
-    """Seconds of ``parts`` in each stage span, and ``outside`` for those in a step span but
-    no stage span (time outside every step is left out)."""
-    out: dict[str, float] = defaultdict(float)
-    for lo, hi in parts:
-        for s_lo, s_hi, _ in steps:
-            a, b = max(lo, s_lo), min(hi, s_hi)
-            if b <= a:
-                continue
-            inside = 0.0
-            for t_lo, t_hi, name in stages:
-                x, y = max(a, t_lo), min(b, t_hi)
-                if y > x:
-                    out[name] += (y - x) / 1e6
-                    inside += y - x
-            if b - a - inside > 0:
-                out[outside] += (b - a - inside) / 1e6
-    return out
+    return {k: dict(v) for k, v in out.items()}

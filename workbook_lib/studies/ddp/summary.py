@@ -76,6 +76,9 @@ def series(ranks: dict, arm: str, stage: str | None = None, how=max) -> list[flo
     return [how(x[i] for x in per) for i in range(n)]
 
 
+DDP_STAGES = ("forward", "loss", "loss_backward", "backward", "optimizer")
+
+
 def synchronous(ranks, arm: str, stage: str | None = None) -> Stat:
     """Per step, the slowest rank's wall time (or ``stage`` time), pooled over launches."""
     return Stat.from_samples([v for launch in _launch_list(ranks)
@@ -124,7 +127,8 @@ def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
     variants = {v: synchronous(launches, f"{scaling}/{v}")
                 for v in ("no_sync", "accum_last", "accum_every", "gather", "strong")
                 if all(f"{scaling}/{v}" in r["arms"] for ln in launches for r in ln.values())}
-    stages = {s: synchronous(launches, ddp_arm, s) for s in ("forward", "backward", "optimizer")}
+    stages = {s: synchronous(launches, ddp_arm, s) for s in DDP_STAGES
+              if _has(launches, ddp_arm, s)}
     comm_total = comm_exposed = None
     per_rank: dict[int, CommRank] = {}
     if world > 1 and _has(launches, ddp_arm, "comm_exposed"):
@@ -154,7 +158,7 @@ def summarize(ranks, *, scaling: str, gap: list[str], procs_per_node: int,
     for r in launches[0].values():  # compute only (no_sync): no all-reduce lines the ranks up
         a = _arm(r, f"{scaling}/no_sync")
         per_rank_compute.append(sum(Stat.from_json(a["stages"][s]).median
-                                    for s in ("forward", "backward") if s in a["stages"]))
+                                    for s in DDP_STAGES[:-1] if s in a["stages"]))
     spread = ((max(per_rank_compute) - min(per_rank_compute)) /
               (sorted(per_rank_compute)[len(per_rank_compute) // 2] or 1.0))
     gap_steps = {g: synchronous(launches, f"{g}/gap") for g in gap}

@@ -15,6 +15,7 @@ import torch
 
 from ...data.perturbations import sample_perturbations
 from ...data.snapshots import CellGraph
+from ...measurement.code_sites import DATA_STAGE, data_sites, device_sites
 from ...measurement.profiling import ProfileResult, profile_steps
 from ...measurement.syncs import SyncCounter, method_for
 from ...measurement.timing import Stat, StepClock
@@ -385,8 +386,17 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
                 out[name] = profile_steps(one, steps_done=warm, wait=wait, warmup=pw,
                                           active=active,
                                           trace_path=Path(trace_dir) / f"{name}.json",
-                                          device=device, relative_to=run_dir,
-                                          own=OwnCode(builtin=name in params["strategies"]))
+                                          device=device, relative_to=run_dir)
+                own = OwnCode(builtin=name in params["strategies"])
+                stream = arm.stream
+                arm.stream = iter([next(stream) for _ in range(2)])  # fetched unprofiled
+                loop.close_stream(stream)
+                out[name].sites, out[name].sites_note = device_sites(
+                    lambda: step(False), device=device, own=own)
+                ds = pipe.dataset()
+                with wd.watch(f"'{name}' (profiled)", "data item or collate", stall):
+                    out[name].sites[DATA_STAGE] = data_sites(
+                        lambda: pipe.collate([ds[i] for i in range(pipe.batch_size)]), own)
             except (Exception, PipelineFailed) as exc:  # noqa: BLE001 - this pipeline only
                 if loops is None:
                     raise

@@ -63,5 +63,5 @@ def growth(loops, name: str) -> dict[str, Growth]:
             x, y = _per_step(a, stage, fld), _per_step(h, stage, fld)
             extra[label] = None if x is None or y is None else (x - y) / (big - small)
         out[stage] = Growth(stage, (big, small), per, at, share, extra["ops"], extra["syncs"],
-                            grows=per.q1 > 0 and share >= GROWS_SHARE)
+                            grows=per.median_ci()[0] > 0 and share >= GROWS_SHARE)
     return out

@@ -62,33 +62,54 @@ class OwnCode:
             return "own" if self.builtin and rel[0] in BUILTIN_CODE else "harness"
         return "library" if any(path.is_relative_to(r) for r in self.libraries) else "own"
 
+    def display(self, file: str) -> str:
+        """The file as a trace names it: relative to the folder on ``sys.path`` it was imported
+        from (an absolute path, as cProfile gives, is shortened the same way)."""
+        p = Path(file)
+        if not p.is_absolute():
+            return file
+        best = None
+        for b in sys.path:
+            base = Path(b or ".").resolve()
+            if p.is_relative_to(base) and (best is None or len(base.parts) > len(best.parts)):
+                best = base
+        return str(p.relative_to(best)) if best is not None else p.name
+
     def name(self, frame) -> str:
-        """``Class.method`` for a frame (by its file and first line), else its bare name."""
+        """``Class.method`` for a frame (by its file and first line), else its bare name; a
+        comprehension or lambda (``<listcomp>``) within the function that holds its line."""
         path = self.resolve(frame.file)
-        return (_qualnames(str(path)).get(frame.line) if path is not None else None) \
-            or frame.function
+        if path is None:
+            return frame.function
+        starts, spans = _qualnames(str(path))
+        if frame.function.startswith("<"):
+            inside = [q for lo, hi, q in spans if lo <= frame.line <= hi]
+            return f"{inside[-1]}.{frame.function}" if inside else frame.function
+        return starts.get(frame.line) or frame.function
 
 
 @functools.lru_cache(maxsize=256)
-def _qualnames(path: str) -> dict[int, str]:
-    """First line (its ``def`` line and each decorator's) -> qualified name, for every function
-    of a source file."""
+def _qualnames(path: str) -> tuple[dict[int, str], list[tuple[int, int, str]]]:
+    """For every function of a source file: first line (its ``def`` line and each
+    decorator's) -> qualified name, and (first line, last line, qualified name), outer first."""
     try:
         tree = ast.parse(Path(path).read_text())
     except (OSError, SyntaxError, ValueError):
-        return {}
-    out: dict[int, str] = {}
+        return {}, []
+    starts: dict[int, str] = {}
+    spans: list[tuple[int, int, str]] = []
 
     def walk(node, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 q = prefix + child.name
                 for line in [child.lineno, *(d.lineno for d in child.decorator_list)]:
-                    out.setdefault(line, q)
+                    starts.setdefault(line, q)
+                spans.append((child.lineno, child.end_lineno or child.lineno, q))
                 walk(child, q + ".<locals>.")
             elif isinstance(child, ast.ClassDef):
                 walk(child, prefix + child.name + ".")
             else:
                 walk(child, prefix)
     walk(tree, "")
-    return out
+    return starts, spans

@@ -113,7 +113,7 @@ def _finding(c: Cause) -> str:
 
 def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
     g = c.growth
-    loop = g is not None and g.python_loop and g.grows
+    loop = g is not None and g.python_loop
     grows = g is not None and g.grows
     if c.sync_wait_s is not None and c.difference_s and c.sync_wait_s > 0.5 * c.difference_s:
         return SYNC_ADVICE  # measured on a GPU: the syncs' wait is most of the stage's extra

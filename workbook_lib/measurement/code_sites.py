@@ -1,0 +1,102 @@
+"""Where a training step's time goes in the pipeline's own code, function by function.
+
+* The stages on the device side (transfer, device prep, forward, loss, backward, optimizer): a
+  step recorded by ``torch.profiler`` with Python stacks, read by
+  :func:`workbook_lib.traces.sites.attribute` (a backward operator counts at the function that
+  ran its forward). Its trace is read and deleted: the kept trace is the one without stacks.
+* The data stages (dataset items and collate): one batch under :mod:`cProfile`, one row per
+  function, the time of library code counted at the pipeline's function that called it.
+
+Why two tools: the profiler's Python tracer records every call as an event, built-ins included,
+so a data stage written as Python loops (a search per item, adjacency lists per sample) makes a
+trace of hundreds of megabytes at a real graph's size; cProfile keeps one row per function. The
+device stages need the profiler, which links each backward operator to its forward.
+
+``own`` says whose a file is and names a function: ``own(file)`` -> "own", "harness" or
+"library"; ``own.name(frame)`` -> the qualified name; ``own.display(file)`` -> the path shown.
+"""
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import tempfile
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from ..common.progress import native_stderr_to_terminal
+from ..traces import sites as ts
+from ..traces.reading import load_trace
+from .profiling import NOT_OWN, SiteTime
+
+DATA_STAGE = "loader_wait"
+
+
+def device_sites(step: Callable[[], object], *, device: torch.device,
+                 own) -> tuple[dict[str, list[SiteTime]], str]:
+    """Two calls of ``step`` (one training step each, its batch already fetched), the second
+    recorded with Python stacks: per stage, the time of each function of the pipeline's own code
+    (largest first), and why none is attributed when that is so."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fd, path = tempfile.mkstemp(prefix="wb-stacks-", suffix=".json")
+    os.close(fd)
+    try:
+        with native_stderr_to_terminal(), profile(
+                activities=acts, with_stack=True,
+                schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+            for _ in range(2):
+                step()
+                prof.step()
+        events = load_trace(path)
+    finally:
+        os.unlink(path)
+    if not ts.python_frames(events):
+        return {}, ("not attributed: the profiler recorded no Python frames (this Python's "
+                    "stacks are not supported by the profiler)")
+    out = {}
+    for stage, by_site in ts.attribute(events, own).items():
+        rows = [_row(own, frame, library, tot.seconds, tot.ops, tot.device_seconds)
+                for (frame, library), tot in by_site.items()]
+        out[stage] = sorted(rows, key=lambda r: -(r.seconds + r.device_seconds))
+    return out, ""
+
+
+def _row(own, frame, library, seconds: float, ops: float = 0.0,
+         device_seconds: float = 0.0) -> SiteTime:
+    lib = (f"{own.name(library)} ({own.display(library.file)}:{library.line})"
+           if library is not None else "")
+    if frame is None:
+        return SiteTime(NOT_OWN, "", 0, lib, seconds, ops, device_seconds)
+    return SiteTime(own.name(frame), own.display(frame.file), frame.line, lib, seconds, ops,
+                    device_seconds)
+
+
+def data_sites(fetch: Callable[[], object], own) -> list[SiteTime]:
+    """``fetch()`` (one batch's items and collate, in this process) under cProfile: each own
+    function's time, its own and that of the library code it called (its calls into other own
+    functions apart), largest first; the rest under :data:`NOT_OWN`."""
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        fetch()
+    finally:
+        prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, function) -> (cc, nc, tt, ct, callers)
+    kind = {k: own(k[0]) if not k[0].startswith(("~", "<")) else "library" for k in stats}
+    mine = [k for k in stats if kind[k] == "own"]
+    total = sum(v[2] for v in stats.values())
+    rows, held = [], 0.0
+    for f in mine:
+        inner = sum(stats[g][4][f][3] for g in mine if g != f and f in stats[g][4])
+        seconds = max(0.0, stats[f][3] - inner)
+        libs = {g: stats[g][4][f][3] for g in stats if kind[g] != "own" and f in stats[g][4]}
+        top = max(libs, key=libs.get) if libs else None
+        lib = (ts.Frame(top[0], top[1], top[2]) if top is not None and not top[0].startswith("~")
+               and libs[top] > 0.5 * seconds else None)
+        rows.append(_row(own, ts.Frame(f[0], f[1], f[2]), lib, seconds))
+        held += seconds
+    rows.append(_row(own, None, None, max(0.0, total - held)))
+    return sorted(rows, key=lambda r: -r.seconds)
