@@ -45,6 +45,7 @@ from workbook_lib.exceptions import WorkbookError  # noqa: E402
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.alone]
 
 FAMILY = "tests/matrix/family.py"
+PLANTED, FAST = "tests/planted/", "tests/planted/fast.py:make_pipeline"
 TINY = {"loop_steps": 5, "loop_max_steps": 6, "ddp_steps": 2, "adopt_steps": 4,
         "profile_active": 1, "num_samples": 1000}  # 5 paired steps: the fewest a gap resolves on
 QUICK = ("01_graph_inventory", "03_data_vs_model_timing", "05_verdict", "06_adopt_fix")
@@ -101,7 +102,20 @@ def generate() -> list[Case]:
         # the real client: a TorchCell-style Lazy model against a DANGO-style one
         Case("torchcell", ["tests/rewrites/lazy_dropout_gin.py:make_pipeline",
                            "examples/dango_pyg.py:make_pipeline"],
-             expect={"first": "forward", "advice": "one shared graph"}),
+             expect={"first": "forward", "advice": "one shared graph",
+                     "site": "MaskedGIN.forward"}),
+        # the answer names the code: planted causes a user wrote (tests/planted)
+        Case("loss_loop", [PLANTED + "slow_loss_loop.py:make_pipeline", FAST],
+             expect={"first": "loss", "advice": "a Python loop over the samples in the loss",
+                     "site": "pairwise_rank_loss"}),
+        Case("custom_backward", [PLANTED + "slow_custom_backward.py:make_pipeline", FAST],
+             expect={"first": "backward", "advice": "the custom autograd backward",
+                     "site": "GatherRows.backward", "not_advice": "mirrors the forward"}),
+        Case("shared_pass_slow", [PLANTED + "slow_shared_pass.py:make_pipeline", FAST],
+             expect={"site": "DeepModel.forward", "not_advice": "one shared graph"}),
+        Case("three_planted", [PLANTED + "slow_loss.py:make_pipeline", FAST,
+                               PLANTED + "slow_custom_backward.py:make_pipeline"],
+             expect={"first": "loss", "advice": "", "site": "soft_rank_loss"}),
         # the loader and the frameworks
         Case("workers", ["slow", "fast"], extra={"num_workers": 1}),
         Case("lightning", ["slow", "lightning"]),
@@ -302,9 +316,14 @@ def _expectations(case: Case, v) -> None:
         assert e["failed"] in v.failures and not v.no_answer
     if "missing" in e:
         assert e["missing"] in v.missing or v.gap.ddp_factor is None
+    first = next((c for c in v.causes if c.effect == "adds"), None)
     if "first" in e:
-        first = [c for c in v.causes if c.effect == "adds"][0]
         assert first.stage == e["first"] and e["advice"] in first.advice, v.lead
+    if "site" in e:  # the function that holds the first cause's extra time
+        assert first.sites and first.sites[0].function == e["site"], (first.sites, v.lead)
+        assert f"`{e['site']}`" in v.lead, v.lead
+    if "not_advice" in e:
+        assert all(e["not_advice"] not in c.advice for c in v.causes), v.lead
     if "nonfinite" in e:
         assert e["nonfinite"] in v.nonfinite
         assert v.recommendation is None or v.recommendation.strategy != e["nonfinite"]

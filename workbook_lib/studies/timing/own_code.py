@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -18,7 +19,9 @@ import workbook_lib
 
 PACKAGE = Path(workbook_lib.__file__).resolve().parent
 BUILTIN_CODE = ("strategies", "nodemask", "data")  # a built-in strategy's own code
-GENERATED = ("torch_geometric.",)  # modules a library writes at run time (PyG's propagate)
+# modules a library writes at run time: PyG's propagate and edge updater of each
+# MessagePassing class (torch_geometric.template: a temporary file, module name + "_" + 8)
+GENERATED = re.compile(r"_(propagate|edge_updater)_\w{8}\.py$")
 
 
 def _library_roots() -> list[Path]:
@@ -55,7 +58,7 @@ class OwnCode:
         """"own" (the pipeline's code), "harness" (the workbook's code that runs the steps) or
         "library" (anything else: the standard library, site-packages, generated modules)."""
         path = self.resolve(file)
-        if path is None or path.name.startswith(GENERATED):
+        if path is None or GENERATED.search(path.name):
             return "library"
         if path.is_relative_to(PACKAGE):
             rel = path.relative_to(PACKAGE).parts

@@ -80,9 +80,11 @@ def growth_words(c: Cause) -> str:
 
 def _loop(c: Cause, what: str) -> str:
     g = c.growth
-    return (f"a Python loop over the samples in {_site(c) or 'the ' + what} "
-            f"({g.ops_per_sample:.3g} operator calls per extra sample): work on the whole "
-            "batch at once, with tensor operations over a batch dimension")
+    where = (f", its time mostly in {_site(c)} (the loop is there or in what calls it)"
+             if c.sites else "")
+    return (f"a Python loop over the samples in the {what} ({g.ops_per_sample:.3g} more "
+            f"operator calls for each extra sample){where}: work on the whole batch at once, "
+            "with tensor operations over a batch dimension")
 
 
 def _custom_backward(c: Cause) -> bool:
@@ -119,7 +121,7 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
         return SYNC_ADVICE  # measured on a GPU: the syncs' wait is most of the stage's extra
     if c.stage == "loss":
         if loop:
-            return "the loss: " + _loop(c, "loss")
+            return _loop(c, "loss")
         return ""
     if c.stage in ("forward", "device_prep"):
         advice = []
@@ -134,8 +136,9 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
             s = c.sites[0]
             text = (f"the custom autograd backward {s.where} holds {s.share:.0%} of the "
                     "backward's extra time")
-            return text + (f": {_loop(c, 'backward').split(': ', 1)[1]}" if loop else
-                           ": make it one batched tensor operation")
+            return text + (f" and loops over the samples ({g.ops_per_sample:.3g} more operator "
+                           "calls for each extra sample): make it one batched tensor operation"
+                           if loop else ": make it one batched tensor operation")
         fwd = by.get("forward")
         if fwd is not None and fwd.effect == "adds" and (fwd.share or 0) >= 0.05 and \
                 fwd.advice and c.sites and fwd.sites and \

@@ -75,7 +75,8 @@ def lead(v: VerdictResult) -> str:
         return (f"**{_cap(s)} and {f}: no gap is resolved, the figures were measured "
                 f"contended** (epoch-time ratio {r.median:.3g}x, IQR {r.iqr:.2g}, n = {r.n}; "
                 f"{cpu}): another job's share of the CPUs can make one pipeline look slower "
-                "than another; rerun when the machine is quiet.")
+                "than another, so there is no gap to explain on these figures; rerun when the "
+                "machine is quiet.")
     if not g.measurable and r.n < MIN_PAIRED:
         return (f"**{_cap(s)} and {f}: too few paired steps to resolve a gap** "
                 f"(n = {r.n}, at least {MIN_PAIRED} needed; epoch-time ratio {r.median:.3g}x): "
