@@ -194,17 +194,31 @@ class Plan:
             raise ValueError(f"'max_steps' must be >= min_steps={self.min_steps} "
                              f"(got {self.max_steps})")
 
-    def stop_reason(self, clock: StepClock, spent: float, budget: float) -> str:
-        """Why an arm whose steps are in ``clock`` stops now ("" when it goes on)."""
+    def stop_reason(self, clock: StepClock, spent: float, budget: float,
+                    partner: StepClock | None = None) -> str:
+        """Why an arm whose steps are in ``clock`` stops now ("" when it goes on); with a
+        ``partner`` (the other arm of a ratio timed in the same rounds), its precision is the
+        per-round ratio's too."""
         if clock.n < self.min_steps:
             return ""
-        if clock.wall().known_to(self.target):
+        if clock.wall().known_to(self.target) and (partner is None or _ratio(
+                clock, partner).known_to(self.target)):
             return "precision target"
         if clock.n >= self.max_steps:
             return "max steps"
         if spent >= budget:
             return "time budget"
         return ""
+
+
+def _ratio(a: StepClock, b: StepClock):
+    """The per-round ratio of two clocks' step times (their first rounds, in order)."""
+    from ..measurement.timing import Stat
+
+    xs = [r["_wall"] for r in a.steps]
+    ys = [r["_wall"] for r in b.steps]
+    n = min(len(xs), len(ys))
+    return Stat.from_samples([x / y for x, y in zip(xs[:n], ys[:n])] or [float("inf")])
 
 
 class Stepper:
@@ -290,8 +304,10 @@ class Stepper:
                 for a in self.arms if self.live(a)}
 
 
-def _interleaved(st: Stepper, plan: Plan, agree: Callable[[bool], bool]) -> None:
-    """One step of each arm in turn (arms sharing a loader share its stream)."""
+def _interleaved(st: Stepper, plan: Plan, agree: Callable[[bool], bool],
+                 pairs: dict[str, str]) -> None:
+    """One step of each arm in turn (arms sharing a loader share its stream); an arm of a pair
+    goes on until their per-round ratio is known to the target too."""
     shared: dict = {}
     try:
         for a in st.arms:
@@ -314,7 +330,11 @@ def _interleaved(st: Stepper, plan: Plan, agree: Callable[[bool], bool]) -> None
             for a in active:
                 if not st.live(a):
                     continue
-                why = plan.stop_reason(st.clocks[a.name], spent, plan.budget_s)
+                other = pairs.get(a.name)
+                why = plan.stop_reason(st.clocks[a.name], spent, plan.budget_s,
+                                       st.clocks[other] if other in st.clocks and
+                                       any(b.name == other and st.live(b) for b in st.arms)
+                                       else None)
                 if agree(bool(why)):
                     st.stopped[a.name] = why or "stopped with the other ranks"
                 else:
@@ -325,7 +345,8 @@ def _interleaved(st: Stepper, plan: Plan, agree: Callable[[bool], bool]) -> None
             close_stream(stream)
 
 
-def _sequential(st: Stepper, plan: Plan, agree: Callable[[bool], bool]) -> None:
+def _sequential(st: Stepper, plan: Plan, agree: Callable[[bool], bool],
+                pairs: dict[str, str]) -> None:
     """Arm after arm, each with a fresh stream (closed when it ends)."""
     per_arm = plan.budget_s / max(1, len(st.arms))
     for a in st.arms:
@@ -353,7 +374,7 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
              agree: Callable[[bool], bool] | None = None, desc: str = "loop",
              failures: dict[str, PipelineFailure] | None = None,
              stall_timeout_s: float | None = None, notebook: str = "",
-             procs: int = 1) -> dict[str, ArmResult]:
+             procs: int = 1, pairs: list[tuple[str, str]] = ()) -> dict[str, ArmResult]:
     """Run every arm until it is precise enough (see the module docstring).
 
     Args:
@@ -372,6 +393,8 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
         notebook: written into the failure records ("03").
         procs: the run's processes sharing these CPUs (DDP ranks on the node), for the CPU
             figures' cause.
+        pairs: arms whose ratio is a figure (interleaved: the gap's full steps): each goes on
+            until their per-round ratio is known to the target as well.
 
     Returns:
         ``{arm name: ArmResult}`` of the arms that did not fail.
@@ -383,7 +406,8 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
     st.bar = progress(desc=desc, total=len(arms) * max_steps)
     try:
         with st.watchdog if st.watchdog is not None else nullcontext():
-            (_interleaved if interleave else _sequential)(st, plan, agree or (lambda f: f))
+            both = {**dict(pairs), **{b: a for a, b in pairs}}
+            (_interleaved if interleave else _sequential)(st, plan, agree or (lambda f: f), both)
     finally:
         st.bar.close()
         for a in arms:

@@ -99,7 +99,9 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
                             target=params["precision_target"], budget_s=params["loop_budget_s"],
                             interleave=interleaved, desc="03 loop", failures=failures,
-                            stall_timeout_s=stall, notebook="03") if arms else {}
+                            stall_timeout_s=stall, notebook="03",
+                            pairs=[tuple(arm_key(n, "full") for n in params["gap_strategies"])]
+                            if len(pair) == 2 else ()) if arms else {}
         for key in [k for k in failures if k.endswith("/" + HALF)]:  # an optional arm's
             growth_note[key.split("/")[0]] = failures.pop(key).line()
         for n in [n for n in names if n in made and n not in failures]:

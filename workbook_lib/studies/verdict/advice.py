@@ -55,13 +55,6 @@ def _site(c: Cause) -> str:
     return f"{s.where}" + (f" (under {s.library})" if s.library else "")
 
 
-def _where(c: Cause) -> str:
-    """", {share} of it in FUNCTION (file:line)", or ""."""
-    if not c.sites:
-        return ""
-    return f", {c.sites[0].share:.0%} of its extra time in {_site(c)}"
-
-
 def growth_words(c: Cause) -> str:
     """How the stage grows with the samples, in figures ("" when not measured)."""
     g = c.growth
@@ -80,11 +73,17 @@ def growth_words(c: Cause) -> str:
 
 def _loop(c: Cause, what: str) -> str:
     g = c.growth
-    where = (f", its time mostly in {_site(c)} (the loop is there or in what calls it)"
+    where = (f"; its time is mostly in {c.sites[0].where}, the loop there or in what calls it"
              if c.sites else "")
     return (f"a Python loop over the samples in the {what} ({g.ops_per_sample:.3g} more "
-            f"operator calls for each extra sample){where}: work on the whole batch at once, "
+            f"operator calls for each extra sample{where}): work on the whole batch at once, "
             "with tensor operations over a batch dimension")
+
+
+def _held(c: Cause, what: str) -> str:
+    """"; N% of WHAT's extra time is in FUNCTION (file:line)" or ""."""
+    return (f"; {c.sites[0].share:.0%} of {what}'s extra time is in {_site(c)}" if c.sites
+            else "")
 
 
 def _custom_backward(c: Cause) -> bool:
@@ -128,8 +127,9 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
         if loop:
             advice.append(_loop(c, c.stage.replace("_", " ")))
         if grows and c.stage == "forward":
-            advice.append(f"{NODEMASK}: the forward costs {_ms(g.per_sample.median)} per extra "
-                          f"sample, {g.share:.0%} of it at batch {g.batch_sizes[0]}")
+            advice.append(f"{NODEMASK}: the forward costs {_ms(g.per_sample.median)} more for "
+                          f"each extra sample, {g.share:.0%} of its time at batch "
+                          f"{g.batch_sizes[0]}")
         return "; ".join(advice)
     if c.stage == "backward":
         if _custom_backward(c):
@@ -149,10 +149,8 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
     if c.stage == "h2d":
         return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch
     if c.stage in ("data_item", "collate"):
-        return STATIC[c.stage] + (f" ({_site(c)} holds {c.sites[0].share:.0%} of the data "
-                                  "loading's extra time)" if c.sites else "")
+        return STATIC[c.stage] + _held(c, "the data loading")
     if c.stage == "optimizer":
-        return STATIC["optimizer"] + (f" ({_site(c)} holds {c.sites[0].share:.0%} of its extra "
-                                      "time)" if c.sites else "")
+        return STATIC["optimizer"] + _held(c, "the optimizer")
     return STATIC.get(c.stage, "")
 

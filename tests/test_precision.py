@@ -1,0 +1,97 @@
+"""A figure is disturbed when its median is not known to the precision target, whatever the
+spread of its steps; a gap measured while contended is never one (issue 44, both ways).
+
+* A varied workload (``tests/planted/varied_item.py``: items that search 1 to 4 hops deep, so
+  steps spread widely), timed long enough on an idle machine: its gap is measured and not
+  disturbed, although its steps' IQR/median is beyond the target.
+* The same pair timed for the fewest steps: not known to the target, disturbed.
+* The fast pipeline listed twice beside two busy processes: contended, no gap.
+"""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbook_lib.configs import params as params_mod
+from workbook_lib.running.notebook import load_checked_snapshot
+from workbook_lib.studies import timing as study
+from workbook_lib.studies import verdict as V
+
+pytestmark = pytest.mark.alone  # idle timings: nothing else may run beside them
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANTED = ROOT / "tests" / "planted"
+
+
+def _params(pipelines: list[str], **extra):
+    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    raw.pop("gap_strategies", None)
+    raw.update(strategies=[], pipelines=pipelines, **extra)
+    return params_mod.validate(raw)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return load_checked_snapshot(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+VARIED = [f"{PLANTED / 'varied_item'}.py:make_pipeline", f"{PLANTED / 'fast'}.py:make_pipeline"]
+
+
+def _gap(p, graph):
+    loops = study.run_loops(p, graph, torch.device("cpu"))
+    return loops, V.measure_gap(loops, *p["gap_strategies"], p["num_samples"])
+
+
+def test_a_varied_workload_timed_long_enough_is_not_disturbed(graph):
+    p = _params(VARIED, loop_steps=10, loop_max_steps=120, loop_budget_s=90)
+    loops, g = _gap(p, graph)
+    steps = loops.arm("varied_item").step
+    assert steps.rel_iqr > p["precision_target"], steps  # its steps do spread widely
+    assert g.measurable and not g.contended, g.ratio.cpu
+    assert g.ratio.known_to(p["precision_target"]), (g.ratio.ci_half_width(), g.ratio.n)
+    assert "gap" not in V.disturbed_figures(g, None, p["precision_target"])
+
+
+def test_the_same_workload_timed_too_briefly_is_disturbed(graph):
+    p = _params(VARIED, loop_steps=5, loop_max_steps=5)
+    _loops, g = _gap(p, graph)
+    assert not g.ratio.known_to(p["precision_target"]), g.ratio
+    assert "gap" in V.disturbed_figures(g, None, p["precision_target"])
+
+
+def _hogs(n: int) -> list[subprocess.Popen]:
+    out = []
+    for _ in range(n):
+        out.append(subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\n"
+                                     "while True: pass"], stdout=subprocess.PIPE, text=True))
+        assert out[-1].stdout.readline().strip() == "ready"
+    return out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) > 4, reason="two busy processes do not "
+                    "contend with a run on more than 4 CPUs")
+def test_one_pipeline_listed_twice_beside_busy_processes_shows_no_gap(graph):
+    fast = f"{PLANTED / 'fast'}.py:make_pipeline"
+    p = _params([fast, f"again={fast}"], loop_steps=5, loop_max_steps=8)
+    hogs = _hogs(len(os.sched_getaffinity(0)))
+    try:
+        time.sleep(0.2)
+        _loops, g = _gap(p, graph)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert g.contended and not g.measurable and not g.swapped, g.ratio
