@@ -1,0 +1,211 @@
+"""The pieces under the answer that names the code: the loss's backward timed apart with the
+same gradients, a stage's time attributed to the function that holds it (a backward operator to
+its forward's function, a custom backward to itself), a kept ``equal`` outcome, and what a run
+contended by its own processes is told."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbook_lib.pipelines.protocol import LossSplit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+class Penalized(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return {"pred": self.lin(x), "aux": [self.lin(x).sum(dim=1)]}
+
+
+def _loss(out, model):  # a loss that uses a parameter itself (a penalty)
+    return (out["pred"] ** 2).mean() + out["aux"][0].abs().mean() + \
+        0.1 * (model.lin.weight ** 2).sum()
+
+
+def test_the_loss_split_gives_the_gradients_of_one_backward():
+    model, x = Penalized(), torch.randn(8, 4)
+    _loss(model(x), model).backward()
+    want = _grads(model)
+    model.zero_grad()
+    out = model(x)
+    split = LossSplit(out, list(model.parameters()))
+    assert split.split and len(split.leaves) == 2
+    split.loss = _loss(split.output, model)
+    split.loss_backward()
+    assert all(p.grad is None for p in model.parameters())  # nothing accumulated yet
+    split.model_backward()
+    for a, b in zip(_grads(model), want):
+        torch.testing.assert_close(a, b)
+
+
+def test_an_output_that_is_not_tensors_keeps_the_loss_in_the_backward():
+    class Box:
+        pass
+    assert "not tensors" in LossSplit(Box(), []).why_not
+    assert "requires grad" in LossSplit(torch.zeros(3), []).why_not
+
+
+def test_the_loss_split_under_ddp_fires_each_parameters_hook_once(tmp_path):
+    """A loss that uses a parameter itself, under DistributedDataParallel (gloo, one rank): one
+    backward pass, so the reducer marks each parameter ready once, and the gradients are the
+    plain backward's."""
+    code = f"""
+import os, torch, torch.distributed as dist
+sys_path = {str(ROOT / 'tests')!r}
+import sys; sys.path.insert(0, sys_path)
+from test_answer_code import Penalized, _loss
+from workbook_lib.pipelines.protocol import LossSplit
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="file://{tmp_path}/pg")
+model, x = Penalized(), torch.randn(8, 4)
+_loss(model(x), model).backward()
+want = [p.grad.clone() for p in model.parameters()]
+model.zero_grad()
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+for _ in range(2):
+    model.zero_grad()
+    split = LossSplit(ddp(x), list(model.parameters()))
+    split.loss = _loss(split.output, model)
+    split.loss_backward()
+    split.model_backward()
+for a, b in zip([p.grad for p in model.parameters()], want):
+    torch.testing.assert_close(a, b)
+print("ok")
+"""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+class GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.save_for_backward(index)
+        ctx.rows = x.shape[0]
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        out = grad.new_zeros((ctx.rows, grad.shape[-1]))
+        for r in range(index.shape[0]):
+            out[index[r]] += grad[r]
+        return out, None
+
+
+def user_forward(x, w, index):
+    h = torch.tanh(x @ w)
+    return GatherRows.apply(h, index)
+
+
+def test_a_step_is_attributed_to_the_functions_that_hold_it(tmp_path):
+    """One step of a tiny model in wb: stages, recorded with Python stacks: the forward's time
+    at ``user_forward``, the backward's matmul and tanh at ``user_forward`` too (their forward
+    operators ran there), the custom backward at ``GatherRows.backward``."""
+    from torch.profiler import record_function
+
+    from workbook_lib.measurement.code_sites import device_sites
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    x, w = torch.randn(64, 32), torch.randn(32, 32, requires_grad=True)
+    index = torch.arange(0, 64, 2)
+
+    def step():
+        with record_function("wb:forward"):
+            out = user_forward(x, w, index)
+        with record_function("wb:backward"):
+            out.sum().backward()
+    sites, why = device_sites(step, device=torch.device("cpu"), own=OwnCode())
+    assert why == ""
+    fwd = [r for r in sites["forward"] if r.file]
+    assert fwd[0].function == "user_forward", fwd  # the largest: its matmul and tanh
+    assert {"user_forward", "GatherRows.forward"} <= {r.function for r in fwd}
+    ops: dict[str, float] = {}
+    for r in sites["backward"]:
+        ops[r.function] = ops.get(r.function, 0) + r.ops
+        assert r.file in ("", "test_answer_code.py")
+    assert ops["GatherRows.backward"] >= 32  # its loop's operators, in its own frame
+    # the matmul's and tanh's backward operators: at the function that ran their forward
+    assert ops["user_forward"] >= 2
+
+
+def test_data_stages_are_attributed_with_cprofile():
+    from workbook_lib.measurement.code_sites import data_sites
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    def slow_item(i):
+        return sorted(range(20_000), key=lambda v: (v * 7919) % 1009)[i]
+
+    def fetch():
+        return [slow_item(i) for i in range(4)]
+    rows = data_sites(fetch, OwnCode())
+    top = rows[0]
+    assert top.function.startswith("test_data_stages_are_attributed_with_cprofile.<locals>"), rows
+    assert "slow_item" in top.function and top.line > 0 and top.seconds > 0
+
+
+def test_a_kept_equal_outcome_is_read_for_the_same_sources_only(tmp_path):
+    from workbook_lib.studies.adoption import proofs
+
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 2\n")
+    slow, fast = f"{a}:make", f"{b}:make"
+    assert proofs.load(str(tmp_path / "cache"), slow, fast) is None
+    proofs.save(str(tmp_path / "cache"), slow, fast, True, "'b' computes the same as 'a'")
+    kept = proofs.load(str(tmp_path / "cache"), slow, fast)
+    assert kept.equal and kept.words("a").startswith("proven equal to 'a' by `equal`")
+    assert proofs.load(str(tmp_path / "cache"), fast, slow) is None  # the pair as named
+    b.write_text("y = 3\n")  # the rewrite changed: the outcome is not about it any more
+    assert proofs.load(str(tmp_path / "cache"), slow, fast) is None
+
+
+def test_the_verdict_calls_a_pipeline_exact_only_when_declared_or_proven(tmp_path):
+    from types import SimpleNamespace
+
+    from workbook_lib.studies import verdict as V
+    from workbook_lib.studies.adoption import proofs
+
+    a, b = tmp_path / "slow.py", tmp_path / "fast.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 2\n")
+    lo = SimpleNamespace(strategies=["slow", "fast"], exact={"slow": True, "fast": None})
+    params = {"pipelines": [f"{a}:make", f"{b}:make"], "cache_dir": str(tmp_path / "c"),
+              "verdict_check_equal": False}
+    words, proven = V.exactness(lo, params, ["slow", "fast"])
+    assert words == {"slow": "declared exact", "fast": "exactness not stated"} and not proven
+    proofs.save(params["cache_dir"], f"{a}:make", f"{b}:make", True, "same")
+    words, proven = V.exactness(lo, params, ["slow", "fast"])
+    assert proven == {"fast"} and words["fast"].startswith("proven equal to 'slow'")
+    proofs.save(params["cache_dir"], f"{a}:make", f"{b}:make", False, "differs at head.weight")
+    words, proven = V.exactness(lo, params, ["slow", "fast"])
+    assert not proven and "shown to differ" in words["fast"] and "head.weight" in words["fast"]
+
+
+def test_a_run_contended_by_its_own_processes_is_told_which_and_how_to_share():
+    from workbook_lib.measurement import cpu as C
+
+    own = C.CpuShare(wall_s=2.0, cpu_s=1.0, threads=2, allowed=2, intervals=10, run_s=0.5,
+                     wait_s=0.5, cpus_seen=2, busy_s=4.04, tree_s=4.0, tree_procs=6, procs=2,
+                     requested=1, workers=1)
+    assert own.cause == C.OWN_PROCESSES
+    line = own.explain()
+    assert "its process tree held up to 6: 2 ranks, the torchrun agent, 2 DataLoader workers, " \
+           "1 more process it started" in line
+    assert "OMP_WAIT_POLICY=passive" in line
+    alone = C.CpuShare(wall_s=2.0, cpu_s=1.0, threads=2, allowed=2, intervals=10, run_s=0.5,
+                       wait_s=0.5, cpus_seen=2, busy_s=4.04, tree_s=4.0, tree_procs=1)
+    assert "its process tree held up to 1: its main process; " in alone.explain()
