@@ -1,6 +1,7 @@
 import contextlib
 import fcntl
 import logging
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -22,8 +23,12 @@ os.environ["TMPDIR"] = _TMP
 tempfile.tempdir = None
 
 
-def pytest_unconfigure(config):
+def _remove_tmp() -> None:
     shutil.rmtree(_TMP, ignore_errors=True)
+
+
+# after multiprocessing's own clean-up of its folders in it (exit priority -100)
+multiprocessing.util.Finalize(None, _remove_tmp, exitpriority=-200)
 
 # ------------------------------------------------------------------ side-by-side workers
 # ``make test`` runs the suite in pytest-xdist workers, one file per worker at a time

@@ -290,7 +290,7 @@ def test_gpu_lock_file_is_shared_by_a_second_user():
                 os._exit(1)
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
-    shared = Path(tempfile.mkdtemp(prefix="wb-sticky-"))  # under /tmp: others can reach it
+    shared = Path(tempfile.mkdtemp(prefix="wb-sticky-", dir="/tmp"))  # others can reach it
     shared.chmod(0o1777)
     lock = shared / "workbook-gpu-x.lock"
     try:

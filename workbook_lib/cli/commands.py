@@ -185,7 +185,6 @@ def _cmd_equal(args) -> int:
         raise
     except ValueError as exc:  # a dataset too small for the batches asked
         raise ParamsError(str(exc)) from None
-    _print(table_lines(res))
     if len(entries) == 2:  # two user pipelines: the outcome is kept for the verdict
         from ..studies.adoption import proofs
 
@@ -193,6 +192,7 @@ def _cmd_equal(args) -> int:
         kept = proofs.save(p["cache_dir"], slow_t, fast_t, res.equal, res.summary())
         if kept is not None:
             print(f"Kept for the verdict: {kept}")
+    _print(table_lines(res))
     if args.json:
         from ..common.files import atomic_write_text
 

@@ -57,6 +57,13 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 RUN_TEMP = "tmp"  # the run folder's temporary files (of its processes and what they start)
+SYSTEM_TEMP_ENV = "WORKBOOK_SYSTEM_TMPDIR"  # the temporary folder before the run's: for locks
+
+
+def system_temp() -> Path:
+    """The machine's temporary folder (the one before a run sent its files to its own): where
+    locks that every run and user share live."""
+    return Path(os.environ.get(SYSTEM_TEMP_ENV) or tempfile.gettempdir())
 
 
 def use_run_temp(run_dir: str | Path, who: str) -> Path:
@@ -68,6 +75,7 @@ def use_run_temp(run_dir: str | Path, who: str) -> Path:
     now = Path(os.environ.get("TMPDIR") or tempfile.gettempdir()).resolve()
     if now.is_relative_to(base) and now.is_dir():
         return now
+    os.environ.setdefault(SYSTEM_TEMP_ENV, str(now))
     d = base / f"{who}-{os.getpid()}"
     d.mkdir(parents=True, exist_ok=True)
     os.environ["TMPDIR"] = str(d)

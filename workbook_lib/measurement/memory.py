@@ -50,6 +50,7 @@ from typing import Callable
 
 import torch
 
+from ..common.files import system_temp
 from ..common.prefork import run_forked
 from ..records import Record
 
@@ -340,7 +341,7 @@ def gpu_lock(device: str):
         ident = str(torch.cuda.get_device_properties(idx).uuid)
     except Exception:  # noqa: BLE001 - older builds have no uuid: the index
         ident = str(idx)
-    path = Path(tempfile.gettempdir()) / f"workbook-gpu-{ident}.lock"
+    path = system_temp() / f"workbook-gpu-{ident}.lock"
     fd = shared_lock_fd(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
