@@ -150,21 +150,24 @@ def setup(cfg):
 
 
 def test_the_fresh_process_measures_the_callers_step(tmp_path, monkeypatch):
-    """The probe knows nothing of pipelines: a set-up named by the caller builds the step, and
-    the figure is that step's (a 200 MB step reads ~200 MB, a 40 MB one ~40 MB); a set-up that
-    fails is recorded as failed with its reason."""
+    """The probe knows nothing of pipelines: a set-up handed in by the caller builds the step,
+    and the figure is that step's (a 200 MB step reads ~200 MB, a 40 MB one ~40 MB); a set-up
+    that fails is recorded as failed with its reason."""
+    import importlib
+
     (tmp_path / "my_step.py").write_text(SETUP)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    setup = importlib.import_module("my_step").setup
     point = dict(strategy="mine", form="-", batch_size=1, scale=1.0, hidden=1, layers=1)
-    big, small = (memory.measure_in_fresh_process("my_step:setup", {"floats": n}, point)
+    big, small = (memory.measure_in_fresh_process(setup, {"floats": n}, point)
                   for n in (50_000_000, 10_000_000))
     assert big.status == small.status == memory.STATUS_OK, (big, small)
     assert big.step_bytes == pytest.approx(200e6, rel=0.10)
     assert small.step_bytes == pytest.approx(40e6, rel=0.25)
-    bad = memory.measure_in_fresh_process("my_step:setup", {"fail": True}, point)
+    bad = memory.measure_in_fresh_process(setup, {"fail": True}, point)
     assert bad.status == memory.STATUS_FAILED and "the set-up refused" in bad.reason
-    with pytest.raises(ValueError, match="module:function"):
-        memory.measure_in_fresh_process("my_step", {}, point)
+    with pytest.raises(ValueError, match="module-level function"):
+        memory.measure_in_fresh_process(lambda cfg: setup(cfg), {}, point)
 
 
 def test_fit_refuses_too_few_points_and_no_growth():

@@ -14,8 +14,6 @@ most 3 that climb, each with its reason, and refuses any import cycle.
                         allocator setting
     ``progress``        progress bars and stage notes, on the terminal only
     ``processes``       stopping processes we started
-    ``prefork``         a function in a fresh process forked from a server that has
-                        imported PyTorch once (the memory probes)
     ``argtypes``        the command line's paths and numbers, one error each (argparse types)
     ``watchdog``        a stage that stops making progress: stopped (SIGALRM) and named
 1  ``configs/``     the one schema of every params file, ``--set``, papermill ``-p`` and
@@ -31,7 +29,7 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``timing``          THE timer: device sync, warm-up excluded, repeats to a precision
                         target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock
     ``memory``          peak memory of a step (fresh process, high-water mark reset; the caller
-                        names the set-up that builds the step), fits
+                        hands in the set-up that builds the step), fits
     ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
     ``precision``       float32 tolerance for sums in another order (CUDA atomics)
     ``profiling``       warm-step profiles by exclusive time (read with ``traces``)
