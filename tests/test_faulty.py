@@ -7,6 +7,7 @@ memory probes, 03's loop, 04's DDP launches) with its stage, while the other pip
 stand. Library functions are driven directly; one test runs notebook 03 end to end.
 """
 import json
+import os
 import signal
 import threading
 import time
@@ -56,9 +57,12 @@ def graph():
 
 
 def _children() -> list:
+    """Live processes started by this one, but multiprocessing's fork server and resource
+    tracker (an earlier memory probe's; they live as long as this process, by design)."""
     time.sleep(0.3)
     return [c for c in psutil.Process().children(recursive=True)
-            if c.status() != psutil.STATUS_ZOMBIE]
+            if c.status() != psutil.STATUS_ZOMBIE and not (
+                c.ppid() == os.getpid() and "from multiprocessing." in " ".join(c.cmdline()))]
 
 
 def _fine_intact(lo, p) -> None:

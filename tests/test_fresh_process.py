@@ -1,11 +1,14 @@
 """The memory probes' fresh processes (multiprocessing's fork server): each point its own
 process, forked from a server that imported PyTorch once, with the caller's folder and thread
 count; a probe that raises, crashes, is killed or runs past its limit is that point's failure,
-beside points that stand; probes run side by side; their output does not touch the result."""
+beside points that stand; a probe ends with its caller; probes run side by side; their output
+does not touch the result."""
 import importlib
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -102,6 +105,31 @@ def test_a_probe_past_its_time_limit_is_killed(targets, tmp_path):
     assert pt.status == memory.STATUS_TIMEOUT and "longer than 2 s" in pt.reason
     assert time.monotonic() - t0 < 30
     assert _gone(int((tmp_path / "pid").read_text()))
+
+
+def test_a_probe_ends_with_its_caller(targets, tmp_path):
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys, threading, time
+        sys.path.insert(0, {str(tmp_path)!r})
+        import pf_targets
+        from workbook_lib.measurement import memory
+
+        if __name__ == "__main__":
+            point = dict(strategy="s", form="-", batch_size=1, scale=1.0, hidden=1, layers=1)
+            threading.Thread(target=memory.measure_in_fresh_process, daemon=True,
+                             args=(pf_targets.sleep, {{"out": {str(tmp_path / "pid")!r}}},
+                                   point)).start()
+            while not os.path.exists({str(tmp_path / "pid")!r}):
+                time.sleep(0.05)
+            os._exit(0)  # as if killed: nothing cleans up
+    """))
+    subprocess.run([sys.executable, str(script)], timeout=120, check=True)
+    pid = int((tmp_path / "pid").read_text())
+    end = time.monotonic() + 10
+    while not _gone(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert _gone(pid)
 
 
 def test_probes_run_side_by_side(targets, tmp_path):

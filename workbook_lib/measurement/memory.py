@@ -36,6 +36,7 @@ import ctypes
 import gc
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import sys
@@ -221,14 +222,16 @@ class StepToMeasure:
 def _probe(send, log: str, threads: int, setup: Callable[[dict], StepToMeasure],
            cfg: dict) -> None:
     """The fresh process: its output to ``log``, the caller's thread count and the platform's
-    start method (a DataLoader's workers are started as in the caller), then the set-up, one
-    warm-up step and the measured step; sends :func:`_child`'s dict, or, when the set-up or a
-    step raises, the traceback (also on stderr) and the exception's ``details`` (a dict the
-    set-up may attach)."""
+    start method (a DataLoader's workers start as in the caller), an end when the caller ends,
+    then :func:`_child`; sends its dict, or, when the set-up or a step raises, the traceback
+    (also on stderr) and the exception's ``details`` (a dict the set-up may attach)."""
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     multiprocessing.set_start_method(None, force=True)  # not the fork server's, inherited
+    caller = multiprocessing.parent_process().sentinel  # ready when the caller is gone
+    threading.Thread(target=lambda: multiprocessing.connection.wait([caller]) and os._exit(1),
+                     daemon=True).start()  # killed, interrupted: the probe does not outlive it
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     try:
