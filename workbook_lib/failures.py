@@ -30,15 +30,22 @@ RAISED, STALLED, NONFINITE = "raised", "stalled", "nonfinite_loss"
 KINDS = (RAISED, STALLED, NONFINITE)
 
 
-def one_line(text: object, limit: int = 300) -> str:
-    """``text`` on one line, cut to ``limit`` characters."""
+def one_line(text: object, limit: int = 300, *, keep_end: bool = False) -> str:
+    """``text`` (a message or an exception) on one line of at most ``limit`` characters, cut
+    with ``...`` at its end, or in its middle with ``keep_end`` (a params error names its key
+    first and what is wrong last)."""
     s = " ".join(str(text).split())
-    return s if len(s) <= limit else s[:limit] + "..."
+    if len(s) <= limit:
+        return s
+    if keep_end:
+        head = (limit - 5) // 2
+        return s[:head] + " ... " + s[len(s) - (limit - 5 - head):]
+    return s[:limit - 3].rstrip(" ;,") + "..."
 
 
-def describe_exception(exc: BaseException) -> str:
-    """``Type: message`` on one line."""
-    msg = one_line(exc)
+def describe_exception(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line (the message cut to ``limit`` characters)."""
+    msg = one_line(exc, limit)
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 

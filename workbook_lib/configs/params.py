@@ -20,7 +20,7 @@ from .cells import NOTEBOOK_READS, describe, keys_read, parameters_cell
 from .checks import MAX_BATCH, MAX_BUCKET_MB, MAX_INT, MAX_SEED, MAX_TIMEOUT_S
 from .filesystem import max_scale, snapshot_spec_path
 from .loading import (MAX_DEPTH, MAX_FILE_BYTES, MAX_MESSAGE, MAX_VALUES, check_size,
-                      find_params_file, load_yaml, one_line, read_params_file, show)
+                      find_params_file, load_yaml, read_params_file, show)
 from .schema import (AGGRS, BACKENDS, DEVICES, FIELDS, PLACEMENT_KEYS, SCHEMA, Field, Params,
                      defaults)
 from .specs import NAME_RE, PipelineSpec, normalize, parse_specs, spec_file, spec_problem
@@ -33,7 +33,7 @@ __all__ = [
     "NAME_RE", "NOTEBOOK_READS", "PLACEMENT_KEYS", "SCHEMA", "Field", "Params", "ParamsError",
     "PipelineSpec", "check_against_graph", "check_gap", "check_size", "ddp_strategy", "defaults",
     "describe", "find_params_file", "keys_read", "load_params_file", "load_yaml", "max_k",
-    "max_scale", "mean_k", "normalize", "one_line", "parameters_cell", "parse_specs",
+    "max_scale", "mean_k", "normalize", "parameters_cell", "parse_specs",
     "read_params_file", "results_relevant", "show", "snapshot_spec_path", "spec_file",
     "spec_problem", "suggest", "unknown_key_error", "validate",
 ]

@@ -6,7 +6,8 @@ from IPython.display import Markdown
 
 from ..results.adoption import AdoptionResult
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
+from ..failures import one_line
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 
 
 def check_text(pair) -> Markdown:
@@ -197,8 +198,8 @@ def _headline(r: AdoptionResult) -> str:
 
 
 def headline(r: AdoptionResult) -> str:
-    """One short sentence for the index (see tables.one_line)."""
-    return one_line(_headline(r))
+    """One short sentence for the index (see failures.one_line)."""
+    return one_line(_headline(r), HEADLINE_MAX)
 
 
 def saved(path, headline_text: str) -> Markdown:

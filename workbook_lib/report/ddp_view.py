@@ -10,7 +10,8 @@ from .. import pipelines
 from ..results.ddp import DDPResult, Plan
 from . import plotting
 from .failures_view import failures_note as _failures_note
-from .tables import one_line, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from ..failures import one_line
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 
 def label(name: str) -> str:
@@ -327,7 +328,7 @@ def headline(r: DDPResult) -> str:
     if failed:
         parts.append("failed: " + ", ".join(failed))
     text = mark + ("; ".join(parts) or "nothing measured")
-    return one_line(text)
+    return one_line(text, HEADLINE_MAX)
 
 
 def saved(path, headline_text: str) -> Markdown:

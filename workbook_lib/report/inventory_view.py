@@ -7,7 +7,8 @@ from IPython.display import Markdown
 from ..studies.inventory import REPRESENTATION_LABELS
 from ..results.inventory import InventoryResult
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_pct, table
+from ..failures import one_line
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, table
 
 
 def _sizes(r: InventoryResult) -> str:
@@ -175,8 +176,8 @@ def _headline(r: InventoryResult) -> str:
 
 
 def headline(r: InventoryResult) -> str:
-    """One short sentence for the index (see tables.one_line)."""
-    return one_line(_headline(r))
+    """One short sentence for the index (see failures.one_line)."""
+    return one_line(_headline(r), HEADLINE_MAX)
 
 
 def saved(path, headline_text: str) -> Markdown:

@@ -11,7 +11,8 @@ from ..results.bench import BenchResult
 from ..results.mask_cost import (CostModelStudy, LayerSweep, MaskCostResult, MaskGeneration,
                                  MemoryStudy)
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table, skip_none
+from ..failures import one_line
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table, skip_none
 # the notebook's benchmark section
 from .bench_view import (bar_label, bench_plot, bench_table, bench_text, floor_table,  # noqa: F401
                          form_of, kernel_table, rates_table)
@@ -322,7 +323,7 @@ def headline(r: MaskCostResult) -> str:
     if b is None and c is None:
         parts.append("built-in sections not run (strategies: [])")
     text = "; ".join(parts)
-    return one_line(text)
+    return one_line(text, HEADLINE_MAX)
 
 
 def headline_bench_part(b: BenchResult) -> str:

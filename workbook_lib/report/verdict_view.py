@@ -12,7 +12,8 @@ from ..measurement.cpu import causes_text
 from .. import pipelines
 from ..results.verdict import VerdictResult
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
+from ..failures import one_line
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 
 STATUS_COLOURS = {C.HELD: "#dff0d8", C.FAILED: "#f2dede", C.NOISE: "#fcf8e3",
                   C.NOT_MEASURED: "#eeeeee"}
@@ -452,7 +453,7 @@ def headline(v: VerdictResult) -> str:
         marks.append("disturbed")
     mark = (" and ".join(marks).upper() + ": ") if marks else ""
     if v.no_answer:
-        return one_line(mark + v.no_answer)
+        return one_line(mark + v.no_answer, HEADLINE_MAX)
     g = v.gap
     if not g.measurable:
         text = (f"{g.slow} and {g.fast}: no measurable gap ({g.ratio.median:.3g}x per epoch, "
@@ -470,7 +471,7 @@ def headline(v: VerdictResult) -> str:
     r = v.recommendation
     if r is not None and r.strategy not in (g.slow, g.fast):
         text += f"; fix: {r.label}"
-    return one_line(mark + text)
+    return one_line(mark + text, HEADLINE_MAX)
 
 
 def saved(path, headline_text: str) -> Markdown:
