@@ -8,6 +8,7 @@ from ..studies.inventory import REPRESENTATION_LABELS
 from ..results.inventory import InventoryResult
 from . import plotting
 from ..failures import one_line
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, table
 
 
@@ -178,7 +179,3 @@ def _headline(r: InventoryResult) -> str:
 def headline(r: InventoryResult) -> str:
     """One short sentence for the index (see failures.one_line)."""
     return one_line(_headline(r), HEADLINE_MAX)
-
-
-def saved(path, headline_text: str) -> Markdown:
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")

@@ -125,3 +125,10 @@ def skip_none(fn):
             return Markdown("")
         return fn(first, *args, **kwargs)
     return wrapper
+
+
+def saved(path, headline_text: str):
+    """The closing line of every notebook: the headline and where the results went."""
+    from IPython.display import Markdown
+
+    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")

@@ -9,6 +9,7 @@ from ..results.timing import LoopStudy, MAIN_STAGES, SyncStudy, TimingResult
 from . import plotting
 from .failures_view import failures_note as _failures_note
 from ..failures import one_line
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 from .stage_style import (MODE_LABELS, PIPELINED_LABEL, STAGE_LABELS, label, mode_colour,
                           stage_colour)
@@ -330,11 +331,6 @@ def headline(r: TimingResult, pair: list[str] | None = None) -> str:
         parts.append("loss not finite: " + ", ".join(diverged))
     text = mark + "; ".join(parts)
     return one_line(text, HEADLINE_MAX)
-
-
-def saved(path, headline_text: str) -> Markdown:
-    """The closing line of every notebook: the headline and where the results went."""
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
 
 
 def pipelined_table(study: LoopStudy):

@@ -13,6 +13,7 @@ from .. import pipelines
 from ..results.verdict import VerdictResult
 from . import plotting
 from ..failures import one_line
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 
 STATUS_COLOURS = {C.HELD: "#dff0d8", C.FAILED: "#f2dede", C.NOISE: "#fcf8e3",
@@ -472,7 +473,3 @@ def headline(v: VerdictResult) -> str:
     if r is not None and r.strategy not in (g.slow, g.fast):
         text += f"; fix: {r.label}"
     return one_line(mark + text, HEADLINE_MAX)
-
-
-def saved(path, headline_text: str) -> Markdown:
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
