@@ -264,12 +264,15 @@ def test_the_memory_budget_follows_an_rlimit():
 def test_gpu_lock_file_is_shared_by_a_second_user():
     """The per-GPU probe lock lives in a sticky, world-writable folder (/tmp): one user creates
     it under a private umask, another user must still open and lock it."""
-    import fcntl
     import pwd
     import shutil
     import tempfile
 
-    from workbook_lib.measurement.memory import shared_lock_fd
+    from workbook_lib.common.locks import locked
+
+    def take(path) -> None:
+        with locked(path, shared_by_all=True):
+            pass
 
     try:
         nobody = pwd.getpwnam("nobody")
@@ -296,11 +299,11 @@ def test_gpu_lock_file_is_shared_by_a_second_user():
     try:
         old = os.umask(0o077)
         try:
-            os.close(shared_lock_fd(lock))
+            take(lock)
         finally:
             os.umask(old)
         assert lock.stat().st_mode & 0o777 == 0o644
-        assert as_nobody(lambda: fcntl.flock(shared_lock_fd(lock), fcntl.LOCK_EX)) == 0
+        assert as_nobody(lambda: take(lock)) == 0
         # the old way (open for append) is what a second user could not do
         assert as_nobody(lambda: open(lock, "a")) == 1
     finally:

@@ -10,6 +10,7 @@ most 3 that climb, each with its reason, and refuses any import cycle.
    locations, typed JSON, the names of strategies and notebooks, the one record of a pipeline
    that failed in a notebook (``failures``), and what every floor uses (``common``):
     ``files``           atomic writes with the umask's mode
+    ``locks``           ``flock`` on a lock file (run folder, snapshot cache, GPU probes)
     ``device``          ``device`` -> torch.device; the host memory a run may use; the CPU
                         allocator setting
     ``progress``        progress bars and stage notes, on the terminal only

@@ -51,6 +51,7 @@ from typing import Callable
 
 import torch
 
+from ..common.locks import locked
 from ..records import Record
 
 # a probe's process is forked from a server that imported PyTorch once (spawned where there is
@@ -345,47 +346,20 @@ def measure_in_fresh_process(setup: Callable[[dict], StepToMeasure], cfg: dict, 
 
 @contextmanager
 def gpu_lock(device: str):
-    """Holds an exclusive lock per GPU (``/tmp/workbook-gpu-<uuid or index>.lock``) for CUDA
-    devices, so that two probes (two notebooks, two clones) never measure one GPU at once; a
-    no-op for the CPU."""
+    """Holds an exclusive lock per GPU (``/tmp/workbook-gpu-<uuid or index>.lock``, shared by
+    every user) for CUDA devices, so that two probes (two notebooks, two clones) never measure
+    one GPU at once; a no-op for the CPU."""
     dev = torch.device(device)
     if dev.type != "cuda":
         yield
         return
-    import fcntl
-
     idx = dev.index or 0
     try:
         ident = str(torch.cuda.get_device_properties(idx).uuid)
     except Exception:  # noqa: BLE001 - older builds have no uuid: the index
         ident = str(idx)
-    path = Path(tempfile.gettempdir()) / f"workbook-gpu-{ident}.lock"
-    fd = shared_lock_fd(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-def shared_lock_fd(path: str | Path) -> int:
-    """A read-only descriptor of a lock file that every user of the machine shares: opened
-    without ``O_CREAT`` when it exists (in a sticky ``/tmp`` another user's file cannot be
-    opened for writing, nor with ``O_CREAT`` under ``fs.protected_regular``), else created
-    readable by all (``flock`` needs no write access)."""
-    while True:
-        try:
-            return os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                continue  # another process created it in between: open that one
-            os.fchmod(fd, 0o644)  # whatever the umask: the next user must be able to open it
-            return fd
+    with locked(Path(tempfile.gettempdir()) / f"workbook-gpu-{ident}.lock", shared_by_all=True):
+        yield
 
 
 def device_budget(device: torch.device | str) -> tuple[float, str]:
