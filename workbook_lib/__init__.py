@@ -11,6 +11,7 @@ most 3 that climb, each with its reason, and refuses any import cycle.
    that failed in a notebook (``failures``), and what every floor uses (``common``):
     ``files``           atomic writes with the umask's mode
     ``locks``           ``flock`` on a lock file (run folder, snapshot cache, GPU probes)
+    ``text``            a message on one line; rows as aligned columns (the terminal's tables)
     ``device``          ``device`` -> torch.device; the host memory a run may use; the CPU
                         allocator setting
     ``progress``        progress bars and stage notes, on the terminal only

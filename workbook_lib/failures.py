@@ -14,6 +14,7 @@ from __future__ import annotations
 import traceback as _tb
 from dataclasses import dataclass
 
+from .common.text import one_line
 from .exceptions import WorkbookError
 from .records import Record
 
@@ -28,19 +29,6 @@ LOOP_STAGE_NAMES = {"loader_wait": "data item or collate", "h2d": "transfer",
 
 RAISED, STALLED, NONFINITE = "raised", "stalled", "nonfinite_loss"
 KINDS = (RAISED, STALLED, NONFINITE)
-
-
-def one_line(text: object, limit: int = 300, *, keep_end: bool = False) -> str:
-    """``text`` (a message or an exception) on one line of at most ``limit`` characters, cut
-    with ``...`` at its end, or in its middle with ``keep_end`` (a params error names its key
-    first and what is wrong last)."""
-    s = " ".join(str(text).split())
-    if len(s) <= limit:
-        return s
-    if keep_end:
-        head = (limit - 5) // 2
-        return s[:head] + " ... " + s[len(s) - (limit - 5 - head):]
-    return s[:limit - 3].rstrip(" ;,") + "..."
 
 
 def describe_exception(exc: BaseException, limit: int = 300) -> str:

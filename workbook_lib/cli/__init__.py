@@ -10,7 +10,7 @@ import logging
 import sys
 
 from ..configs.loading import MAX_MESSAGE
-from ..failures import one_line
+from ..common.text import one_line
 from ..exceptions import WorkbookError
 from .parser import build_parser
 

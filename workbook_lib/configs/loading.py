@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from ..failures import one_line
+from ..common.text import one_line
 from ..exceptions import ParamsError
 from ..paths import PARAMS_DIR, resolve_path
 

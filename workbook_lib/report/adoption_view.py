@@ -6,7 +6,7 @@ from IPython.display import Markdown
 
 from ..results.adoption import AdoptionResult
 from . import plotting
-from ..failures import one_line
+from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 
@@ -199,5 +199,5 @@ def _headline(r: AdoptionResult) -> str:
 
 
 def headline(r: AdoptionResult) -> str:
-    """One short sentence for the index (see failures.one_line)."""
+    """One short sentence for the index (see common.text.one_line)."""
     return one_line(_headline(r), HEADLINE_MAX)

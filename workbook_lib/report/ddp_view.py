@@ -10,7 +10,7 @@ from .. import pipelines
 from ..results.ddp import DDPResult, Plan
 from . import plotting
 from .failures_view import failures_note as _failures_note
-from ..failures import one_line
+from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 

@@ -7,7 +7,7 @@ from IPython.display import Markdown
 from ..studies.inventory import REPRESENTATION_LABELS
 from ..results.inventory import InventoryResult
 from . import plotting
-from ..failures import one_line
+from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, table
 
@@ -177,5 +177,5 @@ def _headline(r: InventoryResult) -> str:
 
 
 def headline(r: InventoryResult) -> str:
-    """One short sentence for the index (see failures.one_line)."""
+    """One short sentence for the index (see common.text.one_line)."""
     return one_line(_headline(r), HEADLINE_MAX)

@@ -11,7 +11,7 @@ from ..results.bench import BenchResult
 from ..results.mask_cost import (CostModelStudy, LayerSweep, MaskCostResult, MaskGeneration,
                                  MemoryStudy)
 from . import plotting
-from ..failures import one_line
+from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table, skip_none
 # the notebook's benchmark section

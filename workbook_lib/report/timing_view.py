@@ -8,7 +8,7 @@ from ..training.loop import MODES, WORKER_STAGES
 from ..results.timing import LoopStudy, MAIN_STAGES, SyncStudy, TimingResult
 from . import plotting
 from .failures_view import failures_note as _failures_note
-from ..failures import one_line
+from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 from .stage_style import (MODE_LABELS, PIPELINED_LABEL, STAGE_LABELS, label, mode_colour,

@@ -12,7 +12,7 @@ from ..measurement.cpu import causes_text
 from .. import pipelines
 from ..results.verdict import VerdictResult
 from . import plotting
-from ..failures import one_line
+from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 

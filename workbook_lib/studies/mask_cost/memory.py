@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ...failures import RAISED, STALLED, PipelineFailure, one_line
+from ...common.text import one_line
+from ...failures import RAISED, STALLED, PipelineFailure
 from ...measurement.cpu_allowance import allowed_cpus
 from ...measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryPoint, device_budget,
                                    fit_memory, probe_threads)
