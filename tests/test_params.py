@@ -182,6 +182,18 @@ def test_params_read_as_a_mapping_and_by_attribute():
     assert P.validate({**p, "seed": 5}).seed == 5  # ... validated again into Params
 
 
+def test_replace_is_a_validated_copy():
+    p = P.validate({})
+    q = p.replace(seed=5, batch_sizes=(1, 2))
+    assert isinstance(q, P.Params) and q.seed == 5 and q.batch_sizes == [1, 2] and p.seed == 0
+    with pytest.raises(ParamsError, match="'seed' must be an integer"):
+        p.replace(seed=1.5)
+    with pytest.raises(ParamsError, match="did you mean 'seed'"):
+        p.replace(sead=1)
+    with pytest.raises(ParamsError, match="'loop_max_steps' must be >= loop_steps"):
+        p.replace(loop_steps=50)  # checked across keys too
+
+
 def test_params_are_frozen():
     import dataclasses
 

@@ -20,11 +20,12 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``watchdog``        a stage that stops making progress: stopped (SIGALRM) and named
 1  ``configs/``     the one schema of every params file, ``--set``, papermill ``-p`` and
                    parameters cell; ``params`` re-exports the public names of:
-    ``schema``          ``Params``: frozen, typed, one field per key (read as a mapping too)
+    ``schema``          frozen, typed, one field per key (read as a mapping too)
     ``checks``, ``specs``   value checks; ``pipelines`` entries parsed and checked as plain
                         strings (importing them is ``pipelines.loading``'s)
-    ``loading``, ``validation``, ``filesystem``   the hardened YAML loader; ``validate`` and
-                        its checks across keys and on disk
+    ``loading``, ``validation``, ``filesystem``   the hardened YAML loader; ``validate``
+                        (types by pydantic; ``Params``, ``params.replace``) and its checks
+                        across keys and on disk
     ``cells``           the help text, and which keys each notebook's parameters cell reads
 2  ``measurement/``, ``traces/`` how anything is measured: it measures a callable it is given
                    and knows nothing of pipelines or params; ``traces`` reads a Chrome trace
