@@ -36,7 +36,7 @@ import harness  # noqa: E402
 from harness import execute  # noqa: E402
 
 from workbook_lib.catalog import NOTEBOOK_NAMES  # noqa: E402
-from workbook_lib.configs import params as params_mod  # noqa: E402
+from workbook_lib.configs.validation import check_gap, load_params_file, validate  # noqa: E402
 from workbook_lib.exceptions import WorkbookError  # noqa: E402
 
 # every case runs once in the module fixture (about 2 minutes on the 2-core reference machine)
@@ -116,9 +116,9 @@ CASES = generate()
 
 
 def _params(case: Case) -> dict:
-    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    raw = dict(load_params_file(ROOT / "params" / "ci.yaml"))
     raw.pop("gap_strategies", None)
-    return params_mod.validate({**raw, **TINY, "strategies": case.strategies,
+    return validate({**raw, **TINY, "strategies": case.strategies,
                                 "pipelines": case.specs(), **case.extra},
                                source=f"matrix case {case.name}")
 
@@ -132,7 +132,7 @@ def run_case(case: Case, out: Path, traced=None) -> dict:
     try:
         p = _params(case)
         names = list(case.notebooks)
-        params_mod.check_gap(p, names)
+        check_gap(p, names)
         preflight(p)
     except WorkbookError as exc:
         return {"refused": str(exc)}

@@ -125,7 +125,7 @@ def test_peak_in_a_child_whose_parent_peaked_higher():
 
 
 def test_probe_points_are_positive_and_grow_with_batch():
-    from workbook_lib.configs.params import validate
+    from workbook_lib.configs.validation import validate
     from workbook_lib.training.step_memory import measure_point
 
     p = validate({"scale": 0.005, "device": "cpu"})
@@ -283,7 +283,7 @@ def test_memory_probes_side_by_side_fit_the_threads_each_probe_runs(monkeypatch,
     against each other."""
     from types import SimpleNamespace
 
-    from workbook_lib.configs import params as params_mod
+    from workbook_lib.configs.validation import validate
     from workbook_lib.studies.mask_cost import memory as study
 
     if omp is None:
@@ -303,7 +303,7 @@ def test_memory_probes_side_by_side_fit_the_threads_each_probe_runs(monkeypatch,
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        p = params_mod.validate({"scale": 0.002, "device": "cpu"})
+        p = validate({"scale": 0.002, "device": "cpu"})
         with pytest.raises(Stop):
             study.memory_study(p, torch.device("cpu"))
         threads = memory.probe_threads()

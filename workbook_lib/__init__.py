@@ -19,7 +19,7 @@ most 3 that climb, each with its reason, and refuses any import cycle.
     ``argtypes``        the command line's paths and numbers, one error each (argparse types)
     ``watchdog``        a stage that stops making progress: stopped (SIGALRM) and named
 1  ``configs/``     the one schema of every params file, ``--set``, papermill ``-p`` and
-                   parameters cell; ``params`` re-exports the public names of:
+                   parameters cell:
     ``schema``          frozen, typed, one field per key (read as a mapping too)
     ``checks``, ``specs``   value checks; ``pipelines`` entries parsed and checked as plain
                         strings (importing them is ``pipelines.loading``'s)

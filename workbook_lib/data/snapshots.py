@@ -20,7 +20,7 @@ import yaml
 
 from ..exceptions import SnapshotError
 from ..paths import resolve_path
-from ..configs.params import snapshot_spec_path
+from ..configs.filesystem import snapshot_spec_path
 from ..common.files import temp_file_beside
 from ..common.locks import locked
 

@@ -1,5 +1,5 @@
 """User pipelines named in the ``pipelines`` params key: import, build, check (the entries are
-parsed as plain strings with the schema: :func:`workbook_lib.configs.params.parse_specs`).
+parsed as plain strings with the schema: :func:`workbook_lib.configs.specs.parse_specs`).
 
 An entry is ``"TARGET"`` or ``"NAME=TARGET"``, where TARGET is ``package.module:factory`` or
 ``path/to/file.py:factory`` (a relative path is taken from the repository root, then from the
@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from ..common.watchdog import Stalled, Watchdog
-from ..configs.params import PipelineSpec, spec_file
+from ..configs.specs import PipelineSpec, spec_file
 from ..failures import describe_exception
 from ..exceptions import PipelineError
 from .protocol import REQUIRED

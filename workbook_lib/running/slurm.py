@@ -45,7 +45,7 @@ from pathlib import Path
 
 from ..catalog import BY_NAME
 from ..common.files import current_umask
-from ..configs import params as params_mod
+from ..configs.loading import read_params_file
 from ..exceptions import ParamsError
 from ..paths import REPO_ROOT, resolve_path
 
@@ -278,7 +278,7 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
             ``out_dir`` holding scripts of the other layout (unless ``force``).
     """
     from ..catalog import NOTEBOOK_NAMES
-    from ..configs.params import check_gap
+    from ..configs.validation import check_gap
 
     check_gap(params, list(NOTEBOOK_NAMES))  # the scripts run every notebook
     cpus = _check(nodes, gpus_per_node, cpus_per_task, partition, time, mem)
@@ -296,7 +296,7 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
     marker.write_text(layout + "\n")
     repo = Path(repo or REPO_ROOT).resolve()
     python = python or str((repo / ".venv" / "bin" / "python"))
-    params_path = params_mod.read_params_file(params_file)[0].resolve()  # as --params finds it
+    params_path = read_params_file(params_file)[0].resolve()  # as --params finds it
     run = resolve_path(run_dir or "runs/slurm-run").resolve()
     common = dict(params_file=params_path, run_dir=run, log_dir=log_dir, python=python,
                   repo=repo, time=time, partition=partition, account=account, sets=sets)

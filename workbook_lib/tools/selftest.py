@@ -48,7 +48,7 @@ import torch
 from ..common.text import text_table
 from ..measurement.precision import float32_tolerance
 from ..paths import REPO_ROOT
-from ..configs.params import ddp_strategy
+from ..configs.validation import ddp_strategy
 
 OK, FAILED, SKIPPED, BUSY = "ok", "FAILED", "skipped", "busy"
 
@@ -397,7 +397,7 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
     """
     from ..data.snapshots import load_snapshot
     from ..common.device import resolve_device
-    from ..configs.params import load_params_file
+    from ..configs.validation import load_params_file
 
     if device not in ("cpu", "cuda", "auto"):
         raise ValueError(f"'--device' must be cpu, cuda or auto (got {device!r})")

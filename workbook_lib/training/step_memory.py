@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..common.watchdog import Stalled, process_watchdog
-from ..configs.params import validate
+from ..configs.validation import validate
 from ..data.snapshots import load_snapshot
 from ..measurement.memory import MemoryPoint, StepToMeasure, measure_in_fresh_process
 from ..failures import PipelineFailed, failure_from
