@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from workbook_lib.data.snapshots import CellGraph, content_checksum
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.cells import parameters_cell
+from workbook_lib.configs.validation import load_params_file
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("WORKBOOK_PROGRESS", "0")
@@ -112,7 +113,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def ci_params():
-    return params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    return load_params_file(ROOT / "params" / "ci.yaml")
 
 
 def make_graph(num_genes=12, types=None, seed=0) -> CellGraph:
@@ -170,7 +171,7 @@ def write_notebook(path, *cells):
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                   "language": "python"}}
-    p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
+    p = nbformat.v4.new_code_cell(parameters_cell())
     p.metadata["tags"] = ["parameters"]
     nb.cells = [p] + [nbformat.v4.new_code_cell(c) for c in cells]
     nbformat.write(nb, str(path))

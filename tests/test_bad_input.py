@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from workbook_lib import cli
-from workbook_lib.configs import params as P
+from workbook_lib.configs.loading import MAX_MESSAGE
+from workbook_lib.configs.validation import load_params_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,7 +157,7 @@ def test_bad_input_refused_in_one_line_before_any_work(tmp_path, capsys, make, k
     assert rc == 2, err[:500]
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), err[:2000]
-    assert len(lines[0]) <= P.MAX_MESSAGE + 7, len(lines[0])
+    assert len(lines[0]) <= MAX_MESSAGE + 7, len(lines[0])
     assert key in lines[0], lines[0]
     assert "Traceback" not in err
     assert not out.exists()
@@ -197,7 +198,7 @@ def test_notebooks_refuse_what_the_cli_refuses(tmp_path, bad, key):
     from workbook_lib.exceptions import ParamsError
     from workbook_lib.running.notebook import setup
 
-    ns = {**P.load_params_file("ci"), **bad, "run_dir": str(tmp_path / "run")}
+    ns = {**load_params_file("ci"), **bad, "run_dir": str(tmp_path / "run")}
     with pytest.raises(ParamsError) as e:
         setup(ns)
     assert e.value.key == key and key in str(e.value)
@@ -208,7 +209,7 @@ def test_empty_edge_snapshot_refused_alike_by_notebook(tmp_path):
     from workbook_lib.exceptions import ParamsError
     from workbook_lib.running.notebook import setup
 
-    ns = {**P.load_params_file("ci"), "snapshot": _hetero(tmp_path, "e", edge_index="empty"),
+    ns = {**load_params_file("ci"), "snapshot": _hetero(tmp_path, "e", edge_index="empty"),
           "run_dir": str(tmp_path / "run")}
     with pytest.raises(ParamsError, match="exactness_genes"):
         setup(ns)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from workbook_lib.exceptions import ParamsError
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.cells import parameters_cell
+from workbook_lib.configs.validation import load_params_file
 from workbook_lib.running import slurm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ def _no_cluster_here(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def ci():
-    return params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    return load_params_file(ROOT / "params" / "ci.yaml")
 
 
 def _scripts(tmp_path, ci, **kw):
@@ -247,7 +248,7 @@ def test_chain_cancelled_then_resubmitted_finishes_in_the_same_folder(tmp_path, 
     nbs.mkdir()
     for info in NOTEBOOKS:
         nb = nbformat.v4.new_notebook()
-        p = nbformat.v4.new_code_cell(params_mod.parameters_cell())
+        p = nbformat.v4.new_code_cell(parameters_cell())
         p.metadata["tags"] = ["parameters"]
         nb.cells = [p, nbformat.v4.new_code_cell(FAKE_NB.format(name=info.name,
                                                                 requires=list(info.requires),

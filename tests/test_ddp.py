@@ -14,7 +14,7 @@ from workbook_lib.distributed import launcher
 from workbook_lib.distributed.plan import plan
 from workbook_lib.exceptions import LaunchError
 from workbook_lib.measurement.timing import Stat
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.validation import validate
 from workbook_lib.data import snapshots
 
 MODULE = "workbook_lib.distributed.worker"
@@ -22,7 +22,7 @@ MODULE = "workbook_lib.distributed.worker"
 
 @pytest.fixture(scope="module")
 def tiny_params():
-    p = params_mod.validate({"scale": 0.002, "hidden": 4, "layers": 1, "device": "cpu",
+    p = validate({"scale": 0.002, "hidden": 4, "layers": 1, "device": "cpu",
                              "perturbation_k": 2, "grad_accum_steps": 2, "batch_size_lazy": 2,
                              "batch_size_dango": 4, "ddp_batch_size": 2,
                              "exactness_genes": 10})

@@ -22,7 +22,8 @@ from workbook_lib.studies.adoption.parameters import ParameterMismatchError, par
 from workbook_lib.studies.adoption.seeded_runs import compare_tensors
 from workbook_lib.measurement.precision import dtype_guard, rounding_model
 from workbook_lib.pipelines import Pipeline
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.loading import read_params_file
+from workbook_lib.configs.validation import validate
 from workbook_lib.running.results import load_result
 from workbook_lib.results.adoption import dropout_text
 
@@ -284,10 +285,10 @@ def test_a_pipeline_that_computes_in_float32_falls_back_to_float32_and_says_why(
 def test_the_realistic_float32_only_rewrites_fall_back_and_are_still_judged_right():
     """The vectorized GIN rewrite with a float32 accumulator (float64 raises in it): the rounding
     model of float32 accepts it and rejects it 0.2% off."""
-    _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
+    _src, raw = read_params_file(ROOT / "params" / "ci.yaml")
     specs = [GIN, "tests/rewrites/float32_only.py:make_pipeline",
              "tests/rewrites/float32_only.py:make_off"]
-    p = params_mod.validate({**raw, "pipelines": [f"p{i}={s}" for i, s in enumerate(specs)]})
+    p = validate({**raw, "pipelines": [f"p{i}={s}" for i, s in enumerate(specs)]})
     from workbook_lib.studies.adoption.equality import equality_tolerance, seeded_build
     from workbook_lib.data.snapshots import load_snapshot
 
@@ -347,10 +348,10 @@ def test_the_dtype_guard_names_the_first_operation_in_another_dtype():
 
 # ------------------------------------------------------------------ notebook 06, user pipelines
 def _run_06(tmp_path, pipelines):
-    _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
+    _src, raw = read_params_file(ROOT / "params" / "ci.yaml")
     # 4 training steps (ci: 20): the Lazy example's step is the slow one; 4 paired steps give
     # the speedup its n >= 3 and the same-training check its losses
-    p = params_mod.validate({**raw, "strategies": [], "pipelines": pipelines, "adopt_steps": 4})
+    p = validate({**raw, "strategies": [], "pipelines": pipelines, "adopt_steps": 4})
     outcomes = run_notebooks(p, tmp_path, only=["06"], progress=False, log_output=False,
                              write_index=write_index)
     assert [o.status for o in outcomes] == ["ok"]

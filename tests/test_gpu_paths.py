@@ -98,7 +98,7 @@ def test_environment_keeps_the_device_of_the_jobs_that_used_one(tmp_path, monkey
 
     from workbook_lib.running.run_folder import write_environment
     from workbook_lib.running import environment
-    from workbook_lib.configs.params import load_params_file
+    from workbook_lib.configs.validation import load_params_file
     from pathlib import Path
 
     p = load_params_file(Path(__file__).resolve().parent.parent / "params" / "ci.yaml")
@@ -145,7 +145,7 @@ def test_a_cpu_only_notebook_runs_on_a_node_without_the_gpu(tmp_path):
 
     from workbook_lib.exceptions import ParamsError
     from workbook_lib.running.notebook import setup
-    from workbook_lib.configs.params import load_params_file
+    from workbook_lib.configs.validation import load_params_file
 
     if torch.cuda.is_available():
         pytest.skip("checks a node without a GPU")
@@ -161,7 +161,7 @@ def test_exactness_report_runs_the_strategies_on_the_given_device(monkeypatch):
     the CPU): a device argument that were ignored would leave them on the CPU."""
     from workbook_lib.studies.mask_cost import layers as benchmarks
     from workbook_lib.data.snapshots import induced_subgraph, load_snapshot
-    from workbook_lib.configs.params import load_params_file
+    from workbook_lib.configs.validation import load_params_file
     from pathlib import Path
 
     p = load_params_file(Path(__file__).resolve().parent.parent / "params" / "ci.yaml")

@@ -12,7 +12,7 @@ import pytest
 from workbook_lib.tools import compare as cmp
 from workbook_lib.tools import stability as stab
 from workbook_lib.tools.headlines import RATIO, Figure
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.validation import validate
 from workbook_lib.report import compare_view, pages, stability_view, trace_view
 from workbook_lib.report.html import index_page
 from workbook_lib.running.papermill_run import NotebookOutcome, export_html
@@ -34,7 +34,7 @@ def _figure(value, label="per-step ratio <slow/fast>"):
 
 
 def test_the_index_has_the_one_look(tmp_path):
-    params = params_mod.validate({"scale": 0.002, "device": "cpu"})
+    params = validate({"scale": 0.002, "device": "cpu"})
     outcomes = [NotebookOutcome("01_graph_inventory", "ok", 3.0),
                 NotebookOutcome("05_verdict", "failed", 1.0, error="boom <here>")]
     page = index_page(tmp_path, outcomes, params)

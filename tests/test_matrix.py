@@ -36,7 +36,7 @@ import harness  # noqa: E402
 from harness import execute  # noqa: E402
 
 from workbook_lib.catalog import NOTEBOOK_NAMES  # noqa: E402
-from workbook_lib.configs import params as params_mod  # noqa: E402
+from workbook_lib.configs.validation import check_gap, load_params_file, validate  # noqa: E402
 from workbook_lib.exceptions import WorkbookError  # noqa: E402
 
 # every case runs once in the module fixture (about 2 minutes on the 2-core reference machine)
@@ -130,9 +130,9 @@ CASES = generate()
 
 
 def _params(case: Case) -> dict:
-    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    raw = dict(load_params_file(ROOT / "params" / "ci.yaml"))
     raw.pop("gap_strategies", None)
-    return params_mod.validate({**raw, **TINY, "strategies": case.strategies,
+    return validate({**raw, **TINY, "strategies": case.strategies,
                                 "pipelines": case.specs(), **case.extra},
                                source=f"matrix case {case.name}")
 
@@ -146,7 +146,7 @@ def run_case(case: Case, out: Path, traced=None) -> dict:
     try:
         p = _params(case)
         names = list(case.notebooks)
-        params_mod.check_gap(p, names)
+        check_gap(p, names)
         preflight(p)
     except WorkbookError as exc:
         return {"refused": str(exc)}
@@ -176,21 +176,23 @@ class Tracer:
                 self.cov.stop()
 
 
-def case_in_child(name: str, out: str) -> int:
-    """One case in a process of its own, its view lines traced (coverage, on only while a view
-    renders); what it got and the lines go to ``OUT/case.pkl``."""
-    import pickle
+def case_in_child(name: str, out: str) -> tuple[str, tuple]:
+    """One case in a fresh process with one compute thread, its view lines traced (coverage, on
+    only while a view renders); returns its name, what it got and the lines."""
+    import multiprocessing
+    import os
 
     import coverage
+    import torch
 
+    multiprocessing.set_start_method(None, force=True)  # DataLoader workers: the platform's
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
     cov = coverage.Coverage(data_file=None, include=[str(p) for p in VIEWS])
     case = next(c for c in CASES if c.name == name)
     got = run_case(case, Path(out), Tracer(cov))
     data = cov.get_data()
-    lines = {str(p): set(data.lines(str(p)) or ()) for p in VIEWS}
-    with open(Path(out) / "case.pkl", "wb") as fh:
-        pickle.dump((got, lines), fh)
-    return 0
+    return name, (got, {str(p): set(data.lines(str(p)) or ()) for p in VIEWS})
 
 
 # the cases that start processes of their own (02's probes, 04's ranks) first, so that the
@@ -200,37 +202,28 @@ FIRST = ("slow_fast", "fails_in_04_only")
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Every case run once, two at a time, each in a process forked from one that imported
-    PyTorch and the notebooks' modules once (``workbook_lib.common.prefork``), with one compute
-    thread: the tiny cases are single-threaded Python, so the two never wait for each other's
-    threads. Returns what each case got and the report package's lines its views executed."""
+    """Every case run once, two at a time, each in a fresh process forked from
+    multiprocessing's fork server, which imported PyTorch and the notebooks' modules once, with
+    one compute thread: the tiny cases are single-threaded Python, so the two never wait for
+    each other's threads. Returns what each case got and the report package's lines its views
+    executed."""
+    import multiprocessing
     import os
-    import pickle
-    from concurrent.futures import ThreadPoolExecutor
-
-    from workbook_lib.common import prefork
+    from concurrent.futures import ProcessPoolExecutor
 
     order = sorted(CASES, key=lambda c: c.name not in FIRST)
-    jobs = [(c.name, tmp_path_factory.mktemp(c.name)) for c in order]
-    preload = ["torch", "torch_geometric", "matplotlib.pyplot", "test_matrix",
-               *[f"workbook_lib.report.{m}" for m in harness.VIEW_MODULES],
-               *[f"workbook_lib.studies.{m}" for m in ("inventory", "timing", "verdict",
-                                                          "adoption")]]
-
-    def one(job):
-        name, out = job
-        r = prefork.run_forked("test_matrix:case_in_child", [name, str(out)], preload=preload,
-                               threads=1, timeout_s=900)
-        assert r.returncode == 0, (name, r.stderr[-3000:])
-        with open(out / "case.pkl", "rb") as fh:
-            return name, pickle.load(fh)
-
+    jobs = [(c.name, str(tmp_path_factory.mktemp(c.name))) for c in order]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(
+        ["torch", "torch_geometric", "matplotlib.pyplot", "test_matrix",
+         *[f"workbook_lib.report.{m}" for m in harness.VIEW_MODULES],
+         *[f"workbook_lib.studies.{m}" for m in ("inventory", "timing", "verdict", "adoption")]])
     here = [str(ROOT / "tests"), str(ROOT / "tests" / "matrix")]
-    before = os.environ.get("PYTHONPATH")
+    before = os.environ.get("PYTHONPATH")  # the server imports test_matrix too
     os.environ["PYTHONPATH"] = os.pathsep.join(here + ([before] if before else []))
     try:
-        with prefork.session(), ThreadPoolExecutor(max_workers=2) as pool:
-            done = dict(pool.map(one, jobs))
+        with ProcessPoolExecutor(2, mp_context=ctx, max_tasks_per_child=1) as pool:
+            done = dict(pool.map(case_in_child, *zip(*jobs)))
     finally:
         if before is None:
             os.environ.pop("PYTHONPATH", None)

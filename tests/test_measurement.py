@@ -125,7 +125,7 @@ def test_peak_in_a_child_whose_parent_peaked_higher():
 
 
 def test_probe_points_are_positive_and_grow_with_batch():
-    from workbook_lib.configs.params import validate
+    from workbook_lib.configs.validation import validate
     from workbook_lib.training.step_memory import measure_point
 
     p = validate({"scale": 0.005, "device": "cpu"})
@@ -150,21 +150,24 @@ def setup(cfg):
 
 
 def test_the_fresh_process_measures_the_callers_step(tmp_path, monkeypatch):
-    """The probe knows nothing of pipelines: a set-up named by the caller builds the step, and
-    the figure is that step's (a 200 MB step reads ~200 MB, a 40 MB one ~40 MB); a set-up that
-    fails is recorded as failed with its reason."""
+    """The probe knows nothing of pipelines: a set-up handed in by the caller builds the step,
+    and the figure is that step's (a 200 MB step reads ~200 MB, a 40 MB one ~40 MB); a set-up
+    that fails is recorded as failed with its reason."""
+    import importlib
+
     (tmp_path / "my_step.py").write_text(SETUP)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    setup = importlib.import_module("my_step").setup
     point = dict(strategy="mine", form="-", batch_size=1, scale=1.0, hidden=1, layers=1)
-    big, small = (memory.measure_in_fresh_process("my_step:setup", {"floats": n}, point)
+    big, small = (memory.measure_in_fresh_process(setup, {"floats": n}, point)
                   for n in (50_000_000, 10_000_000))
     assert big.status == small.status == memory.STATUS_OK, (big, small)
     assert big.step_bytes == pytest.approx(200e6, rel=0.10)
     assert small.step_bytes == pytest.approx(40e6, rel=0.25)
-    bad = memory.measure_in_fresh_process("my_step:setup", {"fail": True}, point)
+    bad = memory.measure_in_fresh_process(setup, {"fail": True}, point)
     assert bad.status == memory.STATUS_FAILED and "the set-up refused" in bad.reason
-    with pytest.raises(ValueError, match="module:function"):
-        memory.measure_in_fresh_process("my_step", {}, point)
+    with pytest.raises(ValueError, match="module-level function"):
+        memory.measure_in_fresh_process(lambda cfg: setup(cfg), {}, point)
 
 
 def test_fit_refuses_too_few_points_and_no_growth():
@@ -280,7 +283,7 @@ def test_memory_probes_side_by_side_fit_the_threads_each_probe_runs(monkeypatch,
     against each other."""
     from types import SimpleNamespace
 
-    from workbook_lib.configs import params as params_mod
+    from workbook_lib.configs.validation import validate
     from workbook_lib.studies.mask_cost import memory as study
 
     if omp is None:
@@ -300,7 +303,7 @@ def test_memory_probes_side_by_side_fit_the_threads_each_probe_runs(monkeypatch,
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        p = params_mod.validate({"scale": 0.002, "device": "cpu"})
+        p = validate({"scale": 0.002, "device": "cpu"})
         with pytest.raises(Stop):
             study.memory_study(p, torch.device("cpu"))
         threads = memory.probe_threads()

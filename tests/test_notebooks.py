@@ -12,7 +12,8 @@ from workbook_lib.studies.adoption import loss_fall
 from workbook_lib.catalog import NOTEBOOK_NAMES
 from workbook_lib.measurement.timing import Stat
 from workbook_lib.running import notebooks as nbsrc
-from workbook_lib.configs import params as params_mod
+from workbook_lib.exceptions import ParamsError
+from workbook_lib.configs.validation import check_gap, load_params_file, validate
 from workbook_lib.report.html import write_index
 from workbook_lib.running.run_folder import run_notebooks
 from workbook_lib.running.results import load_result, read_meta
@@ -24,7 +25,7 @@ PAPERMILL = [sys.executable, "-m", "papermill"]
 @pytest.fixture(scope="session")
 def ci_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ci_run")
-    p = params_mod.load_params_file(ROOT / "params" / "ci.yaml")
+    p = load_params_file(ROOT / "params" / "ci.yaml")
     outcomes = run_notebooks(p, out, progress=False, log_output=False, write_index=write_index)
     return out, {o.name: o for o in outcomes}
 
@@ -272,15 +273,15 @@ PLANTED = ["tests/planted/slow_item.py:make_pipeline", "tests/planted/fast.py:ma
 def test_one_pipeline_alone_runs_01_to_03_and_refuses_the_gap_notebooks(tmp_path):
     """One pipeline, no built-in strategy: valid params (01-03 profile it), and the notebooks
     that compare two pipelines are refused in one line before any work (exit 2, no folder)."""
-    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    raw = dict(load_params_file(ROOT / "params" / "ci.yaml"))
     raw.pop("gap_strategies")
-    p = params_mod.validate({**raw, "strategies": [], "pipelines": PLANTED[1:]})
+    p = validate({**raw, "strategies": [], "pipelines": PLANTED[1:]})
     assert p["gap_strategies"] == []
-    params_mod.check_gap(p, ["01_graph_inventory", "03_data_vs_model_timing"])  # no error
-    with pytest.raises(params_mod.ParamsError, match="there is no gap to explain"):
-        params_mod.check_gap(p, ["05_verdict"])
-    with pytest.raises(params_mod.ParamsError, match="names one or more"):
-        params_mod.validate({**raw, "strategies": [], "pipelines": []})
+    check_gap(p, ["01_graph_inventory", "03_data_vs_model_timing"])  # no error
+    with pytest.raises(ParamsError, match="there is no gap to explain"):
+        check_gap(p, ["05_verdict"])
+    with pytest.raises(ParamsError, match="names one or more"):
+        validate({**raw, "strategies": [], "pipelines": []})
     r = subprocess.run([sys.executable, "-m", "workbook_lib", "run", "--params", "ci", "--out",
                         str(tmp_path / "o"), "--set", "strategies=[]", "--set",
                         f"pipelines={json.dumps(PLANTED[1:])}"],

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from workbook_lib.catalog import NOTEBOOK_NAMES
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.loading import read_params_file
+from workbook_lib.configs.validation import validate
 from workbook_lib.report.html import write_index
 from workbook_lib.running.run_folder import run_notebooks
 from workbook_lib.running.results import load_result, read_meta
@@ -29,8 +30,8 @@ def examples_run(tmp_path_factory):
     beside); 02's memory points of user pipelines are checked on the user-only run below, and
     04 with user pipelines by the matrix (tests/test_matrix.py)."""
     out = tmp_path_factory.mktemp("examples_run")
-    _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
-    p = params_mod.validate({**raw, "pipelines": EXAMPLES, "strategies": ["node_mask_shared"]})
+    _src, raw = read_params_file(ROOT / "params" / "ci.yaml")
+    p = validate({**raw, "pipelines": EXAMPLES, "strategies": ["node_mask_shared"]})
     outcomes = run_notebooks(p, out, only=["01", "03", "05"], progress=False,
                              log_output=False, write_index=write_index)
     return out, {o.name: o for o in outcomes}

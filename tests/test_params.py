@@ -3,7 +3,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbook_lib.configs import params as P
+from workbook_lib.configs.cells import parameters_cell
+from workbook_lib.configs.schema import FIELDS, defaults
+from workbook_lib.configs.validation import (Params, check_against_graph, load_params_file, max_k,
+                                             mean_k, results_relevant, validate)
 from workbook_lib.common.device import resolve_device
 from workbook_lib.exceptions import ParamsError
 
@@ -12,30 +15,30 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("name", ["default", "ci", "full"])
 def test_shipped_params_files_validate(name):
-    p = P.load_params_file(ROOT / "params" / f"{name}.yaml")
-    assert set(p) == set(P.FIELDS)
+    p = load_params_file(ROOT / "params" / f"{name}.yaml")
+    assert set(p) == set(FIELDS)
     assert p["snapshot"] == "string12"
 
 
 def test_name_lookup_in_params_dir():
-    assert P.load_params_file("ci")["scale"] == 0.005
+    assert load_params_file("ci")["scale"] == 0.005
 
 
 def test_empty_means_defaults():
-    assert P.validate({}) == P.defaults()
+    assert validate({}) == defaults()
 
 
 def test_unknown_key_suggests_the_right_one():
     with pytest.raises(ParamsError) as e:
-        P.validate({"batchsize": 3})
+        validate({"batchsize": 3})
     assert "did you mean 'batch_sizes'" in str(e.value) and e.value.key == "batchsize"
     with pytest.raises(ParamsError, match="did you mean 'hidden'"):
-        P.validate({"hiden": 3})
+        validate({"hiden": 3})
 
 
 def test_command_line_strings_are_read_as_yaml():
     """papermill -p passes lists as strings; YAML reads 1e-3 as a string."""
-    p = P.validate({"scale": "1e-3", "batch_sizes": "[1, 2]", "perturbation_k": "{2: 0.5, "
+    p = validate({"scale": "1e-3", "batch_sizes": "[1, 2]", "perturbation_k": "{2: 0.5, "
                     "3: 0.5}", "memory_budget_gb": "null", "rdzv_endpoint": "null"})
     assert p["scale"] == 0.001 and p["batch_sizes"] == [1, 2]
     assert p["perturbation_k"] == {2: 0.5, 3: 0.5} and p["memory_budget_gb"] is None
@@ -43,25 +46,25 @@ def test_command_line_strings_are_read_as_yaml():
 
 
 def test_default_file_is_the_schema_default():
-    assert P.load_params_file(ROOT / "params" / "default.yaml") == P.defaults()
+    assert load_params_file(ROOT / "params" / "default.yaml") == defaults()
 
 
 def test_placement_keys_are_not_results_relevant():
-    p = P.validate({"nnodes": 2, "rdzv_endpoint": "n1:29500"})
-    rel = P.results_relevant(p)
+    p = validate({"nnodes": 2, "rdzv_endpoint": "n1:29500"})
+    rel = results_relevant(p)
     assert "nnodes" not in rel and "rdzv_endpoint" not in rel and "scale" in rel
 
 
 def test_parameters_cell_is_read_by_papermill():
     from papermill.translators import PythonTranslator
 
-    found = {p.name: p for p in PythonTranslator.inspect({"source": P.parameters_cell()})}
-    assert set(P.FIELDS) | {"run_dir"} == set(found)
+    found = {p.name: p for p in PythonTranslator.inspect({"source": parameters_cell()})}
+    assert set(FIELDS) | {"run_dir"} == set(found)
     assert found["memory_budget_gb"].inferred_type_name == "Optional[float]"
     assert found["scale"].default == "0.1" and "edge-count" in found["scale"].help
     ns = {}
-    exec(P.parameters_cell(), ns)  # the cell runs as Python and gives the defaults
-    assert {k: ns[k] for k in P.FIELDS} == P.defaults()
+    exec(parameters_cell(), ns)  # the cell runs as Python and gives the defaults
+    assert {k: ns[k] for k in FIELDS} == defaults()
 
 
 @pytest.mark.parametrize("key,value,words", [
@@ -90,34 +93,34 @@ def test_parameters_cell_is_read_by_papermill():
 ])
 def test_bad_values_name_key_and_value(key, value, words):
     with pytest.raises(ParamsError) as e:
-        P.validate({key: value})
+        validate({key: value})
     for w in words:
         assert w in str(e.value), (w, str(e.value))
 
 
 def test_k_mapping_normalised():
-    p = P.validate({"perturbation_k": {"2": 0.25, 3: 0.75}})
+    p = validate({"perturbation_k": {"2": 0.25, 3: 0.75}})
     assert p["perturbation_k"] == {2: 0.25, 3: 0.75}
-    assert P.max_k(p["perturbation_k"]) == 3
-    assert P.mean_k(p["perturbation_k"]) == pytest.approx(2.75)
+    assert max_k(p["perturbation_k"]) == 3
+    assert mean_k(p["perturbation_k"]) == pytest.approx(2.75)
 
 
 def test_bad_file(tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump({"scale": 0.1, "colour": "red"}))
     with pytest.raises(ParamsError, match="colour"):
-        P.load_params_file(f)
+        load_params_file(f)
     with pytest.raises(ParamsError, match="does not exist"):
-        P.load_params_file(tmp_path / "missing.yaml")
+        load_params_file(tmp_path / "missing.yaml")
     f.write_text("scale: [1, 2\n")
     with pytest.raises(ParamsError, match="YAML"):
-        P.load_params_file(f)
+        load_params_file(f)
 
 
 def test_notebook_namespace_same_validation():
     from workbook_lib.running.notebook import notebook_params
 
-    ns = {**P.defaults(), "seed": 3, "run_dir": "runs/x", "np": __import__("numpy")}
+    ns = {**defaults(), "seed": 3, "run_dir": "runs/x", "np": __import__("numpy")}
     p, run_dir = notebook_params(ns)
     assert p["seed"] == 3 and run_dir == ROOT / "runs" / "x"
     with pytest.raises(ParamsError, match="did you mean 'seed'"):
@@ -129,12 +132,12 @@ def test_notebook_namespace_same_validation():
 
 
 def test_check_against_graph():
-    p = P.validate({"perturbation_k": 5, "exactness_genes": 6})
+    p = validate({"perturbation_k": 5, "exactness_genes": 6})
     with pytest.raises(ParamsError, match="'perturbation_k'.*gene count"):
-        P.check_against_graph(p, 4)
+        check_against_graph(p, 4)
     with pytest.raises(ParamsError, match="'exactness_genes'"):
-        P.check_against_graph(p, 5)
-    P.check_against_graph(p, 6)
+        check_against_graph(p, 5)
+    check_against_graph(p, 6)
 
 
 def test_cuda_without_gpu_is_an_error():
@@ -151,17 +154,17 @@ def test_cuda_without_gpu_is_an_error():
 def _old_dict(name: str) -> dict:
     """What ``validate`` returned before it returned a :class:`Params`: the schema defaults
     updated with the file's values (the shipped files give every value in its field's type)."""
-    return {**P.defaults(), **(yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text())
+    return {**defaults(), **(yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text())
                                or {})}
 
 
 @pytest.mark.parametrize("name", ["default", "ci", "full"])
 def test_params_equal_the_old_dict(name):
-    p = P.load_params_file(ROOT / "params" / f"{name}.yaml")
+    p = load_params_file(ROOT / "params" / f"{name}.yaml")
     old = _old_dict(name)
-    assert isinstance(p, P.Params)
+    assert isinstance(p, Params)
     assert p == old and old == p and dict(p) == old and {**p} == old
-    assert list(p) == list(P.FIELDS) and len(p) == len(P.FIELDS)
+    assert list(p) == list(FIELDS) and len(p) == len(FIELDS)
     assert all(type(p[k]) is type(v) or isinstance(v, int) for k, v in old.items()), \
         {k: (type(p[k]), type(v)) for k, v in old.items() if type(p[k]) is not type(v)}
     assert p != {**old, "seed": old["seed"] + 1}
@@ -170,22 +173,34 @@ def test_params_equal_the_old_dict(name):
 def test_params_read_as_a_mapping_and_by_attribute():
     from collections.abc import Mapping
 
-    p = P.validate({"loop_steps": 7, "loop_max_steps": 9})
+    p = validate({"loop_steps": 7, "loop_max_steps": 9})
     assert isinstance(p, Mapping)
     assert p["loop_steps"] == p.loop_steps == p.get("loop_steps") == 7
     assert p.get("no_such_key") is None and p.get("no_such_key", 3) == 3
     assert "loop_steps" in p and "no_such_key" not in p
     with pytest.raises(KeyError):
         p["no_such_key"]
-    assert dict(p.items())["loop_max_steps"] == 9 and set(p.keys()) == set(P.FIELDS)
+    assert dict(p.items())["loop_max_steps"] == 9 and set(p.keys()) == set(FIELDS)
     assert {**p, "seed": 5}["seed"] == 5 and p.seed == 0  # a changed copy is a plain dict
-    assert P.validate({**p, "seed": 5}).seed == 5  # ... validated again into Params
+    assert validate({**p, "seed": 5}).seed == 5  # ... validated again into Params
+
+
+def test_replace_is_a_validated_copy():
+    p = validate({})
+    q = p.replace(seed=5, batch_sizes=(1, 2))
+    assert isinstance(q, Params) and q.seed == 5 and q.batch_sizes == [1, 2] and p.seed == 0
+    with pytest.raises(ParamsError, match="'seed' must be an integer"):
+        p.replace(seed=1.5)
+    with pytest.raises(ParamsError, match="did you mean 'seed'"):
+        p.replace(sead=1)
+    with pytest.raises(ParamsError, match="'loop_max_steps' must be >= loop_steps"):
+        p.replace(loop_steps=50)  # checked across keys too
 
 
 def test_params_are_frozen():
     import dataclasses
 
-    p = P.validate({})
+    p = validate({})
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.loop_steps = 3
     with pytest.raises(TypeError, match="read-only"):
@@ -196,16 +211,16 @@ def test_params_are_frozen():
         assert not hasattr(p, method), method
     with pytest.raises(TypeError):
         hash(p)  # like the dict it replaces (its lists are not hashable either)
-    assert p.loop_steps == P.defaults()["loop_steps"]
+    assert p.loop_steps == defaults()["loop_steps"]
 
 
 def test_params_pickle_and_copy_round_trip():
     import copy
     import pickle
 
-    p = P.load_params_file(ROOT / "params" / "ci.yaml")
+    p = load_params_file(ROOT / "params" / "ci.yaml")
     for back in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p), copy.copy(p)):
-        assert isinstance(back, P.Params) and back == p and back.perturbation_k == {2: 0.25,
+        assert isinstance(back, Params) and back == p and back.perturbation_k == {2: 0.25,
                                                                                       3: 0.75}
 
 
@@ -216,23 +231,23 @@ def test_params_to_json_and_papermill():
 
     from workbook_lib.records import to_json
 
-    p = P.load_params_file(ROOT / "params" / "ci.yaml")
+    p = load_params_file(ROOT / "params" / "ci.yaml")
     doc = json.loads(json.dumps(to_json(p)))
     assert doc["perturbation_k"] == {"2": 0.25, "3": 0.75} and doc["batch_sizes"] == [1, 4, 28]
-    assert P.validate(doc) == p  # a results file's _meta.params reads back as the same params
+    assert validate(doc) == p  # a results file's _meta.params reads back as the same params
     src = PythonTranslator.codify({**to_json(p), "run_dir": "runs/x"})
     ns = {}
     exec(src, ns)
-    assert P.validate({k: ns[k] for k in P.FIELDS}) == p
+    assert validate({k: ns[k] for k in FIELDS}) == p
 
 
 def test_params_fields_are_typed():
     import typing
 
-    hints = typing.get_type_hints(P.Params)
-    assert list(hints) == list(P.FIELDS)
+    hints = typing.get_type_hints(Params)
+    assert list(hints) == list(FIELDS)
     assert hints["loop_steps"] is int and hints["batch_sizes"] == list[int]
     assert hints["memory_budget_gb"] == float | None
-    assert P.FIELDS["perturbation_k"].type_hint == "Union[int, Dict[int, float]]"
-    assert P.FIELDS["rdzv_endpoint"].type_name == "a string or null"
-    assert P.Params() == P.defaults()
+    assert FIELDS["perturbation_k"].type_hint == "Union[int, Dict[int, float]]"
+    assert FIELDS["rdzv_endpoint"].type_name == "a string or null"
+    assert Params() == defaults()

@@ -60,7 +60,7 @@ def test_removed_edges_and_hops(hand_graph):
 
 def test_inventory_measures_what_strategy_2_carries():
     from conftest import make_graph
-    from workbook_lib.configs.params import validate
+    from workbook_lib.configs.validation import validate
 
     g = make_graph(num_genes=40, types={"x": 200, "y": 120}, seed=7)
     p = validate({"num_perturbations": 8, "batch_sizes": [1, 4]})
@@ -74,7 +74,7 @@ def test_inventory_measures_what_strategy_2_carries():
 
 def test_headline_quotes_the_investigations_batch_only_when_its_strategies_ran():
     from conftest import make_graph
-    from workbook_lib.configs.params import validate
+    from workbook_lib.configs.validation import validate
     from workbook_lib.report.inventory_view import headline
 
     g = make_graph(num_genes=40, types={"x": 200, "y": 120}, seed=7)

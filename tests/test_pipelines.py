@@ -10,7 +10,8 @@ import torch
 from workbook_lib.exceptions import ParamsError, PipelineError
 from workbook_lib.pipelines import build_pipeline, check_pipeline, parse_specs
 from workbook_lib import cli
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.loading import read_params_file
+from workbook_lib.configs.validation import ddp_strategy, validate
 from workbook_lib.training import loop
 
 from conftest import make_graph
@@ -20,9 +21,9 @@ EXAMPLES = {n: f"examples/{n}.py:make_pipeline" for n in ("lazy_pyg", "dango_pyg
 
 
 def _params(**kw):
-    _src, base = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
+    _src, base = read_params_file(ROOT / "params" / "ci.yaml")
     base.update(pipelines=list(EXAMPLES.values()), **kw)
-    return params_mod.validate(base)
+    return validate(base)
 
 
 # ------------------------------------------------------------------ params
@@ -46,25 +47,25 @@ def test_spec_names_and_the_gap_default():
 ])
 def test_bad_specs_are_params_errors(entry, words):
     with pytest.raises(ParamsError, match="'pipelines'") as ei:
-        params_mod.validate({"pipelines": [entry]})
+        validate({"pipelines": [entry]})
     assert words in str(ei.value)
 
 
 def test_gap_and_ddp_names_must_be_compared():
     with pytest.raises(ParamsError, match="'gap_strategies'.*does not compare"):
-        params_mod.validate({"gap_strategies": ["lazy_pyg", "dango_wildtype"]})
+        validate({"gap_strategies": ["lazy_pyg", "dango_wildtype"]})
     with pytest.raises(ParamsError, match="'ddp_strategy'"):
-        params_mod.validate({"ddp_strategy": "nope"})
+        validate({"ddp_strategy": "nope"})
     with pytest.raises(ParamsError, match="'ddp_strategy' must name a strategy or pipeline the "
                                           "run compares"):  # a built-in left out of the run
-        params_mod.validate({"strategies": [], "pipelines": list(EXAMPLES.values()),
+        validate({"strategies": [], "pipelines": list(EXAMPLES.values()),
                              "ddp_strategy": "node_mask_shared"})
-    p = params_mod.validate({"strategies": [], "pipelines": list(EXAMPLES.values())})
-    assert p["ddp_strategy"] is None and params_mod.ddp_strategy(p) == p["gap_strategies"][0]
-    assert params_mod.ddp_strategy(params_mod.validate({})) == "node_mask_shared"
+    p = validate({"strategies": [], "pipelines": list(EXAMPLES.values())})
+    assert p["ddp_strategy"] is None and ddp_strategy(p) == p["gap_strategies"][0]
+    assert ddp_strategy(validate({})) == "node_mask_shared"
     with pytest.raises(ParamsError, match="'strategies' must not be empty"):
-        params_mod.validate({"strategies": []})
-    assert params_mod.validate({"strategies": [], "pipelines": list(EXAMPLES.values()),
+        validate({"strategies": []})
+    assert validate({"strategies": [], "pipelines": list(EXAMPLES.values()),
                                 "ddp_strategy": "nodemask_pyg"})["ddp_strategy"] == "nodemask_pyg"
 
 
@@ -73,14 +74,14 @@ def test_several_factories_of_one_file_are_named_by_their_factories():
     factory; a clash with an explicit name or a built-in strategy takes module.factory; the
     same entry twice is still refused."""
     f = "tests/matrix/family.py"
-    p = params_mod.validate({"strategies": [], "pipelines": [f"{f}:slow", f"{f}:fast"]})
-    assert [s.name for s in params_mod.parse_specs(p["pipelines"])] == ["slow", "fast"]
+    p = validate({"strategies": [], "pipelines": [f"{f}:slow", f"{f}:fast"]})
+    assert [s.name for s in parse_specs(p["pipelines"])] == ["slow", "fast"]
     assert p["gap_strategies"] == ["slow", "fast"]
-    names = [s.name for s in params_mod.parse_specs([f"{f}:slow", f"{f}:fast",
+    names = [s.name for s in parse_specs([f"{f}:slow", f"{f}:fast",
                                                      f"fast={f}:inexact"])]
     assert names == ["slow", "family.fast", "fast"]
     with pytest.raises(ParamsError, match="twice"):
-        params_mod.validate({"strategies": [], "pipelines": [f"{f}:slow", f"{f}:slow"]})
+        validate({"strategies": [], "pipelines": [f"{f}:slow", f"{f}:slow"]})
 
 
 # ------------------------------------------------------------------ the examples
@@ -280,8 +281,8 @@ def test_readme_example_works_pasted_into_a_new_file(tmp_path, monkeypatch):
     code = text.split("<!-- pipeline-example -->\n```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "my_pipeline.py").write_text(code)
     monkeypatch.chdir(tmp_path)  # "anywhere": found relative to the current folder
-    _src, raw = params_mod.read_params_file(ROOT / "params" / "ci.yaml")
-    p = params_mod.validate({**raw, "pipelines": ["my_pipeline.py:make_pipeline"]})
+    _src, raw = read_params_file(ROOT / "params" / "ci.yaml")
+    p = validate({**raw, "pipelines": ["my_pipeline.py:make_pipeline"]})
     assert p["pipelines"] == [f"my_pipeline={tmp_path / 'my_pipeline.py'}:make_pipeline"]
     g = make_graph(num_genes=30, types={"a": 80, "b": 40}, seed=2)
     pipe = build_pipeline(p, "my_pipeline", g, "cpu")  # checked on one batch

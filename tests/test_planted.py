@@ -20,7 +20,7 @@ import torch
 from workbook_lib.studies import timing as study
 from workbook_lib.studies import verdict as V
 from workbook_lib.studies.timing.stages import step_bound
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.validation import load_params_file, validate
 from workbook_lib.running.notebook import load_checked_snapshot
 
 # alone: a gap measured while the process got less CPU than it asked for is never resolved
@@ -55,11 +55,11 @@ RANKED = [k for k, v in CASES.items() if len(v[0]) == 1]  # one stage: its margi
 
 
 def _params(slow: str, extra: dict) -> dict:
-    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    raw = dict(load_params_file(ROOT / "params" / "ci.yaml"))
     raw.update(strategies=[], gap_strategies=[slow, "fast"],
                pipelines=[f"{PLANTED / slow}.py:make_pipeline",
                           f"{PLANTED / 'fast'}.py:make_pipeline"], **extra)
-    return params_mod.validate(raw)
+    return validate(raw)
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def graph():
-    return load_checked_snapshot(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    return load_checked_snapshot(load_params_file(ROOT / "params" / "ci.yaml"))
 
 
 def _loops(slow: str, graph, tmp_path):
@@ -162,11 +162,11 @@ def test_the_first_cause_is_the_planted_stage_with_its_function(slow, graph, tmp
 def test_a_gap_without_a_planted_cause_has_no_dominant_stage(graph):
     """The fast pipeline against itself (a second copy): no stage takes most of a gap that is
     noise, so nothing passes as a cause by construction."""
-    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    raw = dict(load_params_file(ROOT / "params" / "ci.yaml"))
     raw.update(strategies=[], gap_strategies=["fast", "again"],
                pipelines=[f"{PLANTED / 'fast'}.py:make_pipeline",
                           f"again={PLANTED / 'fast'}.py:make_pipeline"])
-    p = params_mod.validate(raw)
+    p = validate(raw)
     loops = study.run_loops(p, graph, torch.device("cpu"))
     gap = V.measure_gap(loops, "fast", "again", p["num_samples"])
     causes = V.rank_causes(_Timing(loops), gap.slow, gap.fast, gap, "cpu")

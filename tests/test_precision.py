@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.validation import load_params_file, validate
 from workbook_lib.running.notebook import load_checked_snapshot
 from workbook_lib.studies import timing as study
 from workbook_lib.studies import verdict as V
@@ -28,15 +28,15 @@ PLANTED = ROOT / "tests" / "planted"
 
 
 def _params(pipelines: list[str], **extra):
-    raw = dict(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    raw = dict(load_params_file(ROOT / "params" / "ci.yaml"))
     raw.pop("gap_strategies", None)
     raw.update(strategies=[], pipelines=pipelines, **extra)
-    return params_mod.validate(raw)
+    return validate(raw)
 
 
 @pytest.fixture(scope="module")
 def graph():
-    return load_checked_snapshot(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    return load_checked_snapshot(load_params_file(ROOT / "params" / "ci.yaml"))
 
 
 @pytest.fixture(autouse=True)

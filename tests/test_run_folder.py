@@ -12,7 +12,7 @@ from workbook_lib import cli
 from workbook_lib.running import papermill_run, run_folder
 from workbook_lib.running.resume import check_inputs_match, completeness
 from workbook_lib.running import runlock
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.validation import load_params_file, validate
 from workbook_lib.running.results import file_checksum, write_results
 from conftest import write_notebook
 
@@ -21,7 +21,7 @@ NBS = ("01_graph_inventory", "02_mask_cost_model", "03_data_vs_model_timing", "0
 
 @pytest.fixture
 def tiny():
-    return params_mod.validate({"scale": 0.002, "device": "cpu"})
+    return validate({"scale": 0.002, "device": "cpu"})
 
 
 def _complete(out, nb, params, inputs=None):
@@ -40,7 +40,7 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path, capsys):
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
         assert "in use" in err and "04_ddp_scaling" in err and f"pid {os.getpid()}" in err
         with pytest.raises(runlock.RunFolderInUseError):  # a job of notebook 04 alone, too
-            run_folder.run_notebooks(params_mod.load_params_file("ci"), out, only=["04"],
+            run_folder.run_notebooks(load_params_file("ci"), out, only=["04"],
                                  progress=False)
         with runlock.hold(out, ["01_graph_inventory"]):  # other notebooks: side by side
             pass
@@ -53,7 +53,7 @@ def test_a_notebook_run_alone_refuses_inputs_made_with_other_params(tmp_path, ti
     out = tmp_path / "run"
     for nb in NBS:
         _complete(out, nb, tiny)
-    other = params_mod.validate({"scale": 0.002, "device": "cpu", "hidden": 8})
+    other = validate({"scale": 0.002, "device": "cpu", "hidden": 8})
     with pytest.raises(ParamsError) as e:
         run_folder.run_notebooks(other, out, only=["05"], progress=False)
     assert e.value.key == "hidden" and "hidden=32 there, 8 now" in str(e.value)
@@ -77,7 +77,7 @@ def test_a_notebook_never_reads_an_input_made_with_other_params(tmp_path, tiny, 
     monkeypatch.setattr(results, "result_type", lambda nb: Body)
     out = tmp_path / "run"
     write_results(out, "01_graph_inventory", {"x": 1}, tiny, headline="h")
-    other = params_mod.validate({"scale": 0.002, "device": "cpu", "hidden": 8})
+    other = validate({"scale": 0.002, "device": "cpu", "hidden": 8})
     assert load_result(out, "01_graph_inventory") == {"x": 1}
     assert load_result(out, "01_graph_inventory", tiny) == {"x": 1}  # its own params
     assert load_result(out, "01_graph_inventory", other) is None

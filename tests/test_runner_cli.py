@@ -11,7 +11,7 @@ import nbformat
 import psutil
 import pytest
 
-from workbook_lib.configs import params as params_mod
+from workbook_lib.configs.validation import validate
 from workbook_lib.report.html import write_index
 from workbook_lib.running import papermill_run
 from workbook_lib.running.notebooks import resolve_only
@@ -48,7 +48,7 @@ def nb_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tiny():
-    return params_mod.validate({"scale": 0.002, "device": "cpu"})
+    return validate({"scale": 0.002, "device": "cpu"})
 
 
 def test_failing_notebook_keeps_partial_output_and_others_run(nb_dir, tiny, tmp_path):
@@ -134,12 +134,12 @@ def test_resume_keeps_complete_and_reruns_changed(nb_dir, tiny, tmp_path):
     o = run_notebooks(tiny, out, resume=True, progress=False, log_output=False,
                       write_index=write_index)
     assert o[0].status == "kept" and (out / "count-01_a").read_text() == "x"
-    placed = params_mod.validate({"scale": 0.002, "device": "cpu", "nnodes": 2,
+    placed = validate({"scale": 0.002, "device": "cpu", "nnodes": 2,
                                   "rdzv_endpoint": "n1:29500"})
     o = run_notebooks(placed, out, resume=True, progress=False, log_output=False,
                       write_index=write_index)
     assert o[0].status == "kept"  # where a run executes is not what it measured
-    changed = params_mod.validate({"scale": 0.002, "device": "cpu", "seed": 5})
+    changed = validate({"scale": 0.002, "device": "cpu", "seed": 5})
     o = run_notebooks(changed, out, resume=True, progress=False, log_output=False,
                       write_index=write_index)
     assert o[0].status == "ok" and (out / "count-01_a").read_text() == "xx"

@@ -29,7 +29,7 @@ def test_selftest_passes_on_cpu(capsys):
 def test_delta_path_checks_fail_when_the_step_syncs_or_errs(monkeypatch):
     """Both ways: a host read in the delta layer fails the sync check, a wrong delta layer the
     exactness check."""
-    from workbook_lib.configs.params import load_params_file
+    from workbook_lib.configs.validation import load_params_file
     from workbook_lib.data.snapshots import load_snapshot
     from workbook_lib.nodemask import NodeMaskBatch
     from workbook_lib.paths import REPO_ROOT

@@ -27,12 +27,12 @@ def test_atomic_writes_get_the_umasks_mode(tmp_path, umask, mask, mode):
     """Results, reports and snapshot caches are written through a temporary file; they get the
     mode a plain open() gives (0666 less the umask), not mkstemp's 0600."""
     from workbook_lib.data.snapshots import load_synthetic
-    from workbook_lib.configs import params as P
+    from workbook_lib.configs.schema import defaults
 
     umask(mask)
     assert current_umask() == mask
     atomic_write_text(tmp_path / "index.html", "<html></html>")
-    write_results(tmp_path, "01_graph_inventory", {"x": 1}, P.defaults(), headline="h")
+    write_results(tmp_path, "01_graph_inventory", {"x": 1}, defaults(), headline="h")
     cache = tmp_path / "cache"
     load_synthetic("string12", 0, 0.0005, cache)
     files = [tmp_path / "index.html", tmp_path / "01_graph_inventory.json",
@@ -178,20 +178,21 @@ def test_params_set_without_a_file_applies_the_set(capsys):
 def test_help_notebook_keeps_the_meaning_of_equals():
     from papermill.translators import PythonTranslator
 
-    from workbook_lib.configs import params as P
+    from workbook_lib.configs.cells import parameters_cell
+    from workbook_lib.configs.schema import FIELDS
 
-    found = {p.name: p for p in PythonTranslator.inspect({"source": P.parameters_cell()})}
+    found = {p.name: p for p in PythonTranslator.inspect({"source": parameters_cell()})}
     assert "1.0 is the real graph" in found["scale"].help
-    assert set(found) == set(P.FIELDS) | {"run_dir"}
+    assert set(found) == set(FIELDS) | {"run_dir"}
 
 
 def test_run_level_environment_says_what_each_notebook_was_asked_to_apply():
     from workbook_lib.running import environment
-    from workbook_lib.configs import params as P
+    from workbook_lib.configs.schema import defaults
 
-    rec = environment.collect(P.defaults(), run_level=True)["cpu_allocator_cache"]
+    rec = environment.collect(defaults(), run_level=True)["cpu_allocator_cache"]
     assert rec["requested"] is True and "each notebook's kernel" in rec["detail"]
-    off = environment.collect({**P.defaults(), "cpu_allocator_cache": False}, run_level=True)
+    off = environment.collect({**defaults(), "cpu_allocator_cache": False}, run_level=True)
     assert off["cpu_allocator_cache"]["requested"] is False
 
 
@@ -264,12 +265,15 @@ def test_the_memory_budget_follows_an_rlimit():
 def test_gpu_lock_file_is_shared_by_a_second_user():
     """The per-GPU probe lock lives in a sticky, world-writable folder (/tmp): one user creates
     it under a private umask, another user must still open and lock it."""
-    import fcntl
     import pwd
     import shutil
     import tempfile
 
-    from workbook_lib.measurement.memory import shared_lock_fd
+    from workbook_lib.common.locks import locked
+
+    def take(path) -> None:
+        with locked(path, shared_by_all=True):
+            pass
 
     try:
         nobody = pwd.getpwnam("nobody")
@@ -296,11 +300,11 @@ def test_gpu_lock_file_is_shared_by_a_second_user():
     try:
         old = os.umask(0o077)
         try:
-            os.close(shared_lock_fd(lock))
+            take(lock)
         finally:
             os.umask(old)
         assert lock.stat().st_mode & 0o777 == 0o644
-        assert as_nobody(lambda: fcntl.flock(shared_lock_fd(lock), fcntl.LOCK_EX)) == 0
+        assert as_nobody(lambda: take(lock)) == 0
         # the old way (open for append) is what a second user could not do
         assert as_nobody(lambda: open(lock, "a")) == 1
     finally:

@@ -89,7 +89,7 @@ def test_heterodata_loader(tmp_path):
     ei = g.edge_index["physical"]
     assert (ei[1, 1:] >= ei[1, :-1]).all()
     # through params too
-    from workbook_lib.configs.params import validate
+    from workbook_lib.configs.validation import validate
     assert snapshots.load_snapshot(validate({"snapshot": str(path)})).num_edges() == 5
 
 

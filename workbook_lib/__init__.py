@@ -10,28 +10,29 @@ most 3 that climb, each with its reason, and refuses any import cycle.
    locations, typed JSON, the names of strategies and notebooks, the one record of a pipeline
    that failed in a notebook (``failures``), and what every floor uses (``common``):
     ``files``           atomic writes with the umask's mode
+    ``locks``           ``flock`` on a lock file (run folder, snapshot cache, GPU probes)
+    ``text``            a message on one line; rows as aligned columns (the terminal's tables)
     ``device``          ``device`` -> torch.device; the host memory a run may use; the CPU
                         allocator setting
     ``progress``        progress bars and stage notes, on the terminal only
     ``processes``       stopping processes we started
-    ``prefork``         a function in a fresh process forked from a server that has
-                        imported PyTorch once (the memory probes)
     ``argtypes``        the command line's paths and numbers, one error each (argparse types)
     ``watchdog``        a stage that stops making progress: stopped (SIGALRM) and named
 1  ``configs/``     the one schema of every params file, ``--set``, papermill ``-p`` and
-                   parameters cell; ``params`` re-exports the public names of:
-    ``schema``          ``Params``: frozen, typed, one field per key (read as a mapping too)
+                   parameters cell:
+    ``schema``          frozen, typed, one field per key (read as a mapping too)
     ``checks``, ``specs``   value checks; ``pipelines`` entries parsed and checked as plain
                         strings (importing them is ``pipelines.loading``'s)
-    ``loading``, ``validation``, ``filesystem``   the hardened YAML loader; ``validate`` and
-                        its checks across keys and on disk
+    ``loading``, ``validation``, ``filesystem``   the hardened YAML loader; ``validate``
+                        (types by pydantic; ``Params``, ``params.replace``) and its checks
+                        across keys and on disk
     ``cells``           the help text, and which keys each notebook's parameters cell reads
 2  ``measurement/``, ``traces/`` how anything is measured: it measures a callable it is given
                    and knows nothing of pipelines or params; ``traces`` reads a Chrome trace
     ``timing``          THE timer: device sync, warm-up excluded, repeats to a precision
                         target, Stat (median, IQR, n), interleaved ratios, the loop's StepClock
     ``memory``          peak memory of a step (fresh process, high-water mark reset; the caller
-                        names the set-up that builds the step), fits
+                        hands in the set-up that builds the step), fits
     ``syncs``           host syncs: set_sync_debug_mode on CUDA, dispatcher-level on CPU
     ``precision``       float32 tolerance for sums in another order (CUDA atomics)
     ``profiling``       warm-step profiles by exclusive time (read with ``traces``)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import traceback as _tb
 from dataclasses import dataclass
 
+from .common.text import one_line
 from .exceptions import WorkbookError
 from .records import Record
 
@@ -30,15 +31,9 @@ RAISED, STALLED, NONFINITE = "raised", "stalled", "nonfinite_loss"
 KINDS = (RAISED, STALLED, NONFINITE)
 
 
-def one_line(text: object, limit: int = 300) -> str:
-    """``text`` on one line, cut to ``limit`` characters."""
-    s = " ".join(str(text).split())
-    return s if len(s) <= limit else s[:limit] + "..."
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``Type: message`` on one line."""
-    msg = one_line(exc)
+def describe_exception(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line (the message cut to ``limit`` characters)."""
+    msg = one_line(exc, limit)
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 

@@ -108,7 +108,7 @@ def execute(name: str, params: dict, run_dir: Path, traced=None) -> Executed:
     ``run_dir``, in this process. ``traced``: a re-entrant context manager factory that every
     view call and the rendering of what was displayed run in (:func:`views_traced`)."""
     import IPython.display as ipd
-    from workbook_lib.configs.params import FIELDS
+    from workbook_lib.configs.schema import FIELDS
 
     cells, params_at = code_cells(name)
     shown: list = []

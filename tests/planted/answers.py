@@ -14,7 +14,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "planted")]
 
 from test_planted import CASES, _loops, _Timing  # noqa: E402
 
-from workbook_lib.configs import params as params_mod  # noqa: E402
+from workbook_lib.configs.validation import load_params_file  # noqa: E402
 from workbook_lib.running.notebook import load_checked_snapshot  # noqa: E402
 from workbook_lib.studies import verdict as V  # noqa: E402
 
@@ -23,7 +23,7 @@ def main(names: list[str]) -> None:
     import tempfile
 
     torch.set_num_threads(1)
-    graph = load_checked_snapshot(params_mod.load_params_file(ROOT / "params" / "ci.yaml"))
+    graph = load_checked_snapshot(load_params_file(ROOT / "params" / "ci.yaml"))
     print("| planted | gap (IQR, n) | first cause, share | the function the answer names | "
           "advice |")
     print("|---|---|---|---|---|")

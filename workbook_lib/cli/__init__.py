@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..configs import params as params_mod
+from ..configs.loading import MAX_MESSAGE
+from ..common.text import one_line
 from ..exceptions import WorkbookError
 from .parser import build_parser
 
@@ -22,9 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)  # a bad path or number: ArgumentError, below
         return args.fn(args)
     except WorkbookError as exc:
-        print(f"error: {params_mod.one_line(str(exc))}", file=sys.stderr)
+        print(f"error: {one_line(exc, MAX_MESSAGE, keep_end=True)}", file=sys.stderr)
         return 2
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
-        print(f"error: {params_mod.one_line(f'{exc.strerror or exc}{where}')}", file=sys.stderr)
+        print(f"error: {one_line(f'{exc.strerror or exc}{where}', MAX_MESSAGE, keep_end=True)}",
+              file=sys.stderr)
         return 2

@@ -9,7 +9,9 @@ import threading
 from pathlib import Path
 
 from ..common.argtypes import writable_file
-from ..configs import params as params_mod
+from ..configs.cells import describe
+from ..configs.loading import load_yaml, read_params_file
+from ..configs.validation import check_gap, validate
 from ..exceptions import NotebookFailedError, ParamsError, WorkbookError
 
 DEFAULT_PARAMS = "params/default.yaml"
@@ -17,13 +19,13 @@ DEFAULT_PARAMS = "params/default.yaml"
 
 def _load(path: str, sets: list[str] | None) -> dict:
     """A params file plus ``--set KEY=VALUE`` overrides, validated once."""
-    src, raw = params_mod.read_params_file(path)
+    src, raw = read_params_file(path)
     for item in sets or []:
         if "=" not in item:
             raise ParamsError(f"--set expects KEY=VALUE (got {item!r})")
         k, v = item.split("=", 1)
-        raw[k.strip()] = params_mod.load_yaml(v, "--set", key=k.strip())
-    return params_mod.validate(raw, source=str(src) + (" with --set" if sets else ""))
+        raw[k.strip()] = load_yaml(v, "--set", key=k.strip())
+    return validate(raw, source=str(src) + (" with --set" if sets else ""))
 
 
 def _print(lines: list[str]) -> None:
@@ -45,7 +47,7 @@ def _cmd_params(args) -> int:
         # --set without a file: the defaults (params/default.yaml) with the overrides
         _print(params_lines(_load(args.file or DEFAULT_PARAMS, args.set)))
     else:
-        print(params_mod.describe())
+        print(describe())
     return 0
 
 
@@ -70,7 +72,7 @@ def _cmd_run(args) -> int:
 
     p = _load(args.params, args.set)  # every check before any work (and before PyTorch loads)
     names = resolve_only(args.only)
-    params_mod.check_gap(p, names)
+    check_gap(p, names)
     from ..report.html import write_index
     from ..report.terminal import run_lines
     from ..running.run_folder import run_notebooks

@@ -1,6 +1,8 @@
 """What every floor of the package uses, on the bottom floor (it imports only ``exceptions``):
 
 ``files``       atomic writes with the mode ``open`` would give (0666 less the umask)
+``locks``       ``flock`` on a lock file, as a context manager
+``text``        a message on one line; rows as aligned columns
 ``device``      the ``device`` param as a ``torch.device``; the host memory a run may use; the
                 CPU allocator setting a process applies once
 ``progress``    progress bars and stage notes on the terminal, never in a report

@@ -1,2 +1,3 @@
-"""Configuration read by every layer: the params (``params`` re-exports the public names of
-``schema``, ``checks``, ``specs``, ``loading``, ``validation``, ``filesystem`` and ``cells``)."""
+"""Configuration read by every layer: the params. Import each name from the module that holds
+it: ``schema``, ``checks``, ``specs``, ``loading``, ``validation`` (``validate``, ``Params``,
+``load_params_file``), ``filesystem`` and ``cells``."""

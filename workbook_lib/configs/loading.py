@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from ..common.text import one_line
 from ..exceptions import ParamsError
 from ..paths import PARAMS_DIR, resolve_path
 
@@ -36,16 +37,6 @@ def show(value: Any) -> str:
     except Exception:  # noqa: BLE001 - a value whose repr fails is still reported
         text = f"<{type(value).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def one_line(message: str, limit: int = MAX_MESSAGE) -> str:
-    """An error message as one line of at most ``limit`` characters (a long one keeps its
-    start, which names the key, and its end, which says what is wrong)."""
-    text = " ".join(str(message).split())
-    if len(text) <= limit:
-        return text
-    head = (limit - 5) // 2
-    return text[:head] + " ... " + text[len(text) - (limit - 5 - head):]
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -107,7 +98,7 @@ def load_yaml(text: str, source: str, *, key: str | None = None) -> Any:
         raise ParamsError(f"{source}: nested too deeply (a params value nests at most "
                           f"{MAX_DEPTH} levels)", key=key) from None
     except yaml.YAMLError as exc:
-        problem = one_line(_yaml_problem(exc), 200)
+        problem = one_line(_yaml_problem(exc), 200, keep_end=True)
         if "given twice" in problem or "nests deeper" in problem:
             named = re.search(r"'([^']*)'", problem)
             if key and f"'{key}'" not in problem:

@@ -1,17 +1,17 @@
-"""The params schema: one frozen, typed :class:`Params` object, one field per key.
+"""The params schema: one frozen, typed dataclass, :class:`ParamsSchema`, one field per key.
 
-Every key is a field of :class:`Params` with its type, its default, a line of documentation, its
-section (the notebook that reads it), and its check (:mod:`.checks`). **The defaults are the
-default run** (a laptop CPU: scale 0.1), so a notebook opened in JupyterLab runs as
-``make report`` does. :func:`.validation.validate` builds a :class:`Params` from a params file,
-``--set``, papermill's ``-p``/``-f`` or a notebook's parameters cell, checking every value once,
-before any work starts.
+Every key is a field with its type, its default, a line of documentation, its section (the
+notebook that reads it), and its check (:mod:`.checks`). **The defaults are the default run** (a
+laptop CPU: scale 0.1), so a notebook opened in JupyterLab runs as ``make report`` does.
+:func:`.validation.validate` builds a :class:`.validation.Params` (this class, with its values
+checked and ``replace``) from a params file, ``--set``, papermill's ``-p``/``-f`` or a notebook's
+parameters cell, checking every value once, before any work starts.
 
-:class:`Params` is read-only and reads like the mapping it replaces: ``params["loop_steps"]``,
+Params are read-only and read like the mapping they replace: ``params["loop_steps"]``,
 ``params.loop_steps``, ``params.get(...)``, ``"key" in params``, ``dict(params)``,
-``{**params, "seed": 1}`` (a plain dict; pass it to ``validate`` for a checked :class:`Params`).
-It pickles (torchrun ranks, DataLoader workers), equals a dict of the same values, and
-``records.to_json`` writes it as a JSON object. Assigning to it raises.
+``{**params, "seed": 1}`` (a plain dict); ``params.replace(seed=1)`` is a checked copy.
+They pickle (torchrun ranks, DataLoader workers), equal a dict of the same values, and
+``records.to_json`` writes them as a JSON object. Assigning to them raises.
 
 :data:`FIELDS` describes every key (name -> :class:`Field`), in schema order: the help text
 (``python -m workbook_lib params``) and every notebook's parameters cell are made from it
@@ -42,7 +42,7 @@ S_02, S_03, S_04, S_05, S_06 = ("02 cost model, benchmark, memory", "03 training
 
 def param(default: Any, doc: str, section: str, check: Check | None = None, *,
           choices: tuple | None = None, placement: bool = False) -> Any:
-    """One field of :class:`Params`: its default, documentation, section and checks.
+    """One field of :class:`ParamsSchema`: its default, documentation, section and checks.
 
     Args:
         default: the default run's value (a list or mapping is copied for every object).
@@ -61,12 +61,9 @@ def param(default: Any, doc: str, section: str, check: Check | None = None, *,
 
 
 @dataclass(frozen=True, eq=False)
-class Params(Mapping):
-    """Validated params: every key of the schema, typed and read-only (see the module docstring).
-
-    Build it with :func:`workbook_lib.configs.params.validate` (or ``load_params_file``), which
-    checks every value; ``Params()`` holds the defaults.
-    """
+class ParamsSchema(Mapping):
+    """Every key of the schema, typed and read-only (see the module docstring); what a run
+    gets is :class:`.validation.Params`, this with its values checked."""
 
     snapshot: str = param("string12",
         "spec name in data_snapshots/ (e.g. 'string12') or path to a torch.save'd HeteroData",
@@ -241,7 +238,7 @@ class Params(Mapping):
 
     def __setitem__(self, key: str, value: Any) -> None:
         raise TypeError(f"params are read-only (params[{key!r}] = ...): make a changed copy with "
-                        f"validate({{**params, {key!r}: value}})")
+                        f"params.replace({key}=value)")
 
     def __delitem__(self, key: str) -> None:
         raise TypeError(f"params are read-only (del params[{key!r}])")
@@ -310,9 +307,9 @@ def type_name(tp: Any) -> str:
 
 
 def _fields() -> dict[str, Field]:
-    hints = typing.get_type_hints(Params)
+    hints = typing.get_type_hints(ParamsSchema)
     return {f.name: Field(f.name, hints[f.name], **f.metadata)
-            for f in dataclasses.fields(Params)}
+            for f in dataclasses.fields(ParamsSchema)}
 
 
 FIELDS: dict[str, Field] = _fields()

@@ -1,12 +1,11 @@
-"""Validating params: a mapping in, a :class:`.schema.Params` out, or one line that says what is
-wrong, before any work starts.
+"""Validating params: a mapping in, a :class:`Params` out, or one line that says what is wrong,
+before any work starts.
 
 An unknown key is an error with a "did you mean", a wrong type or an impossible value an error
 naming the key and the value, and missing keys take the schema default. The type of each key is
-its annotation on :class:`.schema.Params`; :func:`_conform` reads it (int, float, bool, str,
-``X | None``, ``list[X]``, ``dict[K, V]`` and unions of these: the few forms the schema uses;
-written here because the project's dependencies hold no validating dataclass library, and the
-messages must name the key in one line).
+its annotation on :class:`.schema.ParamsSchema`, checked by a pydantic ``TypeAdapter`` in strict mode
+(no bool for an int, no float for an int, no string for a number), but for a mapping's keys,
+which JSON writes as strings.
 
 A string given for a non-string key is read as YAML first, because that is what command lines
 pass: ``papermill -p batch_sizes "[1, 2]"`` injects a string, and YAML itself reads ``1e-3`` as a
@@ -17,18 +16,21 @@ folder); they are recorded but are not part of what ``run --resume`` compares
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Strict, TypeAdapter, ValidationError
 
 from ..exceptions import ParamsError
 from .checks import MAX_INT
 from .filesystem import (cache_dir_usable, max_scale, path_check, snapshot_exists,
                          snapshot_spec)
 from .loading import check_size, load_yaml, read_params_file, show
-from .schema import FIELDS, PLACEMENT_KEYS, Field, Params, union_members, defaults
+from .schema import FIELDS, PLACEMENT_KEYS, Field, ParamsSchema, union_members, defaults
 from .specs import normalize, parse_specs
 
 
@@ -38,7 +40,8 @@ def _accepts(tp: Any, plain: type) -> bool:
 
 
 def _coerce(field: Field, value: Any) -> Any:
-    """A string for a non-string key is read as YAML (command lines pass strings)."""
+    """A string for a non-string key is read as YAML (command lines pass strings); a tuple is
+    a list."""
     tp = field.type
     if isinstance(value, str) and not _accepts(tp, str):
         try:
@@ -56,56 +59,35 @@ def _coerce(field: Field, value: Any) -> Any:
     if _accepts(tp, type(None)) and isinstance(value, str) and value.strip().lower() in (
             "null", "none", "~", ""):
         return None
-    return value
+    return list(value) if isinstance(value, tuple) else value
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+class Params(ParamsSchema):
+    """Validated params (see :mod:`.schema`): built by :func:`validate` (or
+    :func:`load_params_file`), which checks every value; ``Params()`` holds the defaults."""
+
+    def replace(self, **changes: Any) -> Params:
+        """A copy with ``changes``, validated as a whole by :func:`validate` (not
+        ``dataclasses.replace``, which would check nothing and refuse a misspelt key without a
+        "did you mean").
+
+        Raises:
+            ParamsError: an unknown key (with "did you mean"), or a bad value, in one line.
+        """
+        return validate({**self, **changes})
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _conform(tp: Any, value: Any) -> tuple[bool, Any]:
-    """Whether ``value`` is of type ``tp``, and the value normalised (an int given for a float
-    becomes a float, a tuple a list, a mapping's keys ints where ``tp`` says so)."""
-    members = union_members(tp)
-    if members:
-        for m in members:
-            ok, norm = _conform(m, value)
-            if ok:
-                return True, norm
-        return False, value
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is type(None):
-        return value is None, value
-    if tp is int:
-        return _is_int(value), value
-    if tp is float:
-        if not _is_number(value):
-            return False, value
-        try:
-            return True, float(value)
-        except OverflowError:  # an int too large for a float: reported as not finite
-            return True, math.inf
-    if tp in (bool, str):
-        return isinstance(value, tp), value
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            return False, value
-        items = [_conform(args[0], x) for x in value]
-        return all(ok for ok, _ in items), [x for _, x in items]
-    if origin is dict:
-        if not isinstance(value, dict):
-            return False, value
-        key_type, value_type = args
-        try:
-            items = [(key_type(k), _conform(value_type, v)) for k, v in value.items()]
-        except (TypeError, ValueError, OverflowError):
-            return False, value
-        return all(ok for _, (ok, _v) in items), {k: v for k, (_ok, v) in items}
-    raise AssertionError(f"a params field of a type the schema does not use: {tp}")
+@functools.cache
+def _adapter(tp: Any) -> TypeAdapter:
+    """A strict validator of ``tp``: an int given for a float becomes a float; a mapping's keys
+    are read laxly ('2' is 2)."""
+    def lax_keys(t):
+        if typing.get_origin(t) is dict:
+            key, value = typing.get_args(t)
+            return dict[Annotated[key, Strict(False)], value]
+        members = union_members(t)
+        return typing.Union[tuple(lax_keys(m) for m in members)] if members else t
+    return TypeAdapter(lax_keys(tp), config=ConfigDict(strict=True))
 
 
 def _not_finite(value: Any) -> str | None:
@@ -115,7 +97,7 @@ def _not_finite(value: Any) -> str | None:
     for x in items:
         if isinstance(x, float) and not math.isfinite(x):
             return f"must hold finite numbers (got {show(x)})"
-        if _is_int(x) and abs(x) > MAX_INT:
+        if isinstance(x, int) and not isinstance(x, bool) and abs(x) > MAX_INT:
             return f"holds {show(x)}, beyond what int64 arithmetic takes (at most 2**62)"
     return None
 
@@ -158,10 +140,11 @@ def validate(raw: Mapping | None, *, source: str = "params") -> Params:
     for key, value in raw.items():
         field = FIELDS[key]
         check_size(value, f"{source}: '{key}'", key=key)
-        ok, norm = _conform(field.type, _coerce(field, value))
-        if not ok:
+        try:
+            norm = _adapter(field.type).validate_python(_coerce(field, value))
+        except ValidationError:
             raise ParamsError(f"{source}: '{key}' must be {field.type_name} "
-                              f"(got {show(value)})", key=key, value=value)
+                              f"(got {show(value)})", key=key, value=value) from None
         problem = _not_finite(norm) if norm is not None else None
         if problem:
             raise ParamsError(f"{source}: '{key}' {problem}", key=key, value=value)

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import zlib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,8 +20,9 @@ import yaml
 
 from ..exceptions import SnapshotError
 from ..paths import resolve_path
-from ..configs.params import snapshot_spec_path
+from ..configs.filesystem import snapshot_spec_path
 from ..common.files import temp_file_beside
+from ..common.locks import locked
 
 log = logging.getLogger(__name__)
 
@@ -202,21 +202,6 @@ def cache_path(spec: dict, seed: int, scale: float, cache_dir: str | Path) -> Pa
     return resolve_path(str(cache_dir)) / f"{spec['name']}-seed{seed}-scale{scale:g}-{key}.pt"
 
 
-@contextmanager
-def _build_lock(path: Path):
-    """An exclusive lock on ``path`` + ``.lock``: concurrent builders of one snapshot (SLURM
-    jobs starting together, two notebooks) wait for each other instead of racing."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _atomic_save(obj, path: Path) -> None:
     fd, tmp = temp_file_beside(path)  # the umask's mode: a group's cache is shared
     os.close(fd)
@@ -252,7 +237,9 @@ def load_synthetic(spec_name: str, seed: int, scale: float,
     sha_path = path.with_suffix(".sha256")
     edge_index = _read_cache(path, sha_path)  # the common case: no lock needed
     if edge_index is None:
-        with _build_lock(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # concurrent builders (SLURM jobs starting together, two notebooks) wait for each other
+        with locked(path.with_suffix(".lock")):
             edge_index = _read_cache(path, sha_path)  # another process may have built it
             if edge_index is None:
                 edge_index = generate(spec, seed, scale)

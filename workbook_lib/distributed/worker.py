@@ -281,7 +281,7 @@ def time_allreduces(sizes: list[int], device: torch.device, repeats: int) -> lis
 
 def _main(cfg, out, rank, world, fh, hb):
     from ..common.device import configure_cpu_allocator
-    from ..configs.params import validate
+    from ..configs.validation import validate
     from ..data.snapshots import load_snapshot
     from ..pipelines import build_pipeline, is_builtin
     from ..training import loop

@@ -14,16 +14,15 @@
   other processes' memory are not available to a step).
 
 :func:`measure_in_fresh_process` measures one point in a fresh process: the caller's set-up (a
-``module:function`` that builds the step; for a pipeline's training step
+function that builds the step; for a pipeline's training step
 :func:`workbook_lib.training.step_memory.setup_step`), one warm-up step, then the measured step.
-The process is forked from a server that has imported PyTorch and the set-up's module and run
-nothing else (:mod:`workbook_lib.common.prefork`), so a point does not import PyTorch again;
-``python -m workbook_lib.measurement.memory SETUP CONFIG`` runs the same child by hand.
-This module knows nothing of params or pipelines: what a step is belongs to the caller. A
-high-water mark is a lifetime value that a child inherits across ``exec``, and the set-up may
-peak higher than a step, so the reset is what makes the figure the step's. In the probe glibc
-is told to return every freed block above 64 KiB to the OS (a fixed mmap threshold), so the RSS
-before the measured step is the steady state, not the warm-up step's cached blocks.
+The process is forked by multiprocessing's fork server, which imported PyTorch and the set-up's
+module once; the result comes back through a pipe, the process's output goes to a log read only
+when it fails. One ``Process`` per probe rather than a ``ProcessPoolExecutor``: a worker the
+OOM killer ends breaks the whole pool, and a pool cannot kill a task at its time limit. This
+module knows nothing of params or pipelines. The high-water mark is reset
+before the measured step, as the set-up may peak higher than a step; glibc is told to return
+freed blocks above 64 KiB to the OS, so the RSS before the step is its steady state.
 
 A point that runs out of memory (``MemoryError``, PyTorch's ``DefaultCPUAllocator: can't allocate
 memory``, CUDA OOM, or the process killed by the OOM killer) is recorded as such; a step below the
@@ -35,14 +34,16 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import importlib
-import json
 import math
+import multiprocessing
+import multiprocessing.connection
 import os
-import subprocess
+import pickle
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +52,12 @@ from typing import Callable
 import torch
 
 from ..common.files import system_temp
-from ..common.prefork import run_forked
+from ..common.locks import locked
 from ..records import Record
+
+# a probe's process is forked from a server that imported PyTorch once (spawned where there is
+# no fork server: another OS)
+_START = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 CPU_RESOLUTION_BYTES = 1 << 20  # RSS moves by about this much without any tensor work
 STATUS_OK = "ok"
@@ -80,18 +85,6 @@ def oom_text(text: str) -> bool:
     """True when an error message (e.g. a child's stderr) reports an out-of-memory."""
     low = text.lower()
     return any(t in low for t in _OOM_TEXT)
-
-
-def _failure_line(stdout: str) -> dict:
-    """The failed child's JSON line (see :func:`_child_or_failure`), or {}."""
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and "failed" in doc:
-            return doc
-    return {}
 
 
 def _status_bytes(key: str) -> int:
@@ -228,32 +221,36 @@ class StepToMeasure:
     after_warm_up: Callable[[], object] = lambda: None
 
 
-def _child_or_failure(setup: str, cfg: dict) -> int:
-    """The child's entry: prints :func:`_child`'s JSON line and returns 0, or, when the set-up
-    or a step raises, prints the traceback on stderr and a JSON line on stdout saying so (with
-    the exception's ``details``, a dict the set-up may attach) and returns 1."""
-    import traceback
-
+def _probe(send, log: str, threads: int, setup: Callable[[dict], StepToMeasure],
+           cfg: dict) -> None:
+    """The fresh process: its output to ``log``, the caller's thread count and the platform's
+    start method (a DataLoader's workers start as in the caller), an end when the caller ends,
+    then :func:`_child`; sends its dict, or, when the set-up or a step raises, the traceback
+    (also on stderr) and the exception's ``details`` (a dict the set-up may attach)."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    multiprocessing.set_start_method(None, force=True)  # not the fork server's, inherited
+    caller = multiprocessing.parent_process().sentinel  # ready when the caller is gone
+    threading.Thread(target=lambda: multiprocessing.connection.wait([caller]) and os._exit(1),
+                     daemon=True).start()  # killed, interrupted: the probe does not outlive it
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
     try:
-        print(json.dumps(_child(setup, cfg)))
-        return 0
+        send.send(_child(setup, cfg))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which records it
         tb = traceback.format_exc()
         sys.stderr.write(tb)
+        sys.stderr.flush()
         details = getattr(exc, "details", None)
-        print(json.dumps({"failed": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                          "traceback": tb,
-                          "details": details if isinstance(details, dict) else {}}))
-        return 1
+        send.send({"failed": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                   "traceback": tb, "details": details if isinstance(details, dict) else {}})
 
 
-def _child(setup: str, cfg: dict) -> dict:
-    """Child process: the caller's set-up (``module:function``, called with ``cfg``) builds the
-    step, then one warm-up step, then the measured step (see module docs)."""
-    module, _, name = setup.partition(":")
-    build = getattr(importlib.import_module(module), name)
+def _child(setup: Callable[[dict], StepToMeasure], cfg: dict) -> dict:
+    """The caller's set-up builds the step, then one warm-up step, then the measured step."""
     freed = return_freed_memory_to_os()  # after the imports, before the set-up's allocations
-    target: StepToMeasure = build(cfg)
+    target = setup(cfg)
     device = torch.device(target.device)
     target.step()
     target.after_warm_up()
@@ -262,6 +259,31 @@ def _child(setup: str, cfg: dict) -> dict:
     method = peak.method + ("" if freed or device.type == "cuda"
                             else " (glibc thresholds not set: freed memory may stay resident)")
     return {"step_bytes": peak.bytes, "setup_bytes": peak.before_bytes, "method": method}
+
+
+def _run_fresh(setup: Callable, cfg: dict, threads: int,
+               timeout_s: float) -> tuple[dict | None, int | None, str]:
+    """:func:`_probe` in a process forked from multiprocessing's fork server: what it sent
+    (None if it died first; ``{"timed out": True}`` past ``timeout_s``, when it is killed), its
+    exit code, and its stdout and stderr."""
+    ctx = multiprocessing.get_context(_START)
+    if _START == "forkserver":  # the server is started once per process, on the first probe
+        ctx.set_forkserver_preload(["torch", __name__, setup.__module__])
+    recv, send = ctx.Pipe(duplex=False)
+    with tempfile.NamedTemporaryFile(prefix="workbook-probe-", suffix=".log") as log:
+        proc = ctx.Process(target=_probe, args=(send, log.name, threads, setup, cfg),
+                           name="workbook-memory-probe")
+        proc.start()
+        send.close()
+        try:
+            got = recv.recv() if recv.poll(timeout_s) else {"timed out": True}
+        except EOFError:  # died without a word: killed, or crashed
+            got = None
+        if got is not None and got.get("timed out"):
+            proc.kill()
+        proc.join()
+        recv.close()
+        return got, proc.exitcode, log.read().decode(errors="replace")
 
 
 def probe_threads() -> int:
@@ -274,46 +296,45 @@ def probe_threads() -> int:
         return torch.get_num_threads()
 
 
-def measure_in_fresh_process(setup: str, cfg: dict, point: dict, *, device: str = "cpu",
-                             timeout_s: float = 900.0) -> MemoryPoint:
+def measure_in_fresh_process(setup: Callable[[dict], StepToMeasure], cfg: dict, point: dict, *,
+                             device: str = "cpu", timeout_s: float = 900.0) -> MemoryPoint:
     """Peak memory of one step in a fresh process (see module docs).
 
     Args:
-        setup: ``module:function`` that the child calls with ``cfg`` and that returns a
-            :class:`StepToMeasure` (what to build belongs to the caller's layer, not here).
-        cfg: JSON-serializable arguments of the set-up.
+        setup: a module-level function (it is pickled by name) that the fresh process calls
+            with ``cfg`` and that returns a :class:`StepToMeasure` (what to build belongs to
+            the caller's layer, not here).
+        cfg: the set-up's argument (picklable).
         point: the :class:`MemoryPoint` fields that name the point (strategy, form, batch_size,
             scale, hidden, layers).
         device: where the step runs (``cpu`` or a CUDA device; one probe per GPU at a time).
-        timeout_s: the child's time limit.
+        timeout_s: the fresh process's time limit; past it, it is killed.
     """
-    if ":" not in setup:
-        raise ValueError(f"'setup' must be 'module:function' (got {setup!r})")
-    base = dict(point, device=device)
-    threads = probe_threads()
-    t0 = time.perf_counter()
     try:
-        with gpu_lock(device):
-            proc = run_forked(f"{__name__}:_child_or_failure", [setup, cfg], threads=threads,
-                              preload=["torch", __name__, setup.partition(":")[0]],
-                              timeout_s=timeout_s)
-    except subprocess.TimeoutExpired:
-        return MemoryPoint(**base, status=STATUS_TIMEOUT, seconds=time.perf_counter() - t0,
-                           reason=f"the probe ran longer than {timeout_s:.0f} s")
+        pickle.dumps(setup)
+    except Exception as exc:  # noqa: BLE001 - pickle raises several kinds
+        raise ValueError(f"'setup' must be a module-level function, picklable by name (got "
+                         f"{setup!r}: {exc})") from None
+    base = dict(point, device=device)
+    t0 = time.perf_counter()
+    with gpu_lock(device):
+        res, code, output = _run_fresh(setup, cfg, probe_threads(), timeout_s)
     secs = time.perf_counter() - t0
-    if proc.returncode != 0:
-        err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
-        if proc.returncode in (-9, 137):
+    if res is not None and res.get("timed out"):
+        return MemoryPoint(**base, status=STATUS_TIMEOUT, seconds=secs,
+                           reason=f"the probe ran longer than {timeout_s:.0f} s")
+    if res is None or "failed" in res:
+        err = output.strip().splitlines()[-1] if output.strip() else ""
+        if code in (-9, 137):
             return MemoryPoint(**base, status=STATUS_OOM, seconds=secs,
                                reason="the probe was killed by the kernel (OOM killer)")
-        if oom_text(proc.stderr):
+        if oom_text(output):
             return MemoryPoint(**base, status=STATUS_OOM, seconds=secs, reason=err)
-        said = _failure_line(proc.stdout)
+        res = res or {}
         return MemoryPoint(**base, status=STATUS_FAILED, seconds=secs,
-                           reason=said.get("failed") or f"exit {proc.returncode}: {err}",
-                           traceback=said.get("traceback") or proc.stderr[-5000:],
-                           details=said.get("details") or {})
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+                           reason=res.get("failed") or f"exit {code}: {err}",
+                           traceback=res.get("traceback") or output[-5000:],
+                           details=res.get("details") or {})
     status, reason = STATUS_OK, None
     if not device.startswith("cuda") and res["step_bytes"] < CPU_RESOLUTION_BYTES:
         status = STATUS_BELOW
@@ -326,48 +347,20 @@ def measure_in_fresh_process(setup: str, cfg: dict, point: dict, *, device: str 
 
 @contextmanager
 def gpu_lock(device: str):
-    """Holds an exclusive lock per GPU (``/tmp/workbook-gpu-<uuid or index>.lock``) for CUDA
-    devices, so that two probes (two notebooks, two clones) never measure one GPU at once; a
-    no-op for the CPU."""
+    """Holds an exclusive lock per GPU (``workbook-gpu-<uuid or index>.lock`` in the machine's
+    temporary folder, shared by every user) for CUDA devices, so that two probes (two notebooks, two clones) never measure
+    one GPU at once; a no-op for the CPU."""
     dev = torch.device(device)
     if dev.type != "cuda":
         yield
         return
-    import fcntl
-    import tempfile
-
     idx = dev.index or 0
     try:
         ident = str(torch.cuda.get_device_properties(idx).uuid)
     except Exception:  # noqa: BLE001 - older builds have no uuid: the index
         ident = str(idx)
-    path = system_temp() / f"workbook-gpu-{ident}.lock"
-    fd = shared_lock_fd(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-def shared_lock_fd(path: str | Path) -> int:
-    """A read-only descriptor of a lock file that every user of the machine shares: opened
-    without ``O_CREAT`` when it exists (in a sticky ``/tmp`` another user's file cannot be
-    opened for writing, nor with ``O_CREAT`` under ``fs.protected_regular``), else created
-    readable by all (``flock`` needs no write access)."""
-    while True:
-        try:
-            return os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                continue  # another process created it in between: open that one
-            os.fchmod(fd, 0o644)  # whatever the umask: the next user must be able to open it
-            return fd
+    with locked(system_temp() / f"workbook-gpu-{ident}.lock", shared_by_all=True):
+        yield
 
 
 def device_budget(device: torch.device | str) -> tuple[float, str]:
@@ -444,7 +437,3 @@ def fit_memory(points: list[MemoryPoint], budget_bytes: float, budget_label: str
     out.largest_batch = max(0, math.floor(free / slope))
     out.extrapolation_factor = out.largest_batch / out.largest_measured_batch
     return out
-
-
-if __name__ == "__main__":
-    sys.exit(_child_or_failure(sys.argv[1], json.loads(sys.argv[2])))

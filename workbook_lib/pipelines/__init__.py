@@ -4,7 +4,7 @@ pipelines, user pipelines named in params, and the Lightning adapter.
 ``protocol``   the :class:`Pipeline` interface (bottom of the seam; imports only torch)
 ``builtin``    the workbook's strategies + model as pipelines
 ``loading``    ``pipelines`` params entries: import, build, check on one batch (parsed by
-               ``configs.params``)
+               ``configs.specs``)
 ``lightning``  a ``LightningModule`` + ``LightningDataModule`` as a pipeline (optional extra)
 
 :func:`build_pipeline` is the one place a name (a built-in strategy or a user pipeline) becomes a
@@ -18,7 +18,7 @@ import torch
 
 from ..catalog import is_builtin
 from ..exceptions import PipelineError
-from ..configs.params import PipelineSpec, parse_specs, spec_problem
+from ..configs.specs import PipelineSpec, parse_specs, spec_problem
 from .loading import build_user_pipeline, check_pipeline
 from .protocol import Pipeline, move_to
 

@@ -1,5 +1,5 @@
 """User pipelines named in the ``pipelines`` params key: import, build, check (the entries are
-parsed as plain strings with the schema: :func:`workbook_lib.configs.params.parse_specs`).
+parsed as plain strings with the schema: :func:`workbook_lib.configs.specs.parse_specs`).
 
 An entry is ``"TARGET"`` or ``"NAME=TARGET"``, where TARGET is ``package.module:factory`` or
 ``path/to/file.py:factory`` (a relative path is taken from the repository root, then from the
@@ -37,7 +37,8 @@ from typing import Any, Callable
 import torch
 
 from ..common.watchdog import Stalled, Watchdog
-from ..configs.params import PipelineSpec, spec_file
+from ..configs.specs import PipelineSpec, spec_file
+from ..failures import describe_exception
 from ..exceptions import PipelineError
 from .protocol import REQUIRED
 
@@ -66,18 +67,13 @@ def resolve_factory(spec: PipelineSpec) -> Callable:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's module: its error, in one line
         raise PipelineError(spec.name, f"{spec.module} does not import: "
-                                       f"{type(exc).__name__}: {_one_line(exc)}") from None
+                                       f"{describe_exception(exc)}") from None
     fn = getattr(mod, spec.factory, None)
     if fn is None:
         raise PipelineError(spec.name, f"{spec.module} has no '{spec.factory}'")
     if not callable(fn):
         raise PipelineError(spec.name, f"{spec.target} is not callable")
     return fn
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def build_user_pipeline(spec: PipelineSpec, params: dict, graph, device: torch.device):
@@ -87,7 +83,7 @@ def build_user_pipeline(spec: PipelineSpec, params: dict, graph, device: torch.d
         pipe = fn(params, graph, device)
     except Exception as exc:  # noqa: BLE001 - the user's factory: its error, in one line
         raise PipelineError(spec.name, f"the factory {spec.target} raised "
-                                       f"{type(exc).__name__}: {_one_line(exc)}") from None
+                                       f"{describe_exception(exc)}") from None
     missing = [m for m in REQUIRED if not callable(getattr(pipe, m, None))]
     if missing:
         raise PipelineError(spec.name, f"the factory returned a {type(pipe).__name__} without "
@@ -180,8 +176,7 @@ def check_pipeline(pipe, *, batch_size: int | None = None, num_workers: int = 0,
                 raise PipelineError(name, f"{what} made no progress for {exc.waited_s:.0f} s "
                                           "(stall_timeout_s): it blocks") from None
             except Exception as exc:  # noqa: BLE001 - the user's code: its error, in one line
-                raise PipelineError(name, f"{what} raised {type(exc).__name__}: "
-                                          f"{_one_line(exc)}") from None
+                raise PipelineError(name, f"{what} raised {describe_exception(exc)}") from None
 
         ds = stage("dataset()", pipe.dataset)
         n = stage("len(dataset())", lambda: len(ds))
@@ -267,7 +262,7 @@ def _check_workers(pipe, name: str, ds, batch, b: int, workers: int, stage) -> N
     except Exception as exc:  # noqa: BLE001 - what the worker would meet sending it back
         raise PipelineError(name, f"collate returns a batch that a DataLoader worker cannot send "
                                   f"back (num_workers: {workers}; it is pickled): "
-                                  f"{type(exc).__name__}: {_one_line(exc)}; return tensors, "
+                                  f"{describe_exception(exc)}; return tensors, "
                                   "lists, dicts or tuples of them") from None
 
     def first_batch():

@@ -6,7 +6,9 @@ from IPython.display import Markdown
 
 from ..results.adoption import AdoptionResult
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
+from ..common.text import one_line
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 
 
 def check_text(pair) -> Markdown:
@@ -197,9 +199,5 @@ def _headline(r: AdoptionResult) -> str:
 
 
 def headline(r: AdoptionResult) -> str:
-    """One short sentence for the index (see tables.one_line)."""
-    return one_line(_headline(r))
-
-
-def saved(path, headline_text: str) -> Markdown:
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
+    """One short sentence for the index (see common.text.one_line)."""
+    return one_line(_headline(r), HEADLINE_MAX)

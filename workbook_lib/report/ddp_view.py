@@ -10,7 +10,9 @@ from .. import pipelines
 from ..results.ddp import DDPResult, Plan
 from . import plotting
 from .failures_view import failures_note as _failures_note
-from .tables import one_line, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
+from ..common.text import one_line
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, fmt_ratio, fmt_stat, fmt_time_stat, table
 
 
 def label(name: str) -> str:
@@ -334,8 +336,4 @@ def headline(r: DDPResult) -> str:
     if failed:
         parts.append("failed: " + ", ".join(failed))
     text = mark + ("; ".join(parts) or "nothing measured")
-    return one_line(text)
-
-
-def saved(path, headline_text: str) -> Markdown:
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
+    return one_line(text, HEADLINE_MAX)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ..common.text import text_table
 from ..results.adoption import EqualityResult, TensorDiff
 
 RULE = ("a tensor is equal when max|fast - slow| <= max(tol x its size, how far a rounding probe "
@@ -38,14 +39,12 @@ def table_lines(res: EqualityResult) -> list[str]:
     """The check as plain text: the table, the rule, the verdict (last line)."""
     rs = rows(res)
     cols = list(rs[0]) if rs else []
-    width = {c: max(len(c), *(len(r[c]) for r in rs)) for c in cols}
     out = [f"{res.fast} against {res.slow}: {res.batches} batch(es) of {res.batch_size} on "
            f"{res.device}, the slow model's parameters copied into the fast one"
            + (f" (renamed: {', '.join(f'{a} -> {b}' for a, b in res.renames.items())})"
               if res.renames else ""),
            res.conditions(),
-           "  ".join(c.ljust(width[c]) for c in cols)]
-    out += ["  ".join(r[c].ljust(width[c]) for c in cols) for r in rs]
+           *text_table([cols] + [[r[c] for c in cols] for r in rs])]
     out.append(f"Rule: {rule_text(res)}. Each row: the largest over the batches.")
     if res.randomness:
         out.append(f"Randomness: {res.randomness}.")

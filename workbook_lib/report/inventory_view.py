@@ -7,7 +7,9 @@ from IPython.display import Markdown
 from ..studies.inventory import REPRESENTATION_LABELS
 from ..results.inventory import InventoryResult
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_pct, table
+from ..common.text import one_line
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, table
 
 
 def _sizes(r: InventoryResult) -> str:
@@ -175,9 +177,5 @@ def _headline(r: InventoryResult) -> str:
 
 
 def headline(r: InventoryResult) -> str:
-    """One short sentence for the index (see tables.one_line)."""
-    return one_line(_headline(r))
-
-
-def saved(path, headline_text: str) -> Markdown:
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
+    """One short sentence for the index (see common.text.one_line)."""
+    return one_line(_headline(r), HEADLINE_MAX)

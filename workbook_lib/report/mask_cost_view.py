@@ -11,7 +11,9 @@ from ..results.bench import BenchResult
 from ..results.mask_cost import (CostModelStudy, LayerSweep, MaskCostResult, MaskGeneration,
                                  MemoryStudy)
 from . import plotting
-from .tables import one_line, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table, skip_none
+from ..common.text import one_line
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table, skip_none
 # the notebook's benchmark section
 from .bench_view import (bar_label, bench_plot, bench_table, bench_text, floor_table,  # noqa: F401
                          form_of, kernel_table, rates_table)
@@ -322,7 +324,7 @@ def headline(r: MaskCostResult) -> str:
     if b is None and c is None:
         parts.append("built-in sections not run (strategies: [])")
     text = "; ".join(parts)
-    return one_line(text)
+    return one_line(text, HEADLINE_MAX)
 
 
 def headline_bench_part(b: BenchResult) -> str:
@@ -336,7 +338,3 @@ def headline_bench_part(b: BenchResult) -> str:
     form = f" [{b.shared_form}, L = {b.sizes['layers']}]" if b.shared_form else ""
     return (f"node-mask shared{form} vs replicated (the Lazy model's form) per sample: {text} "
             f"({'real spec' if b.full_size else 'reduced size'})")
-
-
-def saved(path, headline_text: str) -> Markdown:
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..tools.stability import StabilityResult, StabilityRow
 from ..common.files import atomic_write_text
+from ..common.text import one_line, text_table
 from .pages import render
 
 
@@ -48,11 +49,7 @@ def write_page(r: StabilityResult, out_dir: str | Path) -> Path:
 def summary_lines(r: StabilityResult) -> list[str]:
     """The terminal's table: one line per figure with its label, each run's value, the
     relative difference and whether it agrees (``ok``, ``DIFFERS``, blank when not judged)."""
-    lines = []
-    for x in r.rows:
-        rel = "" if x.rel_diff is None else f"{x.rel_diff:.1%}"
-        status = "" if x.agrees is None else ("ok" if x.agrees else "DIFFERS")
-        label = x.label if len(x.label) <= 60 else x.label[:57] + "..."
-        lines.append(f"{label:60s} {' | '.join(v[:30] for v in x.values):44s} {rel:>7s} "
-                     f"{status}")
-    return lines
+    return text_table([[one_line(x.label, 60), " | ".join(v[:30] for v in x.values),
+                        "" if x.rel_diff is None else f"{x.rel_diff:.1%}",
+                        "" if x.agrees is None else ("ok" if x.agrees else "DIFFERS")]
+                       for x in r.rows], "<<>")

@@ -30,12 +30,6 @@ CONTENDED_NOTE = ("(contended): measured while the process's compute threads got
 HEADLINE_MAX = 200  # characters of a notebook's headline on the index
 
 
-def one_line(text: str, limit: int = HEADLINE_MAX) -> str:
-    """``text`` cut to ``limit`` characters (an ellipsis where it was cut): a headline is one
-    short sentence; the rest belongs in the report."""
-    return text if len(text) <= limit else text[:limit - 3].rstrip(" ;,") + "..."
-
-
 def fmt_bytes(n: float | None) -> str:
     """1234567 -> '1.23 MB' (decimal units)."""
     if n is None or (isinstance(n, float) and math.isnan(n)):
@@ -131,3 +125,10 @@ def skip_none(fn):
             return Markdown("")
         return fn(first, *args, **kwargs)
     return wrapper
+
+
+def saved(path, headline_text: str):
+    """The closing line of every notebook: the headline and where the results went."""
+    from IPython.display import Markdown
+
+    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")

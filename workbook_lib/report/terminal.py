@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..catalog import BY_NAME
+from ..common.text import text_table
 
 
 def notebook_lines(names: list[str]) -> list[str]:
     """One line per notebook: its name and title."""
-    return [f"{n:28s} {BY_NAME[n].title if n in BY_NAME else ''}" for n in names]
+    return text_table([[n, BY_NAME[n].title if n in BY_NAME else ""] for n in names])
 
 
 def params_lines(params: dict) -> list[str]:
@@ -29,8 +30,8 @@ def run_lines(outcomes, out_dir: str | Path) -> list[str]:
     """
     from ..running.results import read_meta
 
-    lines = [f"{o.status:8s} {o.name:28s} " + ("kept" if o.status == "kept" else
-                                                 f"{o.seconds:7.1f} s") for o in outcomes]
+    lines = text_table([[o.status, o.name, "kept" if o.status == "kept" else f"{o.seconds:.1f} s"]
+                        for o in outcomes], "<<>")
     verdict = read_meta(out_dir, "05_verdict")  # the answer, as the index leads with it
     if verdict is not None and verdict.complete and verdict.headline:
         lines.append(f"Answer: {verdict.headline}")
@@ -39,6 +40,6 @@ def run_lines(outcomes, out_dir: str | Path) -> list[str]:
 
 def slurm_lines(paths: dict[str, Path]) -> list[str]:
     """Each script ``slurm`` wrote, then how to submit them."""
-    lines = [f"{kind:8s} {path}" for kind, path in paths.items()]
+    lines = text_table([[kind, path] for kind, path in paths.items()])
     submit = (f"bash {paths['submit']}" if "submit" in paths else f"sbatch {paths['sbatch']}")
     return lines + [f"Submit with: {submit}"]

@@ -8,7 +8,9 @@ from ..training.loop import MODES, WORKER_STAGES
 from ..results.timing import LoopStudy, MAIN_STAGES, SyncStudy, TimingResult
 from . import plotting
 from .failures_view import failures_note as _failures_note
-from .tables import one_line, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
+from ..common.text import one_line
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
 from .stage_style import (MODE_LABELS, PIPELINED_LABEL, STAGE_LABELS, label, mode_colour,
                           stage_colour)
 # the notebook's CPU and profile sections
@@ -359,12 +361,7 @@ def headline(r: TimingResult, pair: list[str] | None = None) -> str:
     if diverged:
         parts.append("loss not finite: " + ", ".join(diverged))
     text = mark + "; ".join(parts)
-    return one_line(text)
-
-
-def saved(path, headline_text: str) -> Markdown:
-    """The closing line of every notebook: the headline and where the results went."""
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
+    return one_line(text, HEADLINE_MAX)
 
 
 def pipelined_table(study: LoopStudy):

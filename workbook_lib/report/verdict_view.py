@@ -11,6 +11,7 @@ from ..measurement.cpu import causes_text
 from .. import pipelines
 from ..results.verdict import VerdictResult
 from . import plotting
+from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
 
 STATUS_COLOURS = {C.HELD: "#dff0d8", C.FAILED: "#f2dede", C.NOISE: "#fcf8e3",
@@ -282,7 +283,3 @@ def cpu_text(v: VerdictResult) -> Markdown:
 def headline(v: VerdictResult) -> str:
     """The index's one sentence (composed with the answer: :mod:`~workbook_lib.studies.verdict.answer`)."""
     return v.headline
-
-
-def saved(path, headline_text: str) -> Markdown:
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")

@@ -20,7 +20,8 @@ from ..exceptions import ParamsError
 from ..paths import resolve_path
 from ..report import plotting
 from . import environment
-from ..configs.params import FIELDS, check_against_graph, check_gap, suggest, validate
+from ..configs.schema import FIELDS
+from ..configs.validation import check_against_graph, check_gap, suggest, validate
 
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "run_dir", "Dict", "List",
                   "Optional", "Union"}
@@ -78,7 +79,8 @@ def load_checked_snapshot(params: dict) -> CellGraph:
             not fit the graph (e.g. ``exactness_genes`` above its gene count).
     """
     from ..exceptions import SnapshotError
-    from ..configs.params import show, snapshot_spec_path
+    from ..configs.filesystem import snapshot_spec_path
+    from ..configs.loading import show
 
     try:
         graph = load_snapshot(params)

@@ -8,7 +8,7 @@ dirties a tracked file (jupytext pairs the two: a code edit saved in JupyterLab 
 into a notebook object that papermill runs), so a stale ``.ipynb`` is never what runs.
 
 The ``parameters`` cell of every source is generated from the params schema: the keys that
-notebook reads (:func:`workbook_lib.configs.params.parameters_cell`); :func:`sync` rewrites it and
+notebook reads (:func:`workbook_lib.configs.cells.parameters_cell`); :func:`sync` rewrites it and
 the test suite checks it is current.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..catalog import NOTEBOOK_NAMES
 from ..exceptions import ParamsError
 from ..paths import NOTEBOOK_DIR
 from .kernel import KERNEL_DISPLAY, KERNEL_NAME  # one name for the metadata and `make kernel`
-from ..configs.params import parameters_cell
+from ..configs.cells import parameters_cell
 
 METADATA_FILTER = "-jupytext.text_representation"
 _PARAMS_CELL = re.compile(r'(# %% tags=\["parameters"\]\n)(.*?)(?=\n# %%)', re.S)

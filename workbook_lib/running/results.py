@@ -113,7 +113,7 @@ def result_type(notebook: str) -> type[Record]:
 def params_differ(made: dict, params: dict) -> list[str]:
     """The result-relevant keys whose values differ between the params a result was made with
     (as its ``_meta`` records them) and ``params``."""
-    from ..configs.params import results_relevant
+    from ..configs.validation import results_relevant
 
     made, now = results_relevant(made), to_json(results_relevant(params))
     return sorted(k for k in set(made) | set(now) if made.get(k) != now.get(k))

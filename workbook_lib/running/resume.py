@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..catalog import inputs_of, requires_of
-from ..configs.params import results_relevant
+from ..configs.validation import results_relevant
 from ..exceptions import ParamsError
 from ..records import to_json
 from .results import file_checksum, read_meta, results_path

@@ -30,7 +30,7 @@ import psutil
 
 from ..common import processes
 from ..common.files import atomic_write_text
-from ..configs.params import check_gap
+from ..configs.validation import check_gap
 from ..exceptions import NotebookFailedError, ParamsError
 from ..records import to_json
 from . import environment
@@ -156,7 +156,7 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
     """Run the notebooks in order into ``out_dir`` (see the module docstring).
 
     Args:
-        params: validated params (:func:`workbook_lib.configs.params.validate`).
+        params: validated params (:func:`workbook_lib.configs.validation.validate`).
         out_dir: the run folder (created once every check has passed).
         only: ``--only`` values (names or numbers); None runs every notebook.
         show_code: keep the code cells in the HTML reports.

@@ -1,28 +1,27 @@
 """One writer per notebook of a run folder: a second run into a folder in use is refused,
 naming the run that holds it.
 
-A run takes an exclusive ``flock`` on ``<run>/.lock-<notebook>`` for every notebook it will run,
-all at once and before any work (``run`` takes all six; a SLURM job running ``--only 04`` takes
-04's), and writes who holds it (host, pid, user, since when, the command, the SLURM job) into
-the lock file. The kernel releases the lock when the holder exits, however it exits, so a crashed
-run leaves no stale lock behind. Locking per notebook rather than per folder lets the jobs of one
-SLURM submission (01, 02 and 03 run side by side) share their run folder while two runs of the
-same notebook (two ``run`` commands, two ``submit.sh``) are kept apart: two launches of 04 in one
-folder would read each other's rank pid files. ``flock`` works across the nodes of a cluster on
-NFS (Linux maps it to POSIX locks there) and on Lustre mounted with ``flock``.
+A run takes an exclusive ``flock`` (:func:`~workbook_lib.common.locks.locked`) on
+``<run>/.lock-<notebook>`` for every notebook it will run, all at once and before any work
+(``run`` takes all six; a SLURM job running ``--only 04`` takes 04's), and writes who holds it
+(host, pid, user, since when, the command, the SLURM job) into the lock file. Locking per
+notebook rather than per folder lets the jobs of one SLURM submission (01, 02 and 03 run side by
+side) share their run folder while two runs of the same notebook (two ``run`` commands, two
+``submit.sh``) are kept apart: two launches of 04 in one folder would read each other's rank pid
+files.
 """
 from __future__ import annotations
 
-import fcntl
 import getpass
 import json
 import os
 import socket
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from ..common.locks import locked
 from ..exceptions import WorkbookError
 
 
@@ -69,12 +68,18 @@ def _me() -> dict:
                                 for i, a in enumerate(sys.argv))}
 
 
-def _read_holder(fh) -> dict:
+def _read_holder(path: Path) -> dict:
     try:
-        fh.seek(0)
-        return json.loads(fh.read() or "{}")
+        return json.loads(path.read_text(encoding="utf-8") or "{}")
     except (OSError, ValueError):
         return {}
+
+
+def _clear(fh) -> None:
+    try:
+        fh.truncate(0)
+    except OSError:
+        pass
 
 
 @contextmanager
@@ -84,31 +89,18 @@ def hold(out: Path, notebooks: list[str]):
     Raises:
         RunFolderInUseError: one of them is held by another run (nothing is held then).
     """
-    held = []
-    try:
+    with ExitStack() as held:
         for name in notebooks:
-            fh = open(lock_path(out, name), "a+", encoding="utf-8")
             try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fh = held.enter_context(locked(lock_path(out, name), blocking=False))
             except BlockingIOError:
-                holder = _read_holder(fh)
-                fh.close()
+                holder = _read_holder(lock_path(out, name))
                 raise RunFolderInUseError(
                     f"run folder {out} is in use: {name} is being run by "
                     f"{describe_holder(holder)}; wait for it, stop it, or use another --out",
                     notebook=name, holder=holder) from None
-            held.append(fh)
-            fh.seek(0)
-            fh.truncate()
+            held.callback(_clear, fh)  # before the lock is released
+            fh.truncate(0)
             fh.write(json.dumps(_me()))
             fh.flush()
         yield
-    finally:
-        for fh in held:
-            try:
-                fh.seek(0)
-                fh.truncate()
-                fcntl.flock(fh, fcntl.LOCK_UN)
-            except OSError:
-                pass
-            fh.close()

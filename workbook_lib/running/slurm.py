@@ -17,7 +17,8 @@ The run folder is fixed when the scripts are written (``--run-dir``, an absolute
 derived from a job id, so running ``submit.sh`` again after a cancel or a failure resumes the
 same folder and redoes only what is incomplete (every job runs ``--resume``). ``WORKBOOK_OUT``
 overrides it at submission. Logs go to ``<out-dir>/logs`` (absolute, created now, before any
-job starts). The scripts use nothing newer than bash 4.2.
+job starts). The scripts are jinja2 templates (``running/templates/slurm_*.sh.j2``) and use
+nothing newer than bash 4.2.
 
 Every job that uses the device (02, 03, 04, 06; the single job once) runs ``python -m workbook_lib
 selftest`` on its node first and stops, before the long work, when a check fails
@@ -35,6 +36,7 @@ would otherwise pend forever (``PartitionConfig``) with the notebooks after it.
 """
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import shutil
@@ -42,7 +44,8 @@ import subprocess
 from pathlib import Path
 
 from ..catalog import BY_NAME
-from ..configs import params as params_mod
+from ..common.files import current_umask
+from ..configs.loading import read_params_file
 from ..exceptions import ParamsError
 from ..paths import REPO_ROOT, resolve_path
 
@@ -194,156 +197,50 @@ def _check(nodes: int, gpus: int, cpus: int | None, partition: str | None,
     return cpus
 
 
-def _header(name: str, time: str, partition: str | None, account: str | None,
-            log_dir: Path) -> list[str]:
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --time={time}",
-             f"#SBATCH --output={log_dir}/%x-%j.out"]
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if account:
-        lines.append(f"#SBATCH --account={account}")
-    return lines
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
-def _ddp_lines() -> list[str]:
-    """Bash computing notebook 04's torchrun placement from the allocation (EXTRA)."""
-    return [
-        'EXTRA=""',
-        'if [ "$NB" = "04" ] && [ -n "${SLURM_JOB_NODELIST:-}" ] && '
-        'command -v scontrol >/dev/null 2>&1; then',
-        '  MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "  MASTER_PORT=$((29500 + ${SLURM_JOB_ID:-0} % 1000))",
-        '  EXTRA="--set nnodes=${SLURM_NNODES:-1} --set rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT"',
-        "fi",
-    ]
+@functools.cache
+def _templates():
+    import jinja2  # comes with nbconvert
 
-
-def _selftest_lines(python: str, cond: str | None = None) -> list[str]:
-    """Bash running the self-test on this job's node first; a failure stops the job before the
-    long work (its table is in the job's log)."""
-    q = shlex.quote
-    ranks = '$([ "${NB:-}" = "04" ] && echo "" || echo "--ranks 1")'
-    run = (f'{q(python)} -m workbook_lib selftest --device auto {ranks} || '
-           '{ echo "self-test failed on $(hostname): not starting the notebooks (see the table '
-           'above)" >&2; exit 1; }')
-    skip = '[ "${WORKBOOK_SKIP_SELFTEST:-0}" != "1" ]'
-    return [f"if {skip}{' && ' + cond if cond else ''}; then", f"  {run}", "fi"]
-
-
-def _sets(sets: list[str] | None) -> str:
-    """The ``--set KEY=VALUE`` overrides given when the scripts were written, each quoted."""
-    return "".join(f" --set {shlex.quote(x)}" for x in sets or [])
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
 
 
 def notebook_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: str,
                     repo: Path, time: str, partition: str | None,
                     account: str | None, sets: list[str] | None = None) -> str:
     """``notebook.sbatch NB``: run notebook NB (a number) with --resume into the run folder."""
-    q = shlex.quote
-    lines = _header("gnn-workbook", time, partition, account, log_dir) + [
-        "set -eu",
-        'NB="${1:?usage: sbatch notebook.sbatch NOTEBOOK_NUMBER}"',
-        f"cd {q(str(repo))}",
-        f'RUN="${{WORKBOOK_OUT:-{run_dir}}}"',
-        *_ddp_lines(),
-        "# the notebooks that use the device check this node first (04 with its GPUs' ranks)",
-        *_selftest_lines(python, '[ "$NB" != "01" ] && [ "$NB" != "05" ]'),
-        "# EXTRA is unquoted on purpose: it is empty or words without spaces",
-        f'{q(python)} -m workbook_lib run --params {q(str(params_file))}{_sets(sets)} '
-        '--out "$RUN" --only "$NB" --resume --quiet $EXTRA',
-    ]
-    return "\n".join(lines) + "\n"
+    return _templates().get_template("slurm_job.sh.j2").render(
+        single=False, params_file=params_file, run_dir=run_dir, log_dir=log_dir, python=python,
+        repo=repo, time=time, partition=partition, account=account, sets=sets or [])
 
 
 def single_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: str, repo: Path,
                   time: str, partition: str | None, account: str | None, nodes: int,
                   gpus: int, cpus: int, mem: str | None, sets: list[str] | None = None) -> str:
-    q = shlex.quote
-    lines = _header("gnn-workbook", time, partition, account, log_dir)
-    lines += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
-              f"#SBATCH --cpus-per-task={cpus}"]
-    if gpus:
-        lines.append(f"#SBATCH --gpus-per-node={gpus}")
-    if mem:
-        lines.append(f"#SBATCH --mem={mem}")
-    lines += ["set -eu", f"cd {q(str(repo))}", f'RUN="${{WORKBOOK_OUT:-{run_dir}}}"',
-              'NB="04"', *_ddp_lines(),
-              'echo "run folder: $RUN"', *_selftest_lines(python),
-              f'{q(python)} -m workbook_lib run --params {q(str(params_file))}{_sets(sets)} '
-              '--out "$RUN" --resume --quiet $EXTRA']
-    return "\n".join(lines) + "\n"
+    """``workbook.sbatch``: every notebook in order in one job."""
+    return _templates().get_template("slurm_job.sh.j2").render(
+        single=True, params_file=params_file, run_dir=run_dir, log_dir=log_dir, python=python,
+        repo=repo, time=time, partition=partition, account=account, sets=sets or [],
+        nodes=nodes, gpus=gpus, cpus=cpus, mem=mem)
 
 
 def submit_script(*, nb_script: Path, run_dir: Path, nodes: int, gpus: int, cpus: int,
                   mem: str | None, notebooks: list[str]) -> str:
     """``submit.sh``: one job per notebook with its own resources, chained by dependencies."""
-    q = shlex.quote
     mem_flag = f" --mem={mem}" if mem else ""
     cpu = f"--nodes=1 --ntasks=1 --cpus-per-task={cpus}{mem_flag}"
     gpu1 = cpu + (" --gpus-per-node=1" if gpus else "")
     ddp = (f"--nodes={nodes} --ntasks-per-node=1 --cpus-per-task={cpus}{mem_flag}"
            + (f" --gpus-per-node={gpus}" if gpus else ""))
     nums = [n[:2] for n in notebooks]
-    lines = ["#!/bin/bash",
-             "# Submits one job per notebook into one run folder. Run it again after a cancel",
-             "# or a failure: every job runs --resume and redoes only what is incomplete.",
-             "set -eu",
-             f'RUN="${{WORKBOOK_OUT:-{run_dir}}}"',
-             'export WORKBOOK_OUT="$RUN"',
-             f"S={q(str(nb_script))}",
-             'mkdir -p "$RUN"',
-             'JOBS="$RUN/.slurm-jobs"',
-             "# one submission at a time into a run folder, and none while an earlier one's jobs",
-             "# are pending or running (two jobs of one notebook would share its rank pid files)",
-             'exec 9>>"$RUN/.submit.lock"',
-             'if command -v flock >/dev/null 2>&1 && ! flock -n 9; then',
-             '  echo "submit.sh: another submit.sh is submitting into $RUN" >&2; exit 2',
-             "fi",
-             'if [ -s "$JOBS" ] && command -v squeue >/dev/null 2>&1; then',
-             '  LIVE=""',
-             '  while read -r j; do',
-             '    [ -n "$j" ] || continue',
-             '    st=$(squeue -h -j "$j" -t PD,R,CF,CG,S -o %T 2>/dev/null || true)',
-             '    if [ -n "$st" ]; then LIVE="$LIVE $j($st)"; fi',
-             '  done < "$JOBS"',
-             '  if [ -n "$LIVE" ]; then',
-             '    echo "submit.sh: $RUN is in use by jobs$LIVE of an earlier submission' \
-             ' ($(cat "$JOBS.by" 2>/dev/null || echo unknown)); wait for them or scancel them,' \
-             ' then run this again" >&2',
-             "    exit 2",
-             "  fi",
-             "fi",
-             ': > "$JOBS"',
-             'echo "$(id -un 2>/dev/null || echo "$USER")@$(hostname) $(date -u +%Y-%m-%dT%H:%M:%SZ)"'
-             ' > "$JOBS.by"',
-             "ERR=$(mktemp)",
-             "trap 'rm -f \"$ERR\"' EXIT",
-             "fail() {  # NAME: sbatch refused it; cancel what this submission queued, stop",
-             '  echo "submit.sh: sbatch refused notebook $1: $(cat "$ERR")" >&2',
-             '  if [ -s "$JOBS" ] && command -v scancel >/dev/null 2>&1; then',
-             '    scancel $(cat "$JOBS") 2>/dev/null || true',
-             '    echo "submit.sh: cancelled the jobs submitted before it:" $(cat "$JOBS") >&2',
-             "  fi",
-             "  exit 1",
-             "}",
-             "submit() {  # NAME DEPENDENCY RESOURCES...: prints the job id; fails as sbatch does",
-             '  local name="$1" dep="$2"; shift 2',
-             '  local out',
-             '  if [ -n "$dep" ]; then',
-             '    set -- --dependency="$dep" --kill-on-invalid-dep=yes "$@"',
-             "  fi",
-             '  out=$(sbatch --parsable --export=ALL --job-name="gnn-$name" "$@" "$S" "$name" '
-             '2>"$ERR") || return 1',
-             '  out="${out%%;*}"',
-             '  case "$out" in',
-             '    ""|*[!0-9_]*) echo "no job id in the output of sbatch: $out" >> "$ERR"; return 1;;',
-             "  esac",
-             '  echo "$out" >> "$JOBS"',
-             '  echo "$out"',
-             "}"]
-    ids = {}
-    order = [n for n in ("01", "02", "03", "04", "06", "05") if n in nums]
-    for n in order:
+    ids, jobs = {}, []
+    for n in [n for n in ("01", "02", "03", "04", "06", "05") if n in nums]:
         res = ddp if n == "04" else (gpu1 if n in GPU_NOTEBOOKS else cpu)
         deps = []
         if n == "02" and "01" in ids:  # 02 reads 01's results: never an older run's
@@ -357,14 +254,10 @@ def submit_script(*, nb_script: Path, run_dir: Path, nodes: int, gpus: int, cpus
             deps += [("afterany", ids[d]) for d in ("01", "02", "04") if d in ids]
         dep = ",".join(kind + ":" + ":".join(f"${v}" for k, v in deps if k == kind)
                        for kind in dict.fromkeys(k for k, _ in deps))
-        var = f"J{n}"
-        lines.append(f'{var}=$(submit {n} "{dep}" {res}) || fail {n}')
-        ids[n] = "{" + var + "}"
-    lines += ['echo "run folder: $RUN"',
-              "echo \"jobs: " + " ".join(f"{n}=${{J{n}}}" for n in order) + "\"",
-              'echo "the verdict (05) runs only if 01-04 succeed; after a cancel or a failure '
-              'run this script again: it resumes $RUN"']
-    return "\n".join(lines) + "\n"
+        jobs.append((n, dep, res))
+        ids[n] = "{J" + n + "}"
+    return _templates().get_template("slurm_submit.sh.j2").render(
+        run_dir=run_dir, nb_script=nb_script, jobs=jobs)
 
 
 def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "runs/slurm",
@@ -385,7 +278,7 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
             ``out_dir`` holding scripts of the other layout (unless ``force``).
     """
     from ..catalog import NOTEBOOK_NAMES
-    from ..configs.params import check_gap
+    from ..configs.validation import check_gap
 
     check_gap(params, list(NOTEBOOK_NAMES))  # the scripts run every notebook
     cpus = _check(nodes, gpus_per_node, cpus_per_task, partition, time, mem)
@@ -403,7 +296,7 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
     marker.write_text(layout + "\n")
     repo = Path(repo or REPO_ROOT).resolve()
     python = python or str((repo / ".venv" / "bin" / "python"))
-    params_path = params_mod.read_params_file(params_file)[0].resolve()  # as --params finds it
+    params_path = read_params_file(params_file)[0].resolve()  # as --params finds it
     run = resolve_path(run_dir or "runs/slurm-run").resolve()
     common = dict(params_file=params_path, run_dir=run, log_dir=log_dir, python=python,
                   repo=repo, time=time, partition=partition, account=account, sets=sets)
@@ -414,7 +307,7 @@ def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "
         s = out / "submit.sh"
         s.write_text(submit_script(nb_script=nb, run_dir=run, nodes=nodes, gpus=gpus_per_node,
                                    cpus=cpus, mem=mem, notebooks=list(NOTEBOOK_NAMES)))
-        s.chmod(0o755)
+        s.chmod(0o777 & ~current_umask())  # executable, readable as the umask allows
         paths.update(sbatch=nb, submit=s)
     else:
         w = out / "workbook.sbatch"

@@ -169,7 +169,7 @@ def real_size(spec: dict | None, num_genes: int, num_types: int,
 
 def inventory(params: dict, graph: CellGraph) -> InventoryResult:
     """Every size notebook 01 reports, computed from the graph and sampled perturbations."""
-    from ..configs.params import mean_k
+    from ..configs.validation import mean_k
     from ..strategies.replicated_mask_cpu import measured_replicated_bytes
 
     pert = sample_perturbations(graph.num_genes, params["perturbation_k"],

@@ -45,9 +45,10 @@ from typing import Callable
 
 import torch
 
+from ..common.text import text_table
 from ..measurement.precision import float32_tolerance
 from ..paths import REPO_ROOT
-from ..configs.params import ddp_strategy
+from ..configs.validation import ddp_strategy
 
 OK, FAILED, SKIPPED, BUSY = "ok", "FAILED", "skipped", "busy"
 
@@ -396,7 +397,7 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
     """
     from ..data.snapshots import load_snapshot
     from ..common.device import resolve_device
-    from ..configs.params import load_params_file
+    from ..configs.validation import load_params_file
 
     if device not in ("cpu", "cuda", "auto"):
         raise ValueError(f"'--device' must be cpu, cuda or auto (got {device!r})")
@@ -439,10 +440,9 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
 
 
 def format_table(checks: list[Check], device: str) -> str:
-    w = max(len(c.name) for c in checks)
-    lines = [f"workbook self-test on {device} (torch {torch.__version__})", ""]
-    for c in checks:
-        lines.append(f"{c.name:<{w}}  {c.status:<7}  {c.seconds:5.1f} s  {c.detail}")
+    lines = [f"workbook self-test on {device} (torch {torch.__version__})", "",
+             *text_table([[c.name, c.status, f"{c.seconds:.1f} s", c.detail] for c in checks],
+                         "<<>")]
     bad = [c for c in checks if c.status == FAILED]
     busy = [c for c in checks if c.status == BUSY]
     lines += ["", f"{len(checks) - len(bad)} of {len(checks)} checks passed or skipped"

@@ -1,7 +1,7 @@
 """Peak memory of one training step of a pipeline (a built-in strategy or the user's), measured
 in a fresh process by :mod:`workbook_lib.measurement.memory`.
 
-:func:`measure_point` names the set-up (:func:`setup_step`) that the fresh process runs: validate
+:func:`measure_point` hands it the set-up (:func:`setup_step`) that the fresh process runs: validate
 the params at the point's sizes, load the snapshot, build the pipeline and one batch of items.
 The step is collate, transfer, device preparation, forward, loss and backward of that batch; the
 warm-up step's gradients are dropped before the measured step. Each stage (the items' reads
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..common.watchdog import Stalled, process_watchdog
-from ..configs.params import validate
+from ..configs.validation import validate
 from ..data.snapshots import load_snapshot
 from ..measurement.memory import MemoryPoint, StepToMeasure, measure_in_fresh_process
 from ..failures import PipelineFailed, failure_from
@@ -94,5 +94,4 @@ def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float,
            "dual": dual}
     point = dict(strategy=strategy, form=form, batch_size=batch_size, scale=scale,
                  hidden=hidden, layers=layers)
-    return measure_in_fresh_process(f"{__name__}:setup_step", cfg, point, device=device,
-                                    timeout_s=timeout_s)
+    return measure_in_fresh_process(setup_step, cfg, point, device=device, timeout_s=timeout_s)

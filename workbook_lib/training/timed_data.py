@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from torch.utils.data import Dataset
 
 from ..common.watchdog import Stalled, Watchdog, current, process_watchdog
-from ..failures import RAISED, STALLED, one_line
+from ..common.text import one_line
+from ..failures import RAISED, STALLED
 from ..pipelines.protocol import Pipeline
 
 

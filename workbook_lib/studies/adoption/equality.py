@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import torch
 
+from ...failures import describe_exception
 from ...exceptions import WorkbookError
 from ...results.adoption import EqualityResult, TensorDiff
 from .parameters import copy_parameters, parameter_mapping
@@ -89,11 +90,6 @@ class StochasticPipelineError(WorkbookError, ValueError):
     def __init__(self, message: str, *, side: str, pipeline: str, row: "TensorDiff"):
         super().__init__(message)
         self.side, self.pipeline, self.row = side, pipeline, row
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:160]}{'...' if len(text) > 160 else ''}"
 
 
 def _refuse_stochastic(pipe, side: str, seed: int, rows: list[TensorDiff], mode: str) -> None:
@@ -120,7 +116,7 @@ def _try_float64(run, pipes: dict, seed: int) -> tuple[torch.dtype, dict, str]:
         try:
             r = run(side, 0, seed, torch.float64, guard=True)
         except Exception as exc:  # noqa: BLE001 - any failure: float32, and said why
-            return torch.float32, {}, f"float64 could not run: '{name}' raised {_one_line(exc)}"
+            return torch.float32, {}, f"float64 could not run: '{name}' raised {describe_exception(exc, 160)}"
         if r.off_dtype:
             return torch.float32, {}, (f"float64 could not run: '{name}' computes in another "
                                        f"dtype ({r.off_dtype})")

@@ -26,7 +26,7 @@ from ...exceptions import LaunchError
 from ...failures import NONFINITE, PipelineFailure
 from ...measurement.timing import Stat
 from ...common.progress import note
-from ...configs.params import ddp_strategy
+from ...configs.validation import ddp_strategy
 from ...results.ddp import DDPResult, Plan, Prediction
 from . import allreduce_model as arm
 from .summary import efficiencies, gap_decomposition, summarize, within_noise

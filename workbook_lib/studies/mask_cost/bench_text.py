@@ -3,16 +3,15 @@ share of each figure, and the shared form's speedup over a replicated form as me
 :mod:`.bench`)."""
 from __future__ import annotations
 
+from ...common.text import text_table
 from ...results.bench import BenchResult
 
 
 def cpu_lines(r: BenchResult) -> list[str]:
     """What the process got of the CPUs while each variant was timed, and whether any was
     contended (the ratios built on a contended variant are)."""
-    out = []
-    for k, st in r.steps.items():
-        if st.cpu is not None:
-            out.append(f"{'CPU while timing ' + k:28s} {st.cpu.describe()}")
+    out = text_table([[f"CPU while timing {k}", st.cpu.describe()]
+                      for k, st in r.steps.items() if st.cpu is not None])
     bad = [k for k, st in r.steps.items() if st.contended]
     if bad:
         out.append(f"CONTENDED: {', '.join(bad)}: the process got less than 80% of the CPU its "
@@ -48,52 +47,47 @@ def replicated_ratio_text(b: BenchResult, key: str) -> str:
 
 
 def summary_lines(r: BenchResult) -> list[str]:
-    """A short plain-text table (the CLI prints it)."""
+    """A short plain-text summary (the CLI prints it): the variants' table, then one line per
+    other figure."""
     s = r.sizes
-    lines = [f"bench on {r.device}: {s['edges']:,} edges, H={s['hidden']}, L={s['layers']}, "
-             f"k={s['k']}; {r.rounds} interleaved rounds, {r.seconds:.0f} s; delta push kernel: "
-             f"{r.push_kernel or 'none (no delta form ran)'}"
-             + (f" ({r.push_threads} threads)" if r.push_threads else ""),
-             f"{'variant':28s} {'B':>4s} {'ms/sample':>11s} {'IQR':>8s} {'n':>3s}"]
+    head = (f"bench on {r.device}: {s['edges']:,} edges, H={s['hidden']}, L={s['layers']}, "
+            f"k={s['k']}; {r.rounds} interleaved rounds, {r.seconds:.0f} s; delta push kernel: "
+            f"{r.push_kernel or 'none (no delta form ran)'}"
+            + (f" ({r.push_threads} threads)" if r.push_threads else ""))
+    variants = [["variant", "B", "ms/sample", "IQR", "n", ""]]
     for k, v in r.per_sample_s.items():
         what = v.batch_reason if k.startswith("repl") else v.label
-        lines.append(f"{k:28s} {v.batch_size:4d} {v.median * 1e3:11.2f} {v.iqr * 1e3:8.2f} "
-                     f"{v.n:3d}  ({what})")
+        variants.append([k, v.batch_size, f"{v.median * 1e3:.2f}", f"{v.iqr * 1e3:.2f}", v.n,
+                         f"({what})"])
     for k, f in r.replicated.items():
         if f.projected is not None:
-            lines.append(f"{k + ' projected':36s} {f.at_batch:4d} "
-                         f"{f.projected.median * 1e3:11.2f} {f.projected.iqr * 1e3:8.2f} "
-                         f"{f.projected.n:3d}  (from B = 1, 2: not quoted)")
-        lines.append(f"{k + ' projection':36s} {f.error_text}")
-    for k, why in r.skipped.items():
-        lines.append(f"{k:28s} skipped: {why}")
+            variants.append([f"{k} projected", f.at_batch, f"{f.projected.median * 1e3:.2f}",
+                             f"{f.projected.iqr * 1e3:.2f}", f.projected.n,
+                             "(from B = 1, 2: not quoted)"])
+    rows = [[f"{k} projection", f.error_text] for k, f in r.replicated.items()]
+    rows += [[k, f"skipped: {why}"] for k, why in r.skipped.items()]
 
-    def show(label, st):
+    def show(label, st, text=None):
         if st is not None:
-            lines.append(f"{label:28s} {st.median:.3g} (IQR {st.iqr:.2g})"
-                         + (" CONTENDED" if st.contended else ""))
+            rows.append([label, (text or f"{st.median:.3g} (IQR {st.iqr:.2g})")
+                         + (" CONTENDED" if st.contended else "")])
     show("delta vs full form", r.ratio_vs_full_form)
-    for key, name in (("replicated_gather_scatter", "ratio vs Lazy model's form"),
-                      ("replicated_sparse", "ratio vs sparse form")):
-        text = replicated_ratio_text(r, key)
-        if text:
-            st = r.ratio_vs_lazy_form if key == "replicated_gather_scatter" \
-                else r.ratio_vs_sparse_form
-            lines.append(f"{name:28s} {text}" + (" CONTENDED" if st.contended else ""))
+    show("ratio vs Lazy model's form", r.ratio_vs_lazy_form,
+         replicated_ratio_text(r, "replicated_gather_scatter"))
+    show("ratio vs sparse form", r.ratio_vs_sparse_form,
+         replicated_ratio_text(r, "replicated_sparse"))
     show("exact / DANGO-style sample", r.ratio_vs_dango_sample)
     show("wildtype steps per sample", r.passes_per_sample)
     if r.floor is not None:
-        lines += [f"{'floor' if i == 0 else '':28s} {x.replace('**', '')}"
-                  for i, x in enumerate(r.floor.lines())]
+        rows += [["floor" if i == 0 else "", x.replace("**", "")]
+                 for i, x in enumerate(r.floor.lines())]
     for f in r.rates:
         best = f" (machine best {f.machine_gmacs:.3g}: {f.machine_source})" \
             if f.machine_gmacs else ""
-        lines.append(f"{f.variant + ' ' + f.kind + ' GMAC/s':28s} {f.gmacs:.3g}, "
-                     f"{f.seconds / f.step_seconds:.0%} of the step{best}")
-    for k in r.kernels:
-        lines.append(f"{'kernel ' + k.name:28s} {k.gmacs:.3g} GMAC/s"
-                     + (" (the step's)" if k.used_by_step else ""))
-    lines.append(f"{'exact max rel. error':28s} {r.exact_max_rel_error:.2e}")
-    lines += cpu_lines(r)
-    lines += [f"note: {n}" for n in r.notes]
-    return lines
+        rows.append([f"{f.variant} {f.kind} GMAC/s",
+                     f"{f.gmacs:.3g}, {f.seconds / f.step_seconds:.0%} of the step{best}"])
+    rows += [[f"kernel {k.name}", f"{k.gmacs:.3g} GMAC/s"
+              + (" (the step's)" if k.used_by_step else "")] for k in r.kernels]
+    rows.append(["exact max rel. error", f"{r.exact_max_rel_error:.2e}"])
+    return ([head] + text_table(variants, "<>>>><") + text_table(rows) + cpu_lines(r)
+            + [f"note: {n}" for n in r.notes])

@@ -4,11 +4,8 @@ pipelines are three built-in forms and every user pipeline of the params.
 
 A memory figure is not a timing (each probe measures only its own process), so probes run side
 by side where the CPUs hold them: as many at once as the allowed CPUs fit the compute threads
-each uses (on a 2-core machine with 2 threads, one at a time: two probes of 2 threads each ran
-the nine ci points in 32 s, one at a time in 8 s, as OpenMP threads that outnumber the cores
-wait for each other); one at a time on a GPU, where probes of one device take turns. Every
-probe of the study is forked from one server that imported PyTorch once
-(:func:`workbook_lib.common.prefork.session`), which ends with the study.
+each uses (OpenMP threads that outnumber the cores wait for each other); one at a time on a GPU,
+where probes of one device take turns.
 """
 from __future__ import annotations
 
@@ -16,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ...common import prefork
-from ...failures import RAISED, STALLED, PipelineFailure, one_line
+from ...common.text import one_line
+from ...failures import RAISED, STALLED, PipelineFailure
 from ...measurement.cpu_allowance import allowed_cpus
 from ...measurement.memory import (STATUS_FAILED, STATUS_TIMEOUT, MemoryPoint, device_budget,
                                    fit_memory, probe_threads)
@@ -72,7 +69,7 @@ def memory_study(params: dict, device: torch.device, *, dual: bool | None = None
         s, f, b, sz = job
         return measure_point(params, strategy=s, form=f, batch_size=b, device=str(device),
                              dual=dual, **sz)
-    with prefork.session(), ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         points = list(progress(pool.map(one, jobs), total=len(jobs), desc="02 memory"))
     out = MemoryStudy(device=device_label(device), budget_bytes=budget, budget_label=label,
                       points=points)

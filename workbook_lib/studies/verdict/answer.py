@@ -10,7 +10,7 @@ them; what else a run could not use is a note, shown with the evidence.
 from __future__ import annotations
 
 from ... import pipelines
-from ...failures import one_line
+from ...common.text import one_line
 from ...results.verdict import VerdictResult
 from .causes import first_causes, offsets, told_apart
 from .gap import MIN_PAIRED
@@ -279,7 +279,7 @@ def headline(v: VerdictResult) -> str:
         marks.append("disturbed")
     mark = (" and ".join(marks).upper() + ": ") if marks else ""
     if v.no_answer:
-        return one_line(mark + v.no_answer, HEADLINE_MAX - 3)
+        return one_line(mark + v.no_answer, HEADLINE_MAX)
     g = v.gap
     if not g.measurable:
         why = ("measured contended" if g.contended else
@@ -302,7 +302,7 @@ def headline(v: VerdictResult) -> str:
     r = v.recommendation
     if r is not None and g is not None and r.strategy not in (g.slow, g.fast):
         text += f"; fix: {r.label}"
-    return one_line(mark + text, HEADLINE_MAX - 3)
+    return one_line(mark + text, HEADLINE_MAX)
 
 
 def compose(v: VerdictResult, scale: float | None = None, edges: int | None = None) -> str:
