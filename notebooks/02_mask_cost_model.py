@@ -74,7 +74,7 @@ from workbook_lib.studies import mask_cost
 
 NB = setup(globals())
 P = NB.params
-display(view.builtin_note(P))
+display(view.builtin_note(mask_cost.builtin_note(P)))
 
 # %% [markdown]
 # ## Exactness, re-checked here

@@ -71,7 +71,7 @@ from workbook_lib.running.results import write_results
 from workbook_lib.studies import timing as study
 
 NB = setup(globals())
-display(view.settings(NB.params, NB.graph, NB.device_label))
+display(view.settings(NB.params, NB.graph, NB.device_label, NB.threads))
 
 # %% [markdown]
 # ## The loop, per pipeline and mode

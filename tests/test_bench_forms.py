@@ -166,7 +166,7 @@ def _issue_bench(lazy_steps: dict[int, float], shared_ms: float = 18.27):
 def test_the_headline_quotes_the_measured_ratio_labelled_with_its_batch():
     """The issue's run: B = 8 measured 22.5 s per step (2.81 s per sample), the line through
     B = 1, 2 projects 0.50 s per sample at B = 28 (27.6x): the headline quotes 154x."""
-    from workbook_lib.studies.mask_cost.bench_text import replicated_ratio_text
+    from workbook_lib.report.bench_text import replicated_ratio_text
     from workbook_lib.report import mask_cost_view as view
 
     b = _issue_bench({1: 1.109, 2: 1.590, 8: 22.5})
@@ -277,7 +277,7 @@ def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params
     """The whole benchmark without numba (tiny sizes): the kernel is in its results, its
     labels, the CLI table and the report's table and text."""
     from workbook_lib.studies.mask_cost.bench import run_bench
-    from workbook_lib.studies.mask_cost.bench_text import summary_lines
+    from workbook_lib.report.bench_text import summary_lines
     from workbook_lib.results.bench import BenchResult
     from workbook_lib.report import mask_cost_view as view
 

@@ -400,3 +400,49 @@ def test_no_module_over_500_lines_outside_nodemask():
             if "nodemask" not in p.relative_to(ROOT).parts
             and (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
     assert long == {}
+
+
+def _fresh(code: str) -> str:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
+
+
+def test_the_records_load_without_pytorch():
+    """Reading a results file (compare, stability, the verdict's inputs) never imports PyTorch:
+    every module of ``results`` in a fresh interpreter."""
+    out = _fresh("import importlib, pkgutil, sys\n"
+                 "import workbook_lib.results as R\n"
+                 "for m in pkgutil.iter_modules(R.__path__):\n"
+                 "    importlib.import_module('workbook_lib.results.' + m.name)\n"
+                 "print('torch' in sys.modules)")
+    assert out == "False"
+
+
+def test_views_import_no_experiment():
+    """A view renders records: importing every view module (in a fresh interpreter) imports no
+    study, training or measurement module."""
+    out = _fresh("import importlib, pkgutil, sys\n"
+                 "import workbook_lib.report as R\n"
+                 "for m in pkgutil.iter_modules(R.__path__):\n"
+                 "    importlib.import_module('workbook_lib.report.' + m.name)\n"
+                 "print(sorted(m for m in sys.modules if m.split('.')[:2][-1] in "
+                 "('studies', 'training', 'measurement')))")
+    assert out == "[]", out
+
+
+def test_every_record_type_lives_in_results():
+    """A class that derives from ``Record`` is defined in ``results/`` (or on the bottom floor:
+    the failure record of ``failures``)."""
+    outside = []
+    for mod, path in module_files(ROOT).items():
+        if mod.startswith(f"{PKG}.results") or mod in (f"{PKG}.records", f"{PKG}.failures"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    getattr(b, "id", getattr(b, "attr", "")) == "Record" for b in node.bases):
+                outside.append(f"{mod}.{node.name}")
+    assert outside == [], outside

@@ -112,7 +112,7 @@ def _cmd_run(args) -> int:
 def _cmd_bench(args) -> int:
     p = _load(args.params, args.set)  # every check before any work (and before PyTorch loads)
     from ..studies.mask_cost.bench import run_bench
-    from ..studies.mask_cost.bench_text import summary_lines
+    from ..report.bench_text import summary_lines
     from ..common.device import configure_cpu_allocator
     from ..common.files import atomic_write_text
     from ..running.environment import configure_threads

@@ -95,7 +95,7 @@ from pathlib import Path
 # the CPUs this process may use (cpu_allowance) and what it got of them (cpu_share): read from
 # here by every measurement
 from .cpu_allowance import CpuAllowance, ThreadFit, allowed_cpus, fit_threads  # noqa: F401
-from .cpu_share import (CONTENDED_BELOW, NOT_TOLD, OTHER_JOBS, OTHERS_SEEN,  # noqa: F401
+from ..results.cpu import (CONTENDED_BELOW, NOT_TOLD, OTHER_JOBS, OTHERS_SEEN,  # noqa: F401
                         OWN_PROCESSES, RESOLUTION, RULE, RULE_FALLBACK, TICKS, CpuShare,
                         causes_text, resolution, worse)
 

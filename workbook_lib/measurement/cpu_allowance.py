@@ -7,29 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..records import Record
-
-
-@dataclass
-class CpuAllowance(Record):
-    """The CPUs a process may use: the tightest limit and every limit found."""
-
-    cpus: int  # the tightest of the limits below (at least 1)
-    source: str  # which limit that is
-    host: int  # CPUs of the machine (os.cpu_count)
-    affinity: int | None = None  # os.sched_getaffinity
-    quota: float | None = None  # cgroup CPU quota, in CPUs (quota / period)
-    slurm: int | None = None  # SLURM_CPUS_PER_TASK, else SLURM_CPUS_ON_NODE
-
-    def describe(self) -> str:
-        parts = [f"{self.host} on the machine"]
-        if self.affinity is not None:
-            parts.append(f"affinity {self.affinity}")
-        if self.quota is not None:
-            parts.append(f"cgroup quota {self.quota:g}")
-        if self.slurm is not None:
-            parts.append(f"SLURM {self.slurm}")
-        return f"{self.cpus} CPUs ({self.source}; " + ", ".join(parts) + ")"
+from ..results.cpu import CpuAllowance, ThreadFit, fit
 
 
 def _cgroup_quota(proc_cgroup: Path, cgroup_root: Path) -> float | None:
@@ -103,48 +81,15 @@ def allowed_cpus(*, proc_cgroup: Path = Path("/proc/self/cgroup"),
                         quota=quota, slurm=slurm)
 
 
-@dataclass
-class ThreadFit(Record):
-    """Compute threads per process, and why."""
-
-    threads: int
-    workers: int  # DataLoader workers per process
-    procs: int  # processes sharing the CPUs
-    allowance: CpuAllowance
-    why: str
 
 
 def fit_threads(*, procs: int = 1, workers: int = 0, requested: int | None = None,
                 allowance: CpuAllowance | None = None) -> ThreadFit:
-    """Compute threads per process so that ``procs`` processes, each with ``workers``
-    DataLoader workers (one thread each, as PyTorch sets them), never start more threads than
-    the CPUs they may use: each process's share is ``cpus // procs``, its workers take up to
-    ``share - 1`` of it, and the rest (at least 1) are compute threads; ``requested`` (the
-    current setting) is never raised.
-
-    Args:
-        procs: processes sharing the allowance (DDP ranks on the node), at least 1.
-        workers: DataLoader worker processes per process, at least 0.
-        requested: the threads asked for (default: ``torch.get_num_threads()``).
-        allowance: the CPUs (default: :func:`allowed_cpus`).
-    """
-    if procs < 1:
-        raise ValueError(f"'procs' must be a positive integer (got {procs})")
-    if workers < 0:
-        raise ValueError(f"'workers' must be >= 0 (got {workers})")
+    """:func:`workbook_lib.results.cpu.fit` with this process's defaults: ``requested`` the
+    current ``torch.get_num_threads()``, ``allowance`` :func:`allowed_cpus`."""
     if requested is None:
         import torch
 
         requested = torch.get_num_threads()
-    if requested < 1:
-        raise ValueError(f"'requested' must be a positive integer (got {requested})")
-    a = allowance or allowed_cpus()
-    share = max(1, a.cpus // procs)
-    used_by_workers = min(workers, max(0, share - 1))
-    threads = max(1, min(requested, share - used_by_workers))
-    who = f"{procs} processes" if procs > 1 else "1 process"
-    why = (f"{a.describe()}; {who}"
-           + (f", {workers} DataLoader worker(s) each" if workers else "")
-           + f": {threads} compute thread(s) per process"
-           + (f" (of {requested} asked)" if threads < requested else ""))
-    return ThreadFit(threads=threads, workers=workers, procs=procs, allowance=a, why=why)
+    return fit(procs=procs, workers=workers, requested=requested,
+               allowance=allowance or allowed_cpus())

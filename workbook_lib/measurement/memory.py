@@ -53,18 +53,14 @@ import torch
 
 from ..common.files import system_temp
 from ..common.locks import locked
-from ..records import Record
+from ..results.memory import (STATUS_BELOW, STATUS_FAILED, STATUS_OK, STATUS_OOM,  # noqa: F401
+                              STATUS_TIMEOUT, MemoryFit, MemoryPoint, PeakMemory)
 
 # a probe's process is forked from a server that imported PyTorch once (spawned where there is
 # no fork server: another OS)
 _START = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 CPU_RESOLUTION_BYTES = 1 << 20  # RSS moves by about this much without any tensor work
-STATUS_OK = "ok"
-STATUS_BELOW = "below resolution"
-STATUS_OOM = "out of memory"
-STATUS_FAILED = "failed"
-STATUS_TIMEOUT = "timed out"
 
 _OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory",
              "memoryerror", "failed to allocate")
@@ -111,15 +107,6 @@ def _rss() -> int:
         import psutil
 
         return psutil.Process().memory_info().rss
-
-
-@dataclass
-class PeakMemory(Record):
-    """Peak of one call: ``bytes`` above the level just before it (``before_bytes``)."""
-
-    bytes: int
-    before_bytes: int
-    method: str
 
 
 def peak_during(fn: Callable[[], object], device: torch.device | str = "cpu") -> PeakMemory:
@@ -180,35 +167,6 @@ def return_freed_memory_to_os() -> bool:
     m_trim_threshold, m_mmap_threshold = -1, -3
     return libc.mallopt(m_mmap_threshold, 64 * 1024) == 1 and \
         libc.mallopt(m_trim_threshold, 128 * 1024) == 1
-
-
-@dataclass
-class MemoryPoint(Record):
-    """One measured point: a training step's peak memory (forward + backward, no optimizer)."""
-
-    strategy: str
-    form: str
-    batch_size: int
-    scale: float
-    hidden: int
-    layers: int
-    device: str
-    status: str  # ok, below resolution, out of memory, failed, timed out
-    step_bytes: int | None = None  # peak of the step above the level before it
-    setup_bytes: int | None = None  # resident (CPU) / allocated (CUDA) before the step
-    method: str = ""
-    reason: str | None = None
-    seconds: float = 0.0
-    traceback: str = ""  # a failed probe's traceback (its stderr)
-    details: dict = field(default_factory=dict)  # what the set-up's exception said of itself
-
-    @property
-    def usable(self) -> bool:
-        return self.status == STATUS_OK and self.step_bytes is not None
-
-    @property
-    def label(self) -> str:
-        return f"{self.strategy}:{self.form}"
 
 
 @dataclass
@@ -380,27 +338,6 @@ def device_budget(device: torch.device | str) -> tuple[float, str]:
     from ..common.device import memory_limit
 
     return memory_limit()
-
-
-@dataclass
-class MemoryFit(Record):
-    """``step_bytes(B) = intercept + per_sample * B`` fitted on measured points, and the largest
-    batch whose step plus set-up fits the budget."""
-
-    label: str
-    points: list[tuple[int, float]] = field(default_factory=list)  # (B, step bytes) used
-    per_sample_bytes: float | None = None
-    intercept_bytes: float | None = None
-    setup_bytes: float | None = None  # largest set-up level seen before a step
-    residuals: list[float] = field(default_factory=list)  # measured - fitted, bytes
-    max_abs_rel_residual: float | None = None
-    budget_bytes: float = 0.0
-    budget_label: str = ""
-    largest_batch: int | None = None
-    largest_measured_batch: int | None = None
-    extrapolation_factor: float | None = None  # largest_batch / largest_measured_batch
-    status: str = STATUS_OK
-    reason: str | None = None
 
 
 def fit_memory(points: list[MemoryPoint], budget_bytes: float, budget_label: str, *,

@@ -15,76 +15,9 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from ..records import Record
+from ..results.profile import NOT_OWN, ProfileResult, SiteTime  # noqa: F401
 from ..common.progress import native_stderr_to_terminal
 from .. import traces as ta
-
-
-@dataclass
-class SiteTime(Record):
-    """Where part of a stage's profiled time went: a function of the pipeline's own code (and
-    the library frame under it that holds the time, if any), per recorded step."""
-
-    function: str  # its qualified name where the source says it ("MyGather.backward")
-    file: str  # as the trace names it (relative to the folder it was imported from)
-    line: int  # the function's first line
-    library: str  # "propagate (torch_geometric/...py:455)", or "" for the function's own work
-    seconds: float  # host self time per recorded step
-    ops: float  # operator calls per recorded step
-    device_seconds: float = 0.0  # kernel time per recorded step (CUDA traces)
-
-    @property
-    def where(self) -> str:
-        return f"{self.function} ({self.file}:{self.line})"
-
-
-NOT_OWN = "(not in the pipeline's code)"
-
-
-@dataclass
-class ProfileResult(Record):
-    """Categories by exclusive time of the profiled (warm) steps, and the naive nested sums."""
-
-    schedule: dict[str, int]
-    profiled_steps: str  # e.g. "steps 4-6 of the run (after 1 loop warm-up + profiler wait 1, warmup 1)"
-    wall_s: float
-    categories: dict[str, float] = field(default_factory=dict)  # seconds, exclusive time
-    naive: dict[str, float] = field(default_factory=dict)  # seconds, nested durations summed
-    trace: str = ""  # path of the Chrome trace (relative to the run folder where possible)
-    summed: dict[str, float] = field(default_factory=dict)  # seconds, the investigation's sums
-    # seconds the host waited at CUDA syncs per wb: stage over the recorded steps (the timer's
-    # own syncs apart); empty on a CPU
-    sync_wait: dict[str, float] = field(default_factory=dict)
-    # stage -> where its time went in the pipeline's own code, largest first
-    # (:mod:`.code_sites`); the function NOT_OWN holds what ran under no frame of it
-    sites: dict[str, list[SiteTime]] = field(default_factory=dict)
-    sites_note: str = ""  # why there are no sites ("" when there are)
-
-    def sync_wait_per_step(self, stage: str) -> float | None:
-        """Seconds per recorded step the host waited at syncs in ``stage`` (None: no CUDA
-        trace)."""
-        if not self.schedule.get("cuda", 0):
-            return None
-        active = self.schedule.get("active", 0)
-        return self.sync_wait.get(stage, 0.0) / active if active else None
-
-    @property
-    def coverage(self) -> float:
-        """Exclusive categories / wall time of the recorded steps (about 1 when they add up)."""
-        return sum(self.categories.values()) / self.wall_s if self.wall_s else float("nan")
-
-    @property
-    def naive_over_wall(self) -> float:
-        return sum(self.naive.values()) / self.wall_s if self.wall_s else float("nan")
-
-    def shares(self) -> dict[str, float]:
-        tot = sum(self.categories.values())
-        return {k: v / tot for k, v in self.categories.items()} if tot else {}
-
-    def summed_shares(self) -> dict[str, float]:
-        """Shares of :attr:`summed` (what the investigation's analyzer reported)."""
-        tot = sum(self.summed.values())
-        return {k: v / tot for k, v in self.summed.items()} if tot else {}
 
 
 # the investigation's analyzer: an event's category from keywords in its name, first match wins

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..results.adoption import AdoptionResult
+from ..results.adoption import AdoptionResult, loss_fall
 from . import plotting
 from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
@@ -40,8 +40,6 @@ def check_text(pair) -> Markdown:
 
 
 def loss_text(r: AdoptionResult) -> Markdown:
-    from ..studies.adoption import loss_fall
-
     if not r.applicable:
         return Markdown(f"**06 does not apply here:** {r.reason}. Nothing was trained.")
     tol = getattr(r, "tolerance", 1e-5)
@@ -174,8 +172,6 @@ def form_text(form, params: dict) -> Markdown:
 
 
 def _headline(r: AdoptionResult) -> str:
-    from ..studies.adoption import loss_fall
-
     if not r.applicable:
         return f"not applicable: {r.reason}"
     first, last = loss_fall(r.losses[r.keys[0]])

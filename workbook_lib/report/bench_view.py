@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..studies.mask_cost.bench import FormChoice
-from ..studies.mask_cost.bench_text import replicated_ratio_text
+from ..results.bench import FormChoice, recommended_form
+from .bench_text import replicated_ratio_text
 from ..results.bench import BenchResult
 from . import plotting
 from .tables import fmt_time_stat, table, skip_none
@@ -54,8 +54,6 @@ def bench_table(b: BenchResult):
 def form_of(b: BenchResult) -> Markdown:
     """The form of the node-mask shared graph the benchmark recommends (nothing without a
     benchmark: no built-in strategy ran)."""
-    from ..studies.mask_cost.bench import recommended_form
-
     return form_text(recommended_form(b))
 
 

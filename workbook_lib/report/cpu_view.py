@@ -33,7 +33,7 @@ def cpu_rows(study: LoopStudy) -> list[dict]:
 
 
 def cpu_table(study: LoopStudy):
-    from ..measurement.cpu import OTHERS_SEEN, causes_text
+    from ..results.cpu import OTHERS_SEEN, causes_text
 
     rows = cpu_rows(study)
     s = study.settings
@@ -58,7 +58,7 @@ def cpu_table(study: LoopStudy):
 
 
 def cpu_plot(study: LoopStudy) -> None:
-    from ..measurement.cpu import CONTENDED_BELOW
+    from ..results.cpu import CONTENDED_BELOW
 
     arms = [(k, a) for k, a in study.arms.items() if a.step.cpu is not None]
     if not arms:

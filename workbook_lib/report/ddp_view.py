@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..studies.ddp.summary import within_noise
-from ..measurement.cpu import OWN_PROCESSES, causes_text
+from ..results.stat import within_noise
+from ..results.cpu import OWN_PROCESSES, causes_text
 from .. import pipelines
 from ..results.ddp import DDPResult, Plan
 from . import plotting

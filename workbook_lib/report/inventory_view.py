@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..studies.inventory import REPRESENTATION_LABELS
+from ..results.inventory import REPRESENTATION_LABELS
 from ..results.inventory import InventoryResult
 from . import plotting
 from ..common.text import one_line

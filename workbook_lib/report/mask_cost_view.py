@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..studies.mask_cost.bench_text import replicated_ratio_text
-from ..studies.mask_cost.costmodel import COEFFICIENTS
+from .bench_text import replicated_ratio_text
+from ..results.mask_cost import COEFFICIENTS
 from .. import pipelines
 from ..results.bench import BenchResult
 from ..results.mask_cost import (CostModelStudy, LayerSweep, MaskCostResult, MaskGeneration,
@@ -28,11 +28,9 @@ NO_BUILTIN = ("No built-in strategy in this run (`strategies: []`): {what} are n
               "`python -m workbook_lib equal SLOW FAST` and in notebook 06.")
 
 
-def builtin_note(params: dict) -> Markdown:
+def builtin_note(text: str) -> Markdown:
     """The one line saying which sections did not run (strategies: []), else nothing."""
-    from ..studies.mask_cost import builtin_note as note
-
-    return Markdown(note(params))
+    return Markdown(text)
 
 
 def exactness_table(exact: dict[str, float], graph_desc: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..measurement.profiling import ProfileResult
+from ..results.profile import ProfileResult
 from ..results.timing import LoopStudy, MAIN_STAGES
 from . import plotting
 from .failures_view import failures_note as _failures_note

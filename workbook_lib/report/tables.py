@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..measurement.timing import Stat
+from ..results.stat import Stat
 
 IMPRECISE = "(noisy)"
 FOOTNOTE = ("(noisy): IQR/median stayed above the precision target after the figure's time "

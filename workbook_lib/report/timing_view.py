@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..training.loop import MODES, WORKER_STAGES
-from ..results.timing import LoopStudy, MAIN_STAGES, SyncStudy, TimingResult
+from ..results.timing import (BOUND_RULE, GROUPS, MAIN_STAGES, MODES, WORKER_STAGES, LoopStudy,
+                              SyncStudy, TimingResult)
 from . import plotting
 from .failures_view import failures_note as _failures_note
 from ..common.text import one_line
@@ -48,8 +48,10 @@ def repeats(study: LoopStudy) -> str:
             f"warm-up; median, IQR")
 
 
-def settings(study_or_params, graph=None, device_label: str | None = None) -> Markdown:
-    """What this run measures (sizes, loop settings)."""
+def settings(study_or_params, graph=None, device_label: str | None = None,
+             threads: str = "") -> Markdown:
+    """What this run measures (sizes, loop settings); ``threads``: how many compute threads
+    the notebook's setup gave this process, and why."""
     p = study_or_params
     inter = "interleaved (one step of each strategy and mode in turn)" if p["num_workers"] == 0 \
         else "one arm after another (DataLoader workers would prefetch during other arms)"
@@ -64,17 +66,7 @@ def settings(study_or_params, graph=None, device_label: str | None = None) -> Ma
         f"untimed step under the sync counter, then at least {p['loop_steps']} timed steps, "
         f"until IQR/median <= {p['precision_target']:.0%} (at most {p['loop_max_steps']}, time "
         f"budget {p['loop_budget_s']:.0f} s). Arms run {inter}. DataLoader workers: "
-        f"{p['num_workers']}. {threads_line(p)}")
-
-
-def threads_line(params: dict) -> str:
-    """How many compute threads this process uses, and why."""
-    import torch
-
-    from ..measurement.cpu import fit_threads
-
-    why = fit_threads(workers=params["num_workers"]).why
-    return f"Compute threads: {torch.get_num_threads()} ({why})."
+        f"{p['num_workers']}." + (f" Compute threads: {threads}." if threads else ""))
 
 
 def loop_table(study: LoopStudy):
@@ -185,7 +177,6 @@ def growth_table(study: LoopStudy):
 
 def bound_table(bounds: dict):
     """What bounds each pipeline's step: the groups' shares and the rule."""
-    from ..studies.timing.stages import BOUND_RULE, GROUPS
     from ..results.timing import STAGES
 
     rows = []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..traces import OUTSIDE, WALL_DEFINITION, DiffRow, RowBreakdown, TraceBreakdown, TraceDiff
 from ..common.files import atomic_write_text
-from ..measurement.timing import Stat
+from ..results.stat import Stat
 from .pages import markup, render
 from .tables import FOOTNOTE, IMPRECISE, fmt_pct, fmt_ratio, fmt_seconds, fmt_time_stat
 

@@ -6,8 +6,7 @@ import textwrap
 import numpy as np
 from IPython.display import Markdown
 
-from ..studies.verdict import claims as C
-from ..measurement.cpu import causes_text
+from ..results import verdict as C
 from .. import pipelines
 from ..results.verdict import VerdictResult
 from . import plotting
@@ -248,13 +247,11 @@ trains the same model both ways and compares the loss curves.'''
 def form(v: VerdictResult) -> Markdown:
     """Which form of the node-mask shared graph to adopt (from the benchmark; built-in runs
     only, where the benchmark ran)."""
-    if not v.builtin:
+    if v.form is None:
         return Markdown("")
-    from ..studies.mask_cost import bench
     from .bench_view import form_text
 
-    return form_text(bench.recommended_form(v.recommendation.bench if v.recommendation
-                                            else None))
+    return form_text(v.form)
 
 
 def adoption(v: VerdictResult) -> Markdown:

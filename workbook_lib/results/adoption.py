@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..measurement.timing import Stat
+from .stat import Stat
 from ..records import Record
 
 
@@ -181,3 +181,41 @@ class AdoptionResult(Record):
     def keys(self) -> list[str]:
         """The reference's key then the rewrite's."""
         return list(self.losses) or list(self.names)
+
+
+@dataclass
+class Speedup(Record):
+    """One of the fix's speedups over replicated masks, and what it includes."""
+
+    name: str
+    notebook: str
+    value: float
+    iqr: float | None
+    measures: str  # what is timed
+    batches: str  # the batch sizes of the two sides
+    sizes: str  # the graph and model sizes
+
+
+@dataclass
+class Proof(Record):
+    """An ``equal`` outcome for a pair of pipeline sources."""
+
+    slow: str  # the slow spec's target
+    fast: str
+    equal: bool
+    summary: str  # the check's one line
+    when: str  # local time it ran
+    files: list[str]  # the source files it is keyed by
+
+    def words(self, slow_name: str) -> str:
+        return (f"proven equal to '{slow_name}' by `equal` ({self.when})" if self.equal else
+                f"shown to differ from '{slow_name}' by `equal` ({self.when}: {self.summary})")
+
+
+def loss_fall(losses: list[float], window: int = 10) -> tuple[float, float]:
+    """(mean loss of the first ``window`` steps, of the last ``window``): how far training
+    brought it."""
+    if not losses:
+        raise ValueError("'losses' must hold at least one value")
+    w = max(1, min(window, len(losses) // 4 or 1))
+    return sum(losses[:w]) / w, sum(losses[-w:]) / w

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..measurement.timing import Stat
-from ..nodemask.floor import FloorPart
+from .stat import Stat
+from .floor import FloorPart
 from ..records import Record
 
 
@@ -191,3 +191,52 @@ class BenchResult(Record):
     run_layers: int | None = None  # the run's model depth (the benchmark's is sizes["layers"])
     ratio_vs_dango_sample: Stat | None = None  # shared / wildtype, per sample each
     floor: FloorFigure | None = None  # the exact sample's floor beside the step's counts
+
+
+@dataclass
+class ReplicatedPlan(Record):
+    """The batches at which one replicated form is timed, and why (see the module docstring)."""
+
+    batches: tuple  # always 1; 2 when it fits; the compared batch or the largest fitting one
+    compared: int  # the shared form's batch
+    at_compared: bool  # timed at the compared batch itself
+    rule: str
+
+
+@dataclass
+class FormChoice(Record):
+    """Which form of the node-mask shared graph to train with, and why."""
+
+    middle: str  # "delta" or "full" (NodeMaskShared's ``middle``)
+    reason: str
+    measured: bool  # from a benchmark of this device (else the default, not measured here)
+
+
+def recommended_form(b: BenchResult | None) -> FormChoice:
+    """The faster form by the benchmark's paired ratio (full / delta per sample, same rounds):
+    ``delta`` when that ratio's median is at least 1 (at 2 layers the two are one computation),
+    ``full`` otherwise; without a benchmark, the default ``delta``, marked not measured."""
+    run_layers = getattr(b, "run_layers", None) if b is not None else None
+    if run_layers is not None and run_layers < 3:
+        measured = (f"; 02's benchmark at L = {b.sizes.get('layers')} measured delta vs full "
+                    f"per sample {b.ratio_vs_full_form.median:.3g}x (IQR "
+                    f"{b.ratio_vs_full_form.iqr:.2g}), for a deeper model"
+                    if b.ratio_vs_full_form is not None else "")
+        return FormChoice("delta", f"this run's model has {run_layers} layers: no middle layer, "
+                                   "so the fix's step takes the plain path (the delta and full "
+                                   f"forms are the same computation there){measured}", False)
+    if b is not None and b.sizes.get("layers", 3) < 3:
+        return FormChoice("delta", f"with {b.sizes.get('layers')} layers there is no middle "
+                                   "layer: the two forms are the same computation", False)
+    if b is None or b.ratio_vs_full_form is None:
+        return FormChoice("delta", "no benchmark of both forms on this device (not measured "
+                                   "here): the default, delta propagation", False)
+    r = b.ratio_vs_full_form
+    where = "at the real spec" if b.full_size else "at this run's reduced sizes"
+    fig = f"{r.median:.3g}x (IQR {r.iqr:.2g}, {r.n} interleaved rounds, {where}, {b.device})"
+    if r.median >= 1.0:
+        return FormChoice("delta", f"delta propagation was {fig} faster per sample than full "
+                                   "middle layers", True)
+    return FormChoice("full", f"full middle layers were faster: delta / full per sample "
+                              f"{1 / r.median:.3g}x ({where}, {b.device}); delta's push kernel "
+                              "does not pay off on this device", True)

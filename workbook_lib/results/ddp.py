@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..failures import PipelineFailure
-from ..measurement.timing import Stat
+from .stat import Stat
 from ..records import Record
 
 
@@ -165,3 +165,14 @@ class DDPResult(Record):
         """Every file of the launches (torchrun log, rank logs and results), relative."""
         return [f"{d}/{f.name}" for d in self.logs.values()
                 for f in sorted((Path(run_dir) / d).glob("*")) if f.is_file()]
+
+
+@dataclass
+class LaunchFactor(Record):
+    """A figure at the largest world size over the same at the smallest, from separate launches
+    (see the module docstring)."""
+
+    stat: Stat
+    by_pair: list[float]  # each pair of adjacent launches' ratio of medians
+    pairs: int
+    method: str = LAUNCH_PAIRED

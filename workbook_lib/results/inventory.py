@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..measurement.timing import Stat
+from .stat import Stat
 from ..records import Record
 
 
@@ -67,3 +67,11 @@ class InventoryResult(Record):
     ignored_types: list[str] = field(default_factory=list)
     footprint: list[FootprintRow] = field(default_factory=list)  # per layer and edge type
     builtin: bool = True  # built-in strategies ran: the investigation's batch sizes apply
+
+
+REPRESENTATION_LABELS = {
+    "perturbation_indices": "perturbation indices (int64)",
+    "removed_edge_indices": "indices of removed edges (int64)",
+    "edge_masks": "boolean edge masks (1 B/edge, all types)",
+    "replicated_edge_index": "replicated edge_index (int64, 1 copy/sample)",
+}

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..failures import PipelineFailure
-from ..measurement.memory import MemoryFit, MemoryPoint
-from ..measurement.timing import Stat
+from .memory import MemoryFit, MemoryPoint
+from .stat import Stat
 from ..records import Record
 from .bench import BenchResult
 
@@ -204,3 +204,13 @@ class MaskCostResult(Record):
     memory: MemoryStudy
     notes: list[str] = field(default_factory=list)
     dual_masks: DualForwardMasks | None = None  # what the dual forward adds (a claim's figure)
+
+
+COEFFICIENTS = {
+    "beta": ("s per edge·channel", "message computation and aggregation"),
+    "beta_e": ("s per edge", "per-edge index bookkeeping of gather-scatter"),
+    "alpha_eh": ("s per edge·channel", "the mask multiply, per message element"),
+    "alpha_e": ("s per edge", "the mask multiply, per edge"),
+    "gamma": ("s per edge", "keep-mask construction (isin)"),
+    "delta": ("s per edge", "nonzero + gather of the kept edges"),
+}

@@ -8,9 +8,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..failures import PipelineFailure
-from ..measurement.profiling import ProfileResult
-from ..measurement.timing import Stat
+from .profile import ProfileResult
+from .stat import Stat
 from ..records import Record
+
+
+MODES = ("data", "forward", "forward_backward", "full")
+WORKER_STAGES = ("worker_fetch", "worker_collate")
+
+# what bounds a step: the stage groups and the rule (studies.timing.stages)
+GROUPS = ("data", "transfer", "device prep", "model", "loop overhead")
+
+
+BOUND_WORDS = {"data": "data-bound", "transfer": "transfer-bound",
+               "device prep": "preparation-bound", "model": "model-bound",
+               "loop overhead": "overhead-bound"}
+
+
+BOUND_RULE = ("the stage group (data: item + collate; transfer; device prep; model: forward, "
+              "loss, backward and optimizer; loop overhead) with the largest share of the full step's "
+              "median; sync-bound on a GPU when the device prep, forward and backward make at "
+              "least one host sync per sample")
 
 
 MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "loss", "loss_backward", "backward",

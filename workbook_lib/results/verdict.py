@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..measurement.cpu import CpuShare
-from ..measurement.timing import Stat
+from .cpu import CpuShare
+from .stat import Stat
 from ..records import Record
-from .bench import BenchResult
+from .bench import BenchResult, FormChoice
 from .timing import Growth
+
+# a claim's status, and the kind of figure it rests on
+HELD, FAILED, NOISE, NOT_MEASURED = "held", "failed", "within noise", "not measured here"
+STATUSES = (HELD, FAILED, NOISE, NOT_MEASURED)
+MEASURED, ARITHMETIC = "measured", "arithmetic"
 
 
 @dataclass
@@ -151,3 +156,4 @@ class VerdictResult(Record):
     exactness: dict[str, str] = field(default_factory=dict)  # pipeline -> how exact, in words
     notes: list[str] = field(default_factory=list)  # what the answer does not rest on
     headline: str = ""  # the index's one sentence
+    form: FormChoice | None = None  # the shared graph's form to adopt (built-in runs)

@@ -38,6 +38,7 @@ class NotebookContext:
     device_label: str
     graph: CellGraph | None = None
     notes: list[str] = field(default_factory=list)
+    threads: str = ""  # the compute threads set up, and why
 
 
 def _injected_extras(namespace: dict) -> list[str]:
@@ -145,7 +146,7 @@ def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True
     warnings_to_terminal()
     namespace[_DONE] = True
     configure_cpu_allocator(p["cpu_allocator_cache"])
-    environment.configure_threads(p)  # never more threads than the CPUs it may use
+    fit = environment.configure_threads(p)  # never more threads than the CPUs it may use
     plotting.setup()
     if not needs_device and p["device"] == "cuda" and not torch.cuda.is_available():
         device = torch.device("cpu")
@@ -155,4 +156,5 @@ def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True
     if load_graph:
         graph = load_checked_snapshot(p)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return NotebookContext(p, run_dir, device, environment.device_label(device), graph)
+    return NotebookContext(p, run_dir, device, environment.device_label(device), graph,
+                           threads=f"{fit['threads']} ({fit['why']})")

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..common.files import atomic_write_text
 from ..records import Record, to_json
+from ..results.meta import SCHEMA_VERSION, Meta  # noqa: F401
 from ..results.adoption import AdoptionResult
 from ..results.ddp import DDPResult
 from ..results.inventory import InventoryResult
@@ -28,7 +27,6 @@ from ..results.mask_cost import MaskCostResult
 from ..results.timing import TimingResult
 from ..results.verdict import VerdictResult
 
-SCHEMA_VERSION = 2
 
 # notebook -> the type of its typed result (workbook_lib.results: one module per notebook)
 RESULT_TYPES: dict[str, type[Record]] = {
@@ -39,21 +37,6 @@ RESULT_TYPES: dict[str, type[Record]] = {
     "05_verdict": VerdictResult,
     "06_adopt_fix": AdoptionResult,
 }
-
-
-@dataclass
-class Meta(Record):
-    """What made a results file."""
-
-    notebook: str
-    headline: str
-    complete: bool = True
-    schema_version: int = SCHEMA_VERSION
-    snapshot_checksum: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
-    files: list[str] = field(default_factory=list)  # written beside the JSON (relative paths)
-    inputs: dict[str, str] = field(default_factory=dict)  # results read -> their checksum
 
 
 def results_path(run_dir: str | Path, notebook: str) -> Path:

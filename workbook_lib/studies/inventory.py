@@ -9,7 +9,8 @@ import torch
 
 
 from ..measurement.timing import Stat
-from ..results.inventory import EdgeTypeRow, FootprintRow, InventoryResult, RealSize
+from ..results.inventory import (REPRESENTATION_LABELS, EdgeTypeRow, FootprintRow,  # noqa: F401
+                                 InventoryResult, RealSize)
 from ..data.perturbations import node_keep_mask, sample_perturbations
 from ..data.snapshots import CellGraph
 
@@ -23,12 +24,6 @@ REPRESENTATIONS = (
     "edge_masks",
     "replicated_edge_index",
 )
-REPRESENTATION_LABELS = {
-    "perturbation_indices": "perturbation indices (int64)",
-    "removed_edge_indices": "indices of removed edges (int64)",
-    "edge_masks": "boolean edge masks (1 B/edge, all types)",
-    "replicated_edge_index": "replicated edge_index (int64, 1 copy/sample)",
-}
 
 def edge_type_table(graph: CellGraph) -> list[dict]:
     """Per edge type: nodes touched, edges and ``edge_index`` bytes in int64 and int32."""

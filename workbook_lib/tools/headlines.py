@@ -6,45 +6,17 @@ that multiplies it in, the weak-scaling efficiency: drift between the launches d
 from an absolute time (it does not) and from arithmetic."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..measurement.cpu import CpuShare
-from ..measurement.timing import Stat
-from ..records import Record
+from ..results.stat import Stat
+from ..results.tools import Figure
 from ..running.results import load_result
 
 RATIO, ABSOLUTE, ARITHMETIC, CATEGORY = ("ratio (same rounds)", "absolute time",
                                          "arithmetic", "category")
 FITTED = "fitted coefficient (absolute time)"
 LAUNCHES = "ratio (separate launches)"  # world sizes launched apart: not paired by round
-
-
-@dataclass
-class Figure(Record):
-    key: str
-    label: str
-    notebook: str
-    value: float | None
-    iqr: float | None
-    text: str | None  # for a category (e.g. the recommended strategy)
-    unit: str
-    better: str | None  # "lower", "higher" or None
-    kind: str
-    se: float | None = None  # a fitted coefficient's standard error
-    point_noise: float | None = None  # median IQR/median of the timings it was fitted on
-    cpu: CpuShare | None = None  # what the process got of the CPUs while it was measured
-
-    @property
-    def contended(self) -> bool:
-        """Measured while the process got less than 80% of the CPU it asked for."""
-        return self.cpu is not None and self.cpu.contended
-
-    @property
-    def rel_se(self) -> float | None:
-        """The standard error relative to the value (None where there is none)."""
-        return None if self.se is None or not self.value else abs(self.se / self.value)
 
 
 def _stat(st):

@@ -19,42 +19,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..common.files import atomic_write_text
 from ..exceptions import ParamsError
-from ..records import Record
+from ..results.tools import StabilityResult, StabilityRow
 from ..running.results import load_result
 from .compare import fmt_value
 from .headlines import ABSOLUTE, CATEGORY, FITTED, LAUNCHES, RATIO, headline_figures
 
 VERDICT_RESTS_ON = ("recommended", "speedup", "gap_total", "per_step_ratio_04",
                     "per_step_ratio_03", "bench_ratio_lazy", "ddp_factor", "exact_error")
-
-
-@dataclass
-class StabilityRow(Record):
-    key: str
-    label: str
-    kind: str
-    values: list[str]  # formatted per run
-    rel_diff: float | None
-    agrees: bool | None
-    verdict_rests_on: bool
-    note: str = ""
-
-
-@dataclass
-class StabilityResult(Record):
-    runs: list[str]
-    tolerance: float
-    drift: float | None  # relative change of the reference absolute time between runs
-    rows: list[StabilityRow] = field(default_factory=list)
-
-    @property
-    def disagreeing(self) -> list[StabilityRow]:
-        return [r for r in self.rows if r.agrees is False]
 
 
 def _rel(vals: list[float]) -> float | None:

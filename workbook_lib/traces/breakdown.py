@@ -3,9 +3,8 @@ and operator inside the row's wall time (see the package docstring)."""
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
 
-from ..records import Record
+from ..results.trace import OpTime, RowBreakdown, TraceBreakdown  # noqa: F401
 from .reading import (GPU_CATS, GPU_RANGE_CATS, STEP_OPERATOR, STEP_PREFIX, Event, Trace,
                       build_tree, main_thread, range_path, self_time, union_seconds)
 
@@ -27,82 +26,6 @@ WALL_TOP = "union of the thread's top-level events"
 
 
 WALL_GPU = "busy time: union of the stream's kernels, copies and sets"
-
-
-@dataclass
-class OpTime(Record):
-    """One operator (event name) on one row: calls, exclusive and inclusive seconds (an event
-    nested in another of the same name is not counted again in the inclusive time)."""
-
-    name: str
-    calls: int
-    exclusive_s: float
-    inclusive_s: float
-
-
-@dataclass
-class RowBreakdown(Record):
-    """One CPU thread or GPU stream.
-
-    Attributes:
-        label: how the report names the row.
-        kind: ``CPU thread`` or ``GPU stream``.
-        main: the row holding the ProfilerStep# ranges (or the busiest CPU thread).
-        wall_s: wall time by ``wall_rule``.
-        exclusive_s: the sum of the kept events' exclusive times (equals ``wall_s`` when the
-            events nest properly).
-        steps: ProfilerStep# ranges on this row.
-        outside_steps_s: exclusive time of events outside every step (left out).
-        ranges, kinds: exclusive seconds by range path and by the trace's ``cat``.
-        range_steps: on the steps' thread, each range's exclusive seconds in each step (in
-            time order; the first step's span also holds the profiler's switch to recording).
-        operators: by exclusive time, largest first.
-    """
-
-    label: str
-    pid: str
-    tid: str
-    kind: str
-    main: bool
-    wall_s: float
-    wall_rule: str
-    exclusive_s: float
-    events: int
-    steps: int = 0
-    outside_steps_s: float = 0.0
-    ranges: dict[str, float] = field(default_factory=dict)
-    kinds: dict[str, float] = field(default_factory=dict)
-    operators: list[OpTime] = field(default_factory=list)
-    range_steps: dict[str, list[float]] = field(default_factory=dict)
-
-    @property
-    def coverage(self) -> float:
-        """Exclusive times summed over the wall time (1 when they add up)."""
-        return self.exclusive_s / self.wall_s if self.wall_s else float("nan")
-
-    @property
-    def per_step(self) -> int:
-        """Divisor for per-step figures: the number of steps (1 without steps)."""
-        return max(self.steps, 1)
-
-
-@dataclass
-class TraceBreakdown(Record):
-    """Every row of a trace broken down by exclusive time; ``main`` is the main row's label."""
-
-    path: str
-    rows: list[RowBreakdown]
-    main: str | None
-    depth: int | None = None
-    ignored: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def main_row(self) -> RowBreakdown | None:
-        return next((r for r in self.rows if r.main), None)
-
-    @property
-    def gpu_rows(self) -> list[RowBreakdown]:
-        return [r for r in self.rows if r.kind == "GPU stream"]
 
 
 def _is_gpu(events: list[Event]) -> bool:

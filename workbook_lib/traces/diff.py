@@ -2,40 +2,7 @@
 other (the ``trace A B`` command)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..records import Record
-from .breakdown import TraceBreakdown
-
-
-@dataclass
-class DiffRow(Record):
-    """One key in two traces: seconds in A and B (per step where both have steps), B - A,
-    B / A (None where A is 0)."""
-
-    key: str
-    a_s: float
-    b_s: float
-    delta_s: float
-    ratio: float | None
-
-
-@dataclass
-class TraceDiff(Record):
-    """B against A: the main threads' wall time, ranges, kinds and operators; GPU busy time and
-    kernels over all streams where either trace has them. ``per`` says whether the figures are
-    per profiled step (both traces have steps) or totals."""
-
-    a: str
-    b: str
-    per: str
-    a_steps: int
-    b_steps: int
-    rows: list[DiffRow]
-    ranges: list[DiffRow]
-    kinds: list[DiffRow]
-    operators: list[DiffRow]
-    kernels: list[DiffRow] = field(default_factory=list)
+from ..results.trace import DiffRow, TraceBreakdown, TraceDiff
 
 
 def _diff(a: dict[str, float], b: dict[str, float], da: float, db: float) -> list[DiffRow]:

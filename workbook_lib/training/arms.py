@@ -18,10 +18,10 @@ from ..failures import LOOP_STAGE_NAMES, STALLED, PipelineFailed, PipelineFailur
 from ..measurement.syncs import SyncCounter
 from ..measurement.timing import StepClock
 from ..pipelines.protocol import LossSplit, Pipeline
+from ..results.timing import MODES
 from .timed_data import DataFailure
 
 
-MODES = ("data", "forward", "forward_backward", "full")
 ALLREDUCE = ("every", "last", "never")
 _DDP_NO_ATTR = re.compile(r"'DistributedDataParallel' object has no attribute '(\w+)'")
 

@@ -61,12 +61,11 @@ from ..failures import PipelineFailed, PipelineFailure
 from ..measurement.syncs import SyncCounter
 from ..measurement.timing import DEFAULT_TARGET, StepClock
 from ..pipelines.protocol import Pipeline
-from ..results.timing import ArmResult, MAIN_STAGES
+from ..results.timing import MAIN_STAGES, WORKER_STAGES, ArmResult  # noqa: F401
 # an arm is built with the loop's Arm and Variant
 from .arms import MODES, Arm, Variant  # noqa: F401
 from .timed_data import TimedCollate, TimedDataset
 
-WORKER_STAGES = ("worker_fetch", "worker_collate")
 STALL_FACTOR = 20.0  # a stage this many times the pipeline's slowest step has stalled...
 STALL_FLOOR_S = 30.0  # ...but never under this many seconds (stall_timeout_s may be shorter)
 LOADER_TIMEOUT_MARGIN_S = 2.0  # the DataLoader's own timeout: the workers' limit plus this

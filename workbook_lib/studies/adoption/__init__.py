@@ -42,7 +42,7 @@ from ...measurement.timing import Stat
 from ...data.perturbations import sample_perturbations
 from ...pipelines import build_pipeline, user_specs
 from ...training import loop
-from ...results.adoption import AdoptionResult, EqualityResult
+from ...results.adoption import AdoptionResult, EqualityResult, loss_fall  # noqa: F401
 from .fix_speedups import speedup_inputs, speedups  # noqa: F401 (the notebook's speedups table)
 from .equality import check_pipelines, equality_tolerance, seeded_build
 from .parameters import ParameterMismatchError
@@ -100,15 +100,6 @@ def teacher_labels(params: dict, graph, device: torch.device, pert: torch.Tensor
             out.append(t.model(t.strategy, build_ctx(t.strategy, chunk),
                                dual=t.dual).float().cpu())
     return torch.cat(out).detach()
-
-
-def loss_fall(losses: list[float], window: int = 10) -> tuple[float, float]:
-    """(mean loss of the first ``window`` steps, of the last ``window``): how far training
-    brought it."""
-    if not losses:
-        raise ValueError("'losses' must hold at least one value")
-    w = max(1, min(window, len(losses) // 4 or 1))
-    return sum(losses[:w]) / w, sum(losses[-w:]) / w
 
 
 @dataclass

@@ -2,24 +2,10 @@
 table: the training loop of 03, the benchmark of 02 or ``bench.json``, 06's own training)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from ...records import Record
+from ...results.adoption import Speedup
 from ...running.results import load_result
-
-
-@dataclass
-class Speedup(Record):
-    """One of the fix's speedups over replicated masks, and what it includes."""
-
-    name: str
-    notebook: str
-    value: float
-    iqr: float | None
-    measures: str  # what is timed
-    batches: str  # the batch sizes of the two sides
-    sizes: str  # the graph and model sizes
 
 
 def speedups(run_dir: str | Path, adoption=None) -> list[Speedup]:

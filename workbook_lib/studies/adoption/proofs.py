@@ -12,29 +12,12 @@ import hashlib
 import importlib.util
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ...common.files import atomic_write_text
 from ...configs.specs import parse_specs, spec_file
 from ...paths import resolve_path
-from ...records import Record
-
-
-@dataclass
-class Proof(Record):
-    """An ``equal`` outcome for a pair of pipeline sources."""
-
-    slow: str  # the slow spec's target
-    fast: str
-    equal: bool
-    summary: str  # the check's one line
-    when: str  # local time it ran
-    files: list[str]  # the source files it is keyed by
-
-    def words(self, slow_name: str) -> str:
-        return (f"proven equal to '{slow_name}' by `equal` ({self.when})" if self.equal else
-                f"shown to differ from '{slow_name}' by `equal` ({self.when}: {self.summary})")
+from ...results.adoption import Proof
 
 
 def _source(target: str) -> Path | None:

@@ -26,17 +26,11 @@ figure contended.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 
-from ...measurement.cpu import CpuShare, worse
-from ...measurement.timing import Stat
-from ...records import Record
-from ...results.ddp import CommRank, GapDecomposition, LAUNCH_PAIRED, WorldSummary
-
-
-def within_noise(st: Stat, value: float = 1.0) -> bool:
-    """True when ``value`` lies inside the figure's interquartile range."""
-    return st.q1 <= value <= st.q3
+from ...results.cpu import CpuShare, worse
+from ...results.stat import Stat, within_noise  # noqa: F401
+from ...results.ddp import (CommRank, GapDecomposition, LAUNCH_PAIRED, LaunchFactor,  # noqa: F401
+                            WorldSummary)
 
 
 def _arm(rank: dict, name: str) -> dict:
@@ -226,17 +220,6 @@ def efficiencies(worlds: dict[int, WorldSummary]) -> tuple[dict[int, Stat], dict
         weak[w] = b.step.ratio_to(s.step)
         strong[w] = b.variants["strong"].ratio_to(s.variants["strong"]).scaled(base / w, "ratio")
     return weak, strong
-
-
-@dataclass
-class LaunchFactor(Record):
-    """A figure at the largest world size over the same at the smallest, from separate launches
-    (see the module docstring)."""
-
-    stat: Stat
-    by_pair: list[float]  # each pair of adjacent launches' ratio of medians
-    pairs: int
-    method: str = LAUNCH_PAIRED
 
 
 def launch_factor(top: list[list[float]], base: list[list[float]]) -> LaunchFactor:

@@ -56,7 +56,6 @@ induced subgraph in the same run.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -65,11 +64,11 @@ from ...measurement.memory import is_oom
 from ...measurement.timing import Stat, interleave
 from ...nodemask import SharedGraph
 from ...nodemask.delta import numba_threading_layer
-from ...records import Record
 from ...common.progress import note
 from ...strategies import build_ctx
 from ...training.factory import build_run
-from ...results.bench import BenchResult, FloorFigure, PerSample, RateFigure, ReplicatedFit
+from ...results.bench import (BenchResult, FloorFigure, FormChoice, PerSample, RateFigure,
+                              ReplicatedFit, ReplicatedPlan, recommended_form)  # noqa: F401
 from .rates import achieved_rates, dense_rate, kernel_figures
 
 REAL_SPEC = {"scale": 1.0, "hidden": 64, "layers": 3}
@@ -158,16 +157,6 @@ def exact_error(params: dict, graph, hidden: int, layers: int) -> float:
     return exactness_report(small, ["node_mask_shared"], k=params["perturbation_k"],
                             aggr=params["aggr"], hidden=min(hidden, 16), layers=layers,
                             seed=params["seed"])["node_mask_shared"]
-
-
-@dataclass
-class ReplicatedPlan(Record):
-    """The batches at which one replicated form is timed, and why (see the module docstring)."""
-
-    batches: tuple  # always 1; 2 when it fits; the compared batch or the largest fitting one
-    compared: int  # the shared form's batch
-    at_compared: bool  # timed at the compared batch itself
-    rule: str
 
 
 def replicated_plan(compared: int, per_sample_bytes: float, budget: float,
@@ -391,44 +380,5 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         seconds=time.perf_counter() - t0, push_kernel=push_kernel,
         push_threads=numba_threading_layer() if push_kernel == "numba" else "",
         shared_form=shared_form, run_layers=run_layers)
-
-
-@dataclass
-class FormChoice(Record):
-    """Which form of the node-mask shared graph to train with, and why."""
-
-    middle: str  # "delta" or "full" (NodeMaskShared's ``middle``)
-    reason: str
-    measured: bool  # from a benchmark of this device (else the default, not measured here)
-
-
-def recommended_form(b: BenchResult | None) -> FormChoice:
-    """The faster form by the benchmark's paired ratio (full / delta per sample, same rounds):
-    ``delta`` when that ratio's median is at least 1 (at 2 layers the two are one computation),
-    ``full`` otherwise; without a benchmark, the default ``delta``, marked not measured."""
-    run_layers = getattr(b, "run_layers", None) if b is not None else None
-    if run_layers is not None and run_layers < 3:
-        measured = (f"; 02's benchmark at L = {b.sizes.get('layers')} measured delta vs full "
-                    f"per sample {b.ratio_vs_full_form.median:.3g}x (IQR "
-                    f"{b.ratio_vs_full_form.iqr:.2g}), for a deeper model"
-                    if b.ratio_vs_full_form is not None else "")
-        return FormChoice("delta", f"this run's model has {run_layers} layers: no middle layer, "
-                                   "so the fix's step takes the plain path (the delta and full "
-                                   f"forms are the same computation there){measured}", False)
-    if b is not None and b.sizes.get("layers", 3) < 3:
-        return FormChoice("delta", f"with {b.sizes.get('layers')} layers there is no middle "
-                                   "layer: the two forms are the same computation", False)
-    if b is None or b.ratio_vs_full_form is None:
-        return FormChoice("delta", "no benchmark of both forms on this device (not measured "
-                                   "here): the default, delta propagation", False)
-    r = b.ratio_vs_full_form
-    where = "at the real spec" if b.full_size else "at this run's reduced sizes"
-    fig = f"{r.median:.3g}x (IQR {r.iqr:.2g}, {r.n} interleaved rounds, {where}, {b.device})"
-    if r.median >= 1.0:
-        return FormChoice("delta", f"delta propagation was {fig} faster per sample than full "
-                                   "middle layers", True)
-    return FormChoice("full", f"full middle layers were faster: delta / full per sample "
-                              f"{1 / r.median:.3g}x ({where}, {b.device}); delta's push kernel "
-                              "does not pay off on this device", True)
 
 

@@ -33,16 +33,8 @@ import torch
 
 from ...measurement.timing import Stat, interleave
 from ...strategies import sparse_ops
-from ...results.mask_cost import CostModel, CrossoverCheck, Fit, SweepPoint
-
-COEFFICIENTS = {
-    "beta": ("s per edge·channel", "message computation and aggregation"),
-    "beta_e": ("s per edge", "per-edge index bookkeeping of gather-scatter"),
-    "alpha_eh": ("s per edge·channel", "the mask multiply, per message element"),
-    "alpha_e": ("s per edge", "the mask multiply, per edge"),
-    "gamma": ("s per edge", "keep-mask construction (isin)"),
-    "delta": ("s per edge", "nonzero + gather of the kept edges"),
-}
+from ...results.mask_cost import (COEFFICIENTS, CostModel, CrossoverCheck, Fit,  # noqa: F401
+                                  SweepPoint)
 
 
 def random_edges(num_nodes: int, num_edges: int, seed: int = 0,

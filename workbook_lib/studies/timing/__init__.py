@@ -25,7 +25,7 @@ from ...pipelines import build_pipeline, compared_names
 from ...strategies import make_strategy
 from ...training import loop
 from ...pipelines.builtin import batch_size_for
-from ...results.timing import (arm_key, HALF, LoopStudy, PIPELINED, ReportedFigure, SanityFlag,
+from ...results.timing import (arm_key, ArmResult, HALF, LoopStudy, PIPELINED, ReportedFigure, SanityFlag,
                                StepBound, StoredReads, SyncPoint, SyncStudy)
 from .growth import growth, second_batch
 from .own_code import OwnCode

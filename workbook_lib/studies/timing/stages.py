@@ -28,17 +28,9 @@ from __future__ import annotations
 
 
 from ...measurement.timing import Stat
-from ...results.timing import STAGES, StepBound
+from ...results.timing import BOUND_RULE, BOUND_WORDS, GROUPS, STAGES, StepBound  # noqa: F401
 
-GROUPS = ("data", "transfer", "device prep", "model", "loop overhead")
-BOUND_WORDS = {"data": "data-bound", "transfer": "transfer-bound",
-               "device prep": "preparation-bound", "model": "model-bound",
-               "loop overhead": "overhead-bound"}
 SYNC_STAGES = ("device_prep", "forward", "loss", "loss_backward", "backward")
-BOUND_RULE = ("the stage group (data: item + collate; transfer; device prep; model: forward, "
-              "loss, backward and optimizer; loop overhead) with the largest share of the full step's "
-              "median; sync-bound on a GPU when the device prep, forward and backward make at "
-              "least one host sync per sample")
 
 
 TIMED = ("h2d", "device_prep", "forward", "backward", "optimizer")

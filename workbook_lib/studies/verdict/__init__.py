@@ -42,7 +42,7 @@ from pathlib import Path
 
 from ...catalog import notebook_info
 from ...exceptions import IncompleteInputsError
-from ...measurement.cpu import CpuShare
+from ...results.cpu import CpuShare
 from ...measurement.timing import Stat
 from ...running.results import file_checksum, load_result, params_differ, read_meta, results_path
 from ... import pipelines
@@ -56,6 +56,7 @@ from .causes import (first_causes, offsets, rank_causes,  # noqa: F401
 from .gap import MIN_PAIRED, measure_gap, resolved  # noqa: F401
 from .answer import CONTENDED_LABELS, DISTURBED_LABELS, compose  # noqa: F401
 from .recommend import _bench, recommend
+from ...results.bench import recommended_form
 from ..adoption import proofs
 
 TIMING = "03_data_vs_model_timing"
@@ -277,6 +278,8 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
         words=res.exactness, proven=proven)
     res.disturbed = disturbed_figures(res.gap, res.recommendation, params["precision_target"])
     res.contended = contended_figures(res.gap, res.recommendation, timing, exact)
+    if builtin:
+        res.form = recommended_form(res.recommendation.bench if res.recommendation else None)
     compose(res, **sizes_of(found))
     return res
 

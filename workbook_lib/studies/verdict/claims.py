@@ -25,11 +25,8 @@ from __future__ import annotations
 import math
 
 from ...measurement.timing import Stat
-from ...results.verdict import Claim
-
-HELD, FAILED, NOISE, NOT_MEASURED = "held", "failed", "within noise", "not measured here"
-STATUSES = (HELD, FAILED, NOISE, NOT_MEASURED)
-MEASURED, ARITHMETIC = "measured", "arithmetic"
+from ...results.verdict import (ARITHMETIC, FAILED, HELD, MEASURED, NOISE,  # noqa: F401
+                                NOT_MEASURED, STATUSES, Claim)
 
 
 def within_band(st: Stat, claimed: float, factor: float = 2.0) -> str:

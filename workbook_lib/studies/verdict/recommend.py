@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...measurement.cpu import causes_text
+from ...results.cpu import causes_text
 from ...measurement.timing import Stat
 from ... import pipelines
 from ...training.loop import project_epochs

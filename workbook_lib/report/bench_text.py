@@ -3,8 +3,8 @@ share of each figure, and the shared form's speedup over a replicated form as me
 :mod:`.bench`)."""
 from __future__ import annotations
 
-from ...common.text import text_table
-from ...results.bench import BenchResult
+from ..common.text import text_table
+from ..results.bench import BenchResult
 
 
 def cpu_lines(r: BenchResult) -> list[str]:

@@ -1,5 +1,6 @@
-"""What a process got of the CPUs over the timed intervals of one figure, and who else used them:
-the share, the rule that calls it contended, its cause and its words (see :mod:`.cpu`)."""
+"""What a process got of the CPUs, and the CPUs it may use: the records every timed figure
+carries (:class:`CpuShare`: the share, the rule that calls it contended, its cause and its
+words), and how compute threads fit those CPUs (measured by :mod:`workbook_lib.measurement.cpu`)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,70 @@ import os
 from dataclasses import dataclass
 
 from ..records import Record
-from .cpu_allowance import CpuAllowance, fit_threads
+
+
+@dataclass
+class CpuAllowance(Record):
+    """The CPUs a process may use: the tightest limit and every limit found."""
+
+    cpus: int  # the tightest of the limits below (at least 1)
+    source: str  # which limit that is
+    host: int  # CPUs of the machine (os.cpu_count)
+    affinity: int | None = None  # os.sched_getaffinity
+    quota: float | None = None  # cgroup CPU quota, in CPUs (quota / period)
+    slurm: int | None = None  # SLURM_CPUS_PER_TASK, else SLURM_CPUS_ON_NODE
+
+    def describe(self) -> str:
+        parts = [f"{self.host} on the machine"]
+        if self.affinity is not None:
+            parts.append(f"affinity {self.affinity}")
+        if self.quota is not None:
+            parts.append(f"cgroup quota {self.quota:g}")
+        if self.slurm is not None:
+            parts.append(f"SLURM {self.slurm}")
+        return f"{self.cpus} CPUs ({self.source}; " + ", ".join(parts) + ")"
+
+
+@dataclass
+class ThreadFit(Record):
+    """Compute threads per process, and why."""
+
+    threads: int
+    workers: int  # DataLoader workers per process
+    procs: int  # processes sharing the CPUs
+    allowance: CpuAllowance
+    why: str
+
+
+def fit(*, procs: int = 1, workers: int = 0, requested: int, allowance: CpuAllowance) -> ThreadFit:
+    """Compute threads per process so that ``procs`` processes, each with ``workers``
+    DataLoader workers (one thread each, as PyTorch sets them), never start more threads than
+    the CPUs they may use: each process's share is ``cpus // procs``, its workers take up to
+    ``share - 1`` of it, and the rest (at least 1) are compute threads; ``requested`` (the
+    current setting) is never raised.
+
+    Args:
+        procs: processes sharing the allowance (DDP ranks on the node), at least 1.
+        workers: DataLoader worker processes per process, at least 0.
+        requested: the threads asked for.
+        allowance: the CPUs.
+    """
+    if procs < 1:
+        raise ValueError(f"'procs' must be a positive integer (got {procs})")
+    if workers < 0:
+        raise ValueError(f"'workers' must be >= 0 (got {workers})")
+    if requested < 1:
+        raise ValueError(f"'requested' must be a positive integer (got {requested})")
+    a = allowance
+    share = max(1, a.cpus // procs)
+    used_by_workers = min(workers, max(0, share - 1))
+    threads = max(1, min(requested, share - used_by_workers))
+    who = f"{procs} processes" if procs > 1 else "1 process"
+    why = (f"{a.describe()}; {who}"
+           + (f", {workers} DataLoader worker(s) each" if workers else "")
+           + f": {threads} compute thread(s) per process"
+           + (f" (of {requested} asked)" if threads < requested else ""))
+    return ThreadFit(threads=threads, workers=workers, procs=procs, allowance=a, why=why)
 
 
 CONTENDED_BELOW = 0.8  # a figure whose threads got less than this share of their asked CPU
@@ -178,17 +242,17 @@ class CpuShare(Record):
                 f"CPU{'s' if self.allowed != 1 else ''}")
 
     def fitting(self) -> str:
-        """The configuration that fits its CPUs (:func:`fit_threads`), as advice."""
+        """The configuration that fits its CPUs (:func:`fit`), as advice."""
         per = "per rank" if self.procs > 1 else "per process"
         if self.procs > self.allowed:
             return (f"run at most {self.allowed} rank(s) on these {self.allowed} CPU(s), "
                     "1 thread each, or give the run more CPUs")
         a = CpuAllowance(cpus=self.allowed, source="recorded", host=self.allowed)
-        fit = fit_threads(procs=self.procs, workers=self.workers,
-                          requested=self.requested or self.threads, allowance=a)
+        f = fit(procs=self.procs, workers=self.workers,
+                requested=self.requested or self.threads, allowance=a)
         share = max(1, self.allowed // self.procs)
-        workers = min(self.workers, max(0, share - fit.threads))
-        out = f"use {fit.threads} thread{'s' if fit.threads != 1 else ''}"
+        workers = min(self.workers, max(0, share - f.threads))
+        out = f"use {f.threads} thread{'s' if f.threads != 1 else ''}"
         if workers != self.workers:
             out += f" and {workers} DataLoader worker{'s' if workers != 1 else ''}"
         return out + f" {per}"
