@@ -85,7 +85,7 @@ display(view.footprint_table(inv))
 # ## Bytes per representation
 
 # %%
-display(view.bytes_table(inv, NB.params["num_samples"]))
+display(view.bytes_table(inv, NB.params.num_samples))
 view.bytes_plot(inv)
 
 # %% [markdown]

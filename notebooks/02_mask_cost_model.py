@@ -83,9 +83,9 @@ display(view.builtin_note(mask_cost.builtin_note(P)))
 # B = 1 and more.)
 
 # %%
-small = snapshots.induced_subgraph(NB.graph, min(P["exactness_genes"], NB.graph.num_genes))
-exact = mask_cost.exactness_report(small, P["strategies"], k=P["perturbation_k"], aggr=P["aggr"],
-                                   hidden=min(P["hidden"], 16), seed=P["seed"],
+small = snapshots.induced_subgraph(NB.graph, min(P.exactness_genes, NB.graph.num_genes))
+exact = mask_cost.exactness_report(small, P.strategies, k=P.perturbation_k, aggr=P.aggr,
+                                   hidden=min(P.hidden, 16), seed=P.seed,
                                    storage_dir=tempfile.mkdtemp(prefix="wb-masks-"),
                                    device=NB.device)
 display(view.exactness_table(exact, small.describe()))

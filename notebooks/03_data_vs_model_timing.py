@@ -168,8 +168,8 @@ display(view.stored_reads_table(reads))
 # ## Epochs per day on one rank
 
 # %%
-epochs = study.epochs_per_day(loops, NB.params["num_samples"])
-display(view.epochs_table(loops, epochs, NB.params["num_samples"]))
+epochs = study.epochs_per_day(loops, NB.params.num_samples)
+display(view.epochs_table(loops, epochs, NB.params.num_samples))
 
 # %% [markdown]
 # ## Host syncs per step
@@ -194,7 +194,7 @@ view.sync_plot(syncs)
 profiles = study.profile_strategies(NB.params, NB.graph, NB.device, loops=loops,
                                     trace_dir=NB.run_dir / "traces_03", run_dir=NB.run_dir)
 display(view.profile_table(profiles, loops))
-view.profile_plot(profiles, NB.device_label, pick=(NB.params["gap_strategies"] or [None])[0])
+view.profile_plot(profiles, NB.device_label, pick=(NB.params.gap_strategies or [None])[0])
 
 # %% [markdown]
 # ## Where each stage's time is in the pipelines' code
@@ -211,6 +211,6 @@ display(view.code_table(profiles))
 result = TimingResult(loops, sanity, reported, epochs, syncs, profiles, study.fastest_exact(loops),
                       stored_reads=reads, bounds=bounds)
 path = write_results(NB.run_dir, "03_data_vs_model_timing", result, NB.params,
-                     headline=view.headline(result, NB.params["gap_strategies"]),
+                     headline=view.headline(result, NB.params.gap_strategies),
                      snapshot_checksum=NB.graph.checksum, files=[p.trace for p in profiles.values()])
-display(view.saved(path, view.headline(result, NB.params["gap_strategies"])))
+display(view.saved(path, view.headline(result, NB.params.gap_strategies)))

@@ -91,7 +91,7 @@ display(view.plan_text(plan))
 
 # %%
 timing = load_result(NB.run_dir, "03_data_vs_model_timing", NB.params)
-slow, fast = NB.params["gap_strategies"]
+slow, fast = NB.params.gap_strategies
 ratio_03 = (timing.loops.ratio(timing.loops.arm(slow), timing.loops.arm(fast))
             if timing and slow in timing.loops.strategies and fast in timing.loops.strategies
             else None)
@@ -110,7 +110,7 @@ display(view.comm_table(ddp))
 # ## Gradient accumulation with `no_sync()`, and the loss all-gather
 
 # %%
-display(view.variants_table(ddp, NB.params["grad_accum_steps"], NB.params["use_ddp_gather"]))
+display(view.variants_table(ddp, NB.params.grad_accum_steps, NB.params.use_ddp_gather))
 
 # %% [markdown]
 # ## Ring all-reduce model and predictions

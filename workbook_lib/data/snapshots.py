@@ -309,12 +309,12 @@ def load_heterodata(path: str | Path) -> CellGraph:
 
 
 def load_snapshot(params: dict, *, scale: float | None = None) -> CellGraph:
-    """The snapshot named by validated params (``scale`` overrides ``params['scale']``)."""
-    name = params["snapshot"]
+    """The snapshot named by validated params (``scale`` overrides ``params.scale``)."""
+    name = params.snapshot
     if snapshot_spec_path(name) is None:
         return load_heterodata(name)
-    return load_synthetic(name, params["seed"], params["scale"] if scale is None else scale,
-                          params["cache_dir"])
+    return load_synthetic(name, params.seed, params.scale if scale is None else scale,
+                          params.cache_dir)
 
 
 def induced_subgraph(graph: CellGraph, num_genes: int) -> CellGraph:

@@ -289,10 +289,10 @@ def _main(cfg, out, rank, world, fh, hb):
     P = validate(cfg["params"], source="ddp worker config")
     threads = int(cfg.get("threads") or torch.get_num_threads())
     threads_all = cfg.get("threads_all")  # the thread-effect arms (smallest world size only)
-    workers = int(cfg["workers"]) if cfg.get("workers") is not None else P["num_workers"]
+    workers = int(cfg["workers"]) if cfg.get("workers") is not None else P.num_workers
     torch.set_num_threads(threads)
-    alloc = configure_cpu_allocator(P["cpu_allocator_cache"])
-    backend, device = resolve_backend(P["backend"], P["device"])
+    alloc = configure_cpu_allocator(P.cpu_allocator_cache)
+    backend, device = resolve_backend(P.backend, P.device)
     _log(fh, f"rank {rank}/{world} backend {backend} device {device} threads "
              f"{torch.get_num_threads()}")
     hb.set("init_process_group (rendezvous)")
@@ -320,7 +320,7 @@ def _main(cfg, out, rank, world, fh, hb):
         distinct = min(max(8, cfg["steps_cap"]), 64)  # the stream cycles over them
         try:  # checked once, by the CLI or notebook 03: here only built
             pipe = build_pipeline(P, name, graph, device, batch_size=batch,
-                                  n_items=distinct * (batch or 1) * P["grad_accum_steps"],
+                                  n_items=distinct * (batch or 1) * P.grad_accum_steps,
                                   salt=1000 * rank + len(modules), check=False)
         except Exception as exc:  # noqa: BLE001 - this pipeline's: recorded as its failure
             from ..failures import PipelineFailed, failure_from
@@ -330,7 +330,7 @@ def _main(cfg, out, rank, world, fh, hb):
         hb.set(f"DistributedDataParallel({tag}) (broadcast)")
         model = torch.nn.parallel.DistributedDataParallel(
             pipe.model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=P["bucket_cap_mb"])
+            bucket_cap_mb=P.bucket_cap_mb)
         hb.set(f"building the data pipeline ({tag})")
         timer = CommTimer(world, device, hb,
                           delay_s=float(cfg.get("slow_rank_delay_s", 0.0))
@@ -338,17 +338,17 @@ def _main(cfg, out, rank, world, fh, hb):
                           threads=arm_threads or threads)
         model.register_comm_hook(None, timer.hook)
         opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
-        ld = loop.make_loader(pipe, num_workers=workers, pin_memory=P["pin_memory"],
-                              persistent_workers=P["persistent_workers"],
-                              stall_timeout_s=P.get("stall_timeout_s"))
+        ld = loop.make_loader(pipe, num_workers=workers, pin_memory=P.pin_memory,
+                              persistent_workers=P.persistent_workers,
+                              stall_timeout_s=P.stall_timeout_s)
         modules[tag] = model
         comm[tag] = timer
         return pipe, model, opt, ld, timer
 
     pipe, model, opt, ld, timer = ddp_run(scaling, cfg["batch_size"], "scaling")
-    a = P["grad_accum_steps"]
+    a = P.grad_accum_steps
     # the loss-side all-gather needs a loss that can gather (the built-in pipelines' can)
-    gather = P["use_ddp_gather"] and is_builtin(scaling)
+    gather = P.use_ddp_gather and is_builtin(scaling)
     variants = [loop.Variant("ddp", "full", gather=gather),
                 loop.Variant("no_sync", "full", allreduce="never", gather=False),
                 loop.Variant("accum_last", "full", micro_batches=a, allreduce="last"),
@@ -367,7 +367,7 @@ def _main(cfg, out, rank, world, fh, hb):
         gpipe, gmodel, gopt, gld, gtimer = ddp_run(name, None, f"gap:{name}")
         arms.append(loop.Arm(f"{name}/gap", gpipe, gld,
                              loop.Variant("ddp", "full",
-                                          gather=P["use_ddp_gather"] and is_builtin(name)),
+                                          gather=P.use_ddp_gather and is_builtin(name)),
                              model=gmodel, optimizer=gopt, hooks=gtimer))
     if threads_all and world == 1:  # the same arms with the whole share: the thread effect
         tpipe, tmodel, topt, tld, ttimer = ddp_run(scaling, cfg["batch_size"], "all-threads",
@@ -380,7 +380,7 @@ def _main(cfg, out, rank, world, fh, hb):
                                                        int(threads_all))
             arms.append(loop.Arm(f"{name}/gap@all-threads", gpipe, gld,
                                  loop.Variant("ddp", "full",
-                                              gather=P["use_ddp_gather"] and is_builtin(name)),
+                                              gather=P.use_ddp_gather and is_builtin(name)),
                                  model=gmodel, optimizer=gopt, hooks=gtimer))
     hb.set("training loop")
     _log(fh, f"{len(arms)} arms interleaved, {cfg['steps']}..{cfg['steps_cap']} timed steps each")
@@ -391,10 +391,10 @@ def _main(cfg, out, rank, world, fh, hb):
         hb.set("training loop")
         return r
     results = loop.run_arms(arms, warmup_steps=cfg["warmup"], min_steps=cfg["steps"],
-                            max_steps=cfg["steps_cap"], target=P["precision_target"],
+                            max_steps=cfg["steps_cap"], target=P.precision_target,
                             budget_s=cfg["budget_s"], interleave=workers == 0,
                             count_syncs=False, agree=agree, desc=f"rank {rank}",
-                            stall_timeout_s=P.get("stall_timeout_s"), notebook="04",
+                            stall_timeout_s=P.stall_timeout_s, notebook="04",
                             procs=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
     torch.set_num_threads(threads)
     logging = {}

@@ -29,12 +29,12 @@ __all__ = ["Pipeline", "PipelineError", "PipelineSpec", "build_pipeline", "check
 
 def user_specs(params: dict) -> dict[str, PipelineSpec]:
     """The user pipelines of the params, by name."""
-    return {s.name: s for s in parse_specs(params.get("pipelines") or [])}
+    return {s.name: s for s in parse_specs(params.pipelines or [])}
 
 
 def compared_names(params: dict) -> list[str]:
     """Everything a run compares: the built-in ``strategies`` then the ``pipelines``."""
-    return list(params["strategies"]) + list(user_specs(params))
+    return list(params.strategies) + list(user_specs(params))
 
 
 def label(name: str) -> str:
@@ -62,7 +62,7 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
 
     Args:
         params: validated params.
-        name: a built-in strategy name or the name of an entry of ``params["pipelines"]``.
+        name: a built-in strategy name or the name of an entry of ``params.pipelines``.
         graph: the loaded snapshot.
         device: where the model runs.
         batch_size: samples per step (default: the params' batch for a built-in strategy, the
@@ -89,9 +89,9 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
 
         b = batch_size or batch_size_for(params, name)
         if pert is None:
-            pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
-                                        n_items or 8 * b, seed=params["seed"] + 7919 * salt)
-        kw: dict = {"aggr": params["aggr"], "device": dev}
+            pert = sample_perturbations(graph.num_genes, params.perturbation_k,
+                                        n_items or 8 * b, seed=params.seed + 7919 * salt)
+        kw: dict = {"aggr": params.aggr, "device": dev}
         if form is not None:
             kw["form"] = form
         if name == "replicated_mask_stored":
@@ -102,7 +102,7 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
         if name == "replicated_mask_stored":
             s.store(pert)
         model = make_model(graph, params, dev, hidden=hidden, layers=layers, strategy=name)
-        return BuiltinPipeline(s, model, pert, b, dual=params["dual_forward"], labels=labels)
+        return BuiltinPipeline(s, model, pert, b, dual=params.dual_forward, labels=labels)
     specs = user_specs(params)
     if name not in specs:
         raise PipelineError(name, f"not a built-in strategy nor an entry of 'pipelines' "
@@ -112,8 +112,8 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
         pipe.batch_size = int(batch_size)
     if check:
         pipe.preflight_warnings = check_pipeline(
-            pipe, num_workers=params.get("num_workers", 0),
-            stall_timeout_s=params.get("stall_timeout_s"), ddp=ddp)
+            pipe, num_workers=params.num_workers,
+            stall_timeout_s=params.stall_timeout_s, ddp=ddp)
     return pipe
 
 
@@ -133,7 +133,7 @@ def preflight(params: dict, graph=None, device=None, warn=None, ddp: bool = True
     if device is None:
         from ..common.device import resolve_device
 
-        device = resolve_device(params["device"])
+        device = resolve_device(params.device)
     for name in specs:
         pipe = build_pipeline(params, name, graph, device, ddp=ddp)
         for w in getattr(pipe, "preflight_warnings", []):

@@ -19,7 +19,7 @@ from .protocol import Pipeline
 def batch_size_for(params: dict, strategy: str) -> int:
     """The batch size a strategy trains with: DANGO-style runs use ``batch_size_dango``, every
     perturbed-graph strategy ``batch_size_lazy`` (the investigation's 64 and 28)."""
-    return params["batch_size_dango"] if strategy == "dango_wildtype" else params["batch_size_lazy"]
+    return params.batch_size_dango if strategy == "dango_wildtype" else params.batch_size_lazy
 
 
 def make_model(graph: CellGraph, params: dict, device, *, hidden: int | None = None,
@@ -27,9 +27,9 @@ def make_model(graph: CellGraph, params: dict, device, *, hidden: int | None = N
     """The workbook's model for ``graph``, on ``device``; parameters a strategy never uses are
     frozen (DistributedDataParallel requires every trainable parameter to get a gradient)."""
     model = PerturbGIN(graph.num_genes, graph.edge_types,
-                       hidden=params["hidden"] if hidden is None else hidden,
-                       layers=params["layers"] if layers is None else layers,
-                       seed=params["seed"]).to(device)
+                       hidden=params.hidden if hidden is None else hidden,
+                       layers=params.layers if layers is None else layers,
+                       seed=params.seed).to(device)
     if strategy is not None and strategy != "dango_wildtype":
         model.query.requires_grad_(False)  # the attention query belongs to the DANGO head
     return model

@@ -168,7 +168,7 @@ def form_text(form, params: dict) -> Markdown:
     built-in strategies, where the fix is the user's own rewrite."""
     from .bench_view import form_text as text
 
-    return text(form) if params["strategies"] else Markdown("")
+    return text(form) if params.strategies else Markdown("")
 
 
 def _headline(r: AdoptionResult) -> str:

@@ -88,10 +88,10 @@ def index_page(out_dir: Path, outcomes, params: dict) -> str:
                      "headline": head, "links": links})
     git = env.get("git", {}) or {}
     answer, no_verdict = _verdict(out_dir, outcomes)
-    return render("run_index.html.j2", run=out_dir.name, snapshot=str(params["snapshot"]),
-                  scale=f"{params['scale']:g}", hidden=params["hidden"],
-                  layers=params["layers"], seed=params["seed"],
-                  device=str(env.get("device_label", params["device"])),
+    return render("run_index.html.j2", run=out_dir.name, snapshot=str(params.snapshot),
+                  scale=f"{params.scale:g}", hidden=params.hidden,
+                  layers=params.layers, seed=params.seed,
+                  device=str(env.get("device_label", params.device)),
                   revision=str(git.get("revision") or "unknown")[:12],
                   dirty=bool(git.get("dirty")),
                   files=[f for f in ("environment.json", "bench.json")

@@ -53,20 +53,20 @@ def settings(study_or_params, graph=None, device_label: str | None = None,
     """What this run measures (sizes, loop settings); ``threads``: how many compute threads
     the notebook's setup gave this process, and why."""
     p = study_or_params
-    inter = "interleaved (one step of each strategy and mode in turn)" if p["num_workers"] == 0 \
+    inter = "interleaved (one step of each strategy and mode in turn)" if p.num_workers == 0 \
         else "one arm after another (DataLoader workers would prefetch during other arms)"
-    sizes = (f"Batch {p['batch_size_lazy']} for the perturbed-graph strategies, "
-             f"{p['batch_size_dango']} for the DANGO-style one; H = {p['hidden']}, "
-             f"{p['layers']} layers, k = {p['perturbation_k']}, dual forward "
-             f"{'on' if p['dual_forward'] else 'off'}." if p["strategies"] else
+    sizes = (f"Batch {p.batch_size_lazy} for the perturbed-graph strategies, "
+             f"{p.batch_size_dango} for the DANGO-style one; H = {p.hidden}, "
+             f"{p.layers} layers, k = {p.perturbation_k}, dual forward "
+             f"{'on' if p.dual_forward else 'off'}." if p.strategies else
              "Your pipelines, each with its own model, data and batch size (the built-in "
              "model's sizes do not apply: no built-in strategy ran).")
     return Markdown(
-        f"**Run:** {graph.describe()} on {device_label}. {sizes} Each arm: {p['warmup']} warm-up step(s), one "
-        f"untimed step under the sync counter, then at least {p['loop_steps']} timed steps, "
-        f"until IQR/median <= {p['precision_target']:.0%} (at most {p['loop_max_steps']}, time "
-        f"budget {p['loop_budget_s']:.0f} s). Arms run {inter}. DataLoader workers: "
-        f"{p['num_workers']}." + (f" Compute threads: {threads}." if threads else ""))
+        f"**Run:** {graph.describe()} on {device_label}. {sizes} Each arm: {p.warmup} warm-up step(s), one "
+        f"untimed step under the sync counter, then at least {p.loop_steps} timed steps, "
+        f"until IQR/median <= {p.precision_target:.0%} (at most {p.loop_max_steps}, time "
+        f"budget {p.loop_budget_s:.0f} s). Arms run {inter}. DataLoader workers: "
+        f"{p.num_workers}." + (f" Compute threads: {threads}." if threads else ""))
 
 
 def loop_table(study: LoopStudy):

@@ -90,7 +90,7 @@ def allocator_record(params: dict | None, *, run_level: bool = False) -> dict:
     kernel, not this process's state: each kernel applies it and records its own."""
     state = allocator_state()
     if run_level and params is not None:
-        requested = bool(params.get("cpu_allocator_cache"))
+        requested = bool(params.cpu_allocator_cache)
         state = {"requested": requested, "applied": None,
                  "detail": ("requested: applied by each notebook's kernel (each notebook's "
                             "results record what its kernel applied)") if requested
@@ -109,8 +109,8 @@ def collect(params: dict | None = None, *, uses_device: bool = True,
         run_level: the run folder's ``environment.json`` (written by the runner, whose own
             process measures nothing) rather than a notebook's.
     """
-    if params and (uses_device or params["device"] != "cuda" or torch.cuda.is_available()):
-        dev = resolve_device(params["device"])
+    if params and (uses_device or params.device != "cuda" or torch.cuda.is_available()):
+        dev = resolve_device(params.device)
     else:
         dev = torch.device("cpu")
     gpu = None

@@ -86,16 +86,16 @@ def load_checked_snapshot(params: dict) -> CellGraph:
     try:
         graph = load_snapshot(params)
     except SnapshotError as exc:
-        raise ParamsError(f"'snapshot': {exc}", key="snapshot", value=params["snapshot"]) \
+        raise ParamsError(f"'snapshot': {exc}", key="snapshot", value=params.snapshot) \
             from None
     except OSError as exc:
-        if snapshot_spec_path(params["snapshot"]) is None:
-            raise ParamsError(f"'snapshot' {show(params['snapshot'])} cannot be read "
+        if snapshot_spec_path(params.snapshot) is None:
+            raise ParamsError(f"'snapshot' {show(params.snapshot)} cannot be read "
                               f"({exc.strerror or exc})", key="snapshot",
-                              value=params["snapshot"]) from None
-        raise ParamsError(f"'cache_dir' {resolve_path(params['cache_dir'])}: the snapshot cache "
+                              value=params.snapshot) from None
+        raise ParamsError(f"'cache_dir' {resolve_path(params.cache_dir)}: the snapshot cache "
                           f"cannot be written ({exc.strerror or exc}: {exc.filename or ''})",
-                          key="cache_dir", value=params["cache_dir"]) from None
+                          key="cache_dir", value=params.cache_dir) from None
     check_against_graph(params, graph.num_genes)
     return graph
 
@@ -145,13 +145,13 @@ def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True
     use_run_temp(run_dir, "kernel")  # temporary files in the run folder, not the system's
     warnings_to_terminal()
     namespace[_DONE] = True
-    configure_cpu_allocator(p["cpu_allocator_cache"])
+    configure_cpu_allocator(p.cpu_allocator_cache)
     fit = environment.configure_threads(p)  # never more threads than the CPUs it may use
     plotting.setup()
-    if not needs_device and p["device"] == "cuda" and not torch.cuda.is_available():
+    if not needs_device and p.device == "cuda" and not torch.cuda.is_available():
         device = torch.device("cpu")
     else:
-        device = environment.resolve_device(p["device"])
+        device = environment.resolve_device(p.device)
     graph = None
     if load_graph:
         graph = load_checked_snapshot(p)

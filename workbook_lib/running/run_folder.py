@@ -189,7 +189,7 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
         names = resolve_only(only)
         check_gap(params, names)
         if any(n not in DEVICE_FREE for n in names):  # 'cuda' without a GPU fails here, first
-            environment.resolve_device(params["device"])
+            environment.resolve_device(params.device)
         out = out_path(out_dir)
         checksum = snapshot_checksum(params)  # loads and checks the snapshot
         check_inputs_match(out, names, params)

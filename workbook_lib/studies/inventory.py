@@ -167,30 +167,30 @@ def inventory(params: dict, graph: CellGraph) -> InventoryResult:
     from ..configs.validation import mean_k
     from ..strategies.replicated_mask_cpu import measured_replicated_bytes
 
-    pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
-                                params["num_perturbations"], seed=params["seed"])
+    pert = sample_perturbations(graph.num_genes, params.perturbation_k,
+                                params.num_perturbations, seed=params.seed)
     removed = removed_edge_counts(graph, pert)
     hops = hop_coverage(graph, pert, hops=3)
-    per_sample = per_sample_bytes(graph, mean_k(params["perturbation_k"]), float(removed.mean()))
+    per_sample = per_sample_bytes(graph, mean_k(params.perturbation_k), float(removed.mean()))
     per_batch = {rep: {b: v for b, v in by.items()}
-                 for rep, by in per_batch_bytes(per_sample, params["batch_sizes"]).items()}
+                 for rep, by in per_batch_bytes(per_sample, params.batch_sizes).items()}
     measured_masks, measured_inc = measured_replicated_bytes(graph, pert)
     return InventoryResult(
         graph_name=graph.name, source=graph.source, scale=graph.scale,
         num_genes=graph.num_genes, total_edges=graph.num_edges(),
         edge_types=[EdgeTypeRow(**r) for r in edge_type_table(graph)],
-        perturbation_k=params["perturbation_k"], num_perturbations=len(pert),
+        perturbation_k=params.perturbation_k, num_perturbations=len(pert),
         removed_edge_fraction=Stat.from_samples((removed / graph.num_edges()).tolist(),
                                                 unit="fraction"),
         hop_coverage={h + 1: Stat.from_samples(hops[:, h].tolist(), unit="fraction")
                       for h in range(hops.shape[1])},
         bytes_per_sample=per_sample, bytes_per_batch=per_batch,
-        dataset_bytes=dataset_bytes(per_sample, params["num_samples"]),
+        dataset_bytes=dataset_bytes(per_sample, params.num_samples),
         incidence_cache_bytes=incidence_cache_bytes(graph),
         measured_batch_mask_bytes_per_sample=measured_masks,
         measured_incidence_cache_bytes=measured_inc,
         real_size=real_size(graph.spec, graph.num_genes, len(graph.edge_types),
-                            params["num_samples"]),
+                            params.num_samples),
         ignored_types=list(graph.ignored),
-        footprint=footprint(graph, pert, params["layers"]),
-        builtin=bool(params["strategies"]))
+        footprint=footprint(graph, pert, params.layers),
+        builtin=bool(params.strategies))

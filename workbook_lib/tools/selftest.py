@@ -86,19 +86,19 @@ def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
     from ..strategies.reference import reference_node_outputs, reference_predict
     from ..pipelines.builtin import make_model
 
-    tol = float32_tolerance(graph, params["layers"])
+    tol = float32_tolerance(graph, params.layers)
     pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % graph.num_genes
     pert[2, 2] = -1
     torch.manual_seed(0)
-    weights = torch.randn(pert.shape[0], graph.num_genes, params["hidden"])
+    weights = torch.randn(pert.shape[0], graph.num_genes, params.hidden)
     base = make_model(graph, params, "cpu")
     out = []
     ref = None
     for name, cls in REGISTRY.items():
         t0 = time.perf_counter()
         try:
-            dual = bool(params["dual_forward"]) and cls.exact
-            kw: dict = {"aggr": params["aggr"]}
+            dual = bool(params.dual_forward) and cls.exact
+            kw: dict = {"aggr": params.aggr}
             tmp = None
             if name == "replicated_mask_stored":
                 tmp = tempfile.TemporaryDirectory()
@@ -117,8 +117,8 @@ def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
                 if ref is None or ref[0] != dual:
                     m = copy.deepcopy(base)
                     m.zero_grad(set_to_none=True)
-                    r_out = reference_node_outputs(m, graph, pert, params["aggr"])
-                    r_pred = reference_predict(m, graph, pert, params["aggr"], dual)
+                    r_out = reference_node_outputs(m, graph, pert, params.aggr)
+                    r_pred = reference_predict(m, graph, pert, params.aggr, dual)
                     (r_pred.sum() + (r_out * weights).sum()).backward()
                     ref = (dual, r_out.detach(), r_pred.detach(),
                            {n: p.grad.detach().clone() for n, p in m.named_parameters()
@@ -150,7 +150,7 @@ def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
 
 def delta_layers(params: dict) -> int:
     """The depth at which the delta path is checked: at least 3 (it needs a middle layer)."""
-    return max(3, int(params["layers"]))
+    return max(3, int(params.layers))
 
 
 def check_delta_exactness(params: dict, device: torch.device, graph) -> list[Check]:
@@ -164,18 +164,18 @@ def check_delta_exactness(params: dict, device: torch.device, graph) -> list[Che
     from ..strategies.reference import reference_node_outputs, reference_predict
 
     layers = delta_layers(params)
-    p = {**params, "layers": layers}
+    p = params.replace(layers=layers)
     tol = float32_tolerance(graph, layers)
     pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % graph.num_genes
     pert[2, 2] = -1
     torch.manual_seed(0)
-    weights = torch.randn(pert.shape[0], graph.num_genes, params["hidden"])
-    dual = bool(params["dual_forward"])
+    weights = torch.randn(pert.shape[0], graph.num_genes, params.hidden)
+    dual = bool(params.dual_forward)
     base = make_model(graph, p, "cpu")
     m = copy.deepcopy(base)
     m.zero_grad(set_to_none=True)
-    r_out = reference_node_outputs(m, graph, pert, params["aggr"])
-    r_pred = reference_predict(m, graph, pert, params["aggr"], dual)
+    r_out = reference_node_outputs(m, graph, pert, params.aggr)
+    r_pred = reference_predict(m, graph, pert, params.aggr, dual)
     (r_pred.sum() + (r_out * weights).sum()).backward()
     r_g = {n: q.grad.detach().clone() for n, q in m.named_parameters() if q.grad is not None}
     kernels = [default_push_kernel(device)]
@@ -185,7 +185,7 @@ def check_delta_exactness(params: dict, device: torch.device, graph) -> list[Che
     for kernel in kernels:
         t0 = time.perf_counter()
         try:
-            s = make_strategy("node_mask_shared", graph, device=device, aggr=params["aggr"],
+            s = make_strategy("node_mask_shared", graph, device=device, aggr=params.aggr,
                               push_kernel=kernel)
             got = _outputs(s.prepare(), copy.deepcopy(base).to(device), pert, dual, weights)
             if set(got[2]) != set(r_g):
@@ -279,8 +279,8 @@ def check_memory_probe(params: dict, device: torch.device) -> Check:
 
     t0 = time.perf_counter()
     pt = measure_point(params, strategy="node_mask_shared", batch_size=2,
-                       scale=params["scale"], hidden=params["hidden"],
-                       layers=params["layers"], device=str(device), timeout_s=120)
+                       scale=params.scale, hidden=params.hidden,
+                       layers=params.layers, device=str(device), timeout_s=120)
     ok = pt.status in (memory.STATUS_OK, memory.STATUS_BELOW)
     got = (f"{pt.step_bytes / 1e6:.3g} MB peak of one step ({pt.method})"
            if pt.step_bytes is not None else "")
@@ -358,14 +358,14 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
     if device.type == "cuda" and torch.cuda.device_count() < ranks:
         return Check("DDP launch (torchrun)", SKIPPED,
                      f"{ranks} ranks need {ranks} GPUs, {torch.cuda.device_count()} visible")
-    if len(params["gap_strategies"]) != 2:
+    if len(params.gap_strategies) != 2:
         return Check("DDP launch (torchrun)", SKIPPED, "the params compare one pipeline (the DDP "
                      "launch times two)")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    p = {**params, "backend": backend, "device": device.type}
-    slow, fast = p["gap_strategies"]
+    p = params.replace(backend=backend, device=device.type)
+    slow, fast = p.gap_strategies
     cfg = {"params": p, "scaling_strategy": ddp_strategy(p), "gap_strategies": [slow, fast],
-           "batch_size": p["ddp_batch_size"], "global_batch": p["ddp_batch_size"] * ranks,
+           "batch_size": p.ddp_batch_size, "global_batch": p.ddp_batch_size * ranks,
            "steps": 2, "steps_cap": 2, "warmup": 1, "budget_s": 30, "timeout_s": 120}
     with tempfile.TemporaryDirectory() as d:
         try:
@@ -411,7 +411,7 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
     if unknown:
         raise ValueError(f"'--only {unknown[0]}' names no check (checks: {', '.join(checks)})")
     params = load_params_file(params_path or REPO_ROOT / "params" / "ci.yaml")
-    params = {**params, "device": device}
+    params = params.replace(device=device)
     dev = resolve_device(device)
     if ranks is None:
         ranks = torch.cuda.device_count() if dev.type == "cuda" else 1

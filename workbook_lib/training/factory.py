@@ -30,8 +30,8 @@ class Run:
 
     def perturbations(self, n: int, salt: int = 0) -> torch.Tensor:
         """``n`` perturbations, seeded by the params' seed (and ``salt`` for another stream)."""
-        return sample_perturbations(self.graph.num_genes, self.params["perturbation_k"], n,
-                                    seed=self.params["seed"] + 7919 * salt)
+        return sample_perturbations(self.graph.num_genes, self.params.perturbation_k, n,
+                                    seed=self.params.seed + 7919 * salt)
 
 
 def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
@@ -54,10 +54,10 @@ def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
 
     if strategy not in REGISTRY:
         raise ValueError(f"'strategy' must be one of {list(REGISTRY)} (got {strategy!r})")
-    dev = resolve_device(params["device"]) if device is None else torch.device(device)
+    dev = resolve_device(params.device) if device is None else torch.device(device)
     if graph is None:
         graph = load_snapshot(params, scale=scale)
-    kw: dict = {"aggr": params["aggr"], "device": dev}
+    kw: dict = {"aggr": params.aggr, "device": dev}
     if form is not None:
         kw["form"] = form
     if strategy == "replicated_mask_stored":
@@ -66,4 +66,4 @@ def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
     model = make_model(graph, params, dev, hidden=hidden, layers=layers, strategy=strategy)
     return Run(params=params, graph=graph, strategy=s, model=model, device=dev,
                batch_size=batch_size if batch_size is not None else batch_size_for(params, strategy),
-               dual=bool(params["dual_forward"]) and s.exact)
+               dual=bool(params.dual_forward) and s.exact)

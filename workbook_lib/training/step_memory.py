@@ -11,33 +11,38 @@ point's ``details``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..common.watchdog import Stalled, process_watchdog
-from ..configs.validation import validate
+from ..configs.validation import Params
 from ..data.snapshots import load_snapshot
 from ..measurement.memory import MemoryPoint, StepToMeasure, measure_in_fresh_process
 from ..failures import PipelineFailed, failure_from
 from ..pipelines import build_pipeline, is_builtin
-from ..records import to_json
 
 
-def setup_step(cfg: dict) -> StepToMeasure:
-    """The fresh process's set-up: the pipeline's training step on one batch (see module docs).
+@dataclass(frozen=True)
+class StepSpec:
+    """One memory point's step, as the fresh process builds it (pickled to it)."""
 
-    Args:
-        cfg: what :func:`measure_point` passes: params, strategy, batch_size, scale, hidden,
-            layers, device, form, dual.
-    """
-    p = validate({**cfg["params"], "scale": cfg["scale"], "hidden": cfg["hidden"],
-                  "layers": cfg["layers"], "dual_forward": bool(cfg["dual"])},
-                 source="memory probe")
-    b = cfg["batch_size"]
+    params: Params  # the run's, with the point's scale, hidden, layers and dual forward
+    strategy: str  # a built-in strategy or a user pipeline of ``params``
+    batch_size: int
+    device: str
+    form: str  # a replicated built-in strategy's message form
+
+
+def setup_step(cfg: StepSpec) -> StepToMeasure:
+    """The fresh process's set-up: the pipeline's training step on one batch (see module docs)."""
+    p = cfg.params
+    b = cfg.batch_size
     graph = load_snapshot(p)
-    builtin = is_builtin(cfg["strategy"])
-    pipe = build_pipeline(p, cfg["strategy"], graph, cfg["device"], batch_size=b, n_items=b,
-                          form=cfg["form"] if builtin else None, check=False)
-    limit = p.get("stall_timeout_s")
+    builtin = is_builtin(cfg.strategy)
+    pipe = build_pipeline(p, cfg.strategy, graph, cfg.device, batch_size=b, n_items=b,
+                          form=cfg.form if builtin else None, check=False)
+    limit = p.stall_timeout_s
     wd = process_watchdog(why="stall_timeout_s")
     steps = [0]
 
@@ -89,9 +94,9 @@ def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float,
         dual: the Lazy model's dual forward.
         timeout_s: the fresh process's time limit.
     """
-    cfg = {"params": to_json(params), "strategy": strategy, "batch_size": batch_size,
-           "scale": scale, "hidden": hidden, "layers": layers, "device": device, "form": form,
-           "dual": dual}
+    cfg = StepSpec(params.replace(scale=scale, hidden=hidden, layers=layers,
+                                  dual_forward=bool(dual)),
+                   strategy, batch_size, device, form)
     point = dict(strategy=strategy, form=form, batch_size=batch_size, scale=scale,
                  hidden=hidden, layers=layers)
     return measure_in_fresh_process(setup_step, cfg, point, device=device, timeout_s=timeout_s)

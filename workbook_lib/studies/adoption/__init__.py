@@ -91,7 +91,7 @@ def teacher_labels(params: dict, graph, device: torch.device, pert: torch.Tensor
     from ...strategies import build_ctx
     from ...training.factory import build_run
 
-    t = build_run({**params, "seed": params["seed"] + TEACHER_SEED_OFFSET}, "node_mask_shared",
+    t = build_run(params.replace(seed=params.seed + TEACHER_SEED_OFFSET), "node_mask_shared",
                   graph=graph, device=device, batch_size=batch_size)
     out = []
     with torch.no_grad():
@@ -132,13 +132,13 @@ class Pair:
 def check_pair(params: dict, graph, device: torch.device, middle: str = "delta") -> Pair:
     """Build the pair 06 trains and check it computes the same (module docstring). ``middle``:
     the built-in fix's form (``delta`` or ``full``)."""
-    tol, basis = equality_tolerance(graph, params["layers"])
-    if params["strategies"]:
-        b = params["batch_size_lazy"]
-        steps, warm = params["adopt_steps"], params["warmup"]
+    tol, basis = equality_tolerance(graph, params.layers)
+    if params.strategies:
+        b = params.batch_size_lazy
+        steps, warm = params.adopt_steps, params.warmup
         # the same samples, in the same order, for both, labelled by the teacher
-        pert = sample_perturbations(graph.num_genes, params["perturbation_k"],
-                                    (steps + warm) * b, seed=params["seed"])
+        pert = sample_perturbations(graph.num_genes, params.perturbation_k,
+                                    (steps + warm) * b, seed=params.seed)
         labels = teacher_labels(params, graph, device, pert, b)
         pipes = {key: build_pipeline(params, name, graph, device, batch_size=b, form=form,
                                      pert=pert, labels=labels,
@@ -153,7 +153,7 @@ def check_pair(params: dict, graph, device: torch.device, middle: str = "delta")
                 "06 trains a slow pipeline beside its exact rewrite; this run names one "
                 f"pipeline ({', '.join(repr(u) for u in users) or 'none'}) and no built-in "
                 "strategy, so there is no pair to train"), 0)
-        slow, fast = params["gap_strategies"]
+        slow, fast = params.gap_strategies
         names = {slow: slow, fast: fast}
         mode, labels = "pipelines", None
         pipes = {n: seeded_build(params, n, graph, device) for n in (slow, fast)}
@@ -167,7 +167,7 @@ def check_pair(params: dict, graph, device: torch.device, middle: str = "delta")
     rep, fix = pipes.values()
     try:
         eq = check_pipelines(rep, fix, tolerance=tol, tolerance_basis=basis,
-                             seed=params["seed"], batch_size=b)
+                             seed=params.seed, batch_size=b)
     except ParameterMismatchError as exc:
         return Pair(mode, names, {}, None, (
             f"the parameters of '{rep.name}' and '{fix.name}' do not pair by name, so they "
@@ -194,13 +194,13 @@ def train_pair(params: dict, pair: Pair, device: torch.device) -> tuple[dict, di
     batches (each dataset in order); returns ``(arm results, losses per key)``."""
     if not pair.applicable:
         raise ValueError(f"06 does not apply: {pair.reason}")
-    steps, warm = params["adopt_steps"], params["warmup"]
+    steps, warm = params.adopt_steps, params.warmup
     arms = []
     for key, pipe in pair.pipes.items():
         trainable = [p for p in pipe.model.parameters() if p.requires_grad]
-        opt = (torch.optim.SGD(trainable, lr=params["adopt_lr"])
-               if params["adopt_optimizer"] == "sgd" else
-               torch.optim.AdamW(trainable, lr=params["adopt_lr"]))
+        opt = (torch.optim.SGD(trainable, lr=params.adopt_lr)
+               if params.adopt_optimizer == "sgd" else
+               torch.optim.AdamW(trainable, lr=params.adopt_lr))
         arm = loop.Arm(key, pipe, loop.make_loader(pipe, pair.batch_size),
                        loop.Variant(key, "full"), optimizer=opt)
         arm.record_losses = True
@@ -214,7 +214,7 @@ def train_pair(params: dict, pair: Pair, device: torch.device) -> tuple[dict, di
     try:
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
                             budget_s=float("inf"), count_syncs=False, desc="06 training",
-                            stall_timeout_s=params.get("stall_timeout_s"), notebook="06")
+                            stall_timeout_s=params.stall_timeout_s, notebook="06")
     finally:
         if cuda:
             torch.use_deterministic_algorithms(was)
@@ -242,7 +242,7 @@ def not_applicable(params: dict, pair: Pair, device_label: str) -> AdoptionResul
     """06's result when it does not apply (nothing trained): the reason, and the check when it
     ran."""
     return AdoptionResult(steps=0, warmup_steps=0, batch_size=pair.batch_size,
-                          lr=params["adopt_lr"], optimizer=params["adopt_optimizer"], losses={},
+                          lr=params.adopt_lr, optimizer=params.adopt_optimizer, losses={},
                           rel_diff=[], max_rel_diff=float("nan"), step={}, speedup=None,
                           device=device_label, mode=pair.mode, names=dict(pair.names),
                           labels={k: _label(n) for k, n in pair.names.items()},
@@ -312,11 +312,11 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
     if mode == "builtin":
         # the predictions' relative difference the two MSE curves imply, at least (docstring)
         rel = implied_prediction_diff(rep, fix, float(labels.abs().max()))
-        tol, tol_basis = loss_tolerance(device_label, graph, params["layers"])
+        tol, tol_basis = loss_tolerance(device_label, graph, params.layers)
         rule = "the least relative RMS difference of the predictions the MSE losses imply"
     else:
         rel = relative_loss_diff(rep, fix)
-        tol, tol_basis = equality_tolerance(graph, params["layers"]) if graph is not None \
+        tol, tol_basis = equality_tolerance(graph, params.layers) if graph is not None \
             else (2e-5, "float32 rounding (2e-5)")
         rule = "the losses' own relative difference"
     step = {k: res[k].step for k in names}
@@ -329,7 +329,7 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
         for key, name in names.items():
             if name in per:
                 mem[key] = per[name]
-    epochs, basis = {}, f"80% of {params['num_samples']:,} samples per epoch, 1 rank"
+    epochs, basis = {}, f"80% of {params.num_samples:,} samples per epoch, 1 rank"
     factors, top, base = {}, 1, 1
     if ddp is not None and len(ddp.worlds) > 1:
         top, base = max(ddp.worlds), min(ddp.worlds)
@@ -337,19 +337,19 @@ def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label
         basis += (f"; {top} ranks: {top / base:g}x the samples per step at each pipeline's own "
                   "step factor measured in notebook 04 (none where 04 did not run it)")
     for key, st in step.items():
-        one = project_epochs(st.median, batch_size, params["num_samples"])["epochs_per_day"]
+        one = project_epochs(st.median, batch_size, params.num_samples)["epochs_per_day"]
         epochs[key] = {"1 rank": one}
         name = names[key]
         if name in factors:
             epochs[key][f"{top} ranks"] = one * (top / base) / factors[name].median
-    return AdoptionResult(steps=params["adopt_steps"], warmup_steps=params["warmup"],
-                          batch_size=batch_size, lr=params["adopt_lr"],
-                          optimizer=params["adopt_optimizer"],
+    return AdoptionResult(steps=params.adopt_steps, warmup_steps=params.warmup,
+                          batch_size=batch_size, lr=params.adopt_lr,
+                          optimizer=params.adopt_optimizer,
                           losses={k: losses[k] for k in names},
                           rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
                           memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
                           device=device_label, tolerance=tol, tolerance_basis=tol_basis,
-                          labels={k: _label(n) + _form_label(k, pair, params["layers"])
+                          labels={k: _label(n) + _form_label(k, pair, params.layers)
                                   for k, n in names.items()},
                           label_variance=float(labels.var()) if labels is not None else None,
                           mode=mode, names=dict(names),

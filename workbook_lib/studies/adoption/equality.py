@@ -5,7 +5,7 @@ A user who rewrites a slow pipeline (e.g. with :mod:`workbook_lib.nodemask`, or 
 per-sample loop) must know the rewrite computes the same model before its speed means anything.
 The check:
 
-1. builds both pipelines from the same seed (``params["seed"]``, set before each factory call);
+1. builds both pipelines from the same seed (``params.seed``, set before each factory call);
 2. maps the slow model's parameters to the fast model's by name (an explicit ``OLD=NEW`` rename
    per parameter or module prefix where the rewrite names them differently) and refuses, naming
    both sides, when a parameter is missing, extra or of another shape
@@ -254,16 +254,16 @@ def equality_tolerance(graph, layers: int) -> tuple[float, str]:
 
 def seeded_build(params: dict, name: str, graph, device, **kw):
     """:func:`workbook_lib.pipelines.build_pipeline` with torch's (and Python's and numpy's)
-    RNG set to ``params["seed"]`` first, so that two pipelines start from the same draws."""
+    RNG set to ``params.seed`` first, so that two pipelines start from the same draws."""
     import random
 
     import numpy as np
 
     from ...pipelines import build_pipeline
 
-    random.seed(params["seed"])
-    np.random.seed(params["seed"] % 2 ** 32)
-    torch.manual_seed(params["seed"])
+    random.seed(params.seed)
+    np.random.seed(params.seed % 2 ** 32)
+    torch.manual_seed(params.seed)
     return build_pipeline(params, name, graph, device, **kw)
 
 
@@ -272,7 +272,7 @@ def check_equal(params: dict, slow: str, fast: str, graph, device, *,
                 batch_size: int | None = None, tolerance: float | None = None,
                 precision: str = "float64", mode: str = "train") -> EqualityResult:
     """Build ``slow`` and ``fast`` (built-in strategy names or entries of
-    ``params["pipelines"]``) from the same seed and compare them (:func:`check_pipelines`).
+    ``params.pipelines``) from the same seed and compare them (:func:`check_pipelines`).
 
     Args:
         params: validated params (``seed``, ``layers`` and the pipelines' own keys).
@@ -291,9 +291,9 @@ def check_equal(params: dict, slow: str, fast: str, graph, device, *,
     s = seeded_build(params, slow, graph, device)
     f = seeded_build(params, fast, graph, device)
     if tolerance is None:
-        tol, basis = equality_tolerance(graph, params["layers"])
+        tol, basis = equality_tolerance(graph, params.layers)
     else:
         tol, basis = tolerance, f"given ({tolerance:.1e})"
-    return check_pipelines(s, f, tolerance=tol, tolerance_basis=basis, seed=params["seed"],
+    return check_pipelines(s, f, tolerance=tol, tolerance_basis=basis, seed=params.seed,
                            renames=renames, batches=batches, batch_size=batch_size,
                            precision=precision, mode=mode, tolerance64=tolerance)

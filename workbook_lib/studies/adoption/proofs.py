@@ -47,7 +47,7 @@ def _path(cache_dir: str, key: str) -> Path:
 
 def targets(params, *names: str) -> list[str] | None:
     """The spec targets of user pipelines named in the run (None when one is not a user's)."""
-    specs = {s.name: s.target for s in parse_specs(list(params["pipelines"]))}
+    specs = {s.name: s.target for s in parse_specs(list(params.pipelines))}
     out = [specs.get(n) for n in names]
     return None if None in out else out
 

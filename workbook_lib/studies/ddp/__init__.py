@@ -65,20 +65,20 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path,
     """Launch every world size the allocation can place, alternately ``rounds`` times; a
     pipeline that fails in a rank is recorded and the launch made again without it (see the
     module docstring)."""
-    pl = plan(params["world_sizes"], backend=params["backend"], device=device,
-              nnodes=params["nnodes"], num_workers=params["num_workers"])
+    pl = plan(params.world_sizes, backend=params.backend, device=device,
+              nnodes=params.nnodes, num_workers=params.num_workers)
     got = Launches()
     if not pl.launches:
         return pl, got
-    slow, fast = params["gap_strategies"]
+    slow, fast = params.gap_strategies
     scaling = ddp_strategy(params)
-    cfg = {"params": {**params, "backend": pl.backend},
+    cfg = {"params": params.replace(backend=pl.backend),
            "scaling_strategy": scaling, "gap_strategies": [slow, fast],
-           "batch_size": params["ddp_batch_size"],
-           "global_batch": params["ddp_batch_size"] * max(params["world_sizes"]),
-           "steps": params["ddp_steps"], "steps_cap": 3 * params["ddp_steps"],
-           "warmup": max(1, params["warmup"]), "budget_s": params["ddp_budget_s"] / rounds,
-           "timeout_s": params["ddp_timeout_s"]}
+           "batch_size": params.ddp_batch_size,
+           "global_batch": params.ddp_batch_size * max(params.world_sizes),
+           "steps": params.ddp_steps, "steps_cap": 3 * params.ddp_steps,
+           "warmup": max(1, params.warmup), "budget_s": params.ddp_budget_s / rounds,
+           "timeout_s": params.ddp_timeout_s}
     got.by_world = {ln.world_size: (ln, []) for ln in pl.launches}
     for i in range(rounds):
         for ln in pl.launches:
@@ -97,8 +97,8 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path,
                                  {**cfg, "gap_strategies": gap, "workers": ln.workers_per_rank,
                                   "threads_all": ln.threads_all},
                                  nproc_per_node=ln.procs_per_node, nnodes=ln.nnodes,
-                                 rdzv_endpoint=params["rdzv_endpoint"], out_dir=out_dir,
-                                 timeout_s=params["ddp_timeout_s"],
+                                 rdzv_endpoint=params.rdzv_endpoint, out_dir=out_dir,
+                                 timeout_s=params.ddp_timeout_s,
                                  threads_per_rank=ln.threads_per_rank)
                 except LaunchError:
                     f = rank_failure(out_dir)
@@ -125,7 +125,7 @@ def analyse(params: dict, pl: Plan, launched: Launches | dict, run_dir: Path,
     by_world = launched.by_world if isinstance(launched, Launches) else launched
     failures = dict(launched.failures) if isinstance(launched, Launches) else {}
     failed_dirs = list(launched.failed_dirs) if isinstance(launched, Launches) else []
-    slow, fast = params["gap_strategies"]
+    slow, fast = params.gap_strategies
     scaling = ddp_strategy(params)
     gap_names = [g for g in (slow, fast) if g not in failures]
     runs = {w: (ln, res) for w, (ln, res) in sorted(by_world.items()) if res}
@@ -155,9 +155,9 @@ def analyse(params: dict, pl: Plan, launched: Launches | dict, run_dir: Path,
     weak, strong = efficiencies(worlds)
     samples = [(w, b, st.median) for w, s in worlds.items() if w > 1 for b, st in s.allreduce]
     ring = arm.fit_ring(samples) if len(samples) >= 2 else None
-    if params["link_bandwidth_gbps"] is not None:
-        link = {"bandwidth_gbps": params["link_bandwidth_gbps"],
-                "latency_us": params["link_latency_us"] or 0.0}
+    if params.link_bandwidth_gbps is not None:
+        link = {"bandwidth_gbps": params.link_bandwidth_gbps,
+                "latency_us": params.link_latency_us or 0.0}
         source = "params link_bandwidth_gbps / link_latency_us"
     elif ring is not None:
         link, source = ring.link(), (f"fitted on all-reduces timed here at world sizes "
@@ -171,12 +171,12 @@ def analyse(params: dict, pl: Plan, launched: Launches | dict, run_dir: Path,
     measured_ws = set(worlds)
     preds = []
     for w in sorted(w for w in measured_ws | {2, 4, 8, 16} if w >= top):
-        comm = arm.comm_seconds(ref.grad_bytes, w, link, bucket_cap_mb=params["bucket_cap_mb"])
+        comm = arm.comm_seconds(ref.grad_bytes, w, link, bucket_cap_mb=params.bucket_cap_mb)
         step = ref.variants["no_sync"].median + (1 - overlap) * comm
         preds.append(Prediction(w, comm, step, worlds[w].step.median if w in worlds else None,
                                 w > max(ring.world_sizes if ring else [1])))
     presets = {name: {w: arm.comm_seconds(ref.grad_bytes, w, lk,
-                                          bucket_cap_mb=params["bucket_cap_mb"])
+                                          bucket_cap_mb=params.bucket_cap_mb)
                       for w in (2, 4, 8, 16)} for name, lk in arm.LINK_PRESETS.items()}
     gap = agrees = None
     if len(gap_names) == 2:

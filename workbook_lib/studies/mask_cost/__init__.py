@@ -21,7 +21,7 @@ BUILTIN_ONLY = ("exactness of the built-in strategies, the cost model of masking
 def builtin_note(params: dict) -> str:
     """One line saying which sections are about the built-in strategies and were not run
     (``strategies: []``), or "" when they ran."""
-    if params["strategies"]:
+    if params.strategies:
         return ""
     return (f"No built-in strategy in this run (strategies: []): {BUILTIN_ONLY} are the "
             "investigation's and were not run; this notebook measures your pipelines' peak "
@@ -33,23 +33,23 @@ def cost_model_study(params: dict, num_nodes: int, device: torch.device) -> Cost
     :func:`builtin_note`)."""
     import time
 
-    if not params["strategies"]:
+    if not params.strategies:
         return None
 
     t0 = time.perf_counter()
     note("02: cost-model sweep (every primitive interleaved)")
-    cfg = costmodel.SweepConfig(num_nodes=num_nodes, edges=params["sweep_edges"],
-                                hidden=params["sweep_hidden"], p=params["sweep_p"],
-                                device=device, warmup=params["warmup"],
-                                min_rounds=params["min_repeats"],
-                                target=params["precision_target"],
-                                max_time_s=10 * params["time_budget_s"],
-                                seed=params["seed"])
+    cfg = costmodel.SweepConfig(num_nodes=num_nodes, edges=params.sweep_edges,
+                                hidden=params.sweep_hidden, p=params.sweep_p,
+                                device=device, warmup=params.warmup,
+                                min_rounds=params.min_repeats,
+                                target=params.precision_target,
+                                max_time_s=10 * params.time_budget_s,
+                                seed=params.seed)
     pts = costmodel.sweep(cfg)
     model = costmodel.fit(pts)
     return CostModelStudy(points=pts, model=model, crossover=costmodel.crossover_checks(model, pts),
-                          run_hidden=params["hidden"],
-                          crossover_at_run_hidden=model.crossover_p(params["hidden"]),
+                          run_hidden=params.hidden,
+                          crossover_at_run_hidden=model.crossover_p(params.hidden),
                           seconds=time.perf_counter() - t0)
 
 
@@ -60,11 +60,11 @@ def mask_generation_study(params: dict, graph, device: torch.device) -> MaskGene
 
     from .layers import mask_generation
 
-    if not params["strategies"]:
+    if not params.strategies:
         return None
-    return mask_generation(graph, params["perturbation_k"], params["batch_size_lazy"], device,
-                           warmup=params["warmup"], min_rounds=params["min_repeats"],
-                           target=params["precision_target"], seed=params["seed"],
+    return mask_generation(graph, params.perturbation_k, params.batch_size_lazy, device,
+                           warmup=params.warmup, min_rounds=params.min_repeats,
+                           target=params.precision_target, seed=params.seed,
                            storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
 
 
@@ -74,24 +74,24 @@ def layer_study(params: dict, graph, device: torch.device) -> LayerSweep | None:
     from .layers import layer_across_batch
 
     names = [s for s in ("replicated_mask_cpu", "replicated_filter_device", "node_mask_shared",
-                         "dango_wildtype") if s in params["strategies"]]
+                         "dango_wildtype") if s in params.strategies]
     if not names:
         return None
-    return layer_across_batch(graph, names, params["layer_batch_sizes"], params["hidden"],
-                              params["perturbation_k"], device, aggr=params["aggr"],
-                              warmup=params["warmup"], min_rounds=params["min_repeats"],
-                              target=params["precision_target"], seed=params["seed"])
+    return layer_across_batch(graph, names, params.layer_batch_sizes, params.hidden,
+                              params.perturbation_k, device, aggr=params.aggr,
+                              warmup=params.warmup, min_rounds=params.min_repeats,
+                              target=params.precision_target, seed=params.seed)
 
 
 def benchmark(params: dict) -> BenchResult | None:
     """The strategy benchmark of the built-in forms (None without built-in strategies)."""
     from .bench import run_bench
 
-    return run_bench(params) if params["strategies"] else None
+    return run_bench(params) if params.strategies else None
 
 
 def dual_masks(params: dict, graph, device: torch.device) -> DualForwardMasks | None:
     """What the dual forward adds to the mask bytes (None without built-in strategies)."""
     from .forward_masks import dual_forward_masks
 
-    return dual_forward_masks(params, graph, device) if params["strategies"] else None
+    return dual_forward_masks(params, graph, device) if params.strategies else None

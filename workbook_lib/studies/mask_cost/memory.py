@@ -50,18 +50,18 @@ def memory_study(params: dict, device: torch.device, *, dual: bool | None = None
             max(1, allowed_cpus().cpus // probe_threads())
 
     budget, label = device_budget(device)
-    if params["memory_budget_gb"] is not None:
-        budget, label = params["memory_budget_gb"] * 1e9, "memory_budget_gb"
-    dual = params["dual_forward"] if dual is None else dual
-    run_sizes = {"scale": params["scale"], "hidden": params["hidden"],
-                 "layers": params["layers"]}
+    if params.memory_budget_gb is not None:
+        budget, label = params.memory_budget_gb * 1e9, "memory_budget_gb"
+    dual = params.dual_forward if dual is None else dual
+    run_sizes = {"scale": params.scale, "hidden": params.hidden,
+                 "layers": params.layers}
     from ...pipelines import user_specs
 
     # the built-in forms, then every user pipeline (its own form: "own") at the run's sizes
-    pairs = (list(STRATEGIES) if params["strategies"] else []) + \
+    pairs = (list(STRATEGIES) if params.strategies else []) + \
         [(name, "own") for name in user_specs(params)]
-    jobs = [(s, f, b, run_sizes) for s, f in pairs for b in params["memory_batch_sizes"]]
-    if params["memory_full_size"] and params["strategies"]:
+    jobs = [(s, f, b, run_sizes) for s, f in pairs for b in params.memory_batch_sizes]
+    if params.memory_full_size and params.strategies:
         jobs += [(s, f, b, REAL) for s, f in STRATEGIES if (s, f) != ("replicated_mask_cpu", "spmm")
                  for b in REAL_BATCHES[s]]
 

@@ -44,22 +44,22 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
     recorded in ``failures`` and left out of ``strategies``; the others are measured as if it
     were not there. One whose loss is not finite keeps its figures and is recorded too."""
     names = list(strategies or compared_names(params))
-    warm, lo, hi = params["warmup"], params["loop_steps"], params["loop_max_steps"]
+    warm, lo, hi = params.warmup, params.loop_steps, params.loop_max_steps
     rows_needed = (warm + 1 + hi) * (len(loop.MODES) + 1)
-    interleaved = params["num_workers"] == 0
+    interleaved = params.num_workers == 0
     store = Path(tempfile.mkdtemp(prefix="wb-masks-"))
     arms, made = [], {}
-    pair = set(params["gap_strategies"] or [])
+    pair = set(params.gap_strategies or [])
     growth_note: dict[str, str] = {}
     failures: dict[str, PipelineFailure] = {}
-    stall = params.get("stall_timeout_s")
+    stall = params.stall_timeout_s
     try:
         for name in names:
             # distinct samples for every step, capped (strategy 3 stores a mask per sample); a
             # user pipeline serves its own dataset. One stream per pipeline: with interleaving
             # its four modes take turns on it
             n_items = None
-            if name in params["strategies"]:
+            if name in params.strategies:
                 b = batch_size_for(params, name)
                 n_items = min(rows_needed * b, max(8 * b, MAX_DISTINCT_SAMPLES))
             try:
@@ -67,9 +67,9 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                                       storage_dir=store)
                 opt = pipe.configure_optimizer([p for p in pipe.model.parameters()
                                                 if p.requires_grad])
-                loader = loop.make_loader(pipe, num_workers=params["num_workers"],
-                                          pin_memory=params["pin_memory"],
-                                          persistent_workers=params["persistent_workers"],
+                loader = loop.make_loader(pipe, num_workers=params.num_workers,
+                                          pin_memory=params.pin_memory,
+                                          persistent_workers=params.persistent_workers,
                                           stall_timeout_s=stall)
             except Exception as exc:  # noqa: BLE001 - this pipeline only: recorded
                 failures[name] = build_failure(exc, name, "03")
@@ -86,9 +86,9 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
             if name in pair:  # the full step at a second batch size: how each stage grows
                 try:
                     half = loop.make_loader(pipe, second_batch(pipe.batch_size),
-                                            num_workers=params["num_workers"],
-                                            pin_memory=params["pin_memory"],
-                                            persistent_workers=params["persistent_workers"],
+                                            num_workers=params.num_workers,
+                                            pin_memory=params.pin_memory,
+                                            persistent_workers=params.persistent_workers,
                                             stall_timeout_s=stall)
                 except ValueError as exc:  # a dataset too small for it: this figure only
                     growth_note[name] = str(exc)
@@ -97,10 +97,10 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                                          loop.Variant(HALF, "full"), optimizer=opt,
                                          optional=True))
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=lo, max_steps=hi,
-                            target=params["precision_target"], budget_s=params["loop_budget_s"],
+                            target=params.precision_target, budget_s=params.loop_budget_s,
                             interleave=interleaved, desc="03 loop", failures=failures,
                             stall_timeout_s=stall, notebook="03",
-                            pairs=[tuple(arm_key(n, "full") for n in params["gap_strategies"])]
+                            pairs=[tuple(arm_key(n, "full") for n in params.gap_strategies)]
                             if len(pair) == 2 else ()) if arms else {}
         for key in [k for k in failures if k.endswith("/" + HALF)]:  # an optional arm's
             growth_note[key.split("/")[0]] = failures.pop(key).line()
@@ -114,22 +114,22 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
     finally:
         shutil.rmtree(store, ignore_errors=True)
     measured = measured_names(names, made, failures)
-    sizes = (f"{graph.num_edges():,} edges, H={params['hidden']}, L={params['layers']}, "
-             f"k={params['perturbation_k']}, B={params['batch_size_lazy']} (perturbed-graph "
-             f"strategies) / {params['batch_size_dango']} (DANGO-style)")
+    sizes = (f"{graph.num_edges():,} edges, H={params.hidden}, L={params.layers}, "
+             f"k={params.perturbation_k}, B={params.batch_size_lazy} (perturbed-graph "
+             f"strategies) / {params.batch_size_dango} (DANGO-style)")
     from ...running.environment import device_label
     from ...measurement.cpu import fit_threads
 
-    threads = fit_threads(workers=params["num_workers"])  # what setup applied, and why
+    threads = fit_threads(workers=params.num_workers)  # what setup applied, and why
     study = LoopStudy(
         device=device_label(device), sizes=sizes, strategies=measured,
         batch_sizes={n: made[n].batch_size for n in made}, interleaved=interleaved,
         settings={"warmup_steps": warm, "min_steps": lo, "max_steps": hi,
-                  "precision_target": params["precision_target"],
-                  "budget_s": params["loop_budget_s"], "num_workers": params["num_workers"],
-                  "pin_memory": params["pin_memory"] and device.type == "cuda",
-                  "persistent_workers": params["persistent_workers"],
-                  "dual_forward": params["dual_forward"],
+                  "precision_target": params.precision_target,
+                  "budget_s": params.loop_budget_s, "num_workers": params.num_workers,
+                  "pin_memory": params.pin_memory and device.type == "cuda",
+                  "persistent_workers": params.persistent_workers,
+                  "dual_forward": params.dual_forward,
                   "threads": torch.get_num_threads(), "threads_why": threads.why},
         arms=res, exact={n: getattr(made[n], "exact", None) for n in made},
         labels={n: made[n].label for n in made}, shared_pass=shared, failures=failures,
@@ -202,10 +202,10 @@ def shared_pass_times(pipelines: dict, params: dict, device: torch.device,
                 def run(pipe=pipe):
                     with torch.no_grad():
                         pipe.shared_forward(pipe.model)
-                out[name] = measure(run, device=device, warmup=params["warmup"],
-                                    min_repeats=params["min_repeats"],
-                                    target=params["precision_target"],
-                                    max_time_s=params["time_budget_s"],
+                out[name] = measure(run, device=device, warmup=params.warmup,
+                                    min_repeats=params.min_repeats,
+                                    target=params.precision_target,
+                                    max_time_s=params.time_budget_s,
                                     label=f"{name} shared pass")
         except Exception as exc:  # noqa: BLE001 - the pipeline's own pass: recorded
             if failures is None:
@@ -288,8 +288,8 @@ def reported_figures(study: LoopStudy, gap: tuple[str, str] | list[str] = (LAZY,
 
 def stored_read_perturbations(params: dict, graph: CellGraph, n: int = 64) -> torch.Tensor:
     """The perturbations whose stored masks :func:`~.stored_masks.stored_mask_reads` reads."""
-    return sample_perturbations(graph.num_genes, params["perturbation_k"], n,
-                                seed=params["seed"] + 3)
+    return sample_perturbations(graph.num_genes, params.perturbation_k, n,
+                                seed=params.seed + 3)
 
 
 def epochs_per_day(study: LoopStudy, num_samples: int) -> dict[str, float]:
@@ -311,15 +311,15 @@ def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
     kinds = {n: study.arm(n, "full").sync_kinds for n in study.strategies}
     scaling = []
     types = graph.edge_types
-    if "device_mask_loop" not in params["strategies"]:  # the investigation's loop form: not run
+    if "device_mask_loop" not in params.strategies:  # the investigation's loop form: not run
         types = []
     for t in (sorted({1, min(3, len(types)), len(types)}) if types else []):
         sub = CellGraph(graph.name, graph.num_genes, {e: graph.edge_index[e] for e in types[:t]},
                         graph.source, graph.checksum, graph.scale)
         s4 = make_strategy("device_mask_loop", sub, device=device)
-        for b in params["batch_sizes"]:
+        for b in params.batch_sizes:
             for k in (1, 3, 5):
-                pk = sample_perturbations(graph.num_genes, k, b, seed=params["seed"]).to(device)
+                pk = sample_perturbations(graph.num_genes, k, b, seed=params.seed).to(device)
                 c = SyncCounter(device)
                 with c.count():
                     s4.make_masks(pk)
@@ -330,7 +330,7 @@ def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
 def stored_reads(params: dict, graph: CellGraph) -> StoredReads | None:
     """Strategy 3's stored masks read cold and warm (the investigation's storage claim), or None
     when strategy 3 is not among the run's built-in strategies."""
-    if "replicated_mask_stored" not in params["strategies"]:
+    if "replicated_mask_stored" not in params.strategies:
         return None
     from .stored_masks import stored_mask_reads
 
@@ -351,14 +351,14 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
 
     base = strategies or (loops.strategies if loops is not None else compared_names(params))
     names = [n for n in base if n != "replicated_mask_stored"]
-    warm = max(1, params["warmup"])
-    wait, pw, active = params["profile_wait"], params["profile_warmup"], params["profile_active"]
-    stall = params.get("stall_timeout_s")
+    warm = max(1, params.warmup)
+    wait, pw, active = params.profile_wait, params.profile_warmup, params.profile_active
+    stall = params.stall_timeout_s
     out = {}
     with Watchdog(announce=note, why="stall_timeout_s") as wd:
         for name in progress(names, desc="03 profiles"):
             n_items = ((warm + wait + pw + active) * batch_size_for(params, name)
-                       if name in params["strategies"] else None)
+                       if name in params.strategies else None)
             arm = None
             try:
                 pipe = build_pipeline(params, name, graph, device, n_items=n_items, salt=1,
@@ -389,7 +389,7 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
                                           active=active,
                                           trace_path=Path(trace_dir) / f"{name}.json",
                                           device=device, relative_to=run_dir)
-                own = OwnCode(builtin=name in params["strategies"])
+                own = OwnCode(builtin=name in params.strategies)
                 stream = arm.stream
                 arm.stream = iter([next(stream) for _ in range(2)])  # fetched unprofiled
                 loop.close_stream(stream)

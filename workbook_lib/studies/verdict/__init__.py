@@ -244,17 +244,17 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
     timing = found[TIMING]
     ddp = found.get("04_ddp_scaling")
     lo = timing.loops
-    listed = list(params["gap_strategies"])
-    builtin = bool(params["strategies"])
+    listed = list(params.gap_strategies)
+    builtin = bool(params.strategies)
     failures = pipeline_failures(found)
     nonfinite = nonfinite_losses(lo)
     res = VerdictResult(answer="", device=device, device_type=device_type, causes=[],
                         claims=[], recommendation=None, gap_total=None,
                         can_say=CPU_CAN if device_type != "cuda" else [],
                         cannot_say=CPU_CANNOT if device_type != "cuda" else [], inputs=inputs,
-                        target=params["precision_target"], gap_strategies=listed,
+                        target=params.precision_target, gap_strategies=listed,
                         missing=missing, failures=failures, nonfinite=nonfinite,
-                        builtin=builtin, num_samples=int(params["num_samples"]),
+                        builtin=builtin, num_samples=int(params.num_samples),
                         specs={n: s.target for n, s in pipelines.user_specs(params).items()})
     absent = [n for n in listed if not _in_timing(lo, n)]
     if absent:
@@ -263,7 +263,7 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
         res.no_answer = (f"no answer about '{listed[0]}' against '{listed[1]}': notebook 03 has "
                          f"no full step of '{n}': {why}")
     else:
-        g = measure_gap(lo, *listed, params["num_samples"], ddp, params["precision_target"])
+        g = measure_gap(lo, *listed, params.num_samples, ddp, params.precision_target)
         res.gap, res.gap_total, res.gap_strategies = g, g.ratio, [g.slow, g.fast]
         res.causes = rank_causes(timing, g.slow, g.fast, g, device_type)
         res.syncs_note = syncs_note(res.causes, device_type)
@@ -273,10 +273,10 @@ def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Pa
     exact = {n for n in lo.strategies if is_exact(lo, n)} | proven
     res.recommendation = recommend(
         timing, mc, ddp, run_dir, baseline=res.gap_strategies[0],
-        tie_tolerance=params["verdict_tie_tolerance"], num_samples=params["num_samples"],
-        target=params["precision_target"], exclude=tuple(nonfinite), exact=exact,
+        tie_tolerance=params.verdict_tie_tolerance, num_samples=params.num_samples,
+        target=params.precision_target, exclude=tuple(nonfinite), exact=exact,
         words=res.exactness, proven=proven)
-    res.disturbed = disturbed_figures(res.gap, res.recommendation, params["precision_target"])
+    res.disturbed = disturbed_figures(res.gap, res.recommendation, params.precision_target)
     res.contended = contended_figures(res.gap, res.recommendation, timing, exact)
     if builtin:
         res.form = recommended_form(res.recommendation.bench if res.recommendation else None)
@@ -311,8 +311,8 @@ def exactness(lo, params, pair: list[str]) -> tuple[dict[str, str], set[str]]:
     found = proofs.targets(params, slow, fast)
     if found is None:  # a built-in strategy: its flag is the workbook's own
         return words, proven
-    proof = proofs.load(params["cache_dir"], *found)
-    if proof is None and params["verdict_check_equal"]:
+    proof = proofs.load(params.cache_dir, *found)
+    if proof is None and params.verdict_check_equal:
         proof = run_equal(params, slow, fast, found)
     if proof is not None:
         words[fast] = proof.words(slow)
@@ -333,24 +333,24 @@ def run_equal(params, slow: str, fast: str, found: list[str]):
     note(f"05: checking '{fast}' against '{slow}' with equal (verdict_check_equal)")
     try:
         res = check_equal(params, slow, fast, load_snapshot(params),
-                          resolve_device(params["device"]))
+                          resolve_device(params.device))
     except (WorkbookError, ValueError) as exc:
         note(f"05: equal could not compare them: {' '.join(str(exc).split())[:200]}")
         return None
-    proofs.save(params["cache_dir"], *found, res.equal, res.summary())
-    return proofs.load(params["cache_dir"], *found)
+    proofs.save(params.cache_dir, *found, res.equal, res.summary())
+    return proofs.load(params.cache_dir, *found)
 
 
 def judge_claims(inv, mc, timing, ddp, params: dict, run_dir: Path,
                  device_type: str) -> tuple[list[Claim], str]:
     """The investigation's claims, judged only when built-in strategies ran (they are about its
     models); the gap claims only when this run's gap is the investigated pair."""
-    if not params["strategies"]:
+    if not params.strategies:
         return [], ("no built-in strategy ran (strategies: []): the investigation's claims are "
                     "about its own models and are not judged on your pipelines")
-    on_pair = list(params["gap_strategies"]) == [LAZY, DANGO]
+    on_pair = list(params.gap_strategies) == [LAZY, DANGO]
     cl = claims_mod.check_claims(inv, mc, timing, ddp if on_pair else None,
-                                 device_type=device_type, hidden=params["hidden"],
+                                 device_type=device_type, hidden=params.hidden,
                                  bench=_bench(run_dir, mc)[0])
     note = "" if on_pair else ("the epoch-gap claims are about the Lazy and DANGO-style models; "
                                "this run's gap is another pair, so they are not judged")
