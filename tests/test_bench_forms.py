@@ -14,7 +14,7 @@ from workbook_lib.studies.mask_cost.bench import (ReplicatedPlan, bench_layers, 
                                                   replicated_plan)
 from workbook_lib.data.snapshots import CellGraph, content_checksum
 from workbook_lib.measurement.timing import Stat
-from workbook_lib.nodemask import NodeMaskBatch, delta
+from workbook_lib.nodemask import NodeMaskBatch, compiled, delta
 from workbook_lib.strategies import build_ctx, make_strategy
 from workbook_lib.strategies.model import PerturbGIN
 
@@ -28,7 +28,7 @@ def no_numba(monkeypatch):
     """This process as if numba were not installed (its import fails), the fallback not yet
     announced; restored afterwards."""
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
-    monkeypatch.setattr(delta, "_NUMBA", None)
+    monkeypatch.setattr(compiled, "_LOADED", None)
     monkeypatch.setattr(delta, "_WARNED_FALLBACK", False)
     monkeypatch.delenv(delta.NO_NUMBA_ENV, raising=False)
 
@@ -255,7 +255,7 @@ def test_without_numba_the_push_falls_back_to_pull_warning_once(graph, no_numba,
 
 
 def test_the_environment_switch_reads_as_a_fallback_too(monkeypatch):
-    monkeypatch.setattr(delta, "_NUMBA", None)
+    monkeypatch.setattr(compiled, "_LOADED", None)
     monkeypatch.setattr(delta, "_WARNED_FALLBACK", True)  # announced already: silent
     monkeypatch.setenv(delta.NO_NUMBA_ENV, "1")
     with warnings.catch_warnings():

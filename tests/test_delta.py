@@ -7,7 +7,7 @@ from workbook_lib.data.perturbations import sample_perturbations
 from workbook_lib.data.snapshots import CellGraph, content_checksum
 from workbook_lib.measurement.syncs import SyncCounter
 from workbook_lib.nodemask import SharedGraph
-from workbook_lib.nodemask import delta
+from workbook_lib.nodemask import compiled, delta
 from workbook_lib.nodemask.delta import numba_available, push
 from workbook_lib.strategies import build_ctx, make_strategy
 from workbook_lib.strategies.model import PerturbGIN
@@ -300,7 +300,7 @@ def test_numba_threads_block_instead_of_spinning(graph):
     c = nb.corrections()
     push(sg, c, torch.zeros(graph.num_genes, 2), torch.ones(c.msg_pair.numel(), 2), nb.keep,
          "numba")
-    assert delta.numba_threading_layer() == delta.THREADING_LAYER == "workqueue"
+    assert compiled.numba_threading_layer() == compiled.THREADING_LAYER == "workqueue"
 
 
 @pytest.mark.skipif(not numba_available(), reason="numba is not installed")

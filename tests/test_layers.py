@@ -3,8 +3,9 @@ itself back through others.
 
 The floors are ``workbook_lib.LAYERS`` (bottom first), the one table of them; the package
 docstring's map names the same floors in the same order (checked here). Every module of
-``workbook_lib`` is parsed with :mod:`ast` (no import runs): imports inside functions count,
-``from __future__`` and imports under ``if TYPE_CHECKING:`` do not (they never run), and so do
+``workbook_lib`` is parsed with :mod:`ast` (no import runs): imports inside functions count, and
+so do imports under ``if TYPE_CHECKING:`` (a cycle a type checker needs is still a cycle;
+``from __future__`` does not), and so do
 imports by name (:func:`by_name`: ``importlib.import_module("workbook_lib.x")``, or a
 ``"workbook_lib.x:Name"`` string that something imports later), which no import statement shows.
 A module's
@@ -42,11 +43,6 @@ def module_files(root: Path, pkg: str = PKG) -> dict[str, Path]:
             parts.pop()
         out[".".join(parts)] = path
     return out
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _imported(node: ast.AST, module: str, is_pkg: bool, modules: set[str]) -> list[str]:
@@ -108,8 +104,8 @@ def by_name(node: ast.AST, module: str, modules: set[str], pkg: str = PKG) -> li
 
 
 def import_graph(root: Path, pkg: str = PKG) -> dict[str, set[str]]:
-    """module -> the package's modules it imports (at any depth of its code, but not under
-    ``if TYPE_CHECKING:``), by an import statement or by name (:func:`by_name`)."""
+    """module -> the package's modules it imports (at any depth of its code, ``if TYPE_CHECKING:``
+    included), by an import statement or by name (:func:`by_name`)."""
     files = module_files(root, pkg)
     modules = set(files)
     graph: dict[str, set[str]] = {}
@@ -119,10 +115,6 @@ def import_graph(root: Path, pkg: str = PKG) -> dict[str, set[str]]:
 
         def visit(node: ast.AST) -> None:
             for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.If) and _is_type_checking(child.test):
-                    for other in child.orelse:
-                        visit_one(other)
-                    continue
                 visit_one(child)
 
         def visit_one(node: ast.AST) -> None:
@@ -325,19 +317,19 @@ def test_the_package_imports_nothing_of_its_own_by_name():
     assert seen == {}
 
 
-def test_the_tool_skips_type_checking_imports(tmp_path):
+def test_the_tool_counts_type_checking_imports(tmp_path):
     pkg = _write(tmp_path, {
         "__init__.py": "",
         "low.py": ("from typing import TYPE_CHECKING\nimport typing\nif TYPE_CHECKING:\n"
-                   "    from .high import B\nif typing.TYPE_CHECKING:\n    from . import high\n"
-                   "else:\n    from . import other\n"),
+                   "    from .high import B\nif typing.TYPE_CHECKING:\n    from . import other\n"),
         "high.py": "from .low import *\n",
         "other.py": "",
     })
     graph = import_graph(pkg, "pkg")
-    assert graph["pkg.low"] == {"pkg.other"}
+    assert graph["pkg.low"] == {"pkg.high", "pkg.other"}
     floor = floors([("low", "other"), ("high",)], graph, "pkg")
-    assert climbs(graph, floor) == [] and cycles(graph) == []
+    assert climbs(graph, floor) == [("pkg.low", "pkg.high")]
+    assert cycles(graph) == [["pkg.high", "pkg.low"]]
 
 
 def test_the_map_parser_reads_floor_lines_only():

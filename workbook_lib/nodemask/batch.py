@@ -32,7 +32,6 @@ building them syncs once per batch (their count is data-dependent).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,8 +41,6 @@ from .kernels import (add_at_rows, add_rows, batched_spmm, gather_rows, nnz,
 
 from .corrections import Corrections, corrections, validate_deleted
 
-if TYPE_CHECKING:  # names in annotations only: graph.py imports this module (SharedGraph.batch)
-    from .graph import SharedGraph
 
 
 

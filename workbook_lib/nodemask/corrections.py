@@ -7,16 +7,13 @@ else (and for device tensors) by PyTorch operations; both give the same fields (
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from .delta import _numba_kernels
+from .compiled import kernels as _compiled
+from .edges import OutEdges, PushPlan
 from .kernels import selection_csr
-
-if TYPE_CHECKING:
-    from .graph import OutEdges
 
 
 def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -47,46 +44,6 @@ def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
             gene = int(s[row, 1:][dup[row]][0])
             raise ValueError(f"'deleted' deletes gene {gene} twice in sample {row}")
     return deleted.long()
-
-
-class PushPlan:
-    """Where a batch's pushes go, built on the host (in the collate) from the correction rows.
-
-    Args:
-        pair_sample, pair_gene: the rows ``R_b`` (sorted by sample), as in ``Corrections``.
-        ptr, slot: the graph's out-edge lists (``OutEdges``).
-        batch_size: B.
-
-    Holds per-sample row ranges and out-edge counts as Python ints so that no kernel needs a
-    device-to-host read.
-    """
-
-    def __init__(self, pair_sample: torch.Tensor, pair_gene: torch.Tensor, ptr: torch.Tensor,
-                 slot: torch.Tensor, batch_size: int):
-        ps, pg = pair_sample.cpu(), pair_gene.cpu()
-        counts = torch.bincount(ps, minlength=batch_size)
-        self.pair_ptr = torch.zeros(batch_size + 1, dtype=torch.long)
-        self.pair_ptr[1:] = torch.cumsum(counts, 0)
-        deg = (ptr[pg + 1] - ptr[pg]) if pg.numel() else torch.zeros(0, dtype=torch.long)
-        per_sample = torch.zeros(batch_size, dtype=torch.long).index_add_(0, ps, deg)
-        self.ranges = self.pair_ptr.tolist()
-        self.entries = per_sample.tolist()  # out-edges leaving R_b, per sample
-        self.pair_out = deg  # [P] out-degree of each row's gene
-
-    @classmethod
-    def from_counts(cls, pair_ptr: torch.Tensor, entries: torch.Tensor,
-                    pair_out: torch.Tensor) -> "PushPlan":
-        """The plan from counts made elsewhere (the compiled corrections builder): ``pair_ptr``
-        ``[B + 1]`` the rows' per-sample offsets, ``entries`` ``[B]`` their out-edges per
-        sample, ``pair_out`` ``[P]`` each row's out-degree (CPU tensors)."""
-        plan = cls.__new__(cls)
-        plan.pair_ptr, plan.pair_out = pair_ptr, pair_out
-        plan.ranges, plan.entries = pair_ptr.tolist(), entries.tolist()
-        return plan
-
-    @property
-    def total_entries(self) -> int:
-        return int(sum(self.entries))
 
 
 @dataclass
@@ -149,7 +106,7 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     if out_edges.sends is None or out_edges.in_ptr is None:
         raise ValueError("'out_edges' carries no type or in-edge lists: use "
                          "SharedGraph.out_edges")
-    if deleted.device.type == "cpu" and _numba_kernels():
+    if deleted.device.type == "cpu" and _compiled():
         return _corrections_compiled(out_edges, deleted)
     return _corrections_torch(out_edges, deleted)
 
@@ -172,7 +129,7 @@ def _corrections_compiled(out_edges: OutEdges, deleted: torch.Tensor) -> Correct
     size on one thread of the 2-core machine, and its parallel ones stalled when other jobs
     shared the cores); the same tensors (``tests/test_delta.py`` compares every field)."""
     n, t = out_edges.num_nodes, out_edges.num_types
-    k = _numba_kernels()[5]
+    k = _compiled().corrections_host
     arr = k(deleted.contiguous().numpy(), out_edges.ptr.numpy(), out_edges.slot.numpy(), n, t,
             out_edges.sends.numpy(), out_edges.in_ptr.numpy(), out_edges.in_slot.numpy())
     (pair_sample, pair_gene, is_del, entry_slot, e_gene, pair_out, changed_slot, pair_ptr,
@@ -183,7 +140,7 @@ def _corrections_compiled(out_edges: OutEdges, deleted: torch.Tensor) -> Correct
     plan.type_counts = type_counts.tolist()
     plan.num_deleted = int(deleted_pair.numel())
     r, g = pair_gene.numel(), source_gene.numel()
-    sel = _numba_kernels()[6]
+    sel = _compiled().selection
     return Corrections(pair_sample=pair_sample, pair_gene=pair_gene, pair_deleted=is_del,
                        entry_slot=entry_slot, entry_source=e_gene, pair_out=pair_out,
                        changed_slot=changed_slot, plan=plan, source_gene=source_gene,

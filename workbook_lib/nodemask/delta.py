@@ -39,7 +39,7 @@ kernels compute it:
   order). Numba is
   the maintained way to compile such a loop that installs from PyPI as a wheel on a fresh
   machine (no compiler needed at run time, unlike ``torch.utils.cpp_extension``). Its threads
-  run on numba's ``workqueue`` layer (:data:`THREADING_LAYER`: they block between launches
+  run on numba's ``workqueue`` layer (:data:`~workbook_lib.nodemask.compiled.THREADING_LAYER`: they block between launches
   instead of spinning beside PyTorch's threads).
 * ``pull`` (PyTorch only: the CPU fallback without numba): per sample and type, ``A_t`` times
   the changed rows scattered into a zero operand: the full product's sparse work, none of its
@@ -69,22 +69,12 @@ import torch
 
 from .push_torch import (_index_add_backward, _index_add_forward, _pull_backward,
                          _pull_forward, message_slots)
+from .compiled import NO_NUMBA_ENV, kernels as _compiled, numba_available
 from .kernels import MOVE_TAG, dense_inside, sparse_range
 
 PUSH_KERNELS = ("numba", "pull", "index_add")
 
-_NUMBA = None  # (forward, backward) once compiled; False when numba is unavailable
 _WARNED_FALLBACK = False  # the pull fallback has been announced in this process
-
-NO_NUMBA_ENV = "WORKBOOK_NO_NUMBA"  # set (non-empty): behave as if numba were not installed
-
-# numba's threads wait for work blocked, not spinning: its default OpenMP layer keeps its threads
-# spinning after each parallel region, and on a machine with as many cores as PyTorch's threads
-# they starve PyTorch's next operations (measured inside the backward on the 2-core machine: a
-# 1.7 MB zeros took 15 ms and an 84-row index_add_ 150 ms after the push, 0.2 and 0.07 ms with
-# 'workqueue'). Applied before numba's first parallel launch, unless NUMBA_THREADING_LAYER is set.
-THREADING_LAYER = "workqueue"
-
 
 class PushKernelFallback(UserWarning):
     """The delta push fell back to the slower ``pull`` kernel (numba unavailable). Notebooks
@@ -92,50 +82,10 @@ class PushKernelFallback(UserWarning):
     the kernel in its labels instead."""
 
 
-def _numba_kernels():
-    """Compile (once per process; cached on disk by numba) the push kernels, or False."""
-    global _NUMBA
-    if _NUMBA is not None:
-        return _NUMBA
-    if os.environ.get(NO_NUMBA_ENV):
-        _NUMBA = False
-        return _NUMBA
-    try:
-        import numba
-    except ImportError:
-        _NUMBA = False
-        return _NUMBA
-    if not os.environ.get("NUMBA_THREADING_LAYER"):  # a user's explicit choice is kept
-        numba.config.THREADING_LAYER = THREADING_LAYER
-
-    from . import numba_push as k
-
-    _NUMBA = (k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host, k.selection)
-    return _NUMBA
-
-
 def _np(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor, sharing memory (through DLPack: not a host copy, and not
     counted as one by :mod:`workbook_lib.measurement.syncs`)."""
     return np.from_dlpack(t.detach())
-
-
-def numba_threading_layer() -> str:
-    """The threading layer numba's parallel kernels run on in this process ("" without numba;
-    the configured one until the first parallel launch)."""
-    kernels = _numba_kernels()
-    if not kernels:
-        return ""
-    numba = kernels[2]
-    try:
-        return numba.threading_layer()
-    except ValueError:  # no parallel launch yet
-        return str(numba.config.THREADING_LAYER)
-
-
-def numba_available() -> bool:
-    """True when the compiled CPU push kernel can be used."""
-    return bool(_numba_kernels())
 
 
 def default_push_kernel_reason(device: torch.device | str) -> str:
@@ -252,7 +202,7 @@ class _Push(torch.autograd.Function):
             if kernel == "numba":
                 out = base.new_empty(bsz, *base.shape)
                 _numba_threads()
-                _numba_kernels()[0](
+                _compiled().fwd(
                     _np(out), _np(base), _np(u), _np(rows), _np(corr.plan.pair_ptr),
                     _np(corr.pair_gene.long()), *_typed_out_edges(graph), _np(corr.msg_index),
                     graph.num_types, _np(w), _per_slot(graph, w), relu)
@@ -276,12 +226,12 @@ class _Push(torch.autograd.Function):
         with sparse_range(corr.plan.total_entries * u_shape[-1]):
             if kernel == "numba":
                 _numba_threads()
-                numba = _numba_kernels()[2]
+                numba = _compiled().numba
                 chunks = max(1, min(numba.get_num_threads(), grad.shape[0]))
                 parts = grad.new_zeros(chunks, *grad.shape[1:])
                 scratch = grad.new_empty(chunks, *grad.shape[1:])
                 grows = grad.new_empty(corr.pair_gene.numel(), grad.shape[-1])
-                _numba_kernels()[1](
+                _compiled().bwd(
                     _np(gu), _np(grows), _np(parts), _np(scratch), _np(grad),
                     _np(out if relu else grad), _np(corr.plan.pair_ptr),
                     _np(corr.pair_gene.long()), *_typed_out_edges(graph), _np(corr.msg_index),
@@ -307,14 +257,14 @@ class _PushPool(torch.autograd.Function):
         bsz, kk = wp.shape[0], wp.shape[1]
         base, u, rows, w, wp = (x.contiguous() for x in (base, u, rows, w, wp))
         _numba_threads()
-        numba = _numba_kernels()[2]
+        numba = _compiled().numba
         chunks = max(1, min(numba.get_num_threads(), bsz))
         pooled = base.new_empty(bsz, kk, base.shape[-1])
         mask = torch.empty(bsz, *base.shape, dtype=torch.uint8)
         scratch = base.new_empty(chunks, *base.shape)
         with sparse_range(corr.plan.total_entries * u.shape[-1]):
             dense_inside(pooled.numel() * base.shape[0])  # the weighted sums: B K N Ho
-            _numba_kernels()[3](
+            _compiled().fwd_pool(
                 _np(pooled), _np(mask), _np(scratch), _np(base), _np(u), _np(rows),
                 _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()), *_typed_out_edges(graph),
                 _np(corr.msg_index), graph.num_types, _np(w), _per_slot(graph, w), _np(wp))
@@ -335,7 +285,7 @@ class _PushPool(torch.autograd.Function):
         _numba_threads()
         with sparse_range(corr.plan.total_entries * u_shape[-1]):
             dense_inside(gpooled.numel() * n)  # the rows' gradient: B K N Ho
-            _numba_kernels()[4](
+            _compiled().bwd_pool(
                 _np(gu), _np(grows), _np(parts), _np(scratch), _np(gpooled), _np(mask), _np(wp),
                 _np(corr.plan.pair_ptr), _np(corr.pair_gene.long()), *_typed_out_edges(graph),
                 _np(corr.msg_index), graph.num_types, _np(w), _per_slot(graph, w))
@@ -384,7 +334,7 @@ def _per_slot(graph, w: torch.Tensor) -> bool:
 
 def _numba_threads() -> None:
     """As many numba threads as PyTorch uses (a DDP rank set to one thread stays on one)."""
-    numba = _numba_kernels()[2]
+    numba = _compiled().numba
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
 
 

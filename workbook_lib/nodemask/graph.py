@@ -28,71 +28,13 @@ Matrices prepared here (``T`` edge types, ``N`` genes):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .batch import NodeMaskBatch
+from .edges import OutEdges, edge_index_dict, out_edges_of
 from .kernels import default_kernel, nnz, sparse_range, spmm, to_csr, transpose
 
 AGGRS = ("sum", "mean")
-
-
-@dataclass
-class OutEdges:
-    """Host copy of every gene's out-edges: ``slot[ptr[s]:ptr[s+1]]`` are the (gene, type)
-    slots ``n*T + t`` gene ``s`` sends to. Small and picklable (DataLoader workers use it).
-
-    ``sends[t, s]``: 1 when gene ``s`` has an out-edge of type ``t`` (the delta layer forms a
-    message of that type for a changed row only then), else 0 (``[T, N]`` int32); ``in_slot[in_ptr[s]:in_ptr[s+1]]`` are the
-    (type ``t``, source ``j``) places ``t*N + j`` of gene ``s``'s in-edges in the pooled layer's
-    ``[T, N]`` weights (they lose exactly those when ``s`` is deleted). Built by
-    :func:`out_edges_of`."""
-
-    ptr: torch.Tensor
-    slot: torch.Tensor
-    num_nodes: int
-    num_types: int
-    sends: torch.Tensor | None = None
-    in_ptr: torch.Tensor | None = None
-    in_slot: torch.Tensor | None = None
-
-
-def out_edges_of(a: torch.Tensor, num_nodes: int, num_types: int) -> OutEdges:
-    """The host lists of :class:`OutEdges` from the stacked in-edge matrix ``a`` ``[N*T, N]``
-    (row ``n*T + t``: gene ``n``'s in-edges of type ``t``)."""
-    a = a.cpu()
-    crow, col = a.crow_indices().long(), a.col_indices().long()
-    n, t = num_nodes, num_types
-    at = transpose(a)
-    ptr, slot = at.crow_indices().long(), at.col_indices().long()
-    src = torch.repeat_interleave(torch.arange(n), ptr[1:] - ptr[:-1])
-    sends = torch.zeros(t, n, dtype=torch.int32)
-    sends[slot % t, src] = 1
-    row_type = torch.repeat_interleave(torch.arange(n * t) % t, crow[1:] - crow[:-1])
-    return OutEdges(ptr, slot, n, t, sends=sends, in_ptr=crow[::t].contiguous(),
-                    in_slot=row_type * n + col)
-
-
-def edge_index_dict(graph) -> tuple[dict[str, torch.Tensor], int | None]:
-    """``({type: [2, E] edge_index}, num_nodes or None)`` from a PyG ``HeteroData`` (its
-    ``(node, rel, node)`` edge types between one node type), a dict of edge indices, or an object
-    with ``edge_index`` and ``num_genes`` (the workbook's ``CellGraph``)."""
-    if isinstance(graph, dict):
-        return dict(graph), None
-    if hasattr(graph, "edge_index") and hasattr(graph, "num_genes"):
-        return dict(graph.edge_index), int(graph.num_genes)
-    if hasattr(graph, "edge_types") and hasattr(graph, "node_types"):
-        types = list(graph.edge_types)
-        nodes = {s for s, _, d in types} | {d for s, _, d in types}
-        if len(nodes) != 1:
-            raise ValueError(f"the HeteroData must have edges between one node type only "
-                             f"(got {sorted(nodes)}); pass a dict of the gene-gene edge indices")
-        node = nodes.pop()
-        return ({rel: graph[(s, rel, d)].edge_index for s, rel, d in types},
-                int(graph[node].num_nodes))
-    raise TypeError(f"'graph' must be a HeteroData, a dict of edge_index tensors or a CellGraph "
-                    f"(got {type(graph).__name__})")
 
 
 class SharedGraph:

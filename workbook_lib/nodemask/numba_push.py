@@ -8,7 +8,7 @@ process, so the backward kernels (which call :func:`pairs_backward`) missed the 
 recompiled in every process that ran them (about 15 s on the 2-core reference machine: each
 notebook kernel, each DDP rank). Called through module globals, every kernel is compiled once
 and then loaded from ``__pycache__``. The threading layer is chosen by the caller
-(:func:`workbook_lib.nodemask.delta._numba_kernels`) before the first parallel launch.
+(:func:`workbook_lib.nodemask.compiled.kernels`) before the first parallel launch.
 
 Each push walks a message's out-edges and reads (backward) or adds to (forward) the receiver's
 row of the sample's ``[N, H]`` slab (1.7 MB at the real size: larger than a core's 512 KB L2, so

@@ -6,12 +6,9 @@ sample, the out-edges of ``R_b`` enumerated and scattered), each forward and bac
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:  # the plan is built in corrections, which imports delta, which imports this
-    from .corrections import PushPlan
+from .edges import PushPlan
 
 
 def _enumerate(plan: PushPlan, b: int, pair_gene: torch.Tensor, pair_out: torch.Tensor,

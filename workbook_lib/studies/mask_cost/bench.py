@@ -63,7 +63,7 @@ from ...data.snapshots import induced_subgraph, load_snapshot
 from ...measurement.memory import is_oom
 from ...measurement.timing import Stat, interleave
 from ...nodemask import SharedGraph
-from ...nodemask.delta import numba_threading_layer
+from ...nodemask.compiled import numba_threading_layer
 from ...common.progress import note
 from ...strategies import build_ctx
 from ...training.factory import build_run
