@@ -183,9 +183,9 @@ def test_the_headline_quotes_the_measured_ratio_labelled_with_its_batch():
 
 
 def test_bench_layers_reaches_the_delta_form():
-    assert bench_layers({"layers": 2, "bench_min_layers": 3}) == 3
-    assert bench_layers({"layers": 4, "bench_min_layers": 3}) == 4
-    assert bench_layers({"layers": 2, "bench_min_layers": 1}) == 2
+    assert bench_layers(2, 3) == 3
+    assert bench_layers(4, 3) == 4
+    assert bench_layers(2, 1) == 2
 
 
 # ----------------------------------------------------------------- the shared graph's path
@@ -281,7 +281,7 @@ def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params
     from workbook_lib.results.bench import BenchResult
     from workbook_lib.report import mask_cost_view as view
 
-    p = dict(ci_params, min_repeats=3, time_budget_s=0.02, precision_target=0.9, hidden=8,
+    p = ci_params.replace(min_repeats=3, time_budget_s=0.02, precision_target=0.9, hidden=8,
              warmup=0, bench_replicated_max_batch=2)  # B = 4 not allowed: projected
     with pytest.warns(UserWarning, match="'pull' kernel"):
         b = run_bench(p, full_size=False, device="cpu")

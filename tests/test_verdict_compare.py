@@ -257,7 +257,7 @@ def test_run_bench_figures_are_the_paired_per_sample_ratios(ci_params):
     the ratios per round, passes per sample = shared per sample over one wildtype step."""
     from workbook_lib.studies.mask_cost.bench import run_bench
 
-    p = dict(ci_params, min_repeats=3, time_budget_s=0.05, precision_target=0.5, hidden=8,
+    p = ci_params.replace(min_repeats=3, time_budget_s=0.05, precision_target=0.5, hidden=8,
              layers=1, bench_replicated_max_batch=64)  # ci caps it at 2; B = 4 is measured here
     b = run_bench(p, full_size=False, device="cpu")
     assert not b.full_size and b.sizes["scale"] == 0.005 and b.exact_max_rel_error < 1e-4

@@ -59,6 +59,7 @@ import time
 
 import torch
 
+from ...configs.validation import Params
 from ...data.snapshots import induced_subgraph, load_snapshot
 from ...measurement.memory import is_oom
 from ...measurement.timing import Stat, interleave
@@ -153,10 +154,10 @@ def exact_error(params: dict, graph, hidden: int, layers: int) -> float:
     gradients) on an induced subgraph, with the params' aggregation."""
     from .layers import exactness_report
 
-    small = induced_subgraph(graph, min(params["exactness_genes"], graph.num_genes))
-    return exactness_report(small, ["node_mask_shared"], k=params["perturbation_k"],
-                            aggr=params["aggr"], hidden=min(hidden, 16), layers=layers,
-                            seed=params["seed"])["node_mask_shared"]
+    small = induced_subgraph(graph, min(params.exactness_genes, graph.num_genes))
+    return exactness_report(small, ["node_mask_shared"], k=params.perturbation_k,
+                            aggr=params.aggr, hidden=min(hidden, 16), layers=layers,
+                            seed=params.seed)["node_mask_shared"]
 
 
 def replicated_plan(compared: int, per_sample_bytes: float, budget: float,
@@ -235,28 +236,28 @@ def replicated_fit(stats: dict[str, Stat], key: str,
                          rising_over=[over[0], over[-1]] if rising else [])
 
 
-def bench_layers(params: dict) -> int:
+def bench_layers(layers: int, min_layers: int) -> int:
     """The benchmark's depth: ``max(layers, bench_min_layers)`` (see the module docstring)."""
-    return max(int(params["layers"]), int(params.get("bench_min_layers", 3)))
+    return max(int(layers), int(min_layers))
 
 
-def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> BenchResult:
+def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> BenchResult:
     """Run the benchmark (see the module docstring)."""
     from ...running.environment import device_label, resolve_device
     from ...strategies import make_strategy
 
-    full = params["bench_full_size"] if full_size is None else full_size
-    p = {**params, **REAL_SPEC} if full else dict(params)
-    run_layers = p["layers"]
-    p["layers"] = bench_layers(p)
-    dev = resolve_device(p["device"]) if device is None else torch.device(device)
+    full = params.bench_full_size if full_size is None else full_size
+    p = params.replace(**REAL_SPEC) if full else params
+    run_layers = p.layers
+    p = p.replace(layers=bench_layers(p.layers, p.bench_min_layers))
+    dev = resolve_device(p.device) if device is None else torch.device(device)
     t0 = time.perf_counter()
     graph = load_snapshot(p)
-    hidden, layers, bs = p["hidden"], p["layers"], p["batch_size_lazy"]
-    budget = _budget(dev, p.get("memory_budget_gb"))
+    hidden, layers, bs = p.hidden, p.layers, p.batch_size_lazy
+    budget = _budget(dev, p.memory_budget_gb)
     plan = {"shared": ("node_mask_shared", None, bs, "delta"),
             "shared_full": ("node_mask_shared", None, bs, "full"),
-            "wildtype": ("dango_wildtype", None, p["batch_size_dango"], None)}
+            "wildtype": ("dango_wildtype", None, p.batch_size_dango, None)}
     if layers < 3:  # no middle layer: the two forms are one computation, timed once
         del plan["shared_full"]
     rep_plans: dict[str, ReplicatedPlan] = {}
@@ -265,7 +266,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         per = replicated_bytes_per_sample(
             graph.num_edges(), max(graph.num_edges(t) for t in graph.edge_types),
             graph.num_genes, len(graph.edge_types), hidden, form)
-        rep_plans[key] = replicated_plan(bs, per, budget, p["bench_replicated_max_batch"])
+        rep_plans[key] = replicated_plan(bs, per, budget, p.bench_replicated_max_batch)
         for b in rep_plans[key].batches:
             plan[f"{key}@{b}"] = ("replicated_mask_cpu", form, b, None)
     fns, per_b, labels, skipped = {}, {}, {}, {}
@@ -275,7 +276,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         try:
             run = build_run(p, name, graph=graph, device=dev, batch_size=b, form=form)
             if middle is not None:
-                run.strategy = make_strategy(name, graph, aggr=p["aggr"], device=dev,
+                run.strategy = make_strategy(name, graph, aggr=p.aggr, device=dev,
                                              middle=middle)
             fns[key] = _step_fn(run, run.perturbations(b))
             fns[key]()  # fails here, not in the middle of a round, if it does not fit
@@ -295,8 +296,8 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         else:
             labels[key] = run.strategy.label + (f" ({form.replace('_', '-')})" if form else "")
     note("bench: timing the variants interleaved")
-    res = interleave(fns, device=dev, warmup=p["warmup"], min_rounds=max(3, p["min_repeats"]),
-                     target=p["precision_target"], max_time_s=10 * p["time_budget_s"])
+    res = interleave(fns, device=dev, warmup=p.warmup, min_rounds=max(3, p.min_repeats),
+                     target=p.precision_target, max_time_s=10 * p.time_budget_s)
     per_round: dict[str, Stat] = {}
     per_sample: dict[str, PerSample] = {}
     for k in ("shared", "shared_full", "wildtype"):
@@ -325,15 +326,15 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         if fit.projected is not None and fit.projected.median > 0 and "shared" in per_round:
             fit.projected_ratio = fit.projected.ratio_to(per_round["shared"], paired=True)
     note("bench: kernels tried, machine rates, achieved rates, exactness")
-    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr=p["aggr"], device=dev,
+    sg = SharedGraph(graph.edge_index, graph.num_genes, aggr=p.aggr, device=dev,
                      allow_self_loops=True)
     pert = build_run(p, "node_mask_shared", graph=graph, device=dev,
                      batch_size=bs).perturbations(bs)
-    kernels = kernel_figures(sg, bs, hidden, dev, target=p["precision_target"],
-                             max_time_s=5 * p["time_budget_s"], pert=pert)
+    kernels = kernel_figures(sg, bs, hidden, dev, target=p.precision_target,
+                             max_time_s=5 * p.time_budget_s, pert=pert)
     size = 2048 if full else 512
-    dense_st, dense_g = dense_rate(dev, size=size, target=p["precision_target"],
-                                   max_time_s=p["time_budget_s"])
+    dense_st, dense_g = dense_rate(dev, size=size, target=p.precision_target,
+                                   max_time_s=p.time_budget_s)
     best = max(kernels, key=lambda k: k.gmacs)
     machine = {"sparse_gmacs": best.gmacs, "sparse_source": f"fastest kernel tried: {best.name}",
                "dense_gmacs": dense_g,
@@ -345,7 +346,7 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
             rates += achieved_rates(fns[k], dev, k, machine)
     floor = None
     if "shared" in fns and shared_form.startswith("delta"):
-        floor = floor_figure(sg, pert, hidden, layers, bool(p["dual_forward"]), rates,
+        floor = floor_figure(sg, pert, hidden, layers, bool(p.dual_forward), rates,
                              machine, per_sample["shared"])
     notes = []
     if layers != run_layers:
@@ -368,8 +369,8 @@ def run_bench(params: dict, *, full_size: bool | None = None, device=None) -> Be
         device=device_label(dev),
         sizes={"num_genes": graph.num_genes, "edges": graph.num_edges(),
                "edge_types": len(graph.edge_types), "scale": graph.scale, "hidden": hidden,
-               "layers": layers, "k": p["perturbation_k"], "aggr": p["aggr"],
-               "dual_forward": p["dual_forward"]},
+               "layers": layers, "k": p.perturbation_k, "aggr": p.aggr,
+               "dual_forward": p.dual_forward},
         full_size=bool(full), per_sample_s=per_sample, steps=dict(res.stats),
         ratio_vs_lazy_form=ratio("replicated_gather_scatter", "shared"),
         ratio_vs_sparse_form=ratio("replicated_sparse", "shared"),
