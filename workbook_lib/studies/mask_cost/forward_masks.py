@@ -1,11 +1,8 @@
 """What the dual forward adds to the masks a forward reads (notebook 02; read by a claim of 05).
 
-:func:`dual_forward_masks`: the per-edge mask bytes a forward of the replicated pipeline reads,
-without and with the dual forward (the "130 MB with the dual forward" claim). Every operator the
-model's forward calls is seen by a ``TorchDispatchMode``; the distinct storages of 1-D floating
-or boolean tensors with one value per edge of the batch (B x E_t for an edge type t) are summed.
-Reading what the operators read, rather than what the code says, keeps the figure honest if the
-model changes.
+:func:`dual_forward_masks` sums the distinct per-edge float or boolean storages (B x E_t long)
+that the replicated pipeline's forward reads, without and with the dual forward, as seen by a
+``TorchDispatchMode``: what the operators read rather than what the code says.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Notebook 02's peak-memory study: one training step per (pipeline, batch size) in a fresh
-process each, fitted per pipeline, projected to the memory of the device measured on. The
-pipelines are three built-in forms and every user pipeline of the params.
-
-A memory figure is not a timing (each probe measures only its own process), so probes run side
-by side where the CPUs hold them: as many at once as the allowed CPUs fit the compute threads
-each uses (OpenMP threads that outnumber the cores wait for each other); one at a time on a GPU,
-where probes of one device take turns.
+"""Notebook 02's peak-memory study: one training step per (pipeline, batch size), each in a fresh
+process, fitted per pipeline and projected to the device's memory (three built-in forms and every
+user pipeline). Probes run side by side as far as the allowed CPUs fit their threads; one at a
+time per GPU.
 """
 from __future__ import annotations
 

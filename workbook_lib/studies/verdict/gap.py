@@ -69,11 +69,9 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
     Args:
         lo: notebook 03's :class:`~workbook_lib.results.timing.LoopStudy`.
         slow, fast: the pair as listed (``gap_strategies``).
-        num_samples: the dataset size (80% of it per epoch).
-        ddp: notebook 04's result, or None.
-        target: the precision target: a gap is measurable (and a listing is turned round) only
-            beyond it (:func:`resolved`), and never when it was measured contended (another
-            job's share of the CPUs can make one copy of a pipeline look slower than another).
+        num_samples: the dataset size (80% of it per epoch); ddp: notebook 04's result or None.
+        target: the precision target: the gap counts (and the pair is turned round) only beyond it,
+            and never when measured contended.
     """
     listed = [slow, fast]
     steps = {n: _epoch_steps(lo, n, num_samples) for n in listed}
