@@ -1,11 +1,9 @@
 """Table formatting of every report: units in the values, noise beside every measured figure,
 no index column, imprecise figures flagged.
 
-A measured figure is shown as ``median (IQR x, n=10)``; one whose IQR/median is above the precision
-target it was repeated for is marked ``(noisy)`` and the table carries a footnote saying so (a
-word, not a ``*``, which Markdown would read as emphasis). One measured while the process got less
-than 80% of the CPU its threads asked for is marked ``(contended)``, with its own footnote: a
-steady disturbance keeps the IQR small, so only the CPU share shows it.
+A measured figure reads ``median (IQR x, n=10)``, marked ``(noisy)`` above the precision target
+or ``(contended)`` when its threads got less than 80% of the CPU they asked for, each mark with
+its footnote (a word, not a ``*``, which Markdown reads as emphasis).
 """
 from __future__ import annotations
 

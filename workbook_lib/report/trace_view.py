@@ -131,11 +131,10 @@ def _diff_table(title: str, rows: list[DiffRow], names: list[str], top: int | No
 def page(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | None = None, *,
          top: int = 25) -> str:
     """The HTML page of one trace's breakdown, or two traces' and their difference (template
-    ``trace.html.j2``, :mod:`workbook_lib.report.pages`).
+    ``trace.html.j2``).
 
     Args:
-        bds: one or two breakdowns.
-        names: how each trace is named on the page (its file name).
+        bds, names: one or two breakdowns and each trace's name (its file name).
         dif: the difference (B against A) when two traces are given.
         top: operators shown per table (every one is in the JSON).
     """
@@ -179,14 +178,12 @@ def write_report(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | N
 
 def summary_lines(bds: list[TraceBreakdown], names: list[str],
                   dif: TraceDiff | None = None) -> list[str]:
-    """The terminal's summary of ``trace``: per trace, each row's wall time and how much of it
-    the exclusive times cover, the main row's five largest ranges; with two traces, the
-    difference's total and its five largest ranges.
+    """The terminal's summary of ``trace``: per trace, each row's wall time, its coverage by
+    exclusive times and the main row's five largest ranges; with two, the difference's total and
+    its five largest ranges.
 
     Args:
-        bds: the traces' breakdowns (:func:`workbook_lib.traces.breakdown`).
-        names: one name per trace.
-        dif: the second trace against the first, or None.
+        bds, names: the traces' breakdowns and names; dif: the second against the first, or None.
     """
     lines = []
     for bd, name in zip(bds, names):

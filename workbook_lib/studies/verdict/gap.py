@@ -48,11 +48,10 @@ MIN_PAIRED = 5  # fewer repeats than this have no IQR to speak of: nothing is re
 
 
 def resolved(r: Stat, target: float) -> int:
-    """+1 when the ratio ``r`` is above 1 beyond its noise and beyond the precision target (its
-    IQR clear of 1 and its median outside [1/(1+target), 1+target]: a difference smaller than
-    the precision the figures were repeated for is not resolved), -1 likewise below, else 0;
-    always 0 on fewer than :data:`MIN_PAIRED` repeats (two copies of one pipeline measured 1.3x
-    apart on two steps)."""
+    """+1 when the ratio ``r`` is above 1 beyond its noise and the precision target (its IQR clear
+    of 1, its median outside [1/(1+target), 1+target]), -1 likewise below, else 0; always 0 on fewer
+    than :data:`MIN_PAIRED` repeats.
+    """
     if r.n < MIN_PAIRED:
         return 0
     if r.q1 > 1.0 and r.median > 1.0 + target:
