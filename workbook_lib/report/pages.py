@@ -24,12 +24,8 @@ def _environment():
 
 
 def render(template: str, **context) -> str:
-    """One page: ``template`` (a file in ``report/templates/workbook/``) filled from
-    ``context``; strings are escaped unless marked safe (:func:`markup`).
-
-    Args:
-        template: the template's file name, e.g. ``"trace.html.j2"``.
-        **context: the template's variables.
+    """One page: ``template`` (a file name in ``report/templates/workbook/``, e.g.
+    ``"trace.html.j2"``) filled from ``context``; strings are escaped unless marked safe (:func:`markup`).
     """
     return _environment().get_template(template).render(**context)
 

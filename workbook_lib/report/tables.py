@@ -1,9 +1,6 @@
-"""Table formatting of every report: units in the values, noise beside every measured figure,
-no index column, imprecise figures flagged.
-
-A measured figure reads ``median (IQR x, n=10)``, marked ``(noisy)`` above the precision target
-or ``(contended)`` when its threads got less than 80% of the CPU they asked for, each mark with
-its footnote (a word, not a ``*``, which Markdown reads as emphasis).
+"""Table formatting of every report: units in the values, noise beside every measured figure
+(``median (IQR x, n=10)``), no index column, and ``(noisy)`` or ``(contended)`` marks with their
+footnotes (a word, not a ``*``, which Markdown reads as emphasis).
 """
 from __future__ import annotations
 

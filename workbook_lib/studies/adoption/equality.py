@@ -211,18 +211,9 @@ def check_equal(params: dict, slow: str, fast: str, graph, device, *,
                 renames: dict[str, str] | None = None, batches: int = 1,
                 batch_size: int | None = None, tolerance: float | None = None,
                 precision: str = "float64", mode: str = "train") -> EqualityResult:
-    """Build ``slow`` and ``fast`` (built-in strategy names or entries of
-    ``params.pipelines``) from the same seed and compare them (:func:`check_pipelines`).
-
-    Args:
-        params: validated params (``seed``, ``layers`` and the pipelines' own keys).
-        slow, fast: the pipelines' names.
-        graph: the loaded snapshot.
-        device: where both run.
-        renames, batches, batch_size, precision, mode: see :func:`check_pipelines`.
-        tolerance: the rule's relative tolerance, in whichever precision the check runs
-            (default: :data:`~workbook_lib.measurement.precision.FLOAT64_TOLERANCE` in float64,
-            :func:`equality_tolerance` in float32).
+    """Build ``slow`` and ``fast`` (built-in strategies or ``params.pipelines`` entries) from the
+    same seed and compare them with :func:`check_pipelines` (whose other arguments it passes on);
+    ``tolerance`` defaults to ``FLOAT64_TOLERANCE`` in float64, :func:`equality_tolerance` in float32.
     """
     if slow == fast:
         raise ValueError(f"compare two different pipelines (got {slow!r} twice)")

@@ -1,9 +1,6 @@
-"""Notebook 04's experiment: plan the world sizes on the allocation, launch each with torchrun,
-summarize, fit the ring model, decompose the gap.
-
-World sizes are launched alternately, :data:`ROUNDS` times each, so drift falls on both sides.
-A pipeline that fails in a rank is recorded and the launch is made again without its arms; any
-other launch failure fails the notebook.
+"""Notebook 04's experiment: plan the world sizes, launch each with torchrun (alternately,
+:data:`ROUNDS` times each), summarize, fit the ring model, decompose the gap. A pipeline that
+fails in a rank is recorded and the launch made again without it; other failures fail 04.
 """
 from __future__ import annotations
 

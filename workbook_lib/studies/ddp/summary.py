@@ -206,12 +206,9 @@ def efficiencies(worlds: dict[int, WorldSummary]) -> tuple[dict[int, Stat], dict
 
 
 def launch_factor(top: list[list[float]], base: list[list[float]]) -> LaunchFactor:
-    """Per pair of launches (i-th launch at each world size), the ratio step index by step
-    index, pooled; each pair's ratio of medians kept apart.
-
-    Args:
-        top: per launch at the larger world size, the per-step figure.
-        base: the same at the smaller world size (as many launches, or more).
+    """Per pair of launches (the i-th at each world size), the ratio of ``top`` (the larger world
+    size's per-step figure per launch) over ``base`` step index by step index, pooled; each pair's
+    ratio of medians kept apart.
     """
     pairs = min(len(top), len(base))
     if pairs == 0:

@@ -27,12 +27,9 @@ def _per_step(arm, stage: str, field: str) -> float | None:
 
 
 def growth(loops, name: str) -> dict[str, Growth]:
-    """Every stage's growth for pipeline ``name`` (empty when its second arm did not run).
-
-    Args:
-        loops: notebook 03's :class:`~workbook_lib.results.timing.LoopStudy` (paired by round
-            when interleaved; else each step at the pipeline's batch size against the median at
-            the second).
+    """Every stage's growth for pipeline ``name`` from notebook 03's ``loops`` (paired by round
+    when interleaved, else against the median at the second size); empty when its second arm did
+    not run.
     """
     key = arm_key(name, HALF)
     if key not in loops.arms:

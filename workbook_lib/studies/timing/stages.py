@@ -24,14 +24,9 @@ LOSS_PARTS = ("loss", "loss_backward")
 
 
 def stage_series(arm) -> dict[str, list[float]]:
-    """Seconds in each timed step of each named stage of a full-step arm (the DataLoader wait
-    split into data item and collate, the loss's forward and backward summed as "loss").
-
-    Args:
-        arm: an :class:`~workbook_lib.results.timing.ArmResult` of mode ``full``.
-
-    Returns:
-        ``{stage key: per-step seconds}`` for the stages the arm measured (``overhead`` always).
+    """``{stage key: per-step seconds}`` of a full-step ``arm`` for the stages it measured
+    (``overhead`` always): the DataLoader wait split into data item and collate, the loss's forward
+    and backward summed as "loss".
     """
     s = arm.stages
     out: dict[str, list[float]] = {}

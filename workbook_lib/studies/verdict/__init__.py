@@ -40,12 +40,11 @@ OPTIONAL = notebook_info("05_verdict").reads  # 01, 02, 04
 
 def load_inputs(run_dir: str | Path, params: dict | None = None
                 ) -> tuple[dict, dict[str, str], dict[str, str]]:
-    """The typed results of notebook 03 (required) and of 01, 02, 04 (when complete with the
-    same result-relevant params), their checksums, and why each optional one was not used.
+    """The typed results of notebook 03 (required) and of 01, 02, 04 (when complete with the same
+    result-relevant params), their checksums, and why each optional one was not used.
 
     Raises:
-        IncompleteInputsError: notebook 03 is missing, incomplete, unreadable or made with
-            other params (the verdict's one required input).
+        IncompleteInputsError: notebook 03 is missing, incomplete, unreadable or of other params.
     """
     found, sums, why_not = {}, {}, {}
     for nb in REQUIRED + OPTIONAL:

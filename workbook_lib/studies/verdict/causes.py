@@ -42,14 +42,9 @@ def stage_syncs(arm, key: str) -> float:
 
 
 def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> list[Cause]:
-    """The gap, stage by stage: slow minus fast in seconds per epoch, shares adding to 100%.
-
-    One row per stage (host syncs as evidence on their row), then the DDP factor (booked, or a noise
-    row) and the unattributed rest; rows that add time first, the largest first.
-
-    Args:
-        timing: notebook 03's results; slow, fast: the pair, oriented.
-        gap: :func:`measure_gap`'s result; device_type: ``cpu`` or ``cuda``.
+    """The gap, stage by stage: slow minus fast in seconds per epoch, shares adding to 100%; then
+    the DDP factor's row and the unattributed rest; rows that add time first, the largest first.
+    ``gap``: :func:`measure_gap`'s result; ``device_type``: ``cpu`` or ``cuda``.
     """
     lo = timing.loops
     a, b = lo.arm(slow, "full"), lo.arm(fast, "full")

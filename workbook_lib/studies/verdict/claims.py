@@ -69,13 +69,8 @@ def reduced(scale: float | None) -> str:
 
 
 def size_claims(inv, dual=None) -> list[Claim]:
-    """Notebook 01: byte counts at the real edge count, from what strategy 2 really carries.
-
-    Args:
-        inv: notebook 01's result.
-        dual: notebook 02's :class:`~workbook_lib.results.mask_cost.DualForwardMasks` (the
-            mask bytes a forward reads with and without the dual forward); None: the 130 MB
-            claim is not measured.
+    """Notebook 01: byte counts at the real edge count, from what strategy 2 really carries;
+    ``dual``: notebook 02's ``DualForwardMasks`` (None: the 130 MB claim is not measured).
     """
     rs = inv.real_size
     if rs is None:
@@ -218,12 +213,8 @@ def _measured_on(figure) -> str:
 
 
 def timing_claims(timing, device_type: str, scale: float | None = None) -> list[Claim]:
-    """Notebook 03: the data-vs-model figures, transfers, syncs, the profile.
-
-    Args:
-        timing: notebook 03's result.
-        device_type: ``"cpu"`` or ``"cuda"`` (what a CPU run cannot measure is not measured).
-        scale: the run's scale (its figures are marked as measured at a reduced size).
+    """Notebook 03: the data-vs-model figures, transfers, syncs, the profile (what a CPU run
+    cannot measure is not measured; figures are marked as measured at the run's ``scale``).
     """
     from ..timing import LAZY
 

@@ -66,11 +66,9 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
     """The pair's epoch-time ratio, oriented so that ``slow`` is the slower beyond the noise.
 
     Args:
-        lo: notebook 03's :class:`~workbook_lib.results.timing.LoopStudy`.
-        slow, fast: the pair as listed (``gap_strategies``).
-        num_samples: the dataset size (80% of it per epoch); ddp: notebook 04's result or None.
-        target: the precision target: the gap counts (and the pair is turned round) only beyond it,
-            and never when measured contended.
+        lo: notebook 03's loop study; slow, fast: the pair as listed; ddp: 04's result or None.
+        num_samples: the dataset size (80% of it per epoch).
+        target: the precision target the gap must exceed (never when measured contended).
     """
     listed = [slow, fast]
     steps = {n: _epoch_steps(lo, n, num_samples) for n in listed}
