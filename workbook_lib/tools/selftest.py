@@ -365,11 +365,10 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
 def run_selftest(device: str = "auto", ranks: int | None = None,
                  params_path: str | Path | None = None,
                  only: list[str] | None = None) -> list[Check]:
-    """Every check (see the module docstring); ``only`` limits them to names starting so.
+    """Every check (``only``: those whose names start so).
 
     Raises:
-        ValueError: ``device`` is not cpu, cuda or auto, ``cuda`` without a CUDA device, or
-            ``ranks`` below 1.
+        ValueError: ``device`` not cpu, cuda or auto, ``cuda`` without a CUDA device, or ``ranks`` < 1.
     """
     from ..data.snapshots import load_snapshot
     from ..common.device import resolve_device

@@ -38,11 +38,8 @@ LOADER_TIMEOUT_MARGIN_S = 2.0  # the DataLoader's own timeout: the workers' limi
 def make_loader(pipeline: Pipeline, batch_size: int | None = None, *, num_workers: int = 0,
                 pin_memory: bool = False, persistent_workers: bool = False,
                 stall_timeout_s: float | None = None) -> DataLoader:
-    """A DataLoader over the pipeline's dataset producing its batches (full batches only).
-
-    Args:
-        stall_timeout_s: with workers, how long a worker may spend on one batch before it
-            reports a stall (and the DataLoader's ``timeout``, a little longer); None: no limit.
+    """A DataLoader over the pipeline's dataset producing its full batches; ``stall_timeout_s``:
+    with workers, how long one batch may take before a stall is reported (None: no limit).
     """
     b = batch_size or pipeline.batch_size
     ds = TimedDataset(pipeline, stall_s=stall_timeout_s if num_workers > 0 else None)

@@ -30,14 +30,9 @@ class _PerEdgeReads(TorchDispatchMode):
 
 
 def mask_bytes_read(strategy, model, ctx: dict, batch_size: int, *, dual: bool) -> int:
-    """Bytes of the distinct per-edge (B x E_t long) float or boolean tensors one forward reads.
-
-    Args:
-        strategy: a prepared strategy.
-        model: the model.
-        ctx: the batch as :func:`workbook_lib.strategies.build_ctx` prepares it.
-        batch_size: B of the batch.
-        dual: run the dual forward.
+    """Bytes of the distinct per-edge (B x E_t long) float or boolean tensors one forward of
+    ``model`` with ``strategy`` reads on ``ctx`` (the batch :func:`workbook_lib.strategies.build_ctx`
+    prepares), with or without the ``dual`` forward.
     """
     lengths = {batch_size * strategy.graph.num_edges(t) for t in strategy.graph.edge_types}
     probe = _PerEdgeReads(lengths)

@@ -31,13 +31,9 @@ def _label(strategy: str, form: str, sizes: dict) -> str:
 
 def memory_study(params: dict, device: torch.device, *, dual: bool | None = None,
                  parallel: int | None = None) -> MemoryStudy:
-    """Every point of the sweep (and the real spec with ``memory_full_size``), then the fits.
-
-    Args:
-        params: validated params.
-        device: where the probes run.
-        dual: the Lazy model's dual forward (default: ``dual_forward``).
-        parallel: probes at once (default: see module docs).
+    """Every point of the sweep (and the real spec with ``memory_full_size``) probed on ``device``,
+    then the fits; ``dual`` defaults to ``dual_forward``, ``parallel`` (probes at once) to what the
+    CPUs fit.
     """
     from ...running.environment import device_label
 
