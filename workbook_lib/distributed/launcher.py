@@ -1,25 +1,11 @@
 """Launching DDP runs with ``torchrun`` (``python -m torch.distributed.run``).
 
 The launcher picks a free rendezvous port (single node), gives each rank its share of threads,
-and watches the ranks through their heartbeat files (see ``worker``): the time a rank last made
-progress and the stage it is in. A rank whose heartbeat is older than :data:`STALE_S` (a
-stopped or frozen process) stops the launch at once and is named. When no rank makes progress
-for ``timeout_s`` (at least :data:`STARTUP_S` until every rank has written a heartbeat, and
-``startup_s`` until every rank has reached its training loop, so that a short timeout does not
-stop a healthy start-up, nor its tear-down once every rank is done), the launch is stopped and the error names
-the cause: a rank that never started, or the rank that is not waiting in a collective while the
-others are. The ranks' process-group timeout (:func:`pg_timeout_s`) is longer than all of this, so
-a rank waiting for a stopped one never times out first and takes the blame. A rank that dies
-is named from torchrun's own report ("Root Cause" with its exit code), a rank that raises from
-its ``rank{R}.error`` traceback; each with its last output.
-
-Ranks record their pid with their host; only this host's ranks are ever signalled (on several
-nodes, the other nodes' torchrun agents, started by ``srun``, stop their own).
-
-torchrun runs in its own session (so an interrupt of the notebook does not reach the ranks
-half-way) with a parent-death signal: if the process that launched it dies, torchrun is
-terminated and stops its ranks (which carry the same signal towards torchrun). Whatever happens,
-every process the launcher started is terminated before it returns.
+and watches the ranks' heartbeat files (see ``worker``): a rank whose heartbeat is stale, or a
+launch where no rank progresses for ``timeout_s``, is stopped and the cause named (a rank that
+never started, died, raised, or is not waiting in a collective while the others are). Only this
+host's ranks are signalled, and every process the launcher started is terminated before it
+returns. The timeouts' rules and torchrun's session: docs/development.md.
 """
 from __future__ import annotations
 
@@ -168,11 +154,11 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
     """Run ``python -m <module> <config.json>`` on ``nproc_per_node`` ranks with torchrun.
 
     Each rank must write ``rank{RANK}.json`` into ``config["out_dir"]`` on success; it may write
-    ``rank{RANK}.log``, ``rank{RANK}.heartbeat`` and, on failure, ``rank{RANK}.error``.
+    ``rank{RANK}.log``, ``.heartbeat`` and, on failure, ``.error``.
 
     Raises:
-        LaunchError: a rank failed, died or stopped progressing (named, with its last output),
-            or torchrun could not start. No process is left behind.
+        LaunchError: a rank failed, died or stopped progressing (named, with its last output), or
+            torchrun could not start. No process is left behind.
     """
     if nproc_per_node <= 0:
         raise ValueError(f"'nproc_per_node' must be a positive integer (got {nproc_per_node})")

@@ -1,20 +1,10 @@
 """Which DDP world sizes this allocation can run, with how many processes and threads each.
 
-The capacity comes from the allocation, not the machine: on SLURM the CPUs of this task
-(``SLURM_CPUS_PER_TASK``, else ``SLURM_CPUS_ON_NODE``) and the GPUs it was given; elsewhere the
-CPUs this process may run on (``os.sched_getaffinity``, the cgroup CPU quota) and the visible
-GPUs; the tightest of these when several apply. A world size is run
-on ``nnodes`` nodes with ``world // nnodes`` processes per node; one that does not divide evenly,
-or needs more processes per node than the node has GPUs (CUDA) or CPU cores (CPU), is skipped
-with the reason.
-
-Host threads and DataLoader workers per rank come from the allocation and are **the same at every
-world size**: a rank's share is ``cpus // the most processes per node of any launch``; with
-``num_workers > 0`` it holds ``min(num_workers, share - 1)`` workers (at least 1) and the rest
-as intra-op threads. Comparing world sizes at equal threads per rank keeps the CPU's thread
-scaling out of the DDP factor; what the threads alone do is measured apart, by the smallest
-world size's launch running its arms with the whole share of a single process as well
-(``threads_all``), interleaved with the others.
+The capacity comes from the allocation (SLURM's CPUs and GPUs of this task, else the CPU
+affinity, cgroup quota and visible GPUs: the tightest). A world size runs on ``nnodes`` nodes;
+one that does not divide evenly or does not fit a node is skipped with the reason. Threads and
+DataLoader workers per rank are the same at every world size, so thread scaling stays out of the
+DDP factor; the thread effect is measured apart (``threads_all``). Rules: docs/development.md.
 """
 from __future__ import annotations
 

@@ -1,36 +1,13 @@
 """One DDP rank, started by torchrun: ``python -m workbook_lib.distributed.worker CONFIG.json``.
 
-Every rank runs notebook 03's training loop (:mod:`workbook_lib.training.loop`: the same
-DataLoader pipeline, allocator setting and stage timing) on ``DistributedDataParallel`` models,
-with ``threads`` intra-op threads and ``workers`` DataLoader workers (the same at every world
-size: see ``plan``). One launch interleaves every variant in the same rounds:
-
-* the scaling strategy: ``ddp`` (all-reduce every step), ``no_sync`` (compute only),
-  ``accum_last`` / ``accum_every`` (``grad_accum_steps`` micro-batches, all-reducing only the last
-  with ``no_sync()``, or every one), ``gather`` (the loss-side all-gather toggled) and ``strong``
-  (the global batch of the largest world size split over the ranks);
-* the two gap strategies (``ddp``), for the per-step ratio;
-* with ``threads_all`` (the smallest world size only): the scaling step and the two gap
-  strategies again, their steps run with ``threads_all`` threads (the thread effect, apart from
-  DDP).
-
-Communication is measured by DDP's comm hook (:class:`CommTimer`): each bucket's all-reduce is
-timed from the moment its gradients are ready to its completion (host clock with gloo, CUDA events
-on the stream with NCCL). Per step and rank, ``comm_total`` sums the buckets and ``comm_exposed``
-is the time from the last bucket becoming ready (compute done) to the last all-reduce finishing;
-both include the time this rank waits for a slower one to reach the same all-reduce. The
-all-reduce of gradient-sized buffers is also timed directly, after a barrier (the transfer without
-the wait). DDP's own logging data is recorded beside it. Ranks agree on when to stop (an
-all-reduce of their stop flags), since their collectives must match. Every collective uses the
-rank's device (NCCL serves only CUDA tensors).
-
-Each rank writes ``rank{R}.json`` on success, ``rank{R}.log`` as it goes, ``rank{R}.error`` (the
-traceback) on failure, and ``rank{R}.heartbeat`` every second from a thread: the time and the
-stage it is in, so the launcher can tell a stopped rank from the ranks waiting for it. A failure
-that belongs to one pipeline (it could not be built, or its step raised or stalled: the loop's
-:class:`~workbook_lib.failures.PipelineFailed`) is also written as ``rank{R}.failure.json``, the
-:class:`~workbook_lib.failures.PipelineFailure` record with the rank, so that notebook 04 can
-record it and launch again without that pipeline.
+Every rank runs notebook 03's training loop (:mod:`workbook_lib.training.loop`) on
+``DistributedDataParallel`` models, with the plan's threads and workers, interleaving in one
+launch the scaling strategy's variants (``ddp``, ``no_sync``, ``accum_last``/``accum_every``,
+``gather``, ``strong``), the two gap strategies and, at the smallest world size, the same again
+with ``threads_all`` threads. :class:`CommTimer` times each bucket's all-reduce; the plain
+all-reduce of gradient-sized buffers is timed after a barrier. Each rank writes ``rank{R}.json``,
+``.log``, ``.heartbeat`` (every second), ``.error`` and, for a pipeline's own failure,
+``.failure.json`` (docs/development.md).
 """
 from __future__ import annotations
 
@@ -95,17 +72,9 @@ class Heartbeat:
 
 
 class CommTimer:
-    """A DDP comm hook that all-reduces (mean) each bucket and times it; also the loop's step
-    hooks (``begin_step``/``end_step``) that put the step's totals into its stage record.
-
-    Each bucket is timed from the moment its gradients are ready to the moment its all-reduce
-    has finished: on CPU (gloo) with the host clock, since gloo completes the future when the
-    collective is done; on CUDA with two CUDA events, the first recorded on the current stream
-    when the hook is called (every gradient kernel of the bucket precedes it in stream order), the
-    second from the future's callback, which runs on a stream that waits for the all-reduce's
-    completion. The events are read in ``end_step``, after the step's work is synchronized (the
-    optimizer stage ends with a device sync; the last event is waited for in any case).
-
+    """A DDP comm hook that all-reduces (mean) each bucket and times it from its gradients being
+    ready to the all-reduce finished (host clock with gloo, CUDA events with NCCL); also the loop's
+    step hooks (``begin_step``/``end_step``) that put the step's totals into its stage record.
     ``delay_s`` (a test hook) sleeps before each step, making this rank the slow one.
     """
 

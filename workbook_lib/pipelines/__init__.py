@@ -1,13 +1,6 @@
-"""Training pipelines: the protocol every measured thing implements, the built-in strategies as
-pipelines, user pipelines named in params, and the Lightning adapter.
-
-``protocol``   the :class:`Pipeline` interface (bottom of the seam; imports only torch)
-``builtin``    the workbook's strategies + model as pipelines
-``loading``    ``pipelines`` params entries: import, build, check on one batch (parsed by
-               ``configs.specs``)
-``lightning``  a ``LightningModule`` + ``LightningDataModule`` as a pipeline (optional extra)
-
-:func:`build_pipeline` is the one place a name (a built-in strategy or a user pipeline) becomes a
+"""Training pipelines: the protocol every measured thing implements (``protocol``), the built-in
+strategies as pipelines (``builtin``), user pipelines named in params (``loading``) and the
+Lightning adapter (``lightning``). :func:`build_pipeline` is the one place a name becomes a
 pipeline ready to train.
 """
 from __future__ import annotations
@@ -61,20 +54,14 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
     """A pipeline ready to train.
 
     Args:
-        params: validated params.
-        name: a built-in strategy name or the name of an entry of ``params.pipelines``.
-        graph: the loaded snapshot.
-        device: where the model runs.
-        batch_size: samples per step (default: the params' batch for a built-in strategy, the
-            pipeline's own for a user pipeline).
-        pert: built-in only: the perturbations its dataset serves (default ``n_items`` sampled
-            from the params' seed and ``salt``).
-        n_items: built-in only: how many perturbations to sample (default 8 batches).
-        form, storage_dir, hidden, layers, labels, middle: built-in only (message form,
-            strategy 3's mask folder, model sizes, targets, the shared graph's middle-layer form).
+        params: validated params; graph: the loaded snapshot; device: where the model runs.
+        name: a built-in strategy or an entry of ``params.pipelines``.
+        batch_size: default the params' batch (built-in) or the pipeline's own (user).
+        pert, n_items, form, storage_dir, hidden, layers, labels, middle: built-in only (the
+            perturbations served or how many to sample, message form, strategy 3's folder, model
+            sizes, targets, the shared graph's middle-layer form).
         check: user pipelines: run one batch through every stage first (:func:`check_pipeline`).
-        ddp: with ``check``, refuse a forward that reaches into the model (``model.conv(...)``,
-            which DDP's wrapper lacks); False (the notebooks but 04's preflight): a warning.
+        ddp: with ``check``, refuse a forward that reaches into the model (False: a warning).
 
     Raises:
         PipelineError: an unknown name, or a user pipeline that cannot work.

@@ -54,10 +54,8 @@ class BuiltinPipeline(Pipeline):
     """A built-in strategy with the workbook's model.
 
     Args:
-        strategy: the prepared strategy.
-        model: the workbook's model (on the strategy's device).
-        pert: ``[n, k]`` deleted genes of the samples the dataset serves (-1 pads).
-        batch_size: samples per step.
+        strategy: the prepared strategy; model: the workbook's model (on its device).
+        pert: ``[n, k]`` deleted genes of the samples served (-1 pads); batch_size: per step.
         dual: the Lazy model's dual forward (exact strategies only).
         labels: ``[n]`` targets (default: the synthetic labels of ``pert``).
     """

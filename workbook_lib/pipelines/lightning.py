@@ -1,23 +1,10 @@
 """A PyTorch Lightning ``LightningModule`` + ``LightningDataModule`` as a pipeline.
 
-The workbook times the stages itself, so it drives the module's own hooks in Lightning's order
-without a ``Trainer``:
-
-=============  ==========================================================================
-stage          Lightning hook(s)
-=============  ==========================================================================
-dataset        ``datamodule.train_dataloader().dataset`` (after ``prepare_data``/``setup``)
-collate        that DataLoader's ``collate_fn`` (its ``batch_size`` is the pipeline's)
-transfer       ``on_before_batch_transfer`` then ``transfer_batch_to_device``
-device prep    ``on_after_batch_transfer``
-forward        ``training_step(batch, batch_idx)`` (through a wrapper module, as Lightning's
-               own strategies do, so DistributedDataParallel sees a normal forward)
-loss           the ``loss`` it returned (a tensor, or a dict's ``"loss"``)
-optimizer      the first optimizer of ``configure_optimizers``
-=============  ==========================================================================
-
-"Data only" is the empty task: the batch fetched, transferred and prepared; ``training_step`` is
-not called. ``self.log`` inside ``training_step`` has no Trainer to log to and does nothing.
+Drives the module's own hooks in Lightning's order without a ``Trainer``: the datamodule's
+``train_dataloader`` (dataset, collate), ``on_before_batch_transfer`` /
+``transfer_batch_to_device`` (transfer), ``on_after_batch_transfer`` (device prep),
+``training_step`` through a wrapper module (forward), its returned ``loss``, and the first
+optimizer of ``configure_optimizers``. ``self.log`` does nothing.
 
 Why an adapter rather than a Lightning ``Callback`` or profiler: the workbook's four modes need
 to run the data path without the model and the model without the optimizer, with a device sync
@@ -49,15 +36,12 @@ class LightningPipeline(Pipeline):
     """Profile a ``LightningModule`` with its ``LightningDataModule`` through the workbook.
 
     Args:
-        module: the LightningModule (its ``training_step`` and ``configure_optimizers``).
-        datamodule: the LightningDataModule (its ``train_dataloader``), or any object with a
-            ``train_dataloader()`` method.
-        device: where to train.
+        module: the LightningModule; device: where to train.
+        datamodule: the LightningDataModule, or any object with ``train_dataloader()``.
         name: the pipeline's name (default: the module's class name).
 
     Raises:
-        ValueError: the module has no ``training_step`` or the data module no
-            ``train_dataloader``, or that loader has no ``batch_size``.
+        ValueError: no ``training_step``, no ``train_dataloader``, or a loader without ``batch_size``.
     """
 
     per_sample_output = False  # training_step returns the loss

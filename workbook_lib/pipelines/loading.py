@@ -1,27 +1,13 @@
-"""User pipelines named in the ``pipelines`` params key: import, build, check (the entries are
-parsed as plain strings with the schema: :func:`workbook_lib.configs.specs.parse_specs`).
+"""User pipelines named in the ``pipelines`` params key: import, build, check.
 
-An entry is ``"TARGET"`` or ``"NAME=TARGET"``, where TARGET is ``package.module:factory`` or
-``path/to/file.py:factory`` (a relative path is taken from the repository root, then from the
-current folder). The factory is called as ``factory(params, graph, device)`` with the validated
-params, the snapshot (:class:`~workbook_lib.data.snapshots.CellGraph`; ``graph.to_hetero_data()``
-gives a PyG ``HeteroData``) and the ``torch.device``, and returns a pipeline
-(:mod:`workbook_lib.pipelines.protocol`). Without ``NAME=`` the pipeline's name is its own
-``name`` attribute when set, else the module's (file's) name.
+An entry is ``"TARGET"`` or ``"NAME=TARGET"`` with TARGET ``package.module:factory`` or
+``path/to/file.py:factory``; the factory is called as ``factory(params, graph, device)`` and
+returns a pipeline (:mod:`workbook_lib.pipelines.protocol`). :func:`check_pipeline` runs one batch
+through every stage before anything is timed, so a pipeline that cannot work is refused with one
+line naming it and what is wrong.
 
-:func:`check_pipeline` runs one batch through every stage before anything is timed, the way the
-notebooks will run it, so a pipeline that cannot work is refused with one line naming it and
-what is wrong: the batch also comes through a ``DataLoader`` with the run's ``num_workers`` (an
-error only a worker process meets, or a batch a worker cannot send back), the model is called
-through a wrapper that exposes what ``DistributedDataParallel`` exposes (notebook 04 wraps it),
-and the full step ends with one step of the pipeline's own optimizer, on the real model, whose
-parameters, buffers and random state are restored afterwards.
-
-The wrapper (:class:`DDPLike`) rather than a real single-process DDP: a real one needs a process
-group (a TCP store on a port, global state in the CLI's or the notebook kernel's process, a
-device id on CUDA), and what the check needs of it is only its surface: calling it,
-``.module``, the parameters. An attribute of the model reached through the wrapper raises the
-``AttributeError`` DDP would raise, which the check turns into the rule that was broken.
+:class:`DDPLike` stands in for a real single-process DDP, which would need a process group (a
+TCP store, global state, a CUDA device id) where the check only needs its surface.
 """
 from __future__ import annotations
 
@@ -139,26 +125,18 @@ _NO_ATTR = re.compile(r"'DDPLike' object has no attribute '(\w+)'")
 def check_pipeline(pipe, *, batch_size: int | None = None, num_workers: int = 0,
                    stall_timeout_s: float | None = None, ddp: bool = True) -> list[str]:
     """One batch through every stage (dataset, collate, a DataLoader with ``num_workers``,
-    transfer, prepare, forward through a DDP-like wrapper, loss, backward, one optimizer step),
-    no timing; the model's state is restored afterwards. Raises :class:`PipelineError` naming
-    the pipeline and the stage; returns warnings (a loss that is not finite on this batch:
-    notebook 03 times it anyway and names it).
-
-    The rules: the dataset holds at least one batch; with workers, the batch can be sent back
-    from a worker (pickled) and a worker can build it; ``forward`` calls the ``model`` it is
-    given (never an attribute of it: DDP wraps the model) and returns a tensor (or a
-    tuple/list/dict of them) with one leading row per sample of the batch; ``loss`` returns a
-    scalar tensor that requires grad; backward gives some trainable parameter a gradient;
-    ``configure_optimizer`` returns an optimizer whose step runs.
+    transfer, prepare, forward through :class:`DDPLike`, loss, backward, one optimizer step), untimed;
+    the model's state is restored. Returns warnings (e.g. a loss not finite on this batch).
 
     Args:
-        pipe: the pipeline.
-        batch_size: the batch (default: the pipeline's).
-        num_workers: DataLoader worker processes of the run (0: the main process only).
-        stall_timeout_s: how long one stage may run before the check stops it (None: no limit).
-        ddp: whether notebook 04 (DDP) will run this pipeline. When False, a forward that
-            reaches into the model (``model.conv(...)``) is a warning, not a refusal: only
-            DDP's wrapper lacks the attribute, and the notebooks that run without it can time it.
+        pipe: the pipeline; batch_size: default the pipeline's.
+        num_workers: the run's DataLoader workers (0: the main process only).
+        stall_timeout_s: how long one stage may run (None: no limit).
+        ddp: whether notebook 04 will run it; when False a forward that reaches into the model
+            (``model.conv(...)``) is a warning, not a refusal.
+
+    Raises:
+        PipelineError: naming the pipeline, the stage and the rule broken.
     """
     name = getattr(pipe, "name", "") or type(pipe).__name__
     b = batch_size or pipe.batch_size

@@ -1,36 +1,12 @@
 """The one seam of what the workbook measures: a training pipeline, stage by stage.
 
-Every notebook that times, profiles or measures the memory of a training step does so through
-this protocol, for the built-in strategies (:mod:`workbook_lib.pipelines.builtin`), for a
-PyTorch Lightning module (:mod:`workbook_lib.pipelines.lightning`) and for a user's own pipeline
-(named in the ``pipelines`` params key) alike.
-
-=================  ==========================================  ===============================
-stage              method                                      where it runs
-=================  ==========================================  ===============================
-dataset item       ``dataset()[i]``                             DataLoader worker (host)
-collate            ``collate(items)``                           DataLoader worker (host)
-transfer           ``to_device(batch, non_blocking)``           host -> device
-device prep        ``prepare(batch)`` -> inputs                 device (masks, filtering...)
-forward            ``forward(model, inputs)`` -> output         device
-loss               ``loss(output, batch)`` -> scalar tensor     device
-=================  ==========================================  ===============================
-
-The loss is a stage of its own, backward included: the harness hands ``loss`` the output's
-tensors detached (:class:`LossSplit`), so the loss's backward stops at them and is timed apart
-from the model's.
-
-plus ``model`` (the ``torch.nn.Module`` that is trained; DDP wraps it, so ``forward`` must call
-the ``model`` it is given, not ``self.model``), ``batch_size`` (samples per step, the
-DataLoader's batch size), ``configure_optimizer`` (default AdamW, lr 1e-3) and, optionally,
-``shared_forward(model)``: the part of the forward that every sample of a batch shares (a
-wildtype pass), when the pipeline can run it alone.
-
-The harness owns everything else: the DataLoader (workers, pinning), timing each stage between
-device syncs, warm-up, repeats, DDP. A pipeline never times itself.
-
-A pipeline is a plain class: subclass :class:`Pipeline` (the defaults below then apply) or write
-the same methods yourself; :func:`check_pipeline` says what is missing.
+Every notebook that times, profiles or measures a training step goes through this protocol, for
+built-in strategies, Lightning modules and user pipelines alike. The stages: dataset item
+(``dataset()[i]``) and ``collate(items)`` in DataLoader workers, ``to_device(batch,
+non_blocking)``, ``prepare(batch)``, ``forward(model, inputs)`` and ``loss(output, batch)`` (timed
+apart, :class:`LossSplit`); plus ``model``, ``batch_size``, ``configure_optimizer`` and optionally
+``shared_forward(model)``. The harness owns the DataLoader, timing, repeats and DDP; a pipeline
+never times itself. Subclass :class:`Pipeline` or write the same methods (docs/own-pipeline.md).
 """
 from __future__ import annotations
 
@@ -63,15 +39,13 @@ def move_to(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
 
 
 class LossSplit:
-    """The loss's backward apart from the model's: ``loss`` sees the output's tensors detached
-    (new leaves), so ``loss_backward()`` stops at them (and at any parameter the loss uses
-    itself) and ``model_backward()`` carries their gradients on through the model, in one
-    backward pass (DDP's hooks fire once per parameter). The gradients equal ``loss.backward()``.
+    """The loss's backward apart from the model's, in one backward pass: ``loss`` sees the output's
+    tensors detached, ``loss_backward()`` stops at them and ``model_backward()`` carries their
+    gradients through the model (gradients equal ``loss.backward()``'s).
 
     Args:
         output: what ``forward`` returned.
-        parameters: the model's trainable parameters (a loss may use them itself, e.g. a
-            penalty).
+        parameters: the model's trainable parameters (a loss may use them, e.g. a penalty).
     """
 
     def __init__(self, output: Any, parameters: Sequence[torch.Tensor]):
@@ -141,25 +115,17 @@ def _unsplittable(output: Any) -> str:
 
 
 class Pipeline:
-    """Base class of a training pipeline (see the module docstring for the stages).
-
-    Subclasses set ``model``, ``device`` and ``batch_size`` and implement ``dataset``,
-    ``collate``, ``forward`` and ``loss``; ``to_device``, ``prepare``, ``configure_optimizer``
-    and ``shared_forward`` have defaults.
+    """Base class of a training pipeline: subclasses set ``model``, ``device`` and ``batch_size``
+    and implement ``dataset``, ``collate``, ``forward`` and ``loss``; the other methods have defaults.
 
     Attributes:
-        name: short identifier (results, tables); set by the loader from the params key when
-            empty.
+        name: short identifier (set by the loader from the params key when empty).
         title: for sentences in reports ("the Lazy model"); defaults to the name.
-        exact: whether the pipeline computes the perturbed-graph forward exactly: True
-            (declared exact), False (declared not: another model, e.g. one wildtype pass) or
-            None (not stated, the default). The verdict recommends as the fix only a pipeline
-            declared exact, or proven equal to the slow one by ``equal``.
-        per_sample_output: ``forward`` returns one row per sample (checked on one batch); False
-            when it returns something else (e.g. a Lightning ``training_step``'s loss).
-        model: the ``torch.nn.Module`` trained (and wrapped by DDP).
-        device: where the model runs.
-        batch_size: samples per training step.
+        exact: True (declared exact), False (another model) or None (not stated); the verdict
+            recommends only a pipeline declared exact or proven equal by ``equal``.
+        per_sample_output: ``forward`` returns one row per sample (False e.g. for Lightning).
+        model, device, batch_size: the module trained (wrapped by DDP), where it runs, samples
+            per step.
     """
 
     name: str = ""

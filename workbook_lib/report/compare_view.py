@@ -48,11 +48,8 @@ def default_path(c: RunComparison) -> Path:
 
 
 def write_page(c: RunComparison, out: str | Path | None = None) -> Path:
-    """Write the comparison's page to ``out`` (default :func:`default_path`); returns its path.
-
-    Args:
-        c: the comparison.
-        out: the page's path.
+    """Write the comparison ``c``'s page to ``out`` (default :func:`default_path`); returns its
+    path.
     """
     path = Path(out) if out else default_path(c)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,5 @@
-"""What a reader sees of a pipeline that failed: one line each, the traceback folded away.
-
-Every notebook that can lose a pipeline (02, 03, 04) shows its study's ``failures`` with
-:func:`failures_note`: the line says which pipeline, where (stage, step, rank) and what; the
-traceback (the rank's, the worker's, the probe's) is in a collapsed ``<details>`` block.
+"""What a reader sees of a pipeline that failed (02, 03, 04): one line each saying which
+pipeline, where (stage, step, rank) and what, the traceback in a collapsed ``<details>`` block.
 """
 from __future__ import annotations
 
@@ -25,12 +22,8 @@ def failure_html(f: PipelineFailure) -> str:
 
 def failures_note(failures: dict[str, PipelineFailure], *, what: str = "",
                   none: str = "Every pipeline ran: no failure.") -> HTML:
-    """Each failure in one line with its traceback collapsed, or a line saying there was none.
-
-    Args:
-        failures: a study's ``failures`` (pipeline -> record).
-        what: what the others' figures are, for the closing sentence ("the loop's figures").
-        none: what to say when nothing failed ("": nothing).
+    """Each failure of ``failures`` (pipeline -> record) in one line, traceback collapsed; ``what``
+    names the others' figures for the closing sentence; ``none``: the line when nothing failed.
     """
     if not failures:
         return HTML(f"<p>{html.escape(none)}</p>" if none else "")

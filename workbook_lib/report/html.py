@@ -48,12 +48,8 @@ def _verdict(out_dir: Path, outcomes) -> tuple[str | None, str]:
 
 
 def index_page(out_dir: Path, outcomes, params: dict) -> str:
-    """The run folder's ``index.html`` (template ``run_index.html.j2``).
-
-    Args:
-        out_dir: the run folder.
-        outcomes: this run's notebook outcomes (``running.papermill_run.NotebookOutcome``).
-        params: the run's params.
+    """The run folder's ``index.html`` (template ``run_index.html.j2``) from the run folder
+    ``out_dir``, this run's notebook ``outcomes`` and its ``params``.
     """
     env = {}
     if (out_dir / "environment.json").is_file():

@@ -1,12 +1,9 @@
 """Every HTML page the workbook writes has one look: one base template and one stylesheet.
 
-The pages (the run folder's ``index.html``, ``trace``'s, ``compare``'s and ``stability``'s)
-are jinja2 templates in ``report/templates/workbook/`` that extend ``page.html.j2``, which
-inlines ``workbook.css``; the notebooks' reports (nbconvert's ``index.html.j2``, in the same
-folder) inline the same file. Every page is so one self-contained file a reader can share.
-jinja2 comes with nbconvert, which exports the reports. No template here may take the name of
-one of nbconvert's (``base.html.j2`` would replace the one its lab template extends: that
-folder is searched first).
+The pages are jinja2 templates in ``report/templates/workbook/`` extending ``page.html.j2``,
+which inlines ``workbook.css`` (as nbconvert's ``index.html.j2`` for the notebooks' reports
+does), so each page is one self-contained file. No template here may take the name of one of
+nbconvert's: this folder is searched first.
 """
 from __future__ import annotations
 
@@ -27,12 +24,8 @@ def _environment():
 
 
 def render(template: str, **context) -> str:
-    """One page: ``template`` (a file in ``report/templates/workbook/``) filled from
-    ``context``; strings are escaped unless marked safe (:func:`markup`).
-
-    Args:
-        template: the template's file name, e.g. ``"trace.html.j2"``.
-        **context: the template's variables.
+    """One page: ``template`` (a file name in ``report/templates/workbook/``, e.g.
+    ``"trace.html.j2"``) filled from ``context``; strings are escaped unless marked safe (:func:`markup`).
     """
     return _environment().get_template(template).render(**context)
 

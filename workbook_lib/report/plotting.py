@@ -1,10 +1,6 @@
-"""Figure conventions of every report.
-
-* every figure's title says what was measured, on which device, at which sizes, how often;
-* bar comparisons use linear axes; a log axis is used only where values span decades, and its
-  label says so; tick labels are plain numbers (no ``2x10^0``), bytes are in MB or GB;
-* figures are shown as PNG with alt text (:func:`show`), so the HTML report carries a description
-  of every image.
+"""Figure conventions of every report: titles say what was measured, where, at which sizes and
+how often; linear axes unless values span decades (then labelled log); plain tick labels, bytes
+in MB or GB; figures shown as PNG with alt text (:func:`show`).
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Table formatting of every report: units in the values, noise beside every measured figure,
-no index column, imprecise figures flagged.
-
-A measured figure is shown as ``median (IQR x, n=10)``; one whose IQR/median is above the precision
-target it was repeated for is marked ``(noisy)`` and the table carries a footnote saying so (a
-word, not a ``*``, which Markdown would read as emphasis). One measured while the process got less
-than 80% of the CPU its threads asked for is marked ``(contended)``, with its own footnote: a
-steady disturbance keeps the IQR small, so only the CPU share shows it.
+"""Table formatting of every report: units in the values, noise beside every measured figure
+(``median (IQR x, n=10)``), no index column, and ``(noisy)`` or ``(contended)`` marks with their
+footnotes (a word, not a ``*``, which Markdown reads as emphasis).
 """
 from __future__ import annotations
 

@@ -22,11 +22,7 @@ def params_lines(params: dict) -> list[str]:
 
 def run_lines(outcomes, out_dir: str | Path) -> list[str]:
     """One line per notebook of a run (status, name, seconds or ``kept``), 05's answer in one
-    line when it wrote one, then the index.
-
-    Args:
-        outcomes: the run's ``running.papermill_run.NotebookOutcome``s.
-        out_dir: the run folder.
+    line when it wrote one, then the index; from the run's ``outcomes`` and folder ``out_dir``.
     """
     from ..running.results import read_meta
 

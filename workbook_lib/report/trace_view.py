@@ -1,9 +1,6 @@
-"""The page of ``python -m workbook_lib trace``: a profiler trace broken down by exclusive time.
-
-One figure (the main thread's ranges, per profiled step; both traces side by side when two are
-given), then a section per row of the trace (the main thread first, then other threads and
-processes, then GPU streams), each with its wall time and what its exclusive times add up to,
-its ranges, kinds and top operators; then, for two traces, the difference tables.
+"""The page of ``python -m workbook_lib trace``: a profiler trace broken down by exclusive time,
+one section per row of the trace (main thread, other threads and processes, GPU streams), and
+for two traces the difference tables.
 """
 from __future__ import annotations
 
@@ -130,14 +127,8 @@ def _diff_table(title: str, rows: list[DiffRow], names: list[str], top: int | No
 
 def page(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | None = None, *,
          top: int = 25) -> str:
-    """The HTML page of one trace's breakdown, or two traces' and their difference (template
-    ``trace.html.j2``, :mod:`workbook_lib.report.pages`).
-
-    Args:
-        bds: one or two breakdowns.
-        names: how each trace is named on the page (its file name).
-        dif: the difference (B against A) when two traces are given.
-        top: operators shown per table (every one is in the JSON).
+    """The HTML page of one or two traces' breakdowns ``bds`` (named ``names``) and their
+    difference ``dif``, ``top`` operators per table (template ``trace.html.j2``).
     """
     png, alt = _figure(bds, names)
     traces = [{"name": name, "path": str(bd.path), "depth": bd.depth,
@@ -161,13 +152,8 @@ def page(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | None = No
 
 def write_report(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | None,
                  out: Path, *, top: int = 25) -> tuple[Path, Path]:
-    """Write ``OUT.html`` (:func:`page`) and ``OUT.json`` (every breakdown, the difference and
-    what wall time means); their paths.
-
-    Args:
-        bds, names, dif: as for :func:`page`.
-        out: the path without its suffix.
-        top: operators shown per table in the HTML (the JSON has all).
+    """Write ``out``.html (:func:`page`) and ``out``.json (every breakdown, the difference and what
+    wall time means); returns their paths. ``bds``, ``names``, ``dif``, ``top``: as for :func:`page`.
     """
     doc = {"traces": [b.to_json() for b in bds], "diff": dif.to_json() if dif else None,
            "wall_time": WALL_DEFINITION}
@@ -179,14 +165,9 @@ def write_report(bds: list[TraceBreakdown], names: list[str], dif: TraceDiff | N
 
 def summary_lines(bds: list[TraceBreakdown], names: list[str],
                   dif: TraceDiff | None = None) -> list[str]:
-    """The terminal's summary of ``trace``: per trace, each row's wall time and how much of it
-    the exclusive times cover, the main row's five largest ranges; with two traces, the
-    difference's total and its five largest ranges.
-
-    Args:
-        bds: the traces' breakdowns (:func:`workbook_lib.traces.breakdown`).
-        names: one name per trace.
-        dif: the second trace against the first, or None.
+    """The terminal's summary of ``trace``: per trace (``bds``, ``names``), each row's wall time,
+    its coverage by exclusive times and the main row's five largest ranges; with a difference
+    ``dif``, its total and five largest ranges.
     """
     lines = []
     for bd, name in zip(bds, names):

@@ -87,13 +87,12 @@ def hop_coverage(graph: CellGraph, pert: torch.Tensor, hops: int = 3,
 
 def footprint(graph: CellGraph, pert: torch.Tensor, layers: int,
               chunk: int = 64) -> list[FootprintRow]:
-    """Per layer ``l = 1..layers`` and edge type: with ``R_0`` the deleted genes and ``R_l`` the
-    genes whose layer-``l`` output differs from the wildtype's, layer ``l``'s type-``t``
-    aggregation changes at the deleted genes and the type-``t`` out-neighbours of ``R_(l-1)``,
-    and its changed messages are the type-``t`` edges leaving ``R_(l-1)``; ``R_l`` adds every
-    gene whose aggregation changed. The edges leaving ``R_1`` are the work of the delta layer
-    (:mod:`workbook_lib.nodemask.delta`) per sample; those leaving ``R_0``, the incremental
-    first layer's."""
+    """Per layer and edge type, the genes whose aggregation changes and the messages that change
+    after the deletions (``R_l``: genes whose layer-``l`` output differs from the wildtype's, grown
+    from the type-``t`` out-neighbours of ``R_(l-1)``). The edges leaving ``R_1`` are the delta
+    layer's per-sample work (:mod:`workbook_lib.nodemask.delta`); those leaving ``R_0``, the
+    incremental first layer's.
+    """
     if layers <= 0:
         raise ValueError(f"'layers' must be a positive integer (got {layers})")
     n = graph.num_genes

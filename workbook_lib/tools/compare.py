@@ -1,18 +1,10 @@
 """Comparing run folders: the headline figures of two or more runs side by side.
 
-Each row is one headline figure (:mod:`workbook_lib.tools.headlines`) with its unit and noise
-in every run, and each run after the first against the first: the ratio, and whether that is
-better or worse for that figure (lower is better for a time, higher for a speedup) only when the two figures' noise bands do not
-overlap (interquartile ranges, or two standard errors of a fitted coefficient; exact figures
-compare exactly), otherwise "within noise". A negative fitted coefficient has no direction. Runs
-made on different snapshots are refused unless forced: their numbers do not compare; runs of the
-same snapshot at different scales compare (the page says so: absolute figures move with size).
-A figure measured while the process got less than 80% of the CPU its threads asked for (another
-job on the same CPUs: :mod:`workbook_lib.measurement.cpu`) is marked contended and not compared:
-a steady disturbance keeps its IQR small, so its noise band would not cover the error.
-
-This module returns the comparison as records (:class:`RunComparison`);
-:mod:`workbook_lib.report.compare_view` writes its page.
+Each row is one headline figure (:mod:`workbook_lib.tools.headlines`) in every run, each run
+against the first: the ratio, and better or worse only when the noise bands do not overlap
+(else "within noise"). Contended figures are not compared; runs on different snapshots are
+refused unless forced. Returns records (:class:`RunComparison`);
+:mod:`workbook_lib.report.compare_view` writes the page.
 """
 from __future__ import annotations
 
@@ -133,15 +125,12 @@ def _run(d: Path) -> ComparedRun:
 
 
 def compare_runs(runs: list[str | Path], *, force: bool = False) -> RunComparison:
-    """Every headline figure of two or more run folders, each run against the first.
-
-    Args:
-        runs: the run folders; the first is the reference.
-        force: compare runs made on different snapshots too.
+    """Every headline figure of two or more run folders (the first is the reference), each run
+    against the first; ``force`` compares runs made on different snapshots too.
 
     Raises:
-        RunComparisonError: fewer than two runs, a folder missing or without results, or runs
-            made on different snapshots (unless ``force``).
+        RunComparisonError: fewer than two runs, a folder missing or without results, or different
+            snapshots without ``force``.
     """
     paths = [Path(r) for r in runs]
     if len(paths) < 2:

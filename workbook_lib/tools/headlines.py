@@ -1,9 +1,8 @@
-"""The headline figures of a run folder, read from the typed results: what ``compare`` puts side
-by side and what ``stability`` checks between two runs. Each figure says its unit, its noise, and
-which direction is better; ``kind`` tells a ratio measured in the same rounds (drift of the
-machine's speed cancels) from a ratio of separate launches (notebook 04's DDP factor, the gap
-that multiplies it in, the weak-scaling efficiency: drift between the launches does not cancel),
-from an absolute time (it does not) and from arithmetic."""
+"""The headline figures of a run folder, read from the typed results: what ``compare`` and
+``stability`` put side by side. Each says its unit, its noise, which direction is better, and its
+``kind``: a ratio of the same rounds (drift cancels), a ratio of separate launches (it does not),
+an absolute time, or arithmetic.
+"""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,34 +1,10 @@
 """``python -m workbook_lib selftest [--device cuda] [--ranks N]``: check a machine before a long run.
 
-Each check says ``ok``, ``FAILED`` (with the reason) or ``skipped`` (with why); the command prints
-the table and exits 1 when any check failed (2 for bad input, before any work). The checks run at
-``params/ci.yaml``'s sizes, so they take seconds on a CPU and well under two minutes on a GPU:
-
-* **exactness on the device**: every strategy's node outputs, prediction and parameter gradients
-  on the device against the plain CPU reference (per-sample PyG subgraph + ``GINConv``) for exact
-  strategies, and against the same strategy on the CPU for every strategy; the tolerance is
-  derived from float32 accumulation (:func:`float32_tolerance`), since a GPU's atomic
-  ``index_add_`` sums in another order;
-* **sync counter**: counts 0 for device-only arithmetic and at least 1 for an ``.item()`` (both
-  ways, on this device), then each strategy's step (device preparation, forward, backward) is
-  counted and reported;
-* **the fix's delta path**: ``params/ci.yaml`` trains 2 layers, where the node-mask shared graph
-  has no middle layer, so its delta path (second layer delta-propagated, the dual forward's
-  wildtype pass reusing it) is checked on its own at ``L = 3``: exactness against the CPU
-  reference with the device's push kernel (and the PyTorch fallback ``pull`` on a CPU), and a
-  training step that must make no host sync (``FAILED`` otherwise);
-* **memory probe**: one probe in a fresh process on the device returns a peak, ``ok`` or
-  below the CPU's resolution;
-* **timing synchronization**: a known amount of device work (a sleep on the CPU, a spin kernel
-  of known length on CUDA) timed by the workbook's :class:`~workbook_lib.measurement.timing.StepClock`
-  measures at least its length (a missing device sync would time the launch only);
-* **CPU share**: a short CPU-bound timing in the workbook's StepClock, and what the process got
-  of the CPUs while it ran (:mod:`workbook_lib.measurement.cpu`), with the CPUs it may use and
-  the threads that fit them: ``busy`` (not a failure) when its threads got less than 80% of
-  what they asked for, so that timings taken now would be marked contended (the detail says by
-  whom: other jobs on these CPUs, or its own threads outnumbering them);
-* **DDP launch** (``--ranks`` >= 2): a short ``torchrun`` launch of the DDP worker (NCCL on GPUs,
-  gloo on CPU) whose comm hook measured every rank's all-reduce.
+At ``params/ci.yaml``'s sizes, each check says ``ok``, ``FAILED`` or ``skipped``, with why:
+exactness on the device, the sync counter, the fix's delta path at 3 layers, a memory probe,
+timing synchronization, the CPU share (``busy`` when timings now would be contended) and, with
+``--ranks`` >= 2, a DDP launch. Exit 1 when a check failed, 2 for bad input. What each check
+does: docs/development.md.
 
 Written here rather than with a test runner because it runs on the user's machine, outside the
 test suite, and must print one table a user can read.
@@ -389,11 +365,10 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
 def run_selftest(device: str = "auto", ranks: int | None = None,
                  params_path: str | Path | None = None,
                  only: list[str] | None = None) -> list[Check]:
-    """Every check (see the module docstring); ``only`` limits them to names starting so.
+    """Every check (``only``: those whose names start so).
 
     Raises:
-        ValueError: ``device`` is not cpu, cuda or auto, ``cuda`` without a CUDA device, or
-            ``ranks`` below 1.
+        ValueError: ``device`` not cpu, cuda or auto, ``cuda`` without a CUDA device, or ``ranks`` < 1.
     """
     from ..data.snapshots import load_snapshot
     from ..common.device import resolve_device

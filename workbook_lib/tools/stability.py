@@ -1,19 +1,8 @@
 """Do two runs agree? ``python -m workbook_lib stability --params FILE --runs 2 --out DIR``
-runs every notebook ``runs`` times into ``DIR/run1``, ``DIR/run2``... and reports every headline
-figure side by side with its relative difference (the largest over pairs of runs), against a
-tolerance (15% by default). :func:`run_stability` makes the runs
-(:mod:`workbook_lib.running.run_folder`) and compares them (:func:`compare_figures`);
-:mod:`workbook_lib.report.stability_view` writes the page.
-
-Where a figure cannot agree the report says why. An absolute time moves with the machine's
-speed, which on a shared machine drifts by tens of percent over minutes: the report shows how
-much a reference (the same benchmark step, same kernels) moved between the runs. A ratio measured
-in the same rounds cancels that drift; when one still differs, its own noise (IQR) says whether
-the difference is within it. The verdict rests on ratios and on the recommended strategy, and
-the report says for each figure whether the verdict rests on it. A figure measured while the
-process's compute threads got less than 80% of the CPU they asked for in any run (other jobs on
-the same CPUs, or the run's own processes outnumbering them: each says which) is marked contended
-there and not judged: its agreement or disagreement says nothing.
+runs every notebook ``runs`` times (``DIR/run1``, ``DIR/run2``...) and reports every headline
+figure's largest relative difference against a tolerance (15% by default), with why a figure
+cannot agree where it cannot (an absolute time moves with the machine, a contended figure is
+not judged). :mod:`workbook_lib.report.stability_view` writes the page.
 """
 from __future__ import annotations
 
@@ -180,22 +169,17 @@ def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
                   tolerance: float = 0.15, only: list[str] | None = None,
                   progress: bool = True, write_index=None) -> StabilityResult:
     """Run the notebooks ``runs`` times into ``out_dir/run1``, ``run2``... and compare every
-    headline figure (:func:`compare_figures`); the comparison is written to
-    ``out_dir/stability.json`` (its page: :func:`workbook_lib.report.stability_view.write_page`).
+    headline figure (:func:`compare_figures`), written to ``out_dir/stability.json``.
 
     Args:
-        params: validated params.
-        out_dir: the folder of the runs.
-        runs: how many runs (at least 2).
-        tolerance: relative difference allowed (a positive number).
-        only: ``--only`` values; None runs every notebook.
-        progress: progress bars.
-        write_index: each run folder's index writer
-            (:func:`workbook_lib.running.run_folder.run_notebooks`).
+        params: validated params; out_dir: the folder of the runs.
+        runs: how many runs (at least 2); tolerance: relative difference allowed (> 0).
+        only: ``--only`` values (None: every notebook); progress: progress bars.
+        write_index: each run folder's index writer.
 
     Raises:
-        ParamsError: runs below 2, a tolerance not positive, an unknown notebook; before the
-            first run.
+        ParamsError: before the first run, for runs below 2, a tolerance not positive or an
+            unknown notebook.
     """
     from ..running.notebooks import resolve_only
     from ..running.run_folder import run_notebooks

@@ -51,16 +51,12 @@ class Arm:
 
     Args:
         name: unique name of the arm (e.g. ``"node_mask_shared/full"``).
-        pipeline: what a step runs (:class:`~workbook_lib.pipelines.protocol.Pipeline`).
-        loader: where batches come from (:func:`make_loader`; arms sharing a loader share its
-            stream when interleaved).
-        variant: what a step does.
-        model: the pipeline's model or a ``DistributedDataParallel`` wrapping it (default
-            ``pipeline.model``).
+        pipeline: what a step runs; variant: how far it goes.
+        loader: where batches come from (:func:`make_loader`; shared when interleaved).
+        model: the pipeline's model or a ``DistributedDataParallel`` wrapping it.
         optimizer: required for mode ``full``.
         hooks: optional object with ``begin_step()`` and ``end_step(clock)`` (e.g. DDP comm timing).
-        optional: a failure stops this arm alone, not its pipeline (it needs a loader of its
-            own).
+        optional: a failure stops this arm alone (it needs a loader of its own).
     """
 
     def __init__(self, name: str, pipeline: Pipeline, loader: DataLoader, variant: Variant, *,
@@ -100,14 +96,11 @@ class Arm:
         return self.batch_size * self.variant.micro_batches
 
     def step(self, clock: StepClock, *, timed: bool, counter: SyncCounter | None = None) -> None:
-        """One optimizer step (all its micro-batches), stages recorded in ``clock``.
-
-        Mode ``data`` is the empty task: the batch is fetched, transferred and prepared, and no
-        model runs (nothing to differentiate, nothing to zero).
+        """One optimizer step (all its micro-batches), stages recorded in ``clock``; mode ``data``
+        runs no model.
 
         Raises:
-            PipelineFailed: a stage raised or stalled (its stage, this arm's step index and the
-                traceback in the record; ``notebook`` is left for the caller to fill in).
+            PipelineFailed: a stage raised or stalled (``notebook`` left for the caller to fill in).
         """
         index = self.steps_run
         self.steps_run += 1

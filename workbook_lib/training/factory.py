@@ -38,13 +38,10 @@ def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
               device: torch.device | str | None = None, batch_size: int | None = None,
               scale: float | None = None, hidden: int | None = None, layers: int | None = None,
               form: str | None = None, storage_dir: str | Path | None = None) -> Run:
-    """Build a run of ``strategy`` from validated params.
+    """Build a run of ``strategy`` (``strategies.REGISTRY``) from validated params.
 
     Args:
-        params: validated params.
-        strategy: a strategy name (``strategies.REGISTRY``).
-        graph: the snapshot, if already loaded (else loaded from params at ``scale``).
-        device: where to run (default: the params' device, resolved).
+        graph: the snapshot if loaded (else loaded at ``scale``); device: default the params'.
         batch_size: default :func:`batch_size_for`.
         scale, hidden, layers: override the params' sizes (e.g. the real spec).
         form: message form of replicated strategies (``gather_scatter`` or ``spmm``).

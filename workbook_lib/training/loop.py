@@ -1,49 +1,13 @@
 """The training loop every timing of a step goes through (notebook 03, the DDP worker, 06).
 
-A step is the real thing: a ``torch.utils.data.DataLoader`` fetches and collates a pipeline's
-samples (in worker processes when ``num_workers > 0``), the batch is moved to the device, the
-pipeline's device preparation runs, then its model and loss. The pipeline
-(:mod:`workbook_lib.pipelines`) is a built-in strategy or the user's own: the loop is the same.
-An :class:`Arm` is one timed series of such steps: a pipeline, its model (plain or wrapped in
-``DistributedDataParallel``), a batch stream and a :class:`Variant` saying how far the step goes:
-
-* modes ``data`` (the empty task: fetch, collate, transfer and device preparation, no model
-  call), ``forward`` (+ forward and loss), ``forward_backward`` and ``full`` (+ the optimizer);
-* for DDP: micro-batches per optimizer step, which of them all-reduce (``every``, only the
-  ``last`` as with ``no_sync()`` accumulation, or ``never``), and the loss-side all-gather.
-
-Every stage is timed between device syncs in a :class:`~workbook_lib.measurement.timing.StepClock`
-(a variant with ``sync_stages=False`` is the same step synchronized only at its start and end: on
-a GPU the per-stage syncs serialize the host's work with the device's, so the pipelined step is
-reported beside the stage attribution)
-and wrapped in a ``wb:<stage>`` profiler range (for the exclusive-time trace breakdown); the
-DataLoader workers time their own fetch and collate and send the times with the batch.
-
-:func:`run_arms` runs arms until each is precise enough: warm-up steps first (never recorded),
-then one step with the sync counter on (counting has a per-operator cost, so it never runs in a
-timed step), then timed steps until IQR/median <= the target with at least ``min_steps``, or
-``max_steps``, or the time budget. With ``num_workers == 0`` the arms are **interleaved** (one
-step of each in turn), so their ratios carry no drift of the machine; with worker processes they
-run one after another, since workers prefetching while another arm runs would hide the data
-pipeline's cost.
-
-**A pipeline that fails costs only its own arms** (``run_arms(..., failures={})``): a step that
-raises (in any stage, in the main process or in a DataLoader worker) or stalls stops every arm of
-that pipeline; a :class:`~workbook_lib.failures.PipelineFailure` naming its stage and step is
-recorded and the other arms go on. Without ``failures`` (DDP ranks, whose collectives must
-match) the failure is raised as :class:`~workbook_lib.failures.PipelineFailed`.
-
-**Stalls** (``stall_timeout_s``): a stage in the main process is stopped by a
-:class:`~workbook_lib.common.watchdog.Watchdog` once it has run ``stall_timeout_s`` seconds or,
-once the pipeline has completed a step, :data:`STALL_FACTOR` times its slowest step (but at
-least :data:`STALL_FLOOR_S` seconds), whichever is shorter. With DataLoader workers each worker
-watches its own batch (its items and collate) for ``stall_timeout_s`` and reports the stage, and
-the DataLoader's ``timeout`` (a little longer) stops a wait that no worker reported; the workers
-are shut down with the stream.
-
-**A loss that is not finite** is detected without a host sync in the step: each step's loss is
-kept (detached) and checked once when the arm ends; the arm's result counts the steps whose loss
-was NaN or infinite and names the first.
+A step is the real thing: a ``DataLoader`` fetches and collates a pipeline's samples, the batch
+is moved to the device and prepared, then the model and loss run. An :class:`Arm` is one timed
+series of such steps; its :class:`Variant` says how far a step goes (modes ``data``, ``forward``,
+``forward_backward``, ``full``; for DDP, micro-batches and which of them all-reduce). Every stage
+is timed between device syncs in a :class:`~workbook_lib.measurement.timing.StepClock` and marked
+with a ``wb:<stage>`` profiler range. :func:`run_arms` runs arms until each is precise enough,
+interleaved when there are no worker processes; a pipeline that fails or stalls costs only its
+own arms, and non-finite losses are counted when an arm ends (docs/development.md).
 """
 from __future__ import annotations
 
@@ -74,11 +38,8 @@ LOADER_TIMEOUT_MARGIN_S = 2.0  # the DataLoader's own timeout: the workers' limi
 def make_loader(pipeline: Pipeline, batch_size: int | None = None, *, num_workers: int = 0,
                 pin_memory: bool = False, persistent_workers: bool = False,
                 stall_timeout_s: float | None = None) -> DataLoader:
-    """A DataLoader over the pipeline's dataset producing its batches (full batches only).
-
-    Args:
-        stall_timeout_s: with workers, how long a worker may spend on one batch before it
-            reports a stall (and the DataLoader's ``timeout``, a little longer); None: no limit.
+    """A DataLoader over the pipeline's dataset producing its full batches; ``stall_timeout_s``:
+    with workers, how long one batch may take before a stall is reported (None: no limit).
     """
     b = batch_size or pipeline.batch_size
     ds = TimedDataset(pipeline, stall_s=stall_timeout_s if num_workers > 0 else None)
@@ -374,26 +335,23 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
              failures: dict[str, PipelineFailure] | None = None,
              stall_timeout_s: float | None = None, notebook: str = "",
              procs: int = 1, pairs: list[tuple[str, str]] = ()) -> dict[str, ArmResult]:
-    """Run every arm until it is precise enough (see the module docstring).
+    """Run every arm until it is precise enough: warm-up steps, one untimed step under the sync
+    counter, then timed steps until IQR/median <= ``target`` (at least ``min_steps``), ``max_steps``
+    or the budget.
 
     Args:
         arms: the arms; their names must be unique.
         warmup_steps, min_steps, max_steps, target, budget_s: the :class:`Plan`.
         interleave: one step of each arm in turn (else arm after arm, each with a fresh stream).
         count_syncs: run one untimed step per arm under the sync counter.
-        agree: for DDP, turns this rank's "stop" into one every rank agrees on (collectives
-            must match across ranks); None on a single process.
+        agree: for DDP, makes this rank's "stop" one every rank agrees on; None on one process.
         desc: the progress bar's label.
-        failures: where a pipeline that fails is recorded (pipeline -> its failure; an optional
-            arm: arm name -> its failure). None: the first failure is raised
-            (:class:`~workbook_lib.failures.PipelineFailed`); always so with ``agree`` (a rank
-            cannot leave its collectives).
-        stall_timeout_s: the stall limit of a stage (:func:`stall_limit`); None: no limit.
+        failures: where failures are recorded (pipeline, or optional arm's name -> failure); None
+            (always so with ``agree``): the first failure is raised as ``PipelineFailed``.
+        stall_timeout_s: a stage's stall limit (:func:`stall_limit`); None: no limit.
         notebook: written into the failure records ("03").
-        procs: the run's processes sharing these CPUs (DDP ranks on the node), for the CPU
-            figures' cause.
-        pairs: arms whose ratio is a figure (interleaved: the gap's full steps): each goes on
-            until their per-round ratio is known to the target as well.
+        procs: the run's processes sharing these CPUs, for the CPU figures' cause.
+        pairs: arms whose ratio is a figure: each runs until that ratio meets the target too.
 
     Returns:
         ``{arm name: ArmResult}`` of the arms that did not fail.

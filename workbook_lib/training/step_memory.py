@@ -1,13 +1,9 @@
-"""Peak memory of one training step of a pipeline (a built-in strategy or the user's), measured
-in a fresh process by :mod:`workbook_lib.measurement.memory`.
+"""Peak memory of one training step of a pipeline, measured in a fresh process by
+:mod:`workbook_lib.measurement.memory`.
 
-:func:`measure_point` hands it the set-up (:func:`setup_step`) that the fresh process runs: validate
-the params at the point's sizes, load the snapshot, build the pipeline and one batch of items.
-The step is collate, transfer, device preparation, forward, loss and backward of that batch; the
-warm-up step's gradients are dropped before the measured step. Each stage (the items' reads
-too) is watched for a stall (``stall_timeout_s``); one that raises or stalls is raised as
-:class:`~workbook_lib.failures.PipelineFailed`, whose record the probe hands its parent (the
-point's ``details``).
+:func:`measure_point` hands the fresh process :func:`setup_step`, which builds the pipeline and
+one batch at the point's sizes; the step (collate to backward) runs after a warm-up step, each
+stage watched for a stall; a failure comes back as a ``PipelineFailed`` record.
 """
 from __future__ import annotations
 
@@ -87,11 +83,9 @@ def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float,
 
     Args:
         params: validated params (the point's sizes replace scale, hidden and layers).
-        strategy: a built-in strategy or the name of a user pipeline of ``params``.
-        batch_size, scale, hidden, layers: the point.
-        device: where the step runs.
-        form: message form of a replicated built-in strategy.
-        dual: the Lazy model's dual forward.
+        strategy: a built-in strategy or a user pipeline's name.
+        batch_size, scale, hidden, layers: the point; device: where the step runs.
+        form, dual: a replicated strategy's message form; the Lazy model's dual forward.
         timeout_s: the fresh process's time limit.
     """
     cfg = StepSpec(params.replace(scale=scale, hidden=hidden, layers=layers,

@@ -33,12 +33,9 @@ def _in_worker() -> bool:
 
 
 class TimedDataset(Dataset):
-    """The pipeline's dataset, each item read with its fetch time (timed inside the worker).
-
-    An item that raises or stalls becomes a :class:`DataFailure` (and so does every later item:
-    the pipeline is finished). In a DataLoader worker the batch's items and collate are watched
-    by the worker's own watchdog for ``stall_s``; in the main process the loop's watchdog names
-    the stage."""
+    """The pipeline's dataset, each item read with its fetch time (timed inside the worker); an item
+    that raises or stalls (``stall_s``) becomes a :class:`DataFailure`, as does every later item.
+    """
 
     def __init__(self, pipeline: Pipeline, stall_s: float | None = None):
         self.items = pipeline.dataset()

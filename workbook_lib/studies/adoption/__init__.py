@@ -1,36 +1,11 @@
-"""Notebook 06: adopting the fix. The same model, from the same seed, trained on the same
-batches with replicated masks (the Lazy model's pipeline) and with the node-mask shared graph; their
-steps interleaved in one process. The loss curves must agree to float32 rounding; time, memory
-and epochs per day are compared side by side.
+"""Notebook 06: adopting the fix. The same model, from the same seed, trained on the same batches
+with replicated masks and with the node-mask shared graph, steps interleaved in one process; the
+loss curves must agree to float32 rounding, and time, memory and epochs per day are compared.
 
-How the curves are compared: a loss that falls near 0 cannot be compared by its own relative
-difference (float32 rounds the *predictions*, and a residual of 1e-3 on predictions of 0.2 turns
-their rounding into a relative loss difference far above it). The loss is a mean squared error,
-so each step's pair of losses bounds the predictions' difference: with ``e = sqrt(loss)`` the
-batch's RMS error, ``|e_fix - e_rep| <= RMS(p_fix - p_rep)`` (Minkowski) and
-``RMS(p_rep) <= max|y| + e_rep``. :func:`implied_prediction_diff` is therefore a lower bound of
-the predictions' relative RMS difference, compared with the tolerance of a float32 result.
-
-The target is learnable, so that "the same training" is shown on a model that learns: every
-sample's label is a fixed *teacher*'s prediction (the same architecture and forward from another
-seed, run exactly on the sample's perturbed graph). :func:`loss_fall` says how far the loss fell,
-and the labels' variance is the loss of a model that predicts only their mean: a loss below it
-has learned how the label depends on the perturbation.
-
-With user pipelines only (``strategies: []``), 06 trains the two pipelines ``gap_strategies``
-names (the first two of ``pipelines`` by default) when the fast one is exact, each on its own
-dataset in order, one optimizer (``adopt_optimizer``, ``adopt_lr``) for both; their loss's own
-relative difference per step is compared (the workbook does not know a user's loss, so it cannot
-bound the predictions as above), with the float32 tolerance of
-:func:`~workbook_lib.studies.adoption.equality.equality_tolerance`. Before training, in both
-cases, the two pipelines go through
-:func:`~workbook_lib.studies.adoption.equality.check_pipelines` (the check of
-``python -m workbook_lib equal``: in float64, dropout modules off), which also copies the slow
-model's parameters into the fast one and leaves both models otherwise as they were (dtype,
-buffers, modes): both train from the very same numbers. A pipeline still random with its dropout
-modules off cannot be checked, and 06 says so. When there is no such pair (one pipeline, a fast one
-that is not exact, parameters that do not pair, a rewrite that does not compute the same), 06
-trains nothing and says why in one sentence (:class:`AdoptionResult` with ``applicable`` False).
+Labels come from a fixed teacher model, so the compared training is one that learns. With user
+pipelines only, 06 trains the pair ``gap_strategies`` names and compares their losses directly.
+Both pairs are first checked by :func:`~workbook_lib.studies.adoption.equality.check_pipelines`;
+where no checked pair exists, 06 trains nothing and says why (``applicable`` False).
 """
 from __future__ import annotations
 
@@ -52,14 +27,13 @@ PIPELINES = {"replicated": ("replicated_mask_cpu", "gather_scatter"),
 
 
 def implied_prediction_diff(rep: list[float], fix: list[float], label_max: float) -> list[float]:
-    """Per step, the least relative RMS difference of the two pipelines' predictions that their
-    MSE losses imply (see the module docstring): ``|sqrt(f) - sqrt(r)| / (label_max + sqrt(max(r,
-    f)))``.
+    """Per step, the least relative RMS difference of the two pipelines' predictions that their MSE
+    losses imply: ``|sqrt(f) - sqrt(r)| / (label_max + sqrt(max(r, f)))`` (a lower bound, by
+    Minkowski's inequality; docs/development.md explains why losses are not compared directly).
 
     Args:
-        rep: the reference pipeline's loss per step (mean squared error).
-        fix: the other pipeline's, the same steps.
-        label_max: the largest absolute label (bounds the predictions' RMS with the error).
+        rep, fix: the two pipelines' loss per step (mean squared error).
+        label_max: the largest absolute label.
     """
     if len(rep) != len(fix):
         raise ValueError(f"the loss curves must have equal length (got {len(rep)} and "
@@ -79,14 +53,12 @@ TEACHER_SEED_OFFSET = 1000  # the teacher's weights: the run's seed plus this
 
 def teacher_labels(params: dict, graph, device: torch.device, pert: torch.Tensor,
                    batch_size: int) -> torch.Tensor:
-    """Each sample's label from a fixed teacher (see the module docstring), on the host.
+    """Each sample's label from a fixed teacher (the same model from seed
+    ``seed + TEACHER_SEED_OFFSET``, run exactly on the perturbed graph), on the host.
 
     Args:
-        params: the run's params (the teacher uses ``seed + TEACHER_SEED_OFFSET``).
-        graph: the cell graph.
-        device: where the teacher runs.
-        pert: ``[n, k]`` perturbations.
-        batch_size: samples per teacher forward.
+        params, graph, device: the run's params, the cell graph, where the teacher runs.
+        pert: ``[n, k]`` perturbations; batch_size: samples per teacher forward.
     """
     from ...strategies import build_ctx
     from ...training.factory import build_run
@@ -104,16 +76,14 @@ def teacher_labels(params: dict, graph, device: torch.device, pert: torch.Tensor
 
 @dataclass
 class Pair:
-    """The two pipelines 06 trains, checked (see the module docstring).
+    """The two pipelines 06 trains, checked.
 
     Attributes:
         mode: ``builtin`` or ``pipelines``.
-        names: role key (``replicated``/``fix``, or the pipelines' names) -> pipeline name.
-        pipes: role key -> built pipeline (empty when not applicable).
+        names, pipes: role key -> pipeline name, and -> built pipeline (empty when not applicable).
         equality: the check before training (None when it could not run).
         reason: why 06 does not apply (empty when it does).
-        batch_size: samples per step of both.
-        labels: the teacher's labels (built-in mode), else None.
+        batch_size: samples per step; labels: the teacher's labels (built-in mode), else None.
     """
 
     mode: str

@@ -1,63 +1,13 @@
-"""Does a rewrite compute the same thing as the pipeline it replaces? (``python -m workbook_lib
-equal SLOW FAST``; notebook 06 runs the same check before it trains.)
+"""Whether a rewrite computes the same as the pipeline it replaces (``python -m workbook_lib
+equal SLOW FAST``; notebook 06 runs the same check before it trains).
 
-A user who rewrites a slow pipeline (e.g. with :mod:`workbook_lib.nodemask`, or by vectorizing a
-per-sample loop) must know the rewrite computes the same model before its speed means anything.
-The check:
-
-1. builds both pipelines from the same seed (``params.seed``, set before each factory call);
-2. maps the slow model's parameters to the fast model's by name (an explicit ``OLD=NEW`` rename
-   per parameter or module prefix where the rewrite names them differently) and refuses, naming
-   both sides, when a parameter is missing, extra or of another shape
-   (:class:`ParameterMismatchError`, a bad input: exit 2);
-3. copies the slow model's parameters (and its same-named, same-shaped buffers) into the fast one,
-   so the two start from the very same numbers whatever their initialisation;
-4. switches off every dropout module of both models (``torch.nn`` ``Dropout``, ``Dropout1d/2d/3d``,
-   ``AlphaDropout``, ``FeatureAlphaDropout``: a vectorized rewrite draws their masks in another
-   order, so draw for draw the two cannot agree); every other module stays in training mode
-   (batch norm in training mode is a deterministic function of the batch), or, with
-   ``mode="eval"``, every module in eval mode;
-5. runs the same batch(es) through both, each through its own stages (dataset items ``i*B`` to
-   ``(i+1)*B - 1``, collate, transfer, prepare, forward, loss, backward: the seam of
-   :mod:`workbook_lib.pipelines.protocol`), **in float64**: both models converted, the batch's and
-   the pipeline's floating-point tensors converted, the default dtype float64, torch's RNG set to
-   the seed before each forward. Where a pipeline cannot run in float64 (it raises, or an
-   operation computes in another dtype: :class:`~workbook_lib.measurement.precision.dtype_guard`),
-   the whole check runs in the pipelines' own float32 and says why;
-6. runs the slow pipeline again with another seed: randomness left after step 4 (functional
-   dropout, ``dropout_edge``, noise) changes its outputs, and the check refuses
-   (:class:`StochasticPipelineError`, exit 2) rather than call a different draw a difference.
-   Where the two differ, the fast pipeline is run again the same way;
-7. compares the outputs, the loss and every mapped parameter's gradient.
-
-Afterwards both models are as they were after step 3: their dtype, parameters, buffers (batch
-norm's running statistics included) and modes restored, their gradients cleared.
-
-The rule, per tensor (the outputs, the loss, each parameter's gradient): the rewrite's tensor is
-*equal* when ``max|fast - slow| <= allowed``, with
-
-    allowed = max(tol * max(max|slow|, max|fast|),  max|probe - slow|)
-
-``probe`` is the slow pipeline run again with rounding injected, and ``max|probe - slow|`` how
-far that moves the tensor: a tensor's own size is no scale for its rounding when it is a small
-difference of large terms (a GIN ``eps`` gradient summed over every node of the perturbed graphs
-minus the same over the wildtype graph; the Lazy model's last bias gradient, exactly 0 in exact
-arithmetic). The probe moves it as much as rounding of its terms does.
-
-* In float64: ``tol`` is :data:`~workbook_lib.measurement.precision.FLOAT64_TOLERANCE` (1e-9)
-  and the probe is :class:`~workbook_lib.measurement.precision.rounding_probe` at that size
-  (every module's output rounded at relative size 1e-9). float64 rounding (2.2e-16) magnified
-  by any cancellation measured stays orders of magnitude below, a 0.2% difference orders of
-  magnitude above.
-* In float32 (the fallback): ``tol`` is the float32 bound of
-  :func:`~workbook_lib.measurement.precision.float32_tolerance` and the probe is
-  :class:`~workbook_lib.measurement.precision.rounding_model` at 4 float32 eps: every
-  operation's result rounded, a sum's by ``sqrt(terms) x sum |term|``, the magnitude of what
-  was summed into it, not of its result.
-
-Shapes that differ (other than ``[B]`` against ``[B, 1]``), a gradient on one side only, or a
-non-finite value on either side are *different*; both sides without a gradient are equal.
-Differences are taken in float64.
+The steps of :func:`check_pipelines`: (1) build both pipelines from one seed; (2) pair their
+parameters by name (:class:`ParameterMismatchError`); (3) copy the slow model's parameters and
+buffers into the fast one; (4) switch off dropout modules; (5) run the same batches through both
+in float64 (float32 where a pipeline cannot, saying why); (6) rerun the slow one with another seed
+(:class:`StochasticPipelineError` if it changes); (7) compare the outputs, the loss and every
+gradient. A tensor is equal when ``max|fast - slow| <= max(tol * size, max|probe - slow|)``,
+``probe`` being the slow pipeline rerun with rounding injected (docs/own-pipeline.md, "The rule").
 
 Written here rather than with ``torch.testing.assert_close``: that raises on the first tensor
 with an element-wise ``atol + rtol * |expected|`` rule, where this must report every tensor of the
@@ -76,15 +26,13 @@ from .seeded_runs import _ModelState, _Run, _compare, _run, dropout_modules
 
 # ------------------------------------------------------------------ the check
 class StochasticPipelineError(WorkbookError, ValueError):
-    """A pipeline's outputs change from one run to the next on the same batch with its dropout
-    modules switched off (randomness the check cannot switch off: functional dropout,
-    ``dropout_edge``, noise, an unseeded generator), so a difference between the two pipelines
-    cannot be told from a different draw (a bad input: exit 2).
+    """A pipeline's outputs change between two runs on the same batch with its dropout modules
+    off (functional dropout, ``dropout_edge``, noise), so a difference could be a draw (exit 2).
 
     Attributes:
         side: ``slow`` or ``fast``.
         pipeline: its name.
-        row: the tensor that changed most, compared between the two runs.
+        row: the tensor that changed most between the two runs.
     """
 
     def __init__(self, message: str, *, side: str, pipeline: str, row: "TensorDiff"):
@@ -150,29 +98,21 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
                     batch_size: int | None = None, precision: str = "float64",
                     mode: str = "train", tolerance64: float | None = None) -> EqualityResult:
     """Steps 2-7 of the module docstring on two built pipelines (the fast model's parameters are
-    overwritten with the slow model's; both models are otherwise as before, gradients cleared).
+    overwritten with the slow model's; both models are otherwise restored, gradients cleared).
 
     Args:
-        slow: the reference pipeline.
-        fast: the rewrite.
-        tolerance: the rule's relative tolerance in float32.
-        tolerance_basis: how it was derived (for the report).
-        seed: the RNG seed set before each forward (the runs that look for randomness use
-            ``seed + 1``).
+        slow, fast: the reference pipeline and the rewrite.
+        tolerance: the rule's relative tolerance in float32; tolerance_basis: how it was derived.
+        seed: the RNG seed set before each forward (the randomness check uses ``seed + 1``).
         renames: slow name (or prefix) -> fast name, see :func:`parameter_mapping`.
-        batches: how many batches to compare (the first ones of each dataset).
-        batch_size: samples per batch (default: the slow pipeline's).
-        precision: ``float64`` (falls back to float32 where a pipeline cannot run in it, and
-            says why) or ``float32`` (the pipelines' own).
-        mode: ``train`` (every module in training mode but dropout) or ``eval``.
-        tolerance64: the rule's relative tolerance in float64 (default
-            :data:`~workbook_lib.measurement.precision.FLOAT64_TOLERANCE`).
+        batches: how many batches to compare; batch_size: default the slow pipeline's.
+        precision: ``float64`` (float32 fallback, said why) or ``float32``.
+        mode: ``train`` (every module but dropout in training mode) or ``eval``.
+        tolerance64: the relative tolerance in float64 (default ``FLOAT64_TOLERANCE``).
 
     Raises:
-        ParameterMismatchError: the parameters do not pair.
-        StochasticPipelineError: a pipeline's outputs change with the seed.
-        ValueError: ``batches``, ``batch_size``, ``precision`` or ``mode`` invalid, or a dataset
-            too small.
+        ParameterMismatchError, StochasticPipelineError; ValueError for invalid arguments or a
+        dataset too small.
     """
     b = batch_size or slow.batch_size
     if not isinstance(batches, int) or batches <= 0:
@@ -271,18 +211,9 @@ def check_equal(params: dict, slow: str, fast: str, graph, device, *,
                 renames: dict[str, str] | None = None, batches: int = 1,
                 batch_size: int | None = None, tolerance: float | None = None,
                 precision: str = "float64", mode: str = "train") -> EqualityResult:
-    """Build ``slow`` and ``fast`` (built-in strategy names or entries of
-    ``params.pipelines``) from the same seed and compare them (:func:`check_pipelines`).
-
-    Args:
-        params: validated params (``seed``, ``layers`` and the pipelines' own keys).
-        slow, fast: the pipelines' names.
-        graph: the loaded snapshot.
-        device: where both run.
-        renames, batches, batch_size, precision, mode: see :func:`check_pipelines`.
-        tolerance: the rule's relative tolerance, in whichever precision the check runs
-            (default: :data:`~workbook_lib.measurement.precision.FLOAT64_TOLERANCE` in float64,
-            :func:`equality_tolerance` in float32).
+    """Build ``slow`` and ``fast`` (built-in strategies or ``params.pipelines`` entries) from the
+    same seed and compare them with :func:`check_pipelines` (whose other arguments it passes on);
+    ``tolerance`` defaults to ``FLOAT64_TOLERANCE`` in float64, :func:`equality_tolerance` in float32.
     """
     if slow == fast:
         raise ValueError(f"compare two different pipelines (got {slow!r} twice)")

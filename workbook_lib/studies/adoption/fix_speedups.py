@@ -9,12 +9,10 @@ from ...running.results import load_result
 
 
 def speedups(run_dir: str | Path, adoption=None) -> list[Speedup]:
-    """Every speedup of the node-mask shared graph over replicated masks a run folder holds,
-    each named by what it times, so that a reader can see why they differ: the training loop
-    (03, quoted by 05) includes the data pipeline and the optimizer; the benchmark (02, or the
-    full-size ``bench.json``) times forward + backward only, the replicated side at a small batch;
-    06 trains both pipelines on the same batches (``adoption``: 06's result before it is
-    written; default: the one in the folder)."""
+    """Every speedup of the node-mask shared graph over replicated masks a run folder holds, each
+    named by what it times (03's loop with data and optimizer, 02's forward + backward benchmark,
+    06's training on the same batches; ``adoption``: 06's result before it is written).
+    """
     import json
 
     from ...results.bench import BenchResult

@@ -37,15 +37,11 @@ def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
     """``{slow parameter name: fast parameter name}`` covering both models' parameters.
 
     Args:
-        slow: the reference model.
-        fast: the rewrite.
-        renames: ``{slow name or prefix: fast name or prefix}`` where the rewrite names a
-            parameter differently (default: none, every name must match).
-        slow_label, fast_label: the pipelines' names, for the error.
+        slow, fast: the reference model and the rewrite; slow_label, fast_label: their names.
+        renames: ``{slow name or prefix: fast name or prefix}`` (default: names must match).
 
     Raises:
-        ParameterMismatchError: a slow parameter without a fast one, a fast parameter nothing
-            maps to, a shape that differs, or a rename that matches no parameter.
+        ParameterMismatchError: a parameter unpaired, a shape that differs, or an unused rename.
     """
     renames = renames or {}
     sp, fp = dict(slow.named_parameters()), dict(fast.named_parameters())

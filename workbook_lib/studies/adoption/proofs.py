@@ -1,10 +1,6 @@
-"""Whether a pipeline computes the same as another, as ``equal`` found: kept in the cache folder
-per pair of pipeline sources, and read back by the verdict.
-
-A proof is keyed by the two specs' targets and the contents of their source files (a module
-spec: its module's file), so editing either file retires it. It holds the check's outcome in one
-line and when it ran. The verdict calls a pipeline "proven equal to SLOW by equal" only on a
-proof of an equal outcome for the pair as the run names it.
+"""Whether a pipeline computes the same as another, as ``equal`` found: kept in the cache folder,
+keyed by the two specs' targets and their source files' contents (editing either retires it),
+and read back by the verdict, which calls a pipeline "proven equal" only on such a proof.
 """
 from __future__ import annotations
 

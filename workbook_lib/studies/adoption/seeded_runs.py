@@ -16,15 +16,13 @@ from ...results.adoption import TensorDiff
 def compare_tensors(name: str, kind: str, slow: torch.Tensor | None, fast: torch.Tensor | None,
                     tolerance: float, *, probe: torch.Tensor | None = None,
                     fast_name: str = "") -> TensorDiff:
-    """One row of the table: ``fast`` against ``slow`` under the rule of :mod:`.equality`'s
-    docstring.
+    """One row of the table: ``fast`` against ``slow`` under :mod:`.equality`'s rule.
 
     Args:
-        name: the row's name.
-        kind: ``output``, ``loss`` or ``gradient``.
+        name, kind: the row's name and ``output``, ``loss`` or ``gradient``.
         slow, fast: the two tensors (None: no gradient on that side).
         tolerance: relative tolerance (> 0).
-        probe: the slow side under the rounding probe (None: no probe, ``tol * scale`` alone).
+        probe: the slow side under the rounding probe (None: ``tol * scale`` alone).
         fast_name: the fast side's name where it differs.
     """
     if not tolerance > 0:

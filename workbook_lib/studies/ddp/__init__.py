@@ -1,19 +1,7 @@
-"""Notebook 04's experiment: plan the world sizes on the allocation, launch each with torchrun,
-summarize, fit the ring model, decompose the gap.
-
-The world sizes are launched alternately, :data:`ROUNDS` times each (1, 2, 1, 2 for world sizes
-[1, 2]), so that a slow drift of the machine falls on both sides of the DDP factor and the pairs of
-adjacent launches show the launch-to-launch spread; ``ddp_budget_s`` is split over a world size's
-launches. Every launch runs the same threads and DataLoader workers per rank (see ``plan``).
-
-A pipeline that fails in a rank (it cannot be built, or its step raises or stalls: the rank
-writes its :class:`~workbook_lib.failures.PipelineFailure`) ends that launch; the failure is
-recorded with the rank and its traceback, and the launch is made again without that pipeline's
-arms (into a new folder, the failed one kept for its logs). Its arms are left out of every launch
-analysed, so the other figures stand: the scaling runs when a gap pipeline failed, and no gap
-when either gap pipeline did; nothing when the scaling pipeline itself failed. A launch that
-fails for any other reason (a rank that died, a hang no rank could name) still fails the
-notebook, as before."""
+"""Notebook 04's experiment: plan the world sizes, launch each with torchrun (alternately,
+:data:`ROUNDS` times each), summarize, fit the ring model, decompose the gap. A pipeline that
+fails in a rank is recorded and the launch made again without it; other failures fail 04.
+"""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,6 @@
-"""Ring all-reduce time model: ``t(n, bytes) = 2(n-1)*latency + 2(n-1)/n * bytes / bandwidth``.
-
-Latency and bandwidth are fitted on all-reduces timed here over several buffer sizes and every
-measured world size (gloo on CPU, NCCL on GPU), or taken from a preset / params for links this
-machine does not have. A prediction at a world size beyond those measured is an extrapolation
-and says so, with the fit's in-sample error beside it.
+"""Ring all-reduce time model: ``t(n, bytes) = 2(n-1)*latency + 2(n-1)/n * bytes / bandwidth``,
+fitted on all-reduces timed here (gloo on CPU, NCCL on GPU) or taken from a preset or params;
+a prediction beyond the measured world sizes says it is an extrapolation, with the fit's error.
 """
 from __future__ import annotations
 

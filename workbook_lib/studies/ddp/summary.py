@@ -1,27 +1,10 @@
 """From the ranks' results to figures: synchronous steps, communication, efficiencies, the gap.
 
-A synchronous DDP step ends when its slowest rank does, so a world size's step time is, per step
-index, the maximum over ranks (every rank ran the same steps). A world size launched several times
-(the launches alternate between world sizes: 1, 2, 1, 2...) pools its launches' steps.
-
-Communication is reported **per rank**: the comm hook's time (from a bucket's gradients being
-ready to its all-reduce finishing) includes the time the rank waits for a slower rank to reach the
-same all-reduce; the all-reduce of the gradient bytes timed after a barrier is the transfer; the
-wait is the hook's time minus that transfer. With one bucket the all-reduce starts when backward
-has ended, so its overlap with compute is 0 by construction (said so, not measured).
-
-The DDP factor (per-step ratio at the largest world size over the smallest) divides two separate
-launches, not steps of the same rounds: it is computed per pair of adjacent launches (1, 2), step
-index by step index, pooled over the pairs, and each pair's own median is kept so that the
-launch-to-launch spread shows. It is always applied to the gap, its IQR carried into the gap's
-(no threshold decides whether it counts). The world sizes run at equal threads per rank; what
-the threads alone do is the smallest world size's per-step ratio with a single process's whole
-share of threads over the same at the equal count, paired in the same rounds (the thread effect,
-shown apart, not part of the DDP factor).
-
-Every figure carries what its processes got of the CPUs (the worst rank's, over every launch of
-the arms it is made of: :mod:`workbook_lib.measurement.cpu`), so a contended rank marks the
-figure contended.
+A world size's step time is, per step index, the maximum over ranks, pooled over its launches.
+Communication is per rank: the comm hook's time split into the timed all-reduce transfer and the
+wait for slower ranks. The DDP factor is computed per pair of adjacent launches and pooled; the
+thread effect is shown apart. Every figure carries its worst rank's CPU share
+(:mod:`workbook_lib.measurement.cpu`). The reasoning behind each rule: docs/development.md.
 """
 from __future__ import annotations
 
@@ -223,12 +206,9 @@ def efficiencies(worlds: dict[int, WorldSummary]) -> tuple[dict[int, Stat], dict
 
 
 def launch_factor(top: list[list[float]], base: list[list[float]]) -> LaunchFactor:
-    """Per pair of launches (i-th launch at each world size), the ratio step index by step
-    index, pooled; each pair's ratio of medians kept apart.
-
-    Args:
-        top: per launch at the larger world size, the per-step figure.
-        base: the same at the smaller world size (as many launches, or more).
+    """Per pair of launches (the i-th at each world size), the ratio of ``top`` (the larger world
+    size's per-step figure per launch) over ``base`` step index by step index, pooled; each pair's
+    ratio of medians kept apart.
     """
     pairs = min(len(top), len(base))
     if pairs == 0:

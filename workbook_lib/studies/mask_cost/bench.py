@@ -1,57 +1,13 @@
-"""The strategy benchmark: forward + backward per sample, interleaved in one process.
+"""The strategy benchmark: forward + backward per sample of each mask strategy, interleaved in
+rounds in one process (``python -m workbook_lib bench``; notebook 02's benchmark section).
 
-``python -m workbook_lib bench --params FILE --out FILE.json`` and notebook 02's benchmark
-section run :func:`run_bench`. At the params' sizes (or the real spec with ``bench_full_size``)
-it times, in the same rounds (A, B, C... then again, so drift cancels in the ratios):
-
-* ``shared``: the node-mask shared graph (strategy 6) in its default form, the second layer
-  delta-propagated (:mod:`workbook_lib.nodemask.delta`), at ``batch_size_lazy`` (28);
-* ``shared_full``: the same with every middle layer one product per sample (the form before
-  delta propagation), at the same batch;
-* ``replicated_gather_scatter``: replicated masks as the investigation's model computes them
-  (every message materialised, then masked);
-* ``replicated_sparse``: the same masks as the values of one sparse product per edge type;
-* ``wildtype``: one DANGO-style step (a single wildtype pass) at ``batch_size_dango``.
-
-**Depth.** The benchmark runs at ``max(layers, bench_min_layers)`` layers (default at least 3):
-below 3 layers there is no middle layer, and the shared graph's step takes the plain path
-(first layer incremental, last pooled) whatever its form, so a 2-layer benchmark would quote a
-delta form it never ran. Every shared figure's label names the path its step took and the push
-kernel (:meth:`~workbook_lib.strategies.node_mask_shared.NodeMaskShared.path_label`).
-
-**The replicated forms' batch.** Their per-sample cost is not linear in B (per sample, a
-replicated step's feature tables grow with the batch; measured at scale 0.1, H = 64, L = 3: the
-line through B = 1 and 2 gave 158.9 ms per sample for the Lazy form where B = 28 measured 567.2),
-so the rule is: **measured at the shared form's batch** ``B_s`` when ``B_s`` x the planning
-estimate of one sample's peak (:func:`replicated_bytes_per_sample`) fits the memory budget
-(``memory_budget_gb``, else 80% of the GPU's free memory or 60% of the host's available memory)
-and ``B_s <= bench_replicated_max_batch``. Otherwise the figure quoted is the one **measured at
-the largest batch that fits**, labelled with that batch, and the ratio is "at least" that when
-the form's per-sample cost rose from B = 2 to that batch (B = 1 carries the whole per-step part;
-the rule takes the trend to hold up to the shared form's batch). The
-**projection from B = 1, 2** (per round, the line ``t(B) = a + b B`` through the two steps, per
-sample ``a / B_s + b``: a replicated step also makes one wildtype pass per batch) is shown
-beside it, never quoted, with its error against the measurement at the largest batch measured
-(at the real spec it was 0.20x the measurement: a figure known to be five times off). B = 1 and
-2 are timed in the same rounds in both cases.
-
-Every step includes the dual forward when the params ask for it, and builds its batch on the
-host as the training loop does.
-
-Instead of a "floor" made of the step's own kernels (which measures the step's overhead, not
-what the machine can do), it reports **achieved rates** beside **this machine's best measured
-rates**: the multiply-adds per second of the step's sparse products (read from one profiled
-step: every sparse product runs in a profiler range named with its multiply-add count) and of
-its dense products (the profiler's count for ``mm``/``addmm``/``bmm``), against the fastest
-sparse kernel tried for the per-sample product (the ``kernels`` table, which marks the kernel
-the step itself uses on this device, so that like is compared with like) and a large dense
-matmul. Beside them, **the floor** (:mod:`workbook_lib.nodemask.floor`): the fewest sparse and
-dense multiply-adds (and bytes) an exact sample of this model needs, forward and backward,
-counted from the benchmark batch's own deletions, with the step's measured counts as a multiple
-of it ("dense: 1.04x its floor") and the time the floor's products take at this machine's best
-rates (on whatever device the benchmark runs). It also checks the shared graph's exactness
-against the plain reference on a small
-induced subgraph in the same run.
+Forms timed: ``shared`` (strategy 6, delta-propagated), ``shared_full`` (every middle layer one
+product per sample), ``replicated_gather_scatter``, ``replicated_sparse`` and ``wildtype``. It
+runs at ``max(layers, bench_min_layers)`` layers; replicated forms are timed at the shared form's
+batch where it fits (:func:`replicated_plan`, :func:`replicated_fit`). Beside the times it
+reports achieved multiply-add rates, this machine's best measured rates and the floor
+(:mod:`workbook_lib.nodemask.floor`), and checks the shared graph's exactness on a small subgraph.
+The rules and their reasons: docs/figures.md, "The strategy benchmark".
 """
 from __future__ import annotations
 
@@ -162,17 +118,14 @@ def exact_error(params: dict, graph, hidden: int, layers: int) -> float:
 
 def replicated_plan(compared: int, per_sample_bytes: float, budget: float,
                     max_batch: int) -> ReplicatedPlan:
-    """Where to time a replicated form: at the shared form's batch ``compared`` when
-    ``compared * per_sample_bytes <= budget`` and ``compared <= max_batch``; otherwise at the
-    largest batch that satisfies both (to check the projection there). B = 1 and 2 always, as
-    far as they fit.
+    """Where to time a replicated form: at ``compared`` when ``compared * per_sample_bytes <=
+    budget`` and ``compared <= max_batch``, else at the largest batch that satisfies both; B = 1 and 2
+    always, as far as they fit.
 
     Args:
         compared: the shared form's batch (``batch_size_lazy``).
-        per_sample_bytes: the planning estimate of one sample
-            (:func:`replicated_bytes_per_sample`).
-        budget: bytes the step may use.
-        max_batch: ``bench_replicated_max_batch``.
+        per_sample_bytes: :func:`replicated_bytes_per_sample`.
+        budget: bytes the step may use; max_batch: ``bench_replicated_max_batch``.
     """
     if compared < 1 or max_batch < 1:
         raise ValueError(f"batches must be at least 1 (got compared={compared}, "
@@ -194,17 +147,13 @@ def replicated_plan(compared: int, per_sample_bytes: float, budget: float,
 
 def replicated_fit(stats: dict[str, Stat], key: str,
                    plan: ReplicatedPlan) -> ReplicatedFit | None:
-    """The per-sample figure of replicated form ``key`` from its steps ``stats[f"{key}@{B}"]``
-    (timed in the same rounds) under ``plan``: measured at the compared batch when it was timed
-    there, else measured at the largest batch that ran, marked ``at_least`` when the per-sample
-    cost rose from B = 2 to that batch (the trend taken to hold to the compared batch);
-    the projection from B = 1, 2 beside it, with its error at the largest batch timed beyond 2.
-    None when not even B = 1 ran.
+    """The per-sample figure of replicated form ``key`` under ``plan``: measured at the compared
+    batch, else at the largest batch that ran (``at_least`` when the per-sample cost rose from B = 2),
+    with the projection from B = 1, 2 and its error beside it. None when not even B = 1 ran.
 
     Args:
         stats: step times by ``"{key}@{B}"`` (missing: skipped, e.g. out of memory).
-        key: the replicated variant's name.
-        plan: its :func:`replicated_plan`.
+        key: the replicated variant's name; plan: its :func:`replicated_plan`.
     """
     b1, b2 = stats.get(f"{key}@1"), stats.get(f"{key}@2")
     if b1 is None:

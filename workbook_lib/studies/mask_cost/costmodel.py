@@ -1,28 +1,11 @@
-"""The investigation's cost model of one layer and edge type, measured and checked.
+"""The investigation's cost model of one layer and edge type, fitted and checked.
 
-Proposed (E edges, hidden size H, fraction p of edges removed):
-
-* masking:   ``T_mask   = beta*E*H + alpha*E``
-* filtering: ``T_filter = (gamma + delta)*E + beta*(1-p)*E*H``
-
-Measured here, each term where it is paid (every primitive timed interleaved in one process,
-every figure a median with its IQR):
-
-* ``beta``: unmasked gather-scatter layers, ``T = beta*E*H + beta_e*E + c`` (``beta_e``, the
-  per-edge index bookkeeping of ``index_select``/``index_add_``, is not in the Lazy model's form; the
-  fit without it left a median in-fit error of 80% on this CPU);
-* ``alpha``: the mask multiply itself, i.e. the masked layer minus the unmasked one at equal E
-  and H (paired by round). Fitted both as ``alpha_eh*E*H`` (per message element: the multiply
-  acts on ``[E, H]`` messages) and as ``alpha_e*E`` (per edge, the Lazy model's form); the one with the
-  smaller in-fit residual carries the mask cost, and the report names it;
-* ``gamma``: building the keep-mask of the edges (``isin`` on both endpoints), per edge;
-* ``delta``: ``nonzero`` + gathering the kept edges, per edge.
-
-The largest E of the sweep is held out of **every** fit; predictions at it are the held-out
-check, reported beside the in-fit residuals. Coefficients are plain least squares: a negative
-one is reported as such (a term below the noise), never clipped. The predicted crossover p (where
-filtering beats masking) is checked against direct timings of filter and masked layers at every
-swept p.
+Proposed (E edges, hidden size H, fraction p of edges removed): masking ``T_mask = beta*E*H +
+alpha*E``, filtering ``T_filter = (gamma + delta)*E + beta*(1-p)*E*H``. Each coefficient is fitted
+by plain least squares from primitives timed interleaved (``beta``: unmasked layers; ``alpha``:
+masked minus unmasked, per edge or per message element, whichever fits better; ``gamma``: the
+keep-mask; ``delta``: ``nonzero`` and the gather). The largest E is held out of every fit as the
+check, and the predicted crossover p is compared with direct timings (docs/development.md).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """What the dual forward adds to the masks a forward reads (notebook 02; read by a claim of 05).
 
-:func:`dual_forward_masks`: the per-edge mask bytes a forward of the replicated pipeline reads,
-without and with the dual forward (the "130 MB with the dual forward" claim). Every operator the
-model's forward calls is seen by a ``TorchDispatchMode``; the distinct storages of 1-D floating
-or boolean tensors with one value per edge of the batch (B x E_t for an edge type t) are summed.
-Reading what the operators read, rather than what the code says, keeps the figure honest if the
-model changes.
+:func:`dual_forward_masks` sums the distinct per-edge float or boolean storages (B x E_t long)
+that the replicated pipeline's forward reads, without and with the dual forward, as seen by a
+``TorchDispatchMode``: what the operators read rather than what the code says.
 """
 from __future__ import annotations
 
@@ -33,14 +30,9 @@ class _PerEdgeReads(TorchDispatchMode):
 
 
 def mask_bytes_read(strategy, model, ctx: dict, batch_size: int, *, dual: bool) -> int:
-    """Bytes of the distinct per-edge (B x E_t long) float or boolean tensors one forward reads.
-
-    Args:
-        strategy: a prepared strategy.
-        model: the model.
-        ctx: the batch as :func:`workbook_lib.strategies.build_ctx` prepares it.
-        batch_size: B of the batch.
-        dual: run the dual forward.
+    """Bytes of the distinct per-edge (B x E_t long) float or boolean tensors one forward of
+    ``model`` with ``strategy`` reads on ``ctx`` (the batch :func:`workbook_lib.strategies.build_ctx`
+    prepares), with or without the ``dual`` forward.
     """
     lengths = {batch_size * strategy.graph.num_edges(t) for t in strategy.graph.edge_types}
     probe = _PerEdgeReads(lengths)

@@ -1,8 +1,6 @@
-"""Strategy benchmarks of notebook 02: producing one sample's edge removal in each form, one
-layer of each strategy across batch size, and exactness against the plain reference.
-
-Timing goes through the timing core (:func:`~workbook_lib.measurement.timing.interleave`): the
-forms (and, per batch size, the strategies) are timed in the same rounds.
+"""Strategy benchmarks of notebook 02: one sample's edge removal in each form, one layer of each
+strategy across batch size, and exactness against the plain reference; forms and strategies are
+timed in the same rounds (:func:`~workbook_lib.measurement.timing.interleave`).
 """
 from __future__ import annotations
 

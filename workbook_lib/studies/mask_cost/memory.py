@@ -1,11 +1,7 @@
-"""Notebook 02's peak-memory study: one training step per (pipeline, batch size) in a fresh
-process each, fitted per pipeline, projected to the memory of the device measured on. The
-pipelines are three built-in forms and every user pipeline of the params.
-
-A memory figure is not a timing (each probe measures only its own process), so probes run side
-by side where the CPUs hold them: as many at once as the allowed CPUs fit the compute threads
-each uses (OpenMP threads that outnumber the cores wait for each other); one at a time on a GPU,
-where probes of one device take turns.
+"""Notebook 02's peak-memory study: one training step per (pipeline, batch size), each in a fresh
+process, fitted per pipeline and projected to the device's memory (three built-in forms and every
+user pipeline). Probes run side by side as far as the allowed CPUs fit their threads; one at a
+time per GPU.
 """
 from __future__ import annotations
 
@@ -35,13 +31,9 @@ def _label(strategy: str, form: str, sizes: dict) -> str:
 
 def memory_study(params: dict, device: torch.device, *, dual: bool | None = None,
                  parallel: int | None = None) -> MemoryStudy:
-    """Every point of the sweep (and the real spec with ``memory_full_size``), then the fits.
-
-    Args:
-        params: validated params.
-        device: where the probes run.
-        dual: the Lazy model's dual forward (default: ``dual_forward``).
-        parallel: probes at once (default: see module docs).
+    """Every point of the sweep (and the real spec with ``memory_full_size``) probed on ``device``,
+    then the fits; ``dual`` defaults to ``dual_forward``, ``parallel`` (probes at once) to what the
+    CPUs fit.
     """
     from ...running.environment import device_label
 

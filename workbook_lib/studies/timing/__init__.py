@@ -1,9 +1,6 @@
-"""Notebook 03's experiments: the training loop of every strategy in every mode, the investigation's
-data-vs-model ratios, host syncs per step, and warm-step profiles by exclusive time.
-
-Every figure comes from :func:`workbook_lib.training.loop.run_arms` (warm-up excluded, device
-synced, repeated to the precision target, interleaved when the loader runs in the main process),
-so ratios between strategies are paired by round.
+"""Notebook 03's experiments: the training loop of every strategy in every mode, data-vs-model
+ratios, host syncs per step, and warm-step profiles by exclusive time; every figure comes from
+:func:`workbook_lib.training.loop.run_arms`, so ratios between strategies are paired by round.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """How each stage of a pipeline's step grows with the samples of a batch.
 
-The loop runs the pair's full step at a second batch size (half the pipeline's, or 2 for a batch
-of 1) beside the others, interleaved: per round, a stage's time at the two sizes differs by its
-cost per extra sample times the difference in samples. A stage that is one pass over a shared
-graph costs the same whatever the batch; one that copies the graph per sample, or loops over the
-samples, grows. The counted steps at the two sizes say how many more operator calls and host
-syncs each extra sample makes: a Python loop makes several.
+The loop also runs the pair's full step at a second batch size (half, or 2 for a batch of 1),
+interleaved; per round, a stage's difference between the two sizes gives its cost per extra
+sample, and the counted steps give the extra operator calls and host syncs per sample.
 """
 from __future__ import annotations
 
@@ -30,12 +27,9 @@ def _per_step(arm, stage: str, field: str) -> float | None:
 
 
 def growth(loops, name: str) -> dict[str, Growth]:
-    """Every stage's growth for pipeline ``name`` (empty when its second arm did not run).
-
-    Args:
-        loops: notebook 03's :class:`~workbook_lib.results.timing.LoopStudy` (paired by round
-            when interleaved; else each step at the pipeline's batch size against the median at
-            the second).
+    """Every stage's growth for pipeline ``name`` from notebook 03's ``loops`` (paired by round
+    when interleaved, else against the median at the second size); empty when its second arm did
+    not run.
     """
     key = arm_key(name, HALF)
     if key not in loops.arms:

@@ -1,10 +1,8 @@
 """Which files of a profiled step are the pipeline's own code, and what its functions are called.
 
-A trace names a Python frame ``file(first line): function``, the file relative to the folder it
-was imported from. The pipeline's code is every file that resolves outside the installed
-libraries (the standard library, site-packages) and outside the workbook's own package; for a
-built-in strategy, the workbook's strategy and fix modules are its code. A frame is named by its
-qualified name, read from the file's source (``MyGather.backward``).
+The pipeline's code is every file of a trace's frames outside the installed libraries and the
+workbook's package (for a built-in strategy, the workbook's strategy and fix modules); a frame
+is named by its qualified name read from the source (``MyGather.backward``).
 """
 from __future__ import annotations
 
@@ -32,11 +30,8 @@ def _library_roots() -> list[Path]:
 
 class OwnCode:
     """``own(file)``: whose a trace's file is (the pipeline's, the harness's, a library's);
-    ``own.name(frame)``: the frame's qualified name.
-
-    Args:
-        builtin: the pipeline is a built-in strategy (the workbook's strategy modules are then
-            its code).
+    ``own.name(frame)``: the frame's qualified name. ``builtin``: the pipeline is a built-in
+    strategy.
     """
 
     def __init__(self, builtin: bool = False):

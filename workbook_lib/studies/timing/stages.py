@@ -1,28 +1,14 @@
 """What a training step's time goes to, stage by stage, and what bounds it.
 
-The loop (:mod:`workbook_lib.training.loop`) times every stage of a step between device syncs:
-waiting for the DataLoader, the host-to-device copy, the device preparation, the forward (with
-the loss), the backward and the optimizer; the DataLoader's workers time each dataset item and
-the collate themselves, and one untimed step counts the host syncs of each stage. This module
-turns one pipeline's full-step arm into named stages:
+Turns one pipeline's full-step arm of :mod:`workbook_lib.training.loop` into named stages: data
+item and collate (the DataLoader wait, split in the proportion of the workers' own times),
+transfer, device prep, forward, loss, backward, optimizer, and loop overhead (the rest).
+:func:`step_bound` names the group with the largest share, and "sync-bound on a GPU" when the
+step makes at least one host sync per sample.
 
-* **data item** and **collate**: the time the step *waits* for the DataLoader (what the data
-  pipeline costs the step; with worker processes, what their prefetching did not hide), split
-  in the proportion of the workers' own item and collate times (both measured, the split is
-  arithmetic on them and labelled so);
-* **transfer**, **device prep**, **forward** (the pipeline's forward), **loss** (its forward and
-  its own backward, timed apart from the model's), **backward** (the model's), **optimizer**
-  (step and zero_grad): their own medians;
-* **loop overhead**: the step's wall time outside every stage.
-
-:func:`step_bound` says what bounds one pipeline's step, by a stated rule: the group with the
-largest share of the step median, data (item + collate), transfer, device prep, model (forward,
-loss, backward and optimizer) or loop overhead; and, separately, "sync-bound on a GPU" when its model
-and preparation make at least one host sync per sample (each drains a GPU's queue; a CPU run
-counts them but cannot time what they would cost). Written here rather than taken from a
-profiler's "input-bound / compute-bound" summary because the stages are the harness's own
-(measured between syncs, worker times sent with each batch), and the verdict needs them per
-stage, not in two bins.
+Written here rather than taken from a profiler's "input-bound / compute-bound" summary because
+the stages are the harness's own (measured between syncs, worker times sent with each batch), and
+the verdict needs them per stage, not in two bins.
 """
 from __future__ import annotations
 
@@ -38,15 +24,9 @@ LOSS_PARTS = ("loss", "loss_backward")
 
 
 def stage_series(arm) -> dict[str, list[float]]:
-    """Seconds in each timed step of each named stage of a full-step arm (see the module
-    docstring): the DataLoader wait split into data item and collate in the proportion of the
-    workers' own medians, the loss's forward and backward summed as "loss".
-
-    Args:
-        arm: an :class:`~workbook_lib.results.timing.ArmResult` of mode ``full``.
-
-    Returns:
-        ``{stage key: per-step seconds}`` for the stages the arm measured (``overhead`` always).
+    """``{stage key: per-step seconds}`` of a full-step ``arm`` for the stages it measured
+    (``overhead`` always): the DataLoader wait split into data item and collate, the loss's forward
+    and backward summed as "loss".
     """
     s = arm.stages
     out: dict[str, list[float]] = {}

@@ -30,13 +30,8 @@ def drop_page_cache(path) -> bool:
 def stored_mask_reads(graph, pert: torch.Tensor, *, rounds: int = 5,
                       storage_dir=None) -> StoredReads:
     """Time strategy 3's per-item read of ``len(pert)`` stored masks, cold and warm, ``rounds``
-    times (each round: drop the file's pages, read every item, read every item again).
-
-    Args:
-        graph: the cell graph.
-        pert: the perturbations to store and read (one item each).
-        rounds: cold/warm pairs (at least 1).
-        storage_dir: where the mask file goes (default: a temporary folder, removed after).
+    times (per round: drop the file's pages, read every item twice); the file goes in
+    ``storage_dir`` (default: a temporary folder, removed after).
     """
     import gc
     import shutil

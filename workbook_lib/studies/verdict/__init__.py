@@ -1,40 +1,10 @@
 """Notebook 05: why the slow pipeline is slow, and the fix, from what notebooks 01-04 measured.
 
-The verdict answers about the run's own pair (``gap_strategies``: slow, fast), from what
-completed, and says in one line what it could not use and why:
-
-* **The gap** comes from notebook 03, the only input it needs: the two pipelines' full training
-  steps in the same loop (paired by round when interleaved), times the steps per epoch (80% of
-  ``num_samples`` at each pipeline's batch). Notebook 04's DDP factor multiplies it only when
-  it is a measured effect: beyond its IQR (1 outside it) and not contended; a factor within its
-  noise, or contended, is shown and not booked. 01, 02 and 04 are read when complete with these
-  params; each one missing, failed or made with other params is named in a caveat.
-* **Orientation.** When the pipeline listed slow is the faster one beyond the noise, the answer
-  says so in one line and explains the gap the right way round; when the two are within each
-  other's noise there is no gap to explain, and the answer says that instead of ranking causes.
-* **Causes are stages** (:mod:`workbook_lib.studies.timing.stages`): data item, collate, transfer,
-  device prep, forward (with the loss), backward, optimizer, loop overhead, then DDP (booked only
-  as above) and the unattributed rest (stage medians do not add up to the step median). Each
-  row is slow minus fast in seconds per epoch; shares are of the measured gap and add to 100%.
-  A stage whose difference is within its noise (the two sides' interquartile ranges per epoch
-  overlap: :func:`~workbook_lib.studies.timing.stages.within_noise`) is shown, not booked: its
-  difference stays in the unattributed rest.
-  Host syncs are a property of a stage: counted per stage, their cost "not measured here" on a
-  CPU (a CPU never waits for a device); never a cause of their own.
-* **Figures it does not rest on**: a headline figure whose IQR/median is beyond the precision
-  target is *disturbed*; one measured while the process's compute threads got less than 80% of
-  the CPU they asked for (:mod:`workbook_lib.measurement.cpu`) is *contended*: other jobs on the
-  same CPUs, or the run's own processes outnumbering them (each figure says which:
-  :attr:`CpuShare.cause`, :meth:`CpuShare.explain`). Contention slows every repeat alike, so
-  such a figure can be precise and wrong, and can flip the order of two pipelines. Both are
-  named in the caveats and the answer does not rest on them.
-* **The investigation's story** (its 40x, its claims, the built-in benchmark) is told only when
-  built-in strategies ran; with ``strategies: []`` the verdict is about the user's pipelines
-  alone.
-* **The fix**: the fastest exact pipeline of notebook 03 (ties within
-  ``verdict_tie_tolerance`` go to the least memory per sample when notebook 02 measured it).
-
-Text is composed by :mod:`workbook_lib.report.verdict_view`; this module returns figures.
+Returns figures, not text (:mod:`workbook_lib.report.verdict_view` composes it): the gap between
+the pair ``gap_strategies`` (from 03, times 04's DDP factor when that is a measured effect), its
+causes stage by stage (:mod:`.causes`), the figures it does not rest on (disturbed or contended),
+the claims (:mod:`.claims`, only when built-in strategies ran) and the fix (:mod:`.recommend`).
+What it could not use, and why, is named in caveats. Rules: docs/development.md.
 """
 from __future__ import annotations
 
@@ -70,12 +40,11 @@ OPTIONAL = notebook_info("05_verdict").reads  # 01, 02, 04
 
 def load_inputs(run_dir: str | Path, params: dict | None = None
                 ) -> tuple[dict, dict[str, str], dict[str, str]]:
-    """The typed results of notebook 03 (required) and of 01, 02, 04 (when complete with the
-    same result-relevant params), their checksums, and why each optional one was not used.
+    """The typed results of notebook 03 (required) and of 01, 02, 04 (when complete with the same
+    result-relevant params), their checksums, and why each optional one was not used.
 
     Raises:
-        IncompleteInputsError: notebook 03 is missing, incomplete, unreadable or made with
-            other params (the verdict's one required input).
+        IncompleteInputsError: notebook 03 is missing, incomplete, unreadable or of other params.
     """
     found, sums, why_not = {}, {}, {}
     for nb in REQUIRED + OPTIONAL:

@@ -1,19 +1,8 @@
 """What to change first, from the figures a cause shows: its code sites, how it grows with the
 samples of a batch, its operator calls and host syncs per extra sample, and the other causes.
 
-Each rule states the figure it rests on; where none applies, the cause says what was measured
-and no change is advised (:attr:`Cause.finding` stands alone).
-
-* **A loop over the samples** (:data:`~workbook_lib.results.timing.LOOP_RULE`): named with its
-  function and line, and told to work on the whole batch at once.
-* **One pass over one shared graph** (``workbook_lib.nodemask``) only for a forward (or a
-  backward that mirrors it) that grows with the samples of a batch
-  (:data:`~workbook_lib.results.timing.GROWS_RULE`), with its cost per extra sample; never to a
-  pipeline whose forward costs the same whatever the batch.
-* **The backward mirrors the forward** only when the forward adds to the gap too (at least
-  :data:`~.causes.MINOR` of it) and the backward's largest site is the forward's; a custom
-  autograd ``backward`` is named as such.
-* **A loss** is told as a loss (its forward and its own backward are one stage).
+Each rule states the figure it rests on (a loop over samples, a forward that grows with the
+batch, a backward that mirrors the forward, a loss); where none applies, no change is advised.
 """
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """Notebook 05's answer in words, composed from the verdict's figures: the lead sentence, the
-caveats it rests on, the fix, the headline on the index, and the notes that are evidence only.
-
-The lead names the gap, its first causes with the code that holds their extra time, and what
-to change first (each piece of advice with the figure it follows from,
-:mod:`~workbook_lib.studies.verdict.advice`), or what was measured where no advice follows.
-Caveats list only figures the answer rests on: the gap, and the fix's figures when it quotes
-them; what else a run could not use is a note, shown with the evidence.
+caveats it rests on, the fix, the index's headline, and the notes that are evidence only.
 """
 from __future__ import annotations
 

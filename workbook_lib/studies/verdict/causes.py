@@ -42,19 +42,9 @@ def stage_syncs(arm, key: str) -> float:
 
 
 def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> list[Cause]:
-    """The gap, stage by stage: slow minus fast in seconds per epoch, shares adding to 100%.
-
-    Args:
-        timing: notebook 03's results (its ``loops``).
-        slow, fast: the pair, oriented (``gap.slow``, ``gap.fast``).
-        gap: :func:`measure_gap`'s result (the DDP factor's booking, the steps per epoch).
-        device_type: ``cpu`` or ``cuda``.
-
-    Each stage of :mod:`~workbook_lib.studies.timing.stages` is one row, its median per step x steps
-    per epoch, slow minus fast; host syncs ride on their stage's row as evidence. Then the DDP
-    factor (its extra time when booked, else a row marked noise with no share), and the
-    unattributed rest, so that the booked rows' shares add to exactly 100% of the measured gap.
-    Rows that add time come first, the largest first.
+    """The gap, stage by stage: slow minus fast in seconds per epoch, shares adding to 100%; then
+    the DDP factor's row and the unattributed rest; rows that add time first, the largest first.
+    ``gap``: :func:`measure_gap`'s result; ``device_type``: ``cpu`` or ``cuda``.
     """
     lo = timing.loops
     a, b = lo.arm(slow, "full"), lo.arm(fast, "full")
@@ -160,10 +150,9 @@ def first_causes(causes: list[Cause], n: int = 2) -> list[Cause]:
 
 
 def told_apart(first: list[Cause], gap: Gap) -> bool:
-    """Whether the first two causes are ranked by a margin the measurement resolves: their
-    shares differ by more than the gap's own spread as a share of it (the ratio's IQR over the
-    ratio minus one; 0.32 over 0.55 is 58% of the gap, so 58% against 55% is not told apart,
-    while 58% against 41% of a 7.1x gap with IQR 0.19, 3% of it, is). True with one cause."""
+    """Whether the first two causes' shares differ by more than the gap's own spread as a share of
+    it (the ratio's IQR over the ratio minus one). True with one cause.
+    """
     if len(first) < 2:
         return True
     r = gap.ratio

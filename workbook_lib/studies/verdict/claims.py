@@ -1,24 +1,10 @@
 """Every claim of the investigation, checked against this run by a stated rule.
 
-A claim's status comes from a figure this run produced (or arithmetic on one, labelled so)
-through a rule that can come out both ways, with bounds derived from the figure's noise:
-
-* ``within_band``: a measured ratio "within F x of the claimed figure": **held** when the whole
-  interquartile range lies inside ``[claimed/F, claimed*F]``, **failed** when it lies wholly
-  outside, otherwise **within noise**;
-* ``near``: arithmetic (no noise) within a relative tolerance of the claimed figure;
-* ``above`` / ``below``: a measured figure beyond a threshold, its IQR clear of it;
-* ``changes_nothing``: a measured ratio "no change" within ``NO_CHANGE`` (10%, the precision
-  target): **held** when its IQR lies inside ``[1/1.1, 1.1]``, **failed** when wholly outside,
-  otherwise **within noise** (a rule "1 inside the IQR" would fail a precise 3% change and pass
-  a noisy 30% one).
-
-A claim this run cannot measure (a GPU's transfer on a CPU run, a GPU's memory limit, a GPU's
-kernel efficiency, what a sync costs) is **not measured here**, with the reason; nothing is fixed
-in code. A claim about the real sizes is judged at the real sizes where this run measured them
-(the full-size benchmark), otherwise its ``size`` says the reduced size it was measured at.
-:func:`check_claims` takes the typed results of notebooks 01-04 (any may be missing: its claims
-are then not measured).
+A claim's status comes from a figure of this run through a rule that can come out both ways,
+bounded by the figure's noise: ``within_band``, ``near``, ``above``/``below``, and
+``changes_nothing`` (IQR inside ``[1/1.1, 1.1]``). A claim this run cannot measure is "not
+measured here", with the reason. :func:`check_claims` takes notebooks 01-04's results (any may
+be missing). The rules in full: docs/development.md.
 """
 from __future__ import annotations
 
@@ -83,13 +69,8 @@ def reduced(scale: float | None) -> str:
 
 
 def size_claims(inv, dual=None) -> list[Claim]:
-    """Notebook 01: byte counts at the real edge count, from what strategy 2 really carries.
-
-    Args:
-        inv: notebook 01's result.
-        dual: notebook 02's :class:`~workbook_lib.results.mask_cost.DualForwardMasks` (the
-            mask bytes a forward reads with and without the dual forward); None: the 130 MB
-            claim is not measured.
+    """Notebook 01: byte counts at the real edge count, from what strategy 2 really carries;
+    ``dual``: notebook 02's ``DualForwardMasks`` (None: the 130 MB claim is not measured).
     """
     rs = inv.real_size
     if rs is None:
@@ -232,12 +213,8 @@ def _measured_on(figure) -> str:
 
 
 def timing_claims(timing, device_type: str, scale: float | None = None) -> list[Claim]:
-    """Notebook 03: the data-vs-model figures, transfers, syncs, the profile.
-
-    Args:
-        timing: notebook 03's result.
-        device_type: ``"cpu"`` or ``"cuda"`` (what a CPU run cannot measure is not measured).
-        scale: the run's scale (its figures are marked as measured at a reduced size).
+    """Notebook 03: the data-vs-model figures, transfers, syncs, the profile (what a CPU run
+    cannot measure is not measured; figures are marked as measured at the run's ``scale``).
     """
     from ..timing import LAZY
 

@@ -33,13 +33,9 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
 
 def code_sites(profiles: dict, slow: str, fast: str, stage: str,
                device_type: str = "cpu") -> tuple[list[CodeSite], str]:
-    """The slow pipeline's functions that hold a stage's extra time against the fast one's (at
-    most :data:`MOST`, each at least :data:`MIN_SITE` of it), and why none are named.
-
-    Each function's profiled time per step, slow minus fast (0 where the fast one has no such
-    function); a share is of the sum of the positive differences, so the named functions' shares
-    add up to at most 100%. On a GPU the kernels' device time is compared where the stage has
-    any, else host time.
+    """The slow pipeline's functions that hold a stage's extra time against the fast one's (at most
+    :data:`MOST`, each at least :data:`MIN_SITE` of it), and why none are named. Shares are of the
+    positive per-function differences; on a GPU, device time where the stage has any.
     """
     stages = PROFILED.get(stage)
     if stages is None:

@@ -48,11 +48,10 @@ MIN_PAIRED = 5  # fewer repeats than this have no IQR to speak of: nothing is re
 
 
 def resolved(r: Stat, target: float) -> int:
-    """+1 when the ratio ``r`` is above 1 beyond its noise and beyond the precision target (its
-    IQR clear of 1 and its median outside [1/(1+target), 1+target]: a difference smaller than
-    the precision the figures were repeated for is not resolved), -1 likewise below, else 0;
-    always 0 on fewer than :data:`MIN_PAIRED` repeats (two copies of one pipeline measured 1.3x
-    apart on two steps)."""
+    """+1 when the ratio ``r`` is above 1 beyond its noise and the precision target (its IQR clear
+    of 1, its median outside [1/(1+target), 1+target]), -1 likewise below, else 0; always 0 on fewer
+    than :data:`MIN_PAIRED` repeats.
+    """
     if r.n < MIN_PAIRED:
         return 0
     if r.q1 > 1.0 and r.median > 1.0 + target:
@@ -67,13 +66,9 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
     """The pair's epoch-time ratio, oriented so that ``slow`` is the slower beyond the noise.
 
     Args:
-        lo: notebook 03's :class:`~workbook_lib.results.timing.LoopStudy`.
-        slow, fast: the pair as listed (``gap_strategies``).
+        lo: notebook 03's loop study; slow, fast: the pair as listed; ddp: 04's result or None.
         num_samples: the dataset size (80% of it per epoch).
-        ddp: notebook 04's result, or None.
-        target: the precision target: a gap is measurable (and a listing is turned round) only
-            beyond it (:func:`resolved`), and never when it was measured contended (another
-            job's share of the CPUs can make one copy of a pipeline look slower than another).
+        target: the precision target the gap must exceed (never when measured contended).
     """
     listed = [slow, fast]
     steps = {n: _epoch_steps(lo, n, num_samples) for n in listed}

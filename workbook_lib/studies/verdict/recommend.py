@@ -40,12 +40,8 @@ def _bench(run_dir: Path, mask_cost) -> tuple[BenchResult | None, str]:
 
 def tied_with_fastest(ms: dict[str, Stat], tie_tolerance: float,
                       target: float) -> tuple[str, list[str], list[str]]:
-    """The fastest median, the strategies tied with it, and those among them tied only because
-    the machine was disturbed.
-
-    Tied: a median within ``tie_tolerance`` of the fastest's. When either figure is disturbed
-    (its median not known to ``target``), also any whose IQR overlaps the fastest's: this run cannot
-    tell them apart, so the choice must not rest on their medians.
+    """The fastest median, the strategies tied with it (median within ``tie_tolerance``, or, when a
+    figure is disturbed, an overlapping IQR), and those tied only because of the disturbance.
     """
     fastest = min(ms, key=lambda n: ms[n].median)
     f = ms[fastest]
@@ -63,12 +59,9 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     """The fastest exact pipeline of notebook 03 (None when none is exact).
 
     Args:
-        mask_cost: notebook 02's result or None (memory per sample then unknown: ties go to
-            the fastest median).
-        ddp: notebook 04's result or None (no multi-rank projection then).
-        exclude: pipelines left out (e.g. one whose loss was not finite).
-        exact: the pipelines known to be exact (declared, or proven equal to the slow one);
-            default: those that declared it.
+        mask_cost: 02's result or None (ties then go to the fastest median); ddp: 04's or None.
+        exclude: pipelines left out (e.g. a loss not finite).
+        exact: the pipelines known to be exact (default: those that declared it).
         words: each pipeline's exactness in words; proven: those proven by ``equal``.
     """
     lo = timing.loops
