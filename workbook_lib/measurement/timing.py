@@ -1,32 +1,14 @@
 """The one timing core: every time the workbook reports comes from here.
 
-Rules it enforces by construction:
+By construction the device is synchronized around every timed region (:func:`sync`), warm-up
+is excluded, a figure is repeated until its median is known to ``target`` (10%) or its budget
+is spent, and every figure carries its noise (:class:`Stat`) and what the process got of the
+CPUs (:class:`~workbook_lib.measurement.cpu.CpuShare`; *contended* below 80%).
 
-* **The device is synchronized around every timed region** (:func:`sync`; CUDA work is
-  asynchronous, so a timer read without a sync measures the launch, not the work).
-* **Warm-up is excluded by construction**: :func:`measure` and :func:`interleave` run their
-  warm-up calls before the first timed one, and :class:`StepClock` keeps a step's stage times only
-  when the step was opened as a timed step, so a warm-up step can never leak into a timed one.
-* **Repeats until a precision target or a time budget**: a figure is repeated until its median
-  is known to ``target`` (10% by default: the half-width of the median's 95% confidence
-  interval, :meth:`Stat.known_to`) or its time budget is spent, and never fewer than
-  ``min_repeats`` times (:func:`measure` uses PyTorch's own rule, IQR/median).
-* **Every figure carries its noise**: a :class:`Stat` holds the median, the quartiles, the IQR
-  and n, and says whether it met the precision target.
-* **Every figure carries what the process got of the CPUs** while it was timed
-  (:class:`~workbook_lib.measurement.cpu.CpuShare`: CPU use, the share of the CPU its compute
-  threads asked for, CPU pressure, other jobs' use of its CPUs): a steady disturbance slows
-  every repeat alike and keeps the IQR small, so a figure is also marked *contended*
-  (:attr:`Stat.contended`) when its compute threads got less than 80% of the CPU they asked
-  for, and says by whom (:attr:`CpuShare.cause`: other jobs, or this run's own processes).
-
-:func:`measure` times one pure function with ``torch.utils.benchmark.Timer.adaptive_autorange``
-(PyTorch's own timer: it synchronizes the accelerator, picks a block size and repeats until the
-IQR/median threshold). Two things are written here because that timer does not do them:
-:func:`interleave` runs several variants A, B, A, B... in one process so that their ratio does not
-carry the drift between two separate measurements (a shared machine's speed drifts by tens of
-percent over minutes); and :class:`StepClock` times the stages of a training loop, whose steps are
-not repeatable calls of one function (each consumes the next batch).
+:func:`measure` times one pure function with ``torch.utils.benchmark.Timer.adaptive_autorange``.
+Written here because that timer does neither: :func:`interleave` runs variants A, B, A, B... in
+one process so that their ratio does not carry a shared machine's drift, and :class:`StepClock`
+times the stages of a training loop, whose steps are not repeatable calls of one function.
 """
 from __future__ import annotations
 
