@@ -55,10 +55,9 @@ def read_pressure(path: Path = PRESSURE_PATH) -> float | None:
 
 
 def _read(path: str) -> str | None:
-    """A small ``/proc`` file's text, or None where it cannot be read. Plain ``os`` calls on
-    string paths: the meter reads some thirty of these around every timed call, and ``open()``
-    with ``pathlib`` joins made each read of a notebook kernel's 15 threads cost about 3 ms
-    (a third of 02's ci run was the meter)."""
+    """A small ``/proc`` file's text, or None where it cannot be read. Plain ``os`` calls on string
+    paths: the meter reads some thirty of these around every timed call (docs/figures.md).
+    """
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -266,16 +265,12 @@ class _Snap:
 
 
 class CpuMeter:
-    """Accumulates what the process got of the CPUs over timed intervals, and what the
-    machine and the run's process tree used over them.
-
-    ``begin()`` before an interval and ``end()`` after it (outside the timed region: the reads
-    cost well under a millisecond); ``share()`` sums them. An interval whose schedstat, pressure,
-    ``/proc/stat`` or tree could not be read leaves those figures out (None), never guessed.
+    """Accumulates what the process got of the CPUs over timed intervals, and what the machine and
+    the run's process tree used over them: ``begin()`` before an interval, ``end()`` after it
+    (outside the timed region), ``share()`` sums them. A figure that could not be read is None.
 
     Args:
-        threads: the compute threads the work uses (default: ``torch.get_num_threads()`` at
-            each ``begin``).
+        threads: the compute threads (default: ``torch.get_num_threads()`` at each ``begin``).
         allowance: the CPUs it may use (default: :func:`allowed_cpus`).
         children: what the figure says about child processes' CPU time.
         procs: the run's processes sharing these CPUs (DDP ranks on the node).

@@ -64,12 +64,8 @@ def batch_tensors(batch) -> int:
 
 def batch_contents(batch, limit: int = 1_000_000) -> dict:
     """What moving a batch to a device walks: ``tensors`` (count), ``tensor_bytes``, ``objects``
-    (every other leaf: strings, numbers, None, custom objects) and ``kinds`` (the most common
-    types of those, in words). Containers (dict, list, tuple, set) and PyG stores are walked,
-    not counted; at most ``limit`` leaves are visited.
-
-    Written here because a transfer stage's time on a CPU (where nothing is copied) is this walk
-    itself: a batch that carries thousands of gene-name strings spends it there.
+    (other leaves) and ``kinds`` (their most common types, in words); containers and PyG stores
+    are walked, at most ``limit`` leaves. On a CPU a transfer stage's time is this walk itself.
     """
     tensors = nbytes = objects = 0
     kinds: Counter = Counter()

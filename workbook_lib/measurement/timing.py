@@ -56,19 +56,14 @@ def _timed_call(fn: Callable[[], object], device) -> float:
 def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", warmup: int = 1,
             min_repeats: int = 5, target: float = DEFAULT_TARGET, max_time_s: float = 2.0,
             label: str = "") -> Stat:
-    """Time ``fn()`` with ``torch.utils.benchmark.Timer.adaptive_autorange``.
-
-    ``warmup`` untimed calls come first. Timing then repeats until IQR/median <= ``target`` or
-    ``max_time_s`` of timed work, and never fewer than ``min_repeats`` blocks (a block is one call
-    for anything slower than a few ms, several calls averaged for faster ones).
+    """Time ``fn()`` with ``torch.utils.benchmark.Timer.adaptive_autorange``: ``warmup`` untimed
+    calls, then blocks (one call, or several averaged for calls faster than a few ms) until
+    IQR/median <= ``target`` or ``max_time_s`` of timed work, never fewer than ``min_repeats``.
 
     Args:
         fn: the work to time; its return value is discarded.
         device: where it runs (the timer synchronizes the accelerator around each block).
-        warmup: untimed calls first (default 1).
-        min_repeats: the fewest timed blocks (default 5).
-        target: IQR/median to stop at (default 0.10).
-        max_time_s: time budget for repeats beyond ``min_repeats`` (default 2 s).
+        max_time_s: time budget for repeats beyond ``min_repeats``.
         label: a name for the measurement (kept by the Timer).
 
     Returns:
@@ -151,13 +146,10 @@ def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | s
 class StepClock:
     """Wall time and per-stage time of training-loop steps.
 
-    A step is opened with ``with clock.step(timed=...)``; its stage times (``clock.stage(name)``,
-    each between device syncs) and any durations measured elsewhere (``clock.add``, e.g. inside a
-    DataLoader worker) go into that step's own record, which is kept only when the step was
-    opened as timed. A warm-up step therefore cannot leak into a timed one.
-
-    A :class:`~workbook_lib.measurement.cpu.CpuMeter` reads what the process got of the CPUs
-    around every timed step (outside its wall time); :meth:`wall` and :meth:`stages` carry it.
+    A step opened with ``with clock.step(timed=...)`` collects its stage times
+    (``clock.stage(name)``, between device syncs) and durations measured elsewhere (``clock.add``,
+    e.g. in a DataLoader worker); they are kept only for a timed step. A
+    :class:`~workbook_lib.measurement.cpu.CpuMeter` reads the CPU share around every timed step.
 
     Args:
         device: where the steps run (synchronized around every step and stage).

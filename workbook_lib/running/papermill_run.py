@@ -1,11 +1,9 @@
 """One notebook run by papermill into a run folder, and its HTML report.
 
-The notebook runs from its jupytext source (:func:`.notebooks.notebook_node`) with every params
-key injected as a papermill parameter, in a fresh kernel. Its executed notebook, HTML report and
-results JSON land in the run folder; a failing notebook keeps its partial output (and its HTML,
-the failing cell marked). HTML reports hide code by default (``exclude_input``, nbconvert's own
-option; ``show_code`` keeps it) and carry the figures inline. A file that cannot be written (a
-full disk) fails the notebook, naming the file. :mod:`.run_folder` runs the notebooks in order.
+The notebook runs from its jupytext source in a fresh kernel, every params key injected as a
+papermill parameter. Its executed notebook, HTML report (code hidden unless ``show_code``,
+figures inline) and results JSON land in the run folder; a failing notebook keeps its partial
+output, the failing cell marked, and a file that cannot be written fails it, naming the file.
 """
 from __future__ import annotations
 
