@@ -1,12 +1,9 @@
 """``python -m workbook_lib``: the command line (:mod:`workbook_lib.cli`) in a process of its own.
 
-One thing is done here, for this process only, before anything is imported: jsonschema (which
-nbformat, papermill and nbconvert load) checks the ``iri`` formats with the optional
-``rfc3987-syntax`` package when it is installed (jupyter-events asks for it), and that package
-builds 38 lark parsers when imported: 3 s of every ``run``, before any notebook starts. No
-notebook schema uses those formats, so the command line goes without the package (marked
-absent, which jsonschema's optional import expects). A kernel, and a user's own process that
-imports the library, are left as they are.
+Before anything is imported, this process only marks the optional ``rfc3987-syntax`` package
+absent: jsonschema (loaded by nbformat, papermill and nbconvert) would otherwise import it to
+check ``iri`` formats no notebook schema uses, and its import is slow (docs/figures.md). A
+kernel, and a user's own process that imports the library, are left as they are.
 """
 import sys
 

@@ -1,13 +1,10 @@
 """What a notebook records when one pipeline fails: one record, the same in every notebook.
 
-A pipeline that raises, stops making progress or trains on a loss that is not finite costs only
-its own figures. The study that lost it (notebook 02's memory study, 03's loop study, 04's DDP
-result) keeps a ``failures: dict[str, PipelineFailure]`` (pipeline name -> its failure) beside
-the figures of the others, and its view shows each failure in one line with the traceback
-folded away. The verdict reads the same records to say what is missing and why.
-
-:class:`PipelineFailed` is the exception that carries a record from the place the failure
-happened (a training step, a DataLoader worker, a DDP rank) to the study that records it.
+A pipeline that raises, stalls or trains on a non-finite loss costs only its own figures: the
+study that lost it (02's memory, 03's loop, 04's DDP) keeps ``failures: dict[str,
+PipelineFailure]`` beside the others' figures, its view shows each in one line, and the verdict
+says what is missing and why. :class:`PipelineFailed` carries a record from where the failure
+happened (a step, a DataLoader worker, a DDP rank) to the study.
 """
 from __future__ import annotations
 
@@ -44,19 +41,15 @@ class PipelineFailure(Record):
     Attributes:
         pipeline: the pipeline's name (a built-in strategy or an entry of ``pipelines``).
         notebook: the notebook that lost it ("02", "03", "04").
-        stage: where: one of :data:`STAGES` ("data item", "forward"...; "data item or collate"
-            when a DataLoader worker stopped without saying which).
-        kind: ``raised`` (an exception), ``stalled`` (no progress within the limit) or
-            ``nonfinite_loss`` (the loss was NaN or infinite: the figures are kept, marked).
+        stage: one of :data:`STAGES` ("data item or collate" when a worker stopped unsaid).
+        kind: ``raised``, ``stalled`` or ``nonfinite_loss`` (figures kept, marked).
         message: what happened, in one line.
         traceback: the Python traceback (the rank's, the worker's or the probe's), or "".
-        step: the step of the arm at which it happened (0 = its first, warm-up included), when
-            known.
-        mode: the loop mode or DDP arm it happened in ("full", "forward", "gap"...), or "".
-        waited_s: for a stall, how long the stage had run when it was stopped.
+        step: the arm's step it happened at (0 = its first, warm-up included), when known.
+        mode: the loop mode or DDP arm ("full", "forward", "gap"...), or "".
+        waited_s: for a stall, how long the stage had run.
         rank: for notebook 04, the rank that failed.
-        figures_kept: the pipeline's figures are in the study (a non-finite loss: its timings
-            are of a diverged step); False when they are missing.
+        figures_kept: the pipeline's figures are in the study (those of a diverged step).
     """
 
     pipeline: str

@@ -1,15 +1,10 @@
 """``type=`` helpers for the command line's paths and numbers, one error each.
 
-Each helper takes the option's name and returns the callable argparse applies to the value
-given (and to a string default). A bad value raises :class:`~workbook_lib.exceptions.ArgumentError`,
-which ``cli.main`` prints as one line, ``error: --batches must be a positive integer (got 0)``,
-and exits 2, before any work, as for every bad input. argparse's own ``ArgumentTypeError`` is
-not used because argparse prints it after a usage line, with its own prefix.
-
-The output checks create nothing: a command whose other arguments turn out bad leaves no folder
-behind. Whether a file can be written is found by writing a probe file beside it (in the nearest
-folder that exists) and removing it: permissions, a read-only file system, a name too long, a
-component that is a file all fail there, with the system's reason.
+Each helper takes the option's name and returns the callable argparse applies to the value. A
+bad value raises :class:`~workbook_lib.exceptions.ArgumentError`, which ``cli.main`` prints as
+one line and exits 2 (argparse's ``ArgumentTypeError`` would come after a usage line). The
+output checks create nothing: whether a file can be written is found by writing and removing a
+probe file in the nearest folder that exists.
 """
 from __future__ import annotations
 

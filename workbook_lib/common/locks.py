@@ -1,8 +1,7 @@
-"""``flock`` on a lock file, as a context manager: the run folder's notebooks, the snapshot
-cache's builders and the GPU probes take their locks through :func:`locked`. The kernel drops a
-lock when its holder exits, however it exits, so a crash leaves no stale lock; ``flock`` works
-across the nodes of a cluster on NFS (Linux maps it to POSIX locks) and on Lustre mounted with
-``flock``.
+"""``flock`` on a lock file, as a context manager (:func:`locked`), for the run folder's
+notebooks, the snapshot cache's builders and the GPU probes. The kernel drops a lock however its
+holder exits, so a crash leaves none stale; ``flock`` works across a cluster's nodes on NFS and
+on Lustre mounted with ``flock``.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Progress for long work: on the terminal, never in a report.
 
-Inside a notebook kernel, ipykernel replaces file descriptor 2 with a pipe whose content lands in
-the notebook (and so in its HTML), and keeps a copy of the real stderr, which
-``sys.stderr.fileno()`` returns. Progress bars write to that copy: papermill and the CLI leave it
-on the terminal. :func:`native_stderr_to_terminal` sends what libraries write from C++ to
-descriptor 2 there, less the profiler's ``USDT:`` probe lines. ``WORKBOOK_PROGRESS=0`` turns
-progress off (the test suite does); ``WORKBOOK_PROGRESS=notes`` keeps the one-line stage notes and
-drops the bars (``--quiet``, SLURM logs). Bars are also dropped where the terminal is not a TTY.
+In a notebook kernel, file descriptor 2 lands in the notebook, while ``sys.stderr.fileno()`` is
+ipykernel's copy of the real stderr: bars write there. :func:`native_stderr_to_terminal` sends
+C++ output there too, less the profiler's ``USDT:`` lines. ``WORKBOOK_PROGRESS=0`` turns
+progress off, ``=notes`` keeps only the one-line stage notes; no bars where there is no TTY.
 """
 from __future__ import annotations
 

@@ -1,28 +1,16 @@
 """Stall detection: a stage that stops making progress is stopped and named.
 
-A :class:`Watchdog` watches one stage at a time (:meth:`Watchdog.watch`): what runs (a
-pipeline, an arm), where (the stage) and for how long it may run. Past that limit:
-
-* **in the main thread of a process** (a notebook's kernel runs its cells there, the CLI, a
-  DataLoader worker, a DDP rank, a memory probe) an interval timer (``signal.setitimer``,
-  ``SIGALRM``) runs a handler that raises :class:`Stalled` inside the blocked call. Python runs
-  signal handlers between bytecodes and retries interrupted system calls only after running them
-  (PEP 475), so this stops ``time.sleep``, socket and pipe reads, queue waits and Python loops.
-  It cannot stop a C extension that blocks without returning to the interpreter (a long native
-  operator, a collective waiting in C++) nor a process in uninterruptible I/O (a hard-mounted
-  network filesystem that stopped answering): the handler runs once that call returns.
-* **in any other thread** signals cannot be used (Python delivers them to the main thread only,
-  and a thread cannot interrupt another): the stall is reported on the terminal, once, and
-  nothing is stopped.
-
-In both cases a monitor thread says on the terminal which stage has been waiting, once it has
-run a quarter of its limit (at least :data:`WAITING_NOTE_S` seconds), so that a long wait is
-visible before its limit.
+A :class:`Watchdog` watches one stage at a time (:meth:`Watchdog.watch`): what runs, where and
+for how long it may. Past that limit, in a process's main thread an interval timer
+(``SIGALRM``) raises :class:`Stalled` inside the blocked call (between bytecodes: a C call that
+never returns to the interpreter is stopped only once it does); in any other thread the stall
+is only reported. A monitor thread names a stage that has run a quarter of its limit (at least
+:data:`WAITING_NOTE_S`).
 
 Written here rather than taken from a library: the maintained ones (``timeout-decorator``,
-``func-timeout``, ``stopit``) either use the same ``SIGALRM`` per call (re-installing the
-handler each time) or run the call in another thread, which would move a training step off the
-thread its CUDA stream and autograd state belong to.
+``func-timeout``, ``stopit``) either re-install a ``SIGALRM`` handler per call or run the call
+in another thread, which would move a training step off the thread its CUDA stream and
+autograd state belong to.
 """
 from __future__ import annotations
 
@@ -58,14 +46,12 @@ class Stalled(BaseException):
 class Watchdog:
     """Stops (or reports) a stage that runs past its limit; see the module docstring.
 
-    Use as a context manager around the work, and :meth:`watch` around each stage; or, where
-    a stage's two system calls (arming and cancelling the timer) would be in a timed region,
-    :meth:`arm` before a series of stages (a training step), :meth:`enter`/:meth:`leave` around
-    each (attribute writes only) and :meth:`disarm` after.
+    A context manager around the work, with :meth:`watch` around each stage; inside a timed region,
+    :meth:`arm` before a series of stages, :meth:`enter`/:meth:`leave` around each (attribute writes
+    only, no system call) and :meth:`disarm` after.
 
     Args:
-        announce: where notes go (a stage waiting long, a stall that cannot be stopped); e.g.
-            :func:`workbook_lib.common.progress.note`. None: nowhere.
+        announce: where notes go (e.g. :func:`workbook_lib.common.progress.note`); None: nowhere.
         why: the rule that set the limit, for messages ("stall_timeout_s").
     """
 

@@ -1,12 +1,9 @@
 """Reading params YAML safely: a params file, a ``--set`` value, a papermill string.
 
-Every YAML the params read goes through :func:`load_yaml`: PyYAML's safe loader with duplicate
-keys refused (PyYAML keeps the last one silently), a size cap, and a cap on how far a value may
-expand through anchors and aliases or nest (a "billion laughs" of a few hundred bytes would
-otherwise expand to gigabytes when an error message shows it). PyYAML has no option for either,
-hence this small loader. Every value shown in an error message is cut to a readable length
-(:func:`show`). :func:`read_params_file` finds and reads a ``--params`` file without validating
-it (:func:`.validation.load_params_file` does both).
+:func:`load_yaml` is PyYAML's safe loader with duplicate keys refused, a size cap, and caps on
+nesting and on expansion through anchors and aliases (a "billion laughs"); PyYAML has no option
+for either, hence this small loader. :func:`show` cuts a value shown in an error to a readable
+length; :func:`read_params_file` finds and reads a ``--params`` file without validating it.
 """
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """The params schema: one frozen, typed dataclass, :class:`ParamsSchema`, one field per key.
 
-Every key is a field with its type, its default, a line of documentation, its section (the
-notebook that reads it), and its check (:mod:`.checks`). **The defaults are the default run** (a
-laptop CPU: scale 0.1), so a notebook opened in JupyterLab runs as ``make report`` does.
-:func:`.validation.validate` builds a :class:`.validation.Params` (this class, with its values
-checked and ``replace``) from a params file, ``--set``, papermill's ``-p``/``-f`` or a notebook's
-parameters cell, checking every value once, before any work starts.
-
-Params are read-only and read like the mapping they replace: ``params["loop_steps"]``,
-``params.loop_steps``, ``params.get(...)``, ``"key" in params``, ``dict(params)``,
-``{**params, "seed": 1}`` (a plain dict); ``params.replace(seed=1)`` is a checked copy.
-They pickle (torchrun ranks, DataLoader workers), equal a dict of the same values, and
-``records.to_json`` writes them as a JSON object. Assigning to them raises.
-
-:data:`FIELDS` describes every key (name -> :class:`Field`), in schema order: the help text
-(``python -m workbook_lib params``) and every notebook's parameters cell are made from it
-(:mod:`.cells`).
+Each field has its type, default, a line of documentation, its section (the notebook that reads
+it) and its check (:mod:`.checks`). **The defaults are the default run** (scale 0.1 on a laptop
+CPU), so a notebook opened in JupyterLab runs as ``make report`` does.
+:func:`.validation.validate` turns any source of params into a checked, read-only
+:class:`.validation.Params` (attributes, mapping reads, ``replace``; it pickles and equals a dict
+of its values). :data:`FIELDS` (name -> :class:`Field`, schema order) feeds the help text and the
+notebooks' parameters cells (:mod:`.cells`).
 """
 from __future__ import annotations
 

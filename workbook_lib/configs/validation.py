@@ -1,17 +1,12 @@
 """Validating params: a mapping in, a :class:`Params` out, or one line that says what is wrong,
 before any work starts.
 
-An unknown key is an error with a "did you mean", a wrong type or an impossible value an error
-naming the key and the value, and missing keys take the schema default. The type of each key is
-its annotation on :class:`.schema.ParamsSchema`, checked by a pydantic ``TypeAdapter`` in strict mode
-(no bool for an int, no float for an int, no string for a number), but for a mapping's keys,
-which JSON writes as strings.
-
-A string given for a non-string key is read as YAML first, because that is what command lines
-pass: ``papermill -p batch_sizes "[1, 2]"`` injects a string, and YAML itself reads ``1e-3`` as a
-string. Keys marked ``placement`` say where a run executes (node count, rendezvous endpoint, cache
-folder); they are recorded but are not part of what ``run --resume`` compares
-(:func:`results_relevant`).
+An unknown key gets a "did you mean", a wrong type or impossible value names the key and the
+value, missing keys take the schema default. Types are the annotations of
+:class:`.schema.ParamsSchema`, checked by a strict pydantic ``TypeAdapter`` (a mapping's keys
+excepted: JSON writes them as strings). A string for a non-string key is read as YAML first,
+as command lines (``papermill -p batch_sizes "[1, 2]"``) pass strings. ``placement`` keys are
+recorded but not compared by ``run --resume`` (:func:`results_relevant`).
 """
 from __future__ import annotations
 
@@ -120,14 +115,12 @@ def validate(raw: Mapping | None, *, source: str = "params") -> Params:
     :class:`Params`.
 
     Args:
-        raw: a mapping read from a params file, given by ``--set`` or injected by papermill
-            (``None`` means empty); a :class:`Params`, or a dict copy of one with keys
-            changed, is checked again.
+        raw: a mapping from a params file, ``--set`` or papermill (``None``: empty); a
+            :class:`Params`, or a dict copy of one, is checked again.
         source: where it came from, named in error messages.
 
     Raises:
-        ParamsError: on an unknown key (with "did you mean"), a wrong type or an impossible
-            value (naming key and value). Nothing else has been done at that point.
+        ParamsError: an unknown key, a wrong type or an impossible value, before any work.
     """
     if raw is None:
         raw = {}

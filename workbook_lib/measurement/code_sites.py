@@ -1,19 +1,11 @@
 """Where a training step's time goes in the pipeline's own code, function by function.
 
-* The stages on the device side (transfer, device prep, forward, loss, backward, optimizer): a
-  step recorded by ``torch.profiler`` with Python stacks, read by
-  :func:`workbook_lib.traces.sites.attribute` (a backward operator counts at the function that
-  ran its forward). Its trace is read and deleted: the kept trace is the one without stacks.
-* The data stages (dataset items and collate): one batch under :mod:`cProfile`, one row per
-  function, the time of library code counted at the pipeline's function that called it.
-
-Why two tools: the profiler's Python tracer records every call as an event, built-ins included,
-so a data stage written as Python loops (a search per item, adjacency lists per sample) makes a
-trace of hundreds of megabytes at a real graph's size; cProfile keeps one row per function. The
-device stages need the profiler, which links each backward operator to its forward.
-
-``own`` says whose a file is and names a function: ``own(file)`` -> "own", "harness" or
-"library"; ``own.name(frame)`` -> the qualified name; ``own.display(file)`` -> the path shown.
+The device-side stages: one step under ``torch.profiler`` with Python stacks, read by
+:func:`workbook_lib.traces.sites.attribute` (a backward operator counts at its forward's
+function); that trace is deleted. The data stages: one batch under :mod:`cProfile` (the
+profiler's Python tracer makes a trace of hundreds of megabytes for Python-loop data code).
+``own(file)`` says whose a file is ("own", "harness", "library"); ``own.name(frame)`` names a
+function, ``own.display(file)`` the path shown.
 """
 from __future__ import annotations
 

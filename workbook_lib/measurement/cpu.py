@@ -1,88 +1,20 @@
 """What the process got of the CPUs while it was timed, who else used them, and how many CPUs
 it may use.
 
-A machine shared with another CPU-heavy job can look quiet: every step is slowed by the same
-amount, so the IQR stays small while the median is wrong by orders of magnitude (a step made of
-many small parallel regions waits at each region's barrier for a thread that is not scheduled).
-The spread of the samples cannot see that; what the process got of the CPUs can. A
-:class:`CpuMeter` therefore runs beside every timed region (the loop's steps, :func:`measure`,
-:func:`interleave`) and records, over exactly the timed intervals:
-
-* **CPU use**: the process's CPU time (user + system, all its threads:
-  ``time.process_time``) over wall time x its compute threads (``torch.get_num_threads()``, at
-  most the CPUs it may use). Child processes (DataLoader workers) are not counted here: their CPU
-  time is in their own processes (they are in the run's process tree below).
-* **Share of the CPU its compute threads asked for**: their run time over their run time plus
-  their run-queue wait (the time they were ready to run and no CPU was free), from the kernel's
-  per-thread ``/proc/self/task/*/schedstat``. A thread that sleeps (waiting for a batch, idle
-  between parallel regions) asks for nothing, so a serial step alone still gets ~100%; beside a
-  CPU hog it gets what the scheduler leaves it. *Compute threads* are the main thread (which
-  runs the timed step) and the threads native code starts for it under its name (PyTorch's
-  intra-op OpenMP threads); the others are *helpers*, their run and wait recorded apart and not
-  ruled on: Python threads beside the main one (ipykernel's I/O threads, a rank's heartbeat) and
-  threads a library named for itself (``gloo_tcp_loop``, ``pt_gloo_runloop``, ``ZMQbg/IO/0``,
-  ``cuda-EvtHandlr``).
-  Measured on this project's 2-CPU machine at ``params/ci.yaml``, with the run given priority
-  over the machine's other processes: a DDP rank of 2 (1 thread each, a configuration that
-  fits) got 42-62% over all its threads; its main thread got ~90% while gloo's threads, woken
-  for each message while both CPUs ran the two ranks' compute, got 14-69%: a cost of DDP on
-  those CPUs that every rerun pays, not a disturbance (judged on compute threads: 86-100%).
-* **CPU pressure**: the share of wall time in which some task on the machine waited for a CPU
-  (``/proc/pressure/cpu``, "some"), where the kernel exposes it; "not available here" otherwise,
-  never a guess. It is machine-wide context: other jobs waiting among themselves raise it.
-* **Who else used the CPUs**: the machine's busy CPU time on the CPUs this process may run on
-  (``/proc/stat``'s ``cpuN`` lines of its affinity: user + nice + system + irq + softirq +
-  steal) and this run's process tree's CPU time over the same intervals; the difference is
-  **other jobs' use**, both in CPUs (CPU-seconds per wall-second). The tree is the run's root
-  process and all its descendants: the root is named by ``WORKBOOK_RUN_ROOT`` (set by ``python
-  -m workbook_lib run`` to itself, so that papermill, the notebook kernel, torchrun, the ranks
-  and their DataLoader workers all count as this run; the torchrun launcher passes it on to the
-  ranks, and a rank whose root is on another node takes its node's torchrun agent), where that
-  process is this one or an ancestor of it, else this process. Each process
-  counts with user + system + the CPU time of its reaped children (``/proc/PID/stat``), so a
-  DataLoader worker that exits and is reaped between two reads still counts (in its parent);
-  one whose parent left the tree before reaping it (an orphan) takes its CPU time with it and
-  counts as another job's. ``/proc/stat`` and ``/proc/PID/stat`` count in ticks of 10 ms, so
-  each interval's difference is off by about a tick: other jobs' use is told over the timed
-  intervals when that resolution (:func:`resolution`: tick x sqrt(intervals) / their wall time)
-  is within :data:`RESOLUTION` (0.025 CPU), else over the span from the first interval's start
-  to the last one's end (one difference; the loop's arms take turns within it) when its
-  resolution is, else not at all.
-
-**The rules.** A figure is *contended* (:data:`CONTENDED_BELOW`) when its compute threads got
-less than 80% of the CPU time they asked for (run / (run + run-queue wait) < 0.8). Where the
-kernel has no per-thread schedstat, the CPU use (CPU time / (wall x threads)) is ruled on
-instead, with the same 80%: a weaker proxy, since a serial step uses one thread of several alone
-too, and the figure says which rule it was judged by. Pressure is reported, not ruled on: it
-counts other jobs' waits among themselves.
-
-A contended figure's **cause** (:attr:`CpuShare.cause`) is *other jobs* when other jobs used at
-least :data:`OTHERS_SEEN` (0.1) of a CPU on average over the window, else *this run's own
-processes* (self-oversubscription: its ranks, DataLoader workers, threads beyond its CPUs), named
-with the configuration that fits (:func:`fit_threads`). 0.1 CPU is five times an idle machine's
-background (the kernel's threads, the system's daemons, interrupts and the hypervisor's steal:
-0.02 CPU, measured over a minute on this project's 2-CPU machine) and four times the coarsest
-resolution it is told with; it is low on purpose: a job using a tenth of a CPU already costs a
-step of a few milliseconds a scheduler slice now and then, which is enough to make it contended
-(measured: 4 ms data-only steps beside other jobs using 0.14 CPU got 74% of their CPU). Both
-causes keep the figure marked and not relied on: a figure contended by its own processes
-measures threads waiting for each other on a configuration whose threads outnumber its CPUs, not
-the pipeline; its remedy is the configuration that fits, not a rerun. Where ``/proc/stat`` or
-the tree cannot be read, or the window is too short for the ticks, the cause is *not told
-apart*, and said so.
-
-:func:`allowed_cpus` says how many CPUs the process may use: the tightest of its affinity
-(``os.sched_getaffinity``), the cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
-``cpu.cfs_period_us``) and SLURM's allocation (``SLURM_CPUS_PER_TASK``, else
-``SLURM_CPUS_ON_NODE``); :func:`fit_threads` turns that into compute threads per process for
-``procs`` processes with ``workers`` DataLoader workers each.
+A :class:`CpuMeter` runs beside every timed region (the loop's steps, :func:`measure`,
+:func:`interleave`) and records over exactly the timed intervals: CPU use (CPU time over wall x
+compute threads), the share of CPU time the compute threads asked for that they got (per-thread
+``schedstat``: run / (run + run-queue wait); helper threads recorded apart), CPU pressure
+(``/proc/pressure/cpu``) and other jobs' use (the machine's busy time on this process's CPUs
+minus the run's process tree, rooted at ``WORKBOOK_RUN_ROOT``). A figure is contended below
+:data:`CONTENDED_BELOW`; its cause is *other jobs* above :data:`OTHERS_SEEN`, else this run's
+own processes. :func:`allowed_cpus` and :func:`fit_threads` say how many CPUs and threads fit.
+The rules and their reasons: docs/development.md, "measurement/cpu.py".
 
 Written here rather than taken from a library: psutil gives a process's CPU times but neither
-the per-thread run-queue wait nor CPU pressure nor cgroup quotas; these are a few ``/proc`` and
-``/sys`` reads. The process tree is walked through ``/proc/PID/task/TID/children`` (a few reads
-per process of the tree) rather than psutil's ``Process.children``, which reads every process
-of the machine: 4.5 ms per call on this project's busy 2-CPU machine, twice per timed step;
-psutil is the fallback where the kernel has no ``children`` file.
+the per-thread run-queue wait nor CPU pressure nor cgroup quotas, and its ``Process.children``
+reads every process of the machine; these are a few ``/proc`` and ``/sys`` reads (psutil is the
+fallback where the kernel has no ``children`` file).
 """
 from __future__ import annotations
 
@@ -123,10 +55,9 @@ def read_pressure(path: Path = PRESSURE_PATH) -> float | None:
 
 
 def _read(path: str) -> str | None:
-    """A small ``/proc`` file's text, or None where it cannot be read. Plain ``os`` calls on
-    string paths: the meter reads some thirty of these around every timed call, and ``open()``
-    with ``pathlib`` joins made each read of a notebook kernel's 15 threads cost about 3 ms
-    (a third of 02's ci run was the meter)."""
+    """A small ``/proc`` file's text, or None where it cannot be read. Plain ``os`` calls on string
+    paths: the meter reads some thirty of these around every timed call (docs/figures.md).
+    """
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -334,16 +265,12 @@ class _Snap:
 
 
 class CpuMeter:
-    """Accumulates what the process got of the CPUs over timed intervals, and what the
-    machine and the run's process tree used over them.
-
-    ``begin()`` before an interval and ``end()`` after it (outside the timed region: the reads
-    cost well under a millisecond); ``share()`` sums them. An interval whose schedstat, pressure,
-    ``/proc/stat`` or tree could not be read leaves those figures out (None), never guessed.
+    """Accumulates what the process got of the CPUs over timed intervals, and what the machine and
+    the run's process tree used over them: ``begin()`` before an interval, ``end()`` after it
+    (outside the timed region), ``share()`` sums them. A figure that could not be read is None.
 
     Args:
-        threads: the compute threads the work uses (default: ``torch.get_num_threads()`` at
-            each ``begin``).
+        threads: the compute threads (default: ``torch.get_num_threads()`` at each ``begin``).
         allowance: the CPUs it may use (default: :func:`allowed_cpus`).
         children: what the figure says about child processes' CPU time.
         procs: the run's processes sharing these CPUs (DDP ranks on the node).

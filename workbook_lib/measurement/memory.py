@@ -1,34 +1,13 @@
 """Peak memory of one training step, measured so that the figure belongs to that step.
 
-:func:`peak_during` measures a call in the current process:
-
-* **CPU**: the kernel's resident-set high-water mark (``VmHWM``) is reset by writing ``5`` to
-  ``/proc/self/clear_refs``; the peak is ``VmHWM`` after the call minus ``VmRSS`` just before it.
-  Where that file is not writable (another OS, a locked-down container) a thread samples the RSS
-  every millisecond instead (the method is recorded).
-* **CUDA**: ``torch.cuda.max_memory_reserved`` after ``empty_cache`` and
-  ``reset_peak_memory_stats``, minus what was reserved before: what the step takes from the
-  device through the caching allocator (the tensors alone, ``max_memory_allocated``, are in the
-  method text). Probes on one GPU never run at once (a lock file per GPU), and the budget is what
-  ``mem_get_info`` says is free plus what this process's allocator holds (the CUDA context and
-  other processes' memory are not available to a step).
-
-:func:`measure_in_fresh_process` measures one point in a fresh process: the caller's set-up (a
-function that builds the step; for a pipeline's training step
-:func:`workbook_lib.training.step_memory.setup_step`), one warm-up step, then the measured step.
-The process is forked by multiprocessing's fork server, which imported PyTorch and the set-up's
-module once; the result comes back through a pipe, the process's output goes to a log read only
-when it fails. One ``Process`` per probe rather than a ``ProcessPoolExecutor``: a worker the
-OOM killer ends breaks the whole pool, and a pool cannot kill a task at its time limit. This
-module knows nothing of params or pipelines. The high-water mark is reset
-before the measured step, as the set-up may peak higher than a step; glibc is told to return
-freed blocks above 64 KiB to the OS, so the RSS before the step is its steady state.
-
-A point that runs out of memory (``MemoryError``, PyTorch's ``DefaultCPUAllocator: can't allocate
-memory``, CUDA OOM, or the process killed by the OOM killer) is recorded as such; a step below the
-measurement's resolution says so. :func:`fit_memory` fits ``bytes = fixed + per_sample * B`` on at
-least three measured batch sizes, shows the residuals, and states how far the largest-batch
-projection extrapolates beyond the largest batch measured.
+:func:`peak_during` measures a call in this process: on CPU, ``VmHWM`` after the call (reset
+through ``/proc/self/clear_refs``, else an RSS-sampling thread) minus ``VmRSS`` before it; on
+CUDA, ``max_memory_reserved`` after the call minus what was reserved before, one probe per GPU
+at a time. :func:`measure_in_fresh_process` measures one point in a process forked by
+multiprocessing's fork server: the caller's set-up, one warm-up step, then the measured step.
+An out-of-memory point is recorded as such. :func:`fit_memory` fits
+``bytes = fixed + per_sample * B`` on at least three batch sizes and states how far its
+projection extrapolates. Why each choice: docs/development.md, "measurement/memory.py".
 """
 from __future__ import annotations
 

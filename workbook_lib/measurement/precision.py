@@ -1,24 +1,13 @@
 """How far two computations of the same sums may differ when they add in another order (a
-rewrite that vectorizes a loop, a GPU's atomic ``index_add_``/scatter sums in whatever order its
-threads arrive), and the tools ``python -m workbook_lib equal`` measures that with.
+vectorized rewrite, a GPU's atomic scatter sums), and the tools ``python -m workbook_lib
+equal`` measures that with: :func:`float32_tolerance`, :data:`FLOAT64_TOLERANCE`,
+:class:`rounding_probe` (every module's output rounded at a relative size), :class:`rounding_model`
+(every operation's result rounded, a sum's by the magnitude of its terms: the bound of a float32
+comparison) and :class:`dtype_guard` (the first operation computed in another floating dtype).
 
-* :func:`float32_tolerance`: a relative tolerance for a float32 result, from the graph's largest
-  in-degree and the layers.
-* :data:`FLOAT64_TOLERANCE`: the relative tolerance of a comparison run in float64.
-* :class:`rounding_probe`: every module's output rounded at a relative size (cheap; it moves a
-  tensor as much as rounding of the terms a module hands on moves it, cancellation included).
-* :class:`rounding_model`: every operation's result rounded, a sum's by the magnitude of the
-  terms it adds (``sqrt(terms) x sum |term|``), not of its result: the bound of a float32
-  comparison, where a gradient that is a small difference of large sums (a GIN ``eps`` summed
-  over every node, the dual forward's wildtype pass subtracted) holds rounding far larger than
-  its own size times any tolerance.
-* :class:`dtype_guard`: records the first operation that computed in another floating dtype
-  (a pipeline that hard-codes float32 inside a float64 run).
-
-The last two are ``torch.utils._python_dispatch.TorchDispatchMode`` s: they see every ATen
-operation below autograd, the backward pass's included, which no module hook does. PyTorch has
-no maintained tool for either (``torch.testing`` compares, it does not bound rounding), hence
-written here.
+The last two are ``TorchDispatchMode`` s, which see every ATen operation below autograd, the
+backward's included. Written here because PyTorch has no maintained tool for either
+(``torch.testing`` compares, it does not bound rounding).
 """
 from __future__ import annotations
 
@@ -88,13 +77,9 @@ def _floating(t) -> bool:
 
 
 class rounding_probe:
-    """Within the block, every floating-point tensor a submodule of ``model`` returns (the model
-    itself included) is multiplied by ``1 + rel * u``, ``u`` uniform in [-1, 1] per element
-    (from a generator of its own, seeded: torch's global RNG is not touched): rounding of
-    relative size ``rel`` at each module's output, independent on each side of a subtraction.
-    How far that moves a result (an output, a gradient) is how far rounding of that size can
-    move it, cancellation included: a gradient that is a difference of two large terms moves as
-    much as the terms do.
+    """Within the block, every floating-point tensor a submodule of ``model`` returns is multiplied
+    by ``1 + rel * u`` (``u`` uniform in [-1, 1], from a seeded generator of its own): how far that
+    moves a result is how far rounding of size ``rel`` can move it, cancellation included.
 
     Args:
         model: the module whose submodules' outputs are perturbed.
@@ -138,18 +123,12 @@ _ROUNDING_IN_PLACE = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "l
 
 
 class rounding_model(TorchDispatchMode):
-    """Within the block, every operation's floating-point result is rounded at relative size
-    ``rel`` (forward and backward, in-place accumulations included): an element-wise result
-    ``y`` becomes ``y (1 + rel u)``; a sum's result (matrix products, ``sum``/``mean``,
-    ``index_add``/``scatter_add``/``scatter_reduce``, embedding and sparse products) becomes
-    ``y + rel u sqrt(n) S``, where ``S`` is the same operation on the terms' absolute values and
-    ``n`` the number of terms of that element (the operation on ones): the probabilistic bound
-    of a sum of ``n`` terms added in another order scales with the magnitude of its terms, not
-    of its result. ``u`` is uniform in [-1, 1] per element, from a generator of its own
-    (torch's global RNG is not touched). Views and other in-place operations are left exact.
-
-    How far this moves a result is how far rounding of every operation at ``rel`` can move it:
-    a gradient that cancels to a small part of its terms moves as much as its terms allow.
+    """Within the block, every operation's floating-point result is rounded at relative size ``rel``
+    (forward and backward, in-place accumulations included; views left exact): an element-wise
+    ``y`` becomes ``y (1 + rel u)``, a sum's ``y + rel u sqrt(n) S``, with ``S`` the same
+    operation on the terms' absolute values and ``n`` its terms per element. ``u`` is uniform in
+    [-1, 1] from a generator of its own. How far this moves a result bounds what rounding at
+    ``rel`` can do to it.
 
     Args:
         rel: the relative size (> 0), e.g. a few float32 eps.

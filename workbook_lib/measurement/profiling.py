@@ -1,10 +1,7 @@
 """Profiling warm training steps with ``torch.profiler`` and breaking the trace down by
-exclusive time (read with :mod:`workbook_lib.traces`); where in the pipeline's code the time
-goes: :mod:`.code_sites`.
-
-The steps profiled are warm by construction: the caller's loop has already run its warm-up steps,
-and the profiler's own schedule then waits ``wait >= 1`` steps and warms up ``warmup >= 1`` more
-before the ``active`` steps it records. The result says which steps of the run were recorded.
+exclusive time (:mod:`workbook_lib.traces`); per function of the pipeline's code:
+:mod:`.code_sites`. The steps are warm by construction: the caller's loop ran its warm-up, and
+the profiler's schedule waits and warms up at least one step more before recording.
 """
 from __future__ import annotations
 

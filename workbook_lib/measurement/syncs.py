@@ -1,23 +1,13 @@
 """Counting device-to-host synchronizations (a GPU's queue drained to give the host a value).
 
-* On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` makes PyTorch warn at every synchronizing
-  call; the warnings are counted. This is PyTorch's own report of what synchronized.
-* On CPU nothing ever waits for a device, so the counter reports **what a GPU would sync**: a
-  ``TorchDispatchMode`` sees every aten operator and counts those whose CUDA implementation
-  synchronizes with the host: ``_local_scalar_dense`` (``.item()``, ``bool()``, ``int()``,
-  ``float()`` of a tensor, tensor slice bounds), ``nonzero`` (and ``torch.where(mask)``,
-  ``argwhere``), ``masked_select``, indexing or index-assignment with a boolean mask,
-  ``repeat_interleave`` with tensor repeats and no ``output_size``, the ``unique`` family,
-  ``bincount``, ``equal`` and ``allclose``. Copies to the host (``.cpu()``, ``.numpy()``,
-  ``.tolist()``, ``.to("cpu")``) never reach the dispatcher for a tensor already on the CPU, so
-  a ``TorchFunctionMode`` counts those calls (on a GPU they would copy device memory to the host).
-  Host-to-device copies of a batch from pageable (not pinned) memory synchronize on CUDA too
-  (``copy_`` with ``non_blocking=False`` waits for the copy); on a CPU nothing is copied, so
-  :meth:`SyncCounter.transfer` counts the batch's tensors as a GPU would for the run's
-  ``pin_memory`` setting (pinned: asynchronous, none counted).
-
-Counting at the operator level is independent of how the code under test is written: a
-``.item()`` inside PyG, inside ``torch.where`` or in a library's C++ is seen the same way.
+On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` makes PyTorch warn at every synchronizing
+call, and the warnings are counted. On CPU the counter reports what a GPU would sync: a
+``TorchDispatchMode`` counts the aten operators whose CUDA implementation synchronizes
+(``_local_scalar_dense``, ``nonzero``, boolean-mask indexing, ``unique``, ...), a
+``TorchFunctionMode`` counts copies to the host (``.cpu()``, ``.numpy()``, ``.tolist()``), and
+:meth:`SyncCounter.transfer` counts a batch's host-to-device copies as ``pin_memory`` would make
+them. Counting at the operator level sees a ``.item()`` inside PyG or C++ code the same way.
+The full list of operators: docs/development.md, "measurement/syncs.py".
 """
 from __future__ import annotations
 
@@ -74,12 +64,8 @@ def batch_tensors(batch) -> int:
 
 def batch_contents(batch, limit: int = 1_000_000) -> dict:
     """What moving a batch to a device walks: ``tensors`` (count), ``tensor_bytes``, ``objects``
-    (every other leaf: strings, numbers, None, custom objects) and ``kinds`` (the most common
-    types of those, in words). Containers (dict, list, tuple, set) and PyG stores are walked,
-    not counted; at most ``limit`` leaves are visited.
-
-    Written here because a transfer stage's time on a CPU (where nothing is copied) is this walk
-    itself: a batch that carries thousands of gene-name strings spends it there.
+    (other leaves) and ``kinds`` (their most common types, in words); containers and PyG stores
+    are walked, at most ``limit`` leaves. On a CPU a transfer stage's time is this walk itself.
     """
     tensors = nbytes = objects = 0
     kinds: Counter = Counter()

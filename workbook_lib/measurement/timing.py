@@ -1,32 +1,14 @@
 """The one timing core: every time the workbook reports comes from here.
 
-Rules it enforces by construction:
+By construction the device is synchronized around every timed region (:func:`sync`), warm-up
+is excluded, a figure is repeated until its median is known to ``target`` (10%) or its budget
+is spent, and every figure carries its noise (:class:`Stat`) and what the process got of the
+CPUs (:class:`~workbook_lib.measurement.cpu.CpuShare`; *contended* below 80%).
 
-* **The device is synchronized around every timed region** (:func:`sync`; CUDA work is
-  asynchronous, so a timer read without a sync measures the launch, not the work).
-* **Warm-up is excluded by construction**: :func:`measure` and :func:`interleave` run their
-  warm-up calls before the first timed one, and :class:`StepClock` keeps a step's stage times only
-  when the step was opened as a timed step, so a warm-up step can never leak into a timed one.
-* **Repeats until a precision target or a time budget**: a figure is repeated until its median
-  is known to ``target`` (10% by default: the half-width of the median's 95% confidence
-  interval, :meth:`Stat.known_to`) or its time budget is spent, and never fewer than
-  ``min_repeats`` times (:func:`measure` uses PyTorch's own rule, IQR/median).
-* **Every figure carries its noise**: a :class:`Stat` holds the median, the quartiles, the IQR
-  and n, and says whether it met the precision target.
-* **Every figure carries what the process got of the CPUs** while it was timed
-  (:class:`~workbook_lib.measurement.cpu.CpuShare`: CPU use, the share of the CPU its compute
-  threads asked for, CPU pressure, other jobs' use of its CPUs): a steady disturbance slows
-  every repeat alike and keeps the IQR small, so a figure is also marked *contended*
-  (:attr:`Stat.contended`) when its compute threads got less than 80% of the CPU they asked
-  for, and says by whom (:attr:`CpuShare.cause`: other jobs, or this run's own processes).
-
-:func:`measure` times one pure function with ``torch.utils.benchmark.Timer.adaptive_autorange``
-(PyTorch's own timer: it synchronizes the accelerator, picks a block size and repeats until the
-IQR/median threshold). Two things are written here because that timer does not do them:
-:func:`interleave` runs several variants A, B, A, B... in one process so that their ratio does not
-carry the drift between two separate measurements (a shared machine's speed drifts by tens of
-percent over minutes); and :class:`StepClock` times the stages of a training loop, whose steps are
-not repeatable calls of one function (each consumes the next batch).
+:func:`measure` times one pure function with ``torch.utils.benchmark.Timer.adaptive_autorange``.
+Written here because that timer does neither: :func:`interleave` runs variants A, B, A, B... in
+one process so that their ratio does not carry a shared machine's drift, and :class:`StepClock`
+times the stages of a training loop, whose steps are not repeatable calls of one function.
 """
 from __future__ import annotations
 
@@ -74,19 +56,14 @@ def _timed_call(fn: Callable[[], object], device) -> float:
 def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", warmup: int = 1,
             min_repeats: int = 5, target: float = DEFAULT_TARGET, max_time_s: float = 2.0,
             label: str = "") -> Stat:
-    """Time ``fn()`` with ``torch.utils.benchmark.Timer.adaptive_autorange``.
-
-    ``warmup`` untimed calls come first. Timing then repeats until IQR/median <= ``target`` or
-    ``max_time_s`` of timed work, and never fewer than ``min_repeats`` blocks (a block is one call
-    for anything slower than a few ms, several calls averaged for faster ones).
+    """Time ``fn()`` with ``torch.utils.benchmark.Timer.adaptive_autorange``: ``warmup`` untimed
+    calls, then blocks (one call, or several averaged for calls faster than a few ms) until
+    IQR/median <= ``target`` or ``max_time_s`` of timed work, never fewer than ``min_repeats``.
 
     Args:
         fn: the work to time; its return value is discarded.
         device: where it runs (the timer synchronizes the accelerator around each block).
-        warmup: untimed calls first (default 1).
-        min_repeats: the fewest timed blocks (default 5).
-        target: IQR/median to stop at (default 0.10).
-        max_time_s: time budget for repeats beyond ``min_repeats`` (default 2 s).
+        max_time_s: time budget for repeats beyond ``min_repeats``.
         label: a name for the measurement (kept by the Timer).
 
     Returns:
@@ -169,13 +146,10 @@ def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | s
 class StepClock:
     """Wall time and per-stage time of training-loop steps.
 
-    A step is opened with ``with clock.step(timed=...)``; its stage times (``clock.stage(name)``,
-    each between device syncs) and any durations measured elsewhere (``clock.add``, e.g. inside a
-    DataLoader worker) go into that step's own record, which is kept only when the step was
-    opened as timed. A warm-up step therefore cannot leak into a timed one.
-
-    A :class:`~workbook_lib.measurement.cpu.CpuMeter` reads what the process got of the CPUs
-    around every timed step (outside its wall time); :meth:`wall` and :meth:`stages` carry it.
+    A step opened with ``with clock.step(timed=...)`` collects its stage times
+    (``clock.stage(name)``, between device syncs) and durations measured elsewhere (``clock.add``,
+    e.g. in a DataLoader worker); they are kept only for a timed step. A
+    :class:`~workbook_lib.measurement.cpu.CpuMeter` reads the CPU share around every timed step.
 
     Args:
         device: where the steps run (synchronized around every step and stage).

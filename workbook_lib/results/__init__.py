@@ -1,13 +1,9 @@
 """What each notebook's results file holds, typed: one module per notebook.
 
-Every class here is a :class:`~workbook_lib.records.Record` (a dataclass that goes to JSON and
-comes back as the same type); together they are everything needed to read a run folder's
-results back (``running.results.load_result``). They sit low, above ``measurement/`` and
-``nodemask/`` (whose ``Stat``, ``CpuShare``, ``ProfileResult``, memory points and ``FloorPart``
-they are made of) and below every floor that measures or reasons, so a reader (the verdict,
-``compare``, ``stability``, the report) imports results without importing the experiments that
-made them. Methods here read the record's own fields only; what needs the experiments' code
-stays in those modules as functions.
+Every class here is a :class:`~workbook_lib.records.Record`: everything needed to read a run
+folder's results back (``running.results.load_result``), free of PyTorch and below every floor
+that measures or reasons, so a reader imports results without the experiments that made them.
+Methods read the record's own fields only.
 
     ``inventory``   01: bytes of every representation (``InventoryResult``)
     ``mask_cost``   02: cost model, mask generation, layer sweep, memory (``MaskCostResult``)

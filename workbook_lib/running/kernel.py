@@ -1,17 +1,11 @@
 """The Jupyter kernel of this clone: registered inside its own environment, never per user.
 
-``make venv`` registers the kernel ``gnn-workbook`` in the virtual environment
-(``<venv>/share/jupyter/kernels``, ipykernel's ``--sys-prefix``), running that environment's
-Python, which imports this clone's ``workbook_lib`` (installed editable). JupyterLab and papermill
-started from the clone's ``.venv`` look there first (jupyter_core prefers the environment's
-kernels over the user's inside a virtual environment), so two clones each run their own code
-under the same kernel name, which the notebooks' metadata names. A kernel registered per user
-(what older versions of the Makefile did) is shared by every clone: :func:`install` removes the
-one left by this clone, and :func:`check` says where the name resolves. ``make clean`` calls
-:func:`remove`.
-
-A notebook opened with another clone's kernel would import that clone's library and write into
-its run folder; :func:`check_notebook_clone` (called by every notebook's set-up) refuses that.
+``make venv`` registers ``gnn-workbook`` in the virtual environment (ipykernel's
+``--sys-prefix``), running that environment's Python and so this clone's ``workbook_lib``;
+jupyter_core prefers it over a per-user kernel of the same name, so two clones each run their
+own code. :func:`install` removes a per-user kernel this clone left, :func:`check` says where the
+name resolves, ``make clean`` calls :func:`remove`, and :func:`check_notebook_clone` refuses a
+notebook opened with another clone's kernel.
 """
 from __future__ import annotations
 
@@ -93,11 +87,8 @@ def check(name: str = KERNEL_NAME) -> tuple[bool, str]:
 
 
 def check_notebook_clone(cwd: str | Path | None = None) -> None:
-    """Refuse to run a clone's notebook with another clone's library.
-
-    JupyterLab starts a kernel in the notebook's folder; when that folder is the ``notebooks``
-    folder of a workbook clone other than the one this ``workbook_lib`` comes from, the notebook
-    was opened with another clone's kernel.
+    """Refuse to run a clone's notebook with another clone's library: the kernel started in the
+    ``notebooks`` folder of a clone other than the one this ``workbook_lib`` comes from.
 
     Raises:
         WorkbookError: naming both clones and the fix.

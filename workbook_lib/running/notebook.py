@@ -1,10 +1,8 @@
 """What every notebook does first: read its parameters, validate them, set the run up.
 
-A notebook's ``parameters`` cell holds every key of the schema (typed and commented, so
-``papermill --help-notebook`` lists them) plus ``run_dir``. papermill's ``-p KEY VALUE`` and
-``-f FILE.yaml`` inject values after that cell; the CLI injects every key. :func:`setup` takes the
-notebook's namespace, validates the keys with the same schema as a params file, and names any
-injected name that is not a key (``-p hiden 8`` gets "did you mean 'hidden'").
+A notebook's ``parameters`` cell holds every schema key plus ``run_dir``; papermill's ``-p`` and
+``-f`` (or the CLI) inject values after it. :func:`setup` validates the namespace with the same
+schema as a params file and names any injected name that is not a key ("did you mean").
 """
 from __future__ import annotations
 
@@ -124,16 +122,13 @@ def warnings_to_terminal() -> None:
 
 def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True,
           notebook: str | None = None) -> NotebookContext:
-    """Validate the notebook's parameters, apply the CPU allocator setting, set the plotting
-    style, resolve the device and load the snapshot (checking the params that need it).
-    Raises before any measurement when something is wrong.
+    """Validate the notebook's parameters, apply the CPU allocator setting, set the plotting style,
+    resolve the device and load the snapshot; raises before any measurement when something is wrong.
 
     Args:
         needs_device: False for notebooks that measure nothing on the device (01, 05): they run
-            on the CPU when ``device: cuda`` names a GPU this node does not have (a CPU node of
-            a SLURM run), instead of refusing.
-        notebook: the notebook's name, for the checks only some notebooks need (a notebook
-            comparing two pipelines refuses params that compare one).
+            on the CPU where ``device: cuda`` names a GPU this node lacks, instead of refusing.
+        notebook: the notebook's name, for the checks only some notebooks need.
     """
     from ..common.files import use_run_temp
     from .kernel import check_notebook_clone

@@ -1,15 +1,10 @@
 """The notebooks' sources and their built ``.ipynb`` files.
 
-The sources are jupytext percent-format scripts, ``notebooks/NN_name.py``, and only they are
-tracked; the ``.ipynb`` beside each is built from it by jupytext (``make notebooks``, which
-``make venv`` runs) and ignored by git, so running a notebook in JupyterLab and saving it never
-dirties a tracked file (jupytext pairs the two: a code edit saved in JupyterLab lands in the
-``.py``, outputs stay in the ``.ipynb``). The runner executes a source directly (jupytext reads it
-into a notebook object that papermill runs), so a stale ``.ipynb`` is never what runs.
-
-The ``parameters`` cell of every source is generated from the params schema: the keys that
-notebook reads (:func:`workbook_lib.configs.cells.parameters_cell`); :func:`sync` rewrites it and
-the test suite checks it is current.
+The tracked sources are jupytext percent-format scripts, ``notebooks/NN_name.py``; the ignored
+``.ipynb`` beside each is built by ``make notebooks`` and paired with it, and the runner
+executes the source itself, so a stale ``.ipynb`` never runs. Each source's ``parameters`` cell
+is generated from the params schema (:func:`workbook_lib.configs.cells.parameters_cell`);
+:func:`sync` rewrites it.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """One notebook run by papermill into a run folder, and its HTML report.
 
-The notebook runs from its jupytext source (:func:`.notebooks.notebook_node`) with every params
-key injected as a papermill parameter, in a fresh kernel. Its executed notebook, HTML report and
-results JSON land in the run folder; a failing notebook keeps its partial output (and its HTML,
-the failing cell marked). HTML reports hide code by default (``exclude_input``, nbconvert's own
-option; ``show_code`` keeps it) and carry the figures inline. A file that cannot be written (a
-full disk) fails the notebook, naming the file. :mod:`.run_folder` runs the notebooks in order.
+The notebook runs from its jupytext source in a fresh kernel, every params key injected as a
+papermill parameter. Its executed notebook, HTML report (code hidden unless ``show_code``,
+figures inline) and results JSON land in the run folder; a failing notebook keeps its partial
+output, the failing cell marked, and a file that cannot be written fails it, naming the file.
 """
 from __future__ import annotations
 
@@ -107,15 +105,10 @@ KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 @functools.cache
 def kernel_manager_class():
     """papermill's kernel manager (jupyter_client's ``AsyncKernelManager``), except that shutting
-    down a kernel never interrupts it first.
-
-    jupyter_client sends SIGINT to the kernel's process group before asking it to shut down. The
-    notebook has finished by then, but on a loaded machine the kernel can still be in its reply
-    handler: the interrupt lands there and the kernel prints "KeyboardInterrupt caught in kernel"
-    or a tornado "Uncaught exception in ZMQStream callback" traceback on the run's terminal (4 of
-    80 shutdowns beside three busy loops here). The shutdown request, the wait and the kill that
-    follow are jupyter_client's own; an interrupt asked for otherwise (nbclient on a cell's
-    time-out) is unchanged. Built on first use: jupyter_client loads with papermill.
+    down a kernel never interrupts it first: on a loaded machine that SIGINT can land in the
+    kernel's reply handler and print a traceback on the run's terminal. Everything else (the
+    shutdown request, the wait, the kill, an interrupt on a cell's time-out) is jupyter_client's.
+    Built on first use.
     """
     from jupyter_client.manager import AsyncKernelManager
 

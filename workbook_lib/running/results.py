@@ -1,15 +1,10 @@
 """Results files: one JSON per notebook in the run folder, with what made it recorded.
 
 ``<run_dir>/<notebook>.json`` holds the notebook's typed result (a
-:class:`~workbook_lib.records.Record` of :mod:`workbook_lib.results`, one module per notebook) at
-top level and ``_meta``: the headline shown in ``index.html``, the params as validated, the
-snapshot checksum, the environment, the files the notebook wrote, the checksums of the results
-it read, and ``complete: true``. :func:`load_result` gives the typed result back, so readers
-(the verdict, ``compare``, ``stability``) use attributes, not string keys.
-
-Writes are atomic (:mod:`workbook_lib.common.files`: a temporary file with a unique name and the
-umask's mode, then a rename), so a reader or a resumed run never sees half a file, and a group's
-shared run folder stays readable by the group.
+:class:`~workbook_lib.records.Record` of :mod:`workbook_lib.results`) and ``_meta``: the
+headline, the validated params, the snapshot checksum, the environment, the files written, the
+checksums of the results read, ``complete: true``. :func:`load_result` gives the typed result
+back. Writes are atomic (:mod:`workbook_lib.common.files`), in the umask's mode.
 """
 from __future__ import annotations
 

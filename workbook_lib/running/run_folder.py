@@ -1,18 +1,11 @@
 """Running the notebooks in order into a run folder (``python -m workbook_lib run``).
 
-Nothing is created before every check has passed (params, device, the run folder's path, the
-snapshot with the checks every notebook's set-up makes, the params of inputs read but not rerun);
-then the run holds each notebook it runs against a second writer (:mod:`.runlock`) and runs each
-with :func:`.papermill_run.execute_one`; a failing notebook does not stop the others.
-``resume`` keeps the notebooks :func:`.resume.completeness` finds complete.
-
-SIGINT, SIGTERM and SIGHUP stop the kernel and every process it started (torchrun and its
-ranks run in their own sessions and are found through the process tree, snapshotted before
-anything dies), keep what finished, update the index and exit 130.
-
-The run folder's ``index.html`` is what a reader sees, so it is written by the report
-(``workbook_lib.report.html.write_index``), which the caller hands in as ``write_index``: this
-floor runs notebooks and knows nothing of how a page looks.
+Nothing is created before every check has passed (params, device, path, snapshot, the inputs of
+notebooks not rerun); then each notebook is held against a second writer (:mod:`.runlock`) and
+run with :func:`.papermill_run.execute_one`; a failing one does not stop the others, and
+``resume`` keeps the complete ones (:func:`.resume.completeness`). SIGINT, SIGTERM and SIGHUP
+stop the kernel and every process it started, keep what finished and exit 130. The index page
+is written by the caller's ``write_index``: this floor knows nothing of how a page looks.
 """
 from __future__ import annotations
 
@@ -155,6 +148,9 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
                   write_index: IndexWriter | None = None) -> list[NotebookOutcome]:
     """Run the notebooks in order into ``out_dir`` (see the module docstring).
 
+    Every check comes before the run folder is created; signals are handled from the start, so a
+    SIGTERM while the snapshot builds is an interrupt (exit 130) like any other.
+
     Args:
         params: validated params (:func:`workbook_lib.configs.validation.validate`).
         out_dir: the run folder (created once every check has passed).
@@ -163,19 +159,11 @@ def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None =
         resume: keep the notebooks complete from an earlier run (:mod:`.resume`).
         progress: progress bars; False leaves the one-line stage notes.
         log_output: show the kernel's output on the terminal.
-        write_index: called after each notebook and at the end (an interrupt included) to
-            refresh the run folder's index page; the CLI passes
-            ``workbook_lib.report.html.write_index``. None writes no index.
-
-    Every check comes before anything is created: the notebooks named, the device, the run
-    folder's path, the snapshot (loaded and checked against the params, as every notebook's
-    set-up does), the inputs a notebook run alone would read. Then the run folder is created
-    and held against a second writer (:mod:`.runlock`). Signals are handled from the start, so a
-    SIGTERM while the snapshot builds is an interrupt (exit 130) like any other.
+        write_index: refreshes the run folder's index page after each notebook and at the end
+            (the CLI passes ``workbook_lib.report.html.write_index``); None writes no index.
 
     Raises:
-        ParamsError: an unknown notebook, an unwritable folder, a snapshot that does not load,
-            inputs made with other params; before any work.
+        ParamsError: a bad notebook name, folder, snapshot or inputs; before any work.
         RunFolderInUseError: another run holds one of these notebooks in ``out_dir``.
         NotebookFailedError: one or more notebooks failed (the others ran).
         KeyboardInterrupt: on SIGINT/SIGTERM/SIGHUP, after stopping every child process.

@@ -1,14 +1,10 @@
 """One writer per notebook of a run folder: a second run into a folder in use is refused,
 naming the run that holds it.
 
-A run takes an exclusive ``flock`` (:func:`~workbook_lib.common.locks.locked`) on
-``<run>/.lock-<notebook>`` for every notebook it will run, all at once and before any work
-(``run`` takes all six; a SLURM job running ``--only 04`` takes 04's), and writes who holds it
-(host, pid, user, since when, the command, the SLURM job) into the lock file. Locking per
-notebook rather than per folder lets the jobs of one SLURM submission (01, 02 and 03 run side by
-side) share their run folder while two runs of the same notebook (two ``run`` commands, two
-``submit.sh``) are kept apart: two launches of 04 in one folder would read each other's rank pid
-files.
+A run takes an exclusive ``flock`` on ``<run>/.lock-<notebook>`` for every notebook it will run,
+all before any work, and writes who holds it (host, pid, user, since when, command, SLURM job).
+Per notebook rather than per folder, so the jobs of one SLURM submission share their run folder
+while two runs of one notebook (whose ranks' pid files would collide) are kept apart.
 """
 from __future__ import annotations
 

@@ -1,38 +1,14 @@
 """Running the workbook on a SLURM cluster: one job per notebook, chained, resumable.
 
-``python -m workbook_lib slurm --params FILE ...`` writes, in ``--out-dir``:
-
-* ``notebook.sbatch``: runs one notebook (its number is the argument) with ``--resume`` into
-  the run folder; notebook 04 passes the allocation's nodes and a rendezvous endpoint to
-  torchrun;
-* ``submit.sh``: submits one job per notebook, each with the resources it needs (01 and 05 a
-  few CPUs; 02, 03 and 06 one GPU when ``--gpus`` > 0; 04 ``--nodes`` x ``--gpus``), chained:
-  each after the notebooks whose results it reads (02 after 01, 04 after 03, 06 after 02
-  and 04), and the verdict (05) only after 03 **succeeded** (``afterok``; SLURM cancels it
-  when 03 failed or was cancelled) and after 01, 02 and 04 ended either way (``afterany``: the
-  verdict names any of them that did not complete). It prints the run folder it uses;
-* ``workbook.sbatch`` instead, with ``--single-job``: one job runs every notebook in order.
-
-The run folder is fixed when the scripts are written (``--run-dir``, an absolute path), not
-derived from a job id, so running ``submit.sh`` again after a cancel or a failure resumes the
-same folder and redoes only what is incomplete (every job runs ``--resume``). ``WORKBOOK_OUT``
-overrides it at submission. Logs go to ``<out-dir>/logs`` (absolute, created now, before any
-job starts). The scripts are jinja2 templates (``running/templates/slurm_*.sh.j2``) and use
-nothing newer than bash 4.2.
-
-Every job that uses the device (02, 03, 04, 06; the single job once) runs ``python -m workbook_lib
-selftest`` on its node first and stops, before the long work, when a check fails
-(``WORKBOOK_SKIP_SELFTEST=1`` at submission skips it).
-``submit.sh`` fails (exit 1, sbatch's own message, the jobs it had submitted cancelled) when
-``sbatch`` refuses a job, rather than going on with an empty job id; and it refuses (exit 2) to
-submit into a run folder while the jobs of an earlier submission into it are still pending or
-running (their ids are kept in ``<run>/.slurm-jobs``), naming them. Each job also holds its
-notebook in the run folder (:mod:`.runlock`), so two jobs of one notebook never run at once.
-
-The resources asked for are checked against ``sinfo`` when it exists, before any script is
-written: the partition exists, it has ``--nodes`` nodes, ``--time`` is a SLURM time within its
-limit, its nodes have ``--gpus`` GPUs and ``--cpus-per-task`` CPUs: a job that can never start
-would otherwise pend forever (``PartitionConfig``) with the notebooks after it.
+:func:`write_scripts` (``python -m workbook_lib slurm``) writes ``notebook.sbatch`` (one notebook
+with ``--resume`` into the run folder; 04 passes the allocation's nodes to torchrun) and
+``submit.sh`` (one job per notebook with the resources it needs, chained on the results each
+reads, the verdict ``afterok`` 03 and ``afterany`` the rest), or with ``--single-job`` one
+``workbook.sbatch``. The run folder is fixed when the scripts are written, so submitting again
+resumes it. Device jobs run ``selftest`` first; ``submit.sh`` stops at a refused ``sbatch`` and
+refuses a run folder whose earlier jobs still run. The resources are checked against ``sinfo``
+before any script is written (:class:`PartitionConfig`). Scripts: jinja2 templates in
+``running/templates/``, bash 4.2. The user's guide: docs/cluster.md.
 """
 from __future__ import annotations
 

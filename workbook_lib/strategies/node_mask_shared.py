@@ -1,33 +1,14 @@
 """Strategy 6: the node-mask shared graph (the fix; its math is :mod:`workbook_lib.nodemask`).
 
-Every sample of a batch shares one unmodified adjacency; deleting genes ``S_b`` zeroes their
-rows before and after each sparse product (``A_b X = D_b A (D_b X)``). The batch carries the k
-deleted-gene indices per sample, plus the first layer's correction rows (the out-neighbours of
-the deleted genes), which the collate computes on the host from a per-gene table: no per-sample
-edge mask, no replicated ``edge_index``, nothing stored.
-
-A training step runs the model as three kinds of layers:
-
-* the first layer incrementally (its input, the gene embedding, is the same for every sample):
-  one wildtype product plus corrections over the deleted genes' out-edges;
-* the second layer delta-propagated (``middle="delta"``, the default): its wildtype part once per
-  batch, and per sample a push along the out-edges of the rows the first layer changed
-  (:mod:`workbook_lib.nodemask.delta`); with ``middle="full"`` (the form before delta
-  propagation, kept for comparison) one sparse product per sample slab;
-* any further middle layers in full: by then nearly every gene has changed;
-* the last layer pooled (the model reads out the mean over genes of a linear last layer): per
-  sample weights (the wildtype out-degrees less the deleted genes' in-edges for sum
-  aggregation), then weighted sums of rows; at three layers taken inside the delta layer's push
-  (``NodeMaskBatch.delta_pooled_layer``).
-
-``node_outputs`` (every gene's last-layer embedding, for the exactness tests) runs the last
-layer in full instead.
-
-With fewer than three layers a training step has no middle layer: the first layer incremental,
-the last pooled, whatever ``middle`` says. :meth:`NodeMaskShared.path` names the path a step takes
-at a given depth (``delta``, ``full`` or ``plain``) and :meth:`NodeMaskShared.path_label` the
-label every figure of it carries (the form and, for ``delta``, the push kernel), so that no
-figure names a path its step did not take.
+Every sample shares one unmodified adjacency; deleting genes ``S_b`` zeroes their rows before
+and after each sparse product (``A_b X = D_b A (D_b X)``). The batch carries each sample's
+deleted genes and the first layer's correction rows (computed by the collate from a per-gene
+table): no per-sample edge mask, nothing replicated or stored. A step runs the first layer
+incrementally, the second delta-propagated (``middle="delta"``; ``"full"`` for comparison), any
+further middle layers in full and the last pooled; ``node_outputs`` runs the last in full.
+:meth:`NodeMaskShared.path` names the path a step takes at a given depth and
+:meth:`NodeMaskShared.path_label` the label its figures carry. The layers' reasons:
+docs/development.md, "strategies/node_mask_shared.py".
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Strategy 1: per-sample subgraph in CPU workers (PyG ``subgraph``), then batched.
 
-PyG is imported when the strategy is built, not when this module is: ``import torch_geometric``
-takes about 3 s (it imports ``torch._dynamo``), which every process that imports the strategies
-(each notebook kernel, memory probe and DDP rank) would otherwise pay. Built in the parent,
-before any DataLoader worker starts, so a worker never imports it inside a timed step.
+PyG is imported when the strategy is built (in the parent, before any DataLoader worker
+starts), not when this module is: its import is slow, and every process that imports the
+strategies would pay it.
 """
 from __future__ import annotations
 

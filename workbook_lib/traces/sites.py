@@ -1,19 +1,13 @@
 """Where each stage's time goes in the profiled code: the innermost frame of the pipeline's own
 code that holds it.
 
-A trace recorded with Python stacks (``torch.profiler.profile(with_stack=True)``) holds the Python
-calls as events (``cat: python_function``, named ``file(first line): function``) nested with the
-operators they ran. Each event's self time (:func:`~.reading.self_time`) goes to the innermost
-enclosing frame whose file the caller counts as the pipeline's code (``is_own``), with the
-outermost library frame under it (a PyG ``propagate``, a ``Batch.from_data_list``). A backward
-operator has no Python frame of its own: it goes to the frame of the forward operator that
-created it (the same autograd sequence number, the latest before it), while a custom autograd
-function's Python ``backward`` is a frame of its own and holds its time itself.
-
-Written here rather than read with ``prof.key_averages(group_by_stack_n=...)`` because that
-groups operators by their full stack, not by the pipeline's frame, does not follow a backward
-operator to its forward, and the profiler's parser of Python stacks fails on some traces
-(``UnicodeDecodeError``) where the exported trace reads fine.
+In a trace recorded with Python stacks, each event's self time goes to the innermost enclosing
+``python_function`` frame the caller counts as the pipeline's (``is_own``), with the outermost
+library frame under it; a backward operator goes to the frame of the forward operator that
+created it (same autograd sequence number). Written here rather than read with
+``prof.key_averages(group_by_stack_n=...)``: that groups by full stack, not by the pipeline's
+frame, does not follow a backward operator to its forward, and its stack parser fails on some
+traces (``UnicodeDecodeError``) that read fine exported.
 """
 from __future__ import annotations
 
@@ -82,18 +76,14 @@ def attribute(events: list[Event], kind: Callable[[str], str],
 
     Args:
         events: a trace's events (:func:`~.reading.load_trace`), recorded with Python stacks.
-        kind: a frame's file (as the trace names it) -> "own" (the pipeline's code), "harness"
-            (the code that runs the steps: nothing above it is the pipeline's) or "library".
-        stage_prefix: the prefix of the stage ranges on the thread that holds the steps; an
-            event (of any CPU thread: autograd's device thread too) is in the stage whose range
-            holds its start. The ranges are left out of the nesting: one that
-            ``record_function``'s ``__enter__`` opens starts inside that Python call and
-            outlasts it.
+        kind: a frame's file -> "own" (the pipeline's code), "harness" (the code that runs the
+            steps) or "library".
+        stage_prefix: the prefix of the stage ranges; an event of any CPU thread is in the stage
+            whose range holds its start (the ranges are left out of the nesting).
 
     Returns:
-        ``{stage: {(frame or None, library frame or None): SiteTotals}}``; ``None`` as the frame
-        holds what ran under no frame of the pipeline's own (the harness, a library it called,
-        a backward operator whose forward was not found).
+        ``{stage: {(frame or None, library frame or None): SiteTotals}}``; a ``None`` frame holds
+        what ran under no frame of the pipeline's own.
     """
     from bisect import bisect_right
 
