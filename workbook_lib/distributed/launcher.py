@@ -152,6 +152,8 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
            threads_per_rank: int | None = None, poll_s: float = 0.2,
            startup_s: float = STARTUP_S) -> LaunchResult:
     """Run ``python -m <module> <config.json>`` on ``nproc_per_node`` ranks with torchrun.
+    ``module`` is an imported module's ``__name__`` (``worker.__name__``), so that the import
+    graph shows what is launched.
 
     Each rank must write ``rank{RANK}.json`` into ``config["out_dir"]`` on success; it may write
     ``rank{RANK}.log``, ``.heartbeat`` and, on failure, ``.error``.

@@ -326,7 +326,7 @@ def check_cpu_share(device: torch.device) -> Check:
 def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
     """A short torchrun launch of the DDP worker with the comm hook."""
     from ..studies.ddp import summary
-    from ..distributed import launcher
+    from ..distributed import launcher, worker
 
     t0 = time.perf_counter()
     if ranks < 2:
@@ -345,7 +345,7 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
            "steps": 2, "steps_cap": 2, "warmup": 1, "budget_s": 30, "timeout_s": 120}
     with tempfile.TemporaryDirectory() as d:
         try:
-            res = launcher.launch("workbook_lib.distributed.worker", cfg, nproc_per_node=ranks,
+            res = launcher.launch(worker.__name__, cfg, nproc_per_node=ranks,
                                   out_dir=d, timeout_s=120, threads_per_rank=1)
             s = summary.summarize(res.ranks, scaling=ddp_strategy(p), gap=[slow, fast],
                                   procs_per_node=ranks, nnodes=1)

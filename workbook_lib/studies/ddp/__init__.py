@@ -18,6 +18,7 @@ from ...configs.validation import ddp_strategy
 from ...results.ddp import DDPResult, Plan, Prediction
 from . import allreduce_model as arm
 from .summary import efficiencies, gap_decomposition, summarize, within_noise
+from ...distributed import worker
 from ...distributed.launcher import launch
 from ...distributed.plan import plan
 
@@ -81,7 +82,7 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path,
                 out_dir = run_dir / "ddp_04" / (folder + (f"_retry{retry}" if retry else ""))
                 gap = [g for g in (slow, fast) if g not in got.failures]
                 try:
-                    res = launch("workbook_lib.distributed.worker",
+                    res = launch(worker.__name__,
                                  {**cfg, "gap_strategies": gap, "workers": ln.workers_per_rank,
                                   "threads_all": ln.threads_all},
                                  nproc_per_node=ln.procs_per_node, nnodes=ln.nnodes,
