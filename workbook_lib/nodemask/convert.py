@@ -168,11 +168,18 @@ class _Plan:
         self.convs: dict[tuple, _ConvPlan] = {}
         self.order: list[tuple] = []  # (path, kind name, rows or conv plan) in forward order
         self._dev: dict = {}
+        self.index: dict = {}
 
-    def dev(self, key, t: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """``t`` on ``device``, moved once per plan without a sync (pinned, non-blocking)."""
+    def put(self, key, t: torch.Tensor) -> None:
+        """Keep a host index made while planning, for :meth:`dev`."""
+        self.index[key] = t
+
+    def dev(self, key, t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        """``t`` (or the index :meth:`put` under ``key``) on ``device``, moved once per plan
+        without a sync (pinned, non-blocking)."""
         k = (key, device)
         if k not in self._dev:
+            t = self.index[key] if t is None else t
             if device.type == "cuda":
                 t = t.pin_memory()
             self._dev[k] = t.to(device, non_blocking=True)
@@ -247,6 +254,10 @@ class ConvertedEncoder(nn.Module):
         edges = self.edges(n)
         for node in self._graph(self.encoder.training).nodes:
             plan.rows[node] = self._plan_node(node, plan, edges)
+            if node.op == "output":
+                out = node.args[0]
+                self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
+                                                    else out])
         self._plan_cache = (key, plan)
         return plan
 
@@ -266,6 +277,8 @@ class ConvertedEncoder(nn.Module):
                                             rows_in, plan)
                             for et, c in m.convs.items() if et in edges]
                 rows = _Rows.union(per_type)
+                for r in per_type:
+                    _plan_to_rows(plan, r, rows)
                 return {et[2]: rows for et in m.convs.keys()}
             if isinstance(m, MessagePassing) or type(m) in self.register:
                 key = env[node.args[1]][1]
@@ -276,7 +289,28 @@ class ConvertedEncoder(nn.Module):
         if node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
             return env[node.args[0]][node.args[1]]
         found = list(_arg_rows(list(node.args) + list(node.kwargs.values()), env))
-        return _Rows.union(found) if found else None
+        if not found:
+            return None
+        rows = _Rows.union(found)
+        for r in found:
+            _plan_to_rows(plan, r, rows)
+        plan.put(("flat", id(rows)), rows.flat % plan.num_nodes)
+        return rows
+
+    def _plan_readout(self, plan: _Plan, rows: _Rows) -> None:
+        """The readout's host indexes (see :meth:`_readout`)."""
+        n = plan.num_nodes
+        if self.readout_kind is None and self.readout_module is None:
+            _plan_full(plan, rows)
+        elif self.readout_module is not None:
+            kept = plan.keep.view(-1).nonzero().flatten()
+            plan.put(("kept",), rows.lookup(kept))
+            plan.put(("kept_b",), kept // n)
+        else:
+            plan.put(("r_n",), rows.flat % n)
+            plan.put(("r_kept",), plan.keep.view(-1)[rows.flat])
+            plan.put(("r_b",), rows.flat // n)
+            plan.put(("nkept",), plan.keep.sum(1, keepdim=True).clamp(min=1))
 
     def _plan_conv(self, path: str, m: nn.Module, e: _Edges, rows_in: _Rows,
                    plan: _Plan) -> _Rows:
@@ -298,6 +332,7 @@ class ConvertedEncoder(nn.Module):
         dinv = (cnt.double() + fill).pow(-0.5)
         aggr_mean = kind is not GCNConv and m.aggr == "mean"
         if dense:
+            _plan_full(plan, rows_in)
             rows_out = _Rows(torch.ones(b, n, dtype=torch.bool), dense=True)
             host = {"keep": keep.double(), "inv_cnt": 1.0 / cnt.double().clamp(min=1),
                     "dinv": dinv, "fill": fill}
@@ -384,8 +419,7 @@ class ConvertedEncoder(nn.Module):
             for et, conv in m.convs.items():
                 k = (f"{node.target}[{', '.join(et)}]", et)
                 if k in plan.convs:
-                    outs.append(self._run_conv(plan.convs[k], conv, vin, env[node.args[1][et]],
-                                               plan, dev))
+                    outs.append(self._run_conv(plan.convs[k], conv, vin, plan, dev))
             rows = plan.rows[node][next(iter(plan.rows[node]))]
             outs = [_to_rows(v, rows, plan, dev) for v in outs]
             if m.aggr == "cat":
@@ -397,17 +431,15 @@ class ConvertedEncoder(nn.Module):
                     val = _Val(val.wt / len(outs), val.values / len(outs), rows)
             return {et[2]: val for et in m.convs.keys()}
         if isinstance(m, MessagePassing) or type(m) in self.register:
-            ei = env[node.args[1]]
             key = plan.rows[node.args[1]][1]
-            return self._run_conv(plan.convs[(node.target, key)], m, env[node.args[0]], ei,
-                                  plan, dev)
+            return self._run_conv(plan.convs[(node.target, key)], m, env[node.args[0]], plan,
+                                  dev)
         v = env[node.args[0]]
         return _Val(m(v.wt), m(v.values), v.rows)
 
-    def _run_conv(self, cp: _ConvPlan, m: nn.Module, vin: _Val, edge_index: torch.Tensor,
-                  plan: _Plan, dev) -> _Val:
-        wt = m(vin.wt, edge_index)
+    def _run_conv(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
         kind, h = cp.kind, cp.host
+        wt = self._wildtype_conv(cp, m, vin.wt, dev)
         k = (cp.path, cp.edges.key)
         gcn = kind is GCNConv
         if cp.rows_out.dense:
@@ -444,13 +476,39 @@ class ConvertedEncoder(nn.Module):
         self._widths[k] = int(agg.shape[-1])
         return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
 
+    def _wildtype_conv(self, cp: _ConvPlan, m: nn.Module, x: torch.Tensor, dev) -> torch.Tensor:
+        """The conv on the whole graph, as one sparse product (PyG's own GCN normalization
+        selects with a mask, which reads a count back from a GPU)."""
+        e, gcn = cp.edges, cp.kind is GCNConv
+        src = m.lin(x) if gcn else x
+        a = self._adjacency(e, dev, src.dtype)
+        if gcn and m.normalize:
+            fill = 2.0 if m.improved else 1.0
+            dinv = self._degree_scale(e, dev, src.dtype, fill)
+            agg = torch.sparse.mm(a, src * dinv) * dinv
+            return _finish(cp.kind, m, agg, src * (fill * dinv * dinv))
+        agg = torch.sparse.mm(a, src)
+        if not gcn and m.aggr == "mean":
+            agg = agg * self._degree_scale(e, dev, src.dtype, None)
+        return _finish(cp.kind, m, agg, src)
+
+    def _degree_scale(self, e: _Edges, dev, dtype, fill: float | None) -> torch.Tensor:
+        """``[N, 1]``: ``(deg + fill)^-1/2`` (GCN), or ``1 / max(deg, 1)`` when ``fill`` is None."""
+        key = ("deg", id(e), dev, dtype, fill)
+        if key not in self._device_graph:
+            d = e.deg.double()
+            s = (d + fill).pow(-0.5) if fill is not None else 1.0 / d.clamp(min=1)
+            self._device_graph[key] = s.to(dtype).unsqueeze(1).to(dev)
+        return self._device_graph[key]
+
     def _adjacency(self, e: _Edges, dev, dtype) -> torch.Tensor:
         key = ("adj", id(e), dev, dtype)
         if key not in self._device_graph:
             n = e.num_nodes
             dst = torch.repeat_interleave(torch.arange(n), e.in_ptr[1:] - e.in_ptr[:-1])
             a = torch.sparse_coo_tensor(torch.stack([dst, e.in_src]),
-                                        torch.ones(dst.numel(), dtype=dtype), (n, n))
+                                        torch.ones(dst.numel(), dtype=dtype), (n, n),
+                                        check_invariants=False)
             self._device_graph[key] = a.coalesce().to_sparse_csr().to(dev)
         return self._device_graph[key]
 
@@ -477,7 +535,7 @@ class ConvertedEncoder(nn.Module):
                     return v.wt if which == "wt" else _to_rows(v, rows, plan, dev).values
                 if isinstance(v, torch.Tensor) and which == "values" and v.dim() >= 2 \
                         and v.shape[0] == plan.num_nodes:  # a per-gene constant
-                    return v.index_select(0, plan.dev(("flat", id(rows)), rows.flat % plan.num_nodes, dev))
+                    return v.index_select(0, plan.dev(("flat", id(rows)), None, dev))
                 return v
             return (fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick))
         return _Val(_call(node, *part("wt")), _call(node, *part("values")), rows)
@@ -488,26 +546,21 @@ class ConvertedEncoder(nn.Module):
         if self.readout_kind is None and self.readout_module is None:
             return _full(out, plan, dev)
         if self.readout_module is not None:
-            kept = plan.keep.view(-1).nonzero().flatten()
-            idx = plan.dev(("kept",), out.rows.lookup(kept), dev)
-            sample = plan.dev(("kept_b",), kept // n, dev)
-            return self.readout_module(out.table().index_select(0, idx), index=sample,
-                                       dim_size=b)
+            return self.readout_module(out.table().index_select(0, plan.dev(("kept",), None, dev)),
+                                       index=plan.dev(("kept_b",), None, dev), dim_size=b)
         rows = out.rows
-        r_b = rows.flat // n
-        kept = plan.keep.view(-1)[rows.flat]
-        wt_rows = out.wt.index_select(0, plan.dev(("r_n",), rows.flat % n, dev))
-        vals = out.values * plan.dev(("r_kept",), kept, dev).to(out.values.dtype).unsqueeze(1)
-        rb = plan.dev(("r_b",), r_b, dev)
+        wt_rows = out.wt.index_select(0, plan.dev(("r_n",), None, dev))
+        vals = out.values * plan.dev(("r_kept",), None, dev).to(out.values.dtype).unsqueeze(1)
+        rb = plan.dev(("r_b",), None, dev)
         total = out.wt.sum(0).expand(b, -1) if not rows.dense else 0
         if not rows.dense:
             total = total - out.wt.new_zeros(b, out.wt.shape[1]).index_add(0, rb, wt_rows)
         total = total + out.wt.new_zeros(b, out.wt.shape[1]).index_add(0, rb, vals)
         if self.readout_kind == "sum_kept":
             return total
-        denom = n if self.readout_kind == "mean" else plan.keep.sum(1, keepdim=True).clamp(min=1)
-        return total / (plan.dev(("nkept",), denom, dev).to(total.dtype)
-                        if isinstance(denom, torch.Tensor) else denom)
+        if self.readout_kind == "mean":
+            return total / n
+        return total / plan.dev(("nkept",), None, dev).to(total.dtype)
 
     # --- what a batch costs ----------------------------------------------------------------
 
@@ -633,8 +686,20 @@ def _to_rows(v: _Val, rows: _Rows, plan: _Plan, dev) -> _Val:
     """``v`` with its values at ``rows`` (a superset of its own rows)."""
     if v.rows is rows:
         return v
-    idx = plan.dev(("to", id(v.rows), id(rows)), v.rows.lookup(rows.flat), dev)
+    idx = plan.dev(("to", id(v.rows), id(rows)), None, dev)
     return _Val(v.wt, v.table().index_select(0, idx), rows)
+
+
+def _plan_to_rows(plan: _Plan, src: _Rows, dst: _Rows) -> None:
+    """The host index :func:`_to_rows` reads: ``src``'s table rows at ``dst``'s rows."""
+    if src is not dst:
+        plan.put(("to", id(src), id(dst)), src.lookup(dst.flat))
+
+
+def _plan_full(plan: _Plan, rows: _Rows) -> None:
+    """The host index :func:`_full` reads (none for dense rows)."""
+    if not rows.dense:
+        plan.put(("full", id(rows)), rows.lookup(torch.arange(plan.keep.numel())))
 
 
 def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
@@ -642,7 +707,7 @@ def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
     b, n = plan.keep.shape
     if v.rows.dense:
         return v.values.view(b, n, -1)
-    idx = plan.dev(("full", id(v.rows)), v.rows.lookup(torch.arange(b * n)), dev)
+    idx = plan.dev(("full", id(v.rows)), None, dev)
     return v.table().index_select(0, idx).view(b, n, -1)
 
 

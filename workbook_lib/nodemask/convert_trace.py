@@ -204,7 +204,8 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
         ConvertError: the first such node.
     """
     modules = dict(encoder.named_modules())
-    for node in graph.nodes:
+    nodes = sorted(graph.nodes, key=lambda nd: nd.op != "call_module")  # modules first
+    for node in nodes:
         if node.op == "call_module":
             m, path = modules[node.target], node.target
             if isinstance(m, HeteroConv):
