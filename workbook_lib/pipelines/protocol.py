@@ -24,7 +24,10 @@ plus ``model`` (the ``torch.nn.Module`` that is trained; DDP wraps it, so ``forw
 the ``model`` it is given, not ``self.model``), ``batch_size`` (samples per step, the
 DataLoader's batch size), ``configure_optimizer`` (default AdamW, lr 1e-3) and, optionally,
 ``shared_forward(model)``: the part of the forward that every sample of a batch shares (a
-wildtype pass), when the pipeline can run it alone.
+wildtype pass), when the pipeline can run it alone; and, optionally,
+``shared_encoder(batch) -> (encoder, x, graph, deleted)``: the encoder the pipeline runs on every
+sample's graph, its ``[N, F]`` input, the one gene graph and the batch's ``[B, k]`` deleted genes
+(what :func:`workbook_lib.nodemask.convert` takes), or None.
 
 The harness owns everything else: the DataLoader (workers, pinning), timing each stage between
 device syncs, warm-up, repeats, DDP. A pipeline never times itself.
@@ -144,8 +147,8 @@ class Pipeline:
     """Base class of a training pipeline (see the module docstring for the stages).
 
     Subclasses set ``model``, ``device`` and ``batch_size`` and implement ``dataset``,
-    ``collate``, ``forward`` and ``loss``; ``to_device``, ``prepare``, ``configure_optimizer``
-    and ``shared_forward`` have defaults.
+    ``collate``, ``forward`` and ``loss``; ``to_device``, ``prepare``, ``configure_optimizer``,
+    ``shared_forward`` and ``shared_encoder`` have defaults.
 
     Attributes:
         name: short identifier (results, tables); set by the loader from the params key when
@@ -206,4 +209,11 @@ class Pipeline:
 
     def shared_forward(self, model: torch.nn.Module) -> torch.Tensor | None:
         """The pass every sample of a batch shares (e.g. a wildtype pass), or None."""
+        return None
+
+    def shared_encoder(self, batch: Any) -> tuple | None:
+        """``(encoder, x, graph, deleted)`` of a batch: the per-sample encoder, its ``[N, F]``
+        input, the shared gene graph (an edge_index, a dict keyed by edge type or a
+        HeteroData) and the ``[B, k]`` deleted genes, ``-1`` padded; None (the default) when
+        the pipeline has no such encoder."""
         return None
