@@ -273,7 +273,7 @@ class ConvertedEncoder(nn.Module):
             m = self._named[node.target]
             if isinstance(m, HeteroConv):
                 rows_in = next(iter(_arg_rows(node.args[0], env)))
-                per_type = [self._plan_conv(f"{node.target}[{', '.join(et)}]", c, edges[et],
+                per_type = [self._plan_conv(f"{node.target}[{_key(et)}]", c, edges[et],
                                             rows_in, plan)
                             for et, c in m.convs.items() if et in edges]
                 rows = _Rows.union(per_type)
@@ -417,7 +417,7 @@ class ConvertedEncoder(nn.Module):
             vin = env[next(iter(node.args[0].values()))]
             outs = []
             for et, conv in m.convs.items():
-                k = (f"{node.target}[{', '.join(et)}]", et)
+                k = (f"{node.target}[{_key(et)}]", et)
                 if k in plan.convs:
                     outs.append(self._run_conv(plan.convs[k], conv, vin, plan, dev))
             rows = plan.rows[node][next(iter(plan.rows[node]))]
@@ -572,21 +572,17 @@ class ConvertedEncoder(nn.Module):
         b, n = plan.keep.shape
         lines = [f"convert({type(self.encoder).__name__}): B={b} samples, N={n} genes, "
                  f"{len(self.graph_in)} edge type(s); per sample, mean over the batch",
-                 f"  {'module':<44} {'class':<12} {'form':<8} {'changed rows':>14} "
+                 f"  {'module[edge type]':<34} {'class':<10} {'form':<8} {'changed rows':>13} "
                  f"{'in-edges read':>14}"]
         for path, cls, what in plan.order:
             if isinstance(what, _ConvPlan):
-                form, rows, reads = ("dense" if what.rows_out.dense else "delta",
-                                     what.rows_out.mask.sum().item() / b, what.entries / b)
-                key = "" if what.edges.key is None else f"{_key(what.edges.key)}"
-                name = path if path.endswith("]") or not key else f"{path}[{key}]"
-                lines.append(f"  {name:<44} {cls:<12} {form:<8} {rows:>8.1f} / {n:<4}"
-                             f"{reads:>14.1f}")
+                form = "dense" if what.rows_out.dense else "delta"
+                rows, reads = what.rows_out.mask.sum().item() / b, f"{what.entries / b:.1f}"
+                name = _name(what)
             else:
-                rows = what.mask.sum().item() / b
-                lines.append(f"  {path:<44} {cls:<12} {'per-node':<8} {rows:>8.1f} / {n:<4}"
-                             f"{'':>14}")
-        full = next((p for p, _, w in plan.order if isinstance(w, _ConvPlan)
+                form, rows, reads, name = "per-node", what.mask.sum().item() / b, "", path
+            lines.append(f"  {name:<34} {cls:<10} {form:<8} {rows:>7.1f} / {n:<4}{reads:>14}")
+        full = next((_name(w) for _, _, w in plan.order if isinstance(w, _ConvPlan)
                      and bool(w.rows_out.mask.all())), None)
         lines.append(f"  every gene changes from: {full}" if full else
                      "  no layer changes every gene")
@@ -620,8 +616,7 @@ class ConvertedEncoder(nn.Module):
                 rows = float(what.rows_in.count if what.kind is GCNConv else what.rows_out.count)
                 sp = _sparse(what.entries, w, what.rows_in.count, what.rows_out.count)
                 de = _dense(rows, 1, macs) if macs else (0.0, 0.0)
-                name = path if path.endswith("]") or what.edges.key is None \
-                    else f"{path}[{_key(what.edges.key)}]"
+                name = _name(what)
                 wsp = _sparse(int(what.edges.deg.sum()), w, what.edges.num_nodes,
                               what.edges.num_nodes)
                 wde = _dense(what.edges.num_nodes, 1, macs) if macs else (0.0, 0.0)
@@ -654,7 +649,15 @@ class ConvertedEncoder(nn.Module):
 
 
 def _key(key) -> str:
-    return ", ".join(key) if isinstance(key, tuple) else str(key)
+    """An edge type for tables: its relation (one node type), or the key itself."""
+    return key[1] if isinstance(key, tuple) and len(key) == 3 else str(key)
+
+
+def _name(cp: _ConvPlan) -> str:
+    """``path[relation]`` of a conv and edge type (the path alone for one edge_index)."""
+    if cp.edges.key is None or cp.path.endswith("]") or _key(cp.edges.key) in cp.path:
+        return cp.path
+    return f"{cp.path}[{_key(cp.edges.key)}]"
 
 
 def _ph_index(node: fx.Node) -> int:
