@@ -17,7 +17,8 @@ from workbook_lib.training import loop
 from conftest import make_graph
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = {n: f"examples/{n}.py:make_pipeline" for n in ("lazy_pyg", "dango_pyg", "nodemask_pyg")}
+EXAMPLES = {n: f"examples/{n}.py:make_pipeline" for n in ("lazy_pyg", "dango_pyg", "nodemask_pyg",
+                                                           "torchcell_pyg", "torchcell_converted")}
 
 
 def _params(**kw):
@@ -106,6 +107,30 @@ def test_example_3_equals_example_1_in_outputs_and_gradients(layers):
         assert torch.allclose(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6 + 1e-4 * scale), k
     # the labels are learnable and the two pipelines serve the same samples
     assert torch.equal(lazy.deleted, fix.deleted) and torch.equal(lazy.y, fix.y)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_the_converted_torchcell_equals_its_masked_copies(layers):
+    """Example 5 (convert) against example 4 (B masked copies): outputs and every gradient, and
+    both name their encoder, input, graph and deleted genes (shared_encoder)."""
+    g = make_graph(num_genes=40, types={"a": 120, "b": 60, "c": 25}, seed=3)
+    p = _params(hidden=8, layers=layers, perturbation_k=3, batch_size_lazy=5)
+    copies = build_pipeline(p, "torchcell_pyg", g, "cpu")
+    fast = build_pipeline(p, "torchcell_converted", g, "cpu")
+    outs, grads, shared = [], [], []
+    for pipe in (copies, fast):
+        batch = pipe.to_device(pipe.collate([pipe.dataset()[i] for i in range(5)]))
+        out = pipe.forward(pipe.model, pipe.prepare(batch))
+        pipe.loss(out, batch).backward()
+        outs.append(out.detach())
+        grads.append({k: v.grad for k, v in pipe.model.named_parameters()})
+        shared.append(pipe.shared_encoder(batch))
+    assert torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-6)
+    assert set(grads[0]) == set(grads[1])
+    for k in grads[0]:
+        scale = grads[0][k].abs().max().item()
+        assert torch.allclose(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6 + 1e-4 * scale), k
+    assert torch.equal(shared[0][3], shared[1][3]) and type(shared[0][0]).__name__ == type(shared[1][0]).__name__
 
 
 def test_examples_through_the_loop_in_every_mode():

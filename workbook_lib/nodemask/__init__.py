@@ -16,10 +16,13 @@ every batch with a boolean edge mask per sample::
     out = batch.pooled_layer(h2, W3, b3)  # [B, H]: the mean over genes of a last linear layer
     wt = graph.pooled_layer(h_wt, W3, b3)  # [H]: the same on the whole graph (a dual forward)
     work_floor(graph, batch.corrections(), H, L)  # the fewest multiply-adds a sample needs
+    fast = convert(encoder, cell_graph, readout="mean_kept")  # a user's PyG encoder, exact
 
 Exact (float32 rounding) for sum and mean aggregation, forward and gradients; see
 :mod:`workbook_lib.nodemask.batch` for the identities and their conditions.
 """
+from .convert import ConvertedEncoder, convert
+from .convert_trace import ConvertError
 from .batch import DeltaFeatures, NodeMaskBatch, SharedAggregation
 from .corrections import Corrections, corrections, validate_deleted
 from .delta import PUSH_KERNELS, default_push_kernel, grouped_messages, push
@@ -29,4 +32,5 @@ from .kernels import KERNELS, batched_spmm
 
 __all__ = ["SharedGraph", "NodeMaskBatch", "SharedAggregation", "DeltaFeatures", "Corrections",
            "corrections", "validate_deleted", "OutEdges", "batched_spmm", "KERNELS", "push",
-           "PUSH_KERNELS", "default_push_kernel", "grouped_messages", "work_floor", "WorkFloor"]
+           "PUSH_KERNELS", "default_push_kernel", "grouped_messages", "work_floor", "WorkFloor",
+           "convert", "ConvertedEncoder", "ConvertError"]

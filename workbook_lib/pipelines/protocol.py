@@ -5,8 +5,9 @@ built-in strategies, Lightning modules and user pipelines alike. The stages: dat
 (``dataset()[i]``) and ``collate(items)`` in DataLoader workers, ``to_device(batch,
 non_blocking)``, ``prepare(batch)``, ``forward(model, inputs)`` and ``loss(output, batch)`` (timed
 apart, :class:`LossSplit`); plus ``model``, ``batch_size``, ``configure_optimizer`` and optionally
-``shared_forward(model)``. The harness owns the DataLoader, timing, repeats and DDP; a pipeline
-never times itself. Subclass :class:`Pipeline` or write the same methods (docs/own-pipeline.md).
+``shared_forward(model)`` and ``shared_encoder(batch) -> (encoder, x, graph, deleted)`` (what
+:func:`workbook_lib.nodemask.convert` takes). The harness owns the DataLoader, timing, repeats and
+DDP; a pipeline never times itself. Subclass :class:`Pipeline` or write the same methods (docs/own-pipeline.md).
 """
 from __future__ import annotations
 
@@ -116,7 +117,8 @@ def _unsplittable(output: Any) -> str:
 
 class Pipeline:
     """Base class of a training pipeline: subclasses set ``model``, ``device`` and ``batch_size``
-    and implement ``dataset``, ``collate``, ``forward`` and ``loss``; the other methods have defaults.
+    and implement ``dataset``, ``collate``, ``forward`` and ``loss``; the other methods (and the
+    optional ``shared_forward`` and ``shared_encoder``) have defaults.
 
     Attributes:
         name: short identifier (set by the loader from the params key when empty).
@@ -172,4 +174,11 @@ class Pipeline:
 
     def shared_forward(self, model: torch.nn.Module) -> torch.Tensor | None:
         """The pass every sample of a batch shares (e.g. a wildtype pass), or None."""
+        return None
+
+    def shared_encoder(self, batch: Any) -> tuple | None:
+        """``(encoder, x, graph, deleted)`` of a batch: the per-sample encoder, its ``[N, F]``
+        input, the shared gene graph (an edge_index, a dict keyed by edge type or a
+        HeteroData) and the ``[B, k]`` deleted genes, ``-1`` padded; None (the default) when
+        the pipeline has no such encoder."""
         return None

@@ -48,3 +48,49 @@ class WorkFloor(Record):
             raise ValueError(f"rates must be positive (got {sparse_gmacs}, {dense_gmacs})")
         return (self.per_sample("sparse_macs") / (sparse_gmacs * 1e9)
                 + self.per_sample("dense_macs") / (dense_gmacs * 1e9))
+
+
+@dataclass
+class ConvertFloor(Record):
+    """The fewest multiply-adds and bytes of one batch of a converted encoder
+    (:meth:`workbook_lib.nodemask.convert.ConvertedEncoder.floor`): one part per layer and edge
+    type (and per-node module), forward + backward, for the whole batch, plus the wildtype
+    once per batch; ``all_changed_from`` names the first layer at which every gene of every
+    sample has changed (None if none), ``all_changed_macs`` what the layers from there on cost
+    per sample."""
+
+    batch_size: int
+    num_nodes: int
+    parts: dict[str, FloorPart] = field(default_factory=dict)
+    all_changed_from: str | None = None
+    all_changed_macs: float = 0.0
+
+    @property
+    def sparse_macs(self) -> float:
+        return sum(p.sparse_macs for p in self.parts.values())
+
+    @property
+    def dense_macs(self) -> float:
+        return sum(p.dense_macs for p in self.parts.values())
+
+    @property
+    def bytes(self) -> float:
+        return sum(p.bytes for p in self.parts.values())
+
+    def per_sample(self, what: str) -> float:
+        """``sparse_macs``, ``dense_macs`` or ``bytes`` divided by the batch size."""
+        if what not in ("sparse_macs", "dense_macs", "bytes"):
+            raise ValueError(f"'what' must be sparse_macs, dense_macs or bytes (got {what!r})")
+        return getattr(self, what) / self.batch_size
+
+    def table(self) -> str:
+        """One line per part: multiply-adds per sample (sparse, dense), then the total."""
+        rows = [f"  {'part':<48} {'sparse/sample':>14} {'dense/sample':>14}"]
+        rows += [f"  {k:<48} {p.sparse_macs / self.batch_size:>14.4g} "
+                 f"{p.dense_macs / self.batch_size:>14.4g}" for k, p in self.parts.items()]
+        rows.append(f"  {'total':<48} {self.per_sample('sparse_macs'):>14.4g} "
+                    f"{self.per_sample('dense_macs'):>14.4g}")
+        if self.all_changed_from:
+            rows.append(f"  every gene changes from {self.all_changed_from}: "
+                        f"{self.all_changed_macs:.4g} multiply-adds per sample from there on")
+        return "\n".join(rows)

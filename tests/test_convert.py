@@ -1,0 +1,368 @@
+"""nodemask.convert: a user's PyG encoder made exact on a shared graph, against the per-sample
+reference ``encoder(x_b, graph_b)`` in float64 (outputs, every parameter's gradient, x's), and
+every refusal in one line."""
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, HeteroConv,
+                                SAGEConv, TransformerConv)
+from torch_geometric.nn.aggr import AttentionalAggregation
+from torch_geometric.nn.norm import GraphNorm
+from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
+
+from workbook_lib.nodemask import convert
+from workbook_lib.nodemask import convert as convert_fn
+
+convert_module = sys.modules["workbook_lib.nodemask.convert"]
+
+N, F_IN, H = 36, 5, 6
+TYPES = [("gene", "physical", "gene"), ("gene", "regulatory", "gene")]
+HUB, LEAF, ISOLATED, ADJ = 0, 33, 35, (7, 8)
+
+
+def _graph(seed: int) -> dict:
+    """Two edge types on N genes: a hub (0), a leaf (33, one edge), an isolated gene (35) and an
+    edge 7 -> 8, the rest random without self-loops."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i, et in enumerate(TYPES):
+        s, d = torch.randint(1, 32, (70,), generator=g), torch.randint(1, 32, (70,), generator=g)
+        keep = s != d
+        s, d = s[keep], d[keep]
+        hub = torch.arange(1, 14 + i)
+        s = torch.cat([s, hub, torch.zeros_like(hub), torch.tensor([7, 33 if i == 0 else 7])])
+        d = torch.cat([d, torch.zeros_like(hub), hub, torch.tensor([8, 5 if i == 0 else 8])])
+        out[et] = torch.stack([s, d])
+    return out
+
+
+GRAPH = _graph(0)
+DELETED = torch.tensor([[HUB, -1], [LEAF, -1], [ISOLATED, -1], list(ADJ), [-1, -1]])
+
+
+def _conv(kind: str, h_in: int, h_out: int) -> nn.Module:
+    if kind == "gin":
+        return GINConv(nn.Sequential(nn.Linear(h_in, h_out), nn.ReLU(), nn.Linear(h_out, h_out)),
+                       train_eps=True)
+    if kind == "gin_mean":
+        return GINConv(nn.Linear(h_in, h_out), eps=0.3, aggr="mean")
+    if kind == "graph_add":
+        return GraphConv(h_in, h_out, aggr="add")
+    if kind == "graph_mean":
+        return GraphConv(h_in, h_out, aggr="mean")
+    if kind == "sage_mean":
+        return SAGEConv(h_in, h_out, aggr="mean", normalize=True)
+    if kind == "sage_sum":
+        return SAGEConv(h_in, h_out, aggr="sum", root_weight=False)
+    return GCNConv(h_in, h_out)
+
+
+def _per_node(kind: str) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(H)
+    if kind == "pyg_layernorm":
+        return PygLayerNorm(H, mode="node")
+    if kind == "batchnorm_eval":
+        return nn.BatchNorm1d(H).eval()
+    if kind == "dropout_p0":
+        return nn.Dropout(0.0)
+    return nn.Linear(H, H)
+
+
+class Encoder(nn.Module):
+    """Two layers of ``conv`` in ``container``: one edge_index ("single"), HeteroConv, or a
+    per-type ModuleDict summed (TorchCell style); ``post`` between the layers."""
+
+    def __init__(self, conv: str, container: str, post: str, hetero_aggr: str = "sum"):
+        super().__init__()
+        self.container = container
+        self.lin = nn.Linear(F_IN, H)
+        cat = container == "hetero" and hetero_aggr == "cat"
+        widths = [(H, H // 2 if cat else H)] * 2
+        if container == "single":
+            self.layers = nn.ModuleList(_conv(conv, a, b) for a, b in widths)
+        elif container == "hetero":
+            self.layers = nn.ModuleList(
+                HeteroConv({et: _conv(conv, a, b) for et in TYPES}, aggr=hetero_aggr)
+                for a, b in widths)
+        else:
+            self.layers = nn.ModuleList(
+                nn.ModuleDict({"__".join(et): _conv(conv, a, b) for et in TYPES})
+                for a, b in widths)
+        self.post = _per_node(post)
+
+    def forward(self, x, edges):
+        x = self.lin(x).relu()
+        for i, layer in enumerate(self.layers):
+            if self.container == "single":
+                x = layer(x, edges)
+            elif self.container == "hetero":
+                x = layer({"gene": x}, edges)["gene"]
+            else:
+                x = sum(layer["__".join(et)](x, ei) for et, ei in edges.items())
+            if i == 0:
+                x = F.relu(self.post(x))
+        return x
+
+
+def _reference(encoder, x, graph, deleted, readout):
+    """Per sample: the encoder on the graph less the sample's genes, their rows of x zeroed."""
+    outs = []
+    for row in deleted:
+        d = row[row >= 0]
+        xb = x.clone()
+        xb[d] = 0
+        cut = lambda e: e[:, ~(torch.isin(e[0], d) | torch.isin(e[1], d))]  # noqa: E731
+        out = encoder(xb, cut(graph) if isinstance(graph, torch.Tensor)
+                      else {k: cut(e) for k, e in graph.items()})
+        keep = torch.ones(x.shape[0], dtype=torch.bool)
+        keep[d] = False
+        if readout == "mean":
+            out = (out * keep.unsqueeze(1)).sum(0) / x.shape[0]
+        elif readout == "mean_kept":
+            out = out[keep].mean(0)
+        elif readout == "sum_kept":
+            out = out[keep].sum(0)
+        elif readout is not None:
+            out = readout(out[keep])[0]
+        outs.append(out)
+    return torch.stack(outs)
+
+
+def _check(encoder, graph, readout=None, deleted=DELETED, x=None, register=None,
+           ref_graph=None):
+    """Outputs, every parameter's gradient and x's equal the reference's (float64)."""
+    torch.manual_seed(1)
+    x = torch.randn(N, F_IN, dtype=torch.float64, requires_grad=True) if x is None else x
+    fast = convert(encoder, graph, readout=readout, register=register)
+    assert fast.encoder is encoder
+    out, ref = fast(x, deleted), _reference(encoder, x, graph if ref_graph is None else ref_graph,
+                                                deleted, readout)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+    w = torch.randn_like(ref)
+    params = [p for p in encoder.parameters()] + [x]
+    if isinstance(readout, nn.Module):
+        params += list(readout.parameters())
+    got = torch.autograd.grad((out * w).sum(), params, allow_unused=True)
+    want = torch.autograd.grad((ref * w).sum(), params, allow_unused=True)
+    for p, a, b in zip(params, got, want):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    return fast
+
+
+CONVS = ["gin", "gin_mean", "graph_add", "graph_mean", "sage_mean", "sage_sum", "gcn"]
+CONTAINERS = ["single", "hetero", "moduledict"]
+POSTS = ["layernorm", "pyg_layernorm", "batchnorm_eval", "dropout_p0", "linear"]
+READOUTS = [None, "mean", "mean_kept", "sum_kept", "attention"]
+
+
+@pytest.mark.parametrize("container", CONTAINERS)
+@pytest.mark.parametrize("conv", CONVS)
+def test_converted_equals_the_per_sample_reference(conv, container):
+    i = CONVS.index(conv) + CONTAINERS.index(container)
+    torch.manual_seed(i)
+    with torch.random.fork_rng():
+        torch.set_default_dtype(torch.float64)
+        try:
+            enc = Encoder(conv, container, POSTS[i % len(POSTS)],
+                          hetero_aggr=["sum", "mean", "cat"][i % 3])
+            readout = READOUTS[i % len(READOUTS)]
+            if readout == "attention":
+                readout = AttentionalAggregation(nn.Linear(H, 1), nn.Linear(H, H))
+            graph = GRAPH[TYPES[0]] if container == "single" else GRAPH
+            _check(enc, graph, readout)
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("share", [0.0, 1e9])
+def test_the_dense_and_delta_forms_are_both_exact(monkeypatch, share):
+    """DENSE_SHARE 0 takes every layer dense, a huge one every layer delta; explain says so."""
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", share)
+    torch.set_default_dtype(torch.float64)
+    try:
+        for conv in ("gin", "gcn", "sage_mean"):
+            fast = _check(Encoder(conv, "moduledict", "layernorm"), GRAPH, "mean_kept")
+            text = fast.explain(DELETED)
+            assert ("dense" in text) == (share == 0.0) and ("delta" in text) == (share > 0)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_heterodata_graph_and_the_torchcell_shape():
+    from torch_geometric.data import HeteroData
+    torch.set_default_dtype(torch.float64)
+    try:
+        data = HeteroData()
+        data["gene"].num_nodes = N
+        for et in TYPES:
+            data[et].edge_index = GRAPH[et]
+        enc = Encoder("gin", "moduledict", "layernorm")
+        fast = _check(enc, data, AttentionalAggregation(nn.Linear(H, 1)), ref_graph=GRAPH)
+        wt = fast.wildtype(torch.randn(N, F_IN))
+        assert wt.shape == (N, H)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_explain_and_floor_name_every_layer_and_type():
+    enc = Encoder("gin", "moduledict", "linear")
+    fast = convert(enc, GRAPH, readout="mean")
+    with pytest.raises(ValueError, match="call fast"):
+        fast.floor(DELETED)
+    fast(torch.randn(N, F_IN), DELETED)
+    text = fast.explain(DELETED)
+    assert "layers.0.gene__physical__gene" in text and "GINConv" in text and "per-node" in text
+    floor = fast.floor(DELETED)
+    assert floor.batch_size == 5 and floor.per_sample("dense_macs") > 0
+    assert any("regulatory" in k for k in floor.parts) and "wildtype, once per batch" in floor.parts
+    everything = torch.arange(N).unsqueeze(0)[:, :N - 1]  # every gene but one deleted
+    assert fast.floor(everything).all_changed_from is not None
+
+
+def test_the_call_reads_nothing_back_from_the_device():
+    """Every index is planned on the host before the forward runs: the forward and readout
+    make no operation that needs a device-to-host read (item, nonzero, unique, a boolean
+    mask), as a CUDA step would sync on."""
+    syncing = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "is_nonzero")
+
+    class Watch(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(s in str(func) for s in syncing):
+                Watch.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    for conv, readout in (("gcn", AttentionalAggregation(nn.Linear(H, 1))), ("gin", "mean")):
+        fast = convert(Encoder(conv, "hetero", "layernorm"), GRAPH, readout=readout)
+        x = torch.randn(N, F_IN, requires_grad=True)
+        plan = fast.plan(DELETED, N)
+        with Watch():
+            out = fast._readout(fast._execute(x, plan), plan)
+            out.sum().backward()
+    assert Watch.seen == []
+
+
+def test_register_declares_an_equivalent_subclass():
+    class MyGIN(GINConv):
+        pass
+    enc = Encoder("gin", "single", "linear")
+    enc.layers[0] = MyGIN(nn.Linear(H, H))
+    with pytest.raises(ValueError, match="register=.MyGIN: GINConv"):
+        convert(enc, GRAPH[TYPES[0]])
+    torch.set_default_dtype(torch.float64)
+    try:
+        enc = Encoder("gin", "single", "linear")
+        enc.layers[0] = MyGIN(nn.Linear(H, H))
+        _check(enc, GRAPH[TYPES[0]], register={MyGIN: GINConv})
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def _swap(conv_module) -> nn.Module:
+    enc = Encoder("gin", "single", "linear")
+    enc.layers[1] = conv_module
+    return enc
+
+
+@pytest.mark.parametrize("module, words", [
+    (GATConv(H, H), "layers.1 \\(GATConv\\): attention"),
+    (GATv2Conv(H, H), "layers.1 \\(GATv2Conv\\): attention"),
+    (TransformerConv(H, H), "layers.1 \\(TransformerConv\\): attention"),
+    (GraphConv(H, H, aggr="max"), "aggregation 'max'"),
+    (SAGEConv(H, H, aggr="min"), "aggregation 'min'"),
+    (GCNConv(H, H, cached=True), "cached=True"),
+    (GINConv(nn.Sequential(nn.Linear(H, H), GraphNorm(H))), "layers.1.nn.1 \\(GraphNorm\\)"),
+    (GINConv(PygLayerNorm(H, mode="graph")), "layers.1.nn \\(LayerNorm\\): normalizes"),
+])
+def test_unsupported_convolutions_are_refused_at_convert(module, words):
+    with pytest.raises(ValueError, match=words) as e:
+        convert(_swap(module), GRAPH[TYPES[0]])
+    assert "\n" not in str(e.value)
+
+
+def test_softmax_aggregation_is_refused():
+    from torch_geometric.nn.aggr import SoftmaxAggregation
+    with pytest.raises(ValueError, match="not a sum or mean"):
+        convert(_swap(GraphConv(H, H, aggr=SoftmaxAggregation())), GRAPH[TYPES[0]])
+
+
+def test_graph_level_norms_are_refused_at_convert():
+    enc = Encoder("gin", "single", "linear")
+    enc.post = GraphNorm(H)
+    with pytest.raises(ValueError, match="post \\(GraphNorm\\).*batch mates"):
+        convert(enc, GRAPH[TYPES[0]])
+    enc.post = PygLayerNorm(H, mode="graph")
+    with pytest.raises(ValueError, match="post \\(LayerNorm\\)"):
+        convert(enc, GRAPH[TYPES[0]])
+
+
+def test_train_mode_batchnorm_and_dropout_are_refused_at_the_call():
+    for post, words in ((nn.BatchNorm1d(H), "post \\(BatchNorm1d\\).*batch mates"),
+                        (nn.Dropout(0.2), "post \\(Dropout\\): dropout p>0 in train mode")):
+        enc = Encoder("gin", "single", "linear")
+        enc.post = post
+        fast = convert(enc.eval(), GRAPH[TYPES[0]])
+        fast(torch.randn(N, F_IN), DELETED)  # eval: fine
+        with pytest.raises(ValueError, match=words):
+            fast.train()(torch.randn(N, F_IN), DELETED)
+
+
+def test_functional_dropout_in_train_mode_is_refused_at_the_call():
+    class Drop(Encoder):
+        def forward(self, x, edges):
+            return F.dropout(super().forward(x, edges), p=0.5, training=self.training)
+    fast = convert(Drop("gin", "single", "linear").eval(), GRAPH[TYPES[0]])
+    fast(torch.randn(N, F_IN), DELETED)
+    with pytest.raises(ValueError, match="dropout .*train mode"):
+        fast.train()(torch.randn(N, F_IN), DELETED)
+
+
+def test_edge_features_are_refused():
+    class Weighted(Encoder):
+        def forward(self, x, edge_index):
+            return self.layers[0](self.lin(x), edge_index, torch.ones(edge_index.shape[1]))
+    with pytest.raises(ValueError, match="layers.0 \\(GraphConv\\) is called with edge features"):
+        convert(Weighted("graph_add", "single", "linear"), GRAPH[TYPES[0]])
+
+
+def test_an_unfollowable_forward_is_refused_naming_the_line():
+    class Branchy(Encoder):
+        def forward(self, x, edge_index):
+            if x.sum() > 0:  # control flow on a tensor's value
+                x = x * 2
+            return super().forward(x, edge_index)
+    with pytest.raises(ValueError, match="cannot be followed at .*test_convert.py:\\d+"):
+        convert(Branchy("gin", "single", "linear"), GRAPH[TYPES[0]])
+
+
+def test_a_reduction_over_genes_is_refused():
+    class Pooled(Encoder):
+        def forward(self, x, edge_index):
+            h = super().forward(x, edge_index)
+            return h - h.mean(0)
+    with pytest.raises(ValueError, match=".mean\\(\\) at .*test_convert.py:\\d+ is not a per-row"):
+        convert(Pooled("gin", "single", "linear"), GRAPH[TYPES[0]])
+
+
+def test_bad_deleted_is_a_one_line_error():
+    fast = convert(Encoder("gin", "single", "linear"), GRAPH[TYPES[0]])
+    x = torch.randn(N, F_IN)
+    with pytest.raises(ValueError, match="outside 0..35"):
+        fast(x, torch.tensor([[N]]))
+    with pytest.raises(ValueError, match="deletes gene 3 twice"):
+        fast(x, torch.tensor([[3, 3]]))
+    with pytest.raises(ValueError, match="readout"):
+        convert(Encoder("gin", "single", "linear"), GRAPH[TYPES[0]], readout="max")
+
+
+def test_the_function_is_what_the_package_exports():
+    assert callable(convert_fn) and convert_fn.__module__ == "workbook_lib.nodemask.convert"

@@ -1,0 +1,782 @@
+"""convert: a user's PyG encoder, run exactly on one shared graph with per-sample deleted genes.
+
+``fast = convert(encoder, graph)``; ``fast(x, deleted)`` is, for each sample ``b``, literally
+``encoder(x_b, graph_b)``: ``graph_b`` is ``graph`` without every edge touching a gene of
+``deleted[b]``, and ``x_b`` is ``x`` with those genes' rows zeroed (their output rows are what the
+encoder computes for them there; a readout leaves them out). The wildtype (the encoder on the
+whole graph) is computed once per call; per sample, each layer recomputes only the rows whose
+value differs from it (the "changed rows", flattened over the batch as (sample, gene) pairs),
+each from its in-edges, reading sources from the wildtype or the sample's changed rows. Where
+the changed rows are a large share, a layer takes the dense form (every sample's rows, one
+batched sparse product), chosen from counted work. The changed rows are planned on the host
+from ``deleted`` before anything runs, so a CUDA call reads nothing back.
+
+Hand-written (the per-row forms of GIN, GraphConv, SAGE and GCN) because PyG computes every
+row of a graph, and the exact changed rows of a deletion are this library's subject.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import GCNConv, GINConv, GraphConv, HeteroConv, MessagePassing, SAGEConv
+from torch_geometric.nn.aggr import Aggregation
+
+from ..results.floor import ConvertFloor, FloorPart
+from .convert_trace import MODE_DEPENDENT, ConvertError, check_graph, conv_kind, per_node_problem, trace
+from .corrections import validate_deleted
+from .floor import _dense, _sparse
+
+READOUTS = ("mean", "mean_kept", "sum_kept")
+# a layer takes the dense form when its delta form's counted work (in-edges read plus rows
+# computed) exceeds this share of the dense form's: a gathered entry costs about twice a CSR one
+DENSE_SHARE = 0.5
+
+
+@dataclass
+class _Edges:
+    """One edge type on the host: in-edges grouped by target, out-edges grouped by source."""
+
+    key: object
+    index: torch.Tensor  # [2, E] as given
+    in_ptr: torch.Tensor
+    in_src: torch.Tensor
+    out_ptr: torch.Tensor
+    out_dst: torch.Tensor
+    deg: torch.Tensor  # [N] in-degree
+    num_nodes: int
+
+    @classmethod
+    def of(cls, key, index: torch.Tensor, n: int) -> "_Edges":
+        """Args: key: the edge type; index: [2, E]; n: genes."""
+        if index.dim() != 2 or index.shape[0] != 2:
+            raise ValueError(f"edge_index of {key!r} must be [2, E] (got {list(index.shape)})")
+        ei = index.detach().long().cpu()
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+            raise ValueError(f"edge_index of {key!r} has node ids outside 0..{n - 1}")
+        src, dst = ei[0], ei[1]
+        o_in, o_out = torch.argsort(dst, stable=True), torch.argsort(src, stable=True)
+        deg = torch.bincount(dst, minlength=n)
+        return cls(key, index, _ptr(deg), src[o_in], _ptr(torch.bincount(src, minlength=n)),
+                   dst[o_out], deg, n)
+
+    def receivers(self, flat: torch.Tensor) -> torch.Tensor:
+        """Flat (sample, gene) ``b*N + n`` of every out-neighbour of the rows ``flat``."""
+        n = self.num_nodes
+        b, j = flat // n, flat % n
+        nbr, owner = _expand(self.out_ptr, j)
+        return b[owner] * n + self.out_dst[nbr]
+
+    def lost(self, keep: torch.Tensor) -> torch.Tensor:
+        """``[B, N]``: in-edges each gene loses per sample (sources deleted there)."""
+        b, n = keep.shape
+        gone = (~keep).view(-1).nonzero().flatten()
+        recv = self.receivers(gone)
+        return torch.bincount(recv, minlength=b * n).view(b, n)
+
+
+def _ptr(counts: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(counts.numel() + 1, dtype=torch.long)
+    out[1:] = torch.cumsum(counts, 0)
+    return out
+
+
+def _expand(ptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(entry positions, owner index) of the CSR ranges ``ptr[rows]..ptr[rows+1]``."""
+    cnt = ptr[rows + 1] - ptr[rows]
+    total = int(cnt.sum())
+    owner = torch.repeat_interleave(torch.arange(rows.numel()), cnt, output_size=total)
+    start = torch.repeat_interleave(ptr[rows] - (torch.cumsum(cnt, 0) - cnt), cnt,
+                                    output_size=total)
+    return start + torch.arange(total), owner
+
+
+class _Rows:
+    """Which (sample, gene) rows of a value differ from its wildtype; ``dense``: every row.
+
+    Args:
+        mask: ``[B, N]`` bool.
+        dense: the values hold every row, sample-major.
+    """
+
+    def __init__(self, mask: torch.Tensor, dense: bool = False):
+        b, n = mask.shape
+        self.mask, self.dense, self.num_nodes = mask, dense, n
+        self.flat = torch.arange(b * n) if dense else mask.view(-1).nonzero().flatten()
+        self.pos = torch.full((b * n,), -1, dtype=torch.long)
+        self.pos[self.flat] = torch.arange(self.flat.numel())
+
+    @property
+    def count(self) -> int:
+        return int(self.flat.numel())
+
+    def lookup(self, flat: torch.Tensor) -> torch.Tensor:
+        """Indices of rows ``flat`` in ``cat([wildtype, values])``."""
+        p = self.pos[flat]
+        return torch.where(p >= 0, self.num_nodes + p, flat % self.num_nodes)
+
+    @staticmethod
+    def union(rows: list["_Rows"]) -> "_Rows":
+        """The rows changed in any of ``rows`` (itself when all are one)."""
+        if all(r is rows[0] for r in rows):
+            return rows[0]
+        mask = rows[0].mask.clone()
+        for r in rows[1:]:
+            mask |= r.mask
+        return _Rows(mask, any(r.dense for r in rows) or bool(mask.all()))
+
+
+@dataclass
+class _Val:
+    """A per-sample node value: the wildtype ``[N, H]`` and the changed rows' values."""
+
+    wt: torch.Tensor
+    values: torch.Tensor
+    rows: _Rows
+
+    def table(self) -> torch.Tensor:
+        return torch.cat([self.wt, self.values])
+
+
+@dataclass
+class _ConvPlan:
+    """One convolution and edge type: its changed rows and what recomputes them."""
+
+    path: str
+    kind: type
+    edges: _Edges
+    rows_in: _Rows
+    rows_out: _Rows
+    entries: int  # in-edges read per batch (delta) or kept edges x samples (dense)
+    host: dict  # index tensors: src, dst, weight, self_idx, self_coef (delta); keep, ... (dense)
+
+
+class _Plan:
+    """The host plan of one batch: rows per fx node, one :class:`_ConvPlan` per conv and type.
+
+    Args:
+        keep: ``[B, N]`` bool, False at deleted genes.
+    """
+
+    def __init__(self, keep: torch.Tensor):
+        self.keep = keep
+        self.batch_size, self.num_nodes = keep.shape
+        self.rows: dict = {}
+        self.convs: dict[tuple, _ConvPlan] = {}
+        self.order: list[tuple] = []  # (path, kind name, rows or conv plan) in forward order
+        self._dev: dict = {}
+        self.index: dict = {}
+
+    def put(self, key, t: torch.Tensor) -> None:
+        """Keep a host index made while planning, for :meth:`dev`."""
+        self.index[key] = t
+
+    def dev(self, key, t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        """``t`` (or the index :meth:`put` under ``key``) on ``device``, moved once per plan
+        without a sync (pinned, non-blocking)."""
+        k = (key, device)
+        if k not in self._dev:
+            t = self.index[key] if t is None else t
+            if device.type == "cuda":
+                t = t.pin_memory()
+            self._dev[k] = t.to(device, non_blocking=True)
+        return self._dev[k]
+
+
+class ConvertedEncoder(nn.Module):
+    """The exact shared-graph form of a user's encoder (see :func:`convert`)."""
+
+    def __init__(self, encoder: nn.Module, graph, readout=None, register: dict | None = None):
+        super().__init__()
+        self.register = dict(register or {})
+        for cls, target in self.register.items():
+            if target not in (GINConv, GraphConv, SAGEConv, GCNConv):
+                raise ValueError(f"register maps {cls.__name__} to {target!r}: the target must "
+                                 "be GINConv, GraphConv, SAGEConv or GCNConv")
+        if not (readout is None or readout in READOUTS or isinstance(readout, Aggregation)):
+            raise ValueError(f"'readout' must be None, one of {list(READOUTS)} or a PyG "
+                             f"aggregation module (got {readout!r})")
+        self.encoder = encoder  # the user's module (its parameters, not copies)
+        self.readout_module = readout if isinstance(readout, Aggregation) else None
+        self.readout_kind = None if isinstance(readout, Aggregation) else readout
+        self.keys, self.graph_in, n = _edge_dict(graph)
+        self.num_nodes = n if n is not None else 1 + max(
+            (int(e.max()) for e in self.graph_in.values() if e.numel()), default=-1)
+        self._edges: dict[int, dict] = {}
+        self._graphs: dict[bool, fx.Graph] = {}
+        self._named = dict(encoder.named_modules())
+        self._graph(encoder.training)
+        self._plan_cache: tuple | None = None
+        self._widths: dict = {}
+        self._device_graph: dict = {}
+
+    # --- structure -------------------------------------------------------------------------
+
+    def _graph(self, training: bool) -> fx.Graph:
+        """The traced forward in this mode (``self.training`` is read at trace time)."""
+        if training not in self._graphs:
+            g = trace(self.encoder, self.keys, self.register)
+            check_graph(g, self.encoder, self.register)
+            self._graphs[training] = g
+        return self._graphs[training]
+
+    def edges(self, n: int) -> dict:
+        """``{key: _Edges}`` for ``n`` genes (built once per node count)."""
+        if n not in self._edges:
+            if n < self.num_nodes:
+                raise ValueError(f"x has {n} rows but the graph has node ids up to "
+                                 f"{self.num_nodes - 1}")
+            self._edges[n] = {k: _Edges.of(k, e, n) for k, e in self.graph_in.items()}
+        return self._edges[n]
+
+    def _graph_on(self, device: torch.device):
+        if device not in self._device_graph:
+            moved = {k: e.to(device) for k, e in self.graph_in.items()}
+            self._device_graph[device] = moved[None] if self.keys is None else moved
+        return self._device_graph[device]
+
+    # --- the plan (host) -------------------------------------------------------------------
+
+    def plan(self, deleted: torch.Tensor, n: int | None = None) -> _Plan:
+        """The host plan of ``deleted`` ``[B, k]`` (cached for the last batch)."""
+        n = n or self.num_nodes
+        d = validate_deleted(deleted, n).cpu()
+        key = (n, self.encoder.training, tuple(d.shape), d.numpy().tobytes())
+        if self._plan_cache is not None and self._plan_cache[0] == key:
+            return self._plan_cache[1]
+        keep = torch.ones(d.shape[0], n, dtype=torch.bool)
+        b_idx = torch.arange(d.shape[0]).unsqueeze(1).expand_as(d)
+        keep[b_idx[d >= 0], d[d >= 0]] = False
+        plan = _Plan(keep)
+        edges = self.edges(n)
+        for node in self._graph(self.encoder.training).nodes:
+            plan.rows[node] = self._plan_node(node, plan, edges)
+            if node.op == "output":
+                out = node.args[0]
+                self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
+                                                    else out])
+        self._plan_cache = (key, plan)
+        return plan
+
+    def _plan_node(self, node: fx.Node, plan: _Plan, edges: dict):
+        env = plan.rows
+        if node.op == "placeholder":
+            if _ph_index(node) == 0:
+                return _Rows(~plan.keep)  # x: the deleted genes' rows are zero
+            return ("edges", None if self.keys is None else self.keys[_ph_index(node) - 1])
+        if node.op in ("get_attr", "output"):
+            return None
+        if node.op == "call_module":
+            m = self._named[node.target]
+            if isinstance(m, HeteroConv):
+                rows_in = next(iter(_arg_rows(node.args[0], env)))
+                per_type = [self._plan_conv(f"{node.target}[{_key(et)}]", c, edges[et],
+                                            rows_in, plan)
+                            for et, c in m.convs.items() if et in edges]
+                rows = _Rows.union(per_type)
+                for r in per_type:
+                    _plan_to_rows(plan, r, rows)
+                return {et[2]: rows for et in m.convs.keys()}
+            if isinstance(m, MessagePassing) or type(m) in self.register:
+                key = env[node.args[1]][1]
+                return self._plan_conv(node.target, m, edges[key], env[node.args[0]], plan)
+            rows = env[node.args[0]]
+            plan.order.append((node.target, type(m).__name__, rows))
+            return rows
+        if node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
+            return env[node.args[0]][node.args[1]]
+        found = list(_arg_rows(list(node.args) + list(node.kwargs.values()), env))
+        if not found:
+            return None
+        rows = _Rows.union(found)
+        for r in found:
+            _plan_to_rows(plan, r, rows)
+        plan.put(("flat", id(rows)), rows.flat % plan.num_nodes)
+        return rows
+
+    def _plan_readout(self, plan: _Plan, rows: _Rows) -> None:
+        """The readout's host indexes (see :meth:`_readout`)."""
+        n = plan.num_nodes
+        if self.readout_kind is None and self.readout_module is None:
+            _plan_full(plan, rows)
+        elif self.readout_module is not None:
+            kept = plan.keep.view(-1).nonzero().flatten()
+            plan.put(("kept",), rows.lookup(kept))
+            plan.put(("kept_b",), kept // n)
+        else:
+            plan.put(("r_n",), rows.flat % n)
+            plan.put(("r_kept",), plan.keep.view(-1)[rows.flat])
+            plan.put(("r_b",), rows.flat // n)
+            plan.put(("nkept",), plan.keep.sum(1, keepdim=True).clamp(min=1))
+
+    def _plan_conv(self, path: str, m: nn.Module, e: _Edges, rows_in: _Rows,
+                   plan: _Plan) -> _Rows:
+        kind = conv_kind(m, path, self.register)
+        keep, (b, n) = plan.keep, plan.keep.shape
+        cnt = (e.deg.unsqueeze(0) - e.lost(keep)) * keep  # [B, N] kept in-degree per sample
+        mask = rows_in.mask.clone().view(-1)
+        mask[e.receivers(rows_in.flat if not rows_in.dense else torch.arange(b * n))] = True
+        gcn_norm = kind is GCNConv and m.normalize
+        if gcn_norm:  # a deletion's receivers lose degree: their out-neighbours change too
+            lowered = ((cnt != e.deg.unsqueeze(0)) & keep).view(-1).nonzero().flatten()
+            mask[e.receivers(lowered)] = True
+        mask = mask.view(b, n)
+        kept_edges = int(cnt.sum())
+        delta_rows = _Rows(mask)
+        entries = int(cnt.view(-1)[delta_rows.flat].sum())
+        dense = rows_in.dense or (entries + delta_rows.count) > DENSE_SHARE * (kept_edges + b * n)
+        fill = 2.0 if getattr(m, "improved", False) else 1.0
+        dinv = (cnt.double() + fill).pow(-0.5)
+        aggr_mean = kind is not GCNConv and m.aggr == "mean"
+        if dense:
+            _plan_full(plan, rows_in)
+            rows_out = _Rows(torch.ones(b, n, dtype=torch.bool), dense=True)
+            host = {"keep": keep.double(), "inv_cnt": 1.0 / cnt.double().clamp(min=1),
+                    "dinv": dinv, "fill": fill}
+            entries = kept_edges
+        else:
+            rows_out = delta_rows
+            q = rows_out.flat
+            pos, owner = _expand(e.in_ptr, q % n)
+            qb, qn, j = q[owner] // n, q[owner] % n, e.in_src[pos]
+            ok = keep[qb, j] & keep[qb, qn]
+            qb, qn, j, owner = qb[ok], qn[ok], j[ok], owner[ok]
+            host = {"src": rows_in.lookup(qb * n + j), "dst": owner,
+                    "self_idx": rows_in.lookup(q)}
+            if aggr_mean:
+                host["weight"] = 1.0 / cnt[qb, qn].double()
+            elif gcn_norm:
+                host["weight"] = dinv[qb, j] * dinv[qb, qn]
+                host["self_coef"] = fill * dinv.view(-1)[q].pow(2)
+        cp = _ConvPlan(path, kind, e, rows_in, rows_out, entries, host)
+        plan.convs[(path, e.key)] = cp
+        plan.order.append((path, kind.__name__, cp))
+        return rows_out
+
+    # --- execution -------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor, deleted: torch.Tensor) -> torch.Tensor:
+        """``[B, N, H]`` (no readout) or ``[B, H]``: sample ``b`` is the encoder on the graph
+        less ``deleted[b]``'s genes (see :func:`convert`).
+
+        Args:
+            x: ``[N, F]`` input features (any device; the result is there).
+            deleted: ``[B, k]`` gene indices, ``-1`` pads; keep it on the host for no sync.
+
+        Raises:
+            ValueError: bad ``deleted`` or ``x``; a module that is not per-node in the current
+                mode (train-mode BatchNorm, dropout p>0).
+        """
+        if x.dim() != 2:
+            raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
+        self._check_mode()
+        plan = self.plan(deleted, x.shape[0])
+        out = self._execute(x, plan)
+        return self._readout(out, plan)
+
+    def _check_mode(self) -> None:
+        """Refuse, in the encoder's current mode, what mixes rows only in train mode."""
+        for path, m in self.encoder.named_modules():
+            if isinstance(m, MODE_DEPENDENT):
+                per_node_problem(m, path, at_convert=False)
+
+    def wildtype(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, H]``: the encoder on the whole graph."""
+        return self.encoder(x, self._graph_on(x.device))
+
+    def _execute(self, x: torch.Tensor, plan: _Plan) -> _Val:
+        env: dict = {}
+        dev = x.device
+        graph_dev = self._graph_on(dev)
+        for node in self._graph(self.encoder.training).nodes:
+            rows = plan.rows[node]
+            if node.op == "placeholder":
+                if isinstance(rows, _Rows):
+                    env[node] = _Val(x, x.new_zeros(rows.count, x.shape[1]), rows)
+                else:
+                    env[node] = graph_dev if rows[1] is None else graph_dev[rows[1]]
+            elif node.op == "get_attr":
+                env[node] = _attr(self.encoder, node.target)
+            elif node.op == "output":
+                out = node.args[0]
+                return env[out[0] if isinstance(out, (list, tuple)) else out]
+            elif node.op == "call_module":
+                env[node] = self._run_module(node, plan, env, dev)
+            elif node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
+                env[node] = env[node.args[0]][node.args[1]]
+            else:
+                env[node] = self._run_function(node, rows, env, plan, dev)
+        raise ValueError("the traced forward has no output")
+
+    def _run_module(self, node: fx.Node, plan: _Plan, env: dict, dev):
+        m = self._named[node.target]
+        if isinstance(m, HeteroConv):
+            vin = env[next(iter(node.args[0].values()))]
+            outs = []
+            for et, conv in m.convs.items():
+                k = (f"{node.target}[{_key(et)}]", et)
+                if k in plan.convs:
+                    outs.append(self._run_conv(plan.convs[k], conv, vin, plan, dev))
+            rows = plan.rows[node][next(iter(plan.rows[node]))]
+            outs = [_to_rows(v, rows, plan, dev) for v in outs]
+            if m.aggr == "cat":
+                val = _Val(torch.cat([v.wt for v in outs], -1),
+                           torch.cat([v.values for v in outs], -1), rows)
+            else:
+                val = _Val(sum(v.wt for v in outs), sum(v.values for v in outs), rows)
+                if m.aggr == "mean":
+                    val = _Val(val.wt / len(outs), val.values / len(outs), rows)
+            return {et[2]: val for et in m.convs.keys()}
+        if isinstance(m, MessagePassing) or type(m) in self.register:
+            key = plan.rows[node.args[1]][1]
+            return self._run_conv(plan.convs[(node.target, key)], m, env[node.args[0]], plan,
+                                  dev)
+        v = env[node.args[0]]
+        return _Val(m(v.wt), m(v.values), v.rows)
+
+    def _run_conv(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
+        kind, h = cp.kind, cp.host
+        wt = self._wildtype_conv(cp, m, vin.wt, dev)
+        k = (cp.path, cp.edges.key)
+        gcn = kind is GCNConv
+        if cp.rows_out.dense:
+            b, n = plan.keep.shape
+            full = _full(vin, plan, dev)  # [B, N, F]
+            src = m.lin(full) if gcn else full
+            keep = plan.dev(k + ("keep",), h["keep"], dev).to(src.dtype).unsqueeze(-1)
+            scale = keep
+            if gcn and m.normalize:
+                dinv = plan.dev(k + ("dinv",), h["dinv"], dev).to(src.dtype).unsqueeze(-1)
+                scale = keep * dinv
+            a = self._adjacency(cp.edges, dev, src.dtype)
+            w = src.shape[-1]
+            agg = torch.sparse.mm(a, (src * scale).transpose(0, 1).reshape(n, b * w))
+            agg = agg.view(n, b, w).transpose(0, 1) * scale
+            if not gcn and m.aggr == "mean":
+                agg = agg * plan.dev(k + ("inv",), h["inv_cnt"], dev).to(src.dtype).unsqueeze(-1)
+            self_x, agg = src.reshape(b * n, w), agg.reshape(b * n, w)
+            if gcn and m.normalize:
+                self_x = self_x * (h["fill"] * dinv * dinv).reshape(b * n, 1)
+        else:
+            table = vin.table()
+            if gcn:
+                table = m.lin(table)
+            msgs = table.index_select(0, plan.dev(k + ("src",), h["src"], dev))
+            if "weight" in h:
+                msgs = msgs * plan.dev(k + ("w",), h["weight"], dev).to(msgs.dtype).unsqueeze(1)
+            dst = plan.dev(k + ("dst",), h["dst"], dev)
+            agg = msgs.new_zeros(cp.rows_out.count, table.shape[1]).index_add(0, dst, msgs)
+            self_x = table.index_select(0, plan.dev(k + ("self",), h["self_idx"], dev))
+            if gcn and m.normalize:
+                self_x = self_x * plan.dev(k + ("sc",), h["self_coef"], dev).to(
+                    msgs.dtype).unsqueeze(1)
+        self._widths[k] = int(agg.shape[-1])
+        return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
+
+    def _wildtype_conv(self, cp: _ConvPlan, m: nn.Module, x: torch.Tensor, dev) -> torch.Tensor:
+        """The conv on the whole graph, as one sparse product (PyG's own GCN normalization
+        selects with a mask, which reads a count back from a GPU)."""
+        e, gcn = cp.edges, cp.kind is GCNConv
+        src = m.lin(x) if gcn else x
+        a = self._adjacency(e, dev, src.dtype)
+        if gcn and m.normalize:
+            fill = 2.0 if m.improved else 1.0
+            dinv = self._degree_scale(e, dev, src.dtype, fill)
+            agg = torch.sparse.mm(a, src * dinv) * dinv
+            return _finish(cp.kind, m, agg, src * (fill * dinv * dinv))
+        agg = torch.sparse.mm(a, src)
+        if not gcn and m.aggr == "mean":
+            agg = agg * self._degree_scale(e, dev, src.dtype, None)
+        return _finish(cp.kind, m, agg, src)
+
+    def _degree_scale(self, e: _Edges, dev, dtype, fill: float | None) -> torch.Tensor:
+        """``[N, 1]``: ``(deg + fill)^-1/2`` (GCN), or ``1 / max(deg, 1)`` when ``fill`` is None."""
+        key = ("deg", id(e), dev, dtype, fill)
+        if key not in self._device_graph:
+            d = e.deg.double()
+            s = (d + fill).pow(-0.5) if fill is not None else 1.0 / d.clamp(min=1)
+            self._device_graph[key] = s.to(dtype).unsqueeze(1).to(dev)
+        return self._device_graph[key]
+
+    def _adjacency(self, e: _Edges, dev, dtype) -> torch.Tensor:
+        key = ("adj", id(e), dev, dtype)
+        if key not in self._device_graph:
+            n = e.num_nodes
+            dst = torch.repeat_interleave(torch.arange(n), e.in_ptr[1:] - e.in_ptr[:-1])
+            a = torch.sparse_coo_tensor(torch.stack([dst, e.in_src]),
+                                        torch.ones(dst.numel(), dtype=dtype), (n, n),
+                                        check_invariants=False)
+            self._device_graph[key] = a.coalesce().to_sparse_csr().to(dev)
+        return self._device_graph[key]
+
+    def _run_function(self, node: fx.Node, rows: _Rows | None, env: dict, plan: _Plan, dev):
+        if node.target is F.dropout or node.target == "dropout":
+            training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
+            p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+            if training and p > 0:
+                raise ConvertError(f"dropout at {node.name} (p={p}) in train mode draws a "
+                                   "different mask per copy; set p=0 or call encoder.eval()")
+        if node.target in (torch.cat, torch.concat):
+            dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+            if dim not in (-1, 1):
+                raise ConvertError(f"torch.cat at {node.name} joins along dim {dim}, not the "
+                                   "features (dim=-1); convert cannot follow it")
+        if rows is None:  # no node value involved
+            return _call(node, fx.node.map_arg(node.args, lambda a: env[a]),
+                         fx.node.map_arg(node.kwargs, lambda a: env[a]))
+
+        def part(which: str):
+            def pick(a):
+                v = env[a]
+                if isinstance(v, _Val):
+                    return v.wt if which == "wt" else _to_rows(v, rows, plan, dev).values
+                if isinstance(v, torch.Tensor) and which == "values" and v.dim() >= 2 \
+                        and v.shape[0] == plan.num_nodes:  # a per-gene constant
+                    return v.index_select(0, plan.dev(("flat", id(rows)), None, dev))
+                return v
+            return (fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick))
+        return _Val(_call(node, *part("wt")), _call(node, *part("values")), rows)
+
+    def _readout(self, out: _Val, plan: _Plan) -> torch.Tensor:
+        b, n = plan.keep.shape
+        dev = out.wt.device
+        if self.readout_kind is None and self.readout_module is None:
+            return _full(out, plan, dev)
+        if self.readout_module is not None:
+            return self.readout_module(out.table().index_select(0, plan.dev(("kept",), None, dev)),
+                                       index=plan.dev(("kept_b",), None, dev), dim_size=b)
+        rows = out.rows
+        wt_rows = out.wt.index_select(0, plan.dev(("r_n",), None, dev))
+        vals = out.values * plan.dev(("r_kept",), None, dev).to(out.values.dtype).unsqueeze(1)
+        rb = plan.dev(("r_b",), None, dev)
+        total = out.wt.sum(0).expand(b, -1) if not rows.dense else 0
+        if not rows.dense:
+            total = total - out.wt.new_zeros(b, out.wt.shape[1]).index_add(0, rb, wt_rows)
+        total = total + out.wt.new_zeros(b, out.wt.shape[1]).index_add(0, rb, vals)
+        if self.readout_kind == "sum_kept":
+            return total
+        if self.readout_kind == "mean":
+            return total / n
+        return total / plan.dev(("nkept",), None, dev).to(total.dtype)
+
+    # --- what a batch costs ----------------------------------------------------------------
+
+    def explain(self, deleted: torch.Tensor) -> str:
+        """Per module, in forward order: its form (delta, dense or per-node), its changed rows
+        per sample (mean over the batch) and, for a convolution, its edge type and the in-edges
+        it reads per sample."""
+        plan = self.plan(deleted, self._seen_nodes())
+        b, n = plan.keep.shape
+        lines = [f"convert({type(self.encoder).__name__}): B={b} samples, N={n} genes, "
+                 f"{len(self.graph_in)} edge type(s); per sample, mean over the batch",
+                 f"  {'module[edge type]':<34} {'class':<10} {'form':<8} {'changed rows':>13} "
+                 f"{'in-edges read':>14}"]
+        for path, cls, what in plan.order:
+            if isinstance(what, _ConvPlan):
+                form = "dense" if what.rows_out.dense else "delta"
+                rows, reads = what.rows_out.mask.sum().item() / b, f"{what.entries / b:.1f}"
+                name = _name(what)
+            else:
+                form, rows, reads, name = "per-node", what.mask.sum().item() / b, "", path
+            lines.append(f"  {name:<34} {cls:<10} {form:<8} {rows:>7.1f} / {n:<4}{reads:>14}")
+        full = next((_name(w) for _, _, w in plan.order if isinstance(w, _ConvPlan)
+                     and bool(w.rows_out.mask.all())), None)
+        lines.append(f"  every gene changes from: {full}" if full else
+                     "  no layer changes every gene")
+        return "\n".join(lines)
+
+    def _seen_nodes(self) -> int:
+        return max(self._edges) if self._edges else self.num_nodes
+
+    def floor(self, deleted: torch.Tensor) -> ConvertFloor:
+        """The fewest multiply-adds an exact sample of this batch needs, forward and backward,
+        per layer and edge type (:class:`~workbook_lib.results.floor.ConvertFloor`): per conv,
+        the changed rows' kept in-edges times the aggregated width (sparse) and the per-node
+        maps on the changed rows (dense); per-node modules on their changed rows; the
+        wildtype once per batch.
+
+        Raises:
+            ValueError: no call has run yet (the widths come from one).
+        """
+        if not self._widths:
+            raise ValueError("floor needs the layer widths: call fast(x, deleted) once first")
+        plan = self.plan(deleted, self._seen_nodes())
+        b = plan.batch_size
+        parts: dict[str, FloorPart] = {}
+        wt_sparse = wt_dense = wt_bytes = 0.0
+        all_from, after = None, 0.0
+        for path, cls, what in plan.order:
+            if isinstance(what, _ConvPlan):
+                m = self._conv_module(path, what.edges.key)
+                w = self._widths.get((what.path, what.edges.key), 0)
+                macs = _row_macs(m, what.kind)
+                rows = float(what.rows_in.count if what.kind is GCNConv else what.rows_out.count)
+                sp = _sparse(what.entries, w, what.rows_in.count, what.rows_out.count)
+                de = _dense(rows, 1, macs) if macs else (0.0, 0.0)
+                name = _name(what)
+                wsp = _sparse(int(what.edges.deg.sum()), w, what.edges.num_nodes,
+                              what.edges.num_nodes)
+                wde = _dense(what.edges.num_nodes, 1, macs) if macs else (0.0, 0.0)
+                wt_sparse, wt_dense = wt_sparse + wsp[0], wt_dense + wde[0]
+                wt_bytes += wsp[1] + wde[1]
+                if all_from is None and bool(what.rows_out.mask.all()):
+                    all_from = name
+            else:
+                m = self._named[path]
+                macs = _row_macs(m, None)
+                if not macs:
+                    continue
+                sp, de, name = (0.0, 0.0), _dense(float(what.count), 1, macs), path
+                wde = _dense(plan.num_nodes, 1, macs)
+                wt_dense, wt_bytes = wt_dense + wde[0], wt_bytes + wde[1]
+            while name in parts:  # a module called twice
+                name += "'"
+            parts[name] = FloorPart(float(sp[0]), float(de[0]), float(sp[1] + de[1]))
+            if all_from is not None:
+                after += sp[0] + de[0]
+        parts["wildtype, once per batch"] = FloorPart(wt_sparse, wt_dense, wt_bytes)
+        return ConvertFloor(batch_size=b, num_nodes=plan.num_nodes, parts=parts,
+                            all_changed_from=all_from, all_changed_macs=after / b)
+
+    def _conv_module(self, path: str, key) -> nn.Module:
+        if path in self._named:
+            return self._named[path]
+        base = path[:path.index("[")]
+        return self._named[base].convs[key]
+
+
+def _key(key) -> str:
+    """An edge type for tables: its relation (one node type), or the key itself."""
+    return key[1] if isinstance(key, tuple) and len(key) == 3 else str(key)
+
+
+def _name(cp: _ConvPlan) -> str:
+    """``path[relation]`` of a conv and edge type (the path alone for one edge_index)."""
+    if cp.edges.key is None or cp.path.endswith("]") or _key(cp.edges.key) in cp.path:
+        return cp.path
+    return f"{cp.path}[{_key(cp.edges.key)}]"
+
+
+def _ph_index(node: fx.Node) -> int:
+    """The position of a placeholder among the graph's placeholders."""
+    return [n for n in node.graph.nodes if n.op == "placeholder"].index(node)
+
+
+def _arg_rows(args, env):
+    """Every :class:`_Rows` among ``args`` (nested lists, tuples and dicts)."""
+    found = []
+    fx.node.map_arg(args, lambda a: found.append(env[a]) if isinstance(env.get(a), _Rows)
+                    else None)
+    return found
+
+
+def _attr(module: nn.Module, target: str):
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _call(node: fx.Node, args, kwargs):
+    if node.op == "call_method":
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+    return node.target(*args, **kwargs)
+
+
+def _to_rows(v: _Val, rows: _Rows, plan: _Plan, dev) -> _Val:
+    """``v`` with its values at ``rows`` (a superset of its own rows)."""
+    if v.rows is rows:
+        return v
+    idx = plan.dev(("to", id(v.rows), id(rows)), None, dev)
+    return _Val(v.wt, v.table().index_select(0, idx), rows)
+
+
+def _plan_to_rows(plan: _Plan, src: _Rows, dst: _Rows) -> None:
+    """The host index :func:`_to_rows` reads: ``src``'s table rows at ``dst``'s rows."""
+    if src is not dst:
+        plan.put(("to", id(src), id(dst)), src.lookup(dst.flat))
+
+
+def _plan_full(plan: _Plan, rows: _Rows) -> None:
+    """The host index :func:`_full` reads (none for dense rows)."""
+    if not rows.dense:
+        plan.put(("full", id(rows)), rows.lookup(torch.arange(plan.keep.numel())))
+
+
+def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
+    """``[B, N, H]``: every sample's rows of ``v``."""
+    b, n = plan.keep.shape
+    if v.rows.dense:
+        return v.values.view(b, n, -1)
+    idx = plan.dev(("full", id(v.rows)), None, dev)
+    return v.table().index_select(0, idx).view(b, n, -1)
+
+
+def _finish(kind: type, m: nn.Module, agg: torch.Tensor, x_self: torch.Tensor) -> torch.Tensor:
+    """A convolution's output rows from their aggregation and their own input rows."""
+    if kind is GINConv:
+        return m.nn(agg + (1 + m.eps) * x_self)
+    if kind is GraphConv:
+        return m.lin_rel(agg) + m.lin_root(x_self)
+    if kind is SAGEConv:
+        out = m.lin_l(agg)
+        if m.root_weight:
+            out = out + m.lin_r(x_self)
+        return F.normalize(out, p=2.0, dim=-1) if m.normalize else out
+    out = agg + x_self if m.normalize else agg  # GCN: the self-loop's term (normalized only)
+    return out + m.bias if m.bias is not None else out
+
+
+def _row_macs(m: nn.Module, kind: type | None) -> int:
+    """Multiply-adds per row of a module's linear maps (their weights' sizes)."""
+    lins = [s for s in m.modules() if isinstance(s, nn.Linear) or (
+        type(s).__name__ == "Linear" and hasattr(s, "weight"))]
+    return int(sum(s.weight.numel() for s in lins
+                   if not isinstance(s.weight, nn.parameter.UninitializedParameter)))
+
+
+def _edge_dict(graph) -> tuple[list | None, dict, int | None]:
+    """``(keys or None, {key: edge_index}, N or None)`` of an edge_index, a dict or a
+    HeteroData (one node type)."""
+    if isinstance(graph, torch.Tensor):
+        return None, {None: graph}, None
+    if isinstance(graph, dict):
+        if not graph:
+            raise ValueError("the graph dict has no edge type")
+        return list(graph), dict(graph), None
+    if hasattr(graph, "edge_types") and hasattr(graph, "node_types"):
+        types = list(graph.edge_types)
+        nodes = {s for s, _, d in types} | {d for s, _, d in types}
+        if len(nodes) != 1:
+            raise ValueError(f"the HeteroData must have edges between one node type only "
+                             f"(got {sorted(nodes)})")
+        node = nodes.pop()
+        return types, {t: graph[t].edge_index for t in types}, int(graph[node].num_nodes)
+    raise TypeError(f"'graph' must be an edge_index [2, E], a dict of them keyed by edge type, "
+                    f"or a HeteroData (got {type(graph).__name__})")
+
+
+def convert(encoder: nn.Module, graph, *, readout=None,
+            register: dict | None = None) -> ConvertedEncoder:
+    """The exact shared-graph form of ``encoder``: ``fast(x, deleted)`` is, per sample ``b``,
+    ``encoder(x_b, graph_b)`` where ``graph_b`` drops every edge touching a gene of
+    ``deleted[b]`` and ``x_b`` is ``x`` with those genes' rows zeroed (the encoder's output rows
+    for them are kept as it computes them; a readout leaves them out).
+
+    Args:
+        encoder: called as ``encoder(x, edge_index)`` or ``encoder(x, edge_index_dict)``;
+            returns ``[N, H]``. Its parameters stay its own (``fast.encoder is encoder``).
+        graph: an ``edge_index`` ``[2, E]``, a dict of them keyed by PyG edge type, or a
+            ``HeteroData`` with one node type.
+        readout: None (``[B, N, H]``), ``"mean"`` (over all N genes, deleted rows as zero),
+            ``"mean_kept"``, ``"sum_kept"`` (over each sample's kept genes) or a PyG
+            aggregation module (over kept genes): ``[B, H]``.
+        register: ``{UserConvClass: GINConv}``: a subclass that computes as a supported conv.
+
+    Raises:
+        ValueError: (:class:`ConvertError`) a module or operation that cannot be made exact,
+            in one line naming its path in the encoder.
+    """
+    return ConvertedEncoder(encoder, graph, readout=readout, register=register)

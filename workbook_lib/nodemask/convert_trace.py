@@ -1,0 +1,236 @@
+"""Following a user's encoder: its forward as a torch.fx graph, checked against what convert supports.
+
+PyG's convolutions, ``HeteroConv`` and the per-node modules are leaves of the trace (their own
+code is not followed: each has a hand-written per-row form in
+:mod:`workbook_lib.nodemask.convert`); the user's own modules and containers are traced through.
+Every refusal is a one-line :class:`ConvertError` naming where in the encoder, what, why and what
+to do, raised before any sample is computed. Hand-written because a refusal must name the module
+path and the line; no library turns an fx graph into that.
+"""
+from __future__ import annotations
+
+import operator
+import traceback
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, HeteroConv,
+                                MessagePassing, SAGEConv, TransformerConv)
+from torch_geometric.nn import MLP as PygMLP
+from torch_geometric.nn.dense.linear import Linear as PygLinear
+from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
+from torch_geometric.nn.norm import GraphNorm
+from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
+
+
+class ConvertError(ValueError):
+    """A module or operation that :func:`~workbook_lib.nodemask.convert.convert` cannot make
+    exact on a shared graph (a one-line message: where, what, why, what to do)."""
+
+
+CONVS = (GINConv, GraphConv, SAGEConv, GCNConv)
+ATTENTION = (GATConv, GATv2Conv, TransformerConv)
+ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.PReLU,
+               nn.Softplus, nn.Mish, nn.Identity, nn.SELU, nn.CELU, nn.Hardtanh)
+PER_NODE = (nn.Linear, PygLinear, nn.LayerNorm, nn.Dropout, nn.BatchNorm1d, PygBatchNorm,
+            PygLayerNorm, PygMLP, nn.Sequential) + ACTIVATIONS
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, PygMLP, PygBatchNorm)
+MODE_DEPENDENT = (nn.BatchNorm1d, nn.Dropout, PygMLP)  # per-node in eval mode only
+ROW_MIXING = (GraphNorm, nn.BatchNorm2d, nn.InstanceNorm1d, nn.GroupNorm)
+
+# element-wise (per row) functions and methods; the value is how many leading tensor args
+ELEMENTWISE_FUNCTIONS = {
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, torch.add,
+    torch.sub, torch.mul, torch.div, torch.relu, torch.sigmoid, torch.tanh, torch.exp,
+    torch.abs, F.relu, F.leaky_relu, F.elu, F.gelu, F.silu, F.sigmoid, F.tanh, F.softplus,
+    F.mish, F.selu, F.dropout, F.normalize, F.layer_norm, F.linear, torch.cat, torch.concat}
+ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "exp", "abs", "add", "sub", "mul", "div",
+                       "neg", "__add__", "__mul__", "__sub__", "__truediv__"}
+
+
+class _Tracer(fx.Tracer):
+    """Leaves: PyG message passing, HeteroConv, the per-node modules, the registered classes."""
+
+    def __init__(self, register: dict):
+        super().__init__()
+        self.register = register
+        self.record_stack_traces = True
+
+    def is_leaf_module(self, m: nn.Module, name: str) -> bool:
+        if isinstance(m, (MessagePassing, HeteroConv, GraphNorm) + PER_NODE + ROW_MIXING):
+            return not (type(m) is nn.Sequential)
+        if type(m) in self.register:
+            return True
+        return super().is_leaf_module(m, name)
+
+
+def user_line(stack: str | None) -> str:
+    """``file:line`` of the innermost frame of ``stack`` outside PyTorch and PyG, or ``?``."""
+    if not stack:
+        return "?"
+    frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
+    for fr in reversed(frames):
+        if "/torch/" not in fr and "/torch_geometric/" not in fr:
+            parts = fr.split('"')
+            rest = parts[2].split(",") if len(parts) > 2 else []
+            return f"{parts[1]}:{rest[1].strip().split()[-1]}" if len(rest) > 1 else fr
+    return "?"
+
+
+def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Graph:
+    """The encoder's forward as an fx graph: ``encoder(x, edge_index)`` when ``edge_keys`` is
+    None, else ``encoder(x, {key: edge_index})`` with one placeholder per key, in order.
+
+    Raises:
+        ConvertError: the forward cannot be followed (control flow on a tensor's value, a
+            call that reads data), naming the line.
+    """
+    import inspect
+    params = [p for p in inspect.signature(encoder.forward).parameters.values()]
+    if len(params) < 2:
+        raise ConvertError(f"{type(encoder).__name__}.forward takes {len(params)} argument(s); "
+                           "convert needs forward(x, edge_index) or forward(x, edge_index_dict)")
+    concrete = None if edge_keys is None else {params[1].name: {k: fx.PH for k in edge_keys}}
+    try:
+        return _Tracer(register).trace(encoder, concrete_args=concrete)
+    except ConvertError:
+        raise
+    except Exception as e:  # fx's TraceError, or a Proxy used as a value
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if "/torch/" not in f.filename and "/torch_geometric/" not in f.filename
+                  and "convert_trace" not in f.filename]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConvertError(f"the forward of {type(encoder).__name__} cannot be followed at "
+                           f"{where} ({msg}): write it without control flow on tensor values "
+                           "(fx-traceable), or use the masked-copies model") from None
+
+
+def conv_kind(m: nn.Module, path: str, register: dict) -> type:
+    """The supported convolution class ``m`` computes as (its class, or the registered one).
+
+    Raises:
+        ConvertError: an attention convolution, another or unregistered message passing, a
+            cached GCN, an unsupported aggregation, edge features or a projecting SAGE.
+    """
+    cls = type(m)
+    kind = register.get(cls, cls if cls in CONVS else None)
+    if kind is None:
+        if isinstance(m, ATTENTION):
+            raise ConvertError(f"{path} ({cls.__name__}): attention normalizes over each row's "
+                               "in-edges with a softmax, which convert does not recompute; use "
+                               "GINConv, GraphConv, SAGEConv or GCNConv, or the masked copies")
+        sup = next((c for c in CONVS if isinstance(m, c)), None)
+        if sup is not None:
+            raise ConvertError(f"{path} ({cls.__name__}): a subclass of {sup.__name__} whose "
+                               "forward may differ; if it computes the same, pass "
+                               f"register={{{cls.__name__}: {sup.__name__}}}")
+        raise ConvertError(f"{path} ({cls.__name__}): not a supported convolution; use GINConv, "
+                           "GraphConv, SAGEConv or GCNConv, or register an equivalent subclass")
+    aggr = getattr(m, "aggr", None)
+    if kind is GCNConv:
+        if m.cached:
+            raise ConvertError(f"{path} (GCNConv): cached=True keeps one graph's normalization, "
+                               "but every sample's degrees differ; build it with cached=False")
+    elif aggr not in ("add", "sum", "mean"):
+        raise ConvertError(f"{path} ({cls.__name__}): aggregation {aggr!r} is not a sum or "
+                           "mean (max, min, LSTM and softmax are refused); use aggr='sum' or "
+                           "'mean'")
+    if kind is SAGEConv and m.project:
+        raise ConvertError(f"{path} (SAGEConv): project=True is not supported; build it with "
+                           "project=False")
+    if kind is GINConv:
+        per_node_problem(m.nn, f"{path}.nn", at_convert=True)
+    return kind
+
+
+def per_node_problem(m: nn.Module, path: str, *, at_convert: bool) -> None:
+    """Refuse ``m`` unless it acts on each row alone (in its current mode when not
+    ``at_convert``: train-mode BatchNorm and dropout are refused at the call).
+
+    Raises:
+        ConvertError: a module that mixes rows, or one convert cannot see inside.
+    """
+    for name, sub in m.named_modules(prefix=path):
+        if isinstance(sub, (GraphNorm,) + ROW_MIXING) or (
+                isinstance(sub, PygLayerNorm) and sub.mode != "node"):
+            raise ConvertError(f"{name} ({type(sub).__name__}): normalizes over many rows, so "
+                               "one sample's output would depend on its other genes and batch "
+                               "mates; use nn.LayerNorm or PyG LayerNorm(mode='node')")
+        if isinstance(sub, (nn.BatchNorm1d,)) and sub.training and not at_convert:
+            raise ConvertError(f"{name} (BatchNorm1d): in train mode it normalizes with the "
+                               "batch's statistics, so one sample's output depends on its batch "
+                               "mates; call encoder.eval(), or use nn.LayerNorm")
+        if not at_convert and sub.training and (
+                (isinstance(sub, nn.Dropout) and sub.p > 0)
+                or (isinstance(sub, PygMLP) and any(p > 0 for p in sub.dropout))):
+            raise ConvertError(f"{name} ({type(sub).__name__}): dropout p>0 in train mode draws "
+                               "a different mask per copy; set p=0 or call encoder.eval()")
+        if list(sub.children()):
+            if not isinstance(sub, CONTAINERS):
+                raise ConvertError(f"{name} ({type(sub).__name__}): convert cannot see that this "
+                                   "module acts on each row alone; build it from nn.Sequential "
+                                   "or PyG MLP of Linear, activations and norms")
+        elif not isinstance(sub, PER_NODE):
+            raise ConvertError(f"{name} ({type(sub).__name__}): not a per-node module convert "
+                               "knows (Linear, activations, LayerNorm, eval BatchNorm, Dropout)")
+
+
+def check_hetero(m: HeteroConv, path: str, register: dict) -> dict:
+    """``{edge type: supported conv class}`` of a ``HeteroConv``.
+
+    Raises:
+        ConvertError: an aggregation other than sum, mean or cat, or an unsupported conv.
+    """
+    if m.aggr not in ("sum", "mean", "cat"):
+        raise ConvertError(f"{path} (HeteroConv): aggr={m.aggr!r} is not sum, mean or cat; "
+                           "build it with one of those")
+    return {et: conv_kind(c, f"{path}[{', '.join(et)}]", register)
+            for et, c in m.convs.items()}
+
+
+def node_where(node: fx.Node) -> str:
+    """The user's line of an fx node (for messages)."""
+    return user_line(node.meta.get("stack_trace") or getattr(node, "stack_trace", None))
+
+
+def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
+    """Refuse at convert every node convert cannot make exact (see :func:`conv_kind`,
+    :func:`per_node_problem`), naming its module path or line.
+
+    Raises:
+        ConvertError: the first such node.
+    """
+    modules = dict(encoder.named_modules())
+    nodes = sorted(graph.nodes, key=lambda nd: nd.op != "call_module")  # modules first
+    for node in nodes:
+        if node.op == "call_module":
+            m, path = modules[node.target], node.target
+            if isinstance(m, HeteroConv):
+                check_hetero(m, path, register)
+                if len(node.args) + len(node.kwargs) > 2:
+                    raise ConvertError(f"{path} (HeteroConv) is called with edge features at "
+                                       f"{node_where(node)}; convert supports "
+                                       "conv(x_dict, edge_index_dict) only")
+            elif isinstance(m, MessagePassing) or type(m) in register:
+                conv_kind(m, path, register)
+                if len(node.args) + len(node.kwargs) > 2:
+                    raise ConvertError(f"{path} ({type(m).__name__}) is called with edge "
+                                       "features or weights at " + node_where(node) + "; convert "
+                                       "supports conv(x, edge_index) only")
+            else:
+                per_node_problem(m, path, at_convert=True)
+        elif node.op == "call_function":
+            if node.target is operator.getitem and isinstance(node.args[1], str):
+                continue  # a HeteroConv output's node type
+            if node.target not in ELEMENTWISE_FUNCTIONS:
+                raise ConvertError(f"{getattr(node.target, '__name__', node.target)} at "
+                                   f"{node_where(node)} is not a per-row operation convert "
+                                   "knows (element-wise ops, activations, cat on features); "
+                                   "move it out of the encoder")
+        elif node.op == "call_method" and node.target not in ELEMENTWISE_METHODS:
+            raise ConvertError(f".{node.target}() at {node_where(node)} is not a per-row "
+                               "operation convert knows (element-wise ops, activations); move "
+                               "it out of the encoder")
