@@ -183,8 +183,10 @@ def test_the_verdict_calls_a_pipeline_exact_only_when_declared_or_proven(tmp_pat
     a.write_text("x = 1\n")
     b.write_text("y = 2\n")
     lo = SimpleNamespace(strategies=["slow", "fast"], exact={"slow": True, "fast": None})
-    params = {"pipelines": [f"{a}:make", f"{b}:make"], "cache_dir": str(tmp_path / "c"),
-              "verdict_check_equal": False}
+    from workbook_lib.configs.validation import validate
+
+    params = validate({"pipelines": [f"{a}:make", f"{b}:make"], "cache_dir": str(tmp_path / "c"),
+                       "verdict_check_equal": False})
     words, proven = V.exactness(lo, params, ["slow", "fast"])
     assert words == {"slow": "declared exact", "fast": "exactness not stated"} and not proven
     proofs.save(params["cache_dir"], f"{a}:make", f"{b}:make", True, "same")

@@ -151,3 +151,27 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_a_probe_starts_from_a_run_whose_temp_folder_is_deep(targets, tmp_path):
+    """A run sends its temporary files into its own folder (TMPDIR); the fork server's socket,
+    made in the temp folder, must still fit AF_UNIX's 107 bytes."""
+    deep = tmp_path / ("run-folder-" + "x" * 60) / "tmp" / ("03-" + "1" * 40)
+    deep.mkdir(parents=True)
+    script = tmp_path / "deep.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, tempfile
+        sys.path.insert(0, {str(tmp_path)!r})
+        import pf_targets
+        from workbook_lib.measurement import memory
+
+        if __name__ == "__main__":
+            assert len(tempfile.gettempdir()) > 110
+            point = dict(strategy="s", form="-", batch_size=1, scale=1.0, hidden=1, layers=1)
+            got = memory.measure_in_fresh_process(pf_targets.report,
+                                                  {{"out": {str(tmp_path / "d.json")!r}}}, point)
+            assert got.status == memory.STATUS_OK, got
+            assert tempfile.gettempdir() == {str(deep)!r}  # the run's own, after the start
+    """))
+    subprocess.run([sys.executable, str(script)], timeout=120, check=True,
+                   env={**os.environ, "TMPDIR": str(deep)})

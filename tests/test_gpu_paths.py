@@ -127,15 +127,16 @@ def test_environment_keeps_the_device_of_the_jobs_that_used_one(tmp_path, monkey
 
 def test_cpu_only_notebooks_do_not_need_the_gpu_named_in_params():
 
+    from workbook_lib.configs.validation import validate
     from workbook_lib.running import environment
 
     if torch.cuda.is_available():
         pytest.skip("checks a node without a GPU")
-    rec = environment.collect({"device": "cuda"}, uses_device=False)
+    rec = environment.collect(validate({"device": "cuda"}), uses_device=False)
     assert rec["device"] == "cpu" and rec["uses_device"] is False
     from workbook_lib.exceptions import ParamsError
     with pytest.raises(ParamsError, match="no CUDA device"):
-        environment.collect({"device": "cuda"}, uses_device=True)
+        environment.collect(validate({"device": "cuda"}), uses_device=True)
 
 
 def test_a_cpu_only_notebook_runs_on_a_node_without_the_gpu(tmp_path):

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from workbook_lib.common.files import atomic_write_text, current_umask
+from workbook_lib.configs.validation import validate
 from workbook_lib.running.results import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ def test_atomic_writes_get_the_umasks_mode(tmp_path, umask, mask, mode):
     umask(mask)
     assert current_umask() == mask
     atomic_write_text(tmp_path / "index.html", "<html></html>")
-    write_results(tmp_path, "01_graph_inventory", {"x": 1}, defaults(), headline="h")
+    write_results(tmp_path, "01_graph_inventory", {"x": 1}, validate(defaults()), headline="h")
     cache = tmp_path / "cache"
     load_synthetic("string12", 0, 0.0005, cache)
     files = [tmp_path / "index.html", tmp_path / "01_graph_inventory.json",
@@ -190,9 +191,10 @@ def test_run_level_environment_says_what_each_notebook_was_asked_to_apply():
     from workbook_lib.running import environment
     from workbook_lib.configs.schema import defaults
 
-    rec = environment.collect(defaults(), run_level=True)["cpu_allocator_cache"]
+    rec = environment.collect(validate(defaults()), run_level=True)["cpu_allocator_cache"]
     assert rec["requested"] is True and "each notebook's kernel" in rec["detail"]
-    off = environment.collect({**defaults(), "cpu_allocator_cache": False}, run_level=True)
+    off = environment.collect(validate({**defaults(), "cpu_allocator_cache": False}),
+                              run_level=True)
     assert off["cpu_allocator_cache"]["requested"] is False
 
 
