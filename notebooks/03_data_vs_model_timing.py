@@ -118,6 +118,16 @@ view.stage_plot(loops)
 display(view.growth_table(loops))
 
 # %% [markdown]
+# ## Your encoder, converted
+# A pipeline that offers its encoder (`shared_encoder(batch)`: the encoder, its input, the gene
+# graph and the batch's deleted genes) has it timed on B masked copies against its exact
+# conversion to one shared graph (`workbook_lib.nodemask.convert`), with the conversion's floor
+# and the layer from which every gene changes; or the one line that says why it does not convert.
+
+# %%
+display(view.encoder_table(loops))
+
+# %% [markdown]
 # ## What bounds each step
 # Data-bound, model-bound (or transfer-, preparation-, overhead-bound) by the stage group with the
 # largest share of the full step, and sync-bound on a GPU when its device prep, forward and

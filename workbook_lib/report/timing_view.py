@@ -175,6 +175,44 @@ def growth_table(study: LoopStudy):
     return table(rows, caption=cap)
 
 
+def encoder_table(study: LoopStudy):
+    """Each pipeline's encoder (``shared_encoder``) on B masked copies against its conversion,
+    and the conversion's form and changed rows per layer."""
+    if not study.encoders:
+        return Markdown("No pipeline offers its encoder (the protocol's optional "
+                        "`shared_encoder(batch)`), so no conversion was timed.")
+    rows, explains = [], []
+    for n, f in study.encoders.items():
+        if f.blocked:
+            rows.append({"pipeline": label(n), "batch": f.batch_size,
+                         "does not convert": f.blocked})
+            continue
+        rows.append({"pipeline": label(n), "batch": f.batch_size,
+                     "masked copies, per batch": fmt_time_stat(f.masked_copies),
+                     "converted, per batch": fmt_time_stat(f.converted),
+                     "copies / converted (same rounds)": fmt_stat(f.ratio, unit="x"),
+                     "outputs agree to (max rel. error)": f"{f.max_rel_error:.1e}",
+                     "floor, M multiply-adds per sample":
+                         f"{(f.floor_sparse_macs + f.floor_dense_macs) / 1e6:.3g}",
+                     "every gene changes from": f.all_changed_from or "no layer"})
+        explains.append(f"{label(n)}:\n{f.explain}")
+    cap = ("Forward and backward of the encoder alone, on the pipeline's own batches: on B "
+           "copies of the graph with each sample's deleted genes' edges dropped and input rows "
+           "zeroed, and converted (workbook_lib.nodemask.convert: the wildtype once, per sample "
+           "only the rows a deletion changes); interleaved in rounds, the batch changing each "
+           "round. The floor: the fewest multiply-adds an exact sample needs, forward and "
+           "backward (the conversion's own count).")
+    import html
+
+    from IPython.display import HTML
+
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    rows = [{k: r.get(k, "") for k in keys} for r in rows]
+
+    pre = "".join(f"<pre>{html.escape(e)}</pre>" for e in explains)
+    return HTML(table(rows, caption=cap).to_html() + pre)
+
+
 def bound_table(bounds: dict):
     """What bounds each pipeline's step: the groups' shares and the rule."""
     from ..results.timing import STAGES

@@ -187,6 +187,27 @@ LOOP_RULE = (f"a loop over the samples: at least {LOOP_OPS:g} more operator call
 
 
 @dataclass
+class EncoderFigures(Record):
+    """A pipeline's encoder (its ``shared_encoder``) on B masked copies against its conversion
+    (:func:`workbook_lib.nodemask.convert`), forward + backward on the same batches,
+    interleaved; and the conversion's floor. ``blocked``: why the encoder does not convert
+    (the conversion's one line), with no figures."""
+
+    batch_size: int = 0
+    masked_copies: Stat | None = None  # seconds per batch: the encoder on B masked copies
+    converted: Stat | None = None  # seconds per batch: the converted encoder
+    ratio: Stat | None = None  # masked copies / converted, paired by round
+    max_rel_error: float | None = None  # converted against masked copies, outputs
+    floor_sparse_macs: float = 0.0  # per sample, forward + backward
+    floor_dense_macs: float = 0.0
+    all_changed_from: str | None = None  # the first layer at which every gene has changed
+    all_changed_macs: float = 0.0  # per sample, from that layer on
+    explain: str = ""  # the conversion's explain(): form and changed rows per layer and type
+    num_genes: int = 0
+    blocked: str = ""
+
+
+@dataclass
 class LoopStudy(Record):
     """Every (strategy, mode) arm of the loop."""
 
@@ -210,6 +231,8 @@ class LoopStudy(Record):
     growth: dict[str, dict[str, Growth]] = field(default_factory=dict)
     # pipeline -> why its growth was not measured ("" or absent when it was)
     growth_note: dict[str, str] = field(default_factory=dict)
+    # pipeline -> its encoder against its conversion (pipelines with ``shared_encoder`` only)
+    encoders: dict[str, EncoderFigures] = field(default_factory=dict)
 
     def arm(self, strategy: str, mode: str = "full") -> ArmResult:
         return self.arms[arm_key(strategy, mode)]

@@ -24,6 +24,7 @@ from ...training import loop
 from ...pipelines.builtin import batch_size_for
 from ...results.timing import (arm_key, ArmResult, HALF, LoopStudy, PIPELINED, ReportedFigure, SanityFlag,
                                StepBound, StoredReads, SyncPoint, SyncStudy)
+from .encoder import encoders_of
 from .growth import growth, second_batch
 from .own_code import OwnCode
 from .stages import step_bound
@@ -108,6 +109,10 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                 note(f"03: {f.line()}")
         shared = shared_pass_times({n: made[n] for n in measured_names(names, made, failures)},
                                    params, device, failures)
+        encoders = encoders_of({n: made[n] for n in measured_names(names, made, failures)},
+                               device=device, warmup=params.warmup,
+                               min_rounds=params.min_repeats, target=params.precision_target,
+                               max_time_s=params.time_budget_s, failures=failures)
     finally:
         shutil.rmtree(store, ignore_errors=True)
     measured = measured_names(names, made, failures)
@@ -130,7 +135,7 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                   "threads": torch.get_num_threads(), "threads_why": threads.why},
         arms=res, exact={n: getattr(made[n], "exact", None) for n in made},
         labels={n: made[n].label for n in made}, shared_pass=shared, failures=failures,
-        growth_note=growth_note)
+        growth_note=growth_note, encoders=encoders)
     study.growth = {n: g for n in measured if n in pair and (g := growth(study, n))}
     return study
 

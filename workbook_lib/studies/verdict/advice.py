@@ -6,6 +6,7 @@ batch, a backward that mirrors the forward, a loss); where none applies, no chan
 """
 from __future__ import annotations
 
+from ...results.timing import EncoderFigures
 from ...results.verdict import Cause
 
 NODEMASK = ("one pass over one shared graph for the whole batch instead of a graph copy or a "
@@ -80,13 +81,34 @@ def _custom_backward(c: Cause) -> bool:
     return s is not None and s.function.split(".")[-1] == "backward"
 
 
-def advise(rows: list[Cause], device_type: str) -> None:
+def encoder_words(fig: EncoderFigures) -> str:
+    """What converting the slow pipeline's encoder measured: "your encoder converts: X -> Y ms
+    per batch ..." or "your encoder does not convert: <why>"."""
+    if fig.blocked:
+        return f"your encoder does not convert: {fig.blocked}"
+    text = (f"your encoder converts: {fig.masked_copies.median * 1e3:.3g} -> "
+            f"{fig.converted.median * 1e3:.3g} ms per batch of {fig.batch_size}, forward and "
+            f"backward ({fig.ratio.median:.3g}x, same rounds; workbook_lib.nodemask.convert), "
+            f"floor {(fig.floor_sparse_macs + fig.floor_dense_macs) / 1e6:.3g} M multiply-adds "
+            "per sample")
+    if fig.all_changed_from:
+        text += (f"; every gene changes from {fig.all_changed_from} "
+                 f"({fig.all_changed_macs / 1e6:.3g} M multiply-adds per sample from there)")
+    else:
+        text += "; no layer changes every gene"
+    return text
+
+
+def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None = None) -> None:
     """Sets every row's ``advice`` (what to change, or "") and ``finding`` (what was measured,
-    in one sentence)."""
+    in one sentence). ``encoder``: the slow pipeline's encoder against its conversion (03),
+    said where the forward's advice is one shared pass."""
     by = {c.stage: c for c in rows}
     for c in sorted(rows, key=lambda c: c.stage == "backward"):  # the forward's advice first
         c.finding = _finding(c)
         c.advice = _advice(c, by, device_type)
+        if encoder is not None and c.stage == "forward" and NODEMASK in c.advice:
+            c.advice += "; " + encoder_words(encoder)
 
 
 def _finding(c: Cause) -> str:

@@ -1,0 +1,127 @@
+"""03's encoder figures: a pipeline's ``shared_encoder`` on B masked copies against its
+conversion (exact on the timed batches, both timed interleaved, the floor counted), a refusal
+kept as one line, a pipeline without an encoder left out; and 05's forward advice carrying them."""
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch_geometric.nn import GATConv
+
+from workbook_lib.configs.loading import read_params_file
+from workbook_lib.configs.validation import validate
+from workbook_lib.pipelines import build_pipeline
+from workbook_lib.results.timing import EncoderFigures, Growth, LoopStudy
+from workbook_lib.results.stat import Stat
+from workbook_lib.studies.timing.encoder import encoder_figures, encoders_of, masked_copies
+
+from conftest import make_graph
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = [f"examples/{n}.py:make_pipeline" for n in ("torchcell_pyg", "dango_pyg")]
+FAST = dict(warmup=0, min_rounds=3, target=0.9, max_time_s=0.5)
+
+
+def _params(**kw):
+    _src, base = read_params_file(ROOT / "params" / "ci.yaml")
+    base.update(pipelines=SPECS, hidden=8, layers=2, perturbation_k=2, batch_size_lazy=4, **kw)
+    return validate(base)
+
+
+def test_masked_copies_drop_the_deleted_genes_edges_and_rows():
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    x = torch.ones(4, 2)
+    xs, g, keep = masked_copies(x, ei, torch.tensor([[1, -1], [-1, -1]]))
+    assert xs.shape == (8, 2) and xs[1].abs().sum() == 0 and xs[5].abs().sum() == 2
+    assert g.tolist() == [[2, 3, 4, 5, 6, 7], [3, 0, 5, 6, 7, 4]]  # sample 0 keeps 2->3, 3->0
+    assert keep.tolist() == [[True, False, True, True], [True] * 4]
+
+
+def test_a_torchcell_shaped_encoder_is_timed_against_its_conversion():
+    g = make_graph(num_genes=40, types={"a": 120, "b": 60}, seed=3)
+    pipe = build_pipeline(_params(), "torchcell_pyg", g, "cpu")
+    fig = encoder_figures(pipe, device=torch.device("cpu"), **FAST)
+    assert not fig.blocked and fig.batch_size == 4 and fig.num_genes == 40
+    assert fig.max_rel_error < 1e-5  # the conversion computes what the copies do
+    assert fig.masked_copies.n >= 3 and fig.converted.n >= 3 and fig.ratio.median > 0
+    assert fig.floor_sparse_macs > 0 and fig.floor_dense_macs > 0
+    assert "GINConv" in fig.explain and "changed rows" in fig.explain
+    back = EncoderFigures.from_json(fig.to_json())
+    assert back.converted.median == fig.converted.median and back.explain == fig.explain
+
+
+class _GatEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = GATConv(8, 8)
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index)
+
+
+class _GatPipeline:
+    batch_size = 2
+
+    def __init__(self):
+        self.encoder, self.x = _GatEncoder(), torch.randn(6, 8)
+        self.edges = torch.tensor([[0, 1, 2], [1, 2, 3]])
+
+    def dataset(self):
+        return [torch.tensor([i % 6, -1]) for i in range(4)]
+
+    def collate(self, items):
+        return torch.stack(items)
+
+    def to_device(self, batch, non_blocking=False):
+        return batch
+
+    def shared_encoder(self, batch):
+        return self.encoder, self.x, self.edges, batch
+
+
+def test_an_encoder_that_does_not_convert_is_one_line_and_no_figures():
+    fig = encoder_figures(_GatPipeline(), device=torch.device("cpu"), **FAST)
+    assert fig.blocked and "\n" not in fig.blocked and "conv" in fig.blocked
+    assert "GATConv" in fig.blocked and fig.converted is None
+
+
+def test_pipelines_without_an_encoder_or_whose_encoder_raises():
+    class NoEncoder(_GatPipeline):
+        def shared_encoder(self, batch):
+            return None
+
+    class Raises(_GatPipeline):
+        def shared_encoder(self, batch):
+            raise RuntimeError("no encoder today")
+
+    failures = {}
+    got = encoders_of({"none": NoEncoder(), "raises": Raises()}, device=torch.device("cpu"),
+                      failures=failures, **FAST)
+    assert got == {} and list(failures) == ["raises"] and failures["raises"].figures_kept
+    assert "no encoder today" in failures["raises"].line()
+
+
+def _cause(encoder: EncoderFigures | None):
+    from workbook_lib.results.verdict import Cause
+    from workbook_lib.studies.verdict.advice import advise
+
+    st = Stat.from_samples([0.002] * 5)
+    grow = Growth(stage="forward", batch_sizes=(8, 4), per_sample=st,
+                  at_batch=Stat.from_samples([0.02] * 5), share=0.8, grows=True)
+    c = Cause("forward", "12 ms per step against 1 ms", 1.0, 0.1, 0.9, 0.9, "measured",
+              stage="forward", growth=grow)
+    advise([c], "cpu", encoder=encoder)
+    return c.advice
+
+
+def test_the_forward_advice_carries_the_conversion_figures_or_its_refusal():
+    st = Stat.from_samples([0.040, 0.041, 0.039]), Stat.from_samples([0.010, 0.011, 0.009])
+    fig = EncoderFigures(batch_size=4, masked_copies=st[0], converted=st[1],
+                         ratio=Stat.from_samples([4.0, 3.9, 4.1]), floor_sparse_macs=2e6,
+                         floor_dense_macs=3e7, all_changed_from="convs.1[a]", num_genes=40)
+    words = _cause(fig)
+    assert "one pass over one shared graph" in words
+    assert "your encoder converts: 40 -> 10 ms per batch of 4" in words
+    assert "every gene changes from convs.1[a]" in words
+    blocked = _cause(EncoderFigures(batch_size=4, blocked="conv (GATConv): attention"))
+    assert "your encoder does not convert: conv (GATConv): attention" in blocked
+    assert "converts:" not in _cause(None) and "does not convert" not in _cause(None)
