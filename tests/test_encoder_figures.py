@@ -125,3 +125,26 @@ def test_the_forward_advice_carries_the_conversion_figures_or_its_refusal():
     blocked = _cause(EncoderFigures(batch_size=4, blocked="conv (GATConv): attention"))
     assert "your encoder does not convert: conv (GATConv): attention" in blocked
     assert "converts:" not in _cause(None) and "does not convert" not in _cause(None)
+
+
+def test_06_trains_the_torchcell_example_beside_its_converted_twin():
+    """Example 4 (B masked copies) and example 5 (converted) from one seed: the check before
+    training (what `equal` runs) says equal, and the loss curves agree within float32
+    rounding."""
+    from workbook_lib.studies.adoption import adopt, check_pair
+
+    g = make_graph(num_genes=30, types={"a": 90, "b": 40}, seed=5)
+    specs = [f"examples/{n}.py:make_pipeline" for n in ("torchcell_pyg", "torchcell_converted")]
+    _src, base = read_params_file(ROOT / "params" / "ci.yaml")
+    base.update(pipelines=specs, strategies=[], hidden=8, layers=2, perturbation_k=2,
+                batch_size_lazy=4, adopt_steps=6, warmup=1)
+    p = validate(base)
+    pair = check_pair(p, g, torch.device("cpu"))
+    assert pair.applicable, pair.reason
+    assert pair.equality.equal
+    res = adopt(p, pair, torch.device("cpu"), "cpu", graph=g)
+    assert res.applicable and len(res.losses) == 2
+    curves = list(res.losses.values())
+    assert len(curves[0]) == len(curves[1]) >= 6
+    assert res.max_rel_diff <= res.tolerance, (res.max_rel_diff, res.tolerance)
+    assert res.speedup is not None and res.speedup.n >= 1

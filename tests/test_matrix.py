@@ -104,6 +104,10 @@ def generate() -> list[Case]:
                            "examples/dango_pyg.py:make_pipeline"],
              expect={"first": "forward", "advice": "one shared graph",
                      "site": "MaskedGIN.forward"}),
+        # a TorchCell-shaped model that offers its encoder: 05 says what converting it measured
+        Case("torchcell_converts", ["examples/torchcell_pyg.py:make_pipeline",
+                                    "examples/dango_pyg.py:make_pipeline"],
+             expect={"first": "forward", "advice": "your encoder converts: "}),
         # the answer names the code: planted causes a user wrote (tests/planted)
         Case("loss_loop", [PLANTED + "slow_loss_loop.py:make_pipeline", FAST],
              expect={"first": "loss", "advice": "a Python loop over the samples in the loss",
