@@ -261,6 +261,10 @@ class ConvertedEncoder(nn.Module):
         self._plan_cache = (key, plan)
         return plan
 
+    def clear_plan(self) -> None:
+        """Forget the cached plan of the last batch (the next call plans afresh)."""
+        self._plan_cache = None
+
     def _plan_node(self, node: fx.Node, plan: _Plan, edges: dict):
         env = plan.rows
         if node.op == "placeholder":
@@ -315,6 +319,9 @@ class ConvertedEncoder(nn.Module):
     def _plan_conv(self, path: str, m: nn.Module, e: _Edges, rows_in: _Rows,
                    plan: _Plan) -> _Rows:
         kind = conv_kind(m, path, self.register)
+        if (path, e.key) in plan.convs:
+            raise ConvertError(f"{_name(plan.convs[(path, e.key)])} is called twice on one edge "
+                               "type; give each call its own conv module")
         keep, (b, n) = plan.keep, plan.keep.shape
         cnt = (e.deg.unsqueeze(0) - e.lost(keep)) * keep  # [B, N] kept in-degree per sample
         mask = rows_in.mask.clone().view(-1)
