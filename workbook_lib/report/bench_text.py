@@ -10,14 +10,16 @@ from ..results.bench import BenchResult
 def cpu_lines(r: BenchResult) -> list[str]:
     """What the process got of the CPUs while each variant was timed, and whether any was
     contended (the ratios built on a contended variant are)."""
+    steps = dict(r.steps) | ({f"convert: {k}": st for k, st in r.convert.steps.items()}
+                             if r.convert is not None else {})
     out = text_table([[f"CPU while timing {k}", st.cpu.describe()]
-                      for k, st in r.steps.items() if st.cpu is not None])
-    bad = [k for k, st in r.steps.items() if st.contended]
+                      for k, st in steps.items() if st.cpu is not None])
+    bad = [k for k, st in steps.items() if st.contended]
     if bad:
         out.append(f"CONTENDED: {', '.join(bad)}: the process got less than 80% of the CPU its "
                    "compute threads asked for; these figures and the ratios built on them are "
                    "not reliable")
-        out.extend(f"  {k}: {r.steps[k].cpu.explain()}" for k in bad)
+        out.extend(f"  {k}: {steps[k].cpu.explain()}" for k in bad)
     return out
 
 
@@ -64,8 +66,9 @@ def convert_rows(r: BenchResult) -> list[list]:
           "few_reach_masked": ratio(c.few_reach_masked_vs_converted, "the converted")}
     rows = [["form", "B", "ms/sample", "[IQR]", "n", "ratio"]]
     for k, v in c.forms.items():
-        rows.append([v.label, v.batch_size, f"{v.median * 1e3:.3g}", f"[{v.iqr * 1e3:.2g}]",
-                     v.n, vs.get(k, "")])
+        hot = " CONTENDED" if k in c.steps and c.steps[k].contended else ""
+        rows.append([v.label, v.batch_size, f"{v.median * 1e3:.3g}{hot}",
+                     f"[{v.iqr * 1e3:.2g}]", v.n, vs.get(k, "")])
     if c.floor_seconds is not None:
         rows.append(["TorchCell-shaped, its floor (computed)", c.floor.batch_size,
                      f"{c.floor_seconds * 1e3:.3g}", "", "", f"at {c.floor_rates}"])
