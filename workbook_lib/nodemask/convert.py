@@ -136,9 +136,13 @@ class _Val:
     wt: torch.Tensor
     values: torch.Tensor
     rows: _Rows
+    _table: torch.Tensor | None = None
 
     def table(self) -> torch.Tensor:
-        return torch.cat([self.wt, self.values])
+        """``cat([wt, values])``, made once (every edge type of a layer reads it)."""
+        if self._table is None:
+            self._table = torch.cat([self.wt, self.values])
+        return self._table
 
 
 @dataclass
