@@ -11,6 +11,7 @@ import torch
 from workbook_lib.results.bench import BenchResult
 from workbook_lib.strategies import build_ctx, make_strategy
 from workbook_lib.strategies.model import PerturbGIN
+from workbook_lib.studies.mask_cost.bench import replicated_plan
 from workbook_lib.studies.mask_cost.convert_bench import (convert_section, exact_errors,
                                                           masked_step)
 
@@ -59,7 +60,8 @@ def bench(graph):
     conv = convert_section(p, graph, torch.device("cpu"), pert=PERT, own_model=model,
                            own_step=own_step, machine={"sparse_gmacs": 1.0, "dense_gmacs": 2.0,
                                                        "sparse_source": "s",
-                                                       "dense_source": "d"}, budget=1e9)
+                                                       "dense_source": "d"},
+                           masked_plan=replicated_plan(4, 1e6, 1e9, 2))
     b = BenchResult("cpu", {"edges": 140, "hidden": 8, "layers": 3, "k": 3}, False, {}, {},
                     None, None, None, 0.0, convert=conv)
     return BenchResult.from_json(json.loads(json.dumps(b.to_json())))

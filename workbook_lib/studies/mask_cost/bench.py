@@ -317,11 +317,16 @@ def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> 
     err = exact_error(p, graph, hidden, layers)
     conv = None
     if "shared" in fns:
-        from .convert_bench import convert_section
+        from .convert_bench import convert_section, masked_copies_bytes
 
         note("bench: the convert section (TorchCell-shaped encoder; the workbook's model)")
+        per = masked_copies_bytes(graph.num_edges(), max(graph.num_edges(t) for t in
+                                                         graph.edge_types),
+                                  graph.num_genes, len(graph.edge_types), hidden, layers)
         conv = convert_section(p, graph, dev, pert=pert, own_model=runs["shared"].model,
-                               own_step=fns["shared"], machine=machine, budget=budget)
+                               own_step=fns["shared"], machine=machine,
+                               masked_plan=replicated_plan(bs, per, budget,
+                                                           p.bench_replicated_max_batch))
     return BenchResult(
         device=device_label(dev),
         sizes={"num_genes": graph.num_genes, "edges": graph.num_edges(),

@@ -13,8 +13,7 @@ from torch_geometric.nn.aggr import AttentionalAggregation
 from ...data.snapshots import CellGraph, induced_subgraph
 from ...measurement.timing import interleave
 from ...nodemask import convert
-from ...results.bench import ConvertBench, PerSample
-from .bench import replicated_plan
+from ...results.bench import ConvertBench, PerSample, ReplicatedPlan
 
 
 class TorchCellEncoder(nn.Module):
@@ -193,9 +192,11 @@ def exact_errors(graph: CellGraph, pert: torch.Tensor, *, hidden: int, layers: i
 
 
 def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.Tensor,
-                    own_model: nn.Module, own_step, machine: dict, budget: float) -> ConvertBench:
+                    own_model: nn.Module, own_step, machine: dict,
+                    masked_plan: ReplicatedPlan) -> ConvertBench:
     """Time, interleaved, forward + backward per exact sample: the TorchCell-shaped model on
-    masked copies (at the largest batch that fits ``budget``, at most the converted batch) and
+    masked copies (``masked_plan``'s largest batch: the largest that fits, at most the converted
+    batch; :func:`masked_copies_bytes` estimates a copy) and
     converted (``pert``'s batch), the workbook's model converted and ``own_step`` (its
     hand-written delta form on ``pert``), and the TorchCell-shaped model on masked copies and
     converted on a graph whose deletions reach few genes; the converted encoder's floor at the
@@ -206,16 +207,14 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
         graph: the benchmark's graph; dev: its device; pert: ``[B, k]``, the shared form's batch.
         own_model: the shared form's ``PerturbGIN``; own_step: its timed step on ``pert``.
         machine: ``sparse_gmacs`` and ``dense_gmacs`` (the bench's best measured rates).
-        budget: bytes a step may plan for.
+        masked_plan: where the masked copies are timed (``bench.replicated_plan``).
     """
     hidden, layers, n = params.hidden, params.layers, graph.num_genes
     bs = pert.shape[0]
     edges = {t: ei.to(dev) for t, ei in graph.edge_index.items()}
     tc = TorchCellModel(n, list(edges), hidden, layers, params.seed).to(dev)
     fast = convert(tc.encoder, edges, readout=tc.pool)
-    per = masked_copies_bytes(graph.num_edges(), max(graph.num_edges(t) for t in edges), n,
-                              len(edges), hidden, layers)
-    plan = replicated_plan(bs, per, budget, params.bench_replicated_max_batch)
+    plan = masked_plan
     mb = plan.batches[-1]
     own_fast = convert(PerturbGINEncoder(own_model, params.aggr), edges, readout="mean")
     sparse = few_reach_graph(graph, max(1, n // 8), params.seed)
