@@ -161,6 +161,7 @@ display(view.form_of(bres))
 display(view.kernel_table(bres))
 display(view.rates_table(bres))
 display(view.floor_table(bres))
+display(view.convert_table(bres))
 
 # %% [markdown]
 # ## Peak memory of a training step

@@ -353,6 +353,19 @@ def test_a_reduction_over_genes_is_refused():
         convert(Pooled("gin", "single", "linear"), GRAPH[TYPES[0]])
 
 
+def test_a_conv_called_twice_on_one_edge_type_is_refused():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GINConv(nn.Identity())
+
+        def forward(self, x, edge_index):
+            return self.conv(self.conv(x, edge_index).relu(), edge_index)
+    fast = convert(Twice(), GRAPH[TYPES[0]])
+    with pytest.raises(ValueError, match="conv is called twice on one edge type"):
+        fast(torch.randn(N, F_IN), DELETED)
+
+
 def test_bad_deleted_is_a_one_line_error():
     fast = convert(Encoder("gin", "single", "linear"), GRAPH[TYPES[0]])
     x = torch.randn(N, F_IN)

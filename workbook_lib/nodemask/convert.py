@@ -136,9 +136,13 @@ class _Val:
     wt: torch.Tensor
     values: torch.Tensor
     rows: _Rows
+    _table: torch.Tensor | None = None
 
     def table(self) -> torch.Tensor:
-        return torch.cat([self.wt, self.values])
+        """``cat([wt, values])``, made once (every edge type of a layer reads it)."""
+        if self._table is None:
+            self._table = torch.cat([self.wt, self.values])
+        return self._table
 
 
 @dataclass
@@ -169,6 +173,7 @@ class _Plan:
         self.order: list[tuple] = []  # (path, kind name, rows or conv plan) in forward order
         self._dev: dict = {}
         self.index: dict = {}
+        self.kept_degree: dict = {}  # per edge type
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -261,6 +266,10 @@ class ConvertedEncoder(nn.Module):
         self._plan_cache = (key, plan)
         return plan
 
+    def clear_plan(self) -> None:
+        """Forget the cached plan of the last batch (the next call plans afresh)."""
+        self._plan_cache = None
+
     def _plan_node(self, node: fx.Node, plan: _Plan, edges: dict):
         env = plan.rows
         if node.op == "placeholder":
@@ -315,8 +324,13 @@ class ConvertedEncoder(nn.Module):
     def _plan_conv(self, path: str, m: nn.Module, e: _Edges, rows_in: _Rows,
                    plan: _Plan) -> _Rows:
         kind = conv_kind(m, path, self.register)
+        if (path, e.key) in plan.convs:
+            raise ConvertError(f"{_name(plan.convs[(path, e.key)])} is called twice on one edge "
+                               "type; give each call its own conv module")
         keep, (b, n) = plan.keep, plan.keep.shape
-        cnt = (e.deg.unsqueeze(0) - e.lost(keep)) * keep  # [B, N] kept in-degree per sample
+        if e.key not in plan.kept_degree:  # [B, N] kept in-degree per sample, once per type
+            plan.kept_degree[e.key] = (e.deg.unsqueeze(0) - e.lost(keep)) * keep
+        cnt = plan.kept_degree[e.key]
         mask = rows_in.mask.clone().view(-1)
         mask[e.receivers(rows_in.flat if not rows_in.dense else torch.arange(b * n))] = True
         gcn_norm = kind is GCNConv and m.normalize
@@ -329,7 +343,7 @@ class ConvertedEncoder(nn.Module):
         entries = int(cnt.view(-1)[delta_rows.flat].sum())
         dense = rows_in.dense or (entries + delta_rows.count) > DENSE_SHARE * (kept_edges + b * n)
         fill = 2.0 if getattr(m, "improved", False) else 1.0
-        dinv = (cnt.double() + fill).pow(-0.5)
+        dinv = (cnt.double() + fill).pow(-0.5) if kind is GCNConv else None
         aggr_mean = kind is not GCNConv and m.aggr == "mean"
         if dense:
             _plan_full(plan, rows_in)
@@ -344,7 +358,8 @@ class ConvertedEncoder(nn.Module):
             qb, qn, j = q[owner] // n, q[owner] % n, e.in_src[pos]
             ok = keep[qb, j] & keep[qb, qn]
             qb, qn, j, owner = qb[ok], qn[ok], j[ok], owner[ok]
-            host = {"src": rows_in.lookup(qb * n + j), "dst": owner,
+            host = {"src": rows_in.lookup(qb * n + j),  # owner (the row) is ascending
+                    "crow": _ptr(torch.bincount(owner, minlength=q.numel())),
                     "self_idx": rows_in.lookup(q)}
             if aggr_mean:
                 host["weight"] = 1.0 / cnt[qb, qn].double()
@@ -464,15 +479,19 @@ class ConvertedEncoder(nn.Module):
             table = vin.table()
             if gcn:
                 table = m.lin(table)
-            msgs = table.index_select(0, plan.dev(k + ("src",), h["src"], dev))
-            if "weight" in h:
-                msgs = msgs * plan.dev(k + ("w",), h["weight"], dev).to(msgs.dtype).unsqueeze(1)
-            dst = plan.dev(k + ("dst",), h["dst"], dev)
-            agg = msgs.new_zeros(cp.rows_out.count, table.shape[1]).index_add(0, dst, msgs)
+            # the changed rows' in-edges as one CSR product: a gather and scatter-add whose
+            # backward on the CPU is a serial scatter (several times the product's time)
+            val = plan.dev(k + ("w",), h["weight"], dev).to(table.dtype) if "weight" in h \
+                else table.new_ones(h["src"].numel())
+            a = torch.sparse_csr_tensor(plan.dev(k + ("crow",), h["crow"], dev),
+                                        plan.dev(k + ("src",), h["src"], dev), val,
+                                        (cp.rows_out.count, table.shape[0]),
+                                        check_invariants=False)
+            agg = torch.sparse.mm(a, table)
             self_x = table.index_select(0, plan.dev(k + ("self",), h["self_idx"], dev))
             if gcn and m.normalize:
                 self_x = self_x * plan.dev(k + ("sc",), h["self_coef"], dev).to(
-                    msgs.dtype).unsqueeze(1)
+                    table.dtype).unsqueeze(1)
         self._widths[k] = int(agg.shape[-1])
         return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
 

@@ -10,14 +10,16 @@ from ..results.bench import BenchResult
 def cpu_lines(r: BenchResult) -> list[str]:
     """What the process got of the CPUs while each variant was timed, and whether any was
     contended (the ratios built on a contended variant are)."""
+    steps = dict(r.steps) | ({f"convert: {k}": st for k, st in r.convert.steps.items()}
+                             if r.convert is not None else {})
     out = text_table([[f"CPU while timing {k}", st.cpu.describe()]
-                      for k, st in r.steps.items() if st.cpu is not None])
-    bad = [k for k, st in r.steps.items() if st.contended]
+                      for k, st in steps.items() if st.cpu is not None])
+    bad = [k for k, st in steps.items() if st.contended]
     if bad:
         out.append(f"CONTENDED: {', '.join(bad)}: the process got less than 80% of the CPU its "
                    "compute threads asked for; these figures and the ratios built on them are "
                    "not reliable")
-        out.extend(f"  {k}: {r.steps[k].cpu.explain()}" for k in bad)
+        out.extend(f"  {k}: {steps[k].cpu.explain()}" for k in bad)
     return out
 
 
@@ -44,6 +46,55 @@ def replicated_ratio_text(b: BenchResult, key: str) -> str:
     elif not fit.measured and fit.projected is not None and fit.projected.median <= 0:
         text += "; the projection from B = 1, 2 is noise (B = 2 not slower than B = 1)"
     return text
+
+
+def convert_rows(r: BenchResult) -> list[list]:
+    """The convert section's table, header first: form, B, ms per sample median [IQR] n and
+    its ratio (measured, paired, in the same rounds; the floor's time is computed); [] without
+    one."""
+    c = r.convert
+    if c is None:
+        return []
+
+    def ratio(st, what):
+        return "" if st is None else f"{st.median:.3g}x {what} [IQR {st.iqr:.2g}]"
+    to_floor = c.to_floor()
+    vs = {"torchcell_masked": ratio(c.masked_vs_converted, "the converted"),
+          "torchcell_converted": "" if to_floor is None else
+          f"{to_floor:.3g}x its floor's computed time",
+          "own_converted": ratio(c.converted_vs_handwritten, "the hand-written"),
+          "few_reach_masked": ratio(c.few_reach_masked_vs_converted, "the converted")}
+    rows = [["form", "B", "ms/sample", "[IQR]", "n", "ratio"]]
+    for k, v in c.forms.items():
+        hot = " CONTENDED" if k in c.steps and c.steps[k].contended else ""
+        rows.append([v.label, v.batch_size, f"{v.median * 1e3:.3g}{hot}",
+                     f"[{v.iqr * 1e3:.2g}]", v.n, vs.get(k, "")])
+    if c.floor_seconds is not None:
+        rows.append(["TorchCell-shaped, its floor (computed)", c.floor.batch_size,
+                     f"{c.floor_seconds * 1e3:.3g}", "", "", f"at {c.floor_rates}"])
+    return rows
+
+
+def convert_lines(r: BenchResult) -> list[str]:
+    """The convert section in words: its table (measured but the floor's line), what each
+    figure is, exactness."""
+    c = r.convert
+    if c is None:
+        return []
+    masked = c.forms.get("torchcell_masked")
+    out = ["convert section (forward + backward per exact sample, "
+           f"{c.rounds} interleaved rounds):"] + text_table(convert_rows(r), "<>>>><")
+    if masked is not None:
+        out.append(f"masked copies at B = {masked.batch_size}: {masked.batch_reason}; masks "
+                   "built outside the step (a data loader's work), convert's plan made in it")
+    out.append(f"few-reach graph: {c.few_reach_edges_per_type:,} edges sampled per type; "
+               "the workbook's model converted differs from the hand-written form only in "
+               "the deleted genes' own rows (convert zeroes their inputs)")
+    errs = ", ".join(f"{k} {v:.1e}" for k, v in c.exact_max_rel_error.items())
+    out.append(f"convert exact max rel. error on {c.exact_genes} genes: {errs} "
+               "(TorchCell-shaped vs masked copies in float64; the workbook's model vs its "
+               "hand-written form on kept genes in float32)")
+    return out
 
 
 def summary_lines(r: BenchResult) -> list[str]:
@@ -89,5 +140,5 @@ def summary_lines(r: BenchResult) -> list[str]:
     rows += [[f"kernel {k.name}", f"{k.gmacs:.3g} GMAC/s"
               + (" (the step's)" if k.used_by_step else "")] for k in r.kernels]
     rows.append(["exact max rel. error", f"{r.exact_max_rel_error:.2e}"])
-    return ([head] + text_table(variants, "<>>>><") + text_table(rows) + cpu_lines(r)
-            + [f"note: {n}" for n in r.notes])
+    return ([head] + text_table(variants, "<>>>><") + text_table(rows) + convert_lines(r)
+            + cpu_lines(r) + [f"note: {n}" for n in r.notes])

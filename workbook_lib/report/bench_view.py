@@ -6,7 +6,7 @@ import numpy as np
 from IPython.display import Markdown
 
 from ..results.bench import FormChoice, recommended_form
-from .bench_text import replicated_ratio_text
+from .bench_text import convert_rows, replicated_ratio_text
 from ..results.bench import BenchResult
 from . import plotting
 from .tables import fmt_time_stat, table, skip_none
@@ -203,3 +203,23 @@ def kernel_table(b: BenchResult):
                                f"every sample, H = {b.sizes['hidden']}) with each kernel tried, "
                                "and the delta layer's push (useful multiply-adds: the out-edges "
                                "of the changed rows), interleaved.")
+
+
+@skip_none
+def convert_table(b: BenchResult):
+    """The convert section: each form's ms per sample and its ratio (see
+    :func:`~workbook_lib.report.bench_text.convert_rows`)."""
+    rows = convert_rows(b)
+    if not rows:
+        return Markdown("No convert section: the shared form did not run, or an older result.")
+    c = b.convert
+    head = rows[0]
+    errs = ", ".join(f"{k} {v:.1e}" for k, v in c.exact_max_rel_error.items())
+    return table([dict(zip(head, r)) for r in rows[1:]],
+                 caption=f"Forward + backward per exact sample, {c.rounds} interleaved rounds "
+                         "(measured; ratios paired per round), but the floor's line: computed, "
+                         "the floor's multiply-adds at this machine's best measured rates. "
+                         "Masked copies: the largest batch that fits the memory budget, at most "
+                         "the converted batch; their masks are built outside the step. The "
+                         f"few-reach graph keeps {c.few_reach_edges_per_type:,} edges per type. "
+                         f"Exactness on {c.exact_genes} genes: {errs}.")

@@ -16,7 +16,7 @@ from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table, skip_none
 # the notebook's benchmark section
 from .bench_view import (bar_label, bench_plot, bench_table, bench_text, floor_table,  # noqa: F401
-                         form_of, kernel_table, rates_table)
+                         form_of, kernel_table, rates_table, convert_table)
 
 
 def label(name: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .stat import Stat
-from .floor import FloorPart
+from .floor import ConvertFloor, FloorPart
 from ..records import Record
 
 
@@ -166,6 +166,37 @@ class FloorFigure(Record):
 
 
 @dataclass
+class ConvertBench(Record):
+    """The benchmark's convert section (:mod:`workbook_lib.studies.mask_cost.convert_bench`):
+    forward + backward per exact sample, interleaved in the same rounds, of a TorchCell-shaped
+    encoder on B masked copies and converted, the workbook's model converted and hand-written,
+    and the first pair again on a graph whose deletions reach few genes (all measured); the
+    converted encoder's floor and its time at the machine's best rates (computed)."""
+
+    forms: dict[str, PerSample] = field(default_factory=dict)
+    steps: dict[str, Stat] = field(default_factory=dict)  # seconds per step
+    rounds: int = 0
+    masked_vs_converted: Stat | None = None  # per sample, paired
+    converted_vs_handwritten: Stat | None = None  # the workbook's model, per sample, paired
+    few_reach_masked_vs_converted: Stat | None = None
+    floor: ConvertFloor | None = None  # the TorchCell-shaped encoder's, the timed batch's
+    floor_seconds: float | None = None  # computed: the floor's products at floor_rates
+    floor_rates: str = ""
+    explain: str = ""  # fast.explain of the timed batch
+    few_reach_explain: str = ""
+    few_reach_edges_per_type: int = 0
+    exact_max_rel_error: dict[str, float] = field(default_factory=dict)  # float64, small graph
+    exact_genes: int = 0
+
+    def to_floor(self) -> float | None:
+        """The converted TorchCell-shaped sample's measured time / its floor's computed time."""
+        got = self.forms.get("torchcell_converted")
+        if got is None or not self.floor_seconds:
+            return None
+        return got.median / self.floor_seconds
+
+
+@dataclass
 class BenchResult(Record):
     device: str
     sizes: dict
@@ -191,6 +222,7 @@ class BenchResult(Record):
     run_layers: int | None = None  # the run's model depth (the benchmark's is sizes["layers"])
     ratio_vs_dango_sample: Stat | None = None  # shared / wildtype, per sample each
     floor: FloorFigure | None = None  # the exact sample's floor beside the step's counts
+    convert: ConvertBench | None = None  # the convert section (None: not run, older results)
 
 
 @dataclass

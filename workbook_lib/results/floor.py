@@ -83,6 +83,13 @@ class ConvertFloor(Record):
             raise ValueError(f"'what' must be sparse_macs, dense_macs or bytes (got {what!r})")
         return getattr(self, what) / self.batch_size
 
+    def seconds_at(self, sparse_gmacs: float, dense_gmacs: float) -> float:
+        """Seconds per sample the floor's products take at these rates (G multiply-adds/s)."""
+        if sparse_gmacs <= 0 or dense_gmacs <= 0:
+            raise ValueError(f"rates must be positive (got {sparse_gmacs}, {dense_gmacs})")
+        return (self.per_sample("sparse_macs") / (sparse_gmacs * 1e9)
+                + self.per_sample("dense_macs") / (dense_gmacs * 1e9))
+
     def table(self) -> str:
         """One line per part: multiply-adds per sample (sparse, dense), then the total."""
         rows = [f"  {'part':<48} {'sparse/sample':>14} {'dense/sample':>14}"]

@@ -218,7 +218,7 @@ def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> 
         rep_plans[key] = replicated_plan(bs, per, budget, p.bench_replicated_max_batch)
         for b in rep_plans[key].batches:
             plan[f"{key}@{b}"] = ("replicated_mask_cpu", form, b, None)
-    fns, per_b, labels, skipped = {}, {}, {}, {}
+    fns, per_b, labels, skipped, runs = {}, {}, {}, {}, {}
     push_kernel = shared_form = ""
     for key, (name, form, b, middle) in plan.items():
         note(f"bench: preparing {key} (B={b})")
@@ -227,6 +227,7 @@ def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> 
             if middle is not None:
                 run.strategy = make_strategy(name, graph, aggr=p.aggr, device=dev,
                                              middle=middle)
+            runs[key] = run
             fns[key] = _step_fn(run, run.perturbations(b))
             fns[key]()  # fails here, not in the middle of a round, if it does not fit
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is recorded
@@ -314,6 +315,18 @@ def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> 
                      "plain path (first layer incremental, last layer pooled) and the delta form "
                      "was not measured (bench_min_layers = 3 measures it)")
     err = exact_error(p, graph, hidden, layers)
+    conv = None
+    if "shared" in fns:
+        from .convert_bench import convert_section, masked_copies_bytes
+
+        note("bench: the convert section (TorchCell-shaped encoder; the workbook's model)")
+        per = masked_copies_bytes(graph.num_edges(), max(graph.num_edges(t) for t in
+                                                         graph.edge_types),
+                                  graph.num_genes, len(graph.edge_types), hidden, layers)
+        conv = convert_section(p, graph, dev, pert=pert, own_model=runs["shared"].model,
+                               own_step=fns["shared"], machine=machine,
+                               masked_plan=replicated_plan(bs, per, budget,
+                                                           p.bench_replicated_max_batch))
     return BenchResult(
         device=device_label(dev),
         sizes={"num_genes": graph.num_genes, "edges": graph.num_edges(),
@@ -329,6 +342,6 @@ def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> 
         machine=machine, kernels=kernels, skipped=skipped, notes=notes, rounds=res.rounds,
         seconds=time.perf_counter() - t0, push_kernel=push_kernel,
         push_threads=numba_threading_layer() if push_kernel == "numba" else "",
-        shared_form=shared_form, run_layers=run_layers)
+        shared_form=shared_form, run_layers=run_layers, convert=conv)
 
 

@@ -1,0 +1,98 @@
+"""The benchmark's convert section (tiny sizes, no timing thresholds): its forms are exact on the
+bench's small graph (the TorchCell-shaped encoder against its masked copies in float64, the
+workbook's model against its hand-written delta form on kept genes), its record round-trips
+JSON (an older result without it still loads), and the CLI lines and the report's table show it
+labelled (the floor's line computed, the rest measured)."""
+import json
+
+import pytest
+import torch
+
+from workbook_lib.results.bench import BenchResult
+from workbook_lib.strategies import build_ctx, make_strategy
+from workbook_lib.strategies.model import PerturbGIN
+from workbook_lib.studies.mask_cost.bench import replicated_plan
+from workbook_lib.studies.mask_cost.convert_bench import (convert_section, exact_errors,
+                                                          masked_step)
+
+from conftest import make_graph
+
+PERT = torch.tensor([[0, 3, -1], [5, 6, 7], [-1, -1, -1], [29, 1, -1]])
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return make_graph(num_genes=30, types={"a": 80, "b": 40, "c": 20}, seed=5)
+
+
+@pytest.mark.parametrize("aggr", ["sum", "mean"])
+def test_the_converted_forms_are_exact(graph, aggr):
+    errs = exact_errors(graph, PERT, hidden=8, layers=3, aggr=aggr, seed=0)
+    assert errs["torchcell_converted"] < 1e-12  # float64
+    assert errs["own_converted"] < 1e-5  # float32, the hand-written kernels' type
+
+
+def test_the_masked_copies_are_the_per_sample_graphs(graph):
+    """Sample b of the masked step equals the model run on graph_b alone (B = 1)."""
+    from workbook_lib.studies.mask_cost.convert_bench import TorchCellModel
+
+    m = TorchCellModel(30, graph.edge_types, 8, 2, seed=0).double()
+    batched = masked_step(m, graph.edge_index, PERT, 30)[1]()
+    alone = torch.cat([masked_step(m, graph.edge_index, PERT[i:i + 1], 30)[1]()
+                       for i in range(len(PERT))])
+    torch.testing.assert_close(batched, alone)
+
+
+@pytest.fixture(scope="module")
+def bench(graph):
+    from conftest import ROOT
+    from workbook_lib.configs.validation import load_params_file
+
+    ci_params = load_params_file(ROOT / "params" / "ci.yaml")
+    p = ci_params.replace(hidden=8, layers=3, min_repeats=3, warmup=0, time_budget_s=0.02,
+                          precision_target=0.9, bench_replicated_max_batch=2)
+    model = PerturbGIN(30, graph.edge_types, hidden=8, layers=3, seed=0)
+    strat = make_strategy("node_mask_shared", graph, aggr=p.aggr, device="cpu")
+
+    def own_step():
+        model.zero_grad(set_to_none=True)
+        strat.predict(model, build_ctx(strat, PERT)).sum().backward()
+    conv = convert_section(p, graph, torch.device("cpu"), pert=PERT, own_model=model,
+                           own_step=own_step, machine={"sparse_gmacs": 1.0, "dense_gmacs": 2.0,
+                                                       "sparse_source": "s",
+                                                       "dense_source": "d"},
+                           masked_plan=replicated_plan(4, 1e6, 1e9, 2))
+    b = BenchResult("cpu", {"edges": 140, "hidden": 8, "layers": 3, "k": 3}, False, {}, {},
+                    None, None, None, 0.0, convert=conv)
+    return BenchResult.from_json(json.loads(json.dumps(b.to_json())))
+
+
+def test_the_section_round_trips_and_labels_its_batches(bench):
+    c = bench.convert
+    assert set(c.forms) == {"torchcell_masked", "torchcell_converted", "own_converted",
+                            "own_handwritten", "few_reach_masked", "few_reach_converted"}
+    assert c.forms["torchcell_converted"].batch_size == 4
+    assert c.forms["torchcell_masked"].batch_size == 2  # bench_replicated_max_batch
+    assert "bench_replicated_max_batch = 2" in c.forms["torchcell_masked"].batch_reason
+    assert c.masked_vs_converted.n == c.rounds and c.converted_vs_handwritten is not None
+    assert c.floor.batch_size == 4 and c.floor_seconds > 0
+    assert c.to_floor() == pytest.approx(c.forms["torchcell_converted"].median / c.floor_seconds)
+    assert c.exact_max_rel_error["torchcell_converted"] < 1e-12
+    assert "convs.2" in c.explain and c.few_reach_edges_per_type == 3
+
+
+def test_an_older_result_without_the_section_loads():
+    data = BenchResult("cpu", {}, False, {}, {}, None, None, None, 0.0).to_json()
+    del data["convert"]
+    assert BenchResult.from_json(data).convert is None
+
+
+def test_the_cli_and_the_report_show_the_section(bench):
+    from workbook_lib.report import mask_cost_view as view
+    from workbook_lib.report.bench_text import convert_lines
+
+    lines = "\n".join(convert_lines(bench))
+    assert "TorchCell-shaped, B masked copies" in lines and "the converted [IQR" in lines
+    assert "its floor (computed)" in lines and "the hand-written [IQR" in lines
+    html = view.convert_table(bench).to_html()
+    assert "workbook's model, converted" in html and "computed" in html
