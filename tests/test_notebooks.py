@@ -109,12 +109,16 @@ def test_results_of_each_notebook(ci_run):
     assert v.recommendation.strategy and v.claims
     # the answer opens with its one sentence about the pair, caveats one line each after it
     assert v.answer.startswith(v.lead) and v.lead.startswith("**Replicated masks")
-    assert "slower per epoch than" in v.lead and ("first cause:" in v.lead or
-                                                  "first causes, not told apart" in v.lead)
+    if v.gap.contended:  # beside the other test workers: no gap, said so (never booked)
+        assert not v.gap.measurable and "no gap is resolved" in v.lead and "quiet" in v.lead
+    else:
+        assert "slower per epoch than" in v.lead and ("first cause:" in v.lead or
+                                                      "first causes, not told apart" in v.lead)
     assert all("\n" not in c for c in v.caveats)
     assert set(v.inputs) == {"01_graph_inventory", "02_mask_cost_model",
                              "03_data_vs_model_timing", "04_ddp_scaling"}
-    assert sum(c.share for c in v.causes if c.share is not None) == pytest.approx(1.0)
+    if v.gap.measurable:
+        assert sum(c.share for c in v.causes if c.share is not None) == pytest.approx(1.0)
     assert "The investigation observed about 40x" in v.answer  # built-in strategies ran
     for name in NOTEBOOK_NAMES:  # one short sentence each on the index
         assert len(read_meta(out, name).headline) <= 200, name
@@ -159,7 +163,7 @@ def test_the_html_a_reader_gets(ci_run):
     v = json.loads((out / "05_verdict.json").read_text())
     first_words = re.sub(r"[*_`]", "", v["answer"]).split("\n")[0][:40]
     flat = re.sub(r"\s+", " ", _text(index))
-    assert "slower per epoch" in flat and first_words[:25] in flat
+    assert ("slower per epoch" in flat or "no gap is resolved" in flat) and first_words[:25] in flat
     verdict_html = _text((out / "05_verdict.html").read_text())
     assert verdict_html.index("The answer") < verdict_html.index("The gap, stage by stage")
     assert "traces_03/" in index and "ddp_04/world2/" in index  # relative links

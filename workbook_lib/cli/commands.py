@@ -11,6 +11,7 @@ from pathlib import Path
 from ..common.argtypes import writable_file
 from ..configs.cells import describe
 from ..configs.loading import load_yaml, read_params_file
+from ..common.files import temp_for_a_while
 from ..configs.validation import check_gap, validate
 from ..exceptions import NotebookFailedError, ParamsError, WorkbookError
 
@@ -80,7 +81,7 @@ def _cmd_run(args) -> int:
         from ..pipelines import preflight
 
         try:  # a user's pipeline can take a while to build: a signal here is an interrupt too
-            with _signals_interrupt():
+            with _signals_interrupt(), temp_for_a_while("workbook-preflight-"):
                 # each user pipeline run on one batch as the notebooks will, nothing timed
                 names = preflight(p, warn=lambda w: print(f"warning: {w}", file=sys.stderr),
                                   ddp="04_ddp_scaling" in names)

@@ -7,6 +7,7 @@ cache unreadable by the group.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -81,3 +82,26 @@ def use_run_temp(run_dir: str | Path, who: str) -> Path:
     os.environ["TMPDIR"] = str(d)
     tempfile.tempdir = None  # read TMPDIR again
     return d
+
+
+@contextlib.contextmanager
+def temp_for_a_while(prefix: str = "workbook-"):
+    """This process's temporary files, and its children's, in a folder of their own that is
+    removed at the end (``TMPDIR`` and ``tempfile`` restored): for work before a run folder
+    exists (the pipelines' preflight: PyG writes a module file per ``MessagePassing`` class)."""
+    import shutil
+
+    before = os.environ.get("TMPDIR")
+    d = tempfile.mkdtemp(prefix=prefix)
+    os.environ["TMPDIR"] = d
+    tempfile.tempdir = None
+    try:
+        yield Path(d)
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
+        shutil.rmtree(d, ignore_errors=True)
+
