@@ -4,8 +4,6 @@ measured at the shared form's batch when the memory estimate fits, else quoted a
 largest batch that ran, labelled with it, the projection from B = 1, 2 beside it with its error
 at the largest batch measured; without numba the push
 falls back to 'pull' with one warning, and the kernel is recorded."""
-import sys
-import warnings
 
 import pytest
 import torch
@@ -21,16 +19,6 @@ from workbook_lib.strategies.model import PerturbGIN
 from conftest import make_graph
 
 GB = 1e9
-
-
-@pytest.fixture
-def no_numba(monkeypatch):
-    """This process as if numba were not installed (its import fails), the fallback not yet
-    announced; restored afterwards."""
-    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError
-    monkeypatch.setattr(compiled, "_LOADED", None)
-    monkeypatch.setattr(delta, "_WARNED_FALLBACK", False)
-    monkeypatch.delenv(delta.NO_NUMBA_ENV, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -240,42 +228,19 @@ def test_path_refuses_a_model_without_layers(graph):
         make_strategy("node_mask_shared", graph).path(0)
 
 
-# ----------------------------------------------------------------- without numba
-def test_without_numba_the_push_falls_back_to_pull_warning_once(graph, no_numba, monkeypatch):
-    with pytest.warns(UserWarning, match="'pull' kernel .*numba is not installed"):
-        assert delta.default_push_kernel("cpu") == "pull"
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", category=delta.PushKernelFallback)  # a 2nd raises
-        assert delta.default_push_kernel("cpu") == "pull"
-        label, calls = _spy_step(graph, 3, "delta", None, monkeypatch)
-    assert label == "delta, push pull (fallback: numba is not installed)"
-    assert calls["kernels"] == ["pull"]
+# ----------------------------------------------------------------- the push kernel
+def test_the_push_is_compiled_on_a_cpu_and_index_add_on_cuda(graph, monkeypatch):
+    assert delta.default_push_kernel("cpu") == "numba"
     assert delta.default_push_kernel(torch.device("cuda")) == "index_add"
-    assert "CUDA" in delta.default_push_kernel_reason("cuda")
-
-
-def test_the_environment_switch_reads_as_a_fallback_too(monkeypatch):
-    monkeypatch.setattr(compiled, "_LOADED", None)
-    monkeypatch.setattr(delta, "_WARNED_FALLBACK", True)  # announced already: silent
-    monkeypatch.setenv(delta.NO_NUMBA_ENV, "1")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", category=delta.PushKernelFallback)
-        assert delta.default_push_kernel("cpu") == "pull"
-    assert delta.default_push_kernel_reason("cpu").endswith(f"{delta.NO_NUMBA_ENV} is set")
-
-
-@pytest.mark.skipif(not delta.numba_available(), reason="numba is not installed")
-def test_with_numba_the_push_is_compiled_and_silent(graph, monkeypatch):
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", category=delta.PushKernelFallback)
-        assert delta.default_push_kernel("cpu") == "numba"
-        label, calls = _spy_step(graph, 3, "delta", None, monkeypatch)
+    label, calls = _spy_step(graph, 3, "delta", None, monkeypatch)
     assert label == "delta, push numba" and calls["kernels"] == ["numba"]
+    label, calls = _spy_step(graph, 3, "delta", "pull", monkeypatch)  # asked for: no fallback
+    assert label == "delta, push pull" and calls["kernels"] == ["pull"]
 
 
-def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params, no_numba):
-    """The whole benchmark without numba (tiny sizes): the kernel is in its results, its
-    labels, the CLI table and the report's table and text."""
+def test_bench_records_its_kernel_in_results_table_and_report(ci_params):
+    """The whole benchmark (tiny sizes): the push kernel is in its results, its labels, the CLI
+    table and the report's table and text; the replicated forms measured or projected."""
     from workbook_lib.studies.mask_cost.bench import run_bench
     from workbook_lib.report.bench_text import summary_lines
     from workbook_lib.results.bench import BenchResult
@@ -283,18 +248,16 @@ def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params
 
     p = ci_params.replace(min_repeats=3, time_budget_s=0.02, precision_target=0.9, hidden=8,
              warmup=0, bench_replicated_max_batch=2)  # B = 4 not allowed: projected
-    with pytest.warns(UserWarning, match="'pull' kernel"):
-        b = run_bench(p, full_size=False, device="cpu")
+    b = run_bench(p, full_size=False, device="cpu")
     b = BenchResult.from_json(b.to_json())  # what the results file keeps
-    assert b.push_kernel == "pull" and b.sizes["layers"] == 3 and b.run_layers == 2
-    assert b.shared_form == "delta, push pull (fallback: numba is not installed)"
+    assert b.push_kernel == "numba" and b.sizes["layers"] == 3 and b.run_layers == 2
+    assert b.shared_form == "delta, push numba"
     assert b.per_sample_s["shared"].label == f"6 node-mask shared graph [{b.shared_form}]"
     assert "full middle layers" in b.per_sample_s["shared_full"].label
-    assert any("'pull' kernel, the CPU fallback" in n for n in b.notes)
-    assert "delta push kernel: pull" in summary_lines(b)[0]
-    assert "delta push kernel pull" in view.bench_table(b).to_html()
-    assert "delta, push pull" in view.bench_text(b).data
-    assert any(k.name == "push, pull" for k in b.kernels)
+    assert "delta push kernel: numba" in summary_lines(b)[0]
+    assert "delta push kernel numba" in view.bench_table(b).to_html()
+    assert "delta, push numba" in view.bench_text(b).data
+    assert any(k.name == "push, numba" for k in b.kernels)
     rep = b.replicated["replicated_gather_scatter"]
     assert not rep.measured and "bench_replicated_max_batch = 2" in rep.rule
     assert "measured at B = 2" in view.bar_label(b, "replicated_gather_scatter")
@@ -303,21 +266,3 @@ def test_bench_records_the_fallback_kernel_in_results_table_and_report(ci_params
         "measured at B = 2, the largest batch that ran")
     assert "Lazy form measured at B = 2" in view.headline_bench_part(b)
     assert "projected from B = 1, 2 to B = 4" in view.headline_bench_part(b)
-
-
-def test_notebooks_show_the_fallback_on_the_terminal_not_in_the_report(monkeypatch):
-    """In a notebook the fallback's warning is a terminal line (the report names the kernel in
-    its labels); every other warning is shown as before."""
-    from workbook_lib.common import progress
-    from workbook_lib.running import notebook
-
-    seen, other = [], []
-    monkeypatch.setattr(warnings, "showwarning", lambda *a, **k: other.append(a[1]))
-    monkeypatch.setattr(progress, "note", seen.append)
-    notebook.warnings_to_terminal()
-    notebook.warnings_to_terminal()  # twice: still one hook
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.warn("pull it is", delta.PushKernelFallback)
-        warnings.warn("something else", UserWarning)
-    assert seen == ["warning: pull it is"] and other == [UserWarning]

@@ -8,7 +8,7 @@ from workbook_lib.data.snapshots import CellGraph, content_checksum
 from workbook_lib.measurement.syncs import SyncCounter
 from workbook_lib.nodemask import SharedGraph
 from workbook_lib.nodemask import compiled, delta
-from workbook_lib.nodemask.delta import numba_available, push
+from workbook_lib.nodemask.delta import push
 from workbook_lib.strategies import build_ctx, make_strategy
 from workbook_lib.strategies.model import PerturbGIN
 from workbook_lib.strategies.reference import reference_node_outputs, reference_predict
@@ -16,8 +16,7 @@ from workbook_lib.strategies.reference import reference_node_outputs, reference_
 from conftest import make_graph
 
 TOL = 2e-5
-KERNELS = ["pull", "index_add", pytest.param("numba", marks=pytest.mark.skipif(
-    not numba_available(), reason="numba is not installed"))]
+KERNELS = ["pull", "index_add", "numba"]
 
 
 def rel(a, b):
@@ -240,8 +239,7 @@ def test_push_kernel_errors(graph):
 
 @pytest.mark.parametrize("middle,kernel", [
     ("delta", "pull"), ("delta", "index_add"), ("full", None),
-    pytest.param("delta", "numba", marks=pytest.mark.skipif(not numba_available(),
-                                                            reason="numba is not installed"))])
+    ("delta", "numba")])
 @pytest.mark.parametrize("aggr", ["sum", "mean"])
 def test_shared_graph_training_step_has_no_host_sync(graph, aggr, middle, kernel):
     """One training step of the node-mask shared graph (after the collate, which runs in the
@@ -286,7 +284,6 @@ def test_footprint_counts_changed_genes_and_messages_by_hand():
     assert isolated[(2, "all")].edges.median == 0
 
 
-@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
 def test_numba_threads_block_instead_of_spinning(graph):
     """The compiled push runs on numba's workqueue layer (its OpenMP layer's spinning threads
     starve PyTorch's next operations on a machine with as many cores as threads), unless the
@@ -303,7 +300,6 @@ def test_numba_threads_block_instead_of_spinning(graph):
     assert compiled.numba_threading_layer() == compiled.THREADING_LAYER == "workqueue"
 
 
-@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
 @pytest.mark.parametrize("per", ["gene", "slot"])
 def test_push_pooled_in_one_pass_is_the_push_then_the_weighted_sums(graph, per):
     """The compiled push with the pooled layer's weighted sums taken inside it (the [B, N, H]
@@ -369,7 +365,6 @@ def test_add_at_rows_is_index_add_in_outputs_and_gradients():
         add_at_rows(saved, src, index).sum().backward()
 
 
-@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
 def test_delta_step_runs_no_index_add_on_cpu(graph):
     """The CPU delta step (numba push, sum aggregation: the benchmark's) adds rows back with
     sparse products and in-place row copies, never with ``index_add_``: PyTorch runs it on a CPU
@@ -387,7 +382,6 @@ def test_delta_step_runs_no_index_add_on_cpu(graph):
         sorted(ops & {"aten::index_add_", "aten::index_add", "aten::scatter_add_"})
 
 
-@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
 @pytest.mark.parametrize("case", ["mixed", "one_sample", "nothing_deleted", "isolated_only"])
 def test_compiled_corrections_equal_the_torch_ones(graph, case):
     """The compiled corrections builder (the CPU collate's) gives every field of the PyTorch
@@ -418,7 +412,6 @@ def test_compiled_corrections_equal_the_torch_ones(graph, case):
             assert x.dtype == y.dtype and torch.equal(x, y), f.name
 
 
-@pytest.mark.skipif(not numba_available(), reason="numba is not installed")
 @pytest.mark.parametrize("per", ["gene", "slot"])
 @pytest.mark.parametrize("width", [64, 63])
 def test_compiled_push_at_the_unrolled_width_equals_pull(graph, per, width):

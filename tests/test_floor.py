@@ -6,7 +6,6 @@ import torch
 from workbook_lib.studies.mask_cost.rates import achieved_rates
 from workbook_lib.data.snapshots import CellGraph, content_checksum
 from workbook_lib.nodemask import SharedGraph, corrections
-from workbook_lib.nodemask.delta import numba_available
 from workbook_lib.nodemask.floor import work_floor
 from workbook_lib.strategies import build_ctx, make_strategy
 from workbook_lib.strategies.model import PerturbGIN
@@ -94,8 +93,7 @@ def _measured(graph, pert, hidden, kernel="pull"):
     return {f.kind: f.step_macs for f in achieved_rates(step, "cpu", "s", {})}, s
 
 
-@pytest.mark.parametrize("kernel", ["pull", pytest.param("numba", marks=pytest.mark.skipif(
-    not numba_available(), reason="numba is not installed"))])
+@pytest.mark.parametrize("kernel", ["pull", "numba"])
 def test_the_delta_steps_dense_work_is_its_own_arithmetic_and_near_the_floor(graph, kernel):
     """Every dense product of the restructured step, counted by the profiler, equals the count
     of what it is meant to compute: the two wildtype layers, the deleted genes' messages (not

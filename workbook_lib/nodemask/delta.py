@@ -41,12 +41,9 @@ kernels compute it:
   machine (no compiler needed at run time, unlike ``torch.utils.cpp_extension``). Its threads
   run on numba's ``workqueue`` layer (:data:`~workbook_lib.nodemask.compiled.THREADING_LAYER`: they block between launches
   instead of spinning beside PyTorch's threads).
-* ``pull`` (PyTorch only: the CPU fallback without numba): per sample and type, ``A_t`` times
-  the changed rows scattered into a zero operand: the full product's sparse work, none of its
-  dense work (1.6-1.8x slower per step than ``numba`` on this project's 2-core CPU). Falling
-  back to it warns once per process (a ``UserWarning``: :class:`PushKernelFallback`), and the
-  kernel a step used is named in the benchmark's labels and results
-  (``default_push_kernel_reason`` says why);
+* ``pull`` (PyTorch only, chosen with ``push_kernel="pull"``): per sample and type, ``A_t``
+  times the changed rows scattered into a zero operand: the full product's sparse work, none of
+  its dense work (slower than ``numba``; docs/figures.md);
 * ``index_add`` (PyTorch; the CUDA default, where ``index_add_`` is native): per sample, the
   out-edges of ``R_b`` are enumerated on the device with sizes known on the host (no sync) and
   the gathered messages are added with ``index_add_``. On a CPU, ``index_add_`` of many rows is
@@ -61,26 +58,16 @@ layer is delta-propagated. What an exact sample needs at the least is
 """
 from __future__ import annotations
 
-import os
-import warnings
 
 import numpy as np
 import torch
 
 from .push_torch import (_index_add_backward, _index_add_forward, _pull_backward,
                          _pull_forward, message_slots)
-from .compiled import NO_NUMBA_ENV, kernels as _compiled, numba_available
+from .compiled import kernels as _compiled
 from .kernels import MOVE_TAG, dense_inside, sparse_range
 
 PUSH_KERNELS = ("numba", "pull", "index_add")
-
-_WARNED_FALLBACK = False  # the pull fallback has been announced in this process
-
-class PushKernelFallback(UserWarning):
-    """The delta push fell back to the slower ``pull`` kernel (numba unavailable). Notebooks
-    show it on the terminal, not in the report (``running.notebook.setup``); the report names
-    the kernel in its labels instead."""
-
 
 def _np(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor, sharing memory (through DLPack: not a host copy, and not
@@ -88,31 +75,9 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return np.from_dlpack(t.detach())
 
 
-def default_push_kernel_reason(device: torch.device | str) -> str:
-    """Why :func:`default_push_kernel` picks its kernel on ``device`` (one clause)."""
-    if torch.device(device).type != "cpu":
-        return "the CUDA default"
-    if numba_available():
-        return "the CPU default (compiled with numba)"
-    why = f"{NO_NUMBA_ENV} is set" if os.environ.get(NO_NUMBA_ENV) else "numba is not installed"
-    return f"the CPU fallback: {why}"
-
-
 def default_push_kernel(device: torch.device | str) -> str:
-    """``numba`` on CPU when it is installed, else ``pull`` (announced once per process with a
-    ``UserWarning``: it is slower, and nothing else would say so); ``index_add`` on CUDA."""
-    global _WARNED_FALLBACK
-    if torch.device(device).type != "cpu":
-        return "index_add"
-    if numba_available():
-        return "numba"
-    if not _WARNED_FALLBACK:
-        _WARNED_FALLBACK = True
-        warnings.warn(f"delta propagation's push runs on the 'pull' kernel "
-                      f"({default_push_kernel_reason(device)}), 1.6-1.8x slower per step than "
-                      "the compiled 'numba' kernel on this project's CPU: pip install numba",
-                      PushKernelFallback, stacklevel=2)
-    return "pull"
+    """``numba`` on a CPU, ``index_add`` on CUDA."""
+    return "numba" if torch.device(device).type == "cpu" else "index_add"
 
 
 class _GroupedMessages(torch.autograd.Function):
@@ -342,9 +307,6 @@ def _check_push_args(graph, corr, base: torch.Tensor, weight: torch.Tensor, kern
     if kernel not in PUSH_KERNELS:
         raise ValueError(f"'push_kernel' must be one of {list(PUSH_KERNELS)} (got {kernel!r})")
     if kernel == "numba":
-        if not numba_available():
-            raise ValueError("push_kernel='numba' needs the numba package (pip install numba); "
-                             "use push_kernel='pull'")
         if base.device.type != "cpu":
             raise ValueError("push_kernel='numba' runs on CPU tensors only; use 'index_add'")
     if corr.plan is None or corr.pair_out is None or corr.msg_index is None:
@@ -373,7 +335,7 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
         u: the messages, ``[M, Ho]`` grouped by type as ``corr.msg_pair`` lists them (what
             :func:`grouped_messages` returns), or ``[R, T, Ho]`` one per (row, type) (the
             types a row's gene does not send on are never read).
-        kernel: ``numba`` (CPU), ``pull`` (PyTorch, per-type CSR products: the CPU fallback)
+        kernel: ``numba`` (CPU), ``pull`` (PyTorch, per-type CSR products)
             or ``index_add`` (PyTorch push: the CUDA path); default by device.
         rows: ``[R, Ho]`` added at row ``(pair_sample[p], pair_gene[p])`` (zero if not given).
         relu: apply a ReLU to the result (inside the compiled kernel's pass on a CPU).

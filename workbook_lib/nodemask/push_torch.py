@@ -1,4 +1,4 @@
-"""The delta push's PyTorch kernels: ``pull`` (the CPU fallback without numba: per sample and
+"""The delta push's PyTorch kernels: ``pull`` (chosen by name: per sample and
 type, ``A_t`` times the rows of ``R_b`` scattered into a zero operand) and ``index_add`` (per
 sample, the out-edges of ``R_b`` enumerated and scattered), each forward and backward, and
 :func:`message_slots`, where each message sits in ``[R, T, Ho]``. The compiled kernels are in

@@ -194,8 +194,7 @@ def bar_label(b: BenchResult, key: str) -> str:
 
 @skip_none
 def kernel_table(b: BenchResult):
-    rows = [{"kernel": k.name + (" (fallback)" if k.name == "push, pull" and
-                                 b.push_kernel == "pull" else ""),
+    rows = [{"kernel": k.name,
              "what": k.description, "time": fmt_time_stat(k.seconds),
              "G multiply-adds/s": f"{k.gmacs:.2f}",
              "the step's kernel here": "yes" if k.used_by_step else ""} for k in b.kernels]

@@ -13,7 +13,7 @@ import torch
 from ..common.device import allocator_state, resolve_device
 from ..paths import REPO_ROOT
 
-# numba: the delta push's compiled kernel (without it the 'pull' fallback runs)
+# numba: the delta push's compiled kernel (a required dependency)
 PACKAGES = ("torch", "torch_geometric", "numpy", "papermill", "nbclient", "nbconvert",
             "matplotlib", "seaborn", "pandas", "pyyaml", "tqdm", "numba")
 

@@ -98,28 +98,6 @@ def load_checked_snapshot(params: dict) -> CellGraph:
     return graph
 
 
-def warnings_to_terminal() -> None:
-    """Show the warnings that are for the person running the workbook, not for the report's
-    reader (the delta push's ``pull`` fallback: the report names the kernel in its labels), as
-    terminal lines; every other warning as before. Idempotent."""
-    import warnings
-
-    from ..nodemask.delta import PushKernelFallback
-    from ..common.progress import note
-
-    shown = warnings.showwarning
-    if getattr(shown, "_workbook_terminal", False):
-        return
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, PushKernelFallback):
-            note(f"warning: {message}")
-        else:
-            shown(message, category, filename, lineno, file, line)
-    show._workbook_terminal = True
-    warnings.showwarning = show
-
-
 def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True,
           notebook: str | None = None) -> NotebookContext:
     """Validate the notebook's parameters, apply the CPU allocator setting, set the plotting style,
@@ -138,7 +116,6 @@ def setup(namespace: dict, *, load_graph: bool = True, needs_device: bool = True
     if notebook is not None:
         check_gap(p, [notebook])
     use_run_temp(run_dir, "kernel")  # temporary files in the run folder, not the system's
-    warnings_to_terminal()
     namespace[_DONE] = True
     configure_cpu_allocator(p.cpu_allocator_cache)
     fit = environment.configure_threads(p)  # never more threads than the CPUs it may use

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 
 from ..nodemask import NodeMaskBatch, SharedGraph, corrections, validate_deleted
-from ..nodemask.delta import default_push_kernel, default_push_kernel_reason
+from ..nodemask.delta import default_push_kernel
 from .base import Strategy
 
 
@@ -61,13 +61,12 @@ class NodeMaskShared(Strategy):
 
     def step_push_kernel(self) -> str:
         """The delta push's kernel a step uses on this strategy's device (the one asked for, or
-        the device's default: ``pull`` on a CPU without numba, announced once)."""
+        the device's default)."""
         return self.push_kernel or default_push_kernel(self.device)
 
     def path_label(self, num_layers: int) -> str:
         """What a figure of this strategy's step must say about its path: ``delta, push
-        numba``, ``full middle layers`` or ``plain 2-layer (no middle layer)``; a fallback
-        push kernel is marked as one.
+        numba``, ``full middle layers`` or ``plain 2-layer (no middle layer)``.
 
         Args:
             num_layers: the model's message-passing layers."""
@@ -76,10 +75,7 @@ class NodeMaskShared(Strategy):
             return f"plain {num_layers}-layer (no middle layer)"
         if form == "full":
             return "full middle layers"
-        kernel = self.step_push_kernel()
-        fallback = (" (fallback: " + default_push_kernel_reason(self.device).split(": ", 1)[-1]
-                    + ")") if self.push_kernel is None and kernel == "pull" else ""
-        return f"delta, push {kernel}{fallback}"
+        return f"delta, push {self.step_push_kernel()}"
 
     @property
     def shared(self) -> SharedGraph:

@@ -132,8 +132,8 @@ def delta_layers(params: dict) -> int:
 def check_delta_exactness(params: dict, device: torch.device, graph) -> list[Check]:
     """The node-mask shared graph's delta path at :func:`delta_layers` on ``device`` against the
     plain CPU reference: node outputs, prediction (with the dual forward when the params ask)
-    and every parameter's gradient, with the device's push kernel and, on a CPU, the fallback
-    ``pull`` too."""
+    and every parameter's gradient, with the device's push kernel and, on a CPU, the PyTorch
+    ``pull`` kernel too."""
     from ..nodemask.delta import default_push_kernel
     from ..pipelines.builtin import make_model
     from ..strategies import make_strategy

@@ -301,11 +301,8 @@ def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> 
     notes = []
     if layers != run_layers:
         notes.append(f"the benchmark runs at L = {layers} (this run's model has {run_layers}: "
-                     f"bench_min_layers = {p['bench_min_layers']}), so that the delta form, "
+                     f"bench_min_layers = {p.bench_min_layers}), so that the delta form, "
                      "which needs a middle layer, is measured")
-    if push_kernel == "pull" and dev.type == "cpu":
-        notes.append("the delta push ran on the 'pull' kernel, the CPU fallback without numba "
-                     "(slower than the compiled kernel): pip install numba")
     if layers > 3:
         notes.append(f"L = {layers}: only the second layer is delta-propagated; layers 3 to "
                      f"{layers - 1} run one full product per sample (by then nearly every gene "
