@@ -31,10 +31,13 @@ def tiny_params():
 
 
 def _config(p, steps=3, **extra):
-    return {"params": p, "scaling_strategy": "node_mask_shared",
-            "gap_strategies": ["replicated_mask_cpu", "dango_wildtype"], "batch_size": 2,
-            "global_batch": 4, "steps": steps, "steps_cap": steps, "warmup": 1,
-            "budget_s": 60, "timeout_s": 60, **extra}
+    from workbook_lib.distributed.worker_config import WorkerConfig
+
+    return WorkerConfig(**{"params": p, "scaling_strategy": "node_mask_shared",
+                           "gap_strategies": ["replicated_mask_cpu", "dango_wildtype"],
+                           "batch_size": 2, "global_batch": 4, "steps": steps,
+                           "steps_cap": steps, "warmup": 1, "budget_s": 60, "timeout_s": 60,
+                           **extra})
 
 
 def _no_orphans(out_dir):

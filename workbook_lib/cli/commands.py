@@ -77,7 +77,7 @@ def _cmd_run(args) -> int:
     from ..report.html import write_index
     from ..report.terminal import run_lines
     from ..running.run_folder import run_notebooks
-    if p["pipelines"]:
+    if p.pipelines:
         from ..pipelines import preflight
 
         try:  # a user's pipeline can take a while to build: a signal here is an interrupt too
@@ -118,7 +118,7 @@ def _cmd_bench(args) -> int:
     from ..common.files import atomic_write_text
     from ..running.environment import configure_threads
 
-    configure_cpu_allocator(p["cpu_allocator_cache"])
+    configure_cpu_allocator(p.cpu_allocator_cache)
     print(f"threads: {configure_threads(p)['why']}")
     res = run_bench(p, full_size=True if args.full_size else None)
     atomic_write_text(args.out, json.dumps(res.to_json(), indent=1))
@@ -179,7 +179,7 @@ def _cmd_equal(args) -> int:
     from ..running.environment import resolve_device
     from ..studies.adoption.equality import check_equal
 
-    graph, device = load_snapshot(p), resolve_device(p["device"])
+    graph, device = load_snapshot(p), resolve_device(p.device)
     try:
         res = check_equal(p, slow, fast, graph, device, renames=renames, batches=args.batches,
                           batch_size=args.batch_size, tolerance=args.tolerance,
@@ -192,7 +192,7 @@ def _cmd_equal(args) -> int:
         from ..studies.adoption import proofs
 
         slow_t, fast_t = (sp.target for sp in parse_specs(entries))
-        kept = proofs.save(p["cache_dir"], slow_t, fast_t, res.equal, res.summary())
+        kept = proofs.save(p.cache_dir, slow_t, fast_t, res.equal, res.summary())
         if kept is not None:
             print(f"Kept for the verdict: {kept}")
     _print(table_lines(res))

@@ -163,16 +163,16 @@ def validate(raw: Mapping | None, *, source: str = "params") -> Params:
     return Params(**out)
 
 
-def ddp_strategy(params: dict) -> str:
+def ddp_strategy(params: Params) -> str:
     """The pipeline notebook 04's scaling runs train: ``ddp_strategy`` when set, else the
     node-mask shared graph when it is among the strategies, else the slow pipeline of
     ``gap_strategies`` (the user's own, on a run without built-in strategies)."""
-    if params["ddp_strategy"] is not None:
-        return params["ddp_strategy"]
-    if "node_mask_shared" in params["strategies"]:
+    if params.ddp_strategy is not None:
+        return params.ddp_strategy
+    if "node_mask_shared" in params.strategies:
         return "node_mask_shared"
-    compared = list(params["strategies"]) + [s.name for s in parse_specs(params["pipelines"])]
-    return (list(params["gap_strategies"]) or compared)[0]
+    compared = list(params.strategies) + [s.name for s in parse_specs(params.pipelines)]
+    return (list(params.gap_strategies) or compared)[0]
 
 
 def _cross_checks(out: dict, source: str) -> None:
@@ -224,7 +224,7 @@ def _cross_checks(out: dict, source: str) -> None:
                             f"ddp_batch_size x max(world_sizes) = {gbatch} ({bad} do not)")
 
 
-def check_gap(params: dict, notebooks: list[str]) -> None:
+def check_gap(params: Params, notebooks: list[str]) -> None:
     """Refuse, in one line and before any work, notebooks that compare two pipelines (04, 05,
     06) when the params compare one.
 
@@ -234,8 +234,8 @@ def check_gap(params: dict, notebooks: list[str]) -> None:
     from ..catalog import BY_NAME
 
     need = [n for n in notebooks if n in BY_NAME and BY_NAME[n].needs_gap]
-    if need and not params["gap_strategies"]:
-        one = list(params["strategies"]) + [s.name for s in parse_specs(params["pipelines"])]
+    if need and not params.gap_strategies:
+        one = list(params.strategies) + [s.name for s in parse_specs(params.pipelines)]
         raise ParamsError(
             f"{', '.join(need)} compare two pipelines (gap_strategies: slow, fast) and this run "
             f"has one ({', '.join(one)}): there is no gap to explain. Add a second pipeline or a "
@@ -263,15 +263,15 @@ def results_relevant(params: dict) -> dict:
     return {k: v for k, v in params.items() if k not in PLACEMENT_KEYS}
 
 
-def check_against_graph(params: dict, num_genes: int) -> None:
+def check_against_graph(params: Params, num_genes: int) -> None:
     """Checks that need the loaded graph (e.g. a user-supplied HeteroData)."""
-    kmax = max_k(params["perturbation_k"])
+    kmax = max_k(params.perturbation_k)
     if kmax > num_genes:
         raise ParamsError(
             f"'perturbation_k' must not exceed the gene count of the snapshot ({num_genes}) "
             f"(got {params['perturbation_k']!r})", key="perturbation_k",
-            value=params["perturbation_k"])
-    if params["exactness_genes"] > num_genes:
+            value=params.perturbation_k)
+    if params.exactness_genes > num_genes:
         raise ParamsError(f"'exactness_genes' must not exceed the gene count of the snapshot "
                           f"({num_genes}) (got {params['exactness_genes']})",
-                          key="exactness_genes", value=params["exactness_genes"])
+                          key="exactness_genes", value=params.exactness_genes)

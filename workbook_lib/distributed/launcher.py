@@ -147,7 +147,7 @@ def torchrun_root_cause(log_text: str) -> tuple[int | None, str | None]:
     return int(m.group(1)), m.group(2).strip()
 
 
-def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Path,
+def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
            nnodes: int = 1, rdzv_endpoint: str | None = None, timeout_s: float = 300.0,
            threads_per_rank: int | None = None, poll_s: float = 0.2,
            startup_s: float = STARTUP_S) -> LaunchResult:
@@ -155,7 +155,9 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
     ``module`` is an imported module's ``__name__`` (``worker.__name__``), so that the import
     graph shows what is launched.
 
-    Each rank must write ``rank{RANK}.json`` into ``config["out_dir"]`` on success; it may write
+    ``config``: a dataclass (the worker's :class:`~.worker_config.WorkerConfig`) or a mapping,
+    written as ``config.json`` with ``out_dir``, ``threads`` and ``pg_timeout_s`` added. Each
+    rank must write ``rank{RANK}.json`` into ``out_dir`` on success; it may write
     ``rank{RANK}.log``, ``.heartbeat`` and, on failure, ``.error``.
 
     Raises:
@@ -175,10 +177,9 @@ def launch(module: str, config: dict, *, nproc_per_node: int, out_dir: str | Pat
         f.unlink()
     cfg_path = out / "config.json"
     # to_json: the params (a frozen Params, a mapping) and any record in the config as plain data
-    cfg_path.write_text(json.dumps(to_json({**config, "out_dir": str(out.resolve()),
-                                            "threads": threads_per_rank,
-                                            "pg_timeout_s": pg_timeout_s(timeout_s, startup_s)}),
-                                   indent=1))
+    cfg_path.write_text(json.dumps({**to_json(config), "out_dir": str(out.resolve()),
+                                    "threads": threads_per_rank,
+                                    "pg_timeout_s": pg_timeout_s(timeout_s, startup_s)}, indent=1))
     if nnodes == 1 and rdzv_endpoint is None:
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     else:

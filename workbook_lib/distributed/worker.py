@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..records import to_json
+from .worker_config import WorkerConfig
 
 
 class Heartbeat:
@@ -177,8 +178,8 @@ def main(cfg_path: str) -> None:
     set_parent_death_signal()  # torchrun gone: stop too
     if run_root() == os.getpid():  # the launcher's root is on another node (srun) or unnamed:
         os.environ[ROOT_ENV] = str(os.getppid())  # this node's torchrun agent and its ranks
-    cfg = json.loads(Path(cfg_path).read_text())
-    out = Path(cfg["out_dir"])
+    cfg = WorkerConfig.from_json(json.loads(Path(cfg_path).read_text()))
+    out = Path(cfg.out_dir)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     # the host with the pid: on several nodes the launcher signals only its own host's ranks
@@ -248,17 +249,16 @@ def time_allreduces(sizes: list[int], device: torch.device, repeats: int) -> lis
     return out
 
 
-def _main(cfg, out, rank, world, fh, hb):
+def _main(cfg: WorkerConfig, out, rank, world, fh, hb):
     from ..common.device import configure_cpu_allocator
-    from ..configs.validation import validate
     from ..data.snapshots import load_snapshot
     from ..pipelines import build_pipeline, is_builtin
     from ..training import loop
 
-    P = validate(cfg["params"], source="ddp worker config")
-    threads = int(cfg.get("threads") or torch.get_num_threads())
-    threads_all = cfg.get("threads_all")  # the thread-effect arms (smallest world size only)
-    workers = int(cfg["workers"]) if cfg.get("workers") is not None else P.num_workers
+    P = cfg.params
+    threads = int(cfg.threads or torch.get_num_threads())
+    threads_all = cfg.threads_all  # the thread-effect arms (smallest world size only)
+    workers = int(cfg.workers) if cfg.workers is not None else P.num_workers
     torch.set_num_threads(threads)
     alloc = configure_cpu_allocator(P.cpu_allocator_cache)
     backend, device = resolve_backend(P.backend, P.device)
@@ -267,18 +267,18 @@ def _main(cfg, out, rank, world, fh, hb):
     hb.set("init_process_group (rendezvous)")
     # longer than the launcher's stall detection, so that a stopped rank is named by the launcher
     # before the ranks waiting for it time out and blame themselves
-    pg_timeout = float(cfg.get("pg_timeout_s") or cfg["timeout_s"])
+    pg_timeout = float(cfg.pg_timeout_s or cfg.timeout_s)
     dist.init_process_group(backend, timeout=dt.timedelta(seconds=pg_timeout))
-    if cfg.get("fail_rank") == rank:
+    if cfg.fail_rank == rank:
         raise RuntimeError(f"injected failure on rank {rank} (test hook)")
-    if cfg.get("hang_rank") == rank:
+    if cfg.hang_rank == rank:
         hb.set("hanging (test hook)")
         _log(fh, "hanging (test hook)")
         time.sleep(3600)
     hb.set("setup")
-    gap = cfg["gap_strategies"]
-    scaling = cfg["scaling_strategy"]
-    global_batch = cfg["global_batch"]
+    gap = cfg.gap_strategies
+    scaling = cfg.scaling_strategy
+    global_batch = cfg.global_batch
     arms, comm = [], {}
     modules = {}
 
@@ -286,7 +286,7 @@ def _main(cfg, out, rank, world, fh, hb):
 
     def ddp_run(name: str, batch: int | None, tag: str, arm_threads: int | None = None):
         hb.set(f"preparing {name} ({tag})")
-        distinct = min(max(8, cfg["steps_cap"]), 64)  # the stream cycles over them
+        distinct = min(max(8, cfg.steps_cap), 64)  # the stream cycles over them
         try:  # checked once, by the CLI or notebook 03: here only built
             pipe = build_pipeline(P, name, graph, device, batch_size=batch,
                                   n_items=distinct * (batch or 1) * P.grad_accum_steps,
@@ -302,8 +302,8 @@ def _main(cfg, out, rank, world, fh, hb):
             bucket_cap_mb=P.bucket_cap_mb)
         hb.set(f"building the data pipeline ({tag})")
         timer = CommTimer(world, device, hb,
-                          delay_s=float(cfg.get("slow_rank_delay_s", 0.0))
-                          if cfg.get("slow_rank") == rank else 0.0,
+                          delay_s=float(cfg.slow_rank_delay_s)
+                          if cfg.slow_rank == rank else 0.0,
                           threads=arm_threads or threads)
         model.register_comm_hook(None, timer.hook)
         opt = pipe.configure_optimizer([p for p in pipe.model.parameters() if p.requires_grad])
@@ -314,7 +314,7 @@ def _main(cfg, out, rank, world, fh, hb):
         comm[tag] = timer
         return pipe, model, opt, ld, timer
 
-    pipe, model, opt, ld, timer = ddp_run(scaling, cfg["batch_size"], "scaling")
+    pipe, model, opt, ld, timer = ddp_run(scaling, cfg.batch_size, "scaling")
     a = P.grad_accum_steps
     # the loss-side all-gather needs a loss that can gather (the built-in pipelines' can)
     gather = P.use_ddp_gather and is_builtin(scaling)
@@ -339,7 +339,7 @@ def _main(cfg, out, rank, world, fh, hb):
                                           gather=P.use_ddp_gather and is_builtin(name)),
                              model=gmodel, optimizer=gopt, hooks=gtimer))
     if threads_all and world == 1:  # the same arms with the whole share: the thread effect
-        tpipe, tmodel, topt, tld, ttimer = ddp_run(scaling, cfg["batch_size"], "all-threads",
+        tpipe, tmodel, topt, tld, ttimer = ddp_run(scaling, cfg.batch_size, "all-threads",
                                                    int(threads_all))
         arms.append(loop.Arm(f"{scaling}/ddp@all-threads", tpipe, tld,
                              loop.Variant("ddp", "full", gather=gather), model=tmodel,
@@ -352,16 +352,16 @@ def _main(cfg, out, rank, world, fh, hb):
                                               gather=P.use_ddp_gather and is_builtin(name)),
                                  model=gmodel, optimizer=gopt, hooks=gtimer))
     hb.set("training loop")
-    _log(fh, f"{len(arms)} arms interleaved, {cfg['steps']}..{cfg['steps_cap']} timed steps each")
+    _log(fh, f"{len(arms)} arms interleaved, {cfg.steps}..{cfg.steps_cap} timed steps each")
 
     def agree(flag: bool) -> bool:
         hb.set("agreeing to stop (all-reduce)")
         r = _agree(flag, device)
         hb.set("training loop")
         return r
-    results = loop.run_arms(arms, warmup_steps=cfg["warmup"], min_steps=cfg["steps"],
-                            max_steps=cfg["steps_cap"], target=P.precision_target,
-                            budget_s=cfg["budget_s"], interleave=workers == 0,
+    results = loop.run_arms(arms, warmup_steps=cfg.warmup, min_steps=cfg.steps,
+                            max_steps=cfg.steps_cap, target=P.precision_target,
+                            budget_s=cfg.budget_s, interleave=workers == 0,
                             count_syncs=False, agree=agree, desc=f"rank {rank}",
                             stall_timeout_s=P.stall_timeout_s, notebook="04",
                             procs=int(os.environ.get("LOCAL_WORLD_SIZE") or world))
@@ -379,7 +379,7 @@ def _main(cfg, out, rank, world, fh, hb):
                      if p.requires_grad)
     hb.set("timing all-reduces (collective)")
     sizes = sorted({4096, 65536, 1 << 20, 4 << 20, 16 << 20, grad_bytes})
-    allreduce = time_allreduces(sizes, device, max(5, cfg["steps"]))
+    allreduce = time_allreduces(sizes, device, max(5, cfg.steps))
     doc = {"rank": rank, "world_size": world, "backend": backend, "device": str(device),
            "threads": threads, "threads_all": threads_all if world == 1 else None,
            "workers": workers, "cpu_allocator": alloc,

@@ -327,6 +327,7 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
     """A short torchrun launch of the DDP worker with the comm hook."""
     from ..studies.ddp import summary
     from ..distributed import launcher, worker
+    from ..distributed.worker_config import WorkerConfig
 
     t0 = time.perf_counter()
     if ranks < 2:
@@ -340,9 +341,9 @@ def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
     backend = "nccl" if device.type == "cuda" else "gloo"
     p = params.replace(backend=backend, device=device.type)
     slow, fast = p.gap_strategies
-    cfg = {"params": p, "scaling_strategy": ddp_strategy(p), "gap_strategies": [slow, fast],
-           "batch_size": p.ddp_batch_size, "global_batch": p.ddp_batch_size * ranks,
-           "steps": 2, "steps_cap": 2, "warmup": 1, "budget_s": 30, "timeout_s": 120}
+    cfg = WorkerConfig(params=p, scaling_strategy=ddp_strategy(p), gap_strategies=[slow, fast],
+                       batch_size=p.ddp_batch_size, global_batch=p.ddp_batch_size * ranks,
+                       steps=2, steps_cap=2, warmup=1, budget_s=30, timeout_s=120)
     with tempfile.TemporaryDirectory() as d:
         try:
             res = launcher.launch(worker.__name__, cfg, nproc_per_node=ranks,

@@ -5,7 +5,7 @@ fails in a rank is recorded and the launch made again without it; other failures
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -20,6 +20,7 @@ from . import allreduce_model as arm
 from .summary import efficiencies, gap_decomposition, summarize, within_noise
 from ...distributed import worker
 from ...distributed.launcher import launch
+from ...distributed.worker_config import WorkerConfig
 from ...distributed.plan import plan
 
 ROUNDS = 2  # launches per world size, alternated
@@ -61,13 +62,12 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path,
         return pl, got
     slow, fast = params.gap_strategies
     scaling = ddp_strategy(params)
-    cfg = {"params": params.replace(backend=pl.backend),
-           "scaling_strategy": scaling, "gap_strategies": [slow, fast],
-           "batch_size": params.ddp_batch_size,
-           "global_batch": params.ddp_batch_size * max(params.world_sizes),
-           "steps": params.ddp_steps, "steps_cap": 3 * params.ddp_steps,
-           "warmup": max(1, params.warmup), "budget_s": params.ddp_budget_s / rounds,
-           "timeout_s": params.ddp_timeout_s}
+    cfg = WorkerConfig(params=params.replace(backend=pl.backend), scaling_strategy=scaling,
+                       gap_strategies=[slow, fast], batch_size=params.ddp_batch_size,
+                       global_batch=params.ddp_batch_size * max(params.world_sizes),
+                       steps=params.ddp_steps, steps_cap=3 * params.ddp_steps,
+                       warmup=max(1, params.warmup), budget_s=params.ddp_budget_s / rounds,
+                       timeout_s=params.ddp_timeout_s)
     got.by_world = {ln.world_size: (ln, []) for ln in pl.launches}
     for i in range(rounds):
         for ln in pl.launches:
@@ -83,8 +83,8 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path,
                 gap = [g for g in (slow, fast) if g not in got.failures]
                 try:
                     res = launch(worker.__name__,
-                                 {**cfg, "gap_strategies": gap, "workers": ln.workers_per_rank,
-                                  "threads_all": ln.threads_all},
+                                 replace(cfg, gap_strategies=gap, workers=ln.workers_per_rank,
+                                         threads_all=ln.threads_all),
                                  nproc_per_node=ln.procs_per_node, nnodes=ln.nnodes,
                                  rdzv_endpoint=params.rdzv_endpoint, out_dir=out_dir,
                                  timeout_s=params.ddp_timeout_s,
