@@ -313,7 +313,7 @@ class ConvertedEncoder(nn.Module):
             _plan_full(plan, rows)
         elif self.readout_module is not None:
             kept = plan.keep.view(-1).nonzero().flatten()
-            plan.put(("kept",), rows.lookup(kept))
+            _put_pick(plan, ("kept",), rows.lookup(kept))
             plan.put(("kept_b",), kept // n)
         else:
             plan.put(("r_n",), rows.flat % n)
@@ -565,7 +565,7 @@ class ConvertedEncoder(nn.Module):
         if self.readout_kind is None and self.readout_module is None:
             return _full(out, plan, dev)
         if self.readout_module is not None:
-            return self.readout_module(out.table().index_select(0, plan.dev(("kept",), None, dev)),
+            return self.readout_module(_pick(out, ("kept",), plan, dev),
                                        index=plan.dev(("kept_b",), None, dev), dim_size=b)
         rows = out.rows
         wt_rows = out.wt.index_select(0, plan.dev(("r_n",), None, dev))
@@ -704,24 +704,65 @@ def _call(node: fx.Node, args, kwargs):
     return node.target(*args, **kwargs)
 
 
+class _Pick(torch.autograd.Function):
+    """Rows of ``cat([wt, values])`` without making it: ``out[pos_w] = wt[src_w]``,
+    ``out[pos_v] = values[src_v]``; the backward scatters into ``wt``'s and ``values``' shapes
+    only (no table's copy forward, no table-sized gradient)."""
+
+    @staticmethod
+    def forward(ctx, wt, values, pos_w, src_w, pos_v, src_v):
+        ctx.save_for_backward(pos_w, src_w, pos_v, src_v)
+        ctx.shapes = (wt.shape[0], values.shape[0])
+        out = wt.new_empty(pos_w.numel() + pos_v.numel(), wt.shape[1])
+        out.index_copy_(0, pos_w, wt.index_select(0, src_w))
+        out.index_copy_(0, pos_v, values.index_select(0, src_v))
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        pos_w, src_w, pos_v, src_v = ctx.saved_tensors
+        gw = gv = None
+        if ctx.needs_input_grad[0]:
+            gw = g.new_zeros(ctx.shapes[0], g.shape[1]).index_add_(0, src_w,
+                                                                    g.index_select(0, pos_w))
+        if ctx.needs_input_grad[1]:
+            gv = g.new_zeros(ctx.shapes[1], g.shape[1]).index_add_(0, src_v,
+                                                                    g.index_select(0, pos_v))
+        return gw, gv, None, None, None, None
+
+
+def _put_pick(plan: _Plan, key, idx: torch.Tensor) -> None:
+    """Keep table indices ``idx`` (into ``cat([wt, values])``) split for :func:`_pick`."""
+    w = idx < plan.num_nodes
+    plan.put(key + ("pw",), w.nonzero().flatten())
+    plan.put(key + ("sw",), idx[w])
+    plan.put(key + ("pv",), (~w).nonzero().flatten())
+    plan.put(key + ("sv",), idx[~w] - plan.num_nodes)
+
+
+def _pick(v: _Val, key, plan: _Plan, dev) -> torch.Tensor:
+    """The rows of ``v``'s table that :func:`_put_pick` kept under ``key``."""
+    return _Pick.apply(v.wt, v.values, *(plan.dev(key + (s,), None, dev)
+                                          for s in ("pw", "sw", "pv", "sv")))
+
+
 def _to_rows(v: _Val, rows: _Rows, plan: _Plan, dev) -> _Val:
     """``v`` with its values at ``rows`` (a superset of its own rows)."""
     if v.rows is rows:
         return v
-    idx = plan.dev(("to", id(v.rows), id(rows)), None, dev)
-    return _Val(v.wt, v.table().index_select(0, idx), rows)
+    return _Val(v.wt, _pick(v, ("to", id(v.rows), id(rows)), plan, dev), rows)
 
 
 def _plan_to_rows(plan: _Plan, src: _Rows, dst: _Rows) -> None:
     """The host index :func:`_to_rows` reads: ``src``'s table rows at ``dst``'s rows."""
     if src is not dst:
-        plan.put(("to", id(src), id(dst)), src.lookup(dst.flat))
+        _put_pick(plan, ("to", id(src), id(dst)), src.lookup(dst.flat))
 
 
 def _plan_full(plan: _Plan, rows: _Rows) -> None:
     """The host index :func:`_full` reads (none for dense rows)."""
     if not rows.dense:
-        plan.put(("full", id(rows)), rows.lookup(torch.arange(plan.keep.numel())))
+        _put_pick(plan, ("full", id(rows)), rows.lookup(torch.arange(plan.keep.numel())))
 
 
 def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
@@ -729,8 +770,7 @@ def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
     b, n = plan.keep.shape
     if v.rows.dense:
         return v.values.view(b, n, -1)
-    idx = plan.dev(("full", id(v.rows)), None, dev)
-    return v.table().index_select(0, idx).view(b, n, -1)
+    return _pick(v, ("full", id(v.rows)), plan, dev).view(b, n, -1)
 
 
 def _finish(kind: type, m: nn.Module, agg: torch.Tensor, x_self: torch.Tensor) -> torch.Tensor:
