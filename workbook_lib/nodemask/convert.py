@@ -156,6 +156,8 @@ class _ConvPlan:
     rows_out: _Rows
     entries: int  # in-edges read per batch (delta) or kept edges x samples (dense)
     host: dict  # index tensors: src, dst, weight, self_idx, self_coef (delta); keep, ... (dense)
+    src: object = None  # the fx node of its input: the convs reading one value share products
+    mean: bool = False  # mean aggregation
 
 
 class _Plan:
@@ -174,6 +176,7 @@ class _Plan:
         self._dev: dict = {}
         self.index: dict = {}
         self.kept_degree: dict = {}  # per edge type
+        self.groups: dict = {}  # input fx node -> (conv plans, row sizes): one product each
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -263,6 +266,7 @@ class ConvertedEncoder(nn.Module):
                 out = node.args[0]
                 self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
                                                     else out])
+        _plan_groups(plan)
         self._plan_cache = (key, plan)
         return plan
 
@@ -282,8 +286,9 @@ class ConvertedEncoder(nn.Module):
             m = self._named[node.target]
             if isinstance(m, HeteroConv):
                 rows_in = next(iter(_arg_rows(node.args[0], env)))
+                src = next(iter(node.args[0].values()))
                 per_type = [self._plan_conv(f"{node.target}[{_key(et)}]", c, edges[et],
-                                            rows_in, plan)
+                                            rows_in, plan, src)
                             for et, c in m.convs.items() if et in edges]
                 rows = _Rows.union(per_type)
                 for r in per_type:
@@ -291,7 +296,8 @@ class ConvertedEncoder(nn.Module):
                 return {et[2]: rows for et in m.convs.keys()}
             if isinstance(m, MessagePassing) or type(m) in self.register:
                 key = env[node.args[1]][1]
-                return self._plan_conv(node.target, m, edges[key], env[node.args[0]], plan)
+                return self._plan_conv(node.target, m, edges[key], env[node.args[0]], plan,
+                                       node.args[0])
             rows = env[node.args[0]]
             plan.order.append((node.target, type(m).__name__, rows))
             return rows
@@ -322,7 +328,7 @@ class ConvertedEncoder(nn.Module):
             plan.put(("nkept",), plan.keep.sum(1, keepdim=True).clamp(min=1))
 
     def _plan_conv(self, path: str, m: nn.Module, e: _Edges, rows_in: _Rows,
-                   plan: _Plan) -> _Rows:
+                   plan: _Plan, src=None) -> _Rows:
         kind = conv_kind(m, path, self.register)
         if (path, e.key) in plan.convs:
             raise ConvertError(f"{_name(plan.convs[(path, e.key)])} is called twice on one edge "
@@ -366,7 +372,7 @@ class ConvertedEncoder(nn.Module):
             elif gcn_norm:
                 host["weight"] = dinv[qb, j] * dinv[qb, qn]
                 host["self_coef"] = fill * dinv.view(-1)[q].pow(2)
-        cp = _ConvPlan(path, kind, e, rows_in, rows_out, entries, host)
+        cp = _ConvPlan(path, kind, e, rows_in, rows_out, entries, host, src, aggr_mean)
         plan.convs[(path, e.key)] = cp
         plan.order.append((path, kind.__name__, cp))
         return rows_out
@@ -404,6 +410,7 @@ class ConvertedEncoder(nn.Module):
 
     def _execute(self, x: torch.Tensor, plan: _Plan) -> _Val:
         env: dict = {}
+        self._grouped_out: dict = {}  # this call's grouped products, per input fx node
         dev = x.device
         graph_dev = self._graph_on(dev)
         for node in self._graph(self.encoder.training).nodes:
@@ -454,6 +461,8 @@ class ConvertedEncoder(nn.Module):
 
     def _run_conv(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
         kind, h = cp.kind, cp.host
+        if cp.src in plan.groups:
+            return self._run_grouped(cp, m, vin, plan, dev)
         wt = self._wildtype_conv(cp, m, vin.wt, dev)
         k = (cp.path, cp.edges.key)
         gcn = kind is GCNConv
@@ -494,6 +503,50 @@ class ConvertedEncoder(nn.Module):
                     table.dtype).unsqueeze(1)
         self._widths[k] = int(agg.shape[-1])
         return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
+
+    def _run_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
+        """A delta conv whose aggregation comes from its group's products: every conv reading
+        ``vin`` aggregates the wildtype in one stacked sparse product and its changed rows (with
+        their own rows) in another, so each layer's input gets one gradient per part."""
+        key = cp.src
+        if key not in self._grouped_out:
+            cps, sizes = plan.groups[key]
+            wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
+            g = ("g", id(key))
+            a, at = (torch.sparse_csr_tensor(
+                plan.dev(g + (t, "crow"), None, dev), plan.dev(g + (t, "col"), None, dev),
+                plan.dev(g + (t, "val"), None, dev).to(vin.wt.dtype),
+                plan.index[g + (t, "shape")], check_invariants=False) for t in ("a", "at"))
+            delta = _SpMM.apply(vin.table(), a, at)
+            self._grouped_out[key] = (wt.split(vin.wt.shape[0]), delta.split(sizes),
+                                      {id(c): i for i, c in enumerate(cps)})
+        wts, deltas, at = self._grouped_out[key]
+        i = at[id(cp)]
+        self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
+        return _Val(_finish(cp.kind, m, wts[i], vin.wt),
+                    _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1]), cp.rows_out)
+
+    def _wildtype_stack(self, cps: list, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The convs' wildtype aggregations stacked (``[len(cps) * N, N]``, CSR) and its
+        transpose, made once per graph (mean aggregation: ``1 / max(deg, 1)`` in the values)."""
+        key = ("stack", tuple((id(c.edges), c.mean) for c in cps), dev, dtype)
+        if key not in self._device_graph:
+            rows, cols, vals, off = [], [], [], 0
+            for c in cps:
+                e = c.edges
+                n = e.num_nodes
+                cnt = e.in_ptr[1:] - e.in_ptr[:-1]
+                rows.append(torch.repeat_interleave(torch.arange(n), cnt) + off)
+                cols.append(e.in_src)
+                w = torch.ones(e.in_src.numel(), dtype=torch.float64)
+                if c.mean:
+                    w = w / torch.repeat_interleave(cnt.clamp(min=1).double(), cnt)
+                vals.append(w)
+                off += n
+            n = cps[0].edges.num_nodes
+            self._device_graph[key] = _csr_pair(torch.cat(rows), torch.cat(cols),
+                                                torch.cat(vals), off, n, dev, dtype)
+        return self._device_graph[key]
 
     def _wildtype_conv(self, cp: _ConvPlan, m: nn.Module, x: torch.Tensor, dev) -> torch.Tensor:
         """The conv on the whole graph, as one sparse product (PyG's own GCN normalization
@@ -702,6 +755,67 @@ def _call(node: fx.Node, args, kwargs):
     if node.op == "call_method":
         return getattr(args[0], node.target)(*args[1:], **kwargs)
     return node.target(*args, **kwargs)
+
+
+class _SpMM(torch.autograd.Function):
+    """``a @ x`` for a CSR ``a`` whose transpose ``at`` is given: the backward is one product
+    (autograd's own transposes ``a`` into a new CSR every call)."""
+
+    @staticmethod
+    def forward(ctx, x, a, at):
+        ctx.at = at
+        return torch.sparse.mm(a, x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (torch.sparse.mm(ctx.at, g) if ctx.needs_input_grad[0] else None), None, None
+
+
+def _csr_pair(rows, cols, vals, nrows: int, ncols: int, dev, dtype=None):
+    """CSR ``[nrows, ncols]`` of COO entries (``rows`` ascending) and its transpose."""
+    order = torch.argsort(cols, stable=True)
+    out = []
+    for r, c, v, shape in ((rows, cols, vals, (nrows, ncols)),
+                           (cols[order], rows[order], vals[order], (ncols, nrows))):
+        crow = _ptr(torch.bincount(r, minlength=shape[0]))
+        out.append(torch.sparse_csr_tensor(crow.to(dev), c.to(dev), v.to(dtype).to(dev), shape,
+                                           check_invariants=False))
+    return tuple(out)
+
+
+def _plan_groups(plan: _Plan) -> None:
+    """Group the delta convs (not GCN) by the fx node they read: per group, the host CSR of
+    every conv's changed rows' in-edges and own rows (``[agg_0; self_0; agg_1; ...]`` over
+    ``cat([wildtype, values])``) and its transpose."""
+    groups: dict = {}
+    for cp in plan.convs.values():
+        if cp.src is not None and cp.kind is not GCNConv and not cp.rows_out.dense:
+            groups.setdefault(cp.src, []).append(cp)
+    n = plan.num_nodes
+    for src, cps in groups.items():
+        ncol = n + cps[0].rows_in.count
+        rows, cols, vals, sizes, off = [], [], [], [], 0
+        for cp in cps:
+            h, c = cp.host, cp.rows_out.count
+            cnt = h["crow"][1:] - h["crow"][:-1]
+            rows += [torch.repeat_interleave(torch.arange(c), cnt) + off,
+                     torch.arange(c) + off + c]
+            cols += [h["src"], h["self_idx"]]
+            vals += [h["weight"] if "weight" in h else torch.ones(h["src"].numel(),
+                                                                   dtype=torch.float64),
+                     torch.ones(c, dtype=torch.float64)]
+            sizes += [c, c]
+            off += 2 * c
+        r, c, v = torch.cat(rows), torch.cat(cols), torch.cat(vals)
+        order = torch.argsort(c, stable=True)
+        g = ("g", id(src))
+        for t, (rr, cc, vv, shape) in (("a", (r, c, v, (off, ncol))),
+                                       ("at", (c[order], r[order], v[order], (ncol, off)))):
+            plan.put(g + (t, "crow"), _ptr(torch.bincount(rr, minlength=shape[0])))
+            plan.put(g + (t, "col"), cc)
+            plan.put(g + (t, "val"), vv)
+            plan.index[g + (t, "shape")] = shape
+        plan.groups[src] = (cps, sizes)
 
 
 class _Pick(torch.autograd.Function):
