@@ -158,6 +158,7 @@ class _ConvPlan:
     host: dict  # index tensors: src, dst, weight, self_idx, self_coef (delta); keep, ... (dense)
     src: object = None  # the fx node of its input: the convs reading one value share products
     mean: bool = False  # mean aggregation
+    grouped: bool = False  # its aggregation comes from its group's products (_plan_groups)
 
 
 class _Plan:
@@ -461,7 +462,7 @@ class ConvertedEncoder(nn.Module):
 
     def _run_conv(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
         kind, h = cp.kind, cp.host
-        if cp.src in plan.groups:
+        if cp.grouped:
             return self._run_grouped(cp, m, vin, plan, dev)
         wt = self._wildtype_conv(cp, m, vin.wt, dev)
         k = (cp.path, cp.edges.key)
@@ -816,6 +817,8 @@ def _plan_groups(plan: _Plan) -> None:
             plan.put(g + (t, "val"), vv)
             plan.index[g + (t, "shape")] = shape
         plan.groups[src] = (cps, sizes)
+        for cp in cps:
+            cp.grouped = True
 
 
 class _Pick(torch.autograd.Function):
