@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -66,9 +67,9 @@ class _Edges:
     def receivers(self, flat: torch.Tensor) -> torch.Tensor:
         """Flat (sample, gene) ``b*N + n`` of every out-neighbour of the rows ``flat``."""
         n = self.num_nodes
-        b, j = flat // n, flat % n
-        nbr, owner = _expand(self.out_ptr, j)
-        return b[owner] * n + self.out_dst[nbr]
+        f = flat.numpy()
+        nbr, owner = _expand(self.out_ptr, torch.from_numpy(f % n))
+        return torch.from_numpy((f // n)[owner.numpy()] * n + self.out_dst.numpy()[nbr.numpy()])
 
     def lost(self, keep: torch.Tensor) -> torch.Tensor:
         """``[B, N]``: in-edges each gene loses per sample (sources deleted there)."""
@@ -85,13 +86,14 @@ def _ptr(counts: torch.Tensor) -> torch.Tensor:
 
 
 def _expand(ptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(entry positions, owner index) of the CSR ranges ``ptr[rows]..ptr[rows+1]``."""
-    cnt = ptr[rows + 1] - ptr[rows]
-    total = int(cnt.sum())
-    owner = torch.repeat_interleave(torch.arange(rows.numel()), cnt, output_size=total)
-    start = torch.repeat_interleave(ptr[rows] - (torch.cumsum(cnt, 0) - cnt), cnt,
-                                    output_size=total)
-    return start + torch.arange(total), owner
+    """(entry positions, owner index) of the CSR ranges ``ptr[rows]..ptr[rows+1]`` (numpy on
+    the host: a plan makes hundreds of these small index tensors)."""
+    ptr_np, rows_np = ptr.numpy(), rows.numpy()
+    first = ptr_np[rows_np]
+    cnt = ptr_np[rows_np + 1] - first
+    owner = np.repeat(np.arange(rows_np.size, dtype=np.int64), cnt)
+    start = np.repeat(first - (np.cumsum(cnt) - cnt), cnt)
+    return torch.from_numpy(start + np.arange(start.size, dtype=np.int64)), torch.from_numpy(owner)
 
 
 class _Rows:
@@ -105,18 +107,27 @@ class _Rows:
     def __init__(self, mask: torch.Tensor, dense: bool = False):
         b, n = mask.shape
         self.mask, self.dense, self.num_nodes = mask, dense, n
-        self.flat = torch.arange(b * n) if dense else mask.view(-1).nonzero().flatten()
-        self.pos = torch.full((b * n,), -1, dtype=torch.long)
-        self.pos[self.flat] = torch.arange(self.flat.numel())
+        self.flat = torch.arange(b * n) if dense else \
+            torch.from_numpy(np.flatnonzero(mask.numpy()))
+        self._pos: np.ndarray | None = None
 
     @property
     def count(self) -> int:
         return int(self.flat.numel())
 
+    @property
+    def pos(self) -> np.ndarray:
+        """``[B * N]``: each row's place among the changed rows, -1 where unchanged."""
+        if self._pos is None:
+            self._pos = np.full(self.mask.numel(), -1, dtype=np.int64)
+            self._pos[self.flat.numpy()] = np.arange(self.count, dtype=np.int64)
+        return self._pos
+
     def lookup(self, flat: torch.Tensor) -> torch.Tensor:
         """Indices of rows ``flat`` in ``cat([wildtype, values])``."""
-        p = self.pos[flat]
-        return torch.where(p >= 0, self.num_nodes + p, flat % self.num_nodes)
+        f = flat.numpy()
+        p = self.pos[f]
+        return torch.from_numpy(np.where(p >= 0, self.num_nodes + p, f % self.num_nodes))
 
     @staticmethod
     def union(rows: list["_Rows"]) -> "_Rows":
@@ -177,6 +188,7 @@ class _Plan:
         self._dev: dict = {}
         self.index: dict = {}
         self.kept_degree: dict = {}  # per edge type
+        self.kept_edges: dict = {}  # per edge type
         self.groups: dict = {}  # input fx node -> (conv plans, row sizes): one product each
 
     def put(self, key, t: torch.Tensor) -> None:
@@ -218,7 +230,7 @@ class ConvertedEncoder(nn.Module):
         self._graphs: dict[bool, fx.Graph] = {}
         self._named = dict(encoder.named_modules())
         self._graph(encoder.training)
-        self._plan_cache: tuple | None = None
+        self._state: dict = {"plan": None, "grouped": {}}  # (not module attributes: cheaper)
         self._widths: dict = {}
         self._device_graph: dict = {}
 
@@ -254,8 +266,9 @@ class ConvertedEncoder(nn.Module):
         n = n or self.num_nodes
         d = validate_deleted(deleted, n).cpu()
         key = (n, self.encoder.training, tuple(d.shape), d.numpy().tobytes())
-        if self._plan_cache is not None and self._plan_cache[0] == key:
-            return self._plan_cache[1]
+        cached = self._state["plan"]
+        if cached is not None and cached[0] == key:
+            return cached[1]
         keep = torch.ones(d.shape[0], n, dtype=torch.bool)
         b_idx = torch.arange(d.shape[0]).unsqueeze(1).expand_as(d)
         keep[b_idx[d >= 0], d[d >= 0]] = False
@@ -268,12 +281,12 @@ class ConvertedEncoder(nn.Module):
                 self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
                                                     else out])
         _plan_groups(plan)
-        self._plan_cache = (key, plan)
+        self._state["plan"] = (key, plan)
         return plan
 
     def clear_plan(self) -> None:
         """Forget the cached plan of the last batch (the next call plans afresh)."""
-        self._plan_cache = None
+        self._state["plan"] = None
 
     def _plan_node(self, node: fx.Node, plan: _Plan, edges: dict):
         env = plan.rows
@@ -339,15 +352,19 @@ class ConvertedEncoder(nn.Module):
             plan.kept_degree[e.key] = (e.deg.unsqueeze(0) - e.lost(keep)) * keep
         cnt = plan.kept_degree[e.key]
         mask = rows_in.mask.clone().view(-1)
-        mask[e.receivers(rows_in.flat if not rows_in.dense else torch.arange(b * n))] = True
+        mask.numpy()[e.receivers(rows_in.flat if not rows_in.dense
+                                 else torch.arange(b * n)).numpy()] = True
         gcn_norm = kind is GCNConv and m.normalize
         if gcn_norm:  # a deletion's receivers lose degree: their out-neighbours change too
             lowered = ((cnt != e.deg.unsqueeze(0)) & keep).view(-1).nonzero().flatten()
             mask[e.receivers(lowered)] = True
         mask = mask.view(b, n)
-        kept_edges = int(cnt.sum())
+        if e.key not in plan.kept_edges:
+            plan.kept_edges[e.key] = int(cnt.sum())
+        kept_edges = plan.kept_edges[e.key]
         delta_rows = _Rows(mask)
-        entries = int(cnt.view(-1)[delta_rows.flat].sum())
+        cnt_np = cnt.numpy().reshape(-1)
+        entries = int(cnt_np[delta_rows.flat.numpy()].sum())
         dense = rows_in.dense or (entries + delta_rows.count) > DENSE_SHARE * (kept_edges + b * n)
         fill = 2.0 if getattr(m, "improved", False) else 1.0
         dinv = (cnt.double() + fill).pow(-0.5) if kind is GCNConv else None
@@ -361,15 +378,20 @@ class ConvertedEncoder(nn.Module):
         else:
             rows_out = delta_rows
             q = rows_out.flat
-            pos, owner = _expand(e.in_ptr, q % n)
-            qb, qn, j = q[owner] // n, q[owner] % n, e.in_src[pos]
-            ok = keep[qb, j] & keep[qb, qn]
-            qb, qn, j, owner = qb[ok], qn[ok], j[ok], owner[ok]
-            host = {"src": rows_in.lookup(qb * n + j),  # owner (the row) is ascending
-                    "crow": _ptr(torch.bincount(owner, minlength=q.numel())),
-                    "self_idx": rows_in.lookup(q)}
+            qn_np = q.numpy() % n
+            pos, owner = (t.numpy() for t in _expand(e.in_ptr, torch.from_numpy(qn_np)))
+            qo = q.numpy()[owner]
+            qb, j = qo // n, e.in_src.numpy()[pos]
+            keep_np = keep.numpy().reshape(-1)
+            ok = keep_np[qb * n + j] & keep_np[qo]
+            qb, qo, j, owner = qb[ok], qo[ok], j[ok], owner[ok]
+            crow = np.zeros(q.numel() + 1, dtype=np.int64)
+            np.cumsum(np.bincount(owner, minlength=q.numel()), out=crow[1:])
+            host = {"src": rows_in.lookup(torch.from_numpy(qb * n + j)),  # owner ascending
+                    "crow": torch.from_numpy(crow), "self_idx": rows_in.lookup(q)}
+            qb, qn, j, owner = (torch.from_numpy(t) for t in (qb, qo % n, j, owner))
             if aggr_mean:
-                host["weight"] = 1.0 / cnt[qb, qn].double()
+                host["weight"] = torch.from_numpy(1.0 / cnt_np[qo].astype(np.float64))
             elif gcn_norm:
                 host["weight"] = dinv[qb, j] * dinv[qb, qn]
                 host["self_coef"] = fill * dinv.view(-1)[q].pow(2)
@@ -411,7 +433,7 @@ class ConvertedEncoder(nn.Module):
 
     def _execute(self, x: torch.Tensor, plan: _Plan) -> _Val:
         env: dict = {}
-        self._grouped_out: dict = {}  # this call's grouped products, per input fx node
+        self._state["grouped"] = {}  # this call's grouped products, per input fx node
         dev = x.device
         graph_dev = self._graph_on(dev)
         for node in self._graph(self.encoder.training).nodes:
@@ -510,7 +532,8 @@ class ConvertedEncoder(nn.Module):
         ``vin`` aggregates the wildtype in one stacked sparse product and its changed rows (with
         their own rows) in another, so each layer's input gets one gradient per part."""
         key = cp.src
-        if key not in self._grouped_out:
+        grouped = self._state["grouped"]
+        if key not in grouped:
             cps, sizes = plan.groups[key]
             wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
             g = ("g", id(key))
@@ -519,9 +542,9 @@ class ConvertedEncoder(nn.Module):
                 plan.dev(g + (t, "val"), None, dev).to(vin.wt.dtype),
                 plan.index[g + (t, "shape")], check_invariants=False) for t in ("a", "at"))
             delta = _SpMM.apply(vin.table(), a, at)
-            self._grouped_out[key] = (wt.split(vin.wt.shape[0]), delta.split(sizes),
+            grouped[key] = (wt.split(vin.wt.shape[0]), delta.split(sizes),
                                       {id(c): i for i, c in enumerate(cps)})
-        wts, deltas, at = self._grouped_out[key]
+        wts, deltas, at = grouped[key]
         i = at[id(cp)]
         self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
         return _Val(_finish(cp.kind, m, wts[i], vin.wt),
@@ -850,11 +873,13 @@ class _Pick(torch.autograd.Function):
 
 def _put_pick(plan: _Plan, key, idx: torch.Tensor) -> None:
     """Keep table indices ``idx`` (into ``cat([wt, values])``) split for :func:`_pick`."""
-    w = idx < plan.num_nodes
-    plan.put(key + ("pw",), w.nonzero().flatten())
-    plan.put(key + ("sw",), idx[w])
-    plan.put(key + ("pv",), (~w).nonzero().flatten())
-    plan.put(key + ("sv",), idx[~w] - plan.num_nodes)
+    i = idx.numpy()
+    w = i < plan.num_nodes
+    pw, pv = np.flatnonzero(w), np.flatnonzero(~w)
+    plan.put(key + ("pw",), torch.from_numpy(pw))
+    plan.put(key + ("sw",), torch.from_numpy(i[pw]))
+    plan.put(key + ("pv",), torch.from_numpy(pv))
+    plan.put(key + ("sv",), torch.from_numpy(i[pv] - plan.num_nodes))
 
 
 def _pick(v: _Val, key, plan: _Plan, dev) -> torch.Tensor:
