@@ -821,23 +821,24 @@ def _plan_groups(plan: _Plan) -> None:
         rows, cols, vals, sizes, off = [], [], [], [], 0
         for cp in cps:
             h, c = cp.host, cp.rows_out.count
-            cnt = h["crow"][1:] - h["crow"][:-1]
-            rows += [torch.repeat_interleave(torch.arange(c), cnt) + off,
-                     torch.arange(c) + off + c]
-            cols += [h["src"], h["self_idx"]]
-            vals += [h["weight"] if "weight" in h else torch.ones(h["src"].numel(),
-                                                                   dtype=torch.float64),
-                     torch.ones(c, dtype=torch.float64)]
+            crow = h["crow"].numpy()
+            rows += [np.repeat(np.arange(off, off + c, dtype=np.int64), np.diff(crow)),
+                     np.arange(off + c, off + 2 * c, dtype=np.int64)]
+            cols += [h["src"].numpy(), h["self_idx"].numpy()]
+            vals += [h["weight"].numpy() if "weight" in h else np.ones(h["src"].numel()),
+                     np.ones(c)]
             sizes += [c, c]
             off += 2 * c
-        r, c, v = torch.cat(rows), torch.cat(cols), torch.cat(vals)
-        order = torch.argsort(c, stable=True)
+        r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+        order = np.argsort(c, kind="stable")
         g = ("g", id(src))
         for t, (rr, cc, vv, shape) in (("a", (r, c, v, (off, ncol))),
                                        ("at", (c[order], r[order], v[order], (ncol, off)))):
-            plan.put(g + (t, "crow"), _ptr(torch.bincount(rr, minlength=shape[0])))
-            plan.put(g + (t, "col"), cc)
-            plan.put(g + (t, "val"), vv)
+            crow = np.zeros(shape[0] + 1, dtype=np.int64)
+            np.cumsum(np.bincount(rr, minlength=shape[0]), out=crow[1:])
+            plan.put(g + (t, "crow"), torch.from_numpy(crow))
+            plan.put(g + (t, "col"), torch.from_numpy(np.ascontiguousarray(cc)))
+            plan.put(g + (t, "val"), torch.from_numpy(np.ascontiguousarray(vv)))
             plan.index[g + (t, "shape")] = shape
         plan.groups[src] = (cps, sizes)
         for cp in cps:
