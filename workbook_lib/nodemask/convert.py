@@ -788,11 +788,18 @@ class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, a, at):
         ctx.at = at
-        return torch.sparse.mm(a, x)
+        return _csr_mm(a, x)
 
     @staticmethod
     def backward(ctx, g):
-        return (torch.sparse.mm(ctx.at, g) if ctx.needs_input_grad[0] else None), None, None
+        return (_csr_mm(ctx.at, g) if ctx.needs_input_grad[0] else None), None, None
+
+
+def _csr_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``a @ x`` written into a new buffer (``beta=0``: its contents are ignored), without the
+    zero-filled result and copy that ``torch.sparse.mm`` makes on the CPU."""
+    out = x.new_empty(a.shape[0], x.shape[1])
+    return torch.addmm(out, a, x.contiguous(), beta=0, out=out)
 
 
 def _csr_pair(rows, cols, vals, nrows: int, ncols: int, dev, dtype=None):
