@@ -16,6 +16,7 @@ row of a graph, and the exact changed rows of a deletion are this library's subj
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -317,6 +318,18 @@ class ConvertedEncoder(nn.Module):
             return rows
         if node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
             return env[node.args[0]][node.args[1]]
+        inner, final = self._sums(self.encoder.training)
+        if node in inner:
+            return None  # computed by the chain's last add
+        if node in final:
+            found = [env[o] for o in final[node]]
+            if not all(isinstance(r, _Rows) for r in found):
+                raise ConvertError(f"{node.name}: a sum of module outputs reads a value that is "
+                                   "not per gene")
+            rows = _Rows.union(found)
+            for r in found:
+                _plan_to_rows(plan, r, rows)
+            return rows
         found = list(_arg_rows(list(node.args) + list(node.kwargs.values()), env))
         if not found:
             return None
@@ -436,6 +449,7 @@ class ConvertedEncoder(nn.Module):
         self._state["grouped"] = {}  # this call's grouped products, per input fx node
         dev = x.device
         graph_dev = self._graph_on(dev)
+        sums = self._sums(self.encoder.training)
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
             if node.op == "placeholder":
@@ -452,9 +466,61 @@ class ConvertedEncoder(nn.Module):
                 env[node] = self._run_module(node, plan, env, dev)
             elif node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
                 env[node] = env[node.args[0]][node.args[1]]
+            elif node in sums[0]:
+                env[node] = None  # computed by the chain's last add
+            elif node in sums[1]:
+                env[node] = self._run_sum([env[o] for o in sums[1][node]], rows, plan, dev)
             else:
                 env[node] = self._run_function(node, rows, env, plan, dev)
         raise ValueError("the traced forward has no output")
+
+    def _sums(self, training: bool) -> tuple[set, dict]:
+        """Chains of ``+`` over module outputs (``sum(conv(x, e) for e in ...)``): the inner
+        adds (each the single input of the next) and, per last add, its operands in order. The
+        last add sums them at once: one union of changed rows, one pick per operand."""
+        key = ("sums", training)
+        if key in self._device_graph:
+            return self._device_graph[key]
+
+        def is_add(n):
+            return n.op == "call_function" and n.target is operator.add and len(n.args) == 2 \
+                and not n.kwargs
+
+        def module_value(a):
+            return isinstance(a, fx.Node) and a.op == "call_module" and \
+                not isinstance(self._named[a.target], HeteroConv)
+
+        inner: set = set()
+        final: dict = {}
+        for n in self._graph(training).nodes:
+            if not is_add(n):
+                continue
+            a0, a1 = n.args
+            zero = isinstance(a0, int) and not isinstance(a0, bool) and a0 == 0
+            if not module_value(a1) or not (zero or module_value(a0) or a0 in inner):
+                continue
+            users = list(n.users)
+            if len(users) == 1 and is_add(users[0]) and users[0].args[0] is n and \
+                    module_value(users[0].args[1]):
+                inner.add(n)
+            elif isinstance(a0, fx.Node) and a0 in inner:
+                ops, cur = [], n
+                while cur is n or (isinstance(cur, fx.Node) and cur in inner):
+                    ops.append(cur.args[1])
+                    cur = cur.args[0]
+                if isinstance(cur, fx.Node):
+                    ops.append(cur)
+                final[n] = ops[::-1]
+        self._device_graph[key] = (inner, final)
+        return inner, final
+
+    def _run_sum(self, vals: list, rows: _Rows, plan: _Plan, dev) -> _Val:
+        """The sum of ``vals`` (left to right, as the chain of adds) at ``rows``."""
+        picks = [_to_rows(v, rows, plan, dev).values for v in vals]
+        wt, values = vals[0].wt + vals[1].wt, picks[0] + picks[1]
+        for v, p in zip(vals[2:], picks[2:]):
+            wt, values = wt.add_(v.wt), values.add_(p)
+        return _Val(wt, values, rows)
 
     def _run_module(self, node: fx.Node, plan: _Plan, env: dict, dev):
         m = self._named[node.target]
