@@ -16,8 +16,10 @@ row of a graph, and the exact changed rows of a deletion are this library's subj
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -66,9 +68,9 @@ class _Edges:
     def receivers(self, flat: torch.Tensor) -> torch.Tensor:
         """Flat (sample, gene) ``b*N + n`` of every out-neighbour of the rows ``flat``."""
         n = self.num_nodes
-        b, j = flat // n, flat % n
-        nbr, owner = _expand(self.out_ptr, j)
-        return b[owner] * n + self.out_dst[nbr]
+        f = flat.numpy()
+        nbr, owner = _expand(self.out_ptr, torch.from_numpy(f % n))
+        return torch.from_numpy((f // n)[owner.numpy()] * n + self.out_dst.numpy()[nbr.numpy()])
 
     def lost(self, keep: torch.Tensor) -> torch.Tensor:
         """``[B, N]``: in-edges each gene loses per sample (sources deleted there)."""
@@ -85,13 +87,14 @@ def _ptr(counts: torch.Tensor) -> torch.Tensor:
 
 
 def _expand(ptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(entry positions, owner index) of the CSR ranges ``ptr[rows]..ptr[rows+1]``."""
-    cnt = ptr[rows + 1] - ptr[rows]
-    total = int(cnt.sum())
-    owner = torch.repeat_interleave(torch.arange(rows.numel()), cnt, output_size=total)
-    start = torch.repeat_interleave(ptr[rows] - (torch.cumsum(cnt, 0) - cnt), cnt,
-                                    output_size=total)
-    return start + torch.arange(total), owner
+    """(entry positions, owner index) of the CSR ranges ``ptr[rows]..ptr[rows+1]`` (numpy on
+    the host: a plan makes hundreds of these small index tensors)."""
+    ptr_np, rows_np = ptr.numpy(), rows.numpy()
+    first = ptr_np[rows_np]
+    cnt = ptr_np[rows_np + 1] - first
+    owner = np.repeat(np.arange(rows_np.size, dtype=np.int64), cnt)
+    start = np.repeat(first - (np.cumsum(cnt) - cnt), cnt)
+    return torch.from_numpy(start + np.arange(start.size, dtype=np.int64)), torch.from_numpy(owner)
 
 
 class _Rows:
@@ -105,18 +108,27 @@ class _Rows:
     def __init__(self, mask: torch.Tensor, dense: bool = False):
         b, n = mask.shape
         self.mask, self.dense, self.num_nodes = mask, dense, n
-        self.flat = torch.arange(b * n) if dense else mask.view(-1).nonzero().flatten()
-        self.pos = torch.full((b * n,), -1, dtype=torch.long)
-        self.pos[self.flat] = torch.arange(self.flat.numel())
+        self.flat = torch.arange(b * n) if dense else \
+            torch.from_numpy(np.flatnonzero(mask.numpy()))
+        self._pos: np.ndarray | None = None
 
     @property
     def count(self) -> int:
         return int(self.flat.numel())
 
+    @property
+    def pos(self) -> np.ndarray:
+        """``[B * N]``: each row's place among the changed rows, -1 where unchanged."""
+        if self._pos is None:
+            self._pos = np.full(self.mask.numel(), -1, dtype=np.int64)
+            self._pos[self.flat.numpy()] = np.arange(self.count, dtype=np.int64)
+        return self._pos
+
     def lookup(self, flat: torch.Tensor) -> torch.Tensor:
         """Indices of rows ``flat`` in ``cat([wildtype, values])``."""
-        p = self.pos[flat]
-        return torch.where(p >= 0, self.num_nodes + p, flat % self.num_nodes)
+        f = flat.numpy()
+        p = self.pos[f]
+        return torch.from_numpy(np.where(p >= 0, self.num_nodes + p, f % self.num_nodes))
 
     @staticmethod
     def union(rows: list["_Rows"]) -> "_Rows":
@@ -156,6 +168,9 @@ class _ConvPlan:
     rows_out: _Rows
     entries: int  # in-edges read per batch (delta) or kept edges x samples (dense)
     host: dict  # index tensors: src, dst, weight, self_idx, self_coef (delta); keep, ... (dense)
+    src: object = None  # the fx node of its input: the convs reading one value share products
+    mean: bool = False  # mean aggregation
+    grouped: bool = False  # its aggregation comes from its group's products (_plan_groups)
 
 
 class _Plan:
@@ -174,6 +189,8 @@ class _Plan:
         self._dev: dict = {}
         self.index: dict = {}
         self.kept_degree: dict = {}  # per edge type
+        self.kept_edges: dict = {}  # per edge type
+        self.groups: dict = {}  # input fx node -> (conv plans, row sizes): one product each
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -214,7 +231,7 @@ class ConvertedEncoder(nn.Module):
         self._graphs: dict[bool, fx.Graph] = {}
         self._named = dict(encoder.named_modules())
         self._graph(encoder.training)
-        self._plan_cache: tuple | None = None
+        self._state: dict = {"plan": None, "grouped": {}}  # (not module attributes: cheaper)
         self._widths: dict = {}
         self._device_graph: dict = {}
 
@@ -250,8 +267,9 @@ class ConvertedEncoder(nn.Module):
         n = n or self.num_nodes
         d = validate_deleted(deleted, n).cpu()
         key = (n, self.encoder.training, tuple(d.shape), d.numpy().tobytes())
-        if self._plan_cache is not None and self._plan_cache[0] == key:
-            return self._plan_cache[1]
+        cached = self._state["plan"]
+        if cached is not None and cached[0] == key:
+            return cached[1]
         keep = torch.ones(d.shape[0], n, dtype=torch.bool)
         b_idx = torch.arange(d.shape[0]).unsqueeze(1).expand_as(d)
         keep[b_idx[d >= 0], d[d >= 0]] = False
@@ -263,12 +281,13 @@ class ConvertedEncoder(nn.Module):
                 out = node.args[0]
                 self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
                                                     else out])
-        self._plan_cache = (key, plan)
+        _plan_groups(plan)
+        self._state["plan"] = (key, plan)
         return plan
 
     def clear_plan(self) -> None:
         """Forget the cached plan of the last batch (the next call plans afresh)."""
-        self._plan_cache = None
+        self._state["plan"] = None
 
     def _plan_node(self, node: fx.Node, plan: _Plan, edges: dict):
         env = plan.rows
@@ -282,8 +301,9 @@ class ConvertedEncoder(nn.Module):
             m = self._named[node.target]
             if isinstance(m, HeteroConv):
                 rows_in = next(iter(_arg_rows(node.args[0], env)))
+                src = next(iter(node.args[0].values()))
                 per_type = [self._plan_conv(f"{node.target}[{_key(et)}]", c, edges[et],
-                                            rows_in, plan)
+                                            rows_in, plan, src)
                             for et, c in m.convs.items() if et in edges]
                 rows = _Rows.union(per_type)
                 for r in per_type:
@@ -291,12 +311,25 @@ class ConvertedEncoder(nn.Module):
                 return {et[2]: rows for et in m.convs.keys()}
             if isinstance(m, MessagePassing) or type(m) in self.register:
                 key = env[node.args[1]][1]
-                return self._plan_conv(node.target, m, edges[key], env[node.args[0]], plan)
+                return self._plan_conv(node.target, m, edges[key], env[node.args[0]], plan,
+                                       node.args[0])
             rows = env[node.args[0]]
             plan.order.append((node.target, type(m).__name__, rows))
             return rows
         if node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
             return env[node.args[0]][node.args[1]]
+        inner, final = self._sums(self.encoder.training)
+        if node in inner:
+            return None  # computed by the chain's last add
+        if node in final:
+            found = [env[o] for o in final[node]]
+            if not all(isinstance(r, _Rows) for r in found):
+                raise ConvertError(f"{node.name}: a sum of module outputs reads a value that is "
+                                   "not per gene")
+            rows = _Rows.union(found)
+            for r in found:
+                _plan_to_rows(plan, r, rows)
+            return rows
         found = list(_arg_rows(list(node.args) + list(node.kwargs.values()), env))
         if not found:
             return None
@@ -313,7 +346,7 @@ class ConvertedEncoder(nn.Module):
             _plan_full(plan, rows)
         elif self.readout_module is not None:
             kept = plan.keep.view(-1).nonzero().flatten()
-            plan.put(("kept",), rows.lookup(kept))
+            _put_pick(plan, ("kept",), rows.lookup(kept))
             plan.put(("kept_b",), kept // n)
         else:
             plan.put(("r_n",), rows.flat % n)
@@ -322,7 +355,7 @@ class ConvertedEncoder(nn.Module):
             plan.put(("nkept",), plan.keep.sum(1, keepdim=True).clamp(min=1))
 
     def _plan_conv(self, path: str, m: nn.Module, e: _Edges, rows_in: _Rows,
-                   plan: _Plan) -> _Rows:
+                   plan: _Plan, src=None) -> _Rows:
         kind = conv_kind(m, path, self.register)
         if (path, e.key) in plan.convs:
             raise ConvertError(f"{_name(plan.convs[(path, e.key)])} is called twice on one edge "
@@ -332,15 +365,19 @@ class ConvertedEncoder(nn.Module):
             plan.kept_degree[e.key] = (e.deg.unsqueeze(0) - e.lost(keep)) * keep
         cnt = plan.kept_degree[e.key]
         mask = rows_in.mask.clone().view(-1)
-        mask[e.receivers(rows_in.flat if not rows_in.dense else torch.arange(b * n))] = True
+        mask.numpy()[e.receivers(rows_in.flat if not rows_in.dense
+                                 else torch.arange(b * n)).numpy()] = True
         gcn_norm = kind is GCNConv and m.normalize
         if gcn_norm:  # a deletion's receivers lose degree: their out-neighbours change too
             lowered = ((cnt != e.deg.unsqueeze(0)) & keep).view(-1).nonzero().flatten()
             mask[e.receivers(lowered)] = True
         mask = mask.view(b, n)
-        kept_edges = int(cnt.sum())
+        if e.key not in plan.kept_edges:
+            plan.kept_edges[e.key] = int(cnt.sum())
+        kept_edges = plan.kept_edges[e.key]
         delta_rows = _Rows(mask)
-        entries = int(cnt.view(-1)[delta_rows.flat].sum())
+        cnt_np = cnt.numpy().reshape(-1)
+        entries = int(cnt_np[delta_rows.flat.numpy()].sum())
         dense = rows_in.dense or (entries + delta_rows.count) > DENSE_SHARE * (kept_edges + b * n)
         fill = 2.0 if getattr(m, "improved", False) else 1.0
         dinv = (cnt.double() + fill).pow(-0.5) if kind is GCNConv else None
@@ -354,19 +391,24 @@ class ConvertedEncoder(nn.Module):
         else:
             rows_out = delta_rows
             q = rows_out.flat
-            pos, owner = _expand(e.in_ptr, q % n)
-            qb, qn, j = q[owner] // n, q[owner] % n, e.in_src[pos]
-            ok = keep[qb, j] & keep[qb, qn]
-            qb, qn, j, owner = qb[ok], qn[ok], j[ok], owner[ok]
-            host = {"src": rows_in.lookup(qb * n + j),  # owner (the row) is ascending
-                    "crow": _ptr(torch.bincount(owner, minlength=q.numel())),
-                    "self_idx": rows_in.lookup(q)}
+            qn_np = q.numpy() % n
+            pos, owner = (t.numpy() for t in _expand(e.in_ptr, torch.from_numpy(qn_np)))
+            qo = q.numpy()[owner]
+            qb, j = qo // n, e.in_src.numpy()[pos]
+            keep_np = keep.numpy().reshape(-1)
+            ok = keep_np[qb * n + j] & keep_np[qo]
+            qb, qo, j, owner = qb[ok], qo[ok], j[ok], owner[ok]
+            crow = np.zeros(q.numel() + 1, dtype=np.int64)
+            np.cumsum(np.bincount(owner, minlength=q.numel()), out=crow[1:])
+            host = {"src": rows_in.lookup(torch.from_numpy(qb * n + j)),  # owner ascending
+                    "crow": torch.from_numpy(crow), "self_idx": rows_in.lookup(q)}
+            qb, qn, j, owner = (torch.from_numpy(t) for t in (qb, qo % n, j, owner))
             if aggr_mean:
-                host["weight"] = 1.0 / cnt[qb, qn].double()
+                host["weight"] = torch.from_numpy(1.0 / cnt_np[qo].astype(np.float64))
             elif gcn_norm:
                 host["weight"] = dinv[qb, j] * dinv[qb, qn]
                 host["self_coef"] = fill * dinv.view(-1)[q].pow(2)
-        cp = _ConvPlan(path, kind, e, rows_in, rows_out, entries, host)
+        cp = _ConvPlan(path, kind, e, rows_in, rows_out, entries, host, src, aggr_mean)
         plan.convs[(path, e.key)] = cp
         plan.order.append((path, kind.__name__, cp))
         return rows_out
@@ -404,8 +446,10 @@ class ConvertedEncoder(nn.Module):
 
     def _execute(self, x: torch.Tensor, plan: _Plan) -> _Val:
         env: dict = {}
+        self._state["grouped"] = {}  # this call's grouped products, per input fx node
         dev = x.device
         graph_dev = self._graph_on(dev)
+        sums = self._sums(self.encoder.training)
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
             if node.op == "placeholder":
@@ -422,9 +466,61 @@ class ConvertedEncoder(nn.Module):
                 env[node] = self._run_module(node, plan, env, dev)
             elif node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
                 env[node] = env[node.args[0]][node.args[1]]
+            elif node in sums[0]:
+                env[node] = None  # computed by the chain's last add
+            elif node in sums[1]:
+                env[node] = self._run_sum([env[o] for o in sums[1][node]], rows, plan, dev)
             else:
                 env[node] = self._run_function(node, rows, env, plan, dev)
         raise ValueError("the traced forward has no output")
+
+    def _sums(self, training: bool) -> tuple[set, dict]:
+        """Chains of ``+`` over module outputs (``sum(conv(x, e) for e in ...)``): the inner
+        adds (each the single input of the next) and, per last add, its operands in order. The
+        last add sums them at once: one union of changed rows, one pick per operand."""
+        key = ("sums", training)
+        if key in self._device_graph:
+            return self._device_graph[key]
+
+        def is_add(n):
+            return n.op == "call_function" and n.target is operator.add and len(n.args) == 2 \
+                and not n.kwargs
+
+        def module_value(a):
+            return isinstance(a, fx.Node) and a.op == "call_module" and \
+                not isinstance(self._named[a.target], HeteroConv)
+
+        inner: set = set()
+        final: dict = {}
+        for n in self._graph(training).nodes:
+            if not is_add(n):
+                continue
+            a0, a1 = n.args
+            zero = isinstance(a0, int) and not isinstance(a0, bool) and a0 == 0
+            if not module_value(a1) or not (zero or module_value(a0) or a0 in inner):
+                continue
+            users = list(n.users)
+            if len(users) == 1 and is_add(users[0]) and users[0].args[0] is n and \
+                    module_value(users[0].args[1]):
+                inner.add(n)
+            elif isinstance(a0, fx.Node) and a0 in inner:
+                ops, cur = [], n
+                while cur is n or (isinstance(cur, fx.Node) and cur in inner):
+                    ops.append(cur.args[1])
+                    cur = cur.args[0]
+                if isinstance(cur, fx.Node):
+                    ops.append(cur)
+                final[n] = ops[::-1]
+        self._device_graph[key] = (inner, final)
+        return inner, final
+
+    def _run_sum(self, vals: list, rows: _Rows, plan: _Plan, dev) -> _Val:
+        """The sum of ``vals`` (left to right, as the chain of adds) at ``rows``."""
+        picks = [_to_rows(v, rows, plan, dev).values for v in vals]
+        wt, values = vals[0].wt + vals[1].wt, picks[0] + picks[1]
+        for v, p in zip(vals[2:], picks[2:]):
+            wt, values = wt.add_(v.wt), values.add_(p)
+        return _Val(wt, values, rows)
 
     def _run_module(self, node: fx.Node, plan: _Plan, env: dict, dev):
         m = self._named[node.target]
@@ -454,6 +550,8 @@ class ConvertedEncoder(nn.Module):
 
     def _run_conv(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
         kind, h = cp.kind, cp.host
+        if cp.grouped:
+            return self._run_grouped(cp, m, vin, plan, dev)
         wt = self._wildtype_conv(cp, m, vin.wt, dev)
         k = (cp.path, cp.edges.key)
         gcn = kind is GCNConv
@@ -494,6 +592,51 @@ class ConvertedEncoder(nn.Module):
                     table.dtype).unsqueeze(1)
         self._widths[k] = int(agg.shape[-1])
         return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
+
+    def _run_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
+        """A delta conv whose aggregation comes from its group's products: every conv reading
+        ``vin`` aggregates the wildtype in one stacked sparse product and its changed rows (with
+        their own rows) in another, so each layer's input gets one gradient per part."""
+        key = cp.src
+        grouped = self._state["grouped"]
+        if key not in grouped:
+            cps, sizes = plan.groups[key]
+            wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
+            g = ("g", id(key))
+            a, at = (torch.sparse_csr_tensor(
+                plan.dev(g + (t, "crow"), None, dev), plan.dev(g + (t, "col"), None, dev),
+                plan.dev(g + (t, "val"), None, dev).to(vin.wt.dtype),
+                plan.index[g + (t, "shape")], check_invariants=False) for t in ("a", "at"))
+            delta = _SpMM.apply(vin.table(), a, at)
+            grouped[key] = (wt.split(vin.wt.shape[0]), delta.split(sizes),
+                                      {id(c): i for i, c in enumerate(cps)})
+        wts, deltas, at = grouped[key]
+        i = at[id(cp)]
+        self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
+        return _Val(_finish(cp.kind, m, wts[i], vin.wt),
+                    _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1]), cp.rows_out)
+
+    def _wildtype_stack(self, cps: list, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The convs' wildtype aggregations stacked (``[len(cps) * N, N]``, CSR) and its
+        transpose, made once per graph (mean aggregation: ``1 / max(deg, 1)`` in the values)."""
+        key = ("stack", tuple((id(c.edges), c.mean) for c in cps), dev, dtype)
+        if key not in self._device_graph:
+            rows, cols, vals, off = [], [], [], 0
+            for c in cps:
+                e = c.edges
+                n = e.num_nodes
+                cnt = e.in_ptr[1:] - e.in_ptr[:-1]
+                rows.append(torch.repeat_interleave(torch.arange(n), cnt) + off)
+                cols.append(e.in_src)
+                w = torch.ones(e.in_src.numel(), dtype=torch.float64)
+                if c.mean:
+                    w = w / torch.repeat_interleave(cnt.clamp(min=1).double(), cnt)
+                vals.append(w)
+                off += n
+            n = cps[0].edges.num_nodes
+            self._device_graph[key] = _csr_pair(torch.cat(rows), torch.cat(cols),
+                                                torch.cat(vals), off, n, dev, dtype)
+        return self._device_graph[key]
 
     def _wildtype_conv(self, cp: _ConvPlan, m: nn.Module, x: torch.Tensor, dev) -> torch.Tensor:
         """The conv on the whole graph, as one sparse product (PyG's own GCN normalization
@@ -565,7 +708,7 @@ class ConvertedEncoder(nn.Module):
         if self.readout_kind is None and self.readout_module is None:
             return _full(out, plan, dev)
         if self.readout_module is not None:
-            return self.readout_module(out.table().index_select(0, plan.dev(("kept",), None, dev)),
+            return self.readout_module(_pick(out, ("kept",), plan, dev),
                                        index=plan.dev(("kept_b",), None, dev), dim_size=b)
         rows = out.rows
         wt_rows = out.wt.index_select(0, plan.dev(("r_n",), None, dev))
@@ -704,24 +847,138 @@ def _call(node: fx.Node, args, kwargs):
     return node.target(*args, **kwargs)
 
 
+class _SpMM(torch.autograd.Function):
+    """``a @ x`` for a CSR ``a`` whose transpose ``at`` is given: the backward is one product
+    (autograd's own transposes ``a`` into a new CSR every call)."""
+
+    @staticmethod
+    def forward(ctx, x, a, at):
+        ctx.at = at
+        return _csr_mm(a, x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (_csr_mm(ctx.at, g) if ctx.needs_input_grad[0] else None), None, None
+
+
+def _csr_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``a @ x`` written into a new buffer (``beta=0``: its contents are ignored), without the
+    zero-filled result and copy that ``torch.sparse.mm`` makes on the CPU."""
+    out = x.new_empty(a.shape[0], x.shape[1])
+    return torch.addmm(out, a, x.contiguous(), beta=0, out=out)
+
+
+def _csr_pair(rows, cols, vals, nrows: int, ncols: int, dev, dtype=None):
+    """CSR ``[nrows, ncols]`` of COO entries (``rows`` ascending) and its transpose."""
+    order = torch.argsort(cols, stable=True)
+    out = []
+    for r, c, v, shape in ((rows, cols, vals, (nrows, ncols)),
+                           (cols[order], rows[order], vals[order], (ncols, nrows))):
+        crow = _ptr(torch.bincount(r, minlength=shape[0]))
+        out.append(torch.sparse_csr_tensor(crow.to(dev), c.to(dev), v.to(dtype).to(dev), shape,
+                                           check_invariants=False))
+    return tuple(out)
+
+
+def _plan_groups(plan: _Plan) -> None:
+    """Group the delta convs (not GCN) by the fx node they read: per group, the host CSR of
+    every conv's changed rows' in-edges and own rows (``[agg_0; self_0; agg_1; ...]`` over
+    ``cat([wildtype, values])``) and its transpose."""
+    groups: dict = {}
+    for cp in plan.convs.values():
+        if cp.src is not None and cp.kind is not GCNConv and not cp.rows_out.dense:
+            groups.setdefault(cp.src, []).append(cp)
+    n = plan.num_nodes
+    for src, cps in groups.items():
+        ncol = n + cps[0].rows_in.count
+        rows, cols, vals, sizes, off = [], [], [], [], 0
+        for cp in cps:
+            h, c = cp.host, cp.rows_out.count
+            crow = h["crow"].numpy()
+            rows += [np.repeat(np.arange(off, off + c, dtype=np.int64), np.diff(crow)),
+                     np.arange(off + c, off + 2 * c, dtype=np.int64)]
+            cols += [h["src"].numpy(), h["self_idx"].numpy()]
+            vals += [h["weight"].numpy() if "weight" in h else np.ones(h["src"].numel()),
+                     np.ones(c)]
+            sizes += [c, c]
+            off += 2 * c
+        r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+        order = np.argsort(c, kind="stable")
+        g = ("g", id(src))
+        for t, (rr, cc, vv, shape) in (("a", (r, c, v, (off, ncol))),
+                                       ("at", (c[order], r[order], v[order], (ncol, off)))):
+            crow = np.zeros(shape[0] + 1, dtype=np.int64)
+            np.cumsum(np.bincount(rr, minlength=shape[0]), out=crow[1:])
+            plan.put(g + (t, "crow"), torch.from_numpy(crow))
+            plan.put(g + (t, "col"), torch.from_numpy(np.ascontiguousarray(cc)))
+            plan.put(g + (t, "val"), torch.from_numpy(np.ascontiguousarray(vv)))
+            plan.index[g + (t, "shape")] = shape
+        plan.groups[src] = (cps, sizes)
+        for cp in cps:
+            cp.grouped = True
+
+
+class _Pick(torch.autograd.Function):
+    """Rows of ``cat([wt, values])`` without making it: ``out[pos_w] = wt[src_w]``,
+    ``out[pos_v] = values[src_v]``; the backward scatters into ``wt``'s and ``values``' shapes
+    only (no table's copy forward, no table-sized gradient)."""
+
+    @staticmethod
+    def forward(ctx, wt, values, pos_w, src_w, pos_v, src_v):
+        ctx.save_for_backward(pos_w, src_w, pos_v, src_v)
+        ctx.shapes = (wt.shape[0], values.shape[0])
+        out = wt.new_empty(pos_w.numel() + pos_v.numel(), wt.shape[1])
+        out.index_copy_(0, pos_w, wt.index_select(0, src_w))
+        out.index_copy_(0, pos_v, values.index_select(0, src_v))
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        pos_w, src_w, pos_v, src_v = ctx.saved_tensors
+        gw = gv = None
+        if ctx.needs_input_grad[0]:
+            gw = g.new_zeros(ctx.shapes[0], g.shape[1]).index_add_(0, src_w,
+                                                                    g.index_select(0, pos_w))
+        if ctx.needs_input_grad[1]:
+            gv = g.new_zeros(ctx.shapes[1], g.shape[1]).index_add_(0, src_v,
+                                                                    g.index_select(0, pos_v))
+        return gw, gv, None, None, None, None
+
+
+def _put_pick(plan: _Plan, key, idx: torch.Tensor) -> None:
+    """Keep table indices ``idx`` (into ``cat([wt, values])``) split for :func:`_pick`."""
+    i = idx.numpy()
+    w = i < plan.num_nodes
+    pw, pv = np.flatnonzero(w), np.flatnonzero(~w)
+    plan.put(key + ("pw",), torch.from_numpy(pw))
+    plan.put(key + ("sw",), torch.from_numpy(i[pw]))
+    plan.put(key + ("pv",), torch.from_numpy(pv))
+    plan.put(key + ("sv",), torch.from_numpy(i[pv] - plan.num_nodes))
+
+
+def _pick(v: _Val, key, plan: _Plan, dev) -> torch.Tensor:
+    """The rows of ``v``'s table that :func:`_put_pick` kept under ``key``."""
+    return _Pick.apply(v.wt, v.values, *(plan.dev(key + (s,), None, dev)
+                                          for s in ("pw", "sw", "pv", "sv")))
+
+
 def _to_rows(v: _Val, rows: _Rows, plan: _Plan, dev) -> _Val:
     """``v`` with its values at ``rows`` (a superset of its own rows)."""
     if v.rows is rows:
         return v
-    idx = plan.dev(("to", id(v.rows), id(rows)), None, dev)
-    return _Val(v.wt, v.table().index_select(0, idx), rows)
+    return _Val(v.wt, _pick(v, ("to", id(v.rows), id(rows)), plan, dev), rows)
 
 
 def _plan_to_rows(plan: _Plan, src: _Rows, dst: _Rows) -> None:
     """The host index :func:`_to_rows` reads: ``src``'s table rows at ``dst``'s rows."""
     if src is not dst:
-        plan.put(("to", id(src), id(dst)), src.lookup(dst.flat))
+        _put_pick(plan, ("to", id(src), id(dst)), src.lookup(dst.flat))
 
 
 def _plan_full(plan: _Plan, rows: _Rows) -> None:
     """The host index :func:`_full` reads (none for dense rows)."""
     if not rows.dense:
-        plan.put(("full", id(rows)), rows.lookup(torch.arange(plan.keep.numel())))
+        _put_pick(plan, ("full", id(rows)), rows.lookup(torch.arange(plan.keep.numel())))
 
 
 def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
@@ -729,8 +986,7 @@ def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
     b, n = plan.keep.shape
     if v.rows.dense:
         return v.values.view(b, n, -1)
-    idx = plan.dev(("full", id(v.rows)), None, dev)
-    return v.table().index_select(0, idx).view(b, n, -1)
+    return _pick(v, ("full", id(v.rows)), plan, dev).view(b, n, -1)
 
 
 def _finish(kind: type, m: nn.Module, agg: torch.Tensor, x_self: torch.Tensor) -> torch.Tensor:
