@@ -107,7 +107,7 @@ def generate() -> list[Case]:
         # a TorchCell-shaped model that offers its encoder: 05 says what converting it measured
         Case("torchcell_converts", ["examples/torchcell_pyg.py:make_pipeline",
                                     "examples/dango_pyg.py:make_pipeline"],
-             expect={"first": "forward", "advice": "your encoder converts: "}),
+             expect={"lead": "your encoder converts: ", "site": "TorchCellEncoder.forward.<genexpr>"}),
         # the answer names the code: planted causes a user wrote (tests/planted)
         Case("loss_loop", [PLANTED + "slow_loss_loop.py:make_pipeline", FAST],
              expect={"first": "loss", "advice": "a Python loop over the samples in the loss",
@@ -384,6 +384,18 @@ UNREACHABLE = {
                                                    "in-process, so not a matrix case)",
     ("bench_view.py", "floor_table", "No floor"): "the shared form at one layer (no delta "
                                                   "path)",
+    ("bench_text.py", "replicated_ratio_text", 'return ""'): "a benchmark (02 with a built-in "
+                                                            "strategy: test_notebooks) whose "
+                                                            "replicated forms did not run",
+    ("bench_text.py", "replicated_ratio_text", "fit is None"): "the same",
+    ("bench_text.py", "convert_rows", "c is None"): "a benchmark from before its convert "
+                                                    "section (an older results file)",
+    ("bench_text.py", "convert_lines", "c is None"): "the same",
+    ("bench_view.py", "convert_table", "No convert section"): "the same",
+    ("verdict_view.py", "code_table", "if not rows"): "first causes none of which the profile "
+                                                      "attributes to a function (which stage "
+                                                      "comes first varies with the machine's "
+                                                      "load)",
 }
 
 
