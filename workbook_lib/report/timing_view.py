@@ -159,7 +159,7 @@ def growth_table(study: LoopStudy):
             rows.append({"pipeline": label(n), "stage": stage.replace("_", " "),
                          "batches": f"{g.batch_sizes[0]} and {g.batch_sizes[1]}",
                          "per extra sample": fmt_time_stat(g.per_sample),
-                         "share of the stage at its batch": f"{g.share:.0%}",
+                         "share of the stage at its batch": g.share_words,
                          "operator calls per extra sample": "" if g.ops_per_sample is None
                          else f"{g.ops_per_sample:.3g}",
                          "host syncs per extra sample": "" if g.syncs_per_sample is None

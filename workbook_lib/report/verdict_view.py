@@ -61,7 +61,7 @@ def growth_cell(g) -> str:
     """How a stage grows with the samples, in a table cell ("" when not measured)."""
     if g is None:
         return ""
-    text = fmt_stat(g.per_sample.scaled(1e3, "ms"), unit="ms") + f", {g.share:.0%} of the stage"
+    text = fmt_stat(g.per_sample.scaled(1e3, "ms"), unit="ms") + f", {g.share_words} of the stage"
     if g.ops_per_sample is not None:
         text += f"; {g.ops_per_sample:.3g} ops"
     return text + (" (grows)" if g.grows else "")

@@ -169,6 +169,12 @@ class Growth(Record):
     grows: bool = False  # GROWS_RULE
 
     @property
+    def share_words(self) -> str:
+        """The per-sample share in words: "all" at 100% or more (the line through the two batch
+        sizes meets zero at or below no samples: within its noise, all of it is per sample)."""
+        return "all" if self.share >= 1.0 else f"{self.share:.0%}"
+
+    @property
     def python_loop(self) -> bool:
         """Operator calls that grow with the samples: a loop over them (LOOP_RULE; counted,
         not timed)."""

@@ -52,7 +52,7 @@ def growth_words(c: Cause) -> str:
         return ""
     big, small = g.batch_sizes
     text = (f"{_ms(g.per_sample.median)} per extra sample (IQR {g.per_sample.iqr * 1e3:.2g}, "
-            f"n = {g.per_sample.n}; batches {big} and {small}), {g.share:.0%} of the stage at "
+            f"n = {g.per_sample.n}; batches {big} and {small}), {g.share_words} of the stage at "
             f"batch {big}")
     if g.ops_per_sample is not None:
         text += f"; {g.ops_per_sample:.3g} operator calls per extra sample"
@@ -139,7 +139,7 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
             advice.append(_loop(c, c.stage.replace("_", " ")))
         if grows and c.stage == "forward":
             advice.append(f"{NODEMASK}: the forward costs {_ms(g.per_sample.median)} more for "
-                          f"each extra sample, {g.share:.0%} of its time at batch "
+                          f"each extra sample, {g.share_words} of its time at batch "
                           f"{g.batch_sizes[0]}")
         return "; ".join(advice)
     if c.stage == "backward":
