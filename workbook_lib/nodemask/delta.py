@@ -1,60 +1,23 @@
 """Delta propagation: a middle layer whose per-sample cost follows what a deletion changed.
 
-After an incremental first layer, sample ``b``'s features are ``h1_b = h1 + d1_b``, where ``d1_b``
-is non-zero only on the rows ``R_b`` of :class:`~workbook_lib.nodemask.corrections.Corrections` (the
-deleted genes and their out-neighbours). The next layer's masked input is
-``D_b h1_b = h1 + e_b`` with ``e_b = d1_b`` on the kept rows of ``R_b`` and ``-h1`` on the deleted
-genes, so for sum aggregation
+After an incremental first layer, sample ``b``'s features are ``h1_b = h1 + d1_b``, with ``d1_b``
+non-zero only on the correction rows ``R_b`` (:class:`~workbook_lib.nodemask.corrections.Corrections`:
+the deleted genes and their out-neighbours). The next layer's masked input is
+``D_b h1_b = h1 + e_b`` (``e_b = d1_b`` on the kept rows of ``R_b``, ``-h1`` on deleted genes), so
+for sum aggregation ``sum_t A_t (D_b h1_b) W_t^T = sum_t A_t h1 W_t^T + sum_t A_t (e_b W_t^T)``:
+one wildtype product per batch, plus per sample a *push* of the messages ``e_b[r] W_t^T`` along
+the out-edges of ``R_b`` only, one per edge type the row's gene sends on (:func:`grouped_messages`).
+Mean aggregation scales each message by the receiver's ``1 / deg_tb`` and corrects the wildtype
+part on those rows by ``S_t (1 / deg_tb - 1 / deg_t) W_t^T``: exact as well.
 
-    ``sum_t A_t (D_b h1_b) W_t^T = sum_t A_t h1 W_t^T + sum_t A_t (e_b W_t^T)``:
+:func:`push` also adds the correction rows' own terms and applies the ReLU. Its kernels:
+``numba`` (CPU default, :mod:`~workbook_lib.nodemask.numba_push`), ``pull`` (PyTorch, per-type
+products) and ``index_add`` (PyTorch, the CUDA default). All give the reference result (float32
+rounding), outputs and gradients. Only the second layer is delta-propagated (later layers need the
+full per-sample product); the least an exact sample needs is :mod:`workbook_lib.nodemask.floor`.
 
-the wildtype part is one product per batch, and each sample adds a *push* of the messages
-``e_b[r] W_t^T`` along the out-edges of ``R_b`` only (``|edges leaving R_b| x H_out``), not all
-``E`` edges. A row forms a message only for the edge types its gene sends on (5.9 of 9 on the
-real graph's changed rows): :func:`grouped_messages` lists them by type and makes one product
-per type for the whole batch (``M x H x H_out`` dense work, ``M`` the messages; the weight
-gradient is batched over samples). Mean aggregation divides each message by the receiving row's
-per-sample degree ``deg_tb`` (it differs from the wildtype's only at the out-neighbours of
-deleted genes) and corrects the wildtype part on those rows with
-``S_t (1 / deg_tb - 1 / deg_t) W_t^T`` (``S`` the wildtype sums): exact as well.
-
-The push (:func:`push`) is a column-sliced sparse product; it also adds the correction rows'
-own terms (``rows``) and applies the layer's ReLU, so that the compiled kernel passes over each
-sample's ``[N, H]`` slab once, forward and backward (the ReLU's gradient, the wildtype part's
-gradient summed over samples and the rows' gradients are taken in the same pass). Stock PyTorch
-has no fast column-sliced product on a CPU (``index_add_`` of gathered messages, CSC products
-and column-filtered CSR builds all cost about as much as the full product there), so three
-kernels compute it:
-
-* ``numba`` (CPU default when ``numba`` is installed): a compiled loop, parallel over samples
-  (each sample writes only its own ``[N, H]`` slab, which stays in a core's cache, so no atomics);
-  its backward is a gather, parallel over chunks of samples (each chunk its own buffers). Each
-  message is read once into a buffer of its own and pushed along its type's out-edges
-  (``SharedGraph.out_type_ptr``/``out_type_node``: the out-edges grouped by sender and type), its
-  gradient summed in such a buffer: per out-edge only the receiver, its weight and its row are
-  read (walking the out-edges in (receiver, type) order, which reads a type and a message index
-  per edge too, the pooled push ran 1.18x slower forward and 1.17x backward: 9 interleaved
-  rounds at the real graph size, B = 28, two threads, IQR 0.02-0.04, on the 2-core machine
-  loaded by other jobs; the same result to the bit, each receiver's terms added in the same
-  order). Numba is
-  the maintained way to compile such a loop that installs from PyPI as a wheel on a fresh
-  machine (no compiler needed at run time, unlike ``torch.utils.cpp_extension``). Its threads
-  run on numba's ``workqueue`` layer (:data:`~workbook_lib.nodemask.compiled.THREADING_LAYER`: they block between launches
-  instead of spinning beside PyTorch's threads).
-* ``pull`` (PyTorch only, chosen with ``push_kernel="pull"``): per sample and type, ``A_t``
-  times the changed rows scattered into a zero operand: the full product's sparse work, none of
-  its dense work (slower than ``numba``; docs/figures.md);
-* ``index_add`` (PyTorch; the CUDA default, where ``index_add_`` is native): per sample, the
-  out-edges of ``R_b`` are enumerated on the device with sizes known on the host (no sync) and
-  the gathered messages are added with ``index_add_``. On a CPU, ``index_add_`` of many rows is
-  slow (measured here: a push over 14.7M entries at H = 64 took 9.6 s on one thread against
-  0.28 s compiled).
-
-All give the same result as the plain reference (float32 rounding), outputs and gradients; the
-test suite runs every kernel. With more than three layers, layers between the second and the
-last need the full per-sample product (by then nearly every gene has changed): only the second
-layer is delta-propagated. What an exact sample needs at the least is
-:mod:`workbook_lib.nodemask.floor`.
+Hand-written because stock PyTorch has no fast column-sliced sparse product on a CPU; numba is the
+maintained way to compile one that installs as a wheel (no compiler at run time).
 """
 from __future__ import annotations
 
@@ -81,10 +44,8 @@ def default_push_kernel(device: torch.device | str) -> str:
 
 
 class _GroupedMessages(torch.autograd.Function):
-    """``u[m] = e[msg_pair[m]] W_t^T`` for the messages of each type ``t`` in turn, written in
-    place (no concatenation); backward: the messages' gradients mapped back per type, added to
-    their rows with ``back`` (:func:`~workbook_lib.nodemask.kernels.gather_rows`), and each
-    type's weight gradient one product over every sample's rows."""
+    """``u[m] = e[msg_pair[m]] W_t^T`` per type ``t``, written in place; backward: the messages'
+    gradients added to their rows with ``back`` and one weight-gradient product per type."""
 
     @staticmethod
     def forward(ctx, e, weight, msg_pair, counts, back):
@@ -131,18 +92,15 @@ class _GroupedMessages(torch.autograd.Function):
 
 def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tensor,
                      type_counts: list[int], back: torch.Tensor | None = None) -> torch.Tensor:
-    """``[M, H_out]``: the messages ``e[msg_pair[m]] W_t^T``, grouped by type ``t``
-    (``type_counts[t]`` rows each, in order): one product per type for the whole batch, so
-    that a row forms only the types its gene sends on, and each type's weight gradient is one
-    product over every sample's rows.
+    """``[M, H_out]``: the messages ``e[msg_pair[m]] W_t^T``, grouped by type ``t`` (``type_counts[t]``
+    rows each): one product per type for the whole batch.
 
     Args:
         e: ``[R, H]`` the rows' changes.
         weight: ``[H_out, T*H]`` the layer's weight (type-major input features).
         msg_pair: ``[M]`` the row of each message.
-        type_counts: messages per type (host ints: the split needs no device read).
-        back: optional CSR ``[R, M]``, each row's messages (``Corrections.msg_back``): the
-            backward adds the messages' gradients to their rows with one sparse product (CPU).
+        type_counts: messages per type (host ints).
+        back: optional CSR ``[R, M]``, each row's messages (``Corrections.msg_back``).
     """
     t, hd = len(type_counts), e.shape[-1]
     if weight.shape[1] != t * hd:
@@ -156,8 +114,7 @@ def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tens
 class _Push(torch.autograd.Function):
     """``out[b] = act(base + rows at (b, gene) + sum over rows p of sample b, out-edges (n, t)
     of gene(p): w[b, n*T + t] u[m(p, t)])`` (``[B, N, Ho]``; ``act`` ReLU or none); gradients
-    for ``base``, ``u`` and ``rows``. The compiled kernel does each sample in one pass over its
-    slab, the ReLU and its gradient included (no other pass over ``[B, N, Ho]``)."""
+    for ``base``, ``u`` and ``rows``."""
 
     @staticmethod
     def forward(ctx, base, u, rows, w, graph, corr, kernel, relu):
@@ -212,10 +169,9 @@ class _Push(torch.autograd.Function):
 
 
 class _PushPool(torch.autograd.Function):
-    """The compiled push (with its rows and ReLU) followed by weighted sums of each sample's
-    rows, ``pooled[b, k] = sum_n wp[b, k, n] out[b, n]``, in one pass per sample: the
-    ``[B, N, Ho]`` output is never written (a ReLU mask of one byte per element is); backward the
-    same way. Gradients for ``base``, ``u`` and ``rows`` (``wp`` is a constant)."""
+    """The compiled push (rows and ReLU included) followed by ``pooled[b, k] = sum_n wp[b, k, n]
+    out[b, n]`` in one pass per sample, the ``[B, N, Ho]`` output never written. Gradients for
+    ``base``, ``u`` and ``rows`` (``wp`` is a constant)."""
 
     @staticmethod
     def forward(ctx, base, u, rows, w, wp, graph, corr):
@@ -261,14 +217,13 @@ def push_pooled(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.
                 pool: torch.Tensor, kernel: str | None = None, *,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, K, Ho]``: ``pool`` ``[B, K, N]`` times each sample's rows of
-    ``push(..., rows=rows, relu=True)`` (weighted sums: a pooled last layer's input). With the
-    ``numba`` kernel one pass per sample, the ``[B, N, Ho]`` result never written; with the
-    others the push, then a batched product. Differentiable in ``base``, ``u`` and ``rows``.
+    ``push(..., rows=rows, relu=True)``; with ``numba`` the push's output is never written.
+    Differentiable in ``base``, ``u`` and ``rows``.
 
     Args:
         graph, corr, base, u, weight, kernel, rows: as for :func:`push`.
-        pool: ``[B, K, N]`` weights (no gradient), e.g. the pooled layer's ``T`` per-type
-            weights and a row of ``1/N`` for the mean.
+        pool: ``[B, K, N]`` weights (no gradient), e.g. the pooled layer's per-type weights and a
+            row of ``1/N``.
     """
     kernel = kernel or default_push_kernel(base.device)
     _check_push_args(graph, corr, base, weight, kernel)
@@ -286,9 +241,8 @@ def push_pooled(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.
 
 
 def _typed_out_edges(graph) -> tuple[np.ndarray, np.ndarray]:
-    """The compiled kernels' out-edge lists, grouped by (sender, type): receivers
-    ``node[ptr[s*T + t]:ptr[s*T + t + 1]]`` (``SharedGraph.out_type_ptr`` and ``out_type_node``),
-    so that each message is read once and pushed along its type's out-edges."""
+    """The compiled kernels' out-edges grouped by (sender, type): receivers
+    ``node[ptr[s*T + t]:ptr[s*T + t + 1]]`` (``SharedGraph.out_type_ptr``/``out_type_node``)."""
     return _np(graph.out_type_ptr), _np(graph.out_type_node)
 
 
@@ -321,24 +275,20 @@ def _check_push_args(graph, corr, base: torch.Tensor, weight: torch.Tensor, kern
 def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
          kernel: str | None = None, *, rows: torch.Tensor | None = None,
          relu: bool = False) -> torch.Tensor:
-    """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample plus each correction row's
-    messages pushed along its gene's out-edges of their type, each scaled by
-    ``weight[b, n*T + t]`` (``[B, N*T]``: 0 for a deleted receiver, 1/degree for mean
-    aggregation) or ``weight[b, n]`` (``[B, N]``: one weight per receiving gene, e.g. the kept
-    mask for sum aggregation), plus ``rows`` at the correction rows themselves, then a ReLU if
-    ``relu``.
-    Differentiable in ``base``, ``u`` and ``rows``.
+    """``[B, N, Ho]``: ``base`` ``[N, Ho]`` for every sample, plus each correction row's messages
+    pushed along its gene's out-edges of their type, each scaled by ``weight``, plus ``rows`` at
+    the correction rows, then a ReLU if ``relu``. Differentiable in ``base``, ``u`` and ``rows``.
 
     Args:
         graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
         corr: the batch's ``Corrections`` (built by ``corrections``: it carries the plan).
         u: the messages, ``[M, Ho]`` grouped by type as ``corr.msg_pair`` lists them (what
-            :func:`grouped_messages` returns), or ``[R, T, Ho]`` one per (row, type) (the
-            types a row's gene does not send on are never read).
-        kernel: ``numba`` (CPU), ``pull`` (PyTorch, per-type CSR products)
-            or ``index_add`` (PyTorch push: the CUDA path); default by device.
+            :func:`grouped_messages` returns), or ``[R, T, Ho]`` one per (row, type).
+        weight: ``[B, N*T]`` per receiving slot (0 for a deleted receiver, 1/degree for mean
+            aggregation) or ``[B, N]`` per receiving gene (e.g. the kept mask).
+        kernel: ``numba``, ``pull`` or ``index_add``; default by device.
         rows: ``[R, Ho]`` added at row ``(pair_sample[p], pair_gene[p])`` (zero if not given).
-        relu: apply a ReLU to the result (inside the compiled kernel's pass on a CPU).
+        relu: apply a ReLU to the result.
     """
     kernel = kernel or default_push_kernel(base.device)
     _check_push_args(graph, corr, base, weight, kernel)

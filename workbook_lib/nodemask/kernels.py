@@ -1,34 +1,16 @@
 """Sparse products of the node-mask shared graph.
 
-One prepared CSR matrix ``A`` (all edge types stacked) multiplies every sample's features. Two
-kernels compute ``A @ x_b`` for a batch of samples ``x`` of shape ``[B, N, H]``:
+One prepared CSR matrix ``A`` (all edge types stacked) multiplies every sample's features
+``x`` ``[B, N, H]``, by one of two kernels:
 
-* ``slab`` (default on CPU): one CSR product per sample slab ``[N, H]``, written into one
-  preallocated output. On the 2-core CPU this workbook was built on, at the real graph size
-  (2.42M edges) and H = 64, B = 28, slabs ran at 8.7 G multiply-adds/s against 2.4 for one
-  product of the samples side by side (``[N, B*H]``, the ``wide`` kernel): a slab's dense operand
-  (1.7 MB) stays in the machine's 8 MB L3 cache (not in a core's 512 KB L2) while the CSR
-  streams past it, whereas the wide operand (47 MB) fits no cache, and every nonzero then
-  fetches a 7 kB row from memory.
-* ``wide`` (default on CUDA, where cuSPARSE's SpMM is built for wide dense operands): one product
-  of ``[N, B*H]``. Not measured on a GPU while this was written; the benchmark
-  (``python -m workbook_lib bench``) times both kernels on the device it runs on.
+* ``slab`` (CPU default): one CSR product per sample slab ``[N, H]``, into one preallocated
+  output (a slab's dense operand stays in cache while the CSR streams past it);
+* ``wide`` (CUDA default, where cuSPARSE's SpMM suits wide operands): one product of ``[N, B*H]``.
 
-Indices are int32 where the matrix allows it (MKL's sparse BLAS takes 32-bit indices; with int64
-PyTorch converts on every call; 11% faster per product here).
-
-The backward of ``A @ x`` is ``A^T @ g``, with ``A^T`` prepared once (a CSR transpose per call
-would cost as much as the product).
-
-A wildtype layer's aggregate-and-map ``sum_t (A_t x) W_t^T`` of one ``[N, H]`` input (the delta
-path's two wildtype layers, sum aggregation, ``slab`` kernel) is :func:`stacked_aggregate_linear`:
-one product of the stacked ``A`` (``[N*T, N]``, output ``[N, T*H]``) and one dense product,
-backward one product of the prepared type-split transpose ``SharedGraph.a_tt`` with the
-``[N, H_out]`` gradient (every dense operand ``[N, 64]``, cache-sized) and one dense product. On
-the 2-core machine at the real graph size (2.42M edges, H = 64, two threads), forward and
-backward ran 1.46x faster (median of 9 interleaved rounds, IQR 0.06; the machine loaded by other
-jobs) than the per-type form, which makes nine products each way and a ``[T, N, H_out]``
-product that it then sums (it stays for mean aggregation, whose row corrections read it).
+Indices are int32 where the matrix allows (MKL's sparse BLAS takes 32-bit indices). The backward
+of ``A @ x`` is ``A^T @ g`` with ``A^T`` prepared once. :func:`stacked_aggregate_linear` is a
+wildtype layer's ``sum_t (A_t x) W_t^T`` (sum aggregation, ``slab``) as one stacked sparse
+product and one dense product each way. Figures: docs/figures.md.
 """
 from __future__ import annotations
 
@@ -157,13 +139,8 @@ def spmm(a: torch.Tensor, a_t: torch.Tensor | None, x: torch.Tensor) -> torch.Te
 
 
 class _TypedAggregateLinear(torch.autograd.Function):
-    """``out[b] = sum_t (A_t x_b / deg_tb) W_t^T`` with one CSR product per (sample, type).
-
-    The aggregation is kept as ``[B, T, N, H]`` (each ``[N, H]`` slab contiguous, so every
-    product's dense operand and output fit a core's cache) and saved for the weight's gradient;
-    the backward builds each ``g_b W_t`` slab and multiplies it by the prepared ``A_t^T``, with no
-    ``[B, N, T*H]`` permute copy anywhere.
-    """
+    """``out[b] = sum_t (A_t x_b / deg_tb) W_t^T`` with one CSR product per (sample, type), the
+    aggregation kept as ``[B, T, N, H]`` (contiguous slabs) for the weight's gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, per_type, per_type_t, degp):
@@ -220,13 +197,9 @@ def typed_aggregate_linear(x: torch.Tensor, weight: torch.Tensor, per_type: list
 
 
 class _StackedAggregateLinear(torch.autograd.Function):
-    """``sum_t (A_t x) W_t^T`` ``[N, H_out]`` for one ``x`` ``[N, H]``: one CSR product with every
-    type stacked (``A`` ``[N*T, N]``, its output ``[N, T*H]`` ready for one dense product), and
-    backward one CSR product of ``A_T`` ``[N*T, N]`` (row ``j*T + t`` lists the receivers of
-    gene ``j``'s type-``t`` out-edges) with the output's gradient ``[N, H_out]``, then one dense
-    product with the weight's type blocks: ``dx_j = sum_t (A_t^T g)_j W_t``. Both sparse
-    products' dense operands are ``[N, 64]`` (cache-sized), and no ``[T, N, H]`` intermediate is
-    summed."""
+    """``sum_t (A_t x) W_t^T`` ``[N, H_out]`` for one ``x`` ``[N, H]``: one CSR product of the
+    stacked ``A`` ``[N*T, N]`` and one dense product; backward one CSR product of ``A_T``
+    (``SharedGraph.a_tt``) with the output's gradient, then ``dx_j = sum_t (A_t^T g)_j W_t``."""
 
     @staticmethod
     def forward(ctx, x, weight, a, a_tt):
@@ -261,10 +234,9 @@ class _StackedAggregateLinear(torch.autograd.Function):
 
 def stacked_aggregate_linear(x: torch.Tensor, weight: torch.Tensor, a: torch.Tensor,
                              a_tt: torch.Tensor) -> torch.Tensor:
-    """``[N, H_out]``: ``sum_t (A_t x) W_t^T`` (raw sums) for one ``x`` ``[N, H]`` and ``weight``
-    ``[H_out, T*H]`` (type-major input features), with the stacked ``a`` ``[N*T, N]`` and its
-    type-split transpose ``a_tt`` ``[N*T, N]`` (``SharedGraph.a_tt``), differentiable in ``x``
-    and ``weight``."""
+    """``[N, H_out]``: ``sum_t (A_t x) W_t^T`` (raw sums) for ``x`` ``[N, H]``, ``weight``
+    ``[H_out, T*H]`` (type-major), the stacked ``a`` and its type-split transpose ``a_tt``
+    (``SharedGraph.a_tt``); differentiable in ``x`` and ``weight``."""
     n = x.shape[0]
     if x.dim() != 2 or a.shape[1] != n or weight.shape[1] * n != a.shape[0] * x.shape[1]:
         raise ValueError(f"'x' [N, H], 'weight' [H_out, T*H] and 'a' [N*T, N] do not agree "
@@ -294,9 +266,8 @@ class _TypedSpMM(torch.autograd.Function):
 
 
 def typed_spmm(graph, x: torch.Tensor) -> torch.Tensor:
-    """``[T, N, H]``: ``A_t @ x`` for every edge type, for one ``x`` ``[N, H]``, differentiable.
-    With the ``slab`` kernel one CSR product per type (each dense operand cache-sized, forward
-    and backward); with ``wide`` one stacked product, permuted."""
+    """``[T, N, H]``: ``A_t @ x`` for every edge type, for one ``x`` ``[N, H]``, differentiable
+    (``slab``: one CSR product per type; ``wide``: one stacked product, permuted)."""
     if graph.kernel == "slab":
         return _TypedSpMM.apply(x, graph.per_type, graph.per_type_t)
     s = spmm(graph.a, graph.a_t, x).view(graph.num_nodes, graph.num_types, x.shape[-1])
@@ -304,10 +275,8 @@ def typed_spmm(graph, x: torch.Tensor) -> torch.Tensor:
 
 
 class _AddRows(torch.autograd.Function):
-    """``out[index[i]] += src[i]`` into ``rows`` zero rows, tagged as a sparse product both ways
-    (its backward gathers the gradient's rows). With ``csr`` (``[rows, len(index)]`` of ones,
-    :func:`selection_csr`) the forward is one sparse product: PyTorch's ``index_add_`` runs on
-    a CPU as a ``scatter_add_`` over an index expanded to every element."""
+    """``out[index[i]] += src[i]`` into ``rows`` zero rows, tagged as a sparse product both ways;
+    with ``csr`` (:func:`selection_csr`) the forward is one sparse product, not ``index_add_``."""
 
     @staticmethod
     def forward(ctx, src, index, rows, csr):
@@ -327,17 +296,14 @@ class _AddRows(torch.autograd.Function):
 
 def add_rows(src: torch.Tensor, index: torch.Tensor, rows: int,
              csr: torch.Tensor | None = None) -> torch.Tensor:
-    """``[rows, ...]``: the rows of ``src`` added at ``index`` (differentiable in ``src``): a
-    scatter of messages along listed edges, counted with the sparse products; ``csr`` the
-    selection's transpose (:func:`selection_csr`) makes it one sparse product on a CPU."""
+    """``[rows, ...]``: the rows of ``src`` added at ``index`` (differentiable in ``src``); ``csr``
+    (:func:`selection_csr`) makes it one sparse product on a CPU."""
     return _AddRows.apply(src, index, rows, csr)
 
 
 class _GatherRows(torch.autograd.Function):
-    """``x[index]`` whose backward adds the gradient's rows back with ``back`` (the transposed
-    selection as a CSR matrix ``[rows of x, len(index)]``, built on the host with the batch):
-    one sparse product instead of ``index_add_``, which PyTorch runs on a CPU as a
-    ``scatter_add_`` over an index expanded to every element (several times slower)."""
+    """``x[index]`` whose backward adds the gradient's rows back with one sparse product of
+    ``back`` (CSR ``[rows of x, len(index)]``) instead of ``index_add_``."""
 
     @staticmethod
     def forward(ctx, x, index, back):
@@ -356,21 +322,18 @@ class _GatherRows(torch.autograd.Function):
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor, back: torch.Tensor | None = None):
-    """``x.index_select(0, index)``, differentiable; with ``back`` (a CSR ``[x.shape[0],
-    len(index)]`` of ones: row ``i`` lists the positions of ``i`` in ``index``) its backward is
-    one sparse product. Without ``back``, or on a device where ``index_add_`` is native, the
-    plain gather."""
+    """``x.index_select(0, index)``, differentiable; with ``back`` (CSR ``[x.shape[0], len(index)]``
+    of ones, row ``i`` the positions of ``i`` in ``index``) its backward is one sparse product on
+    a CPU, else the plain gather."""
     if back is None or x.device.type != "cpu" or not x.requires_grad:
         return x.index_select(0, index)
     return _GatherRows.apply(x, index, back)
 
 
 class _AddAtRows(torch.autograd.Function):
-    """``rows[index] += alpha * src`` in place (``index`` without repeats), marked dirty: the
-    rows are gathered, added to and copied back (no ``index_add_``: on a CPU PyTorch runs it as a
-    ``scatter_add_`` that sorts an index expanded to every element, whose parallel passes stalled
-    for 50-120 ms each on the 2-core machine while other jobs ran); backward the gradient passes
-    to ``rows`` as it is and ``src`` gets its rows at ``index``."""
+    """``rows[index] += alpha * src`` in place (``index`` without repeats), marked dirty, by
+    gather, add and copy back (no ``index_add_``); backward: ``rows`` gets the gradient as is,
+    ``src`` its rows at ``index``."""
 
     @staticmethod
     def forward(ctx, rows, src, index, alpha):
@@ -387,16 +350,14 @@ class _AddAtRows(torch.autograd.Function):
 
 def add_at_rows(rows: torch.Tensor, src: torch.Tensor, index: torch.Tensor,
                 alpha: float = 1.0) -> torch.Tensor:
-    """``rows`` with ``alpha * src`` added at its rows ``index`` (distinct), in place
-    (differentiable in both: ``rows`` must not be needed by the backward of what made it; autograd
-    says so if it is)."""
+    """``rows`` with ``alpha * src`` added at its distinct rows ``index``, in place (differentiable
+    in both; ``rows`` must not be needed by the backward of what made it)."""
     return _AddAtRows.apply(rows, src, index, float(alpha))
 
 
 def selection_csr(index: torch.Tensor, rows: int, order: torch.Tensor | None = None):
-    """The CSR ``[rows, len(index)]`` with a one at ``(index[i], i)``: the transpose of the
-    selection ``x[index]``. ``order`` lists the positions ``i`` grouped by ``index[i]``
-    ascending when the caller knows it (else a stable argsort)."""
+    """The CSR ``[rows, len(index)]`` with a one at ``(index[i], i)`` (the selection's transpose);
+    ``order``: the positions grouped by ``index[i]`` ascending, if known (else a stable argsort)."""
     if order is None:
         order = torch.argsort(index, stable=True)
     crow = torch.zeros(rows + 1, dtype=torch.int32, device=index.device)
