@@ -1,39 +1,23 @@
 """The floor: the fewest multiply-adds (and bytes) an exact sample needs, from a batch's deletions.
 
-For the workbook's model (GIN-shaped layers, ``T`` edge types with one weight block ``W_t``
-each, hidden width ``H`` in and out, a pooled last layer) with ``L >= 3`` layers, forward and
-backward, summed over a batch and divided by its B samples. Every per-sample count below comes
-from the batch's own perturbations (its :class:`~workbook_lib.nodemask.corrections.Corrections`):
+For the workbook's model (GIN-shaped layers, ``T`` edge types with a weight block ``W_t`` each,
+width ``H``, a pooled last layer, ``L >= 3`` layers), forward and backward, summed over a batch
+and divided by B, from its :class:`~workbook_lib.nodemask.corrections.Corrections`:
 
-* **first layer** (input ``x0`` shared by every sample): the wildtype layer once per batch
-  (``E x H`` sparse, ``T x N x H x H`` dense); per sample only the deleted genes' messages
-  ``x0[s] W_t``, formed once per batch for each distinct deleted gene and each type it sends on,
-  and added along its out-edges (``H`` per edge);
-* **second layer** (delta): the wildtype layer once per batch; per sample the changed rows
-  ``R_b``' changes, per edge type transformed before the push (one ``H x H`` map per row that
-  sends on the type) or after it (one per receiving row), whichever is fewer, plus the self
-  term's change (one map per changed row, none for a kept row that sends on every type: the sum
-  of its T messages is it), then pushed along the out-edges of ``R_b`` to kept receivers;
-* **layers 3 to L-1**: every gene has changed, so a full per-sample layer on the sample's graph
-  (its edges less those touching a deleted gene);
-* **last layer, pooled**: per sample, weighted sums ``sum_j w_tb[j] h_b[j]`` over the rows whose
-  input or weight differs from the wildtype's (``T x H`` each; the wildtype's own weighted sum
-  once per batch when any row is unchanged), and the weights' change: one per in-edge of a
-  deleted gene;
-* **the dual forward's wildtype readout**: the wildtype of layers 3 to L-1 once per batch, its
-  last layer pooled (``T x N x H``).
+* **first layer**: the wildtype layer once per batch; per sample the deleted genes' messages
+  ``x0[s] W_t`` (once per batch per distinct gene and type it sends on), ``H`` per out-edge;
+* **second layer** (delta): the wildtype once per batch; per sample the changed rows' changes,
+  mapped before or after the push per type (whichever is fewer), the self term's change, and
+  the push along the out-edges of ``R_b`` to kept receivers;
+* **layers 3 to L-1**: a full per-sample layer on the sample's graph;
+* **last layer, pooled**: weighted sums over the rows whose input or weight differs from the
+  wildtype's (``T x H`` each) and the weights' change (one per in-edge of a deleted gene);
+* **dual forward**: the wildtype of layers 3 to L-1 once per batch and its pooled last layer.
 
-Backward: each dense product twice more (its input's and its weight's gradient; the shared
-input ``x0`` needs its gradient too), each sparse product once more (its transpose). A weight
-applied to rows of every sample counts its rows once: nothing forbids batching across samples.
-
-Mean aggregation needs at least this too (plus its degree corrections, not counted): the figure
-is a lower bound for it. Bytes: each product of the floor reads its operands once and writes its
-result once (float32), plus one int32 index per sparse entry; no intermediate is re-read.
-
-Counted here, in plain arithmetic, rather than with a profiler: a floor is what *no* schedule
-can beat, so it cannot be measured from one; the benchmark puts the step's measured counts
-beside it.
+Backward: each dense product twice more, each sparse product once more. A weight applied to
+every sample's rows counts them once. For mean aggregation the figure is a lower bound. Bytes:
+each product reads its operands and writes its result once (float32, int32 per sparse entry).
+Counted, not profiled: a floor is what no schedule can beat, so no run measures it.
 """
 from __future__ import annotations
 
@@ -77,8 +61,7 @@ def work_floor(graph, corr, hidden: int, layers: int, dual: bool = True) -> Work
         graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
         corr: the batch's corrections (:func:`~workbook_lib.nodemask.corrections.corrections`).
         hidden: H, every layer's width.
-        layers: L, at least 3 (the delta path: a first, a delta-propagated second and a pooled
-            last layer).
+        layers: L, at least 3.
         dual: the step also reads out the wildtype (the dual forward).
 
     Raises:

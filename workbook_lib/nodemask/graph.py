@@ -1,30 +1,18 @@
 """The shared graph: every edge type of the gene graph, prepared once for node-mask aggregation.
 
-Deleting the genes ``S_b`` of sample ``b`` is a diagonal 0/1 matrix ``D_b`` on each adjacency:
-``A_b = D_b A D_b`` (a gene's row and column vanish, so every edge touching it goes), and
-``A_b X = D_b A (D_b X)``. Every sample therefore shares one unmodified adjacency; nothing per
-sample exists but its deleted genes' indices.
+Deleting the genes ``S_b`` of sample ``b`` is a diagonal 0/1 matrix ``D_b``: ``A_b = D_b A D_b``
+and ``A_b X = D_b A (D_b X)``, so every sample shares one unmodified adjacency. Prepared
+(``T`` edge types, ``N`` genes):
 
-Matrices prepared here (``T`` edge types, ``N`` genes):
-
-* ``a``: ``[N*T, N]``, row ``n*T + t`` holds the in-edges of gene ``n`` in type ``t``, so that
-  ``a @ x`` for ``x`` ``[N, H]`` is ``[N, T, H]``: the per-type aggregations of a gene side by
-  side, ready for a linear map over ``T*H`` features without a copy; ``a_t`` its transpose;
-* ``out_edges`` ``[N, N*T]`` (``= a_t``): row ``s`` lists the (gene, type) slots that gene ``s``
-  sends to; the incremental first layer corrects exactly those;
-* ``a_tt`` (``slab`` kernel only, else ``None``): ``[N*T, N]``, row ``j*T + t`` lists the
-  receivers of gene ``j``'s type-``t`` out-edges: ``a_tt @ g`` is ``A_t^T g`` for every type side
-  by side (the backward of a wildtype layer's stacked product,
-  ``kernels.stacked_aggregate_linear``);
-* ``blockdiag_t``: ``[N*T, N*T]``, the block-diagonal of the per-type transposes; one product of
-  it with a ``[N*T, B]`` matrix gives ``A_t^T v_t`` for every type (the pooled last layer's weights);
-* ``deg``: ``[N, T]`` wildtype in-degrees (mean aggregation); ``out_deg`` ``[T, N]`` wildtype
-  out-degrees (the pooled last layer's weights for sum aggregation, corrected per sample over the
-  deleted genes' in-edges only);
-* host copies (:class:`OutEdges`) of every gene's out-edges, in-edges and the edge types it sends
-  on: what the collate needs to list a batch's changed rows without touching the device; and
-  ``out_type_ptr``/``out_type_node``, the rows of ``a_tt`` on the host: the compiled push's
-  out-edges grouped by (sender, type).
+* ``a`` ``[N*T, N]``: row ``n*T + t`` holds gene ``n``'s in-edges of type ``t`` (``a @ x`` is
+  ``[N, T, H]``); ``a_t`` its transpose; ``out_edges`` (``= a_t``): the slots each gene sends to;
+* ``a_tt`` (``slab`` kernel only, else ``None``) ``[N*T, N]``: row ``j*T + t`` lists the
+  receivers of gene ``j``'s type-``t`` out-edges (``a_tt @ g`` is every ``A_t^T g``);
+* ``blockdiag_t`` ``[N*T, N*T]``: the per-type transposes on the diagonal (pooled weights);
+* ``deg`` ``[N, T]`` in-degrees and ``out_deg`` ``[T, N]`` out-degrees of the wildtype;
+* host copies (:class:`OutEdges`) of the out- and in-edges and the types each gene sends on, and
+  ``out_type_ptr``/``out_type_node`` (``a_tt``'s rows on the host), for the collate and the
+  compiled push.
 """
 from __future__ import annotations
 
@@ -42,15 +30,13 @@ class SharedGraph:
 
     Args:
         graph: a PyG ``HeteroData`` (gene-gene edge types), or ``{edge type: edge_index [2, E]}``
-            (row 0 source, row 1 target, as in PyG).
+            (row 0 source, row 1 target).
         num_nodes: number of genes N (taken from a HeteroData when not given).
         aggr: ``"sum"`` or ``"mean"``.
         device: where the matrices live.
-        allow_self_loops: a self-loop is a message from a gene to itself (kept while the gene is,
-            as in PyG's ``MessagePassing``); refused by default because a layer that also adds a
-            node's own features (GIN's ``(1 + eps) x``) then counts the node twice.
-        kernel: ``"slab"`` or ``"wide"`` (see :mod:`workbook_lib.nodemask.kernels`; default by
-            device).
+        allow_self_loops: keep self-loops (refused by default: GIN's ``(1 + eps) x`` would then
+            count a node twice).
+        kernel: ``"slab"`` or ``"wide"`` (:mod:`workbook_lib.nodemask.kernels`; default by device).
 
     Raises:
         ValueError: an empty graph, node ids outside ``0..N-1``, a non-``[2, E]`` edge index,
@@ -165,9 +151,7 @@ class SharedGraph:
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:
         """``[H_out]``: the mean over genes of a last (linear) GIN-shaped layer's output on the
-        whole graph, for its input ``h`` ``[N, H]``: ``T x N x H`` multiply-adds (weighted sums
-        of rows) instead of the layer's sparse product and ``T x N x H x H_out`` map. The dual
-        forward's wildtype readout."""
+        whole graph for ``h`` ``[N, H]``, as weighted sums of rows (the dual forward's readout)."""
         if h.dim() != 2 or h.shape[0] != self.num_nodes:
             raise ValueError(f"features must be [N, H] with N={self.num_nodes} "
                              f"(got {list(h.shape)})")

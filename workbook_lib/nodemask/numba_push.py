@@ -1,26 +1,13 @@
 """The delta push's compiled CPU kernels (numba), imported only when numba is, and the compiled
-builder of a batch's corrections on the host (:func:`corrections_host`, the CPU collate's:
-``corrections._corrections_compiled``).
+builder of a batch's corrections on the host (:func:`corrections_host`).
 
-They live at module level, not inside a function: numba's on-disk cache keys a function by its
-code and its closure, and a closure holding another jitted function pickles differently in every
-process, so the backward kernels (which call :func:`pairs_backward`) missed the cache and were
-recompiled in every process that ran them (about 15 s on the 2-core reference machine: each
-notebook kernel, each DDP rank). Called through module globals, every kernel is compiled once
-and then loaded from ``__pycache__``. The threading layer is chosen by the caller
-(:func:`workbook_lib.nodemask.compiled.kernels`) before the first parallel launch.
-
-Each push walks a message's out-edges and reads (backward) or adds to (forward) the receiver's
-row of the sample's ``[N, H]`` slab (1.7 MB at the real size: larger than a core's 512 KB L2, so
-most rows come from L3, at scattered addresses the hardware prefetcher cannot guess). The
-receivers are known ahead in the edge list, so each loop asks for the row
-:data:`PREFETCH_AHEAD` edges ahead (:func:`prefetch_row`, LLVM's ``llvm.prefetch``, which
-numba does not expose: a small intrinsic). It changes no result (the same operations in the same
-order); on the 2-core machine at the real graph size, B = 28, two threads, the pooled push ran
-0.93x forward and 0.90-0.95x backward of the time without it (paired medians of 5-7 interleaved
-rounds, IQR 0.01-0.14, the machine loaded by other jobs). At H = :data:`WIDE` the per-edge
-loops also run with a fixed trip count (unrolled; the same operations in the same order): with
-both, 0.88x forward and 0.84x backward (5 interleaved rounds, IQR 0.02 and 0.23, loaded machine).
+The kernels live at module level and call each other through module globals, so that numba's
+on-disk cache holds them (a closure over a jitted function misses it in every process). The
+threading layer is chosen by :func:`workbook_lib.nodemask.compiled.kernels` before the first
+parallel launch. Each per-edge loop prefetches the receiver's row :data:`PREFETCH_AHEAD` edges
+ahead (:func:`prefetch_row`: ``llvm.prefetch``, which numba does not expose), and at
+H = :data:`WIDE` runs with a fixed trip count; neither changes a result (the same operations in
+the same order).
 """
 import numpy as np
 from llvmlite import ir
@@ -75,9 +62,8 @@ def prefetch_row_w(typingctx, arr, row):
 @njit(inline="always", cache=True, nogil=True, fastmath=True, boundscheck=False)
 def pairs_forward(b, slab, ur, base, u, rows, pair_ptr, pair_gene, tptr, tnode, msg_index, t,
                   r, w, per_slot):  # pragma: no cover - jitted
-    """Sample ``b``'s ``[N, H]`` slab before its activation: the wildtype ``base``, each of its
-    messages pushed along its type's out-edges (``ur`` a buffer no output can alias), and its
-    deleted rows' corrections (shared by ``fwd`` and ``fwd_pool``)."""
+    """Sample ``b``'s ``[N, H]`` slab before its activation: ``base``, each message pushed along its
+    type's out-edges (``ur`` a buffer no output aliases), and its deleted rows' corrections."""
     n_nodes, ho = slab.shape
     ne = tnode.shape[0]
     for n in range(n_nodes):
@@ -127,9 +113,8 @@ def fwd(out, base, u, rows, pair_ptr, pair_gene, tptr, tnode, msg_index, t, w, p
 @njit(inline="always", cache=True, nogil=True, fastmath=True, boundscheck=False)
 def pairs_backward(b, sc, acc, gu, grows, pair_ptr, pair_gene, tptr, tnode, msg_index, t,
                     r, w, per_slot):  # pragma: no cover - jitted
-    """Sample ``b``'s deleted rows and messages, from its rows' gradient ``sc``: each
-    deleted gene's row gradient, and each message's gradient summed along its type's
-    out-edges in ``acc`` (shared by ``bwd`` and ``bwd_pool``)."""
+    """Sample ``b``'s deleted rows' gradients and each message's gradient, summed along its type's
+    out-edges into ``acc``, from its rows' gradient ``sc``."""
     ho = sc.shape[1]
     ne = tnode.shape[0]
     for p in range(pair_ptr[b], pair_ptr[b + 1]):
@@ -235,9 +220,8 @@ def bwd_pool(gu, grows, gbase, scratch, gpooled, mask, wp, pair_ptr, pair_gene, 
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def selection(index, rows):  # pragma: no cover - jitted
-    """``(crow, col)`` int32 of the CSR ``[rows, len(index)]`` with a one at ``(index[i], i)``,
-    each row's positions ascending (a counting sort: what ``kernels.selection_csr`` builds with
-    a stable argsort)."""
+    """``(crow, col)`` int32 of the CSR ``[rows, len(index)]`` with a one at ``(index[i], i)``, each
+    row's positions ascending (a counting sort; ``kernels.selection_csr`` uses an argsort)."""
     m = index.shape[0]
     crow = np.zeros(rows + 1, dtype=np.int32)
     for i in range(m):
@@ -256,8 +240,7 @@ def selection(index, rows):  # pragma: no cover - jitted
 @njit(cache=True, nogil=True, boundscheck=False)
 def corrections_host(deleted, ptr, slot, n, t, sends, in_ptr, in_slot):  # pragma: no cover
     """Every index of ``corrections.corrections`` for ``deleted`` ``[B, k]`` (``-1`` pads) in one
-    compiled pass over the deleted genes' out- and in-edges (single-threaded: it runs in the
-    collate, beside the step). The same arrays, in the same order, as the PyTorch version."""
+    single-threaded compiled pass: the same arrays, in the same order, as the PyTorch version."""
     bsz, kk = deleted.shape
     nv = 0
     for b in range(bsz):
