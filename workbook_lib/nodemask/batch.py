@@ -2,32 +2,21 @@
 
 For sample ``b`` with deleted genes ``S_b`` (``D_b`` zeroes their rows), per edge type ``t``:
 
-* **any layer** (:meth:`NodeMaskBatch.aggregate`): ``agg_tb = D_b A_t (D_b h_b)``, divided by
-  the per-sample in-degree ``A_t (D_b 1)`` for mean aggregation;
-* **a first layer whose input is the same for every sample** (a gene embedding ``x0``;
-  :meth:`NodeMaskBatch.aggregate_shared`): ``A_b x0 = D_b (A x0 - A[:, S_b] x0[S_b])``: one
-  wildtype product plus a correction over the out-edges of the k deleted genes, whatever B is.
-  Only the rows of their out-neighbours (and the deleted genes themselves) differ from the
-  wildtype, so the correction is a short list of (sample, gene) rows;
-* **a last layer that is linear in its aggregation and followed by a mean (or sum) over genes**
-  (:meth:`NodeMaskBatch.aggregate_pooled`): ``sum_n agg_tb[n] = sum_j w_tb[j] h_b[j]`` with
-  ``w_tb = D_b A_t^T (D_b / deg_tb)``: weights from one product of width B (not B*H), then a
-  weighted sum of rows.
-
+* **any layer** (:meth:`NodeMaskBatch.aggregate`): ``agg_tb = D_b A_t (D_b h_b)``, divided by the
+  per-sample in-degree ``A_t (D_b 1)`` for mean aggregation;
+* **a first layer with a shared input** ``x0`` (:meth:`NodeMaskBatch.aggregate_shared`):
+  ``A_b x0 = D_b (A x0 - A[:, S_b] x0[S_b])``: one wildtype product plus corrections on the
+  deleted genes and their out-neighbours only;
+* **a linear last layer followed by a mean over genes** (:meth:`NodeMaskBatch.aggregate_pooled`):
+  ``sum_n agg_tb[n] = sum_j w_tb[j] h_b[j]`` with ``w_tb = D_b A_t^T (D_b / deg_tb)``;
 * **a second layer after an incremental first one** (:meth:`NodeMaskBatch.first_layer_delta`,
-  :meth:`NodeMaskBatch.delta_layer`): its input differs from the wildtype's only at the first
-  layer's correction rows, so it is the wildtype product plus a push of that difference along
-  their out-edges (:mod:`workbook_lib.nodemask.delta`).
+  :meth:`NodeMaskBatch.delta_layer`): the wildtype product plus a push of the first layer's
+  changes along their out-edges (:mod:`workbook_lib.nodemask.delta`).
 
-All of these are exact (float32 rounding) for sum and mean aggregation, in outputs and gradients.
-The GIN-shaped layers (:meth:`layer`, :meth:`first_layer`, :meth:`pooled_layer`) apply a linear
-map over the ``T*H`` concatenated per-type features and the self term, as the workbook's model
-does; because ``D_b`` scales whole rows, it is applied after the linear map, on ``[B, N, H]``
-rather than on ``[B, N, T, H]``.
-
-Indices of the correction rows are computed where ``deleted`` lives: on the host they cost no
-device sync (the workbook's pipeline builds them in the DataLoader's collate); given on a GPU,
-building them syncs once per batch (their count is data-dependent).
+All are exact (float32 rounding) for sum and mean aggregation, outputs and gradients. The
+GIN-shaped layers map the ``T*H`` concatenated per-type features and the self term, as the
+workbook's model does. Correction indices are computed where ``deleted`` lives: on the host no
+device sync; on a GPU one sync per batch.
 """
 from __future__ import annotations
 
@@ -47,10 +36,8 @@ from .corrections import Corrections, corrections, validate_deleted
 
 @dataclass
 class DeltaFeatures:
-    """Per-sample features held as the wildtype ``[N, H]`` plus ``delta`` ``[R, H]`` at the
-    correction rows (sample ``pair_sample[r]``, gene ``pair_gene[r]``); every other row of every
-    sample equals the wildtype. What :meth:`NodeMaskBatch.first_layer_delta` returns and
-    :meth:`NodeMaskBatch.delta_layer` takes."""
+    """Per-sample features as the wildtype ``[N, H]`` plus ``delta`` ``[R, H]`` at the correction rows
+    (every other row equals the wildtype): :meth:`NodeMaskBatch.first_layer_delta`'s output."""
 
     wildtype: torch.Tensor
     delta: torch.Tensor
@@ -96,12 +83,10 @@ class NodeMaskBatch:
     Args:
         graph: the prepared :class:`SharedGraph`.
         deleted: ``[B, k]`` gene indices (``-1`` pads rows that delete fewer genes).
-        corrections: precomputed first-layer corrections (e.g. built in a DataLoader worker with
-            :func:`corrections`); computed lazily when needed otherwise.
-        validate: check ``deleted`` (:func:`validate_deleted`). Checking reads its values, so on
-            a GPU it is a device-to-host copy: validate on the host in the collate (as
-            :func:`corrections` and the workbook's strategy do) and pass ``validate=False``
-            in the training step.
+        corrections: precomputed first-layer corrections (e.g. from :func:`corrections` in a
+            DataLoader worker); computed lazily otherwise.
+        validate: check ``deleted`` (:func:`validate_deleted`); on a GPU this reads it back, so
+            validate on the host in the collate and pass ``validate=False`` in the step.
         push_kernel: the delta layer's push kernel (``numba``, ``pull`` or ``index_add``;
             default by device, see :mod:`workbook_lib.nodemask.delta`).
     """
@@ -157,10 +142,7 @@ class NodeMaskBatch:
     def _on_deleted_rows(self, rows: torch.Tensor, wild: torch.Tensor,
                          scale: float) -> torch.Tensor:
         """``rows`` ``[R, H]`` plus ``scale * wild[gene]`` at the correction rows whose gene is
-        deleted (``k`` per sample: a short list, not a gather of every row), added in place
-        (``rows`` is a fresh intermediate at every call). Neither direction runs an
-        ``index_add_`` on a CPU (:func:`~workbook_lib.nodemask.kernels.add_at_rows`, and the
-        gather's backward one sparse product with ``Corrections.deleted_back``)."""
+        deleted, added in place (``rows`` is a fresh intermediate)."""
         c = self.corrections()
         if c.deleted_pair is None:
             d = (~c.pair_deleted).to(rows.dtype).unsqueeze(1)
@@ -211,11 +193,8 @@ class NodeMaskBatch:
                                  batch_size=self.batch_size)
 
     def pooled_weights(self) -> torch.Tensor:
-        """``[B, T, N]``: ``w_tb[j]`` with ``mean_n agg_tb[n] = sum_j w_tb[j] h_b[j]``.
-
-        Sum aggregation: ``w_tb[j] = D_b[j] (outdeg_t(j) - #edges j -> S_b of type t) / N``, the
-        wildtype out-degrees less the deleted genes' in-edges (``Corrections.pool_drop``); mean
-        aggregation: one product of ``A_t^T`` with the per-sample ``D_b / deg_tb``, width B."""
+        """``[B, T, N]``: ``w_tb[j]`` with ``mean_n agg_tb[n] = sum_j w_tb[j] h_b[j]`` (sum: the
+        kept out-degrees less the deleted genes' in-edges, over N; mean: one product of width B)."""
         if self._pool_w is None:
             g = self.graph
             n, t = g.num_nodes, g.num_types
@@ -239,8 +218,8 @@ class NodeMaskBatch:
         return self._pool_w
 
     def _corrections_allowed(self) -> bool:
-        """The corrections are given, or can be built without reading the device back (the
-        deleted genes are on the host): the pooled weights then need no product over E."""
+        """The corrections are given or buildable without a device read (then the pooled
+        weights need no product over E)."""
         c = self._corrections
         return (c.pool_drop is not None) if c is not None else self._host_deleted is not None
 
@@ -295,9 +274,8 @@ class NodeMaskBatch:
         return (torch.relu(out), torch.relu(wt)) if relu else (out, wt)
 
     def _typed_linear(self, x: torch.Tensor, weight: torch.Tensor):
-        """Each type's wildtype aggregate mapped by its block of ``weight``: ``[T, N, H_out]``
-        (``A_t x W_t^T``, raw sums) and the layer's aggregation term ``[N, H_out]`` (sum over
-        types, each divided by its wildtype in-degree for mean aggregation)."""
+        """Each type's wildtype ``A_t x W_t^T`` ``[T, N, H_out]`` (raw sums; None when not needed)
+        and the layer's aggregation term ``[N, H_out]``."""
         g = self.graph
         t, hd, ho = g.num_types, x.shape[-1], weight.shape[0]
         if g.aggr == "sum" and g.a_tt is not None:  # one stacked product each way, no [T, N, Ho]
@@ -312,8 +290,7 @@ class NodeMaskBatch:
 
     def _mean_row_terms(self, sw: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean aggregation at the correction rows: ``(new 1/deg [R, T], the wildtype part's
-        change [R, H_out])``, the latter ``sum_t S_t (1/deg_tb - 1/deg_t) W_t^T`` over the
-        (row, type) slots whose in-degree a deletion lowered."""
+        change [R, H_out])`` with ``sum_t S_t (1/deg_tb - 1/deg_t) W_t^T``."""
         g, c = self.graph, self.corrections()
         t = g.num_types
         gene = c.pair_gene
@@ -333,11 +310,8 @@ class NodeMaskBatch:
     def first_layer_delta(self, x0: torch.Tensor, weight: torch.Tensor,
                           bias: torch.Tensor | None = None, *, eps: float = 0.0,
                           relu: bool = True) -> DeltaFeatures:
-        """:meth:`first_layer` kept in delta form: the wildtype output and, at the correction
-        rows only, each sample's difference from it (for :meth:`delta_layer`).
-
-        Each type's map is applied before the correction (``(A_t x) W_t^T``), so the per-sample
-        work is one ``H_out`` row per out-edge of a deleted gene, not ``T x H`` per row."""
+        """:meth:`first_layer` in delta form: the wildtype output and, at the correction rows
+        only, each sample's difference from it (for :meth:`delta_layer`)."""
         self._check(x0, shared=True)
         g, c = self.graph, self.corrections()
         t, hd, ho = g.num_types, x0.shape[-1], weight.shape[0]
@@ -405,16 +379,9 @@ class NodeMaskBatch:
     def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
                     bias: torch.Tensor | None = None, *, eps: float = 0.0,
                     relu: bool = True, with_wildtype: bool = False):
-        """The GIN-shaped :meth:`layer` for features in delta form (the output of
-        :meth:`first_layer_delta`), delta-propagated: one wildtype product for the batch, and
-        per sample a push along the out-edges of its correction rows only (see
-        :mod:`workbook_lib.nodemask.delta`). Returns ``[B, N, H_out]``, equal to
-        ``layer(h.dense(), ...)``; with ``with_wildtype`` also the layer's wildtype output
-        ``[N, H_out]`` (computed on the way: the dual forward's wildtype pass reuses it).
-
-        Per sample, a changed row forms one message ``e W_t^T`` per edge type its gene sends
-        on (not all T): the messages are grouped by type, one product per type for the whole
-        batch, so that their weight gradient is batched over samples too."""
+        """The GIN-shaped :meth:`layer` for features in delta form, delta-propagated
+        (:mod:`workbook_lib.nodemask.delta`): ``[B, N, H_out]``, equal to
+        ``layer(h.dense(), ...)``; with ``with_wildtype`` also the wildtype output ``[N, H_out]``."""
         base, u, w, corr = self._delta_parts(h, weight, bias, eps)
         out = push(self.graph, self.corrections(), base, u, w, self.push_kernel, rows=corr,
                    relu=relu)
@@ -426,11 +393,9 @@ class NodeMaskBatch:
                            bias: torch.Tensor | None, last_weight: torch.Tensor,
                            last_bias: torch.Tensor | None = None, *, eps: float = 0.0,
                            with_wildtype: bool = False):
-        """``pooled_layer(delta_layer(h, weight, bias), last_weight, last_bias)`` (``[B, H_out]``)
-        in one go: the pooled layer's weighted sums are taken inside the push
-        (:func:`~workbook_lib.nodemask.delta.push_pooled`: with the compiled kernel the
-        middle layer's ``[B, N, H]`` output is never written). With ``with_wildtype`` also the
-        middle layer's wildtype output ``[N, H]``."""
+        """``pooled_layer(delta_layer(h, weight, bias), last_weight, last_bias)`` ``[B, H_out]``
+        in one go (the pooled sums taken inside the push); with ``with_wildtype`` also the middle
+        layer's wildtype output ``[N, H]``."""
         base, u, w, corr = self._delta_parts(h, weight, bias, eps)
         pooled = push_pooled(self.graph, self.corrections(), base, u, w, self._pool_weights_1(),
                              self.push_kernel, rows=corr)  # [B, T + 1, H]
@@ -456,11 +421,8 @@ class NodeMaskBatch:
 
     def pooled_layer(self, h: torch.Tensor, weight: torch.Tensor,
                      bias: torch.Tensor | None = None, *, eps: float = 0.0) -> torch.Tensor:
-        """The mean over genes of a last (linear, no activation) layer's output, per sample:
-        ``[B, H_out]``. Exact because the mean of a linear map is the linear map of the mean;
-        needs no ReLU between the layer and the pool. For per-sample ``h`` the self term's mean
-        is one more row of weights (``1/N``) in the same product: one pass over ``h``, forward
-        and backward."""
+        """The mean over genes of a last (linear, no activation) layer's output per sample:
+        ``[B, H_out]``, exact because the mean of a linear map is the map of the mean."""
         t = self.graph.num_types
         wsum = self._wsum(weight, t)
         if h.dim() == 2:
