@@ -36,8 +36,8 @@ from .corrections import Corrections, corrections, validate_deleted
 
 @dataclass
 class DeltaFeatures:
-    """Per-sample features as the wildtype ``[N, H]`` plus ``delta`` ``[R, H]`` at the correction rows
-    (every other row equals the wildtype): :meth:`NodeMaskBatch.first_layer_delta`'s output."""
+    """Per-sample features: the wildtype ``[N, H]`` plus ``delta`` ``[R, H]`` at the correction
+    rows (every other row is the wildtype's): :meth:`NodeMaskBatch.first_layer_delta`'s output."""
 
     wildtype: torch.Tensor
     delta: torch.Tensor
@@ -380,8 +380,8 @@ class NodeMaskBatch:
                     bias: torch.Tensor | None = None, *, eps: float = 0.0,
                     relu: bool = True, with_wildtype: bool = False):
         """The GIN-shaped :meth:`layer` for features in delta form, delta-propagated
-        (:mod:`workbook_lib.nodemask.delta`): ``[B, N, H_out]``, equal to
-        ``layer(h.dense(), ...)``; with ``with_wildtype`` also the wildtype output ``[N, H_out]``."""
+        (:mod:`workbook_lib.nodemask.delta`): ``[B, N, H_out]``, equal to ``layer(h.dense(), ...)``;
+        with ``with_wildtype`` also the wildtype output ``[N, H_out]``."""
         base, u, w, corr = self._delta_parts(h, weight, bias, eps)
         out = push(self.graph, self.corrections(), base, u, w, self.push_kernel, rows=corr,
                    relu=relu)

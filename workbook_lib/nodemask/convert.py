@@ -1,18 +1,13 @@
 """convert: a user's PyG encoder, run exactly on one shared graph with per-sample deleted genes.
 
-``fast = convert(encoder, graph)``; ``fast(x, deleted)`` is, for each sample ``b``, literally
-``encoder(x_b, graph_b)``: ``graph_b`` is ``graph`` without every edge touching a gene of
-``deleted[b]``, and ``x_b`` is ``x`` with those genes' rows zeroed (their output rows are what the
-encoder computes for them there; a readout leaves them out). The wildtype (the encoder on the
-whole graph) is computed once per call; per sample, each layer recomputes only the rows whose
-value differs from it (the "changed rows", flattened over the batch as (sample, gene) pairs),
-each from its in-edges, reading sources from the wildtype or the sample's changed rows. Where
-the changed rows are a large share, a layer takes the dense form (every sample's rows, one
-batched sparse product), chosen from counted work. The changed rows are planned on the host
-from ``deleted`` before anything runs, so a CUDA call reads nothing back.
+``fast = convert(encoder, graph)``; ``fast(x, deleted)`` is, per sample ``b``,
+``encoder(x_b, graph_b)`` (see :func:`convert`). The wildtype is computed once per call; per
+sample, each layer recomputes only its changed rows (flattened over the batch as (sample, gene)
+pairs) from their in-edges, or takes the dense form when counted work says so. Rows are planned
+on the host from ``deleted``, so a CUDA call reads nothing back.
 
-Hand-written (the per-row forms of GIN, GraphConv, SAGE and GCN) because PyG computes every
-row of a graph, and the exact changed rows of a deletion are this library's subject.
+Hand-written (per-row forms of GIN, GraphConv, SAGE and GCN) because PyG computes every row of a
+graph, and the exact changed rows of a deletion are this library's subject.
 """
 from __future__ import annotations
 
@@ -87,8 +82,7 @@ def _ptr(counts: torch.Tensor) -> torch.Tensor:
 
 
 def _expand(ptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(entry positions, owner index) of the CSR ranges ``ptr[rows]..ptr[rows+1]`` (numpy on
-    the host: a plan makes hundreds of these small index tensors)."""
+    """(entry positions, owner index) of the CSR ranges ``ptr[rows]..ptr[rows+1]`` (numpy, host)."""
     ptr_np, rows_np = ptr.numpy(), rows.numpy()
     first = ptr_np[rows_np]
     cnt = ptr_np[rows_np + 1] - first
@@ -197,8 +191,7 @@ class _Plan:
         self.index[key] = t
 
     def dev(self, key, t: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-        """``t`` (or the index :meth:`put` under ``key``) on ``device``, moved once per plan
-        without a sync (pinned, non-blocking)."""
+        """``t`` (or the index :meth:`put` under ``key``) on ``device``, pinned, non-blocking."""
         k = (key, device)
         if k not in self._dev:
             t = self.index[key] if t is None else t
@@ -424,8 +417,7 @@ class ConvertedEncoder(nn.Module):
             deleted: ``[B, k]`` gene indices, ``-1`` pads; keep it on the host for no sync.
 
         Raises:
-            ValueError: bad ``deleted`` or ``x``; a module that is not per-node in the current
-                mode (train-mode BatchNorm, dropout p>0).
+            ValueError: bad ``deleted`` or ``x``; train-mode BatchNorm or dropout p>0.
         """
         if x.dim() != 2:
             raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
@@ -475,9 +467,8 @@ class ConvertedEncoder(nn.Module):
         raise ValueError("the traced forward has no output")
 
     def _sums(self, training: bool) -> tuple[set, dict]:
-        """Chains of ``+`` over module outputs (``sum(conv(x, e) for e in ...)``): the inner
-        adds (each the single input of the next) and, per last add, its operands in order. The
-        last add sums them at once: one union of changed rows, one pick per operand."""
+        """Chains of ``+`` over module outputs: the inner adds and, per last add, its operands in
+        order (summed at once: one union of changed rows, one pick per operand)."""
         key = ("sums", training)
         if key in self._device_graph:
             return self._device_graph[key]
@@ -594,9 +585,8 @@ class ConvertedEncoder(nn.Module):
         return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
 
     def _run_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
-        """A delta conv whose aggregation comes from its group's products: every conv reading
-        ``vin`` aggregates the wildtype in one stacked sparse product and its changed rows (with
-        their own rows) in another, so each layer's input gets one gradient per part."""
+        """A delta conv whose aggregation comes from its group's two stacked products (wildtype,
+        and changed rows with their own rows)."""
         key = cp.src
         grouped = self._state["grouped"]
         if key not in grouped:
@@ -617,8 +607,7 @@ class ConvertedEncoder(nn.Module):
                     _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1]), cp.rows_out)
 
     def _wildtype_stack(self, cps: list, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The convs' wildtype aggregations stacked (``[len(cps) * N, N]``, CSR) and its
-        transpose, made once per graph (mean aggregation: ``1 / max(deg, 1)`` in the values)."""
+        """The convs' stacked wildtype aggregations (CSR ``[len(cps) * N, N]``) and transpose."""
         key = ("stack", tuple((id(c.edges), c.mean) for c in cps), dev, dtype)
         if key not in self._device_graph:
             rows, cols, vals, off = [], [], [], 0
@@ -639,8 +628,7 @@ class ConvertedEncoder(nn.Module):
         return self._device_graph[key]
 
     def _wildtype_conv(self, cp: _ConvPlan, m: nn.Module, x: torch.Tensor, dev) -> torch.Tensor:
-        """The conv on the whole graph, as one sparse product (PyG's own GCN normalization
-        selects with a mask, which reads a count back from a GPU)."""
+        """The conv on the whole graph, as one sparse product (no device read, unlike PyG's GCN)."""
         e, gcn = cp.edges, cp.kind is GCNConv
         src = m.lin(x) if gcn else x
         a = self._adjacency(e, dev, src.dtype)
@@ -727,9 +715,8 @@ class ConvertedEncoder(nn.Module):
     # --- what a batch costs ----------------------------------------------------------------
 
     def explain(self, deleted: torch.Tensor) -> str:
-        """Per module, in forward order: its form (delta, dense or per-node), its changed rows
-        per sample (mean over the batch) and, for a convolution, its edge type and the in-edges
-        it reads per sample."""
+        """Per module, in forward order: its form (delta, dense or per-node), changed rows per
+        sample and, for a convolution, its edge type and in-edges read per sample."""
         plan = self.plan(deleted, self._seen_nodes())
         b, n = plan.keep.shape
         lines = [f"convert({type(self.encoder).__name__}): B={b} samples, N={n} genes, "
@@ -754,11 +741,8 @@ class ConvertedEncoder(nn.Module):
         return max(self._edges) if self._edges else self.num_nodes
 
     def floor(self, deleted: torch.Tensor) -> ConvertFloor:
-        """The fewest multiply-adds an exact sample of this batch needs, forward and backward,
-        per layer and edge type (:class:`~workbook_lib.results.floor.ConvertFloor`): per conv,
-        the changed rows' kept in-edges times the aggregated width (sparse) and the per-node
-        maps on the changed rows (dense); per-node modules on their changed rows; the
-        wildtype once per batch.
+        """The fewest multiply-adds an exact sample of this batch needs, forward and backward, per
+        layer and edge type (:class:`~workbook_lib.results.floor.ConvertFloor`).
 
         Raises:
             ValueError: no call has run yet (the widths come from one).
@@ -848,8 +832,7 @@ def _call(node: fx.Node, args, kwargs):
 
 
 class _SpMM(torch.autograd.Function):
-    """``a @ x`` for a CSR ``a`` whose transpose ``at`` is given: the backward is one product
-    (autograd's own transposes ``a`` into a new CSR every call)."""
+    """``a @ x`` for a CSR ``a`` with its transpose ``at`` given (the backward is one product)."""
 
     @staticmethod
     def forward(ctx, x, a, at):
@@ -862,8 +845,7 @@ class _SpMM(torch.autograd.Function):
 
 
 def _csr_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``a @ x`` written into a new buffer (``beta=0``: its contents are ignored), without the
-    zero-filled result and copy that ``torch.sparse.mm`` makes on the CPU."""
+    """``a @ x`` written into a new buffer (``beta=0``), without ``torch.sparse.mm``'s CPU copy."""
     out = x.new_empty(a.shape[0], x.shape[1])
     return torch.addmm(out, a, x.contiguous(), beta=0, out=out)
 
@@ -881,9 +863,8 @@ def _csr_pair(rows, cols, vals, nrows: int, ncols: int, dev, dtype=None):
 
 
 def _plan_groups(plan: _Plan) -> None:
-    """Group the delta convs (not GCN) by the fx node they read: per group, the host CSR of
-    every conv's changed rows' in-edges and own rows (``[agg_0; self_0; agg_1; ...]`` over
-    ``cat([wildtype, values])``) and its transpose."""
+    """Group the delta convs (not GCN) by the fx node they read: per group, the host CSR of each
+    conv's changed rows' in-edges and own rows over ``cat([wildtype, values])``, and transpose."""
     groups: dict = {}
     for cp in plan.convs.values():
         if cp.src is not None and cp.kind is not GCNConv and not cp.rows_out.dense:
@@ -919,9 +900,8 @@ def _plan_groups(plan: _Plan) -> None:
 
 
 class _Pick(torch.autograd.Function):
-    """Rows of ``cat([wt, values])`` without making it: ``out[pos_w] = wt[src_w]``,
-    ``out[pos_v] = values[src_v]``; the backward scatters into ``wt``'s and ``values``' shapes
-    only (no table's copy forward, no table-sized gradient)."""
+    """Rows of ``cat([wt, values])`` without making it (``out[pos_w] = wt[src_w]``,
+    ``out[pos_v] = values[src_v]``); the backward scatters into ``wt``'s and ``values``' shapes."""
 
     @staticmethod
     def forward(ctx, wt, values, pos_w, src_w, pos_v, src_v):
@@ -1013,8 +993,7 @@ def _row_macs(m: nn.Module, kind: type | None) -> int:
 
 
 def _edge_dict(graph) -> tuple[list | None, dict, int | None]:
-    """``(keys or None, {key: edge_index}, N or None)`` of an edge_index, a dict or a
-    HeteroData (one node type)."""
+    """``(keys or None, {key: edge_index}, N or None)`` of an edge_index, dict or HeteroData."""
     if isinstance(graph, torch.Tensor):
         return None, {None: graph}, None
     if isinstance(graph, dict):
@@ -1036,22 +1015,20 @@ def _edge_dict(graph) -> tuple[list | None, dict, int | None]:
 def convert(encoder: nn.Module, graph, *, readout=None,
             register: dict | None = None) -> ConvertedEncoder:
     """The exact shared-graph form of ``encoder``: ``fast(x, deleted)`` is, per sample ``b``,
-    ``encoder(x_b, graph_b)`` where ``graph_b`` drops every edge touching a gene of
-    ``deleted[b]`` and ``x_b`` is ``x`` with those genes' rows zeroed (the encoder's output rows
-    for them are kept as it computes them; a readout leaves them out).
+    ``encoder(x_b, graph_b)``, where ``graph_b`` drops every edge touching a gene of ``deleted[b]``
+    and ``x_b`` zeroes those genes' rows (their output rows are kept; a readout leaves them out).
 
     Args:
         encoder: called as ``encoder(x, edge_index)`` or ``encoder(x, edge_index_dict)``;
             returns ``[N, H]``. Its parameters stay its own (``fast.encoder is encoder``).
-        graph: an ``edge_index`` ``[2, E]``, a dict of them keyed by PyG edge type, or a
-            ``HeteroData`` with one node type.
-        readout: None (``[B, N, H]``), ``"mean"`` (over all N genes, deleted rows as zero),
-            ``"mean_kept"``, ``"sum_kept"`` (over each sample's kept genes) or a PyG
-            aggregation module (over kept genes): ``[B, H]``.
+        graph: an ``edge_index`` ``[2, E]``, a dict of them by PyG edge type, or a one-node-type
+            ``HeteroData``.
+        readout: None (``[B, N, H]``), ``"mean"`` (all N genes, deleted rows as zero),
+            ``"mean_kept"``, ``"sum_kept"`` or a PyG aggregation module (kept genes): ``[B, H]``.
         register: ``{UserConvClass: GINConv}``: a subclass that computes as a supported conv.
 
     Raises:
-        ValueError: (:class:`ConvertError`) a module or operation that cannot be made exact,
-            in one line naming its path in the encoder.
+        ConvertError: (a ValueError) a module or operation that cannot be made exact, naming its
+            path in the encoder.
     """
     return ConvertedEncoder(encoder, graph, readout=readout, register=register)

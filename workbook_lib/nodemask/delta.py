@@ -1,8 +1,8 @@
 """Delta propagation: a middle layer whose per-sample cost follows what a deletion changed.
 
 After an incremental first layer, sample ``b``'s features are ``h1_b = h1 + d1_b``, with ``d1_b``
-non-zero only on the correction rows ``R_b`` (:class:`~workbook_lib.nodemask.corrections.Corrections`:
-the deleted genes and their out-neighbours). The next layer's masked input is
+non-zero only on the correction rows ``R_b`` (the deleted genes and their out-neighbours,
+:class:`~workbook_lib.nodemask.corrections.Corrections`). The next layer's masked input is
 ``D_b h1_b = h1 + e_b`` (``e_b = d1_b`` on the kept rows of ``R_b``, ``-h1`` on deleted genes), so
 for sum aggregation ``sum_t A_t (D_b h1_b) W_t^T = sum_t A_t h1 W_t^T + sum_t A_t (e_b W_t^T)``:
 one wildtype product per batch, plus per sample a *push* of the messages ``e_b[r] W_t^T`` along
@@ -92,8 +92,8 @@ class _GroupedMessages(torch.autograd.Function):
 
 def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tensor,
                      type_counts: list[int], back: torch.Tensor | None = None) -> torch.Tensor:
-    """``[M, H_out]``: the messages ``e[msg_pair[m]] W_t^T``, grouped by type ``t`` (``type_counts[t]``
-    rows each): one product per type for the whole batch.
+    """``[M, H_out]``: the messages ``e[msg_pair[m]] W_t^T``, grouped by type ``t``
+    (``type_counts[t]`` rows each): one product per type for the whole batch.
 
     Args:
         e: ``[R, H]`` the rows' changes.
