@@ -1,11 +1,9 @@
 """Following a user's encoder: its forward as a torch.fx graph, checked against what convert supports.
 
-PyG's convolutions, ``HeteroConv`` and the per-node modules are leaves of the trace (their own
-code is not followed: each has a hand-written per-row form in
-:mod:`workbook_lib.nodemask.convert`); the user's own modules and containers are traced through.
-Every refusal is a one-line :class:`ConvertError` naming where in the encoder, what, why and what
-to do, raised before any sample is computed. Hand-written because a refusal must name the module
-path and the line; no library turns an fx graph into that.
+PyG's convolutions, ``HeteroConv`` and the per-node modules are leaves of the trace; the user's
+own modules are traced through. Every refusal is a one-line :class:`ConvertError` (where, what,
+why, what to do), raised before any sample is computed. Hand-written because a refusal must
+name the module path and the line; no library turns an fx graph into that.
 """
 from __future__ import annotations
 
@@ -147,8 +145,7 @@ def conv_kind(m: nn.Module, path: str, register: dict) -> type:
 
 
 def per_node_problem(m: nn.Module, path: str, *, at_convert: bool) -> None:
-    """Refuse ``m`` unless it acts on each row alone (in its current mode when not
-    ``at_convert``: train-mode BatchNorm and dropout are refused at the call).
+    """Refuse ``m`` unless it acts on each row alone (in its current mode unless ``at_convert``).
 
     Raises:
         ConvertError: a module that mixes rows, or one convert cannot see inside.
@@ -197,11 +194,10 @@ def node_where(node: fx.Node) -> str:
 
 
 def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
-    """Refuse at convert every node convert cannot make exact (see :func:`conv_kind`,
-    :func:`per_node_problem`), naming its module path or line.
+    """Refuse every node convert cannot make exact (:func:`conv_kind`, :func:`per_node_problem`).
 
     Raises:
-        ConvertError: the first such node.
+        ConvertError: the first such node, naming its module path or line.
     """
     modules = dict(encoder.named_modules())
     nodes = sorted(graph.nodes, key=lambda nd: nd.op != "call_module")  # modules first

@@ -1,9 +1,7 @@
-"""The correction rows of a batch of perturbed graphs: for each sample, the deleted genes and
-their out-neighbours (the only rows whose aggregation differs from the wildtype's), with every
-index the batch's layers and the delta push need (:class:`Corrections`). Built on the host by one
-compiled pass when numba is there (:func:`workbook_lib.nodemask.numba_push.corrections_host`),
-else (and for device tensors) by PyTorch operations; both give the same fields (tested).
-"""
+"""The correction rows of a batch of perturbed graphs (per sample: the deleted genes and their
+out-neighbours, the only rows whose aggregation differs from the wildtype's) and every index the
+layers and the delta push need (:class:`Corrections`): built on the host in one compiled pass
+when numba is there, else by PyTorch operations (the same fields)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -20,8 +18,7 @@ def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """Check a ``[B, k]`` integer tensor of deleted genes (``-1`` pads rows with fewer).
 
     Raises:
-        ValueError: wrong shape or dtype, a gene outside ``0..N-1``, or a gene deleted twice in
-            one sample.
+        ValueError: wrong shape or dtype, a gene outside ``0..N-1``, or one deleted twice.
     """
     if not isinstance(deleted, torch.Tensor):
         raise TypeError(f"'deleted' must be a tensor (got {type(deleted).__name__})")
@@ -48,10 +45,8 @@ def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
 
 @dataclass
 class Corrections:
-    """The (sample, gene) rows a deletion changes in a first layer, and what feeds them.
-
-    Every index is built on the host (:func:`corrections`, in the collate) with its sizes in
-    ``plan``, so that a training step on a GPU never reads a count back."""
+    """The (sample, gene) rows a deletion changes in a first layer, and what feeds them; built on
+    the host with its sizes in ``plan``, so a GPU step never reads a count back."""
 
     pair_sample: torch.Tensor  # [R]
     pair_gene: torch.Tensor  # [R]
@@ -94,14 +89,9 @@ class Corrections:
 
 
 def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
-    """Correction rows of the incremental first layer for ``deleted`` ``[B, k]``, computed
-    where ``deleted`` is (on the host: no device sync; in a DataLoader worker: off the main
-    process). ``out_edges`` is ``SharedGraph.out_edges``.
-
-    Also lists, for the delta layer, the messages it forms: one per (changed row, edge type the
-    row's gene sends on), grouped by type (``msg_pair``, ``msg_index``, ``plan.type_counts``),
-    and for the pooled layer the in-edges that each sample's deleted genes take out of its
-    weights (``pool_drop``)."""
+    """Correction rows for ``deleted`` ``[B, k]``, computed where ``deleted`` is (host: no sync),
+    from ``SharedGraph.out_edges``; also the delta layer's messages grouped by type
+    (``msg_pair``, ``msg_index``, ``plan.type_counts``) and the pooled layer's ``pool_drop``."""
     deleted = validate_deleted(deleted, out_edges.num_nodes)
     if out_edges.sends is None or out_edges.in_ptr is None:
         raise ValueError("'out_edges' carries no type or in-edge lists: use "
@@ -112,10 +102,8 @@ def corrections(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, rows: int) -> torch.Tensor:
-    """The selection CSR ``[rows, len(col)]`` of ones from its int32 ``crow`` and ``col`` (the
-    ones filled by NumPy: ``torch.ones`` runs in parallel and waited for a busy second core),
-    in the default dtype as :func:`~workbook_lib.nodemask.kernels.selection_csr`'s (float64
-    where a float64 check runs the pipeline)."""
+    """The selection CSR ``[rows, len(col)]`` of ones from int32 ``crow`` and ``col``, in the
+    default dtype (ones filled by NumPy)."""
     ones = torch.from_numpy(np.ones(col.numel(), dtype=np.float64 if torch.get_default_dtype()
                                     == torch.float64 else np.float32))  # as torch.ones would
     return torch.sparse_csr_tensor(crow, col, ones, size=(rows, col.numel()),
@@ -124,10 +112,7 @@ def _csr(crow: torch.Tensor, col: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _corrections_compiled(out_edges: OutEdges, deleted: torch.Tensor) -> Corrections:
     """:func:`corrections` on the host in one compiled pass
-    (:func:`~workbook_lib.nodemask.numba_push.corrections_host`): the PyTorch version makes
-    about 150 small operations, several of them sorts (22 ms per batch of 28 at the real graph
-    size on one thread of the 2-core machine, and its parallel ones stalled when other jobs
-    shared the cores); the same tensors (``tests/test_delta.py`` compares every field)."""
+    (:func:`~workbook_lib.nodemask.numba_push.corrections_host`): the same tensors."""
     n, t = out_edges.num_nodes, out_edges.num_types
     k = _compiled().corrections_host
     arr = k(deleted.contiguous().numpy(), out_edges.ptr.numpy(), out_edges.slot.numpy(), n, t,

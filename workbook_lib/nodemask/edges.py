@@ -12,14 +12,11 @@ from .kernels import transpose
 
 @dataclass
 class OutEdges:
-    """Host copy of every gene's out-edges: ``slot[ptr[s]:ptr[s+1]]`` are the (gene, type)
-    slots ``n*T + t`` gene ``s`` sends to. Small and picklable (DataLoader workers use it).
-
-    ``sends[t, s]``: 1 when gene ``s`` has an out-edge of type ``t`` (the delta layer forms a
-    message of that type for a changed row only then), else 0 (``[T, N]`` int32); ``in_slot[in_ptr[s]:in_ptr[s+1]]`` are the
-    (type ``t``, source ``j``) places ``t*N + j`` of gene ``s``'s in-edges in the pooled layer's
-    ``[T, N]`` weights (they lose exactly those when ``s`` is deleted). Built by
-    :func:`out_edges_of`."""
+    """Host copy of the graph's edges, small and picklable (for DataLoader workers), built by
+    :func:`out_edges_of`: ``slot[ptr[s]:ptr[s+1]]`` are the slots ``n*T + t`` gene ``s`` sends
+    to; ``sends[t, s]`` (``[T, N]`` int32) is 1 when ``s`` has an out-edge of type ``t``;
+    ``in_slot[in_ptr[s]:in_ptr[s+1]]`` are the places ``t*N + j`` of ``s``'s in-edges in the
+    pooled layer's ``[T, N]`` weights."""
 
     ptr: torch.Tensor
     slot: torch.Tensor
@@ -47,9 +44,8 @@ def out_edges_of(a: torch.Tensor, num_nodes: int, num_types: int) -> OutEdges:
 
 
 def edge_index_dict(graph) -> tuple[dict[str, torch.Tensor], int | None]:
-    """``({type: [2, E] edge_index}, num_nodes or None)`` from a PyG ``HeteroData`` (its
-    ``(node, rel, node)`` edge types between one node type), a dict of edge indices, or an object
-    with ``edge_index`` and ``num_genes`` (the workbook's ``CellGraph``)."""
+    """``({type: [2, E] edge_index}, num_nodes or None)`` from a one-node-type ``HeteroData``,
+    a dict of edge indices, or an object with ``edge_index`` and ``num_genes`` (``CellGraph``)."""
     if isinstance(graph, dict):
         return dict(graph), None
     if hasattr(graph, "edge_index") and hasattr(graph, "num_genes"):
@@ -68,15 +64,13 @@ def edge_index_dict(graph) -> tuple[dict[str, torch.Tensor], int | None]:
 
 
 class PushPlan:
-    """Where a batch's pushes go, built on the host (in the collate) from the correction rows.
+    """Where a batch's pushes go, built on the host from the correction rows, with per-sample
+    row ranges and out-edge counts as Python ints (no kernel reads the device back).
 
     Args:
         pair_sample, pair_gene: the rows ``R_b`` (sorted by sample), as in ``Corrections``.
         ptr, slot: the graph's out-edge lists (``OutEdges``).
         batch_size: B.
-
-    Holds per-sample row ranges and out-edge counts as Python ints so that no kernel needs a
-    device-to-host read.
     """
 
     def __init__(self, pair_sample: torch.Tensor, pair_gene: torch.Tensor, ptr: torch.Tensor,
@@ -94,9 +88,8 @@ class PushPlan:
     @classmethod
     def from_counts(cls, pair_ptr: torch.Tensor, entries: torch.Tensor,
                     pair_out: torch.Tensor) -> "PushPlan":
-        """The plan from counts made elsewhere (the compiled corrections builder): ``pair_ptr``
-        ``[B + 1]`` the rows' per-sample offsets, ``entries`` ``[B]`` their out-edges per
-        sample, ``pair_out`` ``[P]`` each row's out-degree (CPU tensors)."""
+        """The plan from counts made elsewhere (CPU tensors): ``pair_ptr`` ``[B + 1]`` row offsets,
+        ``entries`` ``[B]`` out-edges per sample, ``pair_out`` ``[P]`` each row's out-degree."""
         plan = cls.__new__(cls)
         plan.pair_ptr, plan.pair_out = pair_ptr, pair_out
         plan.ranges, plan.entries = pair_ptr.tolist(), entries.tolist()

@@ -1,8 +1,5 @@
-"""The delta push's PyTorch kernels: ``pull`` (chosen by name: per sample and
-type, ``A_t`` times the rows of ``R_b`` scattered into a zero operand) and ``index_add`` (per
-sample, the out-edges of ``R_b`` enumerated and scattered), each forward and backward, and
-:func:`message_slots`, where each message sits in ``[R, T, Ho]``. The compiled kernels are in
-:mod:`workbook_lib.nodemask.numba_push`; :mod:`workbook_lib.nodemask.delta` picks among them.
+"""The delta push's PyTorch kernels, ``pull`` and ``index_add`` (forward and backward), and
+:func:`message_slots`; :mod:`workbook_lib.nodemask.delta` picks among these and the compiled ones.
 """
 from __future__ import annotations
 
@@ -58,8 +55,7 @@ def _index_add_backward(gu, grad, w, graph, corr):
 
 
 def message_slots(corr) -> torch.Tensor:
-    """``[M]``: ``row * T + type`` of each message (``Corrections.msg_pair`` with its type, the
-    messages grouped by type in ``plan.type_counts``): where a message sits in ``[R, T, Ho]``."""
+    """``[M]``: ``row * T + type`` of each message, its place in ``[R, T, Ho]``."""
     counts = corr.plan.type_counts
     dev = corr.msg_pair.device
     types = torch.repeat_interleave(torch.arange(len(counts), device=dev),
