@@ -1,25 +1,18 @@
-"""The fix as a public API: per-sample message passing on one shared graph with node masks.
-
-Drop it into a PyG training loop where a "replicated" pipeline puts B copies of the gene graph in
-every batch with a boolean edge mask per sample::
+"""The fix as a public API: per-sample message passing on one shared graph with node masks,
+in place of B copies of the gene graph with an edge mask per sample::
 
     from workbook_lib.nodemask import SharedGraph
 
-    graph = SharedGraph(cell_graph, aggr="sum", device="cuda")   # once: HeteroData or edge dict
+    graph = SharedGraph(cell_graph, aggr="sum", device="cuda")  # once: HeteroData or edge dict
     batch = graph.batch(deleted)        # per batch: [B, k] deleted-gene indices, -1 padded
     agg = batch.aggregate(h)            # [B, N, T, H] per-sample aggregation of h [B, N, H]
-    first = batch.aggregate_shared(x0)  # a first layer whose input x0 [N, H] is shared:
-    h1 = first.linear(W)                #   sum_t agg_tb W_t^T [B, N, H_out], incrementally
-    pooled = batch.aggregate_pooled(h)  # a last layer before a mean over genes: [B, T, H]
-    h1 = batch.first_layer_delta(x0, W1, b1)  # wildtype + delta rows (what a deletion changed)
+    h1 = batch.first_layer_delta(x0, W1, b1)  # shared input x0 [N, H]: wildtype + changed rows
     h2 = batch.delta_layer(h1, W2, b2)  # [B, N, H]: per sample, work on the changed rows only
     out = batch.pooled_layer(h2, W3, b3)  # [B, H]: the mean over genes of a last linear layer
-    wt = graph.pooled_layer(h_wt, W3, b3)  # [H]: the same on the whole graph (a dual forward)
-    work_floor(graph, batch.corrections(), H, L)  # the fewest multiply-adds a sample needs
     fast = convert(encoder, cell_graph, readout="mean_kept")  # a user's PyG encoder, exact
 
-Exact (float32 rounding) for sum and mean aggregation, forward and gradients; see
-:mod:`workbook_lib.nodemask.batch` for the identities and their conditions.
+Exact (float32 rounding) for sum and mean aggregation, forward and gradients; the identities and
+their conditions are in :mod:`workbook_lib.nodemask.batch`.
 """
 from .convert import ConvertedEncoder, convert
 from .convert_trace import ConvertError

@@ -1,20 +1,15 @@
 """Delta propagation: a middle layer whose per-sample cost follows what a deletion changed.
 
-After an incremental first layer, sample ``b``'s features are ``h1_b = h1 + d1_b``, with ``d1_b``
-non-zero only on the correction rows ``R_b`` (the deleted genes and their out-neighbours,
-:class:`~workbook_lib.nodemask.corrections.Corrections`). The next layer's masked input is
-``D_b h1_b = h1 + e_b`` (``e_b = d1_b`` on the kept rows of ``R_b``, ``-h1`` on deleted genes), so
-for sum aggregation ``sum_t A_t (D_b h1_b) W_t^T = sum_t A_t h1 W_t^T + sum_t A_t (e_b W_t^T)``:
-one wildtype product per batch, plus per sample a *push* of the messages ``e_b[r] W_t^T`` along
-the out-edges of ``R_b`` only, one per edge type the row's gene sends on (:func:`grouped_messages`).
-Mean aggregation scales each message by the receiver's ``1 / deg_tb`` and corrects the wildtype
-part on those rows by ``S_t (1 / deg_tb - 1 / deg_t) W_t^T``: exact as well.
-
-:func:`push` also adds the correction rows' own terms and applies the ReLU. Its kernels:
-``numba`` (CPU default, :mod:`~workbook_lib.nodemask.numba_push`), ``pull`` (PyTorch, per-type
-products) and ``index_add`` (PyTorch, the CUDA default). All give the reference result (float32
-rounding), outputs and gradients. Only the second layer is delta-propagated (later layers need the
-full per-sample product); the least an exact sample needs is :mod:`workbook_lib.nodemask.floor`.
+After an incremental first layer, sample ``b``'s masked input to the next layer is
+``D_b h1_b = h1 + e_b``, with ``e_b`` non-zero only on the correction rows ``R_b``
+(:class:`~workbook_lib.nodemask.corrections.Corrections`): the change ``d1_b`` on kept rows,
+``-h1`` on deleted genes. So ``sum_t A_t (D_b h1_b) W_t^T = sum_t A_t h1 W_t^T +
+sum_t A_t (e_b W_t^T)``: one wildtype product per batch, plus per sample a *push* of the messages
+``e_b[r] W_t^T`` (:func:`grouped_messages`) along the out-edges of ``R_b`` only (:func:`push`).
+Mean aggregation scales messages by ``1 / deg_tb`` and corrects the wildtype part on those rows
+by ``S_t (1 / deg_tb - 1 / deg_t) W_t^T``. Exact (float32 rounding), outputs and gradients, with
+every kernel: ``numba`` (CPU default), ``pull`` and ``index_add`` (PyTorch; CUDA default).
+Only the second layer is delta-propagated: by the third nearly every gene has changed.
 
 Hand-written because stock PyTorch has no fast column-sliced sparse product on a CPU; numba is the
 maintained way to compile one that installs as a wheel (no compiler at run time).
@@ -96,10 +91,8 @@ def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tens
     (``type_counts[t]`` rows each): one product per type for the whole batch.
 
     Args:
-        e: ``[R, H]`` the rows' changes.
-        weight: ``[H_out, T*H]`` the layer's weight (type-major input features).
-        msg_pair: ``[M]`` the row of each message.
-        type_counts: messages per type (host ints).
+        e: ``[R, H]`` the rows' changes; ``weight``: ``[H_out, T*H]`` (type-major input).
+        msg_pair: ``[M]`` the row of each message; ``type_counts``: messages per type (host ints).
         back: optional CSR ``[R, M]``, each row's messages (``Corrections.msg_back``).
     """
     t, hd = len(type_counts), e.shape[-1]
@@ -216,15 +209,9 @@ class _PushPool(torch.autograd.Function):
 def push_pooled(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
                 pool: torch.Tensor, kernel: str | None = None, *,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
-    """``[B, K, Ho]``: ``pool`` ``[B, K, N]`` times each sample's rows of
-    ``push(..., rows=rows, relu=True)``; with ``numba`` the push's output is never written.
-    Differentiable in ``base``, ``u`` and ``rows``.
-
-    Args:
-        graph, corr, base, u, weight, kernel, rows: as for :func:`push`.
-        pool: ``[B, K, N]`` weights (no gradient), e.g. the pooled layer's per-type weights and a
-            row of ``1/N``.
-    """
+    """``[B, K, Ho]``: ``pool`` ``[B, K, N]`` (weights, no gradient) times each sample's rows of
+    ``push(graph, corr, base, u, weight, kernel, rows=rows, relu=True)``; with ``numba`` the
+    push's output is never written. Differentiable in ``base``, ``u`` and ``rows``."""
     kernel = kernel or default_push_kernel(base.device)
     _check_push_args(graph, corr, base, weight, kernel)
     bsz = len(corr.plan.ranges) - 1
@@ -280,15 +267,12 @@ def push(graph, corr, base: torch.Tensor, u: torch.Tensor, weight: torch.Tensor,
     the correction rows, then a ReLU if ``relu``. Differentiable in ``base``, ``u`` and ``rows``.
 
     Args:
-        graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
-        corr: the batch's ``Corrections`` (built by ``corrections``: it carries the plan).
-        u: the messages, ``[M, Ho]`` grouped by type as ``corr.msg_pair`` lists them (what
-            :func:`grouped_messages` returns), or ``[R, T, Ho]`` one per (row, type).
+        graph, corr: the ``SharedGraph`` and the batch's ``Corrections`` (carrying the plan).
+        u: the messages, ``[M, Ho]`` grouped by type (:func:`grouped_messages`), or ``[R, T, Ho]``.
         weight: ``[B, N*T]`` per receiving slot (0 for a deleted receiver, 1/degree for mean
             aggregation) or ``[B, N]`` per receiving gene (e.g. the kept mask).
         kernel: ``numba``, ``pull`` or ``index_add``; default by device.
         rows: ``[R, Ho]`` added at row ``(pair_sample[p], pair_gene[p])`` (zero if not given).
-        relu: apply a ReLU to the result.
     """
     kernel = kernel or default_push_kernel(base.device)
     _check_push_args(graph, corr, base, weight, kernel)
