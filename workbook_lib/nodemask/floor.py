@@ -1,23 +1,16 @@
 """The floor: the fewest multiply-adds (and bytes) an exact sample needs, from a batch's deletions.
 
-For the workbook's model (GIN-shaped layers, ``T`` edge types with a weight block ``W_t`` each,
-width ``H``, a pooled last layer, ``L >= 3`` layers), forward and backward, summed over a batch
-and divided by B, from its :class:`~workbook_lib.nodemask.corrections.Corrections`:
+For the workbook's model (GIN-shaped layers, a weight block ``W_t`` per edge type, width ``H``,
+``L >= 3`` layers, the last pooled), forward and backward, summed over a batch and divided by B,
+from its :class:`~workbook_lib.nodemask.corrections.Corrections`. Each wildtype layer once per
+batch; per sample: the first layer's deleted-gene messages along their out-edges; the second
+layer's changed rows, mapped before or after the push per type (whichever is fewer), pushed
+along their out-edges to kept receivers; layers 3 to L-1 in full on the sample's graph; the
+pooled last layer's weighted sums over rows that differ from the wildtype's. Backward adds each
+dense product twice and each sparse product once. A lower bound for mean aggregation. Bytes:
+each product reads its operands and writes its result once (float32; int32 per sparse entry).
 
-* **first layer**: the wildtype layer once per batch; per sample the deleted genes' messages
-  ``x0[s] W_t`` (once per batch per distinct gene and type it sends on), ``H`` per out-edge;
-* **second layer** (delta): the wildtype once per batch; per sample the changed rows' changes,
-  mapped before or after the push per type (whichever is fewer), the self term's change, and
-  the push along the out-edges of ``R_b`` to kept receivers;
-* **layers 3 to L-1**: a full per-sample layer on the sample's graph;
-* **last layer, pooled**: weighted sums over the rows whose input or weight differs from the
-  wildtype's (``T x H`` each) and the weights' change (one per in-edge of a deleted gene);
-* **dual forward**: the wildtype of layers 3 to L-1 once per batch and its pooled last layer.
-
-Backward: each dense product twice more, each sparse product once more. A weight applied to
-every sample's rows counts them once. For mean aggregation the figure is a lower bound. Bytes:
-each product reads its operands and writes its result once (float32, int32 per sparse entry).
-Counted, not profiled: a floor is what no schedule can beat, so no run measures it.
+Counted, not profiled: a floor is what no schedule can beat, so no run can measure it.
 """
 from __future__ import annotations
 
@@ -60,13 +53,11 @@ def work_floor(graph, corr, hidden: int, layers: int, dual: bool = True) -> Work
     Args:
         graph: the :class:`~workbook_lib.nodemask.graph.SharedGraph`.
         corr: the batch's corrections (:func:`~workbook_lib.nodemask.corrections.corrections`).
-        hidden: H, every layer's width.
-        layers: L, at least 3.
+        hidden: H, every layer's width; ``layers``: L, at least 3.
         dual: the step also reads out the wildtype (the dual forward).
 
-    Raises:
-        ValueError: fewer than 3 layers, a non-positive width, or corrections without the
-            delta layer's lists.
+    Raises ValueError for fewer than 3 layers, a non-positive width, or corrections without the
+    delta layer's lists.
     """
     if layers < 3:
         raise ValueError(f"the floor is stated for the delta path, L >= 3 (got L = {layers})")

@@ -2,17 +2,12 @@
 
 Deleting the genes ``S_b`` of sample ``b`` is a diagonal 0/1 matrix ``D_b``: ``A_b = D_b A D_b``
 and ``A_b X = D_b A (D_b X)``, so every sample shares one unmodified adjacency. Prepared
-(``T`` edge types, ``N`` genes):
-
-* ``a`` ``[N*T, N]``: row ``n*T + t`` holds gene ``n``'s in-edges of type ``t`` (``a @ x`` is
-  ``[N, T, H]``); ``a_t`` its transpose; ``out_edges`` (``= a_t``): the slots each gene sends to;
-* ``a_tt`` (``slab`` kernel only, else ``None``) ``[N*T, N]``: row ``j*T + t`` lists the
-  receivers of gene ``j``'s type-``t`` out-edges (``a_tt @ g`` is every ``A_t^T g``);
-* ``blockdiag_t`` ``[N*T, N*T]``: the per-type transposes on the diagonal (pooled weights);
-* ``deg`` ``[N, T]`` in-degrees and ``out_deg`` ``[T, N]`` out-degrees of the wildtype;
-* host copies (:class:`OutEdges`) of the out- and in-edges and the types each gene sends on, and
-  ``out_type_ptr``/``out_type_node`` (``a_tt``'s rows on the host), for the collate and the
-  compiled push.
+(``T`` edge types, ``N`` genes): ``a`` ``[N*T, N]`` (row ``n*T + t``: gene ``n``'s type-``t``
+in-edges, so ``a @ x`` is ``[N, T, H]``) and its transpose ``a_t`` (= ``out_edges``); ``a_tt``
+(``slab`` only) ``[N*T, N]``, row ``j*T + t`` the receivers of gene ``j``'s type-``t``
+out-edges; ``blockdiag_t``, the per-type transposes on a diagonal; wildtype ``deg`` ``[N, T]``
+and ``out_deg`` ``[T, N]``; and host edge lists (:class:`OutEdges`, ``out_type_ptr``,
+``out_type_node``) for the collate and the compiled push.
 """
 from __future__ import annotations
 
@@ -29,18 +24,15 @@ class SharedGraph:
     """The gene graph, prepared once for per-sample aggregation with node masks.
 
     Args:
-        graph: a PyG ``HeteroData`` (gene-gene edge types), or ``{edge type: edge_index [2, E]}``
-            (row 0 source, row 1 target).
+        graph: a PyG ``HeteroData`` (gene-gene edge types), or ``{edge type: edge_index [2, E]}``.
         num_nodes: number of genes N (taken from a HeteroData when not given).
-        aggr: ``"sum"`` or ``"mean"``.
-        device: where the matrices live.
+        aggr: ``"sum"`` or ``"mean"``; ``device``: where the matrices live.
         allow_self_loops: keep self-loops (refused by default: GIN's ``(1 + eps) x`` would then
             count a node twice).
         kernel: ``"slab"`` or ``"wide"`` (:mod:`workbook_lib.nodemask.kernels`; default by device).
 
-    Raises:
-        ValueError: an empty graph, node ids outside ``0..N-1``, a non-``[2, E]`` edge index,
-            self-loops not allowed, an unknown aggregation or kernel.
+    Raises ValueError for an empty graph, node ids outside ``0..N-1``, a non-``[2, E]`` edge index,
+    disallowed self-loops, an unknown aggregation or kernel.
     """
 
     def __init__(self, graph, num_nodes: int | None = None, *, aggr: str = "sum",
@@ -120,9 +112,8 @@ class SharedGraph:
         return len(self.edge_types)
 
     def batch(self, deleted: torch.Tensor, corrections=None, **options):
-        """A batch of samples, each the graph with the genes in one row of ``deleted``
-        (``[B, k]``, padded with -1) removed; ``corrections`` and ``options`` (``validate``,
-        ``push_kernel``) as for :class:`NodeMaskBatch`."""
+        """A :class:`NodeMaskBatch`: sample ``b`` without the genes in ``deleted[b]`` (``[B, k]``,
+        -1 padded); ``corrections``, ``validate`` and ``push_kernel`` as there."""
         return NodeMaskBatch(self, deleted, corrections, **options)
 
     def wildtype_sums(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,10 @@
 """Sparse products of the node-mask shared graph.
 
-One prepared CSR matrix ``A`` (all edge types stacked) multiplies every sample's features
-``x`` ``[B, N, H]``, by one of two kernels:
-
-* ``slab`` (CPU default): one CSR product per sample slab ``[N, H]``, into one preallocated
-  output (a slab's dense operand stays in cache while the CSR streams past it);
-* ``wide`` (CUDA default, where cuSPARSE's SpMM suits wide operands): one product of ``[N, B*H]``.
-
-Indices are int32 where the matrix allows (MKL's sparse BLAS takes 32-bit indices). The backward
-of ``A @ x`` is ``A^T @ g`` with ``A^T`` prepared once. :func:`stacked_aggregate_linear` is a
-wildtype layer's ``sum_t (A_t x) W_t^T`` (sum aggregation, ``slab``) as one stacked sparse
-product and one dense product each way. Figures: docs/figures.md.
+One prepared CSR matrix ``A`` (all edge types stacked, int32 indices where they fit, its
+transpose prepared for the backward) multiplies every sample's ``[N, H]`` features, by kernel
+``slab`` (CPU default: one CSR product per sample slab, which stays in cache) or ``wide`` (CUDA
+default: one product of ``[N, B*H]``). :func:`stacked_aggregate_linear` is a wildtype layer's
+``sum_t (A_t x) W_t^T`` as one stacked sparse product and one dense product each way.
 """
 from __future__ import annotations
 
