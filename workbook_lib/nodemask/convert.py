@@ -766,8 +766,8 @@ class ConvertedEncoder(nn.Module):
                      and bool(w.rows_out.changed.all())), None)
         lines.append(f"  every gene changes from: {full}" if full else
                      "  no layer changes every gene")
-        lines.append("  (changed rows: those that differ from the wildtype; delta computes only "
-                     "them, dense every row)")
+        lines.append("  (changed rows: those that differ from the wildtype, whichever form "
+                     "computes them)")
         return "\n".join(lines)
 
     def _seen_nodes(self) -> int:
