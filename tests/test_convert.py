@@ -1,6 +1,7 @@
 """nodemask.convert: a user's PyG encoder made exact on a shared graph, against the per-sample
 reference ``encoder(x_b, graph_b)`` in float64 (outputs, every parameter's gradient, x's), and
 every refusal in one line."""
+import re
 import sys
 
 import pytest
@@ -182,8 +183,11 @@ def test_converted_equals_the_per_sample_reference(conv, container):
             torch.set_default_dtype(torch.float32)
 
 
+COUNTS: dict = {"gin": [], "gcn": [], "sage_mean": []}
+
+
 @pytest.mark.parametrize("share", [0.0, 1e9])
-def test_the_dense_and_delta_forms_are_both_exact(monkeypatch, share):
+def test_the_dense_and_delta_forms_are_both_exact(monkeypatch, share, counts=COUNTS):
     """DENSE_SHARE 0 takes every layer dense, a huge one every layer delta; explain says so."""
     monkeypatch.setattr(convert_module, "DENSE_SHARE", share)
     torch.set_default_dtype(torch.float64)
@@ -192,8 +196,16 @@ def test_the_dense_and_delta_forms_are_both_exact(monkeypatch, share):
             fast = _check(Encoder(conv, "moduledict", "layernorm"), GRAPH, "mean_kept")
             text = fast.explain(DELETED)
             assert ("dense" in text) == (share == 0.0) and ("delta" in text) == (share > 0)
+            # the rows that differ, whichever form computes them: the same count either way
+            counts[conv].append((text.split("changed rows")[1], fast.floor(DELETED).sparse_macs))
     finally:
         torch.set_default_dtype(torch.float32)
+    if share > 0:  # both forms ran (in parameter order): same changed rows, same floor
+        for conv, got in counts.items():
+            (rows_dense, floor_dense), (rows_delta, floor_delta) = got
+            rows = lambda s: re.findall(r"(\d+\.\d) / ", s)  # noqa: E731
+            assert rows(rows_dense) == rows(rows_delta) and rows(rows_delta), conv
+            assert floor_dense == pytest.approx(floor_delta), conv
 
 
 def test_heterodata_graph_and_the_torchcell_shape():
@@ -223,8 +235,14 @@ def test_explain_and_floor_name_every_layer_and_type():
     floor = fast.floor(DELETED)
     assert floor.batch_size == 5 and floor.per_sample("dense_macs") > 0
     assert any("regulatory" in k for k in floor.parts) and "wildtype, once per batch" in floor.parts
-    everything = torch.arange(N).unsqueeze(0)[:, :N - 1]  # every gene but one deleted
+    # every gene but one deleted: every gene changes, the kept one with its in-edges
+    ei = next(iter(GRAPH.values()))
+    kept = int(ei[1][ei[0] != ei[1]][0])
+    everything = torch.tensor([[g for g in range(N) if g != kept]])
     assert fast.floor(everything).all_changed_from is not None
+    assert "every gene changes from" in fast.explain(everything)
+    # a dense layer computes every row; only the rows that differ are counted as changed
+    assert fast.floor(DELETED).all_changed_from is None
 
 
 def test_the_call_reads_nothing_back_from_the_device():

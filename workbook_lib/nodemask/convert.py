@@ -92,16 +92,21 @@ def _expand(ptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 class _Rows:
-    """Which (sample, gene) rows of a value differ from its wildtype; ``dense``: every row.
+    """Which (sample, gene) rows of a value are computed apart from its wildtype (``mask``;
+    ``dense``: every row) and which of them differ from it (``changed``: the same rows unless a
+    layer took the dense form, which computes rows that did not change).
 
     Args:
         mask: ``[B, N]`` bool.
         dense: the values hold every row, sample-major.
+        changed: ``[B, N]`` bool, the rows that differ (default ``mask``).
     """
 
-    def __init__(self, mask: torch.Tensor, dense: bool = False):
+    def __init__(self, mask: torch.Tensor, dense: bool = False,
+                 changed: torch.Tensor | None = None):
         b, n = mask.shape
         self.mask, self.dense, self.num_nodes = mask, dense, n
+        self.changed = mask if changed is None else changed
         self.flat = torch.arange(b * n) if dense else \
             torch.from_numpy(np.flatnonzero(mask.numpy()))
         self._pos: np.ndarray | None = None
@@ -129,10 +134,11 @@ class _Rows:
         """The rows changed in any of ``rows`` (itself when all are one)."""
         if all(r is rows[0] for r in rows):
             return rows[0]
-        mask = rows[0].mask.clone()
+        mask, changed = rows[0].mask.clone(), rows[0].changed.clone()
         for r in rows[1:]:
             mask |= r.mask
-        return _Rows(mask, any(r.dense for r in rows) or bool(mask.all()))
+            changed |= r.changed
+        return _Rows(mask, any(r.dense for r in rows) or bool(mask.all()), changed)
 
 
 @dataclass
@@ -165,6 +171,7 @@ class _ConvPlan:
     src: object = None  # the fx node of its input: the convs reading one value share products
     mean: bool = False  # mean aggregation
     grouped: bool = False  # its aggregation comes from its group's products (_plan_groups)
+    changed_entries: int = 0  # the kept in-edges of the rows that differ, per batch (the floor)
 
 
 class _Plan:
@@ -365,6 +372,15 @@ class ConvertedEncoder(nn.Module):
             lowered = ((cnt != e.deg.unsqueeze(0)) & keep).view(-1).nonzero().flatten()
             mask[e.receivers(lowered)] = True
         mask = mask.view(b, n)
+        if rows_in.dense:  # computed rows are all rows: follow the rows that really differ
+            changed = rows_in.changed.clone().view(-1)
+            changed.numpy()[e.receivers(torch.from_numpy(
+                np.flatnonzero(rows_in.changed.numpy()))).numpy()] = True
+            if gcn_norm:
+                changed[e.receivers(lowered)] = True
+            changed = changed.view(b, n)
+        else:
+            changed = mask
         if e.key not in plan.kept_edges:
             plan.kept_edges[e.key] = int(cnt.sum())
         kept_edges = plan.kept_edges[e.key]
@@ -377,7 +393,7 @@ class ConvertedEncoder(nn.Module):
         aggr_mean = kind is not GCNConv and m.aggr == "mean"
         if dense:
             _plan_full(plan, rows_in)
-            rows_out = _Rows(torch.ones(b, n, dtype=torch.bool), dense=True)
+            rows_out = _Rows(torch.ones(b, n, dtype=torch.bool), dense=True, changed=changed)
             host = {"keep": keep.double(), "inv_cnt": 1.0 / cnt.double().clamp(min=1),
                     "dinv": dinv, "fill": fill}
             entries = kept_edges
@@ -402,6 +418,8 @@ class ConvertedEncoder(nn.Module):
                 host["weight"] = dinv[qb, j] * dinv[qb, qn]
                 host["self_coef"] = fill * dinv.view(-1)[q].pow(2)
         cp = _ConvPlan(path, kind, e, rows_in, rows_out, entries, host, src, aggr_mean)
+        cp.changed_entries = entries if not dense else \
+            int(cnt_np[np.flatnonzero(changed.numpy())].sum())
         plan.convs[(path, e.key)] = cp
         plan.order.append((path, kind.__name__, cp))
         return rows_out
@@ -726,15 +744,17 @@ class ConvertedEncoder(nn.Module):
         for path, cls, what in plan.order:
             if isinstance(what, _ConvPlan):
                 form = "dense" if what.rows_out.dense else "delta"
-                rows, reads = what.rows_out.mask.sum().item() / b, f"{what.entries / b:.1f}"
+                rows, reads = what.rows_out.changed.sum().item() / b, f"{what.entries / b:.1f}"
                 name = _name(what)
             else:
-                form, rows, reads, name = "per-node", what.mask.sum().item() / b, "", path
+                form, rows, reads, name = "per-node", what.changed.sum().item() / b, "", path
             lines.append(f"  {name:<34} {cls:<10} {form:<8} {rows:>7.1f} / {n:<4}{reads:>14}")
         full = next((_name(w) for _, _, w in plan.order if isinstance(w, _ConvPlan)
-                     and bool(w.rows_out.mask.all())), None)
+                     and bool(w.rows_out.changed.all())), None)
         lines.append(f"  every gene changes from: {full}" if full else
                      "  no layer changes every gene")
+        lines.append("  (changed rows: those that differ from the wildtype, whichever form "
+                     "computes them)")
         return "\n".join(lines)
 
     def _seen_nodes(self) -> int:
@@ -759,8 +779,10 @@ class ConvertedEncoder(nn.Module):
                 m = self._conv_module(path, what.edges.key)
                 w = self._widths.get((what.path, what.edges.key), 0)
                 macs = _row_macs(m, what.kind)
-                rows = float(what.rows_in.count if what.kind is GCNConv else what.rows_out.count)
-                sp = _sparse(what.entries, w, what.rows_in.count, what.rows_out.count)
+                n_in = int(what.rows_in.changed.sum())  # the rows that differ, not those a
+                n_out = int(what.rows_out.changed.sum())  # dense form computes
+                rows = float(n_in if what.kind is GCNConv else n_out)
+                sp = _sparse(what.changed_entries, w, n_in, n_out)
                 de = _dense(rows, 1, macs) if macs else (0.0, 0.0)
                 name = _name(what)
                 wsp = _sparse(int(what.edges.deg.sum()), w, what.edges.num_nodes,
@@ -768,14 +790,14 @@ class ConvertedEncoder(nn.Module):
                 wde = _dense(what.edges.num_nodes, 1, macs) if macs else (0.0, 0.0)
                 wt_sparse, wt_dense = wt_sparse + wsp[0], wt_dense + wde[0]
                 wt_bytes += wsp[1] + wde[1]
-                if all_from is None and bool(what.rows_out.mask.all()):
+                if all_from is None and bool(what.rows_out.changed.all()):
                     all_from = name
             else:
                 m = self._named[path]
                 macs = _row_macs(m, None)
                 if not macs:
                     continue
-                sp, de, name = (0.0, 0.0), _dense(float(what.count), 1, macs), path
+                sp, de, name = (0.0, 0.0), _dense(float(what.changed.sum()), 1, macs), path
                 wde = _dense(plan.num_nodes, 1, macs)
                 wt_dense, wt_bytes = wt_dense + wde[0], wt_bytes + wde[1]
             while name in parts:  # a module called twice
