@@ -1,22 +1,16 @@
 """A batch of perturbed graphs on the shared graph: per-sample aggregation, exact.
 
 For sample ``b`` with deleted genes ``S_b`` (``D_b`` zeroes their rows), per edge type ``t``:
-
-* **any layer** (:meth:`NodeMaskBatch.aggregate`): ``agg_tb = D_b A_t (D_b h_b)``, divided by the
-  per-sample in-degree ``A_t (D_b 1)`` for mean aggregation;
-* **a first layer with a shared input** ``x0`` (:meth:`NodeMaskBatch.aggregate_shared`):
-  ``A_b x0 = D_b (A x0 - A[:, S_b] x0[S_b])``: one wildtype product plus corrections on the
-  deleted genes and their out-neighbours only;
-* **a linear last layer followed by a mean over genes** (:meth:`NodeMaskBatch.aggregate_pooled`):
-  ``sum_n agg_tb[n] = sum_j w_tb[j] h_b[j]`` with ``w_tb = D_b A_t^T (D_b / deg_tb)``;
-* **a second layer after an incremental first one** (:meth:`NodeMaskBatch.first_layer_delta`,
-  :meth:`NodeMaskBatch.delta_layer`): the wildtype product plus a push of the first layer's
-  changes along their out-edges (:mod:`workbook_lib.nodemask.delta`).
-
-All are exact (float32 rounding) for sum and mean aggregation, outputs and gradients. The
-GIN-shaped layers map the ``T*H`` concatenated per-type features and the self term, as the
-workbook's model does. Correction indices are computed where ``deleted`` lives: on the host no
-device sync; on a GPU one sync per batch.
+any layer (:meth:`NodeMaskBatch.aggregate`) is ``agg_tb = D_b A_t (D_b h_b)``, divided by the
+per-sample in-degree ``A_t (D_b 1)`` for mean aggregation; a first layer with a shared input
+(:meth:`NodeMaskBatch.aggregate_shared`) is ``A_b x0 = D_b (A x0 - A[:, S_b] x0[S_b])``, the
+wildtype plus corrections on the deleted genes and their out-neighbours; a linear last layer
+before a mean over genes (:meth:`NodeMaskBatch.aggregate_pooled`) is
+``sum_n agg_tb[n] = sum_j w_tb[j] h_b[j]`` with ``w_tb = D_b A_t^T (D_b / deg_tb)``; a second
+layer after an incremental first one (:meth:`NodeMaskBatch.delta_layer`) is the wildtype plus a
+push of the changes (:mod:`workbook_lib.nodemask.delta`). All exact (float32 rounding) for sum
+and mean aggregation, outputs and gradients. Correction indices are computed where ``deleted``
+lives: on the host no device sync, on a GPU one per batch.
 """
 from __future__ import annotations
 
@@ -83,12 +77,10 @@ class NodeMaskBatch:
     Args:
         graph: the prepared :class:`SharedGraph`.
         deleted: ``[B, k]`` gene indices (``-1`` pads rows that delete fewer genes).
-        corrections: precomputed first-layer corrections (e.g. from :func:`corrections` in a
-            DataLoader worker); computed lazily otherwise.
-        validate: check ``deleted`` (:func:`validate_deleted`); on a GPU this reads it back, so
-            validate on the host in the collate and pass ``validate=False`` in the step.
-        push_kernel: the delta layer's push kernel (``numba``, ``pull`` or ``index_add``;
-            default by device, see :mod:`workbook_lib.nodemask.delta`).
+        corrections: precomputed :func:`corrections` (e.g. from a DataLoader worker), else lazy.
+        validate: check ``deleted`` (:func:`validate_deleted`: on a GPU a read back; validate
+            in the collate and pass False in the step).
+        push_kernel: ``numba``, ``pull`` or ``index_add`` (default by device).
     """
 
     def __init__(self, graph: SharedGraph, deleted: torch.Tensor,
@@ -379,9 +371,8 @@ class NodeMaskBatch:
     def delta_layer(self, h: DeltaFeatures, weight: torch.Tensor,
                     bias: torch.Tensor | None = None, *, eps: float = 0.0,
                     relu: bool = True, with_wildtype: bool = False):
-        """The GIN-shaped :meth:`layer` for features in delta form, delta-propagated
-        (:mod:`workbook_lib.nodemask.delta`): ``[B, N, H_out]``, equal to ``layer(h.dense(), ...)``;
-        with ``with_wildtype`` also the wildtype output ``[N, H_out]``."""
+        """:meth:`layer` for features in delta form, delta-propagated (equal to
+        ``layer(h.dense(), ...)``); ``with_wildtype`` also returns the wildtype ``[N, H_out]``."""
         base, u, w, corr = self._delta_parts(h, weight, bias, eps)
         out = push(self.graph, self.corrections(), base, u, w, self.push_kernel, rows=corr,
                    relu=relu)
@@ -393,9 +384,8 @@ class NodeMaskBatch:
                            bias: torch.Tensor | None, last_weight: torch.Tensor,
                            last_bias: torch.Tensor | None = None, *, eps: float = 0.0,
                            with_wildtype: bool = False):
-        """``pooled_layer(delta_layer(h, weight, bias), last_weight, last_bias)`` ``[B, H_out]``
-        in one go (the pooled sums taken inside the push); with ``with_wildtype`` also the middle
-        layer's wildtype output ``[N, H]``."""
+        """``pooled_layer(delta_layer(h, weight, bias), last_weight, last_bias)`` in one go; with
+        ``with_wildtype`` also the middle layer's wildtype output ``[N, H]``."""
         base, u, w, corr = self._delta_parts(h, weight, bias, eps)
         pooled = push_pooled(self.graph, self.corrections(), base, u, w, self._pool_weights_1(),
                              self.push_kernel, rows=corr)  # [B, T + 1, H]

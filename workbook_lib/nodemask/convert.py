@@ -92,15 +92,9 @@ def _expand(ptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 class _Rows:
-    """Which (sample, gene) rows of a value are computed apart from its wildtype (``mask``;
-    ``dense``: every row) and which of them differ from it (``changed``: the same rows unless a
-    layer took the dense form, which computes rows that did not change).
-
-    Args:
-        mask: ``[B, N]`` bool.
-        dense: the values hold every row, sample-major.
-        changed: ``[B, N]`` bool, the rows that differ (default ``mask``).
-    """
+    """Which (sample, gene) rows of a value are computed apart from its wildtype (``mask``
+    ``[B, N]`` bool; ``dense``: every row, sample-major) and which of them differ from it
+    (``changed``, default ``mask``: fewer only where a layer took the dense form)."""
 
     def __init__(self, mask: torch.Tensor, dense: bool = False,
                  changed: torch.Tensor | None = None):
@@ -175,11 +169,8 @@ class _ConvPlan:
 
 
 class _Plan:
-    """The host plan of one batch: rows per fx node, one :class:`_ConvPlan` per conv and type.
-
-    Args:
-        keep: ``[B, N]`` bool, False at deleted genes.
-    """
+    """The host plan of one batch (``keep`` ``[B, N]``, False at deleted genes): rows per fx node,
+    one :class:`_ConvPlan` per conv and edge type."""
 
     def __init__(self, keep: torch.Tensor):
         self.keep = keep
@@ -428,15 +419,9 @@ class ConvertedEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor, deleted: torch.Tensor) -> torch.Tensor:
         """``[B, N, H]`` (no readout) or ``[B, H]``: sample ``b`` is the encoder on the graph
-        less ``deleted[b]``'s genes (see :func:`convert`).
-
-        Args:
-            x: ``[N, F]`` input features (any device; the result is there).
-            deleted: ``[B, k]`` gene indices, ``-1`` pads; keep it on the host for no sync.
-
-        Raises:
-            ValueError: bad ``deleted`` or ``x``; train-mode BatchNorm or dropout p>0.
-        """
+        less ``deleted[b]``'s genes (see :func:`convert`), for ``x`` ``[N, F]`` (the result on its
+        device) and ``deleted`` ``[B, k]``, ``-1`` padded (on the host: no sync). Raises
+        ValueError for a bad ``deleted`` or ``x``, train-mode BatchNorm or dropout p>0."""
         if x.dim() != 2:
             raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
         self._check_mode()
@@ -762,11 +747,7 @@ class ConvertedEncoder(nn.Module):
 
     def floor(self, deleted: torch.Tensor) -> ConvertFloor:
         """The fewest multiply-adds an exact sample of this batch needs, forward and backward, per
-        layer and edge type (:class:`~workbook_lib.results.floor.ConvertFloor`).
-
-        Raises:
-            ValueError: no call has run yet (the widths come from one).
-        """
+        layer and edge type (``results.floor.ConvertFloor``); ValueError before any call."""
         if not self._widths:
             raise ValueError("floor needs the layer widths: call fast(x, deleted) once first")
         plan = self.plan(deleted, self._seen_nodes())

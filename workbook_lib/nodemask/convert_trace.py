@@ -78,13 +78,9 @@ def user_line(stack: str | None) -> str:
 
 
 def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Graph:
-    """The encoder's forward as an fx graph: ``encoder(x, edge_index)`` when ``edge_keys`` is
-    None, else ``encoder(x, {key: edge_index})`` with one placeholder per key, in order.
-
-    Raises:
-        ConvertError: the forward cannot be followed (control flow on a tensor's value, a
-            call that reads data), naming the line.
-    """
+    """The encoder's forward as an fx graph: ``encoder(x, edge_index)`` when ``edge_keys`` is None,
+    else ``encoder(x, {key: edge_index})``, one placeholder per key. Raises ConvertError, naming the
+    line, where the forward cannot be followed (control flow on a tensor's value, a data read)."""
     import inspect
     params = [p for p in inspect.signature(encoder.forward).parameters.values()]
     if len(params) < 2:
@@ -108,11 +104,8 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
 
 def conv_kind(m: nn.Module, path: str, register: dict) -> type:
     """The supported convolution class ``m`` computes as (its class, or the registered one).
-
-    Raises:
-        ConvertError: an attention convolution, another or unregistered message passing, a
-            cached GCN, an unsupported aggregation, edge features or a projecting SAGE.
-    """
+    Raises ConvertError for attention, unregistered message passing, a cached GCN, an unsupported
+    aggregation, edge features or a projecting SAGE."""
     cls = type(m)
     kind = register.get(cls, cls if cls in CONVS else None)
     if kind is None:
@@ -145,11 +138,8 @@ def conv_kind(m: nn.Module, path: str, register: dict) -> type:
 
 
 def per_node_problem(m: nn.Module, path: str, *, at_convert: bool) -> None:
-    """Refuse ``m`` unless it acts on each row alone (in its current mode unless ``at_convert``).
-
-    Raises:
-        ConvertError: a module that mixes rows, or one convert cannot see inside.
-    """
+    """Refuse ``m`` (ConvertError) unless it acts on each row alone, in its current mode unless
+    ``at_convert``, or if convert cannot see inside it."""
     for name, sub in m.named_modules(prefix=path):
         if isinstance(sub, (GraphNorm,) + ROW_MIXING) or (
                 isinstance(sub, PygLayerNorm) and sub.mode != "node"):
@@ -176,11 +166,8 @@ def per_node_problem(m: nn.Module, path: str, *, at_convert: bool) -> None:
 
 
 def check_hetero(m: HeteroConv, path: str, register: dict) -> dict:
-    """``{edge type: supported conv class}`` of a ``HeteroConv``.
-
-    Raises:
-        ConvertError: an aggregation other than sum, mean or cat, or an unsupported conv.
-    """
+    """``{edge type: supported conv class}`` of a ``HeteroConv``; ConvertError for an aggregation
+    other than sum, mean or cat, or an unsupported conv."""
     if m.aggr not in ("sum", "mean", "cat"):
         raise ConvertError(f"{path} (HeteroConv): aggr={m.aggr!r} is not sum, mean or cat; "
                            "build it with one of those")
@@ -194,11 +181,8 @@ def node_where(node: fx.Node) -> str:
 
 
 def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
-    """Refuse every node convert cannot make exact (:func:`conv_kind`, :func:`per_node_problem`).
-
-    Raises:
-        ConvertError: the first such node, naming its module path or line.
-    """
+    """Raise ConvertError at the first node convert cannot make exact (:func:`conv_kind`,
+    :func:`per_node_problem`), naming its module path or line."""
     modules = dict(encoder.named_modules())
     nodes = sorted(graph.nodes, key=lambda nd: nd.op != "call_module")  # modules first
     for node in nodes:

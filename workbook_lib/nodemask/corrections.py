@@ -15,11 +15,8 @@ from .kernels import selection_csr
 
 
 def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """Check a ``[B, k]`` integer tensor of deleted genes (``-1`` pads rows with fewer).
-
-    Raises:
-        ValueError: wrong shape or dtype, a gene outside ``0..N-1``, or one deleted twice.
-    """
+    """Check a ``[B, k]`` integer tensor of deleted genes (``-1`` pads): ValueError for a wrong
+    shape or dtype, a gene outside ``0..N-1``, or one deleted twice in a sample."""
     if not isinstance(deleted, torch.Tensor):
         raise TypeError(f"'deleted' must be a tensor (got {type(deleted).__name__})")
     if deleted.dim() != 2:
