@@ -175,3 +175,27 @@ def test_a_probe_starts_from_a_run_whose_temp_folder_is_deep(targets, tmp_path):
     """))
     subprocess.run([sys.executable, str(script)], timeout=120, check=True,
                    env={**os.environ, "TMPDIR": str(deep)})
+
+
+def test_a_probe_starts_after_a_temporary_folder_came_and_went(targets, tmp_path):
+    """The CLI's preflight sends temporary files to a folder it removes at its end; a memory
+    probe started later in the same process must not look for multiprocessing's files there."""
+    script = tmp_path / "after.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import pf_targets
+        from workbook_lib.common.files import temp_for_a_while
+        from workbook_lib.measurement import memory
+
+        if __name__ == "__main__":
+            point = dict(strategy="s", form="-", batch_size=1, scale=1.0, hidden=1, layers=1)
+            with temp_for_a_while("workbook-preflight-"):  # the fork server starts in there
+                got = memory.measure_in_fresh_process(
+                    pf_targets.report, {{"out": {str(tmp_path / "a.json")!r}}}, point)
+            assert got.status == memory.STATUS_OK, got
+            got = memory.measure_in_fresh_process(pf_targets.report,
+                                                  {{"out": {str(tmp_path / "b.json")!r}}}, point)
+            assert got.status == memory.STATUS_OK, got
+    """))
+    subprocess.run([sys.executable, str(script)], timeout=120, check=True)

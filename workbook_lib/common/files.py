@@ -67,6 +67,16 @@ def system_temp() -> Path:
     return Path(os.environ.get(SYSTEM_TEMP_ENV) or tempfile.gettempdir())
 
 
+def _pin_multiprocessing_temp() -> None:
+    """Make multiprocessing choose its own temp folder (its sockets, e.g. the fork server's,
+    and removed by it at exit) before ``TMPDIR`` moves: it keeps the first one it chose for the
+    life of the process, and a folder inside a run's (removed at the run's end, and deep enough
+    to pass AF_UNIX's 107 bytes) would break every later fork server of this process."""
+    from multiprocessing import util
+
+    util.get_temp_dir()
+
+
 def use_run_temp(run_dir: str | Path, who: str) -> Path:
     """Send this process's temporary files, and those of the processes it starts, to
     ``<run_dir>/tmp/<who>-<pid>`` (``TMPDIR``; PyG writes a module file per ``MessagePassing``
@@ -77,6 +87,7 @@ def use_run_temp(run_dir: str | Path, who: str) -> Path:
     if now.is_relative_to(base) and now.is_dir():
         return now
     os.environ.setdefault(SYSTEM_TEMP_ENV, str(now))
+    _pin_multiprocessing_temp()
     d = base / f"{who}-{os.getpid()}"
     d.mkdir(parents=True, exist_ok=True)
     os.environ["TMPDIR"] = str(d)
@@ -92,6 +103,7 @@ def temp_for_a_while(prefix: str = "workbook-"):
     import shutil
 
     before = os.environ.get("TMPDIR")
+    _pin_multiprocessing_temp()
     d = tempfile.mkdtemp(prefix=prefix)
     os.environ["TMPDIR"] = d
     tempfile.tempdir = None
