@@ -71,6 +71,18 @@ LONGEST_FIRST = ["test_notebooks.py",  # 260: every notebook under papermill, it
                  "test_faulty.py", "test_equal.py", "test_measurement.py"]  # 40-90 each
 
 
+def _quiet(limit_s: float = 60.0, idle: float = 0.15) -> None:
+    """Before an alone test: wait (at most ``limit_s``) until the machine's CPUs are idle, so that
+    processes a previous test left exiting (kernels, ranks, loader workers) are gone."""
+    import time
+
+    import psutil
+
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end and psutil.cpu_percent(interval=0.5) / 100 > idle:
+        pass
+
+
 @contextlib.contextmanager
 def _turn(config, alone: bool):
     """Run one test beside the other workers' tests, or alone (``@pytest.mark.alone``: a test
@@ -88,6 +100,8 @@ def _turn(config, alone: bool):
         finally:
             if not alone:
                 fcntl.flock(gate, fcntl.LOCK_UN)
+        if alone:
+            _quiet()
         try:
             yield
         finally:
