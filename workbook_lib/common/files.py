@@ -67,14 +67,24 @@ def system_temp() -> Path:
     return Path(os.environ.get(SYSTEM_TEMP_ENV) or tempfile.gettempdir())
 
 
-def _pin_multiprocessing_temp() -> None:
-    """Make multiprocessing choose its own temp folder (its sockets, e.g. the fork server's,
-    and removed by it at exit) before ``TMPDIR`` moves: it keeps the first one it chose for the
-    life of the process, and a folder inside a run's (removed at the run's end, and deep enough
-    to pass AF_UNIX's 107 bytes) would break every later fork server of this process."""
+SOCKET_ROOM = 70  # longest temp folder whose fork-server socket path fits AF_UNIX's 107 bytes
+
+
+def pin_multiprocessing_temp() -> None:
+    """Make multiprocessing choose its temp folder (its sockets, e.g. the fork server's; removed
+    by it at exit) now, in a folder short enough for a socket path: it keeps its first choice for
+    the life of the process, and one inside a run's or the preflight's folder (removed at their
+    end, or deeper than AF_UNIX allows) would break every later fork server of the process."""
     from multiprocessing import util
 
-    util.get_temp_dir()
+    old = tempfile.tempdir
+    if len(tempfile.gettempdir()) > SOCKET_ROOM:
+        short = str(system_temp())
+        tempfile.tempdir = short if len(short) <= SOCKET_ROOM else "/tmp"
+    try:
+        util.get_temp_dir()
+    finally:
+        tempfile.tempdir = old
 
 
 def use_run_temp(run_dir: str | Path, who: str) -> Path:
@@ -87,7 +97,7 @@ def use_run_temp(run_dir: str | Path, who: str) -> Path:
     if now.is_relative_to(base) and now.is_dir():
         return now
     os.environ.setdefault(SYSTEM_TEMP_ENV, str(now))
-    _pin_multiprocessing_temp()
+    pin_multiprocessing_temp()
     d = base / f"{who}-{os.getpid()}"
     d.mkdir(parents=True, exist_ok=True)
     os.environ["TMPDIR"] = str(d)
@@ -103,7 +113,7 @@ def temp_for_a_while(prefix: str = "workbook-"):
     import shutil
 
     before = os.environ.get("TMPDIR")
-    _pin_multiprocessing_temp()
+    pin_multiprocessing_temp()
     d = tempfile.mkdtemp(prefix=prefix)
     os.environ["TMPDIR"] = d
     tempfile.tempdir = None

@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from ..common.files import system_temp
+from ..common.files import pin_multiprocessing_temp, system_temp
 from ..common.locks import locked
 from ..results.memory import (STATUS_BELOW, STATUS_FAILED, STATUS_OK, STATUS_OOM,  # noqa: F401
                               STATUS_TIMEOUT, MemoryFit, MemoryPoint, PeakMemory)
@@ -198,24 +198,6 @@ def _child(setup: Callable[[dict], StepToMeasure], cfg: dict) -> dict:
     return {"step_bytes": peak.bytes, "setup_bytes": peak.before_bytes, "method": method}
 
 
-SOCKET_ROOM = 70  # longest temp folder whose fork-server socket path fits AF_UNIX's 107 bytes
-
-
-@contextmanager
-def _socket_temp():
-    """Start the fork server with a temp folder short enough for its socket (multiprocessing
-    makes it there; a run's ``TMPDIR`` deep in its folder can pass the 107-byte limit): the
-    system temp then, which multiprocessing cleans at exit."""
-    old = tempfile.tempdir
-    if len(tempfile.gettempdir()) > SOCKET_ROOM:
-        short = str(system_temp())
-        tempfile.tempdir = short if len(short) <= SOCKET_ROOM else "/tmp"
-    try:
-        yield
-    finally:
-        tempfile.tempdir = old
-
-
 def _run_fresh(setup: Callable, cfg: dict, threads: int,
                timeout_s: float) -> tuple[dict | None, int | None, str]:
     """:func:`_probe` in a process forked from multiprocessing's fork server: what it sent
@@ -228,8 +210,8 @@ def _run_fresh(setup: Callable, cfg: dict, threads: int,
     with tempfile.NamedTemporaryFile(prefix="workbook-probe-", suffix=".log") as log:
         proc = ctx.Process(target=_probe, args=(send, log.name, threads, setup, cfg),
                            name="workbook-memory-probe")
-        with _socket_temp():
-            proc.start()
+        pin_multiprocessing_temp()  # a socket path that fits, whatever TMPDIR is
+        proc.start()
         send.close()
         try:
             got = recv.recv() if recv.poll(timeout_s) else {"timed out": True}
