@@ -70,6 +70,15 @@ def system_temp() -> Path:
 SOCKET_ROOM = 70  # longest temp folder whose fork-server socket path fits AF_UNIX's 107 bytes
 
 
+def restore_temp(tmpdir: str | None) -> None:
+    """Set ``TMPDIR`` back to ``tmpdir`` (unset when None) and make ``tempfile`` read it again."""
+    if tmpdir is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = None
+
+
 def pin_multiprocessing_temp() -> None:
     """Make multiprocessing choose its temp folder (its sockets, e.g. the fork server's; removed
     by it at exit) now, in a folder short enough for a socket path: it keeps its first choice for
@@ -120,10 +129,6 @@ def temp_for_a_while(prefix: str = "workbook-"):
     try:
         yield Path(d)
     finally:
-        if before is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = before
-        tempfile.tempdir = None
+        restore_temp(before)
         shutil.rmtree(d, ignore_errors=True)
 

@@ -15,14 +15,8 @@ class FloorPart(Record):
     bytes: float
 
 
-@dataclass
-class WorkFloor(Record):
-    """The fewest multiply-adds and bytes of one batch (see the module docstring)."""
-
-    batch_size: int
-    layers: int
-    hidden: int
-    parts: dict[str, FloorPart] = field(default_factory=dict)
+class _Totals:
+    """The sums of a floor's ``parts`` (``FloorPart``s of one batch of ``batch_size``)."""
 
     @property
     def sparse_macs(self) -> float:
@@ -51,7 +45,18 @@ class WorkFloor(Record):
 
 
 @dataclass
-class ConvertFloor(Record):
+class WorkFloor(_Totals, Record):
+    """The fewest multiply-adds and bytes of one batch (see the module docstring)."""
+
+    batch_size: int
+    layers: int
+    hidden: int
+    parts: dict[str, FloorPart] = field(default_factory=dict)
+
+
+
+@dataclass
+class ConvertFloor(_Totals, Record):
     """The fewest multiply-adds and bytes of one batch of a converted encoder
     (:meth:`workbook_lib.nodemask.convert.ConvertedEncoder.floor`): one part per layer and edge
     type (and per-node module), forward + backward, for the whole batch, plus the wildtype
@@ -65,30 +70,6 @@ class ConvertFloor(Record):
     all_changed_from: str | None = None
     all_changed_macs: float = 0.0
 
-    @property
-    def sparse_macs(self) -> float:
-        return sum(p.sparse_macs for p in self.parts.values())
-
-    @property
-    def dense_macs(self) -> float:
-        return sum(p.dense_macs for p in self.parts.values())
-
-    @property
-    def bytes(self) -> float:
-        return sum(p.bytes for p in self.parts.values())
-
-    def per_sample(self, what: str) -> float:
-        """``sparse_macs``, ``dense_macs`` or ``bytes`` divided by the batch size."""
-        if what not in ("sparse_macs", "dense_macs", "bytes"):
-            raise ValueError(f"'what' must be sparse_macs, dense_macs or bytes (got {what!r})")
-        return getattr(self, what) / self.batch_size
-
-    def seconds_at(self, sparse_gmacs: float, dense_gmacs: float) -> float:
-        """Seconds per sample the floor's products take at these rates (G multiply-adds/s)."""
-        if sparse_gmacs <= 0 or dense_gmacs <= 0:
-            raise ValueError(f"rates must be positive (got {sparse_gmacs}, {dense_gmacs})")
-        return (self.per_sample("sparse_macs") / (sparse_gmacs * 1e9)
-                + self.per_sample("dense_macs") / (dense_gmacs * 1e9))
 
     def table(self) -> str:
         """One line per part: multiply-adds per sample (sparse, dense), then the total."""

@@ -196,20 +196,15 @@ def _run_temp(out: Path):
     """The run's processes keep their temporary files in the run folder, removed at its end
     (``TMPDIR`` and ``tempfile`` restored)."""
     import shutil
-    import tempfile
 
-    from ..common.files import use_run_temp
+    from ..common.files import restore_temp, use_run_temp
 
     before = os.environ.get("TMPDIR")
     d = use_run_temp(out, "run")
     try:
         yield d
     finally:
-        if before is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = before
-        tempfile.tempdir = None
+        restore_temp(before)
         shutil.rmtree(d, ignore_errors=True)
         with contextlib.suppress(OSError):
             d.parent.rmdir()  # when no other process of the run keeps files there
