@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import skip_when_other_jobs
 from workbook_lib.studies import timing as study
 from workbook_lib.studies import verdict as V
 from workbook_lib.studies.timing.stages import step_bound
@@ -123,11 +124,13 @@ def _margin_resolved(loops, first, second, slow: str, fast: str, gap) -> bool:
 def test_the_first_cause_is_the_planted_stage_with_its_function(slow, graph, tmp_path):
     stages, _extra, function, advice = CASES[slow]
     p, loops, profiles = _loops(slow, graph, tmp_path)
+    skip_when_other_jobs(loops)
     gap = V.measure_gap(loops, slow, "fast", p["num_samples"])
     assert (gap.slow, gap.fast) == (slow, "fast") and gap.measurable and not gap.swapped
     causes = V.rank_causes(_Timing(loops, profiles), slow, "fast", gap, "cpu")
     timed = [c for c in causes if c.share is not None and c.effect not in ("rest", "noise")]
-    first, second = timed[0], timed[1]
+    first = timed[0]
+    second = timed[1] if len(timed) > 1 else None  # every other stage's difference is noise
     assert first.stage in stages, [(c.stage, round(c.share, 2)) for c in timed]
     # the function that holds the stage's extra time, by its qualified name and its file
     assert first.sites and first.sites[0].function == function, (first.sites, first.sites_note)
@@ -140,8 +143,10 @@ def test_the_first_cause_is_the_planted_stage_with_its_function(slow, graph, tmp
     if first.growth is not None and not first.growth.grows:
         assert V.NODEMASK not in first.advice
     assert "mirrors the forward" not in first.advice or slow in ("slow_syncs", "slow_loop")
-    if slow in RANKED:  # ahead of the second by a margin the measurement resolves
+    if slow in RANKED and second is not None:  # ahead of the second by a resolved margin
         assert _margin_resolved(loops, first, second, slow, "fast", gap), (first, second)
+    elif slow in RANKED:  # the only cause beyond noise: it holds most of the gap
+        assert first.share > 0.5, [(c.stage, c.effect, c.share) for c in causes]
     assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
     bound = step_bound(loops.arm(slow))
     fast = step_bound(loops.arm("fast"))
