@@ -72,7 +72,7 @@ NB = setup(globals(), notebook="06_adopt_fix")
 mask_cost = load_result(NB.run_dir, "02_mask_cost_model", NB.params)
 ddp = load_result(NB.run_dir, "04_ddp_scaling", NB.params)
 form = bench.recommended_form(mask_cost.bench if mask_cost else None)  # the faster form in 02
-display(view.form_text(form, NB.params))
+display(view.form_text(form, NB.params.strategies))
 
 # %% [markdown]
 # ## Do the two pipelines compute the same?

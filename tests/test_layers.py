@@ -249,6 +249,50 @@ def test_measurement_knows_nothing_of_pipelines_or_params():
             assert not {room(t) for t in targets} & above, (m, sorted(targets))
 
 
+# The whole params stop at the studies, the CLI and the pipeline factories (whose protocol
+# hands a user's factory the whole params): below them a function takes the section or the
+# values it reads. These few take the whole params, for the reason given.
+WHOLE_PARAMS = {
+    "training/factory.py:build_run": "turns params into a run: graph, strategy, model, batch",
+    "training/step_memory.py:measure_point": "a fresh process builds a pipeline by its factory",
+    "report/terminal.py:params_lines": "renders every key",
+    "report/html.py:index_page": "renders every key", "report/html.py:write_index": "the same",
+}
+BELOW_STUDIES = {"common", "data", "strategies", "nodemask", "measurement", "traces", "results",
+                 "training", "report", "distributed"}
+
+
+def whole_params_takers(root: Path, rooms: set[str]) -> list[str]:
+    """``file:function`` of every function in ``rooms`` with a parameter named ``params`` (or
+    ``P``) or annotated ``Params``."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] not in rooms:
+            continue
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+            if any(a.arg in ("params", "P") or (a.annotation is not None and "Params" in
+                                                 ast.unparse(a.annotation)) for a in args):
+                out.append(f"{rel.as_posix()}:{fn.name}")
+    return out
+
+
+def test_below_the_studies_functions_take_a_section_or_values_not_the_params():
+    takers = whole_params_takers(ROOT, BELOW_STUDIES)
+    assert sorted(set(takers) - set(WHOLE_PARAMS)) == []
+    assert set(WHOLE_PARAMS) <= set(takers)  # the list names what is there
+
+
+def test_the_params_rule_sees_a_name_and_an_annotation(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "m.py").write_text(
+        "def a(params): pass\ndef b(x: Params): pass\ndef c(data: DataSection): pass\n")
+    assert whole_params_takers(tmp_path, {"data"}) == ["data/m.py:a", "data/m.py:b"]
+
+
 # ------------------------------------------------------------------------------ the tool itself
 
 def _write(root: Path, files: dict[str, str]) -> Path:

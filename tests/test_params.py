@@ -251,3 +251,20 @@ def test_params_fields_are_typed():
     assert FIELDS["perturbation_k"].type_hint == "Union[int, Dict[int, float]]"
     assert FIELDS["rdzv_endpoint"].type_name == "a string or null"
     assert Params() == defaults()
+
+
+def test_the_sections_hold_every_key_once_with_its_type_and_read_the_params():
+    import dataclasses
+
+    from workbook_lib.configs.schema import FIELDS, SECTIONS
+
+    seen = [(f.name, f.type) for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
+    assert sorted(n for n, _ in seen) == sorted(FIELDS)
+    assert all(FIELDS[n].type == t for n, t in seen)
+    p = validate({"batch_size_lazy": 5, "adopt_lr": 0.2})
+    assert p.loop.batch_size_lazy == 5 and p.adopt.adopt_lr == 0.2 and p.data.seed == p.seed
+    assert p.replace(seed=4).data.seed == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.loop.batch_size_lazy = 3
+    # a section is no key: the params still iterate, validate and pickle as their keys
+    assert "loop" not in p and list(p) == list(FIELDS)

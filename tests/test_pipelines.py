@@ -327,6 +327,6 @@ def test_shared_pass_timed_where_a_pipeline_has_one():
     # the two examples' wildtype passes are the same computation
     a, b = (made[n].shared_forward(made[n].model) for n in ("lazy_pyg", "nodemask_pyg"))
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
-    times = shared_pass_times(made, p, torch.device("cpu"))
+    times = shared_pass_times(made, p.measure, torch.device("cpu"))
     assert set(times) == {"lazy_pyg", "nodemask_pyg", "node_mask_shared"}  # dual forward only
     assert all(t.n >= p["min_repeats"] for t in times.values())

@@ -179,7 +179,7 @@ def _cmd_equal(args) -> int:
     from ..running.environment import resolve_device
     from ..studies.adoption.equality import check_equal
 
-    graph, device = load_snapshot(p), resolve_device(p.device)
+    graph, device = load_snapshot(p.data), resolve_device(p.device)
     try:
         res = check_equal(p, slow, fast, graph, device, renames=renames, batches=args.batches,
                           batch_size=args.batch_size, tolerance=args.tolerance,

@@ -5,16 +5,19 @@ match).
 """
 from __future__ import annotations
 
-from .schema import FIELDS, S_02, S_03, S_04, S_05, S_06, S_MEAS, S_MODEL, S_SNAP, SCHEMA
+from .schema import (FIELDS, S_02, S_03, S_04, S_05, S_06, S_MEAS, S_MODEL, S_SNAP, SCHEMA,
+                     SECTIONS)
 
 
 def describe() -> str:
-    """Every key by section, with its type, default and meaning."""
+    """Every key by section (and the section's attribute), with its type, default and
+    meaning."""
+    attr = {cls.SECTION: name for name, cls in SECTIONS.items()}
     lines, section = [], None
     for f in SCHEMA:
         if f.section != section:
             section = f.section
-            lines.append(f"\n# {section}")
+            lines.append(f"\n# {section} (params.{attr[section]})")
         choices = f" (one of {', '.join(map(str, f.choices))})" if f.choices else ""
         where = " [placement: not compared by --resume]" if f.placement else ""
         lines.append(f"{f.name}: {f.type_hint} = {f.default!r}{choices}{where}\n"

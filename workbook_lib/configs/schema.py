@@ -5,8 +5,10 @@ it) and its check (:mod:`.checks`). **The defaults are the default run** (scale 
 CPU), so a notebook opened in JupyterLab runs as ``make report`` does.
 :func:`.validation.validate` turns any source of params into a checked, read-only
 :class:`.validation.Params` (attributes, mapping reads, ``replace``; it pickles and equals a dict
-of its values). :data:`FIELDS` (name -> :class:`Field`, schema order) feeds the help text and the
-notebooks' parameters cells (:mod:`.cells`).
+of its values). Each section is also a typed, frozen record (``params.loop``, ``params.ddp``,
+:data:`SECTIONS`), for a function that reads one section only. :data:`FIELDS` (name ->
+:class:`Field`, schema order) feeds the help text and the notebooks' parameters cells
+(:mod:`.cells`).
 """
 from __future__ import annotations
 
@@ -215,6 +217,48 @@ class ParamsSchema(Mapping):
         S_06, choices=("sgd", "adamw"))
     adopt_lr: float = param(0.05, "learning rate of notebook 06's training", S_06, checks.positive)
 
+    # The sections (:data:`SECTIONS`): typed, frozen records of one section's keys, handed to a
+    # function that reads that section only
+    @property
+    def data(self) -> "DataSection":
+        """The snapshot and samples section (snapshot, scale, seed, device, perturbation_k...)."""
+        return _cut(self, DataSection)
+
+    @property
+    def model(self) -> "ModelSection":
+        """The model section (hidden, layers, aggr, dual_forward, strategies, pipelines)."""
+        return _cut(self, ModelSection)
+
+    @property
+    def measure(self) -> "MeasureSection":
+        """The measurement section (warmup, min_repeats, precision_target, time_budget_s...)."""
+        return _cut(self, MeasureSection)
+
+    @property
+    def bench(self) -> "BenchSection":
+        """Notebook 02's section (sweeps, benchmark, memory)."""
+        return _cut(self, BenchSection)
+
+    @property
+    def loop(self) -> "LoopSection":
+        """Notebook 03's section (batch sizes, loop steps, DataLoader, profiler schedule)."""
+        return _cut(self, LoopSection)
+
+    @property
+    def ddp(self) -> "DdpSection":
+        """Notebook 04's section (world sizes, backend, DDP steps and budget...)."""
+        return _cut(self, DdpSection)
+
+    @property
+    def verdict(self) -> "VerdictSection":
+        """Notebook 05's section (tie tolerance, equal check, gap_strategies)."""
+        return _cut(self, VerdictSection)
+
+    @property
+    def adopt(self) -> "AdoptSection":
+        """Notebook 06's section (steps, optimizer, learning rate)."""
+        return _cut(self, AdoptSection)
+
     # The Mapping protocol: params["key"], get, in, iteration, len, ==, dict(params), {**params}.
     def __getitem__(self, key: str) -> Any:
         if key not in FIELDS:
@@ -306,6 +350,34 @@ def _fields() -> dict[str, Field]:
 FIELDS: dict[str, Field] = _fields()
 SCHEMA: tuple[Field, ...] = tuple(FIELDS.values())
 PLACEMENT_KEYS = frozenset(f.name for f in SCHEMA if f.placement)
+
+
+def _section(name: str, section: str) -> type:
+    """A frozen dataclass of ``section``'s keys, with the schema's types."""
+    cls = dataclasses.make_dataclass(
+        name, [(f.name, f.type) for f in SCHEMA if f.section == section], frozen=True,
+        namespace={"__doc__": f"The params of section '{section}', read by attribute.",
+                   "SECTION": section})
+    cls.__module__ = __name__
+    return cls
+
+
+# section class -> the schema section it holds; every key is in exactly one
+DataSection = _section("DataSection", S_SNAP)
+ModelSection = _section("ModelSection", S_MODEL)
+MeasureSection = _section("MeasureSection", S_MEAS)
+BenchSection = _section("BenchSection", S_02)
+LoopSection = _section("LoopSection", S_03)
+DdpSection = _section("DdpSection", S_04)
+VerdictSection = _section("VerdictSection", S_05)
+AdoptSection = _section("AdoptSection", S_06)
+SECTIONS = {"data": DataSection, "model": ModelSection, "measure": MeasureSection,
+            "bench": BenchSection, "loop": LoopSection, "ddp": DdpSection,
+            "verdict": VerdictSection, "adopt": AdoptSection}
+
+
+def _cut(params: ParamsSchema, cls: type) -> Any:
+    return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(cls)})
 
 
 def defaults() -> dict:

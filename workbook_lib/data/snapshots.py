@@ -21,6 +21,7 @@ import yaml
 from ..exceptions import SnapshotError
 from ..paths import resolve_path
 from ..configs.filesystem import snapshot_spec_path
+from ..configs.schema import DataSection
 from ..common.files import temp_file_beside
 from ..common.locks import locked
 
@@ -308,13 +309,18 @@ def load_heterodata(path: str | Path) -> CellGraph:
                      checksum=content_checksum(int(n), edge_index), scale=1.0, ignored=ignored)
 
 
-def load_snapshot(params: dict, *, scale: float | None = None) -> CellGraph:
-    """The snapshot named by validated params (``scale`` overrides ``params.scale``)."""
-    name = params.snapshot
+def load_snapshot(data: DataSection, *, scale: float | None = None) -> CellGraph:
+    """The snapshot that validated params name.
+
+    Args:
+        data: the params' data section (``params.data``: snapshot, seed, scale, cache_dir).
+        scale: overrides ``data.scale``.
+    """
+    name = data.snapshot
     if snapshot_spec_path(name) is None:
         return load_heterodata(name)
-    return load_synthetic(name, params.seed, params.scale if scale is None else scale,
-                          params.cache_dir)
+    return load_synthetic(name, data.seed, data.scale if scale is None else scale,
+                          data.cache_dir)
 
 
 def induced_subgraph(graph: CellGraph, num_genes: int) -> CellGraph:

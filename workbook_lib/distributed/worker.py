@@ -282,7 +282,7 @@ def _main(cfg: WorkerConfig, out, rank, world, fh, hb):
     arms, comm = [], {}
     modules = {}
 
-    graph = load_snapshot(P)
+    graph = load_snapshot(P.data)
 
     def ddp_run(name: str, batch: int | None, tag: str, arm_threads: int | None = None):
         hb.set(f"preparing {name} ({tag})")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..configs.validation import Params
 from ..catalog import is_builtin
 from ..exceptions import PipelineError
 from ..configs.specs import PipelineSpec, parse_specs, spec_problem
@@ -20,12 +21,12 @@ __all__ = ["Pipeline", "PipelineError", "PipelineSpec", "build_pipeline", "check
            "title", "user_specs"]
 
 
-def user_specs(params: dict) -> dict[str, PipelineSpec]:
+def user_specs(params: Params) -> dict[str, PipelineSpec]:
     """The user pipelines of the params, by name."""
     return {s.name: s for s in parse_specs(params.pipelines or [])}
 
 
-def compared_names(params: dict) -> list[str]:
+def compared_names(params: Params) -> list[str]:
     """Everything a run compares: the built-in ``strategies`` then the ``pipelines``."""
     return list(params.strategies) + list(user_specs(params))
 
@@ -44,7 +45,7 @@ def title(name: str) -> str:
     return REGISTRY[name].title if name in REGISTRY else f"the pipeline '{name}'"
 
 
-def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *,
+def build_pipeline(params: Params, name: str, graph, device: torch.device | str, *,
                    batch_size: int | None = None, pert: torch.Tensor | None = None,
                    n_items: int | None = None, salt: int = 0, form: str | None = None,
                    storage_dir: str | Path | None = None, hidden: int | None = None,
@@ -74,7 +75,7 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
         from ..strategies import make_strategy
         from .builtin import BuiltinPipeline, batch_size_for, make_model
 
-        b = batch_size or batch_size_for(params, name)
+        b = batch_size or batch_size_for(params.loop, name)
         if pert is None:
             pert = sample_perturbations(graph.num_genes, params.perturbation_k,
                                         n_items or 8 * b, seed=params.seed + 7919 * salt)
@@ -88,7 +89,8 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
         s = make_strategy(name, graph, **kw)
         if name == "replicated_mask_stored":
             s.store(pert)
-        model = make_model(graph, params, dev, hidden=hidden, layers=layers, strategy=name)
+        model = make_model(graph, params.model, dev, seed=params.seed, hidden=hidden, layers=layers,
+                       strategy=name)
         return BuiltinPipeline(s, model, pert, b, dual=params.dual_forward, labels=labels)
     specs = user_specs(params)
     if name not in specs:
@@ -104,7 +106,7 @@ def build_pipeline(params: dict, name: str, graph, device: torch.device | str, *
     return pipe
 
 
-def preflight(params: dict, graph=None, device=None, warn=None, ddp: bool = True) -> list[str]:
+def preflight(params: Params, graph=None, device=None, warn=None, ddp: bool = True) -> list[str]:
     """Build and check every user pipeline of ``params`` on one batch (before any timing), as
     the notebooks will run it (:func:`check_pipeline`). Returns their names; raises
     :class:`PipelineError` on the first that cannot work; ``warn`` gets each warning (a loss
@@ -116,7 +118,7 @@ def preflight(params: dict, graph=None, device=None, warn=None, ddp: bool = True
     if graph is None:
         from ..data.snapshots import load_snapshot
 
-        graph = load_snapshot(params)
+        graph = load_snapshot(params.data)
     if device is None:
         from ..common.device import resolve_device
 

@@ -10,26 +10,30 @@ from __future__ import annotations
 import torch
 
 from ..data.perturbations import synthetic_labels
+from ..configs.schema import LoopSection, ModelSection
 from ..data.snapshots import CellGraph
 from ..strategies.base import Strategy
 from ..strategies.model import PerturbGIN
 from .protocol import Pipeline
 
 
-def batch_size_for(params: dict, strategy: str) -> int:
-    """The batch size a strategy trains with: DANGO-style runs use ``batch_size_dango``, every
-    perturbed-graph strategy ``batch_size_lazy`` (the investigation's 64 and 28)."""
-    return params.batch_size_dango if strategy == "dango_wildtype" else params.batch_size_lazy
+def batch_size_for(loop: LoopSection, strategy: str) -> int:
+    """The batch size a strategy trains with (``loop``: ``params.loop``): DANGO-style runs use
+    ``batch_size_dango``, every perturbed-graph strategy ``batch_size_lazy`` (the
+    investigation's 64 and 28)."""
+    return loop.batch_size_dango if strategy == "dango_wildtype" else loop.batch_size_lazy
 
 
-def make_model(graph: CellGraph, params: dict, device, *, hidden: int | None = None,
-               layers: int | None = None, strategy: str | None = None) -> PerturbGIN:
-    """The workbook's model for ``graph``, on ``device``; parameters a strategy never uses are
-    frozen (DistributedDataParallel requires every trainable parameter to get a gradient)."""
+def make_model(graph: CellGraph, model: ModelSection, device, *, seed: int,
+               hidden: int | None = None, layers: int | None = None,
+               strategy: str | None = None) -> PerturbGIN:
+    """The workbook's model for ``graph`` (``model``: ``params.model``), on ``device``;
+    parameters a strategy never uses are frozen (DistributedDataParallel requires every
+    trainable parameter to get a gradient)."""
     model = PerturbGIN(graph.num_genes, graph.edge_types,
-                       hidden=params.hidden if hidden is None else hidden,
-                       layers=params.layers if layers is None else layers,
-                       seed=params.seed).to(device)
+                       hidden=model.hidden if hidden is None else hidden,
+                       layers=model.layers if layers is None else layers,
+                       seed=seed).to(device)
     if strategy is not None and strategy != "dango_wildtype":
         model.query.requires_grad_(False)  # the attention query belongs to the DANGO head
     return model

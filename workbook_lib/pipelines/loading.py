@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..configs.validation import Params
 from ..common.watchdog import Stalled, Watchdog
 from ..configs.specs import PipelineSpec, spec_file
 from ..failures import describe_exception
@@ -62,7 +63,7 @@ def resolve_factory(spec: PipelineSpec) -> Callable:
     return fn
 
 
-def build_user_pipeline(spec: PipelineSpec, params: dict, graph, device: torch.device):
+def build_user_pipeline(spec: PipelineSpec, params: Params, graph, device: torch.device):
     """Call the spec's factory and check the object has every stage of the protocol."""
     fn = resolve_factory(spec)
     try:

@@ -163,12 +163,12 @@ def speedups_table(rows):
                               "larger.")
 
 
-def form_text(form, params: dict) -> Markdown:
+def form_text(form, strategies: list[str]) -> Markdown:
     """The built-in fix's form (from notebook 02's benchmark); nothing on a run without
-    built-in strategies, where the fix is the user's own rewrite."""
+    built-in ``strategies``, where the fix is the user's own rewrite."""
     from .bench_view import form_text as text
 
-    return text(form) if params.strategies else Markdown("")
+    return text(form) if strategies else Markdown("")
 
 
 def _headline(r: AdoptionResult) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..configs.validation import Params
 from ..catalog import BY_NAME, NOTEBOOK_NAMES
 from ..common.files import atomic_write_text
 from ..running.results import read_meta, read_results
@@ -47,7 +48,7 @@ def _verdict(out_dir: Path, outcomes) -> tuple[str | None, str]:
                   "no complete verdict in this folder yet")
 
 
-def index_page(out_dir: Path, outcomes, params: dict) -> str:
+def index_page(out_dir: Path, outcomes, params: Params) -> str:
     """The run folder's ``index.html`` (template ``run_index.html.j2``) from the run folder
     ``out_dir``, this run's notebook ``outcomes`` and its ``params``.
     """
@@ -95,7 +96,7 @@ def index_page(out_dir: Path, outcomes, params: dict) -> str:
                   answer=answer, no_verdict=no_verdict, rows=rows)
 
 
-def write_index(out_dir: Path, outcomes, params: dict) -> Path:
+def write_index(out_dir: Path, outcomes, params: Params) -> Path:
     """Write :func:`index_page` to ``out_dir/index.html`` (what
     :func:`workbook_lib.running.run_folder.run_notebooks` calls after each notebook); its path."""
     path = out_dir / "index.html"

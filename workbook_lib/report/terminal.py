@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..configs.validation import Params
 from ..catalog import BY_NAME
 from ..common.text import text_table
 
@@ -15,7 +16,7 @@ def notebook_lines(names: list[str]) -> list[str]:
     return text_table([[n, BY_NAME[n].title if n in BY_NAME else ""] for n in names])
 
 
-def params_lines(params: dict) -> list[str]:
+def params_lines(params: Params) -> list[str]:
     """One ``key: value`` line per param."""
     return [f"{k}: {v!r}" for k, v in params.items()]
 

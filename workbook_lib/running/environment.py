@@ -10,6 +10,7 @@ import subprocess
 
 import torch
 
+from ..configs.validation import Params
 from ..common.device import allocator_state, resolve_device
 from ..paths import REPO_ROOT
 
@@ -56,7 +57,7 @@ def versions() -> dict:
 _THREADS: dict = {}
 
 
-def configure_threads(params: dict | None = None, *, procs: int = 1) -> dict:
+def configure_threads(params: Params | None = None, *, procs: int = 1) -> dict:
     """Never more compute threads than the CPUs this process may use (affinity, cgroup quota,
     SLURM's allocation), its DataLoader workers (``num_workers`` of ``params``) sharing them:
     :func:`workbook_lib.measurement.cpu.fit_threads`, applied with ``torch.set_num_threads`` (a
@@ -84,7 +85,7 @@ def device_label(device: torch.device) -> str:
     return f"cpu: {cpu_model()} ({torch.get_num_threads()} threads)"
 
 
-def allocator_record(params: dict | None, *, run_level: bool = False) -> dict:
+def allocator_record(params: Params | None, *, run_level: bool = False) -> dict:
     """What the environment says about the CPU allocator setting. The run-level record (the
     runner's process, which measures nothing) says what was requested of every notebook's
     kernel, not this process's state: each kernel applies it and records its own."""
@@ -98,7 +99,7 @@ def allocator_record(params: dict | None, *, run_level: bool = False) -> dict:
     return state
 
 
-def collect(params: dict | None = None, *, uses_device: bool = True,
+def collect(params: Params | None = None, *, uses_device: bool = True,
             run_level: bool = False) -> dict:
     """Everything needed to compare two runs later.
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..configs.validation import Params
 from ..common.device import configure_cpu_allocator
 from ..data.snapshots import CellGraph, load_snapshot
 from ..exceptions import ParamsError
@@ -69,7 +70,7 @@ def notebook_params(namespace: dict) -> tuple[dict, Path]:
     return p, run_dir
 
 
-def load_checked_snapshot(params: dict) -> CellGraph:
+def load_checked_snapshot(params: Params) -> CellGraph:
     """The snapshot of validated params, loaded (the cache built if needed) and checked against
     the params that need the graph: the one check the CLI and every notebook run before any work.
 
@@ -82,7 +83,7 @@ def load_checked_snapshot(params: dict) -> CellGraph:
     from ..configs.loading import show
 
     try:
-        graph = load_snapshot(params)
+        graph = load_snapshot(params.data)
     except SnapshotError as exc:
         raise ParamsError(f"'snapshot': {exc}", key="snapshot", value=params.snapshot) \
             from None

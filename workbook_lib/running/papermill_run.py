@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..configs.validation import Params
 from ..common import progress as terminal
 from ..common.files import atomic_write_text
 from ..measurement import cpu
@@ -159,7 +160,7 @@ def atomic_notebook_writes() -> None:
     papermill_io.register("/", AtomicLocalHandler())
 
 
-def execute_one(name: str, params: dict, out_dir: Path, *, show_code: bool = False,
+def execute_one(name: str, params: Params, out_dir: Path, *, show_code: bool = False,
                 progress: bool = True, log_output: bool = True) -> NotebookOutcome:
     """Run one notebook with papermill into ``out_dir``; export its HTML (also on failure)."""
     import papermill as pm

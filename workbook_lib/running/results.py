@@ -12,6 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..configs.validation import Params
 from ..common.files import atomic_write_text
 from ..records import Record, to_json
 from ..results.meta import SCHEMA_VERSION, Meta  # noqa: F401
@@ -46,7 +47,7 @@ def file_checksum(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def write_results(run_dir: str | Path, notebook: str, result: Record | dict, params: dict, *,
+def write_results(run_dir: str | Path, notebook: str, result: Record | dict, params: Params, *,
                   headline: str, snapshot_checksum: str | None = None,
                   files: list[str] | None = None, inputs: dict[str, str] | None = None) -> Path:
     """Write ``<run_dir>/<notebook>.json`` (the result's fields plus ``_meta``), atomically."""
@@ -88,7 +89,7 @@ def result_type(notebook: str) -> type[Record]:
     return RESULT_TYPES[notebook]
 
 
-def params_differ(made: dict, params: dict) -> list[str]:
+def params_differ(made: dict, params: Params) -> list[str]:
     """The result-relevant keys whose values differ between the params a result was made with
     (as its ``_meta`` records them) and ``params``."""
     from ..configs.validation import results_relevant
@@ -98,7 +99,7 @@ def params_differ(made: dict, params: dict) -> list[str]:
 
 
 def load_result(run_dir: str | Path, notebook: str,
-                params: dict | None = None) -> Record | None:
+                params: Params | None = None) -> Record | None:
     """The typed result of a notebook in a run folder (None if absent, unreadable or written by
     an older schema; with ``params``, also None when it was made with other result-relevant
     params: a notebook never quotes measurements of another configuration as its own, e.g.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..configs.validation import Params
 from ..catalog import inputs_of, requires_of
 from ..configs.validation import results_relevant
 from ..exceptions import ParamsError
@@ -22,7 +23,7 @@ from .results import file_checksum, read_meta, results_path
 FILE_INPUTS = {"05_verdict": (("bench", "bench.json"),)}
 
 
-def completeness(out_dir: Path, name: str, params: dict,
+def completeness(out_dir: Path, name: str, params: Params,
                  checksum: str | None = None) -> tuple[bool, str]:
     """(complete, why not) for ``--resume``: results complete with the same result-relevant
     params and snapshot, every file written present, the HTML present, inputs unchanged."""
@@ -62,7 +63,7 @@ def completeness(out_dir: Path, name: str, params: dict,
     return True, ""
 
 
-def check_inputs_match(out: Path, names: list[str], params: dict) -> None:
+def check_inputs_match(out: Path, names: list[str], params: Params) -> None:
     """Refuse to run a notebook on inputs made with other params: a notebook run now (e.g.
     ``--only 05 --set hidden=8``) whose input is not run now but present in the run folder,
     made with different result-relevant params, would label old measurements with new params.

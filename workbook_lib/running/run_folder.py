@@ -21,6 +21,7 @@ from typing import Callable
 
 import psutil
 
+from ..configs.validation import Params
 from ..common import processes
 from ..common.files import atomic_write_text
 from ..configs.validation import check_gap
@@ -112,7 +113,7 @@ def _check_out_dir(out: Path) -> Path:
     return out
 
 
-def write_environment(out: Path, params: dict, names: list[str], *, resume: bool) -> Path:
+def write_environment(out: Path, params: Params, names: list[str], *, resume: bool) -> Path:
     """This job's environment record in ``environment/<job>.json`` (one per job: several SLURM
     jobs share a run folder), and ``environment.json`` merged from every record
     (:func:`environment.merge_records`). A run that does not resume starts the records anew."""
@@ -142,7 +143,7 @@ def write_environment(out: Path, params: dict, names: list[str], *, resume: bool
 DEVICE_FREE = ("01_graph_inventory", "05_verdict")
 
 
-def run_notebooks(params: dict, out_dir: str | Path, *, only: list[str] | None = None,
+def run_notebooks(params: Params, out_dir: str | Path, *, only: list[str] | None = None,
                   show_code: bool = False, resume: bool = False, progress: bool = True,
                   log_output: bool = True,
                   write_index: IndexWriter | None = None) -> list[NotebookOutcome]:
@@ -210,7 +211,7 @@ def _run_temp(out: Path):
             d.parent.rmdir()  # when no other process of the run keeps files there
 
 
-def _run_held(names: list[str], params: dict, out: Path, checksum: str, *, show_code: bool,
+def _run_held(names: list[str], params: Params, out: Path, checksum: str, *, show_code: bool,
               resume: bool, progress: bool, log_output: bool,
               write_index: IndexWriter | None) -> list[NotebookOutcome]:
     """The run itself, the folder created and held."""
@@ -284,7 +285,7 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def snapshot_checksum(params: dict) -> str:
+def snapshot_checksum(params: Params) -> str:
     """Load (building the cache if needed) and check the snapshot, with the checks every
     notebook's set-up makes; its content checksum."""
     from .notebook import load_checked_snapshot

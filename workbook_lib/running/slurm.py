@@ -19,6 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ..configs.validation import Params
 from ..catalog import BY_NAME
 from ..common.files import current_umask
 from ..configs.loading import read_params_file
@@ -236,7 +237,7 @@ def submit_script(*, nb_script: Path, run_dir: Path, nodes: int, gpus: int, cpus
         run_dir=run_dir, nb_script=nb_script, jobs=jobs)
 
 
-def write_scripts(params_file: str | Path, params: dict, out_dir: str | Path = "runs/slurm",
+def write_scripts(params_file: str | Path, params: Params, out_dir: str | Path = "runs/slurm",
                   *, run_dir: str | Path | None = None, partition: str | None = None,
                   gpus_per_node: int = 0, nodes: int = 1, time: str = "04:00:00",
                   cpus_per_task: int | None = None, mem: str | None = None,

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 
+from ..configs.validation import Params
 from ..measurement.timing import Stat
 from ..results.inventory import (REPRESENTATION_LABELS, EdgeTypeRow, FootprintRow,  # noqa: F401
                                  InventoryResult, RealSize)
@@ -161,7 +162,7 @@ def real_size(spec: dict | None, num_genes: int, num_types: int,
                     num_samples=num_samples)
 
 
-def inventory(params: dict, graph: CellGraph) -> InventoryResult:
+def inventory(params: Params, graph: CellGraph) -> InventoryResult:
     """Every size notebook 01 reports, computed from the graph and sampled perturbations."""
     from ..configs.validation import mean_k
     from ..strategies.replicated_mask_cpu import measured_replicated_bytes

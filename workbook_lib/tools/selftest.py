@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from ..configs.validation import Params
 from ..common.text import text_table
 from ..measurement.precision import float32_tolerance
 from ..paths import REPO_ROOT
@@ -56,7 +57,7 @@ def _outputs(strategy, model, pert, dual: bool, weights: torch.Tensor):
     return (None if out is None else out.detach().cpu()), pred.detach().cpu(), grads
 
 
-def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
+def check_exactness(params: Params, device: torch.device, graph) -> list[Check]:
     """Every strategy on ``device`` against the CPU (see the module docstring)."""
     from ..strategies import REGISTRY, make_strategy
     from ..strategies.reference import reference_node_outputs, reference_predict
@@ -67,7 +68,7 @@ def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
     pert[2, 2] = -1
     torch.manual_seed(0)
     weights = torch.randn(pert.shape[0], graph.num_genes, params.hidden)
-    base = make_model(graph, params, "cpu")
+    base = make_model(graph, params.model, "cpu", seed=params.seed)
     out = []
     ref = None
     for name, cls in REGISTRY.items():
@@ -124,12 +125,12 @@ def check_exactness(params: dict, device: torch.device, graph) -> list[Check]:
     return out
 
 
-def delta_layers(params: dict) -> int:
+def delta_layers(params: Params) -> int:
     """The depth at which the delta path is checked: at least 3 (it needs a middle layer)."""
     return max(3, int(params.layers))
 
 
-def check_delta_exactness(params: dict, device: torch.device, graph) -> list[Check]:
+def check_delta_exactness(params: Params, device: torch.device, graph) -> list[Check]:
     """The node-mask shared graph's delta path at :func:`delta_layers` on ``device`` against the
     plain CPU reference: node outputs, prediction (with the dual forward when the params ask)
     and every parameter's gradient, with the device's push kernel and, on a CPU, the PyTorch
@@ -147,7 +148,7 @@ def check_delta_exactness(params: dict, device: torch.device, graph) -> list[Che
     torch.manual_seed(0)
     weights = torch.randn(pert.shape[0], graph.num_genes, params.hidden)
     dual = bool(params.dual_forward)
-    base = make_model(graph, p, "cpu")
+    base = make_model(graph, p.model, "cpu", seed=p.seed)
     m = copy.deepcopy(base)
     m.zero_grad(set_to_none=True)
     r_out = reference_node_outputs(m, graph, pert, params.aggr)
@@ -180,7 +181,7 @@ def check_delta_exactness(params: dict, device: torch.device, graph) -> list[Che
     return out
 
 
-def check_delta_syncs(params: dict, device: torch.device, graph) -> Check:
+def check_delta_syncs(params: Params, device: torch.device, graph) -> Check:
     """One training step of the node-mask shared graph's delta path (after the collate, on the
     host) on ``device``: ``FAILED`` when it makes any host sync."""
     from ..measurement.syncs import SyncCounter
@@ -203,7 +204,7 @@ def check_delta_syncs(params: dict, device: torch.device, graph) -> Check:
                  f"{st.step_push_kernel()}): {kinds}", time.perf_counter() - t0)
 
 
-def check_sync_counter(params: dict, device: torch.device, graph) -> list[Check]:
+def check_sync_counter(params: Params, device: torch.device, graph) -> list[Check]:
     """The counter both ways on this device, then each strategy's step counted."""
     from ..measurement.syncs import SyncCounter
     from ..strategies import REGISTRY
@@ -249,7 +250,7 @@ def check_sync_counter(params: dict, device: torch.device, graph) -> list[Check]
     return out
 
 
-def check_memory_probe(params: dict, device: torch.device) -> Check:
+def check_memory_probe(params: Params, device: torch.device) -> Check:
     from ..measurement import memory
     from ..training.step_memory import measure_point
 
@@ -323,7 +324,7 @@ def check_cpu_share(device: torch.device) -> Check:
     return Check("CPU share", BUSY if busy else OK, detail, time.perf_counter() - t0)
 
 
-def check_ddp(params: dict, device: torch.device, ranks: int) -> Check:
+def check_ddp(params: Params, device: torch.device, ranks: int) -> Check:
     """A short torchrun launch of the DDP worker with the comm hook."""
     from ..studies.ddp import summary
     from ..distributed import launcher, worker
@@ -391,7 +392,7 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
     dev = resolve_device(device)
     if ranks is None:
         ranks = torch.cuda.device_count() if dev.type == "cuda" else 1
-    graph = load_snapshot(params)
+    graph = load_snapshot(params.data)
     steps: list[tuple[str, Callable[[], list[Check] | Check]]] = [
         ("exactness", lambda: check_exactness(params, dev, graph)
          + check_delta_exactness(params, dev, graph)),

@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+from ..configs.validation import Params
 from ..common.files import atomic_write_text
 from ..exceptions import ParamsError
 from ..results.tools import StabilityResult, StabilityRow
@@ -165,7 +166,7 @@ def _claim_rows(run_dirs: list[Path]) -> list[StabilityRow]:
     return rows
 
 
-def run_stability(params: dict, out_dir: str | Path, *, runs: int = 2,
+def run_stability(params: Params, out_dir: str | Path, *, runs: int = 2,
                   tolerance: float = 0.15, only: list[str] | None = None,
                   progress: bool = True, write_index=None) -> StabilityResult:
     """Run the notebooks ``runs`` times into ``out_dir/run1``, ``run2``... and compare every

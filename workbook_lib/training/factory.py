@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..configs.validation import Params
 from ..data.perturbations import sample_perturbations
 from ..data.snapshots import CellGraph, load_snapshot
 from ..pipelines.builtin import batch_size_for, make_model
@@ -20,21 +21,22 @@ from ..strategies.model import PerturbGIN
 class Run:
     """Everything one strategy needs to train: built by :func:`build_run`."""
 
-    params: dict
     graph: CellGraph
     strategy: Strategy
     model: PerturbGIN
     device: torch.device
     batch_size: int
     dual: bool  # the Lazy model's dual forward (exact strategies only)
+    perturbation_k: int | dict[int, float]  # genes deleted per sample (params)
+    seed: int  # the params' seed
 
     def perturbations(self, n: int, salt: int = 0) -> torch.Tensor:
         """``n`` perturbations, seeded by the params' seed (and ``salt`` for another stream)."""
-        return sample_perturbations(self.graph.num_genes, self.params.perturbation_k, n,
-                                    seed=self.params.seed + 7919 * salt)
+        return sample_perturbations(self.graph.num_genes, self.perturbation_k, n,
+                                    seed=self.seed + 7919 * salt)
 
 
-def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
+def build_run(params: Params, strategy: str, *, graph: CellGraph | None = None,
               device: torch.device | str | None = None, batch_size: int | None = None,
               scale: float | None = None, hidden: int | None = None, layers: int | None = None,
               form: str | None = None, storage_dir: str | Path | None = None) -> Run:
@@ -53,14 +55,17 @@ def build_run(params: dict, strategy: str, *, graph: CellGraph | None = None,
         raise ValueError(f"'strategy' must be one of {list(REGISTRY)} (got {strategy!r})")
     dev = resolve_device(params.device) if device is None else torch.device(device)
     if graph is None:
-        graph = load_snapshot(params, scale=scale)
+        graph = load_snapshot(params.data, scale=scale)
     kw: dict = {"aggr": params.aggr, "device": dev}
     if form is not None:
         kw["form"] = form
     if strategy == "replicated_mask_stored":
         kw["storage_dir"] = storage_dir
     s = make_strategy(strategy, graph, **kw)
-    model = make_model(graph, params, dev, hidden=hidden, layers=layers, strategy=strategy)
-    return Run(params=params, graph=graph, strategy=s, model=model, device=dev,
-               batch_size=batch_size if batch_size is not None else batch_size_for(params, strategy),
-               dual=bool(params.dual_forward) and s.exact)
+    model = make_model(graph, params.model, dev, seed=params.seed, hidden=hidden, layers=layers,
+                       strategy=strategy)
+    if batch_size is None:
+        batch_size = batch_size_for(params.loop, strategy)
+    return Run(graph=graph, strategy=s, model=model, device=dev, batch_size=batch_size,
+               dual=bool(params.dual_forward) and s.exact,
+               perturbation_k=params.perturbation_k, seed=params.seed)

@@ -34,7 +34,7 @@ def setup_step(cfg: StepSpec) -> StepToMeasure:
     """The fresh process's set-up: the pipeline's training step on one batch (see module docs)."""
     p = cfg.params
     b = cfg.batch_size
-    graph = load_snapshot(p)
+    graph = load_snapshot(p.data)
     builtin = is_builtin(cfg.strategy)
     pipe = build_pipeline(p, cfg.strategy, graph, cfg.device, batch_size=b, n_items=b,
                           form=cfg.form if builtin else None, check=False)
@@ -76,7 +76,7 @@ def setup_step(cfg: StepSpec) -> StepToMeasure:
                          after_warm_up=lambda: pipe.model.zero_grad(set_to_none=True))
 
 
-def measure_point(params: dict, *, strategy: str, batch_size: int, scale: float, hidden: int,
+def measure_point(params: Params, *, strategy: str, batch_size: int, scale: float, hidden: int,
                   layers: int, device: str = "cpu", form: str = "gather_scatter",
                   dual: bool = True, timeout_s: float = 900.0) -> MemoryPoint:
     """Peak memory of one training step of ``strategy`` at these sizes, in a fresh process.

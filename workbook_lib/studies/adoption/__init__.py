@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...configs.schema import AdoptSection, MeasureSection
+from ...configs.validation import Params
 from ...measurement.timing import Stat
 from ...data.perturbations import sample_perturbations
 from ...pipelines import build_pipeline, user_specs
@@ -51,7 +53,7 @@ def implied_prediction_diff(rep: list[float], fix: list[float], label_max: float
 TEACHER_SEED_OFFSET = 1000  # the teacher's weights: the run's seed plus this
 
 
-def teacher_labels(params: dict, graph, device: torch.device, pert: torch.Tensor,
+def teacher_labels(params: Params, graph, device: torch.device, pert: torch.Tensor,
                    batch_size: int) -> torch.Tensor:
     """Each sample's label from a fixed teacher (the same model from seed
     ``seed + TEACHER_SEED_OFFSET``, run exactly on the perturbed graph), on the host.
@@ -99,7 +101,7 @@ class Pair:
         return not self.reason
 
 
-def check_pair(params: dict, graph, device: torch.device, middle: str = "delta") -> Pair:
+def check_pair(params: Params, graph, device: torch.device, middle: str = "delta") -> Pair:
     """Build the pair 06 trains and check it computes the same (module docstring). ``middle``:
     the built-in fix's form (``delta`` or ``full``)."""
     tol, basis = equality_tolerance(graph, params.layers)
@@ -159,18 +161,24 @@ def check_pair(params: dict, graph, device: torch.device, middle: str = "delta")
     return Pair(mode, names, pipes, eq, "", b, labels)
 
 
-def train_pair(params: dict, pair: Pair, device: torch.device) -> tuple[dict, dict]:
+def train_pair(adopt: AdoptSection, measure: MeasureSection, pair: Pair,
+               device: torch.device) -> tuple[dict, dict]:
     """Train both pipelines of ``pair`` ``warmup + adopt_steps`` steps, interleaved, on the same
-    batches (each dataset in order); returns ``(arm results, losses per key)``."""
+    batches (each dataset in order); returns ``(arm results, losses per key)``.
+
+    Args:
+        adopt: ``params.adopt`` (steps, optimizer, learning rate).
+        measure: ``params.measure`` (warm-up steps, stall timeout).
+    """
     if not pair.applicable:
         raise ValueError(f"06 does not apply: {pair.reason}")
-    steps, warm = params.adopt_steps, params.warmup
+    steps, warm = adopt.adopt_steps, measure.warmup
     arms = []
     for key, pipe in pair.pipes.items():
         trainable = [p for p in pipe.model.parameters() if p.requires_grad]
-        opt = (torch.optim.SGD(trainable, lr=params.adopt_lr)
-               if params.adopt_optimizer == "sgd" else
-               torch.optim.AdamW(trainable, lr=params.adopt_lr))
+        opt = (torch.optim.SGD(trainable, lr=adopt.adopt_lr)
+               if adopt.adopt_optimizer == "sgd" else
+               torch.optim.AdamW(trainable, lr=adopt.adopt_lr))
         arm = loop.Arm(key, pipe, loop.make_loader(pipe, pair.batch_size),
                        loop.Variant(key, "full"), optimizer=opt)
         arm.record_losses = True
@@ -184,7 +192,7 @@ def train_pair(params: dict, pair: Pair, device: torch.device) -> tuple[dict, di
     try:
         res = loop.run_arms(arms, warmup_steps=warm, min_steps=steps, max_steps=steps,
                             budget_s=float("inf"), count_syncs=False, desc="06 training",
-                            stall_timeout_s=params.stall_timeout_s, notebook="06")
+                            stall_timeout_s=measure.stall_timeout_s, notebook="06")
     finally:
         if cuda:
             torch.use_deterministic_algorithms(was)
@@ -208,11 +216,11 @@ def relative_loss_diff(ref: list[float], other: list[float]) -> list[float]:
     return out
 
 
-def not_applicable(params: dict, pair: Pair, device_label: str) -> AdoptionResult:
-    """06's result when it does not apply (nothing trained): the reason, and the check when it
-    ran."""
+def not_applicable(adopt: AdoptSection, pair: Pair, device_label: str) -> AdoptionResult:
+    """06's result when it does not apply (nothing trained; ``adopt``: ``params.adopt``): the
+    reason, and the check when it ran."""
     return AdoptionResult(steps=0, warmup_steps=0, batch_size=pair.batch_size,
-                          lr=params.adopt_lr, optimizer=params.adopt_optimizer, losses={},
+                          lr=adopt.adopt_lr, optimizer=adopt.adopt_optimizer, losses={},
                           rel_diff=[], max_rel_diff=float("nan"), step={}, speedup=None,
                           device=device_label, mode=pair.mode, names=dict(pair.names),
                           labels={k: _label(n) for k, n in pair.names.items()},
@@ -236,19 +244,19 @@ def _label(name: str) -> str:
     return pipelines.label(name)
 
 
-def adopt(params: dict, pair: Pair, device: torch.device, device_label: str, *, memory=None,
+def adopt(params: Params, pair: Pair, device: torch.device, device_label: str, *, memory=None,
           ddp=None, graph=None) -> AdoptionResult:
     """Train the checked pair and compare the trainings (:func:`train_pair`, :func:`compare`);
     the not-applicable result when the pair does not apply."""
     from ...failures import PipelineFailed
 
     if not pair.applicable:
-        return not_applicable(params, pair, device_label)
+        return not_applicable(params.adopt, pair, device_label)
     try:
-        res, losses = train_pair(params, pair, device)
+        res, losses = train_pair(params.adopt, params.measure, pair, device)
     except PipelineFailed as exc:  # one of the two failed or stalled: nothing to compare
         pair.reason = f"the training stopped: {exc.failure.line()}"
-        return not_applicable(params, pair, device_label)
+        return not_applicable(params.adopt, pair, device_label)
     return compare(params, res, losses, pair.batch_size, device_label, labels=pair.labels,
                    memory=memory, ddp=ddp, graph=graph, pair=pair)
 
@@ -267,7 +275,7 @@ def loss_tolerance(device_label: str, graph=None, layers: int = 1) -> tuple[floa
     return 1e-5, "float32 rounding (1e-5)"
 
 
-def compare(params: dict, res: dict, losses: dict, batch_size: int, device_label: str, *,
+def compare(params: Params, res: dict, losses: dict, batch_size: int, device_label: str, *,
             labels: torch.Tensor | None, memory=None, ddp=None, graph=None,
             pair: Pair | None = None) -> AdoptionResult:
     """The two trainings side by side. ``labels``: those the built-in pipelines trained on

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ...configs.validation import Params
 from ...failures import describe_exception
 from ...exceptions import WorkbookError
 from ...results.adoption import EqualityResult, TensorDiff
@@ -192,7 +193,7 @@ def equality_tolerance(graph, layers: int) -> tuple[float, str]:
                  f"{layers} layers, at least 2e-5 ({tol:.1e})")
 
 
-def seeded_build(params: dict, name: str, graph, device, **kw):
+def seeded_build(params: Params, name: str, graph, device, **kw):
     """:func:`workbook_lib.pipelines.build_pipeline` with torch's (and Python's and numpy's)
     RNG set to ``params.seed`` first, so that two pipelines start from the same draws."""
     import random
@@ -207,7 +208,7 @@ def seeded_build(params: dict, name: str, graph, device, **kw):
     return build_pipeline(params, name, graph, device, **kw)
 
 
-def check_equal(params: dict, slow: str, fast: str, graph, device, *,
+def check_equal(params: Params, slow: str, fast: str, graph, device, *,
                 renames: dict[str, str] | None = None, batches: int = 1,
                 batch_size: int | None = None, tolerance: float | None = None,
                 precision: str = "float64", mode: str = "train") -> EqualityResult:

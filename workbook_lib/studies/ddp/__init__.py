@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ...configs.validation import Params
 from ...exceptions import LaunchError
 from ...failures import NONFINITE, PipelineFailure
 from ...measurement.timing import Stat
@@ -50,7 +51,7 @@ def rank_failure(out_dir: Path) -> PipelineFailure | None:
     return None
 
 
-def run_ddp(params: dict, device: torch.device, run_dir: Path,
+def run_ddp(params: Params, device: torch.device, run_dir: Path,
             rounds: int = ROUNDS) -> tuple[Plan, Launches]:
     """Launch every world size the allocation can place, alternately ``rounds`` times; a
     pipeline that fails in a rank is recorded and the launch made again without it (see the
@@ -105,7 +106,7 @@ def run_ddp(params: dict, device: torch.device, run_dir: Path,
     return pl, got
 
 
-def analyse(params: dict, pl: Plan, launched: Launches | dict, run_dir: Path,
+def analyse(params: Params, pl: Plan, launched: Launches | dict, run_dir: Path,
             ratio_03: Stat | None = None) -> DDPResult:
     """Every figure of notebook 04 from the launches (``launched``: :func:`run_ddp`'s, or its
     ``by_world`` dict). A pipeline that failed is left out of every launch's figures; no gap is

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ...configs.validation import Params
 from ...common.progress import note
 from ...results.bench import BenchResult
 from ...results.mask_cost import CostModelStudy, DualForwardMasks, LayerSweep, MaskGeneration
@@ -18,7 +19,7 @@ BUILTIN_ONLY = ("exactness of the built-in strategies, the cost model of masking
                 "and the dual forward's masks")
 
 
-def builtin_note(params: dict) -> str:
+def builtin_note(params: Params) -> str:
     """One line saying which sections are about the built-in strategies and were not run
     (``strategies: []``), or "" when they ran."""
     if params.strategies:
@@ -28,7 +29,7 @@ def builtin_note(params: dict) -> str:
             "memory per batch size.")
 
 
-def cost_model_study(params: dict, num_nodes: int, device: torch.device) -> CostModelStudy | None:
+def cost_model_study(params: Params, num_nodes: int, device: torch.device) -> CostModelStudy | None:
     """The cost model's sweep and fit (None without built-in strategies: see
     :func:`builtin_note`)."""
     import time
@@ -53,7 +54,7 @@ def cost_model_study(params: dict, num_nodes: int, device: torch.device) -> Cost
                           seconds=time.perf_counter() - t0)
 
 
-def mask_generation_study(params: dict, graph, device: torch.device) -> MaskGeneration | None:
+def mask_generation_study(params: Params, graph, device: torch.device) -> MaskGeneration | None:
     """Producing one sample's edge removal in each built-in form (None without built-in
     strategies)."""
     import tempfile
@@ -68,7 +69,7 @@ def mask_generation_study(params: dict, graph, device: torch.device) -> MaskGene
                            storage_dir=tempfile.mkdtemp(prefix="wb-masks-"))
 
 
-def layer_study(params: dict, graph, device: torch.device) -> LayerSweep | None:
+def layer_study(params: Params, graph, device: torch.device) -> LayerSweep | None:
     """One middle layer of the built-in forms across batch size (None when none of them
     runs)."""
     from .layers import layer_across_batch
@@ -83,14 +84,14 @@ def layer_study(params: dict, graph, device: torch.device) -> LayerSweep | None:
                               target=params.precision_target, seed=params.seed)
 
 
-def benchmark(params: dict) -> BenchResult | None:
+def benchmark(params: Params) -> BenchResult | None:
     """The strategy benchmark of the built-in forms (None without built-in strategies)."""
     from .bench import run_bench
 
     return run_bench(params) if params.strategies else None
 
 
-def dual_masks(params: dict, graph, device: torch.device) -> DualForwardMasks | None:
+def dual_masks(params: Params, graph, device: torch.device) -> DualForwardMasks | None:
     """What the dual forward adds to the mask bytes (None without built-in strategies)."""
     from .forward_masks import dual_forward_masks
 

@@ -105,7 +105,7 @@ def amortised(b1: Stat, b2: Stat | None, at_batch: int) -> Stat:
                              unit="s/sample", target=b1.target).with_cpu(b1.cpu, b2.cpu)
 
 
-def exact_error(params: dict, graph, hidden: int, layers: int) -> float:
+def exact_error(params: Params, graph, hidden: int, layers: int) -> float:
     """Max relative error of the shared graph vs the plain reference (outputs, predictions,
     gradients) on an induced subgraph, with the params' aggregation."""
     from .layers import exactness_report
@@ -201,7 +201,7 @@ def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> 
     p = p.replace(layers=bench_layers(p.layers, p.bench_min_layers))
     dev = resolve_device(p.device) if device is None else torch.device(device)
     t0 = time.perf_counter()
-    graph = load_snapshot(p)
+    graph = load_snapshot(p.data)
     hidden, layers, bs = p.hidden, p.layers, p.batch_size_lazy
     budget = _budget(dev, p.memory_budget_gb)
     plan = {"shared": ("node_mask_shared", None, bs, "delta"),

@@ -10,6 +10,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...configs.validation import Params
 from ...results.mask_cost import DualForwardMasks
 
 
@@ -41,7 +42,7 @@ def mask_bytes_read(strategy, model, ctx: dict, batch_size: int, *, dual: bool) 
     return int(sum(probe.seen.values()))
 
 
-def dual_forward_masks(params: dict, graph, device, *, strategy: str = "replicated_mask_cpu",
+def dual_forward_masks(params: Params, graph, device, *, strategy: str = "replicated_mask_cpu",
                        batch_size: int = 2) -> DualForwardMasks:
     """Measure what the dual forward adds to the mask bytes a forward reads (see the module
     docstring). ``batch_size`` must be at least 2 (B x E_t would not tell a batch from one

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ...configs.validation import Params
 from ...common.text import one_line
 from ...failures import RAISED, STALLED, PipelineFailure
 from ...measurement.cpu_allowance import allowed_cpus
@@ -29,7 +30,7 @@ def _label(strategy: str, form: str, sizes: dict) -> str:
             f"L={sizes['layers']}")
 
 
-def memory_study(params: dict, device: torch.device, *, dual: bool | None = None,
+def memory_study(params: Params, device: torch.device, *, dual: bool | None = None,
                  parallel: int | None = None) -> MemoryStudy:
     """Every point of the sweep (and the real spec with ``memory_full_size``) probed on ``device``,
     then the fits; ``dual`` defaults to ``dual_forward``, ``parallel`` (probes at once) to what the

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from ...configs.schema import DataSection, MeasureSection
+from ...configs.validation import Params
 from ...data.perturbations import sample_perturbations
 from ...data.snapshots import CellGraph
 from ...measurement.code_sites import DATA_STAGE, data_sites, device_sites
@@ -33,7 +35,7 @@ LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
 
 
-def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
+def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
               strategies: list[str] | None = None) -> LoopStudy:
     """The loop of every pipeline (built-in strategies and the ``pipelines`` of the params) in
     the four modes (``params``: batch sizes, loop settings).
@@ -58,7 +60,7 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
             # its four modes take turns on it
             n_items = None
             if name in params.strategies:
-                b = batch_size_for(params, name)
+                b = batch_size_for(params.loop, name)
                 n_items = min(rows_needed * b, max(8 * b, MAX_DISTINCT_SAMPLES))
             try:
                 pipe = build_pipeline(params, name, graph, device, n_items=n_items,
@@ -108,7 +110,7 @@ def run_loops(params: dict, graph: CellGraph, device: torch.device, *,
                 record_failure(failures, f)
                 note(f"03: {f.line()}")
         shared = shared_pass_times({n: made[n] for n in measured_names(names, made, failures)},
-                                   params, device, failures)
+                                   params.measure, device, failures)
         encoders = encoders_of({n: made[n] for n in measured_names(names, made, failures)},
                                device=device, warmup=params.warmup,
                                min_rounds=params.min_repeats, target=params.precision_target,
@@ -185,11 +187,12 @@ def nonfinite_failure(name: str, arms: list[ArmResult]) -> PipelineFailure | Non
                            mode=first.variant, figures_kept=True)
 
 
-def shared_pass_times(pipelines: dict, params: dict, device: torch.device,
+def shared_pass_times(pipelines: dict, measure: MeasureSection, device: torch.device,
                       failures: dict[str, PipelineFailure] | None = None) -> dict[str, Stat]:
     """The forward-only time (no grad) of each pipeline's shared pass, where it has one (one
-    that raises is recorded in ``failures`` when given, stage "shared pass")."""
-    from ...measurement.timing import measure
+    that raises is recorded in ``failures`` when given, stage "shared pass"), repeated as
+    ``measure`` (``params.measure``) says."""
+    from ...measurement.timing import measure as timed
 
     out = {}
     for name, pipe in pipelines.items():
@@ -204,10 +207,10 @@ def shared_pass_times(pipelines: dict, params: dict, device: torch.device,
                 def run(pipe=pipe):
                     with torch.no_grad():
                         pipe.shared_forward(pipe.model)
-                out[name] = measure(run, device=device, warmup=params.warmup,
-                                    min_repeats=params.min_repeats,
-                                    target=params.precision_target,
-                                    max_time_s=params.time_budget_s,
+                out[name] = timed(run, device=device, warmup=measure.warmup,
+                                  min_repeats=measure.min_repeats,
+                                  target=measure.precision_target,
+                                  max_time_s=measure.time_budget_s,
                                     label=f"{name} shared pass")
         except Exception as exc:  # noqa: BLE001 - the pipeline's own pass: recorded
             if failures is None:
@@ -288,10 +291,10 @@ def reported_figures(study: LoopStudy, gap: tuple[str, str] | list[str] = (LAZY,
     ]
 
 
-def stored_read_perturbations(params: dict, graph: CellGraph, n: int = 64) -> torch.Tensor:
-    """The perturbations whose stored masks :func:`~.stored_masks.stored_mask_reads` reads."""
-    return sample_perturbations(graph.num_genes, params.perturbation_k, n,
-                                seed=params.seed + 3)
+def stored_read_perturbations(data: DataSection, graph: CellGraph, n: int = 64) -> torch.Tensor:
+    """The perturbations whose stored masks :func:`~.stored_masks.stored_mask_reads` reads
+    (``data``: ``params.data``)."""
+    return sample_perturbations(graph.num_genes, data.perturbation_k, n, seed=data.seed + 3)
 
 
 def epochs_per_day(study: LoopStudy, num_samples: int) -> dict[str, float]:
@@ -305,7 +308,7 @@ def epochs_per_day(study: LoopStudy, num_samples: int) -> dict[str, float]:
     return out
 
 
-def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
+def sync_study(study: LoopStudy, graph: CellGraph, params: Params,
                device: torch.device) -> SyncStudy:
     """Syncs per step of every strategy (from the loop's counted step) and how the loop form of
     device mask generation (4a) scales with B, k and the number of edge types."""
@@ -329,17 +332,17 @@ def sync_study(study: LoopStudy, graph: CellGraph, params: dict,
     return SyncStudy(method=method_for(device), per_step=per, kinds=kinds, scaling=scaling)
 
 
-def stored_reads(params: dict, graph: CellGraph) -> StoredReads | None:
+def stored_reads(params: Params, graph: CellGraph) -> StoredReads | None:
     """Strategy 3's stored masks read cold and warm (the investigation's storage claim), or None
     when strategy 3 is not among the run's built-in strategies."""
     if "replicated_mask_stored" not in params.strategies:
         return None
     from .stored_masks import stored_mask_reads
 
-    return stored_mask_reads(graph, stored_read_perturbations(params, graph))
+    return stored_mask_reads(graph, stored_read_perturbations(params.data, graph))
 
 
-def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
+def profile_strategies(params: Params, graph: CellGraph, device: torch.device, *,
                        trace_dir: str | Path, run_dir: str | Path,
                        strategies: list[str] | None = None,
                        loops: LoopStudy | None = None) -> dict[str, ProfileResult]:
@@ -359,7 +362,7 @@ def profile_strategies(params: dict, graph: CellGraph, device: torch.device, *,
     out = {}
     with Watchdog(announce=note, why="stall_timeout_s") as wd:
         for name in progress(names, desc="03 profiles"):
-            n_items = ((warm + wait + pw + active) * batch_size_for(params, name)
+            n_items = ((warm + wait + pw + active) * batch_size_for(params.loop, name)
                        if name in params.strategies else None)
             arm = None
             try:

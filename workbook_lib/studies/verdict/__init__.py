@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...configs.validation import Params
 from ...catalog import notebook_info
 from ...exceptions import IncompleteInputsError
 from ...results.cpu import CpuShare
@@ -38,7 +39,7 @@ OPTIONAL = notebook_info("05_verdict").reads  # 01, 02, 04
 # inputs
 
 
-def load_inputs(run_dir: str | Path, params: dict | None = None
+def load_inputs(run_dir: str | Path, params: Params | None = None
                 ) -> tuple[dict, dict[str, str], dict[str, str]]:
     """The typed results of notebook 03 (required) and of 01, 02, 04 (when complete with the same
     result-relevant params), their checksums, and why each optional one was not used.
@@ -198,7 +199,7 @@ def _in_timing(lo, name: str) -> bool:
 # the verdict
 
 
-def build_verdict(found: dict, inputs: dict[str, str], params: dict, run_dir: Path,
+def build_verdict(found: dict, inputs: dict[str, str], params: Params, run_dir: Path,
                   device: str, device_type: str,
                   missing: dict[str, str] | None = None) -> VerdictResult:
     """Everything notebook 05 says, as figures (its text: the view).
@@ -301,7 +302,7 @@ def run_equal(params, slow: str, fast: str, found: list[str]):
 
     note(f"05: checking '{fast}' against '{slow}' with equal (verdict_check_equal)")
     try:
-        res = check_equal(params, slow, fast, load_snapshot(params),
+        res = check_equal(params, slow, fast, load_snapshot(params.data),
                           resolve_device(params.device))
     except (WorkbookError, ValueError) as exc:
         note(f"05: equal could not compare them: {' '.join(str(exc).split())[:200]}")
@@ -310,7 +311,7 @@ def run_equal(params, slow: str, fast: str, found: list[str]):
     return proofs.load(params.cache_dir, *found)
 
 
-def judge_claims(inv, mc, timing, ddp, params: dict, run_dir: Path,
+def judge_claims(inv, mc, timing, ddp, params: Params, run_dir: Path,
                  device_type: str) -> tuple[list[Claim], str]:
     """The investigation's claims, judged only when built-in strategies ran (they are about its
     models); the gap claims only when this run's gap is the investigated pair."""
