@@ -41,9 +41,10 @@ def _path(cache_dir: str, key: str) -> Path:
     return resolve_path(cache_dir) / "equal" / f"{key}.json"
 
 
-def targets(params, *names: str) -> list[str] | None:
-    """The spec targets of user pipelines named in the run (None when one is not a user's)."""
-    specs = {s.name: s.target for s in parse_specs(list(params.pipelines))}
+def targets(pipelines: list[str], *names: str) -> list[str] | None:
+    """The spec targets of the user pipelines ``names`` among the run's ``pipelines`` (the params
+    key; None when one is not a user's)."""
+    specs = {s.name: s.target for s in parse_specs(list(pipelines))}
     out = [specs.get(n) for n in names]
     return None if None in out else out
 

@@ -278,7 +278,7 @@ def exactness(lo, params, pair: list[str]) -> tuple[dict[str, str], set[str]]:
     if len(pair) != 2:
         return words, proven
     slow, fast = pair
-    found = proofs.targets(params, slow, fast)
+    found = proofs.targets(params.pipelines, slow, fast)
     if found is None:  # a built-in strategy: its flag is the workbook's own
         return words, proven
     proof = proofs.load(params.cache_dir, *found)
