@@ -178,3 +178,23 @@ def test_project_epochs():
     p = loop.project_epochs(0.5, 28, 332313)
     assert p["steps_per_epoch"] == 9495
     assert p["epochs_per_day"] == pytest.approx(86400 / (9495 * 0.5))
+
+
+def test_the_pipelined_step_trains_as_the_full_step_and_records_no_stage(small):
+    """The pipelined arm runs the step a plain loop runs (one backward, no loss split, no stage
+    records): from the same model and batches, the same parameters as the full step's."""
+    g, pert = small
+    pipe, twin = (builtin_pipeline(g, "node_mask_shared", pert) for _ in range(2))
+    for a, b in zip(pipe.model.parameters(), twin.model.parameters()):
+        torch.testing.assert_close(a, b)  # the same model twice
+    arms = []
+    for name, p, variant in (("full", pipe, loop.Variant("full", "full")),
+                             ("pipelined", twin, loop.Variant("pipelined", "full",
+                                                              sync_stages=False))):
+        opt = torch.optim.SGD(p.model.parameters(), lr=0.1)
+        arms.append(loop.Arm(name, p, loop.make_loader(p), variant, optimizer=opt))
+    res = loop.run_arms(arms, warmup_steps=1, min_steps=3, max_steps=3, budget_s=30)
+    assert res["pipelined"].timed_steps == 3 and not (
+        {"forward", "backward", "optimizer"} & set(res["pipelined"].stages))
+    for a, b in zip(pipe.model.parameters(), twin.model.parameters()):
+        torch.testing.assert_close(a, b)

@@ -22,7 +22,8 @@ STAGES = ("build", "data item", "collate", "transfer", "device prep", "forward",
 # or collate wrapper that was running; "data item or collate" where a worker could not say)
 LOOP_STAGE_NAMES = {"loader_wait": "data item or collate", "h2d": "transfer",
                     "device_prep": "device prep", "forward": "forward", "loss": "loss",
-                    "loss_backward": "loss", "backward": "backward", "optimizer": "optimizer"}
+                    "loss_backward": "loss", "backward": "backward", "optimizer": "optimizer",
+                    "step": "training step"}
 
 RAISED, STALLED, NONFINITE = "raised", "stalled", "nonfinite_loss"
 KINDS = (RAISED, STALLED, NONFINITE)

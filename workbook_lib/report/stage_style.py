@@ -11,10 +11,11 @@ MODE_LABELS = {"data": "data only", "forward": "+ forward and loss",
                "full": "+ optimizer (full step)"}
 
 
-PIPELINED_LABEL = "pipelined (synchronized at start and end only)"
+PIPELINED_LABEL = "pipelined (a plain loop's step, timed as one)"
 
 
-STAGE_LABELS = {"loader_wait": "data loading (fetch + collate)", "h2d": "host-to-device copy",
+STAGE_LABELS = {"data_item": "data item", "collate": "collate",
+                "loader_wait": "data loading (fetch + collate)", "h2d": "host-to-device copy",
                 "device_prep": "device prep (masks, filtering)", "forward": "forward",
                 "loss": "loss", "loss_backward": "loss's backward", "backward": "backward",
                 "optimizer": "optimizer", "untracked": "loop overhead"}

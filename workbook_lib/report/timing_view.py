@@ -408,9 +408,12 @@ def pipelined_table(study: LoopStudy):
     if not rows:
         return Markdown("No pipelined step was measured.")
     cpu = study.device.lower().startswith("cpu")
-    return table(rows, caption="Every stage above is timed between device syncs, which "
-                               "serializes the host's work with the device's; the pipelined "
-                               "step lets them overlap within the step. "
+    return table(rows, caption="Every stage above is timed between device syncs and recorded "
+                               "(a profiler range, a stage timer, the loss's backward timed "
+                               "apart), which serializes the host's work with the device's; "
+                               "the pipelined step is what a plain training loop runs, timed "
+                               "as one, with none of that: the answer's gap is of these steps. "
                                + ("On a CPU the work is synchronous already, so the difference "
-                                  "is noise around 0." if cpu else
-                                  "The difference is what the stage attribution's syncs cost."))
+                                  "is what the records cost per step." if cpu else
+                                  "The difference is what the stage attribution's syncs and "
+                                  "records cost per step."))

@@ -253,9 +253,9 @@ class LoopStudy(Record):
         return a.step.ratio_to(b.step)
 
     def pipelined(self, strategy: str) -> tuple[Stat, Stat, Stat] | None:
-        """(full step with every stage synchronized, the same step synchronized only at its
-        start and end, their difference paired by round): what the stage attribution's syncs
-        cost. None when the study has no pipelined arm."""
+        """(full step with every stage synchronized and recorded, the same step as a plain
+        loop runs it, timed as one, their difference paired by round): what the stage
+        attribution's syncs and records cost. None when the study has no pipelined arm."""
         key = arm_key(strategy, PIPELINED)
         if key not in self.arms:
             return None

@@ -143,9 +143,47 @@ class Arm:
                           f"'{self.pipeline.name}' ({self.mode_name})")
         return _stage(clock, name, synced, counter)
 
+    def _plain_step(self, clock: StepClock, timed: bool, index: int) -> None:
+        """The pipelined step: what a plain training loop runs (fetch, transfer, prepare,
+        forward, loss, one backward, optimizer), timed as one, with no stage records, loss
+        split or profiler ranges, whose cost the synchronized modes add to every step; the
+        watchdog watches the step as one stage."""
+        pipe, wd = self.pipeline, self.watchdog
+        what = f"'{pipe.name}' ({self.mode_name})"
+        if self.hooks is not None:
+            self.hooks.begin_step()
+        with clock.step(timed=timed):
+            self.where = "step"
+            if wd is not None and self.watch_loader:
+                wd.enter(what, LOOP_STAGE_NAMES["step"])
+            try:
+                batch, _worker = next(self.stream)
+                if wd is not None and not self.watch_loader:
+                    wd.enter(what, LOOP_STAGE_NAMES["step"])
+                if isinstance(batch, DataFailure):
+                    raise PipelineFailed(PipelineFailure(
+                        pipe.name, "", batch.stage, batch.kind, batch.message, batch.traceback,
+                        index, self.mode_name, waited_s=batch.waited_s))
+                batch = pipe.to_device(batch, non_blocking=self.loader.pin_memory)
+                out = pipe.forward(self.model, pipe.prepare(batch))
+                loss = (pipe.loss(out, batch, gather=True) if self.variant.gather
+                        else pipe.loss(out, batch))
+                if isinstance(loss, torch.Tensor):
+                    self.loss_checks.append((index, loss.detach()))
+                loss.backward()
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            finally:
+                if wd is not None:
+                    wd.leave()
+            if self.hooks is not None:
+                self.hooks.end_step(clock)
+
     def _step(self, clock: StepClock, timed: bool, counter: SyncCounter | None,
               index: int) -> None:
         v, pipe = self.variant, self.pipeline
+        if not v.sync_stages and v.mode == "full" and v.micro_batches == 1 and counter is None:
+            return self._plain_step(clock, timed, index)
         if self.hooks is not None:
             self.hooks.begin_step()
         loss = None
