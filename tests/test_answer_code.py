@@ -211,3 +211,47 @@ def test_a_run_contended_by_its_own_processes_is_told_which_and_how_to_share():
     alone = C.CpuShare(wall_s=2.0, cpu_s=1.0, threads=2, allowed=2, intervals=10, run_s=0.5,
                        wait_s=0.5, cpus_seen=2, busy_s=4.04, tree_s=4.0, tree_procs=1)
     assert "its process tree held up to 1: its main process; " in alone.explain()
+
+
+def _optimizer(slow_ms: float, fast_ms: float, steps: tuple[int, int]):
+    """The optimizer's cause at these per-step medians and steps per epoch (slow, fast)."""
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.advice import advise
+
+    ns, nf = steps
+    slow, fast = slow_ms / 1e3 * ns, fast_ms / 1e3 * nf
+    site = CodeSite("Trainer.step", "mine.py", 12, "", slow_ms, fast_ms, 1.0)
+    c = Cause("optimizer", "", slow, fast, slow - fast, 0.4, "measured", effect="adds",
+              stage="optimizer", sites=[site])
+    advise([c], "cpu", steps=steps)
+    return c
+
+
+def test_an_optimizer_as_fast_per_step_is_told_its_steps_not_a_fused_optimizer():
+    # the same 0.6 ms step, twice the steps per epoch (half the batch): the steps, no advice
+    same = _optimizer(0.64, 0.60, (2000, 1000))
+    assert same.advice == "" and "2,000 steps per epoch against 1,000" in same.finding
+    assert "0.64 ms against 0.6 ms" in same.finding
+    # a step 5x slower per step, the same steps: a foreach or fused optimizer, with its site
+    slower = _optimizer(3.0, 0.6, (1000, 1000))
+    assert "foreach or fused optimizer" in slower.advice and "Trainer.step" in slower.advice
+    # 5x slower per step and more steps: still its code
+    assert "foreach" in _optimizer(3.0, 0.6, (2000, 1000)).advice
+
+
+def test_the_headline_names_a_function_that_holds_most_of_the_gap_across_stages():
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.answer import main_site
+
+    def cause(stage, share, sites):
+        return Cause(stage, "", 1.0, 0.1, 0.9, share, "measured", effect="adds", stage=stage,
+                     sites=[CodeSite(f, "mine.py", ln, "", 1.0, 0.0, s) for f, ln, s in sites])
+    enc = ("Encoder.forward", 30, 0.8)
+    # 53% x 80% + 33% x 80% = 69% of the gap in one function over two stages: named
+    got = main_site([cause("backward", 0.53, [enc]), cause("forward", 0.33, [enc])])
+    assert got is not None and got[0].function == "Encoder.forward"
+    assert got[1] == pytest.approx(0.688)
+    # spread over two functions, none holds half: none named
+    assert main_site([cause("backward", 0.53, [enc]),
+                      cause("forward", 0.33, [("Other.forward", 9, 0.8)])]) is None
+

@@ -524,3 +524,43 @@ def test_the_recommendation_quotes_small_memory_in_its_own_unit():
                                               "replicated_mask_cpu": 3.2e9})
     text = view.recommendation_text(_verdict(_timing(), _ddp(), rec)).data
     assert "52.1 kB" in text and "3.2 GB" in text and "0 MB" not in text
+
+
+def test_a_named_pipelines_failure_is_a_caveat_only_where_the_answer_rests_on_it():
+    """A failed memory probe in 02 is a note (the answer's gap is 03's); a failure in 03 is a
+    caveat."""
+    t = _timing()
+    g = V.measure_gap(t.loops, "replicated_mask_cpu", "dango_wildtype", 1000, _ddp())
+
+    def composed(failure: str):
+        v = V.VerdictResult("", "cpu", "cpu", V.rank_causes(t, g.slow, g.fast, g, "cpu"), [],
+                            None, g.ratio, [], [], gap=g, gap_strategies=[g.slow, g.fast])
+        v.failures = {"replicated_mask_cpu": failure}
+        V.compose(v)
+        return v
+    probe = composed("in notebook 02: 'replicated_mask_cpu' failed in backward (mode memory "
+                     "probe, B=1)")
+    assert not any("memory probe" in c for c in probe.caveats)
+    assert any("memory probe" in n for n in probe.notes)
+    profiled = composed("in notebook 03: 'replicated_mask_cpu' failed in forward (in its "
+                        "profiled steps: no profile)")
+    assert any("profiled steps" in c for c in profiled.caveats)
+
+
+def test_the_gap_is_of_the_pipelined_steps_where_the_loop_has_them():
+    """The records of the full step add a fixed time to every step; the gap is of the steps as
+    a plain loop runs them (03's pipelined arms), the causes of the full steps."""
+    from workbook_lib.results.timing import PIPELINED
+
+    t = _timing()
+    before = V.measure_gap(t.loops, "replicated_mask_cpu", "dango_wildtype", 1000)
+    assert "full steps paired by round" in before.basis
+    for n in ("replicated_mask_cpu", "dango_wildtype"):  # 1 ms of records per full step
+        full = t.loops.arm(n, "full")
+        t.loops.arms[f"{n}/{PIPELINED}"] = ArmResult(
+            f"{n}/{PIPELINED}", n, PIPELINED, "full", full.batch_size, 1,
+            st(full.step.median - 0.001, 0.02), {})
+    g = V.measure_gap(t.loops, "replicated_mask_cpu", "dango_wildtype", 1000)
+    assert "pipelined steps" in g.basis and "the causes' shares are of the full" in g.basis
+    assert g.ratio.median > before.ratio.median  # the fast side's records weigh more
+    assert g.epoch_s == before.epoch_s  # the causes' basis is unchanged

@@ -87,7 +87,7 @@ def index_page(out_dir: Path, outcomes, params: Params) -> str:
     answer, no_verdict = _verdict(out_dir, outcomes)
     return render("run_index.html.j2", run=out_dir.name, snapshot=str(params.snapshot),
                   scale=f"{params.scale:g}", hidden=params.hidden,
-                  layers=params.layers, seed=params.seed,
+                  layers=params.layers, seed=params.seed, builtin=bool(params.strategies),
                   device=str(env.get("device_label", params.device)),
                   revision=str(git.get("revision") or "unknown")[:12],
                   dirty=bool(git.get("dirty")),

@@ -289,7 +289,8 @@ def memory_plot(m: MemoryStudy) -> None:
     ax.set_xlabel("batch size B")
     unit = plotting.bytes_ticks(ax, "y")
     ax.set_ylabel(f"peak of one step ({unit})")
-    ax.legend(fontsize=6)
+    if ax.get_legend_handles_labels()[0]:  # no measured point: no legend (and no warning)
+        ax.legend(fontsize=6)
     plotting.title(ax, "Peak memory of a training step (lines: the fits)", device=m.device,
                    repeats="one fresh process per point")
     plotting.show(fig, "Points: measured peak memory of one training step against batch size "

@@ -93,7 +93,7 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
         if not p.sites:
             said.append(f"{label(n)}: {p.sites_note or 'not attributed'}")
             continue
-        for stage in MAIN_STAGES:
+        for stage in ("data_item", "collate", *MAIN_STAGES):  # the DataLoader's apart
             sites = p.sites.get(stage, [])
             total = sum(r.seconds for r in sites)
             own = [r for r in sites if r.file][:most]

@@ -26,6 +26,8 @@ REAL_BATCHES = {"replicated_mask_cpu": [1, 2, 3], "node_mask_shared": [2, 8, 16]
 
 
 def _label(strategy: str, form: str, sizes: dict) -> str:
+    if form == "own":  # a user's pipeline: its own model's sizes, the run's graph
+        return f"{strategy} (its own model) @ scale {sizes['scale']:g}"
     return (f"{strategy}:{form} @ scale {sizes['scale']:g}, H={sizes['hidden']}, "
             f"L={sizes['layers']}")
 

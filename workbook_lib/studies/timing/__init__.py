@@ -14,7 +14,7 @@ from ...configs.schema import DataSection, MeasureSection
 from ...configs.validation import Params
 from ...data.perturbations import sample_perturbations
 from ...data.snapshots import CellGraph
-from ...measurement.code_sites import DATA_STAGE, data_sites, device_sites
+from ...measurement.code_sites import data_sites, device_sites
 from ...measurement.profiling import ProfileResult, profile_steps
 from ...measurement.syncs import SyncCounter, method_for
 from ...measurement.timing import Stat, StepClock
@@ -401,9 +401,12 @@ def profile_strategies(params: Params, graph: CellGraph, device: torch.device, *
                 out[name].sites, out[name].sites_note = device_sites(
                     lambda: step(False), device=device, own=own)
                 ds = pipe.dataset()
-                with wd.watch(f"'{name}' (profiled)", "data item or collate", stall):
-                    out[name].sites[DATA_STAGE] = data_sites(
-                        lambda: pipe.collate([ds[i] for i in range(pipe.batch_size)]), own)
+                items: list = []
+                with wd.watch(f"'{name}' (profiled)", "data item", stall):
+                    out[name].sites["data_item"] = data_sites(
+                        lambda: items.extend(ds[i] for i in range(pipe.batch_size)), own)
+                with wd.watch(f"'{name}' (profiled)", "collate", stall):
+                    out[name].sites["collate"] = data_sites(lambda: pipe.collate(items), own)
             except (Exception, PipelineFailed) as exc:  # noqa: BLE001 - this pipeline only
                 if loops is None:
                     raise

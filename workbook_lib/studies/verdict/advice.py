@@ -99,16 +99,44 @@ def encoder_words(fig: EncoderFigures) -> str:
     return text
 
 
-def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None = None) -> None:
+def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None = None,
+           steps: tuple[int | None, int | None] = (None, None)) -> None:
     """Sets every row's ``advice`` (what to change, or "") and ``finding`` (what was measured,
     in one sentence). ``encoder``: the slow pipeline's encoder against its conversion (03),
-    said where the forward's advice is one shared pass."""
+    said where the forward's advice is one shared pass; ``steps``: steps per epoch (slow,
+    fast), which tell a slower stage from more steps of an equal one."""
     by = {c.stage: c for c in rows}
     for c in sorted(rows, key=lambda c: c.stage == "backward"):  # the forward's advice first
         c.finding = _finding(c)
+        more = _more_steps(c, steps)
+        if more:  # the step's stage is no slower: advice about its code would not follow
+            c.finding += "; " + more
+            c.advice = ""
+            continue
         c.advice = _advice(c, by, device_type)
         if encoder is not None and c.stage == "forward" and NODEMASK in c.advice:
             c.advice += "; " + encoder_words(encoder)
+
+
+# a stage that runs once per step (the optimizer, the loop's overhead) at most this many times
+# slower per step on the slow side owes its extra time per epoch to the steps, not to its code
+SAME_STEP = 1.5
+PER_STEP_STAGES = ("optimizer", "overhead")
+
+
+def _more_steps(c: Cause, steps: tuple[int | None, int | None]) -> str:
+    """Where a once-per-step stage is about as fast per step on both sides (at most
+    :data:`SAME_STEP` x) and the slow side makes more steps per epoch: that, in figures;
+    else ""."""
+    ns, nf = steps
+    if c.stage not in PER_STEP_STAGES or not ns or not nf or ns <= nf or \
+            c.slow_s_per_epoch is None or not c.fast_s_per_epoch:
+        return ""
+    slow, fast = c.slow_s_per_epoch / ns, c.fast_s_per_epoch / nf
+    if slow > SAME_STEP * fast:
+        return ""
+    return (f"its step takes {_ms(slow)} against {_ms(fast)} (at most {SAME_STEP:g}x): the extra "
+            f"time is the {ns:,} steps per epoch against {nf:,} (a smaller batch), not its code")
 
 
 def _finding(c: Cause) -> str:
@@ -160,7 +188,8 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
     if c.stage == "h2d":
         return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch
     if c.stage in ("data_item", "collate"):
-        return STATIC[c.stage] + _held(c, "the data loading")
+        return STATIC[c.stage] + _held(c, "the data item" if c.stage == "data_item" else
+                                       "the collate")
     if c.stage == "optimizer":
         return STATIC["optimizer"] + _held(c, "the optimizer")
     return STATIC.get(c.stage, "")

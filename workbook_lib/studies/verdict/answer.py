@@ -47,6 +47,15 @@ def rests_on(v: VerdictResult) -> set[str]:
     return keys
 
 
+def _rested_on(v: VerdictResult, failure: str) -> bool:
+    """Whether a failure ("in notebook NN: ...") is in a notebook whose figures the answer rests
+    on: 03's timings always, 04's when its DDP factor is booked, 02's when its benchmark is."""
+    keys = rests_on(v)
+    return failure.startswith("in notebook 03") or (
+        failure.startswith("in notebook 04") and "ddp_factor" in keys) or (
+        failure.startswith("in notebook 02") and "bench" in keys)
+
+
 def _cause_words(c, first: bool) -> str:
     p = f"{c.cause} ({_pct(c.share)}" + (" of the gap" if first else "")
     if c.sites and c.sites[0].share >= 0.5:
@@ -139,8 +148,8 @@ def caveats(v: VerdictResult) -> list[str]:
                        + (" (it is not recommended)." if v.recommendation is None or
                           v.recommendation.strategy != name else "."))
     for name, what in v.failures.items():
-        if name in named and f"'{name}'" not in v.no_answer:  # the lead says it already
-            out.append(f"{_cap(what)}.")
+        if name in named and f"'{name}'" not in v.no_answer and _rested_on(v, what):
+            out.append(f"{_cap(what)}.")  # (the lead says it already where it names the name)
     first = first_causes(v.causes)
     if first and first[0].syncs and first[0].syncs[0] > first[0].syncs[1] and v.syncs_note:
         out.append(_cap(v.syncs_note) + ".")
@@ -163,7 +172,7 @@ def notes(v: VerdictResult) -> list[str]:
         if name not in named:
             out.append(f"'{name}': {what}: its timings are of a diverged step.")
     for name, what in v.failures.items():
-        if name not in named:
+        if name not in named or not _rested_on(v, what):
             out.append(f"{_cap(what)}.")
     if g is not None and g.ddp_factor is not None and not g.ddp_booked:
         out.append(f"DDP factor at {g.ddp_world} ranks {g.ddp_factor.median:.3g} (IQR "
@@ -208,8 +217,10 @@ def fix_text(v: VerdictResult) -> str:
     """The fix in one paragraph: the fastest exact pipeline, named for what its figure times."""
     r = v.recommendation
     if r is None:
-        return ("**No exact pipeline in this run** (none declares exact = True or was proven "
-                "equal to the slow one by `equal`, or its loss was not finite): nothing here is "
+        why = "; ".join(f"'{n}': {w}" for n, w in v.exactness.items()) or \
+            "none declares exact = True or was proven equal to the slow one by `equal`"
+        return (f"**No exact pipeline in this run** ({why}; a pipeline whose loss was not "
+                "finite is not recommended either): nothing here is "
                 "known to compute the perturbed graph to recommend. The node-mask shared graph "
                 "(workbook_lib.nodemask) is exact; check a rewrite with `python -m workbook_lib "
                 "equal SLOW FAST` before trusting its speed.")
@@ -289,14 +300,30 @@ def headline(v: VerdictResult) -> str:
             text += ("; first cause: " if ranked else "; first causes (not told apart): ") + (
                 ", then " if ranked else " and ").join(f"{c.cause} ({_pct(c.share)})"
                                                        for c in first)
-            c = first[0]
-            if ranked and c.sites and c.share * c.sites[0].share >= 0.5:
-                s = c.sites[0]
-                text += f" in {s.function} ({s.file}:{s.line})"
+            held = main_site(v.causes)
+            if held is not None:
+                s, share = held
+                text += f"; {_pct(share)} of the gap in {s.function} ({s.file}:{s.line})"
     r = v.recommendation
     if r is not None and g is not None and r.strategy not in (g.slow, g.fast):
         text += f"; fix: {r.label}"
     return one_line(mark + text, HEADLINE_MAX)
+
+
+def main_site(causes: list) -> tuple | None:
+    """The function of the slow pipeline that holds most of the gap, summed over the causes it
+    holds time in (a cause's share x the function's share of that cause's extra time), with that
+    sum; None when no function holds half the gap."""
+    held: dict = {}
+    for c in causes:
+        if c.share is None or c.share <= 0 or c.effect != "adds":
+            continue
+        for s in c.sites:
+            key = (s.function, s.file, s.line)
+            site, total = held.get(key, (s, 0.0))
+            held[key] = (site, total + c.share * s.share)
+    best = max(held.values(), key=lambda st: st[1], default=None)
+    return best if best is not None and best[1] >= 0.5 else None
 
 
 def compose(v: VerdictResult, scale: float | None = None, edges: int | None = None) -> str:

@@ -9,7 +9,7 @@ from ...measurement.profiling import NOT_OWN
 from ...results.verdict import CodeSite
 
 # a cause's stage -> the profiled stages that hold it
-PROFILED = {"data_item": ("loader_wait",), "collate": ("loader_wait",), "h2d": ("h2d",),
+PROFILED = {"data_item": ("data_item",), "collate": ("collate",), "h2d": ("h2d",),
             "device_prep": ("device_prep",), "forward": ("forward",),
             "loss": ("loss", "loss_backward"), "backward": ("backward",),
             "optimizer": ("optimizer",)}
