@@ -100,7 +100,10 @@ def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
                             target=params.precision_target, budget_s=params.loop_budget_s,
                             interleave=interleaved, desc="03 loop", failures=failures,
                             stall_timeout_s=stall, notebook="03",
-                            pairs=[tuple(arm_key(n, "full") for n in params.gap_strategies)]
+                            # the gap's steps (pipelined) and the causes' (full), each pair's
+                            # per-round ratio known to the target
+                            pairs=[tuple(arm_key(n, m) for n in params.gap_strategies)
+                                   for m in (PIPELINED, "full")]
                             if len(pair) == 2 else ()) if arms else {}
         for key in [k for k in failures if k.endswith("/" + HALF)]:  # an optional arm's
             growth_note[key.split("/")[0]] = failures.pop(key).line()
