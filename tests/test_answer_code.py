@@ -213,8 +213,9 @@ def test_a_run_contended_by_its_own_processes_is_told_which_and_how_to_share():
     assert "its process tree held up to 1: its main process; " in alone.explain()
 
 
-def _optimizer(slow_ms: float, fast_ms: float, steps: tuple[int, int]):
-    """The optimizer's cause at these per-step medians and steps per epoch (slow, fast)."""
+def _optimizer(slow_ms: float, fast_ms: float, steps: tuple[int, int], own: bool = True):
+    """The optimizer's cause at these per-step medians and steps per epoch (slow, fast), its
+    time in the pipeline's own optimizer code or not."""
     from workbook_lib.results.verdict import Cause, CodeSite
     from workbook_lib.studies.verdict.advice import advise
 
@@ -222,7 +223,7 @@ def _optimizer(slow_ms: float, fast_ms: float, steps: tuple[int, int]):
     slow, fast = slow_ms / 1e3 * ns, fast_ms / 1e3 * nf
     site = CodeSite("Trainer.step", "mine.py", 12, "", slow_ms, fast_ms, 1.0)
     c = Cause("optimizer", "", slow, fast, slow - fast, 0.4, "measured", effect="adds",
-              stage="optimizer", sites=[site])
+              stage="optimizer", sites=[site] if own else [])
     advise([c], "cpu", steps=steps)
     return c
 
@@ -237,6 +238,8 @@ def test_an_optimizer_as_fast_per_step_is_told_its_steps_not_a_fused_optimizer()
     assert "foreach or fused optimizer" in slower.advice and "Trainer.step" in slower.advice
     # 5x slower per step and more steps: still its code
     assert "foreach" in _optimizer(3.0, 0.6, (2000, 1000)).advice
+    # 5x slower per step in the library's optimizer (no code of the pipeline's): no advice
+    assert _optimizer(3.0, 0.6, (1000, 1000), own=False).advice == ""
 
 
 def test_the_headline_names_a_function_that_holds_most_of_the_gap_across_stages():
