@@ -317,9 +317,11 @@ def headline(r: MaskCostResult) -> str:
     if mem and (b is None or len(parts) < 2):
         parts.append("peak memory per sample: " + ", ".join(
             f"{label(n)} {fmt_bytes(v)}" for n, v in list(mem.items())[:3]))
-    failed = list(getattr(r.memory, "failures", None) or {}) if r.memory is not None else []
-    if failed:
-        parts.append("failed: " + ", ".join(failed))
+    failed = (getattr(r.memory, "failures", None) or {}) if r.memory is not None else {}
+    if failed:  # what failed is the memory probe, at some batch sizes or all
+        parts.append("memory probe failed: " + ", ".join(
+            n + ("" if getattr(f, "figures_kept", False) else " (no figure)")
+            for n, f in failed.items()))
     if b is None and c is None:
         parts.append("built-in sections not run (strategies: [])")
     text = "; ".join(parts)

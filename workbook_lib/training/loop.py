@@ -158,11 +158,13 @@ class Plan:
                     partner: StepClock | None = None) -> str:
         """Why an arm whose steps are in ``clock`` stops now ("" when it goes on); with a
         ``partner`` (the other arm of a ratio timed in the same rounds), its precision is the
-        per-round ratio's too."""
+        per-round ratio's too, both ways round (a median's interval is not symmetric under
+        1/x: the ratio known one way can miss the target the other)."""
         if clock.n < self.min_steps:
             return ""
-        if clock.wall().known_to(self.target) and (partner is None or _ratio(
-                clock, partner).known_to(self.target)):
+        if clock.wall().known_to(self.target) and (partner is None or (
+                _ratio(clock, partner).known_to(self.target)
+                and _ratio(partner, clock).known_to(self.target))):  # the gap may be either
             return "precision target"
         if clock.n >= self.max_steps:
             return "max steps"
