@@ -31,7 +31,7 @@ report: venv
 # the suite in one pytest-xdist worker per allowed CPU (at most 4), each file in one worker,
 # the longest files first (tests/conftest.py); `.venv/bin/python -m pytest` runs it in one process
 test: venv
-	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -rs -n auto --dist loadfile --no-loadscope-reorder
 
 # the documentation site from docs/ and mkdocs.yml into site/ (open site/index.html); strict: a
 # broken link or anchor, or a page missing from the nav, fails it
