@@ -41,7 +41,8 @@ from workbook_lib.exceptions import WorkbookError  # noqa: E402
 
 # every case runs once in the module fixture (about 2 minutes on the 2-core reference machine)
 # alone: a case's gap (same_twice: none) is judged from 5 paired steps, which another worker's
-# tests beside it moved to a 1.26x 'gap' once; its own two cases at a time use both CPUs
+# tests beside it moved to a 1.26x 'gap' once; its cases run one at a time (two at a time, a
+# sub-millisecond gap was measured contended by the other case in two of three runs)
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.alone]
 
 FAMILY = "tests/matrix/family.py"
@@ -199,18 +200,17 @@ def case_in_child(name: str, out: str) -> tuple[str, tuple]:
     return name, (got, {str(p): set(data.lines(str(p)) or ()) for p in VIEWS})
 
 
-# the cases that start processes of their own (02's probes, 04's ranks) first, so that the
-# two at a time end together
+# the cases that start processes of their own (02's probes, 04's ranks) first
 FIRST = ("slow_fast", "fails_in_04_only")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """Every case run once, two at a time, each in a fresh process forked from
-    multiprocessing's fork server, which imported PyTorch and the notebooks' modules once, with
-    one compute thread: the tiny cases are single-threaded Python, so the two never wait for
-    each other's threads. Returns what each case got and the report package's lines its views
-    executed."""
+    """Every case run once, one at a time (a case's idle figures need the CPUs to themselves),
+    each in a fresh process forked from multiprocessing's fork server, which imported PyTorch
+    and the notebooks' modules once, with one compute thread (the tiny cases are
+    single-threaded Python). Returns what each case got and the report package's lines its
+    views executed."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
@@ -226,7 +226,7 @@ def results(tmp_path_factory):
     before = os.environ.get("PYTHONPATH")  # the server imports test_matrix too
     os.environ["PYTHONPATH"] = os.pathsep.join(here + ([before] if before else []))
     try:
-        with ProcessPoolExecutor(2, mp_context=ctx, max_tasks_per_child=1) as pool:
+        with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as pool:
             done = dict(pool.map(case_in_child, *zip(*jobs)))
     finally:
         if before is None:
