@@ -53,6 +53,19 @@ def param(default: Any, doc: str, section: str, check: Check | None = None, *,
     return dataclasses.field(default=default, metadata=meta)
 
 
+class _Section:
+    """``params.<name>``: the section :data:`SECTIONS` names, cut from the params' values."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, params, owner=None):
+        if params is None:
+            return self
+        cls = SECTIONS[self.name]
+        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(cls)})
+
+
 @dataclass(frozen=True, eq=False)
 class ParamsSchema(Mapping):
     """Every key of the schema, typed and read-only (see the module docstring); what a run
@@ -219,45 +232,14 @@ class ParamsSchema(Mapping):
 
     # The sections (:data:`SECTIONS`): typed, frozen records of one section's keys, handed to a
     # function that reads that section only
-    @property
-    def data(self) -> "DataSection":
-        """The snapshot and samples section (snapshot, scale, seed, device, perturbation_k...)."""
-        return _cut(self, DataSection)
-
-    @property
-    def model(self) -> "ModelSection":
-        """The model section (hidden, layers, aggr, dual_forward, strategies, pipelines)."""
-        return _cut(self, ModelSection)
-
-    @property
-    def measure(self) -> "MeasureSection":
-        """The measurement section (warmup, min_repeats, precision_target, time_budget_s...)."""
-        return _cut(self, MeasureSection)
-
-    @property
-    def bench(self) -> "BenchSection":
-        """Notebook 02's section (sweeps, benchmark, memory)."""
-        return _cut(self, BenchSection)
-
-    @property
-    def loop(self) -> "LoopSection":
-        """Notebook 03's section (batch sizes, loop steps, DataLoader, profiler schedule)."""
-        return _cut(self, LoopSection)
-
-    @property
-    def ddp(self) -> "DdpSection":
-        """Notebook 04's section (world sizes, backend, DDP steps and budget...)."""
-        return _cut(self, DdpSection)
-
-    @property
-    def verdict(self) -> "VerdictSection":
-        """Notebook 05's section (tie tolerance, equal check, gap_strategies)."""
-        return _cut(self, VerdictSection)
-
-    @property
-    def adopt(self) -> "AdoptSection":
-        """Notebook 06's section (steps, optimizer, learning rate)."""
-        return _cut(self, AdoptSection)
+    data = _Section("data")  # snapshot and samples: snapshot, scale, seed, perturbation_k...
+    model = _Section("model")  # hidden, layers, aggr, dual_forward, strategies, pipelines
+    measure = _Section("measure")  # warmup, min_repeats, precision_target, time_budget_s...
+    bench = _Section("bench")  # notebook 02: sweeps, benchmark, memory
+    loop = _Section("loop")  # notebook 03: batch sizes, loop steps, DataLoader, profiler
+    ddp = _Section("ddp")  # notebook 04: world sizes, backend, DDP steps and budget...
+    verdict = _Section("verdict")  # notebook 05: tie tolerance, equal check, gap_strategies
+    adopt = _Section("adopt")  # notebook 06: steps, optimizer, learning rate
 
     # The Mapping protocol: params["key"], get, in, iteration, len, ==, dict(params), {**params}.
     def __getitem__(self, key: str) -> Any:
@@ -374,10 +356,6 @@ AdoptSection = _section("AdoptSection", S_06)
 SECTIONS = {"data": DataSection, "model": ModelSection, "measure": MeasureSection,
             "bench": BenchSection, "loop": LoopSection, "ddp": DdpSection,
             "verdict": VerdictSection, "adopt": AdoptSection}
-
-
-def _cut(params: ParamsSchema, cls: type) -> Any:
-    return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(cls)})
 
 
 def defaults() -> dict:

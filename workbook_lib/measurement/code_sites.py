@@ -23,9 +23,6 @@ from ..traces import sites as ts
 from ..traces.reading import load_trace
 from .profiling import NOT_OWN, SiteTime
 
-# the DataLoader's two stages, profiled apart: the dataset's items, then the collate
-DATA_STAGES = ("data_item", "collate")
-
 
 def device_sites(step: Callable[[], object], *, device: torch.device,
                  own) -> tuple[dict[str, list[SiteTime]], str]:
