@@ -143,6 +143,22 @@ class Arm:
                           f"'{self.pipeline.name}' ({self.mode_name})")
         return _stage(clock, name, synced, counter)
 
+    def _check_batch(self, batch, index: int) -> None:
+        """Raise the failure a DataLoader worker sent in place of the batch, if it did."""
+        if isinstance(batch, DataFailure):
+            raise PipelineFailed(PipelineFailure(
+                self.pipeline.name, "", batch.stage, batch.kind, batch.message, batch.traceback,
+                index, self.mode_name, waited_s=batch.waited_s))
+
+    def _loss(self, out, batch, index: int):
+        """The pipeline's loss of ``out`` (with the loss-side gather when the variant asks),
+        kept detached to be checked for NaN/inf when the arm ends."""
+        pipe = self.pipeline
+        loss = pipe.loss(out, batch, gather=True) if self.variant.gather else pipe.loss(out, batch)
+        if isinstance(loss, torch.Tensor):
+            self.loss_checks.append((index, loss.detach()))
+        return loss
+
     def _plain_step(self, clock: StepClock, timed: bool, index: int) -> None:
         """The pipelined step: what a plain training loop runs (fetch, transfer, prepare,
         forward, loss, one backward, optimizer), timed as one, with no stage records, loss
@@ -160,17 +176,10 @@ class Arm:
                 batch, _worker = next(self.stream)
                 if wd is not None and not self.watch_loader:
                     wd.enter(what, LOOP_STAGE_NAMES["step"])
-                if isinstance(batch, DataFailure):
-                    raise PipelineFailed(PipelineFailure(
-                        pipe.name, "", batch.stage, batch.kind, batch.message, batch.traceback,
-                        index, self.mode_name, waited_s=batch.waited_s))
+                self._check_batch(batch, index)
                 batch = pipe.to_device(batch, non_blocking=self.loader.pin_memory)
                 out = pipe.forward(self.model, pipe.prepare(batch))
-                loss = (pipe.loss(out, batch, gather=True) if self.variant.gather
-                        else pipe.loss(out, batch))
-                if isinstance(loss, torch.Tensor):
-                    self.loss_checks.append((index, loss.detach()))
-                loss.backward()
+                self._loss(out, batch, index).backward()
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             finally:
@@ -191,10 +200,7 @@ class Arm:
             for micro in range(v.micro_batches):
                 with self._stage(clock, "loader_wait", v.sync_stages):
                     batch, worker = next(self.stream)
-                if isinstance(batch, DataFailure):
-                    raise PipelineFailed(PipelineFailure(
-                        pipe.name, "", batch.stage, batch.kind, batch.message, batch.traceback,
-                        index, self.mode_name, waited_s=batch.waited_s))
+                self._check_batch(batch, index)
                 clock.add("worker_fetch", worker["fetch_s"])
                 clock.add("worker_collate", worker["collate_s"])
                 skip = self.ddp and (v.allreduce == "never" or
@@ -216,10 +222,7 @@ class Arm:
                                  else None)
                         if split is not None and split.split:
                             out = split.output
-                        loss = (pipe.loss(out, batch, gather=True) if v.gather
-                                else pipe.loss(out, batch))
-                    if isinstance(loss, torch.Tensor):
-                        self.loss_checks.append((index, loss.detach()))
+                        loss = self._loss(out, batch, index)
                     if split is not None:
                         self.loss_split = split.why_not
                         if split.split:
