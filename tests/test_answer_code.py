@@ -218,7 +218,8 @@ def test_a_run_contended_by_its_own_processes_is_told_which_and_how_to_share():
 def _optimizer(slow_ms: float, fast_ms: float, steps: tuple[int, int], own: bool = True):
     """The optimizer's cause at these per-step medians and steps per epoch (slow, fast), its
     time in the pipeline's own optimizer code or not."""
-    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.measurement.timing import Stat
+    from workbook_lib.results.verdict import Cause, CodeSite, Gap
     from workbook_lib.studies.verdict.advice import advise
 
     ns, nf = steps
@@ -226,7 +227,10 @@ def _optimizer(slow_ms: float, fast_ms: float, steps: tuple[int, int], own: bool
     site = CodeSite("Trainer.step", "mine.py", 12, "", slow_ms, fast_ms, 1.0)
     c = Cause("optimizer", "", slow, fast, slow - fast, 0.4, "measured", effect="adds",
               stage="optimizer", sites=[site] if own else [])
-    advise([c], "cpu", steps=steps)
+    ratio = Stat.from_samples([2.0] * 5, unit="ratio")
+    gap = Gap("slow", "fast", ["slow", "fast"], False, ratio, "", ratio,
+              {"slow": ns, "fast": nf}, {"slow": 4, "fast": 8}, {"slow": 10.0, "fast": 5.0}, True)
+    advise([c], "cpu", gap=gap)
     return c
 
 

@@ -7,7 +7,7 @@ batch, a backward that mirrors the forward, a loss); where none applies, no chan
 from __future__ import annotations
 
 from ...results.timing import EncoderFigures
-from ...results.verdict import Cause
+from ...results.verdict import Cause, Gap
 
 NODEMASK = ("one pass over one shared graph for the whole batch instead of a graph copy or a "
             "loop per sample (workbook_lib.nodemask)")
@@ -116,13 +116,13 @@ def gap_left(fig: EncoderFigures, steps: int | None, epoch_s: tuple[float, float
 
 
 def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None = None,
-           steps: tuple[int | None, int | None] = (None, None),
-           epoch_s: tuple[float, float] | None = None, batch_size: int | None = None) -> None:
+           gap: Gap | None = None) -> None:
     """Sets every row's ``advice`` (what to change, or "") and ``finding`` (what was measured,
     in one sentence). ``encoder``: the slow pipeline's encoder against its conversion (03),
-    said where the forward's advice is one shared pass; ``steps``: steps per epoch (slow,
-    fast), which tell a slower stage from more steps of an equal one; ``epoch_s`` (slow, fast)
-    and the slow side's ``batch_size``: what the conversion's saving leaves of the gap."""
+    said where the forward's advice is one shared pass; ``gap``: its steps per epoch tell a
+    slower stage from more steps of an equal one, and with its epoch times and batch say what
+    the conversion's saving leaves of the gap."""
+    steps = (gap.steps.get(gap.slow), gap.steps.get(gap.fast)) if gap else (None, None)
     by = {c.stage: c for c in rows}
     for c in sorted(rows, key=lambda c: c.stage == "backward"):  # the forward's advice first
         c.finding = _finding(c)
@@ -134,7 +134,9 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
         c.advice = _advice(c, by, device_type)
         if encoder is not None and c.stage == "forward" and NODEMASK in c.advice:
             c.advice += "; " + encoder_words(encoder)
-            left = gap_left(encoder, steps[0], epoch_s, batch_size)
+            left = gap and gap_left(encoder, steps[0],
+                                    (gap.epoch_s[gap.slow], gap.epoch_s[gap.fast]),
+                                    gap.batch_sizes.get(gap.slow))
             if left:
                 c.advice += "; " + left
 

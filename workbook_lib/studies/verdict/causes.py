@@ -125,10 +125,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                          if noisy else "") + ")", None, None,
                       total - attributed, None, claims_mod.MEASURED, "rest", stage="rest"))
     set_shares(rows, total if gap.measurable else 0.0)
-    advise(rows, device_type, encoder=lo.encoders.get(slow),
-           steps=(gap.steps.get(slow), gap.steps.get(fast)),
-           epoch_s=(gap.epoch_s[slow], gap.epoch_s[fast]),
-           batch_size=gap.batch_sizes.get(slow))
+    advise(rows, device_type, encoder=lo.encoders.get(slow), gap=gap)
     timed = sorted((r for r in rows if r.difference_s is not None
                     and r.effect not in ("rest", "noise")), key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \

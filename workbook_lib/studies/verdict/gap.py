@@ -98,19 +98,20 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
     if booked:
         r = r.times(factor)
         basis += f" x the DDP factor at {g.world_size} ranks (notebook 04, separate launches)"
-    if lo.interleaved:  # what notebook 03's tables show: the two medians, each on its own
-        of_medians = (lo.arm(slow, mode).step.median * steps[slow]
-                      / max(lo.arm(fast, mode).step.median * steps[fast], 1e-300)
-                      * (factor.median if booked else 1.0))
+
+    def of_medians(m: str) -> float:  # what notebook 03's tables show: each median on its own
+        return (lo.arm(slow, m).step.median * steps[slow]
+                / max(lo.arm(fast, m).step.median * steps[fast], 1e-300))
+
+    if lo.interleaved:
+        medians = of_medians(mode) * (factor.median if booked else 1.0)
         basis += (f"; the median of the rounds' ratios, {r.median:.3g}x, where the ratio of "
-                  f"the two medians (notebook 03's tables) is {of_medians:.3g}x: they differ "
+                  f"the two medians (notebook 03's tables) is {medians:.3g}x: they differ "
                   "when the rounds vary")
     if plain:  # the stages' shares are of the synchronized full steps' difference
-        full = lo.arm(slow, "full").step.median * steps[slow] / max(
-            lo.arm(fast, "full").step.median * steps[fast], 1e-300)
         basis += (f"; the causes' shares are of the full steps' difference (every stage "
-                  f"synchronized and recorded: {full:.3g}x per epoch, the records' cost "
-                  "added to every step of both)")
+                  f"synchronized and recorded: {of_medians('full'):.3g}x per epoch, the "
+                  "records' cost added to every step of both)")
     return Gap(slow=slow, fast=fast, listed=listed, swapped=swapped, ratio=r, basis=basis,
                per_step=per_step, steps=steps,
                batch_sizes={n: lo.arm(n, "full").samples_per_step for n in listed},
