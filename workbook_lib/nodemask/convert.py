@@ -24,6 +24,7 @@ from torch_geometric.nn.aggr import Aggregation
 
 from ..results.floor import ConvertFloor, FloorPart
 from .convert_trace import MODE_DEPENDENT, ConvertError, check_graph, conv_kind, per_node_problem, trace
+from .compiled import kernels
 from .corrections import validate_deleted
 from .floor import _dense, _sparse
 
@@ -73,6 +74,17 @@ class _Edges:
         gone = (~keep).view(-1).nonzero().flatten()
         recv = self.receivers(gone)
         return torch.bincount(recv, minlength=b * n).view(b, n)
+
+
+def _reach(e: _Edges, rows: torch.Tensor, flat: torch.Tensor,
+           lowered: torch.Tensor | None) -> torch.Tensor:
+    """``[B, N]``: ``rows`` and the receivers of its rows ``flat`` (and of ``lowered``)."""
+    b, n = rows.shape
+    out = rows.clone().view(-1)
+    out.numpy()[e.receivers(flat).numpy()] = True
+    if lowered is not None:
+        out.numpy()[e.receivers(lowered).numpy()] = True
+    return out.view(b, n)
 
 
 def _ptr(counts: torch.Tensor) -> torch.Tensor:
@@ -355,23 +367,20 @@ class ConvertedEncoder(nn.Module):
         if e.key not in plan.kept_degree:  # [B, N] kept in-degree per sample, once per type
             plan.kept_degree[e.key] = (e.deg.unsqueeze(0) - e.lost(keep)) * keep
         cnt = plan.kept_degree[e.key]
-        mask = rows_in.mask.clone().view(-1)
-        mask.numpy()[e.receivers(rows_in.flat if not rows_in.dense
-                                 else torch.arange(b * n)).numpy()] = True
         gcn_norm = kind is GCNConv and m.normalize
         if gcn_norm:  # a deletion's receivers lose degree: their out-neighbours change too
             lowered = ((cnt != e.deg.unsqueeze(0)) & keep).view(-1).nonzero().flatten()
-            mask[e.receivers(lowered)] = True
-        mask = mask.view(b, n)
-        if rows_in.dense:  # computed rows are all rows: follow the rows that really differ
-            changed = rows_in.changed.clone().view(-1)
-            changed.numpy()[e.receivers(torch.from_numpy(
-                np.flatnonzero(rows_in.changed.numpy()))).numpy()] = True
-            if gcn_norm:
-                changed[e.receivers(lowered)] = True
-            changed = changed.view(b, n)
+        if rows_in.dense:  # every row is computed (no receivers to follow): the dense form
+            mask = torch.ones(b, n, dtype=torch.bool)
         else:
+            mask = _reach(e, rows_in.mask, rows_in.flat, lowered if gcn_norm else None)
+        if not rows_in.dense:
             changed = mask
+        elif bool(rows_in.changed.all()):
+            changed = rows_in.changed
+        else:  # computed rows are all rows: follow the rows that really differ
+            changed = _reach(e, rows_in.changed, torch.from_numpy(
+                np.flatnonzero(rows_in.changed.numpy())), lowered if gcn_norm else None)
         if e.key not in plan.kept_edges:
             plan.kept_edges[e.key] = int(cnt.sum())
         kept_edges = plan.kept_edges[e.key]
@@ -887,12 +896,15 @@ def _plan_groups(plan: _Plan) -> None:
             sizes += [c, c]
             off += 2 * c
         r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-        order = np.argsort(c, kind="stable")
+        tcrow, order = kernels().selection(c, ncol)  # the transpose: a counting sort by column
         g = ("g", id(src))
         for t, (rr, cc, vv, shape) in (("a", (r, c, v, (off, ncol))),
-                                       ("at", (c[order], r[order], v[order], (ncol, off)))):
-            crow = np.zeros(shape[0] + 1, dtype=np.int64)
-            np.cumsum(np.bincount(rr, minlength=shape[0]), out=crow[1:])
+                                       ("at", (None, r[order], v[order], (ncol, off)))):
+            if rr is None:
+                crow = tcrow.astype(np.int64)
+            else:
+                crow = np.zeros(shape[0] + 1, dtype=np.int64)
+                np.cumsum(np.bincount(rr, minlength=shape[0]), out=crow[1:])
             plan.put(g + (t, "crow"), torch.from_numpy(crow))
             plan.put(g + (t, "col"), torch.from_numpy(np.ascontiguousarray(cc)))
             plan.put(g + (t, "val"), torch.from_numpy(np.ascontiguousarray(vv)))
