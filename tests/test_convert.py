@@ -208,6 +208,72 @@ def test_the_dense_and_delta_forms_are_both_exact(monkeypatch, share, counts=COU
             assert floor_dense == pytest.approx(floor_delta), conv
 
 
+POOLING = ["gin_mean", "graph_add", "graph_mean", "sage_sum"]
+
+
+@pytest.mark.parametrize("readout", ["mean", "mean_kept", "sum_kept"])
+@pytest.mark.parametrize("container", ["single", "moduledict"])
+@pytest.mark.parametrize("conv", POOLING)
+def test_an_affine_last_layer_is_pooled_and_exact(conv, container, readout):
+    """A last layer affine in its input, read out as a weighted sum, is pooled (explain says so)
+    and equals the per-sample reference; a normalizing SAGE, or a nonlinear GIN, is not."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        graph = GRAPH[TYPES[0]] if container == "single" else GRAPH
+        fast = _check(Encoder(conv, container, "layernorm"), graph, readout)
+        text = fast.explain(DELETED)
+        assert "pooled" in text and "layers.1" in text.split("pooled")[0].splitlines()[-1]
+        for other, how in (("sage_mean", readout), ("gin", readout), (conv, None)):
+            # a normalizing SAGE and a GIN with a ReLU are not affine; no readout pools nothing
+            other = convert(Encoder(other, container, "layernorm"), graph, readout=how)
+            other(torch.randn(N, F_IN), DELETED)
+            assert "pooled" not in other.explain(DELETED)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+class CatTail(nn.Module):
+    """The workbook's model's shape: identity GINs per type concatenated, a linear map; then a
+    tail of a mean GraphConv scaled, added to a second map of the same value."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin0 = nn.Linear(F_IN, H)
+        self.convs = nn.ModuleList(GINConv(nn.Identity(), train_eps=True) for _ in TYPES)
+        self.lin = nn.Linear(len(TYPES) * H, H)
+        self.conv2 = GraphConv(H, H, aggr="mean")
+        self.lin2 = nn.Linear(H, H)
+
+    def forward(self, x, edges):
+        x = self.lin0(x).relu()
+        h = self.lin(torch.cat([c(x, edges[t]) for c, t in zip(self.convs, TYPES)], dim=-1))
+        return self.conv2(h, edges[TYPES[1]]) * 0.5 + self.lin2(h)
+
+
+@pytest.mark.parametrize("readout", ["mean", "mean_kept", "sum_kept"])
+def test_a_deep_affine_tail_is_pooled_and_exact(readout):
+    torch.set_default_dtype(torch.float64)
+    try:
+        enc = CatTail()
+        with torch.no_grad():
+            for c in enc.convs:
+                c.eps.fill_(0.25)
+        fast = _check(enc, GRAPH, readout)
+        text = fast.explain(DELETED)
+        form = {ln.split()[0]: ln.split()[2] for ln in text.splitlines()[2:]
+                if len(ln.split()) > 2 and ln.startswith("    ") is False and "/" in ln}
+        assert {k for k, v in form.items() if v == "pooled"} == {
+            "convs.0[physical]", "convs.1[regulatory]", "lin", "conv2[regulatory]", "lin2"}, form
+        assert form["lin0"] == "per-node"
+        # the floor counts the pooled convs' kept edges at width 1 (forward and backward)
+        floor = fast.floor(DELETED)
+        plan = fast.plan(DELETED, N)
+        part = floor.parts["conv2[regulatory]"]
+        assert part.sparse_macs == 2 * plan.kept_edges[TYPES[1]]
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_heterodata_graph_and_the_torchcell_shape():
     from torch_geometric.data import HeteroData
     torch.set_default_dtype(torch.float64)
@@ -259,13 +325,16 @@ def test_the_call_reads_nothing_back_from_the_device():
                 Watch.seen.append(str(func))
             return func(*args, **(kwargs or {}))
 
-    for conv, readout in (("gcn", AttentionalAggregation(nn.Linear(H, 1))), ("gin", "mean")):
-        fast = convert(Encoder(conv, "hetero", "layernorm"), GRAPH, readout=readout)
+    for conv, container, readout in (
+            ("gcn", "hetero", AttentionalAggregation(nn.Linear(H, 1))),
+            ("gin", "hetero", "mean"), ("graph_mean", "moduledict", "mean_kept")):
+        fast = convert(Encoder(conv, container, "layernorm"), GRAPH, readout=readout)
         x = torch.randn(N, F_IN, requires_grad=True)
         plan = fast.plan(DELETED, N)
         with Watch():
-            out = fast._readout(fast._execute(x, plan), plan)
+            out = fast._run(x, plan)
             out.sum().backward()
+    assert "pooled" in fast.explain(DELETED)  # the last case's tail is pooled
     assert Watch.seen == []
 
 

@@ -23,6 +23,7 @@ from torch_geometric.nn import GCNConv, GINConv, GraphConv, HeteroConv, MessageP
 from torch_geometric.nn.aggr import Aggregation
 
 from ..results.floor import ConvertFloor, FloorPart
+from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import MODE_DEPENDENT, ConvertError, check_graph, conv_kind, per_node_problem, trace
 from .compiled import kernels
 from .corrections import validate_deleted
@@ -85,6 +86,13 @@ def _reach(e: _Edges, rows: torch.Tensor, flat: torch.Tensor,
     if lowered is not None:
         out.numpy()[e.receivers(lowered).numpy()] = True
     return out.view(b, n)
+
+
+def _kept_degree(plan, e: _Edges) -> torch.Tensor:
+    """``[B, N]``: each gene's kept in-degree per sample on ``e`` (counted once per edge type)."""
+    if e.key not in plan.kept_degree:
+        plan.kept_degree[e.key] = (e.deg.unsqueeze(0) - e.lost(plan.keep)) * plan.keep
+    return plan.kept_degree[e.key]
 
 
 def _ptr(counts: torch.Tensor) -> torch.Tensor:
@@ -178,6 +186,14 @@ class _ConvPlan:
     mean: bool = False  # mean aggregation
     grouped: bool = False  # its aggregation comes from its group's products (_plan_groups)
     changed_entries: int = 0  # the kept in-edges of the rows that differ, per batch (the floor)
+
+
+@dataclass
+class _PooledPlan:
+    """A module of the pooled tail (:mod:`.convert_pool`): its rows are never computed."""
+
+    node: fx.Node
+    edges: _Edges | None  # a conv's edge type
 
 
 class _Plan:
@@ -278,12 +294,20 @@ class ConvertedEncoder(nn.Module):
         keep[b_idx[d >= 0], d[d >= 0]] = False
         plan = _Plan(keep)
         edges = self.edges(n)
+        tail = self._tail(self.encoder.training)
         for node in self._graph(self.encoder.training).nodes:
+            if node in tail:
+                plan.rows[node] = None
+                self._plan_pooled_node(node, plan, edges)
+                continue
             plan.rows[node] = self._plan_node(node, plan, edges)
             if node.op == "output":
                 out = node.args[0]
-                self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
-                                                    else out])
+                if tail:
+                    self._plan_pooled_readout(plan, tail)
+                else:
+                    self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
+                                                        else out])
         _plan_groups(plan)
         self._state["plan"] = (key, plan)
         return plan
@@ -342,6 +366,51 @@ class ConvertedEncoder(nn.Module):
         plan.put(("flat", id(rows)), rows.flat % plan.num_nodes)
         return rows
 
+    def _tail(self, training: bool) -> set:
+        """The pooled tail's fx nodes (:mod:`.convert_pool`; none without a weighted-sum
+        readout)."""
+        key = ("tail", training)
+        if key not in self._device_graph:
+            self._device_graph[key] = set() if self.readout_kind not in POOLED_READOUTS else \
+                tail_nodes(self._graph(training), self._named, self._kind_of)
+        return self._device_graph[key]
+
+    def _kind_of(self, m: nn.Module, path: str) -> type:
+        return conv_kind(m, path, self.register)
+
+    def _plan_pooled_node(self, node: fx.Node, plan: _Plan, edges: dict) -> None:
+        """A tail node's plan: its place in :meth:`explain` and, for a conv, its edge type's kept
+        in-degrees (a mean's divisor)."""
+        if node.op != "call_module":
+            return
+        m = self._named[node.target]
+        e = None
+        if isinstance(m, MessagePassing):
+            e = edges[plan.rows[node.args[1]][1]]
+            _kept_degree(plan, e)
+            if e.key not in plan.kept_edges:
+                plan.kept_edges[e.key] = int(plan.kept_degree[e.key].sum())
+        plan.order.append((node.target, type(m).__name__, _PooledPlan(node, e)))
+
+    def _plan_pooled_readout(self, plan: _Plan, tail: set) -> None:
+        """The host indexes of the pooled readout: the readout's weights ``W`` ``[B, N]`` (zero at
+        deleted genes), and per tail input its changed rows' genes, samples and flat rows."""
+        keep = plan.keep.double()
+        scale = {"mean": 1.0 / plan.num_nodes, "sum_kept": 1.0}.get(self.readout_kind)
+        plan.put(("w0",), keep * scale if scale is not None else
+                 keep / plan.keep.sum(1, keepdim=True).clamp(min=1))
+        plan.put(("keepf",), keep)
+        for key, cnt in plan.kept_degree.items():
+            plan.put(("inv_cnt", key), 1.0 / cnt.double().clamp(min=1))
+        for node in tail:
+            for a in node.all_input_nodes:
+                rows = plan.rows.get(a)
+                if a in tail or not isinstance(rows, _Rows) or rows.dense:
+                    continue
+                plan.put(("leaf", id(rows), "n"), rows.flat % plan.num_nodes)
+                plan.put(("leaf", id(rows), "b"), rows.flat // plan.num_nodes)
+                plan.put(("leaf", id(rows), "f"), rows.flat)
+
     def _plan_readout(self, plan: _Plan, rows: _Rows) -> None:
         """The readout's host indexes (see :meth:`_readout`)."""
         n = plan.num_nodes
@@ -364,9 +433,7 @@ class ConvertedEncoder(nn.Module):
             raise ConvertError(f"{_name(plan.convs[(path, e.key)])} is called twice on one edge "
                                "type; give each call its own conv module")
         keep, (b, n) = plan.keep, plan.keep.shape
-        if e.key not in plan.kept_degree:  # [B, N] kept in-degree per sample, once per type
-            plan.kept_degree[e.key] = (e.deg.unsqueeze(0) - e.lost(keep)) * keep
-        cnt = plan.kept_degree[e.key]
+        cnt = _kept_degree(plan, e)
         gcn_norm = kind is GCNConv and m.normalize
         if gcn_norm:  # a deletion's receivers lose degree: their out-neighbours change too
             lowered = ((cnt != e.deg.unsqueeze(0)) & keep).view(-1).nonzero().flatten()
@@ -434,9 +501,12 @@ class ConvertedEncoder(nn.Module):
         if x.dim() != 2:
             raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
         self._check_mode()
-        plan = self.plan(deleted, x.shape[0])
+        return self._run(x, self.plan(deleted, x.shape[0]))
+
+    def _run(self, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
+        """The planned batch's output (a pooled tail's readout comes out of the execution)."""
         out = self._execute(x, plan)
-        return self._readout(out, plan)
+        return out if isinstance(out, torch.Tensor) else self._readout(out, plan)
 
     def _check_mode(self) -> None:
         """Refuse, in the encoder's current mode, what mixes rows only in train mode."""
@@ -454,8 +524,13 @@ class ConvertedEncoder(nn.Module):
         dev = x.device
         graph_dev = self._graph_on(dev)
         sums = self._sums(self.encoder.training)
+        tail = self._tail(self.encoder.training)
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
+            if node in tail:
+                continue
+            if node.op == "output" and tail:
+                return self._pooled_readout(output_value(node.graph), tail, env, plan, dev)
             if node.op == "placeholder":
                 if isinstance(rows, _Rows):
                     env[node] = _Val(x, x.new_zeros(rows.count, x.shape[1]), rows)
@@ -702,6 +777,52 @@ class ConvertedEncoder(nn.Module):
             return (fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick))
         return _Val(_call(node, *part("wt")), _call(node, *part("values")), rows)
 
+    def _pooled_readout(self, out: fx.Node, tail: set, env: dict, plan: _Plan, dev):
+        """``[B, H]``: the weighted-sum readout of the tail's output, from the tail's inputs."""
+        b, n = plan.keep.shape
+        diffs: dict = {}
+
+        def leaf(v, w):
+            if not isinstance(v, _Val):
+                raise ConvertError("the pooled readout reads a value that is not per gene")
+            base = w @ v.wt
+            if v.rows.dense:
+                return torch.bmm(w.unsqueeze(1), v.values.view(b, n, -1)).squeeze(1)
+            if not v.rows.count:
+                return base
+            k = ("leaf", id(v.rows))
+            if id(v) not in diffs:
+                diffs[id(v)] = (v, v.values - v.wt.index_select(0, plan.dev(k + ("n",), None, dev)))
+            wv = w.reshape(-1).index_select(0, plan.dev(k + ("f",), None, dev)).unsqueeze(1)
+            return base.index_add(0, plan.dev(k + ("b",), None, dev), diffs[id(v)][1] * wv)
+
+        def spread(node, w):
+            m = self._named[node.target]
+            key = plan.rows[node.args[1]][1]
+            e = self.edges(n)[key]
+            if m.aggr == "mean":
+                w = w * plan.dev(("inv_cnt", key), None, dev).to(w.dtype)
+            at, a = self._transposed(e, dev, w.dtype)
+            return _SpMM.apply(w.t().contiguous(), at, a).t() * \
+                plan.dev(("keepf",), None, dev).to(w.dtype)
+
+        dtype = next(v.wt.dtype for v in env.values() if isinstance(v, _Val))
+        pooler = Pooler(tail, self._named, self._kind_of, env, leaf, spread)
+        res = pooler.pool(out, plan.dev(("w0",), None, dev).to(dtype))
+        for node, width in pooler.widths.items():
+            self._widths[(node.target, plan.rows[node.args[1]][1])] = int(width)
+        return res
+
+    def _transposed(self, e: _Edges, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A^T, A)`` of an edge type as CSR (``A^T``'s rows are the sources), cached."""
+        key = ("adjT", id(e), dev, dtype)
+        if key not in self._device_graph:
+            n = e.num_nodes
+            src = torch.repeat_interleave(torch.arange(n), e.out_ptr[1:] - e.out_ptr[:-1])
+            self._device_graph[key] = _csr_pair(src, e.out_dst, torch.ones(src.numel(),
+                                                dtype=torch.float64), n, n, dev, dtype)
+        return self._device_graph[key]
+
     def _readout(self, out: _Val, plan: _Plan) -> torch.Tensor:
         b, n = plan.keep.shape
         dev = out.wt.device
@@ -740,6 +861,12 @@ class ConvertedEncoder(nn.Module):
                 form = "dense" if what.rows_out.dense else "delta"
                 rows, reads = what.rows_out.changed.sum().item() / b, f"{what.entries / b:.1f}"
                 name = _name(what)
+            elif isinstance(what, _PooledPlan):
+                name = path if what.edges is None else _name_of(path, what.edges.key)
+                reads = "" if what.edges is None else \
+                    f"{plan.kept_edges[what.edges.key] / b:.1f}"
+                lines.append(f"  {name:<34} {cls:<10} {'pooled':<8} {'-':>7} / {n:<4}{reads:>14}")
+                continue
             else:
                 form, rows, reads, name = "per-node", what.changed.sum().item() / b, "", path
             lines.append(f"  {name:<34} {cls:<10} {form:<8} {rows:>7.1f} / {n:<4}{reads:>14}")
@@ -749,6 +876,10 @@ class ConvertedEncoder(nn.Module):
                      "  no layer changes every gene")
         lines.append("  (changed rows: those that differ from the wildtype, whichever form "
                      "computes them)")
+        if any(isinstance(w, _PooledPlan) for _, _, w in plan.order):
+            lines.append("  (pooled: affine before the readout, so the readout sums its input "
+                         "rows with weights spread along the kept edges (in-edges read: those "
+                         "edges); its own rows are never computed)")
         return "\n".join(lines)
 
     def _seen_nodes(self) -> int:
@@ -782,6 +913,8 @@ class ConvertedEncoder(nn.Module):
                 wt_bytes += wsp[1] + wde[1]
                 if all_from is None and bool(what.rows_out.changed.all()):
                     all_from = name
+            elif isinstance(what, _PooledPlan):
+                sp, de, name = self._pooled_floor(path, what, plan)
             else:
                 m = self._named[path]
                 macs = _row_macs(m, None)
@@ -799,6 +932,18 @@ class ConvertedEncoder(nn.Module):
         return ConvertFloor(batch_size=b, num_nodes=plan.num_nodes, parts=parts,
                             all_changed_from=all_from, all_changed_macs=after / b)
 
+    def _pooled_floor(self, path: str, what: _PooledPlan, plan: _Plan):
+        """(sparse, dense, name) of a pooled tail module per batch: a conv spreads the weights
+        along the kept edges (width 1) and sums its input rows with them; a linear map acts on
+        the B pooled rows."""
+        b, n = plan.keep.shape
+        if what.edges is None:
+            return (0.0, 0.0), _dense(float(b), 1, _row_macs(self._named[path], None)), path
+        key = what.edges.key
+        width = self._widths.get((path, key), 0)
+        sp = _sparse(plan.kept_edges[key], 1, b * n, b * n)
+        return sp, _dense(float(b * n), width, 1), _name_of(path, key)
+
     def _conv_module(self, path: str, key) -> nn.Module:
         if path in self._named:
             return self._named[path]
@@ -813,9 +958,13 @@ def _key(key) -> str:
 
 def _name(cp: _ConvPlan) -> str:
     """``path[relation]`` of a conv and edge type (the path alone for one edge_index)."""
-    if cp.edges.key is None or cp.path.endswith("]") or _key(cp.edges.key) in cp.path:
-        return cp.path
-    return f"{cp.path}[{_key(cp.edges.key)}]"
+    return _name_of(cp.path, cp.edges.key)
+
+
+def _name_of(path: str, key) -> str:
+    if key is None or path.endswith("]") or _key(key) in path:
+        return path
+    return f"{path}[{_key(key)}]"
 
 
 def _ph_index(node: fx.Node) -> int:
