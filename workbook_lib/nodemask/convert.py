@@ -185,6 +185,7 @@ class _ConvPlan:
     src: object = None  # the fx node of its input: the convs reading one value share products
     mean: bool = False  # mean aggregation
     grouped: bool = False  # its aggregation comes from its group's products (_plan_groups)
+    dense_group: bool = False  # dense, its aggregation from its dense group's one product
     changed_entries: int = 0  # the kept in-edges of the rows that differ, per batch (the floor)
 
 
@@ -211,6 +212,7 @@ class _Plan:
         self.kept_degree: dict = {}  # per edge type
         self.kept_edges: dict = {}  # per edge type
         self.groups: dict = {}  # input fx node -> (conv plans, row sizes): one product each
+        self.dense_groups: dict = {}  # input fx node -> the dense convs reading it
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -630,6 +632,8 @@ class ConvertedEncoder(nn.Module):
         kind, h = cp.kind, cp.host
         if cp.grouped:
             return self._run_grouped(cp, m, vin, plan, dev)
+        if cp.dense_group:
+            return self._run_dense_grouped(cp, m, vin, plan, dev)
         wt = self._wildtype_conv(cp, m, vin.wt, dev)
         k = (cp.path, cp.edges.key)
         gcn = kind is GCNConv
@@ -693,23 +697,55 @@ class ConvertedEncoder(nn.Module):
         return _Val(_finish(cp.kind, m, wts[i], vin.wt),
                     _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1]), cp.rows_out)
 
+    def _run_dense_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan,
+                           dev) -> _Val:
+        """A dense conv (not GCN) whose aggregation, with its dense group's, is one sparse
+        product over every sample at once: ``[T * N, N]`` stacked adjacency times the input with
+        its deleted rows zeroed, gene-major ``[N, B * F]``; then each row scaled by whether it is
+        kept (a deleted gene receives nothing) and, for a mean, by its kept in-degree."""
+        key = ("dense", cp.src)
+        grouped = self._state["grouped"]
+        if key not in grouped:
+            cps = plan.dense_groups[cp.src]
+            b, n = plan.keep.shape
+            full = _full(vin, plan, dev)  # [B, N, F]
+            f, dtype = full.shape[-1], full.dtype
+            keep = plan.dev(("keep_bn1",), None, dev).to(dtype)
+            xt = (full * keep).transpose(0, 1).reshape(n, b * f)
+            a, at = self._stack([c.edges for c in cps], [False] * len(cps), dev, dtype)
+            scale = plan.dev(("dscale", id(cp.src)), None, dev).to(dtype)  # [T, N, B, 1]
+            agg = (_SpMM.apply(xt, a, at).view(len(cps), n, b, f) * scale)
+            agg = agg.permute(0, 2, 1, 3).reshape(len(cps), b * n, f)
+            wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype))
+            grouped[key] = (wt.split(n), agg.unbind(0), full.reshape(b * n, f),
+                            {id(c): i for i, c in enumerate(cps)})
+        wts, aggs, self_x, at = grouped[key]
+        i = at[id(cp)]
+        self._widths[(cp.path, cp.edges.key)] = int(aggs[i].shape[-1])
+        return _Val(_finish(cp.kind, m, wts[i], vin.wt), _finish(cp.kind, m, aggs[i], self_x),
+                    cp.rows_out)
+
     def _wildtype_stack(self, cps: list, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The convs' stacked wildtype aggregations (CSR ``[len(cps) * N, N]``) and transpose."""
-        key = ("stack", tuple((id(c.edges), c.mean) for c in cps), dev, dtype)
+        return self._stack([c.edges for c in cps], [c.mean for c in cps], dev, dtype)
+
+    def _stack(self, edges: list, means: list, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """CSR ``[len(edges) * N, N]``: the edge types' adjacencies stacked (a mean's rows divided
+        by the wildtype in-degree), and its transpose; made once per graph."""
+        key = ("stack", tuple(id(e) for e in edges), tuple(means), dev, dtype)
         if key not in self._device_graph:
             rows, cols, vals, off = [], [], [], 0
-            for c in cps:
-                e = c.edges
+            for e, mean in zip(edges, means):
                 n = e.num_nodes
                 cnt = e.in_ptr[1:] - e.in_ptr[:-1]
                 rows.append(torch.repeat_interleave(torch.arange(n), cnt) + off)
                 cols.append(e.in_src)
                 w = torch.ones(e.in_src.numel(), dtype=torch.float64)
-                if c.mean:
+                if mean:
                     w = w / torch.repeat_interleave(cnt.clamp(min=1).double(), cnt)
                 vals.append(w)
                 off += n
-            n = cps[0].edges.num_nodes
+            n = edges[0].num_nodes
             self._device_graph[key] = _csr_pair(torch.cat(rows), torch.cat(cols),
                                                 torch.cat(vals), off, n, dev, dtype)
         return self._device_graph[key]
@@ -1061,6 +1097,19 @@ def _plan_groups(plan: _Plan) -> None:
         plan.groups[src] = (cps, sizes)
         for cp in cps:
             cp.grouped = True
+    dense: dict = {}
+    for cp in plan.convs.values():
+        if cp.src is not None and cp.kind is not GCNConv and cp.rows_out.dense:
+            dense.setdefault(cp.src, []).append(cp)
+    keep = plan.keep.double()
+    if dense:
+        plan.put(("keep_bn1",), keep.unsqueeze(-1))
+    for src, cps in dense.items():
+        scale = torch.stack([keep * (cp.host["inv_cnt"] if cp.mean else 1.0) for cp in cps])
+        plan.put(("dscale", id(src)), scale.permute(0, 2, 1).contiguous().unsqueeze(-1))
+        plan.dense_groups[src] = cps
+        for cp in cps:
+            cp.dense_group = True
 
 
 class _Pick(torch.autograd.Function):
@@ -1120,9 +1169,10 @@ def _plan_to_rows(plan: _Plan, src: _Rows, dst: _Rows) -> None:
 
 
 def _plan_full(plan: _Plan, rows: _Rows) -> None:
-    """The host index :func:`_full` reads (none for dense rows)."""
+    """The host indexes :func:`_full` reads (none for dense rows)."""
     if not rows.dense:
-        _put_pick(plan, ("full", id(rows)), rows.lookup(torch.arange(plan.keep.numel())))
+        plan.put(("full", id(rows), "flat"), rows.flat)
+        plan.put(("full", id(rows), "gene"), rows.flat % plan.num_nodes)
 
 
 def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
@@ -1130,7 +1180,31 @@ def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
     b, n = plan.keep.shape
     if v.rows.dense:
         return v.values.view(b, n, -1)
-    return _pick(v, ("full", id(v.rows)), plan, dev).view(b, n, -1)
+    k = ("full", id(v.rows))
+    return _Full.apply(v.wt, v.values, plan.dev(k + ("flat",), None, dev),
+                       plan.dev(k + ("gene",), None, dev), b).view(b, n, -1)
+
+
+class _Full(torch.autograd.Function):
+    """``[B * N, H]``: ``wt`` repeated per sample, its changed rows ``flat`` (genes ``gene``)
+    replaced by ``values``: a sequential copy and R row writes, where picking every row gathers
+    B * N; the backward sums the samples' gradients for ``wt`` less those of the changed rows."""
+
+    @staticmethod
+    def forward(ctx, wt, values, flat, gene, b):
+        ctx.save_for_backward(flat, gene)
+        ctx.b = b
+        out = wt.unsqueeze(0).expand(b, -1, -1).reshape(-1, wt.shape[1])
+        return out.index_copy_(0, flat, values)
+
+    @staticmethod
+    def backward(ctx, g):
+        flat, gene = ctx.saved_tensors
+        gv = g.index_select(0, flat)
+        gw = None
+        if ctx.needs_input_grad[0]:
+            gw = g.view(ctx.b, -1, g.shape[1]).sum(0).index_add_(0, gene, gv, alpha=-1)
+        return gw, gv, None, None, None
 
 
 def _finish(kind: type, m: nn.Module, agg: torch.Tensor, x_self: torch.Tensor) -> torch.Tensor:
