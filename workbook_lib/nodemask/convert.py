@@ -88,6 +88,49 @@ def _reach(e: _Edges, rows: torch.Tensor, flat: torch.Tensor,
     return out.view(b, n)
 
 
+def _kept_out(plan, e: _Edges) -> np.ndarray:
+    """``[B, N]``: each gene's out-edges to kept genes per sample on ``e`` (once per type)."""
+    key = ("kept_out", e.key)
+    if key not in plan.index:
+        b, n = plan.keep.shape
+        gone = (~plan.keep).view(-1).nonzero().flatten().numpy()
+        pos, owner = (t.numpy() for t in _expand(e.in_ptr, torch.from_numpy(gone % n)))
+        lost = np.bincount((gone // n)[owner] * n + e.in_src.numpy()[pos], minlength=b * n)
+        outdeg = np.diff(e.out_ptr.numpy())
+        plan.index[key] = (outdeg[None, :] - lost.reshape(b, n))
+    return plan.index[key]
+
+
+def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tensor,
+               cnt: torch.Tensor, mean: bool) -> dict:
+    """The push form of a delta conv over ``cat([wildtype, D])``, ``D`` the changed input rows
+    less their wildtype: per output row, its changed (kept) in-neighbours' ``D`` and its deleted
+    in-neighbours' wildtype negated (``push``: COO rows, columns, values), its own input
+    (``self``: the wildtype row, plus ``D`` where it changed), and the factor of its wildtype
+    aggregation (``gfac``: 0 for a deleted gene; a mean's ``deg / kept deg``). Its work is the
+    changed inputs' out-edges, where pulling reads every in-edge of every changed row."""
+    b, n = keep.shape
+    keep_np = keep.numpy().reshape(-1)
+    f_in = rows_in.flat.numpy()
+    pos, owner = (t.numpy() for t in _expand(e.out_ptr, torch.from_numpy(f_in % n)))
+    src = f_in[owner]
+    tgt = (src // n) * n + e.out_dst.numpy()[pos]
+    ok = keep_np[tgt]
+    src, tgt, owner = src[ok], tgt[ok], owner[ok]
+    gone = ~keep_np[src]
+    col = np.where(gone, src % n, n + owner)
+    cnt_np = cnt.numpy().reshape(-1).astype(np.float64)
+    val = np.where(gone, -1.0, 1.0)
+    q = rows_out.flat.numpy()
+    if mean:
+        val = val / np.maximum(cnt_np[tgt], 1.0)
+    gfac = keep_np[q].astype(np.float64)
+    if mean:
+        gfac = gfac * e.deg.numpy()[q % n] / np.maximum(cnt_np[q], 1.0)
+    return {"push": (rows_out.pos[tgt], col, val), "genes": q % n,
+            "self_in": rows_in.pos[q], "gfac": gfac}
+
+
 def _kept_degree(plan, e: _Edges) -> torch.Tensor:
     """``[B, N]``: each gene's kept in-degree per sample on ``e`` (counted once per edge type)."""
     if e.key not in plan.kept_degree:
@@ -455,7 +498,10 @@ class ConvertedEncoder(nn.Module):
         kept_edges = plan.kept_edges[e.key]
         delta_rows = _Rows(mask)
         cnt_np = cnt.numpy().reshape(-1)
-        entries = int(cnt_np[delta_rows.flat.numpy()].sum())
+        entries = int(cnt_np[delta_rows.flat.numpy()].sum())  # the pull: changed rows' in-edges
+        push = kind is not GCNConv and src is not None  # the push: changed inputs' out-edges
+        if push and not rows_in.dense:
+            entries = int(_kept_out(plan, e).reshape(-1)[rows_in.flat.numpy()].sum())
         dense = rows_in.dense or (entries + delta_rows.count) > DENSE_SHARE * (kept_edges + b * n)
         fill = 2.0 if getattr(m, "improved", False) else 1.0
         dinv = (cnt.double() + fill).pow(-0.5) if kind is GCNConv else None
@@ -466,6 +512,9 @@ class ConvertedEncoder(nn.Module):
             host = {"keep": keep.double(), "inv_cnt": 1.0 / cnt.double().clamp(min=1),
                     "dinv": dinv, "fill": fill}
             entries = kept_edges
+        elif push:
+            rows_out = delta_rows
+            host = _push_host(e, rows_in, rows_out, keep, cnt, aggr_mean)
         else:
             rows_out = delta_rows
             q = rows_out.flat
@@ -487,8 +536,12 @@ class ConvertedEncoder(nn.Module):
                 host["weight"] = dinv[qb, j] * dinv[qb, qn]
                 host["self_coef"] = fill * dinv.view(-1)[q].pow(2)
         cp = _ConvPlan(path, kind, e, rows_in, rows_out, entries, host, src, aggr_mean)
-        cp.changed_entries = entries if not dense else \
-            int(cnt_np[np.flatnonzero(changed.numpy())].sum())
+        if dense:  # the fewer of pulling the rows that differ and pushing the inputs that do
+            pull = int(cnt_np[np.flatnonzero(changed.numpy())].sum())
+            cp.changed_entries = pull if not push else min(pull, int(_kept_out(plan, e).reshape(
+                -1)[np.flatnonzero(rows_in.changed.numpy())].sum()))
+        else:
+            cp.changed_entries = entries
         plan.convs[(path, e.key)] = cp
         plan.order.append((path, kind.__name__, cp))
         return rows_out
@@ -676,26 +729,30 @@ class ConvertedEncoder(nn.Module):
         return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
 
     def _run_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
-        """A delta conv whose aggregation comes from its group's two stacked products (wildtype,
-        and changed rows with their own rows)."""
+        """A delta conv whose aggregation comes from its group's two stacked products: the
+        wildtype's, and the push and own rows over ``cat([wildtype, D])`` (:func:`_push_host`)."""
         key = cp.src
         grouped = self._state["grouped"]
+        g = ("g", id(key))
         if key not in grouped:
             cps, sizes = plan.groups[key]
             wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
-            g = ("g", id(key))
             a, at = (torch.sparse_csr_tensor(
                 plan.dev(g + (t, "crow"), None, dev), plan.dev(g + (t, "col"), None, dev),
                 plan.dev(g + (t, "val"), None, dev).to(vin.wt.dtype),
                 plan.index[g + (t, "shape")], check_invariants=False) for t in ("a", "at"))
-            delta = _SpMM.apply(vin.table(), a, at)
+            d = vin.values - vin.wt.index_select(0, plan.dev(g + ("genes_in",), None, dev))
+            delta = _SpMM.apply(torch.cat([vin.wt, d]), a, at)
             grouped[key] = (wt.split(vin.wt.shape[0]), delta.split(sizes),
-                                      {id(c): i for i, c in enumerate(cps)})
+                            {id(c): i for i, c in enumerate(cps)})
         wts, deltas, at = grouped[key]
         i = at[id(cp)]
+        k = g + (cp.path, cp.edges.key)
+        agg = deltas[2 * i] + wts[i].index_select(0, plan.dev(k + ("genes",), None, dev)) * \
+            plan.dev(k + ("gfac",), None, dev).to(vin.wt.dtype)
         self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
         return _Val(_finish(cp.kind, m, wts[i], vin.wt),
-                    _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1]), cp.rows_out)
+                    _finish(cp.kind, m, agg, deltas[2 * i + 1]), cp.rows_out)
 
     def _run_dense_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan,
                            dev) -> _Val:
@@ -1061,39 +1118,44 @@ def _csr_pair(rows, cols, vals, nrows: int, ncols: int, dev, dtype=None):
 
 def _plan_groups(plan: _Plan) -> None:
     """Group the delta convs (not GCN) by the fx node they read: per group, the host CSR of each
-    conv's changed rows' in-edges and own rows over ``cat([wildtype, values])``, and transpose."""
+    conv's push and own rows over ``cat([wildtype, D])`` (:func:`_push_host`) and its transpose,
+    and each value's changed rows' genes (for ``D``); the dense convs likewise, for one product."""
     groups: dict = {}
     for cp in plan.convs.values():
         if cp.src is not None and cp.kind is not GCNConv and not cp.rows_out.dense:
             groups.setdefault(cp.src, []).append(cp)
     n = plan.num_nodes
+    sel = kernels().selection
     for src, cps in groups.items():
-        ncol = n + cps[0].rows_in.count
+        rows_in = cps[0].rows_in
+        ncol = n + rows_in.count
         rows, cols, vals, sizes, off = [], [], [], [], 0
         for cp in cps:
             h, c = cp.host, cp.rows_out.count
-            crow = h["crow"].numpy()
-            rows += [np.repeat(np.arange(off, off + c, dtype=np.int64), np.diff(crow)),
-                     np.arange(off + c, off + 2 * c, dtype=np.int64)]
-            cols += [h["src"].numpy(), h["self_idx"].numpy()]
-            vals += [h["weight"].numpy() if "weight" in h else np.ones(h["src"].numel()),
-                     np.ones(c)]
+            r, cc, v = h["push"]
+            idx = np.arange(c, dtype=np.int64)
+            has = h["self_in"] >= 0
+            rows += [r + off, idx + off + c, idx[has] + off + c]
+            cols += [cc, h["genes"], n + h["self_in"][has]]
+            vals += [v, np.ones(c), np.ones(int(has.sum()))]
             sizes += [c, c]
+            k = ("g", id(src), cp.path, cp.edges.key)
+            plan.put(k + ("genes",), torch.from_numpy(h["genes"]))
+            plan.put(k + ("gfac",), torch.from_numpy(h["gfac"]).unsqueeze(1))
             off += 2 * c
         r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-        tcrow, order = kernels().selection(c, ncol)  # the transpose: a counting sort by column
+        crow, order = sel(r, off)  # by row (a counting sort), then the transpose by column
+        c, v = c[order], v[order]
+        r = np.repeat(np.arange(off, dtype=np.int64), np.diff(crow))
+        tcrow, torder = sel(c, ncol)
         g = ("g", id(src))
-        for t, (rr, cc, vv, shape) in (("a", (r, c, v, (off, ncol))),
-                                       ("at", (None, r[order], v[order], (ncol, off)))):
-            if rr is None:
-                crow = tcrow.astype(np.int64)
-            else:
-                crow = np.zeros(shape[0] + 1, dtype=np.int64)
-                np.cumsum(np.bincount(rr, minlength=shape[0]), out=crow[1:])
-            plan.put(g + (t, "crow"), torch.from_numpy(crow))
+        for t, (cr, cc, vv, shape) in (("a", (crow, c, v, (off, ncol))),
+                                       ("at", (tcrow, r[torder], v[torder], (ncol, off)))):
+            plan.put(g + (t, "crow"), torch.from_numpy(cr.astype(np.int64)))
             plan.put(g + (t, "col"), torch.from_numpy(np.ascontiguousarray(cc)))
             plan.put(g + (t, "val"), torch.from_numpy(np.ascontiguousarray(vv)))
             plan.index[g + (t, "shape")] = shape
+        plan.put(g + ("genes_in",), rows_in.flat % n)
         plan.groups[src] = (cps, sizes)
         for cp in cps:
             cp.grouped = True
