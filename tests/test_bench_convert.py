@@ -32,6 +32,16 @@ def test_the_converted_forms_are_exact(graph, aggr):
     assert errs["own_converted"] < 1e-5  # float32, the hand-written kernels' type
 
 
+def test_rel_error_reads_a_rounding_zero_reference_against_the_largest_value():
+    from workbook_lib.studies.mask_cost.convert_bench import rel_error
+    big, zero = torch.tensor([1.0, -4.0]), torch.tensor([3e-16])
+    assert rel_error([big, torch.tensor([4e-16])], [big, zero]) < 1e-12  # rounding: equal
+    assert rel_error([big, torch.tensor([1e-3])], [big, zero]) > 1e-4  # not rounding
+    # a small reference that is not zero keeps its own scale: off by itself is off by 100%
+    assert rel_error([big, torch.tensor([2e-3])], [big, torch.tensor([1e-3])]) == 1.0
+    assert rel_error([big * 1.001], [big]) == pytest.approx(1e-3)
+
+
 def test_the_masked_copies_are_the_per_sample_graphs(graph):
     """Sample b of the masked step equals the model run on graph_b alone (B = 1)."""
     from workbook_lib.studies.mask_cost.convert_bench import TorchCellModel

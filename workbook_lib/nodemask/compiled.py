@@ -21,6 +21,7 @@ class Kernels(NamedTuple):
     bwd_pool: Any
     corrections_host: Any
     selection: Any
+    csr_pair: Any
 
 
 _LOADED: Kernels | None = None
@@ -37,7 +38,7 @@ def kernels() -> Kernels:
         from . import numba_push as k
 
         _LOADED = Kernels(k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host,
-                          k.selection)
+                          k.selection, k.csr_pair)
     return _LOADED
 
 

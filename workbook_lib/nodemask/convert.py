@@ -1125,7 +1125,7 @@ def _plan_groups(plan: _Plan) -> None:
         if cp.src is not None and cp.kind is not GCNConv and not cp.rows_out.dense:
             groups.setdefault(cp.src, []).append(cp)
     n = plan.num_nodes
-    sel = kernels().selection
+    pair = kernels().csr_pair  # both orientations, by compiled counting sorts
     for src, cps in groups.items():
         rows_in = cps[0].rows_in
         ncol = n + rows_in.count
@@ -1143,17 +1143,14 @@ def _plan_groups(plan: _Plan) -> None:
             plan.put(k + ("genes",), torch.from_numpy(h["genes"]))
             plan.put(k + ("gfac",), torch.from_numpy(h["gfac"]).unsqueeze(1))
             off += 2 * c
-        r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-        crow, order = sel(r, off)  # by row (a counting sort), then the transpose by column
-        c, v = c[order], v[order]
-        r = np.repeat(np.arange(off, dtype=np.int64), np.diff(crow))
-        tcrow, torder = sel(c, ncol)
+        crow, c, v, tcrow, tc, tv = pair(np.concatenate(rows), np.concatenate(cols),
+                                         np.concatenate(vals).astype(np.float64), off, ncol)
         g = ("g", id(src))
         for t, (cr, cc, vv, shape) in (("a", (crow, c, v, (off, ncol))),
-                                       ("at", (tcrow, r[torder], v[torder], (ncol, off)))):
-            plan.put(g + (t, "crow"), torch.from_numpy(cr.astype(np.int64)))
-            plan.put(g + (t, "col"), torch.from_numpy(np.ascontiguousarray(cc)))
-            plan.put(g + (t, "val"), torch.from_numpy(np.ascontiguousarray(vv)))
+                                       ("at", (tcrow, tc, tv, (ncol, off)))):
+            plan.put(g + (t, "crow"), torch.from_numpy(cr))
+            plan.put(g + (t, "col"), torch.from_numpy(cc))
+            plan.put(g + (t, "val"), torch.from_numpy(vv))
             plan.index[g + (t, "shape")] = shape
         plan.put(g + ("genes_in",), rows_in.flat % n)
         plan.groups[src] = (cps, sizes)

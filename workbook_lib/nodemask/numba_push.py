@@ -381,3 +381,38 @@ def corrections_host(deleted, ptr, slot, n, t, sends, in_ptr, in_slot):  # pragm
     return (pair_sample, pair_gene, is_del, entry_slot, e_gene, pair_out, changed_slot,
             pair_ptr, entries, source_gene, source_index, deleted_pair, deleted_gene, msg_pair,
             msg_index, type_counts, pool_drop, entry_msg, entry_pair, msg_crow, msg_col)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def csr_pair(r, c, v, nrows, ncols):  # pragma: no cover - jitted
+    """CSR ``[nrows, ncols]`` of the COO entries ``(r, c, v)`` and of its transpose, by two
+    stable counting sorts (by row, then those by column): ``(crow, col, val, tcrow, tcol,
+    tval)``, int64 pointers and indices, float64 values."""
+    m = r.shape[0]
+    crow = np.zeros(nrows + 1, dtype=np.int64)
+    tcrow = np.zeros(ncols + 1, dtype=np.int64)
+    for i in range(m):
+        crow[r[i] + 1] += 1
+        tcrow[c[i] + 1] += 1
+    for i in range(nrows):
+        crow[i + 1] += crow[i]
+    for i in range(ncols):
+        tcrow[i + 1] += tcrow[i]
+    fill = crow[:-1].copy()
+    col = np.empty(m, dtype=np.int64)
+    val = np.empty(m, dtype=np.float64)
+    for i in range(m):
+        p = fill[r[i]]
+        col[p] = c[i]
+        val[p] = v[i]
+        fill[r[i]] = p + 1
+    tfill = tcrow[:-1].copy()
+    tcol = np.empty(m, dtype=np.int64)
+    tval = np.empty(m, dtype=np.float64)
+    for row in range(nrows):
+        for p in range(crow[row], crow[row + 1]):
+            q = tfill[col[p]]
+            tcol[q] = row
+            tval[q] = val[p]
+            tfill[col[p]] = q + 1
+    return crow, col, val, tcrow, tcol, tval
