@@ -3,8 +3,11 @@
 ``fast = convert(encoder, graph)``; ``fast(x, deleted)`` is, per sample ``b``,
 ``encoder(x_b, graph_b)`` (see :func:`convert`). The wildtype is computed once per call; per
 sample, each layer recomputes only its changed rows (flattened over the batch as (sample, gene)
-pairs) from their in-edges, or takes the dense form when counted work says so. Rows are planned
-on the host from ``deleted``, so a CUDA call reads nothing back.
+pairs): their wildtype aggregation plus what the changed inputs push along their out-edges (GCN,
+whose scale is per edge, pulls each changed row's in-edges), or takes the dense form (every
+sample in one product) when counted work says so. Modules after the last nonlinearity before a
+weighted-sum readout are pooled (:mod:`.convert_pool`). Rows are planned on the host from
+``deleted``, so a CUDA call reads nothing back.
 
 Hand-written (per-row forms of GIN, GraphConv, SAGE and GCN) because PyG computes every row of a
 graph, and the exact changed rows of a deletion are this library's subject.
@@ -30,8 +33,9 @@ from .corrections import validate_deleted
 from .floor import _dense, _sparse
 
 READOUTS = ("mean", "mean_kept", "sum_kept")
-# a layer takes the dense form when its delta form's counted work (in-edges read plus rows
-# computed) exceeds this share of the dense form's: a gathered entry costs about twice a CSR one
+# a layer takes the dense form when its delta form's counted work (edges read plus rows
+# computed) exceeds this share of the dense form's: the delta form's entries are scattered over
+# a table and each changed row adds a gather, where the dense form is one wide product
 DENSE_SHARE = 0.5
 
 
@@ -223,7 +227,7 @@ class _ConvPlan:
     edges: _Edges
     rows_in: _Rows
     rows_out: _Rows
-    entries: int  # in-edges read per batch (delta) or kept edges x samples (dense)
+    entries: int  # edges read per batch: pushed or pulled (delta), kept x samples (dense)
     host: dict  # index tensors: src, dst, weight, self_idx, self_coef (delta); keep, ... (dense)
     src: object = None  # the fx node of its input: the convs reading one value share products
     mean: bool = False  # mean aggregation
@@ -941,14 +945,16 @@ class ConvertedEncoder(nn.Module):
     # --- what a batch costs ----------------------------------------------------------------
 
     def explain(self, deleted: torch.Tensor) -> str:
-        """Per module, in forward order: its form (delta, dense or per-node), changed rows per
-        sample and, for a convolution, its edge type and in-edges read per sample."""
+        """Per module, in forward order: its form (delta, dense, per-node or pooled), changed rows
+        per sample and, for a convolution, its edge type and edges read per sample (delta: the
+        changed inputs' out-edges, or for GCN the changed rows' in-edges; dense: every kept
+        edge; pooled: the kept edges the readout's weights are spread along)."""
         plan = self.plan(deleted, self._seen_nodes())
         b, n = plan.keep.shape
         lines = [f"convert({type(self.encoder).__name__}): B={b} samples, N={n} genes, "
                  f"{len(self.graph_in)} edge type(s); per sample, mean over the batch",
                  f"  {'module[edge type]':<34} {'class':<10} {'form':<8} {'changed rows':>13} "
-                 f"{'in-edges read':>14}"]
+                 f"{'edges read':>14}"]
         for path, cls, what in plan.order:
             if isinstance(what, _ConvPlan):
                 form = "dense" if what.rows_out.dense else "delta"
@@ -971,8 +977,8 @@ class ConvertedEncoder(nn.Module):
                      "computes them)")
         if any(isinstance(w, _PooledPlan) for _, _, w in plan.order):
             lines.append("  (pooled: affine before the readout, so the readout sums its input "
-                         "rows with weights spread along the kept edges (in-edges read: those "
-                         "edges); its own rows are never computed)")
+                         "rows with weights spread along the kept edges; its own rows are never "
+                         "computed)")
         return "\n".join(lines)
 
     def _seen_nodes(self) -> int:
