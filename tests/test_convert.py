@@ -311,10 +311,12 @@ def test_explain_and_floor_name_every_layer_and_type():
     assert fast.floor(DELETED).all_changed_from is None
 
 
-def test_the_call_reads_nothing_back_from_the_device():
+@pytest.mark.parametrize("share", [0.0, convert_module.DENSE_SHARE])
+def test_the_call_reads_nothing_back_from_the_device(monkeypatch, share):
     """Every index is planned on the host before the forward runs: the forward and readout
     make no operation that needs a device-to-host read (item, nonzero, unique, a boolean
-    mask), as a CUDA step would sync on."""
+    mask), as a CUDA step would sync on; in the delta (push and pull), dense and pooled forms."""
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", share)
     syncing = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "is_nonzero")
 
     class Watch(TorchDispatchMode):
@@ -334,7 +336,8 @@ def test_the_call_reads_nothing_back_from_the_device():
         with Watch():
             out = fast._run(x, plan)
             out.sum().backward()
-    assert "pooled" in fast.explain(DELETED)  # the last case's tail is pooled
+    text = fast.explain(DELETED)  # the last case's tail is pooled, its first layer as `share`
+    assert "pooled" in text and ("dense" in text) == (share == 0.0)
     assert Watch.seen == []
 
 
