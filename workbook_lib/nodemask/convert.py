@@ -788,13 +788,14 @@ class ConvertedEncoder(nn.Module):
         if key not in grouped:
             cps, sizes = plan.groups[key]
             wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
-            a, at = (torch.sparse_csr_tensor(
-                plan.dev(g + (t, "crow"), None, dev), plan.dev(g + (t, "col"), None, dev),
-                plan.dev(g + (t, "val"), None, dev).to(vin.wt.dtype),
-                plan.index[g + (t, "shape")], check_invariants=False) for t in ("a", "at"))
+            a, *ats = (torch.sparse_csr_tensor(
+                plan.dev(t + ("crow",), None, dev), plan.dev(t + ("col",), None, dev),
+                plan.dev(t + ("val",), None, dev).to(vin.wt.dtype),
+                plan.index[t + ("shape",)], check_invariants=False)
+                for t in [g + ("a",)] + [g + ("at", i) for i in range(len(sizes))])
             d = vin.values - vin.wt.index_select(0, plan.dev(g + ("genes_in",), None, dev))
-            delta = _SpMM.apply(torch.cat([vin.wt, d]), a, at)
-            grouped[key] = (wt.split(vin.wt.shape[0]), delta.split(sizes),
+            delta = _SpMMParts.apply(torch.cat([vin.wt, d]), a, sizes, *ats)
+            grouped[key] = (wt.split(vin.wt.shape[0]), delta,
                             {id(c): i for i, c in enumerate(cps)})
         wts, deltas, at = grouped[key]
         i = at[id(cp)]
@@ -1165,6 +1166,30 @@ class _SpMM(torch.autograd.Function):
         return (_csr_mm(ctx.at, g) if ctx.needs_input_grad[0] else None), None, None
 
 
+class _SpMMParts(torch.autograd.Function):
+    """``(a @ x).split(sizes)`` for a CSR ``a`` with each row block's transpose given: the
+    backward adds each block's product with its gradient, where a split's backward first
+    concatenates the blocks' gradients into one (a copy of the whole output)."""
+
+    @staticmethod
+    def forward(ctx, x, a, sizes, *ats):
+        ctx.ats = ats
+        return tuple(_csr_mm(a, x).split(sizes))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        acc = None
+        if ctx.needs_input_grad[0]:
+            for at, g in zip(ctx.ats, grads):
+                if g is None:
+                    continue
+                if acc is None:
+                    acc = _csr_mm(at, g)
+                else:
+                    torch.addmm(acc, at, g.contiguous(), out=acc)
+        return (acc, None, None) + (None,) * len(ctx.ats)
+
+
 def _csr_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``a @ x`` written into a new buffer (``beta=0``), without ``torch.sparse.mm``'s CPU copy."""
     out = x.new_empty(a.shape[0], x.shape[1])
@@ -1196,29 +1221,36 @@ def _plan_groups(plan: _Plan) -> None:
     for src, cps in groups.items():
         rows_in = cps[0].rows_in
         ncol = n + rows_in.count
-        rows, cols, vals, sizes, off = [], [], [], [], 0
+        crows, cols, vals, sizes, nnz = [], [], [], [], 0
+        g = ("g", id(src))
         for cp in cps:
             h, c = cp.host, cp.rows_out.count
             r, cc, v = h["push"]
             idx = np.arange(c, dtype=np.int64)
             has = h["self_in"] >= 0
-            rows += [r + off, idx + off + c, idx[has] + off + c]
-            cols += [cc, h["genes"], n + h["self_in"][has]]
-            vals += [v, np.ones(c), np.ones(int(has.sum()))]
-            sizes += [c, c]
+            blocks = ((r, cc, v), (idx[has], n + h["self_in"][has], np.ones(int(has.sum()))))
+            blocks = (blocks[0], (np.concatenate([idx, blocks[1][0]]),
+                                  np.concatenate([h["genes"], blocks[1][1]]),
+                                  np.concatenate([np.ones(c), blocks[1][2]])))
+            for br, bc, bv in blocks:  # its pushed rows, then its own rows: one output each
+                crow, col, val, tcrow, tcol, tval = pair(br, bc, bv.astype(np.float64), c, ncol)
+                crows.append(crow[:-1] + nnz)
+                cols.append(col)
+                vals.append(val)
+                nnz += int(crow[-1])
+                b = g + ("at", len(sizes))
+                plan.put(b + ("crow",), torch.from_numpy(tcrow))
+                plan.put(b + ("col",), torch.from_numpy(tcol))
+                plan.put(b + ("val",), torch.from_numpy(tval))
+                plan.index[b + ("shape",)] = (ncol, c)
+                sizes.append(c)
             k = ("g", id(src), cp.path, cp.edges.key)
             plan.put(k + ("genes",), torch.from_numpy(h["genes"]))
             plan.put(k + ("gfac",), torch.from_numpy(h["gfac"]).unsqueeze(1))
-            off += 2 * c
-        crow, c, v, tcrow, tc, tv = pair(np.concatenate(rows), np.concatenate(cols),
-                                         np.concatenate(vals).astype(np.float64), off, ncol)
-        g = ("g", id(src))
-        for t, (cr, cc, vv, shape) in (("a", (crow, c, v, (off, ncol))),
-                                       ("at", (tcrow, tc, tv, (ncol, off)))):
-            plan.put(g + (t, "crow"), torch.from_numpy(cr))
-            plan.put(g + (t, "col"), torch.from_numpy(cc))
-            plan.put(g + (t, "val"), torch.from_numpy(vv))
-            plan.index[g + (t, "shape")] = shape
+        plan.put(g + ("a", "crow"), torch.from_numpy(np.concatenate(crows + [np.array([nnz])])))
+        plan.put(g + ("a", "col"), torch.from_numpy(np.concatenate(cols)))
+        plan.put(g + ("a", "val"), torch.from_numpy(np.concatenate(vals)))
+        plan.index[g + ("a", "shape")] = (sum(sizes), ncol)
         plan.put(g + ("genes_in",), rows_in.flat % n)
         plan.groups[src] = (cps, sizes)
         for cp in cps:
