@@ -1317,12 +1317,14 @@ def _to_rows(v: _Val, rows: _Rows, plan: _Plan, dev) -> _Val:
     """``v`` with its values at ``rows`` (a superset of its own rows)."""
     if v.rows is rows:
         return v
+    if v.rows.dense and rows.dense:  # every row, in the same order: nothing to pick
+        return _Val(v.wt, v.values, rows)
     return _Val(v.wt, _pick(v, ("to", id(v.rows), id(rows)), plan, dev), rows)
 
 
 def _plan_to_rows(plan: _Plan, src: _Rows, dst: _Rows) -> None:
     """The host index :func:`_to_rows` reads: ``src``'s table rows at ``dst``'s rows."""
-    if src is not dst:
+    if src is not dst and not (src.dense and dst.dense):
         _put_pick(plan, ("to", id(src), id(dst)), src.lookup(dst.flat))
 
 
