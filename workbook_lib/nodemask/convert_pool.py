@@ -60,7 +60,8 @@ def _scalar(a) -> bool:
 def tail_nodes(graph: fx.Graph, named: dict, kind_of) -> set:
     """The fx nodes of the pooled tail: affine nodes whose every user is in the tail or is the
     output (reverse topological order decides users first); empty unless the output is one
-    node. ``kind_of(module, path)``: the supported conv class of a module, or None."""
+    node. ``kind_of(module, path)``: the supported conv class a message-passing module computes
+    as (``convert_trace.conv_kind``; the graph is checked before)."""
     if output_value(graph) is None:
         return set()
     tail: set = set()
