@@ -346,6 +346,29 @@ def test_the_call_reads_nothing_back_from_the_device(monkeypatch, share):
     assert Watch.seen == []
 
 
+def test_a_plan_made_ahead_is_the_one_used_and_gives_the_same_result():
+    """plan_ahead plans in a thread; the call with the same deletions and mode uses that plan;
+    a bad batch is refused at once; a copy leaves the thread behind."""
+    import copy
+    torch.manual_seed(0)
+    enc = Encoder("graph_mean", "moduledict", "layernorm")
+    fast = convert(enc, GRAPH, readout="mean_kept")
+    x = torch.randn(N, F_IN)
+    want = fast(x, DELETED)
+    other = DELETED.flip(0)
+    fast.plan_ahead(other, N)
+    made = fast._state["ahead"][next(iter(fast._state["ahead"]))].result()
+    assert torch.allclose(fast(x, other), want.flip(0), rtol=1e-6, atol=1e-7)
+    assert fast._state["plan"][1] is made and not fast._state["ahead"]
+    enc.eval()  # another mode: another plan, not the one made in train mode
+    fast.plan_ahead(DELETED, N)
+    enc.train()
+    assert fast.plan(DELETED, N) is not fast._state["ahead"][next(iter(fast._state["ahead"]))]
+    with pytest.raises(ValueError, match="outside"):
+        fast.plan_ahead(torch.tensor([[N + 3, -1]]), N)
+    assert copy.deepcopy(fast)(x, DELETED).shape == want.shape
+
+
 def test_register_declares_an_equivalent_subclass():
     class MyGIN(GINConv):
         pass

@@ -15,6 +15,7 @@ graph, and the exact changed rows of a deletion are this library's subject.
 from __future__ import annotations
 
 import operator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,8 @@ READOUTS = ("mean", "mean_kept", "sum_kept")
 # computed) exceeds this share of the dense form's: the delta form's entries are scattered over
 # a table and each changed row adds a gather, where the dense form is one wide product
 DENSE_SHARE = 0.5
+# plans started by plan_ahead and not yet used, at most
+AHEAD = 4
 
 
 @dataclass
@@ -258,8 +261,8 @@ class _Plan:
     """The host plan of one batch (``keep`` ``[B, N]``, False at deleted genes): rows per fx node,
     one :class:`_ConvPlan` per conv and edge type."""
 
-    def __init__(self, keep: torch.Tensor):
-        self.keep = keep
+    def __init__(self, keep: torch.Tensor, training: bool = False):
+        self.keep, self.training = keep, training  # the encoder's mode it was planned in
         self.batch_size, self.num_nodes = keep.shape
         self.rows: dict = {}
         self.convs: dict[tuple, _ConvPlan] = {}
@@ -309,9 +312,18 @@ class ConvertedEncoder(nn.Module):
         self._graphs: dict[bool, fx.Graph] = {}
         self._named = dict(encoder.named_modules())
         self._graph(encoder.training)
-        self._state: dict = {"plan": None, "grouped": {}}  # (not module attributes: cheaper)
+        self._state: dict = {"plan": None, "grouped": {}, "ahead": {},  # (not module
+                             "pool": None}  # attributes: cheaper)
         self._widths: dict = {}
         self._device_graph: dict = {}
+
+    def __getstate__(self):
+        """Copies and pickles leave out the plans, the planning thread and the device caches
+        (sparse tensors, which do not copy; made again at the next call)."""
+        state = self.__dict__.copy()
+        state["_state"] = {"plan": None, "grouped": {}, "ahead": {}, "pool": None}
+        state["_device_graph"] = {}
+        return state
 
     # --- structure -------------------------------------------------------------------------
 
@@ -341,20 +353,51 @@ class ConvertedEncoder(nn.Module):
     # --- the plan (host) -------------------------------------------------------------------
 
     def plan(self, deleted: torch.Tensor, n: int | None = None) -> _Plan:
-        """The host plan of ``deleted`` ``[B, k]`` (cached for the last batch)."""
-        n = n or self.num_nodes
-        d = validate_deleted(deleted, n).cpu()
-        key = (n, self.encoder.training, tuple(d.shape), d.numpy().tobytes())
+        """The host plan of ``deleted`` ``[B, k]`` (cached for the last batch; one
+        :meth:`plan_ahead` started is waited for and used)."""
+        key, d = self._plan_key(deleted, n)
         cached = self._state["plan"]
         if cached is not None and cached[0] == key:
             return cached[1]
+        ahead = self._state["ahead"].pop(key, None)
+        plan = ahead.result() if ahead is not None else self._make_plan(d, key[0], key[1])
+        self._state["plan"] = (key, plan)
+        return plan
+
+    def plan_ahead(self, deleted: torch.Tensor, n: int | None = None) -> None:
+        """Start planning the next batch's ``deleted`` in a background thread, so that the host
+        plan overlaps the current step (on a GPU the host is otherwise idle while the step runs;
+        its large parts, NumPy and compiled, release the GIL). The call with the same
+        ``deleted``, in the same train or eval mode, waits for it and uses it; an error it met
+        is raised there. ValueError at once for a bad ``deleted``. Keeps at most
+        :data:`AHEAD` plans started and not yet used (the oldest is dropped)."""
+        key, d = self._plan_key(deleted, n)
+        ahead = self._state["ahead"]
+        if key in ahead or (self._state["plan"] is not None and self._state["plan"][0] == key):
+            return
+        self.edges(key[0])  # what plans share is made here, not in two threads at once
+        self._sums(key[1])
+        self._tail(key[1])
+        kernels()
+        if self._state["pool"] is None:
+            self._state["pool"] = ThreadPoolExecutor(1, thread_name_prefix="convert-plan")
+        while len(ahead) >= AHEAD:
+            ahead.pop(next(iter(ahead)))
+        ahead[key] = self._state["pool"].submit(self._make_plan, d, key[0], key[1])
+
+    def _plan_key(self, deleted: torch.Tensor, n: int | None) -> tuple[tuple, torch.Tensor]:
+        n = n or self.num_nodes
+        d = validate_deleted(deleted, n).cpu()
+        return (n, self.encoder.training, tuple(d.shape), d.numpy().tobytes()), d
+
+    def _make_plan(self, d: torch.Tensor, n: int, training: bool) -> _Plan:
         keep = torch.ones(d.shape[0], n, dtype=torch.bool)
         b_idx = torch.arange(d.shape[0]).unsqueeze(1).expand_as(d)
         keep[b_idx[d >= 0], d[d >= 0]] = False
-        plan = _Plan(keep)
+        plan = _Plan(keep, training)
         edges = self.edges(n)
-        tail = self._tail(self.encoder.training)
-        for node in self._graph(self.encoder.training).nodes:
+        tail = self._tail(training)
+        for node in self._graph(training).nodes:
             if node in tail:
                 plan.rows[node] = None
                 self._plan_pooled_node(node, plan, edges)
@@ -368,7 +411,6 @@ class ConvertedEncoder(nn.Module):
                     self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
                                                         else out])
         _plan_groups(plan)
-        self._state["plan"] = (key, plan)
         return plan
 
     def clear_plan(self) -> None:
@@ -404,7 +446,7 @@ class ConvertedEncoder(nn.Module):
             return rows
         if node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
             return env[node.args[0]][node.args[1]]
-        inner, final = self._sums(self.encoder.training)
+        inner, final = self._sums(plan.training)
         if node in inner:
             return None  # computed by the chain's last add
         if node in final:
