@@ -279,6 +279,79 @@ def test_a_deep_affine_tail_is_pooled_and_exact(readout):
         torch.set_default_dtype(torch.float32)
 
 
+def _with_loops(graph: dict) -> dict:
+    """GRAPH with self-loops on the hub, one end of the adjacent pair and a few others."""
+    loops = torch.tensor([HUB, 7, 12, 20, 33])
+    return {et: torch.cat([e, torch.stack([loops, loops])], 1) for et, e in graph.items()}
+
+
+class GCNStack(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.lin = nn.Linear(F_IN, H)
+        self.c1, self.c2 = GCNConv(H, H, **kw), GCNConv(H, H, **kw)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.c1(self.lin(x).relu(), edge_index).tanh(), edge_index)
+
+
+@pytest.mark.parametrize("share", [0.0, convert_module.DENSE_SHARE, 1e9])
+@pytest.mark.parametrize("kw, loops", [({"improved": True}, False), ({"add_self_loops": False},
+                                                                     False),
+                                       ({}, True), ({"improved": True}, True),
+                                       ({"add_self_loops": False}, True)])
+def test_gcn_flags_and_self_loops_are_exact(monkeypatch, share, kw, loops):
+    """GCN as the installed PyG computes it: improved (which, without edge weights, PyG's
+    gcn_norm adds loops of weight 1 for), no added self-loops, a graph with self-loops of its
+    own (kept where the gene is kept; a deleted gene gets an added one); delta and dense."""
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", share)
+    torch.set_default_dtype(torch.float64)
+    try:
+        graph = GRAPH[TYPES[0]] if not loops else _with_loops(GRAPH)[TYPES[0]]
+        _check(GCNStack(**kw), graph, "mean_kept")
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("conv", ["gin", "sage_mean", "graph_mean"])
+def test_self_loops_in_the_graph_are_exact(conv):
+    torch.set_default_dtype(torch.float64)
+    try:
+        _check(Encoder(conv, "moduledict", "layernorm"), _with_loops(GRAPH), "sum_kept")
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+class Star(nn.Module):
+    def __init__(self, conv: str):
+        super().__init__()
+        make = (lambda: SAGEConv(F_IN, F_IN)) if conv == "sage" else \
+            (lambda: GINConv(nn.Linear(F_IN, F_IN)))
+        self.c0, self.c1 = make(), make()
+
+    def forward(self, x, edge_index):
+        return self.c1(torch.tanh(self.c0(x, edge_index)), edge_index)
+
+
+@pytest.mark.parametrize("conv", ["sage", "gin"])
+def test_one_sample_with_a_delta_then_a_dense_layer_is_exact(conv):
+    """B = 1 on a star, a leaf deleted: the first layer delta, the second dense. A value's full
+    form is a copy of its wildtype, not the wildtype itself (written in place at B = 1, it broke
+    the backward of the layer that made the wildtype)."""
+    leaves = torch.arange(1, 20)
+    star = torch.cat([torch.stack([leaves, torch.zeros_like(leaves)]),
+                      torch.stack([torch.zeros_like(leaves), leaves])], dim=1)
+    torch.set_default_dtype(torch.float64)
+    try:
+        x = torch.randn(20, F_IN, requires_grad=True)
+        deleted = torch.tensor([[5]])
+        fast = _check(Star(conv), star, None, deleted=deleted, x=x)
+        forms = [ln.split()[2] for ln in fast.explain(deleted).splitlines()[2:4]]
+        assert forms == ["delta", "dense"], forms
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_heterodata_graph_and_the_torchcell_shape():
     from torch_geometric.data import HeteroData
     torch.set_default_dtype(torch.float64)

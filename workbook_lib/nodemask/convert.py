@@ -55,6 +55,7 @@ class _Edges:
     out_dst: torch.Tensor
     deg: torch.Tensor  # [N] in-degree
     num_nodes: int
+    loop: torch.Tensor | None = None  # [N] bool: the gene has a self-loop
 
     @classmethod
     def of(cls, key, index: torch.Tensor, n: int) -> "_Edges":
@@ -67,8 +68,10 @@ class _Edges:
         src, dst = ei[0], ei[1]
         o_in, o_out = torch.argsort(dst, stable=True), torch.argsort(src, stable=True)
         deg = torch.bincount(dst, minlength=n)
+        loop = torch.zeros(n, dtype=torch.bool)
+        loop[src[src == dst]] = True
         return cls(key, index, _ptr(deg), src[o_in], _ptr(torch.bincount(src, minlength=n)),
-                   dst[o_out], deg, n)
+                   dst[o_out], deg, n, loop)
 
     def receivers(self, flat: torch.Tensor) -> torch.Tensor:
         """Flat (sample, gene) ``b*N + n`` of every out-neighbour of the rows ``flat``."""
@@ -94,6 +97,30 @@ def _reach(e: _Edges, rows: torch.Tensor, flat: torch.Tensor,
     if lowered is not None:
         out.numpy()[e.receivers(lowered).numpy()] = True
     return out.view(b, n)
+
+
+_GCN_FILL: dict = {}
+
+
+def gcn_fill(m: nn.Module) -> float:
+    """The weight of the self-loop PyG's ``gcn_norm`` adds to a gene without one, for this GCN's
+    flags: 0 without ``add_self_loops``; else read once from ``gcn_norm`` itself on a two-gene
+    graph (without edge weights, PyG adds loops of weight 1 even with ``improved=True``, in the
+    versions this was written against; reading it keeps convert equal to the installed PyG)."""
+    if not m.add_self_loops:
+        return 0.0
+    if m.improved not in _GCN_FILL:
+        from torch_geometric.nn.conv.gcn_conv import gcn_norm
+        ei, w = gcn_norm(torch.tensor([[0], [1]]), None, 2, improved=bool(m.improved),
+                         add_self_loops=True, dtype=torch.float64)
+        loop1 = float(w[(ei[0] == 1) & (ei[1] == 1)][0])  # = fill / (1 + fill)
+        _GCN_FILL[m.improved] = loop1 / (1.0 - loop1)
+    return _GCN_FILL[m.improved]
+
+
+def _inv_sqrt(d: torch.Tensor) -> torch.Tensor:
+    """``d^-1/2``, 0 where ``d`` is 0 (PyG's GCN normalization)."""
+    return torch.where(d > 0, d.clamp(min=1e-300).pow(-0.5), torch.zeros_like(d))
 
 
 def _kept_out(plan, e: _Edges) -> np.ndarray:
@@ -559,14 +586,17 @@ class ConvertedEncoder(nn.Module):
         if push and not rows_in.dense:
             entries = int(_kept_out(plan, e).reshape(-1)[rows_in.flat.numpy()].sum())
         dense = rows_in.dense or (entries + delta_rows.count) > DENSE_SHARE * (kept_edges + b * n)
-        fill = 2.0 if getattr(m, "improved", False) else 1.0
-        dinv = (cnt.double() + fill).pow(-0.5) if kind is GCNConv else None
+        dinv = self_coef = None
+        if gcn_norm:  # per sample: a gene without a self-loop there gets one of weight `fill`
+            fill = gcn_fill(m) * ~(e.loop.unsqueeze(0) & keep)
+            dinv = _inv_sqrt(cnt.double() + fill)
+            self_coef = fill * dinv * dinv
         aggr_mean = kind is not GCNConv and m.aggr == "mean"
         if dense:
             _plan_full(plan, rows_in)
             rows_out = _Rows(torch.ones(b, n, dtype=torch.bool), dense=True, changed=changed)
             host = {"keep": keep.double(), "inv_cnt": 1.0 / cnt.double().clamp(min=1),
-                    "dinv": dinv, "fill": fill}
+                    "dinv": dinv, "self_coef": self_coef}
             entries = kept_edges
         elif push:
             rows_out = delta_rows
@@ -590,7 +620,7 @@ class ConvertedEncoder(nn.Module):
                 host["weight"] = torch.from_numpy(1.0 / cnt_np[qo].astype(np.float64))
             elif gcn_norm:
                 host["weight"] = dinv[qb, j] * dinv[qb, qn]
-                host["self_coef"] = fill * dinv.view(-1)[q].pow(2)
+                host["self_coef"] = self_coef.view(-1)[q]
         cp = _ConvPlan(path, kind, e, rows_in, rows_out, entries, host, src, aggr_mean)
         if dense:  # the fewer of pulling the rows that differ and pushing the inputs that do
             pull = int(cnt_np[np.flatnonzero(changed.numpy())].sum())
@@ -800,7 +830,8 @@ class ConvertedEncoder(nn.Module):
                 agg = agg * plan.dev(k + ("inv",), h["inv_cnt"], dev).to(src.dtype).unsqueeze(-1)
             self_x, agg = src.reshape(b * n, w), agg.reshape(b * n, w)
             if gcn and m.normalize:
-                self_x = self_x * (h["fill"] * dinv * dinv).reshape(b * n, 1)
+                self_x = self_x * plan.dev(k + ("sc",), h["self_coef"], dev).to(
+                    src.dtype).reshape(b * n, 1)
         else:
             table = vin.table()
             if gcn:
@@ -907,21 +938,24 @@ class ConvertedEncoder(nn.Module):
         src = m.lin(x) if gcn else x
         a = self._adjacency(e, dev, src.dtype)
         if gcn and m.normalize:
-            fill = 2.0 if m.improved else 1.0
+            fill = gcn_fill(m)
             dinv = self._degree_scale(e, dev, src.dtype, fill)
             agg = torch.sparse.mm(a, src * dinv) * dinv
-            return _finish(cp.kind, m, agg, src * (fill * dinv * dinv))
+            coef = self._device_graph.setdefault(("gcn_self", id(e), dev, src.dtype, fill), (
+                fill * ~e.loop).to(src.dtype).unsqueeze(1).to(dev))
+            return _finish(cp.kind, m, agg, src * (coef * dinv * dinv))
         agg = torch.sparse.mm(a, src)
         if not gcn and m.aggr == "mean":
             agg = agg * self._degree_scale(e, dev, src.dtype, None)
         return _finish(cp.kind, m, agg, src)
 
     def _degree_scale(self, e: _Edges, dev, dtype, fill: float | None) -> torch.Tensor:
-        """``[N, 1]``: ``(deg + fill)^-1/2`` (GCN), or ``1 / max(deg, 1)`` when ``fill`` is None."""
+        """``[N, 1]``: GCN's ``(deg + fill)^-1/2`` (``fill`` on the genes without a self-loop; 0
+        where the sum is 0), or ``1 / max(deg, 1)`` when ``fill`` is None."""
         key = ("deg", id(e), dev, dtype, fill)
         if key not in self._device_graph:
             d = e.deg.double()
-            s = (d + fill).pow(-0.5) if fill is not None else 1.0 / d.clamp(min=1)
+            s = _inv_sqrt(d + fill * ~e.loop) if fill is not None else 1.0 / d.clamp(min=1)
             self._device_graph[key] = s.to(dtype).unsqueeze(1).to(dev)
         return self._device_graph[key]
 
@@ -1396,7 +1430,7 @@ class _Full(torch.autograd.Function):
     def forward(ctx, wt, values, flat, gene, b):
         ctx.save_for_backward(flat, gene)
         ctx.b = b
-        out = wt.unsqueeze(0).expand(b, -1, -1).reshape(-1, wt.shape[1])
+        out = wt.repeat(b, 1)  # a copy even at B = 1 (a reshape would be wt itself)
         return out.index_copy_(0, flat, values)
 
     @staticmethod
