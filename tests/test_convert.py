@@ -535,6 +535,29 @@ def test_an_unfollowable_forward_is_refused_naming_the_line():
         convert(Branchy("gin", "single", "linear"), GRAPH[TYPES[0]])
 
 
+def test_a_graph_keyed_otherwise_than_the_forward_reads_it_is_named():
+    class ByName(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = GINConv(nn.Linear(F_IN, H))
+
+        def forward(self, x, edges):
+            return self.c(x, edges["physical"])
+    with pytest.raises(ValueError, match="reads edge type 'physical', which the graph does not "
+                                         "have .its keys: \\[\\('gene', 'physical'"):
+        convert(ByName(), GRAPH)
+
+
+def test_explain_names_the_readout():
+    x = torch.randn(N, F_IN)
+    for readout, words in ((None, "readout: none"), ("mean", "readout: mean over all genes"),
+                           (AttentionalAggregation(nn.Linear(H, 1)),
+                            "readout: AttentionalAggregation over kept genes")):
+        fast = convert(Encoder("gin", "moduledict", "layernorm"), GRAPH, readout=readout)
+        fast(x, DELETED)
+        assert words in fast.explain(DELETED)
+
+
 def test_a_reduction_over_genes_is_refused():
     class Pooled(Encoder):
         def forward(self, x, edge_index):

@@ -1099,6 +1099,11 @@ class ConvertedEncoder(nn.Module):
                      "  no layer changes every gene")
         lines.append("  (changed rows: those that differ from the wildtype, whichever form "
                      "computes them)")
+        readout = {None: "none ([B, N, H])", "mean": "mean over all genes (deleted as 0)",
+                   "mean_kept": "mean over kept genes", "sum_kept": "sum over kept genes"}
+        lines.append("  readout: " + (readout[self.readout_kind] if self.readout_module is None
+                                      else f"{type(self.readout_module).__name__} over kept "
+                                           "genes (its own module, run on every kept row)"))
         if any(isinstance(w, _PooledPlan) for _, _, w in plan.order):
             lines.append("  (pooled: affine before the readout, so the readout sums its input "
                          "rows with weights spread along the kept edges; its own rows are never "
@@ -1165,7 +1170,9 @@ class ConvertedEncoder(nn.Module):
         key = what.edges.key
         width = self._widths.get((path, key), 0)
         sp = _sparse(plan.kept_edges[key], 1, b * n, b * n)
-        return sp, _dense(float(b * n), width, 1), _name_of(path, key)
+        weighted, maps = _dense(float(b * n), width, 1), _dense(float(b), 1, _row_macs(
+            self._conv_module(path, key), None))  # its own maps act on the B pooled rows
+        return sp, (weighted[0] + maps[0], weighted[1] + maps[1]), _name_of(path, key)
 
     def _conv_module(self, path: str, key) -> nn.Module:
         if path in self._named:

@@ -91,6 +91,11 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
         return _Tracer(register).trace(encoder, concrete_args=concrete)
     except ConvertError:
         raise
+    except KeyError as e:  # the forward reads an edge type the graph does not have
+        raise ConvertError(f"the forward of {type(encoder).__name__} reads edge type "
+                           f"{e.args[0]!r}, which the graph does not have (its keys: "
+                           f"{list(edge_keys or [])}); key the graph as the forward reads it, "
+                           "e.g. by PyG (src, rel, dst) tuples") from None
     except Exception as e:  # fx's TraceError, or a Proxy used as a value
         frames = [f for f in traceback.extract_tb(e.__traceback__)
                   if "/torch/" not in f.filename and "/torch_geometric/" not in f.filename
