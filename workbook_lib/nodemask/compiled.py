@@ -22,6 +22,7 @@ class Kernels(NamedTuple):
     corrections_host: Any
     selection: Any
     csr_pair: Any
+    push_block: Any
 
 
 _LOADED: Kernels | None = None
@@ -38,7 +39,8 @@ def kernels() -> Kernels:
         from . import numba_push as k
 
         _LOADED = Kernels(k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host,
-                          k.selection, k.csr_pair)
+                          k.selection, k.csr_pair,
+                          k.push_block)
     return _LOADED
 
 

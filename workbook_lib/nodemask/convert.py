@@ -140,30 +140,22 @@ def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tenso
                cnt: torch.Tensor, mean: bool) -> dict:
     """The push form of a delta conv over ``cat([wildtype, D])``, ``D`` the changed input rows
     less their wildtype: per output row, its changed (kept) in-neighbours' ``D`` and its deleted
-    in-neighbours' wildtype negated (``push``: COO rows, columns, values), its own input
-    (``self``: the wildtype row, plus ``D`` where it changed), and the factor of its wildtype
-    aggregation (``gfac``: 0 for a deleted gene; a mean's ``deg / kept deg``). Its work is the
-    changed inputs' out-edges, where pulling reads every in-edge of every changed row."""
+    in-neighbours' wildtype negated (``push``: CSR and its transpose, one compiled pass,
+    :func:`~workbook_lib.nodemask.numba_push.push_block`), its own input (``self``: the wildtype
+    row, plus ``D`` where it changed), and the factor of its wildtype aggregation (``gfac``: 0
+    for a deleted gene; a mean's ``deg / kept deg``). Its work is the changed inputs'
+    out-edges, where pulling reads every in-edge of every changed row."""
     b, n = keep.shape
     keep_np = keep.numpy().reshape(-1)
-    f_in = rows_in.flat.numpy()
-    pos, owner = (t.numpy() for t in _expand(e.out_ptr, torch.from_numpy(f_in % n)))
-    src = f_in[owner]
-    tgt = (src // n) * n + e.out_dst.numpy()[pos]
-    ok = keep_np[tgt]
-    src, tgt, owner = src[ok], tgt[ok], owner[ok]
-    gone = ~keep_np[src]
-    col = np.where(gone, src % n, n + owner)
     cnt_np = cnt.numpy().reshape(-1).astype(np.float64)
-    val = np.where(gone, -1.0, 1.0)
     q = rows_out.flat.numpy()
-    if mean:
-        val = val / np.maximum(cnt_np[tgt], 1.0)
+    push = kernels().push_block(rows_in.flat.numpy(), e.out_ptr.numpy(), e.out_dst.numpy(),
+                                keep_np, cnt_np, mean, rows_out.pos, n, rows_out.count,
+                                n + rows_in.count)
     gfac = keep_np[q].astype(np.float64)
     if mean:
         gfac = gfac * e.deg.numpy()[q % n] / np.maximum(cnt_np[q], 1.0)
-    return {"push": (rows_out.pos[tgt], col, val), "genes": q % n,
-            "self_in": rows_in.pos[q], "gfac": gfac}
+    return {"push": push, "genes": q % n, "self_in": rows_in.pos[q], "gfac": gfac}
 
 
 def _kept_degree(plan, e: _Edges) -> torch.Tensor:
@@ -1308,15 +1300,13 @@ def _plan_groups(plan: _Plan) -> None:
         g = ("g", id(src))
         for cp in cps:
             h, c = cp.host, cp.rows_out.count
-            r, cc, v = h["push"]
             idx = np.arange(c, dtype=np.int64)
             has = h["self_in"] >= 0
-            blocks = ((r, cc, v), (idx[has], n + h["self_in"][has], np.ones(int(has.sum()))))
-            blocks = (blocks[0], (np.concatenate([idx, blocks[1][0]]),
-                                  np.concatenate([h["genes"], blocks[1][1]]),
-                                  np.concatenate([np.ones(c), blocks[1][2]])))
-            for br, bc, bv in blocks:  # its pushed rows, then its own rows: one output each
-                crow, col, val, tcrow, tcol, tval = pair(br, bc, bv.astype(np.float64), c, ncol)
+            own = pair(np.concatenate([idx, idx[has]]),
+                       np.concatenate([h["genes"], n + h["self_in"][has]]),
+                       np.ones(c + int(has.sum())), c, ncol)
+            for crow, col, val, tcrow, tcol, tval in (h["push"], own):
+                # its pushed rows, then its own rows: one output each
                 crows.append(crow[:-1] + nnz)
                 cols.append(col)
                 vals.append(val)

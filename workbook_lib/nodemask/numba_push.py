@@ -416,3 +416,55 @@ def csr_pair(r, c, v, nrows, ncols):  # pragma: no cover - jitted
             tval[q] = val[p]
             tfill[col[p]] = q + 1
     return crow, col, val, tcrow, tcol, tval
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol):
+    """The push entries of one delta conv as CSR ``[rows, ncol]`` and its transpose, in two
+    passes over the changed inputs' out-edges (``f_in``: flat (sample, gene) of the changed
+    inputs, in their order): an edge to a kept gene ``t`` is an entry at row ``pos_out[t]``,
+    column ``n + i`` (+1) for a kept input ``i`` or its gene (-1) for a deleted one, divided by
+    ``max(cnt[t], 1)`` for a mean: ``(crow, col, val, tcrow, tcol, tval)``."""
+    crow = np.zeros(rows + 1, dtype=np.int64)
+    tcrow = np.zeros(ncol + 1, dtype=np.int64)
+    for i in range(f_in.shape[0]):
+        f = f_in[i]
+        b, j = f // n, f % n
+        c = n + i if keep[f] else j
+        for e in range(out_ptr[j], out_ptr[j + 1]):
+            t = b * n + out_dst[e]
+            if keep[t]:
+                crow[pos_out[t] + 1] += 1
+                tcrow[c + 1] += 1
+    for r in range(rows):
+        crow[r + 1] += crow[r]
+    for c in range(ncol):
+        tcrow[c + 1] += tcrow[c]
+    m = crow[rows]
+    col = np.empty(m, dtype=np.int64)
+    val = np.empty(m, dtype=np.float64)
+    tcol = np.empty(m, dtype=np.int64)
+    tval = np.empty(m, dtype=np.float64)
+    fill = crow[:-1].copy()
+    tfill = tcrow[:-1].copy()
+    for i in range(f_in.shape[0]):
+        f = f_in[i]
+        b, j = f // n, f % n
+        kept = keep[f]
+        c = n + i if kept else j
+        for e in range(out_ptr[j], out_ptr[j + 1]):
+            t = b * n + out_dst[e]
+            if keep[t]:
+                v = 1.0 if kept else -1.0
+                if mean:
+                    v = v / max(cnt[t], 1.0)
+                r = pos_out[t]
+                p = fill[r]
+                col[p] = c
+                val[p] = v
+                fill[r] = p + 1
+                q = tfill[c]
+                tcol[q] = r
+                tval[q] = v
+                tfill[c] = q + 1
+    return crow, col, val, tcrow, tcol, tval
