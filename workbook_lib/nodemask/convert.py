@@ -159,9 +159,11 @@ def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tenso
 
 
 def _kept_degree(plan, e: _Edges) -> torch.Tensor:
-    """``[B, N]``: each gene's kept in-degree per sample on ``e`` (counted once per edge type)."""
+    """``[B, N]``: each gene's kept in-degree per sample on ``e`` (counted once per edge type,
+    with the batch's kept edges, ``plan.kept_edges``)."""
     if e.key not in plan.kept_degree:
         plan.kept_degree[e.key] = (e.deg.unsqueeze(0) - e.lost(plan.keep)) * plan.keep
+        plan.kept_edges[e.key] = int(plan.kept_degree[e.key].sum())
     return plan.kept_degree[e.key]
 
 
@@ -508,8 +510,6 @@ class ConvertedEncoder(nn.Module):
         if isinstance(m, MessagePassing):
             e = edges[plan.rows[node.args[1]][1]]
             _kept_degree(plan, e)
-            if e.key not in plan.kept_edges:
-                plan.kept_edges[e.key] = int(plan.kept_degree[e.key].sum())
         plan.order.append((node.target, type(m).__name__, _PooledPlan(node, e)))
 
     def _plan_pooled_readout(self, plan: _Plan, tail: set) -> None:
@@ -568,8 +568,6 @@ class ConvertedEncoder(nn.Module):
         else:  # computed rows are all rows: follow the rows that really differ
             changed = _reach(e, rows_in.changed, torch.from_numpy(
                 np.flatnonzero(rows_in.changed.numpy())), lowered if gcn_norm else None)
-        if e.key not in plan.kept_edges:
-            plan.kept_edges[e.key] = int(cnt.sum())
         kept_edges = plan.kept_edges[e.key]
         delta_rows = _Rows(mask)
         cnt_np = cnt.numpy().reshape(-1)
@@ -998,9 +996,9 @@ class ConvertedEncoder(nn.Module):
         def leaf(v, w):
             if not isinstance(v, _Val):
                 raise ConvertError("the pooled readout reads a value that is not per gene")
-            base = w @ v.wt
             if v.rows.dense:
                 return torch.bmm(w.unsqueeze(1), v.values.view(b, n, -1)).squeeze(1)
+            base = w @ v.wt
             if not v.rows.count:
                 return base
             k = ("leaf", id(v.rows))
@@ -1015,7 +1013,7 @@ class ConvertedEncoder(nn.Module):
             e = self.edges(n)[key]
             if m.aggr == "mean":
                 w = w * plan.dev(("inv_cnt", key), None, dev).to(w.dtype)
-            at, a = self._transposed(e, dev, w.dtype)
+            a, at = self._stack([e], [False], dev, w.dtype)
             return _SpMM.apply(w.t().contiguous(), at, a).t() * \
                 plan.dev(("keepf",), None, dev).to(w.dtype)
 
@@ -1025,16 +1023,6 @@ class ConvertedEncoder(nn.Module):
         for node, width in pooler.widths.items():
             self._widths[(node.target, plan.rows[node.args[1]][1])] = int(width)
         return res
-
-    def _transposed(self, e: _Edges, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(A^T, A)`` of an edge type as CSR (``A^T``'s rows are the sources), cached."""
-        key = ("adjT", id(e), dev, dtype)
-        if key not in self._device_graph:
-            n = e.num_nodes
-            src = torch.repeat_interleave(torch.arange(n), e.out_ptr[1:] - e.out_ptr[:-1])
-            self._device_graph[key] = _csr_pair(src, e.out_dst, torch.ones(src.numel(),
-                                                dtype=torch.float64), n, n, dev, dtype)
-        return self._device_graph[key]
 
     def _readout(self, out: _Val, plan: _Plan) -> torch.Tensor:
         b, n = plan.keep.shape
