@@ -279,6 +279,77 @@ def test_a_deep_affine_tail_is_pooled_and_exact(readout):
         torch.set_default_dtype(torch.float32)
 
 
+class TypedLayers(nn.Module):
+    """The workbook's model's shape: per layer an identity GIN per edge type with one fixed eps,
+    concatenated (here in the reverse of the graph's order), a linear map, then ``act``."""
+
+    def __init__(self, aggr: str = "add", act: str = "method", bias: bool = True,
+                 train_eps: bool = False, types: list | None = None):
+        super().__init__()
+        self.types = types or TYPES[::-1]
+        widths = [F_IN, H, H, H]
+        self.convs = nn.ModuleList(
+            nn.ModuleDict({t[1]: GINConv(nn.Identity(), eps=0.25, train_eps=train_eps, aggr=aggr)
+                           for t in self.types}) for _ in range(3))
+        self.lins = nn.ModuleList(nn.Linear(len(self.types) * widths[i], widths[i + 1], bias=bias)
+                                  for i in range(3))
+        self.act, self.relu = act, nn.ReLU()
+
+    def forward(self, x, edges):
+        for i, (convs, lin) in enumerate(zip(self.convs, self.lins)):
+            x = lin(torch.cat([convs[t[1]](x, edges[t]) for t in self.types], dim=-1))
+            if i < 2:
+                x = {"method": lambda v: v.relu(), "function": F.relu, "module": self.relu,
+                     "tanh": torch.tanh}[self.act](x)
+        return x
+
+
+def _forms(text: str) -> dict:
+    return {ln.split()[0]: ln.split()[2] for ln in text.splitlines()[2:]
+            if len(ln.split()) > 3 and "/" in ln}
+
+
+@pytest.mark.parametrize("readout", [None, "mean", "mean_kept"])
+@pytest.mark.parametrize("act", ["method", "function", "module", "tanh"])
+@pytest.mark.parametrize("aggr", ["add", "mean"])
+def test_a_linear_map_of_identity_gins_is_fused_and_exact(aggr, act, readout):
+    """lin(cat of identity GINs over every edge type) runs by the workbook's own delta kernels
+    (each type's map before the push, a ReLU user inside it): the first layer on the correction
+    rows, the second pushed into every row; exact, with the graph's duplicate edges, against
+    the per-sample reference; the floor counts the pushed messages at the map's width."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        fast = _check(TypedLayers(aggr, act, bias=act != "module"), GRAPH, readout)
+        forms = _forms(fast.explain(DELETED))
+        for path in ("convs.0.physical", "convs.0.regulatory", "lins.0", "convs.1.physical",
+                     "lins.1"):
+            assert forms[path] == "fused", forms
+        assert forms["lins.2"] == ("per-node" if readout is None else "pooled"), forms
+        floor = fast.floor(DELETED)
+        plan = fast.plan(DELETED, N)
+        what = next(w for p, _, w in plan.order if p == "convs.1.physical")
+        pushed = int(convert_module._kept_out(plan, what.edges).reshape(-1)[
+            what.rows_in.flat.numpy()].sum())
+        assert pushed > 0 and floor.parts["convs.1.physical"].sparse_macs == 2 * pushed * H
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("case", ["trainable eps", "one type", "self-loops"])
+def test_a_typed_layer_outside_the_fused_form_is_computed_conv_by_conv(case):
+    """A trainable eps, a concatenation that misses an edge type, or a graph with self-loops is
+    not fused: conv by conv, and exact all the same."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        graph = _with_loops(GRAPH) if case == "self-loops" else GRAPH
+        enc = TypedLayers(train_eps=case == "trainable eps",
+                          types=TYPES[:1] if case == "one type" else None)
+        fast = _check(enc, graph, "mean_kept")
+        assert "fused" not in fast.explain(DELETED)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def _with_loops(graph: dict) -> dict:
     """GRAPH with self-loops on the hub, one end of the adjacent pair and a few others."""
     loops = torch.tensor([HUB, 7, 12, 20, 33])
@@ -406,9 +477,10 @@ def test_the_call_reads_nothing_back_from_the_device(monkeypatch, share):
             return func(*args, **(kwargs or {}))
 
     for conv, container, readout in (
-            ("gcn", "hetero", AttentionalAggregation(nn.Linear(H, 1))),
+            ("gcn", "hetero", AttentionalAggregation(nn.Linear(H, 1))), ("typed", None, None),
             ("gin", "hetero", "mean"), ("graph_mean", "moduledict", "mean_kept")):
-        fast = convert(Encoder(conv, container, "layernorm"), GRAPH, readout=readout)
+        enc = TypedLayers() if conv == "typed" else Encoder(conv, container, "layernorm")
+        fast = convert(enc, GRAPH, readout=readout)
         x = torch.randn(N, F_IN, requires_grad=True)
         plan = fast.plan(DELETED, N)
         with Watch():

@@ -14,6 +14,7 @@ graph, and the exact changed rows of a deletion are this library's subject.
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,11 +29,14 @@ from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..results.floor import ConvertFloor, FloorPart
+from .batch import DeltaFeatures, NodeMaskBatch
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import MODE_DEPENDENT, ConvertError, check_graph, conv_kind, per_node_problem, trace
 from .compiled import kernels
-from .corrections import validate_deleted
+from .convert_typed import type_order, typed_layers
+from .corrections import corrections, validate_deleted
 from .floor import _dense, _sparse
+from .graph import SharedGraph
 
 READOUTS = ("mean", "mean_kept", "sum_kept")
 # a layer takes the dense form when its delta form's counted work (edges read plus rows
@@ -188,14 +192,20 @@ class _Rows:
     ``[B, N]`` bool; ``dense``: every row, sample-major) and which of them differ from it
     (``changed``, default ``mask``: fewer only where a layer took the dense form)."""
 
-    def __init__(self, mask: torch.Tensor, dense: bool = False,
-                 changed: torch.Tensor | None = None):
+    def __init__(self, mask: torch.Tensor, dense: bool = False, changed=None):
         b, n = mask.shape
         self.mask, self.dense, self.num_nodes = mask, dense, n
-        self.changed = mask if changed is None else changed
+        self._changed = mask if changed is None else changed  # or a function that counts it
         self.flat = torch.arange(b * n) if dense else \
             torch.from_numpy(np.flatnonzero(mask.numpy()))
         self._pos: np.ndarray | None = None
+
+    @property
+    def changed(self) -> torch.Tensor:
+        """``[B, N]`` bool: the rows that differ from the wildtype (counted when first read)."""
+        if callable(self._changed):
+            self._changed = self._changed()
+        return self._changed
 
     @property
     def count(self) -> int:
@@ -278,6 +288,25 @@ class _PooledPlan:
     edges: _Edges | None  # a conv's edge type
 
 
+@dataclass
+class _TypedPlan:
+    """One conv of a fused typed layer (:mod:`.convert_typed`): its edge type and input rows."""
+
+    path: str
+    edges: _Edges
+    rows_in: "_Rows"
+
+
+@dataclass
+class _TypedLin:
+    """The linear map of a fused typed layer: its input's and its output's rows and its form
+    (``first``: the input is x, the output the correction rows; ``push``: every row)."""
+
+    rows_in: "_Rows"
+    rows_out: "_Rows"
+    form: str
+
+
 class _Plan:
     """The host plan of one batch (``keep`` ``[B, N]``, False at deleted genes): rows per fx node,
     one :class:`_ConvPlan` per conv and edge type."""
@@ -294,6 +323,10 @@ class _Plan:
         self.kept_edges: dict = {}  # per edge type
         self.groups: dict = {}  # input fx node -> (conv plans, row sizes): one product each
         self.dense_groups: dict = {}  # input fx node -> the dense convs reading it
+        self.deleted: torch.Tensor | None = None  # [B, k] on the host
+        self.typed: dict = {}  # typed layer's linear fx node -> (form or None, type order)
+        self.corr = None  # the batch's Corrections (a fused typed layer's plan)
+        self.corr_rows: _Rows | None = None  # their rows
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -399,6 +432,8 @@ class ConvertedEncoder(nn.Module):
         self.edges(key[0])  # what plans share is made here, not in two threads at once
         self._sums(key[1])
         self._tail(key[1])
+        for tl in set(self._typed(key[1]).values()):
+            self._shared(key[0], tl.aggr, torch.device("cpu"))
         kernels()
         if self._state["pool"] is None:
             self._state["pool"] = ThreadPoolExecutor(1, thread_name_prefix="convert-plan")
@@ -416,6 +451,7 @@ class ConvertedEncoder(nn.Module):
         b_idx = torch.arange(d.shape[0]).unsqueeze(1).expand_as(d)
         keep[b_idx[d >= 0], d[d >= 0]] = False
         plan = _Plan(keep, training)
+        plan.deleted = d
         edges = self.edges(n)
         tail = self._tail(training)
         for node in self._graph(training).nodes:
@@ -440,6 +476,9 @@ class ConvertedEncoder(nn.Module):
 
     def _plan_node(self, node: fx.Node, plan: _Plan, edges: dict):
         env = plan.rows
+        typed = self._typed(plan.training)
+        if node in typed and self._typed_form(typed[node], plan, edges) is not None:
+            return self._plan_typed(node, typed[node], plan, edges)
         if node.op == "placeholder":
             if _ph_index(node) == 0:
                 return _Rows(~plan.keep)  # x: the deleted genes' rows are zero
@@ -487,6 +526,93 @@ class ConvertedEncoder(nn.Module):
             _plan_to_rows(plan, r, rows)
         plan.put(("flat", id(rows)), rows.flat % plan.num_nodes)
         return rows
+
+    def _typed(self, training: bool) -> dict:
+        """``{fx node: TypedLayer}`` of the fused typed layers (:mod:`.convert_typed`)."""
+        key = ("typed", training)
+        if key not in self._device_graph:
+            self._device_graph[key] = typed_layers(self._graph(training), self._named,
+                                                   self._kind_of, self._fused_cat)
+        return self._device_graph[key]
+
+    def _shared(self, n: int, aggr: str, dev: torch.device) -> SharedGraph:
+        """The graph as the workbook's own kernels take it (made once per size, aggregation and
+        device)."""
+        key = ("shared", n, aggr, dev)
+        if key not in self._device_graph:
+            self._device_graph[key] = SharedGraph(
+                {str(i): e for i, e in enumerate(self.graph_in.values())}, num_nodes=n,
+                aggr=aggr, device=dev)
+        return self._device_graph[key]
+
+    def _typed_form(self, tl, plan: _Plan, edges: dict) -> str | None:
+        """This batch's form of a typed layer: ``first`` (its input is x), ``push`` (its input's
+        changed rows lie within the batch's correction rows), or None (conv by conv: the parts
+        do not read every edge type once, the graph has self-loops, or the input has changed
+        elsewhere)."""
+        if tl.lin in plan.typed:
+            return plan.typed[tl.lin][0]
+        keys = [plan.rows[p.args[1]][1] if isinstance(plan.rows.get(p.args[1]), tuple)
+                else object() for p in tl.parts]
+        order = type_order(keys, list(self.graph_in))
+        rows, form = plan.rows.get(tl.src), None
+        if order is not None and isinstance(rows, _Rows) and not rows.dense and \
+                not any(bool(e.loop.any()) for e in edges.values()):
+            if tl.src.op == "placeholder" and _ph_index(tl.src) == 0:
+                form = "first"
+            else:
+                r = self._correction_rows(plan, tl.aggr)
+                form = "push" if not bool((rows.mask & ~r.mask).any()) else None
+        if form is not None:
+            self._correction_rows(plan, tl.aggr)
+        plan.typed[tl.lin] = (form, order)
+        return form
+
+    def _correction_rows(self, plan: _Plan, aggr: str) -> _Rows:
+        """The batch's correction rows (the deleted genes and their out-neighbours), with the
+        :class:`Corrections` the fused layers run on (one compiled pass, made once per plan)."""
+        if plan.corr is None:
+            sg = self._shared(plan.num_nodes, aggr, torch.device("cpu"))
+            plan.corr = corrections(sg.out_edges, plan.deleted)
+            mask = torch.zeros(plan.batch_size, plan.num_nodes, dtype=torch.bool)
+            mask[plan.corr.pair_sample, plan.corr.pair_gene] = True
+            plan.corr_rows = _Rows(mask)
+            plan.put(("corr_gene",), plan.corr.pair_gene)
+            plan.put(("corr_flat",), plan.corr_rows.flat)
+            plan.put(("corr_deleted",), plan.corr.pair_deleted)
+        return plan.corr_rows
+
+    def _plan_typed(self, node: fx.Node, tl, plan: _Plan, edges: dict):
+        """A node of a fused typed layer: its parts and concatenation are not computed; the map
+        gives the correction rows (``first``) or every row (``push``); the ReLU is inside."""
+        rows_in = plan.rows[tl.src]
+        if node is tl.relu:
+            return plan.rows[tl.lin]
+        if node is not tl.lin:
+            if node is not tl.cat:
+                e = edges[plan.rows[node.args[1]][1]]
+                plan.order.append((node.target, "GINConv", _TypedPlan(node.target, e, rows_in)))
+            return None
+        form = plan.typed[tl.lin][0]
+        n = plan.num_nodes
+        if form == "first":
+            rows_out = plan.corr_rows
+        else:
+            es = list(edges.values())
+
+            def changed():
+                out = rows_in.mask.clone()
+                for e in es:
+                    out |= _reach(e, rows_in.mask, rows_in.flat, None)
+                return out
+            rows_out = _Rows(torch.ones(plan.batch_size, n, dtype=torch.bool), dense=True,
+                             changed=changed)
+            plan.put(("typed_pos", id(tl.lin)),
+                     torch.from_numpy(plan.corr_rows.pos[rows_in.flat.numpy()]))
+            plan.put(("typed_gene", id(tl.lin)), rows_in.flat % n)
+        plan.order.append((tl.lin.target, type(self._named[tl.lin.target]).__name__,
+                           _TypedLin(rows_in, rows_out, form)))
+        return rows_out
 
     def _tail(self, training: bool) -> set:
         """The pooled tail's fx nodes (:mod:`.convert_pool`; none without a weighted-sum
@@ -656,9 +782,15 @@ class ConvertedEncoder(nn.Module):
         graph_dev = self._graph_on(dev)
         sums = self._sums(self.encoder.training)
         tail = self._tail(self.encoder.training)
+        typed = self._typed(self.encoder.training)
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
             if node in tail:
+                continue
+            if node in typed and plan.typed[typed[node].lin][0] is not None:
+                tl = typed[node]
+                env[node] = self._run_typed(tl, env, plan, dev) if node is tl.lin else \
+                    env[tl.lin] if node is tl.relu else None
                 continue
             if node.op == "output" and tail:
                 return self._pooled_readout(output_value(node.graph), tail, env, plan, dev)
@@ -761,6 +893,52 @@ class ConvertedEncoder(nn.Module):
         if isinstance(v, _CatParts):
             return self._run_linear_of_cat(m, v, plan, dev)
         return _Val(m(v.wt), m(v.values), v.rows)
+
+    def _run_typed(self, tl, env: dict, plan: _Plan, dev) -> _Val:
+        """A fused typed layer (:mod:`.convert_typed`) by the workbook's own kernels: each type's
+        map before the push, the ReLU inside it."""
+        form, order = plan.typed[tl.lin]
+        m = self._named[tl.lin.target]
+        vin = env[tl.src]
+        b, n = plan.keep.shape
+        ho, t = m.weight.shape[0], len(order)
+        w = m.weight if order == list(range(t)) else \
+            m.weight.view(ho, t, -1)[:, order].reshape(ho, -1)  # blocks in the graph's order
+        nb = self._node_batch(plan, tl.aggr, dev, vin.wt.dtype)
+        relu = tl.relu is not None
+        for p in tl.parts:
+            self._widths[(p.target, plan.rows[p.args[1]][1])] = int(ho)
+        if form == "first":
+            h = nb.first_layer_delta(vin.wt, w, m.bias, eps=tl.eps, relu=relu)
+            gene = plan.dev(("corr_gene",), None, dev)
+            values = h.wildtype.index_select(0, gene) + h.delta
+            # a deleted gene's own row: its x is zero and it receives nothing, so the map's bias
+            # (the kernels keep its x there: the workbook's model never reads that row)
+            own = values.new_zeros(ho) if m.bias is None else m.bias
+            own = own.relu() if relu else own
+            deleted = plan.dev(("corr_deleted",), None, dev).unsqueeze(1)
+            return _Val(h.wildtype, torch.where(deleted, own, values), plan.rows[tl.lin])
+        d = vin.values - vin.wt.index_select(0, plan.dev(("typed_gene", id(tl.lin)), None, dev))
+        if vin.rows.count != plan.corr_rows.count:  # within the correction rows, not all
+            d = d.new_zeros(plan.corr_rows.count, d.shape[1]).index_copy(
+                0, plan.dev(("typed_pos", id(tl.lin)), None, dev), d)
+        out, wt = nb.delta_layer(DeltaFeatures(vin.wt, d, plan.dev(("corr_flat",), None, dev), b),
+                                 w, m.bias, eps=tl.eps, relu=relu, with_wildtype=True)
+        return _Val(wt, out.reshape(b * n, ho), plan.rows[tl.lin])
+
+    def _node_batch(self, plan: _Plan, aggr: str, dev, dtype) -> NodeMaskBatch:
+        """The batch as the workbook's own kernels take it, on ``dev`` (made once per plan)."""
+        key = ("node_batch", aggr, dev, dtype)
+        if key not in plan._dev:
+            corr = plan.corr if dev.type == "cpu" else plan.corr.to(dev)
+            corr = dataclasses.replace(corr, **{  # the CPU backward's selections, in dtype
+                f: getattr(corr, f).to(dtype) for f in corr.BACKWARD_ONLY_ON_CPU
+                if getattr(corr, f) is not None and getattr(corr, f).dtype != dtype})
+            nb = NodeMaskBatch(self._shared(plan.num_nodes, aggr, dev).with_dtype(dtype),
+                               plan.deleted, corr, validate=False)
+            nb.keep = nb.keep.to(dtype)
+            plan._dev[key] = nb
+        return plan._dev[key]
 
     def _fused_cat(self, node: fx.Node) -> bool:
         """A ``torch.cat`` on features of module outputs whose one user is a linear map: the map
@@ -1017,9 +1195,34 @@ class ConvertedEncoder(nn.Module):
             return _SpMM.apply(w.t().contiguous(), at, a).t() * \
                 plan.dev(("keepf",), None, dev).to(w.dtype)
 
+        # two passes: the first records every weight a dense input is read with (and each
+        # spread, which the second replays), so that each dense input is read once, by one
+        # product with all its weights stacked, not once per weight
+        asked: dict = {}
+        spreads: list = []
+
+        def ask(v, w):
+            if isinstance(v, _Val) and v.rows.dense:
+                asked.setdefault(id(v), (v, []))[1].append(w)
+            return w.new_zeros(b, v.wt.shape[1]) if isinstance(v, _Val) else leaf(v, w)
+
+        def record(node, w):
+            spreads.append(spread(node, w))
+            return spreads[-1]
+
         dtype = next(v.wt.dtype for v in env.values() if isinstance(v, _Val))
-        pooler = Pooler(tail, self._named, self._kind_of, env, leaf, spread)
-        res = pooler.pool(out, plan.dev(("w0",), None, dev).to(dtype))
+        w0 = plan.dev(("w0",), None, dev).to(dtype)
+        Pooler(tail, self._named, self._kind_of, env, ask, record).pool(out, w0)
+        answers = {k: list(torch.bmm(torch.stack(ws, 1), v.values.view(b, n, -1)).unbind(1))
+                   for k, (v, ws) in asked.items()}
+        replay = iter(spreads)
+
+        def answer(v, w):
+            return answers[id(v)].pop(0) if id(v) in answers else leaf(v, w)
+
+        pooler = Pooler(tail, self._named, self._kind_of, env, answer,
+                        lambda node, w: next(replay))
+        res = pooler.pool(out, w0)
         for node, width in pooler.widths.items():
             self._widths[(node.target, plan.rows[node.args[1]][1])] = int(width)
         return res
@@ -1064,6 +1267,13 @@ class ConvertedEncoder(nn.Module):
                 form = "dense" if what.rows_out.dense else "delta"
                 rows, reads = what.rows_out.changed.sum().item() / b, f"{what.entries / b:.1f}"
                 name = _name(what)
+            elif isinstance(what, _TypedPlan):
+                form, name = "fused", _name_of(path, what.edges.key)
+                rows = _reach(what.edges, what.rows_in.mask, what.rows_in.flat,
+                              None).sum().item() / b
+                reads = f"{_pushed(plan, what) / b:.1f}"
+            elif isinstance(what, _TypedLin):
+                form, rows, reads, name = "fused", what.rows_out.changed.sum().item() / b, "", path
             elif isinstance(what, _PooledPlan):
                 name = path if what.edges is None else _name_of(path, what.edges.key)
                 reads = "" if what.edges is None else \
@@ -1073,7 +1283,8 @@ class ConvertedEncoder(nn.Module):
             else:
                 form, rows, reads, name = "per-node", what.changed.sum().item() / b, "", path
             lines.append(f"  {name:<34} {cls:<10} {form:<8} {rows:>7.1f} / {n:<4}{reads:>14}")
-        full = next((_name(w) for _, _, w in plan.order if isinstance(w, _ConvPlan)
+        full = next((_name(w) if isinstance(w, _ConvPlan) else p for p, _, w in plan.order
+                     if isinstance(w, (_ConvPlan, _TypedLin))
                      and bool(w.rows_out.changed.all())), None)
         lines.append(f"  every gene changes from: {full}" if full else
                      "  no layer changes every gene")
@@ -1084,6 +1295,10 @@ class ConvertedEncoder(nn.Module):
         lines.append("  readout: " + (readout[self.readout_kind] if self.readout_module is None
                                       else f"{type(self.readout_module).__name__} over kept "
                                            "genes (its own module, run on every kept row)"))
+        if any(isinstance(w, _TypedLin) for _, _, w in plan.order):
+            lines.append("  (fused: a linear map of identity GINs' sums over every edge type, "
+                         "each type's map applied before its push, on the changed rows only: "
+                         "the workbook's own delta kernels)")
         if any(isinstance(w, _PooledPlan) for _, _, w in plan.order):
             lines.append("  (pooled: affine before the readout, so the readout sums its input "
                          "rows with weights spread along the kept edges; its own rows are never "
@@ -1119,6 +1334,20 @@ class ConvertedEncoder(nn.Module):
                 wde = _dense(what.edges.num_nodes, 1, macs) if macs else (0.0, 0.0)
                 wt_sparse, wt_dense = wt_sparse + wsp[0], wt_dense + wde[0]
                 wt_bytes += wsp[1] + wde[1]
+                if all_from is None and bool(what.rows_out.changed.all()):
+                    all_from = name
+            elif isinstance(what, _TypedPlan):  # the mapped messages, pushed
+                e, name = what.edges, _name_of(path, what.edges.key)
+                w = self._widths.get((path, e.key), 0)
+                n_in = int(what.rows_in.changed.sum())
+                sp, de = _sparse(_pushed(plan, what), w, n_in, plan.num_nodes), (0.0, 0.0)
+                wsp = _sparse(int(e.deg.sum()), w, e.num_nodes, e.num_nodes)
+                wt_sparse, wt_bytes = wt_sparse + wsp[0], wt_bytes + wsp[1]
+            elif isinstance(what, _TypedLin):  # each type's map on the changed input rows
+                macs = _row_macs(self._named[path], None)
+                sp, de, name = (0.0, 0.0), _dense(float(what.rows_in.changed.sum()), 1, macs), path
+                wde = _dense(plan.num_nodes, 1, macs)
+                wt_dense, wt_bytes = wt_dense + wde[0], wt_bytes + wde[1]
                 if all_from is None and bool(what.rows_out.changed.all()):
                     all_from = name
             elif isinstance(what, _PooledPlan):
@@ -1159,6 +1388,13 @@ class ConvertedEncoder(nn.Module):
             return self._named[path]
         base = path[:path.index("[")]
         return self._named[base].convs[key]
+
+
+def _pushed(plan: _Plan, what: _TypedPlan) -> int:
+    """Entries a fused typed conv pushes per batch: its changed inputs' out-edges to kept genes."""
+    rows = what.rows_in
+    return int(_kept_out(plan, what.edges).reshape(-1)[
+        np.flatnonzero(rows.changed.numpy())].sum())
 
 
 def _key(key) -> str:

@@ -11,6 +11,8 @@ and ``out_deg`` ``[T, N]``; and host edge lists (:class:`OutEdges`, ``out_type_p
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .batch import NodeMaskBatch
@@ -106,6 +108,20 @@ class SharedGraph:
         self.out_ptr = self.out_edges.ptr.to(self.device)
         self.out_slot = self.out_edges.slot.to(self.device)
         self._wt_pool = None
+
+    def with_dtype(self, dtype: torch.dtype) -> "SharedGraph":
+        """This graph with its matrices and degrees in ``dtype`` (they are float32 as built),
+        sharing its index lists."""
+        if dtype == self.a.dtype:
+            return self
+        g = copy.copy(self)
+        for name in ("a", "a_t", "blockdiag_t", "a_tt", "deg", "out_deg"):
+            m = getattr(self, name)
+            setattr(g, name, None if m is None else m.to(dtype))
+        g.per_type = [m.to(dtype) for m in self.per_type]
+        g.per_type_t = [m.to(dtype) for m in self.per_type_t]
+        g._wt_pool = None
+        return g
 
     @property
     def num_types(self) -> int:
