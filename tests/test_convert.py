@@ -335,15 +335,34 @@ def test_a_linear_map_of_identity_gins_is_fused_and_exact(aggr, act, readout):
         torch.set_default_dtype(torch.float32)
 
 
-@pytest.mark.parametrize("case", ["trainable eps", "one type", "self-loops"])
+def test_a_fused_layer_reads_only_its_own_edge_types():
+    """The graph carries an edge type the encoder never reads (a user trial found nothing
+    fused then): the layers fuse on the types they read, exact."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        fast = _check(TypedLayers(types=TYPES[1:]), GRAPH, "mean_kept")  # one of the two types
+        assert _forms(fast.explain(DELETED))["lins.1"] == "fused"
+        extra = ("gene", "coexpression", "gene")
+        graph = dict(GRAPH)
+        graph[extra] = torch.stack([torch.arange(20, 30), torch.arange(1, 11)])
+        for readout in (None, "mean"):
+            fast = _check(TypedLayers(), graph, readout)
+            assert _forms(fast.explain(DELETED))["lins.1"] == "fused"
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("case", ["trainable eps", "eps differs", "self-loops"])
 def test_a_typed_layer_outside_the_fused_form_is_computed_conv_by_conv(case):
-    """A trainable eps, a concatenation that misses an edge type, or a graph with self-loops is
+    """A trainable eps, a fixed eps differing between the types, or a graph with self-loops is
     not fused: conv by conv, and exact all the same."""
     torch.set_default_dtype(torch.float64)
     try:
         graph = _with_loops(GRAPH) if case == "self-loops" else GRAPH
-        enc = TypedLayers(train_eps=case == "trainable eps",
-                          types=TYPES[:1] if case == "one type" else None)
+        enc = TypedLayers(train_eps=case == "trainable eps")
+        if case == "eps differs":
+            for layer in enc.convs:
+                layer[TYPES[0][1]].eps.fill_(0.5)
         fast = _check(enc, graph, "mean_kept")
         assert "fused" not in fast.explain(DELETED)
     finally:
@@ -491,12 +510,14 @@ def test_the_call_reads_nothing_back_from_the_device(monkeypatch, share):
     assert Watch.seen == []
 
 
-def test_a_plan_made_ahead_is_the_one_used_and_gives_the_same_result():
+@pytest.mark.parametrize("model", ["graph_mean", "typed"])
+def test_a_plan_made_ahead_is_the_one_used_and_gives_the_same_result(model):
     """plan_ahead plans in a thread; the call with the same deletions and mode uses that plan;
-    a bad batch is refused at once; a copy leaves the thread behind."""
+    a bad batch is refused at once; a copy leaves the thread behind. With conv-by-conv and
+    with fused layers (found by a user trial: planning a fused layer ahead raised)."""
     import copy
     torch.manual_seed(0)
-    enc = Encoder("graph_mean", "moduledict", "layernorm")
+    enc = TypedLayers() if model == "typed" else Encoder("graph_mean", "moduledict", "layernorm")
     fast = convert(enc, GRAPH, readout="mean_kept")
     x = torch.randn(N, F_IN)
     want = fast(x, DELETED)
@@ -579,6 +600,18 @@ def test_train_mode_batchnorm_and_dropout_are_refused_at_the_call():
             fast.train()(torch.randn(N, F_IN), DELETED)
 
 
+def test_a_module_the_forward_never_calls_is_not_refused():
+    """A train-mode BatchNorm the forward does not call mixes nothing (a user trial found it
+    refused); the same module called is refused."""
+    enc = Encoder("gin", "single", "linear")
+    enc.unused = nn.BatchNorm1d(H)
+    fast = convert(enc, GRAPH[TYPES[0]])
+    assert fast.train()(torch.randn(N, F_IN), DELETED).shape == (len(DELETED), N, H)
+    enc.post = nn.BatchNorm1d(H)
+    with pytest.raises(ValueError, match="batch mates"):
+        convert(enc, GRAPH[TYPES[0]]).train()(torch.randn(N, F_IN), DELETED)
+
+
 def test_functional_dropout_in_train_mode_is_refused_at_the_call():
     class Drop(Encoder):
         def forward(self, x, edges):
@@ -659,6 +692,8 @@ def test_bad_deleted_is_a_one_line_error():
         fast(x, torch.tensor([[N]]))
     with pytest.raises(ValueError, match="deletes gene 3 twice"):
         fast(x, torch.tensor([[3, 3]]))
+    with pytest.raises(ValueError, match="no rows: B must be at least 1"):
+        fast(x, torch.zeros(0, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="readout"):
         convert(Encoder("gin", "single", "linear"), GRAPH[TYPES[0]], readout="max")
 

@@ -324,9 +324,8 @@ class _Plan:
         self.groups: dict = {}  # input fx node -> (conv plans, row sizes): one product each
         self.dense_groups: dict = {}  # input fx node -> the dense convs reading it
         self.deleted: torch.Tensor | None = None  # [B, k] on the host
-        self.typed: dict = {}  # typed layer's linear fx node -> (form or None, type order)
-        self.corr = None  # the batch's Corrections (a fused typed layer's plan)
-        self.corr_rows: _Rows | None = None  # their rows
+        self.typed: dict = {}  # typed layer's linear node -> (form or None, type order, types)
+        self.corr: dict = {}  # edge types -> the batch's Corrections along them, their rows
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -436,8 +435,10 @@ class ConvertedEncoder(nn.Module):
         self.edges(key[0])  # what plans share is made here, not in two threads at once
         self._sums(key[1])
         self._tail(key[1])
-        for tl in set(self._typed(key[1]).values()):
-            self._shared(key[0], tl.aggr, torch.device("cpu"))
+        for node, tl in self._typed(key[1]).items():
+            found = self._typed_types(tl)
+            if node is tl.lin and found is not None:  # the graph its corrections are made on
+                self._shared(key[0], tl.aggr, torch.device("cpu"), found[0])
         kernels()
         if self._state["pool"] is None:
             self._state["pool"] = ThreadPoolExecutor(1, thread_name_prefix="convert-plan")
@@ -448,6 +449,9 @@ class ConvertedEncoder(nn.Module):
     def _plan_key(self, deleted: torch.Tensor, n: int | None) -> tuple[tuple, torch.Tensor]:
         n = n or self.num_nodes
         d = validate_deleted(deleted, n).cpu()
+        if d.shape[0] == 0:
+            raise ValueError("'deleted' has no rows: B must be at least 1 (a row of -1 deletes "
+                             "nothing)")
         return (n, self.encoder.training, tuple(d.shape), d.numpy().tobytes()), d
 
     def _make_plan(self, d: torch.Tensor, n: int, training: bool) -> _Plan:
@@ -539,52 +543,60 @@ class ConvertedEncoder(nn.Module):
                                                    self._kind_of, self._fused_cat)
         return self._device_graph[key]
 
-    def _shared(self, n: int, aggr: str, dev: torch.device) -> SharedGraph:
-        """The graph as the workbook's own kernels take it (made once per size, aggregation and
-        device)."""
-        key = ("shared", n, aggr, dev)
+    def _shared(self, n: int, aggr: str, dev: torch.device, types: tuple) -> SharedGraph:
+        """The graph of edge types ``types`` as the workbook's own kernels take it (made once per
+        size, aggregation, device and types)."""
+        key = ("shared", n, aggr, dev, types)
         if key not in self._device_graph:
             self._device_graph[key] = SharedGraph(
-                {str(i): e for i, e in enumerate(self.graph_in.values())}, num_nodes=n,
-                aggr=aggr, device=dev)
+                {str(i): e for i, (k, e) in enumerate(self.graph_in.items()) if k in types},
+                num_nodes=n, aggr=aggr, device=dev)
         return self._device_graph[key]
+
+    def _typed_types(self, tl) -> tuple[tuple, list] | None:
+        """The edge types a typed layer's parts read (in the graph's order) and, per type, the
+        part reading it (``convert_typed.type_order``)."""
+        keys = [None if self.keys is None else self.keys[_ph_index(p.args[1]) - 1]
+                if p.args[1].op == "placeholder" else object() for p in tl.parts]
+        return type_order(keys, list(self.graph_in))
 
     def _typed_form(self, tl, plan: _Plan, edges: dict) -> str | None:
         """This batch's form of a typed layer: ``first`` (its input is x), ``push`` (its input's
-        changed rows lie within the batch's correction rows), or None (conv by conv: the parts
-        do not read every edge type once, the graph has self-loops, or the input has changed
-        elsewhere)."""
+        changed rows lie within the batch's correction rows along the types it reads), or None
+        (conv by conv: two parts read one edge type, the graph has self-loops, or the input has
+        changed elsewhere)."""
         if tl.lin in plan.typed:
             return plan.typed[tl.lin][0]
-        keys = [plan.rows[p.args[1]][1] if isinstance(plan.rows.get(p.args[1]), tuple)
-                else object() for p in tl.parts]
-        order = type_order(keys, list(self.graph_in))
+        found = self._typed_types(tl)
         rows, form = plan.rows.get(tl.src), None
-        if order is not None and isinstance(rows, _Rows) and not rows.dense and \
-                not any(bool(e.loop.any()) for e in edges.values()):
+        types, order = found if found is not None else ((), None)
+        if found is not None and isinstance(rows, _Rows) and not rows.dense and \
+                not any(bool(edges[k].loop.any()) for k in types):
             if tl.src.op == "placeholder" and _ph_index(tl.src) == 0:
                 form = "first"
             else:
-                r = self._correction_rows(plan, tl.aggr)
+                r = self._correction_rows(plan, tl.aggr, types)
                 form = "push" if not bool((rows.mask & ~r.mask).any()) else None
         if form is not None:
-            self._correction_rows(plan, tl.aggr)
-        plan.typed[tl.lin] = (form, order)
+            self._correction_rows(plan, tl.aggr, types)
+        plan.typed[tl.lin] = (form, order, types)
         return form
 
-    def _correction_rows(self, plan: _Plan, aggr: str) -> _Rows:
-        """The batch's correction rows (the deleted genes and their out-neighbours), with the
-        :class:`Corrections` the fused layers run on (one compiled pass, made once per plan)."""
-        if plan.corr is None:
-            sg = self._shared(plan.num_nodes, aggr, torch.device("cpu"))
-            plan.corr = corrections(sg.out_edges, plan.deleted)
+    def _correction_rows(self, plan: _Plan, aggr: str, types: tuple) -> _Rows:
+        """The batch's correction rows along ``types`` (the deleted genes and their
+        out-neighbours), with the :class:`Corrections` the fused layers reading those types run
+        on (one compiled pass, made once per plan and types)."""
+        if types not in plan.corr:
+            sg = self._shared(plan.num_nodes, aggr, torch.device("cpu"), types)
+            corr = corrections(sg.out_edges, plan.deleted)
             mask = torch.zeros(plan.batch_size, plan.num_nodes, dtype=torch.bool)
-            mask[plan.corr.pair_sample, plan.corr.pair_gene] = True
-            plan.corr_rows = _Rows(mask)
-            plan.put(("corr_gene",), plan.corr.pair_gene)
-            plan.put(("corr_flat",), plan.corr_rows.flat)
-            plan.put(("corr_deleted",), plan.corr.pair_deleted)
-        return plan.corr_rows
+            mask[corr.pair_sample, corr.pair_gene] = True
+            rows = _Rows(mask)
+            plan.corr[types] = (corr, rows)
+            plan.put(("corr_gene", types), corr.pair_gene)
+            plan.put(("corr_flat", types), rows.flat)
+            plan.put(("corr_deleted", types), corr.pair_deleted)
+        return plan.corr[types][1]
 
     def _plan_typed(self, node: fx.Node, tl, plan: _Plan, edges: dict):
         """A node of a fused typed layer: its parts and concatenation are not computed; the map
@@ -597,12 +609,13 @@ class ConvertedEncoder(nn.Module):
                 e = edges[plan.rows[node.args[1]][1]]
                 plan.order.append((node.target, "GINConv", _TypedPlan(node.target, e, rows_in)))
             return None
-        form = plan.typed[tl.lin][0]
+        form, _, types = plan.typed[tl.lin]
+        corr_rows = plan.corr[types][1]
         n = plan.num_nodes
         if form == "first":
-            rows_out = plan.corr_rows
+            rows_out = corr_rows
         else:
-            es = list(edges.values())
+            es = [edges[k] for k in types]
 
             def changed():
                 out = rows_in.mask.clone()
@@ -612,7 +625,7 @@ class ConvertedEncoder(nn.Module):
             rows_out = _Rows(torch.ones(plan.batch_size, n, dtype=torch.bool), dense=True,
                              changed=changed)
             plan.put(("typed_pos", id(tl.lin)),
-                     torch.from_numpy(plan.corr_rows.pos[rows_in.flat.numpy()]))
+                     torch.from_numpy(corr_rows.pos[rows_in.flat.numpy()]))
             plan.put(("typed_gene", id(tl.lin)), rows_in.flat % n)
         plan.order.append((tl.lin.target, type(self._named[tl.lin.target]).__name__,
                            _TypedLin(rows_in, rows_out, form)))
@@ -770,9 +783,13 @@ class ConvertedEncoder(nn.Module):
         return out if isinstance(out, torch.Tensor) else self._readout(out, plan)
 
     def _check_mode(self) -> None:
-        """Refuse, in the encoder's current mode, what mixes rows only in train mode."""
+        """Refuse, in the encoder's current mode, what mixes rows only in train mode (among the
+        modules the forward calls, and theirs)."""
+        called = tuple(n.target for n in self._graph(self.encoder.training).nodes
+                       if n.op == "call_module")
         for path, m in self.encoder.named_modules():
-            if isinstance(m, MODE_DEPENDENT):
+            if isinstance(m, MODE_DEPENDENT) and (path in called or path.startswith(
+                    tuple(c + "." for c in called))):
                 per_node_problem(m, path, at_convert=False)
 
     def wildtype(self, x: torch.Tensor) -> torch.Tensor:
@@ -901,44 +918,47 @@ class ConvertedEncoder(nn.Module):
     def _run_typed(self, tl, env: dict, plan: _Plan, dev) -> _Val:
         """A fused typed layer (:mod:`.convert_typed`) by the workbook's own kernels: each type's
         map before the push, the ReLU inside it."""
-        form, order = plan.typed[tl.lin]
+        form, order, types = plan.typed[tl.lin]
+        corr_rows = plan.corr[types][1]
         m = self._named[tl.lin.target]
         vin = env[tl.src]
         b, n = plan.keep.shape
         ho, t = m.weight.shape[0], len(order)
         w = m.weight if order == list(range(t)) else \
             m.weight.view(ho, t, -1)[:, order].reshape(ho, -1)  # blocks in the graph's order
-        nb = self._node_batch(plan, tl.aggr, dev, vin.wt.dtype)
+        nb = self._node_batch(plan, tl.aggr, types, dev, vin.wt.dtype)
         relu = tl.relu is not None
+        eps = self._named[tl.parts[0].target].eps  # its buffer (equal in every part): no read
         for p in tl.parts:
             self._widths[(p.target, plan.rows[p.args[1]][1])] = int(ho)
         if form == "first":
-            h = nb.first_layer_delta(vin.wt, w, m.bias, eps=tl.eps, relu=relu)
-            gene = plan.dev(("corr_gene",), None, dev)
+            h = nb.first_layer_delta(vin.wt, w, m.bias, eps=eps, relu=relu)
+            gene = plan.dev(("corr_gene", types), None, dev)
             values = h.wildtype.index_select(0, gene) + h.delta
             # a deleted gene's own row: its x is zero and it receives nothing, so the map's bias
             # (the kernels keep its x there: the workbook's model never reads that row)
             own = values.new_zeros(ho) if m.bias is None else m.bias
             own = own.relu() if relu else own
-            deleted = plan.dev(("corr_deleted",), None, dev).unsqueeze(1)
+            deleted = plan.dev(("corr_deleted", types), None, dev).unsqueeze(1)
             return _Val(h.wildtype, torch.where(deleted, own, values), plan.rows[tl.lin])
         d = vin.values - vin.wt.index_select(0, plan.dev(("typed_gene", id(tl.lin)), None, dev))
-        if vin.rows.count != plan.corr_rows.count:  # within the correction rows, not all
-            d = d.new_zeros(plan.corr_rows.count, d.shape[1]).index_copy(
+        if vin.rows.count != corr_rows.count:  # within the correction rows, not all
+            d = d.new_zeros(corr_rows.count, d.shape[1]).index_copy(
                 0, plan.dev(("typed_pos", id(tl.lin)), None, dev), d)
-        out, wt = nb.delta_layer(DeltaFeatures(vin.wt, d, plan.dev(("corr_flat",), None, dev), b),
-                                 w, m.bias, eps=tl.eps, relu=relu, with_wildtype=True)
+        out, wt = nb.delta_layer(DeltaFeatures(vin.wt, d, plan.dev(("corr_flat", types), None, dev), b),
+                                 w, m.bias, eps=eps, relu=relu, with_wildtype=True)
         return _Val(wt, out.reshape(b * n, ho), plan.rows[tl.lin])
 
-    def _node_batch(self, plan: _Plan, aggr: str, dev, dtype) -> NodeMaskBatch:
+    def _node_batch(self, plan: _Plan, aggr: str, types: tuple, dev, dtype) -> NodeMaskBatch:
         """The batch as the workbook's own kernels take it, on ``dev`` (made once per plan)."""
-        key = ("node_batch", aggr, dev, dtype)
+        key = ("node_batch", aggr, types, dev, dtype)
         if key not in plan._dev:
-            corr = plan.corr if dev.type == "cpu" else plan.corr.to(dev)
+            corr = plan.corr[types][0]
+            corr = corr if dev.type == "cpu" else corr.to(dev)
             corr = dataclasses.replace(corr, **{  # the CPU backward's selections, in dtype
                 f: getattr(corr, f).to(dtype) for f in corr.BACKWARD_ONLY_ON_CPU
                 if getattr(corr, f) is not None and getattr(corr, f).dtype != dtype})
-            nb = NodeMaskBatch(self._shared(plan.num_nodes, aggr, dev).with_dtype(dtype),
+            nb = NodeMaskBatch(self._shared(plan.num_nodes, aggr, dev, types).with_dtype(dtype),
                                plan.deleted, corr, validate=False)
             nb.keep = nb.keep.to(dtype)
             plan._dev[key] = nb

@@ -1,14 +1,15 @@
 """The fused typed layer of a converted encoder: a linear map of the concatenated per-type sums of
 identity GINs, run by :class:`~workbook_lib.nodemask.batch.NodeMaskBatch`'s own kernels.
 
-``lin(cat([GIN_t(h, A_t) for every edge type t]))`` with ``GIN_t`` an identity-``nn`` GIN (one
+``lin(cat([GIN_t(h, A_t) for each edge type t it reads]))`` with ``GIN_t`` an identity-``nn`` GIN (one
 fixed ``eps``, one aggregation) is ``sum_t A_t (h W_t^T) + (1 + eps) h (sum_t W_t)^T + b``: each
 type's map can act before the aggregation, on the few rows that changed, and the mapped messages
 are pushed along those rows' out-edges straight into the layer's output, where the conv-by-conv
 form aggregates every type on every changed receiver and maps each of those rows after. This
 is the form :mod:`.batch` and :mod:`.delta` compute for the workbook's own model
 (``first_layer_delta`` when ``h`` is the input ``x``; ``delta_layer`` when ``h``'s changed rows
-lie within the batch's correction rows, the deleted genes and their out-neighbours); a ReLU
+lie within the batch's correction rows, the deleted genes and their out-neighbours along the
+types the layer reads), on the graph of those types; a ReLU
 that is the map's only user runs inside the push. Elsewhere the conv-by-conv form is used.
 
 Written here because the pattern is this library's subject (which layers of a user's model
@@ -29,7 +30,7 @@ from torch_geometric.nn.dense.linear import Linear as PygLinear
 _RELU_FUNCTIONS = (torch.relu, F.relu)
 
 
-@dataclass
+@dataclass(eq=False)
 class TypedLayer:
     """One ``lin(cat([GIN_t(src, edges_t)]))`` in the traced forward (fx nodes), with its fixed
     ``eps`` and aggregation (``"sum"`` or ``"mean"``, as :class:`SharedGraph` names them)."""
@@ -108,10 +109,10 @@ def typed_layers(graph: fx.Graph, named: dict, kind_of, fused_cat) -> dict:
     return found
 
 
-def type_order(keys: list, graph_keys: list) -> list | None:
-    """Per graph edge type (in the graph's order), the index of the part reading it; None unless
-    the parts read every edge type once."""
-    if len(keys) != len(graph_keys) or set(keys) != set(graph_keys) or \
-            len(set(keys)) != len(keys):
+def type_order(keys: list, graph_keys: list) -> tuple[tuple, list] | None:
+    """The edge types the parts read, in the graph's order, and per type the index of the part
+    reading it; None unless each part reads its own edge type of the graph."""
+    if len(set(keys)) != len(keys) or not set(keys) <= set(graph_keys):
         return None
-    return [keys.index(k) for k in graph_keys]
+    types = tuple(k for k in graph_keys if k in set(keys))
+    return types, [keys.index(k) for k in types]
