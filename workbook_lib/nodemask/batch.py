@@ -334,10 +334,10 @@ class NodeMaskBatch:
         return DeltaFeatures(wildtype=wt, delta=new_rows - wt_rows,
                              rows=c.pair_sample * g.num_nodes + gene, batch_size=self.batch_size)
 
-    def _delta_parts(self, h: DeltaFeatures, weight: torch.Tensor,
+    def delta_parts(self, h: DeltaFeatures, weight: torch.Tensor,
                      bias: torch.Tensor | None, eps: float):
         """What the delta layer pushes: ``(base [N, Ho], messages [M, Ho], weights, rows
-        [R, Ho])`` (see :meth:`delta_layer`)."""
+        [R, Ho])`` (see :meth:`delta_layer`), for ``delta.push`` or ``delta.push_pooled``."""
         g, c = self.graph, self.corrections()
         if c.plan is None or c.pair_out is None or c.changed_slot is None \
                 or c.msg_pair is None:
@@ -373,7 +373,7 @@ class NodeMaskBatch:
                     relu: bool = True, with_wildtype: bool = False):
         """:meth:`layer` for features in delta form, delta-propagated (equal to
         ``layer(h.dense(), ...)``); ``with_wildtype`` also returns the wildtype ``[N, H_out]``."""
-        base, u, w, corr = self._delta_parts(h, weight, bias, eps)
+        base, u, w, corr = self.delta_parts(h, weight, bias, eps)
         out = push(self.graph, self.corrections(), base, u, w, self.push_kernel, rows=corr,
                    relu=relu)
         if with_wildtype:
@@ -386,7 +386,7 @@ class NodeMaskBatch:
                            with_wildtype: bool = False):
         """``pooled_layer(delta_layer(h, weight, bias), last_weight, last_bias)`` in one go; with
         ``with_wildtype`` also the middle layer's wildtype output ``[N, H]``."""
-        base, u, w, corr = self._delta_parts(h, weight, bias, eps)
+        base, u, w, corr = self.delta_parts(h, weight, bias, eps)
         pooled = push_pooled(self.graph, self.corrections(), base, u, w, self._pool_weights_1(),
                              self.push_kernel, rows=corr)  # [B, T + 1, H]
         out = self._pooled_map(pooled, last_weight, last_bias, eps)

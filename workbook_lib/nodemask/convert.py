@@ -30,6 +30,7 @@ from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..results.floor import ConvertFloor, FloorPart
 from .batch import DeltaFeatures, NodeMaskBatch
+from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import MODE_DEPENDENT, ConvertError, check_graph, conv_kind, per_node_problem, trace
 from .compiled import kernels
@@ -251,6 +252,32 @@ class _Val:
         if self._table is None:
             self._table = torch.cat([self.wt, self.values])
         return self._table
+
+
+class _PushedVal(_Val):
+    """A fused layer's output with its ReLU (:meth:`ConvertedEncoder._run_typed`): every row,
+    pushed when first read (``values``), or read by a weighted sum over genes inside the push
+    without being written (:meth:`pooled`, the pooled readout's dense input)."""
+
+    def __init__(self, nb, parts: tuple, rows: "_Rows"):
+        self.nb, self.parts, self.rows, self._table = nb, parts, rows, None
+        self.wt = torch.relu(parts[0])
+        self._values: torch.Tensor | None = None
+
+    @property
+    def values(self) -> torch.Tensor:
+        if self._values is None:
+            base, u, w, rows = self.parts
+            out = push(self.nb.graph, self.nb.corrections(), base, u, w, self.nb.push_kernel,
+                       rows=rows, relu=True)
+            self._values = out.reshape(-1, out.shape[-1])
+        return self._values
+
+    def pooled(self, weights: torch.Tensor) -> torch.Tensor:
+        """``[B, K, H]``: ``weights`` ``[B, K, N]`` times each sample's rows."""
+        base, u, w, rows = self.parts
+        return push_pooled(self.nb.graph, self.nb.corrections(), base, u, w, weights,
+                           self.nb.push_kernel, rows=rows)
 
 
 @dataclass
@@ -945,9 +972,12 @@ class ConvertedEncoder(nn.Module):
         if vin.rows.count != corr_rows.count:  # within the correction rows, not all
             d = d.new_zeros(corr_rows.count, d.shape[1]).index_copy(
                 0, plan.dev(("typed_pos", id(tl.lin)), None, dev), d)
-        out, wt = nb.delta_layer(DeltaFeatures(vin.wt, d, plan.dev(("corr_flat", types), None, dev), b),
-                                 w, m.bias, eps=eps, relu=relu, with_wildtype=True)
-        return _Val(wt, out.reshape(b * n, ho), plan.rows[tl.lin])
+        parts = nb.delta_parts(DeltaFeatures(vin.wt, d, plan.dev(("corr_flat", types), None,
+                                                                 dev), b), w, m.bias, eps)
+        if relu:  # its rows made only if read: a pooled readout reads them inside the push
+            return _PushedVal(nb, parts, plan.rows[tl.lin])
+        out = push(nb.graph, nb.corrections(), *parts[:3], nb.push_kernel, rows=parts[3])
+        return _Val(parts[0], out.reshape(b * n, ho), plan.rows[tl.lin])
 
     def _node_batch(self, plan: _Plan, aggr: str, types: tuple, dev, dtype) -> NodeMaskBatch:
         """The batch as the workbook's own kernels take it, on ``dev`` (made once per plan)."""
@@ -1236,7 +1266,8 @@ class ConvertedEncoder(nn.Module):
         dtype = next(v.wt.dtype for v in env.values() if isinstance(v, _Val))
         w0 = plan.dev(("w0",), None, dev).to(dtype)
         Pooler(tail, self._named, self._kind_of, env, ask, record).pool(out, w0)
-        answers = {k: list(torch.bmm(torch.stack(ws, 1), v.values.view(b, n, -1)).unbind(1))
+        answers = {k: list((v.pooled(torch.stack(ws, 1)) if isinstance(v, _PushedVal) else
+                            torch.bmm(torch.stack(ws, 1), v.values.view(b, n, -1))).unbind(1))
                    for k, (v, ws) in asked.items()}
         replay = iter(spreads)
 
