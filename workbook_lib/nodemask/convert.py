@@ -1350,7 +1350,7 @@ class ConvertedEncoder(nn.Module):
                                       else f"{type(self.readout_module).__name__} over kept "
                                            "genes (its own module, run on every kept row)"))
         if any(isinstance(w, _TypedLin) for _, _, w in plan.order):
-            lines.append("  (fused: a linear map of identity GINs' sums over every edge type, "
+            lines.append("  (fused: a linear map of identity GINs' sums over its edge types, "
                          "each type's map applied before its push, on the changed rows only: "
                          "the workbook's own delta kernels)")
         if any(isinstance(w, _PooledPlan) for _, _, w in plan.order):
