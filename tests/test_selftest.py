@@ -38,19 +38,19 @@ def test_delta_path_checks_fail_when_the_step_syncs_or_errs(monkeypatch):
     graph = load_snapshot(params)
     cpu = torch.device("cpu")
     assert selftest.check_delta_syncs(params, cpu, graph).status == selftest.OK
-    real = NodeMaskBatch._delta_parts  # what the delta layer pushes, pooled or not
+    real = NodeMaskBatch.delta_parts  # what the delta layer pushes, pooled or not
 
     def syncing(self, h, *a, **k):
         h.delta.sum().item()  # a host read in the hot path
         return real(self, h, *a, **k)
-    monkeypatch.setattr(NodeMaskBatch, "_delta_parts", syncing)
+    monkeypatch.setattr(NodeMaskBatch, "delta_parts", syncing)
     bad = selftest.check_delta_syncs(params, cpu, graph)
     assert bad.status == selftest.FAILED and "1 per step" in bad.detail
 
     def wrong(self, h, *a, **k):
         base, u, w, rows = real(self, h, *a, **k)
         return base * 1.01, u, w, rows
-    monkeypatch.setattr(NodeMaskBatch, "_delta_parts", wrong)
+    monkeypatch.setattr(NodeMaskBatch, "delta_parts", wrong)
     checks = selftest.check_delta_exactness(params, cpu, graph)
     assert checks and all(c.status == selftest.FAILED for c in checks)
 

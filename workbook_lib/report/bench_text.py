@@ -87,13 +87,12 @@ def convert_lines(r: BenchResult) -> list[str]:
     if masked is not None:
         out.append(f"masked copies at B = {masked.batch_size}: {masked.batch_reason}; masks "
                    "built outside the step (a data loader's work), convert's plan made in it")
-    out.append(f"few-reach graph: {c.few_reach_edges_per_type:,} edges sampled per type; "
-               "the workbook's model converted differs from the hand-written form only in "
-               "the deleted genes' own rows (convert zeroes their inputs)")
+    out.append(f"few-reach graph: {c.few_reach_edges_per_type:,} edges sampled per type")
     errs = ", ".join(f"{k} {v:.1e}" for k, v in c.exact_max_rel_error.items())
     out.append(f"convert exact max rel. error on {c.exact_genes} genes: {errs} "
                "(TorchCell-shaped vs masked copies in float64; the workbook's model vs its "
-               "hand-written form on kept genes in float32)")
+               "hand-written form on kept genes in float32: the two differ only in the deleted "
+               "genes' own rows, whose inputs convert zeroes)")
     return out
 
 
