@@ -86,9 +86,12 @@ def test_real_trace_exclusive_times_add_up_to_the_profiled_wall_time(tmp_path):
     # that the first recorded step's span also holds the end of the profiler's own switch to
     # recording (milliseconds, more on a loaded machine)
     spans = [d / 1e6 for _, d in sorted((e.ts, e.dur) for e in tr.events if e.is_step)]
+    # (a step's span also holds prof.step()'s own bookkeeping, which a loaded machine stretches
+    # by milliseconds: fresh-clone CI once saw 34.2 ms against 30.1 measured, hence the abs)
     for dur, wall in list(zip(spans, measured))[1:]:
-        assert dur == pytest.approx(wall, rel=0.05)
-    assert sum(main_row.ranges.values()) - spans[0] == pytest.approx(sum(measured[1:]), rel=0.05)
+        assert dur == pytest.approx(wall, rel=0.05, abs=0.005)
+    assert sum(main_row.ranges.values()) - spans[0] == pytest.approx(sum(measured[1:]), rel=0.05,
+                                                                     abs=0.01)
     assert "my:forward > my:inner" in main_row.ranges and "my:backward" in main_row.ranges
     assert any(k.startswith("enumerate(DataLoader)") for k in main_row.ranges)
     # summing nested durations instead counts the same time several times
