@@ -37,6 +37,7 @@ from .compiled import kernels
 from .convert_typed import type_order, typed_layers
 from .corrections import corrections, validate_deleted
 from .floor import _dense, _sparse
+from .kernels import csr_index_dtype
 from .graph import SharedGraph
 
 READOUTS = ("mean", "mean_kept", "sum_kept")
@@ -254,6 +255,14 @@ class _Val:
         return self._table
 
 
+def _push_rows(nb, parts: tuple, relu: bool) -> torch.Tensor:
+    """``[B * N, H]``: every row of a fused layer, pushed (``delta.push`` of
+    ``NodeMaskBatch.delta_parts``)."""
+    base, u, w, rows = parts
+    out = push(nb.graph, nb.corrections(), base, u, w, nb.push_kernel, rows=rows, relu=relu)
+    return out.reshape(-1, out.shape[-1])
+
+
 class _PushedVal(_Val):
     """A fused layer's output with its ReLU (:meth:`ConvertedEncoder._run_typed`): every row,
     pushed when first read (``values``), or read by a weighted sum over genes inside the push
@@ -267,10 +276,7 @@ class _PushedVal(_Val):
     @property
     def values(self) -> torch.Tensor:
         if self._values is None:
-            base, u, w, rows = self.parts
-            out = push(self.nb.graph, self.nb.corrections(), base, u, w, self.nb.push_kernel,
-                       rows=rows, relu=True)
-            self._values = out.reshape(-1, out.shape[-1])
+            self._values = _push_rows(self.nb, self.parts, relu=True)
         return self._values
 
     def pooled(self, weights: torch.Tensor) -> torch.Tensor:
@@ -570,14 +576,16 @@ class ConvertedEncoder(nn.Module):
                                                    self._kind_of, self._fused_cat)
         return self._device_graph[key]
 
-    def _shared(self, n: int, aggr: str, dev: torch.device, types: tuple) -> SharedGraph:
-        """The graph of edge types ``types`` as the workbook's own kernels take it (made once per
-        size, aggregation, device and types)."""
-        key = ("shared", n, aggr, dev, types)
+    def _shared(self, n: int, aggr: str, dev: torch.device, types: tuple,
+                dtype: torch.dtype | None = None) -> SharedGraph:
+        """The graph of edge types ``types`` as the workbook's own kernels take it, its matrices
+        in ``dtype`` if given (made once per size, aggregation, device, types and dtype)."""
+        key = ("shared", n, aggr, dev, types, dtype)
         if key not in self._device_graph:
             self._device_graph[key] = SharedGraph(
                 {str(i): e for i, (k, e) in enumerate(self.graph_in.items()) if k in types},
-                num_nodes=n, aggr=aggr, device=dev)
+                num_nodes=n, aggr=aggr, device=dev) if dtype is None else \
+                self._shared(n, aggr, dev, types).with_dtype(dtype)
         return self._device_graph[key]
 
     def _typed_types(self, tl) -> tuple[tuple, list] | None:
@@ -599,13 +607,11 @@ class ConvertedEncoder(nn.Module):
         types, order = found if found is not None else ((), None)
         if found is not None and isinstance(rows, _Rows) and not rows.dense and \
                 not any(bool(edges[k].loop.any()) for k in types):
+            r = self._correction_rows(plan, tl.aggr, types)
             if tl.src.op == "placeholder" and _ph_index(tl.src) == 0:
                 form = "first"
-            else:
-                r = self._correction_rows(plan, tl.aggr, types)
-                form = "push" if not bool((rows.mask & ~r.mask).any()) else None
-        if form is not None:
-            self._correction_rows(plan, tl.aggr, types)
+            elif not bool((rows.mask & ~r.mask).any()):
+                form = "push"
         plan.typed[tl.lin] = (form, order, types)
         return form
 
@@ -812,8 +818,11 @@ class ConvertedEncoder(nn.Module):
     def _check_mode(self) -> None:
         """Refuse, in the encoder's current mode, what mixes rows only in train mode (among the
         modules the forward calls, and theirs)."""
-        called = tuple(n.target for n in self._graph(self.encoder.training).nodes
-                       if n.op == "call_module")
+        key = ("called", self.encoder.training)
+        if key not in self._device_graph:
+            self._device_graph[key] = tuple(n.target for n in self._graph(
+                self.encoder.training).nodes if n.op == "call_module")
+        called = self._device_graph[key]
         for path, m in self.encoder.named_modules():
             if isinstance(m, MODE_DEPENDENT) and (path in called or path.startswith(
                     tuple(c + "." for c in called))):
@@ -976,8 +985,7 @@ class ConvertedEncoder(nn.Module):
                                                                  dev), b), w, m.bias, eps)
         if relu:  # its rows made only if read: a pooled readout reads them inside the push
             return _PushedVal(nb, parts, plan.rows[tl.lin])
-        out = push(nb.graph, nb.corrections(), *parts[:3], nb.push_kernel, rows=parts[3])
-        return _Val(parts[0], out.reshape(b * n, ho), plan.rows[tl.lin])
+        return _Val(parts[0], _push_rows(nb, parts, relu=False), plan.rows[tl.lin])
 
     def _node_batch(self, plan: _Plan, aggr: str, types: tuple, dev, dtype) -> NodeMaskBatch:
         """The batch as the workbook's own kernels take it, on ``dev`` (made once per plan)."""
@@ -988,7 +996,7 @@ class ConvertedEncoder(nn.Module):
             corr = dataclasses.replace(corr, **{  # the CPU backward's selections, in dtype
                 f: getattr(corr, f).to(dtype) for f in corr.BACKWARD_ONLY_ON_CPU
                 if getattr(corr, f) is not None and getattr(corr, f).dtype != dtype})
-            nb = NodeMaskBatch(self._shared(plan.num_nodes, aggr, dev, types).with_dtype(dtype),
+            nb = NodeMaskBatch(self._shared(plan.num_nodes, aggr, dev, types, dtype),
                                plan.deleted, corr, validate=False)
             nb.keep = nb.keep.to(dtype)
             plan._dev[key] = nb
@@ -1039,28 +1047,28 @@ class ConvertedEncoder(nn.Module):
             b, n = plan.keep.shape
             full = _full(vin, plan, dev)  # [B, N, F]
             src = m.lin(full) if gcn else full
-            keep = plan.dev(k + ("keep",), h["keep"], dev).to(src.dtype).unsqueeze(-1)
+            keep = plan.dev(k + ("keep",), h["keep"], dev, src.dtype).unsqueeze(-1)
             scale = keep
             if gcn and m.normalize:
-                dinv = plan.dev(k + ("dinv",), h["dinv"], dev).to(src.dtype).unsqueeze(-1)
+                dinv = plan.dev(k + ("dinv",), h["dinv"], dev, src.dtype).unsqueeze(-1)
                 scale = keep * dinv
             a = self._adjacency(cp.edges, dev, src.dtype)
             w = src.shape[-1]
             agg = torch.sparse.mm(a, (src * scale).transpose(0, 1).reshape(n, b * w))
             agg = agg.view(n, b, w).transpose(0, 1) * scale
             if not gcn and m.aggr == "mean":
-                agg = agg * plan.dev(k + ("inv",), h["inv_cnt"], dev).to(src.dtype).unsqueeze(-1)
+                agg = agg * plan.dev(k + ("inv",), h["inv_cnt"], dev, src.dtype).unsqueeze(-1)
             self_x, agg = src.reshape(b * n, w), agg.reshape(b * n, w)
             if gcn and m.normalize:
-                self_x = self_x * plan.dev(k + ("sc",), h["self_coef"], dev).to(
-                    src.dtype).reshape(b * n, 1)
+                self_x = self_x * plan.dev(k + ("sc",), h["self_coef"], dev,
+                                           src.dtype).reshape(b * n, 1)
         else:
             table = vin.table()
             if gcn:
                 table = m.lin(table)
             # the changed rows' in-edges as one CSR product: a gather and scatter-add whose
             # backward on the CPU is a serial scatter (several times the product's time)
-            val = plan.dev(k + ("w",), h["weight"], dev).to(table.dtype) if "weight" in h \
+            val = plan.dev(k + ("w",), h["weight"], dev, table.dtype) if "weight" in h \
                 else table.new_ones(h["src"].numel())
             a = torch.sparse_csr_tensor(plan.dev(k + ("crow",), h["crow"], dev),
                                         plan.dev(k + ("src",), h["src"], dev), val,
@@ -1069,8 +1077,8 @@ class ConvertedEncoder(nn.Module):
             agg = torch.sparse.mm(a, table)
             self_x = table.index_select(0, plan.dev(k + ("self",), h["self_idx"], dev))
             if gcn and m.normalize:
-                self_x = self_x * plan.dev(k + ("sc",), h["self_coef"], dev).to(
-                    table.dtype).unsqueeze(1)
+                self_x = self_x * plan.dev(k + ("sc",), h["self_coef"], dev,
+                                           table.dtype).unsqueeze(1)
         self._widths[k] = int(agg.shape[-1])
         return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
 
@@ -1096,7 +1104,7 @@ class ConvertedEncoder(nn.Module):
         i = at[id(cp)]
         k = g + (cp.path, cp.edges.key)
         agg = deltas[2 * i] + wts[i].index_select(0, plan.dev(k + ("genes",), None, dev)) * \
-            plan.dev(k + ("gfac",), None, dev).to(vin.wt.dtype)
+            plan.dev(k + ("gfac",), None, dev, vin.wt.dtype)
         self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
         return _Val(_finish(cp.kind, m, wts[i], vin.wt),
                     _finish(cp.kind, m, agg, deltas[2 * i + 1]), cp.rows_out)
@@ -1114,10 +1122,10 @@ class ConvertedEncoder(nn.Module):
             b, n = plan.keep.shape
             full = _full(vin, plan, dev)  # [B, N, F]
             f, dtype = full.shape[-1], full.dtype
-            keep = plan.dev(("keep_bn1",), None, dev).to(dtype)
+            keep = plan.dev(("keep_bn1",), None, dev, dtype)
             a, _ = self._stack([c.edges for c in cps], [False] * len(cps), dev, dtype)
             ats = [self._stack([c.edges], [False], dev, dtype)[1] for c in cps]
-            scale = plan.dev(("dscale", id(cp.src)), None, dev).to(dtype)  # [B, T, N, 1]
+            scale = plan.dev(("dscale", id(cp.src)), None, dev, dtype)  # [B, T, N, 1]
             aggs = _SlabParts.apply(full * keep, a, scale, *ats)
             wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype))
             grouped[key] = (wt.split(n), aggs, full.reshape(b * n, f),
@@ -1243,10 +1251,10 @@ class ConvertedEncoder(nn.Module):
             key = plan.rows[node.args[1]][1]
             e = self.edges(n)[key]
             if m.aggr == "mean":
-                w = w * plan.dev(("inv_cnt", key), None, dev).to(w.dtype)
+                w = w * plan.dev(("inv_cnt", key), None, dev, w.dtype)
             a, at = self._stack([e], [False], dev, w.dtype)
             return _SpMM.apply(w.t().contiguous(), at, a).t() * \
-                plan.dev(("keepf",), None, dev).to(w.dtype)
+                plan.dev(("keepf",), None, dev, w.dtype)
 
         # two passes: the first records every weight a dense input is read with (and each
         # spread, which the second replays), so that each dense input is read once, by one
@@ -1264,7 +1272,7 @@ class ConvertedEncoder(nn.Module):
             return spreads[-1]
 
         dtype = next(v.wt.dtype for v in env.values() if isinstance(v, _Val))
-        w0 = plan.dev(("w0",), None, dev).to(dtype)
+        w0 = plan.dev(("w0",), None, dev, dtype)
         Pooler(tail, self._named, self._kind_of, env, ask, record).pool(out, w0)
         answers = {k: list((v.pooled(torch.stack(ws, 1)) if isinstance(v, _PushedVal) else
                             torch.bmm(torch.stack(ws, 1), v.values.view(b, n, -1))).unbind(1))
@@ -1291,7 +1299,7 @@ class ConvertedEncoder(nn.Module):
                                        index=plan.dev(("kept_b",), None, dev), dim_size=b)
         rows = out.rows
         wt_rows = out.wt.index_select(0, plan.dev(("r_n",), None, dev))
-        vals = out.values * plan.dev(("r_kept",), None, dev).to(out.values.dtype).unsqueeze(1)
+        vals = out.values * plan.dev(("r_kept",), None, dev, out.values.dtype).unsqueeze(1)
         rb = plan.dev(("r_b",), None, dev)
         total = out.wt.sum(0).expand(b, -1) if not rows.dense else 0
         if not rows.dense:
@@ -1301,7 +1309,7 @@ class ConvertedEncoder(nn.Module):
             return total
         if self.readout_kind == "mean":
             return total / n
-        return total / plan.dev(("nkept",), None, dev).to(total.dtype)
+        return total / plan.dev(("nkept",), None, dev, total.dtype)
 
     # --- what a batch costs ----------------------------------------------------------------
 
@@ -1588,8 +1596,7 @@ def _csr_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _csr_pair(rows, cols, vals, nrows: int, ncols: int, dev, dtype=None):
     """CSR ``[nrows, ncols]`` of COO entries (``rows`` ascending) and its transpose."""
     order = torch.argsort(cols, stable=True)
-    small = max(nrows, ncols, int(rows.numel())) < 2 ** 31 - 1  # int32 indices: a faster product
-    idx = torch.int32 if small else torch.int64
+    idx = csr_index_dtype(nrows, ncols, int(rows.numel()))
     out = []
     for r, c, v, shape in ((rows, cols, vals, (nrows, ncols)),
                            (cols[order], rows[order], vals[order], (ncols, nrows))):
@@ -1611,9 +1618,8 @@ def _plan_groups(plan: _Plan) -> None:
     pair = kernels().csr_pair  # both orientations, by compiled counting sorts
     for src, cps in groups.items():
         total = sum(int(cp.host["push"][0][-1]) + 2 * cp.rows_out.count for cp in cps)
-        # int32 indices where they fit: the product runs faster on them
-        idx_t = np.int32 if max(total, n + cps[0].rows_in.count, sum(
-            cp.rows_out.count for cp in cps)) < 2 ** 31 - 1 else np.int64
+        idx_t = np.int32 if csr_index_dtype(total, n + cps[0].rows_in.count, sum(
+            cp.rows_out.count for cp in cps)) == torch.int32 else np.int64
         rows_in = cps[0].rows_in
         ncol = n + rows_in.count
         crows, cols, vals, sizes, nnz = [], [], [], [], 0

@@ -32,15 +32,15 @@ _RELU_FUNCTIONS = (torch.relu, F.relu)
 
 @dataclass(eq=False)
 class TypedLayer:
-    """One ``lin(cat([GIN_t(src, edges_t)]))`` in the traced forward (fx nodes), with its fixed
-    ``eps`` and aggregation (``"sum"`` or ``"mean"``, as :class:`SharedGraph` names them)."""
+    """One ``lin(cat([GIN_t(src, edges_t)]))`` in the traced forward (fx nodes), with its
+    aggregation (``"sum"`` or ``"mean"``, as :class:`SharedGraph` names them); its fixed eps, equal
+    in every part, is read from the parts' buffer at each call."""
 
     lin: fx.Node
     cat: fx.Node
     parts: list
     src: fx.Node
     relu: fx.Node | None
-    eps: float
     aggr: str
 
     def nodes(self) -> list:
@@ -98,12 +98,10 @@ def typed_layers(graph: fx.Graph, named: dict, kind_of, fused_cat) -> dict:
                 continue
         except ValueError:
             continue
-        eps = {float(c.eps) for c in convs}
         aggr = {"mean" if c.aggr == "mean" else "sum" for c in convs}
-        if len(eps) != 1 or len(aggr) != 1:
+        if len({float(c.eps) for c in convs}) != 1 or len(aggr) != 1:
             continue
-        layer = TypedLayer(lin, cat, parts, parts[0].args[0], _relu_user(lin, named),
-                           eps.pop(), aggr.pop())
+        layer = TypedLayer(lin, cat, parts, parts[0].args[0], _relu_user(lin, named), aggr.pop())
         for node in layer.nodes():
             found[node] = layer
     return found
