@@ -352,6 +352,39 @@ def test_a_fused_layer_reads_only_its_own_edge_types():
         torch.set_default_dtype(torch.float32)
 
 
+@pytest.mark.parametrize("readout", [None, "mean"])
+def test_the_fused_layers_gpu_kernel_is_exact_and_reads_nothing_back(monkeypatch, readout):
+    """The fused layers with the push kernel a CUDA device gets (``index_add``), driven on the
+    CPU: exact, and the forward and backward make no read-back operation."""
+    import workbook_lib.nodemask.batch as batch_module
+    monkeypatch.setattr(batch_module, "default_push_kernel", lambda device: "index_add")
+    torch.set_default_dtype(torch.float64)
+    try:
+        fast = _check(TypedLayers(), GRAPH, readout)
+        assert _forms(fast.explain(DELETED))["lins.1"] == "fused"
+        plan = fast.plan(DELETED, N)
+        assert all(nb.push_kernel == "index_add" for k, nb in plan._dev.items()
+                   if k[0] == "node_batch")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    syncing = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "is_nonzero")
+
+    class Watch(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(s in str(func) for s in syncing):
+                Watch.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    fast = convert(TypedLayers(), GRAPH, readout=readout)
+    x = torch.randn(N, F_IN, requires_grad=True)
+    plan = fast.plan(DELETED, N)
+    with Watch():
+        fast._run(x, plan).sum().backward()
+    assert Watch.seen == []
+
+
 @pytest.mark.parametrize("case", ["trainable eps", "eps differs", "self-loops"])
 def test_a_typed_layer_outside_the_fused_form_is_computed_conv_by_conv(case):
     """A trainable eps, a fixed eps differing between the types, or a graph with self-loops is
