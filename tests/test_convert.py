@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, HeteroConv,
                                 SAGEConv, TransformerConv)
 from torch_geometric.nn.aggr import AttentionalAggregation
+from torch_geometric.nn.dense.linear import Linear as PygLinear
 from torch_geometric.nn.norm import GraphNorm
 from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
 
@@ -335,6 +336,60 @@ def test_a_linear_map_of_identity_gins_is_fused_and_exact(aggr, act, readout):
         torch.set_default_dtype(torch.float32)
 
 
+class GinMlpSums(nn.Module):
+    """TorchCell's layer twice: per edge type a GIN whose ``nn`` is a two-layer MLP, the types
+    summed; ``kind`` varies the MLP (``tanh`` is outside the fused form)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+
+        def mlp():
+            if kind == "pyg":
+                return nn.Sequential(PygLinear(H, 2 * H), nn.ReLU(), PygLinear(2 * H, H))
+            if kind == "nobias":
+                return nn.Sequential(nn.Linear(H, 2 * H, bias=False), nn.ReLU(inplace=True),
+                                     nn.Linear(2 * H, H, bias=False))
+            return nn.Sequential(nn.Linear(H, 2 * H), nn.Tanh() if kind == "tanh" else nn.ReLU(),
+                                 nn.Linear(2 * H, H))
+
+        kw = {"eps": 0.2} if kind == "nobias" else {"train_eps": True}
+        self.lin = nn.Linear(F_IN, H)
+        self.convs = nn.ModuleList(nn.ModuleDict({
+            "__".join(et): GINConv(mlp(), aggr="mean" if kind == "mean" else "add", **kw)
+            for et in TYPES}) for _ in range(2))
+        self.norm = nn.LayerNorm(H)
+
+    def forward(self, x, edges):
+        x = self.lin(x).relu()
+        for convs in self.convs:
+            x = self.norm(sum(convs["__".join(et)](x, ei) for et, ei in edges.items())).relu()
+        return x
+
+
+@pytest.mark.parametrize("block", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", ["relu", "mean", "nobias", "pyg", "tanh"])
+def test_a_dense_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, kind, block):
+    """Where every layer is dense, a sum of GIN-MLPs over the edge types runs one block of
+    samples at a time (.convert_dense; one sample on a CPU, the whole batch on a GPU): exact,
+    outputs and every gradient, and explain marks it ``dense*``; another MLP is computed conv
+    by conv, exact all the same."""
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", 0.0)
+    if block == "gpu":
+        monkeypatch.setattr(convert_module, "block_size", lambda dev, b: b)
+    torch.set_default_dtype(torch.float64)
+    try:
+        readout = {"pyg": AttentionalAggregation(nn.Linear(H, 1)), "nobias": None}.get(
+            kind, "mean_kept")  # with no readout a deleted gene's own row is compared too
+        fast = _check(GinMlpSums(kind), GRAPH, readout)
+        forms = _forms(fast.explain(DELETED))
+        for layer in (0, 1):
+            for et in TYPES:
+                want = "dense" if kind == "tanh" else "dense*"
+                assert forms[f"convs.{layer}.{'__'.join(et)}"] == want, forms
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_a_fused_layer_reads_only_its_own_edge_types():
     """The graph carries an edge type the encoder never reads (a user trial found nothing
     fused then): the layers fuse on the types they read, exact."""
@@ -516,7 +571,8 @@ def test_explain_and_floor_name_every_layer_and_type():
 def test_the_call_reads_nothing_back_from_the_device(monkeypatch, share):
     """Every index is planned on the host before the forward runs: the forward and readout
     make no operation that needs a device-to-host read (item, nonzero, unique, a boolean
-    mask), as a CUDA step would sync on; in the delta (push and pull), dense and pooled forms."""
+    mask), as a CUDA step would sync on; in the delta (push and pull), dense (a dense sum of
+    GIN-MLPs included) and pooled forms."""
     monkeypatch.setattr(convert_module, "DENSE_SHARE", share)
     syncing = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "is_nonzero")
 
@@ -530,8 +586,10 @@ def test_the_call_reads_nothing_back_from_the_device(monkeypatch, share):
 
     for conv, container, readout in (
             ("gcn", "hetero", AttentionalAggregation(nn.Linear(H, 1))), ("typed", None, None),
-            ("gin", "hetero", "mean"), ("graph_mean", "moduledict", "mean_kept")):
-        enc = TypedLayers() if conv == "typed" else Encoder(conv, container, "layernorm")
+            ("gin", "hetero", "mean"), ("gin_mlps", None, "mean_kept"),
+            ("graph_mean", "moduledict", "mean_kept")):
+        enc = TypedLayers() if conv == "typed" else GinMlpSums("relu") if conv == "gin_mlps" \
+            else Encoder(conv, container, "layernorm")
         fast = convert(enc, GRAPH, readout=readout)
         x = torch.randn(N, F_IN, requires_grad=True)
         plan = fast.plan(DELETED, N)
