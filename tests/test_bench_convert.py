@@ -106,3 +106,28 @@ def test_the_cli_and_the_report_show_the_section(bench):
     assert "its floor (computed)" in lines and "the hand-written [IQR" in lines
     html = view.convert_table(bench).to_html()
     assert "workbook's model, converted" in html and "computed" in html
+
+
+def test_a_kernel_bound_figure_is_named_with_the_way_out(bench):
+    """A step whose CPU time was mostly the kernel's, faulting pages (the masked copies under
+    glibc's default allocator at the real spec, measured: an 8.8 s step of 14.8 CPU seconds,
+    5.9 of them the kernel's, 1.9 million faults), is named in the CPU lines with how to keep freed memory; the
+    same figures computing, or a record without them, are not."""
+    import dataclasses
+
+    from workbook_lib.report.bench_text import cpu_lines
+    from workbook_lib.results.cpu import CpuShare
+
+    def with_cpu(**kw):
+        cpu = CpuShare(wall_s=8.8, cpu_s=14.8, threads=2, allowed=2, intervals=1, run_s=14.8,
+                       wait_s=0.1, **kw)
+        steps = {k: dataclasses.replace(st, cpu=cpu) for k, st in bench.convert.steps.items()}
+        return dataclasses.replace(bench, steps={}, convert=dataclasses.replace(
+            bench.convert, steps=steps))
+
+    faulting = "\n".join(cpu_lines(with_cpu(system_s=5.9, page_faults=1_900_000)))
+    assert "KERNEL: convert: torchcell_masked" in faulting and "MALLOC_MMAP_MAX_=0" in faulting
+    assert "40% of its CPU time in the kernel, 1,900,000 page faults per call" in faulting
+    computing = "\n".join(cpu_lines(with_cpu(system_s=0.45, page_faults=45_000)))
+    assert "KERNEL" not in computing and "3% of its CPU time in the kernel" in computing
+    assert "KERNEL" not in "\n".join(cpu_lines(with_cpu()))

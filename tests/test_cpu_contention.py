@@ -625,3 +625,48 @@ def test_two_compute_threads_on_one_cpu_are_its_own_oversubscription(one_cpu, mo
     c = tries[-1].cpu
     assert c.cause == C.OWN_PROCESSES, c.explain()
     assert "1 process x 2 threads on 1 CPU: use 1 thread per process" in c.explain()
+
+
+def test_the_kernels_share_of_the_cpu_time_is_read_and_ruled_on_both_ways():
+    """A step that maps fresh memory and touches every page (what a C allocator that hands
+    large freed blocks back to the operating system makes each training step do) spends much of
+    its CPU time in the kernel, with page faults: the meter reads it and the share says so, with
+    the way out; a step computing on memory it already holds does not. Then the rule's edges
+    with recorded figures."""
+    import mmap
+
+    def faulting():
+        m = mmap.mmap(-1, 64 << 20)  # anonymous: every page faults in when first touched
+        for off in range(0, len(m), 4096):
+            m[off] = 1
+        m.close()
+
+    x = torch.randn(256, 256)
+
+    def computing():
+        y = x
+        for _ in range(20):
+            y = torch.tanh(y @ x * 1e-3)
+
+    got = {}
+    for name, work in (("faulting", faulting), ("computing", computing)):
+        work()
+        meter = C.CpuMeter(threads=1)
+        for _ in range(5):
+            with meter:
+                work()
+        got[name] = meter.share()
+    f, c = got["faulting"], got["computing"]
+    if f.page_faults is None:
+        pytest.skip("no getrusage here")
+    assert f.page_faults / f.intervals >= 16384 * 0.9, f.describe()  # 64 MB of 4 kB pages
+    assert f.kernel_bound and "of its CPU time in the kernel" in f.describe(), f.describe()
+    assert c.kernel is not None and not c.kernel_bound, c.describe()
+    edge = dict(wall_s=1.0, cpu_s=1.0, threads=1, allowed=1, intervals=10)
+    assert C.CpuShare(**edge, system_s=0.25, page_faults=20_000).kernel_bound
+    assert not C.CpuShare(**edge, system_s=0.24, page_faults=20_000).kernel_bound
+    # threads waiting in sched_yield: kernel time without (enough) faults
+    assert not C.CpuShare(**edge, system_s=0.9, page_faults=19_999).kernel_bound
+    old = C.CpuShare(**edge)  # a record from before these figures
+    assert old.kernel is None and not old.kernel_bound and "kernel" not in old.describe()
+    assert "10 page faults per call" in C.CpuShare(**edge, system_s=0.3, page_faults=100).describe()

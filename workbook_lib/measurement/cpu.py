@@ -262,6 +262,19 @@ class _Snap:
     pressure: float | None
     busy: float | None
     tree: tuple[float, int] | None
+    system: float = 0.0  # the process's system (kernel) CPU time, all threads
+    faults: int | None = None  # its minor + major page faults; None without getrusage
+
+
+def page_faults() -> int | None:
+    """This process's minor + major page faults so far (``getrusage``); None where there is no
+    ``resource`` module (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return int(r.ru_minflt + r.ru_majflt)
 
 
 class CpuMeter:
@@ -308,6 +321,8 @@ class CpuMeter:
         self.busy: float | None = 0.0
         self.tree: float | None = 0.0
         self.tree_procs = 0
+        self.system = 0.0
+        self.faults: int | None = 0
         self.n = 0
 
     def _threads_now(self) -> int:
@@ -320,7 +335,8 @@ class CpuMeter:
     def _snap(self) -> _Snap:
         return _Snap(time.perf_counter(), time.process_time(),
                      read_threads(names=self._names, python=python_threads()),
-                     read_pressure(), read_busy(self.cpus), tree_cpu(self.root))
+                     read_pressure(), read_busy(self.cpus), tree_cpu(self.root),
+                     os.times().system, page_faults())
 
     def begin(self) -> None:
         self._threads.append(self._threads_now())
@@ -335,6 +351,11 @@ class CpuMeter:
         self._start, self._last = None, b
         self.wall += b.wall - a.wall
         self.cpu += b.cpu - a.cpu
+        self.system += b.system - a.system
+        if a.faults is None or b.faults is None or self.faults is None:
+            self.faults = None
+        else:
+            self.faults += b.faults - a.faults
         if a.threads is None or b.threads is None or self.run is None:
             self.run = self.wait = self.helper_run = self.helper_wait = None
         else:
@@ -396,4 +417,5 @@ class CpuMeter:
                         cpus_seen=len(self.cpus) if self.cpus else None,
                         busy_s=self.busy, tree_s=self.tree, span_s=span,
                         span_busy_s=span_busy, span_tree_s=span_tree,
-                        tree_procs=self.tree_procs or None, **kw)
+                        tree_procs=self.tree_procs or None, system_s=self.system,
+                        page_faults=self.faults, **kw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..common.text import text_table
 from ..results.bench import BenchResult
+from ..results.cpu import FAULTS_HIGH, KEEP_PAGES, KERNEL_HIGH
 
 
 def cpu_lines(r: BenchResult) -> list[str]:
@@ -20,6 +21,11 @@ def cpu_lines(r: BenchResult) -> list[str]:
                    "compute threads asked for; these figures and the ratios built on them are "
                    "not reliable")
         out.extend(f"  {k}: {steps[k].cpu.explain()}" for k in bad)
+    heavy = [k for k, st in steps.items() if st.cpu is not None and st.cpu.kernel_bound]
+    if heavy:
+        out.append(f"KERNEL: {', '.join(heavy)}: at least {KERNEL_HIGH:.0%} of the CPU time "
+                   f"while timing it was the kernel's, with at least {FAULTS_HIGH:,} page faults "
+                   f"per CPU second (each one's figures above): {KEEP_PAGES}")
     return out
 
 

@@ -77,6 +77,12 @@ def fit(*, procs: int = 1, workers: int = 0, requested: int, allowance: CpuAllow
 CONTENDED_BELOW = 0.8  # a figure whose threads got less than this share of their asked CPU
 OTHERS_SEEN = 0.1  # CPUs: other jobs that used at least this much on average were seen
 RESOLUTION = 0.025  # CPUs: the coarsest tick resolution other jobs' use is told with
+KERNEL_HIGH = 0.25  # a figure with at least this share of its CPU time in the kernel
+FAULTS_HIGH = 20_000  # and at least this many page faults per CPU second is kernel-bound
+KEEP_PAGES = ("the C allocator hands large freed blocks back to the operating system and each "
+              "call faults them in again; keeping freed memory in the process removes that part "
+              "(glibc: MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=100000000000 in the environment, "
+              "or LD_PRELOAD a caching allocator such as jemalloc)")
 OTHER_JOBS, OWN_PROCESSES, NOT_TOLD = "other jobs", "own processes", "not told apart"
 SPIN = ("where PyTorch processes share cores, their OpenMP threads spin while they wait for "
         "each other: OMP_WAIT_POLICY=passive, or fewer threads per process, lets them share")
@@ -132,12 +138,40 @@ class CpuShare(Record):
     span_busy_s: float | None = None  # the machine's busy CPU time over the span
     span_tree_s: float | None = None  # the run's process tree's CPU time over the span
     tree_procs: int | None = None  # the most processes seen in the run's tree
+    system_s: float | None = None  # of cpu_s, the kernel's (page faults, zeroing, syscalls)
+    page_faults: int | None = None  # the process's page faults over them (minor + major)
 
     @property
     def use(self) -> float:
         """CPU time / (wall x threads)."""
         denom = self.wall_s * max(1, self.threads)
         return self.cpu_s / denom if denom > 0 else math.nan
+
+    @property
+    def kernel(self) -> float | None:
+        """The share of its CPU time spent in the kernel; None where not read."""
+        if self.system_s is None or self.cpu_s <= 0:
+            return None
+        return min(1.0, max(0.0, self.system_s / self.cpu_s))
+
+    @property
+    def kernel_bound(self) -> bool:
+        """At least :data:`KERNEL_HIGH` of its CPU time was the kernel's and it faulted at
+        least :data:`FAULTS_HIGH` pages per CPU second: the figure is largely the operating
+        system handing memory back and forth, not computation (compute threads waiting for each
+        other also spend kernel time, in ``sched_yield``, without faults)."""
+        k = self.kernel
+        return bool(k is not None and k >= KERNEL_HIGH and self.page_faults is not None
+                    and self.page_faults >= FAULTS_HIGH * self.cpu_s)
+
+    def kernel_text(self) -> str:
+        """'71% of its CPU time in the kernel, 68,000 page faults per call' ("" unread)."""
+        k = self.kernel
+        if k is None:
+            return ""
+        faults = "" if self.page_faults is None or self.intervals <= 0 else \
+            f", {self.page_faults / self.intervals:,.0f} page faults per call"
+        return f"{k:.0%} of its CPU time in the kernel{faults}"
 
     @property
     def got(self) -> float | None:
@@ -317,8 +351,9 @@ class CpuShare(Record):
             f"CPU pressure {self.pressure:.0%}"
         others = "" if self.others is None else f", other jobs {self.others:.2f} CPU"
         flag = f" (contended: {self.cause})" if self.contended else ""
+        kernel = "" if not self.kernel_text() else f", {self.kernel_text()}"
         return (f"{got}, CPU use {self.use:.0%} of {self.threads} thread(s) on "
-                f"{self.allowed} CPU(s){others}, {pressure}{flag}")
+                f"{self.allowed} CPU(s){others}, {pressure}{kernel}{flag}")
 
 
 def causes_text(shares) -> str:
