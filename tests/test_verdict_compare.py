@@ -478,6 +478,19 @@ def test_a_gap_inside_the_precision_target_is_not_resolved():
     assert V.resolved(stat(1.05), 0.02) == 1  # a tighter target resolves it
 
 
+def test_a_gap_one_paired_step_contradicts_is_not_resolved():
+    """One pipeline timed twice on a loaded machine (the matrix's same_twice case, measured):
+    six paired ratios, median 1.13x, IQR clear of 1, but one pair below 1: the median's
+    interval (their range) holds 1, so no gap; the same six with that pair above 1 resolve."""
+    once = [0.97, 1.02, 1.10, 1.16, 1.45, 1.60]
+    assert Stat.from_samples(once, unit="ratio").q1 > 1.0
+    assert V.resolved(Stat.from_samples(once, unit="ratio"), 0.10) == 0
+    agree = [1.01] + once[1:]
+    assert V.resolved(Stat.from_samples(agree, unit="ratio"), 0.10) == 1
+    assert V.resolved(Stat.from_samples([1 / x for x in agree], unit="ratio"), 0.10) == -1
+    assert V.resolved(Stat.from_samples([1 / x for x in once], unit="ratio"), 0.10) == 0
+
+
 def test_the_equal_command_the_answer_prints_runs_as_printed():
     """The command names the specs the run was given (a name alone is not importable), with
     ``NAME=`` where the name is not the file's."""
