@@ -49,7 +49,7 @@ DELETED = torch.tensor([[HUB, -1], [LEAF, -1], [ISOLATED, -1], list(ADJ), [-1, -
 def _conv(kind: str, h_in: int, h_out: int) -> nn.Module:
     if kind == "gin":
         return GINConv(nn.Sequential(nn.Linear(h_in, h_out), nn.ReLU(), nn.Linear(h_out, h_out)),
-                       train_eps=True)
+                       train_eps=True, eps=0.25)  # 1 + eps not 1: its products are checked
     if kind == "gin_mean":
         return GINConv(nn.Linear(h_in, h_out), eps=0.3, aggr="mean")
     if kind == "graph_add":
@@ -352,7 +352,7 @@ class GinMlpSums(nn.Module):
             return nn.Sequential(nn.Linear(H, 2 * H), nn.Tanh() if kind == "tanh" else nn.ReLU(),
                                  nn.Linear(2 * H, H))
 
-        kw = {"eps": 0.2} if kind == "nobias" else {"train_eps": True}
+        kw = {"eps": 0.2} if kind == "nobias" else {"train_eps": True, "eps": -0.3}
         self.lin = nn.Linear(F_IN, H)
         self.convs = nn.ModuleList(nn.ModuleDict({
             "__".join(et): GINConv(mlp(), aggr="mean" if kind == "mean" else "add", **kw)
@@ -386,6 +386,52 @@ def test_a_dense_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, kind, block):
             for et in TYPES:
                 want = "dense" if kind == "tanh" else "dense*"
                 assert forms[f"convs.{layer}.{'__'.join(et)}"] == want, forms
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("block", ["cpu", "gpu"])
+@pytest.mark.parametrize("share", [1e9, 0.0])
+def test_a_gin_mlp_conv_by_conv_runs_its_rows_in_blocks_and_is_exact(monkeypatch, share, block):
+    """A GIN whose ``nn`` is ``Sequential(Linear, ReLU, Linear)``, computed conv by conv (delta
+    rows, or dense through HeteroConv), runs a block of rows at a time (.convert_dense.GinMlp;
+    three-row blocks here, all rows as on a GPU): exact. A GIN whose Linear has a forward hook,
+    or is a subclass, is called as its modules instead, exact all the same."""
+    dense_mod = sys.modules["workbook_lib.nodemask.convert_dense"]
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", share)
+    monkeypatch.setattr(dense_mod, "ROWS", 3)
+    if block == "gpu":
+        monkeypatch.setattr(convert_module, "block_rows", lambda dev, n: n)
+
+    class Counting(dense_mod.GinMlp):
+        calls = 0
+
+        @staticmethod
+        def forward(ctx, *args):
+            Counting.calls += 1
+            return dense_mod.GinMlp.forward(ctx, *args)
+
+    monkeypatch.setattr(convert_module, "GinMlp", Counting)
+
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 0.5
+
+    def calls(enc, graph, readout):
+        before = Counting.calls
+        _check(enc, graph, readout)
+        return Counting.calls - before
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        plain = calls(Encoder("gin", "hetero", "layernorm"), GRAPH, "mean_kept")
+        hooked = Encoder("gin", "hetero", "layernorm")
+        hooked.layers[0].convs[TYPES[0]].nn[0].register_forward_hook(lambda mod, i, o: None)
+        assert 0 < calls(hooked, GRAPH, "mean_kept") < plain  # the others still in blocks
+        plain = calls(Encoder("gin", "single", "linear"), GRAPH[TYPES[0]], None)
+        subclassed = Encoder("gin", "single", "linear")
+        subclassed.layers[1].nn[2] = Scaled(H, H)
+        assert 0 < calls(subclassed, GRAPH[TYPES[0]], None) < plain
     finally:
         torch.set_default_dtype(torch.float32)
 

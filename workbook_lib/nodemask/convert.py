@@ -34,7 +34,7 @@ from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import MODE_DEPENDENT, ConvertError, check_graph, conv_kind, per_node_problem, trace
 from .compiled import kernels
-from .convert_dense import DenseGinSum, block_size, gin_mlp
+from .convert_dense import DenseGinSum, GinMlp, block_rows, block_size, gin_mlp
 from .convert_typed import type_order, typed_layers
 from .corrections import corrections, validate_deleted
 from .floor import _dense, _sparse
@@ -1860,8 +1860,13 @@ def _finish(kind: type, m: nn.Module, agg: torch.Tensor, x_self: torch.Tensor) -
     """A convolution's output rows from their aggregation and their own input rows."""
     if kind is GINConv:  # agg + (1 + eps) x, in one pass where eps is a tensor
         e = 1 + m.eps
-        return m.nn(_GinSelf.apply(agg, x_self, e) if isinstance(e, torch.Tensor) else
-                    agg + e * x_self)
+        if not isinstance(e, torch.Tensor):
+            return m.nn(agg + e * x_self)
+        maps = gin_mlp(m)
+        if maps is None:
+            return m.nn(_GinSelf.apply(agg, x_self, e))
+        return GinMlp.apply(agg, x_self, block_rows(agg.device, agg.shape[0]), e, maps[0].weight,
+                            maps[0].bias, maps[1].weight, maps[1].bias)
     if kind is GraphConv:
         return m.lin_rel(agg) + m.lin_root(x_self)
     if kind is SAGEConv:
