@@ -637,6 +637,8 @@ def test_the_kernels_share_of_the_cpu_time_is_read_and_ruled_on_both_ways():
 
     def faulting():
         m = mmap.mmap(-1, 64 << 20)  # anonymous: every page faults in when first touched
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):  # 4 kB pages even where huge pages are "always"
+            m.madvise(mmap.MADV_NOHUGEPAGE)
         for off in range(0, len(m), 4096):
             m[off] = 1
         m.close()

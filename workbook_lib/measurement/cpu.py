@@ -266,15 +266,16 @@ class _Snap:
     faults: int | None = None  # its minor + major page faults; None without getrusage
 
 
-def page_faults() -> int | None:
-    """This process's minor + major page faults so far (``getrusage``); None where there is no
-    ``resource`` module (Windows)."""
+def kernel_time() -> tuple[float, int | None]:
+    """This process's system (kernel) CPU seconds and its minor + major page faults so far, from
+    one ``getrusage`` (microseconds); where there is no ``resource`` module (Windows) the system
+    time of ``os.times`` and no faults."""
     try:
         import resource
     except ImportError:
-        return None
+        return os.times().system, None
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return int(r.ru_minflt + r.ru_majflt)
+    return r.ru_stime, int(r.ru_minflt + r.ru_majflt)
 
 
 class CpuMeter:
@@ -336,7 +337,7 @@ class CpuMeter:
         return _Snap(time.perf_counter(), time.process_time(),
                      read_threads(names=self._names, python=python_threads()),
                      read_pressure(), read_busy(self.cpus), tree_cpu(self.root),
-                     os.times().system, page_faults())
+                     *kernel_time())
 
     def begin(self) -> None:
         self._threads.append(self._threads_now())
