@@ -338,36 +338,39 @@ def test_a_linear_map_of_identity_gins_is_fused_and_exact(aggr, act, readout):
 
 class GinMlpSums(nn.Module):
     """TorchCell's layer twice: per edge type a GIN whose ``nn`` is a two-layer MLP, the types
-    summed; ``kind`` varies the MLP (``tanh`` is outside the fused form)."""
+    summed; ``kind`` varies the MLP (``tanh`` and ``widths``, the types' hidden widths
+    differing, are outside the fused form; ``inplace`` changes the sum in place)."""
 
     def __init__(self, kind: str):
         super().__init__()
 
-        def mlp():
+        def mlp(i):
             if kind == "pyg":
                 return nn.Sequential(PygLinear(H, 2 * H), nn.ReLU(), PygLinear(2 * H, H))
             if kind == "nobias":
                 return nn.Sequential(nn.Linear(H, 2 * H, bias=False), nn.ReLU(inplace=True),
                                      nn.Linear(2 * H, H, bias=False))
-            return nn.Sequential(nn.Linear(H, 2 * H), nn.Tanh() if kind == "tanh" else nn.ReLU(),
-                                 nn.Linear(2 * H, H))
+            w = 2 * H + i if kind == "widths" else 2 * H
+            return nn.Sequential(nn.Linear(H, w), nn.Tanh() if kind == "tanh" else nn.ReLU(),
+                                 nn.Linear(w, H))
 
         kw = {"eps": 0.2} if kind == "nobias" else {"train_eps": True, "eps": -0.3}
         self.lin = nn.Linear(F_IN, H)
         self.convs = nn.ModuleList(nn.ModuleDict({
-            "__".join(et): GINConv(mlp(), aggr="mean" if kind == "mean" else "add", **kw)
-            for et in TYPES}) for _ in range(2))
+            "__".join(et): GINConv(mlp(i), aggr="mean" if kind == "mean" else "add", **kw)
+            for i, et in enumerate(TYPES)}) for _ in range(2))
         self.norm = nn.LayerNorm(H)
+        self.act = nn.ReLU(inplace=kind == "inplace")
 
     def forward(self, x, edges):
         x = self.lin(x).relu()
         for convs in self.convs:
-            x = self.norm(sum(convs["__".join(et)](x, ei) for et, ei in edges.items())).relu()
+            x = self.norm(self.act(sum(convs["__".join(et)](x, ei) for et, ei in edges.items())))
         return x
 
 
 @pytest.mark.parametrize("block", ["cpu", "gpu"])
-@pytest.mark.parametrize("kind", ["relu", "mean", "nobias", "pyg", "tanh"])
+@pytest.mark.parametrize("kind", ["relu", "mean", "nobias", "pyg", "inplace", "tanh", "widths"])
 def test_a_dense_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, kind, block):
     """Where every layer is dense, a sum of GIN-MLPs over the edge types runs one block of
     samples at a time (.convert_dense; one sample on a CPU, the whole batch on a GPU): exact,
@@ -384,8 +387,32 @@ def test_a_dense_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, kind, block):
         forms = _forms(fast.explain(DELETED))
         for layer in (0, 1):
             for et in TYPES:
-                want = "dense" if kind == "tanh" else "dense*"
+                want = "dense" if kind in ("tanh", "widths") else "dense*"
                 assert forms[f"convs.{layer}.{'__'.join(et)}"] == want, forms
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_a_hook_registered_after_the_plan_unfuses_the_dense_sum(monkeypatch):
+    """A plan is cached per batch; a forward hook registered on one of a fused sum's maps after
+    it was made is honoured at the next call with the same batch: the sum runs conv by conv, the
+    hook fires, exact."""
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", 0.0)
+    torch.set_default_dtype(torch.float64)
+    try:
+        enc = GinMlpSums("relu")
+        fast = _check(enc, GRAPH, "mean_kept")
+        assert "dense*" in fast.explain(DELETED)
+        seen = []
+        enc.convs[1]["__".join(TYPES[0])].nn[0].register_forward_hook(
+            lambda mod, i, o: seen.append(o.shape))
+        x = torch.randn(N, F_IN)
+        out = fast(x, DELETED)
+        forms = _forms(fast.explain(DELETED))
+        assert seen and forms[f"convs.1.{'__'.join(TYPES[0])}"] == "dense", forms
+        assert forms[f"convs.0.{'__'.join(TYPES[0])}"] == "dense*", forms  # no hook there
+        torch.testing.assert_close(out, _reference(enc, x, GRAPH, DELETED, "mean_kept"),
+                                   rtol=1e-9, atol=1e-10)
     finally:
         torch.set_default_dtype(torch.float32)
 

@@ -360,8 +360,7 @@ class _Plan:
         self.deleted: torch.Tensor | None = None  # [B, k] on the host
         self.typed: dict = {}  # typed layer's linear node -> (form or None, type order, types)
         self.corr: dict = {}  # edge types -> the batch's Corrections along them, their rows
-        self.dense_sums: dict = {}  # sum fx node -> its dense GIN-MLP convs (.convert_dense)
-        self.in_dense_sum: set = set()  # their fx nodes: computed by the sum
+        self.dense_sums: dict = {}  # sum fx node -> (its dense GIN-MLP convs, its operands)
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -517,8 +516,9 @@ class ConvertedEncoder(nn.Module):
 
     def _plan_dense_sums(self, plan: _Plan) -> None:
         """The sums whose operands are exactly one dense group's convs, each a GIN whose
-        ``nn`` is ``Sequential(Linear, ReLU, Linear)`` read by nothing but the sum: each such
-        sum is computed in one pass per sample (:mod:`.convert_dense`)."""
+        ``nn`` is ``Sequential(Linear, ReLU, Linear)`` of one shape for all (:meth:`_maps`)
+        read by nothing but the sum: each such sum is computed in one pass per sample
+        (:mod:`.convert_dense`)."""
         tail = self._tail(plan.training)
         for node, ops in self._sums(plan.training)[1].items():
             if node in tail:  # the pooled readout's: never computed
@@ -530,14 +530,30 @@ class ConvertedEncoder(nn.Module):
                     if isinstance(m, nn.Module) and len(o.args) > 1 and \
                     isinstance(plan.rows.get(o.args[1]), tuple) else None
                 if cp is None or not cp.dense_group or cp.kind is not GINConv or \
-                        len(o.users) != 1 or gin_mlp(m) is None:
+                        len(o.users) != 1:
                     break
                 cps.append(cp)
             else:
                 group = plan.dense_groups.get(cps[0].src, [])
-                if len(cps) == len(group) and {id(c) for c in cps} == {id(c) for c in group}:
-                    plan.dense_sums[node] = group
-                    plan.in_dense_sum.update(ops)
+                if len(cps) == len(group) and {id(c) for c in cps} == {id(c) for c in group} \
+                        and self._maps(group) is not None:
+                    plan.dense_sums[node] = (group, ops)
+
+    def _maps(self, cps: list) -> list | None:
+        """Each conv's two linear maps (:func:`.convert_dense.gin_mlp`), all of one shape; None
+        if any conv is not such a GIN now (a hook registered since the plan was made, say)."""
+        maps = [gin_mlp(self._conv_module(c.path, c.edges.key)) for c in cps]
+        if any(m is None for m in maps) or len({(a.weight.shape, b.weight.shape)
+                                                for a, b in maps}) != 1:
+            return None
+        return maps
+
+    def _live_dense_sums(self, plan: _Plan) -> tuple[dict, set]:
+        """The plan's dense sums still fused at this call (:meth:`_maps` checked again: a plan
+        is cached per batch) and the fx nodes they compute."""
+        live = {node: group for node, (group, ops) in plan.dense_sums.items()
+                if self._maps(group) is not None}
+        return live, {o for node in live for o in plan.dense_sums[node][1]}
 
     def clear_plan(self) -> None:
         """Forget the cached plan of the last batch (the next call plans afresh)."""
@@ -868,6 +884,7 @@ class ConvertedEncoder(nn.Module):
         sums = self._sums(self.encoder.training)
         tail = self._tail(self.encoder.training)
         typed = self._typed(self.encoder.training)
+        dense_sums, in_dense_sum = self._live_dense_sums(plan)
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
             if node in tail:
@@ -889,7 +906,7 @@ class ConvertedEncoder(nn.Module):
             elif node.op == "output":
                 out = node.args[0]
                 return env[out[0] if isinstance(out, (list, tuple)) else out]
-            elif node in plan.in_dense_sum:
+            elif node in in_dense_sum:
                 env[node] = None  # computed by its dense sum
             elif node.op == "call_module":
                 env[node] = self._run_module(node, plan, env, dev)
@@ -897,8 +914,9 @@ class ConvertedEncoder(nn.Module):
                 env[node] = env[node.args[0]][node.args[1]]
             elif node in sums[0]:
                 env[node] = None  # computed by the chain's last add
-            elif node in plan.dense_sums:
-                env[node] = self._run_dense_sum(node, sums[1][node], env, plan, dev)
+            elif node in dense_sums:
+                env[node] = self._run_dense_sum(node, dense_sums[node], sums[1][node], env, plan,
+                                                dev)
             elif node in sums[1]:
                 env[node] = self._run_sum([env[o] for o in sums[1][node]], rows, plan, dev)
             elif self._fused_cat(node) and all(isinstance(env.get(a), _Val)
@@ -1168,10 +1186,10 @@ class ConvertedEncoder(nn.Module):
         return _Val(_finish(cp.kind, m, wts[i], vin.wt), _finish(cp.kind, m, aggs[i], self_x),
                     cp.rows_out)
 
-    def _run_dense_sum(self, node: fx.Node, ops: list, env: dict, plan: _Plan, dev) -> _Val:
+    def _run_dense_sum(self, node: fx.Node, cps: list, ops: list, env: dict, plan: _Plan,
+                       dev) -> _Val:
         """A sum of one dense group's GIN-MLPs (:meth:`_plan_dense_sums`): the wildtype conv by
         conv on ``[N, F]``, the batch by :class:`.convert_dense.DenseGinSum`."""
-        cps = plan.dense_sums[node]
         vin = env[ops[0].args[0]]
         full = _full(vin, plan, dev)  # [B, N, F]
         b, n, f = full.shape
@@ -1183,8 +1201,7 @@ class ConvertedEncoder(nn.Module):
             o = _finish(GINConv, m, w, vin.wt)
             wt = o if wt is None else wt + o
         params = []
-        for m in mods:
-            lin1, lin2 = gin_mlp(m)
+        for m, (lin1, lin2) in zip(mods, self._maps(cps)):
             params += [1 + m.eps, lin1.weight, lin1.bias, lin2.weight, lin2.bias]
         for c in cps:
             self._widths[(c.path, c.edges.key)] = int(f)
@@ -1382,7 +1399,7 @@ class ConvertedEncoder(nn.Module):
                  f"{len(self.graph_in)} edge type(s); per sample, mean over the batch",
                  f"  {'module[edge type]':<34} {'class':<10} {'form':<8} {'changed rows':>13} "
                  f"{'edges read':>14}"]
-        in_sum = {id(c) for cps in plan.dense_sums.values() for c in cps}
+        in_sum = {id(c) for cps in self._live_dense_sums(plan)[0].values() for c in cps}
         for path, cls, what in plan.order:
             if isinstance(what, _ConvPlan):
                 form = "delta" if not what.rows_out.dense else \

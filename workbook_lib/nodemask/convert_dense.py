@@ -8,13 +8,14 @@ at the real spec, far beyond any cache) in the forward and twice that in the bac
 bound by memory, not by multiply-adds. :class:`DenseGinSum` runs it a block of samples at
 a time instead (one sample on a CPU: 1.7 MB, in cache): per type the aggregation, the GIN sum,
 both linear maps and the ReLU, accumulated into the layer's output; its backward likewise. It
-keeps each type's GIN sum and ReLU output for the backward (two ``[T, B, N, H]`` buffers).
+keeps each type's GIN sum and ReLU output for the backward (``[T, B, N, F]`` and ``[T, B, N, H]``).
 PyTorch has no tool that fuses this: ``torch.compile`` does not take sparse CSR products, and a
 cached plan of kernels would still make each pass over memory. In the TorchCell-shaped step at
 the real spec on this project's 2-core CPU the whole step took 3.68 s per batch of 28 against
 4.13 s with this layer op by op (medians of 8 interleaved rounds; the layer alone, op by op as a
-plain autograd graph, 6.1 s against 1.6 s). Exact: per row the same products as the conv-by-conv
-form, tested in float64 against the per-sample reference (``tests/test_convert.py``).
+plain autograd graph, 6.1 s against 1.6 s). Exact to rounding (the same products per row as the
+conv-by-conv form, the biases added first), tested in float64 against the per-sample reference
+(``tests/test_convert.py``); the backwards are first-order only (``once_differentiable``).
 
 :class:`GinMlp` is the same per-row work for one GIN of that shape computed conv by conv (a delta
 layer's changed rows, or a dense one outside such a sum): its GIN sum, both maps and the ReLU, a
@@ -26,13 +27,19 @@ took 105 and 97 ms). In the whole TorchCell-shaped step that is within the step'
 from __future__ import annotations
 
 import torch
+import torch.nn.modules.module as module_hooks
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 
 def _plain(m: nn.Module) -> bool:
-    """No forward hooks (a fused form does not call the module)."""
-    return not (m._forward_hooks or m._forward_pre_hooks)
+    """No hooks on the module, and no global module hooks (a fused form does not call it)."""
+    own = (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks, m._backward_pre_hooks)
+    glob = [getattr(module_hooks, name, None) for name in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks")]
+    return not any(own) and not any(glob)
 
 
 def _linear(m: nn.Module) -> bool:
@@ -122,6 +129,7 @@ class GinMlp(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         x, z, r, e, w1, b1, w2, b2 = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -172,7 +180,8 @@ class DenseGinSum(torch.autograd.Function):
         x = x.contiguous()
         z = x.new_empty(len(mats), b, n, f)
         r = x.new_empty(len(mats), b, n, h1)
-        out = x.new_empty(b, n, h2)
+        flat = x.new_empty(b * n, h2)  # returned as made: a view could not be changed in place
+        out = flat.view(b, n, h2)
         bias = [p[4] for p in ps if p[4] is not None]
         xk = x * keep
         for s0 in range(0, b, block):
@@ -192,9 +201,10 @@ class DenseGinSum(torch.autograd.Function):
                 acc.addmm_(rj, w2.t())
         ctx.mats, ctx.block = mats, block
         ctx.save_for_backward(x, keep, scale, z, r, *params)
-        return out.view(b * n, h2)
+        return flat
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         x, keep, scale, z, r, *params = ctx.saved_tensors
         mats, block = ctx.mats, ctx.block
