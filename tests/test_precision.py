@@ -96,4 +96,5 @@ def test_one_pipeline_listed_twice_beside_busy_processes_shows_no_gap(graph):
         for h in hogs:
             h.kill()
             h.wait()
-    assert g.contended and not g.measurable and not g.swapped, g.ratio
+    assert g.contended and not g.measurable and not g.swapped, (
+        g.ratio, g.ratio.cpu and g.ratio.cpu.describe(), g.ratio.cpu and g.ratio.cpu.explain())
