@@ -549,10 +549,14 @@ class ConvertedEncoder(nn.Module):
         return maps
 
     def _live_dense_sums(self, plan: _Plan) -> tuple[dict, set]:
-        """The plan's dense sums still fused at this call (:meth:`_maps` checked again: a plan
-        is cached per batch) and the fx nodes they compute."""
-        live = {node: group for node, (group, ops) in plan.dense_sums.items()
-                if self._maps(group) is not None}
+        """The plan's dense sums still fused at this call, each with its convs' maps
+        (:meth:`_maps` checked again: a plan is cached per batch), and the fx nodes they
+        compute."""
+        live = {}
+        for node, (group, _) in plan.dense_sums.items():
+            maps = self._maps(group)
+            if maps is not None:
+                live[node] = (group, maps)
         return live, {o for node in live for o in plan.dense_sums[node][1]}
 
     def clear_plan(self) -> None:
@@ -1186,10 +1190,12 @@ class ConvertedEncoder(nn.Module):
         return _Val(_finish(cp.kind, m, wts[i], vin.wt), _finish(cp.kind, m, aggs[i], self_x),
                     cp.rows_out)
 
-    def _run_dense_sum(self, node: fx.Node, cps: list, ops: list, env: dict, plan: _Plan,
+    def _run_dense_sum(self, node: fx.Node, fused: tuple, ops: list, env: dict, plan: _Plan,
                        dev) -> _Val:
-        """A sum of one dense group's GIN-MLPs (:meth:`_plan_dense_sums`): the wildtype conv by
-        conv on ``[N, F]``, the batch by :class:`.convert_dense.DenseGinSum`."""
+        """A sum of one dense group's GIN-MLPs (``fused``: its convs and their maps, from
+        :meth:`_live_dense_sums`): the wildtype conv by conv on ``[N, F]``, the batch by
+        :class:`.convert_dense.DenseGinSum`."""
+        cps, maps = fused
         vin = env[ops[0].args[0]]
         full = _full(vin, plan, dev)  # [B, N, F]
         b, n, f = full.shape
@@ -1201,7 +1207,7 @@ class ConvertedEncoder(nn.Module):
             o = _finish(GINConv, m, w, vin.wt)
             wt = o if wt is None else wt + o
         params = []
-        for m, (lin1, lin2) in zip(mods, self._maps(cps)):
+        for m, (lin1, lin2) in zip(mods, maps):
             params += [1 + m.eps, lin1.weight, lin1.bias, lin2.weight, lin2.bias]
         for c in cps:
             self._widths[(c.path, c.edges.key)] = int(f)
@@ -1399,7 +1405,7 @@ class ConvertedEncoder(nn.Module):
                  f"{len(self.graph_in)} edge type(s); per sample, mean over the batch",
                  f"  {'module[edge type]':<34} {'class':<10} {'form':<8} {'changed rows':>13} "
                  f"{'edges read':>14}"]
-        in_sum = {id(c) for cps in self._live_dense_sums(plan)[0].values() for c in cps}
+        in_sum = {id(c) for cps, _ in self._live_dense_sums(plan)[0].values() for c in cps}
         for path, cls, what in plan.order:
             if isinstance(what, _ConvPlan):
                 form = "delta" if not what.rows_out.dense else \
@@ -1638,8 +1644,8 @@ class _SlabParts(torch.autograd.Function):
     buffer. One product per sample and type, its input slab (``x_b``, 1.7 MB at the real spec)
     kept in cache across the types, and the scale applied to each product's block while it is
     still in cache (as one pass over the whole output it took 313 ms of a 4.9 s step of the
-    TorchCell-shaped encoder, profiled at the real spec). The backward adds, per sample and type, the type's transpose
-    ``ats[t]`` times the scaled gradient block."""
+    TorchCell-shaped encoder, profiled at the real spec). The backward adds, per sample and
+    type, the type's transpose ``ats[t]`` times the scaled gradient block."""
 
     @staticmethod
     def forward(ctx, x, scale, *mats):

@@ -183,12 +183,13 @@ class DenseGinSum(torch.autograd.Function):
         flat = x.new_empty(b * n, h2)  # returned as made: a view could not be changed in place
         out = flat.view(b, n, h2)
         bias = [p[4] for p in ps if p[4] is not None]
+        bias = sum(bias) if bias else None  # every type's lin2 bias, once
         xk = x * keep
         for s0 in range(0, b, block):
             s1 = min(b, s0 + block)
             acc = out[s0:s1].view(-1, h2)
-            if bias:
-                acc.copy_(sum(bias).expand_as(acc))
+            if bias is not None:
+                acc.copy_(bias.expand_as(acc))
             else:
                 acc.zero_()
             for j, (a, _) in enumerate(mats):

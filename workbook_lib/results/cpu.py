@@ -351,7 +351,8 @@ class CpuShare(Record):
             f"CPU pressure {self.pressure:.0%}"
         others = "" if self.others is None else f", other jobs {self.others:.2f} CPU"
         flag = f" (contended: {self.cause})" if self.contended else ""
-        kernel = "" if not self.kernel_text() else f", {self.kernel_text()}"
+        kernel = self.kernel_text()
+        kernel = f", {kernel}" if kernel else ""
         return (f"{got}, CPU use {self.use:.0%} of {self.threads} thread(s) on "
                 f"{self.allowed} CPU(s){others}, {pressure}{kernel}{flag}")
 
