@@ -480,6 +480,27 @@ def test_a_fused_layer_reads_only_its_own_edge_types():
         torch.set_default_dtype(torch.float32)
 
 
+SYNCING = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "is_nonzero")
+
+
+def _read_backs(fast, x: torch.Tensor) -> list:
+    """The operations that need a device-to-host read (item, nonzero, unique, a boolean mask:
+    what a CUDA step would sync on) made by one forward and backward of ``fast`` on ``x``, its
+    plan for ``DELETED`` made beforehand."""
+    plan = fast.plan(DELETED, N)
+    seen: list = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(name in str(func) for name in SYNCING):
+                seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        fast._run(x, plan).sum().backward()
+    return seen
+
+
 @pytest.mark.parametrize("readout", [None, "mean"])
 def test_the_fused_layers_gpu_kernel_is_exact_and_reads_nothing_back(monkeypatch, readout):
     """The fused layers with the push kernel a CUDA device gets (``index_add``), driven on the
@@ -495,22 +516,8 @@ def test_the_fused_layers_gpu_kernel_is_exact_and_reads_nothing_back(monkeypatch
                    if k[0] == "node_batch")
     finally:
         torch.set_default_dtype(torch.float32)
-    syncing = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "is_nonzero")
-
-    class Watch(TorchDispatchMode):
-        seen: list = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if any(s in str(func) for s in syncing):
-                Watch.seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     fast = convert(TypedLayers(), GRAPH, readout=readout)
-    x = torch.randn(N, F_IN, requires_grad=True)
-    plan = fast.plan(DELETED, N)
-    with Watch():
-        fast._run(x, plan).sum().backward()
-    assert Watch.seen == []
+    assert _read_backs(fast, torch.randn(N, F_IN, requires_grad=True)) == []
 
 
 @pytest.mark.parametrize("case", ["trainable eps", "eps differs", "self-loops"])
@@ -647,16 +654,7 @@ def test_the_call_reads_nothing_back_from_the_device(monkeypatch, share):
     mask), as a CUDA step would sync on; in the delta (push and pull), dense (a dense sum of
     GIN-MLPs included) and pooled forms."""
     monkeypatch.setattr(convert_module, "DENSE_SHARE", share)
-    syncing = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "is_nonzero")
-
-    class Watch(TorchDispatchMode):
-        seen: list = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if any(s in str(func) for s in syncing):
-                Watch.seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
+    seen = []
     for conv, container, readout in (
             ("gcn", "hetero", AttentionalAggregation(nn.Linear(H, 1))), ("typed", None, None),
             ("gin", "hetero", "mean"), ("gin_mlps", None, "mean_kept"),
@@ -664,14 +662,10 @@ def test_the_call_reads_nothing_back_from_the_device(monkeypatch, share):
         enc = TypedLayers() if conv == "typed" else GinMlpSums("relu") if conv == "gin_mlps" \
             else Encoder(conv, container, "layernorm")
         fast = convert(enc, GRAPH, readout=readout)
-        x = torch.randn(N, F_IN, requires_grad=True)
-        plan = fast.plan(DELETED, N)
-        with Watch():
-            out = fast._run(x, plan)
-            out.sum().backward()
+        seen += _read_backs(fast, torch.randn(N, F_IN, requires_grad=True))
     text = fast.explain(DELETED)  # the last case's tail is pooled, its first layer as `share`
     assert "pooled" in text and ("dense" in text) == (share == 0.0)
-    assert Watch.seen == []
+    assert seen == []
 
 
 @pytest.mark.parametrize("model", ["graph_mean", "typed"])
