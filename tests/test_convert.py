@@ -4,6 +4,7 @@ every refusal in one line."""
 import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -207,6 +208,28 @@ def test_the_dense_and_delta_forms_are_both_exact(monkeypatch, share, counts=COU
             rows = lambda s: re.findall(r"(\d+\.\d) / ", s)  # noqa: E731
             assert rows(rows_dense) == rows(rows_delta) and rows(rows_delta), conv
             assert floor_dense == pytest.approx(floor_delta), conv
+
+
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_the_push_entries_are_exact_in_either_index_dtype(monkeypatch, index):
+    """The delta push's CSR takes int32 indices and float32 values for a sum (+-1, exact in any
+    float dtype) where they fit; int64 where they would not (forced here), float64 for a mean's
+    1 / count: both exact in float64, for a sum and a mean conv."""
+    monkeypatch.setattr(convert_module, "csr_index_dtype", lambda *sizes: index)
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", 1e9)  # every layer delta
+    seen = []
+    real = convert_module._push_host
+    monkeypatch.setattr(convert_module, "_push_host",
+                        lambda *a: seen.append(real(*a)) or seen[-1])
+    torch.set_default_dtype(torch.float64)
+    try:
+        for conv in ("gin", "graph_mean"):
+            _check(Encoder(conv, "moduledict", "layernorm"), GRAPH, "mean_kept")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    want_idx = np.int32 if index == torch.int32 else np.int64
+    dtypes = {(str(h["push"][1].dtype), str(h["push"][2].dtype)) for h in seen}
+    assert dtypes == {(np.dtype(want_idx).name, "float32"), (np.dtype(want_idx).name, "float64")}
 
 
 POOLING = ["gin_mean", "graph_add", "graph_mean", "sage_sum"]

@@ -23,6 +23,7 @@ class Kernels(NamedTuple):
     selection: Any
     csr_pair: Any
     push_block: Any
+    mark_receivers: Any
 
 
 _LOADED: Kernels | None = None
@@ -40,7 +41,7 @@ def kernels() -> Kernels:
 
         _LOADED = Kernels(k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host,
                           k.selection, k.csr_pair,
-                          k.push_block)
+                          k.push_block, k.mark_receivers)
     return _LOADED
 
 

@@ -97,12 +97,16 @@ class _Edges:
 
 def _reach(e: _Edges, rows: torch.Tensor, flat: torch.Tensor,
            lowered: torch.Tensor | None) -> torch.Tensor:
-    """``[B, N]``: ``rows`` and the receivers of its rows ``flat`` (and of ``lowered``)."""
+    """``[B, N]``: ``rows`` and the receivers of its rows ``flat`` (and of ``lowered``), marked
+    by a compiled pass over their out-edges (the list of receivers is as long as the edges read:
+    about 15 million for a TorchCell-shaped second layer at the real spec)."""
     b, n = rows.shape
     out = rows.clone().view(-1)
-    out.numpy()[e.receivers(flat).numpy()] = True
+    mark = kernels().mark_receivers
+    args = (e.out_ptr.numpy(), e.out_dst.numpy(), n, out.numpy())
+    mark(flat.numpy(), *args)
     if lowered is not None:
-        out.numpy()[e.receivers(lowered).numpy()] = True
+        mark(lowered.numpy(), *args)
     return out.view(b, n)
 
 
@@ -156,9 +160,14 @@ def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tenso
     keep_np = keep.numpy().reshape(-1)
     cnt_np = cnt.numpy().reshape(-1).astype(np.float64)
     q = rows_out.flat.numpy()
+    # each (sample, edge) is at most one entry; a sum's entries are +-1, exact in any float
+    # dtype (a mean's 1 / count is made in float64 and converted at its use)
+    itype = np.int32 if csr_index_dtype(b * int(e.out_dst.numel()), n + rows_in.count,
+                                        rows_out.count) == torch.int32 else np.int64
     push = kernels().push_block(rows_in.flat.numpy(), e.out_ptr.numpy(), e.out_dst.numpy(),
                                 keep_np, cnt_np, mean, rows_out.pos, n, rows_out.count,
-                                n + rows_in.count)
+                                n + rows_in.count, np.empty(0, itype),
+                                np.empty(0, np.float64 if mean else np.float32))
     gfac = keep_np[q].astype(np.float64)
     if mean:
         gfac = gfac * e.deg.numpy()[q % n] / np.maximum(cnt_np[q], 1.0)
@@ -1743,24 +1752,28 @@ def _plan_groups(plan: _Plan) -> None:
             own = pair(np.concatenate([idx, idx[has]]),
                        np.concatenate([h["genes"], n + h["self_in"][has]]),
                        np.ones(c + int(has.sum())), c, ncol)
+            vt = h["push"][2].dtype  # ones: exact in the push's value dtype
+            own = tuple(a.astype(vt if k in (2, 5) else idx_t, copy=False)
+                        for k, a in enumerate(own))
             for crow, col, val, tcrow, tcol, tval in (h["push"], own):
                 # its pushed rows, then its own rows: one output each
-                crows.append(crow[:-1] + nnz)
+                crows.append(crow[:-1].astype(idx_t, copy=False) + nnz)
                 cols.append(col)
                 vals.append(val)
                 nnz += int(crow[-1])
                 b = g + ("at", len(sizes))
-                plan.put(b + ("crow",), torch.from_numpy(tcrow.astype(idx_t)))
-                plan.put(b + ("col",), torch.from_numpy(tcol.astype(idx_t)))
+                plan.put(b + ("crow",), torch.from_numpy(tcrow.astype(idx_t, copy=False)))
+                plan.put(b + ("col",), torch.from_numpy(tcol.astype(idx_t, copy=False)))
                 plan.put(b + ("val",), torch.from_numpy(tval))
                 plan.index[b + ("shape",)] = (ncol, c)
                 sizes.append(c)
             k = ("g", id(src), cp.path, cp.edges.key)
             plan.put(k + ("genes",), torch.from_numpy(h["genes"]))
             plan.put(k + ("gfac",), torch.from_numpy(h["gfac"]).unsqueeze(1))
+        # one copy each, in the index dtype (a mixed list would be widened, then narrowed)
         plan.put(g + ("a", "crow"), torch.from_numpy(
-            np.concatenate(crows + [np.array([nnz])]).astype(idx_t)))
-        plan.put(g + ("a", "col"), torch.from_numpy(np.concatenate(cols).astype(idx_t)))
+            np.concatenate(crows + [np.array([nnz])], dtype=idx_t)))
+        plan.put(g + ("a", "col"), torch.from_numpy(np.concatenate(cols, dtype=idx_t)))
         plan.put(g + ("a", "val"), torch.from_numpy(np.concatenate(vals)))
         plan.index[g + ("a", "shape")] = (sum(sizes), ncol)
         plan.put(g + ("genes_in",), rows_in.flat % n)

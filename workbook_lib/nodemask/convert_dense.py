@@ -88,7 +88,9 @@ def _maps_backward(g, z, r, w1, w2, grads, out=None):
     needed, ``b2``'s left to the caller) and returns the gradient at ``z``."""
     if grads[3] is not None:
         grads[3].addmm_(g.t(), r)
-    gu = torch.mm(g, w2).mul_(r > 0)
+    gu = torch.mm(g, w2)
+    # the ReLU's backward in place, as autograd computes it (one pass; ``mul_(r > 0)`` is two)
+    torch.ops.aten.threshold_backward.grad_input(gu, r, 0, grad_input=gu)
     if grads[2] is not None:
         grads[2] += gu.sum(0)
     if grads[1] is not None:

@@ -419,14 +419,28 @@ def csr_pair(r, c, v, nrows, ncols):  # pragma: no cover - jitted
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol):
+def mark_receivers(flat, out_ptr, out_dst, n, out):  # pragma: no cover - jitted
+    """Set ``out[b * n + t]`` for every out-neighbour ``t`` of each row ``flat = b * n + j``
+    (``out``: flat bool ``[B * N]``), without making the list of receivers."""
+    for i in range(flat.shape[0]):
+        f = flat[i]
+        base = f - f % n
+        j = f % n
+        for e in range(out_ptr[j], out_ptr[j + 1]):
+            out[base + out_dst[e]] = True
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, itype, vtype):
     """The push entries of one delta conv as CSR ``[rows, ncol]`` and its transpose, in two
     passes over the changed inputs' out-edges (``f_in``: flat (sample, gene) of the changed
     inputs, in their order): an edge to a kept gene ``t`` is an entry at row ``pos_out[t]``,
     column ``n + i`` (+1) for a kept input ``i`` or its gene (-1) for a deleted one, divided by
-    ``max(cnt[t], 1)`` for a mean: ``(crow, col, val, tcrow, tcol, tval)``."""
-    crow = np.zeros(rows + 1, dtype=np.int64)
-    tcrow = np.zeros(ncol + 1, dtype=np.int64)
+    ``max(cnt[t], 1)`` for a mean: ``(crow, col, val, tcrow, tcol, tval)``, pointers and
+    indices in ``itype``'s dtype, values in ``vtype``'s (empty arrays: the caller's choice, int32
+    and float32 halve the bytes written; 0.38 s against 0.25 s per TorchCell-shaped plan)."""
+    crow = np.zeros(rows + 1, dtype=itype.dtype)
+    tcrow = np.zeros(ncol + 1, dtype=itype.dtype)
     for i in range(f_in.shape[0]):
         f = f_in[i]
         b, j = f // n, f % n
@@ -441,10 +455,10 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol):
     for c in range(ncol):
         tcrow[c + 1] += tcrow[c]
     m = crow[rows]
-    col = np.empty(m, dtype=np.int64)
-    val = np.empty(m, dtype=np.float64)
-    tcol = np.empty(m, dtype=np.int64)
-    tval = np.empty(m, dtype=np.float64)
+    col = np.empty(m, dtype=itype.dtype)
+    val = np.empty(m, dtype=vtype.dtype)
+    tcol = np.empty(m, dtype=itype.dtype)
+    tval = np.empty(m, dtype=vtype.dtype)
     fill = crow[:-1].copy()
     tfill = tcrow[:-1].copy()
     for i in range(f_in.shape[0]):
