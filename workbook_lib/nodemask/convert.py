@@ -1166,11 +1166,19 @@ class ConvertedEncoder(nn.Module):
         wts, deltas, at = grouped[key]
         i = at[id(cp)]
         k = g + (cp.path, cp.edges.key)
-        agg = deltas[2 * i] + wts[i].index_select(0, plan.dev(k + ("genes",), None, dev)) * \
-            plan.dev(k + ("gfac",), None, dev, vin.wt.dtype)
+        genes = plan.dev(k + ("genes",), None, dev)
+        gfac = plan.dev(k + ("gfac",), None, dev, vin.wt.dtype)
         self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
-        return _Val(_finish(cp.kind, m, wts[i], vin.wt),
-                    _finish(cp.kind, m, agg, deltas[2 * i + 1]), cp.rows_out)
+        maps = gin_mlp(m) if cp.kind is GINConv else None
+        if maps is not None:  # the wildtype part added per block, in GinMlp (no [R, F] passes)
+            values = GinMlp.apply(deltas[2 * i], deltas[2 * i + 1],
+                                  block_rows(dev, genes.numel()), 1 + m.eps, maps[0].weight,
+                                  maps[0].bias, maps[1].weight, maps[1].bias, wts[i], genes,
+                                  gfac)
+        else:
+            agg = deltas[2 * i] + wts[i].index_select(0, genes) * gfac
+            values = _finish(cp.kind, m, agg, deltas[2 * i + 1])
+        return _Val(_finish(cp.kind, m, wts[i], vin.wt), values, cp.rows_out)
 
     def _run_dense_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan,
                            dev) -> _Val:
