@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch_geometric.nn import GCNConv, GINConv, GraphConv, HeteroConv, MessagePassing, SAGEConv
 from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
@@ -613,8 +614,7 @@ class ConvertedEncoder(nn.Module):
                 raise ConvertError(f"{node.name}: a sum of module outputs reads a value that is "
                                    "not per gene")
             rows = _Rows.union(found)
-            for r in found:
-                _plan_to_rows(plan, r, rows)
+            _plan_sum(plan, found, rows)
             return rows
         found = list(_arg_rows(list(node.args) + list(node.kwargs.values()), env))
         if not found:
@@ -979,12 +979,19 @@ class ConvertedEncoder(nn.Module):
         return inner, final
 
     def _run_sum(self, vals: list, rows: _Rows, plan: _Plan, dev) -> _Val:
-        """The sum of ``vals`` (left to right, as the chain of adds) at ``rows``."""
-        picks = [_to_rows(v, rows, plan, dev).values for v in vals]
-        wt, values = vals[0].wt + vals[1].wt, picks[0] + picks[1]
-        for v, p in zip(vals[2:], picks[2:]):
-            wt, values = wt.add_(v.wt), values.add_(p)
-        return _Val(wt, values, rows)
+        """The sum of ``vals`` at ``rows``: the wildtypes summed left to right, as the chain of
+        adds; the values as :class:`_SumAt` (the summed wildtype at every row, plus each
+        operand's changed rows less its wildtype)."""
+        wt = vals[0].wt + vals[1].wt
+        for v in vals[2:]:
+            wt = wt.add_(v.wt)
+        k = ("sum", id(rows))
+        ops = []
+        for v in vals:
+            ops += [v.wt, v.values, plan.dev(k + (id(v.rows), "pos"), None, dev),
+                    plan.dev(k + (id(v.rows), "gene"), None, dev)]
+        gene_u = None if rows.dense else plan.dev(k + ("gene",), None, dev)
+        return _Val(wt, _SumAt.apply(wt, plan.batch_size, gene_u, *ops), rows)
 
     def _run_module(self, node: fx.Node, plan: _Plan, env: dict, dev):
         m = self._named[node.target]
@@ -1859,6 +1866,66 @@ def _plan_to_rows(plan: _Plan, src: _Rows, dst: _Rows) -> None:
     """The host index :func:`_to_rows` reads: ``src``'s table rows at ``dst``'s rows."""
     if src is not dst and not (src.dense and dst.dense):
         _put_pick(plan, ("to", id(src), id(dst)), src.lookup(dst.flat))
+
+
+def _plan_sum(plan: _Plan, found: list, rows: _Rows) -> None:
+    """The host indexes :class:`_SumAt` reads for a sum at ``rows`` of values at ``found``: each
+    operand's rows' places among ``rows`` and their genes, and ``rows``' genes (none if dense)."""
+    k = ("sum", id(rows))
+    n = plan.num_nodes
+    if not rows.dense:
+        plan.put(k + ("gene",), rows.flat % n)
+    for r in found:
+        f = r.flat.numpy()
+        plan.put(k + (id(r), "pos"), torch.from_numpy(rows.pos[f]))
+        plan.put(k + (id(r), "gene"), torch.from_numpy(f % n))
+
+
+class _SumAt(torch.autograd.Function):
+    """The values of a sum of values at rows ``rows`` (a union of the operands' rows): the
+    summed wildtype ``wt`` at every row (repeated per sample where ``rows`` is dense, else
+    gathered at its genes ``gene_u``), then per operand its changed rows less its wildtype,
+    ``values_t - wt_t[gene_t]``, added at their places ``pos_t`` (``index_add_``). Picking each
+    operand onto ``rows`` and adding (its rows, and its wildtype at the others) wrote every row
+    of ``rows`` once per operand: nine full ``[B * N, H]`` passes and a sum for a
+    TorchCell-shaped second layer. The backward: the summed gradient per gene for ``wt``, and
+    per operand its rows' gradient and, negated and summed per gene, its wildtype's. At the
+    real spec (B = 28, pages kept, 4 steps of each, alternating): the sums' forward 77-99 ms
+    per step against 115-166 ms picked; their backward alike (113-124 against 115-125 ms).
+
+    Args (of ``apply``): wt ``[N, H]``, b (samples), gene_u (None or ``[R]``), then per operand
+    ``wt_t [N, H], values_t [R_t, H], pos_t [R_t], gene_t [R_t]``.
+    """
+
+    @staticmethod
+    def forward(ctx, wt, b, gene_u, *ops):
+        out = wt.repeat(b, 1) if gene_u is None else wt.index_select(0, gene_u)
+        for j in range(0, len(ops), 4):
+            wt_t, values, pos, gene = ops[j:j + 4]
+            out.index_add_(0, pos, values - wt_t.index_select(0, gene))
+        ctx.b, ctx.n = b, wt.shape[0]
+        ctx.save_for_backward(gene_u, *ops[2::4], *ops[3::4])
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        gene_u, *idx = ctx.saved_tensors
+        t = len(idx) // 2
+        need = ctx.needs_input_grad
+        g = g.contiguous()
+        gwt = None
+        if need[0]:
+            gwt = g.view(ctx.b, ctx.n, -1).sum(0) if gene_u is None else \
+                g.new_zeros(ctx.n, g.shape[1]).index_add_(0, gene_u, g)
+        grads = []
+        for j in range(t):
+            pos, gene = idx[j], idx[t + j]
+            gv = g.index_select(0, pos) if need[3 + 4 * j] or need[4 + 4 * j] else None
+            gw = g.new_zeros(ctx.n, g.shape[1]).index_add_(0, gene, gv, alpha=-1) \
+                if need[3 + 4 * j] else None
+            grads += [gw, gv if need[4 + 4 * j] else None, None, None]
+        return (gwt, None, None, *grads)
 
 
 def _plan_full(plan: _Plan, rows: _Rows) -> None:
