@@ -273,6 +273,43 @@ def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_th
     assert back.gap.ratio.median == pytest.approx(loud.gap.ratio.median)
 
 
+def test_a_kernel_bound_full_step_is_named_in_the_answer_with_the_way_out(tmp_path):
+    """A pair pipeline whose full step in 03 was kernel-bound gets a caveat naming it, its
+    kernel share and the allocator setting that removes it; a step that computes gets none.
+    The figures are the TorchCell-shaped converted step's, recorded at the real spec: with
+    glibc's defaults 5.9 of 14.8 CPU seconds in the kernel and 1.9 million page faults per
+    8.8 s step; with freed memory kept 0.45 s and 45,000."""
+    from test_verdict_compare import _Obj, _ddp, _mask_cost, _timing
+
+    from workbook_lib.studies import verdict as V
+
+    inv = _Obj(scale=0.1, total_edges=242337)
+
+    def verdict(system_s: float, faults: int):
+        t, ddp = _timing(), _ddp()
+        t.loops.arm("replicated_mask_cpu", "full").step.cpu = C.CpuShare(
+            wall_s=8.8, cpu_s=14.8, threads=2, allowed=2, intervals=1, run_s=14.8, wait_s=0.1,
+            system_s=system_s, page_faults=faults)
+        rec = V.recommend(t, _mask_cost(), ddp, tmp_path, baseline="replicated_mask_cpu",
+                          tie_tolerance=0.15, num_samples=1000)
+        g = V.measure_gap(t.loops, "replicated_mask_cpu", "dango_wildtype", 1000, ddp)
+        v = V.VerdictResult("", "cpu", "cpu", V.rank_causes(t, g.slow, g.fast, g, "cpu"), [],
+                            rec, g.ratio, [], [], gap=g, gap_strategies=[g.slow, g.fast],
+                            kernel=V.kernel_bound_steps(t.loops, [g.slow, g.fast]))
+        V.compose(v, inv.scale, inv.total_edges)
+        return v
+
+    faulting, computing = verdict(5.9, 1_900_000), verdict(0.45, 45_000)
+    assert set(faulting.kernel) == {"replicated_mask_cpu"} and computing.kernel == {}
+    line = next(c for c in faulting.caveats if c.startswith("Kernel-bound"))
+    assert "'replicated_mask_cpu'" in line
+    assert "40% of its CPU time in the kernel, with 1,900,000 page faults per step" in line
+    assert "MALLOC_MMAP_MAX_=0" in line and line in faulting.answer
+    assert not any(c.startswith("Kernel-bound") for c in computing.caveats)
+    back = V.VerdictResult.from_json(faulting.to_json())
+    assert back.kernel["replicated_mask_cpu"].page_faults == 1_900_000
+
+
 def test_selftest_says_the_machine_is_busy_beside_a_hog(one_cpu):
     from workbook_lib.tools import selftest
 
@@ -339,6 +376,30 @@ def test_the_cpu_table_names_each_arm_once_the_pipelined_step_apart_from_the_ful
     piped = next(r for r in rows if r["mode"].startswith("pipelined"))
     assert piped["contended"] == "CONTENDED"
     assert [r["contended"] for r in rows].count("CONTENDED") == 1
+    assert {r["in the kernel"] for r in rows} == {"not read"}  # figures without the kernel's
+
+
+def test_the_cpu_table_gives_each_arms_kernel_share_and_marks_a_kernel_bound_one():
+    """The TorchCell-shaped converted step's recorded figures (glibc's defaults: 5.9 of 14.8
+    CPU seconds in the kernel, 1.9 million page faults per step; freed memory kept: 0.45 s and
+    45,000): the first marked kernel-bound, with the way out in the caption; the second not."""
+    from workbook_lib.report.cpu_view import cpu_table, kernel_cell
+    from workbook_lib.results.timing import ArmResult, LoopStudy
+
+    def cpu(system_s, faults):
+        return C.CpuShare(wall_s=8.8, cpu_s=14.8, threads=2, allowed=2, intervals=1, run_s=14.8,
+                          wait_s=0.1, system_s=system_s, page_faults=faults)
+    assert kernel_cell(cpu(5.9, 1_900_000)) == "40%, 1,900,000 page faults per step (KERNEL-BOUND)"
+    assert kernel_cell(cpu(0.45, 45_000)) == "3%, 45,000 page faults per step"
+
+    def study(system_s, faults):
+        st = Stat.from_samples([8.8, 8.9, 8.7])
+        st.cpu = cpu(system_s, faults)
+        arm = ArmResult("torchcell/full", "torchcell", "full", "full", 28, 1, st)
+        return LoopStudy("cpu", "", ["torchcell"], {"torchcell": 28}, True, {},
+                         {"torchcell/full": arm})
+    assert "MALLOC_MMAP_MAX_=0" in cpu_table(study(5.9, 1_900_000)).caption
+    assert "MALLOC_MMAP_MAX_=0" not in cpu_table(study(0.45, 45_000)).caption
 
 
 # --- who took the CPUs: other jobs, or this run's own processes ---------------------------------

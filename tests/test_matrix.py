@@ -401,6 +401,8 @@ UNREACHABLE = {
                                                     "section (an older results file)",
     ("bench_text.py", "convert_lines", "c is None"): "the same",
     ("bench_view.py", "convert_table", "No convert section"): "the same",
+    ("cpu_view.py", "kernel_cell", "not read"): "CPU figures from before the kernel's share was "
+                                                "read (an older results file)",
     ("verdict_view.py", "code_table", "if not rows"): "first causes none of which the profile "
                                                       "attributes to a function (which stage "
                                                       "comes first varies with the machine's "

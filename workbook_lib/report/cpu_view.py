@@ -28,12 +28,22 @@ def cpu_rows(study: LoopStudy) -> list[dict]:
                      "other jobs (CPUs)": f"{c.others:.2f}" if c.others is not None
                      else "not told",
                      "contended": "CONTENDED" if c.contended else "no",
-                     "by": c.cause or ""})
+                     "by": c.cause or "",
+                     "in the kernel": kernel_cell(c)})
     return rows
 
 
+def kernel_cell(c) -> str:
+    """'40%, 1,900,000 page faults per step (KERNEL-BOUND)'; 'not read' where not recorded."""
+    if c.kernel is None:
+        return "not read"
+    faults = "" if c.page_faults is None or c.intervals <= 0 else \
+        f", {c.page_faults / c.intervals:,.0f} page faults per step"
+    return f"{c.kernel:.0%}{faults}" + (" (KERNEL-BOUND)" if c.kernel_bound else "")
+
+
 def cpu_table(study: LoopStudy):
-    from ..results.cpu import OTHERS_SEEN, causes_text
+    from ..results.cpu import FAULTS_HIGH, KEEP_PAGES, KERNEL_HIGH, OTHERS_SEEN, causes_text
 
     rows = cpu_rows(study)
     s = study.settings
@@ -41,6 +51,7 @@ def cpu_table(study: LoopStudy):
     rule = first.rule if first is not None else ""
     children = first.children if first is not None else ""
     bad = sum(r["contended"] == "CONTENDED" for r in rows)
+    heavy = sum(r["in the kernel"].endswith("(KERNEL-BOUND)") for r in rows)
     return table(rows, caption=(
         f"What the process got of the CPUs over each arm's timed steps. Threads: "
         f"{s.get('threads', '?')} ({s.get('threads_why', 'not recorded')}). CPU use: the "
@@ -51,10 +62,13 @@ def cpu_table(study: LoopStudy):
         "a CPU (/proc/pressure/cpu; other jobs' waits count too). Other jobs: the machine's busy "
         "CPU time on these CPUs minus this run's process tree's, per wall second. "
         f"Rule: {rule}; by other jobs when they used at least {OTHERS_SEEN:g} CPU, else by "
-        "this run's own processes."
+        "this run's own processes. In the kernel: the share of its CPU time that was system "
+        "time, and its page faults per timed step; kernel-bound from "
+        f"{KERNEL_HIGH:.0%} with {FAULTS_HIGH:,} page faults per CPU second."
         + (f" {bad} arm(s) contended: their figures are marked in every table and the verdict "
            "does not rest on them. " + causes_text(a.step.cpu for a in study.arms.values())
-           if bad else "")))
+           if bad else "")
+        + (f" {heavy} arm(s) kernel-bound: {KEEP_PAGES}." if heavy else "")))
 
 
 def cpu_plot(study: LoopStudy) -> None:

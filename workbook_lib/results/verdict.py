@@ -139,6 +139,8 @@ class VerdictResult(Record):
     disturbed: dict[str, float] = field(default_factory=dict)  # headline figure -> IQR/median
     # headline figure -> what the process got of the CPUs while it was measured (contended)
     contended: dict[str, CpuShare] = field(default_factory=dict)
+    # a pair pipeline -> its full step's CPU share, where that step was kernel-bound
+    kernel: dict[str, CpuShare] = field(default_factory=dict)
     target: float = 0.1  # the precision target the figures were repeated for
     gap_strategies: list[str] = field(default_factory=list)  # [slow, fast] as answered
     lead: str = ""  # the answer's first sentence

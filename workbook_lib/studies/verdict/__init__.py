@@ -150,6 +150,18 @@ def contended_figures(gap: Gap | None, rec: Recommendation | None,
     return out
 
 
+def kernel_bound_steps(lo, names: list[str]) -> dict[str, CpuShare]:
+    """Pipeline -> its full step's CPU share, for each of ``names`` (the pair) whose full step
+    in notebook 03 was kernel-bound (:attr:`CpuShare.kernel_bound`: much of its time the
+    operating system faulting freed memory back in, not its own work)."""
+    out = {}
+    for n in names:
+        cpu = getattr(lo.arm(n, "full").step, "cpu", None) if _in_timing(lo, n) else None
+        if cpu is not None and cpu.kernel_bound:
+            out[n] = cpu
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # what went wrong in the user's pipelines
 
@@ -248,6 +260,7 @@ def build_verdict(found: dict, inputs: dict[str, str], params: Params, run_dir: 
         words=res.exactness, proven=proven)
     res.disturbed = disturbed_figures(res.gap, res.recommendation, params.precision_target)
     res.contended = contended_figures(res.gap, res.recommendation, timing, exact)
+    res.kernel = kernel_bound_steps(lo, res.gap_strategies if res.gap else [])
     if builtin:
         res.form = recommended_form(res.recommendation.bench if res.recommendation else None)
     compose(res, **sizes_of(found))
