@@ -1176,16 +1176,9 @@ class ConvertedEncoder(nn.Module):
         genes = plan.dev(k + ("genes",), None, dev)
         gfac = plan.dev(k + ("gfac",), None, dev, vin.wt.dtype)
         self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
-        maps = gin_mlp(m) if cp.kind is GINConv else None
-        if maps is not None:  # the wildtype part added per block, in GinMlp (no [R, F] passes)
-            values = GinMlp.apply(deltas[2 * i], deltas[2 * i + 1],
-                                  block_rows(dev, genes.numel()), 1 + m.eps, maps[0].weight,
-                                  maps[0].bias, maps[1].weight, maps[1].bias, wts[i], genes,
-                                  gfac)
-        else:
-            agg = deltas[2 * i] + wts[i].index_select(0, genes) * gfac
-            values = _finish(cp.kind, m, agg, deltas[2 * i + 1])
-        return _Val(_finish(cp.kind, m, wts[i], vin.wt), values, cp.rows_out)
+        return _Val(_finish(cp.kind, m, wts[i], vin.wt),
+                    _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1], (wts[i], genes, gfac)),
+                    cp.rows_out)
 
     def _run_dense_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan,
                            dev) -> _Val:
@@ -1967,17 +1960,24 @@ class _Full(torch.autograd.Function):
         return gw, gv, None, None, None
 
 
-def _finish(kind: type, m: nn.Module, agg: torch.Tensor, x_self: torch.Tensor) -> torch.Tensor:
-    """A convolution's output rows from their aggregation and their own input rows."""
+def _finish(kind: type, m: nn.Module, agg: torch.Tensor, x_self: torch.Tensor,
+            wt_part: tuple | None = None) -> torch.Tensor:
+    """A convolution's output rows from their aggregation and their own input rows; with
+    ``wt_part`` = ``(wt, genes, gfac)``, the aggregation is ``agg + wt[genes] * gfac`` (a GIN-MLP
+    adds that part per block, in :class:`GinMlp`)."""
+    maps = gin_mlp(m) if kind is GINConv else None
+    if maps is not None:  # a tensor eps: agg + (1 + eps) x and both maps, a block at a time
+        return GinMlp.apply(agg, x_self, block_rows(agg.device, agg.shape[0]), 1 + m.eps,
+                            maps[0].weight, maps[0].bias, maps[1].weight, maps[1].bias,
+                            *(wt_part or ()))
+    if wt_part is not None:
+        wt, genes, gfac = wt_part
+        agg = agg + wt.index_select(0, genes) * gfac
     if kind is GINConv:  # agg + (1 + eps) x, in one pass where eps is a tensor
         e = 1 + m.eps
         if not isinstance(e, torch.Tensor):
             return m.nn(agg + e * x_self)
-        maps = gin_mlp(m)
-        if maps is None:
-            return m.nn(_GinSelf.apply(agg, x_self, e))
-        return GinMlp.apply(agg, x_self, block_rows(agg.device, agg.shape[0]), e, maps[0].weight,
-                            maps[0].bias, maps[1].weight, maps[1].bias)
+        return m.nn(_GinSelf.apply(agg, x_self, e))
     if kind is GraphConv:
         return m.lin_rel(agg) + m.lin_root(x_self)
     if kind is SAGEConv:
