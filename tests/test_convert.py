@@ -232,6 +232,49 @@ def test_the_push_entries_are_exact_in_either_index_dtype(monkeypatch, index):
     assert dtypes == {(np.dtype(want_idx).name, "float32"), (np.dtype(want_idx).name, "float64")}
 
 
+@pytest.mark.parametrize("mean", [False, True])
+@pytest.mark.parametrize("index", [np.int32, np.int64])
+def test_the_push_built_in_runs_of_samples_is_the_same_arrays(mean, index):
+    """Runs of whole samples on threads (each row's entries from one sample; a gene's column
+    taking each run's entries in order) give the arrays of one run, entry for entry, including
+    runs cut inside a sample's inputs (moved to its start) and more runs than samples."""
+    from concurrent.futures import ThreadPoolExecutor
+    rng = np.random.default_rng(3)
+    n, b, e = 40, 5, 160
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    order = np.argsort(src, kind="stable")
+    out_ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))]).astype(np.int64)
+    out_dst = dst[order].astype(np.int64)
+    keep = np.ones(b * n, dtype=np.float32)
+    keep[rng.choice(b * n, 12, replace=False)] = 0
+    f_in = np.sort(rng.choice(b * n, 70, replace=False)).astype(np.int64)
+    f_in = np.union1d(f_in, np.flatnonzero(keep == 0))  # every deleted gene's row changes
+    out_rows = np.flatnonzero(rng.random(b * n) < 0.6)
+    pos_out = np.full(b * n, -1, dtype=np.int64)
+    pos_out[out_rows] = np.arange(out_rows.size)
+    # every kept receiver of a changed input is an output row
+    for f in f_in:
+        s, j = divmod(int(f), n)
+        for t in out_dst[out_ptr[j]:out_ptr[j + 1]]:
+            if keep[s * n + t] and pos_out[s * n + t] < 0:
+                pos_out[s * n + t] = 0  # marked; numbered below
+    out_rows = np.flatnonzero(pos_out >= 0)
+    pos_out[:] = -1
+    pos_out[out_rows] = np.arange(out_rows.size)
+    cnt = rng.integers(0, 6, b * n).astype(np.float64)
+    vtype = np.empty(0, np.float64 if mean else np.float32)
+    args = (f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, out_rows.size,
+            n + f_in.size, np.empty(0, index), vtype)
+    push_block = convert_module.kernels().push_block
+    one = push_block(*args)
+    with ThreadPoolExecutor(7) as pool:
+        for parts in (2, 3, 8):
+            got = push_block(*args, parts, pool)
+            for a, g in zip(one, got):
+                assert a.dtype == g.dtype and np.array_equal(a, g)
+    assert one[0][-1] > 0 and (one[2] < 0).any()  # entries, some from deleted genes
+
+
 POOLING = ["gin_mean", "graph_add", "graph_mean", "sage_sum"]
 
 
