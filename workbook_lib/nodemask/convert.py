@@ -15,6 +15,7 @@ graph, and the exact changed rows of a deletion are this library's subject.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from .corrections import corrections, validate_deleted
 from .floor import _dense, _sparse
 from .kernels import csr_index_dtype
 from .graph import SharedGraph
+from .workspace import Workspace, take
 
 READOUTS = ("mean", "mean_kept", "sum_kept")
 # a layer takes the dense form when its delta form's counted work (edges read plus rows
@@ -439,16 +441,18 @@ class ConvertedEncoder(nn.Module):
         self._named = dict(encoder.named_modules())
         self._graph(encoder.training)
         self._state: dict = {"plan": None, "grouped": {}, "ahead": {},  # (not module
-                             "pool": None}  # attributes: cheaper)
+                             "pool": None, "sites": None}  # attributes: cheaper)
         self._widths: dict = {}
         self._device_graph: dict = {}
+        self.workspace = Workspace()  # large CPU buffers kept between calls (.workspace)
 
     def __getstate__(self):
         """Copies and pickles leave out the plans, the planning thread and the device caches
         (sparse tensors, which do not copy; made again at the next call)."""
         state = self.__dict__.copy()
-        state["_state"] = {"plan": None, "grouped": {}, "ahead": {}, "pool": None}
+        state["_state"] = {"plan": None, "grouped": {}, "ahead": {}, "pool": None, "sites": None}
         state["_device_graph"] = {}
+        state["workspace"] = Workspace(self.workspace.min_bytes)
         return state
 
     # --- structure -------------------------------------------------------------------------
@@ -916,6 +920,7 @@ class ConvertedEncoder(nn.Module):
     def _execute(self, x: torch.Tensor, plan: _Plan) -> _Val:
         env: dict = {}
         self._state["grouped"] = {}  # this call's grouped products, per input fx node
+        self._state["sites"] = itertools.count()  # this call's workspace sites, in call order
         dev = x.device
         graph_dev = self._graph_on(dev)
         sums = self._sums(self.encoder.training)
@@ -962,6 +967,11 @@ class ConvertedEncoder(nn.Module):
             else:
                 env[node] = self._run_function(node, rows, env, plan, dev)
         raise ValueError("the traced forward has no output")
+
+    def _site(self) -> tuple:
+        """The next workspace site of this call: ``(workspace, ordinal)`` (:mod:`.workspace`;
+        a call's sites come in the order of the traced forward, the same at every step)."""
+        return self.workspace, next(self._state["sites"])
 
     def _sums(self, training: bool) -> tuple[set, dict]:
         """Chains of ``+`` over module outputs: the inner adds and, per last add, its operands in
@@ -1015,7 +1025,7 @@ class ConvertedEncoder(nn.Module):
             ops += [v.wt, v.values, plan.dev(k + (id(v.rows), "pos"), None, dev),
                     plan.dev(k + (id(v.rows), "gene"), None, dev)]
         gene_u = None if rows.dense else plan.dev(k + ("gene",), None, dev)
-        return _Val(wt, _SumAt.apply(wt, plan.batch_size, gene_u, *ops), rows)
+        return _Val(wt, _SumAt.apply(wt, plan.batch_size, gene_u, self._site(), *ops), rows)
 
     def _run_module(self, node: fx.Node, plan: _Plan, env: dict, dev):
         m = self._named[node.target]
@@ -1139,7 +1149,7 @@ class ConvertedEncoder(nn.Module):
         gcn = kind is GCNConv
         if cp.rows_out.dense:
             b, n = plan.keep.shape
-            full = _full(vin, plan, dev)  # [B, N, F]
+            full = _full(vin, plan, dev, self._site())  # [B, N, F]
             src = m.lin(full) if gcn else full
             keep = plan.dev(k + ("keep",), h["keep"], dev, src.dtype).unsqueeze(-1)
             scale = keep
@@ -1174,7 +1184,7 @@ class ConvertedEncoder(nn.Module):
                 self_x = self_x * plan.dev(k + ("sc",), h["self_coef"], dev,
                                            table.dtype).unsqueeze(1)
         self._widths[k] = int(agg.shape[-1])
-        return _Val(wt, _finish(cp.kind, m, agg, self_x), cp.rows_out)
+        return _Val(wt, _finish(cp.kind, m, agg, self_x, ws=self._site()), cp.rows_out)
 
     def _run_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
         """A delta conv whose aggregation comes from its group's two stacked products: the
@@ -1191,7 +1201,7 @@ class ConvertedEncoder(nn.Module):
                 plan.index[t + ("shape",)], check_invariants=False)
                 for t in [g + ("a",)] + [g + ("at", i) for i in range(len(sizes))])
             d = vin.values - vin.wt.index_select(0, plan.dev(g + ("genes_in",), None, dev))
-            delta = _SpMMParts.apply(torch.cat([vin.wt, d]), a, sizes, *ats)
+            delta = _SpMMParts.apply(torch.cat([vin.wt, d]), a, sizes, self._site(), *ats)
             grouped[key] = (wt.split(vin.wt.shape[0]), delta,
                             {id(c): i for i, c in enumerate(cps)})
         wts, deltas, at = grouped[key]
@@ -1200,9 +1210,9 @@ class ConvertedEncoder(nn.Module):
         genes = plan.dev(k + ("genes",), None, dev)
         gfac = plan.dev(k + ("gfac",), None, dev, vin.wt.dtype)
         self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
-        return _Val(_finish(cp.kind, m, wts[i], vin.wt),
-                    _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1], (wts[i], genes, gfac)),
-                    cp.rows_out)
+        return _Val(_finish(cp.kind, m, wts[i], vin.wt, ws=self._site()),
+                    _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1], (wts[i], genes, gfac),
+                            ws=self._site()), cp.rows_out)
 
     def _run_dense_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan,
                            dev) -> _Val:
@@ -1215,12 +1225,12 @@ class ConvertedEncoder(nn.Module):
         if key not in grouped:
             cps = plan.dense_groups[cp.src]
             b, n = plan.keep.shape
-            full = _full(vin, plan, dev)  # [B, N, F]
+            full = _full(vin, plan, dev, self._site())  # [B, N, F]
             f, dtype = full.shape[-1], full.dtype
             keep = plan.dev(("keep_bn1",), None, dev, dtype)
             mats = [self._stack([c.edges], [False], dev, dtype) for c in cps]
             scale = plan.dev(("dscale", id(cp.src)), None, dev, dtype)  # [B, T, N, 1]
-            aggs = _SlabParts.apply(full * keep, scale, *[m[0] for m in mats],
+            aggs = _SlabParts.apply(full * keep, scale, self._site(), *[m[0] for m in mats],
                                     *[m[1] for m in mats])
             wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype))
             grouped[key] = (wt.split(n), aggs, full.reshape(b * n, f),
@@ -1228,8 +1238,8 @@ class ConvertedEncoder(nn.Module):
         wts, aggs, self_x, at = grouped[key]
         i = at[id(cp)]
         self._widths[(cp.path, cp.edges.key)] = int(aggs[i].shape[-1])
-        return _Val(_finish(cp.kind, m, wts[i], vin.wt), _finish(cp.kind, m, aggs[i], self_x),
-                    cp.rows_out)
+        return _Val(_finish(cp.kind, m, wts[i], vin.wt, ws=self._site()),
+                    _finish(cp.kind, m, aggs[i], self_x, ws=self._site()), cp.rows_out)
 
     def _run_dense_sum(self, node: fx.Node, fused: tuple, ops: list, env: dict, plan: _Plan,
                        dev) -> _Val:
@@ -1238,14 +1248,14 @@ class ConvertedEncoder(nn.Module):
         :class:`.convert_dense.DenseGinSum`."""
         cps, maps = fused
         vin = env[ops[0].args[0]]
-        full = _full(vin, plan, dev)  # [B, N, F]
+        full = _full(vin, plan, dev, self._site())  # [B, N, F]
         b, n, f = full.shape
         dtype = full.dtype
         mods = [self._conv_module(c.path, c.edges.key) for c in cps]
         wts = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype)).split(n)
         wt = None
         for m, w in zip(mods, wts):
-            o = _finish(GINConv, m, w, vin.wt)
+            o = _finish(GINConv, m, w, vin.wt, ws=self._site())
             wt = o if wt is None else wt + o
         params = []
         for m, (lin1, lin2) in zip(mods, maps):
@@ -1255,7 +1265,7 @@ class ConvertedEncoder(nn.Module):
         values = DenseGinSum.apply(
             full, plan.dev(("keep_bn1",), None, dev, dtype),
             plan.dev(("dscale", id(cps[0].src)), None, dev, dtype), block_size(dev, b),
-            [self._stack([c.edges], [False], dev, dtype) for c in cps], *params)
+            [self._stack([c.edges], [False], dev, dtype) for c in cps], self._site(), *params)
         return _Val(wt, values, plan.rows[node])
 
     def _wildtype_stack(self, cps: list, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1415,7 +1425,7 @@ class ConvertedEncoder(nn.Module):
         b, n = plan.keep.shape
         dev = out.wt.device
         if self.readout_kind is None and self.readout_module is None:
-            return _full(out, plan, dev)
+            return _full(out, plan, dev, self._site())
         if self.readout_module is not None:
             return self.readout_module(_pick(out, ("kept",), plan, dev),
                                        index=plan.dev(("kept_b",), None, dev), dim_size=b)
@@ -1661,9 +1671,9 @@ class _SpMMParts(torch.autograd.Function):
     concatenates the blocks' gradients into one (a copy of the whole output)."""
 
     @staticmethod
-    def forward(ctx, x, a, sizes, *ats):
-        ctx.ats = ats
-        return tuple(_csr_mm(a, x).split(sizes))
+    def forward(ctx, x, a, sizes, ws, *ats):
+        ctx.ats, ctx.ws = ats, ws
+        return tuple(_csr_mm(a, x, take(ws, "out", (a.shape[0], x.shape[1]), x)).split(sizes))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -1673,10 +1683,10 @@ class _SpMMParts(torch.autograd.Function):
                 if g is None:
                     continue
                 if acc is None:
-                    acc = _csr_mm(at, g)
+                    acc = _csr_mm(at, g, take(ctx.ws, "gx", (at.shape[0], g.shape[1]), g))
                 else:
                     torch.addmm(acc, at, g.contiguous(), out=acc)
-        return (acc, None, None) + (None,) * len(ctx.ats)
+        return (acc, None, None, None) + (None,) * len(ctx.ats)
 
 
 class _SlabParts(torch.autograd.Function):
@@ -1689,18 +1699,18 @@ class _SlabParts(torch.autograd.Function):
     type, the type's transpose ``ats[t]`` times the scaled gradient block."""
 
     @staticmethod
-    def forward(ctx, x, scale, *mats):
+    def forward(ctx, x, scale, ws, *mats):
         t = len(mats) // 2
         a, ats = mats[:t], mats[t:]
         b, n, f = x.shape
-        out = x.new_empty(t, b, n, f)
+        out = take(ws, "out", (t, b, n, f), x)
         x = x.contiguous()
         for i in range(b):
             for j in range(t):
                 o = out[j, i]
                 torch.addmm(o, a[j], x[i], beta=0, out=o)
                 o.mul_(scale[i, j])
-        ctx.ats, ctx.shape = ats, (b, t, n, f)
+        ctx.ats, ctx.shape, ctx.ws = ats, (b, t, n, f), ws
         ctx.save_for_backward(scale)
         return tuple(out.view(t, b * n, f).unbind(0))
 
@@ -1708,7 +1718,7 @@ class _SlabParts(torch.autograd.Function):
     def backward(ctx, *grads):
         (scale,) = ctx.saved_tensors
         b, t, n, f = ctx.shape
-        gx = scale.new_zeros(b, n, f)
+        gx = take(ctx.ws, "gx", (b, n, f), scale).zero_()
         s = scale.new_empty(n, f)
         gs = [None if g is None else g.view(b, n, f) for g in grads]
         for i in range(b):
@@ -1716,7 +1726,7 @@ class _SlabParts(torch.autograd.Function):
                 if g is not None:
                     torch.mul(g[i], scale[i, j], out=s)
                     gx[i].addmm_(at, s)
-        return (gx, None) + (None,) * (2 * t)
+        return (gx, None, None) + (None,) * (2 * t)
 
 
 class _GinSelf(torch.autograd.Function):
@@ -1740,9 +1750,11 @@ class _GinSelf(torch.autograd.Function):
         return g, gx, ge
 
 
-def _csr_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``a @ x`` written into a new buffer (``beta=0``), without ``torch.sparse.mm``'s CPU copy."""
-    out = x.new_empty(a.shape[0], x.shape[1])
+def _csr_mm(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ x`` written into ``out`` or a new buffer (``beta=0``), without ``torch.sparse.mm``'s
+    CPU copy."""
+    if out is None:
+        out = x.new_empty(a.shape[0], x.shape[1])
     return torch.addmm(out, a, x.contiguous(), beta=0, out=out)
 
 
@@ -1910,17 +1922,21 @@ class _SumAt(torch.autograd.Function):
     real spec (B = 28, pages kept, 4 steps of each, alternating): the sums' forward 77-99 ms
     per step against 115-166 ms picked; their backward alike (113-124 against 115-125 ms).
 
-    Args (of ``apply``): wt ``[N, H]``, b (samples), gene_u (None or ``[R]``), then per operand
-    ``wt_t [N, H], values_t [R_t, H], pos_t [R_t], gene_t [R_t]``.
+    Args (of ``apply``): wt ``[N, H]``, b (samples), gene_u (None or ``[R]``), ws (None or
+    ``(Workspace, site)``), then per operand ``wt_t [N, H], values_t [R_t, H], pos_t [R_t],
+    gene_t [R_t]``.
     """
 
     @staticmethod
-    def forward(ctx, wt, b, gene_u, *ops):
-        out = wt.repeat(b, 1) if gene_u is None else wt.index_select(0, gene_u)
+    def forward(ctx, wt, b, gene_u, ws, *ops):
+        out = _repeat(wt, b, ws) if gene_u is None else \
+            torch.index_select(wt, 0, gene_u, out=take(ws, "out", (gene_u.shape[0], wt.shape[1]),
+                                                       wt))
         for j in range(0, len(ops), 4):
             wt_t, values, pos, gene = ops[j:j + 4]
-            out.index_add_(0, pos, values - wt_t.index_select(0, gene))
-        ctx.b, ctx.n = b, wt.shape[0]
+            d = torch.index_select(wt_t, 0, gene, out=take(ws, ("d", j), values.shape, values))
+            out.index_add_(0, pos, torch.sub(values, d, out=d))  # values - wt_t[gene]
+        ctx.b, ctx.n, ctx.ws = b, wt.shape[0], ws
         ctx.save_for_backward(gene_u, *ops[2::4], *ops[3::4])
         return out
 
@@ -1938,11 +1954,13 @@ class _SumAt(torch.autograd.Function):
         grads = []
         for j in range(t):
             pos, gene = idx[j], idx[t + j]
-            gv = g.index_select(0, pos) if need[3 + 4 * j] or need[4 + 4 * j] else None
+            gv = torch.index_select(g, 0, pos, out=take(ctx.ws, ("gv", j), (pos.shape[0],
+                                                                          g.shape[1]), g)) \
+                if need[4 + 4 * j] or need[5 + 4 * j] else None
             gw = g.new_zeros(ctx.n, g.shape[1]).index_add_(0, gene, gv, alpha=-1) \
-                if need[3 + 4 * j] else None
-            grads += [gw, gv if need[4 + 4 * j] else None, None, None]
-        return (gwt, None, None, *grads)
+                if need[4 + 4 * j] else None
+            grads += [gw, gv if need[5 + 4 * j] else None, None, None]
+        return (gwt, None, None, None, *grads)
 
 
 def _plan_full(plan: _Plan, rows: _Rows) -> None:
@@ -1952,14 +1970,21 @@ def _plan_full(plan: _Plan, rows: _Rows) -> None:
         plan.put(("full", id(rows), "gene"), rows.flat % plan.num_nodes)
 
 
-def _full(v: _Val, plan: _Plan, dev) -> torch.Tensor:
-    """``[B, N, H]``: every sample's rows of ``v``."""
+def _full(v: _Val, plan: _Plan, dev, ws: tuple | None = None) -> torch.Tensor:
+    """``[B, N, H]``: every sample's rows of ``v`` (``ws``: :class:`_Full`'s)."""
     b, n = plan.keep.shape
     if v.rows.dense:
         return v.values.view(b, n, -1)
     k = ("full", id(v.rows))
     return _Full.apply(v.wt, v.values, plan.dev(k + ("flat",), None, dev),
-                       plan.dev(k + ("gene",), None, dev), b).view(b, n, -1)
+                       plan.dev(k + ("gene",), None, dev), b, ws).view(b, n, -1)
+
+
+def _repeat(wt: torch.Tensor, b: int, ws: tuple | None) -> torch.Tensor:
+    """``wt.repeat(b, 1)`` into a buffer from ``ws``."""
+    out = take(ws, "out", (b * wt.shape[0], wt.shape[1]), wt)
+    out.view(b, *wt.shape).copy_(wt.expand(b, *wt.shape))
+    return out
 
 
 class _Full(torch.autograd.Function):
@@ -1968,32 +1993,33 @@ class _Full(torch.autograd.Function):
     B * N; the backward sums the samples' gradients for ``wt`` less those of the changed rows."""
 
     @staticmethod
-    def forward(ctx, wt, values, flat, gene, b):
+    def forward(ctx, wt, values, flat, gene, b, ws=None):
         ctx.save_for_backward(flat, gene)
-        ctx.b = b
-        out = wt.repeat(b, 1)  # a copy even at B = 1 (a reshape would be wt itself)
+        ctx.b, ctx.ws = b, ws
+        out = _repeat(wt, b, ws)  # a copy even at B = 1 (a reshape would be wt itself)
         return out.index_copy_(0, flat, values)
 
     @staticmethod
     def backward(ctx, g):
         flat, gene = ctx.saved_tensors
-        gv = g.index_select(0, flat)
+        gv = torch.index_select(g, 0, flat, out=take(ctx.ws, "gv", (flat.shape[0], g.shape[1]),
+                                                      g))
         gw = None
         if ctx.needs_input_grad[0]:
             gw = g.view(ctx.b, -1, g.shape[1]).sum(0).index_add_(0, gene, gv, alpha=-1)
-        return gw, gv, None, None, None
+        return gw, gv, None, None, None, None
 
 
 def _finish(kind: type, m: nn.Module, agg: torch.Tensor, x_self: torch.Tensor,
-            wt_part: tuple | None = None) -> torch.Tensor:
+            wt_part: tuple | None = None, ws: tuple | None = None) -> torch.Tensor:
     """A convolution's output rows from their aggregation and their own input rows; with
     ``wt_part`` = ``(wt, genes, gfac)``, the aggregation is ``agg + wt[genes] * gfac`` (a GIN-MLP
-    adds that part per block, in :class:`GinMlp`)."""
+    adds that part per block, in :class:`GinMlp`, its buffers from ``ws``)."""
     maps = gin_mlp(m) if kind is GINConv else None
     if maps is not None:  # a tensor eps: agg + (1 + eps) x and both maps, a block at a time
         return GinMlp.apply(agg, x_self, block_rows(agg.device, agg.shape[0]), 1 + m.eps,
                             maps[0].weight, maps[0].bias, maps[1].weight, maps[1].bias,
-                            *(wt_part or ()))
+                            *(wt_part or (None, None, None)), ws)
     if wt_part is not None:
         wt, genes, gfac = wt_part
         agg = agg + wt.index_select(0, genes) * gfac

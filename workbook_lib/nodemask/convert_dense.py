@@ -32,6 +32,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
+from .workspace import take
+
 
 def _plain(m: nn.Module) -> bool:
     """No hooks on the module, and no global module hooks (a fused form does not call it)."""
@@ -120,15 +122,17 @@ class GinMlp(torch.autograd.Function):
         e, w1, b1, w2, b2: ``1 + eps``, the maps' weights and biases (biases may be None).
         wt, genes, gfac: None, or ``[N, F]`` wildtype aggregation, ``[R]`` each row's gene and
             ``[R, 1]`` its factor.
+        ws: None, or ``(Workspace, site)``: where the large buffers come from
+            (:mod:`.workspace`).
     """
 
     @staticmethod
-    def forward(ctx, agg, x, rows, e, w1, b1, w2, b2, wt=None, genes=None, gfac=None):
+    def forward(ctx, agg, x, rows, e, w1, b1, w2, b2, wt=None, genes=None, gfac=None, ws=None):
         n = agg.shape[0]
         agg, x = agg.contiguous(), x.contiguous()
-        z = agg.new_empty(agg.shape)
-        r = agg.new_empty(n, w1.shape[0])
-        out = agg.new_empty(n, w2.shape[0])
+        z = take(ws, "z", agg.shape, agg)
+        r = take(ws, "r", (n, w1.shape[0]), agg)
+        out = take(ws, "out", (n, w2.shape[0]), agg)
         for s in range(0, n, rows):
             t = min(n, s + rows)
             if wt is None:
@@ -142,7 +146,7 @@ class GinMlp(torch.autograd.Function):
                 torch.mm(r[s:t], w2.t(), out=out[s:t])
             else:
                 torch.addmm(b2, r[s:t], w2.t(), out=out[s:t])
-        ctx.rows = rows
+        ctx.rows, ctx.ws = rows, ws
         ctx.wt_rows = None if wt is None else wt.shape[0]
         ctx.save_for_backward(x, z, r, e, w1, b1, w2, b2, genes, gfac)
         return out
@@ -155,8 +159,8 @@ class GinMlp(torch.autograd.Function):
         grads = [torch.zeros_like(p) if p is not None and need[3 + k] else None
                  for k, p in enumerate((e, w1, b1, w2, b2))]
         g = g.contiguous()
-        gagg = torch.empty_like(z)
-        gx = torch.empty_like(x) if need[1] else None
+        gagg = take(ctx.ws, "gagg", z.shape, z)
+        gx = take(ctx.ws, "gx", x.shape, x) if need[1] else None
         gwt = z.new_zeros(ctx.wt_rows, z.shape[1]) if ctx.wt_rows is not None and need[8] \
             else None
         for s in range(0, g.shape[0], ctx.rows):
@@ -167,10 +171,11 @@ class GinMlp(torch.autograd.Function):
             if gx is not None:
                 torch.mul(gz, e, out=gx[s:t])
         if gwt is not None:
-            gwt.index_add_(0, genes, gagg * gfac)
+            gwt.index_add_(0, genes, torch.mul(gagg, gfac,
+                                               out=take(ctx.ws, "gs", gagg.shape, gagg)))
         if grads[4] is not None:
             grads[4] = g.sum(0)
-        return (gagg if need[0] else None, gx, None, *grads, gwt, None, None)
+        return (gagg if need[0] else None, gx, None, *grads, gwt, None, None, None)
 
 
 def block_size(device: torch.device, batch: int) -> int:
@@ -191,23 +196,24 @@ class DenseGinSum(torch.autograd.Function):
         scale: ``[B, T, N, 1]``.
         block: samples per block (:func:`block_size`).
         mats: per type ``(a_t, a_t transposed)``, both CSR.
+        ws: None, or ``(Workspace, site)`` (:mod:`.workspace`).
         *params: per type ``e_t, lin1.weight, lin1.bias, lin2.weight, lin2.bias`` (biases may
             be None).
     """
 
     @staticmethod
-    def forward(ctx, x, keep, scale, block, mats, *params):
+    def forward(ctx, x, keep, scale, block, mats, ws, *params):
         b, n, f = x.shape
         ps = [params[5 * j:5 * j + 5] for j in range(len(mats))]
         h1, h2 = ps[0][1].shape[0], ps[0][3].shape[0]
         x = x.contiguous()
-        z = x.new_empty(len(mats), b, n, f)
-        r = x.new_empty(len(mats), b, n, h1)
-        flat = x.new_empty(b * n, h2)  # returned as made: a view could not be changed in place
-        out = flat.view(b, n, h2)
+        z = take(ws, "z", (len(mats), b, n, f), x)
+        r = take(ws, "r", (len(mats), b, n, h1), x)
+        flat = take(ws, "out", (b * n, h2), x)  # returned as made: a view could not be changed
+        out = flat.view(b, n, h2)  # in place
         bias = [p[4] for p in ps if p[4] is not None]
         bias = sum(bias) if bias else None  # every type's lin2 bias, once
-        xk = x * keep
+        xk = torch.mul(x, keep, out=take(ws, "xk", x.shape, x))
         for s0 in range(0, b, block):
             s1 = min(b, s0 + block)
             acc = out[s0:s1].view(-1, h2)
@@ -223,7 +229,7 @@ class DenseGinSum(torch.autograd.Function):
                 zj.mul_(scale[s0:s1, j]).addcmul_(x[s0:s1], e)
                 _maps(zj.view(-1, f), w1, b1, rj)
                 acc.addmm_(rj, w2.t())
-        ctx.mats, ctx.block = mats, block
+        ctx.mats, ctx.block, ctx.ws = mats, block, ws
         ctx.save_for_backward(x, keep, scale, z, r, *params)
         return flat
 
@@ -231,8 +237,8 @@ class DenseGinSum(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, g):
         x, keep, scale, z, r, *params = ctx.saved_tensors
-        mats, block = ctx.mats, ctx.block
-        need = ctx.needs_input_grad[5:]
+        mats, block, ws = ctx.mats, ctx.block, ctx.ws
+        need = ctx.needs_input_grad[6:]
         b, n, f = x.shape
         ps = [params[5 * j:5 * j + 5] for j in range(len(mats))]
         h1, h2 = ps[0][1].shape[0], ps[0][3].shape[0]
@@ -240,8 +246,8 @@ class DenseGinSum(torch.autograd.Function):
         grads = [[torch.zeros_like(p) if p is not None and need[5 * j + k] else None
                   for k, p in enumerate(pp)] for j, pp in enumerate(ps)]
         gb2 = g.sum((0, 1)) if any(gg[4] is not None for gg in grads) else None
-        gx = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
-        gk = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
+        gx = take(ws, "gx", x.shape, x).zero_() if ctx.needs_input_grad[0] else None
+        gk = take(ws, "gk", x.shape, x).zero_() if ctx.needs_input_grad[0] else None
         for s0 in range(0, b, block):
             s1 = min(b, s0 + block)
             gs, xb = g[s0:s1].view(-1, h2), x[s0:s1]
@@ -264,4 +270,4 @@ class DenseGinSum(torch.autograd.Function):
         for j, gj in enumerate(grads):  # one tensor per parameter: autograd may keep it
             if gj[4] is not None:
                 gj[4] = gb2 if j == 0 else gb2.clone()
-        return (gx, None, None, None, None, *[gg for gj in grads for gg in gj])
+        return (gx, None, None, None, None, None, *[gg for gj in grads for gg in gj])
