@@ -37,9 +37,9 @@ def kernel_cell(c) -> str:
     """'40%, 1,900,000 page faults per step (KERNEL-BOUND)'; 'not read' where not recorded."""
     if c.kernel is None:
         return "not read"
-    faults = "" if c.page_faults is None or c.intervals <= 0 else \
-        f", {c.page_faults / c.intervals:,.0f} page faults per step"
-    return f"{c.kernel:.0%}{faults}" + (" (KERNEL-BOUND)" if c.kernel_bound else "")
+    faults = c.faults_text("step")
+    return f"{c.kernel:.0%}" + (f", {faults}" if faults else "") + \
+        (" (KERNEL-BOUND)" if c.kernel_bound else "")
 
 
 def cpu_table(study: LoopStudy):

@@ -169,9 +169,14 @@ class CpuShare(Record):
         k = self.kernel
         if k is None:
             return ""
-        faults = "" if self.page_faults is None or self.intervals <= 0 else \
-            f", {self.page_faults / self.intervals:,.0f} page faults per call"
-        return f"{k:.0%} of its CPU time in the kernel{faults}"
+        faults = self.faults_text("call")
+        return f"{k:.0%} of its CPU time in the kernel" + (f", {faults}" if faults else "")
+
+    def faults_text(self, per: str) -> str:
+        """'68,000 page faults per <per>' (one interval: a call or a step); "" unread."""
+        if self.page_faults is None or self.intervals <= 0:
+            return ""
+        return f"{self.page_faults / self.intervals:,.0f} page faults per {per}"
 
     @property
     def got(self) -> float | None:

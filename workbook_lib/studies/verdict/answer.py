@@ -142,10 +142,9 @@ def caveats(v: VerdictResult) -> list[str]:
             + f", against the {v.target:.0%} target, with no contention seen: the steps varied "
             "more than this many steps can pin down; more steps (loop_steps, loop_max_steps, "
             "loop_budget_s) narrow it.")
-    for name, cpu in v.kernel.items():
-        faults = cpu.page_faults / max(1, cpu.intervals)
+    for name, cpu in v.kernel.items():  # (kernel-bound: its faults were read)
         out.append(f"Kernel-bound, '{name}': its full step spent {cpu.kernel:.0%} of its CPU "
-                   f"time in the kernel, with {faults:,.0f} page faults per step (the "
+                   f"time in the kernel, with {cpu.faults_text('step')} (the "
                    f"rule: at least {KERNEL_HIGH:.0%} with {FAULTS_HIGH:,} page faults per CPU "
                    f"second), time the operating system spent, not its own work: {KEEP_PAGES}; "
                    "rerun so set to measure the gap without it.")
