@@ -47,6 +47,14 @@ def test_small_requests_and_other_devices_get_plain_tensors():
     assert take(None, "x", (2, 2), torch.zeros(1)).shape == (2, 2)
 
 
+def test_without_the_use_count_every_request_is_a_plain_tensor(monkeypatch):
+    import workbook_lib.nodemask.workspace as ws_module
+    monkeypatch.setattr(ws_module, "_use_count", None)
+    ws = Workspace(min_bytes=0)
+    a = ws.empty("s", (3,), torch.zeros(1))
+    assert a.shape == (3,) and not ws._slots and ws.made == 0
+
+
 def _fused(monkeypatch):
     monkeypatch.setattr(convert_module, "DENSE_SHARE", 0.0)  # the dense sum: its big buffers
     torch.manual_seed(0)

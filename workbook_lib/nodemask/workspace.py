@@ -12,8 +12,10 @@ encoder's own autograd functions take their large buffers from a :class:`Workspa
 call site, each slot's storage kept and reused at the next step.
 
 A slot's storage is free when nothing but the workspace holds it (PyTorch's count of a storage's
-users, which counts every tensor on it): a buffer saved for a backward, returned to a caller or
-viewed by anything stays taken until those are gone, and a request meanwhile gets a fresh tensor.
+users, which counts every tensor on it: ``torch._C._storage_Use_Count``, PyTorch's own function,
+which its CUDA-graph trees use the same way; a build without it gets plain allocations, results
+unchanged): a buffer saved for a backward, returned to a caller or viewed by anything stays taken
+until those are gone, and a request meanwhile gets a fresh tensor.
 So a retained graph, two forwards before one backward, or an output the caller keeps never share
 memory with a later step. Buffers are handed out as tensors set on the storage (not views of
 it), so that autograd treats a returned buffer as any new tensor.
