@@ -502,8 +502,11 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
     cuts = [0]
     if parts > 1 and pool is not None and m_in > 1:
         samples = f_in // n
-        for k in range(1, parts):
-            c = int(np.searchsorted(samples, samples[min(m_in - 1, k * m_in // parts)]))
+        genes = f_in % n
+        work = np.cumsum(out_ptr[genes + 1] - out_ptr[genes])  # out-edges read, to each input
+        for k in range(1, parts):  # runs of about equal work, cut at a sample's first input
+            at = min(m_in - 1, int(np.searchsorted(work, k * work[-1] / parts)))
+            c = int(np.searchsorted(samples, samples[at]))
             if cuts[-1] < c < m_in:
                 cuts.append(c)
     cuts.append(m_in)
