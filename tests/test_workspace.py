@@ -137,3 +137,69 @@ def test_a_copy_gets_a_workspace_of_its_own(monkeypatch):
     twin = copy.deepcopy(fast)
     assert twin.workspace is not fast.workspace and twin.workspace.nbytes == 0
     assert twin.workspace.min_bytes == 0
+
+
+def test_a_storage_moved_to_shared_memory_is_never_handed_out_again():
+    """A tensor sent to another process has its storage moved to shared memory, and the sender
+    holds it only weakly: once the caller drops it, the receiver may still be reading."""
+    ws = Workspace(min_bytes=0)
+    like = torch.zeros(1)
+    a = ws.empty("s", (8,), like)
+    ptr = a.data_ptr()
+    a.share_memory_()  # what a torch.multiprocessing queue does to a tensor it sends
+    del a
+    b = ws.empty("s", (8,), like)
+    assert b.data_ptr() != ptr and ws.reused == 0 and ws.made == 2
+    del b
+    c = ws.empty("s", (8,), like)  # the new storage is an ordinary one: reused
+    assert ws.reused == 1 and not c.untyped_storage().is_shared()
+
+
+def test_two_threads_never_get_the_same_storage(monkeypatch):
+    """The free check and the hand-out are one step: two threads asking one site at once (two
+    backwards in two threads) get two storages, even when each pauses between the two."""
+    import threading
+    import time
+
+    import workbook_lib.nodemask.workspace as ws_module
+    ws = Workspace(min_bytes=0)
+    like = torch.zeros(1)
+    del_me = ws.empty("s", (4,), like)  # one storage, free once this goes
+    del del_me
+    real = ws_module._users
+
+    def slow(t):  # the other thread runs here, between the check and the hand-out
+        n = real(t)
+        time.sleep(0.02)
+        return n
+    monkeypatch.setattr(ws_module, "_users", slow)
+    start = threading.Barrier(2)
+    got = []
+
+    def ask():
+        start.wait()
+        got.append(ws.empty("s", (4,), like))
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({t.data_ptr() for t in got}) == 2
+
+
+def test_a_backward_that_builds_a_graph_still_runs():
+    """create_graph=True through the full value's backward (a GCN with no readout: its output
+    is every row): the second-order gradient equals the per-sample reference's."""
+    from test_convert import GRAPH as G, TYPES, Encoder
+    torch.manual_seed(0)
+    enc = Encoder("gcn", "single", "linear").double()
+    graph = G[TYPES[0]]
+    fast = convert(enc, graph)
+    fast.workspace = Workspace(min_bytes=0)
+    x = torch.randn(N, F_IN, dtype=torch.float64, requires_grad=True)
+    grads = []
+    for out in (fast(x, DELETED), _reference(enc, x, graph, DELETED, None)):
+        (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+        (ggx,) = torch.autograd.grad(gx.pow(2).sum(), x)
+        grads.append(ggx)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-10)

@@ -2009,8 +2009,9 @@ class _Full(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         flat, gene = ctx.saved_tensors
-        gv = torch.index_select(g, 0, flat, out=take(ctx.ws, "gv", (flat.shape[0], g.shape[1]),
-                                                      g))
+        # (a backward that builds a graph, create_graph=True, cannot write into a given buffer)
+        gv = g.index_select(0, flat) if torch.is_grad_enabled() else torch.index_select(
+            g, 0, flat, out=take(ctx.ws, "gv", (flat.shape[0], g.shape[1]), g))
         gw = None
         if ctx.needs_input_grad[0]:
             gw = g.view(ctx.b, -1, g.shape[1]).sum(0).index_add_(0, gene, gv, alpha=-1)

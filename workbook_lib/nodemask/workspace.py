@@ -16,17 +16,19 @@ users, which counts every tensor on it: ``torch._C._storage_Use_Count``, PyTorch
 which its CUDA-graph trees use the same way; a build without it gets plain allocations, results
 unchanged): a buffer saved for a backward, returned to a caller or viewed by anything stays taken
 until those are gone, and a request meanwhile gets a fresh tensor.
-So a retained graph, two forwards before one backward, or an output the caller keeps never share
-memory with a later step. Buffers are handed out as tensors set on the storage (not views of
+So a retained graph, two forwards before one backward, an output the caller keeps, or one sent to
+another process (whose storage, moved to shared memory, is never reused) do not share memory with
+a later step; a lock makes each check and its hand-out one step, for backwards in two threads. Buffers are handed out as tensors set on the storage (not views of
 it), so that autograd treats a returned buffer as any new tensor.
 
 Only on a CPU: on a GPU, PyTorch's caching allocator already reuses blocks, and :meth:`empty`
 is ``torch.empty``. The slots hold at most the largest request each has seen (the step's own
-large tensors, once): :meth:`clear` (and ``ConvertedEncoder.clear_plan``) gives them back.
+large tensors, once): :meth:`clear` gives them back (``fast.workspace.clear()``).
 """
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -55,6 +57,8 @@ class Workspace:
     def __init__(self, min_bytes: int = MIN_BYTES):
         self.min_bytes = int(min_bytes)
         self._slots: dict = {}  # key -> list of [storage tensor (1-D), users when only held]
+        self._lock = threading.Lock()  # a check and its hand-out are one step (two backwards
+        # in two threads would otherwise both find a storage free and both take it)
         self.reused = 0  # requests served from a kept storage (for tests and explain)
         self.made = 0  # storages made
 
@@ -65,8 +69,17 @@ class Workspace:
                    for slots in self._slots.values() for s in slots)
 
     def clear(self) -> None:
-        """Drop every slot (tensors handed out stay valid: they hold their storage)."""
-        self._slots.clear()
+        """Drop every slot. Tensors handed out stay valid (they hold their storage), so memory
+        goes back as they go: a graph or an output still alive keeps its own until freed."""
+        with self._lock:
+            self._slots.clear()
+
+    def __getstate__(self):
+        """Copies and pickles start empty (a lock does not copy)."""
+        return {"min_bytes": self.min_bytes}
+
+    def __setstate__(self, state):
+        self.__init__(state["min_bytes"])
 
     def empty(self, key, shape, like: torch.Tensor) -> torch.Tensor:
         """An uninitialized tensor of ``shape`` with ``like``'s dtype and device, contiguous.
@@ -81,18 +94,24 @@ class Workspace:
         nbytes = numel * like.element_size()
         if like.device.type != "cpu" or nbytes < self.min_bytes or _use_count is None:
             return like.new_empty(shape)
-        slots = self._slots.setdefault((key, like.dtype), [])
-        for slot in slots:
-            if _users(slot[0]) == slot[1]:  # only the workspace holds it
-                if slot[0].numel() < numel:  # too small: an eighth more (a later step may ask more)
+        with self._lock:
+            slots = self._slots.setdefault((key, like.dtype), [])
+            for slot in slots:
+                if _users(slot[0]) != slot[1]:  # something besides the workspace holds it
+                    continue
+                if slot[0].untyped_storage().is_shared():
+                    # moved to shared memory (sent to another process, which PyTorch's sender
+                    # side holds only weakly): the receiver may still read it; never reused
+                    slot[:] = self._make(numel, like)
+                elif slot[0].numel() < numel:  # too small: an eighth more (later steps vary)
                     slot[:] = self._make(numel + numel // 8, like)
                 else:
                     self.reused += 1
                 return self._on(slot[0], shape)
-        if len(slots) >= PER_SITE:
-            return like.new_empty(shape)
-        slots.append(self._make(numel, like))
-        return self._on(slots[-1][0], shape)
+            if len(slots) >= PER_SITE:
+                return like.new_empty(shape)
+            slots.append(self._make(numel, like))
+            return self._on(slots[-1][0], shape)
 
     def _make(self, numel: int, like: torch.Tensor) -> list:
         self.made += 1
