@@ -402,12 +402,14 @@ class _Plan:
         """Keep a host index made while planning, for :meth:`dev`."""
         self.index[key] = t
 
-    def genes(self, rows: "_Rows") -> tuple:
-        """The key under which ``rows``' genes (``flat % N``) are kept: made at the first ask,
-        one host tensor (and one copy per device) however many parts of the plan read it."""
-        key = ("genes", id(rows))
+    def of_rows(self, rows: "_Rows", what: str) -> tuple:
+        """The key under which an index of ``rows`` is kept, for :meth:`dev`: ``"gene"``
+        (``flat % N``), ``"sample"`` (``flat // N``) or ``"flat"``; made at the first ask, one host
+        tensor (and one copy per device) however many parts of the plan read it."""
+        key = ("rows", id(rows), what)
         if key not in self.index:
-            self.put(key, rows.flat % self.num_nodes)
+            f, n = rows.flat, self.num_nodes
+            self.put(key, f % n if what == "gene" else f // n if what == "sample" else f)
         return key
 
     def dev(self, key, t: torch.Tensor | None, device: torch.device,
@@ -658,7 +660,7 @@ class ConvertedEncoder(nn.Module):
         rows = _Rows.union(found)
         for r in found:
             _plan_to_rows(plan, r, rows)
-        plan.genes(rows)
+        plan.of_rows(rows, "gene")
         return rows
 
     def _typed(self, training: bool) -> dict:
@@ -752,7 +754,7 @@ class ConvertedEncoder(nn.Module):
                              changed=changed)
             plan.put(("typed_pos", id(tl.lin)),
                      torch.from_numpy(corr_rows.pos[rows_in.flat.numpy()]))
-            plan.genes(rows_in)
+            plan.of_rows(rows_in, "gene")
         plan.order.append((tl.lin.target, type(self._named[tl.lin.target]).__name__,
                            _TypedLin(rows_in, rows_out, form)))
         return rows_out
@@ -796,9 +798,8 @@ class ConvertedEncoder(nn.Module):
                 rows = plan.rows.get(a)
                 if a in tail or not isinstance(rows, _Rows) or rows.dense:
                     continue
-                plan.genes(rows)
-                plan.put(("leaf", id(rows), "b"), rows.flat // plan.num_nodes)
-                plan.put(("leaf", id(rows), "f"), rows.flat)
+                for what in ("gene", "sample", "flat"):
+                    plan.of_rows(rows, what)
 
     def _plan_readout(self, plan: _Plan, rows: _Rows) -> None:
         """The readout's host indexes (see :meth:`_readout`)."""
@@ -810,9 +811,9 @@ class ConvertedEncoder(nn.Module):
             _put_pick(plan, ("kept",), rows.lookup(kept))
             plan.put(("kept_b",), kept // n)
         else:
-            plan.genes(rows)
+            plan.of_rows(rows, "gene")
             plan.put(("r_kept",), plan.keep.view(-1)[rows.flat])
-            plan.put(("r_b",), rows.flat // n)
+            plan.of_rows(rows, "sample")
             plan.put(("nkept",), plan.keep.sum(1, keepdim=True).clamp(min=1))
 
     def _plan_conv(self, path: str, m: nn.Module, e: _Edges, rows_in: _Rows,
@@ -1031,8 +1032,8 @@ class ConvertedEncoder(nn.Module):
         ops = []
         for v in vals:
             ops += [v.wt, v.values, plan.dev(k + (id(v.rows), "pos"), None, dev),
-                    plan.dev(plan.genes(v.rows), None, dev)]
-        gene_u = None if rows.dense else plan.dev(plan.genes(rows), None, dev)
+                    plan.dev(plan.of_rows(v.rows, "gene"), None, dev)]
+        gene_u = None if rows.dense else plan.dev(plan.of_rows(rows, "gene"), None, dev)
         return _Val(wt, _SumAt.apply(wt, plan.batch_size, gene_u, self._site(), *ops), rows)
 
     def _run_module(self, node: fx.Node, plan: _Plan, env: dict, dev):
@@ -1089,7 +1090,8 @@ class ConvertedEncoder(nn.Module):
             own = own.relu() if relu else own
             deleted = plan.dev(("corr_deleted", types), None, dev).unsqueeze(1)
             return _Val(h.wildtype, torch.where(deleted, own, values), plan.rows[tl.lin])
-        d = vin.values - vin.wt.index_select(0, plan.dev(plan.genes(vin.rows), None, dev))
+        gene = plan.dev(plan.of_rows(vin.rows, "gene"), None, dev)
+        d = vin.values - vin.wt.index_select(0, gene)
         if vin.rows.count != corr_rows.count:  # within the correction rows, not all
             d = d.new_zeros(corr_rows.count, d.shape[1]).index_copy(
                 0, plan.dev(("typed_pos", id(tl.lin)), None, dev), d)
@@ -1208,7 +1210,8 @@ class ConvertedEncoder(nn.Module):
                 plan.dev(t + ("val",), None, dev, vin.wt.dtype),
                 plan.index[t + ("shape",)], check_invariants=False)
                 for t in [g + ("a",)] + [g + ("at", i) for i in range(len(sizes))])
-            d = vin.values - vin.wt.index_select(0, plan.dev(plan.genes(vin.rows), None, dev))
+            gene = plan.dev(plan.of_rows(vin.rows, "gene"), None, dev)
+            d = vin.values - vin.wt.index_select(0, gene)
             delta = _SpMMParts.apply(torch.cat([vin.wt, d]), a, sizes, self._site(), *ats)
             grouped[key] = (wt.split(vin.wt.shape[0]), delta,
                             {id(c): i for i, c in enumerate(cps)})
@@ -1362,7 +1365,7 @@ class ConvertedEncoder(nn.Module):
                     return v.wt if which == "wt" else _to_rows(v, rows, plan, dev).values
                 if isinstance(v, torch.Tensor) and which == "values" and v.dim() >= 2 \
                         and v.shape[0] == plan.num_nodes:  # a per-gene constant
-                    return v.index_select(0, plan.dev(plan.genes(rows), None, dev))
+                    return v.index_select(0, plan.dev(plan.of_rows(rows, "gene"), None, dev))
                 return v
             return (fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick))
         return _Val(_call(node, *part("wt")), _call(node, *part("values")), rows)
@@ -1380,12 +1383,13 @@ class ConvertedEncoder(nn.Module):
             base = w @ v.wt
             if not v.rows.count:
                 return base
-            k = ("leaf", id(v.rows))
             if id(v) not in diffs:
                 diffs[id(v)] = (v, v.values - v.wt.index_select(
-                    0, plan.dev(plan.genes(v.rows), None, dev)))
-            wv = w.reshape(-1).index_select(0, plan.dev(k + ("f",), None, dev)).unsqueeze(1)
-            return base.index_add(0, plan.dev(k + ("b",), None, dev), diffs[id(v)][1] * wv)
+                    0, plan.dev(plan.of_rows(v.rows, "gene"), None, dev)))
+            wv = w.reshape(-1).index_select(0, plan.dev(plan.of_rows(v.rows, "flat"), None,
+                                                        dev)).unsqueeze(1)
+            return base.index_add(0, plan.dev(plan.of_rows(v.rows, "sample"), None, dev),
+                                  diffs[id(v)][1] * wv)
 
         def spread(node, w):
             m = self._named[node.target]
@@ -1439,9 +1443,9 @@ class ConvertedEncoder(nn.Module):
             return self.readout_module(_pick(out, ("kept",), plan, dev),
                                        index=plan.dev(("kept_b",), None, dev), dim_size=b)
         rows = out.rows
-        wt_rows = out.wt.index_select(0, plan.dev(plan.genes(rows), None, dev))
+        wt_rows = out.wt.index_select(0, plan.dev(plan.of_rows(rows, "gene"), None, dev))
         vals = out.values * plan.dev(("r_kept",), None, dev, out.values.dtype).unsqueeze(1)
-        rb = plan.dev(("r_b",), None, dev)
+        rb = plan.dev(plan.of_rows(rows, "sample"), None, dev)
         total = out.wt.sum(0).expand(b, -1) if not rows.dense else 0
         if not rows.dense:
             total = total - out.wt.new_zeros(b, out.wt.shape[1]).index_add(0, rb, wt_rows)
@@ -1829,7 +1833,7 @@ def _plan_groups(plan: _Plan) -> None:
         plan.put(g + ("a", "col"), torch.from_numpy(np.concatenate(cols, dtype=idx_t)))
         plan.put(g + ("a", "val"), torch.from_numpy(np.concatenate(vals)))
         plan.index[g + ("a", "shape")] = (sum(sizes), ncol)
-        plan.genes(rows_in)
+        plan.of_rows(rows_in, "gene")
         plan.groups[src] = (cps, sizes)
         for cp in cps:
             cp.grouped = True
@@ -1911,10 +1915,10 @@ def _plan_sum(plan: _Plan, found: list, rows: _Rows) -> None:
     operand's rows' places among ``rows`` and their genes, and ``rows``' genes (none if dense)."""
     k = ("sum", id(rows))
     if not rows.dense:
-        plan.genes(rows)
+        plan.of_rows(rows, "gene")
     for r in found:
         plan.put(k + (id(r), "pos"), torch.from_numpy(rows.pos[r.flat.numpy()]))
-        plan.genes(r)
+        plan.of_rows(r, "gene")
 
 
 class _SumAt(torch.autograd.Function):
@@ -1973,8 +1977,8 @@ class _SumAt(torch.autograd.Function):
 def _plan_full(plan: _Plan, rows: _Rows) -> None:
     """The host indexes :func:`_full` reads (none for dense rows)."""
     if not rows.dense:
-        plan.put(("full", id(rows), "flat"), rows.flat)
-        plan.genes(rows)
+        plan.of_rows(rows, "flat")
+        plan.of_rows(rows, "gene")
 
 
 def _full(v: _Val, plan: _Plan, dev, ws: tuple | None = None) -> torch.Tensor:
@@ -1982,9 +1986,8 @@ def _full(v: _Val, plan: _Plan, dev, ws: tuple | None = None) -> torch.Tensor:
     b, n = plan.keep.shape
     if v.rows.dense:
         return v.values.view(b, n, -1)
-    k = ("full", id(v.rows))
-    return _Full.apply(v.wt, v.values, plan.dev(k + ("flat",), None, dev),
-                       plan.dev(plan.genes(v.rows), None, dev), b, ws).view(b, n, -1)
+    return _Full.apply(v.wt, v.values, plan.dev(plan.of_rows(v.rows, "flat"), None, dev),
+                       plan.dev(plan.of_rows(v.rows, "gene"), None, dev), b, ws).view(b, n, -1)
 
 
 def _repeat(wt: torch.Tensor, b: int, ws: tuple | None) -> torch.Tensor:
