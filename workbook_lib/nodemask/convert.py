@@ -152,7 +152,7 @@ def _kept_out(plan, e: _Edges) -> np.ndarray:
 
 # At most this many threads build one push (each a run of whole samples; see push_block).
 PUSH_PARTS = 8
-_PUSH_POOL: list = [None]
+_PUSH_POOL: list = [None, 0]  # the executor and its threads
 
 
 def _push_parts(batch: int) -> int:
@@ -166,10 +166,11 @@ def _push_pool(parts: int):
     """The threads the pushes' extra runs go to (made once, grown when more are asked)."""
     if parts < 2:
         return None
-    pool = _PUSH_POOL[0]
-    if pool is None or pool._max_workers < parts - 1:
-        pool = _PUSH_POOL[0] = ThreadPoolExecutor(parts - 1, thread_name_prefix="push")
-    return pool
+    if _PUSH_POOL[1] < parts - 1:
+        if _PUSH_POOL[0] is not None:
+            _PUSH_POOL[0].shutdown(wait=False)  # its queued runs finish; its threads then end
+        _PUSH_POOL[:] = [ThreadPoolExecutor(parts - 1, thread_name_prefix="push"), parts - 1]
+    return _PUSH_POOL[0]
 
 
 def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tensor,
