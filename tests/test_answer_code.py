@@ -81,6 +81,10 @@ for _ in range(2):
     split.model_backward()
 for a, b in zip([p.grad for p in model.parameters()], want):
     torch.testing.assert_close(a, b)
+del ddp
+# torn down before exit: gloo's threads outliving the interpreter can abort it
+# ("terminate called without an active exception") after the check has passed
+dist.destroy_process_group()
 print("ok")
 """
     import subprocess

@@ -301,3 +301,47 @@ def test_progress_levels_reach_the_terminal_only(monkeypatch, capfd):
     emit()
     assert "stage A" in capfd.readouterr().err
     pg._STREAM.clear()
+
+
+def test_a_kernels_shutdown_race_stays_off_the_terminal_and_its_other_errors_do_not(nb_dir,
+                                                                                   tmp_path):
+    """ipykernel's shutdown can log a ZMQError ENOTSOCK (a socket closed under a flush) through
+    tornado's logger, traceback and all, on the run's terminal. The kernel the runner starts
+    drops that record; another error of the same logger still reaches the terminal."""
+    _nb(nb_dir / "01_x.ipynb",
+        "import logging, sys, zmq\n"
+        "lg = logging.getLogger('tornado.general')\n"
+        "def raised(e):\n"
+        "    try:\n"
+        "        raise e\n"
+        "    except Exception:\n"
+        "        return sys.exc_info()\n"
+        "lg.error('Uncaught exception in ZMQStream callback',\n"
+        "         exc_info=raised(zmq.ZMQError(zmq.ENOTSOCK)))\n"
+        "lg.error('another tornado error', exc_info=raised(zmq.ZMQError(zmq.EAGAIN)))",
+        _write("01_x"))
+    pf = tmp_path / "p.yaml"
+    pf.write_text("scale: 0.002\ndevice: cpu\n")
+    r = subprocess.run([*CLI, "run", "--params", str(pf), "--out", str(tmp_path / "o"),
+                        "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "another tornado error" in r.stderr and "EAGAIN" not in r.stderr, r.stderr
+    assert "Uncaught exception in ZMQStream callback" not in r.stderr, r.stderr
+    assert "Socket operation on non-socket" not in r.stderr, r.stderr
+
+
+def test_the_shutdown_race_filter_drops_only_enotsock_from_zmq():
+    import logging
+    import zmq
+
+    from workbook_lib.running.kernel_quiet import ShutdownRace
+
+    def record(exc):
+        info = (type(exc), exc, None) if exc is not None else None
+        return logging.LogRecord("tornado.general", logging.ERROR, __file__, 1, "m", (), info)
+
+    f = ShutdownRace()
+    assert not f.filter(record(zmq.ZMQError(zmq.ENOTSOCK)))
+    assert f.filter(record(zmq.ZMQError(zmq.EAGAIN)))
+    assert f.filter(record(OSError(zmq.ENOTSOCK, "not zmq")))
+    assert f.filter(record(None))

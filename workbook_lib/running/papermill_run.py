@@ -99,8 +99,10 @@ def _environ(values: dict[str, str]):
 
 
 # The kernel's own start-up warnings (e.g. ipykernel's note that a local kernel talks over TCP)
-# are not about the workbook; its errors still reach the terminal.
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
+# are not about the workbook; its errors still reach the terminal, except the one traceback a
+# shutdown can race into (kernel_quiet says which).
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR",
+                    "--IPKernelApp.extensions=workbook_lib.running.kernel_quiet"]
 
 
 @functools.cache
