@@ -1,5 +1,6 @@
-"""numba's compiled CPU kernels for the delta push and the batch's corrections, loaded once per
-process (:func:`kernels`), and the threading layer they run on."""
+"""numba's compiled CPU kernels for the delta push and the batch's corrections (and the push's
+threaded driver), loaded once per process (:func:`kernels`), and the threading layer they run
+on."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,9 @@ THREADING_LAYER = "workqueue"
 
 
 class Kernels(NamedTuple):
-    """The compiled kernels of :mod:`workbook_lib.nodemask.numba_push`, and numba itself."""
+    """The kernels of :mod:`workbook_lib.nodemask.numba_push`, and numba itself: each is
+    compiled by numba except ``push_block``, a Python driver that runs the compiled passes
+    ``push_count`` and ``push_fill`` on threads, one run of whole samples each."""
 
     fwd: Any
     bwd: Any
