@@ -42,6 +42,15 @@ TARGETS = textwrap.dedent("""
     def killed(cfg):
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def allocation_failed(cfg):  # a real failed allocation, wrapped as a pipeline's failure is
+        try:
+            torch.empty(1 << 62, dtype=torch.uint8)
+        except RuntimeError as exc:
+            raise ValueError("'mine' failed in forward") from exc
+
+    def says_out_of_memory(cfg):  # a message that only quotes the words
+        raise ValueError("leave 1 out of memory_batch_sizes")
+
     def crashed(cfg):
         print("last words", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -97,6 +106,13 @@ def test_a_failing_probe_is_its_points_failure_beside_points_that_stand(targets,
     assert killed.status == memory.STATUS_OOM and "OOM killer" in killed.reason
     assert crashed.status == memory.STATUS_FAILED and crashed.reason == "exit -11: last words"
     assert ok.status == memory.STATUS_OK
+
+
+def test_out_of_memory_is_the_probes_exception_not_words_in_its_message(targets):
+    real, words = _probe(targets.allocation_failed), _probe(targets.says_out_of_memory)
+    assert real.status == memory.STATUS_OOM, real
+    assert words.status == memory.STATUS_FAILED, words
+    assert words.reason == "ValueError: leave 1 out of memory_batch_sizes"
 
 
 def test_a_probe_past_its_time_limit_is_killed(targets, tmp_path):

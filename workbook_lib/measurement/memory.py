@@ -56,6 +56,19 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
 
 
+def caused_by_oom(exc: BaseException) -> bool:
+    """:func:`is_oom` for ``exc`` or an exception it was raised from or during (a pipeline's
+    failure record wraps the error its code raised)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if is_oom(e):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def oom_text(text: str) -> bool:
     """True when an error message (e.g. a child's stderr) reports an out-of-memory."""
     low = text.lower()
@@ -163,7 +176,8 @@ def _probe(send, log: str, threads: int, setup: Callable[[dict], StepToMeasure],
     """The fresh process: its output to ``log``, the caller's thread count and the platform's
     start method (a DataLoader's workers start as in the caller), an end when the caller ends,
     then :func:`_child`; sends its dict, or, when the set-up or a step raises, the traceback
-    (also on stderr) and the exception's ``details`` (a dict the set-up may attach)."""
+    (also on stderr), the exception's ``details`` (a dict the set-up may attach) and whether it
+    was an out-of-memory (:func:`caused_by_oom`)."""
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -181,7 +195,8 @@ def _probe(send, log: str, threads: int, setup: Callable[[dict], StepToMeasure],
         sys.stderr.flush()
         details = getattr(exc, "details", None)
         send.send({"failed": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                   "traceback": tb, "details": details if isinstance(details, dict) else {}})
+                   "traceback": tb, "details": details if isinstance(details, dict) else {},
+                   "oom": caused_by_oom(exc)})
 
 
 def _child(setup: Callable[[dict], StepToMeasure], cfg: dict) -> dict:
@@ -266,7 +281,9 @@ def measure_in_fresh_process(setup: Callable[[dict], StepToMeasure], cfg: dict, 
         if code in (-9, 137):
             return MemoryPoint(**base, status=STATUS_OOM, seconds=secs,
                                reason="the probe was killed by the kernel (OOM killer)")
-        if oom_text(output):
+        # the probe's own word when it sent one (the exception itself, not text that may quote
+        # a user's message); its output only when it died without one
+        if res.get("oom") if res is not None else oom_text(output):
             return MemoryPoint(**base, status=STATUS_OOM, seconds=secs, reason=err)
         res = res or {}
         return MemoryPoint(**base, status=STATUS_FAILED, seconds=secs,
