@@ -345,6 +345,22 @@ def test_02_a_memory_probe_that_raises_is_recorded_with_its_traceback():
     assert probe_failure("fine", [ok]) is None
 
 
+def test_02_a_loss_without_a_gradient_at_one_batch_size_says_why_and_the_others_are_measured():
+    from workbook_lib.studies.mask_cost.memory import probe_failure
+    from workbook_lib.training.step_memory import measure_point
+
+    p = _params("pairwise_loss")
+    pts = [measure_point(p, strategy="pairwise_loss", batch_size=b, scale=p["scale"],
+                         hidden=p["hidden"], layers=p["layers"], form="own", timeout_s=300)
+           for b in (1, 2)]
+    assert pts[0].status == "failed", pts[0]
+    assert "the loss at a batch of 1 does not require grad" in pts[0].reason
+    assert "leave 1 out of memory_batch_sizes" in pts[0].reason
+    assert pts[1].status != "failed", pts[1].reason  # a batch of two has a pair
+    f = probe_failure("pairwise_loss", pts)
+    assert (f.stage, f.mode) == ("loss", "memory probe, B=1") and f.figures_kept == pts[1].usable
+
+
 def test_04_a_rank_raising_in_one_pipeline_is_recorded_and_the_rest_measured(tmp_path,
                                                                              monkeypatch):
     from workbook_lib.data import snapshots

@@ -69,11 +69,21 @@ def setup_step(cfg: StepSpec) -> StepToMeasure:
         batch = stage("transfer", lambda: pipe.to_device(host))
         inputs = stage("device prep", lambda: pipe.prepare(batch))
         out = stage("forward", lambda: pipe.forward(pipe.model, inputs))
-        loss = stage("loss", lambda: pipe.loss(out, batch))
+        loss = stage("loss", lambda: _trainable(pipe.loss(out, batch), b))
         stage("backward", loss.backward)
         steps[0] += 1
     return StepToMeasure(step, torch.device(pipe.device),
                          after_warm_up=lambda: pipe.model.zero_grad(set_to_none=True))
+
+
+def _trainable(loss, b: int):
+    """``loss``, or a ValueError saying why a loss without a gradient cannot be probed: the sweep
+    runs batch sizes the pipeline's own check never saw (one, say)."""
+    if isinstance(loss, torch.Tensor) and not loss.requires_grad:
+        raise ValueError(f"the loss at a batch of {b} does not require grad: nothing in it "
+                         "depends on the model at this batch size (a loss over pairs of samples "
+                         f"has no pair in a batch of one); leave {b} out of memory_batch_sizes")
+    return loss
 
 
 def measure_point(params: Params, *, strategy: str, batch_size: int, scale: float, hidden: int,
