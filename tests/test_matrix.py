@@ -382,6 +382,10 @@ UNREACHABLE = {
                                                              "the footprint",
     ("inventory_view.py", "real_size_table", "A user's graph"): "a snapshot of a user's own "
                                                                 "graph (no spec)",
+    ("mask_cost_view.py", "memory_plot", "No plot"): "a run whose every memory point failed or "
+                                                     "is below resolution (a user pipeline pair "
+                                                     "at ci params; test_report_headlines draws "
+                                                     "it directly)",
     ("mask_cost_view.py", "layer_plot", "NO_BUILTIN"): "built-in strategies none of which has a "
                                                        "layer of its own",
     ("bench_view.py", "versus", "n/a against"): "a benchmark whose replicated forms did "

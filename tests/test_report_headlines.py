@@ -96,3 +96,33 @@ def test_03_modes_chart_draws_forward_and_backward_in_the_stage_charts_colours()
     assert tv.mode_colour("forward") == tv.stage_colour("forward", 0)
     assert tv.mode_colour("forward_backward") == tv.stage_colour("backward", 0)
     assert len({tv.mode_colour(m) for m in MODES}) == len(MODES)
+
+
+def test_02s_sections_say_when_they_did_not_run_and_an_empty_memory_chart_is_not_drawn(
+        monkeypatch):
+    """strategies: [] leaves 02's built-in sections without a study: each section's first view
+    says so under its heading (the later views stay silent), and a memory study without one
+    measured point gets a sentence, not an empty chart; with points, the chart is drawn."""
+    from workbook_lib.report import bench_view, plotting
+    from workbook_lib.report import mask_cost_view as mv
+    from workbook_lib.report.tables import NOT_RUN
+    from workbook_lib.results.mask_cost import MemoryStudy
+    from workbook_lib.results.memory import MemoryFit
+
+    leads = [mv.coefficient_table(None), mv.crossover_text(None, 0.1), mv.forms_table(None),
+             mv.mask_generation_table(None), mv.layer_plot(None, "cpu"),
+             mv.dual_masks_text(None), mv.exactness_table({}, "a graph"),
+             bench_view.bench_text(None), bench_view.kernel_table(None)]
+    assert all(v.data == NOT_RUN for v in leads)
+    assert mv.cost_plot(None, "cpu").data == "" and bench_view.bench_table(None).data == ""
+
+    shown = []
+    monkeypatch.setattr(plotting, "show", lambda fig, alt: shown.append(alt))
+    none = MemoryStudy("cpu", 1e9, "host RAM", fits={"mine": MemoryFit("mine", status="too few "
+                                                                                      "points")})
+    said = mv.memory_plot(none)
+    assert said is not None and "No plot" in said.data and not shown
+    one = MemoryStudy("cpu", 1e9, "host RAM",
+                      fits={"mine": MemoryFit("mine", points=[(1, 2e6), (2, 4e6)],
+                                              per_sample_bytes=2e6, intercept_bytes=0.0)})
+    assert mv.memory_plot(one) is None and len(shown) == 1

@@ -9,7 +9,7 @@ from ..results.bench import FormChoice, recommended_form
 from .bench_text import convert_rows, replicated_ratio_text
 from ..results.bench import BenchResult
 from . import plotting
-from .tables import fmt_time_stat, table, skip_none
+from .tables import fmt_time_stat, table, say_not_run, skip_none
 
 
 def _ms(st) -> str:
@@ -89,7 +89,7 @@ def rates_table(b: BenchResult):
                                "not a hardware peak.")
 
 
-@skip_none
+@say_not_run
 def bench_text(b: BenchResult) -> Markdown:
     def r(st, suffix="x"):
         return "n/a" if st is None else f"**{st.median:.3g}{suffix}** (IQR {st.iqr:.2g})"
@@ -192,7 +192,7 @@ def bar_label(b: BenchResult, key: str) -> str:
             + (f" (at least this at B = {fit.at_batch})" if fit.at_least else ""))
 
 
-@skip_none
+@say_not_run
 def kernel_table(b: BenchResult):
     rows = [{"kernel": k.name,
              "what": k.description, "time": fmt_time_stat(k.seconds),

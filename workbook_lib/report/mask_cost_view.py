@@ -13,7 +13,8 @@ from ..results.mask_cost import (CostModelStudy, LayerSweep, MaskCostResult, Mas
 from . import plotting
 from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
-from .tables import HEADLINE_MAX, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat, table, skip_none
+from .tables import (HEADLINE_MAX, NOT_RUN, fmt_bytes, fmt_pct, fmt_stat, fmt_time_stat,
+                     say_not_run, skip_none, table)
 # the notebook's benchmark section
 from .bench_view import (bar_label, bench_plot, bench_table, bench_text, floor_table,  # noqa: F401
                          form_of, kernel_table, rates_table, convert_table)
@@ -34,8 +35,8 @@ def builtin_note(text: str) -> Markdown:
 
 
 def exactness_table(exact: dict[str, float], graph_desc: str):
-    if not exact:  # no exact built-in strategy ran (strategies: [] is said at the top)
-        return Markdown("")
+    if not exact:  # no exact built-in strategy ran
+        return Markdown(NOT_RUN)
     rows = [{"strategy": label(n), "max relative error": f"{e:.1e}",
              "within float32 rounding (< 1e-4)": "yes" if e < 1e-4 else "NO"}
             for n, e in exact.items()]
@@ -45,7 +46,7 @@ def exactness_table(exact: dict[str, float], graph_desc: str):
                                "parameter gradient.")
 
 
-@skip_none
+@say_not_run
 def coefficient_table(s: CostModelStudy):
     m = s.model
     rows = []
@@ -147,7 +148,7 @@ def crossover_table(s: CostModelStudy):
                                "predicted crossover puts every swept p on the side measured.")
 
 
-@skip_none
+@say_not_run
 def crossover_text(s: CostModelStudy, typical_p: float | None) -> Markdown:
     m = s.model
     p = s.crossover_at_run_hidden
@@ -163,7 +164,7 @@ def crossover_text(s: CostModelStudy, typical_p: float | None) -> Markdown:
         f"at {agree} of {len(s.crossover)} (E, H) points.")
 
 
-@skip_none
+@say_not_run
 def forms_table(s: CostModelStudy):
     rows = [{"E": f"{e:,}", "H": h, "gather-scatter": fmt_time_stat(gs),
              "CSR product": fmt_time_stat(sp),
@@ -174,7 +175,7 @@ def forms_table(s: CostModelStudy):
                                "rounds, ratio per round.")
 
 
-@skip_none
+@say_not_run
 def mask_generation_table(mg: MaskGeneration):
     rows = [{"form": label(n), "where": mg.where[n], "per sample": fmt_stat(st, unit="ms")}
             for n, st in sorted(mg.per_sample_ms.items(), key=lambda kv: kv[1].median)]
@@ -186,7 +187,7 @@ def mask_generation_table(mg: MaskGeneration):
 LAYER_FORM = {"node_mask_shared": " [full middle layer: one product per sample]"}
 
 
-@skip_none
+@say_not_run
 def layer_plot(ls: LayerSweep, device: str) -> Markdown | None:
     """The one-layer sweep's plot, or a sentence saying why there is none (no built-in
     strategy with a layer of its own in this run)."""
@@ -263,7 +264,7 @@ def memory_status(f) -> str:
     return s
 
 
-@skip_none
+@say_not_run
 def dual_masks_text(d) -> Markdown:
     f = d.dual_bytes / d.single_bytes if d.single_bytes else float("nan")
     return Markdown(f"Mask bytes one forward reads: **{fmt_bytes(d.single_bytes)}** without the "
@@ -274,7 +275,12 @@ def dual_masks_text(d) -> Markdown:
                     "counted once.")
 
 
-def memory_plot(m: MemoryStudy) -> None:
+def memory_plot(m: MemoryStudy) -> Markdown | None:
+    """The points and fits, or a sentence when no strategy has a usable point (failed or below
+    resolution: the table says which): an empty chart has no scale to read."""
+    if not any(f.points for f in m.fits.values()):
+        return Markdown("No plot: no strategy has a usable point (the table above gives each "
+                        "one's reason).")
     fig, ax = plotting.plt.subplots(figsize=(8, 4.2))
     for i, (key, f) in enumerate(m.fits.items()):
         if not f.points:

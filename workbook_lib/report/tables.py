@@ -107,9 +107,24 @@ def table(rows: list[dict[str, Any]] | pd.DataFrame, caption: str | None = None,
                                 {"selector": "td, th", "props": "text-align: left;"}])
 
 
+# the first view of a section that did not run says so, under the section's own heading
+NOT_RUN = "*Not run here: none of this section's built-in strategies is in this run's " \
+          "`strategies`.*"
+
+
 def skip_none(fn):
-    """A view of a section that did not run (its study returned None: no built-in strategy,
-    said once at the top of the notebook) shows nothing."""
+    """A view of a section that did not run (its study returned None: no built-in strategy of
+    its kind in this run) shows nothing: for the views after a section's first."""
+    return _skipping(fn, "")
+
+
+def say_not_run(fn):
+    """A section's first view: when its study did not run it shows :data:`NOT_RUN`, so that a
+    heading never stands over nothing."""
+    return _skipping(fn, NOT_RUN)
+
+
+def _skipping(fn, say: str):
     import functools
 
     from IPython.display import Markdown
@@ -117,7 +132,7 @@ def skip_none(fn):
     @functools.wraps(fn)
     def wrapper(first, *args, **kwargs):
         if first is None:
-            return Markdown("")
+            return Markdown(say)
         return fn(first, *args, **kwargs)
     return wrapper
 
