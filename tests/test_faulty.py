@@ -346,6 +346,7 @@ def test_02_a_memory_probe_that_raises_is_recorded_with_its_traceback():
 
 
 def test_02_a_loss_without_a_gradient_at_one_batch_size_says_why_and_the_others_are_measured():
+    from workbook_lib.report.mask_cost_view import memory_failures
     from workbook_lib.studies.mask_cost.memory import probe_failure
     from workbook_lib.training.step_memory import measure_point
 
@@ -359,6 +360,9 @@ def test_02_a_loss_without_a_gradient_at_one_batch_size_says_why_and_the_others_
     assert pts[1].status != "failed", pts[1].reason  # a batch of two has a pair
     f = probe_failure("pairwise_loss", pts)
     assert (f.stage, f.mode) == ("loss", "memory probe, B=1") and f.figures_kept == pts[1].usable
+    f.figures_kept = False  # the table keeps the pipeline's row (n/a): no "missing" from it
+    html = memory_failures(type("M", (), {"failures": {"pairwise_loss": f}})()).data
+    assert "&#x27;pairwise_loss&#x27; has no figure among them" in html and "missing from them" not in html
 
 
 def test_04_a_rank_raising_in_one_pipeline_is_recorded_and_the_rest_measured(tmp_path,

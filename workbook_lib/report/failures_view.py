@@ -32,5 +32,5 @@ def failures_note(failures: dict[str, PipelineFailure], *, what: str = "",
     if lost:
         tail = (f"<p>{html.escape(what or 'The figures')} below are those of the other "
                 f"pipelines; {', '.join(html.escape(repr(n)) for n in lost)} "
-                f"{'is' if len(lost) == 1 else 'are'} missing from them.</p>")
+                f"{'has' if len(lost) == 1 else 'have'} no figure among them.</p>")
     return HTML("".join(failure_html(f) for f in failures.values()) + tail)
