@@ -413,6 +413,10 @@ class _Plan:
             self.put(key, f % n if what == "gene" else f // n if what == "sample" else f)
         return key
 
+    def rows_on(self, rows: "_Rows", what: str, device: torch.device) -> torch.Tensor:
+        """:meth:`of_rows`' index of ``rows`` on ``device`` (through :meth:`dev`)."""
+        return self.dev(self.of_rows(rows, what), None, device)
+
     def dev(self, key, t: torch.Tensor | None, device: torch.device,
             dtype: torch.dtype | None = None) -> torch.Tensor:
         """``t`` (or the index :meth:`put` under ``key``) on ``device``, pinned, non-blocking;
@@ -1033,8 +1037,8 @@ class ConvertedEncoder(nn.Module):
         ops = []
         for v in vals:
             ops += [v.wt, v.values, plan.dev(k + (id(v.rows), "pos"), None, dev),
-                    plan.dev(plan.of_rows(v.rows, "gene"), None, dev)]
-        gene_u = None if rows.dense else plan.dev(plan.of_rows(rows, "gene"), None, dev)
+                    plan.rows_on(v.rows, "gene", dev)]
+        gene_u = None if rows.dense else plan.rows_on(rows, "gene", dev)
         return _Val(wt, _SumAt.apply(wt, plan.batch_size, gene_u, self._site(), *ops), rows)
 
     def _run_module(self, node: fx.Node, plan: _Plan, env: dict, dev):
@@ -1091,7 +1095,7 @@ class ConvertedEncoder(nn.Module):
             own = own.relu() if relu else own
             deleted = plan.dev(("corr_deleted", types), None, dev).unsqueeze(1)
             return _Val(h.wildtype, torch.where(deleted, own, values), plan.rows[tl.lin])
-        gene = plan.dev(plan.of_rows(vin.rows, "gene"), None, dev)
+        gene = plan.rows_on(vin.rows, "gene", dev)
         d = vin.values - vin.wt.index_select(0, gene)
         if vin.rows.count != corr_rows.count:  # within the correction rows, not all
             d = d.new_zeros(corr_rows.count, d.shape[1]).index_copy(
@@ -1211,7 +1215,7 @@ class ConvertedEncoder(nn.Module):
                 plan.dev(t + ("val",), None, dev, vin.wt.dtype),
                 plan.index[t + ("shape",)], check_invariants=False)
                 for t in [g + ("a",)] + [g + ("at", i) for i in range(len(sizes))])
-            gene = plan.dev(plan.of_rows(vin.rows, "gene"), None, dev)
+            gene = plan.rows_on(vin.rows, "gene", dev)
             d = vin.values - vin.wt.index_select(0, gene)
             delta = _SpMMParts.apply(torch.cat([vin.wt, d]), a, sizes, self._site(), *ats)
             grouped[key] = (wt.split(vin.wt.shape[0]), delta,
@@ -1366,7 +1370,7 @@ class ConvertedEncoder(nn.Module):
                     return v.wt if which == "wt" else _to_rows(v, rows, plan, dev).values
                 if isinstance(v, torch.Tensor) and which == "values" and v.dim() >= 2 \
                         and v.shape[0] == plan.num_nodes:  # a per-gene constant
-                    return v.index_select(0, plan.dev(plan.of_rows(rows, "gene"), None, dev))
+                    return v.index_select(0, plan.rows_on(rows, "gene", dev))
                 return v
             return (fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick))
         return _Val(_call(node, *part("wt")), _call(node, *part("values")), rows)
@@ -1385,11 +1389,10 @@ class ConvertedEncoder(nn.Module):
             if not v.rows.count:
                 return base
             if id(v) not in diffs:
-                diffs[id(v)] = (v, v.values - v.wt.index_select(
-                    0, plan.dev(plan.of_rows(v.rows, "gene"), None, dev)))
-            wv = w.reshape(-1).index_select(0, plan.dev(plan.of_rows(v.rows, "flat"), None,
-                                                        dev)).unsqueeze(1)
-            return base.index_add(0, plan.dev(plan.of_rows(v.rows, "sample"), None, dev),
+                gene = plan.rows_on(v.rows, "gene", dev)
+                diffs[id(v)] = (v, v.values - v.wt.index_select(0, gene))
+            wv = w.reshape(-1).index_select(0, plan.rows_on(v.rows, "flat", dev)).unsqueeze(1)
+            return base.index_add(0, plan.rows_on(v.rows, "sample", dev),
                                   diffs[id(v)][1] * wv)
 
         def spread(node, w):
@@ -1444,9 +1447,9 @@ class ConvertedEncoder(nn.Module):
             return self.readout_module(_pick(out, ("kept",), plan, dev),
                                        index=plan.dev(("kept_b",), None, dev), dim_size=b)
         rows = out.rows
-        wt_rows = out.wt.index_select(0, plan.dev(plan.of_rows(rows, "gene"), None, dev))
+        wt_rows = out.wt.index_select(0, plan.rows_on(rows, "gene", dev))
         vals = out.values * plan.dev(("r_kept",), None, dev, out.values.dtype).unsqueeze(1)
-        rb = plan.dev(plan.of_rows(rows, "sample"), None, dev)
+        rb = plan.rows_on(rows, "sample", dev)
         total = out.wt.sum(0).expand(b, -1) if not rows.dense else 0
         if not rows.dense:
             total = total - out.wt.new_zeros(b, out.wt.shape[1]).index_add(0, rb, wt_rows)
@@ -1987,8 +1990,8 @@ def _full(v: _Val, plan: _Plan, dev, ws: tuple | None = None) -> torch.Tensor:
     b, n = plan.keep.shape
     if v.rows.dense:
         return v.values.view(b, n, -1)
-    return _Full.apply(v.wt, v.values, plan.dev(plan.of_rows(v.rows, "flat"), None, dev),
-                       plan.dev(plan.of_rows(v.rows, "gene"), None, dev), b, ws).view(b, n, -1)
+    return _Full.apply(v.wt, v.values, plan.rows_on(v.rows, "flat", dev),
+                       plan.rows_on(v.rows, "gene", dev), b, ws).view(b, n, -1)
 
 
 def _repeat(wt: torch.Tensor, b: int, ws: tuple | None) -> torch.Tensor:

@@ -18,8 +18,9 @@ unchanged): a buffer saved for a backward, returned to a caller or viewed by any
 until those are gone, and a request meanwhile gets a fresh tensor.
 So a retained graph, two forwards before one backward, an output the caller keeps, or one sent to
 another process (whose storage, moved to shared memory, is never reused) do not share memory with
-a later step; a lock makes each check and its hand-out one step, for backwards in two threads. Buffers are handed out as tensors set on the storage (not views of
-it), so that autograd treats a returned buffer as any new tensor.
+a later step; a lock makes each check and its hand-out one step, for backwards in two threads.
+Buffers are handed out as tensors set on the storage (not views of it), so that autograd treats a
+returned buffer as any new tensor.
 
 Only on a CPU: on a GPU, PyTorch's caching allocator already reuses blocks, and :meth:`empty`
 is ``torch.empty``. The slots hold at most the largest request each has seen (the step's own
@@ -120,12 +121,8 @@ class Workspace:
 
     @staticmethod
     def _on(storage: torch.Tensor, shape: tuple) -> torch.Tensor:
-        stride, step = [], 1
-        for s in reversed(shape):
-            stride.append(step)
-            step *= max(s, 1)
-        return storage.new_empty(0).set_(storage.untyped_storage(), 0, shape,
-                                         tuple(reversed(stride)))
+        # set_ without strides: contiguous ones, as torch.empty(shape) has
+        return storage.new_empty(0).set_(storage.untyped_storage(), 0, shape)
 
 
 def take(ws: tuple | None, name, shape, like: torch.Tensor) -> torch.Tensor:
