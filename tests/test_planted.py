@@ -120,13 +120,24 @@ def _margin_resolved(loops, first, second, slow: str, fast: str, gap) -> bool:
     return Stat.from_samples(d).q1 > 0
 
 
+def _gap_why(gap, loops) -> str:
+    """What a failed gap assertion shows: the ratio and each arm's CPU record (a contended
+    judgement names its cause there)."""
+    r = gap.ratio
+    arms = "; ".join(f"{k}: {a.step.cpu.explain() if a.step.cpu is not None else 'no CPU record'}"
+                     for k, a in loops.arms.items())
+    return (f"{gap.slow} / {gap.fast}: {r.median:.3g}x (IQR {r.iqr:.2g}, n = {r.n}), "
+            f"contended {r.contended}, swapped {gap.swapped}; {arms}")
+
+
 @pytest.mark.parametrize("slow", list(CASES))
 def test_the_first_cause_is_the_planted_stage_with_its_function(slow, graph, tmp_path):
     stages, _extra, function, advice = CASES[slow]
     p, loops, profiles = _loops(slow, graph, tmp_path)
     skip_when_other_jobs(loops)
     gap = V.measure_gap(loops, slow, "fast", p["num_samples"])
-    assert (gap.slow, gap.fast) == (slow, "fast") and gap.measurable and not gap.swapped
+    assert (gap.slow, gap.fast) == (slow, "fast") and gap.measurable and not gap.swapped, \
+        _gap_why(gap, loops)
     causes = V.rank_causes(_Timing(loops, profiles), slow, "fast", gap, "cpu")
     timed = [c for c in causes if c.share is not None and c.effect not in ("rest", "noise")]
     first = timed[0]
