@@ -929,3 +929,66 @@ def test_bad_deleted_is_a_one_line_error():
 
 def test_the_function_is_what_the_package_exports():
     assert callable(convert_fn) and convert_fn.__module__ == "workbook_lib.nodemask.convert"
+
+
+class _Before(nn.Module):
+    """A user's model before the conversion: an encoder, a readout module and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = Encoder("gin", "moduledict", "layernorm")
+        self.pool = AttentionalAggregation(nn.Linear(H, 1))
+        self.head = nn.Linear(H, 1)
+
+
+class _After(_Before):
+    """The same model with the one added line (found by a user trial: the line registered every
+    encoder and readout tensor a second time under ``fast.``, so that neither model's checkpoint
+    loaded strictly into the other)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fast = convert(self.encoder, GRAPH, readout=self.pool)
+
+
+def _changed(model: nn.Module) -> dict:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_adding_fast_to_a_model_leaves_its_checkpoint_keys_as_they_were():
+    torch.manual_seed(0)
+    before, after = _Before(), _After()
+    assert list(after.state_dict()) == list(before.state_dict())
+    # an old checkpoint into the converted model, strictly: its values reach fast's encoder
+    want = _changed(_Before())
+    assert not after.load_state_dict(want).missing_keys
+    assert after.fast.encoder is after.encoder and all(
+        torch.equal(after.state_dict()[k], v) for k, v in want.items())
+    # the converted model's checkpoint into the old model, and a round trip through torch.save
+    want = _changed(after)
+    before.load_state_dict(want)
+    assert all(torch.equal(before.state_dict()[k], v) for k, v in want.items())
+    import io
+    buf = io.BytesIO()
+    torch.save(after.state_dict(), buf)
+    buf.seek(0)
+    again = _After()
+    again.load_state_dict(torch.load(buf))
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in want.items())
+
+
+def test_fast_saved_alone_keeps_its_keys_and_a_missing_one_is_still_missing():
+    torch.manual_seed(0)
+    fast = convert(Encoder("gin", "moduledict", "layernorm"), GRAPH,
+                   readout=AttentionalAggregation(nn.Linear(H, 1)))
+    sd = fast.state_dict()
+    own = {k for k in fast.encoder.state_dict()} | {k for k in fast.readout_module.state_dict()}
+    assert len(sd) == len(own) and all(k.startswith(("encoder.", "readout_module.")) for k in sd)
+    fast.load_state_dict(sd)
+    gone = next(iter(sd))
+    del sd[gone]
+    with pytest.raises(RuntimeError, match=re.escape(gone)):
+        fast.load_state_dict(sd)

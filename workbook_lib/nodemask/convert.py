@@ -460,6 +460,8 @@ class ConvertedEncoder(nn.Module):
         self._widths: dict = {}
         self._device_graph: dict = {}
         self.workspace = Workspace()  # large CPU buffers kept between calls (.workspace)
+        self.register_state_dict_post_hook(_leave_out_shared)
+        self.register_load_state_dict_pre_hook(_fill_shared)
 
     def __getstate__(self):
         """Copies and pickles leave out the plans, the planning thread and the device caches
@@ -2080,6 +2082,52 @@ def _edge_dict(graph) -> tuple[list | None, dict, int | None]:
         return types, {t: graph[t].edge_index for t in types}, int(graph[node].num_nodes)
     raise TypeError(f"'graph' must be an edge_index [2, E], a dict of them keyed by edge type, "
                     f"or a HeteroData (got {type(graph).__name__})")
+
+
+# what a converted encoder holds of the user's: their modules, registered in it as well
+SHARED = ("encoder.", "readout_module.")
+
+
+def _tensor_id(t) -> tuple | None:
+    """Where a state-dict tensor's values live (None for one without any: no two are alike)."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return None
+    return t.device, t.dtype, t.data_ptr(), tuple(t.shape), tuple(t.stride())
+
+
+def _leave_out_shared(module, state_dict, prefix: str, local_metadata: dict) -> None:
+    """A state-dict post-hook: the converted encoder's copies of the user's tensors are left out
+    where the same tensors were saved already under the user's own names (``self.encoder`` and
+    ``self.fast = convert(self.encoder, ...)`` in one model), so that adding ``fast`` to a model
+    leaves its checkpoint's keys as they were; the names left out are listed in this module's
+    metadata (``"shared"``), for :func:`_fill_shared`. Saved alone, ``fast`` keeps its keys."""
+    held = {_tensor_id(v) for k, v in state_dict.items() if not k.startswith(prefix)}
+    held.discard(None)
+    gone = [k for k in state_dict if k.startswith(tuple(prefix + s for s in SHARED))
+            and _tensor_id(state_dict[k]) in held]
+    for k in gone:
+        del state_dict[k]
+    if gone:
+        local_metadata["shared"] = [k[len(prefix):] for k in gone]
+
+
+def _fill_shared(module, state_dict, prefix: str, local_metadata: dict, strict, missing,
+                 unexpected, errors) -> None:
+    """A load pre-hook: the keys :func:`_leave_out_shared` left out, or every key of the
+    user's modules when the checkpoint has no converted encoder at this place (a model's
+    checkpoint from before ``fast`` was added), are given the tensors' current values, so that
+    loading does not call them missing; the user's modules load their values under their own
+    names. A checkpoint that saved this module's own copies is loaded as it is."""
+    if local_metadata and "shared" not in local_metadata:
+        return
+    listed = local_metadata.get("shared")
+    for sub, m in zip(SHARED, (module.encoder, module.readout_module)):
+        if m is None:
+            continue
+        for k, v in m.state_dict(keep_vars=True).items():
+            key = prefix + sub + k
+            if key not in state_dict and (listed is None or sub + k in listed):
+                state_dict[key] = v.detach() if isinstance(v, torch.Tensor) else v
 
 
 def convert(encoder: nn.Module, graph, *, readout=None,
