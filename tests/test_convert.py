@@ -847,7 +847,8 @@ def test_functional_dropout_in_train_mode_is_refused_at_the_call():
             return F.dropout(super().forward(x, edges), p=0.5, training=self.training)
     fast = convert(Drop("gin", "single", "linear").eval(), GRAPH[TYPES[0]])
     fast(torch.randn(N, F_IN), DELETED)
-    with pytest.raises(ValueError, match="dropout .*train mode"):
+    with pytest.raises(ValueError, match="^F.dropout at .*test_convert.py:\\d+ \\(p=0.5\\) in "
+                                         "train mode"):
         fast.train()(torch.randn(N, F_IN), DELETED)
 
 
@@ -857,6 +858,54 @@ def test_edge_features_are_refused():
             return self.layers[0](self.lin(x), edge_index, torch.ones(edge_index.shape[1]))
     with pytest.raises(ValueError, match="layers.0 \\(GraphConv\\) is called with edge features"):
         convert(Weighted("graph_add", "single", "linear"), GRAPH[TYPES[0]])
+
+
+def test_a_convolution_with_edge_attr_is_refused_as_such():
+    from torch_geometric.nn import GINEConv
+
+    class WithAttr(Encoder):
+        def __init__(self):
+            super().__init__("gin", "single", "linear")
+            self.layers[0] = GINEConv(nn.Linear(H, H), edge_dim=2)
+    with pytest.raises(ValueError, match="layers.0 \\(GINEConv\\): a convolution with edge "
+                                         "features \\(edge_attr\\)"):
+        convert(WithAttr(), GRAPH[TYPES[0]])
+
+
+def test_a_library_function_of_the_encoder_is_named_with_the_users_line():
+    """Found by a user trial: global_mean_pool in the forward was refused as '.dim()', and
+    dropout_edge as 'getitem', neither of which the user wrote."""
+    from torch_geometric.nn import global_mean_pool
+    from torch_geometric.utils import dropout_edge
+
+    class Pooled(Encoder):
+        def forward(self, x, edge_index):
+            h = super().forward(x, edge_index)
+            return h + global_mean_pool(h, None)
+
+    class DropEdge(Encoder):
+        def forward(self, x, edge_index):
+            edge_index, _ = dropout_edge(edge_index, p=0.3, training=self.training)
+            return super().forward(x, edge_index)
+    with pytest.raises(ValueError, match="at .*test_convert.py:\\d+ \\(inside global_mean_pool"
+                                         "\\(\\)\\) is not a per-row operation"):
+        convert(Pooled("gin", "single", "linear"), GRAPH[TYPES[0]])
+    with pytest.raises(ValueError, match="at .*test_convert.py:\\d+ \\(inside dropout_edge\\(\\)\\) "
+                                         "reads or changes the graph's edges"):
+        convert(DropEdge("gin", "single", "linear"), GRAPH[TYPES[0]])
+
+
+def test_a_bad_graph_or_deleted_says_what_would_do():
+    class Snapshot:  # an object holding the graph, as a data snapshot does
+        edge_index = GRAPH
+    with pytest.raises(TypeError, match="got Snapshot; pass its .edge_index"):
+        convert(Encoder("gin", "moduledict", "linear"), Snapshot())
+    fast = convert(Encoder("gin", "moduledict", "linear"), GRAPH)
+    x = torch.randn(N, F_IN)
+    with pytest.raises(ValueError, match="use deleted.unsqueeze"):
+        fast(x, torch.tensor([HUB, LEAF]))
+    with pytest.raises(ValueError, match="^'deleted' must be \\[B, k\\] \\(got shape \\[1, 2, 1\\]\\)$"):
+        fast(x, torch.tensor([[[HUB], [LEAF]]]))
 
 
 def test_an_unfollowable_forward_is_refused_naming_the_line():

@@ -34,7 +34,8 @@ from ..results.floor import ConvertFloor, FloorPart
 from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
-from .convert_trace import MODE_DEPENDENT, ConvertError, check_graph, conv_kind, per_node_problem, trace
+from .convert_trace import (MODE_DEPENDENT, ConvertError, check_graph, conv_kind, node_where,
+                            per_node_problem, trace)
 from .compiled import kernels
 from .convert_dense import DenseGinSum, GinMlp, block_rows, block_size, gin_mlp
 from .convert_typed import type_order, typed_layers
@@ -1354,8 +1355,9 @@ class ConvertedEncoder(nn.Module):
             training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
             p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
             if training and p > 0:
-                raise ConvertError(f"dropout at {node.name} (p={p}) in train mode draws a "
-                                   "different mask per copy; set p=0 or call encoder.eval()")
+                raise ConvertError(f"F.dropout at {node_where(node)} (p={p}) in train mode "
+                                   "draws a different mask per sample; set p=0 or call "
+                                   "encoder.eval()")
         if node.target in (torch.cat, torch.concat):
             dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
             if dim not in (-1, 1):
@@ -2080,8 +2082,10 @@ def _edge_dict(graph) -> tuple[list | None, dict, int | None]:
                              f"(got {sorted(nodes)})")
         node = nodes.pop()
         return types, {t: graph[t].edge_index for t in types}, int(graph[node].num_nodes)
+    hint = "; pass its .edge_index" if isinstance(getattr(graph, "edge_index", None), (
+        torch.Tensor, dict)) else ""
     raise TypeError(f"'graph' must be an edge_index [2, E], a dict of them keyed by edge type, "
-                    f"or a HeteroData (got {type(graph).__name__})")
+                    f"or a HeteroData (got {type(graph).__name__}{hint})")
 
 
 # what a converted encoder holds of the user's: their modules, registered in it as well

@@ -7,6 +7,7 @@ name the module path and the line; no library turns an fx graph into that.
 """
 from __future__ import annotations
 
+import inspect
 import operator
 import traceback
 
@@ -64,16 +65,29 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, name)
 
 
-def user_line(stack: str | None) -> str:
-    """``file:line`` of the innermost frame of ``stack`` outside PyTorch and PyG, or ``?``."""
+def _library(frame: str) -> bool:
+    return "/torch/" in frame or "/torch_geometric/" in frame
+
+
+def user_line(stack: str | None, op: str | None = None) -> str:
+    """``file:line`` of the innermost frame of ``stack`` outside PyTorch and PyG, or ``?``;
+    followed by `` (inside f())`` where that line calls a PyTorch or PyG function ``f`` (not
+    the operation ``op`` itself) that made the operation (``global_mean_pool``, say: the user
+    did not write its ``.dim()``)."""
     if not stack:
         return "?"
     frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
-    for fr in reversed(frames):
-        if "/torch/" not in fr and "/torch_geometric/" not in fr:
+    for i in range(len(frames) - 1, -1, -1):
+        fr = frames[i]
+        if not _library(fr):
             parts = fr.split('"')
             rest = parts[2].split(",") if len(parts) > 2 else []
-            return f"{parts[1]}:{rest[1].strip().split()[-1]}" if len(rest) > 1 else fr
+            where = f"{parts[1]}:{rest[1].strip().split()[-1]}" if len(rest) > 1 else fr
+            inner = frames[i + 1] if i + 1 < len(frames) else ""
+            name = inner.rsplit(" in ", 1)[1].strip() if " in " in inner else None
+            if name and "/torch/fx/" not in inner and name != op:
+                where += f" (inside {name}())"
+            return where
     return "?"
 
 
@@ -123,6 +137,12 @@ def conv_kind(m: nn.Module, path: str, register: dict) -> type:
             raise ConvertError(f"{path} ({cls.__name__}): a subclass of {sup.__name__} whose "
                                "forward may differ; if it computes the same, pass "
                                f"register={{{cls.__name__}: {sup.__name__}}}")
+        if getattr(m, "edge_dim", None) is not None or \
+                "edge_attr" in inspect.signature(m.forward).parameters:
+            raise ConvertError(f"{path} ({cls.__name__}): a convolution with edge features "
+                               "(edge_attr), which convert does not support; use GINConv, "
+                               "GraphConv, SAGEConv or GCNConv without them, or the masked "
+                               "copies")
         raise ConvertError(f"{path} ({cls.__name__}): not a supported convolution; use GINConv, "
                            "GraphConv, SAGEConv or GCNConv, or register an equivalent subclass")
     aggr = getattr(m, "aggr", None)
@@ -159,7 +179,7 @@ def per_node_problem(m: nn.Module, path: str, *, at_convert: bool) -> None:
                 (isinstance(sub, nn.Dropout) and sub.p > 0)
                 or (isinstance(sub, PygMLP) and any(p > 0 for p in sub.dropout))):
             raise ConvertError(f"{name} ({type(sub).__name__}): dropout p>0 in train mode draws "
-                               "a different mask per copy; set p=0 or call encoder.eval()")
+                               "a different mask per sample; set p=0 or call encoder.eval()")
         if list(sub.children()):
             if not isinstance(sub, CONTAINERS):
                 raise ConvertError(f"{name} ({type(sub).__name__}): convert cannot see that this "
@@ -182,13 +202,16 @@ def check_hetero(m: HeteroConv, path: str, register: dict) -> dict:
 
 def node_where(node: fx.Node) -> str:
     """The user's line of an fx node (for messages)."""
-    return user_line(node.meta.get("stack_trace") or getattr(node, "stack_trace", None))
+    return user_line(node.meta.get("stack_trace") or getattr(node, "stack_trace", None),
+                     node.target if isinstance(node.target, str) else
+                     getattr(node.target, "__name__", None))
 
 
 def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
     """Raise ConvertError at the first node convert cannot make exact (:func:`conv_kind`,
     :func:`per_node_problem`), naming its module path or line."""
     modules = dict(encoder.named_modules())
+    edges = _reads_edges(graph)
     nodes = sorted(graph.nodes, key=lambda nd: nd.op != "call_module")  # modules first
     for node in nodes:
         if node.op == "call_module":
@@ -207,6 +230,13 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
                                        "supports conv(x, edge_index) only")
             else:
                 per_node_problem(m, path, at_convert=True)
+        elif node in edges:
+            what = node.target if node.op == "call_method" else \
+                getattr(node.target, "__name__", node.target)
+            raise ConvertError(f"{what} at {node_where(node)} reads or changes the graph's "
+                               "edges; convert needs each conv to receive the graph as given "
+                               "(it drops each sample's edges from 'deleted'): move edge "
+                               "changes out of the encoder")
         elif node.op == "call_function":
             if node.target is operator.getitem and isinstance(node.args[1], str):
                 continue  # a HeteroConv output's node type
@@ -219,3 +249,20 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
             raise ConvertError(f".{node.target}() at {node_where(node)} is not a per-row "
                                "operation convert knows (element-wise ops, activations); move "
                                "it out of the encoder")
+
+
+def _reads_edges(graph: fx.Graph) -> set:
+    """The function and method calls whose inputs derive from an edge placeholder (every
+    placeholder after ``x``): operations on the graph, not on features (a conv's output is
+    features)."""
+    found: set = set()
+    placeholders = 0
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if placeholders:
+                found.add(node)
+            placeholders += 1
+        elif node.op in ("call_function", "call_method") and any(
+                a in found for a in node.all_input_nodes):
+            found.add(node)
+    return {nd for nd in found if nd.op != "placeholder"}

@@ -20,8 +20,8 @@ def validate_deleted(deleted: torch.Tensor, num_nodes: int) -> torch.Tensor:
     if not isinstance(deleted, torch.Tensor):
         raise TypeError(f"'deleted' must be a tensor (got {type(deleted).__name__})")
     if deleted.dim() != 2:
-        raise ValueError(f"'deleted' must be [B, k] (got shape {list(deleted.shape)}); use "
-                         "deleted.unsqueeze(0) for one sample")
+        hint = "; use deleted.unsqueeze(0) for one sample" if deleted.dim() == 1 else ""
+        raise ValueError(f"'deleted' must be [B, k] (got shape {list(deleted.shape)}){hint}")
     if deleted.dtype.is_floating_point or deleted.dtype == torch.bool:
         raise ValueError(f"'deleted' must hold integer gene indices (got {deleted.dtype})")
     if deleted.numel():
