@@ -18,7 +18,7 @@
 # **data only** (fetch, process, collate, transfer and device prep: no model call), **+ forward**
 # (and the loss), **+ backward**, and the **full step** (+ the optimizer).
 # Every stage is timed between device syncs; warm-up steps are never recorded; each
-# (strategy, mode) arm repeats until its step time's IQR/median is within the precision target.
+# (strategy, mode) arm repeats until its step time's median is known to within the precision target.
 # Then: epochs per day on one rank, host syncs per step, and profiles of warm steps broken down
 # by exclusive time; when built-in strategies ran, the ratios the investigation reported are set
 # beside this run's.
@@ -44,7 +44,7 @@ pipelines: List[str] = []  # your own training pipelines: 'package.module:factor
 cpu_allocator_cache: bool = True  # keep freed memory in the glibc heap during CPU timings (as PyTorch's CUDA caching allocator does on GPUs); without it large-batch CPU steps measure page faults
 warmup: int = 1  # untimed warm-up calls or steps before anything is timed
 min_repeats: int = 5  # fewest timed repeats of a figure
-precision_target: float = 0.1  # repeat a figure until IQR/median is at most this (or its time budget is spent)
+precision_target: float = 0.1  # repeat a figure until its median is known to within this fraction (its 95% interval's half-width; or its time budget is spent)
 time_budget_s: float = 2.0  # seconds one benchmark figure may spend on repeats beyond min_repeats
 stall_timeout_s: float = 300.0  # a stage of a pipeline's step (data item, collate, forward...) running this long has stalled: that pipeline is stopped and recorded, the others go on (once it has run a step, also 20x its slowest step, at least 30 s)
 batch_size_lazy: int = 7  # batch of the perturbed-graph strategies (the investigation's Lazy model: 28)

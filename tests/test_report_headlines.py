@@ -126,3 +126,18 @@ def test_02s_sections_say_when_they_did_not_run_and_an_empty_memory_chart_is_not
                       fits={"mine": MemoryFit("mine", points=[(1, 2e6), (2, 4e6)],
                                               per_sample_bytes=2e6, intercept_bytes=0.0)})
     assert mv.memory_plot(one) is None and len(shown) == 1
+
+
+def test_the_noisy_mark_and_its_footnote_follow_one_rule():
+    """Found by a user trial: the footnote said '(noisy)' meant IQR/median above the target,
+    while the mark follows whether the median is known to it (its 95% interval). Both ways: a
+    narrow IQR with one outlying repeat of five is noisy; a wide IQR over many repeats is not."""
+    from workbook_lib.report.tables import FOOTNOTE, IMPRECISE, fmt_stat, table
+    outlier = Stat.from_samples([1.0, 1.0, 1.01, 1.0, 1.3], unit="s", target=0.1)
+    wide = Stat.from_samples([1.0 + 0.3 * ((i * 7) % 11) / 10 for i in range(200)], unit="s",
+                             target=0.1)
+    assert outlier.rel_iqr < 0.1 and IMPRECISE in fmt_stat(outlier)
+    assert wide.rel_iqr > 0.1 and IMPRECISE not in fmt_stat(wide)
+    assert "95% interval" in FOOTNOTE and "IQR/median" not in FOOTNOTE
+    caption = table([{"t": fmt_stat(outlier)}]).caption
+    assert FOOTNOTE in caption

@@ -309,7 +309,7 @@ def test_stored_mask_reads_cold_then_warm(tmp_path):
 
 def test_a_disturbed_loop_does_not_pick_the_fix_by_its_medians(tmp_path):
     """Quiet: a strategy 20% slower than the fastest is not tied (15% tolerance). Disturbed
-    (IQR/median beyond the target, IQRs overlapping): this run cannot tell them apart, so they
+    (median not known to the target, IQRs overlapping): this run cannot tell them apart, so they
     are tied and the measured memory decides."""
     def timing(rel):
         t = _timing()
@@ -390,7 +390,7 @@ def test_a_ddp_factor_within_its_noise_is_shown_not_booked():
     assert adds.effect == "adds" and adds.share > 0
     assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
     assert rows(0.8, 0.02)[1].effect == "saves"
-    # clear of 1 but disturbed (IQR/median 30% against the 10% target): shown, not booked
+    # clear of 1 but disturbed (not known to the 10% target): shown, not booked
     causes, shaky = rows(1.5, 0.15)
     assert shaky.effect == "noise" and shaky.share is None and "disturbed" in shaky.evidence
     assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)

@@ -109,7 +109,8 @@ class ParamsSchema(Mapping):
         "untimed warm-up calls or steps before anything is timed", S_MEAS, checks.at_least(0))
     min_repeats: int = param(5, "fewest timed repeats of a figure", S_MEAS, checks.positive)
     precision_target: float = param(0.10,
-        "repeat a figure until IQR/median is at most this (or its time budget is spent)",
+        "repeat a figure until its median is known to within this fraction (its 95% "
+        "interval's half-width; or its time budget is spent)",
         S_MEAS, checks.fraction_open)
     time_budget_s: float = param(2.0,
         "seconds one benchmark figure may spend on repeats beyond min_repeats",

@@ -12,8 +12,10 @@ import pandas as pd
 from ..results.stat import Stat
 
 IMPRECISE = "(noisy)"
-FOOTNOTE = ("(noisy): IQR/median stayed above the precision target after the figure's time "
-            "budget; read it with its IQR.")
+FOOTNOTE = ("(noisy): the median was not known to within the precision target after the "
+            "figure's time budget (its 95% interval, from the order statistics of the repeats, "
+            "is wider than the target on either side of it; at n = 5 that interval is the "
+            "repeats' whole range); read it with its IQR.")
 CONTENDED = "(contended)"
 CONTENDED_NOTE = ("(contended): measured while the process's compute threads got less than 80% "
                   "of the CPU time they asked for: it may look precise and still be wrong by "

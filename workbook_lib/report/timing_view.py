@@ -64,7 +64,8 @@ def settings(study_or_params, graph=None, device_label: str | None = None,
     return Markdown(
         f"**Run:** {graph.describe()} on {device_label}. {sizes} Each arm: {p.warmup} warm-up step(s), one "
         f"untimed step under the sync counter, then at least {p.loop_steps} timed steps, "
-        f"until IQR/median <= {p.precision_target:.0%} (at most {p.loop_max_steps}, time "
+        f"until the median is known to within {p.precision_target:.0%} (its 95% interval; at "
+        f"most {p.loop_max_steps}, time "
         f"budget {p.loop_budget_s:.0f} s). Arms run {inter}. DataLoader workers: "
         f"{p.num_workers}." + (f" Compute threads: {threads}." if threads else ""))
 

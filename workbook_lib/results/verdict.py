@@ -136,7 +136,7 @@ class VerdictResult(Record):
     can_say: list[str]
     cannot_say: list[str]
     inputs: dict[str, str] = field(default_factory=dict)  # notebook -> results checksum
-    disturbed: dict[str, float] = field(default_factory=dict)  # headline figure -> IQR/median
+    disturbed: dict[str, float] = field(default_factory=dict)  # headline figure -> its median's interval half-width / median
     # headline figure -> what the process got of the CPUs while it was measured (contended)
     contended: dict[str, CpuShare] = field(default_factory=dict)
     # a pair pipeline -> its full step's CPU share, where that step was kernel-bound

@@ -338,8 +338,8 @@ def run_arms(arms: list[Arm], *, warmup_steps: int = 1, min_steps: int = 10,
              stall_timeout_s: float | None = None, notebook: str = "",
              procs: int = 1, pairs: list[tuple[str, str]] = ()) -> dict[str, ArmResult]:
     """Run every arm until it is precise enough: warm-up steps, one untimed step under the sync
-    counter, then timed steps until IQR/median <= ``target`` (at least ``min_steps``), ``max_steps``
-    or the budget.
+    counter, then timed steps until the median is known to ``target`` (:meth:`Stat.known_to`;
+    at least ``min_steps``), ``max_steps`` or the budget.
 
     Args:
         arms: the arms; their names must be unique.

@@ -25,7 +25,7 @@ def ddp_booking(g, swapped: bool, target: float = 0.1) -> tuple[Stat | None, boo
     """(the DDP factor oriented slow over fast, whether it is booked, why).
 
     Booked only when it is a measured effect the answer can rest on: 1 outside its IQR, not
-    contended, and not disturbed (IQR/median within ``target``, the rule of
+    contended, and not disturbed (its median known to ``target``, the rule of
     :func:`disturbed_figures`)."""
     if g is None:
         return None, False, ""
