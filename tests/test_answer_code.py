@@ -268,3 +268,28 @@ def test_the_headline_names_a_function_that_holds_most_of_the_gap_across_stages(
     assert main_site([cause("backward", 0.53, [enc]),
                       cause("forward", 0.33, [("Other.forward", 9, 0.8)])]) is None
 
+
+
+def test_time_outside_the_pipelines_code_is_said_beside_its_largest_site():
+    """Found by a user trial: the backward's largest site held 48% of its extra time while 52%
+    ran outside the pipeline's code, and the answer called the site 'its largest site' with no
+    word of the rest; 05's table listed the site alone."""
+    from workbook_lib.report.verdict_view import OUTSIDE, code_table
+    from workbook_lib.results.verdict import Cause, CodeSite, VerdictResult
+    from workbook_lib.studies.verdict.advice import _advice, _finding
+
+    enc = CodeSite("Encoder.forward", "mine.py", 36, "", 36.0, 0.0, 0.48, 202)
+    fwd = Cause("forward", "", 2.0, 0.1, 1.9, 0.37, "measured", effect="adds", stage="forward",
+                advice="one pass over one shared graph", sites=[enc], outside=0.03)
+    bwd = Cause("backward", "", 3.0, 0.1, 2.9, 0.53, "measured", effect="adds",
+                stage="backward", sites=[enc], outside=0.52)
+    text = _advice(bwd, {"forward": fwd, "backward": bwd}, "cpu")
+    assert "its largest site in the pipeline's code, `Encoder.forward` (mine.py:36), 48% of " \
+           "the backward's extra time; 52% runs outside the pipeline's code" in text
+    assert "52% outside the pipeline's code" in _finding(bwd)
+    assert "outside" not in _finding(fwd)  # below the 5% a site needs to be named: not said
+    v = VerdictResult.__new__(VerdictResult)
+    v.causes, v.no_answer = [bwd, fwd], ""
+    rows = code_table(v).data
+    assert list(rows["function"]) == ["Encoder.forward", OUTSIDE, "Encoder.forward", OUTSIDE]
+    assert list(rows["share of the stage's extra time"])[:2] == ["48.0%", "52.0%"]

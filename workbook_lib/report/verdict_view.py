@@ -25,6 +25,7 @@ def answer(v: VerdictResult) -> Markdown:
     return Markdown("## The answer\n\n" + v.answer)
 
 
+OUTSIDE = "(outside the pipeline's code)"
 EFFECTS = {"adds": "adds time", "saves": "saves time", "rest": "not attributed",
            "noise": "shown, not booked", "": ""}
 
@@ -85,12 +86,20 @@ def code_table(v: VerdictResult):
                          "fast, ms per step": f"{s.fast_ms:.3g}",
                          "share of the stage's extra time": fmt_pct(s.share),
                          "operator calls per step": f"{s.ops:.0f}"})
+        if c.sites and c.outside:  # the rest of the shares: what ran under no frame of its code
+            rows.append({"cause": c.cause, "function": OUTSIDE, "where": "",
+                         "library under it": "", "slow, ms per step": "",
+                         "fast, ms per step": "",
+                         "share of the stage's extra time": fmt_pct(c.outside),
+                         "operator calls per step": ""})
     cap = ("Where each first cause's extra time is, in the slow pipeline's own files: "
            "notebook 03's profiled steps with Python stacks (a backward operator counts at the "
            "function that ran its forward), each function's time per step against the fast "
            "pipeline's same function (0 where it has none); shares are of the sum of the "
            "functions' positive differences. The profiler's Python tracer slows Python-heavy "
-           "code, so these are shares of a profiled step, not the loop's timings."
+           "code, so these are shares of a profiled step, not the loop's timings. "
+           f"{OUTSIDE}: operators that ran under no frame of the pipeline's code (autograd's "
+           "own, or a library's threads)."
            + (" " + "; ".join(said) + "." if said else ""))
     if not rows:
         return Markdown(cap)

@@ -76,6 +76,9 @@ class Cause(Record):
     # or why not (sites_note)
     sites: list[CodeSite] = field(default_factory=list)
     sites_note: str = ""
+    # the share of the stage's extra profiled time outside the pipeline's code (no frame of it:
+    # autograd's own operators, a library's), on the sites' scale; None where not profiled
+    outside: float | None = None
     growth: Growth | None = None  # how the stage grows with the samples (slow pipeline)
     fast_growth: Growth | None = None  # the same for the fast pipeline
     finding: str = ""  # what was measured, in one sentence (said instead of advice)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ...results.timing import EncoderFigures
 from ...results.verdict import Cause, Gap
+from .code import MIN_SITE
 
 NODEMASK = ("one pass over one shared graph for the whole batch instead of a graph copy or a "
             "loop per sample (workbook_lib.nodemask)")
@@ -168,7 +169,9 @@ def _finding(c: Cause) -> str:
     if g:
         parts.append(g)
     if c.sites:
-        parts.append(f"{c.sites[0].share:.0%} of its extra time in {_site(c)}")
+        parts.append(f"{c.sites[0].share:.0%} of its extra time in {_site(c)}" + (
+            f", {c.outside:.0%} outside the pipeline's code"
+            if c.outside is not None and c.outside >= MIN_SITE else ""))
     elif c.sites_note:
         parts.append(c.sites_note)
     return "; ".join(parts)
@@ -205,8 +208,12 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
         if fwd is not None and fwd.effect == "adds" and (fwd.share or 0) >= 0.05 and \
                 fwd.advice and c.sites and fwd.sites and \
                 c.sites[0].function == fwd.sites[0].function:
-            return (f"the backward mirrors the forward (its largest site, {c.sites[0].where}, "
-                    f"is the forward's): {fwd.advice}")
+            s = c.sites[0]
+            out = (f"; {c.outside:.0%} runs outside the pipeline's code"
+                   if c.outside is not None and c.outside >= MIN_SITE else "")
+            return (f"the backward mirrors the forward (its largest site in the pipeline's code, "
+                    f"{s.where}, {s.share:.0%} of the backward's extra time{out}, is the "
+                    f"forward's): {fwd.advice}")
         return "" if not loop else _loop(c, "backward")
     if c.stage == "h2d":
         return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch

@@ -92,10 +92,10 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                     evidence += (f", of which the host waited {wa * 1e3:.3g} ms per step at them "
                                  f"against {(wb or 0.0) * 1e3:.3g} ms (profiled warm steps; "
                                  "inside the stage's time)")
-        sites, why = code_sites(profiles, slow, fast, key, device_type)
+        sites, why, outside = code_sites(profiles, slow, fast, key, device_type)
         row = Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
                     claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
-                    sync_wait_s=wait_s, note=note, sites=sites, sites_note=why,
+                    sync_wait_s=wait_s, note=note, sites=sites, sites_note=why, outside=outside,
                     growth=lo.growth.get(slow, {}).get(key),
                     fast_growth=lo.growth.get(fast, {}).get(key))
         if key in qa and key in qb and within_noise(qa[key], qb[key], ns, nf):

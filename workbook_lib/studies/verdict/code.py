@@ -32,28 +32,33 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
 
 
 def code_sites(profiles: dict, slow: str, fast: str, stage: str,
-               device_type: str = "cpu") -> tuple[list[CodeSite], str]:
+               device_type: str = "cpu") -> tuple[list[CodeSite], str, float | None]:
     """The slow pipeline's functions that hold a stage's extra time against the fast one's (at most
-    :data:`MOST`, each at least :data:`MIN_SITE` of it), and why none are named. Shares are of the
-    positive per-function differences; on a GPU, device time where the stage has any.
+    :data:`MOST`, each at least :data:`MIN_SITE` of it), why none are named, and the share of
+    that time outside the pipeline's code (:data:`NOT_OWN`'s difference; None where not
+    profiled). Shares are of the positive per-function differences; on a GPU, device time where
+    the stage has any.
     """
     stages = PROFILED.get(stage)
     if stages is None:
-        return [], "not attributed: this stage runs no code of the pipeline's (it is the loop's)"
+        return [], ("not attributed: this stage runs no code of the pipeline's (it is the "
+                    "loop's)"), None
     a, b = profiles.get(slow), profiles.get(fast)
     if a is None or b is None:
         missing = slow if a is None else fast
-        return [], f"not attributed: '{missing}' was not profiled"
+        return [], f"not attributed: '{missing}' was not profiled", None
     for p in (a, b):
         if not p.sites:
-            return [], p.sites_note or "not attributed: no Python frames in the profile"
+            return [], p.sites_note or "not attributed: no Python frames in the profile", None
     device = device_type == "cuda" and any(r.device_seconds for st in stages
                                            for r in a.sites.get(st, []))
     sa, sb = _by_function(a, stages, device), _by_function(b, stages, device)
     diffs = {k: sa[k][0] - (sb[k][0] if k in sb else 0.0) for k in sa}
     extra = sum(d for d in diffs.values() if d > 0)
     if extra <= 0:
-        return [], "not attributed: no function of the slow pipeline takes longer than the fast one's"
+        return [], ("not attributed: no function of the slow pipeline takes longer than the "
+                    "fast one's"), None
+    outside = max(0.0, sum(d for k, d in diffs.items() if k[0] == NOT_OWN)) / extra
     out = []
     for k, d in sorted(diffs.items(), key=lambda kv: -kv[1]):
         if d <= 0 or d / extra < MIN_SITE or k[0] == NOT_OWN or len(out) >= MOST:
@@ -65,5 +70,5 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
                             (sb[k][0] if k in sb else 0.0) * 1e3, d / extra, sa[k][1]))
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
-                    "a library called from it)")
-    return out, ""
+                    "a library called from it)"), outside
+    return out, "", outside
