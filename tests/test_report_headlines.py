@@ -141,3 +141,27 @@ def test_the_noisy_mark_and_its_footnote_follow_one_rule():
     assert "95% interval" in FOOTNOTE and "IQR/median" not in FOOTNOTE
     caption = table([{"t": fmt_stat(outlier)}]).caption
     assert FOOTNOTE in caption
+
+
+def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
+    """Found by a user trial: with the slow pipeline the only exact one, 05 headed its section
+    'Use the pipeline slow' and called it 'the fastest full step per sample' beside a pipeline
+    37x faster (not exact)."""
+    from workbook_lib.report.verdict_view import adoption, recommendation_text
+    from workbook_lib.results.verdict import Recommendation, VerdictResult
+
+    ms = Stat.from_samples([0.0126] * 5, unit="s")
+
+    def verdict(strategy: str) -> VerdictResult:
+        v = VerdictResult.__new__(VerdictResult)
+        v.recommendation = Recommendation(
+            strategy, strategy, f"the pipeline '{strategy}'", ms, "slow", None, strategy,
+            [strategy], "the only exact pipeline in this run")
+        v.device, v.builtin, v.gap, v.missing = "cpu", False, None, {}
+        return v
+    same = recommendation_text(verdict("slow")).data
+    assert same.startswith("### No exact pipeline here is faster than the pipeline 'slow'")
+    assert "Use " not in same and "the only exact pipeline in this run" in same
+    assert "none faster than the pipeline 'slow'" in adoption(verdict("slow")).data
+    assert recommendation_text(verdict("rewrite")).data.startswith(
+        "### Use the pipeline 'rewrite'")

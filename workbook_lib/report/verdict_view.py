@@ -175,9 +175,15 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
     if r is None:
         return Markdown("No exact pipeline with a finite loss ran in notebook 03: no "
                         "recommendation.")
-    lines = [f"### Use {r.title}",
-             f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}** "
-             f"(notebook 03, {v.device}); {r.tie_rule.rstrip('.')}."]
+    if r.strategy == r.baseline:  # the slow side itself: nothing exact here to switch to
+        lines = [f"### No exact pipeline here is faster than {r.title}",
+                 f"- Its full training step: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}"
+                 f"** (notebook 03, {v.device}); {r.tie_rule.rstrip('.')}. The faster pipelines "
+                 "of this run are not known to compute the same model (the answer above)."]
+    else:
+        lines = [f"### Use {r.title}",
+                 f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}** "
+                 f"(notebook 03, {v.device}); {r.tie_rule.rstrip('.')}."]
     if r.speedup is not None:
         lines.append(f"- Against {pipelines.title(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** "
                      "faster per sample, full step, same loop"
@@ -266,8 +272,11 @@ def form(v: VerdictResult) -> Markdown:
 def adoption(v: VerdictResult) -> Markdown:
     r = v.recommendation
     if r is None or r.strategy != "node_mask_shared":
-        return Markdown(f"The recommended strategy here is {r.title if r else 'none'}; the "
-                        "node-mask shared graph's API is in `workbook_lib.nodemask` (README).")
+        which = "none" if r is None else (
+            f"none faster than {r.title}" if r.strategy == r.baseline else r.title)
+        return Markdown(f"The recommended strategy here is {which}; the node-mask shared "
+                        "graph's API, and `convert` for an encoder of your own, are in "
+                        "`workbook_lib.nodemask` (README).")
     return Markdown(ADOPTION)
 
 

@@ -82,7 +82,8 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                 "notebook 02 wins")
     else:
         best = fastest
-        rule = ("the fastest full step per sample" if len(tied) == 1 else
+        rule = ("the only exact pipeline in this run" if len(ms) == 1 else
+                "the fastest full step per sample of the exact pipelines" if len(tied) == 1 else
                 f"{len(tied)} strategies {why}; memory per sample was not measured for all of "
                 "them, so the fastest median wins"
                 + (" (disturbed: their steps vary beyond the precision target; more steps firm the "
