@@ -100,6 +100,24 @@ def test_pipelines_without_an_encoder_or_whose_encoder_raises():
     assert "no encoder today" in failures["raises"].line()
 
 
+def test_a_deleted_without_one_row_per_sample_is_refused_naming_its_shape():
+    """Found by a user trial: a transposed ``deleted`` ([k, B]) converted and was timed as a
+    batch of k, its figures quoted beside the pipeline's batch of B."""
+    class Transposed(_GatPipeline):
+        batch_size = 3
+
+        def dataset(self):
+            return [torch.tensor([i % 6, -1]) for i in range(6)]
+
+        def shared_encoder(self, batch):
+            return self.encoder, self.x, self.edges, batch.t()
+
+    failures = {}
+    assert encoders_of({"t": Transposed()}, device=torch.device("cpu"), failures=failures,
+                       **FAST) == {}
+    assert "'deleted' of shape [2, 3]; it must be [B, k] with B = 3" in failures["t"].line()
+
+
 def _cause(encoder: EncoderFigures | None):
     from workbook_lib.results.verdict import Cause
     from workbook_lib.studies.verdict.advice import advise
@@ -122,6 +140,13 @@ def test_the_forward_advice_carries_the_conversion_figures_or_its_refusal():
     assert "one pass over one shared graph" in words
     assert "your encoder converts: 40 -> 10 ms per batch of 4" in words
     assert "every gene changes from convs.1[a]" in words
+    assert "not faster" not in words
+    # the same advice where the conversion measured no faster: the figures do not bear it out
+    even = EncoderFigures(batch_size=4, masked_copies=st[0], converted=st[0],
+                          ratio=Stat.from_samples([1.01, 0.97, 1.03, 0.99, 1.02]),
+                          floor_sparse_macs=2e6, floor_dense_macs=3e7, num_genes=40)
+    assert "your encoder converted is not faster at batch 4 (1.01x, quartiles 0.99-1.02): on " \
+           "these figures one shared pass does not pay" in _cause(even)
     blocked = _cause(EncoderFigures(batch_size=4, blocked="conv (GATConv): attention"))
     assert "your encoder does not convert: conv (GATConv): attention" in blocked
     assert "converts:" not in _cause(None) and "does not convert" not in _cause(None)

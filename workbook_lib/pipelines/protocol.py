@@ -178,7 +178,9 @@ class Pipeline:
 
     def shared_encoder(self, batch: Any) -> tuple | None:
         """``(encoder, x, graph, deleted)`` of a batch: the per-sample encoder, its ``[N, F]``
-        input, the shared gene graph (an edge_index, a dict keyed by edge type or a
-        HeteroData) and the ``[B, k]`` deleted genes, ``-1`` padded; None (the default) when
-        the pipeline has no such encoder."""
+        input as the model feeds it (the model's own tensor, e.g. its embedding parameter), the
+        shared gene graph on ``x``'s device (an edge_index ``[2, E]``, a dict of them keyed by
+        PyG ``(src, rel, dst)`` edge types, or a HeteroData) and the batch's ``[B, k]`` deleted
+        genes (B the batch size, ``-1`` padded; it may stay on the host); None (the default)
+        when the pipeline has no such encoder."""
         return None

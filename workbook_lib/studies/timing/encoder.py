@@ -75,6 +75,12 @@ def encoder_figures(pipe, *, device: torch.device, warmup: int, min_rounds: int,
         return None
     encoder, x, graph, _ = got[0]
     deleted = [g[3] for g in got]
+    for d in deleted:  # one row per sample of the batch: a transposed [k, B] would pass convert
+        if not isinstance(d, torch.Tensor) or d.dim() != 2 or d.shape[0] != pipe.batch_size:
+            shape = list(d.shape) if isinstance(d, torch.Tensor) else type(d).__name__
+            raise ValueError(f"shared_encoder returned 'deleted' of shape {shape}; it must be "
+                             f"[B, k] with B = {pipe.batch_size}, one row per sample of the "
+                             "batch (its deleted genes, -1 padded)")
     copies = [masked_copies(x, graph, d) for d in deleted]
     b, n = deleted[0].shape[0], x.shape[0]
     try:

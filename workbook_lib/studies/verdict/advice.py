@@ -98,6 +98,17 @@ def encoder_words(fig: EncoderFigures) -> str:
     return text
 
 
+def not_faster(fig: EncoderFigures) -> str:
+    """Where the conversion was timed and is not faster beyond its noise (the ratio's lower
+    quartile at most 1), that this measurement does not bear the advice out; else ""."""
+    r = fig.ratio
+    if fig.blocked or r is None or r.q1 > 1.0:
+        return ""
+    return (f"; but measured, your encoder converted is not faster at batch {fig.batch_size} "
+            f"({r.median:.3g}x, quartiles {r.q1:.3g}-{r.q3:.3g}): on these figures one shared "
+            "pass does not pay for this encoder at this batch")
+
+
 def gap_left(fig: EncoderFigures, steps: int | None, epoch_s: tuple[float, float] | None,
              batch_size: int | None) -> str:
     """What converting the encoder would leave of the gap, projected from the measured figures
@@ -134,7 +145,7 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
             continue
         c.advice = _advice(c, by, device_type)
         if encoder is not None and c.stage == "forward" and NODEMASK in c.advice:
-            c.advice += "; " + encoder_words(encoder)
+            c.advice += "; " + encoder_words(encoder) + not_faster(encoder)
             left = gap and gap_left(encoder, steps[0],
                                     (gap.epoch_s[gap.slow], gap.epoch_s[gap.fast]),
                                     gap.batch_sizes.get(gap.slow))
