@@ -577,3 +577,21 @@ def test_the_gap_is_of_the_pipelined_steps_where_the_loop_has_them():
     assert "pipelined steps" in g.basis and "the causes' shares are of the full" in g.basis
     assert g.ratio.median > before.ratio.median  # the fast side's records weigh more
     assert g.epoch_s == before.epoch_s  # the causes' basis is unchanged
+
+
+def test_a_contended_step_factor_gives_no_multi_rank_epochs(tmp_path):
+    """Found by a user trial: 05's epochs-per-24 h table quoted a 2-rank figure from a step
+    factor measured contended, unmarked, under a note that the answer does not use contended
+    figures."""
+    from workbook_lib.results.cpu import CpuShare
+
+    hog = CpuShare(wall_s=1.0, cpu_s=0.5, threads=1, allowed=1, intervals=3)
+    d = _ddp()
+    d.gap.step_factors = {"node_mask_shared": st(1.2),
+                          "replicated_mask_cpu": st(1.7).with_cpu(hog)}
+    assert d.gap.step_factors["replicated_mask_cpu"].contended
+    r = V.recommend(_timing(), _mask_cost(), d, tmp_path, baseline="replicated_mask_cpu",
+                    tie_tolerance=0.15, num_samples=1000)
+    assert "2 ranks" in r.epochs_per_day["node_mask_shared"]
+    assert list(r.epochs_per_day["replicated_mask_cpu"]) == ["1 rank"]
+    assert "whose factor was measured contended, has no 2-rank figure" in r.projection_basis

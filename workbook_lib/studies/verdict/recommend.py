@@ -108,12 +108,13 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
         a = lo.arm(n, "full")
         one = project_epochs(a.step.median, a.samples_per_step, num_samples)["epochs_per_day"]
         epochs[n] = {"1 rank": one}
-        if top != base and n in factors:  # each strategy's own measured factor
-            epochs[n][f"{top} ranks"] = one * (top / base) / factors[n].median
+        if top != base and n in factors and not factors[n].contended:  # its own factor,
+            epochs[n][f"{top} ranks"] = one * (top / base) / factors[n].median  # if sound
     basis = (f"80% of {num_samples:,} samples per epoch; 1 rank: notebook 03's full step"
              + (f"; {top} ranks: {top / base:g}x the samples per step at each pipeline's own "
                 f"step factor measured in notebook 04 (weak scaling, separate launches); a "
-                f"pipeline 04 did not run has no {top}-rank figure" if top != base else
+                f"pipeline 04 did not run, or whose factor was measured contended, has no "
+                f"{top}-rank figure" if top != base else
                 "; no multi-rank figure (notebook 04 did not measure one)"))
     return Recommendation(strategy=best, label=label(best), title=title(best),
                           ms_per_sample=ms[best],
