@@ -85,3 +85,33 @@ def test_headline_quotes_the_investigations_batch_only_when_its_strategies_ran()
     assert not own.builtin  # a user's own pipelines: their batch is their own
     assert "per batch" not in headline(own) and "boolean edge masks" in headline(own)
     assert InventoryResult.from_json(own.to_json()).builtin is False
+
+
+def test_01s_locality_words_follow_its_figures_both_ways():
+    """Found by a user trial: at ci scale 01 said a deletion 'changes most embeddings' after two
+    layers, then that 0% of genes had changed by layer 2 'so later layers need the full
+    product'. Each conclusion now follows its figure (more than half of the genes, or not)."""
+    import copy
+
+    from conftest import make_graph
+    from workbook_lib.configs.validation import validate
+    from workbook_lib.report.inventory_view import footprint_text, locality_text
+    from workbook_lib.results.stat import Stat
+
+    g = make_graph(num_genes=40, types={"x": 200, "y": 120}, seed=7)
+    r = inventory.inventory(validate({"num_perturbations": 8, "batch_sizes": [1, 28]}), g)
+    few, most = copy.deepcopy(r), copy.deepcopy(r)
+    few.hop_coverage[2] = Stat.from_samples([0.01] * 5)
+    most.hop_coverage[2] = Stat.from_samples([0.8] * 5)
+    assert "stays local for two layers" in locality_text(few).data
+    assert "most embeddings" not in locality_text(few).data
+    assert "can change most embeddings" in locality_text(most).data
+    for row in few.footprint:
+        if (row.layer, row.edge_type) == (2, "all"):
+            row.genes = Stat.from_samples([0.0] * 5)
+    for row in most.footprint:
+        if (row.layer, row.edge_type) == (2, "all"):
+            row.genes = Stat.from_samples([0.9] * 5)
+    assert "fewer than half" in footprint_text(few).data
+    assert "need the full product" not in footprint_text(few).data
+    assert "later layers need the full product" in footprint_text(most).data

@@ -52,8 +52,13 @@ def locality_text(r: InventoryResult) -> Markdown:
         f"removes a median **{fmt_pct(f.median, 2)}** of all edges (IQR {fmt_pct(f.iqr, 2)}, "
         f"max {fmt_pct(max(f.samples), 2)}), yet its deleted genes reach a median "
         f"{fmt_pct(h[1].median, 0)} of all genes within 1 hop, {fmt_pct(h[2].median, 0)} within 2 "
-        f"and {fmt_pct(h[3].median, 0)} within 3 (all edge types, both directions). A deletion "
-        "touches few edges, but after two message-passing layers it changes most embeddings.")
+        f"and {fmt_pct(h[3].median, 0)} within 3 (all edge types, both directions). "
+        + ("A deletion touches few edges, but after two message-passing layers it can change "
+           "most embeddings (more than half of the genes are within 2 hops)."
+           if h[2].median > 0.5 else
+           f"Within 2 hops, as many message-passing layers reach, lie "
+           f"{fmt_pct(h[2].median, 0)} of the genes: at this graph's size a deletion's change "
+           "stays local for two layers."))
 
 
 def locality_plot(r: InventoryResult) -> None:
@@ -110,8 +115,9 @@ def footprint_text(r: InventoryResult) -> Markdown:
         s += (f" Layer 2's input therefore differs on those genes only, and the edges leaving "
               f"them are **{fmt_pct(two.edges.median, 1)}** of all edges: the per-sample work "
               f"of a delta-propagated second layer, against 100% for a full product. By layer 2's "
-              f"output {fmt_pct(two.genes.median, 0)} of the genes have changed, so later "
-              "layers need the full product.")
+              f"output {fmt_pct(two.genes.median, 0)} of the genes have changed"
+              + (", so later layers need the full product." if two.genes.median > 0.5 else
+                 ": fewer than half, so a later layer's changed rows are still a minority."))
     return Markdown(s)
 
 
