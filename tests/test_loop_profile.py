@@ -198,3 +198,33 @@ def test_the_pipelined_step_trains_as_the_full_step_and_records_no_stage(small):
         {"forward", "backward", "optimizer"} & set(res["pipelined"].stages))
     for a, b in zip(pipe.model.parameters(), twin.model.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_a_to_device_of_its_own_counts_its_copies_not_copies_to_host():
+    """Found by a user trial: a to_device that calls .to(self.device) on a CPU run was counted
+    as 'copy to host' for each call, beside one host-to-device copy per batch tensor, including
+    one it left on the host. Its .to(device) calls are the copies a GPU would make; where it
+    makes none, each batch tensor (as the default move_to would move them)."""
+    from workbook_lib.measurement.syncs import SyncCounter
+
+    batch = (torch.zeros(4, 2, dtype=torch.long), torch.ones(4), torch.ones(4, 3))
+    dev = torch.device("cpu")
+
+    def own(b):  # the deleted genes stay on the host; the rest move
+        return b[0], b[1].to(dev), b[2].to(dev, non_blocking=True)
+
+    def counted(to_device, pinned=False):
+        c = SyncCounter("cpu")
+        with c.stage("h2d"):
+            c.transfer(batch, pinned=pinned)
+            to_device(batch)
+        return dict(c.by_kind), dict(c.by_stage)
+
+    kinds, stages = counted(own)
+    assert kinds == {H2D: 2} and stages == {"h2d": 2}
+    assert counted(lambda b: b)[0] == {H2D: 3}  # no call: every tensor, as move_to would
+    assert counted(own, pinned=True)[0] == {}
+    c = SyncCounter("cpu")  # outside to_device a .to("cpu") is still a copy to the host
+    with c.stage("forward"):
+        batch[1].to("cpu")
+    assert c.by_kind == {"copy to host": 1}

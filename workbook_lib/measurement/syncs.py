@@ -5,8 +5,8 @@ call, and the warnings are counted. On CPU the counter reports what a GPU would 
 ``TorchDispatchMode`` counts the aten operators whose CUDA implementation synchronizes
 (``_local_scalar_dense``, ``nonzero``, boolean-mask indexing, ``unique``, ...), a
 ``TorchFunctionMode`` counts copies to the host (``.cpu()``, ``.numpy()``, ``.tolist()``), and
-:meth:`SyncCounter.transfer` counts a batch's host-to-device copies as ``pin_memory`` would make
-them. Counting at the operator level sees a ``.item()`` inside PyG or C++ code the same way.
+:meth:`SyncCounter.transfer` counts the host-to-device copies the pipeline's ``to_device`` makes as
+``pin_memory`` would make them. Counting at the operator level sees a ``.item()`` inside PyG or C++ code the same way.
 The full list of operators: docs/development.md, "measurement/syncs.py".
 """
 from __future__ import annotations
@@ -138,15 +138,18 @@ def _to_host(args, kwargs) -> bool:
 
 
 class _HostCopyCounter(TorchFunctionMode):
-    def __init__(self, counter: Counter):
+    def __init__(self, counter: Counter, owner: "SyncCounter | None" = None):
         super().__init__()
-        self.counter = counter
+        self.counter, self.owner = counter, owner
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         kind = _HOST_COPIES.get(func)
         if kind is None and func is torch.Tensor.to and _to_host(args, kwargs):
-            kind = "copy to host"
+            if self.owner is not None and self.owner._moving is not None:
+                self.owner._moved += 1  # the pipeline's to_device: a move to the run's device
+            else:
+                kind = "copy to host"
         if kind is not None:
             self.counter[kind] += 1
         return func(*args, **kwargs)
@@ -169,6 +172,9 @@ class SyncCounter:
         self.ops_by_stage: Counter = Counter()  # aten operator calls each stage made
         self._ops = [0]
         self.contents: dict = {}  # what the counted step's batch held (batch_contents)
+        self._moving: bool | None = None  # inside to_device on a CPU run: pageable or not
+        self._moved = 0  # .to(device) calls to_device made
+        self._batch_n = 0  # tensors in the batch it was given
 
     @property
     def total(self) -> int:
@@ -179,12 +185,22 @@ class SyncCounter:
         return method_for(self.device)
 
     def transfer(self, batch, *, pinned: bool) -> None:
-        """Count a batch's host-to-device copies as a GPU would (CPU runs only: on CUDA the
-        copies themselves report their syncs). Pageable memory: one sync per tensor."""
-        if self.device.type != "cuda" and not pinned:
-            n = batch_tensors(batch)
+        """Inside the ``h2d`` stage, before the pipeline's ``to_device``: count its host-to-device
+        copies as a GPU would (CPU runs only: on CUDA the copies themselves report their
+        syncs), one sync per copy from pageable memory, none pinned. The copies are the
+        ``.to(device)`` calls ``to_device`` makes (not copies to the host, although the run's
+        device is the CPU); where it makes none (a tensor already on the CPU is not moved by
+        the default ``move_to``), each tensor of the batch, as a GPU run would move them.
+        Counted when the stage ends."""
+        if self.device.type != "cuda":
+            self._moving, self._moved, self._batch_n = not pinned, 0, batch_tensors(batch)
+
+    def _moved_copies(self) -> None:
+        if self._moving:
+            n = self._moved or self._batch_n
             if n:
                 self.by_kind[H2D] += n
+        self._moving = None
 
     @contextmanager
     def stage(self, name: str) -> Iterator["SyncCounter"]:
@@ -195,6 +211,7 @@ class SyncCounter:
             with self.count():
                 yield self
         finally:
+            self._moved_copies()  # a transfer() inside this stage
             self.by_stage[name] += self.total - before
             self.ops_by_stage[name] += self._ops[0] - ops
 
@@ -214,7 +231,7 @@ class SyncCounter:
                 if "synchroniz" in str(w.message).lower():
                     self.by_kind["cuda sync (set_sync_debug_mode)"] += 1
         else:
-            with _HostCopyCounter(self.by_kind), _DispatchCounter(self.by_kind, self._ops):
+            with _HostCopyCounter(self.by_kind, self), _DispatchCounter(self.by_kind, self._ops):
                 yield self
 
 
@@ -223,5 +240,5 @@ def method_for(device: torch.device | str) -> str:
     if torch.device(device).type == "cuda":
         return "measured: torch.cuda.set_sync_debug_mode('warn') warnings"
     return ("what a GPU would sync: aten operators that synchronize on CUDA, counted by a "
-            "TorchDispatchMode (host copies by a TorchFunctionMode, and the batch's "
-            "host-to-device copies when it is not in pinned memory)")
+            "TorchDispatchMode (host copies by a TorchFunctionMode, and the copies the "
+            "pipeline's to_device makes when the batch is not in pinned memory)")
