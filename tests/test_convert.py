@@ -1041,3 +1041,26 @@ def test_fast_saved_alone_keeps_its_keys_and_a_missing_one_is_still_missing():
     del sd[gone]
     with pytest.raises(RuntimeError, match=re.escape(gone)):
         fast.load_state_dict(sd)
+
+
+def test_the_floor_counts_the_fewer_of_pulling_and_pushing_a_delta_conv():
+    """Found by a user trial: deleting a leaf (its one edge to a gene with no other in-edge) was
+    counted one pushed edge, where pulling the changed rows' kept in-edges reads none; the
+    docs state the fewer of the two. Both ways: a deleted gene whose receiver has many other
+    in-edges counts its one pushed edge."""
+    class One(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = GraphConv(F_IN, H)
+
+        def forward(self, x, edge_index):
+            return self.c(x, edge_index)
+    # 3 -> 1 (gene 1's only in-edge); 0 -> 2 and 4, 5, 6, 7 -> 2
+    ei = torch.tensor([[3, 0, 4, 5, 6, 7], [1, 2, 2, 2, 2, 2]])
+    fast = convert(One(), ei)
+    x = torch.randn(8, F_IN)
+    leaf, hub_in = torch.tensor([[3]]), torch.tensor([[0]])
+    fast(x, leaf)
+    assert fast.floor(leaf).parts["c"].sparse_macs == 0  # pulled: gene 1 keeps no in-edge
+    fast(x, hub_in)  # pushed: gene 0's one edge, where gene 2 keeps four in-edges
+    assert fast.floor(hub_in).parts["c"].sparse_macs == 1 * F_IN * 2

@@ -340,7 +340,7 @@ class _ConvPlan:
     mean: bool = False  # mean aggregation
     grouped: bool = False  # its aggregation comes from its group's products (_plan_groups)
     dense_group: bool = False  # dense, its aggregation from its dense group's one product
-    changed_entries: int = 0  # the kept in-edges of the rows that differ, per batch (the floor)
+    changed_entries: int = 0  # the fewer of pull and push entries, per batch (the floor)
 
 
 @dataclass
@@ -850,6 +850,7 @@ class ConvertedEncoder(nn.Module):
         delta_rows = _Rows(mask)
         cnt_np = cnt.numpy().reshape(-1)
         entries = int(cnt_np[delta_rows.flat.numpy()].sum())  # the pull: changed rows' in-edges
+        pull = entries
         push = kind is not GCNConv and src is not None  # the push: changed inputs' out-edges
         if push and not rows_in.dense:
             entries = int(_kept_out(plan, e).reshape(-1)[rows_in.flat.numpy()].sum())
@@ -894,8 +895,8 @@ class ConvertedEncoder(nn.Module):
             pull = int(cnt_np[np.flatnonzero(changed.numpy())].sum())
             cp.changed_entries = pull if not push else min(pull, int(_kept_out(plan, e).reshape(
                 -1)[np.flatnonzero(rows_in.changed.numpy())].sum()))
-        else:
-            cp.changed_entries = entries
+        else:  # the fewer of the two as well (a deleted leaf's lost edge: pushed, never pulled)
+            cp.changed_entries = min(pull, entries)
         plan.convs[(path, e.key)] = cp
         plan.order.append((path, kind.__name__, cp))
         return rows_out
