@@ -829,7 +829,10 @@ class ConvertedEncoder(nn.Module):
         kind = conv_kind(m, path, self.register)
         if (path, e.key) in plan.convs:
             raise ConvertError(f"{_name(plan.convs[(path, e.key)])} is called twice on one edge "
-                               "type; give each call its own conv module")
+                               "type, which a layer run conv by conv cannot do (a fused layer "
+                               "can; self-loops on its types, for one, keep a layer from being "
+                               "fused: docs/fix-api.md); give each call its own conv module, or "
+                               "keep the masked copies for weights tied on purpose")
         keep, (b, n) = plan.keep, plan.keep.shape
         cnt = _kept_degree(plan, e)
         gcn_norm = kind is GCNConv and m.normalize
