@@ -1477,11 +1477,8 @@ class ConvertedEncoder(nn.Module):
         edge; pooled: the kept edges the readout's weights are spread along)."""
         plan = self.plan(deleted, self._seen_nodes())
         b, n = plan.keep.shape
-        lines = [f"convert({type(self.encoder).__name__}): B={b} samples, N={n} genes, "
-                 f"{len(self.graph_in)} edge type(s); per sample, mean over the batch",
-                 f"  {'module[edge type]':<34} {'class':<10} {'form':<8} {'changed rows':>13} "
-                 f"{'edges read':>14}"]
         in_sum = {id(c) for cps, _ in self._live_dense_sums(plan)[0].values() for c in cps}
+        rows_out: list[tuple] = []  # (name, class, form, rows or None, edges read)
         for path, cls, what in plan.order:
             if isinstance(what, _ConvPlan):
                 form = "delta" if not what.rows_out.dense else \
@@ -1499,18 +1496,37 @@ class ConvertedEncoder(nn.Module):
                 name = path if what.edges is None else _name_of(path, what.edges.key)
                 reads = "" if what.edges is None else \
                     f"{plan.kept_edges[what.edges.key] / b:.1f}"
-                lines.append(f"  {name:<34} {cls:<10} {'pooled':<8} {'-':>7} / {n:<4}{reads:>14}")
+                rows_out.append((name, cls, "pooled", None, reads))
                 continue
             else:
                 form, rows, reads, name = "per-node", what.changed.sum().item() / b, "", path
-            lines.append(f"  {name:<34} {cls:<10} {form:<8} {rows:>7.1f} / {n:<4}{reads:>14}")
+            rows_out.append((name, cls, form, rows, reads))
+        seen: set = set()
+        for i, r in enumerate(rows_out):  # a module called again: primed, as floor() names it
+            name = r[0]
+            while name in seen:
+                name += "'"
+            seen.add(name)
+            rows_out[i] = (name,) + r[1:]
+        wide = max([34] + [len(r[0]) + 1 for r in rows_out])
+        lines = [f"convert({type(self.encoder).__name__}): B={b} samples, N={n} genes, "
+                 f"{len(self.graph_in)} edge type(s); per sample, mean over the batch",
+                 f"  {'module[edge type]':<{wide}} {'class':<10} {'form':<8} "
+                 f"{'changed rows':>13} {'edges read':>14}"]
+        for name, cls, form, rows, reads in rows_out:
+            count = f"{'-':>7}" if rows is None else f"{rows:>7.1f}"
+            lines.append(f"  {name:<{wide}} {cls:<10} {form:<8} {count} / {n:<4}{reads:>14}")
         full = next((_name(w) if isinstance(w, _ConvPlan) else p for p, _, w in plan.order
                      if isinstance(w, (_ConvPlan, _TypedLin))
                      and bool(w.rows_out.changed.all())), None)
-        lines.append(f"  every gene changes from: {full}" if full else
+        lines.append(f"  every gene changes from: {full} (the first module, in forward order, "
+                     "at which every gene of every sample has changed)" if full else
                      "  no layer changes every gene")
-        lines.append("  (changed rows: those that differ from the wildtype, whichever form "
-                     "computes them)")
+        lines.append("  (changed rows: those a deletion reaches, whose values can differ from "
+                     "the wildtype's, whichever form computes them; some may come out equal, "
+                     "at a ReLU's zero say)")
+        if any(r[0].endswith("'") for r in rows_out):
+            lines.append("  (': the same module called again, as floor() names its parts)")
         readout = {None: "none ([B, N, H])", "mean": "mean over all genes (deleted as 0)",
                    "mean_kept": "mean over kept genes", "sum_kept": "sum over kept genes"}
         lines.append("  readout: " + (readout[self.readout_kind] if self.readout_module is None

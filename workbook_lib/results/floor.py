@@ -72,12 +72,18 @@ class ConvertFloor(_Totals, Record):
 
 
     def table(self) -> str:
-        """One line per part: multiply-adds per sample (sparse, dense), then the total."""
-        rows = [f"  {'part':<48} {'sparse/sample':>14} {'dense/sample':>14}"]
-        rows += [f"  {k:<48} {p.sparse_macs / self.batch_size:>14.4g} "
+        """One line per part: multiply-adds per sample (sparse, dense), then the total. A part
+        counted once per batch (the wildtype) is shown over the batch's samples, as it is
+        shared."""
+        wide = max([48] + [len(k) + 1 for k in self.parts])
+        rows = [f"  {'part':<{wide}} {'sparse/sample':>14} {'dense/sample':>14}"]
+        rows += [f"  {k:<{wide}} {p.sparse_macs / self.batch_size:>14.4g} "
                  f"{p.dense_macs / self.batch_size:>14.4g}" for k, p in self.parts.items()]
-        rows.append(f"  {'total':<48} {self.per_sample('sparse_macs'):>14.4g} "
+        rows.append(f"  {'total':<{wide}} {self.per_sample('sparse_macs'):>14.4g} "
                     f"{self.per_sample('dense_macs'):>14.4g}")
+        if any("once per batch" in k for k in self.parts):
+            rows.append(f"  (once per batch: the batch's count over its {self.batch_size} "
+                        "samples)")
         if self.all_changed_from:
             rows.append(f"  every gene changes from {self.all_changed_from}: "
                         f"{self.all_changed_macs:.4g} multiply-adds per sample from there on")
