@@ -1064,3 +1064,38 @@ def test_the_floor_counts_the_fewer_of_pulling_and_pushing_a_delta_conv():
     assert fast.floor(leaf).parts["c"].sparse_macs == 0  # pulled: gene 1 keeps no in-edge
     fast(x, hub_in)  # pushed: gene 0's one edge, where gene 2 keeps four in-edges
     assert fast.floor(hub_in).parts["c"].sparse_macs == 1 * F_IN * 2
+
+
+def test_explain_primes_a_module_called_again_and_widens_for_long_names():
+    class Again(nn.Module):  # one conv module on every type and layer, as a fused layer allows
+        def __init__(self, keys):
+            super().__init__()
+            self.keys = list(keys)
+            self.gin = GINConv(nn.Identity())
+            self.lin1 = nn.Linear(len(self.keys) * F_IN, H)
+            self.lin2 = nn.Linear(len(self.keys) * H, H)
+
+        def forward(self, x, edges):
+            h = self.lin1(torch.cat([self.gin(x, edges[t]) for t in self.keys], dim=-1)).relu()
+            return self.lin2(torch.cat([self.gin(h, edges[t]) for t in self.keys], dim=-1))
+
+    class Summed(nn.Module):
+        def __init__(self, keys):
+            super().__init__()
+            self.keys = list(keys)
+            self.convs = nn.ModuleDict({"__".join(t): GraphConv(F_IN, H) for t in self.keys})
+
+        def forward(self, x, edges):
+            return sum(self.convs["__".join(t)](x, edges[t]) for t in self.keys)
+    long = {("gene", "x" * 40, "gene"): GRAPH[TYPES[0]], TYPES[1]: GRAPH[TYPES[1]]}
+    x = torch.randn(N, F_IN)
+    fast = convert(Summed(long), long)
+    fast(x, DELETED)
+    lines = [ln for ln in fast.explain(DELETED).splitlines() if "GraphConv" in ln]
+    assert len(lines) == 2 and len({ln.index("GraphConv") for ln in lines}) == 1
+    fast = convert(Again(GRAPH), GRAPH)
+    fast(x, DELETED)
+    text = fast.explain(DELETED)
+    names = [ln.split()[0] for ln in text.splitlines() if "GINConv" in ln]
+    assert len(names) == 4 and len(set(names)) == 4 and any(n.endswith("'") for n in names)
+    assert "the same module called again" in text
