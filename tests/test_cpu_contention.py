@@ -357,7 +357,7 @@ def test_compare_and_stability_mark_a_contended_figure_and_do_not_judge_it(tmp_p
 
 
 def test_the_cpu_table_names_each_arm_once_the_pipelined_step_apart_from_the_full_step():
-    from workbook_lib.results.timing import PIPELINED, LoopStudy
+    from workbook_lib.results.timing import HALF, PIPELINED, LoopStudy
     from workbook_lib.report.cpu_view import cpu_rows
     from workbook_lib.training.loop import MODES
     from workbook_lib.results.timing import ArmResult
@@ -369,10 +369,14 @@ def test_the_cpu_table_names_each_arm_once_the_pipelined_step_apart_from_the_ful
                          st)
     arms = {f"node_mask_shared/{m}": arm(m, m, 0.99) for m in MODES}
     arms[f"node_mask_shared/{PIPELINED}"] = arm(PIPELINED, "full", 0.5)
+    half = arm(HALF, "full", 0.99)  # the full step at a second batch (found by a user trial:
+    half.batch_size = 2  # it was labelled '+ optimizer (full step)' a second time)
+    arms[f"node_mask_shared/{HALF}"] = half
     rows = cpu_rows(LoopStudy("cpu", "", ["node_mask_shared"], {"node_mask_shared": 4}, True, {},
                               arms))
     modes = [r["mode"] for r in rows]
-    assert len(set(modes)) == len(modes) == len(MODES) + 1
+    assert len(set(modes)) == len(modes) == len(MODES) + 2
+    assert "full step at batch 2 (how stages grow)" in modes
     piped = next(r for r in rows if r["mode"].startswith("pipelined"))
     assert piped["contended"] == "CONTENDED"
     assert [r["contended"] for r in rows].count("CONTENDED") == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..results.timing import LoopStudy, PIPELINED
+from ..results.timing import HALF, LoopStudy, PIPELINED
 from . import plotting
 from .tables import fmt_pct, table
 from .stage_style import MODE_LABELS, PIPELINED_LABEL, label
@@ -17,7 +17,9 @@ def cpu_rows(study: LoopStudy) -> list[dict]:
         c = a.step.cpu
         if c is None:
             continue
-        mode = PIPELINED_LABEL if a.variant == PIPELINED else MODE_LABELS.get(a.mode, a.variant)
+        mode = PIPELINED_LABEL if a.variant == PIPELINED else \
+            f"full step at batch {a.samples_per_step} (how stages grow)" if a.variant == HALF \
+            else MODE_LABELS.get(a.mode, a.variant)
         rows.append({"pipeline": label(a.strategy), "mode": mode,
                      "threads / CPUs": f"{c.threads} / {c.allowed}",
                      "CPU use (CPU time / wall x threads)": fmt_pct(c.use, 0),

@@ -7,6 +7,7 @@ from IPython.display import Markdown
 
 from ..results.profile import ProfileResult
 from ..results.timing import LoopStudy, MAIN_STAGES
+from .. import pipelines
 from . import plotting
 from .failures_view import failures_note as _failures_note
 from .tables import fmt_pct, table
@@ -24,6 +25,8 @@ def profile_table(profiles: dict[str, ProfileResult], loops: LoopStudy | None = 
     if not profiles:
         return Markdown("No pipeline was profiled.")
     cats = sorted({c for p in profiles.values() for c in p.categories})
+    # the investigation's way of summing is about its own strategies: shown only beside them
+    investigated = any(pipelines.is_builtin(n) for n in profiles)
     rows = []
     for n, p in profiles.items():
         row = {"strategy": label(n), "profiled": p.profiled_steps.split(" of the run")[0]}
@@ -32,7 +35,7 @@ def profile_table(profiles: dict[str, ProfileResult], loops: LoopStudy | None = 
                     for c in cats})
         row["exclusive sum / wall"] = f"{p.coverage:.2f}"
         row["nested sum / wall"] = f"{p.naive_over_wall:.1f}"
-        if p.summed:
+        if p.summed and investigated:
             row["optimizer, summed as the investigation did"] = fmt_pct(
                 p.summed_shares().get("optimizer", 0.0))
         rows.append(row)
@@ -40,9 +43,11 @@ def profile_table(profiles: dict[str, ProfileResult], loops: LoopStudy | None = 
     return table(rows, caption=f"Shares by exclusive (self) time on the main thread; "
                                f"{first.profiled_steps}. 'nested sum / wall' is what summing "
                                "every event's duration gives: parents and children counted again "
-                               "and again. The investigation's analyzer also named categories by "
-                               "keywords in event names, so every ProfilerStep (a whole step) "
-                               "counted as the optimizer: its last column reproduces that sum.")
+                               "and again."
+                               + (" The investigation's analyzer also named categories by "
+                                  "keywords in event names, so every ProfilerStep (a whole "
+                                  "step) counted as the optimizer: its last column reproduces "
+                                  "that sum." if investigated else ""))
 
 
 def profile_plot(profiles: dict[str, ProfileResult], device: str, pick: str | None = None) -> None:
