@@ -284,8 +284,9 @@ def test_time_outside_the_pipelines_code_is_said_beside_its_largest_site():
     bwd = Cause("backward", "", 3.0, 0.1, 2.9, 0.53, "measured", effect="adds",
                 stage="backward", sites=[enc], outside=0.52)
     text = _advice(bwd, {"forward": fwd, "backward": bwd}, "cpu")
-    assert "its largest site in the pipeline's code, `Encoder.forward` (mine.py:36), 48% of " \
-           "the backward's extra time; 52% runs outside the pipeline's code" in text
+    assert "its largest site in the pipeline's code, `Encoder.forward` (mine.py:36), is the " \
+           "forward's: 48% of the backward's extra time; 52% runs outside the pipeline's " \
+           "code)" in text
     assert "52% outside the pipeline's code" in _finding(bwd)
     assert "outside" not in _finding(fwd)  # below the 5% a site needs to be named: not said
     v = VerdictResult.__new__(VerdictResult)

@@ -867,8 +867,8 @@ def test_a_convolution_with_edge_attr_is_refused_as_such():
         def __init__(self):
             super().__init__("gin", "single", "linear")
             self.layers[0] = GINEConv(nn.Linear(H, H), edge_dim=2)
-    with pytest.raises(ValueError, match="layers.0 \\(GINEConv\\): a convolution with edge "
-                                         "features \\(edge_attr\\)"):
+    with pytest.raises(ValueError, match="layers.0 \\(GINEConv\\): not a supported convolution, "
+                                         "and one that takes edge features \\(edge_attr\\)"):
         convert(WithAttr(), GRAPH[TYPES[0]])
 
 
@@ -893,6 +893,43 @@ def test_a_library_function_of_the_encoder_is_named_with_the_users_line():
     with pytest.raises(ValueError, match="at .*test_convert.py:\\d+ \\(inside dropout_edge\\(\\)\\) "
                                          "reads or changes the graph's edges"):
         convert(DropEdge("gin", "single", "linear"), GRAPH[TYPES[0]])
+
+
+def test_a_normalize_across_genes_is_refused_and_a_further_argument_is_not_an_edge():
+    """Found by a review: F.normalize over dim 0 passed as element-wise and the conversion was
+    silently wrong; over the features it is per row and exact. A forward's argument after the
+    edges (a scale) is not the graph."""
+    class Norm(Encoder):
+        def __init__(self, dim):
+            super().__init__("gin", "single", "linear")
+            self.dim = dim
+
+        def forward(self, x, edge_index):
+            return F.normalize(super().forward(x, edge_index), dim=self.dim)
+
+    class Scaled(Encoder):
+        def forward(self, x, edge_index, scale: float = 2.0):
+            return super().forward(x, edge_index) * scale
+    with pytest.raises(ValueError, match="F.normalize at .*test_convert.py:\\d+ normalizes over "
+                                         "dim 0, across genes"):
+        convert(Norm(0), GRAPH[TYPES[0]])
+    torch.set_default_dtype(torch.float64)
+    try:
+        _check(Norm(-1), GRAPH[TYPES[0]])
+    finally:
+        torch.set_default_dtype(torch.float32)
+    torch.set_default_dtype(torch.float64)
+    try:  # called as forward(x, edges): the scale at its default, as the reference calls it
+        _check(Scaled("gin", "single", "linear"), GRAPH[TYPES[0]])
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+    class Needs(Encoder):
+        def forward(self, x, edge_index, scale):
+            return super().forward(x, edge_index) * scale
+    with pytest.raises(ValueError, match="needs the argument 'scale', which convert does not "
+                                         "pass"):
+        convert(Needs("gin", "single", "linear"), GRAPH[TYPES[0]])
 
 
 def test_a_bad_graph_or_deleted_says_what_would_do():
@@ -1041,6 +1078,26 @@ def test_fast_saved_alone_keeps_its_keys_and_a_missing_one_is_still_missing():
     del sd[gone]
     with pytest.raises(RuntimeError, match=re.escape(gone)):
         fast.load_state_dict(sd)
+    with pytest.raises(RuntimeError, match=re.escape(gone)):  # without its metadata too
+        fast.load_state_dict(dict(sd))
+
+
+def test_checkpoint_hooks_pass_over_tensors_they_cannot_compare_and_assign_loads():
+    """Found by a review: the save hook read every tensor's data pointer, which a lazy
+    parameter or a sparse buffer does not have; a checkpoint from before fast loaded with
+    assign=True was called missing."""
+    torch.manual_seed(0)
+    after = _After()
+    after.lazy = nn.LazyLinear(3)
+    after.register_buffer("adj", torch.eye(3).to_sparse())
+    keys = list(after.state_dict())
+    assert not any(k.startswith("fast.") for k in keys) and "adj" in keys
+    before = _Before()
+    want = _changed(before)
+    again = _After()
+    assert not again.load_state_dict(want, assign=True).missing_keys
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in want.items())
+    assert again.fast.encoder is again.encoder
 
 
 def test_the_floor_counts_the_fewer_of_pulling_and_pushing_a_delta_conv():

@@ -140,13 +140,13 @@ def test_the_forward_advice_carries_the_conversion_figures_or_its_refusal():
     assert "one pass over one shared graph" in words
     assert "your encoder converts: 40 -> 10 ms per batch of 4" in words
     assert "every gene changes from convs.1[a]" in words
-    assert "not faster" not in words
+    assert "not shown to be faster" not in words
     # the same advice where the conversion measured no faster: the figures do not bear it out
     even = EncoderFigures(batch_size=4, masked_copies=st[0], converted=st[0],
                           ratio=Stat.from_samples([1.01, 0.97, 1.03, 0.99, 1.02]),
                           floor_sparse_macs=2e6, floor_dense_macs=3e7, num_genes=40)
-    assert "your encoder converted is not faster at batch 4 (1.01x, quartiles 0.99-1.02): on " \
-           "these figures one shared pass does not pay" in _cause(even)
+    assert "your encoder converted is not shown to be faster at batch 4 (1.01x, quartiles " \
+           "0.99-1.02): these figures do not show that one shared pass pays" in _cause(even)
     blocked = _cause(EncoderFigures(batch_size=4, blocked="conv (GATConv): attention"))
     assert "your encoder does not convert: conv (GATConv): attention" in blocked
     assert "converts:" not in _cause(None) and "does not convert" not in _cause(None)

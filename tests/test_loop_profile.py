@@ -222,6 +222,24 @@ def test_a_to_device_of_its_own_counts_its_copies_not_copies_to_host():
 
     kinds, stages = counted(own)
     assert kinds == {H2D: 2} and stages == {"h2d": 2}
+
+    def move_some(b):  # the default move_to: a PyG object's .to, the CPU tensors left as they are
+        return b[0], b[1].to(dev), b[2]
+    c = SyncCounter("cpu")  # found by a review: counting its calls missed the tensors it skips
+    with c.stage("h2d"):
+        c.transfer(batch, pinned=False, every_tensor=True)
+        move_some(batch)
+    assert c.by_kind == {H2D: 3}
+    from workbook_lib.pipelines.protocol import Pipeline
+    from workbook_lib.training.arms import moves_every_tensor
+
+    class Default(Pipeline):
+        pass
+
+    class Own(Pipeline):
+        def to_device(self, batch, non_blocking=False):
+            return batch
+    assert moves_every_tensor(Default()) and not moves_every_tensor(Own())
     assert counted(lambda b: b)[0] == {H2D: 3}  # no call: every tensor, as move_to would
     assert counted(own, pinned=True)[0] == {}
     c = SyncCounter("cpu")  # outside to_device a .to("cpu") is still a copy to the host

@@ -103,7 +103,7 @@ def test_01s_locality_words_follow_its_figures_both_ways():
     few, most = copy.deepcopy(r), copy.deepcopy(r)
     few.hop_coverage[2] = Stat.from_samples([0.01] * 5)
     most.hop_coverage[2] = Stat.from_samples([0.8] * 5)
-    assert "stays local for two layers" in locality_text(few).data
+    assert "reaches fewer than half of them in two layers" in locality_text(few).data
     assert "most embeddings" not in locality_text(few).data
     assert "can change most embeddings" in locality_text(most).data
     for row in few.footprint:

@@ -175,6 +175,7 @@ class SyncCounter:
         self._moving: bool | None = None  # inside to_device on a CPU run: pageable or not
         self._moved = 0  # .to(device) calls to_device made
         self._batch_n = 0  # tensors in the batch it was given
+        self._every = False  # its to_device moves every tensor (counted from the batch)
 
     @property
     def total(self) -> int:
@@ -184,20 +185,22 @@ class SyncCounter:
     def method(self) -> str:
         return method_for(self.device)
 
-    def transfer(self, batch, *, pinned: bool) -> None:
+    def transfer(self, batch, *, pinned: bool, every_tensor: bool = False) -> None:
         """Inside the ``h2d`` stage, before the pipeline's ``to_device``: count its host-to-device
         copies as a GPU would (CPU runs only: on CUDA the copies themselves report their
-        syncs), one sync per copy from pageable memory, none pinned. The copies are the
-        ``.to(device)`` calls ``to_device`` makes (not copies to the host, although the run's
-        device is the CPU); where it makes none (a tensor already on the CPU is not moved by
-        the default ``move_to``), each tensor of the batch, as a GPU run would move them.
-        Counted when the stage ends."""
+        syncs), one sync per copy from pageable memory, none pinned; booked when the stage
+        ends. ``every_tensor``: its ``to_device`` moves every tensor of the batch (the
+        protocol's default ``move_to``, the built-in strategies'), which on a CPU run skip the
+        tensors already there: each tensor of the batch. Otherwise the ``.to(device)`` calls
+        ``to_device`` makes (not copies to the host, although the run's device is the CPU), or
+        each tensor of the batch where it makes none."""
         if self.device.type != "cuda":
             self._moving, self._moved, self._batch_n = not pinned, 0, batch_tensors(batch)
+            self._every = every_tensor
 
     def _moved_copies(self) -> None:
         if self._moving:
-            n = self._moved or self._batch_n
+            n = self._batch_n if self._every else (self._moved or self._batch_n)
             if n:
                 self.by_kind[H2D] += n
         self._moving = None

@@ -1516,9 +1516,9 @@ class ConvertedEncoder(nn.Module):
         for name, cls, form, rows, reads in rows_out:
             count = f"{'-':>7}" if rows is None else f"{rows:>7.1f}"
             lines.append(f"  {name:<{wide}} {cls:<10} {form:<8} {count} / {n:<4}{reads:>14}")
-        full = next((_name(w) if isinstance(w, _ConvPlan) else p for p, _, w in plan.order
+        full = next((rows_out[i][0] for i, (_, _, w) in enumerate(plan.order)
                      if isinstance(w, (_ConvPlan, _TypedLin))
-                     and bool(w.rows_out.changed.all())), None)
+                     and bool(w.rows_out.changed.all())), None)  # as its row names it
         lines.append(f"  every gene changes from: {full} (the first module, in forward order, "
                      "at which every gene of every sample has changed)" if full else
                      "  no layer changes every gene")
@@ -1575,8 +1575,6 @@ class ConvertedEncoder(nn.Module):
                 wde = _dense(what.edges.num_nodes, 1, macs) if macs else (0.0, 0.0)
                 wt_sparse, wt_dense = wt_sparse + wsp[0], wt_dense + wde[0]
                 wt_bytes += wsp[1] + wde[1]
-                if all_from is None and bool(what.rows_out.changed.all()):
-                    all_from = name
             elif isinstance(what, _TypedPlan):  # the mapped messages, pushed
                 e, name = what.edges, _name_of(path, what.edges.key)
                 w = self._widths.get((path, e.key), 0)
@@ -1589,8 +1587,6 @@ class ConvertedEncoder(nn.Module):
                 sp, de, name = (0.0, 0.0), _dense(float(what.rows_in.changed.sum()), 1, macs), path
                 wde = _dense(plan.num_nodes, 1, macs)
                 wt_dense, wt_bytes = wt_dense + wde[0], wt_bytes + wde[1]
-                if all_from is None and bool(what.rows_out.changed.all()):
-                    all_from = name
             elif isinstance(what, _PooledPlan):
                 sp, de, name = self._pooled_floor(path, what, plan)
             else:
@@ -1603,6 +1599,9 @@ class ConvertedEncoder(nn.Module):
                 wt_dense, wt_bytes = wt_dense + wde[0], wt_bytes + wde[1]
             while name in parts:  # a module called twice
                 name += "'"
+            if all_from is None and isinstance(what, (_ConvPlan, _TypedLin)) and \
+                    bool(what.rows_out.changed.all()):
+                all_from = name  # as its part is named
             parts[name] = FloorPart(float(sp[0]), float(de[0]), float(sp[1] + de[1]))
             if all_from is not None:
                 after += sp[0] + de[0]
@@ -2113,10 +2112,18 @@ SHARED = ("encoder.", "readout_module.")
 
 
 def _tensor_id(t) -> tuple | None:
-    """Where a state-dict tensor's values live (None for one without any: no two are alike)."""
-    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+    """Where a state-dict tensor's values live; None for one that has no place of its own to
+    compare (empty, sparse, on the meta device, an uninitialized lazy parameter, no storage):
+    such a tensor is never taken for another."""
+    if not isinstance(t, torch.Tensor) or isinstance(t, nn.parameter.UninitializedTensorMixin) \
+            or t.is_sparse or t.is_meta or t.layout != torch.strided:
         return None
-    return t.device, t.dtype, t.data_ptr(), tuple(t.shape), tuple(t.stride())
+    try:
+        if t.numel() == 0:
+            return None
+        return t.device, t.dtype, t.data_ptr(), tuple(t.shape), tuple(t.stride())
+    except (RuntimeError, ValueError, NotImplementedError):  # a tensor subclass without storage
+        return None
 
 
 def _leave_out_shared(module, state_dict, prefix: str, local_metadata: dict) -> None:
@@ -2137,20 +2144,20 @@ def _leave_out_shared(module, state_dict, prefix: str, local_metadata: dict) -> 
 
 def _fill_shared(module, state_dict, prefix: str, local_metadata: dict, strict, missing,
                  unexpected, errors) -> None:
-    """A load pre-hook: the keys :func:`_leave_out_shared` left out, or every key of the
-    user's modules when the checkpoint has no converted encoder at this place (a model's
-    checkpoint from before ``fast`` was added), are given the tensors' current values, so that
-    loading does not call them missing; the user's modules load their values under their own
-    names. A checkpoint that saved this module's own copies is loaded as it is."""
-    if local_metadata and "shared" not in local_metadata:
-        return
+    """A load pre-hook: the keys :func:`_leave_out_shared` left out (listed in this module's
+    metadata), or, for a user's module of which the checkpoint holds no key at all at this
+    place (a model's checkpoint from before ``fast`` was added), its every key, are given the
+    tensors' current values, so that loading does not call them missing; the user's modules
+    load their values under their own names. A key missing beside others of its module is
+    still missing."""
     listed = local_metadata.get("shared")
     for sub, m in zip(SHARED, (module.encoder, module.readout_module)):
         if m is None:
             continue
+        whole = listed is None and not any(k.startswith(prefix + sub) for k in state_dict)
         for k, v in m.state_dict(keep_vars=True).items():
             key = prefix + sub + k
-            if key not in state_dict and (listed is None or sub + k in listed):
+            if key not in state_dict and (whole or (listed is not None and sub + k in listed)):
                 state_dict[key] = v.detach() if isinstance(v, torch.Tensor) else v
 
 

@@ -95,14 +95,21 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
     """The encoder's forward as an fx graph: ``encoder(x, edge_index)`` when ``edge_keys`` is None,
     else ``encoder(x, {key: edge_index})``, one placeholder per key. Raises ConvertError, naming the
     line, where the forward cannot be followed (control flow on a tensor's value, a data read)."""
-    import inspect
     params = [p for p in inspect.signature(encoder.forward).parameters.values()]
     if len(params) < 2:
         raise ConvertError(f"{type(encoder).__name__}.forward takes {len(params)} argument(s); "
                            "convert needs forward(x, edge_index) or forward(x, edge_index_dict)")
-    concrete = None if edge_keys is None else {params[1].name: {k: fx.PH for k in edge_keys}}
+    concrete = {} if edge_keys is None else {params[1].name: {k: fx.PH for k in edge_keys}}
+    for p in params[2:]:  # convert calls forward(x, edges): a further argument at its default
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.default is p.empty:
+            raise ConvertError(f"{type(encoder).__name__}.forward needs the argument "
+                               f"{p.name!r}, which convert does not pass (it calls forward(x, "
+                               "edges)); give it a default or set it on the module")
+        concrete[p.name] = p.default
     try:
-        return _Tracer(register).trace(encoder, concrete_args=concrete)
+        graph = _Tracer(register).trace(encoder, concrete_args=concrete or None)
     except ConvertError:
         raise
     except KeyError as e:  # the forward reads an edge type the graph does not have
@@ -119,6 +126,24 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
         raise ConvertError(f"the forward of {type(encoder).__name__} cannot be followed at "
                            f"{where} ({msg}): write it without control flow on tensor values "
                            "(fx-traceable), or use the masked-copies model") from None
+    _drop_guards(graph, {p.name for p in params[2:]})
+    return graph
+
+
+def _drop_guards(graph: fx.Graph, names: set) -> None:
+    """Remove the placeholders fx keeps for arguments traced at a fixed value (``names``) and the
+    checks it adds on them (``x == value``, ``torch._assert``): the forward used the value."""
+    for node in list(graph.nodes):
+        if node.op != "placeholder" or not any(_named_for(str(node.target), n) for n in names):
+            continue
+        doomed, todo = [], [node]
+        while todo:
+            n = todo.pop()
+            doomed.append(n)
+            todo.extend(n.users)
+        for n in reversed(list(dict.fromkeys(doomed))):
+            if not n.users:
+                graph.erase_node(n)
 
 
 def conv_kind(m: nn.Module, path: str, register: dict) -> type:
@@ -137,14 +162,14 @@ def conv_kind(m: nn.Module, path: str, register: dict) -> type:
             raise ConvertError(f"{path} ({cls.__name__}): a subclass of {sup.__name__} whose "
                                "forward may differ; if it computes the same, pass "
                                f"register={{{cls.__name__}: {sup.__name__}}}")
-        if getattr(m, "edge_dim", None) is not None or \
-                "edge_attr" in inspect.signature(m.forward).parameters:
-            raise ConvertError(f"{path} ({cls.__name__}): a convolution with edge features "
-                               "(edge_attr), which convert does not support; use GINConv, "
-                               "GraphConv, SAGEConv or GCNConv without them, or the masked "
-                               "copies")
+        if "edge_attr" in inspect.signature(m.forward).parameters:
+            raise ConvertError(f"{path} ({cls.__name__}): not a supported convolution, and one "
+                               "that takes edge features (edge_attr), which convert does not "
+                               "support; use GINConv, GraphConv, SAGEConv or GCNConv without "
+                               "them, or the masked copies")
         raise ConvertError(f"{path} ({cls.__name__}): not a supported convolution; use GINConv, "
-                           "GraphConv, SAGEConv or GCNConv, or register an equivalent subclass")
+                           "GraphConv, SAGEConv or GCNConv, or register a subclass of one that "
+                           "computes as it")
     aggr = getattr(m, "aggr", None)
     if kind is GCNConv:
         if m.cached:
@@ -211,7 +236,8 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
     """Raise ConvertError at the first node convert cannot make exact (:func:`conv_kind`,
     :func:`per_node_problem`), naming its module path or line."""
     modules = dict(encoder.named_modules())
-    edges = _reads_edges(graph)
+    params = list(inspect.signature(encoder.forward).parameters)
+    edges = _reads_edges(graph, params[1]) if len(params) > 1 else set()
     nodes = sorted(graph.nodes, key=lambda nd: nd.op != "call_module")  # modules first
     for node in nodes:
         if node.op == "call_module":
@@ -240,6 +266,13 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
         elif node.op == "call_function":
             if node.target is operator.getitem and isinstance(node.args[1], str):
                 continue  # a HeteroConv output's node type
+            if node.target is F.normalize:  # per row only along the features
+                dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 1)
+                if dim not in (1, -1):
+                    raise ConvertError(f"F.normalize at {node_where(node)} normalizes over dim "
+                                       f"{dim}, across genes, so one sample's output would "
+                                       "depend on its other genes; normalize over the features "
+                                       "(dim=-1) or move it out of the encoder")
             if node.target not in ELEMENTWISE_FUNCTIONS:
                 raise ConvertError(f"{getattr(node.target, '__name__', node.target)} at "
                                    f"{node_where(node)} is not a per-row operation convert "
@@ -251,17 +284,21 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
                                "it out of the encoder")
 
 
-def _reads_edges(graph: fx.Graph) -> set:
-    """The function and method calls whose inputs derive from an edge placeholder (every
-    placeholder after ``x``): operations on the graph, not on features (a conv's output is
-    features)."""
+def _named_for(target: str, arg: str) -> bool:
+    """Whether a placeholder's name is the forward argument ``arg``'s (fx numbers the ones it
+    makes for a dict's keys or a fixed value: ``arg_1``...)."""
+    return target == arg or (target.startswith(arg + "_") and target[len(arg) + 1:].isdigit())
+
+
+def _reads_edges(graph: fx.Graph, edge_arg: str) -> set:
+    """The function and method calls whose inputs derive from the forward's edge argument
+    ``edge_arg`` (its placeholder, or one per key of a dict: ``edge_arg_1``...): operations on
+    the graph, not on features (a conv's output is features; a further argument is neither)."""
     found: set = set()
-    placeholders = 0
     for node in graph.nodes:
         if node.op == "placeholder":
-            if placeholders:
+            if _named_for(str(node.target), edge_arg):
                 found.add(node)
-            placeholders += 1
         elif node.op in ("call_function", "call_method") and any(
                 a in found for a in node.all_input_nodes):
             found.add(node)

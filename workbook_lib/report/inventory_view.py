@@ -56,9 +56,9 @@ def locality_text(r: InventoryResult) -> Markdown:
         + ("A deletion touches few edges, but after two message-passing layers it can change "
            "most embeddings (more than half of the genes are within 2 hops)."
            if h[2].median > 0.5 else
-           f"Within 2 hops, as many message-passing layers reach, lie "
+           f"Within 2 hops, as far as two message-passing layers reach, lie "
            f"{fmt_pct(h[2].median, 0)} of the genes: at this graph's size a deletion's change "
-           "stays local for two layers."))
+           "reaches fewer than half of them in two layers."))
 
 
 def locality_plot(r: InventoryResult) -> None:
@@ -117,7 +117,7 @@ def footprint_text(r: InventoryResult) -> Markdown:
               f"of a delta-propagated second layer, against 100% for a full product. By layer 2's "
               f"output {fmt_pct(two.genes.median, 0)} of the genes have changed"
               + (", so later layers need the full product." if two.genes.median > 0.5 else
-                 ": fewer than half, so a later layer's changed rows are still a minority."))
+                 ": fewer than half."))
     return Markdown(s)
 
 

@@ -35,7 +35,9 @@ def profile_table(profiles: dict[str, ProfileResult], loops: LoopStudy | None = 
                     for c in cats})
         row["exclusive sum / wall"] = f"{p.coverage:.2f}"
         row["nested sum / wall"] = f"{p.naive_over_wall:.1f}"
-        if p.summed and investigated:
+        if investigated:  # beside built-in strategies: theirs, and "" for a user's pipeline
+            row["optimizer, summed as the investigation did"] = ""
+        if p.summed and investigated and pipelines.is_builtin(n):
             row["optimizer, summed as the investigation did"] = fmt_pct(
                 p.summed_shares().get("optimizer", 0.0))
         rows.append(row)

@@ -178,8 +178,8 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
     if r.strategy == r.baseline:  # the slow side itself: nothing exact here to switch to
         lines = [f"### No exact pipeline here is faster than {r.title}",
                  f"- Its full training step: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}"
-                 f"** (notebook 03, {v.device}); {r.tie_rule.rstrip('.')}. The faster pipelines "
-                 "of this run are not known to compute the same model (the answer above)."]
+                 f"** (notebook 03, {v.device}); {r.tie_rule.rstrip('.')}. The answer above "
+                 "says what else this run measured."]
     else:
         lines = [f"### Use {r.title}",
                  f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}** "

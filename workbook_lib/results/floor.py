@@ -83,7 +83,7 @@ class ConvertFloor(_Totals, Record):
                     f"{self.per_sample('dense_macs'):>14.4g}")
         if any("once per batch" in k for k in self.parts):
             rows.append(f"  (once per batch: the batch's count over its {self.batch_size} "
-                        "samples)")
+                        f"sample{'s' if self.batch_size != 1 else ''})")
         if self.all_changed_from:
             rows.append(f"  every gene changes from {self.all_changed_from}: "
                         f"{self.all_changed_macs:.4g} multiply-adds per sample from there on")

@@ -26,6 +26,15 @@ ALLREDUCE = ("every", "last", "never")
 _DDP_NO_ATTR = re.compile(r"'DistributedDataParallel' object has no attribute '(\w+)'")
 
 
+def moves_every_tensor(pipe) -> bool:
+    """Whether the pipeline's ``to_device`` is the protocol's default or a built-in strategy's:
+    both move every tensor of the batch (and skip those already on the device)."""
+    from ..pipelines.builtin import BuiltinPipeline
+
+    own = getattr(type(pipe), "to_device", None)
+    return own is Pipeline.to_device or isinstance(pipe, BuiltinPipeline)
+
+
 @dataclass(frozen=True)
 class Variant:
     """What one timed step does (see :mod:`.loop`'s docstring)."""
@@ -209,7 +218,8 @@ class Arm:
                     with self._stage(clock, "h2d", v.sync_stages, counter):
                         if counter is not None:  # as a GPU would: pageable copies synchronize
                             counter.transfer(batch, pinned=getattr(self.loader, "wb_pin_memory",
-                                                                   self.loader.pin_memory))
+                                                                   self.loader.pin_memory),
+                                             every_tensor=moves_every_tensor(pipe))
                         batch = pipe.to_device(batch, non_blocking=self.loader.pin_memory)
                     with self._stage(clock, "device_prep", v.sync_stages, counter):
                         inputs = pipe.prepare(batch)

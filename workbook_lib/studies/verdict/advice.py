@@ -104,9 +104,9 @@ def not_faster(fig: EncoderFigures) -> str:
     r = fig.ratio
     if fig.blocked or r is None or r.q1 > 1.0:
         return ""
-    return (f"; but measured, your encoder converted is not faster at batch {fig.batch_size} "
-            f"({r.median:.3g}x, quartiles {r.q1:.3g}-{r.q3:.3g}): on these figures one shared "
-            "pass does not pay for this encoder at this batch")
+    return (f"; but measured, your encoder converted is not shown to be faster at batch "
+            f"{fig.batch_size} ({r.median:.3g}x, quartiles {r.q1:.3g}-{r.q3:.3g}): these "
+            "figures do not show that one shared pass pays for this encoder at this batch")
 
 
 def gap_left(fig: EncoderFigures, steps: int | None, epoch_s: tuple[float, float] | None,
@@ -223,8 +223,8 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
             out = (f"; {c.outside:.0%} runs outside the pipeline's code"
                    if c.outside is not None and c.outside >= MIN_SITE else "")
             return (f"the backward mirrors the forward (its largest site in the pipeline's code, "
-                    f"{s.where}, {s.share:.0%} of the backward's extra time{out}, is the "
-                    f"forward's): {fwd.advice}")
+                    f"{s.where}, is the forward's: {s.share:.0%} of the backward's extra "
+                    f"time{out}): {fwd.advice}")
         return "" if not loop else _loop(c, "backward")
     if c.stage == "h2d":
         return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch
