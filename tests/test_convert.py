@@ -1156,3 +1156,45 @@ def test_explain_primes_a_module_called_again_and_widens_for_long_names():
     names = [ln.split()[0] for ln in text.splitlines() if "GINConv" in ln]
     assert len(names) == 4 and len(set(names)) == 4 and any(n.endswith("'") for n in names)
     assert "the same module called again" in text
+
+
+def test_a_cpu_runs_sync_count_of_a_converted_step_is_zero_and_its_ops_do_not_grow():
+    """Found by a user trial: 03 counted 257 'copies to host' per step of a converted pipeline
+    (its host plan's .numpy() calls and its indexes sent to the device) and marked it
+    sync-bound on a GPU, against fix-api's 'a CUDA call reads nothing back'; its per-sample CPU
+    cache blocks read as 'a Python loop over the samples'. A new batch's plan included."""
+    from workbook_lib.common.host import cache_blocks, host_side
+    from workbook_lib.measurement.syncs import SyncCounter
+
+    torch.manual_seed(0)
+    fast = convert(GinMlpSums("relu"), GRAPH, readout=AttentionalAggregation(nn.Linear(H, 1)))
+    x = torch.randn(N, F_IN, requires_grad=True)
+    ops = {}
+    for b in (2, 4, 5):
+        d = DELETED[:b]
+        fast(x, d.flip(0)).sum().backward()  # warm; the counted call plans its batch afresh
+        c = SyncCounter("cpu")
+        with c.stage("forward"):
+            out = fast(x, d)
+        with c.stage("backward"):
+            out.sum().backward()
+        assert c.total == 0, dict(c.by_kind)
+        ops[b] = dict(c.ops_by_stage)
+    assert ops[2] == ops[4] == ops[5]
+    c = SyncCounter("cpu")  # the marks: host work and cache blocks, each counted without them
+    with c.stage("s"):
+        torch.ones(2).numpy()
+        with host_side():
+            torch.ones(2).numpy()
+    assert c.by_kind == {"copy to host": 1}
+    one = SyncCounter("cpu")
+    with one.stage("s"):
+        torch.ones(2).add(1)
+    c = SyncCounter("cpu")
+    with c.stage("s"):
+        torch.ones(2).add(1)
+        with cache_blocks():
+            torch.ones(2).add(1)
+        with cache_blocks(False):
+            torch.ones(2).add(1)
+    assert one.ops_by_stage["s"] > 0 and c.ops_by_stage["s"] == 2 * one.ops_by_stage["s"]

@@ -20,6 +20,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..common.host import in_cache_blocks, on_host
+
 _aten = torch.ops.aten
 
 # aten overload packet -> kind, for operators that synchronize on CUDA whatever their arguments
@@ -114,7 +116,10 @@ def sync_kind(func, args, kwargs) -> str | None:
 
 class _DispatchCounter(TorchDispatchMode):
     """Counts every aten operator call (``ops``) and, with ``syncs``, the calls that would
-    synchronize on CUDA."""
+    synchronize on CUDA; neither inside host work marked by :func:`~workbook_lib.common.host.
+    host_side` (a plan made on the host: its operators are not the step's device work), and no
+    operator count inside a CPU-only blocking of the batch marked by :func:`~workbook_lib.common.
+    host.cache_blocks` (one block per batch on a GPU: not a loop over the samples)."""
 
     def __init__(self, counter: Counter, ops: list[int], syncs: bool = True):
         super().__init__()
@@ -122,7 +127,10 @@ class _DispatchCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.ops[0] += 1
+        if on_host():
+            return func(*args, **kwargs)
+        if not in_cache_blocks():  # a CPU-only blocking of the batch is not a loop to report
+            self.ops[0] += 1
         kind = sync_kind(func, args, kwargs) if self.syncs else None
         if kind is not None:
             self.counter[kind] += 1
@@ -144,6 +152,8 @@ class _HostCopyCounter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if on_host():  # host work by design (common/host.py): a GPU run does it on the host too
+            return func(*args, **kwargs)
         kind = _HOST_COPIES.get(func)
         if kind is None and func is torch.Tensor.to and _to_host(args, kwargs):
             if self.owner is not None and self.owner._moving is not None:

@@ -30,6 +30,7 @@ from torch_geometric.nn import GCNConv, GINConv, GraphConv, HeteroConv, MessageP
 from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
+from ..common.host import host_side
 from ..results.floor import ConvertFloor, FloorPart
 from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
@@ -427,9 +428,10 @@ class _Plan:
             t = self.index[key] if t is None else t
             if dtype is not None:
                 t = t.to(dtype)
-            if device.type == "cuda":
-                t = t.pin_memory()
-            self._dev[k] = t.to(device, non_blocking=True)
+            with host_side():  # pinned and non-blocking: no sync on a GPU
+                if device.type == "cuda":
+                    t = t.pin_memory()
+                self._dev[k] = t.to(device, non_blocking=True)
         return self._dev[k]
 
 
@@ -503,12 +505,13 @@ class ConvertedEncoder(nn.Module):
     def plan(self, deleted: torch.Tensor, n: int | None = None) -> _Plan:
         """The host plan of ``deleted`` ``[B, k]`` (cached for the last batch; one
         :meth:`plan_ahead` started is waited for and used)."""
-        key, d = self._plan_key(deleted, n)
-        cached = self._state["plan"]
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        ahead = self._state["ahead"].pop(key, None)
-        plan = ahead.result() if ahead is not None else self._make_plan(d, key[0], key[1])
+        with host_side():  # made on the host from a host 'deleted': no sync on a GPU
+            key, d = self._plan_key(deleted, n)
+            cached = self._state["plan"]
+            if cached is not None and cached[0] == key:
+                return cached[1]
+            ahead = self._state["ahead"].pop(key, None)
+            plan = ahead.result() if ahead is not None else self._make_plan(d, key[0], key[1])
         self._state["plan"] = (key, plan)
         return plan
 

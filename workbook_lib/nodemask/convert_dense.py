@@ -32,6 +32,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
+from ..common.host import cache_blocks
 from .workspace import take
 
 
@@ -133,19 +134,20 @@ class GinMlp(torch.autograd.Function):
         z = take(ws, "z", agg.shape, agg)
         r = take(ws, "r", (n, w1.shape[0]), agg)
         out = take(ws, "out", (n, w2.shape[0]), agg)
-        for s in range(0, n, rows):
-            t = min(n, s + rows)
-            if wt is None:
-                torch.addcmul(agg[s:t], x[s:t], e, out=z[s:t])
-            else:  # agg + wt[genes] * gfac, then + e * x: the op-by-op order
-                torch.index_select(wt, 0, genes[s:t], out=z[s:t])
-                z[s:t].mul_(gfac[s:t])
-                torch.add(agg[s:t], z[s:t], out=z[s:t]).addcmul_(x[s:t], e)
-            _maps(z[s:t], w1, b1, r[s:t])
-            if b2 is None:
-                torch.mm(r[s:t], w2.t(), out=out[s:t])
-            else:
-                torch.addmm(b2, r[s:t], w2.t(), out=out[s:t])
+        with cache_blocks(rows < n):
+            for s in range(0, n, rows):
+                t = min(n, s + rows)
+                if wt is None:
+                    torch.addcmul(agg[s:t], x[s:t], e, out=z[s:t])
+                else:  # agg + wt[genes] * gfac, then + e * x: the op-by-op order
+                    torch.index_select(wt, 0, genes[s:t], out=z[s:t])
+                    z[s:t].mul_(gfac[s:t])
+                    torch.add(agg[s:t], z[s:t], out=z[s:t]).addcmul_(x[s:t], e)
+                _maps(z[s:t], w1, b1, r[s:t])
+                if b2 is None:
+                    torch.mm(r[s:t], w2.t(), out=out[s:t])
+                else:
+                    torch.addmm(b2, r[s:t], w2.t(), out=out[s:t])
         ctx.rows, ctx.ws = rows, ws
         ctx.wt_rows = None if wt is None else wt.shape[0]
         ctx.save_for_backward(x, z, r, e, w1, b1, w2, b2, genes, gfac)
@@ -163,13 +165,14 @@ class GinMlp(torch.autograd.Function):
         gx = take(ctx.ws, "gx", x.shape, x) if need[1] else None
         gwt = z.new_zeros(ctx.wt_rows, z.shape[1]) if ctx.wt_rows is not None and need[8] \
             else None
-        for s in range(0, g.shape[0], ctx.rows):
-            t = min(g.shape[0], s + ctx.rows)
-            gz = _maps_backward(g[s:t], z[s:t], r[s:t], w1, w2, grads, out=gagg[s:t])
-            if grads[0] is not None:
-                grads[0] += torch.dot(gz.view(-1), x[s:t].reshape(-1))
-            if gx is not None:
-                torch.mul(gz, e, out=gx[s:t])
+        with cache_blocks(ctx.rows < g.shape[0]):
+            for s in range(0, g.shape[0], ctx.rows):
+                t = min(g.shape[0], s + ctx.rows)
+                gz = _maps_backward(g[s:t], z[s:t], r[s:t], w1, w2, grads, out=gagg[s:t])
+                if grads[0] is not None:
+                    grads[0] += torch.dot(gz.view(-1), x[s:t].reshape(-1))
+                if gx is not None:
+                    torch.mul(gz, e, out=gx[s:t])
         if gwt is not None:
             gwt.index_add_(0, genes, torch.mul(gagg, gfac,
                                                out=take(ctx.ws, "gs", gagg.shape, gagg)))
@@ -214,21 +217,22 @@ class DenseGinSum(torch.autograd.Function):
         bias = [p[4] for p in ps if p[4] is not None]
         bias = sum(bias) if bias else None  # every type's lin2 bias, once
         xk = torch.mul(x, keep, out=take(ws, "xk", x.shape, x))
-        for s0 in range(0, b, block):
-            s1 = min(b, s0 + block)
-            acc = out[s0:s1].view(-1, h2)
-            if bias is not None:
-                acc.copy_(bias.expand_as(acc))
-            else:
-                acc.zero_()
-            for j, (a, _) in enumerate(mats):
-                e, w1, b1, w2, _ = ps[j]
-                zj, rj = z[j, s0:s1], r[j, s0:s1].view(-1, h1)
-                for i in range(s0, s1):
-                    torch.addmm(zj[i - s0], a, xk[i], beta=0, out=zj[i - s0])
-                zj.mul_(scale[s0:s1, j]).addcmul_(x[s0:s1], e)
-                _maps(zj.view(-1, f), w1, b1, rj)
-                acc.addmm_(rj, w2.t())
+        with cache_blocks(block < b):
+            for s0 in range(0, b, block):
+                s1 = min(b, s0 + block)
+                acc = out[s0:s1].view(-1, h2)
+                if bias is not None:
+                    acc.copy_(bias.expand_as(acc))
+                else:
+                    acc.zero_()
+                for j, (a, _) in enumerate(mats):
+                    e, w1, b1, w2, _ = ps[j]
+                    zj, rj = z[j, s0:s1], r[j, s0:s1].view(-1, h1)
+                    for i in range(s0, s1):
+                        torch.addmm(zj[i - s0], a, xk[i], beta=0, out=zj[i - s0])
+                    zj.mul_(scale[s0:s1, j]).addcmul_(x[s0:s1], e)
+                    _maps(zj.view(-1, f), w1, b1, rj)
+                    acc.addmm_(rj, w2.t())
         ctx.mats, ctx.block, ctx.ws = mats, block, ws
         ctx.save_for_backward(x, keep, scale, z, r, *params)
         return flat
@@ -248,23 +252,24 @@ class DenseGinSum(torch.autograd.Function):
         gb2 = g.sum((0, 1)) if any(gg[4] is not None for gg in grads) else None
         gx = take(ws, "gx", x.shape, x).zero_() if ctx.needs_input_grad[0] else None
         gk = take(ws, "gk", x.shape, x).zero_() if ctx.needs_input_grad[0] else None
-        for s0 in range(0, b, block):
-            s1 = min(b, s0 + block)
-            gs, xb = g[s0:s1].view(-1, h2), x[s0:s1]
-            for j, (_, at) in enumerate(mats):
-                e, w1, _, w2, _ = ps[j]
-                gj = grads[j]
-                gz = _maps_backward(gs, z[j, s0:s1].view(-1, f), r[j, s0:s1].view(-1, h1),
-                                    w1, w2, gj).view(-1, n, f)
-                if gj[0] is None and gx is None:
-                    continue
-                if gj[0] is not None:
-                    gj[0] += torch.dot(gz.view(-1), xb.reshape(-1))
-                if gx is not None:
-                    gx[s0:s1].addcmul_(gz, e)
-                    gz.mul_(scale[s0:s1, j])
-                    for i in range(s0, s1):
-                        gk[i].addmm_(at, gz[i - s0])
+        with cache_blocks(block < b):
+            for s0 in range(0, b, block):
+                s1 = min(b, s0 + block)
+                gs, xb = g[s0:s1].view(-1, h2), x[s0:s1]
+                for j, (_, at) in enumerate(mats):
+                    e, w1, _, w2, _ = ps[j]
+                    gj = grads[j]
+                    gz = _maps_backward(gs, z[j, s0:s1].view(-1, f), r[j, s0:s1].view(-1, h1),
+                                        w1, w2, gj).view(-1, n, f)
+                    if gj[0] is None and gx is None:
+                        continue
+                    if gj[0] is not None:
+                        gj[0] += torch.dot(gz.view(-1), xb.reshape(-1))
+                    if gx is not None:
+                        gx[s0:s1].addcmul_(gz, e)
+                        gz.mul_(scale[s0:s1, j])
+                        for i in range(s0, s1):
+                            gk[i].addmm_(at, gz[i - s0])
         if gx is not None:
             gx.addcmul_(gk, keep)
         for j, gj in enumerate(grads):  # one tensor per parameter: autograd may keep it

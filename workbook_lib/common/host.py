@@ -1,0 +1,50 @@
+"""Host-side work a run does on purpose: a region marked :func:`host_side` is host work in a GPU
+run too (a plan made from host tensors, its indexes sent to the device non-blocking), so a CPU
+run's projection of GPU host syncs (:mod:`workbook_lib.measurement.syncs`) does not count what
+runs inside it, where every tensor is a CPU tensor and a ``.numpy()`` would otherwise read as a
+copy to the host. A thread-local depth, written here because no library marks such regions for
+a dispatch-mode counter; a CUDA run's own count (``set_sync_debug_mode``) ignores it.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+_state = threading.local()
+
+
+@contextmanager
+def host_side() -> Iterator[None]:
+    """Mark the work inside as host work by design (see the module docstring)."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def on_host() -> bool:
+    """Whether this thread is inside :func:`host_side`."""
+    return getattr(_state, "depth", 0) > 0
+
+
+@contextmanager
+def cache_blocks(blocked: bool = True) -> Iterator[None]:
+    """Mark a library loop that runs a block of samples (or rows) at a time on a CPU, to keep
+    each block in cache, and the whole batch as one block on a GPU (``blocked`` False: not
+    marked): its operator calls grow with the batch on a CPU only, so the sync counter leaves
+    them out of a stage's operator count (what tells a Python loop over the samples)."""
+    if not blocked:
+        yield
+        return
+    _state.blocks = getattr(_state, "blocks", 0) + 1
+    try:
+        yield
+    finally:
+        _state.blocks -= 1
+
+
+def in_cache_blocks() -> bool:
+    """Whether this thread is inside :func:`cache_blocks`."""
+    return getattr(_state, "blocks", 0) > 0
