@@ -165,3 +165,24 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     assert "none faster than the pipeline 'slow'" in adoption(verdict("slow")).data
     assert recommendation_text(verdict("rewrite")).data.startswith(
         "### Use the pipeline 'rewrite'")
+
+
+def test_06_says_slower_below_one_and_the_passed_check_beside_curves_that_part():
+    """Found by a user trial: 06 said '0.473x faster' of a converted pipeline twice as slow, and
+    'not shown to be the same training' with no word of the float64 check it had passed; its
+    speedups section drew an empty table on a run of the user's own pipelines."""
+    from workbook_lib.results.adoption import EqualityResult
+
+    r = _result(3.5e-4)
+    r.mode, r.names = "pipelines", {"replicated": "slow", "fix": "fast"}
+    r.speedup = Stat.from_samples([0.47, 0.473, 0.48])
+    text = view._headline(r)
+    assert "'fast' 2.11x slower per step than 'slow'" in text and "faster" not in text
+    r.equality = EqualityResult.__new__(EqualityResult)
+    r.equality.rows, r.equality.precision = [], "float64"
+    assert "check before training" not in view._headline(r)  # no rows: not shown equal
+    from types import SimpleNamespace
+    r.equality.rows = [SimpleNamespace(equal=True)]
+    assert "the float64 check before training found the two pipelines' outputs and gradients " \
+           "equal" in view._headline(r)
+    assert view.speedups_table([]).data.startswith("Not run here")

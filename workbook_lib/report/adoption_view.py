@@ -141,14 +141,19 @@ def compare_table(r: AdoptionResult):
         row.update({f"epochs per day, {w}": fmt_num(v) for w, v in r.epochs_per_day[k].items()})
         rows.append(row)
     fix = "the fix" if r.mode == "builtin" else r.labels[r.keys[1]]
+    speed = (f"{fmt_stat(r.speedup, unit='x')} faster" if r.speedup.median >= 1 else
+             f"{fmt_stat(r.speedup.inverse('ratio'), unit='x')} slower")
     return table(rows, caption=f"Steps timed interleaved (warm-up excluded); {fix} is "
-                               f"{fmt_stat(r.speedup, unit='x')} faster per step. Memory: "
+                               f"{speed} per step. Memory: "
                                f"notebook 02's fits (when it ran in this folder). Projection: "
                                f"{r.projection_basis}.")
 
 
 def speedups_table(rows):
     """Every speedup of the fix this run folder holds, with what each one times."""
+    if not rows:
+        return Markdown("Not run here: these are the built-in fix's speedups over replicated "
+                        "masks, and no built-in strategy ran in this folder.")
     out = [{"speedup": r.name, "notebook": r.notebook,
             "value": f"{r.value:.3g}x" + (f" (IQR {r.iqr:.2g})" if r.iqr is not None else ""),
             "what is timed": r.measures, "batches": r.batches, "sizes": r.sizes} for r in rows]
@@ -184,14 +189,24 @@ def _headline(r: AdoptionResult) -> str:
     else:
         curves = (f"loss curves imply predictions apart by {r.max_rel_diff:.1e}, above the "
                   f"{tol:.1e} tolerance ({r.tolerance_basis}): not shown to be the same training")
+        eq = getattr(r, "equality", None)
+        if eq is not None and eq.equal:
+            curves += (f" (the {eq.precision} check before training found the two pipelines' "
+                       "outputs and gradients equal: the curves part where float32 rounding, "
+                       "grown over the steps, or a batch the check did not see, differs)")
     if r.mode != "builtin":
         curves = curves.replace("put the predictions within", "within").replace(
             "imply predictions apart by", "apart by")
         ref, new = (r.names[k] for k in r.keys)
         return (f"{curves} over {len(r.rel_diff)} steps (the loss went from {first:.3g} to "
-                f"{last:.3g}); '{new}' {r.speedup.median:.3g}x faster per step than '{ref}'")
+                f"{last:.3g}); '{new}' {_speed(r.speedup.median)} per step than '{ref}'")
     return (f"{curves} over {len(r.rel_diff)} steps (the loss fell from {first:.3g} to "
-            f"{last:.3g}); the fix {r.speedup.median:.3g}x faster per step than replicated masks")
+            f"{last:.3g}); the fix {_speed(r.speedup.median)} per step than replicated masks")
+
+
+def _speed(ratio: float) -> str:
+    """A step-time ratio (reference over the other) as 'Nx faster' or, below 1, 'Nx slower'."""
+    return f"{ratio:.3g}x faster" if ratio >= 1 else f"{1 / ratio:.3g}x slower"
 
 
 def headline(r: AdoptionResult) -> str:

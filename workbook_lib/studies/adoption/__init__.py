@@ -296,6 +296,9 @@ def compare(params: Params, res: dict, losses: dict, batch_size: int, device_lab
         rel = relative_loss_diff(rep, fix)
         tol, tol_basis = equality_tolerance(graph, params.layers) if graph is not None \
             else (2e-5, "float32 rounding (2e-5)")
+        if graph is not None:  # the run's snapshot and layers: the pipelines' own may differ
+            tol_basis += ("; computed from this run's snapshot graph and its 'layers', not "
+                          "from the pipelines' own models")
         rule = "the losses' own relative difference"
     step = {k: res[k].step for k in names}
     n = min(step[k_rep].n, step[k_fix].n)
