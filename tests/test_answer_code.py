@@ -294,3 +294,51 @@ def test_time_outside_the_pipelines_code_is_said_beside_its_largest_site():
     rows = code_table(v).data
     assert list(rows["function"]) == ["Encoder.forward", OUTSIDE, "Encoder.forward", OUTSIDE]
     assert list(rows["share of the stage's extra time"])[:2] == ["48.0%", "52.0%"]
+
+
+def _user_converted_forward(fast, x, deleted):
+    return fast(x, deleted)
+
+
+def test_a_users_call_into_the_fix_is_attributed_to_the_users_function():
+    """Found by a user trial: a pipeline whose model calls convert's encoder had its forward's
+    time 'outside the pipeline's code', because the workbook's files counted as the harness
+    that runs the steps, which hands the time to no one. The fix's API is a library under the
+    user's function; the harness and a built-in strategy's code keep their kinds."""
+    from torch.profiler import record_function
+
+    import workbook_lib
+    from workbook_lib.measurement.code_sites import device_sites
+    from workbook_lib.nodemask import convert
+    from workbook_lib.studies.timing.own_code import OwnCode
+    from torch_geometric.nn import GINConv
+
+    root = Path(workbook_lib.__file__).parent
+    own = OwnCode()
+    assert own(str(root / "nodemask" / "convert.py")) == "library"
+    assert OwnCode(builtin=True)(str(root / "nodemask" / "convert.py")) == "own"
+    assert own(str(root / "training" / "arms.py")) == "harness"
+
+    class Enc(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GINConv(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                                    torch.nn.Linear(16, 16)))
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 300, (2, 3000), generator=g)
+    fast = convert(Enc(), ei, readout="mean_kept")
+    x = torch.randn(300, 16, requires_grad=True)
+    deleted = torch.randint(0, 300, (8, 2), generator=g)
+
+    def step():
+        with record_function("wb:forward"):
+            out = _user_converted_forward(fast, x, deleted)
+        with record_function("wb:backward"):
+            out.sum().backward()
+    sites, why = device_sites(step, device=torch.device("cpu"), own=own)
+    fwd = [r for r in sites["forward"] if r.file]
+    assert why == "" and fwd and fwd[0].function == "_user_converted_forward", sites["forward"]
+    assert fwd[0].library.startswith("ConvertedEncoder.forward (workbook_lib/nodemask/"), fwd[0]

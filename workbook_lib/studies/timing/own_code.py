@@ -17,6 +17,7 @@ import workbook_lib
 
 PACKAGE = Path(workbook_lib.__file__).resolve().parent
 BUILTIN_CODE = ("strategies", "nodemask", "data")  # a built-in strategy's own code
+USER_API = ("nodemask",)  # what a user's pipeline imports and calls: a library under its code
 # modules a library writes at run time: PyG's propagate and edge updater of each
 # MessagePassing class (torch_geometric.template: a temporary file, module name + "_" + 8)
 GENERATED = re.compile(r"_(propagate|edge_updater)_\w{8}\.py$")
@@ -51,13 +52,18 @@ class OwnCode:
 
     def __call__(self, file: str) -> str:
         """"own" (the pipeline's code), "harness" (the workbook's code that runs the steps) or
-        "library" (anything else: the standard library, site-packages, generated modules)."""
+        "library" (anything else: the standard library, site-packages, generated modules, and
+        for a user's pipeline the fix's API, ``workbook_lib.nodemask``)."""
         path = self.resolve(file)
         if path is None or GENERATED.search(path.name):
             return "library"
         if path.is_relative_to(PACKAGE):
             rel = path.relative_to(PACKAGE).parts
-            return "own" if self.builtin and rel[0] in BUILTIN_CODE else "harness"
+            if self.builtin and rel[0] in BUILTIN_CODE:
+                return "own"
+            # the fix's API called from a user's code (convert, SharedGraph) is a library
+            # under that code, not the harness that runs the steps
+            return "library" if rel[0] in USER_API else "harness"
         return "library" if any(path.is_relative_to(r) for r in self.libraries) else "own"
 
     def display(self, file: str) -> str:
