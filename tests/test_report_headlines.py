@@ -186,3 +186,17 @@ def test_06_says_slower_below_one_and_the_passed_check_beside_curves_that_part()
     assert "the float64 check before training found the two pipelines' outputs and gradients " \
            "equal" in view._headline(r)
     assert view.speedups_table([]).data.startswith("Not run here")
+
+
+def test_03s_run_line_says_the_graph_is_the_snapshot_given_to_a_users_factories():
+    """Found by a user trial: 03 headed a run of user pipelines that build their own graph with
+    the snapshot's size, as if it were theirs."""
+    from conftest import make_graph
+    from workbook_lib.configs.validation import validate
+    from workbook_lib.report.timing_view import settings
+
+    g = make_graph(num_genes=40, types={"x": 100}, seed=1)
+    own = settings(validate({"strategies": [], "pipelines": ["a:f", "b:g"]}), g, "cpu").data
+    assert "the snapshot handed to your pipelines' factories, " + g.describe() in own
+    built = settings(validate({}), g, "cpu").data
+    assert "factories" not in built and g.describe() in built

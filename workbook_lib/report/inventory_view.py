@@ -177,7 +177,8 @@ def _headline(r: InventoryResult) -> str:
         masks += f", {fmt_bytes(r.bytes_per_batch['edge_masks'][b])} per batch of {b}"
     else:
         masks = "boolean edge " + masks
-    return (f"{r.total_edges:,} edges over {r.num_genes:,} genes; {masks}; a perturbation "
+    whose = "" if r.builtin else "the snapshot's "  # a user's pipeline may build its own graph
+    return (f"{whose}{r.total_edges:,} edges over {r.num_genes:,} genes; {masks}; a perturbation "
             f"removes {fmt_pct(r.removed_edge_fraction.median, 2)} of edges but reaches "
             f"{fmt_pct(r.hop_coverage[2].median, 0)} of genes within 2 hops")
 

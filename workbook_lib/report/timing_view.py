@@ -61,8 +61,11 @@ def settings(study_or_params, graph=None, device_label: str | None = None,
              f"{'on' if p.dual_forward else 'off'}." if p.strategies else
              "Your pipelines, each with its own model, data and batch size (the built-in "
              "model's sizes do not apply: no built-in strategy ran).")
+    what = graph.describe() if p.strategies else \
+        f"the snapshot handed to your pipelines' factories, {graph.describe()} (a pipeline that " \
+        "builds its own graph runs on that one)"
     return Markdown(
-        f"**Run:** {graph.describe()} on {device_label}. {sizes} Each arm: {p.warmup} warm-up step(s), one "
+        f"**Run:** {what} on {device_label}. {sizes} Each arm: {p.warmup} warm-up step(s), one "
         f"untimed step under the sync counter, then at least {p.loop_steps} timed steps, "
         f"until the median is known to within {p.precision_target:.0%} (its 95% interval; at "
         f"most {p.loop_max_steps}, time "
