@@ -38,7 +38,8 @@ class LightningPipeline(Pipeline):
     Args:
         module: the LightningModule; device: where to train.
         datamodule: the LightningDataModule, or any object with ``train_dataloader()``.
-        name: the pipeline's name (default: the module's class name).
+        name: the pipeline's name when built alone (default: the module's class name); a run
+            names it by its spec in ``pipelines`` (``NAME=`` or the factory's), whatever this is.
 
     Raises:
         ValueError: no ``training_step``, no ``train_dataloader``, or a loader without ``batch_size``.
