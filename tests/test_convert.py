@@ -1158,19 +1158,24 @@ def test_explain_primes_a_module_called_again_and_widens_for_long_names():
     assert "the same module called again" in text
 
 
-def test_a_cpu_runs_sync_count_of_a_converted_step_is_zero_and_its_ops_do_not_grow():
+@pytest.mark.parametrize("share", [0.0, convert_module.DENSE_SHARE])
+def test_a_cpu_runs_sync_count_of_a_converted_step_is_zero_and_its_ops_are_a_gpus(monkeypatch,
+                                                                                 share):
     """Found by a user trial: 03 counted 257 'copies to host' per step of a converted pipeline
     (its host plan's .numpy() calls and its indexes sent to the device) and marked it
-    sync-bound on a GPU, against fix-api's 'a CUDA call reads nothing back'; its per-sample CPU
-    cache blocks read as 'a Python loop over the samples'. A new batch's plan included."""
+    sync-bound on a GPU, against fix-api's 'a CUDA call reads nothing back'; its CPU cache
+    blocks read as 'a Python loop over the samples'. A new batch's plan included. The operator
+    count grows per sample as the whole batch as one block (a GPU's) does, B = 1 included (found by a
+    review: not counting the blocks at all made it depend on B the wrong way round)."""
     from workbook_lib.common.host import cache_blocks, host_side
     from workbook_lib.measurement.syncs import SyncCounter
 
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", share)  # 0: dense sums, a block each
     torch.manual_seed(0)
     fast = convert(GinMlpSums("relu"), GRAPH, readout=AttentionalAggregation(nn.Linear(H, 1)))
     x = torch.randn(N, F_IN, requires_grad=True)
-    ops = {}
-    for b in (2, 4, 5):
+
+    def counted(b):
         d = DELETED[:b]
         fast(x, d.flip(0)).sum().backward()  # warm; the counted call plans its batch afresh
         c = SyncCounter("cpu")
@@ -1179,8 +1184,17 @@ def test_a_cpu_runs_sync_count_of_a_converted_step_is_zero_and_its_ops_do_not_gr
         with c.stage("backward"):
             out.sum().backward()
         assert c.total == 0, dict(c.by_kind)
-        ops[b] = dict(c.ops_by_stage)
-    assert ops[2] == ops[4] == ops[5]
+        return dict(c.ops_by_stage)
+    cpu = {b: counted(b) for b in (1, 2, 5)}
+    monkeypatch.setattr(convert_module, "block_size", lambda dev, b: b)  # one block, as a GPU
+    monkeypatch.setattr(convert_module, "block_rows", lambda dev, rows: max(1, rows))
+    gpu = {b: counted(b) for b in (1, 2, 5)}
+    # the same growth per sample (a full-range slice of the one block is elided: a constant)
+    for stage in ("forward", "backward"):
+        assert cpu[5][stage] - cpu[2][stage] == gpu[5][stage] - gpu[2][stage], (cpu, gpu)
+        assert cpu[1][stage] == gpu[1][stage] and abs(cpu[2][stage] - gpu[2][stage]) <= 16
+    if share == 0.0:  # the dense sums' sparse product per sample: counted per sample
+        assert cpu[1]["forward"] < cpu[2]["forward"] < cpu[5]["forward"]
     c = SyncCounter("cpu")  # the marks: host work and cache blocks, each counted without them
     with c.stage("s"):
         torch.ones(2).numpy()

@@ -2,8 +2,11 @@
 run too (a plan made from host tensors, its indexes sent to the device non-blocking), so a CPU
 run's projection of GPU host syncs (:mod:`workbook_lib.measurement.syncs`) does not count what
 runs inside it, where every tensor is a CPU tensor and a ``.numpy()`` would otherwise read as a
-copy to the host. A thread-local depth, written here because no library marks such regions for
-a dispatch-mode counter; a CUDA run's own count (``set_sync_debug_mode``) ignores it.
+copy to the host; its operators are not counted as the step's either (on a GPU too). A
+thread-local depth, written here because no library marks such regions for a dispatch-mode
+counter; a CUDA run's own sync count (``set_sync_debug_mode``) ignores it. The projection takes
+``deleted`` to be on the host, as docs/fix-api.md says to keep it: a pipeline that moves it to
+the GPU makes syncs there that the CPU projection does not count.
 """
 from __future__ import annotations
 
@@ -31,10 +34,12 @@ def on_host() -> bool:
 
 @contextmanager
 def cache_blocks(blocked: bool = True) -> Iterator[None]:
-    """Mark a library loop that runs a block of samples (or rows) at a time on a CPU, to keep
-    each block in cache, and the whole batch as one block on a GPU (``blocked`` False: not
-    marked): its operator calls grow with the batch on a CPU only, so the sync counter leaves
-    them out of a stage's operator count (what tells a Python loop over the samples)."""
+    """Mark a repeated block of a library loop that runs a block of samples (or rows) at a time
+    on a CPU, to keep each block in cache, and the whole batch as one block on a GPU: the loop
+    marks every block after its first (``blocked`` False: not marked), so the sync counter
+    counts a block's own operators once, as a GPU runs them, and what runs per sample inside a
+    block (a product per sample) every time. A stage's operator count (what tells a Python
+    loop over the samples) is then the one the whole batch as one block gives."""
     if not blocked:
         yield
         return

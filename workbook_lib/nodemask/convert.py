@@ -522,7 +522,8 @@ class ConvertedEncoder(nn.Module):
         ``deleted``, in the same train or eval mode, waits for it and uses it; an error it met
         is raised there. ValueError at once for a bad ``deleted``. Keeps at most
         :data:`AHEAD` plans started and not yet used (the oldest is dropped)."""
-        key, d = self._plan_key(deleted, n)
+        with host_side():  # as plan(): made on the host from a host 'deleted'
+            key, d = self._plan_key(deleted, n)
         ahead = self._state["ahead"]
         if key in ahead or (self._state["plan"] is not None and self._state["plan"][0] == key):
             return

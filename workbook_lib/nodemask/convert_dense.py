@@ -134,8 +134,8 @@ class GinMlp(torch.autograd.Function):
         z = take(ws, "z", agg.shape, agg)
         r = take(ws, "r", (n, w1.shape[0]), agg)
         out = take(ws, "out", (n, w2.shape[0]), agg)
-        with cache_blocks(rows < n):
-            for s in range(0, n, rows):
+        for s in range(0, n, rows):  # a GPU runs all rows as one block: counted once
+            with cache_blocks(s > 0):
                 t = min(n, s + rows)
                 if wt is None:
                     torch.addcmul(agg[s:t], x[s:t], e, out=z[s:t])
@@ -165,8 +165,8 @@ class GinMlp(torch.autograd.Function):
         gx = take(ctx.ws, "gx", x.shape, x) if need[1] else None
         gwt = z.new_zeros(ctx.wt_rows, z.shape[1]) if ctx.wt_rows is not None and need[8] \
             else None
-        with cache_blocks(ctx.rows < g.shape[0]):
-            for s in range(0, g.shape[0], ctx.rows):
+        for s in range(0, g.shape[0], ctx.rows):  # counted once, as in the forward
+            with cache_blocks(s > 0):
                 t = min(g.shape[0], s + ctx.rows)
                 gz = _maps_backward(g[s:t], z[s:t], r[s:t], w1, w2, grads, out=gagg[s:t])
                 if grads[0] is not None:
@@ -218,19 +218,22 @@ class DenseGinSum(torch.autograd.Function):
         bias = [p[4] for p in ps if p[4] is not None]
         bias = sum(bias) if bias else None  # every type's lin2 bias, once
         xk = torch.mul(x, keep, out=take(ws, "xk", x.shape, x))
-        with cache_blocks(block < b):
-            for s0 in range(0, b, block):
-                s1 = min(b, s0 + block)
+        for s0 in range(0, b, block):
+            s1 = min(b, s0 + block)
+            again = s0 > 0  # a block's own work a GPU runs once (one block): counted once
+            with cache_blocks(again):
                 acc = out[s0:s1].view(-1, h2)
                 if bias is not None:
                     acc.copy_(bias.expand_as(acc))
                 else:
                     acc.zero_()
-                for j, (a, _) in enumerate(mats):
-                    e, w1, b1, w2, _ = ps[j]
+            for j, (a, _) in enumerate(mats):
+                e, w1, b1, w2, _ = ps[j]
+                with cache_blocks(again):
                     zj, rj = z[j, s0:s1], r[j, s0:s1].view(-1, h1)
-                    for i in range(s0, s1):
-                        torch.addmm(zj[i - s0], a, xk[i], beta=0, out=zj[i - s0])
+                for i in range(s0, s1):  # one sparse product per sample, on a GPU too
+                    torch.addmm(zj[i - s0], a, xk[i], beta=0, out=zj[i - s0])
+                with cache_blocks(again):
                     zj.mul_(scale[s0:s1, j]).addcmul_(x[s0:s1], e)
                     _maps(zj.view(-1, f), w1, b1, rj)
                     acc.addmm_(rj, w2.t())
@@ -253,13 +256,15 @@ class DenseGinSum(torch.autograd.Function):
         gb2 = g.sum((0, 1)) if any(gg[4] is not None for gg in grads) else None
         gx = take(ws, "gx", x.shape, x).zero_() if ctx.needs_input_grad[0] else None
         gk = take(ws, "gk", x.shape, x).zero_() if ctx.needs_input_grad[0] else None
-        with cache_blocks(block < b):
-            for s0 in range(0, b, block):
-                s1 = min(b, s0 + block)
+        for s0 in range(0, b, block):
+            s1 = min(b, s0 + block)
+            again = s0 > 0  # as in the forward: the block's own work counted once
+            with cache_blocks(again):
                 gs, xb = g[s0:s1].view(-1, h2), x[s0:s1]
-                for j, (_, at) in enumerate(mats):
-                    e, w1, _, w2, _ = ps[j]
-                    gj = grads[j]
+            for j, (_, at) in enumerate(mats):
+                e, w1, _, w2, _ = ps[j]
+                gj = grads[j]
+                with cache_blocks(again):
                     gz = _maps_backward(gs, z[j, s0:s1].view(-1, f), r[j, s0:s1].view(-1, h1),
                                         w1, w2, gj).view(-1, n, f)
                     if gj[0] is None and gx is None:
@@ -269,8 +274,9 @@ class DenseGinSum(torch.autograd.Function):
                     if gx is not None:
                         gx[s0:s1].addcmul_(gz, e)
                         gz.mul_(scale[s0:s1, j])
-                        for i in range(s0, s1):
-                            gk[i].addmm_(at, gz[i - s0])
+                if gx is not None:
+                    for i in range(s0, s1):  # one sparse product per sample, on a GPU too
+                        gk[i].addmm_(at, gz[i - s0])
         if gx is not None:
             gx.addcmul_(gk, keep)
         for j, gj in enumerate(grads):  # one tensor per parameter: autograd may keep it

@@ -55,8 +55,8 @@ def loss_text(r: AdoptionResult) -> Markdown:
             "their size (the losses' own relative difference: the workbook does not know your "
             "loss, so it cannot bound the predictions from it) "
             + (f"(within {tol:.1e}: the same training, to {r.tolerance_basis})." if ok else
-               f"(**above {tol:.1e}**: the trainings of {ref} and {new} diverged beyond "
-               f"{r.tolerance_basis})."))
+               f"(**above {tol:.1e}**, {r.tolerance_basis}: the trainings of {ref} and {new} "
+               "are not shown to be the same)." + _checked(r)))
     fell = ""
     if first > 0:
         fell = (f"The target is learnable: each label is a fixed teacher model's prediction (the "
@@ -87,6 +87,16 @@ def loss_text(r: AdoptionResult) -> Markdown:
            "that have nothing to do with the pipelines." if r.optimizer == "sgd" else ""))
 
 
+def _checked(r: AdoptionResult) -> str:
+    """What the check before training found, where it found the two equal ("" otherwise)."""
+    eq = getattr(r, "equality", None)
+    if eq is None or not eq.equal:
+        return ""
+    return (f" The {eq.precision} check before training found the two pipelines' outputs and "
+            "gradients equal, so the curves part where float32 rounding grows over the steps, "
+            "or where the check's conditions (its batches, dropout switched off) do not hold.")
+
+
 def loss_plot(r: AdoptionResult) -> None:
     if not r.applicable:
         return
@@ -112,7 +122,7 @@ def loss_plot(r: AdoptionResult) -> None:
                  + (" (exact zeros drawn at 1e-9)" if (rel < floor).any() else ""))
     axes[1].set_ylim(floor / 2, max(r.tolerance * 10, float(rel.max()) * 3 if rel.size else 1e-4))
     axes[1].axhline(r.tolerance, color="k", ls=":", lw=1,
-                    label=f"{r.tolerance:.1e} ({r.tolerance_basis})")
+                    label=f"tolerance {r.tolerance:.1e} (its basis: the text above)")
     axes[1].set(yscale="log", xlabel="training step",
                 ylabel=("predictions' difference / their size (log scale)"
                         if r.mode == "builtin" else "loss difference / loss (log scale)"))
@@ -176,7 +186,9 @@ def form_text(form, strategies: list[str]) -> Markdown:
     return text(form) if strategies else Markdown("")
 
 
-def _headline(r: AdoptionResult) -> str:
+def _headline(r: AdoptionResult, detail: bool = True) -> str:
+    """The headline; without ``detail`` (the index's one line), no tolerance basis and no word
+    of the check before training, so that the verdict and the speed fit."""
     if not r.applicable:
         return f"not applicable: {r.reason}"
     first, last = loss_fall(r.losses[r.keys[0]])
@@ -187,28 +199,30 @@ def _headline(r: AdoptionResult) -> str:
         curves = (f"same training: the loss curves put the predictions within "
                   f"{r.max_rel_diff:.1e} of each other (tolerance {tol:.1e})")
     else:
+        basis = f" ({r.tolerance_basis})" if detail else ""
         curves = (f"loss curves imply predictions apart by {r.max_rel_diff:.1e}, above the "
-                  f"{tol:.1e} tolerance ({r.tolerance_basis}): not shown to be the same training")
+                  f"{tol:.1e} tolerance{basis}: not shown to be the same training")
         eq = getattr(r, "equality", None)
-        if eq is not None and eq.equal:
-            curves += (f" (the {eq.precision} check before training found the two pipelines' "
-                       "outputs and gradients equal: the curves part where float32 rounding, "
-                       "grown over the steps, or a batch the check did not see, differs)")
+        if detail and eq is not None and eq.equal:
+            curves += f" ({_checked(r).strip()})"
     if r.mode != "builtin":
         curves = curves.replace("put the predictions within", "within").replace(
             "imply predictions apart by", "apart by")
         ref, new = (r.names[k] for k in r.keys)
         return (f"{curves} over {len(r.rel_diff)} steps (the loss went from {first:.3g} to "
-                f"{last:.3g}); '{new}' {_speed(r.speedup.median)} per step than '{ref}'")
+                f"{last:.3g}); '{new}' {_speed(r.speedup)} per step than '{ref}'")
     return (f"{curves} over {len(r.rel_diff)} steps (the loss fell from {first:.3g} to "
-            f"{last:.3g}); the fix {_speed(r.speedup.median)} per step than replicated masks")
+            f"{last:.3g}); the fix {_speed(r.speedup)} per step than replicated masks")
 
 
-def _speed(ratio: float) -> str:
-    """A step-time ratio (reference over the other) as 'Nx faster' or, below 1, 'Nx slower'."""
-    return f"{ratio:.3g}x faster" if ratio >= 1 else f"{1 / ratio:.3g}x slower"
+def _speed(ratio) -> str:
+    """A step-time ratio (reference over the other, a Stat) as 'Nx faster' or, below 1, 'Nx
+    slower' (the median of the inverted ratios, as the comparison table's caption gives it)."""
+    if ratio.median >= 1:
+        return f"{ratio.median:.3g}x faster"
+    return f"{ratio.inverse('ratio').median:.3g}x slower"
 
 
 def headline(r: AdoptionResult) -> str:
     """One short sentence for the index (see common.text.one_line)."""
-    return one_line(_headline(r), HEADLINE_MAX)
+    return one_line(_headline(r, detail=False), HEADLINE_MAX)

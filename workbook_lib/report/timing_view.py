@@ -63,7 +63,7 @@ def settings(study_or_params, graph=None, device_label: str | None = None,
              "model's sizes do not apply: no built-in strategy ran).")
     what = graph.describe() if p.strategies else \
         f"the snapshot handed to your pipelines' factories, {graph.describe()} (a pipeline that " \
-        "builds its own graph runs on that one)"
+        "builds a graph of its own is not described by it),"
     return Markdown(
         f"**Run:** {what} on {device_label}. {sizes} Each arm: {p.warmup} warm-up step(s), one "
         f"untimed step under the sync counter, then at least {p.loop_steps} timed steps, "

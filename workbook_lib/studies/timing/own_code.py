@@ -1,8 +1,10 @@
 """Which files of a profiled step are the pipeline's own code, and what its functions are called.
 
 The pipeline's code is every file of a trace's frames outside the installed libraries and the
-workbook's package (for a built-in strategy, the workbook's strategy and fix modules); a frame
-is named by its qualified name read from the source (``MyGather.backward``).
+workbook's package (for a built-in strategy, the workbook's strategy and fix modules). For a
+user's pipeline the fix's API it calls (``workbook_lib.nodemask``) is a library under its code;
+the rest of the workbook is the harness that runs the steps. A frame is named by its qualified
+name read from the source (``MyGather.backward``).
 """
 from __future__ import annotations
 
