@@ -181,10 +181,27 @@ class GinMlp(torch.autograd.Function):
         return (gagg if need[0] else None, gx, None, *grads, gwt, None, None, None)
 
 
+def _block_product(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor, add: bool = False):
+    """``out[i] (+)= a @ x[i]`` for every sample ``i`` of a block (``x``, ``out``: ``[blk, N,
+    F]``; ``a`` CSR ``[N, N]``): one sample's product straight into its rows; a larger block
+    (a GPU's whole batch) as one sparse product over the block gene-major, ``[N, blk * F]``
+    (each output element the same sum over the same row of ``a``), where a product per sample
+    made B x T calls per layer."""
+    blk, n, f = x.shape
+    if blk == 1:
+        torch.addmm(out[0], a, x[0], beta=1 if add else 0, out=out[0])
+        return
+    prod = torch.mm(a, x.transpose(0, 1).reshape(n, blk * f)).view(n, blk, f).transpose(0, 1)
+    if add:
+        out.add_(prod)
+    else:
+        out.copy_(prod)
+
+
 def block_size(device: torch.device, batch: int) -> int:
     """Samples per block: one on a CPU (its rows stay in cache), the whole batch on a GPU (each
-    type's maps, ReLU and running sum one kernel each over every sample; its aggregation is
-    still one sparse product per sample, B x T calls per layer: not measured here)."""
+    type's aggregation, maps, ReLU and running sum one kernel each over every sample; not
+    measured here)."""
     return 1 if device.type == "cpu" else batch
 
 
@@ -231,9 +248,7 @@ class DenseGinSum(torch.autograd.Function):
                 e, w1, b1, w2, _ = ps[j]
                 with cache_blocks(again):
                     zj, rj = z[j, s0:s1], r[j, s0:s1].view(-1, h1)
-                for i in range(s0, s1):  # one sparse product per sample, on a GPU too
-                    torch.addmm(zj[i - s0], a, xk[i], beta=0, out=zj[i - s0])
-                with cache_blocks(again):
+                    _block_product(a, xk[s0:s1], zj)
                     zj.mul_(scale[s0:s1, j]).addcmul_(x[s0:s1], e)
                     _maps(zj.view(-1, f), w1, b1, rj)
                     acc.addmm_(rj, w2.t())
@@ -274,9 +289,7 @@ class DenseGinSum(torch.autograd.Function):
                     if gx is not None:
                         gx[s0:s1].addcmul_(gz, e)
                         gz.mul_(scale[s0:s1, j])
-                if gx is not None:
-                    for i in range(s0, s1):  # one sparse product per sample, on a GPU too
-                        gk[i].addmm_(at, gz[i - s0])
+                        _block_product(at, gz, gk[s0:s1], add=True)
         if gx is not None:
             gx.addcmul_(gk, keep)
         for j, gj in enumerate(grads):  # one tensor per parameter: autograd may keep it
