@@ -10,6 +10,7 @@ the GPU makes syncs there that the CPU projection does not count.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -18,38 +19,41 @@ _state = threading.local()
 
 
 @contextmanager
-def host_side() -> Iterator[None]:
-    """Mark the work inside as host work by design (see the module docstring)."""
-    _state.depth = getattr(_state, "depth", 0) + 1
+def _marked(kind: str, on: bool = True) -> Iterator[None]:
+    """This thread's depth of ``kind`` raised by one inside (nothing when not ``on``)."""
+    if not on:
+        yield
+        return
+    setattr(_state, kind, getattr(_state, kind, 0) + 1)
     try:
         yield
     finally:
-        _state.depth -= 1
+        setattr(_state, kind, getattr(_state, kind) - 1)
+
+
+def _inside(kind: str) -> bool:
+    return getattr(_state, kind, 0) > 0
+
+
+def host_side() -> contextlib.AbstractContextManager:
+    """Mark the work inside as host work by design (see the module docstring)."""
+    return _marked("host")
 
 
 def on_host() -> bool:
     """Whether this thread is inside :func:`host_side`."""
-    return getattr(_state, "depth", 0) > 0
+    return _inside("host")
 
 
-@contextmanager
-def cache_blocks(blocked: bool = True) -> Iterator[None]:
+def cache_blocks(blocked: bool = True) -> contextlib.AbstractContextManager:
     """Mark a repeated block of a library loop that runs a block of samples (or rows) at a time
     on a CPU, to keep each block in cache, and the whole batch as one block on a GPU: the loop
     marks every block after its first (``blocked`` False: not marked), so the sync counter
-    counts a block's own operators once, as a GPU runs them, and what runs per sample inside a
-    block (a product per sample) every time. A stage's operator count (what tells a Python
-    loop over the samples) is then the one the whole batch as one block gives."""
-    if not blocked:
-        yield
-        return
-    _state.blocks = getattr(_state, "blocks", 0) + 1
-    try:
-        yield
-    finally:
-        _state.blocks -= 1
+    counts a block's operators once, as a GPU runs them. A stage's operator count (what tells
+    a Python loop over the samples) is then the one the whole batch as one block gives."""
+    return _marked("blocks", blocked)
 
 
 def in_cache_blocks() -> bool:
     """Whether this thread is inside :func:`cache_blocks`."""
-    return getattr(_state, "blocks", 0) > 0
+    return _inside("blocks")

@@ -237,16 +237,14 @@ class DenseGinSum(torch.autograd.Function):
         xk = torch.mul(x, keep, out=take(ws, "xk", x.shape, x))
         for s0 in range(0, b, block):
             s1 = min(b, s0 + block)
-            again = s0 > 0  # a block's own work a GPU runs once (one block): counted once
-            with cache_blocks(again):
+            with cache_blocks(s0 > 0):  # the block's work, which a GPU runs once: counted once
                 acc = out[s0:s1].view(-1, h2)
                 if bias is not None:
                     acc.copy_(bias.expand_as(acc))
                 else:
                     acc.zero_()
-            for j, (a, _) in enumerate(mats):
-                e, w1, b1, w2, _ = ps[j]
-                with cache_blocks(again):
+                for j, (a, _) in enumerate(mats):
+                    e, w1, b1, w2, _ = ps[j]
                     zj, rj = z[j, s0:s1], r[j, s0:s1].view(-1, h1)
                     _block_product(a, xk[s0:s1], zj)
                     zj.mul_(scale[s0:s1, j]).addcmul_(x[s0:s1], e)
@@ -273,17 +271,13 @@ class DenseGinSum(torch.autograd.Function):
         gk = take(ws, "gk", x.shape, x).zero_() if ctx.needs_input_grad[0] else None
         for s0 in range(0, b, block):
             s1 = min(b, s0 + block)
-            again = s0 > 0  # as in the forward: the block's own work counted once
-            with cache_blocks(again):
+            with cache_blocks(s0 > 0):  # as in the forward: the block's work counted once
                 gs, xb = g[s0:s1].view(-1, h2), x[s0:s1]
-            for j, (_, at) in enumerate(mats):
-                e, w1, _, w2, _ = ps[j]
-                gj = grads[j]
-                with cache_blocks(again):
+                for j, (_, at) in enumerate(mats):
+                    e, w1, _, w2, _ = ps[j]
+                    gj = grads[j]
                     gz = _maps_backward(gs, z[j, s0:s1].view(-1, f), r[j, s0:s1].view(-1, h1),
                                         w1, w2, gj).view(-1, n, f)
-                    if gj[0] is None and gx is None:
-                        continue
                     if gj[0] is not None:
                         gj[0] += torch.dot(gz.view(-1), xb.reshape(-1))
                     if gx is not None:

@@ -151,8 +151,7 @@ def compare_table(r: AdoptionResult):
         row.update({f"epochs per day, {w}": fmt_num(v) for w, v in r.epochs_per_day[k].items()})
         rows.append(row)
     fix = "the fix" if r.mode == "builtin" else r.labels[r.keys[1]]
-    speed = (f"{fmt_stat(r.speedup, unit='x')} faster" if r.speedup.median >= 1 else
-             f"{fmt_stat(r.speedup.inverse('ratio'), unit='x')} slower")
+    speed = _speed(r.speedup, stat=True)
     return table(rows, caption=f"Steps timed interleaved (warm-up excluded); {fix} is "
                                f"{speed} per step. Memory: "
                                f"notebook 02's fits (when it ran in this folder). Projection: "
@@ -202,8 +201,7 @@ def _headline(r: AdoptionResult, detail: bool = True) -> str:
         basis = f" ({r.tolerance_basis})" if detail else ""
         curves = (f"loss curves imply predictions apart by {r.max_rel_diff:.1e}, above the "
                   f"{tol:.1e} tolerance{basis}: not shown to be the same training")
-        eq = getattr(r, "equality", None)
-        if detail and eq is not None and eq.equal:
+        if detail and _checked(r):
             curves += f" ({_checked(r).strip()})"
     if r.mode != "builtin":
         curves = curves.replace("put the predictions within", "within").replace(
@@ -215,12 +213,11 @@ def _headline(r: AdoptionResult, detail: bool = True) -> str:
             f"{last:.3g}); the fix {_speed(r.speedup)} per step than replicated masks")
 
 
-def _speed(ratio) -> str:
+def _speed(ratio, stat: bool = False) -> str:
     """A step-time ratio (reference over the other, a Stat) as 'Nx faster' or, below 1, 'Nx
-    slower' (the median of the inverted ratios, as the comparison table's caption gives it)."""
-    if ratio.median >= 1:
-        return f"{ratio.median:.3g}x faster"
-    return f"{ratio.inverse('ratio').median:.3g}x slower"
+    slower' (the inverted ratios); with ``stat``, with its IQR and n (:func:`fmt_stat`)."""
+    st, word = (ratio, "faster") if ratio.median >= 1 else (ratio.inverse("ratio"), "slower")
+    return f"{fmt_stat(st, unit='x') if stat else f'{st.median:.3g}x'} {word}"
 
 
 def headline(r: AdoptionResult) -> str:
