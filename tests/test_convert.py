@@ -1158,21 +1158,25 @@ def test_explain_primes_a_module_called_again_and_widens_for_long_names():
     assert "the same module called again" in text
 
 
+@pytest.mark.parametrize("kind", ["relu", "tanh"])
 @pytest.mark.parametrize("share", [0.0, convert_module.DENSE_SHARE])
 def test_a_cpu_runs_sync_count_of_a_converted_step_is_zero_and_its_ops_are_a_gpus(monkeypatch,
-                                                                                 share):
+                                                                                 share, kind):
     """Found by a user trial: 03 counted 257 'copies to host' per step of a converted pipeline
     (its host plan's .numpy() calls and its indexes sent to the device) and marked it
     sync-bound on a GPU, against fix-api's 'a CUDA call reads nothing back'; its CPU cache
     blocks read as 'a Python loop over the samples'. A new batch's plan included. The operator
-    count grows per sample as the whole batch as one block (a GPU's) does, B = 1 included; a dense sum's aggregation is one product per block (it was one per sample, B x T calls on a GPU) (found by a
-    review: not counting the blocks at all made it depend on B the wrong way round)."""
+    count grows per sample as the whole batch as one block (a GPU's) does, B = 1 included; a
+    dense layer's aggregation is one product per block and type, in a dense sum of GIN-MLPs
+    (relu) or conv by conv (tanh: not fused), where it was one per sample, B x T calls on a GPU
+    (found by a review: not counting the blocks at all made it depend on B the wrong way
+    round)."""
     from workbook_lib.common.host import cache_blocks, host_side
     from workbook_lib.measurement.syncs import SyncCounter
 
     monkeypatch.setattr(convert_module, "DENSE_SHARE", share)  # 0: dense sums, a block each
     torch.manual_seed(0)
-    fast = convert(GinMlpSums("relu"), GRAPH, readout=AttentionalAggregation(nn.Linear(H, 1)))
+    fast = convert(GinMlpSums(kind), GRAPH, readout=AttentionalAggregation(nn.Linear(H, 1)))
     x = torch.randn(N, F_IN, requires_grad=True)
 
     def counted(b):
@@ -1193,8 +1197,8 @@ def test_a_cpu_runs_sync_count_of_a_converted_step_is_zero_and_its_ops_are_a_gpu
     for stage in ("forward", "backward"):
         assert cpu[5][stage] - cpu[2][stage] == gpu[5][stage] - gpu[2][stage], (cpu, gpu)
         assert cpu[1][stage] == gpu[1][stage] and abs(cpu[2][stage] - gpu[2][stage]) <= 16
-    if share == 0.0:  # the dense sums: one block's work, whatever B (a product per block)
-        assert cpu[2] == cpu[5] and gpu[2] == gpu[5]
+    if share == 0.0:  # every layer dense: one block's work, whatever B (a product per block)
+        assert cpu[2] == cpu[5] and gpu[2] == gpu[5], (cpu, gpu)
     c = SyncCounter("cpu")  # the marks: host work and cache blocks, each counted without them
     with c.stage("s"):
         torch.ones(2).numpy()

@@ -30,7 +30,7 @@ from torch_geometric.nn import GCNConv, GINConv, GraphConv, HeteroConv, MessageP
 from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
-from ..common.host import host_side
+from ..common.host import cache_blocks, host_side
 from ..results.floor import ConvertFloor, FloorPart
 from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
@@ -38,7 +38,8 @@ from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import (MODE_DEPENDENT, ConvertError, check_graph, conv_kind, node_where,
                             per_node_problem, trace)
 from .compiled import kernels
-from .convert_dense import DenseGinSum, GinMlp, block_rows, block_size, gin_mlp
+from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
+                            gin_mlp)
 from .convert_typed import type_order, typed_layers
 from .corrections import corrections, validate_deleted
 from .floor import _dense, _sparse
@@ -1243,10 +1244,11 @@ class ConvertedEncoder(nn.Module):
 
     def _run_dense_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan,
                            dev) -> _Val:
-        """A dense conv (not GCN) whose aggregation, with its dense group's, is one sparse
-        product over every sample at once: ``[T * N, N]`` stacked adjacency times the input with
-        its deleted rows zeroed, gene-major ``[N, B * F]``; then each row scaled by whether it is
-        kept (a deleted gene receives nothing) and, for a mean, by its kept in-degree."""
+        """A dense conv (not GCN) whose aggregation, with its dense group's, is a block of
+        samples at a time (:class:`_SlabParts`: a sample on a CPU, the whole batch on a GPU),
+        per type the adjacency times the input with its deleted rows zeroed; then each row
+        scaled by whether it is kept (a deleted gene receives nothing) and, for a mean, by its
+        kept in-degree."""
         key = ("dense", cp.src)
         grouped = self._state["grouped"]
         if key not in grouped:
@@ -1257,8 +1259,8 @@ class ConvertedEncoder(nn.Module):
             keep = plan.dev(("keep_bn1",), None, dev, dtype)
             mats = [self._stack([c.edges], [False], dev, dtype) for c in cps]
             scale = plan.dev(("dscale", id(cp.src)), None, dev, dtype)  # [B, T, N, 1]
-            aggs = _SlabParts.apply(full * keep, scale, self._site(), *[m[0] for m in mats],
-                                    *[m[1] for m in mats])
+            aggs = _SlabParts.apply(full * keep, scale, block_size(dev, b), self._site(),
+                                    *[m[0] for m in mats], *[m[1] for m in mats])
             wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype))
             grouped[key] = (wt.split(n), aggs, full.reshape(b * n, f),
                             {id(c): i for i, c in enumerate(cps)})
@@ -1736,25 +1738,30 @@ class _SpMMParts(torch.autograd.Function):
 class _SlabParts(torch.autograd.Function):
     """Per edge type ``t``: ``(a[t] @ x_b) * scale[b, t]`` for every sample ``b`` of ``x``
     ``[B, N, F]``, as ``[B * N, F]`` sample-major, each type's rows one contiguous block of one
-    buffer. One product per sample and type, its input slab (``x_b``, 1.7 MB at the real spec)
-    kept in cache across the types, and the scale applied to each product's block while it is
-    still in cache (as one pass over the whole output it took 313 ms of a 4.9 s step of the
-    TorchCell-shaped encoder, profiled at the real spec). The backward adds, per sample and
-    type, the type's transpose ``ats[t]`` times the scaled gradient block."""
+    buffer, a block of samples at a time (:func:`.convert_dense.block_size`). On a CPU a block is
+    one sample: one product per sample and type, its input slab (``x_b``, 1.7 MB at the real
+    spec) kept in cache across the types, and the scale applied to each product's block while
+    it is still in cache (as one pass over the whole output it took 313 ms of a 4.9 s step of
+    the TorchCell-shaped encoder, profiled at the real spec). On a GPU the block is the whole
+    batch: one product per type over every sample, gene-major (``block_product``), where a
+    product per sample made B x T kernel calls. The backward adds, per block and type, the
+    type's transpose ``ats[t]`` times the scaled gradient block."""
 
     @staticmethod
-    def forward(ctx, x, scale, ws, *mats):
+    def forward(ctx, x, scale, block, ws, *mats):
         t = len(mats) // 2
         a, ats = mats[:t], mats[t:]
         b, n, f = x.shape
         out = take(ws, "out", (t, b, n, f), x)
         x = x.contiguous()
-        for i in range(b):
-            for j in range(t):
-                o = out[j, i]
-                torch.addmm(o, a[j], x[i], beta=0, out=o)
-                o.mul_(scale[i, j])
-        ctx.ats, ctx.shape, ctx.ws = ats, (b, t, n, f), ws
+        for s0 in range(0, b, block):
+            s1 = min(b, s0 + block)
+            with cache_blocks(s0 > 0):  # the block's work, which a GPU runs once: counted once
+                for j in range(t):
+                    o = out[j, s0:s1]
+                    block_product(a[j], x[s0:s1], o)
+                    o.mul_(scale[s0:s1, j])
+        ctx.ats, ctx.shape, ctx.ws, ctx.block = ats, (b, t, n, f), ws, block
         ctx.save_for_backward(scale)
         return tuple(out.view(t, b * n, f).unbind(0))
 
@@ -1763,14 +1770,17 @@ class _SlabParts(torch.autograd.Function):
         (scale,) = ctx.saved_tensors
         b, t, n, f = ctx.shape
         gx = take(ctx.ws, "gx", (b, n, f), scale).zero_()
-        s = scale.new_empty(n, f)
+        s = scale.new_empty(min(b, ctx.block), n, f)
         gs = [None if g is None else g.view(b, n, f) for g in grads]
-        for i in range(b):
-            for j, (at, g) in enumerate(zip(ctx.ats, gs)):
-                if g is not None:
-                    torch.mul(g[i], scale[i, j], out=s)
-                    gx[i].addmm_(at, s)
-        return (gx, None, None) + (None,) * (2 * t)
+        for s0 in range(0, b, ctx.block):
+            s1 = min(b, s0 + ctx.block)
+            with cache_blocks(s0 > 0):  # as in the forward: the block's work counted once
+                for j, (at, g) in enumerate(zip(ctx.ats, gs)):
+                    if g is not None:
+                        sb = s[:s1 - s0]
+                        torch.mul(g[s0:s1], scale[s0:s1, j], out=sb)
+                        block_product(at, sb, gx[s0:s1], add=True)
+        return (gx, None, None, None) + (None,) * (2 * t)
 
 
 class _GinSelf(torch.autograd.Function):

@@ -181,7 +181,7 @@ class GinMlp(torch.autograd.Function):
         return (gagg if need[0] else None, gx, None, *grads, gwt, None, None, None)
 
 
-def _block_product(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor, add: bool = False):
+def block_product(a: torch.Tensor, x: torch.Tensor, out: torch.Tensor, add: bool = False):
     """``out[i] (+)= a @ x[i]`` for every sample ``i`` of a block (``x``, ``out``: ``[blk, N,
     F]``; ``a`` CSR ``[N, N]``): one sample's product straight into its rows; a larger block
     (a GPU's whole batch) as one sparse product over the block gene-major, ``[N, blk * F]``
@@ -246,7 +246,7 @@ class DenseGinSum(torch.autograd.Function):
                 for j, (a, _) in enumerate(mats):
                     e, w1, b1, w2, _ = ps[j]
                     zj, rj = z[j, s0:s1], r[j, s0:s1].view(-1, h1)
-                    _block_product(a, xk[s0:s1], zj)
+                    block_product(a, xk[s0:s1], zj)
                     zj.mul_(scale[s0:s1, j]).addcmul_(x[s0:s1], e)
                     _maps(zj.view(-1, f), w1, b1, rj)
                     acc.addmm_(rj, w2.t())
@@ -283,7 +283,7 @@ class DenseGinSum(torch.autograd.Function):
                     if gx is not None:
                         gx[s0:s1].addcmul_(gz, e)
                         gz.mul_(scale[s0:s1, j])
-                        _block_product(at, gz, gk[s0:s1], add=True)
+                        block_product(at, gz, gk[s0:s1], add=True)
         if gx is not None:
             gx.addcmul_(gk, keep)
         for j, gj in enumerate(grads):  # one tensor per parameter: autograd may keep it
