@@ -31,13 +31,39 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
     return out
 
 
+def twins(slow_keys, fast_keys) -> dict:
+    """Each slow function's counterpart among the fast pipeline's: the same function (file and
+    line), else, for a pair kept in two files, the one fast function of the same qualified name
+    (``GeneModel.forward`` in ``slow.py`` and in ``fast.py``) where each side has exactly one
+    of that name and the fast one is no slow function's own; a function with none has none.
+
+    Args:
+        slow_keys, fast_keys: ``(function, file, line)`` of each side's sites.
+    """
+    fast_keys = set(fast_keys)
+    out = {k: k for k in slow_keys if k in fast_keys}
+    taken = set(out.values())
+    names_slow: dict = defaultdict(list)
+    names_fast: dict = defaultdict(list)
+    for k in slow_keys:
+        names_slow[k[0]].append(k)
+    for k in fast_keys:
+        names_fast[k[0]].append(k)
+    for name, ks in names_slow.items():
+        fs = names_fast.get(name, [])
+        if name != NOT_OWN and len(ks) == 1 and len(fs) == 1 and ks[0] not in out and \
+                fs[0] not in taken:
+            out[ks[0]] = fs[0]
+    return out
+
+
 def code_sites(profiles: dict, slow: str, fast: str, stage: str,
                device_type: str = "cpu") -> tuple[list[CodeSite], str, float | None]:
     """The slow pipeline's functions that hold a stage's extra time against the fast one's (at most
     :data:`MOST`, each at least :data:`MIN_SITE` of it), why none are named, and the share of
     that time outside the pipeline's code (:data:`NOT_OWN`'s difference; None where not
-    profiled). Shares are of the positive per-function differences; on a GPU, device time where
-    the stage has any.
+    profiled). Shares are of the positive per-function differences, each function against its
+    twin in the fast pipeline (:func:`twins`); on a GPU, device time where the stage has any.
     """
     stages = PROFILED.get(stage)
     if stages is None:
@@ -53,7 +79,8 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
     device = device_type == "cuda" and any(r.device_seconds for st in stages
                                            for r in a.sites.get(st, []))
     sa, sb = _by_function(a, stages, device), _by_function(b, stages, device)
-    diffs = {k: sa[k][0] - (sb[k][0] if k in sb else 0.0) for k in sa}
+    twin = twins(list(sa), list(sb))
+    diffs = {k: sa[k][0] - (sb[twin[k]][0] if k in twin else 0.0) for k in sa}
     extra = sum(d for d in diffs.values() if d > 0)
     if extra <= 0:
         return [], ("not attributed: no function of the slow pipeline takes longer than the "
@@ -67,7 +94,7 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
         top = max(libs, key=libs.get) if libs else ""
         lib = top if top and libs[top] > 0.5 * sa[k][0] else ""
         out.append(CodeSite(k[0], k[1], k[2], lib, sa[k][0] * 1e3,
-                            (sb[k][0] if k in sb else 0.0) * 1e3, d / extra, sa[k][1]))
+                            (sb[twin[k]][0] if k in twin else 0.0) * 1e3, d / extra, sa[k][1]))
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside
