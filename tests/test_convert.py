@@ -19,6 +19,7 @@ from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
 
 from workbook_lib.nodemask import convert
 from workbook_lib.nodemask import convert as convert_fn
+from workbook_lib.nodemask.convert_trace import ConvertError
 from workbook_lib.nodemask.workspace import Workspace
 
 convert_module = sys.modules["workbook_lib.nodemask.convert"]
@@ -1216,3 +1217,112 @@ def test_a_cpu_runs_sync_count_of_a_converted_step_is_zero_and_its_ops_are_a_gpu
         with cache_blocks(False):
             torch.ones(2).add(1)
     assert one.ops_by_stage["s"] > 0 and c.ops_by_stage["s"] == 2 * one.ops_by_stage["s"]
+
+
+class _PooledTail(nn.Module):
+    """A conv, ReLU, then a Linear: with a weighted-sum readout the Linear is pooled (computed
+    from its weights, not called)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = GraphConv(F_IN, H)
+        self.out = nn.Linear(H, H)
+
+    def forward(self, x, edges):
+        return self.out(self.conv(x, edges).relu())
+
+
+HOOKED = {  # where the converted form does not call the module: refused, naming it
+    "a HeteroConv": ("hetero", lambda e: e.layers[0].register_forward_pre_hook(
+        lambda m, a: None), "layers.0 (HeteroConv) has a forward pre-hook"),
+    "a conv in it": ("hetero", lambda e: e.layers[0].convs[TYPES[0]].register_forward_hook(
+        lambda m, a, o: 2 * o), "(GINConv) has a forward hook"),
+    "PyG's propagate hook": ("single", lambda e: e.layers[1].register_propagate_forward_hook(
+        lambda m, a, o: o), "layers.1 (GINConv) has a propagate forward hook"),
+    "the encoder itself": ("single", lambda e: e.register_forward_hook(lambda m, a, o: o),
+                           "the encoder (Encoder) has a forward hook"),
+    "a pooled Linear": ("tail", lambda e: e.out.register_forward_hook(lambda m, a, o: 2 * o),
+                        "out (Linear) has a forward hook"),
+    "the legacy weight_norm": ("tail", lambda e: torch.nn.utils.weight_norm(e.out),
+                               "out (Linear) has a forward pre-hook"),
+}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("case", list(HOOKED))
+def test_a_hook_the_converted_form_would_not_run_is_refused(case):
+    """Found by a user trial: hooks on a HeteroConv, a conv in it or a pooled Linear, and the
+    legacy weight_norm, were skipped with no refusal (outputs 18% to 110% off). Refused at
+    convert, and at the call when registered after it; a hook on a module the converted form
+    calls (a per-node module between layers, a Linear that is not pooled) is run: exact."""
+    container, hook, said = HOOKED[case]
+
+    def make():
+        return _PooledTail() if container == "tail" else Encoder("gin", container, "layernorm")
+    readout = "mean_kept"
+    graph = GRAPH[TYPES[0]] if container in ("single", "tail") else GRAPH
+    enc = make()
+    hook(enc)
+    with pytest.raises(ConvertError, match=re.escape(said) + ".*would not run"):
+        convert(enc, graph, readout=readout)
+    enc = make()
+    fast = convert(enc, graph, readout=readout)
+    hook(enc)  # after convert: refused at the call
+    with pytest.raises(ConvertError, match=re.escape(said)):
+        fast(torch.randn(N, F_IN), DELETED)
+    torch.set_default_dtype(torch.float64)
+    try:
+        enc = Encoder("gin", "hetero", "layernorm")
+        enc.post.register_forward_hook(lambda m, a, o: 2 * o)  # called: run, and exact
+        _check(enc, GRAPH, "mean_kept")
+        tail = _PooledTail()
+        tail.out.register_forward_hook(lambda m, a, o: 2 * o)
+        _check(tail, GRAPH[TYPES[0]], None)  # no readout: the Linear is called
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_a_graph_whose_last_genes_have_no_edges_is_planned_ahead_at_its_num_nodes():
+    """Found by a user trial: with an edge dict whose highest genes are isolated, N was counted
+    from the edges (largest id + 1): plan_ahead before the first call refused a valid gene
+    ('outside 0..294' in a 300-gene graph) or planned for 295 genes, a plan the call never used,
+    silently. Now the first says why and what to pass, the second is refused at the call, and
+    ``num_nodes`` makes both right; explain before any call says N."""
+    torch.manual_seed(0)
+    n = N + 5  # five more genes past the last edge
+    ids = 1 + max(int(e.max()) for e in GRAPH.values())  # what the edges show
+    enc = Encoder("graph_mean", "moduledict", "layernorm")
+    x = torch.randn(n, F_IN)
+    fast = convert(enc, GRAPH, readout="mean_kept")
+    with pytest.raises(ValueError, match=r"outside 0\.\.%d .*num_nodes=N" % (ids - 1)):
+        fast.plan_ahead(torch.tensor([[n - 1, -1]]))
+    seen = torch.tensor([[HUB, -1], list(ADJ)])  # genes the edges show
+    fast.plan_ahead(seen)
+    with pytest.raises(ValueError, match=f"planned these deletions for {ids} genes but x has {n} "
+                                         "rows .*num_nodes=N"):
+        fast(x, seen)
+    fast = convert(enc, GRAPH, readout="mean_kept", num_nodes=n)
+    late = torch.tensor([[n - 1, -1], [HUB, n - 2]])
+    fast.plan_ahead(late)
+    made = fast._state["ahead"][next(iter(fast._state["ahead"]))].result()
+    out = fast(x, late)
+    assert fast._state["plan"][1] is made and out.shape == (2, H)
+    assert f"N={n} genes" in fast.explain(late)
+    for bad in (ids - 1, float(n), True):
+        with pytest.raises(ValueError, match="'num_nodes' must be an int"):
+            convert(enc, GRAPH, num_nodes=bad)
+
+
+def test_a_conv_given_the_whole_edge_dict_is_refused_naming_the_line():
+    """Found by a user trial: a conv called with the edge dict itself (which the encoder
+    cannot run either) met a KeyError in the plan."""
+    class WholeDict(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = SAGEConv(F_IN, H)
+
+        def forward(self, x, edges):
+            return self.conv(x, edges)
+    with pytest.raises(ConvertError, match=r"conv \(SAGEConv\) is given the whole dict of edge "
+                                           r"types at .*test_convert\.py:\d+; .*index the dict"):
+        convert(WholeDict(), GRAPH)

@@ -36,7 +36,7 @@ from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import (MODE_DEPENDENT, ConvertError, check_graph, conv_kind, node_where,
-                            per_node_problem, trace)
+                            per_node_problem, refuse_hooks, trace)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
                             gin_mlp)
@@ -439,7 +439,8 @@ class _Plan:
 class ConvertedEncoder(nn.Module):
     """The exact shared-graph form of a user's encoder (see :func:`convert`)."""
 
-    def __init__(self, encoder: nn.Module, graph, readout=None, register: dict | None = None):
+    def __init__(self, encoder: nn.Module, graph, readout=None, register: dict | None = None,
+                 num_nodes: int | None = None):
         super().__init__()
         self.register = dict(register or {})
         for cls, target in self.register.items():
@@ -453,8 +454,17 @@ class ConvertedEncoder(nn.Module):
         self.readout_module = readout if isinstance(readout, Aggregation) else None
         self.readout_kind = None if isinstance(readout, Aggregation) else readout
         self.keys, self.graph_in, n = _edge_dict(graph)
-        self.num_nodes = n if n is not None else 1 + max(
-            (int(e.max()) for e in self.graph_in.values() if e.numel()), default=-1)
+        ids = 1 + max((int(e.max()) for e in self.graph_in.values() if e.numel()), default=-1)
+        if num_nodes is not None:
+            if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < ids \
+                    or (n is not None and num_nodes != n):
+                raise ValueError(f"'num_nodes' must be an int of at least {max(ids, 1)} (the "
+                                 "graph's node ids)" + ("" if n is None else
+                                                        f", the HeteroData's {n}") +
+                                 f" (got {num_nodes!r})")
+            n = num_nodes
+        self.num_nodes = n if n is not None else ids
+        self._counted = n is None  # N counted from the edges: genes past the last edge unseen
         self._edges: dict[int, dict] = {}
         self._graphs: dict[bool, fx.Graph] = {}
         self._named = dict(encoder.named_modules())
@@ -466,6 +476,7 @@ class ConvertedEncoder(nn.Module):
         self.workspace = Workspace()  # large CPU buffers kept between calls (.workspace)
         self.register_state_dict_post_hook(_leave_out_shared)
         self.register_load_state_dict_pre_hook(_fill_shared)
+        self._check_hooks()
 
     def __getstate__(self):
         """Copies and pickles leave out the plans, the planning thread and the device caches
@@ -482,7 +493,7 @@ class ConvertedEncoder(nn.Module):
         """The traced forward in this mode (``self.training`` is read at trace time)."""
         if training not in self._graphs:
             g = trace(self.encoder, self.keys, self.register)
-            check_graph(g, self.encoder, self.register)
+            check_graph(g, self.encoder, self.register, typed=self.keys is not None)
             self._graphs[training] = g
         return self._graphs[training]
 
@@ -512,6 +523,11 @@ class ConvertedEncoder(nn.Module):
             if cached is not None and cached[0] == key:
                 return cached[1]
             ahead = self._state["ahead"].pop(key, None)
+            if ahead is None:
+                other = [k[0] for k in self._state["ahead"] if k[1:] == key[1:]]
+                if other:  # planned ahead for another gene count: it would go unused
+                    raise ValueError(f"plan_ahead planned these deletions for {other[0]} genes "
+                                     f"but x has {key[0]} rows ({self._n_hint(other[0])})")
             plan = ahead.result() if ahead is not None else self._make_plan(d, key[0], key[1])
         self._state["plan"] = (key, plan)
         return plan
@@ -543,8 +559,13 @@ class ConvertedEncoder(nn.Module):
         ahead[key] = self._state["pool"].submit(self._make_plan, d, key[0], key[1])
 
     def _plan_key(self, deleted: torch.Tensor, n: int | None) -> tuple[tuple, torch.Tensor]:
-        n = n or self.num_nodes
-        d = validate_deleted(deleted, n).cpu()
+        n = n or self._seen_nodes()
+        try:
+            d = validate_deleted(deleted, n).cpu()
+        except ValueError as e:
+            if not self._unsure_n(n) or "outside" not in str(e):
+                raise
+            raise ValueError(f"{e} ({self._n_hint(n)})") from None
         if d.shape[0] == 0:
             raise ValueError("'deleted' has no rows: B must be at least 1 (a row of -1 deletes "
                              "nothing)")
@@ -919,12 +940,48 @@ class ConvertedEncoder(nn.Module):
         if x.dim() != 2:
             raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
         self._check_mode()
+        self._check_hooks()
         return self._run(x, self.plan(deleted, x.shape[0]))
 
     def _run(self, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
         """The planned batch's output (a pooled tail's readout comes out of the execution)."""
         out = self._execute(x, plan)
         return out if isinstance(out, torch.Tensor) else self._readout(out, plan)
+
+    def _computed(self, training: bool) -> tuple:
+        """``(path, module)`` of the modules the converted form computes from their weights
+        without calling them: the encoder (its forward is followed, not called), each
+        convolution and HeteroConv with the convolutions and aggregation modules in it, a linear
+        map fused with its typed convs or run per part of a concatenation, and every module of a
+        pooled tail. A fused GIN-MLP's maps are not: a hook on them unfuses it (``gin_mlp``)."""
+        key = ("computed", training)
+        if key not in self._device_graph:
+            tail, typed = self._tail(training), self._typed(training)
+            whole = {tl.lin.target for tl in typed.values()} | {
+                p.target for tl in typed.values() for p in tl.parts}
+            out = {"": self.encoder}
+            for node in self._graph(training).nodes:
+                if node.op != "call_module":
+                    continue
+                m = self._named[node.target]
+                if node in tail or node.target in whole:
+                    out.update(m.named_modules(prefix=node.target))
+                elif isinstance(m, (HeteroConv, MessagePassing)) or type(m) in self.register:
+                    out.update((p, s) for p, s in m.named_modules(prefix=node.target)
+                               if isinstance(s, (HeteroConv, MessagePassing, Aggregation)) or
+                               type(s) in self.register)
+                elif node.args and isinstance(node.args[0], fx.Node) and \
+                        self._fused_cat(node.args[0]):
+                    out[node.target] = m
+            self._device_graph[key] = tuple(out.items())
+        return self._device_graph[key]
+
+    def _check_hooks(self) -> None:
+        """Refuse a call hook on a module the converted form does not call (found by a user
+        trial: a forward pre-hook on a conv, a hook on a pooled Linear and the legacy weight_norm
+        were skipped, the output off by 18% to 110%)."""
+        for path, m in self._computed(self.encoder.training):
+            refuse_hooks(m, path)
 
     def _check_mode(self) -> None:
         """Refuse, in the encoder's current mode, what mixes rows only in train mode (among the
@@ -1553,7 +1610,17 @@ class ConvertedEncoder(nn.Module):
         return "\n".join(lines)
 
     def _seen_nodes(self) -> int:
+        """The genes of the last call's x (before any call: the graph's, see :func:`convert`)."""
         return max(self._edges) if self._edges else self.num_nodes
+
+    def _unsure_n(self, n: int) -> bool:
+        """``n`` is the count of an edge list's node ids, no call having shown x's rows."""
+        return self._counted and not self._edges and n == self.num_nodes
+
+    def _n_hint(self, n: int) -> str:
+        return (f"{n} genes is the graph's largest node id + 1, counted from its edges before "
+                "any call: where the last genes have no edges, pass convert(..., num_nodes=N), "
+                "or n=N to plan_ahead")
 
     def floor(self, deleted: torch.Tensor) -> ConvertFloor:
         """The fewest multiply-adds an exact sample of this batch needs, forward and backward, per
@@ -2175,8 +2242,8 @@ def _fill_shared(module, state_dict, prefix: str, local_metadata: dict, strict, 
                 state_dict[key] = v.detach() if isinstance(v, torch.Tensor) else v
 
 
-def convert(encoder: nn.Module, graph, *, readout=None,
-            register: dict | None = None) -> ConvertedEncoder:
+def convert(encoder: nn.Module, graph, *, readout=None, register: dict | None = None,
+            num_nodes: int | None = None) -> ConvertedEncoder:
     """The exact shared-graph form of ``encoder``: ``fast(x, deleted)`` is, per sample ``b``,
     ``encoder(x_b, graph_b)``, where ``graph_b`` drops every edge touching a gene of ``deleted[b]``
     and ``x_b`` zeroes those genes' rows (their output rows are kept; a readout leaves them out).
@@ -2189,9 +2256,13 @@ def convert(encoder: nn.Module, graph, *, readout=None,
         readout: None (``[B, N, H]``), ``"mean"`` (all N genes, deleted rows as zero),
             ``"mean_kept"``, ``"sum_kept"`` or a PyG aggregation module (kept genes): ``[B, H]``.
         register: ``{UserConvClass: GINConv}``: a subclass that computes as a supported conv.
+        num_nodes: the genes N (default: a HeteroData's, else the largest node id + 1 until a
+            call's x shows its rows; give it where the last genes have no edges and batches are
+            planned ahead, or explained, before the first call).
 
     Raises:
         ConvertError: (a ValueError) a module or operation that cannot be made exact, naming its
             path in the encoder.
     """
-    return ConvertedEncoder(encoder, graph, readout=readout, register=register)
+    return ConvertedEncoder(encoder, graph, readout=readout, register=register,
+                            num_nodes=num_nodes)

@@ -232,9 +232,11 @@ def node_where(node: fx.Node) -> str:
                      getattr(node.target, "__name__", None))
 
 
-def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
+def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
+                typed: bool = False) -> None:
     """Raise ConvertError at the first node convert cannot make exact (:func:`conv_kind`,
-    :func:`per_node_problem`), naming its module path or line."""
+    :func:`per_node_problem`), naming its module path or line. ``typed``: the graph is a dict
+    of edge types (a conv given the whole dict is refused)."""
     modules = dict(encoder.named_modules())
     params = list(inspect.signature(encoder.forward).parameters)
     edges = _reads_edges(graph, params[1]) if len(params) > 1 else set()
@@ -250,6 +252,11 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict) -> None:
                                        "conv(x_dict, edge_index_dict) only")
             elif isinstance(m, MessagePassing) or type(m) in register:
                 conv_kind(m, path, register)
+                if typed and len(node.args) > 1 and isinstance(node.args[1], dict):
+                    raise ConvertError(f"{path} ({type(m).__name__}) is given the whole dict of "
+                                       f"edge types at {node_where(node)}; a conv takes one "
+                                       "type's edge_index: index the dict by edge type, or "
+                                       "wrap the conv in a HeteroConv")
                 if len(node.args) + len(node.kwargs) > 2:
                     raise ConvertError(f"{path} ({type(m).__name__}) is called with edge "
                                        "features or weights at " + node_where(node) + "; convert "
@@ -303,3 +310,33 @@ def _reads_edges(graph: fx.Graph, edge_arg: str) -> set:
                 a in found for a in node.all_input_nodes):
             found.add(node)
     return {nd for nd in found if nd.op != "placeholder"}
+
+
+def hooks_of(m: nn.Module) -> list[str]:
+    """The kinds of call hooks registered on ``m`` ("forward hook", "forward pre-hook",
+    "backward hook", PyG's "propagate forward hook", ...), from its ``_*_hooks`` dicts; not
+    its state-dict hooks."""
+    out = []
+    for name, v in vars(m).items():
+        if name.startswith("_") and name.endswith("_hooks") and "state_dict" not in name and \
+                isinstance(v, dict) and v:
+            words = name[1:-len("_hooks")].replace("_", " ")
+            out.append(words[:-len(" pre")] + " pre-hook" if words.endswith(" pre") else
+                       words + " hook")
+    return out
+
+
+def refuse_hooks(m: nn.Module, path: str) -> None:
+    """ConvertError where a module the converted form computes from its weights, without
+    calling it, has a call hook (it would be skipped: silently wrong where it changes the
+    output)."""
+    kinds = hooks_of(m)
+    if kinds:
+        where, why = (f"{path} ({type(m).__name__})", "it computes this module from its weights "
+                      "without calling it") if path else (
+            f"the encoder ({type(m).__name__})", "it follows the encoder's forward without "
+            "calling the module")
+        raise ConvertError(f"{where} has a {' and a '.join(sorted(set(kinds)))}, which the "
+                           f"converted form would not run ({why}); remove the hook, or apply "
+                           "what it does outside the encoder (the legacy "
+                           "torch.nn.utils.weight_norm and spectral_norm are such hooks)")
