@@ -129,6 +129,18 @@ def test_notebook_namespace_same_validation():
         notebook_params({**ns, "params": {"scale": 0.1}})
     with pytest.raises(ParamsError, match="'layers'"):
         notebook_params({**ns, "layers": 0})
+    # found by a user trial: papermill -p strategies '[]' -p pipelines [two] was refused, the
+    # cell's default gap naming built-in strategies the run does not compare; now the first two
+    # pipelines, as on the command line; a default gap the run compares stays; a wrong one given
+    # beside pipelines is still refused
+    two = ["examples/lazy_pyg.py:make_pipeline", "examples/nodemask_pyg.py:make_pipeline"]
+    p, _ = notebook_params({**ns, "strategies": [], "pipelines": two})
+    assert list(p.gap_strategies) == ["lazy_pyg", "nodemask_pyg"]
+    p, _ = notebook_params({**ns, "pipelines": two})
+    assert list(p.gap_strategies) == list(defaults()["gap_strategies"])
+    with pytest.raises(ParamsError, match="'gap_strategies' names"):
+        notebook_params({**ns, "strategies": [], "pipelines": two,
+                         "gap_strategies": ["lazy_pyg", "dango_wildtype"]})
 
 
 def test_check_against_graph():

@@ -19,7 +19,7 @@ from ..exceptions import ParamsError
 from ..paths import resolve_path
 from ..report import plotting
 from . import environment
-from ..configs.schema import FIELDS
+from ..configs.schema import FIELDS, defaults
 from ..configs.validation import check_against_graph, check_gap, suggest, validate
 
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "run_dir", "Dict", "List",
@@ -46,6 +46,20 @@ def _injected_extras(namespace: dict) -> list[str]:
                   and not isinstance(v, (types.ModuleType, type)) and not callable(v))
 
 
+def _default_gap_not_given(raw: dict) -> None:
+    """The parameters cell holds every key, so ``gap_strategies`` is always there: at its
+    default, naming a built-in strategy the run does not compare (``-p strategies '[]'`` with
+    pipelines), it was not given, and the run's first two pipelines are its gap, as on the
+    command line (found by a user trial: papermill refused such a run)."""
+    gap = raw.get("gap_strategies")
+    if gap is None or list(gap) != list(defaults()["gap_strategies"]):
+        return
+    strategies = raw.get("strategies", defaults()["strategies"])
+    if isinstance(strategies, (list, tuple)) and any(g not in strategies for g in gap) and \
+            raw.get("pipelines"):
+        del raw["gap_strategies"]
+
+
 def notebook_params(namespace: dict) -> tuple[dict, Path]:
     """Validated params and the resolved run folder from a notebook's namespace.
 
@@ -65,6 +79,7 @@ def notebook_params(namespace: dict) -> tuple[dict, Path]:
                               + "; `python -m workbook_lib params` lists every key",
                               key=extras[0], value=namespace[extras[0]])
     raw = {k: namespace[k] for k in FIELDS if k in namespace}
+    _default_gap_not_given(raw)
     p = validate(raw, source="notebook parameters")
     run_dir = resolve_path(namespace.get("run_dir") or "runs/interactive")
     return p, run_dir
