@@ -188,3 +188,31 @@ def test_the_forward_advice_projects_what_the_conversion_leaves_of_the_gap():
     assert gap_left(fig, 100, (2.0, 0.5), 8) == ""  # a saving beyond the epoch: no projection
     assert gap_left(fig, None, (5.0, 0.5), 4) == ""
     assert gap_left(EncoderFigures(batch_size=4, blocked="GATConv"), 100, (5.0, 0.5), 4) == ""
+
+
+def test_one_shared_pass_is_advised_only_where_the_figures_show_graph_work_per_sample():
+    """Found by a user trial: a pipeline already making one SAGEConv pass over one shared graph,
+    whose forward grew with the batch in a dense per-sample readout (`dense_project_pool`, under
+    `Linear.forward`), was told to make one pass over one shared graph. A forward that grows is
+    told so only with what shows graph work: its largest site in graph code, a declared encoder,
+    or a built-in strategy carrying graph copies; else no such advice (both ways)."""
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.advice import NODEMASK, advise, carries_copies
+
+    def advice(library, copies=False):
+        st = Stat.from_samples([0.002] * 5)
+        grow = Growth(stage="forward", batch_sizes=(32, 16), per_sample=st,
+                      at_batch=Stat.from_samples([0.08] * 5), share=0.8, grows=True)
+        site = CodeSite("dense_project_pool", "pool2_slow.py", 30, library, 9.0, 0.0, 0.8, 4)
+        c = Cause("forward", "12 ms per step against 1 ms", 1.0, 0.1, 0.9, 0.9, "measured",
+                  stage="forward", growth=grow, sites=[site])
+        advise([c], "cpu", copies=copies)
+        return c.advice
+    dense = advice("Linear.forward (torch/nn/modules/linear.py:124)")
+    assert NODEMASK not in dense and dense == ""
+    conv = advice("SAGEConv.forward (torch_geometric/nn/conv/sage_conv.py:120)")
+    assert NODEMASK in conv and "runs graph code (SAGEConv.forward" in conv
+    assert NODEMASK in advice("", copies=True) and "carries one graph copy per sample" in \
+        advice("", copies=True)
+    assert carries_copies("replicated_mask_cpu") and not carries_copies("node_mask_shared")
+    assert not carries_copies("dango_wildtype") and not carries_copies("my_pipeline")

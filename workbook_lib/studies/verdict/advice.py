@@ -127,13 +127,44 @@ def gap_left(fig: EncoderFigures, steps: int | None, epoch_s: tuple[float, float
             f"{(slow - saved) / fast:.3g}x of {slow / fast:.3g}x (full steps)")
 
 
+# a library frame in graph code: PyG's convolutions and message passing (its generated propagate
+# modules too), its graph utilities and batching, torch_scatter and torch_sparse
+GRAPH_CODE = ("torch_geometric/nn/conv/", "torch_geometric/utils/", "torch_geometric/data/",
+              "_propagate_", "propagate (", "torch_scatter/", "torch_sparse/")
+
+
+def carries_copies(name: str) -> bool:
+    """A built-in strategy that carries one graph copy per sample (``Strategy.replicated``)."""
+    from ...strategies import REGISTRY
+
+    cls = REGISTRY.get(name)
+    return bool(cls is not None and getattr(cls, "replicated", False))
+
+
+def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool) -> str:
+    """What in the figures shows that a forward's cost per sample is graph work, in words; ""
+    where nothing does (then one shared pass is not advised, however the forward grows): a
+    built-in strategy that carries a graph copy per sample, an encoder the pipeline declares
+    (``shared_encoder``: run on its graph copies), or the forward's largest site running graph
+    code."""
+    if copies:
+        return "the slow pipeline carries one graph copy per sample"
+    if encoder is not None:
+        return "its encoder (shared_encoder) runs on a graph copy per sample"
+    s = c.sites[0] if c.sites else None
+    if s is not None and s.library and any(k in s.library for k in GRAPH_CODE):
+        return f"its largest site, {s.where}, runs graph code ({s.library})"
+    return ""
+
+
 def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None = None,
-           gap: Gap | None = None) -> None:
+           gap: Gap | None = None, copies: bool = False) -> None:
     """Sets every row's ``advice`` (what to change, or "") and ``finding`` (what was measured,
     in one sentence). ``encoder``: the slow pipeline's encoder against its conversion (03),
     said where the forward's advice is one shared pass; ``gap``: its steps per epoch tell a
     slower stage from more steps of an equal one, and with its epoch times and batch say what
-    the conversion's saving leaves of the gap."""
+    the conversion's saving leaves of the gap; ``copies``: the slow pipeline is a built-in
+    strategy that carries graph copies (:func:`carries_copies`)."""
     steps = (gap.steps.get(gap.slow), gap.steps.get(gap.fast)) if gap else (None, None)
     by = {c.stage: c for c in rows}
     for c in sorted(rows, key=lambda c: c.stage == "backward"):  # the forward's advice first
@@ -143,7 +174,7 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
             c.finding += "; " + more
             c.advice = ""
             continue
-        c.advice = _advice(c, by, device_type)
+        c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies))
         if encoder is not None and c.stage == "forward" and NODEMASK in c.advice:
             c.advice += "; " + encoder_words(encoder) + not_faster(encoder)
             left = gap and gap_left(encoder, steps[0],
@@ -188,7 +219,7 @@ def _finding(c: Cause) -> str:
     return "; ".join(parts)
 
 
-def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
+def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -> str:
     g = c.growth
     loop = g is not None and g.python_loop
     grows = g is not None and g.grows
@@ -202,10 +233,10 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str) -> str:
         advice = []
         if loop:
             advice.append(_loop(c, c.stage.replace("_", " ")))
-        if grows and c.stage == "forward":
+        if grows and c.stage == "forward" and graph:  # per-sample cost, shown to be graph work
             advice.append(f"{NODEMASK}: the forward costs {_ms(g.per_sample.median)} more for "
                           f"each extra sample, {g.share_words} of its time at batch "
-                          f"{g.batch_sizes[0]}")
+                          f"{g.batch_sizes[0]}, and {graph}")
         return "; ".join(advice)
     if c.stage == "backward":
         if _custom_backward(c):

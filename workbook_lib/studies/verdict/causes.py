@@ -6,7 +6,7 @@ from ...results.timing import STAGES
 from ...results.verdict import Cause, Gap
 from . import claims as claims_mod
 from ..timing.stages import stage_medians, stage_quartiles, within_noise
-from .advice import H2D_WALK, advise
+from .advice import H2D_WALK, advise, carries_copies
 from .code import code_sites
 
 
@@ -125,7 +125,8 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                          if noisy else "") + ")", None, None,
                       total - attributed, None, claims_mod.MEASURED, "rest", stage="rest"))
     set_shares(rows, total if gap.measurable else 0.0)
-    advise(rows, device_type, encoder=lo.encoders.get(slow), gap=gap)
+    advise(rows, device_type, encoder=lo.encoders.get(slow), gap=gap,
+           copies=carries_copies(slow))
     timed = sorted((r for r in rows if r.difference_s is not None
                     and r.effect not in ("rest", "noise")), key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \
