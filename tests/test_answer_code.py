@@ -144,6 +144,9 @@ def test_a_step_is_attributed_to_the_functions_that_hold_it(tmp_path):
         ops[r.function] = ops.get(r.function, 0) + r.ops
         assert r.file in ("", "test_answer_code.py")
     assert ops["GatherRows.backward"] >= 32  # its loop's operators, in its own frame
+    # named at its def line, not its decorator's (found by a user trial)
+    lines = {r.line for r in sites["backward"] if r.function == "GatherRows.backward"}
+    assert lines == {GatherRows.backward.__code__.co_firstlineno + 1}, lines
     # the matmul's and tanh's backward operators: at the function that ran their forward
     assert ops["user_forward"] >= 2
 
@@ -376,3 +379,30 @@ def test_a_pair_kept_in_two_files_compares_each_function_with_its_namesake():
     assert twins([a, ("f", "x.py", 9)], [b]) == {}
     assert twins([a], [b, ("f", "y.py", 9)]) == {}
     assert twins([a, ("f", "z.py", 2)], [a]) == {a: a}  # a's own twin is not taken twice
+
+
+def test_a_custom_backward_without_a_loop_is_not_told_to_batch_its_operations():
+    """Found by a user trial: a custom backward with a needless dense product (6 operator calls
+    per step, none more per extra sample) was told 'make it one batched tensor operation'. With
+    a loop that advice stays; without, its figures and what to time it against."""
+    from workbook_lib.results.stat import Stat
+    from workbook_lib.results.timing import Growth
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.advice import _advice
+
+    def told(ops_per_sample):
+        grow = Growth("backward", (32, 16), Stat.from_samples([1e-4] * 5),
+                      Stat.from_samples([0.01] * 5), 0.3, ops_per_sample=ops_per_sample)
+        c = Cause("backward", "", 2.0, 0.1, 1.9, 0.9, "measured", effect="adds",
+                  stage="backward", growth=grow,
+                  sites=[CodeSite("GateRows.backward", "bwd_slow.py", 17, "", 9.1, 0.0, 0.74,
+                                  6)])
+        return _advice(c, {"backward": c}, "cpu")
+    plain = told(-0.3)
+    assert "one batched tensor operation" not in plain
+    assert "`GateRows.backward` (bwd_slow.py:17) holds 74% of the backward's extra time " \
+           "(9.1 ms per profiled step), in 6 operator calls per step, none more for each extra " \
+           "sample: not a loop" in plain and "autograd's own backward" in plain
+    looped = told(96.0)
+    assert "loops over the samples (96 more operator calls" in looped
+    assert "one batched tensor operation" in looped

@@ -56,11 +56,11 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
 
 def _row(own, frame, library, seconds: float, ops: float = 0.0,
          device_seconds: float = 0.0) -> SiteTime:
-    lib = (f"{own.name(library)} ({own.display(library.file)}:{library.line})"
+    lib = (f"{own.name(library)} ({own.display(library.file)}:{own.line(library)})"
            if library is not None else "")
     if frame is None:
         return SiteTime(NOT_OWN, "", 0, lib, seconds, ops, device_seconds)
-    return SiteTime(own.name(frame), own.display(frame.file), frame.line, lib, seconds, ops,
+    return SiteTime(own.name(frame), own.display(frame.file), own.line(frame), lib, seconds, ops,
                     device_seconds)
 
 
