@@ -595,3 +595,29 @@ def test_a_contended_step_factor_gives_no_multi_rank_epochs(tmp_path):
     assert "2 ranks" in r.epochs_per_day["node_mask_shared"]
     assert list(r.epochs_per_day["replicated_mask_cpu"]) == ["1 rank"]
     assert "whose factor was measured contended, has no 2-rank figure" in r.projection_basis
+
+
+def test_the_fix_section_quotes_the_gaps_step_where_both_sides_have_it(tmp_path):
+    """Found by a user trial: the answer said the fix's per-epoch figure was the gap above
+    (11.8x, the steps a plain loop runs) while the fix section quoted 10.6x and projected its
+    epochs per day from the recorded full steps. With a plain-loop arm for every pipeline the
+    recommendation's speedup and epochs are the gap's steps; without, the full steps as before."""
+    from workbook_lib.results.timing import PIPELINED
+
+    t = _timing()
+    base = V.recommend(t, _mask_cost(), _ddp(), tmp_path, baseline="replicated_mask_cpu",
+                       tie_tolerance=0.15, num_samples=1000)
+    assert base.step_words == "full training step"
+    for n, a in list(t.loops.arms.items()):  # plain-loop steps 10% shorter than the full ones
+        name = a.strategy
+        t.loops.arms[f"{name}/{PIPELINED}"] = ArmResult(
+            f"{name}/{PIPELINED}", name, PIPELINED, PIPELINED, a.batch_size, 1,
+            st(a.step.median * 0.9, 0.02), {})
+    r = V.recommend(t, _mask_cost(), _ddp(), tmp_path, baseline="replicated_mask_cpu",
+                    tie_tolerance=0.15, num_samples=1000)
+    assert r.step_words == "plain-loop training step"
+    assert "the gap's steps" in r.projection_basis and "plain-loop" in r.tie_rule
+    assert r.speedup.median == pytest.approx(base.speedup.median, rel=1e-6)  # both 10% shorter
+    assert r.ms_per_sample.median == pytest.approx(0.9 * base.ms_per_sample.median, rel=1e-6)
+    one = r.epochs_per_day["node_mask_shared"]["1 rank"]
+    assert one == pytest.approx(base.epochs_per_day["node_mask_shared"]["1 rank"] / 0.9)

@@ -177,16 +177,17 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
                         "recommendation.")
     if r.strategy == r.baseline:  # the slow side itself: nothing exact here to switch to
         lines = [f"### No exact pipeline here is faster than {r.title}",
-                 f"- Its full training step: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}"
+                 f"- Its {r.step_words}: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}"
                  f"** (notebook 03, {v.device}); {r.tie_rule.rstrip('.')}. The answer above "
                  "says what else this run measured."]
     else:
         lines = [f"### Use {r.title}",
-                 f"- Full training step: **{fmt_stat(r.ms_per_sample, unit='ms per sample')}** "
+                 f"- {r.step_words[:1].upper() + r.step_words[1:]}: "
+                 f"**{fmt_stat(r.ms_per_sample, unit='ms per sample')}** "
                  f"(notebook 03, {v.device}); {r.tie_rule.rstrip('.')}."]
     if r.speedup is not None:
         lines.append(f"- Against {pipelines.title(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** "
-                     "faster per sample, full step, same loop"
+                     f"faster per sample, {r.step_words}, same loop"
                      + (", same rounds." if "paired" in (v.gap.basis if v.gap else "") else "."))
     b = r.bench
     if b is not None and v.builtin:

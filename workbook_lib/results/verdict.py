@@ -113,7 +113,7 @@ class Recommendation(Record):
     title: str
     ms_per_sample: Stat
     baseline: str
-    speedup: Stat | None  # baseline / recommended, full step per sample (03, same rounds)
+    speedup: Stat | None  # baseline / recommended, per sample, the step_words step (03, same rounds)
     fastest: str
     tied: list[str]
     tie_rule: str
@@ -125,6 +125,9 @@ class Recommendation(Record):
     projection_basis: str = ""
     exactness: str = "declared exact"  # how it is known to be exact, in words
     proven: bool = False  # proven equal to the slow pipeline by ``equal``
+    # the step its figures time: as a plain loop runs it (03's pipelined arm, the gap's) where
+    # every pipeline compared has one, else the full step with every stage recorded
+    step_words: str = "full training step"
 
 
 @dataclass

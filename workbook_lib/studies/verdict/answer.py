@@ -248,7 +248,8 @@ def fix_text(v: VerdictResult) -> str:
                 "figure is the gap above)." + check)
     text = head + f"{r.title}**, {how}"
     if r.speedup is not None:
-        text += (f"; its full step per sample (notebook 03, same loop) {r.speedup.median:.3g}x "
+        text += (f"; its {r.step_words} per sample (notebook 03, same loop) "
+                 f"{r.speedup.median:.3g}x "
                  f"faster than {pipelines.title(r.baseline)}"
                  + (" (a disturbed or contended figure, see above)" if "speedup" in shaky
                     else ""))
