@@ -157,12 +157,22 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
         v.recommendation = Recommendation(
             strategy, strategy, f"the pipeline '{strategy}'", ms, "slow", None, strategy,
             [strategy], "the only exact pipeline in this run")
-        v.device, v.builtin, v.gap, v.missing = "cpu", False, None, {}
+        v.device, v.builtin, v.gap, v.missing, v.causes = "cpu", False, None, {}, []
         return v
     same = recommendation_text(verdict("slow")).data
     assert same.startswith("### No exact pipeline here is faster than the pipeline 'slow'")
     assert "Use " not in same and "the only exact pipeline in this run" in same
     assert "none faster than the pipeline 'slow'" in adoption(verdict("slow")).data
+    # the node-mask pointer only where the answer advises it or built-ins are compared (found
+    # by a user trial: it followed a vectorized loss's fix)
+    from workbook_lib.results.verdict import Cause
+    v = verdict("rewrite")
+    assert "workbook_lib.nodemask" not in adoption(v).data
+    v.causes = [Cause("forward", "", 1.0, 0.1, 0.9, 0.9, "measured", stage="forward",
+                      advice="one pass over one shared graph ... (workbook_lib.nodemask)")]
+    assert "workbook_lib.nodemask" in adoption(v).data
+    v.causes, v.builtin = [], True
+    assert "workbook_lib.nodemask" in adoption(v).data
     assert recommendation_text(verdict("rewrite")).data.startswith(
         "### Use the pipeline 'rewrite'")
 

@@ -621,3 +621,16 @@ def test_the_fix_section_quotes_the_gaps_step_where_both_sides_have_it(tmp_path)
     assert r.ms_per_sample.median == pytest.approx(0.9 * base.ms_per_sample.median, rel=1e-6)
     one = r.epochs_per_day["node_mask_shared"]["1 rank"]
     assert one == pytest.approx(base.epochs_per_day["node_mask_shared"]["1 rank"] / 0.9)
+
+
+def test_only_a_named_cause_that_adds_to_the_gap_carries_advice():
+    """Found by a user trial: the results file held stage templates for stages within noise or
+    that saved time (pinned memory for a transfer that saved time, on a CPU)."""
+    from workbook_lib.studies.verdict.causes import MINOR
+
+    causes = _causes(_timing(), _ddp())
+    h2d = next(c for c in causes if c.stage == "h2d")
+    assert h2d.share < MINOR and h2d.advice == "" and h2d.finding  # 0.01 ms a step each
+    for c in causes:
+        if c.advice:
+            assert c.effect == "adds" and c.share >= MINOR, c

@@ -275,9 +275,13 @@ def adoption(v: VerdictResult) -> Markdown:
     if r is None or r.strategy != "node_mask_shared":
         which = "none" if r is None else (
             f"none faster than {r.title}" if r.strategy == r.baseline else r.title)
-        return Markdown(f"The recommended strategy here is {which}; the node-mask shared "
-                        "graph's API, and `convert` for an encoder of your own, are in "
-                        "`workbook_lib.nodemask` (README).")
+        # the pointer where the answer advises the fix, or the run compares its strategies
+        # (found by a user trial: beside a vectorized loss it pointed at the node-mask API)
+        pointer = v.builtin or any("workbook_lib.nodemask" in (c.advice or "")
+                                   for c in v.causes)
+        return Markdown(f"The recommended strategy here is {which}" + (
+            "; the node-mask shared graph's API, and `convert` for an encoder of your own, are "
+            "in `workbook_lib.nodemask` (README)." if pointer else "."))
     return Markdown(ADOPTION)
 
 

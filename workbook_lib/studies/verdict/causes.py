@@ -127,6 +127,10 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
     set_shares(rows, total if gap.measurable else 0.0)
     advise(rows, device_type, encoder=lo.encoders.get(slow), gap=gap,
            copies=carries_copies(slow))
+    for r in rows:  # advice for what adds to the gap and is named (found by a user trial:
+        # the results file advised pinned memory for a transfer that saved time, on a CPU)
+        if r.effect != "adds" or r.share is None or r.share < MINOR:
+            r.advice = ""
     timed = sorted((r for r in rows if r.difference_s is not None
                     and r.effect not in ("rest", "noise")), key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \
