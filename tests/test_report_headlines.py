@@ -219,3 +219,18 @@ def test_03s_run_line_says_the_graph_is_the_snapshot_given_to_a_users_factories(
     assert "the snapshot handed to your pipelines' factories, " + g.describe() in own
     built = settings(validate({}), g, "cpu").data
     assert "factories" not in built and g.describe() in built
+
+
+def test_03s_sizes_line_describes_the_pipelines_it_ran():
+    """Found by a user trial: charts of two pipelines of the user's own were captioned with the
+    built-in models' H, L, k and B."""
+    from workbook_lib.configs.validation import validate
+    from workbook_lib.studies.timing import run_sizes
+
+    p = validate({})
+    own = run_sizes(1000, p, {"slow": 32, "fast": 24})
+    assert own == ("1,000 edges, B=32 (slow), 24 (fast) (pipelines of your own: their models' "
+                   "sizes are their own)")
+    assert "H=" not in own and "DANGO" not in own
+    builtin = run_sizes(1000, p, {"replicated_mask_cpu": 7, "dango_wildtype": 16})
+    assert f"H={p.hidden}" in builtin and "pipelines of your own" not in builtin

@@ -35,6 +35,24 @@ LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
 
 
+
+def run_sizes(edges: int, params, batches: dict[str, int]) -> str:
+    """The charts' sizes line: the built-in strategies' model sizes where the run compares any,
+    each pipeline of the user's own with its batch (found by a user trial: a run of two
+    pipelines of the user's own was captioned with the built-in models' H, L, k and B)."""
+    from ...strategies import REGISTRY
+
+    own = [n for n in batches if n not in REGISTRY]
+    parts = [f"{edges:,} edges"]
+    if len(own) < len(batches):
+        parts.append(f"H={params.hidden}, L={params.layers}, k={params.perturbation_k}, "
+                     f"B={params.batch_size_lazy} (perturbed-graph strategies) / "
+                     f"{params.batch_size_dango} (DANGO-style)")
+    if own:
+        parts.append("B=" + ", ".join(f"{batches[n]} ({n})" for n in own)
+                     + " (pipelines of your own: their models' sizes are their own)")
+    return ", ".join(parts)
+
 def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
               strategies: list[str] | None = None) -> LoopStudy:
     """The loop of every pipeline (built-in strategies and the ``pipelines`` of the params) in
@@ -121,9 +139,7 @@ def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
     finally:
         shutil.rmtree(store, ignore_errors=True)
     measured = measured_names(names, made, failures)
-    sizes = (f"{graph.num_edges():,} edges, H={params.hidden}, L={params.layers}, "
-             f"k={params.perturbation_k}, B={params.batch_size_lazy} (perturbed-graph "
-             f"strategies) / {params.batch_size_dango} (DANGO-style)")
+    sizes = run_sizes(graph.num_edges(), params, {n: made[n].batch_size for n in measured})
     from ...running.environment import device_label
     from ...measurement.cpu import fit_threads
 
