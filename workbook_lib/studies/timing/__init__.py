@@ -35,7 +35,6 @@ LAZY, DANGO = "replicated_mask_cpu", "dango_wildtype"
 MAX_DISTINCT_SAMPLES = 400  # per strategy; the stream cycles over them
 
 
-
 def run_sizes(edges: int, params, batches: dict[str, int]) -> str:
     """The charts' sizes line: the built-in strategies' model sizes where the run compares any,
     each pipeline of the user's own with its batch (found by a user trial: a run of two
