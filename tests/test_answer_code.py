@@ -406,3 +406,6 @@ def test_a_custom_backward_without_a_loop_is_not_told_to_batch_its_operations():
     looped = told(96.0)
     assert "loops over the samples (96 more operator calls" in looped
     assert "one batched tensor operation" in looped
+    # no second batch measured: a loop is not ruled out, so not said (found by a review)
+    unmeasured = told(None)
+    assert "not a loop" not in unmeasured and "was not measured" in unmeasured

@@ -264,7 +264,7 @@ def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_th
     assert not loud.gap.measurable and "no gap is resolved" in loud.lead and "30%" in loud.lead
     assert "first cause" not in loud.lead
     line = next(c for c in loud.caveats if c.startswith("Contended, not relied on"))
-    assert "the fix is chosen by them" in line and "the epoch-time gap" not in line
+    assert "notebook 03's steps the fix is chosen by" in line and "the epoch-time gap" not in line
     assert "**The fix, provisionally: " in loud.answer
     assert "provisional" in loud.recommendation.tie_rule
     # and through JSON, as notebook 05 writes it and compare/stability read it

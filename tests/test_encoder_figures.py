@@ -212,6 +212,12 @@ def test_one_shared_pass_is_advised_only_where_the_figures_show_graph_work_per_s
     assert NODEMASK not in dense and dense == ""
     conv = advice("SAGEConv.forward (torch_geometric/nn/conv/sage_conv.py:120)")
     assert NODEMASK in conv and "runs graph code (SAGEConv.forward" in conv
+    # PyG's own GNN models and dense convs are graph code; its MLP and Linear are not (review)
+    assert NODEMASK in advice("BasicGNN.forward (torch_geometric/nn/models/basic_gnn.py:230)")
+    assert NODEMASK in advice("DenseSAGEConv.forward "
+                              "(torch_geometric/nn/dense/dense_sage_conv.py:50)")
+    assert advice("MLP.forward (torch_geometric/nn/models/mlp.py:200)") == ""
+    assert advice("Linear.forward (torch_geometric/nn/dense/linear.py:140)") == ""
     assert NODEMASK in advice("", copies=True) and "carries one graph copy per sample" in \
         advice("", copies=True)
     assert carries_copies("replicated_mask_cpu") and not carries_copies("node_mask_shared")

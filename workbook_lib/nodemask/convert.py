@@ -69,6 +69,7 @@ class _Edges:
     deg: torch.Tensor  # [N] in-degree
     num_nodes: int
     loop: torch.Tensor | None = None  # [N] bool: the gene has a self-loop
+    repeated_loop: int = -1  # a gene whose self-loop is there more than once (-1: none)
 
     @classmethod
     def of(cls, key, index: torch.Tensor, n: int) -> "_Edges":
@@ -82,9 +83,11 @@ class _Edges:
         o_in, o_out = torch.argsort(dst, stable=True), torch.argsort(src, stable=True)
         deg = torch.bincount(dst, minlength=n)
         loop = torch.zeros(n, dtype=torch.bool)
-        loop[src[src == dst]] = True
+        loops = torch.bincount(src[src == dst], minlength=n)
+        loop[loops > 0] = True
+        repeated = int(loops.argmax()) if n and int(loops.max()) > 1 else -1
         return cls(key, index, _ptr(deg), src[o_in], _ptr(torch.bincount(src, minlength=n)),
-                   dst[o_out], deg, n, loop)
+                   dst[o_out], deg, n, loop, repeated)
 
     def receivers(self, flat: torch.Tensor) -> torch.Tensor:
         """Flat (sample, gene) ``b*N + n`` of every out-neighbour of the rows ``flat``."""
@@ -114,6 +117,18 @@ def _reach(e: _Edges, rows: torch.Tensor, flat: torch.Tensor,
     if lowered is not None:
         mark(lowered.numpy(), *args)
     return out.view(b, n)
+
+
+def _refuse_repeated_loops(e: _Edges, path: str) -> None:
+    """ConvertError where a gene has its self-loop more than once on a GCN's edge type: PyG's
+    ``gcn_norm`` (``add_remaining_self_loops``) keeps one of them, which the conversion, summing
+    every edge, does not (found by a review: 0.083 off PyG)."""
+    if e.repeated_loop >= 0:
+        where = "" if e.key is None else f" on edge type {e.key!r}"
+        raise ConvertError(f"{path} (GCNConv): gene {e.repeated_loop} has its self-loop more "
+                           f"than once{where}; PyG's GCN keeps one (add_remaining_self_loops) "
+                           "while every other conv sums them all: drop the repeated self-loops "
+                           "(torch_geometric.utils.coalesce), or use add_self_loops=False")
 
 
 _GCN_FILL: dict = {}
@@ -456,13 +471,16 @@ class ConvertedEncoder(nn.Module):
         self.keys, self.graph_in, n = _edge_dict(graph)
         ids = 1 + max((int(e.max()) for e in self.graph_in.values() if e.numel()), default=-1)
         if num_nodes is not None:
-            if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < ids \
-                    or (n is not None and num_nodes != n):
+            try:
+                given = None if isinstance(num_nodes, bool) else operator.index(num_nodes)
+            except TypeError:
+                given = None
+            if given is None or given < max(ids, 1) or (n is not None and given != n):
                 raise ValueError(f"'num_nodes' must be an int of at least {max(ids, 1)} (the "
                                  "graph's node ids)" + ("" if n is None else
                                                         f", the HeteroData's {n}") +
                                  f" (got {num_nodes!r})")
-            n = num_nodes
+            n = given
         self.num_nodes = n if n is not None else ids
         self._counted = n is None  # N counted from the edges: genes past the last edge unseen
         self._edges: dict[int, dict] = {}
@@ -524,10 +542,13 @@ class ConvertedEncoder(nn.Module):
                 return cached[1]
             ahead = self._state["ahead"].pop(key, None)
             if ahead is None:
-                other = [k[0] for k in self._state["ahead"] if k[1:] == key[1:]]
+                other = [k for k in self._state["ahead"] if k[1:] == key[1:]]
                 if other:  # planned ahead for another gene count: it would go unused
-                    raise ValueError(f"plan_ahead planned these deletions for {other[0]} genes "
-                                     f"but x has {key[0]} rows ({self._n_hint(other[0])})")
+                    self._state["ahead"].pop(other[0])  # not kept to fail again
+                    raise ValueError(
+                        f"plan_ahead planned these deletions for {other[0][0]} genes but x has "
+                        f"{key[0]} rows (" + (self._n_hint(other[0][0]) if self._counted else
+                                              f"pass n={key[0]} to plan_ahead") + ")")
             plan = ahead.result() if ahead is not None else self._make_plan(d, key[0], key[1])
         self._state["plan"] = (key, plan)
         return plan
@@ -563,7 +584,9 @@ class ConvertedEncoder(nn.Module):
         try:
             d = validate_deleted(deleted, n).cpu()
         except ValueError as e:
-            if not self._unsure_n(n) or "outside" not in str(e):
+            d = deleted if isinstance(deleted, torch.Tensor) else None
+            if not self._unsure_n(n) or d is None or d.numel() == 0 or d.is_floating_point() \
+                    or int(d.max()) < n:  # the hint only for a gene past the edges' count
                 raise
             raise ValueError(f"{e} ({self._n_hint(n)})") from None
         if d.shape[0] == 0:
@@ -859,6 +882,8 @@ class ConvertedEncoder(nn.Module):
                                "can; self-loops on its types, for one, keep a layer from being "
                                "fused: docs/fix-api.md); give each call its own conv module, or "
                                "keep the masked copies for weights tied on purpose")
+        if kind is GCNConv and m.normalize and m.add_self_loops:
+            _refuse_repeated_loops(e, path)
         keep, (b, n) = plan.keep, plan.keep.shape
         cnt = _kept_degree(plan, e)
         gcn_norm = kind is GCNConv and m.normalize
@@ -949,18 +974,28 @@ class ConvertedEncoder(nn.Module):
         return out if isinstance(out, torch.Tensor) else self._readout(out, plan)
 
     def _computed(self, training: bool) -> tuple:
-        """``(path, module)`` of the modules the converted form computes from their weights
-        without calling them: the encoder (its forward is followed, not called), each
-        convolution and HeteroConv with the convolutions and aggregation modules in it, a linear
-        map fused with its typed convs or run per part of a concatenation, and every module of a
-        pooled tail. A fused GIN-MLP's maps are not: a hook on them unfuses it (``gin_mlp``)."""
+        """``(path, module)`` of the modules the converted form does not call: the encoder and
+        every module whose forward the trace followed (inlined), each convolution and
+        HeteroConv with the convolutions and aggregation modules in it, a linear map fused with
+        its typed convs (and its ReLU module) or run per part of a concatenation, and every
+        module of a pooled tail. A fused GIN-MLP's maps are not: a hook on them unfuses it
+        (``gin_mlp``)."""
         key = ("computed", training)
         if key not in self._device_graph:
             tail, typed = self._tail(training), self._typed(training)
             whole = {tl.lin.target for tl in typed.values()} | {
-                p.target for tl in typed.values() for p in tl.parts}
-            out = {"": self.encoder}
-            for node in self._graph(training).nodes:
+                p.target for tl in typed.values() for p in tl.parts} | {
+                tl.relu.target for tl in typed.values()
+                if tl.relu is not None and tl.relu.op == "call_module"}  # run in the push
+            graph = self._graph(training)
+            called = {n.target for n in graph.nodes if n.op == "call_module"}
+            # the encoder and every module fx traced through (its forward inlined, a hook of
+            # its called at trace time or not at all): none is called
+            out = {p: m for p, m in self.encoder.named_modules()
+                   if p not in called and not isinstance(m, (nn.ModuleList, nn.ModuleDict)) and
+                   (p == "" or any(c.startswith(p + ".") for c in called))}
+            followed = set(out)
+            for node in graph.nodes:
                 if node.op != "call_module":
                     continue
                 m = self._named[node.target]
@@ -974,14 +1009,16 @@ class ConvertedEncoder(nn.Module):
                         self._fused_cat(node.args[0]):
                     out[node.target] = m
             self._device_graph[key] = tuple(out.items())
+            self._device_graph[("followed", training)] = followed
         return self._device_graph[key]
 
     def _check_hooks(self) -> None:
         """Refuse a call hook on a module the converted form does not call (found by a user
         trial: a forward pre-hook on a conv, a hook on a pooled Linear and the legacy weight_norm
         were skipped, the output off by 18% to 110%)."""
+        key = ("followed", self.encoder.training)
         for path, m in self._computed(self.encoder.training):
-            refuse_hooks(m, path)
+            refuse_hooks(m, path, followed=path in self._device_graph[key])
 
     def _check_mode(self) -> None:
         """Refuse, in the encoder's current mode, what mixes rows only in train mode (among the

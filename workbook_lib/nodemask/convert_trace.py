@@ -326,16 +326,16 @@ def hooks_of(m: nn.Module) -> list[str]:
     return out
 
 
-def refuse_hooks(m: nn.Module, path: str) -> None:
-    """ConvertError where a module the converted form computes from its weights, without
-    calling it, has a call hook (it would be skipped: silently wrong where it changes the
-    output)."""
+def refuse_hooks(m: nn.Module, path: str, followed: bool = False) -> None:
+    """ConvertError where a module the converted form does not call has a call hook (it would
+    be skipped, or run as it was when traced: silently wrong where it changes the output).
+    ``followed``: the trace followed its forward (the encoder, a module of the user's own);
+    else the conversion computes it from its weights."""
     kinds = hooks_of(m)
     if kinds:
-        where, why = (f"{path} ({type(m).__name__})", "it computes this module from its weights "
-                      "without calling it") if path else (
-            f"the encoder ({type(m).__name__})", "it follows the encoder's forward without "
-            "calling the module")
+        where = f"{path} ({type(m).__name__})" if path else f"the encoder ({type(m).__name__})"
+        why = ("it follows the module's forward without calling the module" if followed or
+               not path else "it computes this module from its weights without calling it")
         raise ConvertError(f"{where} has a {' and a '.join(sorted(set(kinds)))}, which the "
                            f"converted form would not run ({why}); remove the hook, or apply "
                            "what it does outside the encoder (the legacy "

@@ -128,6 +128,7 @@ class Recommendation(Record):
     # the step its figures time: as a plain loop runs it (03's pipelined arm, the gap's) where
     # every pipeline compared has one, else the full step with every stage recorded
     step_words: str = "full training step"
+    step_mode: str = "full"  # its arm in notebook 03 ("pipelined": the plain loop's)
 
 
 @dataclass

@@ -47,9 +47,9 @@ def _injected_extras(namespace: dict) -> list[str]:
 
 
 def _default_gap_not_given(raw: dict) -> None:
-    """The parameters cell holds every key, so ``gap_strategies`` is always there: at its
-    default, naming a built-in strategy the run does not compare (``-p strategies '[]'`` with
-    pipelines), it was not given, and the run's first two pipelines are its gap, as on the
+    """A parameters cell that reads ``gap_strategies`` holds it at its default, given or not:
+    at that default, naming a built-in strategy the run does not compare (``-p strategies '[]'``
+    with pipelines), it was not given, and the run's first two pipelines are its gap, as on the
     command line (found by a user trial: papermill refused such a run)."""
     gap = raw.get("gap_strategies")
     if gap is None or list(gap) != list(defaults()["gap_strategies"]):

@@ -42,15 +42,19 @@ def run_sizes(edges: int, params, batches: dict[str, int]) -> str:
     from ...strategies import REGISTRY
 
     own = [n for n in batches if n not in REGISTRY]
+    builtin = [n for n in batches if n in REGISTRY]
     parts = [f"{edges:,} edges"]
-    if len(own) < len(batches):
+    if builtin:
+        bs = ([f"{params.batch_size_lazy} (perturbed-graph strategies)"]
+              if any(n != DANGO for n in builtin) else []) + \
+            ([f"{params.batch_size_dango} (DANGO-style)"] if DANGO in builtin else [])
         parts.append(f"H={params.hidden}, L={params.layers}, k={params.perturbation_k}, "
-                     f"B={params.batch_size_lazy} (perturbed-graph strategies) / "
-                     f"{params.batch_size_dango} (DANGO-style)")
+                     f"B={' / '.join(bs)}")
     if own:
         parts.append("B=" + ", ".join(f"{batches[n]} ({n})" for n in own)
                      + " (pipelines of your own: their models' sizes are their own)")
     return ", ".join(parts)
+
 
 def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
               strategies: list[str] | None = None) -> LoopStudy:

@@ -93,7 +93,6 @@ class OwnCode:
             return f"{inside[-1]}.{frame.function}" if inside else frame.function
         return starts.get(frame.line) or frame.function
 
-
     def line(self, frame) -> int:
         """The frame's ``def`` line: a decorated function's code starts at its first decorator
         (found by a user trial: a custom backward named at its ``@staticmethod`` line)."""

@@ -136,13 +136,15 @@ def disturbed_figures(gap: Gap | None, rec: Recommendation | None,
 def contended_figures(gap: Gap | None, rec: Recommendation | None,
                       timing=None, exact: set[str] | None = None) -> dict[str, CpuShare]:
     """The headline figures measured while the process got less CPU than its threads asked for
-    (:attr:`Stat.contended`), and notebook 03's full steps when any exact strategy's was: key ->
+    (:attr:`Stat.contended`), and notebook 03's steps the fix is chosen by (the recommendation's
+    ``step_mode``) when any exact strategy's was: key ->
     the CPU share it was measured with."""
     out = {k: st.cpu for k, st in _headline_stats(gap, rec).items()
            if st is not None and getattr(st, "contended", False)}
     if timing is not None:
         lo = timing.loops
-        arms = [lo.arm(n, "full").step for n in lo.strategies
+        mode = rec.step_mode if rec is not None else "full"  # the steps the fix is chosen by
+        arms = [lo.arm(n, mode).step for n in lo.strategies
                 if (n in exact if exact is not None else is_exact(lo, n))]
         bad = [a.cpu for a in arms if getattr(a, "contended", False)]
         if bad:

@@ -128,9 +128,14 @@ def gap_left(fig: EncoderFigures, steps: int | None, epoch_s: tuple[float, float
 
 
 # a library frame in graph code: PyG's convolutions and message passing (its generated propagate
-# modules too), its graph utilities and batching, torch_scatter and torch_sparse
-GRAPH_CODE = ("torch_geometric/nn/conv/", "torch_geometric/utils/", "torch_geometric/data/",
-              "_propagate_", "propagate (", "torch_scatter/", "torch_sparse/")
+# modules too), its GNN models (GraphSAGE, GCN, GIN...), dense convs, Sequential and to_hetero,
+# its graph utilities and batching, torch_scatter and torch_sparse; not its MLP or Linear
+GRAPH_CODE = ("torch_geometric/nn/conv/", "torch_geometric/nn/models/",
+              "torch_geometric/nn/dense/dense_", "torch_geometric/nn/dense/diff_pool",
+              "torch_geometric/nn/sequential", "torch_geometric/nn/to_hetero",
+              "torch_geometric/utils/", "torch_geometric/data/", "_propagate_", "propagate (",
+              "torch_scatter/", "torch_sparse/")
+NOT_GRAPH_CODE = ("torch_geometric/nn/models/mlp.py",)
 
 
 def carries_copies(name: str) -> bool:
@@ -152,7 +157,8 @@ def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool) -> str:
     if encoder is not None:
         return "its encoder (shared_encoder) runs on a graph copy per sample"
     s = c.sites[0] if c.sites else None
-    if s is not None and s.library and any(k in s.library for k in GRAPH_CODE):
+    if s is not None and s.library and any(k in s.library for k in GRAPH_CODE) and \
+            not any(k in s.library for k in NOT_GRAPH_CODE):
         return f"its largest site, {s.where}, runs graph code ({s.library})"
     return ""
 
@@ -249,8 +255,12 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
                                "tensor operation")
             # no loop: what each call computes is the cost (found by a user trial: this was
             # told to be 'one batched tensor operation' at 6 operator calls per step)
-            more = "" if g is None or g.ops_per_sample is None else \
-                ", none more for each extra sample" if g.ops_per_sample < 1 else \
+            if g is None or g.ops_per_sample is None:  # no second batch: a loop not ruled out
+                return (f"{text}, in {s.ops:.3g} operator calls per step (how they grow with "
+                        "the batch was not measured): time it against autograd's own backward "
+                        "of its forward (drop the Function; `equal` checks the gradients "
+                        "agree)")
+            more = ", none more for each extra sample" if g.ops_per_sample < 1 else \
                 f", {g.ops_per_sample:.3g} more for each extra sample"
             return (f"{text}, in {s.ops:.3g} operator calls per step{more}: not a loop; the "
                     "work of its operations is the cost: time it against autograd's own "

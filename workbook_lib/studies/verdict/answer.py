@@ -18,8 +18,7 @@ DISTURBED_LABELS = {"gap": "the epoch-time gap", "per_step_ratio": "the per-step
                     "speedup": "the recommended pipeline's speedup over the slow one (notebook "
                                "03's loop)",
                     "bench": "the benchmark's ratio"}
-CONTENDED_LABELS = {**DISTURBED_LABELS, "loop": "notebook 03's full steps (the fix is chosen "
-                                                "by them)"}
+CONTENDED_LABELS = {**DISTURBED_LABELS, "loop": "notebook 03's steps the fix is chosen by"}
 
 
 def _pct(x: float) -> str:

@@ -132,4 +132,4 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                           bench=bench, bench_source=source,
                           epochs_per_day=epochs, projection_basis=basis,
                           exactness=(words or {}).get(best, "declared exact"),
-                          proven=best in proven, step_words=step_words)
+                          proven=best in proven, step_words=step_words, step_mode=mode)
