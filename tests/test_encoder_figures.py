@@ -199,11 +199,12 @@ def test_one_shared_pass_is_advised_only_where_the_figures_show_graph_work_per_s
     from workbook_lib.results.verdict import Cause, CodeSite
     from workbook_lib.studies.verdict.advice import NODEMASK, advise, carries_copies
 
-    def advice(library, copies=False):
+    def advice(library, copies=False, graph_share=0.0):
         st = Stat.from_samples([0.002] * 5)
         grow = Growth(stage="forward", batch_sizes=(32, 16), per_sample=st,
                       at_batch=Stat.from_samples([0.08] * 5), share=0.8, grows=True)
-        site = CodeSite("dense_project_pool", "pool2_slow.py", 30, library, 9.0, 0.0, 0.8, 4)
+        site = CodeSite("dense_project_pool", "pool2_slow.py", 30, library, 9.0, 0.0, 0.8, 4,
+                        graph_share)
         c = Cause("forward", "12 ms per step against 1 ms", 1.0, 0.1, 0.9, 0.9, "measured",
                   stage="forward", growth=grow, sites=[site])
         advise([c], "cpu", copies=copies)
@@ -218,6 +219,10 @@ def test_one_shared_pass_is_advised_only_where_the_figures_show_graph_work_per_s
                               "(torch_geometric/nn/dense/dense_sage_conv.py:50)")
     assert advice("MLP.forward (torch_geometric/nn/models/mlp.py:200)") == ""
     assert advice("Linear.forward (torch_geometric/nn/dense/linear.py:140)") == ""
+    # a user's own MessagePassing subclass: no one library holds most of its time, but its
+    # propagate holds at least a quarter (the matrix's TorchCell-style case)
+    assert "60% of its largest site's time" in advice("", graph_share=0.6)
+    assert advice("", graph_share=0.1) == ""
     assert NODEMASK in advice("", copies=True) and "carries one graph copy per sample" in \
         advice("", copies=True)
     assert carries_copies("replicated_mask_cpu") and not carries_copies("node_mask_shared")

@@ -46,6 +46,7 @@ class CodeSite(Record):
     share: float  # of the stage's extra profiled time (the sum of the sites' positive
     # differences)
     ops: float = 0.0  # operator calls under it per profiled step (slow pipeline)
+    graph_share: float = 0.0  # of its slow time, under graph code (verdict.code.GRAPH_CODE)
 
     @property
     def where(self) -> str:

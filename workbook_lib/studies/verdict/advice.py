@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...results.timing import EncoderFigures
 from ...results.verdict import Cause, Gap
-from .code import MIN_SITE
+from .code import GRAPH_SHARE, MIN_SITE, graph_code
 
 NODEMASK = ("one pass over one shared graph for the whole batch instead of a graph copy or a "
             "loop per sample (workbook_lib.nodemask)")
@@ -127,17 +127,6 @@ def gap_left(fig: EncoderFigures, steps: int | None, epoch_s: tuple[float, float
             f"{(slow - saved) / fast:.3g}x of {slow / fast:.3g}x (full steps)")
 
 
-# a library frame in graph code: PyG's convolutions and message passing (its generated propagate
-# modules too), its GNN models (GraphSAGE, GCN, GIN...), dense convs, Sequential and to_hetero,
-# its graph utilities and batching, torch_scatter and torch_sparse; not its MLP or Linear
-GRAPH_CODE = ("torch_geometric/nn/conv/", "torch_geometric/nn/models/",
-              "torch_geometric/nn/dense/dense_", "torch_geometric/nn/dense/diff_pool",
-              "torch_geometric/nn/sequential", "torch_geometric/nn/to_hetero",
-              "torch_geometric/utils/", "torch_geometric/data/", "_propagate_", "propagate (",
-              "torch_scatter/", "torch_sparse/")
-NOT_GRAPH_CODE = ("torch_geometric/nn/models/mlp.py",)
-
-
 def carries_copies(name: str) -> bool:
     """A built-in strategy that carries one graph copy per sample (``Strategy.replicated``)."""
     from ...strategies import REGISTRY
@@ -151,15 +140,16 @@ def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool) -> str:
     where nothing does (then one shared pass is not advised, however the forward grows): a
     built-in strategy that carries a graph copy per sample, an encoder the pipeline declares
     (``shared_encoder``: run on its graph copies), or the forward's largest site running graph
-    code."""
+    code (its main library frame, or at least :data:`GRAPH_SHARE` of its time)."""
     if copies:
         return "the slow pipeline carries one graph copy per sample"
     if encoder is not None:
         return "its encoder (shared_encoder) runs on a graph copy per sample"
     s = c.sites[0] if c.sites else None
-    if s is not None and s.library and any(k in s.library for k in GRAPH_CODE) and \
-            not any(k in s.library for k in NOT_GRAPH_CODE):
+    if s is not None and graph_code(s.library):
         return f"its largest site, {s.where}, runs graph code ({s.library})"
+    if s is not None and s.graph_share >= GRAPH_SHARE:
+        return f"{s.graph_share:.0%} of its largest site's time, in {s.where}, runs graph code"
     return ""
 
 

@@ -15,6 +15,23 @@ PROFILED = {"data_item": ("data_item",), "collate": ("collate",), "h2d": ("h2d",
             "optimizer": ("optimizer",)}
 MIN_SITE = 0.05  # a site below this share of the stage's extra time is not named
 MOST = 3
+# a library frame in graph code: PyG's convolutions and message passing (its generated propagate
+# modules too), its GNN models (GraphSAGE, GCN, GIN...), dense convs, Sequential and to_hetero,
+# its graph utilities and batching, torch_scatter and torch_sparse; not its MLP or Linear
+GRAPH_CODE = ("torch_geometric/nn/conv/", "torch_geometric/nn/models/",
+              "torch_geometric/nn/dense/dense_", "torch_geometric/nn/dense/diff_pool",
+              "torch_geometric/nn/sequential", "torch_geometric/nn/to_hetero",
+              "torch_geometric/utils/", "torch_geometric/data/", "_propagate_", "propagate (",
+              "torch_scatter/", "torch_sparse/")
+NOT_GRAPH_CODE = ("torch_geometric/nn/models/mlp.py",)
+GRAPH_SHARE = 0.25  # a site with at least this share of its time under graph code runs it
+
+
+def graph_code(library: str) -> bool:
+    """A library frame (``"SAGEConv.forward (torch_geometric/nn/conv/sage_conv.py:120)"``) in
+    graph code (:data:`GRAPH_CODE`)."""
+    return bool(library) and any(k in library for k in GRAPH_CODE) and \
+        not any(k in library for k in NOT_GRAPH_CODE)
 
 
 def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
@@ -93,8 +110,10 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
         libs = sa[k][2]
         top = max(libs, key=libs.get) if libs else ""
         lib = top if top and libs[top] > 0.5 * sa[k][0] else ""
+        graph = sum(sec for name, sec in libs.items() if graph_code(name))
         out.append(CodeSite(k[0], k[1], k[2], lib, sa[k][0] * 1e3,
-                            (sb[twin[k]][0] if k in twin else 0.0) * 1e3, d / extra, sa[k][1]))
+                            (sb[twin[k]][0] if k in twin else 0.0) * 1e3, d / extra, sa[k][1],
+                            graph / sa[k][0] if sa[k][0] > 0 else 0.0))
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside
