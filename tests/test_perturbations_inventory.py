@@ -83,7 +83,7 @@ def test_headline_quotes_the_investigations_batch_only_when_its_strategies_ran()
     own = inventory.inventory(validate({"num_perturbations": 8, "batch_sizes": [1, 28],
                                         "strategies": [], "pipelines": ["a:f", "b:g"]}), g)
     assert not own.builtin  # a user's own pipelines: their batch is their own
-    assert "per batch" not in headline(own) and "boolean edge masks" in headline(own)
+    assert "per batch" not in headline(own) and "boolean edge masks would take" in headline(own)
     # a user's pipeline may build its own graph: the figures are said to be the snapshot's
     assert headline(own).startswith("the snapshot's ") and not headline(ran).startswith("the")
     assert InventoryResult.from_json(own.to_json()).builtin is False

@@ -175,8 +175,9 @@ def _headline(r: InventoryResult) -> str:
     if r.builtin:  # the investigation's batch; a user's own pipelines have their own
         b = 28 if 28 in r.bytes_per_batch["edge_masks"] else max(r.bytes_per_batch["edge_masks"])
         masks += f", {fmt_bytes(r.bytes_per_batch['edge_masks'][b])} per batch of {b}"
-    else:
-        masks = "boolean edge " + masks
+    else:  # a representation's cost, which a user's pipeline may not use (found by a trial)
+        masks = ("boolean edge masks would take "
+                 f"{fmt_bytes(r.bytes_per_sample['edge_masks'])}/sample")
     whose = "" if r.builtin else "the snapshot's "  # a user's pipeline may build its own graph
     return (f"{whose}{r.total_edges:,} edges over {r.num_genes:,} genes; {masks}; a perturbation "
             f"removes {fmt_pct(r.removed_edge_fraction.median, 2)} of edges but reaches "
