@@ -24,6 +24,30 @@ def test_selftest_passes_on_cpu(capsys):
         assert any(row.startswith(line) and " ok " in row for row in out.splitlines()), line
     if kernel != "pull":
         assert "exactness: node_mask_shared [delta, push pull, L = 3]" in out
+    assert any(row.startswith("exactness: convert [TorchCell-shaped, float64]") and " ok " in row
+               for row in out.splitlines()), out
+
+
+def test_the_convert_check_fails_on_a_wrong_conversion(monkeypatch):
+    """Both ways: a converted encoder whose GIN-MLP rows are off by 1e-6 fails the check (found
+    by a user trial: selftest did not check convert)."""
+    import importlib
+
+    from workbook_lib.configs.validation import load_params_file
+    from workbook_lib.data.snapshots import load_snapshot
+    from workbook_lib.paths import REPO_ROOT
+
+    params = load_params_file(REPO_ROOT / "params" / "ci.yaml")
+    graph = load_snapshot(params)
+    cpu = torch.device("cpu")
+    assert selftest.check_convert_exactness(params, cpu, graph).status == selftest.OK
+    dense = importlib.import_module("workbook_lib.nodemask.convert_dense")
+    for fn in (dense.GinMlp, dense.DenseGinSum):  # a GIN-MLP's rows, whichever form runs
+        def off(ctx, *a, real=fn.forward):
+            return real(ctx, *a) * (1 + 1e-6)
+        monkeypatch.setattr(fn, "forward", staticmethod(off))
+    bad = selftest.check_convert_exactness(params, cpu, graph)
+    assert bad.status == selftest.FAILED and "max relative error" in bad.detail
 
 
 def test_delta_path_checks_fail_when_the_step_syncs_or_errs(monkeypatch):

@@ -1,7 +1,7 @@
 """``python -m workbook_lib selftest [--device cuda] [--ranks N]``: check a machine before a long run.
 
 At ``params/ci.yaml``'s sizes, each check says ``ok``, ``FAILED`` or ``skipped``, with why:
-exactness on the device, the sync counter, the fix's delta path at 3 layers, a memory probe,
+exactness on the device (the built-in strategies and ``convert``), the sync counter, the fix's delta path at 3 layers, a memory probe,
 timing synchronization, the CPU share (``busy`` when timings now would be contended) and, with
 ``--ranks`` >= 2, a DDP launch. Exit 1 when a check failed, 2 for bad input. What each check
 does: docs/development.md.
@@ -179,6 +179,33 @@ def check_delta_exactness(params: Params, device: torch.device, graph) -> list[C
         out.append(Check(f"exactness: node_mask_shared [delta, push {kernel}, L = {layers}]",
                          status, detail, time.perf_counter() - t0))
     return out
+
+
+CONVERT_TOLERANCE = 1e-9  # float64: rounding only
+
+
+def check_convert_exactness(params: Params, device: torch.device, graph) -> Check:
+    """``workbook_lib.nodemask.convert`` on ``device``: a TorchCell-shaped encoder (per edge type
+    a GIN with a two-layer MLP, LayerNorm, 3 layers, attention pooling over the kept genes) on
+    the snapshot's first ``exactness_genes`` genes, in float64, against its B masked copies:
+    predictions and every gradient (on a GPU the dense layer runs the batch as one block)."""
+    from ..data.snapshots import induced_subgraph
+    from ..studies.mask_cost.convert_bench import torchcell_exact_error
+
+    t0 = time.perf_counter()
+    name = "exactness: convert [TorchCell-shaped, float64]"
+    try:
+        small = induced_subgraph(graph, min(params.exactness_genes, graph.num_genes))
+        pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % small.num_genes
+        pert[2, 2] = -1
+        err = torchcell_exact_error(small, pert, hidden=8, layers=3, seed=params.seed,
+                                    device=device)
+        status = OK if err <= CONVERT_TOLERANCE else FAILED
+        detail = (f"max relative error {err:.2g} (tolerance {CONVERT_TOLERANCE:g}) over "
+                  f"predictions and every gradient, {small.num_genes} genes")
+    except Exception as exc:  # noqa: BLE001 - reported as the check's failure
+        status, detail = FAILED, f"{type(exc).__name__}: {exc}"[:300]
+    return Check(name, status, detail, time.perf_counter() - t0)
 
 
 def check_delta_syncs(params: Params, device: torch.device, graph) -> Check:
@@ -395,7 +422,8 @@ def run_selftest(device: str = "auto", ranks: int | None = None,
     graph = load_snapshot(params.data)
     steps: list[tuple[str, Callable[[], list[Check] | Check]]] = [
         ("exactness", lambda: check_exactness(params, dev, graph)
-         + check_delta_exactness(params, dev, graph)),
+         + check_delta_exactness(params, dev, graph)
+         + [check_convert_exactness(params, dev, graph)]),
         ("syncs", lambda: check_sync_counter(params, dev, graph)
          + [check_delta_syncs(params, dev, graph)]),
         ("memory", lambda: check_memory_probe(params, dev)),

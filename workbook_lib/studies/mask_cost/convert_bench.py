@@ -157,6 +157,23 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
+def torchcell_exact_error(graph: CellGraph, pert: torch.Tensor, *, hidden: int, layers: int,
+                          seed: int, device: torch.device | str = "cpu") -> float:
+    """The TorchCell-shaped model converted against its B masked copies on ``graph``, in float64
+    on ``device``: the largest relative error over its predictions and every gradient."""
+    n = graph.num_genes
+    edges = {t: e.to(device) for t, e in graph.edge_index.items()}
+    tc = TorchCellModel(n, list(edges), hidden, layers, seed).double().to(device)
+    fast = convert(tc.encoder, edges, readout=tc.pool)
+    runs = []
+    for fn in (masked_step(tc, edges, pert, n)[1], converted_step(tc, fast, pert)[1]):
+        tc.zero_grad(set_to_none=True)
+        y = fn()
+        y.sum().backward()
+        runs.append([y.detach().cpu()] + [g.cpu() for g in _grads(tc)])
+    return rel_error(runs[1], runs[0])
+
+
 def exact_errors(graph: CellGraph, pert: torch.Tensor, *, hidden: int, layers: int, aggr: str,
                  seed: int) -> dict[str, float]:
     """On ``graph`` (the benchmark's small subgraph): the TorchCell-shaped model converted
@@ -169,16 +186,8 @@ def exact_errors(graph: CellGraph, pert: torch.Tensor, *, hidden: int, layers: i
     from ...strategies.model import PerturbGIN
 
     n, edges = graph.num_genes, graph.edge_index
-    out = {}
-    tc = TorchCellModel(n, list(edges), hidden, layers, seed).double()
-    fast = convert(tc.encoder, edges, readout=tc.pool)
-    runs = []
-    for fn in (masked_step(tc, edges, pert, n)[1], converted_step(tc, fast, pert)[1]):
-        tc.zero_grad(set_to_none=True)
-        y = fn()
-        y.sum().backward()
-        runs.append([y.detach()] + _grads(tc))
-    out["torchcell_converted"] = rel_error(runs[1], runs[0])
+    out = {"torchcell_converted": torchcell_exact_error(graph, pert, hidden=hidden,
+                                                        layers=layers, seed=seed)}
     own = PerturbGIN(n, list(edges), hidden=hidden, layers=layers, seed=seed)  # float32 kernels
     strat = make_strategy("node_mask_shared", graph, aggr=aggr, device="cpu", middle="delta")
     fast = convert(PerturbGINEncoder(own, aggr), edges)
