@@ -234,3 +234,43 @@ def test_03s_sizes_line_describes_the_pipelines_it_ran():
     assert "H=" not in own and "DANGO" not in own
     builtin = run_sizes(1000, p, {"replicated_mask_cpu": 7, "dango_wildtype": 16})
     assert f"H={p.hidden}" in builtin and "pipelines of your own" not in builtin
+
+
+def test_06_does_not_call_a_training_whose_loss_was_not_finite_the_same():
+    """Found by a user trial: SGD at 06's default lr blew both trainings up (1.3e5, 1.4e29,
+    then NaN); NaN - NaN read as a 0 difference and 06 said 'same training'. A NaN on one side
+    only read the same way. Now nothing after the first non-finite loss is compared, and 06
+    says which pipeline's loss, from which step, and what to change; a results file read back
+    (None for NaN) renders too."""
+    from types import SimpleNamespace
+
+    from workbook_lib.configs.validation import validate
+    from workbook_lib.results.adoption import AdoptionResult
+    from workbook_lib.studies.adoption import compare
+
+    p = validate({"strategies": [], "pipelines": ["examples/lazy_pyg.py:make_pipeline",
+                                                 "examples/nodemask_pyg.py:make_pipeline"],
+                  "adopt_steps": 4,
+                  "warmup": 1})
+    st = Stat.from_samples([0.02, 0.021, 0.019], unit="s")
+    fast = Stat.from_samples([0.01, 0.0105, 0.0095], unit="s")
+    pair = SimpleNamespace(names={"replicated": "slow", "fix": "fast"}, mode="pipelines",
+                           equality=None, pipes={})
+    nan = float("nan")
+    for fix_curve, who in (([1.0, 1.3e5, 1.4e29, nan, nan], "'slow' and 'fast'"),
+                           ([1.0, 1.3e5, 1.4e29, 2.0, 1.0], "'slow'")):
+        losses = {"replicated": [1.0, 1.3e5, 1.4e29, nan, nan], "fix": fix_curve}
+        r = compare(p, {"replicated": SimpleNamespace(step=st), "fix": SimpleNamespace(step=fast)},
+                    losses, 8, "cpu", labels=None, pair=pair)
+        assert r.nonfinite_step == 3 and len(r.rel_diff) == 3 and r.max_rel_diff == 0.0
+        text = view._headline(r)
+        assert text.startswith(f"not shown to be the same training: the loss of {who} was not "
+                               "finite from step 4 of 5") and "identical over the 3 steps" in text
+        assert "'fast' 2x faster per step than 'slow'" in text
+        assert "diverged" in view.loss_text(r).data
+        back = AdoptionResult.from_json(r.to_json())
+        assert back.nonfinite_step == 3 and view._headline(back) == text
+    r = compare(p, {"replicated": SimpleNamespace(step=st), "fix": SimpleNamespace(step=fast)},
+                {"replicated": [1.0, 0.5, 0.25], "fix": [1.0, 0.5, 0.25]}, 8, "cpu",
+                labels=None, pair=pair)
+    assert r.nonfinite_step is None and view._headline(r).startswith("same training")

@@ -42,6 +42,12 @@ def check_text(pair) -> Markdown:
 def loss_text(r: AdoptionResult) -> Markdown:
     if not r.applicable:
         return Markdown(f"**06 does not apply here:** {r.reason}. Nothing was trained.")
+    if getattr(r, "nonfinite_step", None) is not None:
+        eq = getattr(r, "equality", None)
+        return Markdown(f"**{_cap(_diverged(r))}.**" + (
+            f" The {eq.precision} check before training found the two pipelines' outputs and "
+            "gradients equal; a training that diverges does not compare them."
+            if eq is not None and eq.equal else ""))
     tol = getattr(r, "tolerance", 1e-5)
     ok = r.max_rel_diff <= tol
     ref, new = (r.labels[k] for k in r.keys)
@@ -102,8 +108,14 @@ def loss_plot(r: AdoptionResult) -> None:
         return
     steps = np.arange(1, len(r.losses[r.keys[0]]) + 1)
     fig, axes = plotting.plt.subplots(1, 2, figsize=(12, 4))
-    for i, (k, ls) in enumerate(r.losses.items()):
-        axes[0].plot(steps, ls, ["-", "--"][i], color=plotting.PALETTE[i], label=r.labels[k])
+    for i, (k, ls) in enumerate(r.losses.items()):  # a loss not finite is not drawn
+        vals = np.array([np.nan if x is None else x for x in ls], dtype=float)
+        vals[~np.isfinite(vals)] = np.nan
+        axes[0].plot(steps, vals, ["-", "--"][i], color=plotting.PALETTE[i], label=r.labels[k])
+    cut = getattr(r, "nonfinite_step", None)
+    if cut is not None:
+        axes[0].axvline(cut + 1, color="k", ls="--", lw=1,
+                        label=f"loss not finite from step {cut + 1}: not compared after")
     axes[0].set(xlabel="training step", yscale="log",
                 ylabel="loss (MSE, log scale)" if r.mode == "builtin" else "loss (log scale)")
     if r.label_variance:
@@ -115,8 +127,8 @@ def loss_plot(r: AdoptionResult) -> None:
     plotting.title(axes[0], "The same training, two pipelines", device=r.device,
                    sizes=f"batch {r.batch_size}")
     floor = 1e-9  # the axis' bottom: exact zeros are drawn on it (and said so)
-    rel = np.array(r.rel_diff)
-    axes[1].plot(steps, np.maximum(rel, floor), color=plotting.PALETTE[2],
+    rel = np.array(r.rel_diff, dtype=float)  # up to a loss that was not finite
+    axes[1].plot(steps[:rel.size], np.maximum(rel, floor), color=plotting.PALETTE[2],
                  label=("predictions' relative difference implied" if r.mode == "builtin"
                         else "the losses' relative difference")
                  + (" (exact zeros drawn at 1e-9)" if (rel < floor).any() else ""))
@@ -185,11 +197,32 @@ def form_text(form, strategies: list[str]) -> Markdown:
     return text(form) if strategies else Markdown("")
 
 
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _diverged(r: AdoptionResult) -> str:
+    """Where a loss was not finite: which, from which step, and what was compared before it."""
+    who = " and ".join(f"'{n}'" for n in r.nonfinite) or "one pipeline"
+    before = "" if not r.rel_diff else (
+        f"; the curves are identical over the {len(r.rel_diff)} steps before"
+        if r.max_rel_diff == 0 else f"; over the {len(r.rel_diff)} steps before, the curves "
+        f"differ by at most {r.max_rel_diff:.1e}")
+    return (f"not shown to be the same training: the loss of {who} was not finite from step "
+            f"{r.nonfinite_step + 1} of {r.warmup_steps + r.steps} ({r.optimizer.upper()}, lr "
+            f"{r.lr:g}: the training diverged; a lower adopt_lr compares them){before}")
+
+
 def _headline(r: AdoptionResult, detail: bool = True) -> str:
     """The headline; without ``detail`` (the index's one line), no tolerance basis and no word
     of the check before training, so that the verdict and the speed fit."""
     if not r.applicable:
         return f"not applicable: {r.reason}"
+    if getattr(r, "nonfinite_step", None) is not None:
+        ref, new = (r.names.get(k, k) for k in r.keys)
+        if r.mode == "builtin":
+            return f"{_diverged(r)}; the fix {_speed(r.speedup)} per step than replicated masks"
+        return f"{_diverged(r)}; '{new}' {_speed(r.speedup)} per step than '{ref}'"
     first, last = loss_fall(r.losses[r.keys[0]])
     tol = getattr(r, "tolerance", 1e-5)
     if r.max_rel_diff == 0:

@@ -3,6 +3,8 @@ equality check (:mod:`workbook_lib.studies.adoption.equality`) and speed; run by
 :mod:`workbook_lib.studies.adoption`."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from .stat import Stat
@@ -176,6 +178,10 @@ class AdoptionResult(Record):
     equality: EqualityResult | None = None  # the check before training
     # how rel_diff is computed from the losses
     rule: str = "the least relative RMS difference of the predictions the MSE losses imply"
+    # the first step (from 0) whose loss was not finite on either side, and the pipelines whose
+    # loss was not: rel_diff stops before it (None: every loss finite)
+    nonfinite_step: int | None = None
+    nonfinite: list[str] = field(default_factory=list)
 
     @property
     def keys(self) -> list[str]:
@@ -217,5 +223,8 @@ def loss_fall(losses: list[float], window: int = 10) -> tuple[float, float]:
     brought it."""
     if not losses:
         raise ValueError("'losses' must hold at least one value")
-    w = max(1, min(window, len(losses) // 4 or 1))
-    return sum(losses[:w]) / w, sum(losses[-w:]) / w
+    finite = [x for x in losses if x is not None and math.isfinite(x)]  # a diverged run's
+    if not finite:  # (None: a non-finite loss read back from a results file)
+        return float("nan"), float("nan")
+    w = max(1, min(window, len(finite) // 4 or 1))
+    return sum(finite[:w]) / w, sum(finite[-w:]) / w

@@ -99,7 +99,8 @@ SPECS: list[tuple[str, str, str, str, str | None, str, Callable]] = [
     ("claims_held", "claims held", "05_verdict", "", None, "count",
      lambda r: (float(sum(c.status == "held" for c in r.claims)), None)),
     ("adopt_rel_diff", "06: predictions' difference implied by the losses", "06_adopt_fix", "",
-     "lower", "measured", lambda r: (r.max_rel_diff, None)),
+     "lower", "measured", lambda r: (None if getattr(r, "nonfinite_step", None) is not None
+                                     else r.max_rel_diff, None)),
     ("adopt_speedup", "06: the fix's speedup per step", "06_adopt_fix", "x", "higher", RATIO,
      lambda r: _stat(r.speedup)),
 ]

@@ -9,6 +9,8 @@ where no checked pair exists, 06 trains nothing and says why (``applicable`` Fal
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -286,7 +288,14 @@ def compare(params: Params, res: dict, losses: dict, batch_size: int, device_lab
     names = pair.names if pair is not None else {k: n for k, (n, _f) in PIPELINES.items()}
     mode = pair.mode if pair is not None else "builtin"
     k_rep, k_fix = names
-    rep, fix = losses[k_rep], losses[k_fix]
+    # a loss that is not finite: the trainings diverged there, and nothing after it compares
+    # (found by a user trial: NaN losses on both sides read as a 0 difference, 'same training')
+    bad = [i for i, pair_ in enumerate(zip(losses[k_rep], losses[k_fix]))
+           if not all(x is not None and math.isfinite(x) for x in pair_)]
+    cut = bad[0] if bad else len(losses[k_rep])
+    nonfinite = [names[k] for k in (k_rep, k_fix)
+                 if not all(x is not None and math.isfinite(x) for x in losses[k])]
+    rep, fix = losses[k_rep][:cut], losses[k_fix][:cut]
     if mode == "builtin":
         # the predictions' relative difference the two MSE curves imply, at least (docstring)
         rel = implied_prediction_diff(rep, fix, float(labels.abs().max()))
@@ -327,7 +336,9 @@ def compare(params: Params, res: dict, losses: dict, batch_size: int, device_lab
                           batch_size=batch_size, lr=params.adopt_lr,
                           optimizer=params.adopt_optimizer,
                           losses={k: losses[k] for k in names},
-                          rel_diff=rel, max_rel_diff=max(rel), step=step, speedup=speed,
+                          rel_diff=rel, max_rel_diff=max(rel, default=0.0), step=step,
+                          speedup=speed, nonfinite_step=bad[0] if bad else None,
+                          nonfinite=nonfinite,
                           memory_per_sample=mem, epochs_per_day=epochs, projection_basis=basis,
                           device=device_label, tolerance=tol, tolerance_basis=tol_basis,
                           labels={k: _label(n) + _form_label(k, pair, params.layers)
