@@ -274,3 +274,17 @@ def test_06_does_not_call_a_training_whose_loss_was_not_finite_the_same():
                 {"replicated": [1.0, 0.5, 0.25], "fix": [1.0, 0.5, 0.25]}, 8, "cpu",
                 labels=None, pair=pair)
     assert r.nonfinite_step is None and view._headline(r).startswith("same training")
+
+
+def test_a_function_named_in_angle_brackets_shows_in_tables_and_headlines():
+    """Found by a user trial: 'GCEncoder.forward.<genexpr>' showed as 'GCEncoder.forward.' in
+    05's table and closing headline (the browser took the name for a tag)."""
+    from pathlib import Path
+
+    from workbook_lib.report.tables import saved, table
+
+    html = table([{"function": "GCEncoder.forward.<genexpr>"}], caption="in f.<listcomp>").to_html()
+    assert "GCEncoder.forward.&lt;genexpr&gt;" in html and "f.&lt;listcomp&gt;" in html
+    assert "<genexpr>" not in html
+    assert "in MaskedGIN.forward.&lt;genexpr&gt; (a.py:3)" in saved(
+        Path("05_verdict.json"), "in MaskedGIN.forward.<genexpr> (a.py:3)").data

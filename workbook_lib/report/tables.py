@@ -4,6 +4,8 @@ footnotes (a word, not a ``*``, which Markdown reads as emphasis).
 """
 from __future__ import annotations
 
+import html
+
 import math
 from typing import Any
 
@@ -95,14 +97,16 @@ def table(rows: list[dict[str, Any]] | pd.DataFrame, caption: str | None = None,
           footnote: bool | None = None):
     """A Styler without the index column; a footnote when any cell carries the '*' flag."""
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    st = df.style.hide(axis="index")
+    # cells are text, not markup: a function named `f.<genexpr>` was shown as `f.` (found by a
+    # user trial: the browser took `<genexpr>` for a tag)
+    st = df.style.hide(axis="index").format(escape="html")
     cells = [v for v in df.to_numpy().ravel() if isinstance(v, str)]
     flagged = footnote if footnote is not None else any(f" {IMPRECISE}" in v for v in cells)
     contended = any(v.endswith(f" {CONTENDED}") for v in cells)
     cap = " ".join(s for s in (caption, FOOTNOTE if flagged else None,
                                CONTENDED_NOTE if contended else None) if s)
     if cap:
-        st = st.set_caption(cap)
+        st = st.set_caption(html.escape(cap, quote=False))
     return st.set_table_styles([{"selector": "caption",
                                  "props": "caption-side: bottom; text-align: left; "
                                           "font-size: 85%; color: #555;"},
@@ -143,4 +147,5 @@ def saved(path, headline_text: str):
     """The closing line of every notebook: the headline and where the results went."""
     from IPython.display import Markdown
 
-    return Markdown(f"**Headline.** {headline_text}\n\nResults: `{path.name}` in the run folder.")
+    return Markdown(f"**Headline.** {html.escape(headline_text, quote=False)}\n\nResults: "
+                    f"`{path.name}` in the run folder.")
