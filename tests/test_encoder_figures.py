@@ -139,6 +139,7 @@ def test_the_forward_advice_carries_the_conversion_figures_or_its_refusal():
     words = _cause(fig)
     assert "one pass over one shared graph" in words
     assert "your encoder converts: 40 -> 10 ms per batch of 4" in words
+    assert "(4x, IQR 0.1, n = 3, same rounds;" in words  # its spread and n, as 03 gives them
     assert "every gene changes from convs.1[a]" in words
     assert "not shown to be faster" not in words
     # the same advice where the conversion measured no faster: the figures do not bear it out

@@ -8,7 +8,8 @@ from ..results.adoption import AdoptionResult, loss_fall
 from . import plotting
 from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
-from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, table
+from .tables import (CONTENDED, HEADLINE_MAX, IMPRECISE, fmt_bytes, fmt_num, fmt_stat,
+                     fmt_time_stat, table)
 
 
 def check_text(pair) -> Markdown:
@@ -248,9 +249,15 @@ def _headline(r: AdoptionResult, detail: bool = True) -> str:
 
 def _speed(ratio, stat: bool = False) -> str:
     """A step-time ratio (reference over the other, a Stat) as 'Nx faster' or, below 1, 'Nx
-    slower' (the inverted ratios); with ``stat``, with its IQR and n (:func:`fmt_stat`)."""
+    slower' (the inverted ratios); with ``stat``, with its IQR and n (:func:`fmt_stat`); else
+    its noisy and contended marks only (found by a user trial: a contended ratio of IQR 1.1 was
+    quoted bare)."""
     st, word = (ratio, "faster") if ratio.median >= 1 else (ratio.inverse("ratio"), "slower")
-    return f"{fmt_stat(st, unit='x') if stat else f'{st.median:.3g}x'} {word}"
+    if stat:
+        return f"{fmt_stat(st, unit='x')} {word}"
+    marks = ("" if getattr(st, "precise", True) else f" {IMPRECISE}") + \
+        (f" {CONTENDED}" if getattr(st, "contended", False) else "")
+    return f"{st.median:.3g}x {word}{marks}"
 
 
 def headline(r: AdoptionResult) -> str:

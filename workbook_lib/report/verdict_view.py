@@ -140,8 +140,8 @@ def causes_plot(v: VerdictResult) -> None:
         share = f"{c.share:+.0%}" if c.share is not None else ""
         ax.text(i, (bottoms[i] + heights[i]) / div, share, ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, labels, fontsize=7)
-    ax.set_ylabel(f"seconds per epoch, one process ({unit})" if unit != "s" else
-                  "seconds per epoch, one process")
+    ax.set_ylabel({"h": "hours", "min": "minutes", "s": "seconds"}[unit]
+                  + " per epoch, one process")  # the unit the bars are drawn in
     plotting.title(ax, f"From {label(g.fast)}'s epoch to {label(g.slow)}'s, "
                    "stage by stage", device=v.device,
                    repeats="stage medians x steps per epoch; labels: share of the gap")

@@ -312,7 +312,9 @@ def compare(params: Params, res: dict, losses: dict, batch_size: int, device_lab
     step = {k: res[k].step for k in names}
     n = min(step[k_rep].n, step[k_fix].n)
     speed = Stat.from_samples([a / b for a, b in zip(step[k_rep].samples[:n],
-                                                     step[k_fix].samples[:n])], unit="ratio")
+                                                     step[k_fix].samples[:n])], unit="ratio",
+                              target=step[k_rep].target).with_cpu(
+        getattr(step[k_rep], "cpu", None), getattr(step[k_fix], "cpu", None))  # found by a trial
     mem = {}
     if memory is not None:
         per = memory.per_sample()

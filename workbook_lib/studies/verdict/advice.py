@@ -33,6 +33,13 @@ STATIC = {
 }
 
 
+def _noisy(st) -> str:
+    """", noisy" for a figure not known to its precision target (the tables' '(noisy)' rule,
+    ``Stat.precise``), ", contended" for one measured while CPU was taken; else ""."""
+    return ("" if getattr(st, "precise", True) else ", noisy") + (
+        ", contended" if getattr(st, "contended", False) else "")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
@@ -51,8 +58,8 @@ def growth_words(c: Cause) -> str:
         return ""
     big, small = g.batch_sizes
     text = (f"{_ms(g.per_sample.median)} per extra sample (IQR {g.per_sample.iqr * 1e3:.2g}, "
-            f"n = {g.per_sample.n}; batches {big} and {small}), {g.share_words} of the stage at "
-            f"batch {big}")
+            f"n = {g.per_sample.n}{_noisy(g.per_sample)}; batches {big} and {small}), "
+            f"{g.share_words} of the stage at batch {big}")
     if g.ops_per_sample is not None:
         text += f"; {g.ops_per_sample:.3g} operator calls per extra sample"
     if g.syncs_per_sample:
@@ -87,7 +94,8 @@ def encoder_words(fig: EncoderFigures) -> str:
         return f"your encoder does not convert: {fig.blocked}"
     text = (f"your encoder converts: {fig.masked_copies.median * 1e3:.3g} -> "
             f"{fig.converted.median * 1e3:.3g} ms per batch of {fig.batch_size}, forward and "
-            f"backward ({fig.ratio.median:.3g}x, same rounds; workbook_lib.nodemask.convert), "
+            f"backward ({fig.ratio.median:.3g}x, IQR {fig.ratio.iqr:.2g}, n = {fig.ratio.n}"
+            f"{_noisy(fig.ratio)}, same rounds; workbook_lib.nodemask.convert), "
             f"floor {(fig.floor_sparse_macs + fig.floor_dense_macs) / 1e6:.3g} M multiply-adds "
             "per sample")
     if fig.all_changed_from:
@@ -231,8 +239,9 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
             advice.append(_loop(c, c.stage.replace("_", " ")))
         if grows and c.stage == "forward" and graph:  # per-sample cost, shown to be graph work
             advice.append(f"{NODEMASK}: the forward costs {_ms(g.per_sample.median)} more for "
-                          f"each extra sample, {g.share_words} of its time at batch "
-                          f"{g.batch_sizes[0]}, and {graph}")
+                          f"each extra sample (IQR {g.per_sample.iqr * 1e3:.2g}, n = "
+                          f"{g.per_sample.n}{_noisy(g.per_sample)}), {g.share_words} of its "
+                          f"time at batch {g.batch_sizes[0]}, and {graph}")
         return "; ".join(advice)
     if c.stage == "backward":
         if _custom_backward(c):

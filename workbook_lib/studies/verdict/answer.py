@@ -231,8 +231,9 @@ def fix_text(v: VerdictResult) -> str:
                 "(workbook_lib.nodemask) is exact; check a rewrite with `python -m workbook_lib "
                 "equal SLOW FAST` before trusting its speed.")
     shaky = set(v.disturbed) | set(v.contended)
-    if r.strategy == r.baseline:
-        return (f"**No exact pipeline in this run is faster than {r.title}.** "
+    if r.strategy == r.baseline:  # provisional as the other branch, where contended
+        return (("**Provisionally (measured contended), no" if "loop" in v.contended else
+                 "**No") + f" exact pipeline in this run is faster than {r.title}.** "
                 + (_builtin_fix(r) + " " if v.builtin else
                    "The node-mask shared graph (workbook_lib.nodemask) computes the same model "
                    "with one pass over one shared graph. ")
