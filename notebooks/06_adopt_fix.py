@@ -65,8 +65,9 @@ NB = setup(globals(), notebook="06_adopt_fix")
 
 # %% [markdown]
 # ## The form of the fix
-# The built-in fix runs in the form notebook 02's benchmark measured faster on this device (delta
-# propagation, or full middle layers).
+# With the built-in strategies, the fix runs in the form notebook 02's benchmark measured faster on
+# this device (delta propagation, or full middle layers); a run of your own pipelines only trains
+# your rewrite as you wrote it, and this section shows nothing.
 
 # %%
 mask_cost = load_result(NB.run_dir, "02_mask_cost_model", NB.params)

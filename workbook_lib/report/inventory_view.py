@@ -166,8 +166,11 @@ def real_size_table(r: InventoryResult):
         {"quantity": "incidence cache, int32", "real size": fmt_bytes(rs.incidence_cache_bytes_int32)},
     ]
     return table(rows, caption=f"Arithmetic at the real edge count ({rs.total_edges:,}), whatever "
-                               "this run's scale. Notebook 05 checks the investigation's size claims "
-                               "against these.")
+                               "this run's scale." + (
+                                   " Notebook 05 checks the investigation's size claims against "
+                                   "these." if r.builtin else " A run of your own pipelines only "
+                                   "judges no size claim (05 judges them where the built-in "
+                                   "strategies run)."))
 
 
 def _headline(r: InventoryResult) -> str:
