@@ -352,3 +352,27 @@ def test_the_jobs_run_the_params_file_that_was_validated(tmp_path, monkeypatch):
                      str(tmp_path / "slurm")]) == 0
     script = (tmp_path / "slurm" / "notebook.sbatch").read_text()
     assert f"--params {mine}" in script and str(ROOT / "params") not in script
+
+
+def test_a_relative_workbook_out_is_the_repositorys_from_any_folder(tmp_path, ci):
+    """Found by a user trial: with WORKBOOK_OUT=runs/x, submit.sh run from /tmp made its lock and
+    job list under /tmp/runs/x while the jobs (which cd to the repository) wrote to the repo's
+    runs/x; a second submission from the repository was accepted on top of the first."""
+    sbatch = '#!/bin/sh\nn=$(cat "$FAKE_DIR/n" 2>/dev/null || echo 0); n=$((n + 1)); ' \
+        'echo $n > "$FAKE_DIR/n"; echo "$((100 + n))"\n'
+    squeue = ('#!/bin/sh\nfor a in "$@"; do case "$a" in 10[1-6]) echo PENDING;; esac; done\n')
+    env = _shims(tmp_path, sbatch=sbatch, squeue=squeue)
+    rel = f"runs/test-relative-{tmp_path.name}"
+    env["WORKBOOK_OUT"] = rel
+    paths = _scripts(tmp_path, ci, repo=tmp_path / "repo")
+    (tmp_path / "repo").mkdir()
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    first = subprocess.run(["bash", str(paths["submit"])], env=env, capture_output=True,
+                           text=True, cwd=away)
+    assert first.returncode == 0, first.stderr
+    assert f"run folder: {tmp_path / 'repo' / rel}" in first.stdout
+    assert (tmp_path / "repo" / rel / ".slurm-jobs").is_file() and not (away / "runs").exists()
+    second = subprocess.run(["bash", str(paths["submit"])], env=env, capture_output=True,
+                            text=True, cwd=tmp_path / "repo")
+    assert second.returncode == 2 and "in use by jobs 101(PENDING)" in second.stderr

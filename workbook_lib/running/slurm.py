@@ -208,8 +208,9 @@ def single_script(*, params_file: Path, run_dir: Path, log_dir: Path, python: st
 
 
 def submit_script(*, nb_script: Path, run_dir: Path, nodes: int, gpus: int, cpus: int,
-                  mem: str | None, notebooks: list[str]) -> str:
-    """``submit.sh``: one job per notebook with its own resources, chained by dependencies."""
+                  mem: str | None, notebooks: list[str], repo: Path = REPO_ROOT) -> str:
+    """``submit.sh``: one job per notebook with its own resources, chained by dependencies; a
+    relative ``WORKBOOK_OUT`` is taken from ``repo``, as the jobs take it."""
     mem_flag = f" --mem={mem}" if mem else ""
     cpu = f"--nodes=1 --ntasks=1 --cpus-per-task={cpus}{mem_flag}"
     gpu1 = cpu + (" --gpus-per-node=1" if gpus else "")
@@ -234,7 +235,7 @@ def submit_script(*, nb_script: Path, run_dir: Path, nodes: int, gpus: int, cpus
         jobs.append((n, dep, res))
         ids[n] = "{J" + n + "}"
     return _templates().get_template("slurm_submit.sh.j2").render(
-        run_dir=run_dir, nb_script=nb_script, jobs=jobs)
+        run_dir=run_dir, nb_script=nb_script, jobs=jobs, repo=repo)
 
 
 def write_scripts(params_file: str | Path, params: Params, out_dir: str | Path = "runs/slurm",
@@ -283,7 +284,8 @@ def write_scripts(params_file: str | Path, params: Params, out_dir: str | Path =
         nb.write_text(notebook_script(**common))
         s = out / "submit.sh"
         s.write_text(submit_script(nb_script=nb, run_dir=run, nodes=nodes, gpus=gpus_per_node,
-                                   cpus=cpus, mem=mem, notebooks=list(NOTEBOOK_NAMES)))
+                                   cpus=cpus, mem=mem, notebooks=list(NOTEBOOK_NAMES),
+                                   repo=repo))
         s.chmod(0o777 & ~current_umask())  # executable, readable as the umask allows
         paths.update(sbatch=nb, submit=s)
     else:
