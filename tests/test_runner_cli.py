@@ -345,3 +345,21 @@ def test_the_shutdown_race_filter_drops_only_enotsock_from_zmq():
     assert f.filter(record(zmq.ZMQError(zmq.EAGAIN)))
     assert f.filter(record(OSError(zmq.ENOTSOCK, "not zmq")))
     assert f.filter(record(None))
+
+
+def test_an_interrupted_runs_continue_command_keeps_every_set_and_notebook():
+    """Found by a user trial: the hint after an interrupt dropped --set and --only, so following
+    it reran the built-in strategies in place of the user's pipelines."""
+    import shlex
+    from types import SimpleNamespace
+
+    from workbook_lib.cli.commands import continue_command
+
+    args = SimpleNamespace(params="params/ci.yaml", out="runs/mine",
+                           set=["strategies=[]", 'pipelines=["a.py:f", "b.py:g"]'],
+                           only=["03", "05"], show_code=False, quiet=True)
+    cmd = continue_command(args)
+    assert shlex.split(cmd) == ["python", "-m", "workbook_lib", "run", "--params",
+                                "params/ci.yaml", "--set", "strategies=[]", "--set",
+                                'pipelines=["a.py:f", "b.py:g"]', "--out", "runs/mine",
+                                "--only", "03", "05", "--quiet", "--resume"]

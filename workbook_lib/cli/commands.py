@@ -68,6 +68,23 @@ def _signals_interrupt():
             signal.signal(s, handler)
 
 
+def continue_command(args) -> str:
+    """The command that resumes an interrupted ``run``: its params, every ``--set``, its
+    notebooks and flags, then ``--resume`` (found by a user trial: without the ``--set``s the
+    hint reran the built-in strategies in place of the user's pipelines)."""
+    import shlex
+
+    parts = ["python", "-m", "workbook_lib", "run", "--params", str(args.params)]
+    for kv in args.set or []:
+        parts += ["--set", kv]
+    parts += ["--out", str(args.out)]
+    if args.only:
+        parts += ["--only", *args.only]
+    parts += [flag for flag, on in (("--show-code", args.show_code),
+                                    ("--quiet", args.quiet)) if on]
+    return shlex.join(parts + ["--resume"])
+
+
 def _cmd_run(args) -> int:
     from ..running.notebooks import resolve_only
 
@@ -98,8 +115,7 @@ def _cmd_run(args) -> int:
         kept = (f"finished notebooks are kept in {args.out}" if Path(args.out).is_dir() else
                 "nothing was written yet (no run folder)")
         print(f"\nINTERRUPTED: the kernel and every process it started were stopped; {kept}. "
-              f"Continue with: python -m workbook_lib run --params {args.params} --out "
-              f"{args.out} --resume", file=sys.stderr)
+              f"Continue with: {continue_command(args)}", file=sys.stderr)
         return 130
     except NotebookFailedError as exc:
         print(f"\nFAILED: {exc}", file=sys.stderr)
