@@ -148,7 +148,7 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     'Use the pipeline slow' and called it 'the fastest full step per sample' beside a pipeline
     37x faster (not exact)."""
     from workbook_lib.report.verdict_view import adoption, recommendation_text
-    from workbook_lib.results.verdict import Recommendation, VerdictResult
+    from workbook_lib.results.verdict import Cause, Recommendation, VerdictResult
 
     ms = Stat.from_samples([0.0126] * 5, unit="s")
 
@@ -165,7 +165,6 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     assert "none faster than the pipeline 'slow'" in adoption(verdict("slow")).data
     # the node-mask pointer only where the answer advises it or built-ins are compared (found
     # by a user trial: it followed a vectorized loss's fix)
-    from workbook_lib.results.verdict import Cause
     v = verdict("rewrite")
     assert "workbook_lib.nodemask" not in adoption(v).data
     v.causes = [Cause("forward", "", 1.0, 0.1, 0.9, 0.9, "measured", stage="forward",
@@ -175,6 +174,18 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     assert "workbook_lib.nodemask" in adoption(v).data
     assert recommendation_text(verdict("rewrite")).data.startswith(
         "### Use the pipeline 'rewrite'")
+    # the answer's fix text: the node-mask sentence only where the answer advises it, and
+    # 'provisionally' where the steps the fix is chosen by were contended (found by user trials)
+    from workbook_lib.studies.verdict.answer import fix_text
+    v = verdict("slow")
+    v.disturbed, v.contended = {}, {}
+    assert fix_text(v).startswith("**No exact pipeline in this run is faster")
+    assert "node-mask" not in fix_text(v)
+    v.causes = [Cause("forward", "", 1.0, 0.1, 0.9, 0.9, "measured", stage="forward",
+                      advice="one pass over one shared graph ... (workbook_lib.nodemask)")]
+    assert "The node-mask shared graph (workbook_lib.nodemask) computes" in fix_text(v)
+    v.contended = {"loop": None}
+    assert fix_text(v).startswith("**Provisionally (measured contended), no exact pipeline")
 
 
 def test_06_says_slower_below_one_and_the_passed_check_beside_curves_that_part():
