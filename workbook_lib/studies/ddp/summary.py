@@ -2,7 +2,7 @@
 
 A world size's step time is, per step index, the maximum over ranks, pooled over its launches.
 Communication is per rank: the comm hook's time split into the timed all-reduce transfer and the
-wait for slower ranks. The DDP factor is computed per pair of adjacent launches and pooled; the
+rest (waiting for other ranks or, on a CPU, for a core). The DDP factor is computed per pair of adjacent launches and pooled; the
 thread effect is shown apart. Every figure carries its worst rank's CPU share
 (:mod:`workbook_lib.measurement.cpu`). The reasoning behind each rule: docs/development.md.
 """
@@ -84,9 +84,12 @@ def _comm_per_rank(launches: list[dict], arm: str) -> dict[int, CommRank]:
             buckets += a["extra"].get("buckets", {}).get("samples", [])
             ar = min(r["allreduce"], key=lambda x: abs(int(x["bytes"]) - int(r["grad_bytes"])))
             transfer += Stat.from_json(ar["seconds"]).samples
-        t = Stat.from_samples(transfer)
-        out[rank] = CommRank(rank, Stat.from_samples(hook), t,
-                             Stat.from_samples([h - t.median for h in hook]),
+        # measured in the launches' steps: their CPU share, which the steps' rows carry (found
+        # by a user trial: a contended run's communication rows were not marked)
+        cpu = arm_cpu(launches, arm)
+        t = Stat.from_samples(transfer).with_cpu(cpu)
+        out[rank] = CommRank(rank, Stat.from_samples(hook).with_cpu(cpu), t,
+                             Stat.from_samples([h - t.median for h in hook]).with_cpu(cpu),
                              statistics.median(buckets) if buckets else 0.0)
     return out
 
