@@ -99,7 +99,9 @@ def table(rows: list[dict[str, Any]] | pd.DataFrame, caption: str | None = None,
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     # cells are text, not markup: a function named `f.<genexpr>` was shown as `f.` (found by a
     # user trial: the browser took `<genexpr>` for a tag)
-    st = df.style.hide(axis="index").format(escape="html")
+    cell_map = df.map if hasattr(pd.DataFrame, "map") else df.applymap  # pandas < 2.1
+    df = cell_map(lambda v: html.escape(v, quote=False) if isinstance(v, str) else v)
+    st = df.style.hide(axis="index")
     cells = [v for v in df.to_numpy().ravel() if isinstance(v, str)]
     flagged = footnote if footnote is not None else any(f" {IMPRECISE}" in v for v in cells)
     contended = any(v.endswith(f" {CONTENDED}") for v in cells)
