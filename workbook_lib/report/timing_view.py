@@ -331,9 +331,11 @@ def epochs_table(study: LoopStudy, epochs: dict[str, float], num_samples: int):
     rows = [{"strategy": label(n), "samples per step": study.arm(n, "full").samples_per_step,
              "full step": fmt_time_stat(study.arm(n, "full").step),
              "epochs per 24 h (1 rank)": fmt_num(v)} for n, v in epochs.items()]
-    return table(rows, caption=f"Arithmetic on the measured step: 80% of {num_samples:,} samples "
-                               "per epoch. Projections to several ranks use notebook 04's "
-                               "measured DDP factor and are made in notebook 05.")
+    return table(rows, caption=f"Arithmetic on the measured full step (every stage recorded): "
+                               f"80% of {num_samples:,} samples per epoch. Notebook 05 projects "
+                               "from the step a plain loop runs where every pipeline it compares "
+                               "has one (so its figures can be higher), and to several ranks "
+                               "with each pipeline's own step factor measured in notebook 04.")
 
 
 def sync_table(syncs: SyncStudy):

@@ -321,7 +321,8 @@ def stored_read_perturbations(data: DataSection, graph: CellGraph, n: int = 64) 
 
 def epochs_per_day(study: LoopStudy, num_samples: int) -> dict[str, float]:
     """Epochs per 24 h on one rank from each strategy's full step (arithmetic on a measured
-    step time; multi-rank projections need notebook 04's measured DDP factor: see 05)."""
+    step time; multi-rank projections need each pipeline's step factor from notebook 04: see
+    05)."""
     out = {}
     for name in study.strategies:
         a = study.arm(name, "full")
