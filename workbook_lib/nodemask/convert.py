@@ -973,61 +973,64 @@ class ConvertedEncoder(nn.Module):
         out = self._execute(x, plan)
         return out if isinstance(out, torch.Tensor) else self._readout(out, plan)
 
-    def _computed(self, training: bool) -> tuple:
-        """``(path, module)`` of the modules the converted form does not call: the encoder and
-        every module whose forward the trace followed (inlined), each convolution and
-        HeteroConv with the convolutions and aggregation modules in it, a linear map fused with
-        its typed convs (and its ReLU module) or run per part of a concatenation, and every
-        module of a pooled tail. A fused GIN-MLP's maps are not: a hook on them unfuses it
-        (``gin_mlp``)."""
-        key = ("computed", training)
+    def _called(self, training: bool) -> tuple:
+        """The module paths the traced forward calls (its ``call_module`` nodes) in this mode."""
+        key = ("called", training)
+        if key not in self._device_graph:
+            self._device_graph[key] = tuple(n.target for n in self._graph(training).nodes
+                                            if n.op == "call_module")
+        return self._device_graph[key]
+
+    def _not_called(self, training: bool) -> tuple:
+        """``(path, module, followed)`` of the modules the converted form does not call: the
+        encoder and every module whose forward the trace followed (inlined; ``followed``), each
+        convolution and HeteroConv with the convolutions and aggregation modules in it, a linear
+        map fused with its typed convs (and its ReLU module) or run per part of a
+        concatenation, and every module of a pooled tail. A fused GIN-MLP's maps are not: a
+        hook on them unfuses it (``gin_mlp``)."""
+        key = ("not called", training)
         if key not in self._device_graph:
             tail, typed = self._tail(training), self._typed(training)
             whole = {tl.lin.target for tl in typed.values()} | {
                 p.target for tl in typed.values() for p in tl.parts} | {
                 tl.relu.target for tl in typed.values()
                 if tl.relu is not None and tl.relu.op == "call_module"}  # run in the push
-            graph = self._graph(training)
-            called = {n.target for n in graph.nodes if n.op == "call_module"}
+            called = self._called(training)
             # the encoder and every module fx traced through (its forward inlined, a hook of
             # its called at trace time or not at all): none is called
-            out = {p: m for p, m in self.encoder.named_modules()
-                   if p not in called and not isinstance(m, (nn.ModuleList, nn.ModuleDict)) and
-                   (p == "" or any(c.startswith(p + ".") for c in called))}
-            followed = set(out)
-            for node in graph.nodes:
+            followed = {p: m for p, m in self.encoder.named_modules()
+                        if p not in called and not isinstance(m, (nn.ModuleList, nn.ModuleDict))
+                        and (p == "" or any(c.startswith(p + ".") for c in called))}
+            computed: dict = {}
+            for node in self._graph(training).nodes:
                 if node.op != "call_module":
                     continue
                 m = self._named[node.target]
                 if node in tail or node.target in whole:
-                    out.update(m.named_modules(prefix=node.target))
+                    computed.update(m.named_modules(prefix=node.target))
                 elif isinstance(m, (HeteroConv, MessagePassing)) or type(m) in self.register:
-                    out.update((p, s) for p, s in m.named_modules(prefix=node.target)
-                               if isinstance(s, (HeteroConv, MessagePassing, Aggregation)) or
-                               type(s) in self.register)
+                    computed.update((p, s) for p, s in m.named_modules(prefix=node.target)
+                                    if isinstance(s, (HeteroConv, MessagePassing, Aggregation))
+                                    or type(s) in self.register)
                 elif node.args and isinstance(node.args[0], fx.Node) and \
                         self._fused_cat(node.args[0]):
-                    out[node.target] = m
-            self._device_graph[key] = tuple(out.items())
-            self._device_graph[("followed", training)] = followed
+                    computed[node.target] = m
+            self._device_graph[key] = tuple(
+                [(p, m, True) for p, m in followed.items()]
+                + [(p, m, False) for p, m in computed.items() if p not in followed])
         return self._device_graph[key]
 
     def _check_hooks(self) -> None:
         """Refuse a call hook on a module the converted form does not call (found by a user
         trial: a forward pre-hook on a conv, a hook on a pooled Linear and the legacy weight_norm
         were skipped, the output off by 18% to 110%)."""
-        key = ("followed", self.encoder.training)
-        for path, m in self._computed(self.encoder.training):
-            refuse_hooks(m, path, followed=path in self._device_graph[key])
+        for path, m, followed in self._not_called(self.encoder.training):
+            refuse_hooks(m, path, followed=followed)
 
     def _check_mode(self) -> None:
         """Refuse, in the encoder's current mode, what mixes rows only in train mode (among the
         modules the forward calls, and theirs)."""
-        key = ("called", self.encoder.training)
-        if key not in self._device_graph:
-            self._device_graph[key] = tuple(n.target for n in self._graph(
-                self.encoder.training).nodes if n.op == "call_module")
-        called = self._device_graph[key]
+        called = self._called(self.encoder.training)
         for path, m in self.encoder.named_modules():
             if isinstance(m, MODE_DEPENDENT) and (path in called or path.startswith(
                     tuple(c + "." for c in called))):
