@@ -1101,27 +1101,31 @@ def test_checkpoint_hooks_pass_over_tensors_they_cannot_compare_and_assign_loads
     assert again.fast.encoder is again.encoder
 
 
+class _OneConv(nn.Module):
+    """One conv, called on whatever graph the encoder is given."""
+
+    def __init__(self, conv: nn.Module):
+        super().__init__()
+        self.conv = conv
+
+    def forward(self, x, edges):
+        return self.conv(x, edges)
+
+
 def test_the_floor_counts_the_fewer_of_pulling_and_pushing_a_delta_conv():
     """Found by a user trial: deleting a leaf (its one edge to a gene with no other in-edge) was
     counted one pushed edge, where pulling the changed rows' kept in-edges reads none; the
     docs state the fewer of the two. Both ways: a deleted gene whose receiver has many other
     in-edges counts its one pushed edge."""
-    class One(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c = GraphConv(F_IN, H)
-
-        def forward(self, x, edge_index):
-            return self.c(x, edge_index)
     # 3 -> 1 (gene 1's only in-edge); 0 -> 2 and 4, 5, 6, 7 -> 2
     ei = torch.tensor([[3, 0, 4, 5, 6, 7], [1, 2, 2, 2, 2, 2]])
-    fast = convert(One(), ei)
+    fast = convert(_OneConv(GraphConv(F_IN, H)), ei)
     x = torch.randn(8, F_IN)
     leaf, hub_in = torch.tensor([[3]]), torch.tensor([[0]])
     fast(x, leaf)
-    assert fast.floor(leaf).parts["c"].sparse_macs == 0  # pulled: gene 1 keeps no in-edge
+    assert fast.floor(leaf).parts["conv"].sparse_macs == 0  # pulled: gene 1 keeps no in-edge
     fast(x, hub_in)  # pushed: gene 0's one edge, where gene 2 keeps four in-edges
-    assert fast.floor(hub_in).parts["c"].sparse_macs == 1 * F_IN * 2
+    assert fast.floor(hub_in).parts["conv"].sparse_macs == 1 * F_IN * 2
 
 
 def test_explain_primes_a_module_called_again_and_widens_for_long_names():
@@ -1346,16 +1350,9 @@ def test_a_graph_whose_last_genes_have_no_edges_is_planned_ahead_at_its_num_node
 def test_a_conv_given_the_whole_edge_dict_is_refused_naming_the_line():
     """Found by a user trial: a conv called with the edge dict itself (which the encoder
     cannot run either) met a KeyError in the plan."""
-    class WholeDict(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = SAGEConv(F_IN, H)
-
-        def forward(self, x, edges):
-            return self.conv(x, edges)
     with pytest.raises(ConvertError, match=r"conv \(SAGEConv\) is given the whole dict of edge "
                                            r"types at .*test_convert\.py:\d+; .*index the dict"):
-        convert(WholeDict(), GRAPH)
+        convert(_OneConv(SAGEConv(F_IN, H)), GRAPH)  # its forward passes the dict on
 
 
 def test_a_gcn_on_a_repeated_self_loop_is_refused():
