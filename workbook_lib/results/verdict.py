@@ -107,6 +107,11 @@ class Gap(Record):
     ddp_why: str = ""  # why the factor is or is not booked
 
 
+def step_words(mode: str) -> str:
+    """Notebook 03's arm ``mode`` ("full" or "pipelined") as the step it times, in words."""
+    return "full training step" if mode == "full" else "plain-loop training step"
+
+
 @dataclass
 class Recommendation(Record):
     strategy: str
@@ -114,7 +119,7 @@ class Recommendation(Record):
     title: str
     ms_per_sample: Stat
     baseline: str
-    speedup: Stat | None  # baseline / recommended, per sample, the step_words step (03, same rounds)
+    speedup: Stat | None  # baseline / recommended, per sample, step_mode's step (03, same rounds)
     fastest: str
     tied: list[str]
     tie_rule: str
@@ -126,10 +131,14 @@ class Recommendation(Record):
     projection_basis: str = ""
     exactness: str = "declared exact"  # how it is known to be exact, in words
     proven: bool = False  # proven equal to the slow pipeline by ``equal``
-    # the step its figures time: as a plain loop runs it (03's pipelined arm, the gap's) where
-    # every pipeline compared has one, else the full step with every stage recorded
-    step_words: str = "full training step"
-    step_mode: str = "full"  # its arm in notebook 03 ("pipelined": the plain loop's)
+    # the arm of notebook 03 its figures time: "pipelined" (the step a plain loop runs, the
+    # gap's) where every pipeline compared has one, else "full" (every stage recorded)
+    step_mode: str = "full"
+
+    @property
+    def step_words(self) -> str:
+        """The step its figures time, in words."""
+        return step_words(self.step_mode)
 
 
 @dataclass

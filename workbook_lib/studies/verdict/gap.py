@@ -67,6 +67,13 @@ def resolved(r: Stat, target: float) -> int:
     return 0
 
 
+def step_mode(lo, names) -> str:
+    """The arm whose steps compare ``names``: the step a plain training loop runs (03's
+    pipelined arm: no stage records, whose cost the synchronized full step adds to every step)
+    where every one of them has one, else the full step."""
+    return PIPELINED if all(arm_key(n, PIPELINED) in lo.arms for n in names) else "full"
+
+
 def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
                 target: float = 0.1) -> Gap:
     """The pair's epoch-time ratio, oriented so that ``slow`` is the slower beyond the noise.
@@ -78,10 +85,8 @@ def measure_gap(lo, slow: str, fast: str, num_samples: int, ddp=None,
     """
     listed = [slow, fast]
     steps = {n: _epoch_steps(lo, n, num_samples) for n in listed}
-    # the step a plain training loop runs (03's pipelined arm: no stage records, whose cost
-    # the synchronized full step adds to every step), where both have one
-    plain = all(arm_key(n, PIPELINED) in lo.arms for n in listed)
-    mode = PIPELINED if plain else "full"
+    mode = step_mode(lo, listed)
+    plain = mode == PIPELINED
 
     def ratio(a: str, b: str) -> tuple[Stat, Stat]:
         per_step = lo.ratio(lo.arm(a, mode), lo.arm(b, mode))

@@ -9,9 +9,9 @@ from ...measurement.timing import Stat
 from ... import pipelines
 from ...training.loop import project_epochs
 from ...results.bench import BenchResult
-from ...results.timing import PIPELINED, arm_key
-from ...results.verdict import Recommendation
+from ...results.verdict import Recommendation, step_words
 from ..timing import is_exact
+from .gap import step_mode
 
 
 def label(name: str) -> str:
@@ -73,9 +73,8 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     # the step a plain training loop runs (no per-stage records) where every pipeline compared
     # here has one, as the gap's figure: one figure for one pair (found by a user trial: the
     # answer's 11.8x gap beside this section's 10.6x of the recorded full steps)
-    mode = PIPELINED if all(arm_key(n, PIPELINED) in lo.arms for n in {*exact, baseline}
-                            if n in lo.strategies) else "full"
-    step_words = "plain-loop training step" if mode == PIPELINED else "full training step"
+    mode = step_mode(lo, [n for n in {*exact, baseline} if n in lo.strategies])
+    timed = step_words(mode)  # the step the figures below time
     ms = {n: lo.arm(n, mode).ms_per_sample for n in exact}
     fastest, tied, noisy = tied_with_fastest(ms, tie_tolerance, target)
     why = (f"within {tie_tolerance:.0%} of the fastest" if not noisy else
@@ -90,7 +89,7 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     else:
         best = fastest
         rule = ("the only exact pipeline in this run" if len(ms) == 1 else
-                f"the fastest {step_words} per sample of the exact pipelines" if len(tied) == 1 else
+                f"the fastest {timed} per sample of the exact pipelines" if len(tied) == 1 else
                 f"{len(tied)} strategies {why}; memory per sample was not measured for all of "
                 "them, so the fastest median wins"
                 + (" (disturbed: their steps vary beyond the precision target; more steps firm the "
@@ -117,9 +116,9 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
         epochs[n] = {"1 rank": one}
         if top != base and n in factors and not factors[n].contended:  # its own factor,
             epochs[n][f"{top} ranks"] = one * (top / base) / factors[n].median  # if sound
-    basis = (f"80% of {num_samples:,} samples per epoch; 1 rank: notebook 03's {step_words}"
+    basis = (f"80% of {num_samples:,} samples per epoch; 1 rank: notebook 03's {timed}"
              + (" (as a plain training loop runs it, no per-stage records: the gap's steps)"
-                if mode == PIPELINED else "")
+                if mode != "full" else "")
              + (f"; {top} ranks: {top / base:g}x the samples per step at each pipeline's own "
                 f"step factor measured in notebook 04 (weak scaling, separate launches); a "
                 f"pipeline 04 did not run, or whose factor was measured contended, has no "
@@ -132,4 +131,4 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                           bench=bench, bench_source=source,
                           epochs_per_day=epochs, projection_basis=basis,
                           exactness=(words or {}).get(best, "declared exact"),
-                          proven=best in proven, step_words=step_words, step_mode=mode)
+                          proven=best in proven, step_mode=mode)
