@@ -126,7 +126,7 @@ def _cause(encoder: EncoderFigures | None):
     grow = Growth(stage="forward", batch_sizes=(8, 4), per_sample=st,
                   at_batch=Stat.from_samples([0.02] * 5), share=0.8, grows=True)
     c = Cause("forward", "12 ms per step against 1 ms", 1.0, 0.1, 0.9, 0.9, "measured",
-              stage="forward", growth=grow)
+              effect="adds", stage="forward", growth=grow)  # as set_shares marks it
     advise([c], "cpu", encoder=encoder)
     return c.advice
 
@@ -207,7 +207,7 @@ def test_one_shared_pass_is_advised_only_where_the_figures_show_graph_work_per_s
         site = CodeSite("dense_project_pool", "pool2_slow.py", 30, library, 9.0, 0.0, 0.8, 4,
                         graph_share)
         c = Cause("forward", "12 ms per step against 1 ms", 1.0, 0.1, 0.9, 0.9, "measured",
-                  stage="forward", growth=grow, sites=[site])
+                  effect="adds", stage="forward", growth=grow, sites=[site])
         advise([c], "cpu", copies=copies)
         return c.advice
     dense = advice("Linear.forward (torch/nn/modules/linear.py:124)")

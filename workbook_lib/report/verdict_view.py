@@ -277,8 +277,7 @@ def adoption(v: VerdictResult) -> Markdown:
             f"none faster than {r.title}" if r.strategy == r.baseline else r.title)
         # the pointer where the answer advises the fix, or the run compares its strategies
         # (found by a user trial: beside a vectorized loss it pointed at the node-mask API)
-        pointer = v.builtin or any("workbook_lib.nodemask" in (c.advice or "")
-                                   for c in v.causes)
+        pointer = v.builtin or v.advises_nodemask
         return Markdown(f"The recommended strategy here is {which}" + (
             "; the node-mask shared graph's API, and `convert` for an encoder of your own, are "
             "in `workbook_lib.nodemask` (README)." if pointer else "."))

@@ -176,3 +176,8 @@ class VerdictResult(Record):
     notes: list[str] = field(default_factory=list)  # what the answer does not rest on
     headline: str = ""  # the index's one sentence
     form: FormChoice | None = None  # the shared graph's form to adopt (built-in runs)
+
+    @property
+    def advises_nodemask(self) -> bool:
+        """Whether a cause's advice is the node-mask shared graph (``workbook_lib.nodemask``)."""
+        return any("workbook_lib.nodemask" in (c.advice or "") for c in self.causes)

@@ -10,6 +10,7 @@ from ...results.timing import EncoderFigures
 from ...results.verdict import Cause, Gap
 from .code import GRAPH_SHARE, MIN_SITE, graph_code
 
+MINOR = 0.05  # a cause below this share of the gap is not named in the lead, nor advised
 NODEMASK = ("one pass over one shared graph for the whole batch instead of a graph copy or a "
             "loop per sample (workbook_lib.nodemask)")
 SYNC_ADVICE = ("take the host syncs out of the step (.item(), nonzero, boolean-mask indexing, "
@@ -168,7 +169,8 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
     said where the forward's advice is one shared pass; ``gap``: its steps per epoch tell a
     slower stage from more steps of an equal one, and with its epoch times and batch say what
     the conversion's saving leaves of the gap; ``copies``: the slow pipeline is a built-in
-    strategy that carries graph copies (:func:`carries_copies`)."""
+    strategy that carries graph copies (:func:`carries_copies`). Only a cause that adds at least
+    :data:`MINOR` of the gap (a named one) is advised."""
     steps = (gap.steps.get(gap.slow), gap.steps.get(gap.fast)) if gap else (None, None)
     by = {c.stage: c for c in rows}
     for c in sorted(rows, key=lambda c: c.stage == "backward"):  # the forward's advice first
@@ -178,6 +180,9 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
             c.finding += "; " + more
             c.advice = ""
             continue
+        if c.effect != "adds" or c.share is None or c.share < MINOR:  # not a named cause
+            c.advice = ""  # (found by a user trial: the results file advised pinned memory
+            continue  # for a transfer that saved time, on a CPU)
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies))
         if encoder is not None and c.stage == "forward" and NODEMASK in c.advice:
             c.advice += "; " + encoder_words(encoder) + not_faster(encoder)

@@ -237,7 +237,7 @@ def fix_text(v: VerdictResult) -> str:
                 + (_builtin_fix(r) + " " if v.builtin else
                    "The node-mask shared graph (workbook_lib.nodemask) computes the same model "
                    "with one pass over one shared graph. "
-                   if any("workbook_lib.nodemask" in (c.advice or "") for c in v.causes) else "")
+                   if v.advises_nodemask else "")
                 + "Check that a rewrite computes the same model with `python -m workbook_lib "
                 "equal SLOW FAST` before trusting its speed.")
     head = ("**The fix, provisionally: " if "loop" in v.contended else "**The fix: ")

@@ -6,14 +6,13 @@ from ...results.timing import STAGES
 from ...results.verdict import Cause, Gap
 from . import claims as claims_mod
 from ..timing.stages import stage_medians, stage_quartiles, within_noise
-from .advice import H2D_WALK, advise, carries_copies
+from .advice import H2D_WALK, MINOR, advise, carries_copies
 from .code import code_sites
 
 
 STAGE_ORDER = ("data_item", "collate", "h2d", "device_prep", "forward", "loss", "backward",
                "optimizer", "overhead")
 SYNC_STAGES = ("device_prep", "forward", "loss", "backward")
-MINOR = 0.05  # a cause below this share of the gap is not named in the lead
 
 
 def _stage_words(key: str) -> str:
@@ -127,10 +126,6 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
     set_shares(rows, total if gap.measurable else 0.0)
     advise(rows, device_type, encoder=lo.encoders.get(slow), gap=gap,
            copies=carries_copies(slow))
-    for r in rows:  # advice for what adds to the gap and is named (found by a user trial:
-        # the results file advised pinned memory for a transfer that saved time, on a CPU)
-        if r.effect != "adds" or r.share is None or r.share < MINOR:
-            r.advice = ""
     timed = sorted((r for r in rows if r.difference_s is not None
                     and r.effect not in ("rest", "noise")), key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \
