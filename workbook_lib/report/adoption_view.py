@@ -8,8 +8,7 @@ from ..results.adoption import AdoptionResult, loss_fall
 from . import plotting
 from ..common.text import one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
-from .tables import (CONTENDED, HEADLINE_MAX, IMPRECISE, fmt_bytes, fmt_num, fmt_stat,
-                     fmt_time_stat, table)
+from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, marks, table
 
 
 def check_text(pair) -> Markdown:
@@ -220,10 +219,7 @@ def _headline(r: AdoptionResult, detail: bool = True) -> str:
     if not r.applicable:
         return f"not applicable: {r.reason}"
     if getattr(r, "nonfinite_step", None) is not None:
-        ref, new = (r.names.get(k, k) for k in r.keys)
-        if r.mode == "builtin":
-            return f"{_diverged(r)}; the fix {_speed(r.speedup)} per step than replicated masks"
-        return f"{_diverged(r)}; '{new}' {_speed(r.speedup)} per step than '{ref}'"
+        return f"{_diverged(r)}; {_speed_words(r)}"
     first, last = loss_fall(r.losses[r.keys[0]])
     tol = getattr(r, "tolerance", 1e-5)
     if r.max_rel_diff == 0:
@@ -240,11 +236,19 @@ def _headline(r: AdoptionResult, detail: bool = True) -> str:
     if r.mode != "builtin":
         curves = curves.replace("put the predictions within", "within").replace(
             "imply predictions apart by", "apart by")
-        ref, new = (r.names[k] for k in r.keys)
         return (f"{curves} over {len(r.rel_diff)} steps (the loss went from {first:.3g} to "
-                f"{last:.3g}); '{new}' {_speed(r.speedup)} per step than '{ref}'")
+                f"{last:.3g}); {_speed_words(r)}")
     return (f"{curves} over {len(r.rel_diff)} steps (the loss fell from {first:.3g} to "
-            f"{last:.3g}); the fix {_speed(r.speedup)} per step than replicated masks")
+            f"{last:.3g}); {_speed_words(r)}")
+
+
+def _speed_words(r: AdoptionResult) -> str:
+    """The headline's speed: "the fix Nx faster per step than replicated masks", or, for the
+    user's pair, "'fast' Nx faster per step than 'slow'"."""
+    if r.mode == "builtin":
+        return f"the fix {_speed(r.speedup)} per step than replicated masks"
+    ref, new = (r.names[k] for k in r.keys)
+    return f"'{new}' {_speed(r.speedup)} per step than '{ref}'"
 
 
 def _speed(ratio, stat: bool = False) -> str:
@@ -253,11 +257,7 @@ def _speed(ratio, stat: bool = False) -> str:
     its noisy and contended marks only (found by a user trial: a contended ratio of IQR 1.1 was
     quoted bare)."""
     st, word = (ratio, "faster") if ratio.median >= 1 else (ratio.inverse("ratio"), "slower")
-    if stat:
-        return f"{fmt_stat(st, unit='x')} {word}"
-    marks = ("" if getattr(st, "precise", True) else f" {IMPRECISE}") + \
-        (f" {CONTENDED}" if getattr(st, "contended", False) else "")
-    return f"{st.median:.3g}x {word}{marks}"
+    return f"{fmt_stat(st, unit='x')} {word}" if stat else f"{st.median:.3g}x {word}{marks(st)}"
 
 
 def headline(r: AdoptionResult) -> str:

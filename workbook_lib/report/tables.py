@@ -78,10 +78,15 @@ def fmt_stat(st: Stat | None, *, scale: float = 1.0, unit: str = "", digits: int
     if st is None:
         return "n/a"
     u = f" {unit}" if unit else ""
-    flag = ("" if st.precise else f" {IMPRECISE}") + \
-        (f" {CONTENDED}" if getattr(st, "contended", False) else "")
     return (f"{st.median * scale:.{digits}g}{u} (IQR {st.iqr * abs(scale):.2g}, n={st.n})"
-            f"{flag}")
+            f"{marks(st)}")
+
+
+def marks(st: Stat) -> str:
+    """' (noisy)' for a figure not known to its precision target, ' (contended)' for one
+    measured while the process got less CPU than it asked for; "" otherwise."""
+    return ("" if st.precise else f" {IMPRECISE}") + \
+        (f" {CONTENDED}" if getattr(st, "contended", False) else "")
 
 
 def fmt_time_stat(st: Stat | None, per: float = 1.0) -> str:

@@ -218,13 +218,19 @@ class Proof(Record):
                 f"shown to differ from '{slow_name}' by `equal` ({self.when}: {self.summary})")
 
 
+def finite_loss(x: float | None) -> bool:
+    """A loss that is a finite number (None: one that was not, read back from a results
+    file)."""
+    return x is not None and math.isfinite(x)
+
+
 def loss_fall(losses: list[float], window: int = 10) -> tuple[float, float]:
     """(mean loss of the first ``window`` steps, of the last ``window``): how far training
     brought it."""
     if not losses:
         raise ValueError("'losses' must hold at least one value")
-    finite = [x for x in losses if x is not None and math.isfinite(x)]  # a diverged run's
-    if not finite:  # (None: a non-finite loss read back from a results file)
+    finite = [x for x in losses if finite_loss(x)]  # a diverged run's
+    if not finite:
         return float("nan"), float("nan")
     w = max(1, min(window, len(finite) // 4 or 1))
     return sum(finite[:w]) / w, sum(finite[-w:]) / w

@@ -1,10 +1,10 @@
 """``python -m workbook_lib selftest [--device cuda] [--ranks N]``: check a machine before a long run.
 
 At ``params/ci.yaml``'s sizes, each check says ``ok``, ``FAILED`` or ``skipped``, with why:
-exactness on the device (the built-in strategies and ``convert``), the sync counter, the fix's delta path at 3 layers, a memory probe,
-timing synchronization, the CPU share (``busy`` when timings now would be contended) and, with
-``--ranks`` >= 2, a DDP launch. Exit 1 when a check failed, 2 for bad input. What each check
-does: docs/development.md.
+exactness on the device (the built-in strategies and ``convert``), the sync counter, the fix's
+delta path at 3 layers, a memory probe, timing synchronization, the CPU share (``busy`` when
+timings now would be contended) and, with ``--ranks`` >= 2, a DDP launch. Exit 1 when a check
+failed, 2 for bad input. What each check does: docs/development.md.
 
 Written here rather than with a test runner because it runs on the user's machine, outside the
 test suite, and must print one table a user can read.
@@ -57,6 +57,13 @@ def _outputs(strategy, model, pert, dual: bool, weights: torch.Tensor):
     return (None if out is None else out.detach().cpu()), pred.detach().cpu(), grads
 
 
+def _deletions(num_genes: int) -> torch.Tensor:
+    """The exactness checks' batch: three samples of up to three genes, one row padded."""
+    pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % num_genes
+    pert[2, 2] = -1
+    return pert
+
+
 def check_exactness(params: Params, device: torch.device, graph) -> list[Check]:
     """Every strategy on ``device`` against the CPU (see the module docstring)."""
     from ..strategies import REGISTRY, make_strategy
@@ -64,8 +71,7 @@ def check_exactness(params: Params, device: torch.device, graph) -> list[Check]:
     from ..pipelines.builtin import make_model
 
     tol = float32_tolerance(graph, params.layers)
-    pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % graph.num_genes
-    pert[2, 2] = -1
+    pert = _deletions(graph.num_genes)
     torch.manual_seed(0)
     weights = torch.randn(pert.shape[0], graph.num_genes, params.hidden)
     base = make_model(graph, params.model, "cpu", seed=params.seed)
@@ -143,8 +149,7 @@ def check_delta_exactness(params: Params, device: torch.device, graph) -> list[C
     layers = delta_layers(params)
     p = params.replace(layers=layers)
     tol = float32_tolerance(graph, layers)
-    pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % graph.num_genes
-    pert[2, 2] = -1
+    pert = _deletions(graph.num_genes)
     torch.manual_seed(0)
     weights = torch.randn(pert.shape[0], graph.num_genes, params.hidden)
     dual = bool(params.dual_forward)
@@ -196,8 +201,7 @@ def check_convert_exactness(params: Params, device: torch.device, graph) -> Chec
     name = "exactness: convert [TorchCell-shaped, float64]"
     try:
         small = induced_subgraph(graph, min(params.exactness_genes, graph.num_genes))
-        pert = torch.tensor([[0, 5, 9], [1, 2, 3], [11, 4, -1]]) % small.num_genes
-        pert[2, 2] = -1
+        pert = _deletions(small.num_genes)
         err = torchcell_exact_error(small, pert, hidden=8, layers=3, seed=params.seed,
                                     device=device)
         status = OK if err <= CONVERT_TOLERANCE else FAILED

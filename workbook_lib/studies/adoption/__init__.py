@@ -9,8 +9,6 @@ where no checked pair exists, 06 trains nothing and says why (``applicable`` Fal
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +19,7 @@ from ...measurement.timing import Stat
 from ...data.perturbations import sample_perturbations
 from ...pipelines import build_pipeline, user_specs
 from ...training import loop
-from ...results.adoption import AdoptionResult, EqualityResult, loss_fall  # noqa: F401
+from ...results.adoption import AdoptionResult, EqualityResult, finite_loss, loss_fall  # noqa: F401
 from .fix_speedups import speedup_inputs, speedups  # noqa: F401 (the notebook's speedups table)
 from .equality import check_pipelines, equality_tolerance, seeded_build
 from .parameters import ParameterMismatchError
@@ -290,11 +288,10 @@ def compare(params: Params, res: dict, losses: dict, batch_size: int, device_lab
     k_rep, k_fix = names
     # a loss that is not finite: the trainings diverged there, and nothing after it compares
     # (found by a user trial: NaN losses on both sides read as a 0 difference, 'same training')
-    bad = [i for i, pair_ in enumerate(zip(losses[k_rep], losses[k_fix]))
-           if not all(x is not None and math.isfinite(x) for x in pair_)]
+    bad = [i for i, (a, b) in enumerate(zip(losses[k_rep], losses[k_fix]))
+           if not (finite_loss(a) and finite_loss(b))]
     cut = bad[0] if bad else len(losses[k_rep])
-    nonfinite = [names[k] for k in (k_rep, k_fix)
-                 if not all(x is not None and math.isfinite(x) for x in losses[k])]
+    nonfinite = [names[k] for k in (k_rep, k_fix) if not all(map(finite_loss, losses[k]))]
     rep, fix = losses[k_rep][:cut], losses[k_fix][:cut]
     if mode == "builtin":
         # the predictions' relative difference the two MSE curves imply, at least (docstring)

@@ -87,7 +87,7 @@ class OwnCode:
         path = self.resolve(frame.file)
         if path is None:
             return frame.function
-        starts, spans = _qualnames(str(path))
+        starts, spans, _ = _functions(str(path))
         if frame.function.startswith("<"):
             inside = [q for lo, hi, q in spans if lo <= frame.line <= hi]
             return f"{inside[-1]}.{frame.function}" if inside else frame.function
@@ -97,30 +97,22 @@ class OwnCode:
         """The frame's ``def`` line: a decorated function's code starts at its first decorator
         (found by a user trial: a custom backward named at its ``@staticmethod`` line)."""
         path = self.resolve(frame.file)
-        return frame.line if path is None else _def_lines(str(path)).get(frame.line, frame.line)
+        return frame.line if path is None else _functions(str(path))[2].get(frame.line,
+                                                                            frame.line)
 
 
 @functools.lru_cache(maxsize=256)
-def _def_lines(path: str) -> dict[int, int]:
-    """A decorated function's first decorator's line -> its ``def`` line, in a source file."""
+def _functions(path: str) -> tuple[dict[int, str], list[tuple[int, int, str]], dict[int, int]]:
+    """For every function of a source file, from one parse: first line (its ``def`` line and
+    each decorator's) -> qualified name; (first line, last line, qualified name), outer first;
+    and a decorated function's first decorator's line -> its ``def`` line."""
     try:
         tree = ast.parse(Path(path).read_text())
     except (OSError, SyntaxError, ValueError):
-        return {}
-    return {min(d.lineno for d in n.decorator_list): n.lineno for n in ast.walk(tree)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.decorator_list}
-
-
-@functools.lru_cache(maxsize=256)
-def _qualnames(path: str) -> tuple[dict[int, str], list[tuple[int, int, str]]]:
-    """For every function of a source file: first line (its ``def`` line and each
-    decorator's) -> qualified name, and (first line, last line, qualified name), outer first."""
-    try:
-        tree = ast.parse(Path(path).read_text())
-    except (OSError, SyntaxError, ValueError):
-        return {}, []
+        return {}, [], {}
     starts: dict[int, str] = {}
     spans: list[tuple[int, int, str]] = []
+    defs: dict[int, int] = {}
 
     def walk(node, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
@@ -128,6 +120,8 @@ def _qualnames(path: str) -> tuple[dict[int, str], list[tuple[int, int, str]]]:
                 q = prefix + child.name
                 for line in [child.lineno, *(d.lineno for d in child.decorator_list)]:
                     starts.setdefault(line, q)
+                if child.decorator_list:
+                    defs[min(d.lineno for d in child.decorator_list)] = child.lineno
                 spans.append((child.lineno, child.end_lineno or child.lineno, q))
                 walk(child, q + ".<locals>.")
             elif isinstance(child, ast.ClassDef):
@@ -135,4 +129,4 @@ def _qualnames(path: str) -> tuple[dict[int, str], list[tuple[int, int, str]]]:
             else:
                 walk(child, prefix)
     walk(tree, "")
-    return starts, spans
+    return starts, spans, defs
