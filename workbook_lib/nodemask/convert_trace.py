@@ -334,8 +334,8 @@ def refuse_hooks(m: nn.Module, path: str, followed: bool = False) -> None:
     kinds = hooks_of(m)
     if kinds:
         where = f"{path} ({type(m).__name__})" if path else f"the encoder ({type(m).__name__})"
-        why = ("it follows the module's forward without calling the module" if followed or
-               not path else "it computes this module from its weights without calling it")
+        why = ("it follows the module's forward without calling the module" if followed else
+               "it computes this module from its weights without calling it")
         raise ConvertError(f"{where} has a {' and a '.join(sorted(set(kinds)))}, which the "
                            f"converted form would not run ({why}); remove the hook, or apply "
                            "what it does outside the encoder (the legacy "
