@@ -709,6 +709,9 @@ def test_explain_and_floor_name_every_layer_and_type():
     floor = fast.floor(DELETED)
     assert floor.batch_size == 5 and floor.per_sample("dense_macs") > 0
     assert any("regulatory" in k for k in floor.parts) and "wildtype, once per batch" in floor.parts
+    printed = str(floor)  # print(floor) is its table, not the record's fields
+    assert printed.startswith("floor of a batch of 5 samples") and "FloorPart" not in printed
+    assert "wildtype, once per batch" in printed and printed.endswith(floor.table())
     # every gene but one deleted: every gene changes, the kept one with its in-edges
     ei = next(iter(GRAPH.values()))
     kept = int(ei[1][ei[0] != ei[1]][0])

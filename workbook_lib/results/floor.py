@@ -54,7 +54,6 @@ class WorkFloor(_Totals, Record):
     parts: dict[str, FloorPart] = field(default_factory=dict)
 
 
-
 @dataclass
 class ConvertFloor(_Totals, Record):
     """The fewest multiply-adds and bytes of one batch of a converted encoder
@@ -70,6 +69,11 @@ class ConvertFloor(_Totals, Record):
     all_changed_from: str | None = None
     all_changed_macs: float = 0.0
 
+    def __str__(self) -> str:
+        """``print(fast.floor(deleted))``: the batch, then :meth:`table`."""
+        return (f"floor of a batch of {self.batch_size} sample{'s' if self.batch_size != 1 else ''}"
+                f" on {self.num_nodes} genes: multiply-adds per exact sample, forward and "
+                f"backward\n{self.table()}")
 
     def table(self) -> str:
         """One line per part: multiply-adds per sample (sparse, dense), then the total. A part
