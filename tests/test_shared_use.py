@@ -210,6 +210,9 @@ def test_html_turns_a_papermill_output_into_the_report(tmp_path, capsys):
     assert cli.main(["html", str(tmp_path / "out.ipynb")]) == 0
     html = (tmp_path / "out.html").read_text()
     assert "Title here" in html and "secret_code" not in html  # code hidden, as run does
+    assert "replaced" not in capsys.readouterr().out
+    assert cli.main(["html", str(tmp_path / "out.ipynb")]) == 0  # e.g. over nbconvert's export
+    assert "it replaced the file that was there" in capsys.readouterr().out
     assert cli.main(["html", str(tmp_path / "none.ipynb")]) == 2
 
 

@@ -305,8 +305,9 @@ def _cmd_html(args) -> int:
         raise ParamsError(f"{src}: not a Jupyter notebook ({type(exc).__name__}: {exc})",
                           key="notebook") from None
     out = Path(args.out) if args.out else src.with_suffix(".html")
+    replaced = out.exists()  # e.g. nbconvert's own export of the same notebook, beside it
     export_html(src, out, show_code=args.show_code)
-    print(f"Report: {out}")
+    print(f"Report: {out}" + (" (it replaced the file that was there)" if replaced else ""))
     return 0
 
 
