@@ -1000,8 +1000,14 @@ def test_a_conv_called_twice_on_one_edge_type_is_refused():
         def forward(self, x, edge_index):
             return self.conv(self.conv(x, edge_index).relu(), edge_index)
     fast = convert(Twice(), GRAPH[TYPES[0]])
-    with pytest.raises(ValueError, match="conv is called twice on one edge type"):
+    with pytest.raises(ValueError, match="conv is called twice on one edge type") as got:
         fast(torch.randn(N, F_IN), DELETED)
+    assert "a fused layer can" in str(got.value)  # an identity GIN may be fused
+    twice = Twice()
+    twice.conv = SAGEConv(F_IN, F_IN)  # a SAGE never is: fusion is not offered
+    with pytest.raises(ValueError, match="conv is called twice on one edge type") as got:
+        convert(twice, GRAPH[TYPES[0]])(torch.randn(N, F_IN), DELETED)
+    assert "fused" not in str(got.value)
 
 
 def test_bad_deleted_is_a_one_line_error():

@@ -877,11 +877,14 @@ class ConvertedEncoder(nn.Module):
                    plan: _Plan, src=None) -> _Rows:
         kind = conv_kind(m, path, self.register)
         if (path, e.key) in plan.convs:
+            # only an identity GIN can be part of a fused layer, which may reuse its convs
+            fusable = kind is GINConv and type(getattr(m, "nn", None)) is nn.Identity
             raise ConvertError(f"{_name(plan.convs[(path, e.key)])} is called twice on one edge "
-                               "type, which a layer run conv by conv cannot do (a fused layer "
-                               "can; self-loops on its types, for one, keep a layer from being "
-                               "fused: docs/fix-api.md); give each call its own conv module, or "
-                               "keep the masked copies for weights tied on purpose")
+                               "type, which a layer run conv by conv cannot do"
+                               + (" (a fused layer can; self-loops on its types, for one, keep "
+                                  "a layer from being fused: docs/fix-api.md)" if fusable else "")
+                               + "; give each call its own conv module, or keep the masked "
+                               "copies for weights tied on purpose")
         if kind is GCNConv and m.normalize and m.add_self_loops:
             _refuse_repeated_loops(e, path)
         keep, (b, n) = plan.keep, plan.keep.shape
