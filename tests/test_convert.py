@@ -75,6 +75,14 @@ def _per_node(kind: str) -> nn.Module:
         return nn.BatchNorm1d(H).eval()
     if kind == "dropout_p0":
         return nn.Dropout(0.0)
+    if kind == "softmax":
+        return nn.Softmax(dim=-1)
+    if kind == "logsoftmax":
+        return nn.LogSoftmax(dim=1)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(H)
+    if kind == "glu":
+        return nn.Sequential(nn.Linear(H, 2 * H), nn.GLU(dim=-1))
     return nn.Linear(H, H)
 
 
@@ -189,6 +197,65 @@ def test_converted_equals_the_per_sample_reference(conv, container):
             _check(enc, graph, readout)
         finally:
             torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("post", ["softmax", "logsoftmax", "rmsnorm", "glu"])
+def test_modules_along_the_features_are_per_node_and_exact(post):
+    """Softmax, GLU and RMSNorm over the features act on each row alone (refused as unknown
+    until a user trial asked); over another dim they mix genes and are refused."""
+    torch.manual_seed(3)
+    with torch.random.fork_rng():
+        torch.set_default_dtype(torch.float64)
+        try:
+            fast = _check(Encoder("gin", "moduledict", post), GRAPH, "mean_kept")
+            assert "per-node" in fast.explain(DELETED)
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("module", [nn.Softmax(dim=0), nn.Softmax(), nn.GLU(dim=0),
+                                    nn.RMSNorm((N, H)), nn.LayerNorm((N, H))])
+def test_modules_across_genes_are_refused(module):
+    enc = Encoder("gin", "moduledict", "linear")
+    enc.post = module
+    with pytest.raises(ConvertError, match=r"^post \((Softmax|GLU|RMSNorm|LayerNorm)\): "
+                       r"(dim=|normalized_shape).*(mix genes|across genes)"):
+        convert(enc, GRAPH, readout="mean")
+
+
+def test_batchnorm_without_running_statistics_is_refused_in_eval_mode():
+    """Found by a user trial: accepted as eval-mode BatchNorm, 10-37% off, since without running
+    statistics it normalizes with the batch's in eval mode too."""
+    enc = Encoder("gin", "moduledict", "linear").eval()
+    enc.post = nn.BatchNorm1d(H, track_running_stats=False).eval()
+    with pytest.raises(ConvertError, match=r"^post \(BatchNorm1d\): without running statistics"):
+        convert(enc, GRAPH)
+
+
+def test_pyg_norms_over_many_rows_are_refused_by_name():
+    """PairNorm and the like were refused by the torch line of an operation in their forward."""
+    from torch_geometric.nn import DiffGroupNorm, PairNorm
+    for norm in (PairNorm(), DiffGroupNorm(H, 2)):
+        enc = Encoder("gin", "moduledict", "linear")
+        enc.post = norm
+        with pytest.raises(ConvertError, match=rf"^post \({type(norm).__name__}\): normalizes "
+                                               "over many rows"):
+            convert(enc, GRAPH)
+
+
+def test_a_library_module_the_trace_follows_is_named_where_it_is_refused():
+    from torch_geometric.nn.norm import HeteroLayerNorm
+
+    class WithTypes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = GINConv(nn.Linear(F_IN, H)), HeteroLayerNorm(H, 2)
+            self.register_buffer("types", torch.zeros(N, dtype=torch.long))
+
+        def forward(self, x, edge_index):
+            return self.norm(self.conv(x, edge_index), self.types)
+    with pytest.raises(ConvertError, match=r"^norm \(HeteroLayerNorm\)"):
+        convert(WithTypes(), GRAPH[TYPES[0]])
 
 
 COUNTS: dict = {"gin": [], "gcn": [], "sage_mean": []}
@@ -1354,6 +1421,11 @@ def test_a_graph_whose_last_genes_have_no_edges_is_planned_ahead_at_its_num_node
                                          f"n={n + 2} to plan_ahead\\)"):
         fast(torch.randn(n + 2, F_IN), seen)
     assert fast(torch.randn(n + 2, F_IN), seen).shape == (2, H)
+    # x shorter than a num_nodes given on purpose: says whose count it is (a user trial was told
+    # of "node ids up to" N - 1 that the graph did not have)
+    with pytest.raises(ValueError, match=f"x has {n - 1} rows but the graph has {n} genes "
+                                         r"\(convert's num_nodes"):
+        convert(enc, GRAPH, num_nodes=n)(torch.randn(n - 1, F_IN), seen[:, :1].clamp(max=0))
 
 
 def test_a_conv_given_the_whole_edge_dict_is_refused_naming_the_line():

@@ -519,8 +519,10 @@ class ConvertedEncoder(nn.Module):
         """``{key: _Edges}`` for ``n`` genes (built once per node count)."""
         if n not in self._edges:
             if n < self.num_nodes:
-                raise ValueError(f"x has {n} rows but the graph has node ids up to "
-                                 f"{self.num_nodes - 1}")
+                raise ValueError(f"x has {n} rows but " + (
+                    f"the graph has node ids up to {self.num_nodes - 1}" if self._counted else
+                    f"the graph has {self.num_nodes} genes (convert's num_nodes, or the "
+                    "HeteroData's)"))
             self._edges[n] = {k: _Edges.of(k, e, n) for k, e in self.graph_in.items()}
         return self._edges[n]
 

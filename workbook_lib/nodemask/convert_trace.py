@@ -21,6 +21,9 @@ from torch_geometric.nn import MLP as PygMLP
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
 from torch_geometric.nn.norm import GraphNorm
+from torch_geometric.nn.norm import (DiffGroupNorm, GraphSizeNorm, HeteroBatchNorm,
+                                     MeanSubtractionNorm, PairNorm)
+from torch_geometric.nn.norm import InstanceNorm as PygInstanceNorm
 from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
 
 
@@ -33,11 +36,19 @@ CONVS = (GINConv, GraphConv, SAGEConv, GCNConv)
 ATTENTION = (GATConv, GATv2Conv, TransformerConv)
 ACTIVATIONS = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.PReLU,
                nn.Softplus, nn.Mish, nn.Identity, nn.SELU, nn.CELU, nn.Hardtanh)
+# per row only along the features: dim -1 (or 1, of [N, F]); nn.RMSNorm over one width (torch 2.4)
+ALONG_FEATURES = (nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.GLU)
+RMS_NORM = (nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()
 PER_NODE = (nn.Linear, PygLinear, nn.LayerNorm, nn.Dropout, nn.BatchNorm1d, PygBatchNorm,
-            PygLayerNorm, PygMLP, nn.Sequential) + ACTIVATIONS
+            PygLayerNorm, PygMLP, nn.Sequential) + ACTIVATIONS + ALONG_FEATURES + RMS_NORM
+KNOWN = ("Linear, activations, softmax or GLU over the features, LayerNorm, RMSNorm, eval "
+         "BatchNorm, Dropout")
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, PygMLP, PygBatchNorm)
 MODE_DEPENDENT = (nn.BatchNorm1d, nn.Dropout, PygMLP)  # per-node in eval mode only
-ROW_MIXING = (GraphNorm, nn.BatchNorm2d, nn.InstanceNorm1d, nn.GroupNorm)
+# norms over many rows (PyG's over each graph's nodes: here a sample's genes); PyG's are refused
+# as modules, where following their forward refused one of its operations, named by a torch line
+ROW_MIXING = (GraphNorm, nn.BatchNorm2d, nn.InstanceNorm1d, nn.GroupNorm, PairNorm,
+              MeanSubtractionNorm, DiffGroupNorm, PygInstanceNorm, GraphSizeNorm, HeteroBatchNorm)
 
 # element-wise (per row) functions and methods; the value is how many leading tensor args
 ELEMENTWISE_FUNCTIONS = {
@@ -196,7 +207,23 @@ def per_node_problem(m: nn.Module, path: str, *, at_convert: bool) -> None:
             raise ConvertError(f"{name} ({type(sub).__name__}): normalizes over many rows, so "
                                "one sample's output would depend on its other genes and batch "
                                "mates; use nn.LayerNorm or PyG LayerNorm(mode='node')")
-        if isinstance(sub, (nn.BatchNorm1d,)) and sub.training and not at_convert:
+        if isinstance(sub, ALONG_FEATURES) and sub.dim not in (-1, 1):
+            raise ConvertError(f"{name} ({type(sub).__name__}): dim={sub.dim} is not the "
+                               "features' dimension, so it would mix genes (dim=None picks one "
+                               "from the input's shape); pass dim=-1")
+        if isinstance(sub, (nn.LayerNorm,) + RMS_NORM) and len(sub.normalized_shape) > 1:
+            raise ConvertError(f"{name} ({type(sub).__name__}): normalized_shape "
+                               f"{tuple(sub.normalized_shape)} spans more than the features, so "
+                               "it normalizes across genes and one sample's output would depend "
+                               "on its other genes; normalize over the features "
+                               f"({type(sub).__name__}(hidden))")
+        if isinstance(sub, nn.BatchNorm1d) and sub.running_mean is None:  # found by a user trial
+            raise ConvertError(f"{name} (BatchNorm1d): without running statistics "
+                               "(track_running_stats=False) it normalizes with the batch's "
+                               "statistics in eval mode too, so one sample's output depends on "
+                               "its batch mates; build it with track_running_stats=True, or use "
+                               "nn.LayerNorm")
+        if isinstance(sub, nn.BatchNorm1d) and sub.training and not at_convert:
             raise ConvertError(f"{name} (BatchNorm1d): in train mode it normalizes with the "
                                "batch's statistics, so one sample's output depends on its batch "
                                "mates; call encoder.eval(), or use nn.LayerNorm")
@@ -212,7 +239,7 @@ def per_node_problem(m: nn.Module, path: str, *, at_convert: bool) -> None:
                                    "or PyG MLP of Linear, activations and norms")
         elif not isinstance(sub, PER_NODE):
             raise ConvertError(f"{name} ({type(sub).__name__}): not a per-node module convert "
-                               "knows (Linear, activations, LayerNorm, eval BatchNorm, Dropout)")
+                               f"knows ({KNOWN})")
 
 
 def check_hetero(m: HeteroConv, path: str, register: dict) -> dict:
@@ -280,15 +307,39 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                                        f"{dim}, across genes, so one sample's output would "
                                        "depend on its other genes; normalize over the features "
                                        "(dim=-1) or move it out of the encoder")
+            if node.target is F.layer_norm:  # per row only over the features alone
+                shape = node.kwargs.get("normalized_shape",
+                                        node.args[1] if len(node.args) > 1 else None)
+                if not isinstance(shape, int) and not (
+                        isinstance(shape, (tuple, list)) and len(shape) == 1):
+                    raise ConvertError(f"F.layer_norm at {node_where(node)} normalizes over "
+                                       f"{shape!r}, not one fixed feature width, so it may "
+                                       "normalize across genes; pass normalized_shape=(hidden,)"
+                                       " or use nn.LayerNorm(hidden)")
             if node.target not in ELEMENTWISE_FUNCTIONS:
-                raise ConvertError(f"{getattr(node.target, '__name__', node.target)} at "
-                                   f"{node_where(node)} is not a per-row operation convert "
-                                   "knows (element-wise ops, activations, cat on features); "
-                                   "move it out of the encoder")
+                what = getattr(node.target, "__name__", node.target)
+                _refuse_in_library(node, what)
+                raise ConvertError(f"{what} at {node_where(node)} is not a per-row operation "
+                                   "convert knows (element-wise ops, activations, cat on "
+                                   "features); move it out of the encoder")
         elif node.op == "call_method" and node.target not in ELEMENTWISE_METHODS:
+            _refuse_in_library(node, f".{node.target}()")
             raise ConvertError(f".{node.target}() at {node_where(node)} is not a per-row "
                                "operation convert knows (element-wise ops, activations); move "
                                "it out of the encoder")
+
+
+def _refuse_in_library(node: fx.Node, what: str) -> None:
+    """Name the module, where an operation convert refuses was made by the forward of a PyTorch
+    or PyG module the trace followed (its line is inside the library; the module is what the
+    user wrote): ConvertError, or nothing if the user's own code made it."""
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    for path, cls in reversed(stack):
+        if isinstance(cls, type) and cls.__module__.split(".")[0] in ("torch", "torch_geometric"):
+            raise ConvertError(f"{path} ({cls.__name__}): not a per-node module convert knows "
+                               f"({KNOWN}): its forward computes {what}, which convert "
+                               "cannot see acts on each row alone; move it out of the encoder, "
+                               "or build that part from those modules")
 
 
 def _named_for(target: str, arg: str) -> bool:
