@@ -213,6 +213,48 @@ def test_modules_along_the_features_are_per_node_and_exact(post):
             torch.set_default_dtype(torch.float32)
 
 
+class _Between(nn.Module):
+    """Two GINs with ``f`` between them."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+        self.c1, self.c2 = GINConv(nn.Linear(F_IN, H)), GINConv(nn.Linear(H, H))
+
+    def forward(self, x, edge_index):
+        return self.c2(self.f(self.c1(x, edge_index)), edge_index)
+
+
+ALONG = {"F.softmax": lambda h: F.softmax(h, dim=-1),
+         "torch.softmax": lambda h: torch.softmax(h, 1),
+         ".log_softmax": lambda h: h.log_softmax(-1),
+         "F.glu": lambda h: torch.cat([F.glu(h), F.glu(h, 1)], -1),
+         ".mean": lambda h: h - h.mean(-1, keepdim=True),
+         ".sum": lambda h: h / (1 + h.abs().sum(dim=-1, keepdim=True)),
+         ".amax": lambda h: h - h.amax(-1, keepdim=True)}
+
+
+@pytest.mark.parametrize("name", list(ALONG))
+def test_functions_along_the_features_are_exact(name):
+    torch.manual_seed(4)
+    with torch.random.fork_rng():
+        torch.set_default_dtype(torch.float64)
+        try:
+            _check(_Between(ALONG[name]), GRAPH[TYPES[0]], "mean_kept")
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("f, why", [
+    (lambda h: F.softmax(h, dim=0), "with dim=0 is not over each row's features"),
+    (lambda h: F.softmax(h), "with dim=None is not over each row's features"),
+    (lambda h: h - h.mean(0, keepdim=True), "with dim=0 is not over each row's features"),
+    (lambda h: h * h.mean(-1).unsqueeze(-1), "without keepdim=True")])
+def test_functions_across_genes_are_refused(f, why):
+    with pytest.raises(ConvertError, match=rf"at .*test_convert\.py:\d+ {why}"):
+        convert(_Between(f), GRAPH[TYPES[0]])
+
+
 @pytest.mark.parametrize("module", [nn.Softmax(dim=0), nn.Softmax(), nn.GLU(dim=0),
                                     nn.RMSNorm((N, H)), nn.LayerNorm((N, H))])
 def test_modules_across_genes_are_refused(module):

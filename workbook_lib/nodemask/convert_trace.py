@@ -58,6 +58,11 @@ ELEMENTWISE_FUNCTIONS = {
     F.mish, F.selu, F.dropout, F.normalize, F.layer_norm, F.linear, torch.cat, torch.concat}
 ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "exp", "abs", "add", "sub", "mul", "div",
                        "neg", "__add__", "__mul__", "__sub__", "__truediv__"}
+# per row when their dim is the features' (-1, or 1 of an [N, F] value); a reduction only with
+# keepdim=True (its [N, 1] then broadcasts row by row)
+ALONG_FEATURES_FUNCTIONS = {F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, F.glu}
+ALONG_FEATURES_METHODS = {"softmax", "log_softmax"}
+REDUCING_METHODS = {"mean", "sum", "amax", "amin"}
 
 
 class _Tracer(fx.Tracer):
@@ -316,17 +321,41 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                                        f"{shape!r}, not one fixed feature width, so it may "
                                        "normalize across genes; pass normalized_shape=(hidden,)"
                                        " or use nn.LayerNorm(hidden)")
+            if node.target in ALONG_FEATURES_FUNCTIONS:
+                _along_features(node, getattr(node.target, "__name__", node.target),
+                                default=-1 if node.target is F.glu else None)
+                continue
             if node.target not in ELEMENTWISE_FUNCTIONS:
                 what = getattr(node.target, "__name__", node.target)
                 _refuse_in_library(node, what)
                 raise ConvertError(f"{what} at {node_where(node)} is not a per-row operation "
                                    "convert knows (element-wise ops, activations, cat on "
                                    "features); move it out of the encoder")
+        elif node.op == "call_method" and node.target in ALONG_FEATURES_METHODS | \
+                REDUCING_METHODS:
+            _along_features(node, f".{node.target}()", default=None,
+                            keepdim=node.target in REDUCING_METHODS)
         elif node.op == "call_method" and node.target not in ELEMENTWISE_METHODS:
             _refuse_in_library(node, f".{node.target}()")
             raise ConvertError(f".{node.target}() at {node_where(node)} is not a per-row "
                                "operation convert knows (element-wise ops, activations); move "
                                "it out of the encoder")
+
+
+def _along_features(node: fx.Node, what: str, default, keepdim: bool = False) -> None:
+    """ConvertError unless the call's ``dim`` (its second argument, after the tensor, for a
+    function and a method alike) is the features', and, for a reduction, ``keepdim=True`` (its
+    third)."""
+    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else default)
+    kept = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
+    if dim not in (-1, 1) or (keepdim and kept is not True):
+        _refuse_in_library(node, what)
+        need = "dim=-1, keepdim=True" if keepdim else "dim=-1"
+        why = (f"with dim={dim!r} is not over each row's features alone, so it may mix genes"
+               if dim not in (-1, 1) else "without keepdim=True makes a value convert cannot "
+               "follow row by row")
+        raise ConvertError(f"{what} at {node_where(node)} {why}; pass {need}, or move it out of "
+                           "the encoder")
 
 
 def _refuse_in_library(node: fx.Node, what: str) -> None:
