@@ -1096,7 +1096,8 @@ def test_a_reduction_over_genes_is_refused():
         def forward(self, x, edge_index):
             h = super().forward(x, edge_index)
             return h - h.mean(0)
-    with pytest.raises(ValueError, match=".mean\\(\\) at .*test_convert.py:\\d+ is not a per-row"):
+    with pytest.raises(ValueError, match=".mean\\(\\) at .*test_convert.py:\\d+ with dim=0 is "
+                                         "not over each row's features alone"):
         convert(Pooled("gin", "single", "linear"), GRAPH[TYPES[0]])
 
 
