@@ -893,6 +893,29 @@ def test_register_declares_an_equivalent_subclass():
         torch.set_default_dtype(torch.float32)
 
 
+@pytest.mark.parametrize("readout", [None, "mean", "sum_kept", "attention"])
+def test_a_registered_subclass_that_computes_otherwise_is_refused_at_the_first_call(readout):
+    """Found by a user trial: a registered GIN whose message doubled its input was converted as
+    a GINConv, 5.1 off, silently. The first call compares, on the whole graph, the converted
+    form with the encoder's own forward; an equivalent subclass passes (above)."""
+    class Doubled(GINConv):
+        def message(self, x_j):
+            return 2 * x_j
+    enc = Encoder("gin", "single", "linear")
+    enc.layers[0] = Doubled(nn.Linear(H, H))
+    if readout == "attention":
+        readout = AttentionalAggregation(nn.Linear(H, 1))
+    fast = convert(enc, GRAPH[TYPES[0]], register={Doubled: GINConv}, readout=readout)
+    with pytest.raises(ConvertError, match=r"register=\{Doubled: GINConv\}: on the whole graph "
+                                           r"the converted form differs .* by [\d.e-]+ of its"):
+        fast(torch.randn(N, F_IN), DELETED)
+    class Same(GINConv):
+        pass
+    enc.layers[0] = Same(nn.Linear(H, H))
+    fast = convert(enc, GRAPH[TYPES[0]], register={Same: GINConv}, readout=readout)
+    assert fast(torch.randn(N, F_IN), DELETED).shape[0] == DELETED.shape[0]  # float32 rounding
+
+
 def _swap(conv_module) -> nn.Module:
     enc = Encoder("gin", "single", "linear")
     enc.layers[1] = conv_module

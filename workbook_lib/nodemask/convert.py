@@ -971,7 +971,41 @@ class ConvertedEncoder(nn.Module):
             raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
         self._check_mode()
         self._check_hooks()
+        if self.register and not self._state.get("register_checked"):
+            self._check_register(x)
         return self._run(x, self.plan(deleted, x.shape[0]))
+
+    def _check_register(self, x: torch.Tensor) -> None:
+        """Once, where ``register`` declares subclasses: the converted form of a sample that
+        deletes nothing against the encoder's own forward on the whole graph, read out alike (a
+        subclass that does not compute as declared differs there; found by a user trial: a
+        registered GIN whose message doubled its input, 5.1 off, silently). A subclass that
+        differs only on a sample's graph is not caught; its declaration is trusted there."""
+        with torch.no_grad():
+            none = torch.full((1, 1), -1, dtype=torch.long)
+            got = self._run(x, self.plan(none, x.shape[0]))
+            want = self.encoder(x, self._graph_on(x.device))
+            if self.readout_module is not None:
+                want = self.readout_module(want, index=torch.zeros(
+                    want.shape[0], dtype=torch.long, device=want.device), dim_size=1)
+            elif self.readout_kind == "sum_kept":
+                want = want.sum(0, keepdim=True)
+            elif self.readout_kind is not None:
+                want = want.mean(0, keepdim=True)
+            else:
+                want = want.unsqueeze(0)
+            scale = float(want.abs().max()) if want.numel() else 0.0
+            off = float((got - want).abs().max()) / max(scale, 1e-30) if want.numel() else 0.0
+        tol = 10 * torch.finfo(x.dtype).eps ** 0.5 if x.is_floating_point() else 1e-3
+        if not off <= tol:
+            names = ", ".join(f"{c.__name__}: {k.__name__}" for c, k in self.register.items())
+            raise ConvertError(f"register={{{names}}}: on the whole graph the converted form "
+                               f"differs from the encoder's own forward by {off:.3g} of its "
+                               "largest value, so a registered class does not compute as the "
+                               "convolution it is declared as; register only a subclass whose "
+                               "forward computes as that class (its message may only scale by "
+                               "an edge mask)")
+        self._state["register_checked"] = True
 
     def _run(self, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
         """The planned batch's output (a pooled tail's readout comes out of the execution)."""
