@@ -228,3 +228,44 @@ def test_one_shared_pass_is_advised_only_where_the_figures_show_graph_work_per_s
         advice("", copies=True)
     assert carries_copies("replicated_mask_cpu") and not carries_copies("node_mask_shared")
     assert not carries_copies("dango_wildtype") and not carries_copies("my_pipeline")
+
+
+def test_a_backward_that_grows_in_graph_code_is_advised_when_the_forward_is_not():
+    """Found by a user trial: masked copies of a SAGE encoder, declared with shared_encoder,
+    whose backward held 75% of the gap (2.22 ms per extra sample, under SAGEConv) while the
+    forward was too small a cause to advise: 'no change follows'. The backward's own figures
+    now carry the shared-pass advice and the encoder's figures; a backward mirroring an
+    advised forward keeps quoting the forward's; one that does not grow, or not in graph code,
+    is not advised (both ways)."""
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.advice import NODEMASK, advise
+
+    st = Stat.from_samples([0.040, 0.041, 0.039]), Stat.from_samples([0.010, 0.011, 0.009])
+    fig = EncoderFigures(batch_size=4, masked_copies=st[0], converted=st[1],
+                         ratio=Stat.from_samples([4.0, 3.9, 4.1]), num_genes=40)
+
+    def causes(bwd_grows=True, library="SAGEConv.forward (torch_geometric/nn/conv/sage_conv.py:"
+               "120)", fwd_share=0.02, encoder=None):
+        def cause(stage, share, grows):
+            grow = Growth(stage=stage, batch_sizes=(4, 2), per_sample=Stat.from_samples(
+                [0.00222] * 5), at_batch=Stat.from_samples([0.0097] * 5), share=0.92,
+                grows=grows)
+            site = CodeSite("SageLN.forward", "models.py", 17, library, 9.0, 0.0, 0.99, 4)
+            return Cause(stage, "9.66 ms per step against 3.07 ms", 1.0, 0.1, 0.9, share,
+                         "measured", effect="adds", stage=stage, growth=grow, sites=[site])
+        rows = [cause("backward", 0.75, bwd_grows), cause("forward", fwd_share, True)]
+        advise(rows, "cpu", encoder=encoder)
+        return rows[0].advice, rows[1].advice
+    bwd, fwd = causes()
+    assert bwd.startswith(NODEMASK) and fwd == ""
+    assert "the backward costs 2.22 ms more for each extra sample" in bwd
+    assert "runs graph code (SAGEConv.forward" in bwd
+    bwd, _ = causes(encoder=fig)
+    assert "your encoder converts: 40 -> 10 ms per batch of 4" in bwd
+    assert "its encoder (shared_encoder) runs on a graph copy per sample" in bwd
+    assert causes(bwd_grows=False)[0] == ""
+    assert causes(library="Linear.forward (torch/nn/modules/linear.py:124)")[0] == ""
+    # the forward advised too: the backward mirrors it, its figures quoted once
+    bwd, fwd = causes(fwd_share=0.2, encoder=fig)
+    assert fwd.startswith(NODEMASK) and bwd.startswith("the backward mirrors the forward")
+    assert bwd.count("your encoder converts") == 1

@@ -145,8 +145,9 @@ def carries_copies(name: str) -> bool:
 
 
 def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool) -> str:
-    """What in the figures shows that a forward's cost per sample is graph work, in words; ""
-    where nothing does (then one shared pass is not advised, however the forward grows): a
+    """What in the figures shows that a stage's cost per sample (the forward's, or the
+    backward's where the forward is not advised) is graph work, in words; "" where nothing does
+    (then one shared pass is not advised, however the stage grows): a
     built-in strategy that carries a graph copy per sample, an encoder the pipeline declares
     (``shared_encoder``: run on its graph copies), or the forward's largest site running graph
     code (its main library frame, or at least :data:`GRAPH_SHARE` of its time)."""
@@ -184,7 +185,10 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
             c.advice = ""  # (found by a user trial: the results file advised pinned memory
             continue  # for a transfer that saved time, on a CPU)
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies))
-        if encoder is not None and c.stage == "forward" and NODEMASK in c.advice:
+        # the encoder's figures where the advice is its own (a backward mirroring the forward
+        # quotes the forward's, figures and all)
+        if encoder is not None and c.advice.startswith(NODEMASK) and \
+                c.stage in ("forward", "backward"):
             c.advice += "; " + encoder_words(encoder) + not_faster(encoder)
             left = gap and gap_left(encoder, steps[0],
                                     (gap.epoch_s[gap.slow], gap.epoch_s[gap.fast]),
@@ -280,6 +284,11 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
             return (f"the backward mirrors the forward (its largest site in the pipeline's code, "
                     f"{s.where}, is the forward's: {s.share:.0%} of the backward's extra "
                     f"time{out}): {fwd.advice}")
+        if grows and graph and not loop:  # the forward not advised: the backward's own figures
+            return (f"{NODEMASK}: the backward costs {_ms(g.per_sample.median)} more for each "
+                    f"extra sample (IQR {g.per_sample.iqr * 1e3:.2g}, n = {g.per_sample.n}"
+                    f"{_noisy(g.per_sample)}), {g.share_words} of its time at batch "
+                    f"{g.batch_sizes[0]}, and {graph}")
         return "" if not loop else _loop(c, "backward")
     if c.stage == "h2d":
         return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch
