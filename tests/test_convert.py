@@ -1087,8 +1087,17 @@ def test_an_unfollowable_forward_is_refused_naming_the_line():
             if x.sum() > 0:  # control flow on a tensor's value
                 x = x * 2
             return super().forward(x, edge_index)
-    with pytest.raises(ValueError, match="cannot be followed at .*test_convert.py:\\d+"):
+    with pytest.raises(ValueError, match="cannot be followed at .*test_convert.py:\\d+ .*"
+                                         "without control flow on tensor values"):
         convert(Branchy("gin", "single", "linear"), GRAPH[TYPES[0]])
+
+    class Sized(Encoder):  # not control flow: a size read as a Python int (a user trial)
+        def forward(self, x, edge_index):
+            return super().forward(x, edge_index[:, :int(edge_index.shape[1])])
+    with pytest.raises(ValueError, match="cannot be followed at .*test_convert.py:\\d+ .*"
+                                         "without using a tensor's values or sizes") as got:
+        convert(Sized("gin", "single", "linear"), GRAPH[TYPES[0]])
+    assert "control flow" not in str(got.value)
 
 
 def test_a_graph_keyed_otherwise_than_the_forward_reads_it_is_named():
