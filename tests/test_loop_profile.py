@@ -246,3 +246,9 @@ def test_a_to_device_of_its_own_counts_its_copies_not_copies_to_host():
     with c.stage("forward"):
         batch[1].to("cpu")
     assert c.by_kind == {"copy to host": 1}
+    c = SyncCounter("cpu")  # but not .to(x.device) (device-agnostic code: a user trial)
+    with c.stage("forward"):
+        batch[1].to(batch[2].device)
+        batch[1].to(dev, non_blocking=True)
+        batch[1].to(device=batch[0].device)
+    assert c.total == 0, dict(c.by_kind)

@@ -137,12 +137,14 @@ class _DispatchCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _to_host(args, kwargs) -> bool:
+def _cpu_target(args, kwargs) -> "str | torch.device | None":
+    """The target of a ``.to(...)`` onto the CPU, as written (a string or a ``torch.device``);
+    None for any other call."""
     target = kwargs.get("device")
     for a in args[1:]:
         if isinstance(a, (str, torch.device)):
             target = a
-    return target is not None and torch.device(target).type == "cpu"
+    return target if target is not None and torch.device(target).type == "cpu" else None
 
 
 class _HostCopyCounter(TorchFunctionMode):
@@ -155,10 +157,15 @@ class _HostCopyCounter(TorchFunctionMode):
         if on_host():  # host work by design (common/host.py): a GPU run does it on the host too
             return func(*args, **kwargs)
         kind = _HOST_COPIES.get(func)
-        if kind is None and func is torch.Tensor.to and _to_host(args, kwargs):
+        target = _cpu_target(args, kwargs) if kind is None and func is torch.Tensor.to else None
+        if target is not None:
             if self.owner is not None and self.owner._moving is not None:
                 self.owner._moved += 1  # the pipeline's to_device: a move to the run's device
-            else:
+            elif isinstance(target, str):
+                # the host named as a string; a torch.device is the run's own on a CPU run
+                # (.to(x.device), .to(self.device): device-agnostic code, a move or nothing on
+                # a GPU, never a copy to the host; found by a user trial, each counted as a
+                # sync). .to(torch.device("cpu")) written out is missed here, not on a GPU
                 kind = "copy to host"
         if kind is not None:
             self.counter[kind] += 1
