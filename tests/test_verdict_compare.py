@@ -440,6 +440,39 @@ def test_no_measurable_gap_ranks_no_cause():
     assert "same speed within the noise" in v.lead and "first cause" not in v.lead
 
 
+def test_a_gap_one_step_vetoes_is_not_called_the_same_speed():
+    """Found by a user trial: a 1.52x ratio (quartiles 1.51-1.64, n = 6) that one disturbed step
+    (0.70x) kept unresolved was headlined 'IQR holds 1' and told 'the same speed within the
+    noise'. It now says why, and how many steps would resolve it; an IQR that holds 1 is still
+    the same speed (both ways)."""
+    t = _timing()
+    a = t.loops.arms["replicated_mask_cpu/full"]
+
+    def verdict(ratios):
+        steps = Stat.from_samples([a.step.samples[i % a.step.n] / x for i, x in enumerate(ratios)])
+        t.loops.arms["other/full"] = ArmResult("other/full", "other", "full", "full",
+                                               a.samples_per_step, 1, steps, dict(a.stages))
+        if "other" not in t.loops.strategies:
+            t.loops.strategies.append("other")
+        g = V.measure_gap(t.loops, "replicated_mask_cpu", "other", 1000)
+        v = V.VerdictResult("", "cpu", "cpu", V.rank_causes(t, g.slow, g.fast, g, "cpu"), [],
+                            None, g.ratio, [], [], gap=g, gap_strategies=[g.slow, g.fast])
+        V.compose(v)
+        return g, v
+    g, v = verdict([0.70, 1.53, 1.52, 1.50, 1.75, 1.67])
+    assert not g.measurable
+    assert "a 1.52x gap is not resolved" in v.lead and "same speed" not in v.lead
+    assert "1 of 6 paired steps the other way (0.7x)" in v.lead
+    assert "at least 9 paired steps would resolve one" in v.lead
+    from workbook_lib.studies.verdict.answer import headline
+    head = headline(v)
+    assert "no measurable gap (1.52x per epoch, 1 of 6 paired steps the other way (0.7x))" in head
+    assert "IQR holds 1" not in head
+    g, v = verdict([0.9, 1.1, 1.0, 1.2, 0.95, 1.05])
+    assert "same speed within the noise" in v.lead and "its IQR holds 1" in v.lead
+    assert "IQR holds 1" in headline(v)
+
+
 def test_on_a_gpu_the_sync_wait_is_carved_out_of_its_stage_and_can_change_the_advice():
     """The forward's syncs: on a CPU counted, their cost not measured, the stage's advice kept;
     on a GPU the host's wait at them (profiled) is part of the forward's time, never added to

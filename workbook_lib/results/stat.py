@@ -17,6 +17,19 @@ DEFAULT_TARGET = 0.10
 CI_LEVEL = 0.95  # the confidence of the median's interval that precision is judged on
 
 
+def ci_rank(n: int, level: float = CI_LEVEL) -> int:
+    """The rank ``k`` of :meth:`Stat.median_ci` on ``n`` samples: the interval is the k-th
+    smallest to the k-th largest, the largest ``k`` whose binomial(n, 1/2) coverage is at least
+    ``level`` (1, the whole range, when n is too small for it)."""
+    k, tail = 0, 0.0  # tail: P(Bin(n, 1/2) <= k - 1), the mass left out on each side
+    while True:
+        nxt = tail + math.comb(n, k) / 2 ** n
+        if 1 - 2 * nxt < level or k + 1 > n - k:
+            break
+        k, tail = k + 1, nxt
+    return max(k, 1)
+
+
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:
     if len(xs) == 1:
         return xs[0], xs[0], xs[0]
@@ -78,13 +91,7 @@ class Stat(Record):
         n = len(xs)
         if n < 2:
             return (self.q1, self.q3) if not xs else (-math.inf, math.inf)
-        k, tail = 0, 0.0  # tail: P(Bin(n, 1/2) <= k - 1), the mass left out on each side
-        while True:
-            nxt = tail + math.comb(n, k) / 2 ** n
-            if 1 - 2 * nxt < level or k + 1 > n - k:
-                break
-            k, tail = k + 1, nxt
-        k = max(k, 1)
+        k = ci_rank(n, level)
         return xs[k - 1], xs[n - k]
 
     def ci_half_width(self, level: float = CI_LEVEL) -> float:

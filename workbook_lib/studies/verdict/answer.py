@@ -8,7 +8,7 @@ from ...common.text import one_line
 from ...results.cpu import FAULTS_HIGH, KEEP_PAGES, KERNEL_HIGH
 from ...results.verdict import VerdictResult
 from .causes import first_causes, offsets, told_apart
-from .gap import MIN_PAIRED
+from .gap import MIN_PAIRED, unresolved
 
 HEADLINE_MAX = 200
 MISSING_WHAT = {"01": "graph inventory", "02": "memory per sample or benchmark",
@@ -84,11 +84,16 @@ def lead(v: VerdictResult) -> str:
         return (f"**{_cap(s)} and {f}: too few paired steps to resolve a gap** "
                 f"(n = {r.n}, at least {MIN_PAIRED} needed; epoch-time ratio {r.median:.3g}x): "
                 "there is no gap to explain on these figures; raise loop_steps.")
+    why, need = unresolved(r, v.target)
+    if not g.measurable and need is not None:  # not the same speed: too few steps to tell
+        return (f"**{_cap(s)} and {f}: a {r.median:.3g}x gap is not resolved** ({fig}; quartiles "
+                f"{r.q1:.3g}-{r.q3:.3g}): {why}. There is no gap to explain on these figures; "
+                f"at least {need} paired steps would resolve one (loop_steps and loop_max_steps "
+                "of at least that), if no more steps come out the other way.")
     if not g.measurable:
         return (f"**{_cap(s)} and {f} train at the same speed within the noise**: "
                 f"epoch-time ratio {r.median:.3g}x ({fig}; quartiles {r.q1:.3g}-{r.q3:.3g}), "
-                f"not resolved beyond its IQR and the {v.target:.0%} precision target: there is "
-                "no gap to explain.")
+                f"{why or 'not resolved'}: there is no gap to explain.")
     text = f"**{_cap(s)} is {r.median:.3g}x slower per epoch than {f}** ({fig})"
     first = first_causes(v.causes)
     if not first:
@@ -297,7 +302,8 @@ def headline(v: VerdictResult) -> str:
     g = v.gap
     if not g.measurable:
         why = ("measured contended" if g.contended else
-               f"{g.ratio.median:.3g}x per epoch, IQR holds 1")
+               f"{g.ratio.median:.3g}x per epoch, "
+               + unresolved(g.ratio, v.target)[0].split(", so ")[0])
         text = f"{g.slow} and {g.fast}: no measurable gap ({why})"
     else:
         text = f"{g.slow} {g.ratio.median:.3g}x slower per epoch than {g.fast}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ...measurement.timing import Stat
+from ...results.stat import CI_LEVEL, ci_rank
 from ...results.timing import PIPELINED, arm_key
 from ...results.verdict import Gap
 
@@ -65,6 +66,29 @@ def resolved(r: Stat, target: float) -> int:
     if r.q3 < 1.0 and hi < 1.0 and r.median < 1.0 / (1.0 + target):
         return -1
     return 0
+
+
+def unresolved(r: Stat, target: float) -> tuple[str, int | None]:
+    """Why :func:`resolved` gives 0, in words, and the paired steps that would let the steps
+    that came out the other way stand beside a gap (None where more steps are not the
+    answer); ``("", None)`` where it does not give 0. Found by a user trial: a 1.52x ratio
+    (quartiles 1.51-1.64) that one disturbed step of six vetoed was told 'IQR holds 1'."""
+    if resolved(r, target) != 0:
+        return "", None
+    if r.n < MIN_PAIRED:
+        return f"{r.n} paired steps, at least {MIN_PAIRED} needed", MIN_PAIRED
+    if r.q1 <= 1.0 <= r.q3:
+        return "its IQR holds 1", None
+    if 1.0 / (1.0 + target) <= r.median <= 1.0 + target:
+        return f"its median within the {target:.0%} precision target of 1", None
+    above = r.median > 1.0
+    other = sorted(x for x in r.samples if (x <= 1.0 if above else x >= 1.0))
+    lo, hi = r.median_ci()
+    need = next(m for m in range(r.n, 10 * r.n + 100) if ci_rank(m) > len(other))
+    worst = (other[0] if above else other[-1]) if other else None
+    return (f"{len(other)} of {r.n} paired steps the other way"
+            + (f" ({worst:.3g}x)" if worst is not None else "")
+            + f", so the median's {CI_LEVEL:.0%} interval ({lo:.3g}-{hi:.3g}) holds 1", need)
 
 
 def step_mode(lo, names) -> str:
