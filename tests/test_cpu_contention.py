@@ -424,6 +424,15 @@ def test_the_cause_is_other_jobs_only_when_they_were_seen():
     line = hogs.explain()
     assert line.startswith("contended by other jobs") and "0.90 CPU of its 2" in line
     assert "rerun when they are done" in line and "(contended: other jobs)" in hogs.describe()
+    assert "OMP_NUM_THREADS" not in line  # 2 ranks x 1 thread: no fewer threads to offer
+    # one process of 2 threads beside 0.7 CPU of another job: 1 thread fits what it left (a
+    # user trial got no answer at 2 threads, a clear one at 1); beside 0.05, 2 threads fit
+    crowded = seen(busy=3.4, tree=2.0, procs=1, requested=2)
+    assert crowded.cause == C.OTHER_JOBS
+    assert "or with 1 compute thread per process, which fits the CPUs they left " \
+           "(OMP_NUM_THREADS=1 before the command" in crowded.explain()
+    assert "OMP_NUM_THREADS=1" in C.causes_text([crowded])
+    assert seen(busy=2.2, tree=2.0, procs=1, requested=2).fewer_threads() == ""
     # the same wait with the machine's busy time all this run's (0.02 CPU of background):
     # 2 ranks x 2 threads on 2 CPUs
     own = seen(busy=4.04, tree=4.0, procs=2, requested=2)

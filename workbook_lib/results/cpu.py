@@ -296,6 +296,20 @@ class CpuShare(Record):
             out += f" and {workers} DataLoader worker{'s' if workers != 1 else ''}"
         return out + f" {per}"
 
+    def fewer_threads(self) -> str:
+        """Where other jobs left fewer CPUs free than this run's compute threads: how many
+        threads per process would fit what they left (a user trial's shared machine gave no
+        answer at 2 threads and a clear one at 1); "" where the threads already fit."""
+        if self.others is None or not self.cpus_seen:
+            return ""
+        free = max(1, int(self.cpus_seen - self.others + 0.5))  # a CPU at least half free
+        n = max(1, free // max(1, self.procs))
+        if n >= (self.requested or self.threads):
+            return ""
+        return (f", or with {n} compute thread{'s' if n != 1 else ''} per process, which "
+                f"fit{'s' if n == 1 else ''} the CPUs they left (OMP_NUM_THREADS={n} before the "
+                "command; the figures are then at that setting)")
+
     def _others_text(self) -> str:
         w = self.window
         return (f"other jobs used {self.others:.2f} CPU of its {self.cpus_seen} and this run's "
@@ -312,7 +326,7 @@ class CpuShare(Record):
             also = (f"; this run's own {self.configuration()} also outnumber its CPUs: "
                     f"{self.fitting()}" if self.oversubscribed else "")
             return (f"contended by other jobs: {got}; {self._others_text()}: rerun when they "
-                    f"are done, or on CPUs of its own{also}")
+                    f"are done, or on CPUs of its own{self.fewer_threads()}{also}")
         if c == OWN_PROCESSES:
             if self.oversubscribed:
                 fix = f"this run's own {self.configuration()}: {self.fitting()}"
@@ -375,7 +389,8 @@ def causes_text(shares) -> str:
     if any(s.cause == OTHER_JOBS for s in busy):
         most = max((s for s in busy if s.cause == OTHER_JOBS), key=lambda s: s.others or 0)
         out.append(f"Other jobs were running on the same CPUs (up to {most.others:.2f} CPU of "
-                   f"{most.cpus_seen}): rerun when they are done, or on CPUs of its own.")
+                   f"{most.cpus_seen}): rerun when they are done, or on CPUs of its own"
+                   f"{most.fewer_threads()}.")
     own = [s for s in busy if s.cause == OWN_PROCESSES]
     if own:
         s = own[0]
