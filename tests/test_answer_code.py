@@ -164,6 +164,10 @@ def test_data_stages_are_attributed_with_cprofile():
     top = rows[0]
     assert top.function.startswith("test_data_stages_are_attributed_with_cprofile.<locals>"), rows
     assert "slow_item" in top.function and top.line > 0 and top.seconds > 0
+    # cProfile counts no operators: the tables say so, not 0 (a user trial read 0 as none)
+    from workbook_lib.results.profile import ops_words
+    assert ops_words("collate", top.ops) == ops_words("data_item", 0) == "not counted (cProfile)"
+    assert ops_words("forward", 12.0) == "12"
 
 
 def test_a_kept_equal_outcome_is_read_for_the_same_sources_only(tmp_path):

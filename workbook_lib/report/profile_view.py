@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..results.profile import ProfileResult
+from ..results.profile import ProfileResult, ops_words
 from ..results.timing import LoopStudy, MAIN_STAGES
 from .. import pipelines
 from . import plotting
@@ -110,7 +110,7 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
                              "library under it": r.library or "(its own code)",
                              "ms per step": f"{r.seconds * 1e3:.3g}",
                              "share of the stage": fmt_pct(r.seconds / total) if total else "",
-                             "operator calls per step": f"{r.ops:.0f}"})
+                             "operator calls per step": ops_words(stage, r.ops)})
     cap = ("Where each stage's profiled time is in each pipeline's own files (recorded with "
            "Python stacks: a backward operator counts at the function that ran its forward; "
            "time under no function of the pipeline's own, the loop's or a library's called from "

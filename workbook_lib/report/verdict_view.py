@@ -8,6 +8,7 @@ from IPython.display import Markdown
 
 from ..results import verdict as C
 from .. import pipelines
+from ..results.profile import ops_words
 from ..results.verdict import VerdictResult
 from . import plotting
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
@@ -85,7 +86,7 @@ def code_table(v: VerdictResult):
                          "slow, ms per step": f"{s.slow_ms:.3g}",
                          "fast, ms per step": f"{s.fast_ms:.3g}",
                          "share of the stage's extra time": fmt_pct(s.share),
-                         "operator calls per step": f"{s.ops:.0f}"})
+                         "operator calls per step": ops_words(c.stage, s.ops)})
         if c.sites and c.outside:  # the rest of the shares: what ran under no frame of its code
             rows.append({"cause": c.cause, "function": OUTSIDE, "where": "",
                          "library under it": "", "slow, ms per step": "",

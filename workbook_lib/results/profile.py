@@ -26,6 +26,15 @@ class SiteTime(Record):
 
 
 NOT_OWN = "(not in the pipeline's code)"
+# stages attributed by cProfile (measurement.code_sites.data_sites), which sees Python calls,
+# not operators: their sites' ``ops`` is 0 whatever ran (a user trial read it as none)
+NO_OPS_STAGES = ("data_item", "collate")
+
+
+def ops_words(stage: str, ops: float) -> str:
+    """A site's operator calls per step as a table cell: "not counted" in a stage cProfile
+    attributes."""
+    return "not counted (cProfile)" if stage in NO_OPS_STAGES else f"{ops:.0f}"
 
 
 @dataclass
