@@ -253,6 +253,7 @@ def test_an_optimizer_as_fast_per_step_is_told_its_steps_not_a_fused_optimizer()
     # a step 5x slower per step, the same steps: a foreach or fused optimizer, with its site
     slower = _optimizer(3.0, 0.6, (1000, 1000))
     assert "foreach or fused optimizer" in slower.advice and "Trainer.step" in slower.advice
+    assert "of the same kind as yours" in slower.advice and "AdamW(" not in slower.advice
     # 5x slower per step and more steps: still its code
     assert "foreach" in _optimizer(3.0, 0.6, (2000, 1000)).advice
     # 5x slower per step in the library's optimizer (no code of the pipeline's): no advice

@@ -28,8 +28,12 @@ STATIC = {
                "batch",
     "h2d": "transfer less: indices instead of masks or graph copies, from pinned memory "
            "(pin_memory: true)",
-    "optimizer": "a foreach or fused optimizer (torch.optim.AdamW(foreach=True), fused=True on "
-                 "CUDA) with no Python loop over parameters or their rows",
+    # the same algorithm in its multi-tensor form, not another one (found by a user trial: an
+    # SGD user was pointed at AdamW, which trains differently)
+    "optimizer": "a foreach or fused optimizer of the same kind as yours (torch.optim's SGD, "
+                 "Adam, AdamW, Adagrad... take foreach=True, and fused=True where the device "
+                 "has a fused form), or the same update as torch._foreach_* operations over "
+                 "all parameters at once, with no Python loop over parameters or their rows",
     "ddp": "accumulate gradients with no_sync(), or fewer, larger steps",
 }
 
