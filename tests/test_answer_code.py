@@ -414,3 +414,35 @@ def test_a_custom_backward_without_a_loop_is_not_told_to_batch_its_operations():
     # no second batch measured: a loop is not ruled out, so not said (found by a review)
     unmeasured = told(None)
     assert "not a loop" not in unmeasured and "was not measured" in unmeasured
+
+
+def test_a_long_headline_cuts_the_causes_before_the_function_that_holds_the_gap():
+    """Found by a user trial: the index's headline was cut at "LoopReadoutModel.forwar...",
+    losing the file:line. Shorter forms drop the order note, then the second cause, then the
+    causes; the function and its line stay whole."""
+    from types import SimpleNamespace
+
+    from workbook_lib.results.stat import Stat
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.answer import HEADLINE_MAX, headline
+
+    def cause(stage, share, file="mine/syncs_slow_with_a_long_name.py"):
+        return Cause(stage, "", 1.0, 0.1, 0.9, share, "measured", effect="adds", stage=stage,
+                     sites=[CodeSite("LoopReadoutModel.forward", file, 8, "", 1.0, 0.0, 0.9)])
+
+    def head(slow, causes, iqr=0.4, fast="syncs_fast_pipeline"):
+        gap = SimpleNamespace(slow=slow, fast=fast, swapped=True, ddp_booked=False,
+                              measurable=True, contended=False,
+                              ratio=Stat(1.62, iqr, 1.4, 1.4 + iqr, 6))
+        v = SimpleNamespace(gap=gap, causes=causes, recommendation=None, no_answer="",
+                            contended={}, disturbed={"gap": 1.0}, target=0.1)
+        return headline(v)
+    short = head("slow", [cause("backward", 0.71, "m.py"), cause("forward", 0.28, "m.py")],
+                 fast="fast")
+    assert "(listed the other way round); first causes (not told apart): backward (71%) and " \
+           "forward (28%); 89% of the gap in LoopReadoutModel.forward (m.py:8)" in short
+    long = head("syncs_slow_pipeline_with_a_rather_long_name_too",
+                [cause("backward", 0.71), cause("forward", 0.28)])
+    assert len(long) <= HEADLINE_MAX and long.startswith("DISTURBED: ")
+    assert long.endswith("in LoopReadoutModel.forward (mine/syncs_slow_with_a_long_name.py:8)")
+    assert "listed the other way round" not in long

@@ -300,29 +300,48 @@ def headline(v: VerdictResult) -> str:
     if v.no_answer:
         return one_line(mark + v.no_answer, HEADLINE_MAX)
     g = v.gap
-    if not g.measurable:
-        why = ("measured contended" if g.contended else
-               f"{g.ratio.median:.3g}x per epoch, "
-               + unresolved(g.ratio, v.target)[0].split(", so ")[0])
-        text = f"{g.slow} and {g.fast}: no measurable gap ({why})"
-    else:
-        text = f"{g.slow} {g.ratio.median:.3g}x slower per epoch than {g.fast}"
-        if g.swapped:
-            text += " (listed the other way round)"
-        first = first_causes(v.causes)
-        if first:
-            ranked = told_apart(first, g)
-            text += ("; first cause: " if ranked else "; first causes (not told apart): ") + (
-                ", then " if ranked else " and ").join(f"{c.cause} ({_pct(c.share)})"
-                                                       for c in first)
-            held = main_site(v.causes)
-            if held is not None:
-                s, share = held
-                text += f"; {_pct(share)} of the gap in {s.function} ({s.file}:{s.line})"
+    if g.measurable:
+        return _shortest_fit(mark, _measured_headlines(v))
+    why = ("measured contended" if g.contended else
+           f"{g.ratio.median:.3g}x per epoch, "
+           + unresolved(g.ratio, v.target)[0].split(", so ")[0])
+    text = f"{g.slow} and {g.fast}: no measurable gap ({why})"
     r = v.recommendation
-    if r is not None and g is not None and r.strategy not in (g.slow, g.fast):
+    if r is not None and r.strategy not in (g.slow, g.fast):
         text += f"; fix: {r.label}"
     return one_line(mark + text, HEADLINE_MAX)
+
+
+def _measured_headlines(v: VerdictResult) -> list[str]:
+    """A measured gap's headline, then shorter ones: the order note, then causes after the
+    first, then the causes dropped, so that the function and file:line that hold the gap are
+    the last thing cut (found by a user trial: cut at "LoopReadoutModel.forwar...")."""
+    g = v.gap
+    lead = f"{g.slow} {g.ratio.median:.3g}x slower per epoch than {g.fast}"
+    order = " (listed the other way round)" if g.swapped else ""
+    r = v.recommendation
+    fix = f"; fix: {r.label}" if r is not None and r.strategy not in (g.slow, g.fast) else ""
+    first = first_causes(v.causes)
+    held = main_site(v.causes) if first else None
+    site = (f"; {_pct(held[1])} of the gap in {held[0].function} ({held[0].file}:"
+            f"{held[0].line})") if held is not None else ""
+    if not first:
+        return [lead + order + fix, lead + fix]
+    ranked = told_apart(first, g)
+    causes = ("; first cause: " if ranked else "; first causes (not told apart): ") + (
+        ", then " if ranked else " and ").join(f"{c.cause} ({_pct(c.share)})" for c in first)
+    one = f"; first cause: {first[0].cause} ({_pct(first[0].share)})" if ranked else ""
+    return [lead + order + causes + site + fix, lead + causes + site + fix,
+            *([lead + one + site + fix] if one else []), lead + site + fix, lead + site]
+
+
+def _shortest_fit(mark: str, texts: list[str]) -> str:
+    """The first of ``texts`` that fits :data:`HEADLINE_MAX` after ``mark``; else the last,
+    cut."""
+    for t in texts:
+        if len(mark + t) <= HEADLINE_MAX:
+            return mark + t
+    return one_line(mark + texts[-1], HEADLINE_MAX)
 
 
 def main_site(causes: list) -> tuple | None:
