@@ -232,6 +232,29 @@ BAD = {
             def forward(self, model, x): return model(x)
         def make(params, graph, device): return P()
         """, "without loss"),
+    "duck_typed": ("""
+        import torch
+        class P:
+            model = torch.nn.Linear(2, 1)
+            batch_size = 2
+            def dataset(self): return [torch.zeros(2)] * 4
+            def collate(self, items): return torch.stack(items)
+            def forward(self, model, x): return model(x)
+            def loss(self, out, b): return out.sum()
+        def make(params, graph, device): return P()
+        """, "without to_device, prepare (see workbook_lib.pipelines.Pipeline; subclass it for "
+             "the defaults of to_device, prepare)"),
+    "no_forward": ("""
+        import torch
+        from workbook_lib.pipelines import Pipeline
+        class P(Pipeline):
+            def __init__(self):
+                self.model, self.batch_size, self.device = torch.nn.Linear(2, 1), 4, 'cpu'
+            def dataset(self): return [torch.zeros(2)] * 8
+            def collate(self, items): return torch.stack(items)
+            def loss(self, out, b): return out.sum()
+        def make(params, graph, device): return P()
+        """, "P does not define forward (Pipeline has no default for it)"),
     "wrong_shape": ("""
         import torch
         from workbook_lib.pipelines import Pipeline

@@ -27,7 +27,7 @@ from ..common.watchdog import Stalled, Watchdog
 from ..configs.specs import PipelineSpec, spec_file
 from ..failures import describe_exception
 from ..exceptions import PipelineError
-from .protocol import REQUIRED
+from .protocol import DEFAULTED, REQUIRED, Pipeline
 
 
 def resolve_factory(spec: PipelineSpec) -> Callable:
@@ -72,9 +72,20 @@ def build_user_pipeline(spec: PipelineSpec, params: Params, graph, device: torch
         raise PipelineError(spec.name, f"the factory {spec.target} raised "
                                        f"{describe_exception(exc)}") from None
     missing = [m for m in REQUIRED if not callable(getattr(pipe, m, None))]
-    if missing:
+    defaults = [m for m in missing if m in DEFAULTED]
+    if missing:  # the defaults come from the base class (a user trial's duck-typed class)
         raise PipelineError(spec.name, f"the factory returned a {type(pipe).__name__} without "
-                                       f"{', '.join(missing)} (see workbook_lib.pipelines.Pipeline)")
+                                       f"{', '.join(missing)} (see workbook_lib.pipelines."
+                                       "Pipeline" + (f"; subclass it for the defaults of "
+                                                     f"{', '.join(defaults)}" if defaults
+                                                     else "") + ")")
+    if isinstance(pipe, Pipeline):  # a subclass that left a stage to the base's placeholder
+        unset = [m for m in REQUIRED if m not in DEFAULTED and
+                 getattr(type(pipe), m, None) is getattr(Pipeline, m)]
+        if unset:
+            raise PipelineError(spec.name, f"{type(pipe).__name__} does not define "
+                                           f"{', '.join(unset)} (Pipeline has no default for "
+                                           f"{'it' if len(unset) == 1 else 'them'})")
     model = getattr(pipe, "model", None)
     if not isinstance(model, torch.nn.Module):
         raise PipelineError(spec.name, f"'model' must be a torch.nn.Module (got "

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 REQUIRED = ("dataset", "collate", "to_device", "prepare", "forward", "loss")
+DEFAULTED = ("to_device", "prepare")  # the stages Pipeline gives a default
 
 
 def move_to(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
