@@ -68,12 +68,23 @@ def test_03_headline_names_what_bounds_the_pair_then_failures():
     from workbook_lib.report import timing_view
     from workbook_lib.report.tables import HEADLINE_MAX
 
-    bounds = {"my_slow": NS(bound="data-bound", largest_stage="data_item", largest_share=0.93),
-              "my_fast": NS(bound="model-bound", largest_stage="forward", largest_share=0.61)}
+    from workbook_lib.results.timing import StepBound
+
+    def bound(words, stage, share, groups):
+        return StepBound("p", words, groups, stage, share, 1.0, 4)
+    bounds = {"my_slow": bound("data-bound", "data_item", 0.93, {"data": 0.95, "model": 0.05}),
+              "my_fast": bound("model-bound", "forward", 0.61, {"data": 0.1, "model": 0.9}),
+              # the model stages together bound the step, the collate the largest one alone: both
+              # said (a user trial read "model-bound (collate 40%)" as a contradiction)
+              "mixed": bound("model-bound", "collate", 0.40, {"data": 0.42, "model": 0.55})}
     r = NS(loops=None, bounds=bounds, fastest_exact="my_fast")
     text = timing_view.headline(r, ["my_slow", "my_fast"])
-    assert "my_slow" in text and "data-bound" in text and "93%" in text
-    assert "my_fast" in text and "model-bound" in text and "61%" in text
+    assert "my_slow data-bound (data item 93%)" in text
+    assert "my_fast model-bound (forward 61%)" in text
+    assert "mixed model-bound (model stages 55%; largest stage collate 40%)" in \
+        timing_view.headline(r, ["mixed"])
+    assert bounds["mixed"].summary.startswith("model-bound (model stages 55% of the step; "
+                                              "largest stage collate 40%)")
     assert text.index("my_slow") < text.index("my_fast")
     alone = timing_view.headline(r, ["gone", "other"])  # the pair not measured: the fastest exact
     assert "my_fast" in alone and "my_slow" not in alone

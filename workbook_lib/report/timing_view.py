@@ -370,10 +370,9 @@ def sync_plot(syncs: SyncStudy) -> None:
 
 
 def _short_bound(b) -> str:
-    """'model-bound (forward 61%)'."""
-    from ..results.timing import STAGES
-
-    return f"{b.bound} ({STAGES[b.largest_stage][0].split(' (')[0]} {b.largest_share:.0%})"
+    """'model-bound (forward 61%)', or 'model-bound (model stages 55%; largest stage collate
+    40%)' where the largest stage is another group's."""
+    return f"{b.bound} ({b.stage_words()})"
 
 
 def headline(r: TimingResult, pair: list[str] | None = None) -> str:

@@ -119,11 +119,21 @@ class StepBound(Record):
     sync_bound_on_gpu: bool = False
     stage_shares: dict[str, float] = field(default_factory=dict)
 
+    def stage_words(self, of_step: str = "") -> str:
+        """``data item 78%``: the largest stage where its group bounds the step; else the
+        bounding group's share first, then the largest stage (a user trial read "model-bound
+        (collate 40%)" as a contradiction: the model stages together held more)."""
+        name = STAGES[self.largest_stage][0].split(' (')[0]
+        group = next(g for g, w in BOUND_WORDS.items() if w == self.bound)
+        if STAGES[self.largest_stage][1] == group:
+            return f"{name} {self.largest_share:.0%}{of_step}"
+        return (f"{group} stages {self.group_shares[group]:.0%}{of_step}; largest stage "
+                f"{name} {self.largest_share:.0%}")
+
     @property
     def summary(self) -> str:
         """``data-bound (data item 78% of the step)``, with the syncs when they bound a GPU."""
-        s = (f"{self.bound} ({STAGES[self.largest_stage][0].split(' (')[0]} "
-             f"{self.largest_share:.0%} of the step)")
+        s = f"{self.bound} ({self.stage_words(' of the step')})"
         if self.sync_bound_on_gpu:
             s += (f"; sync-bound on a GPU ({self.syncs_per_step:.0f} host syncs per step, "
                   f"{self.syncs_per_step / self.batch_size:.2g} per sample)")
