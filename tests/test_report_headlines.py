@@ -197,6 +197,22 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     assert "The node-mask shared graph (workbook_lib.nodemask) computes" in fix_text(v)
     v.contended = {"loop": None}
     assert fix_text(v).startswith("**Provisionally (measured contended), no exact pipeline")
+    # no recommendation: the non-finite loss named only where one was (a user trial read the
+    # sentence as boilerplate)
+    # the fix on the fast side of a gap not resolved: not called its faster side
+    from types import SimpleNamespace as NS
+    v.contended = {}
+    v.recommendation = Recommendation("fast", "fast", "the pipeline 'fast'", ms, "slow", None,
+                                      "fast", ["fast"], "rule", proven=True)
+    v.gap = NS(fast="fast", slow="slow", measurable=False)
+    assert "no gap between the pair is resolved on these figures" in fix_text(v)
+    v.gap.measurable = True
+    assert "the faster side of this gap" in fix_text(v)
+    v.gap = None
+    v.recommendation, v.exactness, v.nonfinite = None, {"fast": "not stated"}, {}
+    assert "not finite" not in fix_text(v) and "'fast': not stated" in fix_text(v)
+    v.nonfinite = {"fast": "nan from step 3"}
+    assert "'fast': a loss that was not finite, not recommended" in fix_text(v)
 
 
 def test_06_says_slower_below_one_and_the_passed_check_beside_curves_that_part():

@@ -230,8 +230,10 @@ def fix_text(v: VerdictResult) -> str:
     if r is None:
         why = "; ".join(f"'{n}': {w}" for n, w in v.exactness.items()) or \
             "none declares exact = True or was proven equal to the slow one by `equal`"
-        return (f"**No exact pipeline in this run** ({why}; a pipeline whose loss was not "
-                "finite is not recommended either): nothing here is "
+        bad = ", ".join(f"'{n}'" for n in v.nonfinite)
+        return (f"**No exact pipeline in this run** ({why}"
+                + (f"; {bad}: a loss that was not finite, not recommended" if bad else "")
+                + "): nothing here is "
                 "known to compute the perturbed graph to recommend. The node-mask shared graph "
                 "(workbook_lib.nodemask) is exact; check a rewrite with `python -m workbook_lib "
                 "equal SLOW FAST` before trusting its speed.")
@@ -250,6 +252,9 @@ def fix_text(v: VerdictResult) -> str:
     if v.gap is not None and r.strategy == v.gap.fast and r.strategy != "node_mask_shared":
         check = ("" if r.proven else f" Check it computes the same model with "
                  f"`{equal_command(v)}` before adopting it.")
+        if not v.gap.measurable:  # (a user trial: 'the faster side' of no resolved gap)
+            return (head + f"{r.title}**, {how}; no gap between the pair is resolved on these "
+                    "figures, so it is not shown to be the faster." + check)
         return (head + f"{r.title}**, {how} and the faster side of this gap (its per-epoch "
                 "figure is the gap above)." + check)
     text = head + f"{r.title}**, {how}"
