@@ -630,6 +630,35 @@ def test_a_contended_step_factor_gives_no_multi_rank_epochs(tmp_path):
     assert "whose factor was measured contended, has no 2-rank figure" in r.projection_basis
 
 
+def test_multi_rank_epochs_start_from_the_step_at_04s_threads_per_rank(tmp_path):
+    """Found by a user trial: 03's step ran on 2 threads, 04's ranks on 1 each, and 05 put 04's
+    step factor (1 thread per rank at both world sizes) on 03's 2-thread step: 134 epochs a
+    day at 2 ranks against ~119 from 04's own steps. The thread effect 04 measured (its step
+    with all threads over the same at 1) now takes 03's step to 1 thread first; a pipeline
+    without a sound one has no multi-rank figure; with equal threads nothing changes."""
+    from workbook_lib.results.cpu import CpuShare
+
+    def rec(threads_all=None, effects=None):
+        d = _ddp()
+        d.gap.step_factors = {"node_mask_shared": st(1.2), "replicated_mask_cpu": st(1.5)}
+        d.worlds[1].threads_all, d.worlds[1].threads_per_rank = threads_all, [1]
+        d.worlds[1].thread_step_effect = effects or {}
+        return V.recommend(_timing(), _mask_cost(), d, tmp_path,
+                           baseline="replicated_mask_cpu", tie_tolerance=0.15, num_samples=1000)
+    same = rec()
+    one = same.epochs_per_day["node_mask_shared"]["1 rank"]
+    assert same.epochs_per_day["node_mask_shared"]["2 ranks"] == pytest.approx(one * 2 / 1.2)
+    assert "thread effect" not in same.projection_basis
+    hog = CpuShare(wall_s=1.0, cpu_s=0.5, threads=1, allowed=1, intervals=3)
+    fewer = rec(2, {"node_mask_shared": st(0.6), "replicated_mask_cpu": st(0.7).with_cpu(hog)})
+    # 2 threads take 0.6 of 1 thread's step: 1 thread per rank is 1/0.6 x 03's step
+    assert fewer.epochs_per_day["node_mask_shared"]["2 ranks"] == \
+        pytest.approx(one * 2 / 1.2 * 0.6)
+    assert list(fewer.epochs_per_day["replicated_mask_cpu"]) == ["1 rank"]  # contended effect
+    assert "from its step at 1 thread(s) per rank (03: 2): 03's step over the thread effect" \
+        in fewer.projection_basis
+
+
 def test_the_fix_section_quotes_the_gaps_step_where_both_sides_have_it(tmp_path):
     """Found by a user trial: the answer said the fix's per-epoch figure was the gap above
     (11.8x, the steps a plain loop runs) while the fix section quoted 10.6x and projected its

@@ -53,6 +53,25 @@ def tied_with_fastest(ms: dict[str, Stat], tie_tolerance: float,
     return fastest, sorted(close | noisy), sorted(noisy)
 
 
+def _thread_effects(ddp, base: int) -> dict[str, float] | None:
+    """Per pipeline, its step with all the allocation's threads over its step at 04's threads
+    per rank (04's thread effect, at its smallest world size), where 04 ran its ranks on fewer
+    threads than 03 (a pipeline without a sound one is left out: no multi-rank figure rests
+    on 03's step then); None where the threads were the same (nothing to correct)."""
+    w = (getattr(ddp, "worlds", {}) or {}).get(base) if ddp is not None else None
+    most = getattr(w, "threads_all", None)
+    if not most or min(getattr(w, "threads_per_rank", None) or [most]) >= most:
+        return None
+    return {n: st.median for n, st in (getattr(w, "thread_step_effect", None) or {}).items()
+            if not st.contended}
+
+
+def threads_words(ddp, base: int) -> str:
+    """'1 thread(s) per rank (03: 2)'."""
+    w = ddp.worlds[base]
+    return f"{min(w.threads_per_rank)} thread(s) per rank (03: {w.threads_all})"
+
+
 def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_tolerance: float,
               num_samples: int, target: float = 0.1, exclude: tuple[str, ...] = (),
               exact: set[str] | None = None, words: dict[str, str] | None = None,
@@ -109,20 +128,29 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     gap = getattr(ddp, "gap", None)
     factors = (getattr(gap, "step_factors", {}) or {}) if gap is not None else {}
     top, base = (worlds[-1], worlds[0]) if worlds else (1, 1)
+    threads = _thread_effects(ddp, base)
     epochs = {}
     for n in {best, baseline} & set(lo.strategies):
         a = lo.arm(n, mode)
         one = project_epochs(a.step.median, a.samples_per_step, num_samples)["epochs_per_day"]
         epochs[n] = {"1 rank": one}
-        if top != base and n in factors and not factors[n].contended:  # its own factor,
-            epochs[n][f"{top} ranks"] = one * (top / base) / factors[n].median  # if sound
+        te = 1.0 if threads is None else threads.get(n)
+        if top != base and n in factors and not factors[n].contended and te is not None:
+            # its own factor, if sound, from its step at 04's threads per rank: 03's step at
+            # all threads over the thread effect (found by a user trial: 134 epochs a day at
+            # 2 ranks beside ~119 from 04's own steps, the threads' gain counted twice)
+            epochs[n][f"{top} ranks"] = one * (top / base) / factors[n].median * te
     basis = (f"80% of {num_samples:,} samples per epoch; 1 rank: notebook 03's {timed}"
              + (" (as a plain training loop runs it, no per-stage records: the gap's steps)"
                 if mode != "full" else "")
              + (f"; {top} ranks: {top / base:g}x the samples per step at each pipeline's own "
-                f"step factor measured in notebook 04 (weak scaling, separate launches); a "
-                f"pipeline 04 did not run, or whose factor was measured contended, has no "
-                f"{top}-rank figure" if top != base else
+                f"step factor measured in notebook 04 (weak scaling, separate launches)"
+                + (f", from its step at {threads_words(ddp, base)}: 03's step over the thread "
+                   "effect 04 measured paired (its step with all threads over the same at the "
+                   "threads per rank)" if threads is not None else "")
+                + "; a pipeline 04 did not run, or whose factor"
+                + (" or thread effect" if threads is not None else "")
+                + f" was measured contended, has no {top}-rank figure" if top != base else
                 "; no multi-rank figure (notebook 04 did not measure one)"))
     return Recommendation(strategy=best, label=label(best), title=title(best),
                           ms_per_sample=ms[best],
