@@ -255,6 +255,40 @@ def test_functions_across_genes_are_refused(f, why):
         convert(_Between(f), GRAPH[TYPES[0]])
 
 
+@pytest.mark.parametrize("f", [lambda h, w: h + F.linear(h, w).mean(-1, keepdim=True),
+                               lambda h, w: h - F.linear(h, w).amax(-1, keepdim=True),
+                               lambda h, w: h * F.linear(h, w).softmax(-1).amax(-1, True)])
+def test_along_dim_minus_one_of_a_per_gene_value_is_refused_at_the_call(f):
+    """Found by a review: F.linear with a 1-D weight makes one value per gene ([N]), whose dim
+    -1 is the genes: a mean, amax or softmax over it mixed genes, 0.3-1.6 off, silently."""
+    class Flat(_Between):
+        def __init__(self):
+            super().__init__(f)
+            self.w = nn.Parameter(torch.randn(H))
+
+        def forward(self, x, edge_index):
+            h = self.c1(x, edge_index)
+            return self.c2(self.f(h, self.w), edge_index)
+    fast = convert(Flat(), GRAPH[TYPES[0]])
+    with pytest.raises(ConvertError, match=r"at .*test_convert\.py:\d+ runs along dim -1 of a "
+                                           r"value of shape \[\d+\] \(not \[genes, features\]\)"):
+        fast(torch.randn(N, F_IN), DELETED)
+
+
+def test_an_encoder_returning_one_value_per_gene_is_refused():
+    class OneValue(_Between):
+        def __init__(self):
+            super().__init__(None)
+            self.w = nn.Parameter(torch.randn(H))
+
+        def forward(self, x, edge_index):
+            return F.linear(self.c1(x, edge_index), self.w)
+    for readout in (None, "mean_kept"):
+        with pytest.raises(ConvertError, match=r"returns a value of shape \[\d+\] on the whole "
+                                               r"graph; convert needs \[N, H\]"):
+            convert(OneValue(), GRAPH[TYPES[0]], readout=readout)(torch.randn(N, F_IN), DELETED)
+
+
 @pytest.mark.parametrize("module", [nn.Softmax(dim=0), nn.Softmax(), nn.GLU(dim=0),
                                     nn.RMSNorm((N, H)), nn.LayerNorm((N, H))])
 def test_modules_across_genes_are_refused(module):
@@ -276,8 +310,10 @@ def test_batchnorm_without_running_statistics_is_refused_in_eval_mode():
 
 def test_pyg_norms_over_many_rows_are_refused_by_name():
     """PairNorm and the like were refused by the torch line of an operation in their forward."""
-    from torch_geometric.nn import DiffGroupNorm, PairNorm
-    for norm in (PairNorm(), DiffGroupNorm(H, 2)):
+    from torch_geometric.nn import (DiffGroupNorm, GraphSizeNorm, HeteroBatchNorm,
+                                    InstanceNorm, MeanSubtractionNorm, PairNorm)
+    for norm in (PairNorm(), DiffGroupNorm(H, 2), MeanSubtractionNorm(), InstanceNorm(H),
+                 GraphSizeNorm(), HeteroBatchNorm(H, 2)):
         enc = Encoder("gin", "moduledict", "linear")
         enc.post = norm
         with pytest.raises(ConvertError, match=rf"^post \({type(norm).__name__}\): normalizes "
@@ -298,6 +334,14 @@ def test_a_library_module_the_trace_follows_is_named_where_it_is_refused():
             return self.norm(self.conv(x, edge_index), self.types)
     with pytest.raises(ConvertError, match=r"^norm \(HeteroLayerNorm\)"):
         convert(WithTypes(), GRAPH[TYPES[0]])
+
+    class Center(nn.Module):  # the user's own module, in a Sequential: its line, not the
+        def forward(self, h):  # Sequential's name (a review)
+            return h - h.mean(0, keepdim=True)
+    enc = Encoder("gin", "moduledict", "linear")
+    enc.post = nn.Sequential(nn.Linear(H, H), Center())
+    with pytest.raises(ConvertError, match=r"^\.mean\(\) at .*test_convert\.py:\d+ with dim=0"):
+        convert(enc, GRAPH)
 
 
 COUNTS: dict = {"gin": [], "gcn": [], "sage_mean": []}
@@ -915,6 +959,15 @@ def test_a_registered_subclass_that_computes_otherwise_is_refused_at_the_first_c
     fast = convert(enc, GRAPH[TYPES[0]], register={Same: GINConv}, readout=readout)
     assert fast(torch.randn(N, F_IN), DELETED).shape[0] == DELETED.shape[0]  # float32 rounding
 
+    class Slightly(GINConv):  # 0.2% off: within float32's rounding of a tolerance, not float64's
+        def message(self, x_j):
+            return 1.002 * x_j
+    enc.layers[0] = Slightly(nn.Linear(H, H))
+    fast = convert(enc, GRAPH[TYPES[0]], register={Slightly: GINConv}, readout=readout)
+    with pytest.raises(ConvertError, match=r"register=\{Slightly: GINConv\}.*\(in float64\)"):
+        fast(torch.randn(N, F_IN), DELETED)
+    assert all(p.dtype == torch.float32 for p in enc.parameters())  # checked on a copy
+
 
 def _swap(conv_module) -> nn.Module:
     enc = Encoder("gin", "single", "linear")
@@ -1145,6 +1198,11 @@ def test_a_conv_called_twice_on_one_edge_type_is_refused():
     with pytest.raises(ValueError, match="conv is called twice on one edge type") as got:
         fast(torch.randn(N, F_IN), DELETED)
     assert "a fused layer can" in str(got.value)  # an identity GIN may be fused
+    twice = Twice()
+    twice.conv = GINConv(nn.Identity(), train_eps=True)  # not one a fused layer takes (a review)
+    with pytest.raises(ValueError, match="conv is called twice on one edge type") as got:
+        convert(twice, GRAPH[TYPES[0]])(torch.randn(N, F_IN), DELETED)
+    assert "fused" not in str(got.value)
     twice = Twice()
     twice.conv = SAGEConv(F_IN, F_IN)  # a SAGE never is: fusion is not offered
     with pytest.raises(ValueError, match="conv is called twice on one edge type") as got:

@@ -433,6 +433,9 @@ def test_the_cause_is_other_jobs_only_when_they_were_seen():
            "(OMP_NUM_THREADS=1 before the command" in crowded.explain()
     assert "OMP_NUM_THREADS=1" in C.causes_text([crowded])
     assert seen(busy=2.2, tree=2.0, procs=1, requested=2).fewer_threads() == ""
+    # 2 ranks of 2 threads beside 0.7 CPU: 1 CPU left holds no thread count of 2 ranks (a
+    # review: "1 thread per process fits" was 2 threads on 1 CPU); nothing offered
+    assert seen(busy=5.4, tree=4.0, procs=2, requested=2).fewer_threads() == ""
     # the same wait with the machine's busy time all this run's (0.02 CPU of background):
     # 2 ranks x 2 threads on 2 CPUs
     own = seen(busy=4.04, tree=4.0, procs=2, requested=2)

@@ -245,15 +245,17 @@ def test_a_backward_that_grows_in_graph_code_is_advised_when_the_forward_is_not(
                          ratio=Stat.from_samples([4.0, 3.9, 4.1]), num_genes=40)
 
     def causes(bwd_grows=True, library="SAGEConv.forward (torch_geometric/nn/conv/sage_conv.py:"
-               "120)", fwd_share=0.02, encoder=None):
-        def cause(stage, share, grows):
+               "120)", fwd_share=0.02, encoder=None, bwd_function="SageLN.forward",
+               fwd_ops=None):
+        def cause(stage, share, grows, function="SageLN.forward", ops=None):
             grow = Growth(stage=stage, batch_sizes=(4, 2), per_sample=Stat.from_samples(
                 [0.00222] * 5), at_batch=Stat.from_samples([0.0097] * 5), share=0.92,
-                grows=grows)
-            site = CodeSite("SageLN.forward", "models.py", 17, library, 9.0, 0.0, 0.99, 4)
+                grows=grows, ops_per_sample=ops)
+            site = CodeSite(function, "models.py", 17, library, 9.0, 0.0, 0.99, 4)
             return Cause(stage, "9.66 ms per step against 3.07 ms", 1.0, 0.1, 0.9, share,
                          "measured", effect="adds", stage=stage, growth=grow, sites=[site])
-        rows = [cause("backward", 0.75, bwd_grows), cause("forward", fwd_share, True)]
+        rows = [cause("backward", 0.75, bwd_grows, bwd_function),
+                cause("forward", fwd_share, True, ops=fwd_ops)]
         advise(rows, "cpu", encoder=encoder)
         return rows[0].advice, rows[1].advice
     bwd, fwd = causes()
@@ -269,3 +271,13 @@ def test_a_backward_that_grows_in_graph_code_is_advised_when_the_forward_is_not(
     bwd, fwd = causes(fwd_share=0.2, encoder=fig)
     assert fwd.startswith(NODEMASK) and bwd.startswith("the backward mirrors the forward")
     assert bwd.count("your encoder converts") == 1
+    # (a review) the forward advised and the backward's largest site another function: the
+    # forward's advice stands for both, its figures said once
+    bwd, fwd = causes(fwd_share=0.2, encoder=fig, bwd_function="Other.forward")
+    assert NODEMASK in fwd and NODEMASK not in bwd
+    assert (bwd + fwd).count("your encoder converts") == 1
+    # a forward that loops over samples in graph code: the loop first, then the shared pass
+    # with the encoder's figures
+    _, fwd = causes(fwd_share=0.2, encoder=fig, fwd_ops=50.0)
+    assert fwd.startswith("a Python loop over the samples") and NODEMASK in fwd
+    assert "your encoder converts: 40 -> 10 ms" in fwd

@@ -255,6 +255,18 @@ BAD = {
             def loss(self, out, b): return out.sum()
         def make(params, graph, device): return P()
         """, "P does not define forward (Pipeline has no default for it)"),
+    "instance_forward": ("""
+        import torch
+        from workbook_lib.pipelines import Pipeline
+        class P(Pipeline):
+            def __init__(self):
+                self.model, self.batch_size, self.device = torch.nn.Linear(2, 1), 4, 'cpu'
+                self.forward = lambda model, x: model(x)  # its own, set on the instance
+            def dataset(self): return [torch.zeros(2)] * 8
+            def collate(self, items): return torch.stack(items)
+            def loss(self, out, b): return out ** 2
+        def make(params, graph, device): return P()
+        """, "loss must be a scalar tensor"),  # past the stage check: its forward is its own
     "wrong_shape": ("""
         import torch
         from workbook_lib.pipelines import Pipeline

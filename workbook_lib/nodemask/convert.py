@@ -35,12 +35,12 @@ from ..results.floor import ConvertFloor, FloorPart
 from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
-from .convert_trace import (MODE_DEPENDENT, ConvertError, check_graph, conv_kind, node_where,
-                            per_node_problem, refuse_hooks, trace)
+from .convert_trace import (MODE_DEPENDENT, ConvertError, along_features, check_graph, conv_kind,
+                            node_where, per_node_problem, refuse_hooks, trace)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
                             gin_mlp)
-from .convert_typed import type_order, typed_layers
+from .convert_typed import identity_gin, type_order, typed_layers
 from .corrections import corrections, validate_deleted
 from .floor import _dense, _sparse
 from .kernels import csr_index_dtype
@@ -449,6 +449,9 @@ class _Plan:
                     t = t.pin_memory()
                 self._dev[k] = t.to(device, non_blocking=True)
         return self._dev[k]
+
+
+REGISTER_TOLERANCE = 1e-9  # relative, in float64: rounding, not a different computation
 
 
 class ConvertedEncoder(nn.Module):
@@ -879,8 +882,8 @@ class ConvertedEncoder(nn.Module):
                    plan: _Plan, src=None) -> _Rows:
         kind = conv_kind(m, path, self.register)
         if (path, e.key) in plan.convs:
-            # only an identity GIN can be part of a fused layer, which may reuse its convs
-            fusable = kind is GINConv and type(getattr(m, "nn", None)) is nn.Identity
+            # only a GIN a fused layer takes can be part of one, which may reuse its convs
+            fusable = identity_gin(m, kind)
             raise ConvertError(f"{_name(plan.convs[(path, e.key)])} is called twice on one edge "
                                "type, which a layer run conv by conv cannot do"
                                + (" (a fused layer can; self-loops on its types, for one, keep "
@@ -976,17 +979,36 @@ class ConvertedEncoder(nn.Module):
         return self._run(x, self.plan(deleted, x.shape[0]))
 
     def _check_register(self, x: torch.Tensor) -> None:
-        """Once, where ``register`` declares subclasses: the converted form of a sample that
-        deletes nothing against the encoder's own forward on the whole graph, read out alike (a
-        subclass that does not compute as declared differs there; found by a user trial: a
-        registered GIN whose message doubled its input, 5.1 off, silently). A subclass that
-        differs only on a sample's graph is not caught; its declaration is trusted there."""
+        """Once, where ``register`` declares subclasses: in float64, on copies of the encoder and
+        its readout module, the converted form of a sample that deletes nothing against the
+        encoder's own forward on the whole graph, read out alike (a subclass that does not
+        compute as declared differs there; found by a user trial: a registered GIN whose
+        message doubled its input, 5.1 off, silently). float64, so that a small difference is
+        not lost in the rounding of the user's dtype (a review: a message scaled by 1.002 passed
+        a float32 tolerance). A subclass that differs only on a sample's graph is not caught;
+        its declaration is trusted there."""
+        import copy
+
+        try:
+            enc = copy.deepcopy(self.encoder).double()
+            ro = copy.deepcopy(self.readout_module).double() \
+                if self.readout_module is not None else self.readout_kind
+        except Exception as exc:  # noqa: BLE001 - the user's modules: say what failed
+            raise ConvertError(f"register={{{self._register_names()}}} is checked once on a "
+                               "float64 copy of the encoder, which could not be made "
+                               f"({type(exc).__name__}: {exc}); make the encoder copyable "
+                               "(copy.deepcopy)") from None
+        twin = ConvertedEncoder(enc, self._graph_on(x.device), readout=ro,
+                                register=self.register, num_nodes=max(self.num_nodes,
+                                                                      x.shape[0]))
+        twin.workspace = Workspace(min_bytes=1 << 62)  # keeps nothing: one call
+        x64 = x.detach().double()
         with torch.no_grad():
             none = torch.full((1, 1), -1, dtype=torch.long)
-            got = self._run(x, self.plan(none, x.shape[0]))
-            want = self.encoder(x, self._graph_on(x.device))
-            if self.readout_module is not None:
-                want = self.readout_module(want, index=torch.zeros(
+            got = twin._run(x64, twin.plan(none, x.shape[0]))
+            want = enc(x64, self._graph_on(x.device))
+            if twin.readout_module is not None:
+                want = twin.readout_module(want, index=torch.zeros(
                     want.shape[0], dtype=torch.long, device=want.device), dim_size=1)
             elif self.readout_kind == "sum_kept":
                 want = want.sum(0, keepdim=True)
@@ -995,17 +1017,18 @@ class ConvertedEncoder(nn.Module):
             else:
                 want = want.unsqueeze(0)
             scale = float(want.abs().max()) if want.numel() else 0.0
-            off = float((got - want).abs().max()) / max(scale, 1e-30) if want.numel() else 0.0
-        tol = 10 * torch.finfo(x.dtype).eps ** 0.5 if x.is_floating_point() else 1e-3
-        if not off <= tol:
-            names = ", ".join(f"{c.__name__}: {k.__name__}" for c, k in self.register.items())
-            raise ConvertError(f"register={{{names}}}: on the whole graph the converted form "
-                               f"differs from the encoder's own forward by {off:.3g} of its "
-                               "largest value, so a registered class does not compute as the "
-                               "convolution it is declared as; register only a subclass whose "
-                               "forward computes as that class (its message may only scale by "
-                               "an edge mask)")
+            off = float((got - want).abs().max()) / max(scale, 1e-300) if want.numel() else 0.0
+        if not off <= REGISTER_TOLERANCE:
+            raise ConvertError(f"register={{{self._register_names()}}}: on the whole graph the "
+                               f"converted form differs from the encoder's own forward by "
+                               f"{off:.3g} of its largest value (in float64), so a registered "
+                               "class does not compute as the convolution it is declared as; "
+                               "register only a subclass whose forward computes as that class "
+                               "(its message may only scale by an edge mask)")
         self._state["register_checked"] = True
+
+    def _register_names(self) -> str:
+        return ", ".join(f"{c.__name__}: {k.__name__}" for c, k in self.register.items())
 
     def _run(self, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
         """The planned batch's output (a pooled tail's readout comes out of the execution)."""
@@ -1109,7 +1132,12 @@ class ConvertedEncoder(nn.Module):
                 env[node] = _attr(self.encoder, node.target)
             elif node.op == "output":
                 out = node.args[0]
-                return env[out[0] if isinstance(out, (list, tuple)) else out]
+                val = env[out[0] if isinstance(out, (list, tuple)) else out]
+                if isinstance(val, _Val) and val.wt.dim() != 2:  # a review: an IndexError
+                    raise ConvertError(f"the encoder returns a value of shape "  # in a readout
+                                       f"{list(val.wt.shape)} on the whole graph; convert needs "
+                                       "[N, H], one row per gene")
+                return val
             elif node in in_dense_sum:
                 env[node] = None  # computed by its dense sum
             elif node.op == "call_module":
@@ -1509,6 +1537,14 @@ class ConvertedEncoder(nn.Module):
             if dim not in (-1, 1):
                 raise ConvertError(f"torch.cat at {node.name} joins along dim {dim}, not the "
                                    "features (dim=-1); convert cannot follow it")
+        if along_features(node):  # dim -1 is the features only of an [N, F] value (a review:
+            flat = [a for a in node.all_input_nodes  # a per-gene [N] value's -1 is the genes)
+                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]
+            if flat:
+                raise ConvertError(f"{_op_name(node)} at {node_where(node)} runs along dim -1 "
+                                   f"of a value of shape {list(env[flat[0]].wt.shape)} (not "
+                                   "[genes, features]), which is across genes; apply it to an "
+                                   "[N, F] value, or move it out of the encoder")
         if rows is None:  # no node value involved
             return _call(node, fx.node.map_arg(node.args, lambda a: env[a]),
                          fx.node.map_arg(node.kwargs, lambda a: env[a]))
@@ -1822,6 +1858,11 @@ def _attr(module: nn.Module, target: str):
     for part in target.split("."):
         module = getattr(module, part)
     return module
+
+
+def _op_name(node: fx.Node) -> str:
+    return f".{node.target}()" if node.op == "call_method" else \
+        getattr(node.target, "__name__", str(node.target))
 
 
 def _call(node: fx.Node, args, kwargs):

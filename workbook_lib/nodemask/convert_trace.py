@@ -346,6 +346,13 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                                "it out of the encoder")
 
 
+def along_features(node: fx.Node) -> bool:
+    """A call that convert follows along the features' dim (:func:`_along_features`): per row
+    only on an ``[N, F]`` value, which the run checks."""
+    return (node.op == "call_function" and node.target in ALONG_FEATURES_FUNCTIONS) or (
+        node.op == "call_method" and node.target in ALONG_FEATURES_METHODS | REDUCING_METHODS)
+
+
 def _along_features(node: fx.Node, what: str, default, keepdim: bool = False) -> None:
     """ConvertError unless the call's ``dim`` (its second argument, after the tensor, for a
     function and a method alike) is the features', and, for a reduction, ``keepdim=True`` (its
@@ -367,12 +374,16 @@ def _refuse_in_library(node: fx.Node, what: str) -> None:
     or PyG module the trace followed (its line is inside the library; the module is what the
     user wrote): ConvertError, or nothing if the user's own code made it."""
     stack = list((node.meta.get("nn_module_stack") or {}).values())
-    for path, cls in reversed(stack):
-        if isinstance(cls, type) and cls.__module__.split(".")[0] in ("torch", "torch_geometric"):
-            raise ConvertError(f"{path} ({cls.__name__}): not a per-node module convert knows "
-                               f"({KNOWN}): its forward computes {what}, which convert "
-                               "cannot see acts on each row alone; move it out of the encoder, "
-                               "or build that part from those modules")
+    for path, cls in reversed(stack):  # innermost first
+        if not isinstance(cls, type) or issubclass(cls, (nn.Sequential, nn.ModuleList,
+                                                          nn.ModuleDict)):
+            continue  # a container holds the module that made it (a review: blamed)
+        if cls.__module__.split(".")[0] not in ("torch", "torch_geometric"):
+            return  # the user's own module: its line is the user's
+        raise ConvertError(f"{path} ({cls.__name__}): not a per-node module convert knows "
+                           f"({KNOWN}): its forward computes {what}, which convert cannot see "
+                           "acts on each row alone; move it out of the encoder, or build that "
+                           "part from those modules")
 
 
 def _named_for(target: str, arg: str) -> bool:

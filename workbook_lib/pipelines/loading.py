@@ -80,8 +80,9 @@ def build_user_pipeline(spec: PipelineSpec, params: Params, graph, device: torch
                                                      f"{', '.join(defaults)}" if defaults
                                                      else "") + ")")
     if isinstance(pipe, Pipeline):  # a subclass that left a stage to the base's placeholder
-        unset = [m for m in REQUIRED if m not in DEFAULTED and
-                 getattr(type(pipe), m, None) is getattr(Pipeline, m)]
+        unset = [m for m in REQUIRED if m not in DEFAULTED and m not in vars(pipe) and
+                 getattr(type(pipe), m, None) is getattr(Pipeline, m)]  # (set on the instance:
+        # its own, a review)
         if unset:
             raise PipelineError(spec.name, f"{type(pipe).__name__} does not define "
                                            f"{', '.join(unset)} (Pipeline has no default for "

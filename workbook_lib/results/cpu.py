@@ -302,10 +302,10 @@ class CpuShare(Record):
         answer at 2 threads and a clear one at 1); "" where the threads already fit."""
         if self.others is None or not self.cpus_seen:
             return ""
-        free = max(1, int(self.cpus_seen - self.others + 0.5))  # a CPU at least half free
-        n = max(1, free // max(1, self.procs))
-        if n >= (self.requested or self.threads):
-            return ""
+        free = int(self.cpus_seen - self.others + 0.5)  # CPUs at least half free
+        n = free // max(1, self.procs)
+        if n < 1 or n >= (self.requested or self.threads):  # none fits (fewer ranks might:
+            return ""  # not a thread count; a review), or the threads already fit
         return (f", or with {n} compute thread{'s' if n != 1 else ''} per process, which "
                 f"fit{'s' if n == 1 else ''} the CPUs they left (OMP_NUM_THREADS={n} before the "
                 "command; the figures are then at that setting)")

@@ -11,6 +11,7 @@ from ...results.verdict import Cause, Gap
 from .code import GRAPH_SHARE, MIN_SITE, graph_code
 
 MINOR = 0.05  # a cause below this share of the gap is not named in the lead, nor advised
+MIRRORS = "the backward mirrors the forward"
 NODEMASK = ("one pass over one shared graph for the whole batch instead of a graph copy or a "
             "loop per sample (workbook_lib.nodemask)")
 SYNC_ADVICE = ("take the host syncs out of the step (.item(), nonzero, boolean-mask indexing, "
@@ -153,7 +154,7 @@ def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool) -> str:
     backward's where the forward is not advised) is graph work, in words; "" where nothing does
     (then one shared pass is not advised, however the stage grows): a
     built-in strategy that carries a graph copy per sample, an encoder the pipeline declares
-    (``shared_encoder``: run on its graph copies), or the forward's largest site running graph
+    (``shared_encoder``: run on its graph copies), or the stage's own largest site running graph
     code (its main library frame, or at least :data:`GRAPH_SHARE` of its time)."""
     if copies:
         return "the slow pipeline carries one graph copy per sample"
@@ -190,9 +191,9 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
             continue  # for a transfer that saved time, on a CPU)
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies))
         # the encoder's figures where the advice is its own (a backward mirroring the forward
-        # quotes the forward's, figures and all)
-        if encoder is not None and c.advice.startswith(NODEMASK) and \
-                c.stage in ("forward", "backward"):
+        # quotes the forward's, figures and all; a forward's may follow a loop's: a review)
+        if encoder is not None and NODEMASK in c.advice and c.stage in ("forward", "backward") \
+                and not c.advice.startswith(MIRRORS):
             c.advice += "; " + encoder_words(encoder) + not_faster(encoder)
             left = gap and gap_left(encoder, steps[0],
                                     (gap.epoch_s[gap.slow], gap.epoch_s[gap.fast]),
@@ -285,10 +286,12 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
             s = c.sites[0]
             out = (f"; {c.outside:.0%} runs outside the pipeline's code"
                    if c.outside is not None and c.outside >= MIN_SITE else "")
-            return (f"the backward mirrors the forward (its largest site in the pipeline's code, "
+            return (f"{MIRRORS} (its largest site in the pipeline's code, "
                     f"{s.where}, is the forward's: {s.share:.0%} of the backward's extra "
                     f"time{out}): {fwd.advice}")
-        if grows and graph and not loop:  # the forward not advised: the backward's own figures
+        # the forward not advised one shared pass: the backward's own figures (where it is,
+        # the forward's advice stands for both, once)
+        if grows and graph and not loop and not (fwd is not None and NODEMASK in fwd.advice):
             return (f"{NODEMASK}: the backward costs {_ms(g.per_sample.median)} more for each "
                     f"extra sample (IQR {g.per_sample.iqr * 1e3:.2g}, n = {g.per_sample.n}"
                     f"{_noisy(g.per_sample)}), {g.share_words} of its time at batch "

@@ -344,8 +344,8 @@ def _shortest_fit(mark: str, texts: list[str]) -> str:
     """The first of ``texts`` that fits :data:`HEADLINE_MAX` after ``mark``; else the last,
     cut."""
     for t in texts:
-        if len(mark + t) <= HEADLINE_MAX:
-            return mark + t
+        if len(one_line(mark + t, 10 ** 6)) <= HEADLINE_MAX:
+            return one_line(mark + t, HEADLINE_MAX)
     return one_line(mark + texts[-1], HEADLINE_MAX)
 
 
