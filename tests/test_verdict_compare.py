@@ -696,3 +696,24 @@ def test_only_a_named_cause_that_adds_to_the_gap_carries_advice():
     for c in causes:
         if c.advice:
             assert c.effect == "adds" and c.share >= MINOR, c
+
+
+def test_the_fix_is_provisional_when_the_steps_it_is_chosen_by_were_contended(tmp_path):
+    """contended_figures reads the steps the recommendation chose by (its step_mode): a
+    contended plain-loop step makes the fix provisional where the fix was chosen by plain-loop
+    steps, not where it was chosen by full steps (both ways)."""
+    from workbook_lib.results.cpu import CpuShare
+    from workbook_lib.results.timing import PIPELINED
+
+    hog = CpuShare(wall_s=1.0, cpu_s=0.5, threads=1, allowed=1, intervals=3)
+    t = _timing()
+    for n, a in list(t.loops.arms.items()):
+        t.loops.arms[f"{a.strategy}/{PIPELINED}"] = ArmResult(
+            f"{a.strategy}/{PIPELINED}", a.strategy, PIPELINED, PIPELINED, a.batch_size, 1,
+            st(a.step.median * 0.9, 0.02).with_cpu(hog), {})
+    r = V.recommend(t, _mask_cost(), _ddp(), tmp_path, baseline="replicated_mask_cpu",
+                    tie_tolerance=0.15, num_samples=1000)
+    assert r.step_mode == PIPELINED
+    assert "loop" in V.contended_figures(None, r, t)
+    r.step_mode = "full"  # chosen by the full steps, which were not contended
+    assert "loop" not in V.contended_figures(None, r, t)
