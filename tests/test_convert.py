@@ -653,7 +653,7 @@ def test_a_gin_mlp_conv_by_conv_runs_its_rows_in_blocks_and_is_exact(monkeypatch
     monkeypatch.setattr(convert_module, "DENSE_SHARE", share)
     monkeypatch.setattr(dense_mod, "ROWS", 3)
     if block == "gpu":
-        monkeypatch.setattr(convert_module, "block_rows", lambda dev, n: n)
+        monkeypatch.setattr(convert_module, "block_rows", lambda dev, n: max(1, n))  # as block_rows
 
     class Counting(dense_mod.GinMlp):
         calls = 0
@@ -1586,3 +1586,56 @@ def test_a_gcn_on_a_repeated_self_loop_is_refused():
         _check(enc, ei, "mean_kept")
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+class _Traced(nn.Module):
+    """A GIN, a map, a temperature and an optional in-place add on a tensor another name holds
+    (a user trial's three silent wrong results)."""
+
+    def __init__(self, alias=False):
+        super().__init__()
+        self.c1, self.c2 = GINConv(nn.Linear(F_IN, H)), GINConv(nn.Linear(H, H))
+        self.lin, self.temperature, self.alias = nn.Linear(H, H), 1.0, alias
+
+    def forward(self, x, edge_index):
+        h = self.lin(self.c1(x, edge_index))
+        if self.alias:  # a flag fixed at construction, read at trace time
+            skip = h
+            h += 1.0  # in place: skip is h too when PyTorch runs it, not in fx's trace
+            return self.c2(h.relu(), edge_index) + skip
+        return self.c2(h * torch.softmax(h / self.temperature, dim=-1), edge_index)
+
+
+def test_what_the_trace_froze_is_checked_at_the_call():
+    """Found by a user trial, three silent wrong results (0.22-0.71 off): an in-place add on an
+    aliased tensor (fx's trace does not alias), a Python attribute changed after convert (a
+    temperature: a constant of the trace), a submodule replaced after convert (the old one
+    called). The first is refused at the first call by the whole-graph float64 check against
+    the encoder's own forward; the others at any call, naming what changed; a copy of the
+    converted form, and a mode switch, are not refused."""
+    import copy
+
+    x = torch.randn(N, F_IN)
+    with pytest.raises(ConvertError, match=r"differs from the encoder's own forward by [\d.e-]+ "
+                                           r"of its largest value \(in float64\).*in-place"):
+        convert(_Traced(alias=True), GRAPH[TYPES[0]], readout="mean_kept")(x, DELETED)
+    for change in ("before", "after"):
+        enc = _Traced()
+        fast = convert(enc, GRAPH[TYPES[0]], readout="mean_kept")
+        if change == "after":
+            fast(x, DELETED)
+        enc.temperature = 0.1
+        with pytest.raises(ConvertError, match=r"^encoder\.temperature changed \(1\.0 -> 0\.1\) "
+                                               "since convert traced the forward"):
+            fast(x, DELETED)
+        enc.temperature = 1.0
+        assert fast(x, DELETED).shape == (len(DELETED), H)  # as traced again: runs
+        enc.lin = nn.Linear(H, H)
+        with pytest.raises(ConvertError, match=r"^the module at lin was replaced or removed "
+                                               "since convert"):
+            fast(x, DELETED)
+    enc = _Traced()
+    fast = convert(enc, GRAPH[TYPES[0]], readout="mean_kept")
+    fast(x, DELETED)
+    enc.train()
+    assert copy.deepcopy(fast)(x, DELETED).shape == fast(x, DELETED).shape

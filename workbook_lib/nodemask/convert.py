@@ -451,7 +451,7 @@ class _Plan:
         return self._dev[k]
 
 
-REGISTER_TOLERANCE = 1e-9  # relative, in float64: rounding, not a different computation
+TRACE_TOLERANCE = 1e-9  # relative, in float64: rounding, not a different computation
 
 
 class ConvertedEncoder(nn.Module):
@@ -489,6 +489,7 @@ class ConvertedEncoder(nn.Module):
         self._edges: dict[int, dict] = {}
         self._graphs: dict[bool, fx.Graph] = {}
         self._named = dict(encoder.named_modules())
+        self._traced_attrs: dict = {}  # per mode: the followed modules' plain attributes
         self._graph(encoder.training)
         self._state: dict = {"plan": None, "grouped": {}, "ahead": {},  # (not module
                              "pool": None, "sites": None}  # attributes: cheaper)
@@ -516,6 +517,7 @@ class ConvertedEncoder(nn.Module):
             g = trace(self.encoder, self.keys, self.register)
             check_graph(g, self.encoder, self.register, typed=self.keys is not None)
             self._graphs[training] = g
+            self._traced_attrs[training] = self._attributes(g)  # the values it froze
         return self._graphs[training]
 
     def edges(self, n: int) -> dict:
@@ -974,19 +976,56 @@ class ConvertedEncoder(nn.Module):
             raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
         self._check_mode()
         self._check_hooks()
-        if self.register and not self._state.get("register_checked"):
-            self._check_register(x)
+        self._check_structure()
+        if self.encoder.training not in self._state.setdefault("traced_checked", set()):
+            self._check_traced(x)
         return self._run(x, self.plan(deleted, x.shape[0]))
 
-    def _check_register(self, x: torch.Tensor) -> None:
-        """Once, where ``register`` declares subclasses: in float64, on copies of the encoder and
-        its readout module, the converted form of a sample that deletes nothing against the
-        encoder's own forward on the whole graph, read out alike (a subclass that does not
-        compute as declared differs there; found by a user trial: a registered GIN whose
-        message doubled its input, 5.1 off, silently). float64, so that a small difference is
-        not lost in the rounding of the user's dtype (a review: a message scaled by 1.002 passed
-        a float32 tolerance). A subclass that differs only on a sample's graph is not caught;
-        its declaration is trusted there."""
+    def _attributes(self, graph: fx.Graph) -> dict:
+        """The plain Python attributes (numbers, strings, flags) of the modules whose forward
+        ``graph`` followed (inlined: the values it read are constants of the graph)."""
+        called = {n.target for n in graph.nodes if n.op == "call_module"}
+        return {(p, k): v for p, m in self.encoder.named_modules()
+                if p not in called and not isinstance(m, (nn.ModuleList, nn.ModuleDict))
+                and (p == "" or any(c.startswith(p + ".") for c in called))
+                for k, v in vars(m).items()
+                if not k.startswith("_") and k != "training" and
+                isinstance(v, (bool, int, float, str, type(None)))}
+
+    def _check_structure(self) -> None:
+        """Refuse a call after a module was replaced since convert, or a followed module's plain
+        attribute changed since its forward was traced (found by a user trial: a gate's
+        temperature annealed, residual flags flipped, a submodule replaced after convert: the
+        converted form kept the traced values and the old modules, 0.22-0.71 off, silently)."""
+        now = dict(self.encoder.named_modules())
+        moved = next((p for p in {**now, **self._named} if now.get(p) is not self._named.get(p)),
+                     None)
+        if moved is not None:
+            raise ConvertError(f"the module at {moved or 'the encoder'} was replaced or removed "
+                               "since convert, and the converted form calls the modules it "
+                               "found then; call convert(...) again after such a change")
+        training = self.encoder.training
+        then, attrs = self._traced_attrs[training], self._attributes(self._graph(training))
+        what = next((k for k in {**then, **attrs} if then.get(k, ...) != attrs.get(k, ...)),
+                    None)
+        if what is not None:
+            raise ConvertError(f"{what[0] + '.' if what[0] else 'encoder.'}{what[1]} changed "
+                               f"({then.get(what, 'unset')!r} -> {attrs.get(what, 'unset')!r}) "
+                               "since convert traced the forward that reads it, and the "
+                               "converted form runs the forward as traced; call convert(...) "
+                               "again after such a change (a value the forward reads at each "
+                               "call belongs in a tensor buffer or parameter)")
+
+    def _check_traced(self, x: torch.Tensor) -> None:
+        """Once per mode, at the first call: in float64, on copies of the encoder and its
+        readout module, the traced forward run converted on a sample that deletes nothing
+        against the encoder's own forward on the whole graph, read out alike, to
+        :data:`TRACE_TOLERANCE` of its largest value. What fx's trace does not follow as PyTorch
+        runs it differs there (found by user trials: an in-place ``+=`` on a tensor another name
+        held, 0.35 off; a registered GIN whose message doubled its input, 5.1 off; both silent).
+        float64, so that a small difference is not lost in the user's dtype's rounding (a
+        review: a message scaled by 1.002 passed a float32 tolerance). What differs only on a
+        sample's graph (a registered subclass's mask) is not caught."""
         import copy
 
         try:
@@ -994,13 +1033,14 @@ class ConvertedEncoder(nn.Module):
             ro = copy.deepcopy(self.readout_module).double() \
                 if self.readout_module is not None else self.readout_kind
         except Exception as exc:  # noqa: BLE001 - the user's modules: say what failed
-            raise ConvertError(f"register={{{self._register_names()}}} is checked once on a "
-                               "float64 copy of the encoder, which could not be made "
-                               f"({type(exc).__name__}: {exc}); make the encoder copyable "
-                               "(copy.deepcopy)") from None
+            raise ConvertError("convert checks its trace once on a float64 copy of the encoder, "
+                               f"which could not be made ({type(exc).__name__}: {exc}); make "
+                               "the encoder copyable (copy.deepcopy)") from None
         twin = ConvertedEncoder(enc, self._graph_on(x.device), readout=ro,
                                 register=self.register, num_nodes=max(self.num_nodes,
                                                                       x.shape[0]))
+        twin._graphs = {enc.training: self._graph(self.encoder.training)}  # this trace's
+        twin._device_graph = {}  # (its values), not the copy's own: derived again from it
         twin.workspace = Workspace(min_bytes=1 << 62)  # keeps nothing: one call
         x64 = x.detach().double()
         with torch.no_grad():
@@ -1018,14 +1058,22 @@ class ConvertedEncoder(nn.Module):
                 want = want.unsqueeze(0)
             scale = float(want.abs().max()) if want.numel() else 0.0
             off = float((got - want).abs().max()) / max(scale, 1e-300) if want.numel() else 0.0
-        if not off <= REGISTER_TOLERANCE:
-            raise ConvertError(f"register={{{self._register_names()}}}: on the whole graph the "
-                               f"converted form differs from the encoder's own forward by "
-                               f"{off:.3g} of its largest value (in float64), so a registered "
-                               "class does not compute as the convolution it is declared as; "
-                               "register only a subclass whose forward computes as that class "
-                               "(its message may only scale by an edge mask)")
-        self._state["register_checked"] = True
+        if not off <= TRACE_TOLERANCE:
+            if self.register:
+                raise ConvertError(f"register={{{self._register_names()}}}: on the whole graph "
+                                   "the converted form differs from the encoder's own forward "
+                                   f"by {off:.3g} of its largest value (in float64), so a "
+                                   "registered class does not compute as the convolution it "
+                                   "is declared as; register only a subclass whose forward "
+                                   "computes as that class (its message may only scale by an "
+                                   "edge mask)")
+            raise ConvertError(f"on the whole graph the converted form differs from the "
+                               f"encoder's own forward by {off:.3g} of its largest value (in "
+                               "float64): its forward does something fx's trace does not "
+                               "follow as PyTorch runs it, such as an in-place operation "
+                               "(h += 1, h.relu_()) on a tensor another name also holds; "
+                               "write it out of place (h = h + 1)")
+        self._state["traced_checked"].add(self.encoder.training)
 
     def _register_names(self) -> str:
         return ", ".join(f"{c.__name__}: {k.__name__}" for c, k in self.register.items())
