@@ -141,7 +141,8 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         # control flow is fx's usual stop; others are a traced value used as a Python one (a
         # size to slice by, an edge utility's checks: found by a user trial, told 'control flow')
-        fix = ("write it without control flow on tensor values" if "control flow" in msg else
+        fix = ("write it without control flow on tensor values or shapes (a width known when "
+               "the module is built: decide it in __init__)" if "control flow" in msg else
                "write it without using a tensor's values or sizes as Python values there")
         raise ConvertError(f"the forward of {type(encoder).__name__} cannot be followed at "
                            f"{where} ({msg}): {fix} (fx-traceable), or use the masked-copies "
