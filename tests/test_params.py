@@ -136,6 +136,9 @@ def test_notebook_namespace_same_validation():
     two = ["examples/lazy_pyg.py:make_pipeline", "examples/nodemask_pyg.py:make_pipeline"]
     p, _ = notebook_params({**ns, "strategies": [], "pipelines": two})
     assert list(p.gap_strategies) == ["lazy_pyg", "nodemask_pyg"]
+    # as papermill's -p passes them: the lists' text (a second trial)
+    p, _ = notebook_params({**ns, "strategies": "[]", "pipelines": str(two)})
+    assert list(p.gap_strategies) == ["lazy_pyg", "nodemask_pyg"]
     p, _ = notebook_params({**ns, "pipelines": two})
     assert list(p.gap_strategies) == list(defaults()["gap_strategies"])
     with pytest.raises(ParamsError, match="'gap_strategies' names"):

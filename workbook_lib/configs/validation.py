@@ -34,7 +34,7 @@ def _accepts(tp: Any, plain: type) -> bool:
     return tp is plain or plain in union_members(tp)
 
 
-def _coerce(field: Field, value: Any) -> Any:
+def coerce(field: Field, value: Any) -> Any:
     """A string for a non-string key is read as YAML (command lines pass strings); a tuple is
     a list."""
     tp = field.type
@@ -134,7 +134,7 @@ def validate(raw: Mapping | None, *, source: str = "params") -> Params:
         field = FIELDS[key]
         check_size(value, f"{source}: '{key}'", key=key)
         try:
-            norm = _adapter(field.type).validate_python(_coerce(field, value))
+            norm = _adapter(field.type).validate_python(coerce(field, value))
         except ValidationError:
             raise ParamsError(f"{source}: '{key}' must be {field.type_name} "
                               f"(got {show(value)})", key=key, value=value) from None

@@ -20,7 +20,7 @@ from ..paths import resolve_path
 from ..report import plotting
 from . import environment
 from ..configs.schema import FIELDS, defaults
-from ..configs.validation import check_against_graph, check_gap, suggest, validate
+from ..configs.validation import check_against_graph, check_gap, coerce, suggest, validate
 
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "run_dir", "Dict", "List",
                   "Optional", "Union"}
@@ -51,12 +51,16 @@ def _default_gap_not_given(raw: dict) -> None:
     at that default, naming a built-in strategy the run does not compare (``-p strategies '[]'``
     with pipelines), it was not given, and the run's first two pipelines are its gap, as on the
     command line (found by a user trial: papermill refused such a run)."""
-    gap = raw.get("gap_strategies")
-    if gap is None or list(gap) != list(defaults()["gap_strategies"]):
+    def read(key):  # papermill's -p passes a list as its text, '[]' (a user trial)
+        value = raw.get(key, defaults()[key])
+        return coerce(FIELDS[key], value) if isinstance(value, str) else value
+
+    gap = read("gap_strategies") if "gap_strategies" in raw else None
+    if not isinstance(gap, (list, tuple)) or list(gap) != list(defaults()["gap_strategies"]):
         return
-    strategies = raw.get("strategies", defaults()["strategies"])
+    strategies = read("strategies")
     if isinstance(strategies, (list, tuple)) and any(g not in strategies for g in gap) and \
-            raw.get("pipelines"):
+            read("pipelines"):
         del raw["gap_strategies"]
 
 
