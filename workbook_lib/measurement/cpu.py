@@ -26,6 +26,7 @@ from pathlib import Path
 
 # the CPUs this process may use (cpu_allowance) and what it got of them (cpu_share): read from
 # here by every measurement
+from ..common.device import allocator_state
 from .cpu_allowance import CpuAllowance, ThreadFit, allowed_cpus, fit_threads  # noqa: F401
 from ..results.cpu import (CONTENDED_BELOW, NOT_TOLD, OTHER_JOBS, OTHERS_SEEN,  # noqa: F401
                         OWN_PROCESSES, RESOLUTION, RULE, RULE_FALLBACK, TICKS, CpuShare,
@@ -419,4 +420,5 @@ class CpuMeter:
                         busy_s=self.busy, tree_s=self.tree, span_s=span,
                         span_busy_s=span_busy, span_tree_s=span_tree,
                         tree_procs=self.tree_procs or None, system_s=self.system,
-                        page_faults=self.faults, **kw)
+                        page_faults=self.faults,
+                        freed_kept=bool(allocator_state().get("applied")), **kw)

@@ -45,7 +45,7 @@ def kernel_cell(c) -> str:
 
 
 def cpu_table(study: LoopStudy):
-    from ..results.cpu import FAULTS_HIGH, KEEP_PAGES, KERNEL_HIGH, OTHERS_SEEN, causes_text
+    from ..results.cpu import FAULTS_HIGH, KERNEL_HIGH, OTHERS_SEEN, causes_text
 
     rows = cpu_rows(study)
     s = study.settings
@@ -70,7 +70,16 @@ def cpu_table(study: LoopStudy):
         + (f" {bad} arm(s) contended: their figures are marked in every table and the verdict "
            "does not rest on them. " + causes_text(a.step.cpu for a in study.arms.values())
            if bad else "")
-        + (f" {heavy} arm(s) kernel-bound: {KEEP_PAGES}." if heavy else "")))
+        + (f" {heavy} arm(s) kernel-bound: {_way_out(study)}." if heavy else "")))
+
+
+def _way_out(study: LoopStudy) -> str:
+    """The kernel-bound arms' way out, as their measurements say (freed memory kept or not)."""
+    from ..results.cpu import KEEP_PAGES
+
+    heavy = [a.step.cpu for a in study.arms.values()
+             if a.step.cpu is not None and a.step.cpu.kernel_bound]
+    return heavy[0].keep_pages() if heavy and all(c.freed_kept for c in heavy) else KEEP_PAGES
 
 
 def cpu_plot(study: LoopStudy) -> None:

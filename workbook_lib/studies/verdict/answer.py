@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ... import pipelines
 from ...common.text import one_line
-from ...results.cpu import FAULTS_HIGH, KEEP_PAGES, KERNEL_HIGH
+from ...results.cpu import FAULTS_HIGH, KERNEL_HIGH
 from ...results.verdict import VerdictResult
 from .causes import first_causes, offsets, told_apart
 from .gap import MIN_PAIRED, unresolved
@@ -150,8 +150,8 @@ def caveats(v: VerdictResult) -> list[str]:
         out.append(f"Kernel-bound, '{name}': its full step spent {cpu.kernel:.0%} of its CPU "
                    f"time in the kernel, with {cpu.faults_text('step')} (the "
                    f"rule: at least {KERNEL_HIGH:.0%} with {FAULTS_HIGH:,} page faults per CPU "
-                   f"second), time the operating system spent, not its own work: {KEEP_PAGES}; "
-                   "rerun so set to measure the gap without it.")
+                   f"second), time the operating system spent, not its own work: "
+                   f"{cpu.keep_pages()}; rerun so set to measure the gap without it.")
     named = set(v.gap_strategies) | ({v.recommendation.strategy} if v.recommendation else set())
     for name, what in v.nonfinite.items():
         if name in named:
