@@ -83,8 +83,11 @@ def test_a_notebook_never_reads_an_input_made_with_other_params(tmp_path, tiny, 
     assert load_result(out, "01_graph_inventory", other) is None
     for nb in NBS[1:]:
         _complete(out, nb, tiny)
-    with pytest.raises(IncompleteInputsError, match=r"notebook 03.*other params \(hidden\)"):
+    with pytest.raises(IncompleteInputsError, match=r"notebook 03.*other params \(hidden\)") as e:
         verdict.load_inputs(out, other)  # 03, the one it needs, was made with other params
+    # the command it gives runs 03 with these params, not the defaults (a user trial)
+    assert "python -m workbook_lib run --only 03 --out" in str(e.value)
+    assert "--set hidden=8" in str(e.value) and "--set scale=0.002" in str(e.value)
     write_results(out, "03_data_vs_model_timing", {"x": 3}, other, headline="h")
     found, _sums, why_not = verdict.load_inputs(out, other)  # the others: not used, and why
     assert set(found) == {"03_data_vs_model_timing"}

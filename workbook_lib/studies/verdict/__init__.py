@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...configs.schema import defaults
 from ...configs.validation import Params
+from ...records import to_json
 from ...catalog import notebook_info
 from ...exceptions import IncompleteInputsError
 from ...results.cpu import CpuShare
@@ -73,9 +75,25 @@ def load_inputs(run_dir: str | Path, params: Params | None = None
     if missing:
         raise IncompleteInputsError(
             f"the verdict needs notebook 03's timings in {run_dir} ({TIMING}: "
-            f"{why_not[TIMING]}); run it first (python -m workbook_lib run --resume --out "
-            f"{run_dir} finishes what is missing)", missing=missing)
+            f"{why_not[TIMING]}); run it first with these params: "
+            f"{run_command(run_dir, params)}", missing=missing)
     return found, sums, why_not
+
+
+def run_command(run_dir: str | Path, params: Params | None) -> str:
+    """``python -m workbook_lib run --only 03 --out RUN --set K=V ...``: notebook 03 with the
+    keys of ``params`` that differ from the defaults (found by a user trial: the hint ran the
+    built-in strategies in place of the user's pair)."""
+    import json
+    import shlex
+
+    parts = ["python", "-m", "workbook_lib", "run", "--only", "03", "--out", str(run_dir)]
+    if params is not None:
+        base, given = defaults(), to_json(params)
+        for k, v in given.items():
+            if k != "run_dir" and k in base and v != to_json(base[k]):
+                parts += ["--set", f"{k}={json.dumps(v)}"]
+    return shlex.join(parts)
 
 
 def notebook_error(run_dir: str | Path, nb: str) -> str:
