@@ -717,3 +717,32 @@ def test_the_fix_is_provisional_when_the_steps_it_is_chosen_by_were_contended(tm
     assert "loop" in V.contended_figures(None, r, t)
     r.step_mode = "full"  # chosen by the full steps, which were not contended
     assert "loop" not in V.contended_figures(None, r, t)
+
+
+def test_no_cause_is_ranked_where_the_full_steps_disagree_with_the_gap():
+    """Found by a user trial: a 1.27x gap from the plain-loop steps beside full steps (where the
+    stages are timed) that came out 0.466x: 'adds time' rows at -16%, a 'saves time' row at
+    +126%, and a bridge chart whose slow epoch sat below the fast one. The stages' split is now
+    not read from steps that disagree with the gap; with agreeing steps it is (both ways)."""
+    from workbook_lib.results.timing import PIPELINED
+
+    def verdict(plain):
+        t = _timing()
+        for n, ms in plain.items():
+            a = t.loops.arm(n, "full")
+            t.loops.arms[f"{n}/{PIPELINED}"] = ArmResult(f"{n}/{PIPELINED}", n, PIPELINED,
+                                                         PIPELINED, a.batch_size, 1, st(ms), {})
+        g = V.measure_gap(t.loops, "node_mask_shared", "replicated_mask_cpu", 1000)
+        v = V.VerdictResult("", "cpu", "cpu", V.rank_causes(t, g.slow, g.fast, g, "cpu"), [],
+                            None, g.ratio, [], [], gap=g, gap_strategies=[g.slow, g.fast])
+        V.compose(v)
+        return g, v
+    # plain loop: node-mask 2x slower; full steps: node-mask ~13x faster
+    g, v = verdict({"node_mask_shared": 0.2, "replicated_mask_cpu": 0.1})
+    assert g.measurable and g.slow == "node_mask_shared"
+    assert all(c.share is None for c in v.causes) and V.first_causes(v.causes) == []
+    assert "no cause is ranked: the full steps the stages are timed in came out the other " \
+           "way" in v.lead
+    g, v = verdict({"node_mask_shared": 0.01, "replicated_mask_cpu": 0.13})  # agreeing
+    assert g.slow == "replicated_mask_cpu" and V.first_causes(v.causes)
+    assert "no cause is ranked" not in v.lead

@@ -4,7 +4,7 @@ from __future__ import annotations
 import textwrap
 
 import numpy as np
-from IPython.display import Markdown
+from IPython.display import Markdown, display
 
 from ..results import verdict as C
 from .. import pipelines
@@ -113,6 +113,10 @@ def causes_plot(v: VerdictResult) -> None:
     g = v.gap
     rows = [c for c in v.causes if c.difference_s is not None and c.effect != "noise"]
     if g is None or not rows:
+        return
+    if g.measurable and g.epoch_s[g.slow] <= g.epoch_s[g.fast]:  # the answer says why: the
+        display(Markdown("No bridge: the full steps the stages are timed in came out the other "
+                         "way from the gap (see the answer)."))  # slow epoch below the fast
         return
     start, end = g.epoch_s[g.fast], g.epoch_s[g.fast] + sum(c.difference_s for c in rows)
     labels = [f"{pipelines.label(g.fast)}\n(fast)"]
