@@ -252,3 +252,25 @@ def test_a_to_device_of_its_own_counts_its_copies_not_copies_to_host():
         batch[1].to(dev, non_blocking=True)
         batch[1].to(device=batch[0].device)
     assert c.total == 0, dict(c.by_kind)
+
+
+def test_the_counted_step_records_what_its_batch_carries():
+    """Found by a user trial: SyncCounter.contents was never set, so 05's transfer row could not
+    say what a batch carries (a [8, 12116] float mask against a few indices). The counted
+    transfer records it, and the CPU note gives the bytes a GPU's transfer would copy."""
+    from workbook_lib.measurement.syncs import SyncCounter
+    from workbook_lib.results.timing import ArmResult
+    from workbook_lib.studies.verdict.causes import _h2d_note
+
+    batch = {"mask": torch.ones(8, 12116), "deleted": torch.zeros(8, 3, dtype=torch.long),
+             "names": ["a"] * 8}
+    c = SyncCounter("cpu")
+    with c.stage("h2d"):
+        c.transfer(batch, pinned=False, every_tensor=True)
+    assert c.contents == {"tensors": 2, "tensor_bytes": 8 * 12116 * 4 + 8 * 3 * 8,
+                          "objects": 8, "kinds": "8 str"}
+    arm = ArmResult.__new__(ArmResult)
+    arm.batch_contents = c.contents
+    note = _h2d_note(arm, "cpu")
+    assert "over 2 tensors (0.39 MB, what a GPU's transfer would copy) and 8 other" in note
+    assert _h2d_note(arm, "cuda").startswith("0.39 MB in 2 tensors")

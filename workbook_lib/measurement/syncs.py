@@ -211,6 +211,7 @@ class SyncCounter:
         tensors already there: each tensor of the batch. Otherwise the ``.to(device)`` calls
         ``to_device`` makes (not copies to the host, although the run's device is the CPU), or
         each tensor of the batch where it makes none."""
+        self.contents = batch_contents(batch)  # what it carries (found unset by a user trial)
         if self.device.type != "cuda":
             self._moving, self._moved, self._batch_n = not pinned, 0, batch_tensors(batch)
             self._every = every_tensor

@@ -29,9 +29,14 @@ def _h2d_note(arm, device_type: str) -> str:
                 if c else "")
     text = "on a CPU no byte is copied: this is the pipeline's to_device walk itself"
     if c:
-        text += (f" over {int(c.get('tensors', 0))} tensors and {objs:,} other Python objects"
+        text += (f" over {int(c.get('tensors', 0))} tensors ({_bytes(c.get('tensor_bytes', 0))}, "
+                 f"what a GPU's transfer would copy) and {objs:,} other Python objects"
                  + (f" ({c['kinds']})" if c.get("kinds") else ""))
     return text
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 1e6:,.2f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
 
 
 def stage_syncs(arm, key: str) -> float:
