@@ -184,6 +184,26 @@ def test_a_kept_equal_outcome_is_read_for_the_same_sources_only(tmp_path):
     assert proofs.load(str(tmp_path / "cache"), fast, slow) is None  # the pair as named
     b.write_text("y = 3\n")  # the rewrite changed: the outcome is not about it any more
     assert proofs.load(str(tmp_path / "cache"), slow, fast) is None
+    # a helper both import, loaded when equal ran: changing it retires the proof too (a user
+    # trial's verdict said "proven equal" after the helper changed, and equal then said
+    # DIFFERENT)
+    import importlib.util
+    import sys
+
+    helper = tmp_path / "trial_helper_55.py"
+    helper.write_text("SCALE = 1.0\n")
+    spec = importlib.util.spec_from_file_location("trial_helper_55", helper)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules["trial_helper_55"] = mod
+    try:
+        proofs.save(str(tmp_path / "cache"), slow, fast, True, "'b' computes the same as 'a'")
+        kept = proofs.load(str(tmp_path / "cache"), slow, fast)
+        assert kept is not None and str(helper.resolve()) in kept.depends
+        helper.write_text("SCALE = 1.5\n")
+        assert proofs.load(str(tmp_path / "cache"), slow, fast) is None
+    finally:
+        del sys.modules["trial_helper_55"]
 
 
 def test_the_verdict_calls_a_pipeline_exact_only_when_declared_or_proven(tmp_path):

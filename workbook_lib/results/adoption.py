@@ -212,6 +212,9 @@ class Proof(Record):
     summary: str  # the check's one line
     when: str  # local time it ran
     files: list[str]  # the source files it is keyed by
+    # every other file of the user's own code loaded when it ran (a helper the pipelines
+    # import), with its content's sha256: a changed one retires the proof (a user trial)
+    depends: dict[str, str] = field(default_factory=dict)
 
     def words(self, slow_name: str) -> str:
         return (f"proven equal to '{slow_name}' by `equal` ({self.when})" if self.equal else

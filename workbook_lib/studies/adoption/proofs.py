@@ -1,12 +1,14 @@
 """Whether a pipeline computes the same as another, as ``equal`` found: kept in the cache folder,
 keyed by the two specs' targets and their source files' contents (editing either retires it),
-and read back by the verdict, which calls a pipeline "proven equal" only on such a proof.
+with the other files of the user's code it ran with (editing one retires it too), and read
+back by the verdict, which calls a pipeline "proven equal" only on such a proof.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -49,12 +51,37 @@ def targets(pipelines: list[str], *names: str) -> list[str] | None:
     return None if None in out else out
 
 
+def _sha(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def own_files(skip: list[str]) -> dict[str, str]:
+    """``{file: sha256}`` of the user's own code loaded in this process (the modules a trace
+    would call the pipeline's: not the standard library, site-packages or this package), but
+    ``skip`` (the two specs' files, which key the proof)."""
+    from ..timing.own_code import OwnCode
+
+    own, out = OwnCode(), {}
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if f and f.endswith(".py") and str(Path(f).resolve()) not in skip and own(f) == "own":
+            sha = _sha(f)
+            if sha is not None:
+                out[str(Path(f).resolve())] = sha
+    return out
+
+
 def save(cache_dir: str, slow: str, fast: str, equal: bool, summary: str) -> Path | None:
-    """Keep an ``equal`` outcome for the pair of targets (None: a source was not found)."""
+    """Keep an ``equal`` outcome for the pair of targets (None: a source was not found), with
+    the other files of the user's code it ran with (:func:`own_files`)."""
     k = _key(slow, fast)
     if k is None:
         return None
-    proof = Proof(slow, fast, equal, summary, time.strftime("%Y-%m-%d %H:%M"), k[1])
+    proof = Proof(slow, fast, equal, summary, time.strftime("%Y-%m-%d %H:%M"), k[1],
+                  own_files([str(Path(f).resolve()) for f in k[1]]))
     path = _path(cache_dir, k[0])
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(proof.to_json(), indent=1))
@@ -67,6 +94,9 @@ def load(cache_dir: str, slow: str, fast: str) -> Proof | None:
     if k is None:
         return None
     try:
-        return Proof.from_json(json.loads(_path(cache_dir, k[0]).read_text()))
+        proof = Proof.from_json(json.loads(_path(cache_dir, k[0]).read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if any(_sha(f) != sha for f, sha in proof.depends.items()):
+        return None  # a helper it ran with changed (or went): retired
+    return proof
