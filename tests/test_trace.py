@@ -307,3 +307,36 @@ def test_sync_wait_by_stage_counts_the_measured_code_s_syncs_not_the_timer_s():
               ev("cudaMemcpy", 950, 20, "cuda_runtime")]  # outside any stage
     got = sync_wait_by_stage(events)
     assert got == {"forward": pytest.approx(80e-6)}
+
+
+def test_code_sites_count_the_steps_threads_only():
+    """Found by a user trial: a forward of 250 ms showed 2,801 ms "not in the pipeline's code",
+    11x the stage, and shares that changed with the listing order: a Python thread that merely
+    ran meanwhile (a sampler's frames starting inside the forward) was booked to the stage.
+    Only the main thread's events, and the autograd engine's threads', count."""
+    from workbook_lib.traces.reading import Event
+    from workbook_lib.traces.sites import attribute
+
+    def ev(name, ts, dur, tid, cat="cpu_op", **args):
+        return Event(name, ts, dur, tid, 1, cat, args=args)
+    own = "/home/me/mine.py"
+    events = [
+        ev("ProfilerStep#1", 0, 1000, 1, "user_annotation"),
+        ev("wb:forward", 0, 400, 1, "user_annotation"),
+        ev(f"{own}(10): forward", 10, 300, 1, "python_function"),
+        ev("aten::mm", 20, 250, 1, **{"Sequence number": 1}),
+        # another Python thread, running meanwhile: 2 s of its own frames
+        ev("threading.py(1000): run", 50, 2_000_000, 2, "python_function"),
+        ev("aten::add", 60, 100, 2),
+        ev("wb:backward", 400, 500, 1, "user_annotation"),
+        # the autograd engine's thread (a CUDA device's): the backward of the forward's mm
+        ev("autograd::engine::evaluate_function: MmBackward0", 410, 300, 3, "cpu_op",
+           **{"Sequence number": 1}),
+        ev("aten::mm", 420, 200, 3),
+    ]
+    kind = lambda f: "own" if f == own else "library"  # noqa: E731
+    out = attribute(events, kind)
+    fwd = {k[0].function if k[0] else None: v.seconds * 1e6 for k, v in out["forward"].items()}
+    assert fwd == {"forward": pytest.approx(300)}  # 50 of its own + the mm's 250; no thread 2
+    bwd = {k[0].function if k[0] else None: v.seconds * 1e6 for k, v in out["backward"].items()}
+    assert bwd == {"forward": pytest.approx(300)}  # the engine thread's, at the forward's site

@@ -97,7 +97,12 @@ def attribute(events: list[Event], kind: Callable[[str], str],
         i = bisect_right(spans, (ts, float("inf"), "")) - 1
         return spans[i][2] if i >= 0 and ts < spans[i][1] else None
 
+    # the step's own threads: the main one, and those the autograd engine runs the backward on
+    # (a CUDA device's); not a Python thread that merely ran meanwhile (found by a user trial: a
+    # background sampler's frames, started during a forward, were booked to it, 11x its time)
     host = [e for e in events if e.cat.lower() not in GPU_CATS and not e.is_range]
+    engine = {(e.pid, e.tid) for e in host if e.name.startswith(EVALUATE)}
+    host = [e for e in host if (e.pid, e.tid) == thread or (e.pid, e.tid) in engine]
     build_tree(host)
     sites: dict[int, Site] = {}
     backward: dict[int, bool] = {}
