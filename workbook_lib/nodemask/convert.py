@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -518,7 +519,8 @@ class ConvertedEncoder(nn.Module):
             check_graph(g, self.encoder, self.register, typed=self.keys is not None)
             self._graphs[training] = g
             called, followed = self._traced_paths(g)  # what it calls, and the values it froze
-            self._traced_attrs[training] = (called, followed, self._attributes(followed))
+            self._traced_attrs[training] = (called, followed,
+                                            self._attributes(followed, called))
         return self._graphs[training]
 
     def edges(self, n: int) -> dict:
@@ -984,28 +986,48 @@ class ConvertedEncoder(nn.Module):
 
     def _traced_paths(self, graph: fx.Graph) -> tuple[tuple, tuple]:
         """(the module paths ``graph`` calls, the paths of the modules whose forward it followed:
-        inlined, the values they read are constants of the graph)."""
+        inlined, the values they read are constants of the graph). Followed: the encoder and
+        every module fx recorded an operation under (``nn_module_stack``), a module of
+        functional operations with no module call in it included (a review: such a gate's
+        temperature went unwatched)."""
         called = tuple(dict.fromkeys(n.target for n in graph.nodes if n.op == "call_module"))
-        followed = tuple(p for p, m in self.encoder.named_modules()
-                         if p not in called and not isinstance(m, (nn.ModuleList, nn.ModuleDict))
-                         and (p == "" or any(c.startswith(p + ".") for c in called)))
+        seen = {p for n in graph.nodes for p, _ in (n.meta.get("nn_module_stack") or {}).values()}
+        followed = ("",) + tuple(p for p in dict.fromkeys(sorted(seen))
+                                 if p and p not in called and p in self._named)
         return called, followed
 
-    def _attributes(self, followed: tuple) -> dict:
-        """The plain Python attributes (numbers, strings, flags) of the ``followed`` modules."""
-        return {(p, k): v for p in followed
-                for k, v in vars(_attr(self.encoder, p) if p else self.encoder).items()
-                if not k.startswith("_") and k != "training" and
-                isinstance(v, (bool, int, float, str, type(None)))}
+    def _attributes(self, followed: tuple, called: tuple = ()) -> dict:
+        """The public attributes of the ``followed`` modules that are not modules or tensors
+        (numbers, strings, flags, lists, dicts, config objects), deep-copied to compare later
+        (one that cannot be copied is kept as itself, compared by identity); and the plain ones
+        (numbers, strings, flags) of the ``called`` modules, which a followed forward may read
+        (a review: ``* self.conv.scale``, 7.7 off)."""
+        import copy
+
+        out = {}
+        for p in followed:
+            for k, v in vars(_attr(self.encoder, p) if p else self.encoder).items():
+                if k.startswith("_") or k == "training" or \
+                        isinstance(v, (nn.Module, torch.Tensor)) or callable(v):
+                    continue
+                try:
+                    out[(p, k)] = copy.deepcopy(v)
+                except Exception:  # noqa: BLE001 - a user's object: compared by identity
+                    out[(p, k)] = v
+        for p in called:
+            out.update(((p, k), v) for k, v in vars(_attr(self.encoder, p)).items()
+                       if not k.startswith("_") and k != "training" and
+                       isinstance(v, (bool, int, float, str, type(None))))
+        return out
 
     def _check_structure(self) -> None:
         """Refuse a call after a module the trace calls or followed was replaced since convert,
-        or a followed module's plain attribute changed since its forward was traced (found by a
-        user trial: a gate's temperature annealed, residual flags flipped, a submodule replaced
-        after convert: the converted form kept the traced values and the old modules, 0.22-0.71
-        off, silently). Each path is looked up, not every module walked: 0.12 ms a call for the
-        TorchCell-shaped encoder (30 modules called, 1 followed) on the 2-core machine, busy,
-        where walking them all took 0.8 ms."""
+        or after an attribute of a followed module changed in a way that changes the trace
+        (found by a user trial: a gate's temperature annealed, residual flags flipped, a
+        submodule replaced after convert: the converted form kept the traced values and the old
+        modules, 0.22-0.71 off, silently). A changed attribute is traced again and refused only
+        if the new trace differs: a counter the forward keeps, or a value it never reads, is not
+        refused (a review). Each path and traced value is looked up, not every module walked."""
         training = self.encoder.training
         called, followed, then = self._traced_attrs[training]
         for p in called + followed:
@@ -1017,48 +1039,109 @@ class ConvertedEncoder(nn.Module):
                 raise ConvertError(f"the module at {p or 'the encoder'} was replaced or removed "
                                    "since convert, and the converted form calls the modules it "
                                    "found then; call convert(...) again after such a change")
-        attrs = self._attributes(followed)
-        if attrs == then:
+        # the values traced against today's, key by key (a key added since was not read)
+        changed = [(p, k) for (p, k), v in then.items()
+                   if not _same(v, vars(self._named[p]).get(k, _MISSING))]
+        if not changed:
             return
-        what = next(k for k in {**then, **attrs} if then.get(k, ...) != attrs.get(k, ...))
+        attrs = self._attributes(followed, called)
+        again = trace(self.encoder, self.keys, self.register)  # does the change change it?
+        if self._same_trace(again, self._graph(training)):
+            self._traced_attrs[training] = (called, followed,
+                                            self._attributes(followed, called))
+            return
+        what = changed[0]
         raise ConvertError(f"{what[0] + '.' if what[0] else 'encoder.'}{what[1]} changed "
-                           f"({then.get(what, 'unset')!r} -> {attrs.get(what, 'unset')!r}) "
-                           "since convert traced the forward that reads it, and the "
-                           "converted form runs the forward as traced; call convert(...) "
-                           "again after such a change (a value the forward reads at each "
-                           "call belongs in a tensor buffer or parameter)")
+                           f"({then[what]!r} -> {attrs.get(what, 'removed')!r}) since convert "
+                           "traced the forward, and traced again it differs: the converted form "
+                           "runs the forward as first traced; call convert(...) again after such "
+                           "a change (a value the forward reads at each call belongs in a "
+                           "tensor buffer or parameter)")
+
+    def _same_trace(self, a: fx.Graph, b: fx.Graph) -> bool:
+        """Two traces compute alike: the same code, the tensor constants fx names for each trace
+        (``_tensor_constant0``, ``1``...) compared by value."""
+        def sig(g: fx.Graph) -> tuple[str, list]:
+            consts = [_attr(self.encoder, str(n.target)) for n in g.nodes if n.op == "get_attr"
+                      and str(n.target).startswith("_tensor_constant")]
+            return re.sub(r"_tensor_constant\d+", "_tensor_constant",
+                          g.python_code("self").src), consts
+        (ca, ta), (cb, tb) = sig(a), sig(b)
+        return ca == cb and len(ta) == len(tb) and all(
+            x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y))
+            for x, y in zip(ta, tb))
 
     def _check_traced(self, x: torch.Tensor) -> None:
-        """Once per mode, at the first call: in float64, on copies of the encoder and its
-        readout module, the traced forward run converted on a sample that deletes nothing
-        against the encoder's own forward on the whole graph, read out alike, to
-        :data:`TRACE_TOLERANCE` of its largest value. What fx's trace does not follow as PyTorch
-        runs it differs there (found by user trials: an in-place ``+=`` on a tensor another name
-        held, 0.35 off; a registered GIN whose message doubled its input, 5.1 off; both silent).
-        float64, so that a small difference is not lost in the user's dtype's rounding (a
-        review: a message scaled by 1.002 passed a float32 tolerance). What differs only on a
-        sample's graph (a registered subclass's mask) is not caught."""
+        """Once per mode, at the first call: the traced forward run converted on a sample that
+        deletes nothing against the encoder's own forward on the whole graph, read out alike.
+        What fx's trace does not follow as PyTorch runs it differs there (found by user trials:
+        an in-place ``+=`` on a tensor another name held, 0.35 off; a registered GIN whose
+        message doubled its input, 5.1 off; both silent). In float64 on copies of the encoder
+        and readout module (their floating tensors all cast, and float64 the default dtype for
+        tensors the forward makes), to :data:`TRACE_TOLERANCE`, so that a small difference is
+        not lost in rounding (a review: a message scaled by 1.002 passed a float32 tolerance);
+        where the copy cannot be made or run in float64 (a review: a float32 tensor made in the
+        forward), on the modules themselves in their dtype, to ``100 * eps`` of it. What
+        differs only on a sample's graph (a registered subclass's mask) is not caught."""
+        try:
+            got, want = self._traced_pair(x, float64=True)
+            tol, where = TRACE_TOLERANCE, "in float64"
+        except Exception:  # noqa: BLE001 - the user's forward in float64: checked as it runs
+            got, want = self._traced_pair(x, float64=False)
+            tol = 100 * torch.finfo(x.dtype).eps if x.is_floating_point() else 1e-3
+            where = f"in {str(x.dtype).removeprefix('torch.')}, where float64 could not run it"
+        with torch.no_grad():
+            scale = float(want.abs().max()) if want.numel() else 0.0
+            off = float((got - want).abs().max()) / max(scale, 1e-300) if want.numel() else 0.0
+        if not off <= tol:
+            fx_words = ("its forward does something fx's trace does not follow as PyTorch runs "
+                        "it, such as an in-place operation (h += 1) on a tensor another name "
+                        "also holds (write it out of place: h = h + 1)")
+            raise ConvertError(
+                f"on the whole graph the converted form differs from the encoder's own forward "
+                f"by {off:.3g} of its largest value ({where}): "
+                + (f"a class in register={{{self._register_names()}}} does not compute as the "
+                   "convolution it is declared as (register only a subclass whose forward "
+                   "computes as that class: its message may only scale by an edge mask), or "
+                   + fx_words if self.register else fx_words))
+        self._state["traced_checked"].add(self.encoder.training)
+
+    def _traced_pair(self, x: torch.Tensor, float64: bool) -> tuple:
+        """(the converted form of a sample deleting nothing, the encoder's own forward on the
+        whole graph read out alike): on float64 copies, or on the modules themselves."""
         import copy
 
-        try:
-            enc = copy.deepcopy(self.encoder).double()
-            ro = copy.deepcopy(self.readout_module).double() \
+        def cast(m: nn.Module) -> nn.Module:
+            m = m.double()
+            for sub in m.modules():  # plain tensor attributes (fx's constants among them)
+                for k, v in list(vars(sub).items()):
+                    if isinstance(v, torch.Tensor) and v.is_floating_point() and \
+                            not isinstance(v, nn.Parameter):
+                        setattr(sub, k, v.double())
+            return m
+        if float64:
+            enc = cast(copy.deepcopy(self.encoder))
+            ro = cast(copy.deepcopy(self.readout_module)) \
                 if self.readout_module is not None else self.readout_kind
-        except Exception as exc:  # noqa: BLE001 - the user's modules: say what failed
-            raise ConvertError("convert checks its trace once on a float64 copy of the encoder, "
-                               f"which could not be made ({type(exc).__name__}: {exc}); make "
-                               "the encoder copyable (copy.deepcopy)") from None
-        twin = ConvertedEncoder(enc, self._graph_on(x.device), readout=ro,
-                                register=self.register, num_nodes=max(self.num_nodes,
-                                                                      x.shape[0]))
-        twin._graphs = {enc.training: self._graph(self.encoder.training)}  # this trace's
-        twin._device_graph = {}  # (its values), not the copy's own: derived again from it
-        twin.workspace = Workspace(min_bytes=1 << 62)  # keeps nothing: one call
-        x64 = x.detach().double()
+            twin = ConvertedEncoder(enc, self._graph_on(x.device), readout=ro,
+                                    register=self.register, num_nodes=max(self.num_nodes,
+                                                                          x.shape[0]))
+            twin._graphs = {enc.training: self._graph(self.encoder.training)}  # this trace's
+            twin._device_graph = {}  # (its values), not the copy's own: derived again from it
+            twin.workspace = Workspace(min_bytes=1 << 62)  # keeps nothing: one call
+            x = x.detach().double()
+        else:
+            twin, enc = self, self.encoder
+        before = torch.get_default_dtype()
         with torch.no_grad():
-            none = torch.full((1, 1), -1, dtype=torch.long)
-            got = twin._run(x64, twin.plan(none, x.shape[0]))
-            want = enc(x64, self._graph_on(x.device))
+            try:
+                if float64:
+                    torch.set_default_dtype(torch.float64)  # tensors the forward makes
+                none = torch.full((1, 1), -1, dtype=torch.long)
+                got = twin._run(x, twin.plan(none, x.shape[0]))
+                want = enc(x, self._graph_on(x.device))
+            finally:
+                torch.set_default_dtype(before)
             if twin.readout_module is not None:
                 want = twin.readout_module(want, index=torch.zeros(
                     want.shape[0], dtype=torch.long, device=want.device), dim_size=1)
@@ -1068,24 +1151,9 @@ class ConvertedEncoder(nn.Module):
                 want = want.mean(0, keepdim=True)
             else:
                 want = want.unsqueeze(0)
-            scale = float(want.abs().max()) if want.numel() else 0.0
-            off = float((got - want).abs().max()) / max(scale, 1e-300) if want.numel() else 0.0
-        if not off <= TRACE_TOLERANCE:
-            if self.register:
-                raise ConvertError(f"register={{{self._register_names()}}}: on the whole graph "
-                                   "the converted form differs from the encoder's own forward "
-                                   f"by {off:.3g} of its largest value (in float64), so a "
-                                   "registered class does not compute as the convolution it "
-                                   "is declared as; register only a subclass whose forward "
-                                   "computes as that class (its message may only scale by an "
-                                   "edge mask)")
-            raise ConvertError(f"on the whole graph the converted form differs from the "
-                               f"encoder's own forward by {off:.3g} of its largest value (in "
-                               "float64): its forward does something fx's trace does not "
-                               "follow as PyTorch runs it, such as an in-place operation "
-                               "(h += 1, h.relu_()) on a tensor another name also holds; "
-                               "write it out of place (h = h + 1)")
-        self._state["traced_checked"].add(self.encoder.training)
+        if not float64:
+            self._state["plan"] = None  # the check's plan is not the call's
+        return got, want
 
     def _register_names(self) -> str:
         return ", ".join(f"{c.__name__}: {k.__name__}" for c, k in self.register.items())
@@ -1120,9 +1188,8 @@ class ConvertedEncoder(nn.Module):
             called = self._called(training)
             # the encoder and every module fx traced through (its forward inlined, a hook of
             # its called at trace time or not at all): none is called
-            followed = {p: m for p, m in self.encoder.named_modules()
-                        if p not in called and not isinstance(m, (nn.ModuleList, nn.ModuleDict))
-                        and (p == "" or any(c.startswith(p + ".") for c in called))}
+            followed = {p: self._named[p]  # (a review: a module of functional operations
+                        for p in self._traced_paths(self._graph(training))[1]}  # too)
             computed: dict = {}
             for node in self._graph(training).nodes:
                 if node.op != "call_module":
@@ -1918,6 +1985,19 @@ def _attr(module: nn.Module, target: str):
     for part in target.split("."):
         module = getattr(module, part)
     return module
+
+
+_MISSING = object()
+
+
+def _same(a, b) -> bool:
+    """``a == b`` as one bool; identity where ``==`` gives none (an array, a user's object)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an ambiguous or failing comparison
+        return False
 
 
 def _op_name(node: fx.Node) -> str:
