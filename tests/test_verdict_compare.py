@@ -719,7 +719,7 @@ def test_the_fix_is_provisional_when_the_steps_it_is_chosen_by_were_contended(tm
     assert "loop" not in V.contended_figures(None, r, t)
 
 
-def test_no_cause_is_ranked_where_the_full_steps_disagree_with_the_gap():
+def test_no_cause_is_ranked_where_the_full_steps_disagree_with_the_gap(monkeypatch):
     """Found by a user trial: a 1.27x gap from the plain-loop steps beside full steps (where the
     stages are timed) that came out 0.466x: 'adds time' rows at -16%, a 'saves time' row at
     +126%, and a bridge chart whose slow epoch sat below the fast one. The stages' split is now
@@ -743,6 +743,17 @@ def test_no_cause_is_ranked_where_the_full_steps_disagree_with_the_gap():
     assert all(c.share is None for c in v.causes) and V.first_causes(v.causes) == []
     assert "no cause is ranked: the full steps the stages are timed in came out the other " \
            "way" in v.lead
+    from workbook_lib.report import plotting
+    from workbook_lib.report import verdict_view as view
+
+    shown = []
+    monkeypatch.setattr(view, "display", lambda obj: shown.append(("text", obj.data)))
+    monkeypatch.setattr(plotting, "show", lambda fig, caption: shown.append(("chart", caption)))
+    view.causes_plot(v)  # no bridge: the slow epoch would sit below the fast one
+    assert shown == [("text", shown[0][1])] and shown[0][1].startswith("No bridge")
     g, v = verdict({"node_mask_shared": 0.01, "replicated_mask_cpu": 0.13})  # agreeing
-    assert g.slow == "replicated_mask_cpu" and V.first_causes(v.causes)
+    assert g.slow == "replicated_mask_cpu" and V.first_causes(v.causes) and g.steps_agree
     assert "no cause is ranked" not in v.lead
+    shown.clear()
+    view.causes_plot(v)
+    assert [k for k, _ in shown] == ["chart"]

@@ -114,7 +114,7 @@ def causes_plot(v: VerdictResult) -> None:
     rows = [c for c in v.causes if c.difference_s is not None and c.effect != "noise"]
     if g is None or not rows:
         return
-    if g.measurable and g.epoch_s[g.slow] <= g.epoch_s[g.fast]:  # the answer says why: the
+    if g.measurable and not g.steps_agree:  # the answer says why: the
         display(Markdown("No bridge: the full steps the stages are timed in came out the other "
                          "way from the gap (see the answer)."))  # slow epoch below the fast
         return

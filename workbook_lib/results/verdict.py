@@ -106,6 +106,20 @@ class Gap(Record):
     ddp_booked: bool = False
     ddp_why: str = ""  # why the factor is or is not booked
 
+    @property
+    def full_difference_s(self) -> float:
+        """Slow minus fast per epoch from the full steps the stages are timed in, with the DDP
+        factor where it is booked: what the causes' shares are of."""
+        extra = self.epoch_s[self.slow] * (self.ddp_factor.median - 1.0) \
+            if self.ddp_booked and self.ddp_factor is not None else 0.0
+        return self.epoch_s[self.slow] + extra - self.epoch_s[self.fast]
+
+    @property
+    def steps_agree(self) -> bool:
+        """The full steps show the gap's direction: the slow side slower (else no cause is
+        ranked on them, and no bridge drawn)."""
+        return self.full_difference_s > 0
+
 
 def step_words(mode: str) -> str:
     """Notebook 03's arm ``mode`` ("full" or "pipelined") as the step it times, in words."""

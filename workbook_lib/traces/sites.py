@@ -78,8 +78,10 @@ def attribute(events: list[Event], kind: Callable[[str], str],
         events: a trace's events (:func:`~.reading.load_trace`), recorded with Python stacks.
         kind: a frame's file -> "own" (the pipeline's code), "harness" (the code that runs the
             steps) or "library".
-        stage_prefix: the prefix of the stage ranges; an event of any CPU thread is in the stage
-            whose range holds its start (the ranges are left out of the nesting).
+        stage_prefix: the prefix of the stage ranges; an event of the step's threads (the main
+            one, and those the autograd engine ran the backward on) is in the stage whose range
+            holds its start (the ranges are left out of the nesting). Other threads' work (a
+            Python thread pool in the forward, convert's planning thread) is not attributed.
 
     Returns:
         ``{stage: {(frame or None, library frame or None): SiteTotals}}``; a ``None`` frame holds

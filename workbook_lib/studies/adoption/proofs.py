@@ -59,9 +59,10 @@ def _sha(path: str) -> str | None:
 
 
 def own_files(skip: list[str]) -> dict[str, str]:
-    """``{file: sha256}`` of the user's own code loaded in this process (the modules a trace
-    would call the pipeline's: not the standard library, site-packages or this package), but
-    ``skip`` (the two specs' files, which key the proof)."""
+    """``{file: sha256}`` of every file of the user's own code loaded in this process (what a
+    trace would call the pipeline's: not the standard library, site-packages or this package),
+    but ``skip`` (the two specs' files, which key the proof). It may hold more than the
+    pipelines import: a proof is then retired more often, never kept wrongly."""
     from ..timing.own_code import OwnCode
 
     own, out = OwnCode(), {}
@@ -94,9 +95,10 @@ def load(cache_dir: str, slow: str, fast: str) -> Proof | None:
     if k is None:
         return None
     try:
-        proof = Proof.from_json(json.loads(_path(cache_dir, k[0]).read_text()))
+        raw = json.loads(_path(cache_dir, k[0]).read_text())
+        proof = Proof.from_json(raw)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if any(_sha(f) != sha for f, sha in proof.depends.items()):
-        return None  # a helper it ran with changed (or went): retired
+    if "depends" not in raw or any(_sha(f) != sha for f, sha in proof.depends.items()):
+        return None  # kept before helpers were recorded (a review), or a helper changed: retired
     return proof

@@ -96,8 +96,8 @@ def lead(v: VerdictResult) -> str:
                 f"{why or 'not resolved'}: there is no gap to explain.")
     text = f"**{_cap(s)} is {r.median:.3g}x slower per epoch than {f}** ({fig})"
     first = first_causes(v.causes)
-    if not first and g.epoch_s[g.slow] <= g.epoch_s[g.fast]:  # the stages' steps disagree
-        full = g.epoch_s[g.slow] / max(g.epoch_s[g.fast], 1e-300)
+    if not first and not g.steps_agree:  # the stages' steps disagree with the gap
+        full = (g.full_difference_s + g.epoch_s[g.fast]) / max(g.epoch_s[g.fast], 1e-300)
         return text + (f"; no cause is ranked: the full steps the stages are timed in came out "
                        f"the other way ({full:.3g}x per epoch, the ratio of their medians), so "
                        "the stage split cannot be read from them; more steps (loop_steps, "

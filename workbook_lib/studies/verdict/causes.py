@@ -131,7 +131,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
     # the full steps the stages are timed in must show the gap's direction too: else a share of
     # their difference reads backwards (found by a user trial: 'adds' rows at -16%, a 'saves'
     # row at +126%, beside a 1.27x gap whose full steps said 0.466x)
-    set_shares(rows, total if gap.measurable and total > 0 else 0.0)
+    set_shares(rows, total if gap.measurable and gap.steps_agree else 0.0)
     advise(rows, device_type, encoder=lo.encoders.get(slow), gap=gap,
            copies=carries_copies(slow))
     timed = sorted((r for r in rows if r.difference_s is not None
