@@ -407,6 +407,10 @@ UNREACHABLE = {
     ("bench_view.py", "convert_table", "No convert section"): "the same",
     ("cpu_view.py", "kernel_cell", "not read"): "CPU figures from before the kernel's share was "
                                                 "read (an older results file)",
+    ("verdict_view.py", "causes_plot", "not g.steps_agree"): "full steps that came out the "
+                                                            "other way from the plain-loop gap "
+                                                            "(a disturbed machine; "
+                                                            "test_verdict_compare draws it)",
     ("verdict_view.py", "code_table", "if not rows"): "first causes none of which the profile "
                                                       "attributes to a function (which stage "
                                                       "comes first varies with the machine's "
