@@ -148,8 +148,9 @@ def test_profile_records_only_warm_steps(small, tmp_path):
     assert out.wall_s == pytest.approx(walls[2] + walls[3])
     assert not [e for e in ta.load_trace(tmp_path / "tr.json") if e.name == "cold"]
     # a cold step in the wall (0.2 s against two steps of a few ms) would put this below 0.1,
-    # and in the trace's stages far above 2; a busy machine moves it by a quarter either way
-    assert 0.6 < out.coverage < 1.6
+    # and in the trace's stages at about 20; a busy machine moves it, once to 1.83 (CI beside
+    # other work): bounds that tell those apart, not a timing target
+    assert 0.3 < out.coverage < 5
     assert out.naive_over_wall > out.coverage
     with pytest.raises(ValueError, match="'wait' and 'warmup'"):
         profile_steps(one, steps_done=1, wait=0, warmup=1, active=1, trace_path=tmp_path / "x",
