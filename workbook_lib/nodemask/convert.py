@@ -14,6 +14,7 @@ graph, and the exact changed rows of a deletion are this library's subject.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import operator
@@ -37,7 +38,7 @@ from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import (MODE_DEPENDENT, ConvertError, along_features, check_graph, conv_kind,
-                            node_where, per_node_problem, refuse_hooks, trace)
+                            node_where, op_name, per_node_problem, refuse_hooks, trace)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
                             gin_mlp)
@@ -1002,8 +1003,6 @@ class ConvertedEncoder(nn.Module):
         (one that cannot be copied is kept as itself, compared by identity); and the plain ones
         (numbers, strings, flags) of the ``called`` modules, which a followed forward may read
         (a review: ``* self.conv.scale``, 7.7 off)."""
-        import copy
-
         out = {}
         for p in followed:
             for k, v in vars(_attr(self.encoder, p) if p else self.encoder).items():
@@ -1044,15 +1043,15 @@ class ConvertedEncoder(nn.Module):
                    if not _same(v, vars(self._named[p]).get(k, _MISSING))]
         if not changed:
             return
-        attrs = self._attributes(followed, called)
         again = trace(self.encoder, self.keys, self.register)  # does the change change it?
         if self._same_trace(again, self._graph(training)):
             self._traced_attrs[training] = (called, followed,
                                             self._attributes(followed, called))
             return
         what = changed[0]
+        now = vars(self._named[what[0]]).get(what[1], "removed")
         raise ConvertError(f"{what[0] + '.' if what[0] else 'encoder.'}{what[1]} changed "
-                           f"({then[what]!r} -> {attrs.get(what, 'removed')!r}) since convert "
+                           f"({then[what]!r} -> {now!r}) since convert "
                            "traced the forward, and traced again it differs: the converted form "
                            "runs the forward as first traced; call convert(...) again after such "
                            "a change (a value the forward reads at each call belongs in a "
@@ -1109,8 +1108,6 @@ class ConvertedEncoder(nn.Module):
     def _traced_pair(self, x: torch.Tensor, float64: bool) -> tuple:
         """(the converted form of a sample deleting nothing, the encoder's own forward on the
         whole graph read out alike): on float64 copies, or on the modules themselves."""
-        import copy
-
         def cast(m: nn.Module) -> nn.Module:
             m = m.double()
             for sub in m.modules():  # plain tensor attributes (fx's constants among them)
@@ -1165,11 +1162,8 @@ class ConvertedEncoder(nn.Module):
 
     def _called(self, training: bool) -> tuple:
         """The module paths the traced forward calls (its ``call_module`` nodes) in this mode."""
-        key = ("called", training)
-        if key not in self._device_graph:
-            self._device_graph[key] = tuple(n.target for n in self._graph(training).nodes
-                                            if n.op == "call_module")
-        return self._device_graph[key]
+        self._graph(training)
+        return self._traced_attrs[training][0]
 
     def _not_called(self, training: bool) -> tuple:
         """``(path, module, followed)`` of the modules the converted form does not call: the
@@ -1189,7 +1183,7 @@ class ConvertedEncoder(nn.Module):
             # the encoder and every module fx traced through (its forward inlined, a hook of
             # its called at trace time or not at all): none is called
             followed = {p: self._named[p]  # (a review: a module of functional operations
-                        for p in self._traced_paths(self._graph(training))[1]}  # too)
+                        for p in self._traced_attrs[training][1]}  # too)
             computed: dict = {}
             for node in self._graph(training).nodes:
                 if node.op != "call_module":
@@ -1668,7 +1662,7 @@ class ConvertedEncoder(nn.Module):
             flat = [a for a in node.all_input_nodes  # a per-gene [N] value's -1 is the genes)
                     if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]
             if flat:
-                raise ConvertError(f"{_op_name(node)} at {node_where(node)} runs along dim -1 "
+                raise ConvertError(f"{op_name(node)} at {node_where(node)} runs along dim -1 "
                                    f"of a value of shape {list(env[flat[0]].wt.shape)} (not "
                                    "[genes, features]), which is across genes; apply it to an "
                                    "[N, F] value, or move it out of the encoder")
@@ -1998,11 +1992,6 @@ def _same(a, b) -> bool:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - an ambiguous or failing comparison
         return False
-
-
-def _op_name(node: fx.Node) -> str:
-    return f".{node.target}()" if node.op == "call_method" else \
-        getattr(node.target, "__name__", str(node.target))
 
 
 def _call(node: fx.Node, args, kwargs):

@@ -327,24 +327,31 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                                        "normalize across genes; pass normalized_shape=(hidden,)"
                                        " or use nn.LayerNorm(hidden)")
             if node.target in ALONG_FEATURES_FUNCTIONS:
-                _along_features(node, getattr(node.target, "__name__", node.target),
+                _along_features(node, op_name(node),
                                 default=-1 if node.target is F.glu else None)
                 continue
             if node.target not in ELEMENTWISE_FUNCTIONS:
-                what = getattr(node.target, "__name__", node.target)
+                what = op_name(node)
                 _refuse_in_library(node, what)
                 raise ConvertError(f"{what} at {node_where(node)} is not a per-row operation "
                                    "convert knows (element-wise ops, activations, cat on "
                                    "features); move it out of the encoder")
         elif node.op == "call_method" and node.target in ALONG_FEATURES_METHODS | \
                 REDUCING_METHODS:
-            _along_features(node, f".{node.target}()", default=None,
+            _along_features(node, op_name(node), default=None,
                             keepdim=node.target in REDUCING_METHODS)
         elif node.op == "call_method" and node.target not in ELEMENTWISE_METHODS:
-            _refuse_in_library(node, f".{node.target}()")
-            raise ConvertError(f".{node.target}() at {node_where(node)} is not a per-row "
+            _refuse_in_library(node, op_name(node))
+            raise ConvertError(f"{op_name(node)} at {node_where(node)} is not a per-row "
                                "operation convert knows (element-wise ops, activations); move "
                                "it out of the encoder")
+
+
+def op_name(node: fx.Node) -> str:
+    """A call's name as messages give it: ``.mean()`` for a method, ``softmax`` for a
+    function."""
+    return f".{node.target}()" if node.op == "call_method" else \
+        getattr(node.target, "__name__", str(node.target))
 
 
 def along_features(node: fx.Node) -> bool:
