@@ -237,6 +237,14 @@ def _finding(c: Cause) -> str:
     return "; ".join(parts)
 
 
+def _shared_pass(stage: str, g, graph: str) -> str:
+    """One shared pass advised from a stage's growth ``g`` and what shows it is graph work."""
+    return (f"{NODEMASK}: the {stage} costs {_ms(g.per_sample.median)} more for each extra "
+            f"sample (IQR {g.per_sample.iqr * 1e3:.2g}, n = {g.per_sample.n}"
+            f"{_noisy(g.per_sample)}), {g.share_words} of its time at batch "
+            f"{g.batch_sizes[0]}, and {graph}")
+
+
 def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -> str:
     g = c.growth
     loop = g is not None and g.python_loop
@@ -252,10 +260,7 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
         if loop:
             advice.append(_loop(c, c.stage.replace("_", " ")))
         if grows and c.stage == "forward" and graph:  # per-sample cost, shown to be graph work
-            advice.append(f"{NODEMASK}: the forward costs {_ms(g.per_sample.median)} more for "
-                          f"each extra sample (IQR {g.per_sample.iqr * 1e3:.2g}, n = "
-                          f"{g.per_sample.n}{_noisy(g.per_sample)}), {g.share_words} of its "
-                          f"time at batch {g.batch_sizes[0]}, and {graph}")
+            advice.append(_shared_pass("forward", g, graph))
         return "; ".join(advice)
     if c.stage == "backward":
         if _custom_backward(c):
@@ -292,10 +297,7 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
         # the forward not advised one shared pass: the backward's own figures (where it is,
         # the forward's advice stands for both, once)
         if grows and graph and not loop and not (fwd is not None and NODEMASK in fwd.advice):
-            return (f"{NODEMASK}: the backward costs {_ms(g.per_sample.median)} more for each "
-                    f"extra sample (IQR {g.per_sample.iqr * 1e3:.2g}, n = {g.per_sample.n}"
-                    f"{_noisy(g.per_sample)}), {g.share_words} of its time at batch "
-                    f"{g.batch_sizes[0]}, and {graph}")
+            return _shared_pass("backward", g, graph)
         return "" if not loop else _loop(c, "backward")
     if c.stage == "h2d":
         return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch
