@@ -140,6 +140,7 @@ def causes_plot(v: VerdictResult) -> None:
     fig, ax = plotting.plt.subplots(figsize=(max(7.0, 0.9 * len(labels) + 2), 4.6))
     x = np.arange(len(labels))
     ax.bar(x, np.array(heights) / div, bottom=np.array(bottoms) / div, color=colours)
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.08)  # room for the labels over the highest bar
     for i in range(1, len(labels) - 1):
         c = rows[i - 1]
         share = f"{c.share:+.0%}" if c.share is not None else ""
