@@ -475,3 +475,67 @@ def test_a_long_headline_cuts_the_causes_before_the_function_that_holds_the_gap(
     assert len(long) <= HEADLINE_MAX and long.startswith("DISTURBED: ")
     assert long.endswith("in LoopReadoutModel.forward (mine/syncs_slow_with_a_long_name.py:8)")
     assert "listed the other way round" not in long
+
+
+def lines_user(x, w, small, big_first):
+    p = (x @ w) if big_first else small * 2.0
+    q = small * 2.0 if big_first else (x @ w)
+    return torch.tanh(p).sum() + torch.tanh(q).sum()
+
+
+@pytest.mark.parametrize("big_first", [True, False])
+def test_a_functions_time_is_named_at_the_line_whose_calls_hold_it(big_first):
+    """The round's ask: name the line, not only the function (its ``def`` line is all the
+    profiler's stacks give). The matmul's line holds the forward's operator time and, through
+    autograd's sequence numbers, the backward's; moved to the other line, the answer moves with
+    it (so the figure can come out both ways)."""
+    from torch.profiler import record_function
+
+    from workbook_lib.measurement.code_sites import device_sites
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    x, w = torch.randn(512, 256), torch.randn(256, 256, requires_grad=True)
+    small = torch.randn(8, requires_grad=True)
+
+    def step():
+        with record_function("wb:forward"):
+            out = lines_user(x, w, small, big_first)
+        with record_function("wb:backward"):
+            out.backward()
+    sites, why = device_sites(step, device=torch.device("cpu"), own=OwnCode())
+    assert why == ""
+    first = lines_user.__code__.co_firstlineno
+    heavy = first + (1 if big_first else 2)
+    for stage in ("forward", "backward"):
+        row = next(r for r in sites[stage] if r.function == "lines_user")
+        top, share = row.hottest()
+        assert top.line == heavy, (stage, row.lines)
+        assert "x @ w" in top.text
+        assert share > 0.5, (stage, row.lines)
+        # the function's other rows (other library frames) do not repeat its lines
+        assert all(not r.lines for r in sites[stage] if r.function == "lines_user"
+                   and r is not row)
+
+
+def test_a_named_functions_hottest_line_is_said_only_where_it_holds_a_quarter():
+    from workbook_lib.results.verdict import HOT_LINE, Cause, CodeLine, CodeSite
+    from workbook_lib.studies.verdict.advice import _finding
+    from workbook_lib.studies.verdict.answer import _cause_words
+
+    def site(share):
+        return CodeSite("profile_loss", "mine.py", 8, "", 12.0, 1.0, 0.9, 400,
+                        lines=[CodeLine(13, "p, t = pred[i][kept], target[i][kept]", 9.0,
+                                        share),
+                               CodeLine(14, "mse = ((p - t) ** 2).mean()", 1.0, 0.1)])
+    hot = site(0.78)
+    assert hot.hot_line == ("line 13, `p, t = pred[i][kept], target[i][kept]` (78% of its "
+                            "operator time)")
+    assert hot.short == "`profile_loss` (mine.py:8, line 13)"
+    c = Cause("loss", "", 1.0, 0.1, 0.9, 0.8, "measured", effect="adds", stage="loss",
+              sites=[hot])
+    assert "in `profile_loss` (mine.py:8, line 13)" in _cause_words(c, True)
+    assert "(mine.py:8), line 13, `p, t = pred[i][kept]" in _finding(c)
+    cold = site(HOT_LINE - 0.01)  # spread over its lines: no line named
+    assert cold.hot_line == "" and cold.short == cold.where
+    c.sites = [cold]
+    assert "line 13" not in _cause_words(c, True) and "line 13" not in _finding(c)

@@ -19,16 +19,20 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from ..common.progress import native_stderr_to_terminal
+from ..results.profile import LineTime
 from ..traces import sites as ts
+from ..traces.lines import line_totals
 from ..traces.reading import load_trace
+from .line_marks import LineMarks
 from .profiling import NOT_OWN, SiteTime
 
 
 def device_sites(step: Callable[[], object], *, device: torch.device,
                  own) -> tuple[dict[str, list[SiteTime]], str]:
-    """Two calls of ``step`` (one training step each, its batch already fetched), the second
+    """Four calls of ``step`` (one training step each, its batch already fetched), the second
     recorded with Python stacks: per stage, the time of each function of the pipeline's own code
-    (largest first), and why none is attributed when that is so."""
+    (largest first), and why none is attributed when that is so; the fourth, line-marked, gives
+    each function's lines (:func:`marked_lines`)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     fd, path = tempfile.mkstemp(prefix="wb-stacks-", suffix=".json")
     os.close(fd)
@@ -51,7 +55,61 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
         rows = [_row(own, frame, library, tot.seconds, tot.ops, tot.device_seconds)
                 for (frame, library), tot in by_site.items()]
         out[stage] = sorted(rows, key=lambda r: -(r.seconds + r.device_seconds))
+    _add_lines(out, marked_lines(step, device=device, own=own), own)
     return out, ""
+
+
+def marked_lines(step: Callable[[], object], *, device: torch.device, own) -> dict:
+    """Two more calls of ``step``, every torch call marked by the line of the pipeline's code
+    that made it (:class:`.line_marks.LineMarks`), the second recorded (without Python stacks):
+    :func:`workbook_lib.traces.lines.line_totals` of it."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fd, path = tempfile.mkstemp(prefix="wb-lines-", suffix=".json")
+    os.close(fd)
+    try:
+        with native_stderr_to_terminal(), profile(
+                activities=acts, schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof, LineMarks(own):
+            for _ in range(2):
+                step()
+                prof.step()
+        events = load_trace(path)
+    finally:
+        os.unlink(path)
+    return line_totals(events)
+
+
+def _add_lines(out: dict, lines: dict, own) -> None:
+    """Each function's lines, most operator time first, from ``lines`` (on its first row of each
+    stage), matched by the function's file and ``def`` line (a mark names the code's first line,
+    a decorator's where there is one)."""
+    for stage, rows in out.items():
+        by_function: dict = {}
+        for (file, first), found in lines.get(stage, {}).items():
+            key = (file, own.line(ts.Frame(file, first, "")))
+            merged = by_function.setdefault(key, {})
+            for n, t in found.items():
+                m = merged.setdefault(n, ts.SiteTotals())
+                m.seconds += t.seconds
+                m.ops += t.ops
+                m.device_seconds += t.device_seconds
+        done = set()
+        for r in rows:  # largest first: the function's first row holds its lines
+            found = by_function.get((r.file, r.line))
+            if not found or (r.file, r.line) in done:
+                continue
+            done.add((r.file, r.line))
+            top = sorted(found.items(), key=lambda kv: -(kv[1].seconds + kv[1].device_seconds))
+            r.lines = [LineTime(n, _source(own, r.file, n), t.seconds, t.ops, t.device_seconds)
+                       for n, t in top]
+
+
+def _source(own, file: str, line: int) -> str:
+    """Line ``line`` of ``file`` (as a trace names it), stripped; "" where it cannot be read."""
+    import linecache
+
+    path = own.resolve(file)
+    return linecache.getline(str(path), line).strip() if path is not None else ""
 
 
 def _row(own, frame, library, seconds: float, ops: float = 0.0,

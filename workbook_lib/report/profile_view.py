@@ -10,7 +10,7 @@ from ..results.timing import LoopStudy, MAIN_STAGES
 from .. import pipelines
 from . import plotting
 from .failures_view import failures_note as _failures_note
-from .tables import fmt_pct, table
+from .tables import fmt_pct, line_cell, table
 from .stage_style import STAGE_LABELS, label, stage_colour
 
 
@@ -105,9 +105,12 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
             total = sum(r.seconds for r in sites)
             own = [r for r in sites if r.file][:most]
             for r in own:
+                hot = r.hottest()
                 rows.append({"pipeline": label(n), "stage": STAGE_LABELS.get(stage, stage),
                              "function": r.function, "where": f"{r.file}:{r.line}",
                              "library under it": r.library or "(its own code)",
+                             "hottest line": line_cell(hot[0].line, hot[0].text, hot[1])
+                             if hot else "",
                              "ms per step": f"{r.seconds * 1e3:.3g}",
                              "share of the stage": fmt_pct(r.seconds / total) if total else "",
                              "operator calls per step": ops_words(stage, r.ops)})
@@ -115,7 +118,11 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
            "Python stacks: a backward operator counts at the function that ran its forward; "
            "time under no function of the pipeline's own, the loop's or a library's called from "
            "it, is left out of the rows but not of the shares). The Python tracer slows "
-           "Python-heavy code: shares of a profiled step, not the loop's timings."
+           "Python-heavy code: shares of a profiled step, not the loop's timings. Hottest "
+           "line: the function's line whose torch calls took the most operator time (their "
+           "backward in the backward stage), with its share of the operator time on all the "
+           "function's lines, from another step with each torch call marked by its line; "
+           "Python between torch calls has no line (empty: no torch call marked)."
            + (" Not attributed: " + "; ".join(said) + "." if said else ""))
     if not rows:
         return Markdown(cap)

@@ -68,6 +68,12 @@ def fmt_ratio(v: float | None) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}x"
 
 
+def line_cell(line: int, text: str, share: float) -> str:
+    """A hottest-line cell: "13: `p = x[i]` (78%)" (its source cut at 50 characters)."""
+    text = text if len(text) <= 50 else text[:47] + "..."
+    return f"{line}: `{text}` ({share:.0%})" if text else f"{line} ({share:.0%})"
+
+
 def fmt_pct(v: float | None, digits: int = 1) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else \
         f"{v * 100:.{digits}f}%"

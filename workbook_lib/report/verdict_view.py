@@ -12,7 +12,7 @@ from ..results.profile import ops_words
 from ..results.verdict import VerdictResult
 from . import plotting
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
-from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, table
+from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, line_cell, table
 
 STATUS_COLOURS = {C.HELD: "#dff0d8", C.FAILED: "#f2dede", C.NOISE: "#fcf8e3",
                   C.NOT_MEASURED: "#eeeeee"}
@@ -81,15 +81,18 @@ def code_table(v: VerdictResult):
         if not c.sites:
             said.append(f"{c.cause}: {c.sites_note or 'not attributed'}")
         for s in c.sites:
+            top = s.lines[0] if s.lines else None
             rows.append({"cause": c.cause, "function": s.function, "where": f"{s.file}:{s.line}",
                          "library under it": s.library or "(its own code)",
+                         "hottest line": line_cell(top.line, top.text, top.share) if top
+                         else "",
                          "slow, ms per step": f"{s.slow_ms:.3g}",
                          "fast, ms per step": f"{s.fast_ms:.3g}",
                          "share of the stage's extra time": fmt_pct(s.share),
                          "operator calls per step": ops_words(c.stage, s.ops)})
         if c.sites and c.outside:  # the rest of the shares: what ran under no frame of its code
             rows.append({"cause": c.cause, "function": OUTSIDE, "where": "",
-                         "library under it": "", "slow, ms per step": "",
+                         "library under it": "", "hottest line": "", "slow, ms per step": "",
                          "fast, ms per step": "",
                          "share of the stage's extra time": fmt_pct(c.outside),
                          "operator calls per step": ""})
@@ -98,7 +101,11 @@ def code_table(v: VerdictResult):
            "function that ran its forward), each function's time per step against the fast "
            "pipeline's same function (0 where it has none); shares are of the sum of the "
            "functions' positive differences. The profiler's Python tracer slows Python-heavy "
-           "code, so these are shares of a profiled step, not the loop's timings. "
+           "code, so these are shares of a profiled step, not the loop's timings. Hottest line: "
+           "the slow function's line whose torch calls took the most operator time (their "
+           "backward in the backward), with its share of the operator time on all the "
+           "function's lines, from a step with each torch call marked by its line (empty: none "
+           "marked, such as Python between torch calls). "
            f"{OUTSIDE}: operators that ran under no frame of the pipeline's code (autograd's "
            "own, or a library's threads)."
            + (" " + "; ".join(said) + "." if said else ""))

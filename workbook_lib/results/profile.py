@@ -7,6 +7,20 @@ from dataclasses import dataclass, field
 
 from ..records import Record
 
+
+@dataclass
+class LineTime(Record):
+    """One line of a function of the pipeline's own code: the operator time of the torch calls
+    it made (their backward included, in the backward's stage), per recorded step, from a step
+    profiled with each call marked by its line (:mod:`workbook_lib.measurement.line_marks`)."""
+
+    line: int
+    text: str  # the line's source, stripped ("" where the file cannot be read)
+    seconds: float  # host time of its operators per recorded step
+    ops: float  # operator calls per recorded step
+    device_seconds: float = 0.0  # kernel time per recorded step (CUDA traces)
+
+
 @dataclass
 class SiteTime(Record):
     """Where part of a stage's profiled time went: a function of the pipeline's own code (and
@@ -19,10 +33,24 @@ class SiteTime(Record):
     seconds: float  # host self time per recorded step
     ops: float  # operator calls per recorded step
     device_seconds: float = 0.0  # kernel time per recorded step (CUDA traces)
+    # its lines that made torch calls, most operator time first, from another step (the
+    # line-marked one), on the function's first row of the stage only; empty where none was
+    # marked (cProfile's stages; a function of Python only)
+    lines: list[LineTime] = field(default_factory=list)
 
     @property
     def where(self) -> str:
         return f"{self.function} ({self.file}:{self.line})"
+
+    def hottest(self) -> tuple[LineTime, float] | None:
+        """Its line with the most operator time and that line's share of the time on all its
+        lines (kernel time where there is any), or None."""
+        dev = any(ln.device_seconds for ln in self.lines)
+        total = sum(ln.device_seconds if dev else ln.seconds for ln in self.lines)
+        if total <= 0:
+            return None
+        top = max(self.lines, key=lambda ln: ln.device_seconds if dev else ln.seconds)
+        return top, (top.device_seconds if dev else top.seconds) / total
 
 
 NOT_OWN = "(not in the pipeline's code)"

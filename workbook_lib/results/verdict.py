@@ -14,6 +14,7 @@ from .timing import Growth
 # a claim's status, and the kind of figure it rests on
 HELD, FAILED, NOISE, NOT_MEASURED = "held", "failed", "within noise", "not measured here"
 STATUSES = (HELD, FAILED, NOISE, NOT_MEASURED)
+HOT_LINE = 0.25  # a line named as a site's hottest holds at least this share of its time
 MEASURED, ARITHMETIC = "measured", "arithmetic"
 
 
@@ -33,6 +34,17 @@ class Claim(Record):
 
 
 @dataclass
+class CodeLine(Record):
+    """A line of a :class:`CodeSite`'s function: the operator time of the torch calls made on it
+    (their backward's in a backward stage), per step, from notebook 03's line-marked step."""
+
+    line: int
+    text: str  # its source, stripped
+    ms: float  # per step: host time, or kernel time where the site's figures are a GPU's
+    share: float  # of the function's operator time on its marked lines, in the cause's stages
+
+
+@dataclass
 class CodeSite(Record):
     """A function of the slow pipeline's own code that holds part of a stage's extra time
     against the fast one, from their profiled steps (per step)."""
@@ -47,10 +59,29 @@ class CodeSite(Record):
     # differences)
     ops: float = 0.0  # operator calls under it per profiled step (slow pipeline)
     graph_share: float = 0.0  # of its slow time, under graph code (verdict.code.GRAPH_CODE)
+    lines: list[CodeLine] = field(default_factory=list)  # most operator time first
 
     @property
     def where(self) -> str:
         return f"`{self.function}` ({self.file}:{self.line})"
+
+    @property
+    def short(self) -> str:
+        """``where`` with its hottest line: "`f` (file.py:8, line 13)"."""
+        if not self.hot_line:
+            return self.where
+        return f"`{self.function}` ({self.file}:{self.line}, line {self.lines[0].line})"
+
+    @property
+    def hot_line(self) -> str:
+        """"line 17, `loss = ...` (82% of its operator time)", or "" where no line holds at
+        least :data:`HOT_LINE` of it (or none was marked)."""
+        if not self.lines or self.lines[0].share < HOT_LINE:
+            return ""
+        top = self.lines[0]
+        text = top.text if len(top.text) <= 60 else top.text[:57] + "..."
+        return (f"line {top.line}" + (f", `{text}`" if text else "") +
+                f" ({top.share:.0%} of its operator time)")
 
 
 @dataclass

@@ -419,7 +419,8 @@ def profile_strategies(params: Params, graph: CellGraph, device: torch.device, *
                                           device=device, relative_to=run_dir)
                 own = OwnCode(builtin=name in params.strategies)
                 stream = arm.stream
-                arm.stream = iter([next(stream) for _ in range(2)])  # fetched unprofiled
+                # fetched unprofiled: device_sites's two steps, and two line-marked
+                arm.stream = iter([next(stream) for _ in range(4)])
                 loop.close_stream(stream)
                 out[name].sites, out[name].sites_note = device_sites(
                     lambda: step(False), device=device, own=own)

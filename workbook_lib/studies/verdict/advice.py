@@ -54,7 +54,8 @@ def _site(c: Cause) -> str:
     if not c.sites:
         return ""
     s = c.sites[0]
-    return f"{s.where}" + (f" (under {s.library})" if s.library else "")
+    return f"{s.where}" + (f" (under {s.library})" if s.library else "") + (
+        f", {s.hot_line}" if s.hot_line else "")
 
 
 def growth_words(c: Cause) -> str:
@@ -75,8 +76,10 @@ def growth_words(c: Cause) -> str:
 
 def _loop(c: Cause, what: str) -> str:
     g = c.growth
-    where = (f"; its time is mostly in {c.sites[0].where}, the loop there or in what calls it"
-             if c.sites else "")
+    s = c.sites[0] if c.sites else None
+    where = "" if s is None else (
+        f"; its time is mostly in {s.where}, {s.hot_line}" if s.hot_line else
+        f"; its time is mostly in {s.where}, the loop there or in what calls it")
     return (f"a Python loop over the samples in the {what} ({g.ops_per_sample:.3g} more "
             f"operator calls for each extra sample{where}): work on the whole batch at once, "
             "with tensor operations over a batch dimension")
@@ -266,7 +269,8 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
         if _custom_backward(c):
             s = c.sites[0]
             text = (f"the custom autograd backward {s.where} holds {s.share:.0%} of the "
-                    f"backward's extra time ({s.slow_ms:.3g} ms per profiled step)")
+                    f"backward's extra time ({s.slow_ms:.3g} ms per profiled step" +
+                    (f"; {s.hot_line}" if s.hot_line else "") + ")")
             if loop:
                 return text + (f" and loops over the samples ({g.ops_per_sample:.3g} more "
                                "operator calls for each extra sample): make it one batched "
@@ -293,7 +297,8 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
                    if c.outside is not None and c.outside >= MIN_SITE else "")
             return (f"{MIRRORS} (its largest site in the pipeline's code, "
                     f"{s.where}, is the forward's: {s.share:.0%} of the backward's extra "
-                    f"time{out}): {fwd.advice}")
+                    f"time{out}" + (f"; most of it the backward of {s.hot_line}"
+                                     if s.hot_line else "") + f"): {fwd.advice}")
         # the forward not advised one shared pass: the backward's own figures (where it is,
         # the forward's advice stands for both, once)
         if grows and graph and not loop and not (fwd is not None and NODEMASK in fwd.advice):

@@ -59,7 +59,7 @@ def _rested_on(v: VerdictResult, failure: str) -> bool:
 def _cause_words(c, first: bool) -> str:
     p = f"{c.cause} ({_pct(c.share)}" + (" of the gap" if first else "")
     if c.sites and c.sites[0].share >= 0.5:
-        p += f", {_pct(c.sites[0].share)} of its extra time in {c.sites[0].where}"
+        p += f", {_pct(c.sites[0].share)} of its extra time in {c.sites[0].short}"
     return p
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ...measurement.profiling import NOT_OWN
-from ...results.verdict import CodeSite
+from ...results.verdict import CodeLine, CodeSite
 
 # a cause's stage -> the profiled stages that hold it
 PROFILED = {"data_item": ("data_item",), "collate": ("collate",), "h2d": ("h2d",),
@@ -35,8 +35,9 @@ def graph_code(library: str) -> bool:
 
 
 def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
-    """(function, file, line) -> [seconds per step, ops per step, {library: seconds}]."""
-    out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float)])
+    """(function, file, line) -> [seconds per step, ops per step, {library: seconds},
+    {line: [text, seconds]}]."""
+    out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float), {}])
     for st in stages:
         for r in profile.sites.get(st, []):
             sec = r.device_seconds if device else r.seconds
@@ -45,7 +46,24 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
             row[1] += r.ops
             if r.library:
                 row[2][r.library] += sec
+            for ln in r.lines:
+                hit = row[3].setdefault(ln.line, [ln.text, 0.0])
+                hit[1] += ln.device_seconds if device else ln.seconds
     return out
+
+
+def code_lines(lines: dict, most: int = MOST) -> list[CodeLine]:
+    """A function's lines, most operator time first (at most ``most``), each with its share
+    of the time on all its marked lines.
+
+    Args:
+        lines: ``{line: [text, seconds per step]}`` (:func:`_by_function`'s last item).
+    """
+    total = sum(sec for _, sec in lines.values())
+    if total <= 0:
+        return []
+    top = sorted(lines.items(), key=lambda kv: -kv[1][1])[:most]
+    return [CodeLine(n, text, sec * 1e3, sec / total) for n, (text, sec) in top if sec > 0]
 
 
 def twins(slow_keys, fast_keys) -> dict:
@@ -113,7 +131,7 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
         graph = sum(sec for name, sec in libs.items() if graph_code(name))
         out.append(CodeSite(k[0], k[1], k[2], lib, sa[k][0] * 1e3,
                             (sb[twin[k]][0] if k in twin else 0.0) * 1e3, d / extra, sa[k][1],
-                            graph / sa[k][0] if sa[k][0] > 0 else 0.0))
+                            graph / sa[k][0] if sa[k][0] > 0 else 0.0, code_lines(sa[k][3])))
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside

@@ -1,0 +1,80 @@
+"""Which line of the pipeline's own code each operator was called from, for one profiled step.
+
+While :class:`LineMarks` is active, every torch call (a function, a tensor method or operator,
+made directly or through a library such as PyG) is wrapped in a profiler range named after the
+innermost frame of the pipeline's own code that led to it: ``wb-line:<file>:<first>:<line>``
+(the file as the trace names it, the function's first line, the calling line). A call whose
+innermost such frame is the harness's (the loop's own ``backward()``, its optimizer) is not
+marked. :func:`workbook_lib.traces.lines.line_totals` reads the ranges back: each operator's time,
+and its backward's through autograd's sequence numbers, at the line that called it. The mode is
+not active while autograd runs a backward (``Tensor.backward`` is itself a torch call, which
+the mode's handler runs with the mode set aside), so a custom ``autograd.Function``'s Python
+backward is timed by function only, not by line.
+
+Written here: ``torch.profiler``'s Python stacks name a function by its first line only, and
+``line_profiler`` times Python lines on the host, not the operators a line launches (on a GPU
+they run later) nor their backward, which autograd runs outside the line.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from torch._C._profiler import _RecordFunctionFast
+from torch.overrides import TorchFunctionMode
+
+PREFIX = "wb-line:"
+_UNSEEN = object()
+
+
+def mark(file: str, first: int, line: int) -> str:
+    """A range's name for a call on ``line`` of the function starting at ``first`` in ``file``."""
+    return f"{PREFIX}{file}:{first}:{line}"
+
+
+def parse(name: str) -> tuple[str, int, int] | None:
+    """``(file, first, line)`` of a :func:`mark` name, else None."""
+    if not name.startswith(PREFIX):
+        return None
+    file, _, rest = name[len(PREFIX):].rpartition(":")
+    file, _, first = file.rpartition(":")
+    try:
+        return file, int(first), int(rest)
+    except ValueError:
+        return None
+
+
+class LineMarks(TorchFunctionMode):
+    """Marks each torch call with the line of the pipeline's own code that made it.
+
+    Args:
+        own: a file -> "own", "harness" or "library"; with ``own.display(file)``, the file as a
+            trace names it (:class:`workbook_lib.studies.timing.own_code.OwnCode`).
+    """
+
+    def __init__(self, own: Callable[[str], str]):
+        super().__init__()
+        self.own = own
+        self._files: dict = {}  # co_filename -> its display name (own), "" (harness), None
+
+    def _kind(self, filename: str):
+        k = self._files.get(filename, _UNSEEN)
+        if k is _UNSEEN:
+            kind = self.own(filename)
+            k = self.own.display(filename) if kind == "own" else \
+                ("" if kind == "harness" else None)
+            self._files[filename] = k
+        return k
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        f = sys._getframe(1)
+        while f is not None:
+            k = self._kind(f.f_code.co_filename)
+            if k is not None:
+                break
+            f = f.f_back
+        if f is None or not k:  # no frame of the pipeline's, or the harness's nearer
+            return func(*args, **kwargs)
+        with _RecordFunctionFast(mark(k, f.f_code.co_firstlineno, f.f_lineno)):
+            return func(*args, **kwargs)
