@@ -332,8 +332,30 @@ def test_a_library_module_the_trace_follows_is_named_where_it_is_refused():
 
         def forward(self, x, edge_index):
             return self.norm(self.conv(x, edge_index), self.types)
-    with pytest.raises(ConvertError, match=r"^norm \(HeteroLayerNorm\)"):
-        convert(WithTypes(), GRAPH[TYPES[0]])
+
+    class Unflat(WithTypes):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.Sequential(nn.Unflatten(1, (2, 3)), nn.Flatten())
+
+        def forward(self, x, edge_index):
+            return self.norm(self.conv(x, edge_index))
+    with pytest.raises(ConvertError, match=r"^norm\.0 \(Unflatten\)"):
+        convert(Unflat(), GRAPH[TYPES[0]])
+    # a per-type affine indexed by a fixed type per gene acts on each row alone: followed,
+    # exact (refused while an index of any kind was)
+    torch.manual_seed(2)
+    with torch.random.fork_rng():
+        torch.set_default_dtype(torch.float64)
+        try:
+            enc = WithTypes()
+            enc.types[::3] = 1
+            with torch.no_grad():
+                enc.norm.weight.normal_()
+                enc.norm.bias.normal_()
+            _check(enc, GRAPH[TYPES[0]], "mean_kept")
+        finally:
+            torch.set_default_dtype(torch.float32)
 
     class Center(nn.Module):  # the user's own module, in a Sequential: its line, not the
         def forward(self, h):  # Sequential's name (a review)
@@ -1693,3 +1715,119 @@ def test_the_values_a_trace_read_are_watched_and_nothing_else(change, refused):
     else:
         with pytest.raises(ConvertError, match=refused):
             fast(x, DELETED)
+
+
+class _GcnNoneWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = GCNConv(F_IN, H)
+
+    def forward(self, x, edge_index):
+        return self.c(x, edge_index, None)
+
+
+@pytest.mark.parametrize("make", ["basic_gcn", "none_weight"])
+def test_a_gcn_called_with_a_none_edge_weight_is_exact(make):
+    """Found by a user trial: PyG's basic ``models.GCN`` calls each conv with
+    ``edge_weight=None``, and a user's ``conv(x, ei, None)`` too; both were refused as edge
+    weights (the model's refusal 'at ?')."""
+    from torch_geometric.nn.models import GCN
+
+    torch.manual_seed(0)
+    enc = GCN(F_IN, H, num_layers=2) if make == "basic_gcn" else _GcnNoneWeight()
+    _check(enc.double().eval(), GRAPH[TYPES[0]], readout="mean_kept")
+
+
+def test_register_refuses_a_class_that_is_not_a_subclass_of_its_target():
+    """Found by a user trial: a MessagePassing of its own registered as GraphConv was accepted
+    and met an AttributeError (GraphConv's lin_rel) at the first call."""
+    from torch_geometric.nn import MessagePassing
+
+    class Own(MessagePassing):
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.lin = nn.Linear(F_IN, H)
+
+        def forward(self, x, edge_index):
+            return self.lin(x) + self.propagate(edge_index, x=x)
+    with pytest.raises(ValueError, match="Own to GraphConv, but it is not a subclass of "
+                                         "GraphConv"):
+        convert(Own(), GRAPH[TYPES[0]], register={Own: GraphConv})
+
+
+class _WithWeight(_Between):
+    """``f(h, W)`` between two GINs, ``W`` an ``[H, H]`` parameter."""
+
+    def __init__(self, f):
+        super().__init__(f)
+        self.w = nn.Parameter(torch.randn(H, H) / H)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.f(self.c1(x, edge_index), self.w), edge_index)
+
+
+ROWWISE = {  # found by a user trial, each refused as unknown though it acts on each row alone
+    "where and a comparison": lambda h, w: torch.where(h > 0.1, h, 0.1 * h),
+    ".clamp": lambda h, w: h.clamp(min=0) + torch.clamp(h, -0.5, 0.5),
+    ".detach": lambda h, w: h * h.detach(),
+    "feature slice": lambda h, w: torch.cat([h[:, :2] * 2, h[:, 2:], h[..., 0:1]], -1)[:, :H],
+    "h @ W.t()": lambda h, w: h @ w.t(),
+    "torch.matmul(h, W)": lambda h, w: torch.matmul(h, w) + h,
+    "weights alone": lambda h, w: h * torch.sigmoid(w.sum(0)),
+    "maximum, pow, sqrt": lambda h, w: torch.maximum(h, 0.2 * h) + (h ** 2 + 1).sqrt(),
+    "masked_fill": lambda h, w: h.masked_fill(h < 0, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(ROWWISE))
+def test_row_wise_operations_are_exact(name):
+    torch.manual_seed(6)
+    with torch.random.fork_rng():
+        torch.set_default_dtype(torch.float64)
+        try:
+            _check(_WithWeight(ROWWISE[name]), GRAPH[TYPES[0]], "mean_kept")
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize("f, why", [
+    (lambda h, w: h.relu_(), r"changes a per-gene value in place.*\(\.relu\(\)\)"),
+    (lambda h, w: h / h.size(0), r"reads a per-gene value's size"),
+    (lambda h, w: h + torch.randn(H), r"draws random numbers"),
+    (lambda h, w: w @ h, r"multiplies by a per-gene value on its right"),
+    (lambda h, w: torch.stack([h, h], -1).amax(-1), r"stack at .* is not a per-row operation "
+                                                    r"convert knows \(.*\): write that part"),
+    (lambda h, w: h[0:3, :], r"getitem at .* is not a per-row operation")])
+def test_calls_that_are_not_per_row_are_refused_with_what_to_do(f, why):
+    with pytest.raises(ConvertError, match=why):
+        convert(_WithWeight(f), GRAPH[TYPES[0]])
+
+
+def test_a_dict_comprehension_over_a_heteroconvs_output_is_told_to_index_it():
+    """Found by a user trial: PyG's own idiom after a HeteroConv was refused with fx's text
+    (599 characters) and told to remove control flow."""
+    class Comp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = HeteroConv({TYPES[0]: GraphConv(F_IN, H)})
+            self.l2 = HeteroConv({TYPES[0]: GraphConv(H, H)})
+
+        def forward(self, x, edges):
+            h = self.l1({"gene": x}, edges)
+            h = {k: v.relu() for k, v in h.items()}
+            return self.l2(h, edges)["gene"]
+    with pytest.raises(ConvertError, match=r"a traced value is iterated\): a HeteroConv's "
+                                           r"output dict .*index it by its keys") as e:
+        convert(Comp(), {TYPES[0]: GRAPH[TYPES[0]]})
+    assert len(str(e.value)) < 400
+
+
+def test_f_dropout_left_at_its_default_is_told_to_follow_the_modules_mode():
+    """Found by a user trial: F.dropout(h, p) in an encoder in eval mode was told to call
+    eval(); F.dropout drops in any mode unless given training=."""
+    enc = _Between(lambda h: F.dropout(h, p=0.3)).eval()
+    with pytest.raises(ConvertError, match=r"pass training=self\.training"):
+        convert(enc, GRAPH[TYPES[0]])(torch.randn(N, F_IN), DELETED)
+    enc.train()
+    with pytest.raises(ConvertError, match=r"in train mode draws a different mask per sample"):
+        convert(enc, GRAPH[TYPES[0]])(torch.randn(N, F_IN), DELETED)

@@ -467,6 +467,15 @@ class ConvertedEncoder(nn.Module):
             if target not in (GINConv, GraphConv, SAGEConv, GCNConv):
                 raise ValueError(f"register maps {cls.__name__} to {target!r}: the target must "
                                  "be GINConv, GraphConv, SAGEConv or GCNConv")
+            if not (isinstance(cls, type) and issubclass(cls, target)):
+                # found by a user trial: a MessagePassing of its own, registered as GraphConv,
+                # met an AttributeError (its lin_rel) at the first call
+                raise ValueError(
+                    f"register maps {getattr(cls, '__name__', cls)!s} to {target.__name__}, "
+                    f"but it is not a subclass of {target.__name__}: convert computes a "
+                    f"registered class with {target.__name__}'s own parameters, so register "
+                    f"only a subclass of it (keep its parameters and change what its message "
+                    f"does to a mask), or build the layer from {target.__name__} itself")
         if not (readout is None or readout in READOUTS or isinstance(readout, Aggregation)):
             raise ValueError(f"'readout' must be None, one of {list(READOUTS)} or a PyG "
                              f"aggregation module (got {readout!r})")
@@ -1650,9 +1659,17 @@ class ConvertedEncoder(nn.Module):
             training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
             p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
             if training and p > 0:
-                raise ConvertError(f"F.dropout at {node_where(node)} (p={p}) in train mode "
-                                   "draws a different mask per sample; set p=0 or call "
-                                   "encoder.eval()")
+                # found by a user trial: an encoder in eval mode was told to call eval(), where
+                # F.dropout drops whatever the module's mode unless told training=False (the
+                # trace records training=True whether given or left at its default)
+                raise ConvertError(
+                    f"F.dropout at {node_where(node)} (p={p}) " + (
+                        "in train mode draws a different mask per sample; set p=0 or call "
+                        "encoder.eval()" if self.encoder.training else
+                        "drops in any mode (its training argument defaults to True, not to "
+                        "the module's mode) and draws a different mask per sample; pass "
+                        "training=self.training, or use an nn.Dropout module, then call "
+                        "encoder.eval()"))
         if node.target in (torch.cat, torch.concat):
             dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
             if dim not in (-1, 1):

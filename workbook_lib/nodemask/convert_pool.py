@@ -65,12 +65,18 @@ def tail_nodes(graph: fx.Graph, named: dict, kind_of) -> set:
     if output_value(graph) is None:
         return set()
     tail: set = set()
+    genes: set = set()  # what derives from x: a per-gene constant (a weight indexed by a
+    for node in graph.nodes:  # fixed type per gene) is not pooled as a value
+        if _is_x(node) if node.op == "placeholder" else any(a in genes
+                                                            for a in node.all_input_nodes):
+            genes.add(node)
     for node in reversed(list(graph.nodes)):
         if node.op == "output" or not node.users:
             continue
         if not all(u in tail or u.op == "output" for u in node.users):
             continue
-        if _affine_node(node, named, kind_of):
+        if all(a in genes for a in node.all_input_nodes if a.op != "placeholder"
+               or _is_x(a)) and _affine_node(node, named, kind_of):
             tail.add(node)
     return tail
 

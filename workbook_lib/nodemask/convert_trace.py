@@ -55,14 +55,38 @@ ELEMENTWISE_FUNCTIONS = {
     operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, torch.add,
     torch.sub, torch.mul, torch.div, torch.relu, torch.sigmoid, torch.tanh, torch.exp,
     torch.abs, F.relu, F.leaky_relu, F.elu, F.gelu, F.silu, F.sigmoid, F.tanh, F.softplus,
-    F.mish, F.selu, F.dropout, F.normalize, F.layer_norm, F.linear, torch.cat, torch.concat}
+    F.mish, F.selu, F.dropout, F.normalize, F.layer_norm, F.linear, torch.cat, torch.concat,
+    # found by a user trial, each refused as unknown though it acts on each row alone
+    operator.gt, operator.lt, operator.ge, operator.le, operator.eq, operator.ne, operator.pow,
+    torch.gt, torch.lt, torch.ge, torch.le, torch.eq, torch.ne, torch.where, torch.clamp,
+    torch.clamp_min, torch.clamp_max, torch.clip, torch.minimum, torch.maximum, torch.pow,
+    torch.sqrt, torch.rsqrt, torch.square, torch.log, torch.log1p, torch.expm1, torch.sin,
+    torch.cos, torch.erf, torch.sign, torch.reciprocal, torch.detach, F.relu6, F.hardtanh,
+    F.logsigmoid, F.softsign, F.hardswish, F.hardsigmoid, F.celu, F.prelu, F.tanhshrink,
+    F.silu, F.gelu}
 ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "exp", "abs", "add", "sub", "mul", "div",
-                       "neg", "__add__", "__mul__", "__sub__", "__truediv__"}
+                       "neg", "__add__", "__mul__", "__sub__", "__truediv__", "__radd__",
+                       "__rmul__", "__rsub__", "__rtruediv__", "__pow__", "pow", "sqrt",
+                       "rsqrt", "square", "log", "log1p", "clamp", "clamp_min", "clamp_max",
+                       "clip", "detach", "sign", "reciprocal", "masked_fill", "where",
+                       "minimum", "maximum", "gt", "lt", "ge", "le", "eq", "ne", "float",
+                       "double", "contiguous"}
+# a matrix product is per row when only its left operand is per gene (``h @ W``)
+MATMUL = {operator.matmul, torch.matmul, torch.mm}
+# random draws: each sample's forward draws its own, where a conversion would draw once
+RANDOM = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like,
+          torch.randint_like, torch.bernoulli, torch.normal, torch.multinomial, torch.randperm,
+          torch.poisson}
+RANDOM_METHODS = {"bernoulli", "bernoulli_", "normal_", "uniform_", "random_",
+                  "exponential_", "geometric_", "log_normal_", "cauchy_"}
 # per row when their dim is the features' (-1, or 1 of an [N, F] value); a reduction only with
 # keepdim=True (its [N, 1] then broadcasts row by row)
 ALONG_FEATURES_FUNCTIONS = {F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, F.glu}
 ALONG_FEATURES_METHODS = {"softmax", "log_softmax"}
 REDUCING_METHODS = {"mean", "sum", "amax", "amin"}
+ROW_OPS = ("element-wise arithmetic and comparisons, where, clamp, activations, h @ W with a "
+           "weight, a feature slice h[:, a:b], cat along the features, softmax or a keepdim "
+           "reduction over the features")
 
 
 class _Tracer(fx.Tracer):
@@ -124,6 +148,7 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
                                f"{p.name!r}, which convert does not pass (it calls forward(x, "
                                "edges)); give it a default or set it on the module")
         concrete[p.name] = p.default
+    before = _rng_states()
     try:
         graph = _Tracer(register).trace(encoder, concrete_args=concrete or None)
     except ConvertError:
@@ -141,12 +166,28 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         # control flow is fx's usual stop; others are a traced value used as a Python one (a
         # size to slice by, an edge utility's checks: found by a user trial, told 'control flow')
-        fix = ("write it without control flow on tensor values or shapes (a width known when "
+        iterated = "cannot be iterated" in msg
+        # found by a user trial: PyG's idiom after a HeteroConv, {k: v.relu() for k, v in
+        # h.items()}, was told about control flow in 599 characters
+        fix = ("a HeteroConv's output dict (or a tensor) cannot be iterated where convert "
+               "follows the forward: index it by its keys instead (h = {'gene': "
+               "h['gene'].relu()})"
+               if iterated else
+               "write it without control flow on tensor values or shapes (a width known when "
                "the module is built: decide it in __init__)" if "control flow" in msg else
                "write it without using a tensor's values or sizes as Python values there")
+        if iterated:
+            msg = "a traced value is iterated"
         raise ConvertError(f"the forward of {type(encoder).__name__} cannot be followed at "
                            f"{where} ({msg}): {fix} (fx-traceable), or use the masked-copies "
                            "model") from None
+    if _rng_states() != before:  # a draw of a fixed size runs once, at the trace: its values
+        _restore_rng(before)  # would be baked in, where each sample's forward draws afresh
+        raise ConvertError(f"the forward of {type(encoder).__name__} draws random numbers (a "
+                           "torch.randn of a fixed size, an init in forward), which each "
+                           "sample's forward draws afresh and a conversion would draw once; "
+                           "draw them outside the encoder and pass them in, or keep the masked "
+                           "copies")
     _drop_guards(graph, {p.name for p in params[2:]})
     return graph
 
@@ -269,6 +310,12 @@ def node_where(node: fx.Node) -> str:
                      getattr(node.target, "__name__", None))
 
 
+def _given(node: fx.Node) -> int:
+    """A call's arguments that are not None (PyG's GCN passes ``edge_weight=None``: found by a
+    user trial, refused as edge weights)."""
+    return sum(a is not None for a in (*node.args, *node.kwargs.values()))
+
+
 def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                 typed: bool = False) -> None:
     """Raise ConvertError at the first node convert cannot make exact (:func:`conv_kind`,
@@ -277,13 +324,19 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
     modules = dict(encoder.named_modules())
     params = list(inspect.signature(encoder.forward).parameters)
     edges = _reads_edges(graph, params[1]) if len(params) > 1 else set()
+    genes = _per_gene(graph, params[0])
     nodes = sorted(graph.nodes, key=lambda nd: nd.op != "call_module")  # modules first
     for node in nodes:
+        if node.op in ("call_function", "call_method") and node not in edges and \
+                node not in genes and node.target not in RANDOM | RANDOM_METHODS:
+            continue  # computed from weights and constants alone: the same for every sample
+        if node.op in ("call_function", "call_method") and node not in edges:
+            _per_row_call(node, genes)
         if node.op == "call_module":
             m, path = modules[node.target], node.target
             if isinstance(m, HeteroConv):
                 check_hetero(m, path, register)
-                if len(node.args) + len(node.kwargs) > 2:
+                if _given(node) > 2:
                     raise ConvertError(f"{path} (HeteroConv) is called with edge features at "
                                        f"{node_where(node)}; convert supports "
                                        "conv(x_dict, edge_index_dict) only")
@@ -294,7 +347,7 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                                        f"edge types at {node_where(node)}; a conv takes one "
                                        "type's edge_index: index the dict by edge type, or "
                                        "wrap the conv in a HeteroConv")
-                if len(node.args) + len(node.kwargs) > 2:
+                if _given(node) > 2:
                     raise ConvertError(f"{path} ({type(m).__name__}) is called with edge "
                                        "features or weights at " + node_where(node) + "; convert "
                                        "supports conv(x, edge_index) only")
@@ -330,12 +383,13 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                 _along_features(node, op_name(node),
                                 default=-1 if node.target is F.glu else None)
                 continue
-            if node.target not in ELEMENTWISE_FUNCTIONS:
+            if node.target not in ELEMENTWISE_FUNCTIONS | MATMUL and \
+                    not _feature_slice(node):
                 what = op_name(node)
                 _refuse_in_library(node, what)
                 raise ConvertError(f"{what} at {node_where(node)} is not a per-row operation "
-                                   "convert knows (element-wise ops, activations, cat on "
-                                   "features); move it out of the encoder")
+                                   f"convert knows ({ROW_OPS}): write that part with those, or "
+                                   "keep the masked copies")
         elif node.op == "call_method" and node.target in ALONG_FEATURES_METHODS | \
                 REDUCING_METHODS:
             _along_features(node, op_name(node), default=None,
@@ -343,8 +397,79 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
         elif node.op == "call_method" and node.target not in ELEMENTWISE_METHODS:
             _refuse_in_library(node, op_name(node))
             raise ConvertError(f"{op_name(node)} at {node_where(node)} is not a per-row "
-                               "operation convert knows (element-wise ops, activations); move "
-                               "it out of the encoder")
+                               f"operation convert knows ({ROW_OPS}): write that part with "
+                               "those, or keep the masked copies")
+
+
+def _rng_states() -> list:
+    """torch's generators' states: the CPU's, and each CUDA device's where CUDA is in use."""
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += torch.cuda.get_rng_state_all()
+    return [bytes(t.numpy()) for t in states]
+
+
+def _restore_rng(states: list) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(states[0]), dtype=torch.uint8))
+    if len(states) > 1:
+        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(b), dtype=torch.uint8)
+                                      for b in states[1:]])
+
+
+def _per_gene(graph: fx.Graph, x_arg: str) -> set:
+    """The nodes whose value derives from the forward's first argument (the genes' features):
+    what differs from sample to sample."""
+    found: set = set()
+    for node in graph.nodes:
+        if (node.op == "placeholder" and _named_for(str(node.target), x_arg)) or any(
+                a in found for a in node.all_input_nodes):
+            found.add(node)
+    return found
+
+
+def _per_row_call(node: fx.Node, genes: set) -> None:
+    """ConvertError for a call on per-gene values that is not per row whatever the rest of the
+    checks say: a random draw, an in-place method, a size read, a matrix product whose right
+    operand is per gene; returns for a feature slice ``h[:, a:b]`` (accepted here)."""
+    what, where = op_name(node), node_where(node)
+    if node.target in RANDOM | RANDOM_METHODS:
+        raise ConvertError(f"{what} at {where} draws random numbers, which each sample's forward "
+                           "draws afresh and a conversion would draw once; draw them outside "
+                           "the encoder and pass them in, or keep the masked copies")
+    if "(inside " in where and node.op == "call_method":
+        return  # a library function's own call (global_mean_pool's .dim()): the function is
+        # what the user wrote, named by the message of the checks that follow
+    if node.op == "call_method" and node.target in ("size", "shape", "dim", "numel") or \
+            (node.op == "call_function" and node.target is getattr and
+             node.args[1:2] == ("shape",)):
+        raise ConvertError(f"{what} at {where} reads a per-gene value's size, which the "
+                           "conversion computes on the rows a deletion changes, not on all the "
+                           "genes; use a number fixed when the module is built (its __init__)")
+    if node.op == "call_method" and str(node.target).endswith("_") and \
+            not str(node.target).startswith("__"):
+        raise ConvertError(f"{what} at {where} changes a per-gene value in place, which the "
+                           "conversion shares between samples; use its out-of-place form "
+                           f"(.{str(node.target)[:-1]}())")
+    if node.target in MATMUL and len(node.args) > 1 and (
+            node.args[1] in genes or node.args[0] not in genes):
+        raise ConvertError(f"{what} at {where} multiplies by a per-gene value on its right, "
+                           "which mixes genes; a product is per row only as h @ W with a "
+                           "weight W (or use nn.Linear)")
+
+
+def _feature_slice(node: fx.Node) -> bool:
+    """``h[:, a:b]``, ``h[..., k]``: an index that keeps every row and selects only along the
+    features (no tensor index)."""
+    if node.target is not operator.getitem or len(node.args) < 2:
+        return False
+    idx = node.args[1]
+    if not isinstance(idx, tuple) or len(idx) != 2 or any(isinstance(i, fx.Node) for i in idx):
+        return False
+    rows, cols = idx
+    whole = rows is Ellipsis or (isinstance(rows, slice) and rows == slice(None))
+    return whole and (isinstance(cols, (int, slice)) and not (
+        isinstance(cols, slice) and any(isinstance(v, fx.Node)
+                                        for v in (cols.start, cols.stop, cols.step))))
 
 
 def op_name(node: fx.Node) -> str:
