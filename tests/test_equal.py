@@ -376,3 +376,15 @@ def test_06_says_why_it_does_not_apply_to_an_inexact_fast_pipeline(tmp_path):
     assert not a.applicable and a.losses == {} and a.speedup is None
     assert "'dango_pyg', is not exact" in a.reason and "'lazy_pyg'" in a.reason
     assert "06 does not apply here" in html and "is not exact" in html
+
+
+def test_a_rewrite_that_keeps_a_constant_built_in_init_is_equal(capsys):
+    """Found by a user trial: a normalised adjacency kept as a buffer (built in ``__init__``)
+    was told DIFFERENT, 6.7e-8 off (float32's rounding: built in float32, cast to float64),
+    where the same rewrite building it in its forward was EQUAL. ``equal`` builds both
+    pipelines with float64 as the default dtype."""
+    slow, fast = (f"tests/rewrites/cached_adjacency.py:{f}" for f in ("make_slow", "make_fast"))
+    rc, out, _err = _equal(capsys, slow, fast, "--batch-size", "4")
+    assert rc == 0, out
+    assert "Both ran in float64" in out and out.splitlines()[-1].startswith("EQUAL")
+    assert torch.get_default_dtype() == torch.float32  # put back

@@ -271,8 +271,9 @@ def build_verdict(found: dict, inputs: dict[str, str], params: Params, run_dir: 
         res.syncs_note = syncs_note(res.causes, device_type)
     res.claims, res.claims_note = judge_claims(inv, mc, timing, ddp, params, run_dir,
                                                device_type)
-    res.exactness, proven = exactness(lo, params, res.gap_strategies if res.gap else [])
-    exact = {n for n in lo.strategies if is_exact(lo, n)} | proven
+    res.exactness, proven, differ = exactness(lo, params,
+                                              res.gap_strategies if res.gap else [])
+    exact = ({n for n in lo.strategies if is_exact(lo, n)} - differ) | proven
     res.recommendation = recommend(
         timing, mc, ddp, run_dir, baseline=res.gap_strategies[0],
         tie_tolerance=params.verdict_tie_tolerance, num_samples=params.num_samples,
@@ -293,10 +294,12 @@ def sizes_of(found: dict) -> dict:
     return {"scale": getattr(inv, "scale", None), "edges": getattr(inv, "total_edges", None)}
 
 
-def exactness(lo, params, pair: list[str]) -> tuple[dict[str, str], set[str]]:
+def exactness(lo, params, pair: list[str]) -> tuple[dict[str, str], set[str], set[str]]:
     """Every pipeline's exactness in words ("declared exact", "declared not exact", "not
-    stated", or what ``equal`` found for the pair's fast side against its slow one), and the
-    pipelines proven equal to the slow one.
+    stated", or what ``equal`` found for the pair's fast side against its slow one), the
+    pipelines proven equal to the slow one, and those ``equal`` showed to differ from it
+    (whatever they declare: found by a user trial, a rewrite shown to differ was still given
+    as the fix).
 
     A kept outcome of ``equal`` for the pair's sources is read; with ``verdict_check_equal``
     and none kept, the check runs here (on the run's snapshot) and its outcome is kept."""
@@ -308,20 +311,20 @@ def exactness(lo, params, pair: list[str]) -> tuple[dict[str, str], set[str]]:
         words[n] = {True: "declared exact", False: "declared not exact"}.get(
             declared, "exactness not stated")
     proven: set[str] = set()
+    differ: set[str] = set()
     if len(pair) != 2:
-        return words, proven
+        return words, proven, differ
     slow, fast = pair
     found = proofs.targets(params.pipelines, slow, fast)
     if found is None:  # a built-in strategy: its flag is the workbook's own
-        return words, proven
+        return words, proven, differ
     proof = proofs.load(params.cache_dir, *found)
     if proof is None and params.verdict_check_equal:
         proof = run_equal(params, slow, fast, found)
     if proof is not None:
         words[fast] = proof.words(slow)
-        if proof.equal:
-            proven.add(fast)
-    return words, proven
+        (proven if proof.equal else differ).add(fast)
+    return words, proven, differ
 
 
 def run_equal(params, slow: str, fast: str, found: list[str]):
