@@ -217,6 +217,10 @@ def test_each_syncing_operator_is_counted_once():
         x + 1
         torch.where(m, x, 0)
     assert c.total == 0, dict(c.by_kind)
+    c = SyncCounter("cpu")
+    with c.count():  # one copy to the host, whatever reads it there (found by a user trial:
+        x.detach().cpu().numpy()  # .numpy() counted a second sync)
+    assert dict(c.by_kind) == {"copy to host": 1}, dict(c.by_kind)
 
 
 def test_sync_count_of_the_loop_form_comes_from_the_dispatcher():

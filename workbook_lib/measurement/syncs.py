@@ -39,9 +39,12 @@ _ALWAYS: dict = {
     _aten.allclose: "equal/allclose",
 }
 
+# ``.numpy()`` is not among them: a GPU tensor has none (it raises), so it reads a tensor already
+# on the host (``x.cpu().numpy()``: one sync, counted at ``.cpu()``; found by a user trial,
+# counted twice). ``x.cpu().tolist()`` still counts twice: on a CPU run ``.cpu()`` returns ``x``
+# itself, which cannot be told from a GPU tensor's ``.tolist()``, one sync
 _HOST_COPIES = {
     torch.Tensor.cpu: "copy to host",
-    torch.Tensor.numpy: "copy to host",
     torch.Tensor.tolist: "copy to host",
 }
 
