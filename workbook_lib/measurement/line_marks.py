@@ -6,10 +6,12 @@ innermost frame of the pipeline's own code that led to it: ``wb-line:<file>:<fir
 (the file as the trace names it, the function's first line, the calling line). A call whose
 innermost such frame is the harness's (the loop's own ``backward()``, its optimizer) is not
 marked. :func:`workbook_lib.traces.lines.line_totals` reads the ranges back: each operator's time,
-and its backward's through autograd's sequence numbers, at the line that called it. The mode is
-not active while autograd runs a backward (``Tensor.backward`` is itself a torch call, which
-the mode's handler runs with the mode set aside), so a custom ``autograd.Function``'s Python
-backward is timed by function only, not by line.
+and its backward's through autograd's sequence numbers, at the line that called it. Autograd runs
+a backward inside ``Tensor.backward``, itself a torch call whose handler runs with the mode set
+aside, so while the mode is active a custom ``autograd.Function``'s Python backward is entered
+with the mode pushed again (``BackwardCFunction.apply``, wrapped for the block and put back):
+its calls are marked at its own lines too. On a GPU the engine runs the backward on a thread of
+its own, whose calls are marked the same way.
 
 Written here: ``torch.profiler``'s Python stacks name a function by its first line only, and
 ``line_profiler`` times Python lines on the host, not the operators a line launches (on a GPU
@@ -21,6 +23,7 @@ import sys
 from typing import Callable
 
 from torch._C._profiler import _RecordFunctionFast
+from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 
 PREFIX = "wb-line:"
@@ -65,6 +68,33 @@ class LineMarks(TorchFunctionMode):
                 ("" if kind == "harness" else None)
             self._files[filename] = k
         return k
+
+    def __enter__(self):
+        self._depth = getattr(self, "_depth", 0) + 1
+        if self._depth == 1:  # the outermost entry wraps; a custom backward's enters again
+            mode = self
+            inner = self._apply = BackwardCFunction.apply
+
+            def apply(node, *args):  # a custom backward: its torch calls under this mode
+                with mode:
+                    return inner(node, *args)
+            BackwardCFunction.apply = apply
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._leave()
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            BackwardCFunction.apply = self._apply
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

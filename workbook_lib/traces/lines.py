@@ -4,10 +4,10 @@
 An operator's time (host, and on a GPU its kernels') goes to the marked line whose range holds it;
 a backward operator's to its forward operator's line (same autograd sequence number), not to a
 line whose range merely encloses the whole backward (a ``loss.backward()`` in the pipeline's
-code), unless that range starts inside the backward node. Time that no torch call of the
-pipeline's holds (its Python between calls, what the harness ran, a custom backward whose
-forward made no marked call) has no line. Written here for the reasons
-:mod:`workbook_lib.measurement.line_marks` gives.
+code), unless that range starts inside the backward node: a custom ``autograd.Function``'s
+backward, whose calls are marked at its own lines. Time that no torch call of the pipeline's
+holds (its Python between calls, what the harness ran) has no line. Written here for the
+reasons :mod:`workbook_lib.measurement.line_marks` gives.
 """
 from __future__ import annotations
 
