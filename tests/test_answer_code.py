@@ -551,3 +551,83 @@ def test_a_named_functions_hottest_line_is_said_only_where_it_holds_a_quarter():
     assert cold.hot_line == "" and cold.short == cold.where
     c.sites = [cold]
     assert "line 13" not in _cause_words(c, True) and "line 13" not in _finding(c)
+
+
+def _diagnosed(stage, site, share=0.3, ops_per_sample=0.0, fast_site=True):
+    from workbook_lib.results.stat import Stat
+    from workbook_lib.results.timing import Growth
+    from workbook_lib.results.verdict import Cause
+    from workbook_lib.studies.verdict.advice import _advice
+
+    grow = Growth(stage, (32, 16), Stat.from_samples([1e-4] * 5),
+                  Stat.from_samples([0.01] * 5), share, ops_per_sample=ops_per_sample)
+    c = Cause(stage, "", 2.0, 0.1, 1.9, 0.9, "measured", effect="adds", stage=stage,
+              growth=grow, sites=[site])
+    return _advice(c, {stage: c}, "cpu")
+
+
+def test_a_loop_of_cheap_calls_is_told_as_a_loop_wherever_it_is():
+    """Found by a user trial: a custom backward looping over 6,607 rows (1.06e5 operator calls
+    per step, 1.2 µs each, none more per extra sample) was told 'not a loop; the work of its
+    operations is the cost'. From its figures: a loop whose calls cost; a few costly calls stay
+    'not a loop'."""
+    from workbook_lib.results.verdict import CodeLine, CodeSite
+
+    def site(ms, ops, fn="GeneGate.backward"):
+        return CodeSite(fn, "a_gate_slow.py", 18, "", ms, 0.0, 0.9, ops,
+                        lines=[CodeLine(25, "out[idx[r]] += g[r]", ms, 0.97)])
+    text = _diagnosed("backward", site(132.0, 106_000))
+    assert "a loop in `GeneGate.backward` (a_gate_slow.py:18) (line 25, `out[idx[r]] += " \
+           "g[r]` (97% of its operator time)): 1.06e+05 operator calls per step at 1.2 µs " \
+           "each, none more for each extra sample, so the calls cost" in text
+    assert "not a loop" not in text
+    assert "not a loop" in _diagnosed("backward", site(132.0, 6))  # 22 ms a call: arithmetic
+    # the same figures in a forward (no custom backward): the loop named too
+    assert "a loop in `Model.forward`" in _diagnosed("forward", site(132.0, 106_000,
+                                                                     "Model.forward"))
+
+
+def test_a_sites_figures_say_host_work_more_arithmetic_or_fixed_work():
+    """Found by a user trial: NumPy metrics in the loss, a wider model and an adjacency rebuilt
+    every step were each told 'no change follows'. Each from its figures, and not where the
+    figures say otherwise."""
+    from workbook_lib.results.verdict import CodeSite
+
+    numpy_metric = CodeSite("_ranks", "b_metric.py", 13, "argsort (numpy)", 61.0, 0.0, 0.77, 0)
+    assert "makes no torch operation (61 ms per profiled step, 0 operator calls): host " \
+           "Python or NumPy work" in _diagnosed("loss", numpy_metric)
+    numpy_metric.share = 0.3  # not the stage's main site: not said
+    assert "no torch operation" not in _diagnosed("loss", numpy_metric)
+    wide = CodeSite("FitnessNet.encode", "genebase.py", 47, "", 96.9, 15.0, 0.88, 40,
+                    fast_ops=40)
+    assert "makes the fast pipeline's operator calls (40 against 40 per step) and takes " \
+           "6.46x as long: each call does more arithmetic" in _diagnosed("backward", wide,
+                                                                        share=0.9)
+    wide.fast_ops = 20  # twice the calls: not the same calls
+    assert "more arithmetic" not in _diagnosed("backward", wide, share=0.9)
+    rebuilt = CodeSite("build_norm_adj", "c_rebuild_slow.py", 10, "", 5.1, 0.0, 0.8, 30)
+    text = _diagnosed("forward", rebuilt, share=0.02)
+    assert "its time does not grow with the batch" in text and "fixed work per step, mostly " \
+        "in `build_norm_adj` (c_rebuild_slow.py:10)" in text
+    assert "does not grow" not in _diagnosed("forward", rebuilt, share=0.6)
+
+
+def test_an_optimizer_over_many_more_tensors_is_told_its_tensors():
+    """Found by a user trial: one nn.Parameter per gene (6,608 tensors against 7) made the
+    optimizer the first cause, with no advice and no figure of it. 03 records what each
+    optimizer steps over; the advice follows from those counts, and not where they are alike."""
+    from workbook_lib.studies.timing import optimizer_shape
+    from workbook_lib.studies.verdict.causes import optimizer_advice
+
+    rows = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(4)) for _ in range(300))
+    table = torch.nn.Parameter(torch.zeros(300, 4))
+    slow = optimizer_shape(torch.optim.Adam(rows.parameters(), lr=0.1))
+    fast = optimizer_shape(torch.optim.Adam([table], lr=0.1, foreach=True))
+    assert (slow.kind, slow.tensors, slow.elements) == ("Adam", 300, 1200)
+    assert (fast.tensors, fast.foreach) == (1, True)
+    text = optimizer_advice(slow, fast)
+    assert text.startswith("hold the parameters in fewer tensors: the slow pipeline's Adam "
+                           "steps 300 parameter tensors (1,200 elements) against 1 (1,200)")
+    assert optimizer_advice(slow, slow) == ""  # alike: the stage's own figures decide
+    assert optimizer_advice(fast, slow) == ""
+    assert optimizer_shape(None).tensors == 0

@@ -130,6 +130,9 @@ CASES = [
     ("unknown key", lambda t: ["--set", "hiden=3"], "hiden"),
     ("wrong type", lambda t: ["--set", "layers=two"], "layers"),
     ("binary params", lambda t: ["--params", _bin(t)], "not a text file"),
+    # found by a user trial: 05 alone started, failed at its third cell, and its hint spelled
+    # every key of the params as a --set
+    ("05 without 03", lambda t: ["--only", "05"], "05 needs notebook 03's timings"),
 ]
 
 

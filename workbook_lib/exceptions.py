@@ -75,11 +75,13 @@ class IncompleteInputsError(WorkbookError):
 
     Attributes:
         missing: the notebooks whose complete results are absent.
+        reasons: why each is absent ("not run", "made with other params (...)"...).
     """
 
-    def __init__(self, message: str, missing: list[str]):
+    def __init__(self, message: str, missing: list[str], reasons: dict[str, str] | None = None):
         super().__init__(message)
         self.missing = missing
+        self.reasons = dict(reasons or {})
 
 
 class RunComparisonError(WorkbookError):

@@ -68,6 +68,30 @@ def _signals_interrupt():
             signal.signal(s, handler)
 
 
+def _check_verdict_inputs(args, p, names: list[str]) -> None:
+    """ParamsError, before any work, where 05 runs without 03 and the run folder has no 03 of
+    these params (found by a user trial: the notebook started, failed at its third cell, and
+    its hint spelled every key of the params file as a --set)."""
+    timing = "03_data_vs_model_timing"
+    if "05_verdict" not in names or timing in names:
+        return
+    from ..exceptions import IncompleteInputsError
+    from ..studies.verdict import load_inputs
+
+    try:
+        load_inputs(args.out, p)
+    except IncompleteInputsError as exc:
+        import shlex
+
+        cmd = ["python", "-m", "workbook_lib", "run", "--params", str(args.params)]
+        for kv in args.set or []:
+            cmd += ["--set", kv]
+        cmd += ["--out", str(args.out), "--only", "03", *(args.only or [])]
+        raise ParamsError(f"--only: 05 needs notebook 03's timings in {args.out} "
+                          f"({exc.reasons.get(timing, 'not run')}); run 03 with it: "
+                          f"{shlex.join(cmd)}", key="only") from None
+
+
 def continue_command(args) -> str:
     """The command that resumes an interrupted ``run``: its params, every ``--set``, its
     notebooks and flags, then ``--resume`` (found by a user trial: without the ``--set``s the
@@ -91,6 +115,7 @@ def _cmd_run(args) -> int:
     p = _load(args.params, args.set)  # every check before any work (and before PyTorch loads)
     names = resolve_only(args.only)
     check_gap(p, names)
+    _check_verdict_inputs(args, p, names)
     from ..report.html import write_index
     from ..report.terminal import run_lines
     from ..running.run_folder import run_notebooks

@@ -224,6 +224,17 @@ class EncoderFigures(Record):
 
 
 @dataclass
+class OptimizerShape(Record):
+    """What a pipeline's optimizer steps over, as configured (03 reads it once, not timed)."""
+
+    kind: str  # its class name ("Adam"); "" where the pipeline configured none
+    tensors: int  # parameter tensors it steps
+    elements: int  # their elements
+    foreach: bool | None = None  # as set in its first parameter group (None: torch's default)
+    fused: bool | None = None
+
+
+@dataclass
 class LoopStudy(Record):
     """Every (strategy, mode) arm of the loop."""
 
@@ -249,6 +260,8 @@ class LoopStudy(Record):
     growth_note: dict[str, str] = field(default_factory=dict)
     # pipeline -> its encoder against its conversion (pipelines with ``shared_encoder`` only)
     encoders: dict[str, EncoderFigures] = field(default_factory=dict)
+    # pipeline -> what its optimizer steps over (a slow optimizer stage's figure: its tensors)
+    optimizers: dict[str, OptimizerShape] = field(default_factory=dict)
 
     def arm(self, strategy: str, mode: str = "full") -> ArmResult:
         return self.arms[arm_key(strategy, mode)]

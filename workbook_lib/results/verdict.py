@@ -60,6 +60,7 @@ class CodeSite(Record):
     ops: float = 0.0  # operator calls under it per profiled step (slow pipeline)
     graph_share: float = 0.0  # of its slow time, under graph code (verdict.code.GRAPH_CODE)
     lines: list[CodeLine] = field(default_factory=list)  # most operator time first
+    fast_ops: float | None = None  # its counterpart's operator calls per step (None: none)
 
     @property
     def where(self) -> str:

@@ -24,8 +24,9 @@ from ...pipelines import build_pipeline, compared_names
 from ...strategies import make_strategy
 from ...training import loop
 from ...pipelines.builtin import batch_size_for
-from ...results.timing import (arm_key, ArmResult, HALF, LoopStudy, PIPELINED, ReportedFigure, SanityFlag,
-                               StepBound, StoredReads, SyncPoint, SyncStudy)
+from ...results.timing import (arm_key, ArmResult, HALF, LoopStudy, OptimizerShape, PIPELINED,
+                               ReportedFigure, SanityFlag, StepBound, StoredReads, SyncPoint,
+                               SyncStudy)
 from .encoder import encoders_of
 from .growth import growth, second_batch
 from .own_code import OwnCode
@@ -69,7 +70,7 @@ def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
     rows_needed = (warm + 1 + hi) * (len(loop.MODES) + 1)
     interleaved = params.num_workers == 0
     store = Path(tempfile.mkdtemp(prefix="wb-masks-"))
-    arms, made = [], {}
+    arms, made, opts = [], {}, {}
     pair = set(params.gap_strategies or [])
     growth_note: dict[str, str] = {}
     failures: dict[str, PipelineFailure] = {}
@@ -97,6 +98,7 @@ def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
                 note(f"03: {failures[name].line()}; the other pipelines go on")
                 continue
             made[name] = pipe
+            opts[name] = optimizer_shape(opt)
             for mode in loop.MODES:
                 arms.append(loop.Arm(arm_key(name, mode), pipe, loader, loop.Variant(mode, mode),
                                      optimizer=opt))
@@ -159,9 +161,20 @@ def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
                   "threads": torch.get_num_threads(), "threads_why": threads.why},
         arms=res, exact={n: getattr(made[n], "exact", None) for n in made},
         labels={n: made[n].label for n in made}, shared_pass=shared, failures=failures,
-        growth_note=growth_note, encoders=encoders)
+        growth_note=growth_note, encoders=encoders, optimizers=opts)
     study.growth = {n: g for n in measured if n in pair and (g := growth(study, n))}
     return study
+
+
+def optimizer_shape(opt) -> OptimizerShape:
+    """What ``opt`` steps over: its parameter tensors and their elements, and its foreach and
+    fused flags as set."""
+    if opt is None:
+        return OptimizerShape("", 0, 0)
+    params = [p for g in opt.param_groups for p in g["params"]]
+    first = opt.param_groups[0] if opt.param_groups else {}
+    return OptimizerShape(type(opt).__name__, len(params), sum(p.numel() for p in params),
+                          first.get("foreach"), first.get("fused"))
 
 
 def measured_names(names: list[str], made: dict, failures: dict[str, PipelineFailure]

@@ -76,7 +76,8 @@ def load_inputs(run_dir: str | Path, params: Params | None = None
         raise IncompleteInputsError(
             f"the verdict needs notebook 03's timings in {run_dir} ({TIMING}: "
             f"{why_not[TIMING]}); run it first with these params: "
-            f"{run_command(run_dir, params)}", missing=missing)
+            f"{run_command(run_dir, params)}", missing=missing,
+            reasons={nb: why_not[nb] for nb in missing})
     return found, sums, why_not
 
 

@@ -96,6 +96,68 @@ def _custom_backward(c: Cause) -> bool:
     return s is not None and s.function.split(".")[-1] == "backward"
 
 
+MANY_CALLS = 1000  # operator calls per step in one function: a loop, if each is cheap
+CHEAP_CALL_US = 20.0  # microseconds per call below which a call's cost is its overhead
+SAME_CALLS = 0.1  # operator calls within this share of the fast function's: the same calls
+MORE_WORK = 1.5  # ... taking this many times as long: more arithmetic per call
+FIXED_SHARE = 0.1  # a stage whose per-sample part is below this share is fixed work per step
+
+
+def _each(s) -> float:
+    """Microseconds per operator call of a site's profiled time."""
+    return s.slow_ms * 1e3 / s.ops if s.ops else float("inf")
+
+
+def cheap_calls(c: Cause) -> str:
+    """"a loop in F: N operator calls per step at X µs each ...: make the loop one tensor
+    operation" where the stage's largest site makes :data:`MANY_CALLS` or more calls per step,
+    each under :data:`CHEAP_CALL_US` (their overhead, not their arithmetic, is the cost: found
+    by a user trial, a custom backward's loop over 6,607 rows was told 'not a loop; the work of
+    its operations is the cost'); else ""."""
+    s = c.sites[0] if c.sites else None
+    if s is None or s.ops < MANY_CALLS or _each(s) >= CHEAP_CALL_US:
+        return ""
+    g = c.growth
+    more = "" if g is None or g.ops_per_sample is None else (
+        ", none more for each extra sample" if g.ops_per_sample < 1 else
+        f", {g.ops_per_sample:.3g} more for each extra sample")
+    return (f"a loop in {s.where}" + (f" ({s.hot_line})" if s.hot_line else "") +
+            f": {s.ops:.3g} operator calls per step at {_each(s):.2g} µs each{more}, so the "
+            "calls cost, not their arithmetic: make the loop one tensor operation over all its "
+            "rows or items")
+
+
+def site_diagnosis(c: Cause) -> str:
+    """What the stage's largest site's figures say where no other advice follows: many cheap
+    calls (:func:`cheap_calls`); no operator call at all (host Python or NumPy); the fast
+    function's calls taking longer (more arithmetic per call); work that does not grow with the
+    batch (fixed per step); else ""."""
+    s = c.sites[0] if c.sites else None
+    if s is None:
+        return ""
+    text = cheap_calls(c)
+    if text:
+        return text
+    if s.ops == 0 and s.share >= 0.5:  # found by a user trial: NumPy metrics in the loss
+        return (f"{s.where} makes no torch operation ({s.slow_ms:.3g} ms per profiled step, 0 "
+                "operator calls): host Python or NumPy work inside the step; move what need not "
+                "run every step out of it (compute it once, or a metric every N steps)")
+    if s.fast_ops and abs(s.ops - s.fast_ops) <= SAME_CALLS * s.fast_ops and s.fast_ms > 0 \
+            and s.slow_ms >= MORE_WORK * s.fast_ms:  # found by a user trial: a wider model
+        return (f"{s.where} makes the fast pipeline's operator calls ({s.ops:.3g} against "
+                f"{s.fast_ops:.3g} per step) and takes {s.slow_ms / s.fast_ms:.3g}x as long: "
+                "each call does more arithmetic (larger tensors), not more calls or Python; "
+                "only smaller operands (a narrower model, fewer rows) would change it")
+    g = c.growth
+    if g is not None and not g.grows and not g.python_loop and g.share < FIXED_SHARE:
+        return (f"its time does not grow with the batch ({g.per_sample.median * 1e3:.3g} ms "
+                f"per extra sample, IQR {g.per_sample.iqr * 1e3:.2g}, n = {g.per_sample.n}"
+                f"{_noisy(g.per_sample)}; {g.share_words} of the stage per sample): "
+                f"fixed work per step, mostly in {s.where}; work that does not depend on the "
+                "batch can be done once (in __init__, kept as a buffer)")
+    return ""
+
+
 def encoder_words(fig: EncoderFigures) -> str:
     """What converting the slow pipeline's encoder measured: "your encoder converts: X -> Y ms
     per batch ..." or "your encoder does not convert: <why>"."""
@@ -257,14 +319,14 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
     if c.stage == "loss":
         if loop:
             return _loop(c, "loss")
-        return ""
+        return site_diagnosis(c)
     if c.stage in ("forward", "device_prep"):
         advice = []
         if loop:
             advice.append(_loop(c, c.stage.replace("_", " ")))
         if grows and c.stage == "forward" and graph:  # per-sample cost, shown to be graph work
             advice.append(_shared_pass("forward", g, graph))
-        return "; ".join(advice)
+        return "; ".join(advice) or site_diagnosis(c)
     if c.stage == "backward":
         if _custom_backward(c):
             s = c.sites[0]
@@ -282,6 +344,8 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
                         "the batch was not measured): time it against autograd's own backward "
                         "of its forward (drop the Function; `equal` checks the gradients "
                         "agree)")
+            if cheap_calls(c):
+                return f"{text}: " + cheap_calls(c)
             more = ", none more for each extra sample" if g.ops_per_sample < 1 else \
                 f", {g.ops_per_sample:.3g} more for each extra sample"
             return (f"{text}, in {s.ops:.3g} operator calls per step{more}: not a loop; the "
@@ -303,13 +367,15 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
         # the forward's advice stands for both, once)
         if grows and graph and not loop and not (fwd is not None and NODEMASK in fwd.advice):
             return _shared_pass("backward", g, graph)
-        return "" if not loop else _loop(c, "backward")
+        return _loop(c, "backward") if loop else site_diagnosis(c)
     if c.stage == "h2d":
         return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch
     if c.stage in ("data_item", "collate"):
         return STATIC[c.stage] + _held(c, "the data item" if c.stage == "data_item" else
                                        "the collate")
-    if c.stage == "optimizer":  # only where the pipeline's own optimizer code holds the time
+    if c.stage == "optimizer":  # its tensors (rank_causes), or the pipeline's own code's time
+        if c.advice:
+            return c.advice
         return STATIC["optimizer"] + _held(c, "the optimizer") if c.sites else ""
     return STATIC.get(c.stage, "")  # the loop's overhead runs no code of the pipeline's
 

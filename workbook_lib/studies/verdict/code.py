@@ -131,7 +131,8 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
         graph = sum(sec for name, sec in libs.items() if graph_code(name))
         out.append(CodeSite(k[0], k[1], k[2], lib, sa[k][0] * 1e3,
                             (sb[twin[k]][0] if k in twin else 0.0) * 1e3, d / extra, sa[k][1],
-                            graph / sa[k][0] if sa[k][0] > 0 else 0.0, code_lines(sa[k][3])))
+                            graph / sa[k][0] if sa[k][0] > 0 else 0.0, code_lines(sa[k][3]),
+                            sb[twin[k]][1] if k in twin else None))
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside
