@@ -313,10 +313,13 @@ def headline(v: VerdictResult) -> str:
     g = v.gap
     if g.measurable:
         return _shortest_fit(mark, _measured_headlines(v))
-    why = ("measured contended" if g.contended else
-           f"{g.ratio.median:.3g}x per epoch, "
-           + unresolved(g.ratio, v.target)[0].split(", so ")[0])
-    text = f"{g.slow} and {g.fast}: no measurable gap ({why})"
+    if g.contended:  # not a finding (found by a user trial: a 44x gap read as none)
+        text = (f"{g.slow} and {g.fast}: gap not measured ({g.ratio.median:.3g}x per epoch "
+                "measured while other work took the CPUs; rerun)")
+    else:
+        why = (f"{g.ratio.median:.3g}x per epoch, "
+               + unresolved(g.ratio, v.target)[0].split(", so ")[0])
+        text = f"{g.slow} and {g.fast}: no measurable gap ({why})"
     r = v.recommendation
     if r is not None and r.strategy not in (g.slow, g.fast):
         text += f"; fix: {r.label}"
