@@ -577,9 +577,9 @@ def test_a_loop_of_cheap_calls_is_told_as_a_loop_wherever_it_is():
         return CodeSite(fn, "a_gate_slow.py", 18, "", ms, 0.0, 0.9, ops,
                         lines=[CodeLine(25, "out[idx[r]] += g[r]", ms, 0.97)])
     text = _diagnosed("backward", site(132.0, 106_000))
-    assert "a loop in `GeneGate.backward` (a_gate_slow.py:18) (line 25, `out[idx[r]] += " \
-           "g[r]` (97% of its operator time)): 1.06e+05 operator calls per step at 1.2 µs " \
-           "each, none more for each extra sample, so the calls cost" in text
+    assert "a loop in `GeneGate.backward` (a_gate_slow.py:18): 1.06e+05 operator calls per " \
+           "step at 1.2 µs each, none more for each extra sample, so the calls cost" in text
+    assert text.count("line 25, `out[idx[r]] += g[r]` (97% of its operator time)") == 1
     assert "not a loop" not in text
     assert "not a loop" in _diagnosed("backward", site(132.0, 6))  # 22 ms a call: arithmetic
     # the same figures in a forward (no custom backward): the loop named too
@@ -605,11 +605,18 @@ def test_a_sites_figures_say_host_work_more_arithmetic_or_fixed_work():
                                                                         share=0.9)
     wide.fast_ops = 20  # twice the calls: not the same calls
     assert "more arithmetic" not in _diagnosed("backward", wide, share=0.9)
-    rebuilt = CodeSite("build_norm_adj", "c_rebuild_slow.py", 10, "", 5.1, 0.0, 0.8, 30)
+    rebuilt = CodeSite("build_norm_adj", "c_rebuild_slow.py", 10, "", 5.1, 0.0, 0.8, 30,
+                       backward_ms=0.0)
     text = _diagnosed("forward", rebuilt, share=0.02)
-    assert "its time does not grow with the batch" in text and "fixed work per step, mostly " \
-        "in `build_norm_adj` (c_rebuild_slow.py:10)" in text
-    assert "does not grow" not in _diagnosed("forward", rebuilt, share=0.6)
+    assert "its time does not grow with the batch" in text and "`build_norm_adj` " \
+        "(c_rebuild_slow.py:10), which holds 80% of its extra time, has no backward (0 ms per " \
+        "profiled step against 5.1 forward): work on no trainable parameter" in text
+    assert "does not grow" not in _diagnosed("forward", rebuilt, share=0.6)  # grows
+    stacked = CodeSite("PerGene.emb", "d_pergene.py", 19, "", 5.1, 0.0, 0.8, 30,
+                       backward_ms=4.0)  # a stack of trainable parameters: its backward
+    assert "does not grow" not in _diagnosed("forward", stacked, share=0.02)
+    rebuilt.backward_ms = None  # not looked up (a backward stage's site): not said
+    assert "does not grow" not in _diagnosed("forward", rebuilt, share=0.02)
 
 
 def test_an_optimizer_over_many_more_tensors_is_told_its_tensors():
@@ -631,3 +638,20 @@ def test_an_optimizer_over_many_more_tensors_is_told_its_tensors():
     assert optimizer_advice(slow, slow) == ""  # alike: the stage's own figures decide
     assert optimizer_advice(fast, slow) == ""
     assert optimizer_shape(None).tensors == 0
+
+
+def test_a_forwards_diagnosis_is_not_mirrored_by_its_backward_and_the_lead_says_so():
+    """Found by running the trial's pairs again: a forward told what its figures show (fixed
+    work) had its backward told 'the backward mirrors the forward: <that diagnosis>'."""
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.advice import MIRRORS, _advice
+
+    site = CodeSite("Model.emb", "mine.py", 19, "", 5.0, 0.0, 0.9, 30)
+    fwd = Cause("forward", "", 2.0, 0.1, 1.9, 0.4, "measured", effect="adds", stage="forward",
+                advice="its time does not grow with the batch (...)", diagnosed=True,
+                sites=[site])
+    bwd = Cause("backward", "", 2.0, 0.1, 1.9, 0.5, "measured", effect="adds",
+                stage="backward", sites=[site])
+    assert not _advice(bwd, {"forward": fwd, "backward": bwd}, "cpu").startswith(MIRRORS)
+    fwd.diagnosed = False  # a change of the forward's own kind: mirrored
+    assert _advice(bwd, {"forward": fwd, "backward": bwd}, "cpu").startswith(MIRRORS)

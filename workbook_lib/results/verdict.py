@@ -61,6 +61,9 @@ class CodeSite(Record):
     graph_share: float = 0.0  # of its slow time, under graph code (verdict.code.GRAPH_CODE)
     lines: list[CodeLine] = field(default_factory=list)  # most operator time first
     fast_ops: float | None = None  # its counterpart's operator calls per step (None: none)
+    # its time in the backward per step (slow pipeline), for a forward or loss site (None: not
+    # looked up): none means its operators have no backward, no trainable input
+    backward_ms: float | None = None
 
     @property
     def where(self) -> str:
@@ -100,6 +103,9 @@ class Cause(Record):
     # data_item, collate, h2d, device_prep, forward, backward, optimizer, overhead, ddp, rest
     stage: str = ""
     advice: str = ""  # what to change when this is the first cause
+    # the advice is what the stage's largest site's figures show (advice.site_diagnosis), not a
+    # change of the stage's own kind: the lead says so, and a backward does not mirror it
+    diagnosed: bool = False
     syncs: tuple[float, float] | None = None  # host syncs per step in this stage (slow, fast)
     # on a GPU: seconds per epoch (slow - fast) of the stage's time the host waited at those
     # syncs (carved out of the stage's time, never added to it); None where not measured

@@ -101,6 +101,7 @@ CHEAP_CALL_US = 20.0  # microseconds per call below which a call's cost is its o
 SAME_CALLS = 0.1  # operator calls within this share of the fast function's: the same calls
 MORE_WORK = 1.5  # ... taking this many times as long: more arithmetic per call
 FIXED_SHARE = 0.1  # a stage whose per-sample part is below this share is fixed work per step
+NO_BACKWARD = 0.05  # a function whose backward time is below this share of its forward's
 
 
 def _each(s) -> float:
@@ -108,7 +109,7 @@ def _each(s) -> float:
     return s.slow_ms * 1e3 / s.ops if s.ops else float("inf")
 
 
-def cheap_calls(c: Cause) -> str:
+def cheap_calls(c: Cause, line: bool = True) -> str:
     """"a loop in F: N operator calls per step at X µs each ...: make the loop one tensor
     operation" where the stage's largest site makes :data:`MANY_CALLS` or more calls per step,
     each under :data:`CHEAP_CALL_US` (their overhead, not their arithmetic, is the cost: found
@@ -121,7 +122,7 @@ def cheap_calls(c: Cause) -> str:
     more = "" if g is None or g.ops_per_sample is None else (
         ", none more for each extra sample" if g.ops_per_sample < 1 else
         f", {g.ops_per_sample:.3g} more for each extra sample")
-    return (f"a loop in {s.where}" + (f" ({s.hot_line})" if s.hot_line else "") +
+    return (f"a loop in {s.where}" + (f" ({s.hot_line})" if s.hot_line and line else "") +
             f": {s.ops:.3g} operator calls per step at {_each(s):.2g} µs each{more}, so the "
             "calls cost, not their arithmetic: make the loop one tensor operation over all its "
             "rows or items")
@@ -149,12 +150,17 @@ def site_diagnosis(c: Cause) -> str:
                 "each call does more arithmetic (larger tensors), not more calls or Python; "
                 "only smaller operands (a narrower model, fewer rows) would change it")
     g = c.growth
-    if g is not None and not g.grows and not g.python_loop and g.share < FIXED_SHARE:
+    if g is not None and not g.grows and not g.python_loop and g.share < FIXED_SHARE and \
+            s.backward_ms is not None and s.backward_ms < NO_BACKWARD * s.slow_ms:
+        # found by a user trial: an adjacency rebuilt every step; not a stack of trainable
+        # parameters, whose backward shows it changes every step
         return (f"its time does not grow with the batch ({g.per_sample.median * 1e3:.3g} ms "
                 f"per extra sample, IQR {g.per_sample.iqr * 1e3:.2g}, n = {g.per_sample.n}"
-                f"{_noisy(g.per_sample)}; {g.share_words} of the stage per sample): "
-                f"fixed work per step, mostly in {s.where}; work that does not depend on the "
-                "batch can be done once (in __init__, kept as a buffer)")
+                f"{_noisy(g.per_sample)}; {g.share_words} of the stage per sample), and "
+                f"{s.where}, which holds {s.share:.0%} of its extra time, has no backward "
+                f"({s.backward_ms:.2g} ms per profiled step against {s.slow_ms:.3g} forward): "
+                "work on no trainable parameter, the same every step unless its inputs change; "
+                "computed once, in __init__, and kept as a buffer, it would leave the step")
     return ""
 
 
@@ -255,6 +261,7 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
             c.advice = ""  # (found by a user trial: the results file advised pinned memory
             continue  # for a transfer that saved time, on a CPU)
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies))
+        c.diagnosed = bool(c.advice) and c.advice == site_diagnosis(c)
         # the encoder's figures where the advice is its own (a backward mirroring the forward
         # quotes the forward's, figures and all; a forward's may follow a loop's: a review)
         if encoder is not None and NODEMASK in c.advice and c.stage in ("forward", "backward") \
@@ -344,8 +351,8 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
                         "the batch was not measured): time it against autograd's own backward "
                         "of its forward (drop the Function; `equal` checks the gradients "
                         "agree)")
-            if cheap_calls(c):
-                return f"{text}: " + cheap_calls(c)
+            if cheap_calls(c):  # its line is said once, in the text
+                return f"{text}: " + cheap_calls(c, line=False)
             more = ", none more for each extra sample" if g.ops_per_sample < 1 else \
                 f", {g.ops_per_sample:.3g} more for each extra sample"
             return (f"{text}, in {s.ops:.3g} operator calls per step{more}: not a loop; the "
@@ -354,7 +361,7 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
                     "agree)")
         fwd = by.get("forward")
         if fwd is not None and fwd.effect == "adds" and (fwd.share or 0) >= 0.05 and \
-                fwd.advice and c.sites and fwd.sites and \
+                fwd.advice and not fwd.diagnosed and c.sites and fwd.sites and \
                 c.sites[0].function == fwd.sites[0].function:
             s = c.sites[0]
             out = (f"; {c.outside:.0%} runs outside the pipeline's code"

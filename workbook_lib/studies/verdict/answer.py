@@ -123,6 +123,8 @@ def lead(v: VerdictResult) -> str:
                  f"less than the gap's own spread, its IQR over the ratio minus one: "
                  f"{_pct(spread)} of it): " + parts[0] + " and " + parts[1])
     c = first[0]
+    if c.advice and c.diagnosed:  # what its figures show, which may not be a change to make
+        return text + f"; its figures show {c.advice}."
     if c.advice:
         return text + f"; change first: {c.advice}."
     return text + (f"; no change follows from these figures alone: {c.finding}.")

@@ -121,6 +121,8 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
         return [], ("not attributed: no function of the slow pipeline takes longer than the "
                     "fast one's"), None
     outside = max(0.0, sum(d for k, d in diffs.items() if k[0] == NOT_OWN)) / extra
+    bw = _by_function(a, ("backward", "loss_backward"), device) \
+        if stage in ("forward", "loss", "device_prep") else None
     out = []
     for k, d in sorted(diffs.items(), key=lambda kv: -kv[1]):
         if d <= 0 or d / extra < MIN_SITE or k[0] == NOT_OWN or len(out) >= MOST:
@@ -132,7 +134,8 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
         out.append(CodeSite(k[0], k[1], k[2], lib, sa[k][0] * 1e3,
                             (sb[twin[k]][0] if k in twin else 0.0) * 1e3, d / extra, sa[k][1],
                             graph / sa[k][0] if sa[k][0] > 0 else 0.0, code_lines(sa[k][3]),
-                            sb[twin[k]][1] if k in twin else None))
+                            sb[twin[k]][1] if k in twin else None,
+                            (bw[k][0] * 1e3 if k in bw else 0.0) if bw is not None else None))
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside
