@@ -655,3 +655,21 @@ def test_a_forwards_diagnosis_is_not_mirrored_by_its_backward_and_the_lead_says_
     assert not _advice(bwd, {"forward": fwd, "backward": bwd}, "cpu").startswith(MIRRORS)
     fwd.diagnosed = False  # a change of the forward's own kind: mirrored
     assert _advice(bwd, {"forward": fwd, "backward": bwd}, "cpu").startswith(MIRRORS)
+
+
+def test_a_slow_data_item_is_offered_the_shared_graph_only_for_graph_code():
+    """Found by a user trial: a networkx degree feature built per item was told 'the node-mask
+    shared graph needs nothing else per sample'."""
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.advice import _advice
+
+    def told(library, graph_share=0.0):
+        site = CodeSite("Data.__getitem__", "e.py", 19, library, 40.0, 1.0, 0.9, 0,
+                        graph_share=graph_share)
+        c = Cause("data item", "", 2.0, 0.1, 1.9, 0.9, "measured", effect="adds",
+                  stage="data_item", sites=[site])
+        return _advice(c, {"data_item": c}, "cpu")
+    assert "nodemask" not in told("Graph.add_edges_from (networkx/classes/graph.py:1000)")
+    assert "nodemask" in told("subgraph (torch_geometric/utils/_subgraph.py:40)")
+    assert "nodemask" in told("", graph_share=0.6)
+    assert told("").startswith("move the per-sample work out of the dataset item")

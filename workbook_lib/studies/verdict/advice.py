@@ -22,8 +22,7 @@ H2D_WALK = ("keep Python objects out of the batch (names, strings, per-sample li
             "step")
 STATIC = {
     "data_item": "move the per-sample work out of the dataset item: precompute it once, or build "
-                 "it on the device from the deleted genes' indices (the node-mask shared graph, "
-                 "workbook_lib.nodemask, needs nothing else per sample)",
+                 "it on the device from the deleted genes' indices",
     "collate": "make the collate cheap: no per-sample copies of the graph or masks; batch the "
                "deleted genes' indices and build what the model needs on the device, once per "
                "batch",
@@ -378,8 +377,14 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
     if c.stage == "h2d":
         return c.advice or STATIC["h2d"]  # rank_causes chose between the two from the batch
     if c.stage in ("data_item", "collate"):
-        return STATIC[c.stage] + _held(c, "the data item" if c.stage == "data_item" else
-                                       "the collate")
+        s = c.sites[0] if c.sites else None
+        # the shared graph only where the item's time is graph code (found by a user trial: a
+        # networkx degree feature per item was told the node-mask graph needs nothing else)
+        tail = ("; the node-mask shared graph (workbook_lib.nodemask) needs nothing else per "
+                "sample" if c.stage == "data_item" and s is not None and (
+                    graph_code(s.library) or s.graph_share >= GRAPH_SHARE) else "")
+        return STATIC[c.stage] + tail + _held(c, "the data item" if c.stage == "data_item"
+                                              else "the collate")
     if c.stage == "optimizer":  # its tensors (rank_causes), or the pipeline's own code's time
         if c.advice:
             return c.advice
