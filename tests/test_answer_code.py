@@ -673,3 +673,14 @@ def test_a_slow_data_item_is_offered_the_shared_graph_only_for_graph_code():
     assert "nodemask" in told("subgraph (torch_geometric/utils/_subgraph.py:40)")
     assert "nodemask" in told("", graph_share=0.6)
     assert told("").startswith("move the per-sample work out of the dataset item")
+
+
+def test_a_function_whose_time_is_spread_over_library_calls_is_not_called_its_own_code():
+    from workbook_lib.results.verdict import CodeSite
+
+    site = CodeSite("build_norm_adj", "c.py", 10, "", 5.0, 0.0, 0.9, 70, library_share=0.67)
+    assert site.under == "several library calls, 67% of it, none half"
+    site.library_share = 0.2
+    assert site.under == "(its own code)"
+    site.library = "to_undirected (torch_geometric/utils/undirected.py:30)"
+    assert site.under.startswith("to_undirected")

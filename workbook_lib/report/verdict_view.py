@@ -83,7 +83,7 @@ def code_table(v: VerdictResult):
         for s in c.sites:
             top = s.lines[0] if s.lines else None
             rows.append({"cause": c.cause, "function": s.function, "where": f"{s.file}:{s.line}",
-                         "library under it": s.library or "(its own code)",
+                         "library under it": s.under,
                          "hottest line": line_cell(top.line, top.text, top.share) if top
                          else "",
                          "slow, ms per step": f"{s.slow_ms:.3g}",

@@ -135,7 +135,8 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
                             (sb[twin[k]][0] if k in twin else 0.0) * 1e3, d / extra, sa[k][1],
                             graph / sa[k][0] if sa[k][0] > 0 else 0.0, code_lines(sa[k][3]),
                             sb[twin[k]][1] if k in twin else None,
-                            (bw[k][0] * 1e3 if k in bw else 0.0) if bw is not None else None))
+                            (bw[k][0] * 1e3 if k in bw else 0.0) if bw is not None else None,
+                            min(1.0, sum(libs.values()) / sa[k][0]) if sa[k][0] > 0 else 0.0))
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside
