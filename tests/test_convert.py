@@ -1439,9 +1439,9 @@ def test_a_cpu_runs_sync_count_of_a_converted_step_is_zero_and_its_ops_are_a_gpu
         assert cpu[2] == cpu[5] and gpu[2] == gpu[5], (cpu, gpu)
     c = SyncCounter("cpu")  # the marks: host work and cache blocks, each counted without them
     with c.stage("s"):
-        torch.ones(2).numpy()
+        torch.ones(2).tolist()
         with host_side():
-            torch.ones(2).numpy()
+            torch.ones(2).tolist()
     assert c.by_kind == {"copy to host": 1}
     one = SyncCounter("cpu")
     with one.stage("s"):
@@ -1797,10 +1797,26 @@ def test_row_wise_operations_are_exact(name):
     (lambda h, w: w @ h, r"multiplies by a per-gene value on its right"),
     (lambda h, w: torch.stack([h, h], -1).amax(-1), r"stack at .* is not a per-row operation "
                                                     r"convert knows \(.*\): write that part"),
-    (lambda h, w: h[0:3, :], r"getitem at .* is not a per-row operation")])
+    (lambda h, w: h[0:3, :], r"getitem at .* is not a per-row operation"),
+    # found by a review: a product written by keyword, and in-place by keyword
+    (lambda h, w: torch.matmul(input=w, other=h), r"multiplies by a per-gene value on its "
+                                                  r"right"),
+    (lambda h, w: torch.mm(w, mat2=h), r"multiplies by a per-gene value on its right"),
+    (lambda h, w: F.relu(h, inplace=True), r"writes into a tensor \(inplace=True or out=\)")])
 def test_calls_that_are_not_per_row_are_refused_with_what_to_do(f, why):
     with pytest.raises(ConvertError, match=why):
         convert(_WithWeight(f), GRAPH[TYPES[0]])
+
+
+def test_a_product_of_a_per_gene_vector_by_a_weight_is_refused_at_the_call():
+    """Found by a review: ``h[:, 0] @ W`` (or ``(h @ v) @ W``) with W ``[N, H]`` sums over the
+    genes; converted it summed over the changed rows only, 9.8 off, silently."""
+    w_genes = torch.randn(N, H)
+    for f in (lambda h, w: h + h[:, 0] @ w_genes, lambda h, w: h + (h @ w[:, 0]) @ w_genes):
+        fast = convert(_WithWeight(f), GRAPH[TYPES[0]])
+        with pytest.raises(ConvertError, match=r"multiplies a value of shape \[\d+\] \(not "
+                                               r"\[genes, features\]\), which sums over genes"):
+            fast(torch.randn(N, F_IN), DELETED)
 
 
 def test_a_dict_comprehension_over_a_heteroconvs_output_is_told_to_index_it():

@@ -265,7 +265,6 @@ def test_a_verdict_built_on_contended_figures_names_them_and_does_not_rest_on_th
     assert "first cause" not in loud.lead
     # not read as a finding (found by a user trial: a 44x gap headed 'no measurable gap')
     assert "gap not measured (" in loud.headline and "no measurable gap" not in loud.headline
-    assert "no measurable gap" in quiet.headline or quiet.gap.measurable
     line = next(c for c in loud.caveats if c.startswith("Contended, not relied on"))
     assert "notebook 03's steps the fix is chosen by" in line and "the epoch-time gap" not in line
     assert "**The fix, provisionally: " in loud.answer

@@ -388,3 +388,20 @@ def test_a_rewrite_that_keeps_a_constant_built_in_init_is_equal(capsys):
     assert rc == 0, out
     assert "Both ran in float64" in out and out.splitlines()[-1].startswith("EQUAL")
     assert torch.get_default_dtype() == torch.float32  # put back
+
+
+def test_06s_check_before_training_builds_for_float64_as_equal_does():
+    """Found by a review: 06 checked its float32-built training pipelines in float64, so a
+    rewrite that keeps a constant as a buffer, EQUAL by `equal`, was refused there."""
+    from workbook_lib.data.snapshots import load_snapshot
+    from workbook_lib.studies.adoption.equality import compare_built, equality_tolerance
+
+    _src, raw = read_params_file(ROOT / "params" / "ci.yaml")
+    specs = [f"tests/rewrites/cached_adjacency.py:{f}" for f in ("make_slow", "make_fast")]
+    p = validate({**raw, "pipelines": [f"p{i}={s}" for i, s in enumerate(specs)]})
+    graph = load_snapshot(p)
+    tol, basis = equality_tolerance(graph, p["layers"])
+    res = compare_built(p, "p0", "p1", graph, "cpu", tolerance=tol, tolerance_basis=basis,
+                        batch_size=4)
+    assert res.equal and res.precision == "float64", res.summary()
+    assert torch.get_default_dtype() == torch.float32

@@ -75,21 +75,22 @@ def _check_verdict_inputs(args, p, names: list[str]) -> None:
     timing = "03_data_vs_model_timing"
     if "05_verdict" not in names or timing in names:
         return
-    from ..exceptions import IncompleteInputsError
-    from ..studies.verdict import load_inputs
+    from ..running.results import params_differ, read_meta
 
-    try:
-        load_inputs(args.out, p)
-    except IncompleteInputsError as exc:
+    # what the run folder's records say (not its results, which the notebook reads and checks)
+    meta = read_meta(args.out, timing)
+    why = ("not run" if meta is None else "failed or incomplete" if not meta.complete else
+           f"made with other params ({', '.join(params_differ(meta.params, p)[:3])})"
+           if params_differ(meta.params, p) else "")
+    if why:
         import shlex
 
         cmd = ["python", "-m", "workbook_lib", "run", "--params", str(args.params)]
         for kv in args.set or []:
             cmd += ["--set", kv]
         cmd += ["--out", str(args.out), "--only", "03", *(args.only or [])]
-        raise ParamsError(f"--only: 05 needs notebook 03's timings in {args.out} "
-                          f"({exc.reasons.get(timing, 'not run')}); run 03 with it: "
-                          f"{shlex.join(cmd)}", key="only") from None
+        raise ParamsError(f"--only: 05 needs notebook 03's timings in {args.out} ({why}); run "
+                          f"03 with it: {shlex.join(cmd)}", key="only")
 
 
 def continue_command(args) -> str:

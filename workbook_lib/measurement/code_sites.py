@@ -32,7 +32,8 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
     """Four calls of ``step`` (one training step each, its batch already fetched), the second
     recorded with Python stacks: per stage, the time of each function of the pipeline's own code
     (largest first), and why none is attributed when that is so; the fourth, line-marked, gives
-    each function's lines (:func:`marked_lines`)."""
+    each function's lines (:func:`marked_lines`; where it raises, the functions stand and the
+    note says why they have no lines)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     fd, path = tempfile.mkstemp(prefix="wb-stacks-", suffix=".json")
     os.close(fd)
@@ -55,7 +56,14 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
         rows = [_row(own, frame, library, tot.seconds, tot.ops, tot.device_seconds)
                 for (frame, library), tot in by_site.items()]
         out[stage] = sorted(rows, key=lambda r: -(r.seconds + r.device_seconds))
-    _add_lines(out, marked_lines(step, device=device, own=own), own)
+    try:  # the lines are an addition: a step that fails under the marks keeps the functions
+        lines = marked_lines(step, device=device, own=own)
+    except Exception as exc:  # noqa: BLE001 - said in the report (a review: it lost them all)
+        from ..failures import describe_exception
+
+        return out, ("lines not resolved: the line-marked step raised "
+                     f"{describe_exception(exc, 160)}")
+    _add_lines(out, lines, own)
     return out, ""
 
 

@@ -11,7 +11,7 @@ a backward inside ``Tensor.backward``, itself a torch call whose handler runs wi
 aside, so while the mode is active a custom ``autograd.Function``'s Python backward is entered
 with the mode pushed again (``BackwardCFunction.apply``, wrapped for the block and put back):
 its calls are marked at its own lines too. On a GPU the engine runs the backward on a thread of
-its own, whose calls are marked the same way.
+its own, whose calls are marked the same way and read per thread (not run here: no GPU).
 
 Written here: ``torch.profiler``'s Python stacks name a function by its first line only, and
 ``line_profiler`` times Python lines on the host, not the operators a line launches (on a GPU
@@ -20,6 +20,7 @@ they run later) nor their backward, which autograd runs outside the line.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Callable
 
 from torch._C._profiler import _RecordFunctionFast
@@ -27,6 +28,8 @@ from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 
 PREFIX = "wb-line:"
+_ENTRIES = ("apply", "apply_boxed")  # where autograd enters a custom backward (torch 2.13)
+_LOCK = threading.Lock()
 _UNSEEN = object()
 
 
@@ -70,15 +73,13 @@ class LineMarks(TorchFunctionMode):
         return k
 
     def __enter__(self):
-        self._depth = getattr(self, "_depth", 0) + 1
-        if self._depth == 1:  # the outermost entry wraps; a custom backward's enters again
-            mode = self
-            inner = self._apply = BackwardCFunction.apply
-
-            def apply(node, *args):  # a custom backward: its torch calls under this mode
-                with mode:
-                    return inner(node, *args)
-            BackwardCFunction.apply = apply
+        with _LOCK:  # a custom backward enters again, maybe on the engine's thread
+            self._depth = getattr(self, "_depth", 0) + 1
+            if self._depth == 1:  # the outermost entry wraps
+                self._saved = {n: getattr(BackwardCFunction, n) for n in _ENTRIES
+                               if hasattr(BackwardCFunction, n)}
+                for name, inner in self._saved.items():
+                    setattr(BackwardCFunction, name, self._wrap(inner))
         try:
             return super().__enter__()
         except BaseException:
@@ -91,10 +92,20 @@ class LineMarks(TorchFunctionMode):
         finally:
             self._leave()
 
+    def _wrap(self, inner):
+        mode = self
+
+        def entry(node, *args):  # a custom backward: its torch calls under this mode
+            with mode:
+                return inner(node, *args)
+        return entry
+
     def _leave(self) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            BackwardCFunction.apply = self._apply
+        with _LOCK:
+            self._depth -= 1
+            if self._depth == 0:
+                for name, inner in self._saved.items():
+                    setattr(BackwardCFunction, name, inner)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -37,8 +37,9 @@ from ..results.floor import ConvertFloor, FloorPart
 from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
-from .convert_trace import (MODE_DEPENDENT, ConvertError, along_features, check_graph, conv_kind,
-                            node_where, op_name, per_node_problem, refuse_hooks, trace)
+from .convert_trace import (MATMUL, MODE_DEPENDENT, ConvertError, along_features, check_graph,
+                            conv_kind, node_where, op_name, per_node_problem, refuse_hooks,
+                            trace)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
                             gin_mlp)
@@ -1686,6 +1687,17 @@ class ConvertedEncoder(nn.Module):
         if rows is None:  # no node value involved
             return _call(node, fx.node.map_arg(node.args, lambda a: env[a]),
                          fx.node.map_arg(node.kwargs, lambda a: env[a]))
+        if node.target in MATMUL:  # per row only for an [N, F] value times a weight (a review:
+            flat = [a for a in node.all_input_nodes  # a per-gene [N] value times an [N, K]
+                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]  # sums genes)
+            if flat:
+                raise ConvertError(f"{op_name(node)} at {node_where(node)} multiplies a value "
+                                   f"of shape {list(env[flat[0]].wt.shape)} (not [genes, "
+                                   "features]), which sums over genes; multiply an [N, F] "
+                                   "value by a weight, or move it out of the encoder")
+            return _Val(_call(node, *self._matmul_parts(node, env, "wt", rows, plan, dev)),
+                        _call(node, *self._matmul_parts(node, env, "values", rows, plan, dev)),
+                        rows)
 
         def part(which: str):
             def pick(a):
@@ -1698,6 +1710,16 @@ class ConvertedEncoder(nn.Module):
                 return v
             return (fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick))
         return _Val(_call(node, *part("wt")), _call(node, *part("values")), rows)
+
+    def _matmul_parts(self, node: fx.Node, env: dict, which: str, rows, plan, dev) -> tuple:
+        """A product's arguments for its wildtype or its changed rows: the per-gene value's
+        part, the weight as it is (never taken row by row, whatever its first dimension)."""
+        def pick(a):
+            v = env[a]
+            if isinstance(v, _Val):
+                return v.wt if which == "wt" else _to_rows(v, rows, plan, dev).values
+            return v
+        return fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick)
 
     def _pooled_readout(self, out: fx.Node, tail: set, env: dict, plan: _Plan, dev):
         """``[B, H]``: the weighted-sum readout of the tail's output, from the tail's inputs."""

@@ -181,8 +181,8 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
         raise ConvertError(f"the forward of {type(encoder).__name__} cannot be followed at "
                            f"{where} ({msg}): {fix} (fx-traceable), or use the masked-copies "
                            "model") from None
-    if _rng_states() != before:  # a draw of a fixed size runs once, at the trace: its values
-        _restore_rng(before)  # would be baked in, where each sample's forward draws afresh
+    if _drew(before, _rng_states()):  # a draw of a fixed size runs once, at the trace: its
+        _restore_rng(before)  # values baked in, where each sample's forward draws afresh
         raise ConvertError(f"the forward of {type(encoder).__name__} draws random numbers (a "
                            "torch.randn of a fixed size, an init in forward), which each "
                            "sample's forward draws afresh and a conversion would draw once; "
@@ -409,6 +409,14 @@ def _rng_states() -> list:
     return [bytes(t.numpy()) for t in states]
 
 
+def _drew(before: list, after: list) -> bool:
+    """Whether a generator's state moved: the CPU's, and CUDA's where both readings have them
+    (a trace that merely initialised CUDA is no draw: a review)."""
+    if before[0] != after[0]:
+        return True
+    return len(before) == len(after) and before != after
+
+
 def _restore_rng(states: list) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(states[0]), dtype=torch.uint8))
     if len(states) > 1:
@@ -450,11 +458,18 @@ def _per_row_call(node: fx.Node, genes: set) -> None:
         raise ConvertError(f"{what} at {where} changes a per-gene value in place, which the "
                            "conversion shares between samples; use its out-of-place form "
                            f"(.{str(node.target)[:-1]}())")
-    if node.target in MATMUL and len(node.args) > 1 and (
-            node.args[1] in genes or node.args[0] not in genes):
-        raise ConvertError(f"{what} at {where} multiplies by a per-gene value on its right, "
-                           "which mixes genes; a product is per row only as h @ W with a "
-                           "weight W (or use nn.Linear)")
+    if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
+        raise ConvertError(f"{what} at {where} writes into a tensor (inplace=True or out=), "
+                           "which the conversion shares between samples; use its out-of-place "
+                           "form")
+    if node.target in MATMUL:  # positional or by keyword (a review: input=, other=, mat2=)
+        left = node.args[0] if node.args else node.kwargs.get("input")
+        right = node.args[1] if len(node.args) > 1 else node.kwargs.get(
+            "other", node.kwargs.get("mat2"))
+        if right in genes or left not in genes:
+            raise ConvertError(f"{what} at {where} multiplies by a per-gene value on its "
+                               "right, which mixes genes; a product is per row only as h @ W "
+                               "with a weight W (or use nn.Linear)")
 
 
 def _feature_slice(node: fx.Node) -> bool:

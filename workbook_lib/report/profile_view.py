@@ -100,6 +100,8 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
         if not p.sites:
             said.append(f"{label(n)}: {p.sites_note or 'not attributed'}")
             continue
+        if p.sites_note:  # functions attributed, their lines not
+            said.append(f"{label(n)}: {p.sites_note}")
         for stage in ("data_item", "collate", *MAIN_STAGES):  # the DataLoader's apart
             sites = p.sites.get(stage, [])
             total = sum(r.seconds for r in sites)
@@ -123,7 +125,7 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
            "backward in the backward stage), with its share of the operator time on all the "
            "function's lines, from another step with each torch call marked by its line; "
            "Python between torch calls has no line (empty: no torch call marked)."
-           + (" Not attributed: " + "; ".join(said) + "." if said else ""))
+           + (" Not attributed, or not by line: " + "; ".join(said) + "." if said else ""))
     if not rows:
         return Markdown(cap)
     return table(rows, caption=cap)

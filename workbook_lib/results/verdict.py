@@ -83,21 +83,24 @@ class CodeSite(Record):
 
     @property
     def short(self) -> str:
-        """``where`` with its hottest line: "`f` (file.py:8, line 13)"."""
+        """``where`` with its busiest line: "`f` (file.py:8; busiest line 13)" (the line with
+        the most of its operator time, not of its extra time: a review)."""
         if not self.hot_line:
             return self.where
-        return f"`{self.function}` ({self.file}:{self.line}, line {self.lines[0].line})"
+        return f"`{self.function}` ({self.file}:{self.line}; busiest line {self.lines[0].line})"
 
     @property
     def hot_line(self) -> str:
-        """"line 17, `loss = ...` (82% of its operator time)", or "" where no line holds at
-        least :data:`HOT_LINE` of it (or none was marked)."""
+        """"line 17, `loss = ...`, holds 82% of its operator time", or "" where no line holds
+        at least :data:`HOT_LINE` of it (or none was marked). Of the slow pipeline's operator
+        time in the function, from the line-marked step: not of its extra time, nor of Python
+        time between its calls."""
         if not self.lines or self.lines[0].share < HOT_LINE:
             return ""
         top = self.lines[0]
         text = top.text if len(top.text) <= 60 else top.text[:57] + "..."
-        return (f"line {top.line}" + (f", `{text}`" if text else "") +
-                f" ({top.share:.0%} of its operator time)")
+        return (f"line {top.line}" + (f", `{text}`," if text else "") +
+                f" holds {top.share:.0%} of its operator time")
 
 
 @dataclass

@@ -33,15 +33,22 @@ def line_totals(events: list[Event], stage_prefix: str = "wb:"
     thread = main_thread(events) or main_thread(events, step_marker=stage_prefix)
     spans = sorted((e.ts, e.end, e.name[len(stage_prefix):]) for e in events
                    if e.name.startswith(stage_prefix) and (e.pid, e.tid) == thread)
-    marks = sorted((e.ts, e.end, parse(e.name)) for e in events
-                   if e.name.startswith(PREFIX) and (e.pid, e.tid) == thread)
-    marks = [m for m in marks if m[2] is not None]
+    # the marks, per thread (a GPU's custom backward runs on the engine's thread); recorded as
+    # operator events, they are read as ranges and left out of the operators (their own time,
+    # the mode's, is no operator's: found by a review, a line of size reads booked 600 'ops')
+    marks: dict = defaultdict(list)
+    for e in events:
+        if e.name.startswith(PREFIX) and parse(e.name) is not None:
+            marks[(e.pid, e.tid)].append((e.ts, e.end, parse(e.name)))
+    for table in marks.values():
+        table.sort()
 
     def within(table, ts: float):
         i = bisect_right(table, (ts, float("inf"))) - 1
         return table[i] if i >= 0 and ts < table[i][1] else None
 
-    host = [e for e in events if e.cat.lower() not in GPU_CATS and not e.is_range]
+    host = [e for e in events if e.cat.lower() not in GPU_CATS and not e.is_range
+            and not e.name.startswith(PREFIX)]
     engine = {(e.pid, e.tid) for e in host if e.name.startswith(EVALUATE)}
     host = [e for e in host if (e.pid, e.tid) == thread or (e.pid, e.tid) in engine]
     build_tree(host)
@@ -56,11 +63,11 @@ def line_totals(events: list[Event], stage_prefix: str = "wb:"
         if e.name.startswith(EVALUATE):
             seq = _sequence(e)
             up, node = (forward_line.get(seq) if seq is not None else None), e.ts
-        elif (e.pid, e.tid) == thread:
-            m = within(marks, e.ts)
+        else:
+            m = within(marks.get((e.pid, e.tid), []), e.ts)
             if m is not None and (node is None or m[0] >= node):  # a custom backward's line
                 up = m[2]
-            if node is None and _is_op(e):
+            if node is None and _is_op(e) and (e.pid, e.tid) == thread:
                 seq = _sequence(e)
                 outer = e.parent is not None and _is_op(e.parent) and _sequence(e.parent) == seq
                 if seq is not None and not outer and up is not None:

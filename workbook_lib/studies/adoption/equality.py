@@ -224,22 +224,41 @@ def check_equal(params: Params, slow: str, fast: str, graph, device, *,
         tol, basis = equality_tolerance(graph, params.layers)
     else:
         tol, basis = tolerance, f"given ({tolerance:.1e})"
+    return compare_built(params, slow, fast, graph, device, tolerance=tol,
+                         tolerance_basis=basis, renames=renames, batches=batches,
+                         batch_size=batch_size, precision=precision, mode=mode,
+                         tolerance64=tolerance)
 
-    def compare(dtype: torch.dtype, precision: str) -> EqualityResult:
-        # built under the compared dtype as the default: what a pipeline computes when it is
-        # built (a normalised adjacency kept as a buffer) is then in that dtype, not float32
-        # cast up (found by a user trial: such a rewrite was told DIFFERENT at 6.7e-8, float32's
-        # rounding, while the same rewrite built on its first forward was EQUAL)
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
+
+def _built(params: Params, names: tuple[str, str], graph, device, dtype: torch.dtype) -> tuple:
+    """Both pipelines, each from ``params.seed``, built with ``dtype`` as the default: what a
+    pipeline computes when it is built (a normalised adjacency kept as a buffer) is then in
+    that dtype, not float32 cast up (found by a user trial: such a rewrite was told DIFFERENT
+    at 6.7e-8, float32's rounding, while the same rewrite built on its first forward was
+    EQUAL)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:  # not run on a batch here: check_pipelines runs them, in float64 where they can
+        return tuple(seeded_build(params, n, graph, device, check=dtype != torch.float64)
+                     for n in names)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def compare_built(params: Params, slow: str, fast: str, graph, device, *, tolerance: float,
+                  tolerance_basis: str, precision: str = "float64", **kw) -> EqualityResult:
+    """:func:`check_pipelines` on ``slow`` and ``fast`` built for the compared dtype
+    (:func:`_built`): in float64, and where float64 cannot run, built again in float32 and
+    compared there, saying why."""
+    def compare(dtype: torch.dtype, prec: str) -> EqualityResult:
         try:
-            s = seeded_build(params, slow, graph, device)
-            f = seeded_build(params, fast, graph, device)
-        finally:
-            torch.set_default_dtype(default)
-        return check_pipelines(s, f, tolerance=tol, tolerance_basis=basis, seed=params.seed,
-                               renames=renames, batches=batches, batch_size=batch_size,
-                               precision=precision, mode=mode, tolerance64=tolerance)
+            s, f = _built(params, (slow, fast), graph, device, dtype)
+        except Exception:  # noqa: BLE001 - one that cannot be built so: as before, in float32
+            if dtype != torch.float64:  # (check_pipelines converts it, or falls back, saying why)
+                raise
+            s, f = _built(params, (slow, fast), graph, device, torch.float32)
+        return check_pipelines(s, f, tolerance=tolerance, tolerance_basis=tolerance_basis,
+                               seed=params.seed, precision=prec, **kw)
     if precision != "float64":
         return compare(torch.float32, precision)
     res = compare(torch.float64, "float64")

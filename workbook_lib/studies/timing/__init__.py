@@ -169,9 +169,10 @@ def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
 def optimizer_shape(opt) -> OptimizerShape:
     """What ``opt`` steps over: its parameter tensors and their elements, and its foreach and
     fused flags as set."""
-    if opt is None:
-        return OptimizerShape("", 0, 0)
-    params = [p for g in opt.param_groups for p in g["params"]]
+    if opt is None or not isinstance(getattr(opt, "param_groups", None), list):
+        # none, or an object with step() and zero_grad() alone (the loop needs no more: a review)
+        return OptimizerShape(type(opt).__name__ if opt is not None else "", 0, 0)
+    params = [p for g in opt.param_groups for p in g.get("params", [])]
     first = opt.param_groups[0] if opt.param_groups else {}
     return OptimizerShape(type(opt).__name__, len(params), sum(p.numel() for p in params),
                           first.get("foreach"), first.get("fused"))

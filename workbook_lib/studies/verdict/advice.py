@@ -77,8 +77,8 @@ def _loop(c: Cause, what: str) -> str:
     g = c.growth
     s = c.sites[0] if c.sites else None
     where = "" if s is None else (
-        f"; its time is mostly in {s.where}, {s.hot_line}" if s.hot_line else
-        f"; its time is mostly in {s.where}, the loop there or in what calls it")
+        f"; its time is mostly in {s.where}, the loop there or in what calls it" +
+        (f" ({s.hot_line})" if s.hot_line else ""))
     return (f"a Python loop over the samples in the {what} ({g.ops_per_sample:.3g} more "
             f"operator calls for each extra sample{where}): work on the whole batch at once, "
             "with tensor operations over a batch dimension")
@@ -146,8 +146,8 @@ def site_diagnosis(c: Cause) -> str:
             and s.slow_ms >= MORE_WORK * s.fast_ms:  # found by a user trial: a wider model
         return (f"{s.where} makes the fast pipeline's operator calls ({s.ops:.3g} against "
                 f"{s.fast_ops:.3g} per step) and takes {s.slow_ms / s.fast_ms:.3g}x as long: "
-                "each call does more arithmetic (larger tensors), not more calls or Python; "
-                "only smaller operands (a narrower model, fewer rows) would change it")
+                "not more calls; the same calls do more work each (larger tensors), or its "
+                "Python between them costs more (a profiled time holds both)")
     g = c.growth
     if g is not None and not g.grows and not g.python_loop and g.share < FIXED_SHARE and \
             s.backward_ms is not None and s.backward_ms < NO_BACKWARD * s.slow_ms:

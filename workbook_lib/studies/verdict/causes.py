@@ -48,7 +48,7 @@ def stage_syncs(arm, key: str) -> float:
 MANY_TENSORS = 4  # an optimizer over this many times the fast one's tensors (and 100 or more)
 
 
-def optimizer_advice(slow, fast) -> str:
+def optimizer_advice(slow, fast, device_type: str = "cuda") -> str:
     """Advice for a slow optimizer stage from what each side's optimizer steps over (03's
     :class:`~workbook_lib.results.timing.OptimizerShape`): where the slow one steps
     :data:`MANY_TENSORS` times as many parameter tensors (at least 100), its per-tensor work;
@@ -58,11 +58,14 @@ def optimizer_advice(slow, fast) -> str:
         return ""
     flags = "" if slow.foreach or slow.fused else (
         f"; yours is set foreach={slow.foreach}" if slow.foreach is not None else "")
+    # on a CPU torch's foreach form is a loop over the tensors itself (a review): not offered
+    batched = (f"; on a GPU, foreach=True or fused=True batches the tensors' updates{flags}"
+               if device_type == "cuda" else "")
     return (f"hold the parameters in fewer tensors: the slow pipeline's {slow.kind or 'optimizer'} "
             f"steps {slow.tensors:,} parameter tensors ({slow.elements:,} elements) against "
             f"{fast.tensors:,} ({fast.elements:,}) in the fast one's, and an optimizer's work "
             "is per tensor (one nn.Parameter or nn.Embedding for a table of rows, not one "
-            f"parameter per row; foreach=True, or fused=True, batches the tensors' updates{flags})")
+            f"parameter per row{batched})")
 
 
 def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> list[Cause]:
@@ -101,7 +104,8 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
             if device_type != "cuda" or int(c.get("objects", 0) or 0) > 8 * a.samples_per_step:
                 advice = H2D_WALK if c and int(c.get("objects", 0) or 0) else advice
         if key == "optimizer":
-            advice = optimizer_advice(lo.optimizers.get(slow), lo.optimizers.get(fast))
+            advice = optimizer_advice(lo.optimizers.get(slow), lo.optimizers.get(fast),
+                                      device_type)
         syncs, wait_s = None, None
         if key in SYNC_STAGES and (a.syncs_by_stage or b.syncs_by_stage):
             syncs = (stage_syncs(a, key), stage_syncs(b, key))
