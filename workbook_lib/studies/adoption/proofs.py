@@ -18,6 +18,11 @@ from ...paths import resolve_path
 from ...results.adoption import Proof
 
 
+# what check made a kept outcome: a change to how `equal` decides retires the outcomes kept
+# before it (2: both pipelines built with float64 as the default dtype)
+CHECK = 2
+
+
 def _source(target: str) -> Path | None:
     module = target.rsplit(":", 1)[0]
     if module.endswith(".py"):
@@ -85,7 +90,7 @@ def save(cache_dir: str, slow: str, fast: str, equal: bool, summary: str) -> Pat
                   own_files([str(Path(f).resolve()) for f in k[1]]))
     path = _path(cache_dir, k[0])
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(proof.to_json(), indent=1))
+    atomic_write_text(path, json.dumps({**proof.to_json(), "check": CHECK}, indent=1))
     return path
 
 
@@ -101,4 +106,6 @@ def load(cache_dir: str, slow: str, fast: str) -> Proof | None:
         return None
     if "depends" not in raw or any(_sha(f) != sha for f, sha in proof.depends.items()):
         return None  # kept before helpers were recorded (a review), or a helper changed: retired
+    if raw.get("check") != CHECK:  # made by an earlier check (a review: one that built in
+        return None  # float32 called a buffer-keeping rewrite DIFFERENT): retired
     return proof
