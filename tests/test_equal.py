@@ -405,3 +405,31 @@ def test_06s_check_before_training_builds_for_float64_as_equal_does():
                         batch_size=4)
     assert res.equal and res.precision == "float64", res.summary()
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_dataset_that_blocks_in_the_check_is_named_not_waited_on():
+    """Found by CI: 06's check before training, now on pipelines built for it, met the matrix's
+    dataset that blocks at its 20th read and waited an hour; each batch of the check is watched
+    with stall_timeout_s."""
+    import time
+
+    from workbook_lib.exceptions import PipelineError
+
+    class Blocks(_Tiny):
+        def dataset(self):
+            data = super().dataset()
+
+            class Slow(torch.utils.data.Dataset):
+                def __len__(self):
+                    return len(data)
+
+                def __getitem__(self, i):
+                    time.sleep(60)
+                    return data[i]
+            return Slow()
+    t0 = time.perf_counter()
+    with pytest.raises(PipelineError, match=r"the check's batch 0 made no progress for \d+ s "
+                                            r"\(stall_timeout_s\): it blocks"):
+        check_pipelines(Blocks("loop", loop=True), _Tiny("vectorized"), tolerance=1e-5,
+                        tolerance_basis="", stall_timeout_s=1.0)
+    assert time.perf_counter() - t0 < 30

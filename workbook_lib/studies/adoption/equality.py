@@ -97,9 +97,13 @@ def _rule(dtype: torch.dtype, tolerance: float, tolerance_basis: str,
 def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed: int = 0,
                     renames: dict[str, str] | None = None, batches: int = 1,
                     batch_size: int | None = None, precision: str = "float64",
-                    mode: str = "train", tolerance64: float | None = None) -> EqualityResult:
+                    mode: str = "train", tolerance64: float | None = None,
+                    stall_timeout_s: float | None = None) -> EqualityResult:
     """Steps 2-7 of the module docstring on two built pipelines (the fast model's parameters are
     overwritten with the slow model's; both models are otherwise restored, gradients cleared).
+    ``stall_timeout_s``: each batch of each side may make no progress this long, else a
+    ``PipelineError`` names it (a dataset that blocks: found by CI, 06's check waited on one
+    for an hour).
 
     Args:
         slow, fast: the reference pipeline and the rewrite.
@@ -141,7 +145,19 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
     dropout_off = {side: dropout_modules(p.model) for side, p in pipes.items()}
 
     def run(side: str, i: int, s: int, dtype: torch.dtype, **kw) -> _Run:
-        return _run(pipes[side], states[side], i, b, s, dtype=dtype, mode=mode, **kw)
+        if not stall_timeout_s:
+            return _run(pipes[side], states[side], i, b, s, dtype=dtype, mode=mode, **kw)
+        from ...common.watchdog import Stalled, Watchdog
+        from ...exceptions import PipelineError
+
+        name = pipes[side].name
+        try:
+            with Watchdog(why="stall_timeout_s") as wd, \
+                    wd.watch(f"pipeline '{name}'", f"the check's batch {i}", stall_timeout_s):
+                return _run(pipes[side], states[side], i, b, s, dtype=dtype, mode=mode, **kw)
+        except Stalled as exc:
+            raise PipelineError(name, f"the check's batch {i} made no progress for "
+                                      f"{exc.waited_s:.0f} s (stall_timeout_s): it blocks") from None
 
     dtype, first, note = torch.float32, {}, ""
     if precision == "float64":
@@ -258,7 +274,8 @@ def compare_built(params: Params, slow: str, fast: str, graph, device, *, tolera
                 raise
             s, f = _built(params, (slow, fast), graph, device, torch.float32)
         return check_pipelines(s, f, tolerance=tolerance, tolerance_basis=tolerance_basis,
-                               seed=params.seed, precision=prec, **kw)
+                               seed=params.seed, precision=prec,
+                               stall_timeout_s=params.stall_timeout_s, **kw)
     if precision != "float64":
         return compare(torch.float32, precision)
     res = compare(torch.float64, "float64")
