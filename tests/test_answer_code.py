@@ -496,6 +496,13 @@ def test_a_long_headline_cuts_the_causes_before_the_function_that_holds_the_gap(
     assert len(long) <= HEADLINE_MAX and long.startswith("DISTURBED: ")
     assert long.endswith("in LoopReadoutModel.forward (mine/syncs_slow_with_a_long_name.py:8)")
     assert "listed the other way round" not in long
+    # the terminal's headline names the function's busiest line too, where the answer does
+    from workbook_lib.results.verdict import CodeLine
+    hot = [cause("backward", 0.71, "m.py"), cause("forward", 0.28, "m.py")]
+    for c in hot:
+        c.sites[0].lines = [CodeLine(12, "h = h[idx]", 1.0, 0.8)]
+    assert "89% of the gap in LoopReadoutModel.forward (m.py:8; busiest line 12)" in \
+        head("slow", hot, fast="fast")
 
 
 def lines_user(x, w, small, big_first):

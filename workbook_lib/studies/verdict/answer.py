@@ -339,8 +339,10 @@ def _measured_headlines(v: VerdictResult) -> list[str]:
     fix = f"; fix: {r.label}" if r is not None and r.strategy not in (g.slow, g.fast) else ""
     first = first_causes(v.causes)
     held = main_site(v.causes) if first else None
+    busiest = f"; busiest line {held[0].lines[0].line}" if held is not None and \
+        held[0].hot_line else ""
     site = (f"; {_pct(held[1])} of the gap in {held[0].function} ({held[0].file}:"
-            f"{held[0].line})") if held is not None else ""
+            f"{held[0].line}{busiest})") if held is not None else ""
     if not first:
         return [lead + order + fix, lead + fix]
     ranked = told_apart(first, g)
