@@ -1812,7 +1812,8 @@ def test_a_product_of_a_per_gene_vector_by_a_weight_is_refused_at_the_call():
     """Found by a review: ``h[:, 0] @ W`` (or ``(h @ v) @ W``) with W ``[N, H]`` sums over the
     genes; converted it summed over the changed rows only, 9.8 off, silently."""
     w_genes = torch.randn(N, H)
-    for f in (lambda h, w: h + h[:, 0] @ w_genes, lambda h, w: h + (h @ w[:, 0]) @ w_genes):
+    for f in (lambda h, w: h + h[:, 0] @ w_genes, lambda h, w: h + (h @ w[:, 0]) @ w_genes,
+              lambda h, w: h + F.linear(h[:, 0], w_genes.t())):  # and F.linear (a review)
         fast = convert(_WithWeight(f), GRAPH[TYPES[0]])
         with pytest.raises(ConvertError, match=r"multiplies a value of shape \[\d+\] \(not "
                                                r"\[genes, features\]\), which sums over genes"):
@@ -1847,3 +1848,25 @@ def test_f_dropout_left_at_its_default_is_told_to_follow_the_modules_mode():
     enc.train()
     with pytest.raises(ConvertError, match=r"in train mode draws a different mask per sample"):
         convert(enc, GRAPH[TYPES[0]])(torch.randn(N, F_IN), DELETED)
+
+
+
+def test_f_linear_whose_output_width_is_the_gene_count_is_exact():
+    """A review: the element-wise path took any constant whose first dimension is N row by
+    row; F.linear's weight [N, F] (an output as wide as the gene count) is a weight, exact."""
+    class Wide(_Between):
+        def __init__(self):
+            super().__init__(None)
+            self.w = nn.Parameter(torch.randn(N, H) / H)
+            self.back = nn.Linear(N, H)
+
+        def forward(self, x, edge_index):
+            h = self.c1(x, edge_index)
+            return self.c2(self.back(F.linear(h, self.w)), edge_index)
+    torch.manual_seed(7)
+    with torch.random.fork_rng():
+        torch.set_default_dtype(torch.float64)
+        try:
+            _check(Wide(), GRAPH[TYPES[0]], "mean_kept")
+        finally:
+            torch.set_default_dtype(torch.float32)

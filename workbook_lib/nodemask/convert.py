@@ -1687,9 +1687,11 @@ class ConvertedEncoder(nn.Module):
         if rows is None:  # no node value involved
             return _call(node, fx.node.map_arg(node.args, lambda a: env[a]),
                          fx.node.map_arg(node.kwargs, lambda a: env[a]))
-        if node.target in MATMUL:  # per row only for an [N, F] value times a weight (a review:
-            flat = [a for a in node.all_input_nodes  # a per-gene [N] value times an [N, K]
-                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]  # sums genes)
+        if node.target in MATMUL or node.target is F.linear:  # per row only for an [N, F]
+            # value times a weight (a review: a per-gene [N] value times an [N, K] sums genes;
+            # F.linear's too, and its weight is never taken row by row)
+            flat = [a for a in node.all_input_nodes
+                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]
             if flat:
                 raise ConvertError(f"{op_name(node)} at {node_where(node)} multiplies a value "
                                    f"of shape {list(env[flat[0]].wt.shape)} (not [genes, "

@@ -462,10 +462,10 @@ def _per_row_call(node: fx.Node, genes: set) -> None:
         raise ConvertError(f"{what} at {where} writes into a tensor (inplace=True or out=), "
                            "which the conversion shares between samples; use its out-of-place "
                            "form")
-    if node.target in MATMUL:  # positional or by keyword (a review: input=, other=, mat2=)
-        left = node.args[0] if node.args else node.kwargs.get("input")
+    if node.target in MATMUL or node.target is F.linear:  # positional or by keyword (a
+        left = node.args[0] if node.args else node.kwargs.get("input")  # review: input=...)
         right = node.args[1] if len(node.args) > 1 else node.kwargs.get(
-            "other", node.kwargs.get("mat2"))
+            "other", node.kwargs.get("mat2", node.kwargs.get("weight")))
         if right in genes or left not in genes:
             raise ConvertError(f"{what} at {where} multiplies by a per-gene value on its "
                                "right, which mixes genes; a product is per row only as h @ W "

@@ -22,7 +22,7 @@ from ...training import loop
 from ...results.adoption import AdoptionResult, EqualityResult, finite_loss, loss_fall  # noqa: F401
 from .fix_speedups import speedup_inputs, speedups  # noqa: F401 (the notebook's speedups table)
 from .equality import check_pipelines, compare_built, equality_tolerance, seeded_build
-from .parameters import ParameterMismatchError
+from .parameters import ParameterMismatchError, copy_parameters, parameter_mapping
 
 PIPELINES = {"replicated": ("replicated_mask_cpu", "gather_scatter"),
              "fix": ("node_mask_shared", "spmm")}
@@ -145,6 +145,10 @@ def check_pair(params: Params, graph, device: torch.device, middle: str = "delta
                            tolerance_basis=basis, batch_size=b) if mode == "pipelines" else \
             check_pipelines(rep, fix, tolerance=tol, tolerance_basis=basis,
                             seed=params.seed, batch_size=b)
+        if mode == "pipelines":  # the trained pair starts from the same numbers, as the
+            # check's copies did (check_pipelines copies into the pipelines it checks; a review)
+            copy_parameters(rep.model, fix.model, parameter_mapping(
+                rep.model, fix.model, None, slow_label=rep.name, fast_label=fix.name))
     except ParameterMismatchError as exc:
         return Pair(mode, names, {}, None, (
             f"the parameters of '{rep.name}' and '{fix.name}' do not pair by name, so they "

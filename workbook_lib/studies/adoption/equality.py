@@ -19,7 +19,7 @@ import torch
 
 from ...configs.validation import Params
 from ...failures import describe_exception
-from ...exceptions import WorkbookError
+from ...exceptions import PipelineError, WorkbookError
 from ...results.adoption import EqualityResult, TensorDiff
 from .parameters import copy_parameters, parameter_mapping
 from .seeded_runs import _ModelState, _Run, _compare, _run, dropout_modules
@@ -56,6 +56,26 @@ def _refuse_stochastic(pipe, side: str, seed: int, rows: list[TensorDiff], mode:
         side=side, pipeline=pipe.name, row=w)
 
 
+class CheckStalled(PipelineError):
+    """A pipeline's batch made no progress within ``stall_timeout_s`` during the check."""
+
+
+def _watched(name: str, what: str, stall_timeout_s: float | None, fn):
+    """``fn()`` with ``what`` watched for ``stall_timeout_s`` (None or 0: not watched);
+    :class:`CheckStalled` naming the pipeline where it makes no progress."""
+    if not stall_timeout_s:
+        return fn()
+    from ...common.watchdog import Stalled, Watchdog
+
+    try:
+        with Watchdog(why="stall_timeout_s") as wd, \
+                wd.watch(f"pipeline '{name}'", what, stall_timeout_s):
+            return fn()
+    except Stalled as exc:
+        raise CheckStalled(name, f"{what} made no progress for {exc.waited_s:.0f} s "
+                                 "(stall_timeout_s): it blocks") from None
+
+
 def _try_float64(run, pipes: dict, seed: int) -> tuple[torch.dtype, dict, str]:
     """Batch 0 of both sides in float64 under the dtype guard: ``(float64, {side: run}, "")``
     where both ran in it, else ``(float32, {}, why)``."""
@@ -64,6 +84,8 @@ def _try_float64(run, pipes: dict, seed: int) -> tuple[torch.dtype, dict, str]:
         name = pipes[side].name
         try:
             r = run(side, 0, seed, torch.float64, guard=True)
+        except CheckStalled:  # blocking is no dtype's fault: not waited on twice (a review)
+            raise
         except Exception as exc:  # noqa: BLE001 - any failure: float32, and said why
             return torch.float32, {}, f"float64 could not run: '{name}' raised {describe_exception(exc, 160)}"
         if r.off_dtype:
@@ -133,7 +155,7 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
     if tolerance64 is not None and not tolerance64 > 0:
         raise ValueError(f"'tolerance64' must be > 0 (got {tolerance64})")
     for p in (slow, fast):
-        n = len(p.dataset())
+        n = _watched(p.name, "len(dataset())", stall_timeout_s, lambda p=p: len(p.dataset()))
         if n < batches * b:
             raise ValueError(f"the dataset of '{p.name}' holds {n} items, fewer than {batches} "
                              f"batch(es) of {b}")
@@ -145,19 +167,9 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
     dropout_off = {side: dropout_modules(p.model) for side, p in pipes.items()}
 
     def run(side: str, i: int, s: int, dtype: torch.dtype, **kw) -> _Run:
-        if not stall_timeout_s:
-            return _run(pipes[side], states[side], i, b, s, dtype=dtype, mode=mode, **kw)
-        from ...common.watchdog import Stalled, Watchdog
-        from ...exceptions import PipelineError
-
-        name = pipes[side].name
-        try:
-            with Watchdog(why="stall_timeout_s") as wd, \
-                    wd.watch(f"pipeline '{name}'", f"the check's batch {i}", stall_timeout_s):
-                return _run(pipes[side], states[side], i, b, s, dtype=dtype, mode=mode, **kw)
-        except Stalled as exc:
-            raise PipelineError(name, f"the check's batch {i} made no progress for "
-                                      f"{exc.waited_s:.0f} s (stall_timeout_s): it blocks") from None
+        return _watched(pipes[side].name, f"the check's batch {i}", stall_timeout_s,
+                        lambda: _run(pipes[side], states[side], i, b, s, dtype=dtype,
+                                     mode=mode, **kw))
 
     dtype, first, note = torch.float32, {}, ""
     if precision == "float64":
@@ -267,15 +279,21 @@ def compare_built(params: Params, slow: str, fast: str, graph, device, *, tolera
     (:func:`_built`): in float64, and where float64 cannot run, built again in float32 and
     compared there, saying why."""
     def compare(dtype: torch.dtype, prec: str) -> EqualityResult:
+        built = ""
         try:
             s, f = _built(params, (slow, fast), graph, device, dtype)
-        except Exception:  # noqa: BLE001 - one that cannot be built so: as before, in float32
-            if dtype != torch.float64:  # (check_pipelines converts it, or falls back, saying why)
+        except Exception as exc:  # noqa: BLE001 - one that cannot be built so: as before, in
+            if dtype != torch.float64:  # float32 (check_pipelines converts it, or falls back)
                 raise
             s, f = _built(params, (slow, fast), graph, device, torch.float32)
-        return check_pipelines(s, f, tolerance=tolerance, tolerance_basis=tolerance_basis,
-                               seed=params.seed, precision=prec,
-                               stall_timeout_s=params.stall_timeout_s, **kw)
+            built = (f"built in float32, then converted (building with float64 as the default "
+                     f"raised {describe_exception(exc, 120)})")
+        res = check_pipelines(s, f, tolerance=tolerance, tolerance_basis=tolerance_basis,
+                              seed=params.seed, precision=prec,
+                              stall_timeout_s=params.stall_timeout_s, **kw)
+        if built:
+            res.precision_note = "; ".join(x for x in (built, res.precision_note) if x)
+        return res
     if precision != "float64":
         return compare(torch.float32, precision)
     res = compare(torch.float64, "float64")
