@@ -655,6 +655,8 @@ def test_an_optimizer_over_many_more_tensors_is_told_its_tensors():
     assert optimizer_advice(slow, slow) == ""  # alike: the stage's own figures decide
     assert optimizer_advice(fast, slow) == ""
     assert optimizer_shape(None).tensors == 0
+    # foreach offered on a GPU only: on a CPU torch's foreach form loops over the tensors
+    assert "foreach=True" in text and "foreach" not in optimizer_advice(slow, fast, "cpu")
 
 
 def test_a_forwards_diagnosis_is_not_mirrored_by_its_backward_and_the_lead_says_so():
@@ -752,3 +754,42 @@ def test_an_optimizer_without_param_groups_is_no_03_failure():
             pass
     shape = optimizer_shape(Plain())
     assert (shape.kind, shape.tensors) == ("Plain", 0)
+
+
+
+def test_the_line_marks_wrap_and_put_back_every_entry_into_a_custom_backward():
+    from torch.autograd.function import BackwardCFunction
+
+    from workbook_lib.measurement.line_marks import _ENTRIES, LineMarks
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    before = {n: getattr(BackwardCFunction, n) for n in _ENTRIES}
+    assert set(before) == {"apply", "apply_boxed"}
+    marks = LineMarks(OwnCode())
+    with marks:
+        assert all(getattr(BackwardCFunction, n) is not f for n, f in before.items())
+        with marks:  # entered again (as a custom backward enters it): still wrapped
+            pass
+        assert all(getattr(BackwardCFunction, n) is not f for n, f in before.items())
+    assert all(getattr(BackwardCFunction, n) is f for n, f in before.items())
+
+
+def test_a_failed_line_marked_step_keeps_the_functions_and_says_why(monkeypatch):
+    from torch.profiler import record_function
+
+    from workbook_lib.measurement import code_sites
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    def broken(*a, **k):
+        raise RuntimeError("compiled graph refused the mode")
+    monkeypatch.setattr(code_sites, "marked_lines", broken)
+    x, w = torch.randn(128, 128), torch.randn(128, 128, requires_grad=True)
+
+    def step():
+        with record_function("wb:forward"):
+            out = lines_user(x, w, torch.randn(4), True)
+        with record_function("wb:backward"):
+            out.backward()
+    sites, why = code_sites.device_sites(step, device=torch.device("cpu"), own=OwnCode())
+    assert any(r.function == "lines_user" for r in sites["forward"])
+    assert why.startswith("lines not resolved: the line-marked step raised RuntimeError")

@@ -1870,3 +1870,24 @@ def test_f_linear_whose_output_width_is_the_gene_count_is_exact():
             _check(Wide(), GRAPH[TYPES[0]], "mean_kept")
         finally:
             torch.set_default_dtype(torch.float32)
+
+
+
+def test_a_draw_at_the_trace_is_told_from_a_trace_that_draws_nothing():
+    """fx runs a draw of a fixed size once, at the trace: its values would be baked in where
+    each sample's forward draws afresh. A trace that draws nothing passes, and the generator
+    is left as it was."""
+    from workbook_lib.nodemask.convert_trace import _drew, _rng_states
+
+    class Draws(_Between):
+        def forward(self, x, edge_index):
+            return self.c2(self.c1(x, edge_index) + torch.randn(H), edge_index)
+    enc = Draws(None)
+    state = torch.get_rng_state()
+    with pytest.raises(ConvertError, match="draws random numbers"):
+        convert(enc, GRAPH[TYPES[0]])
+    assert torch.equal(torch.get_rng_state(), state)  # put back
+    a = _rng_states()
+    assert not _drew(a, _rng_states())
+    torch.rand(1)
+    assert _drew(a, _rng_states())
