@@ -34,20 +34,7 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
     (largest first), and why none is attributed when that is so; the fourth, line-marked, gives
     each function's lines (:func:`marked_lines`; where it raises, the functions stand and the
     note says why they have no lines)."""
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    fd, path = tempfile.mkstemp(prefix="wb-stacks-", suffix=".json")
-    os.close(fd)
-    try:
-        with native_stderr_to_terminal(), profile(
-                activities=acts, with_stack=True,
-                schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
-                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
-            for _ in range(2):
-                step()
-                prof.step()
-        events = load_trace(path)
-    finally:
-        os.unlink(path)
+    events = _second_step(step, device, "wb-stacks-", with_stack=True)
     if not ts.python_frames(events):
         return {}, ("not attributed: the profiler recorded no Python frames (this Python's "
                     "stacks are not supported by the profiler)")
@@ -71,20 +58,29 @@ def marked_lines(step: Callable[[], object], *, device: torch.device, own) -> di
     """Two more calls of ``step``, every torch call marked by the line of the pipeline's code
     that made it (:class:`.line_marks.LineMarks`), the second recorded (without Python stacks):
     :func:`workbook_lib.traces.lines.line_totals` of it."""
+    with LineMarks(own):
+        events = _second_step(step, device, "wb-lines-")
+    return line_totals(events)
+
+
+def _second_step(step: Callable[[], object], device: torch.device, prefix: str, *,
+                 with_stack: bool = False) -> list:
+    """Two calls of ``step`` under ``torch.profiler``, the second recorded: its trace's events
+    (the trace itself, a temporary file named ``prefix...``, deleted)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    fd, path = tempfile.mkstemp(prefix="wb-lines-", suffix=".json")
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".json")
     os.close(fd)
     try:
         with native_stderr_to_terminal(), profile(
-                activities=acts, schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
-                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof, LineMarks(own):
+                activities=acts, with_stack=with_stack,
+                schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
             for _ in range(2):
                 step()
                 prof.step()
-        events = load_trace(path)
+        return load_trace(path)
     finally:
         os.unlink(path)
-    return line_totals(events)
 
 
 def _add_lines(out: dict, lines: dict, own) -> None:
