@@ -1676,52 +1676,37 @@ class ConvertedEncoder(nn.Module):
             if dim not in (-1, 1):
                 raise ConvertError(f"torch.cat at {node.name} joins along dim {dim}, not the "
                                    "features (dim=-1); convert cannot follow it")
-        if along_features(node):  # dim -1 is the features only of an [N, F] value (a review:
-            flat = [a for a in node.all_input_nodes  # a per-gene [N] value's -1 is the genes)
-                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]
+        # a product is per row only for an [N, F] value times a weight (a review: a per-gene
+        # [N] value times an [N, K] sums genes; F.linear's too), and a weight is never taken
+        # row by row, whatever its first dimension
+        product = node.target in MATMUL or node.target is F.linear
+        if along_features(node) or product:  # dim -1 is the features only of an [N, F] value
+            flat = [a for a in node.all_input_nodes  # (a review: a per-gene [N] value's -1 is
+                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]  # the genes)
             if flat:
-                raise ConvertError(f"{op_name(node)} at {node_where(node)} runs along dim -1 "
-                                   f"of a value of shape {list(env[flat[0]].wt.shape)} (not "
-                                   "[genes, features]), which is across genes; apply it to an "
-                                   "[N, F] value, or move it out of the encoder")
+                shape = list(env[flat[0]].wt.shape)
+                raise ConvertError(
+                    f"{op_name(node)} at {node_where(node)} " + (
+                        f"multiplies a value of shape {shape} (not [genes, features]), which "
+                        "sums over genes; multiply an [N, F] value by a weight" if product else
+                        f"runs along dim -1 of a value of shape {shape} (not [genes, "
+                        "features]), which is across genes; apply it to an [N, F] value") +
+                    ", or move it out of the encoder")
         if rows is None:  # no node value involved
             return _call(node, fx.node.map_arg(node.args, lambda a: env[a]),
                          fx.node.map_arg(node.kwargs, lambda a: env[a]))
-        if node.target in MATMUL or node.target is F.linear:  # per row only for an [N, F]
-            # value times a weight (a review: a per-gene [N] value times an [N, K] sums genes;
-            # F.linear's too, and its weight is never taken row by row)
-            flat = [a for a in node.all_input_nodes
-                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]
-            if flat:
-                raise ConvertError(f"{op_name(node)} at {node_where(node)} multiplies a value "
-                                   f"of shape {list(env[flat[0]].wt.shape)} (not [genes, "
-                                   "features]), which sums over genes; multiply an [N, F] "
-                                   "value by a weight, or move it out of the encoder")
-            return _Val(_call(node, *self._matmul_parts(node, env, "wt", rows, plan, dev)),
-                        _call(node, *self._matmul_parts(node, env, "values", rows, plan, dev)),
-                        rows)
 
         def part(which: str):
             def pick(a):
                 v = env[a]
                 if isinstance(v, _Val):
                     return v.wt if which == "wt" else _to_rows(v, rows, plan, dev).values
-                if isinstance(v, torch.Tensor) and which == "values" and v.dim() >= 2 \
-                        and v.shape[0] == plan.num_nodes:  # a per-gene constant
+                if isinstance(v, torch.Tensor) and which == "values" and not product and \
+                        v.dim() >= 2 and v.shape[0] == plan.num_nodes:  # a per-gene constant
                     return v.index_select(0, plan.rows_on(rows, "gene", dev))
                 return v
             return (fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick))
         return _Val(_call(node, *part("wt")), _call(node, *part("values")), rows)
-
-    def _matmul_parts(self, node: fx.Node, env: dict, which: str, rows, plan, dev) -> tuple:
-        """A product's arguments for its wildtype or its changed rows: the per-gene value's
-        part, the weight as it is (never taken row by row, whatever its first dimension)."""
-        def pick(a):
-            v = env[a]
-            if isinstance(v, _Val):
-                return v.wt if which == "wt" else _to_rows(v, rows, plan, dev).values
-            return v
-        return fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick)
 
     def _pooled_readout(self, out: fx.Node, tail: set, env: dict, plan: _Plan, dev):
         """``[B, H]``: the weighted-sum readout of the tail's output, from the tail's inputs."""
