@@ -1,6 +1,7 @@
 """nodemask.convert: a user's PyG encoder made exact on a shared graph, against the per-sample
 reference ``encoder(x_b, graph_b)`` in float64 (outputs, every parameter's gradient, x's), and
 every refusal in one line."""
+import contextlib
 import re
 import sys
 
@@ -146,6 +147,18 @@ def _reference(encoder, x, graph, deleted, readout):
     return torch.stack(outs)
 
 
+@contextlib.contextmanager
+def _float64():
+    """Within the block, torch's RNG forked and float64 the default dtype (modules built in it
+    are float64); both put back."""
+    with torch.random.fork_rng():
+        torch.set_default_dtype(torch.float64)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+
 def _check(encoder, graph, readout=None, deleted=DELETED, x=None, register=None,
            ref_graph=None):
     """Outputs, every parameter's gradient and x's equal the reference's (float64), at a first
@@ -185,18 +198,14 @@ READOUTS = [None, "mean", "mean_kept", "sum_kept", "attention"]
 def test_converted_equals_the_per_sample_reference(conv, container):
     i = CONVS.index(conv) + CONTAINERS.index(container)
     torch.manual_seed(i)
-    with torch.random.fork_rng():
-        torch.set_default_dtype(torch.float64)
-        try:
-            enc = Encoder(conv, container, POSTS[i % len(POSTS)],
-                          hetero_aggr=["sum", "mean", "cat"][i % 3])
-            readout = READOUTS[i % len(READOUTS)]
-            if readout == "attention":
-                readout = AttentionalAggregation(nn.Linear(H, 1), nn.Linear(H, H))
-            graph = GRAPH[TYPES[0]] if container == "single" else GRAPH
-            _check(enc, graph, readout)
-        finally:
-            torch.set_default_dtype(torch.float32)
+    with _float64():
+        enc = Encoder(conv, container, POSTS[i % len(POSTS)],
+                      hetero_aggr=["sum", "mean", "cat"][i % 3])
+        readout = READOUTS[i % len(READOUTS)]
+        if readout == "attention":
+            readout = AttentionalAggregation(nn.Linear(H, 1), nn.Linear(H, H))
+        graph = GRAPH[TYPES[0]] if container == "single" else GRAPH
+        _check(enc, graph, readout)
 
 
 @pytest.mark.parametrize("post", ["softmax", "logsoftmax", "rmsnorm", "glu"])
@@ -204,13 +213,9 @@ def test_modules_along_the_features_are_per_node_and_exact(post):
     """Softmax, GLU and RMSNorm over the features act on each row alone (refused as unknown
     until a user trial asked); over another dim they mix genes and are refused."""
     torch.manual_seed(3)
-    with torch.random.fork_rng():
-        torch.set_default_dtype(torch.float64)
-        try:
-            fast = _check(Encoder("gin", "moduledict", post), GRAPH, "mean_kept")
-            assert "per-node" in fast.explain(DELETED)
-        finally:
-            torch.set_default_dtype(torch.float32)
+    with _float64():
+        fast = _check(Encoder("gin", "moduledict", post), GRAPH, "mean_kept")
+        assert "per-node" in fast.explain(DELETED)
 
 
 class _Between(nn.Module):
@@ -237,12 +242,8 @@ ALONG = {"F.softmax": lambda h: F.softmax(h, dim=-1),
 @pytest.mark.parametrize("name", list(ALONG))
 def test_functions_along_the_features_are_exact(name):
     torch.manual_seed(4)
-    with torch.random.fork_rng():
-        torch.set_default_dtype(torch.float64)
-        try:
-            _check(_Between(ALONG[name]), GRAPH[TYPES[0]], "mean_kept")
-        finally:
-            torch.set_default_dtype(torch.float32)
+    with _float64():
+        _check(_Between(ALONG[name]), GRAPH[TYPES[0]], "mean_kept")
 
 
 @pytest.mark.parametrize("f, why", [
@@ -345,17 +346,13 @@ def test_a_library_module_the_trace_follows_is_named_where_it_is_refused():
     # a per-type affine indexed by a fixed type per gene acts on each row alone: followed,
     # exact (refused while an index of any kind was)
     torch.manual_seed(2)
-    with torch.random.fork_rng():
-        torch.set_default_dtype(torch.float64)
-        try:
-            enc = WithTypes()
-            enc.types[::3] = 1
-            with torch.no_grad():
-                enc.norm.weight.normal_()
-                enc.norm.bias.normal_()
-            _check(enc, GRAPH[TYPES[0]], "mean_kept")
-        finally:
-            torch.set_default_dtype(torch.float32)
+    with _float64():
+        enc = WithTypes()
+        enc.types[::3] = 1
+        with torch.no_grad():
+            enc.norm.weight.normal_()
+            enc.norm.bias.normal_()
+        _check(enc, GRAPH[TYPES[0]], "mean_kept")
 
     class Center(nn.Module):  # the user's own module, in a Sequential: its line, not the
         def forward(self, h):  # Sequential's name (a review)
@@ -1782,12 +1779,8 @@ ROWWISE = {  # found by a user trial, each refused as unknown though it acts on 
 @pytest.mark.parametrize("name", list(ROWWISE))
 def test_row_wise_operations_are_exact(name):
     torch.manual_seed(6)
-    with torch.random.fork_rng():
-        torch.set_default_dtype(torch.float64)
-        try:
-            _check(_WithWeight(ROWWISE[name]), GRAPH[TYPES[0]], "mean_kept")
-        finally:
-            torch.set_default_dtype(torch.float32)
+    with _float64():
+        _check(_WithWeight(ROWWISE[name]), GRAPH[TYPES[0]], "mean_kept")
 
 
 @pytest.mark.parametrize("f, why", [
@@ -1864,12 +1857,8 @@ def test_f_linear_whose_output_width_is_the_gene_count_is_exact():
             h = self.c1(x, edge_index)
             return self.c2(self.back(F.linear(h, self.w)), edge_index)
     torch.manual_seed(7)
-    with torch.random.fork_rng():
-        torch.set_default_dtype(torch.float64)
-        try:
-            _check(Wide(), GRAPH[TYPES[0]], "mean_kept")
-        finally:
-            torch.set_default_dtype(torch.float32)
+    with _float64():
+        _check(Wide(), GRAPH[TYPES[0]], "mean_kept")
 
 
 
