@@ -38,8 +38,9 @@ def line_totals(events: list[Event], stage_prefix: str = "wb:"
     # the mode's, is no operator's: found by a review, a line of size reads booked 600 'ops')
     marks: dict = defaultdict(list)
     for e in events:
-        if e.name.startswith(PREFIX) and parse(e.name) is not None:
-            marks[(e.pid, e.tid)].append((e.ts, e.end, parse(e.name)))
+        where = parse(e.name) if e.name.startswith(PREFIX) else None
+        if where is not None:
+            marks[(e.pid, e.tid)].append((e.ts, e.end, where))
     for table in marks.values():
         table.sort()
 

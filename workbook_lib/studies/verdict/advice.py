@@ -350,8 +350,9 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
                         "the batch was not measured): time it against autograd's own backward "
                         "of its forward (drop the Function; `equal` checks the gradients "
                         "agree)")
-            if cheap_calls(c):  # its line is said once, in the text
-                return f"{text}: " + cheap_calls(c, line=False)
+            loop_of_calls = cheap_calls(c, line=False)  # its line is said once, in the text
+            if loop_of_calls:
+                return f"{text}: {loop_of_calls}"
             more = ", none more for each extra sample" if g.ops_per_sample < 1 else \
                 f", {g.ops_per_sample:.3g} more for each extra sample"
             return (f"{text}, in {s.ops:.3g} operator calls per step{more}: not a loop; the "
