@@ -4,7 +4,10 @@ spread of its steps; a gap measured while contended is never one (issue 44, both
 * A varied workload (``tests/planted/varied_item.py``: items that search 1 to 4 hops deep, so
   steps spread widely), timed long enough on an idle machine: its gap is measured and not
   disturbed, although its steps' IQR/median is beyond the target.
-* The same pair timed for the fewest steps: not known to the target, disturbed.
+* The same pair timed for the fewest steps (5): not known to a 3% target, disturbed. (Five
+  rounds of this pair put the median's interval 7% to 37% either side of it; at the 10% default
+  a lucky five came inside it once in CI, so the brief run is held to a target it cannot reach
+  by luck.)
 * The fast pipeline listed twice beside two busy processes: contended, no gap.
 """
 import os
@@ -68,8 +71,9 @@ def test_a_varied_workload_timed_long_enough_is_not_disturbed(graph):
 
 
 def test_the_same_workload_timed_too_briefly_is_disturbed(graph):
-    p = _params(VARIED, loop_steps=5, loop_max_steps=5)
+    p = _params(VARIED, loop_steps=5, loop_max_steps=5, precision_target=0.03)
     _loops, g = _gap(p, graph)
+    assert g.ratio.n == 5, g.ratio
     assert not g.ratio.known_to(p["precision_target"]), g.ratio
     assert "gap" in V.disturbed_figures(g, None, p["precision_target"])
 
