@@ -793,3 +793,37 @@ def test_a_failed_line_marked_step_keeps_the_functions_and_says_why(monkeypatch)
     sites, why = code_sites.device_sites(step, device=torch.device("cpu"), own=OwnCode())
     assert any(r.function == "lines_user" for r in sites["forward"])
     assert why.startswith("lines not resolved: the line-marked step raised RuntimeError")
+
+
+def test_advice_is_marked_diagnosed_by_where_it_came_from_both_ways():
+    """``Cause.diagnosed`` is set from the advice's type (a :class:`Diagnosis`, what
+    ``site_diagnosis`` returns), where it was once found by recomputing the diagnosis and
+    comparing texts. A forward loop of cheap calls is a diagnosis (its backward then gives its
+    own figures, not "mirrors the forward"); a forward told one shared pass is not."""
+    from workbook_lib.results.stat import Stat
+    from workbook_lib.results.timing import Growth
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.advice import MIRRORS, Diagnosis, advise, site_diagnosis
+
+    def causes(ops, grows):
+        site = CodeSite("Model.forward", "mine.py", 18, "", 132.0, 0.0, 0.9, ops)
+        g = Growth("forward", (32, 16), Stat.from_samples([5e-3 if grows else 1e-4] * 5),
+                   Stat.from_samples([0.01] * 5), 0.8 if grows else 0.01, ops_per_sample=0.0,
+                   grows=grows)
+        fwd = Cause("forward", "", 2.0, 0.1, 1.9, 0.4, "measured", effect="adds",
+                    stage="forward", growth=g, sites=[site])
+        bwd = Cause("backward", "", 3.0, 0.1, 2.9, 0.5, "measured", effect="adds",
+                    stage="backward", sites=[site])
+        return fwd, bwd
+
+    fwd, bwd = causes(106_000, grows=False)
+    assert isinstance(site_diagnosis(fwd), Diagnosis)
+    advise([fwd, bwd], "cpu")
+    assert fwd.diagnosed and "a loop in `Model.forward`" in fwd.advice
+    assert type(fwd.advice) is str  # stored as a plain text
+    assert not bwd.advice.startswith(MIRRORS)
+    fwd, bwd = causes(40, grows=True)
+    advise([fwd, bwd], "cpu", copies=True)
+    assert not fwd.diagnosed and fwd.advice.startswith("one pass over one shared graph")
+    assert bwd.advice.startswith(MIRRORS)
+    assert site_diagnosis(Cause("loss", "", 1.0, 0.1, 0.9, 0.8, "measured")) == ""

@@ -127,11 +127,21 @@ def cheap_calls(c: Cause, line: bool = True) -> str:
             "rows or items")
 
 
+class Diagnosis(str):
+    """Advice that is :func:`site_diagnosis`'s: what the figures show, which may not be a change
+    to make (``Cause.diagnosed``; the type says so, where comparing texts once did)."""
+
+
 def site_diagnosis(c: Cause) -> str:
     """What the stage's largest site's figures say where no other advice follows: many cheap
     calls (:func:`cheap_calls`); no operator call at all (host Python or NumPy); the fast
     function's calls taking longer (more arithmetic per call); work that does not grow with the
-    batch (fixed per step); else ""."""
+    batch (fixed per step); else "". A text found is a :class:`Diagnosis`."""
+    text = _site_diagnosis(c)
+    return Diagnosis(text) if text else ""
+
+
+def _site_diagnosis(c: Cause) -> str:
     s = c.sites[0] if c.sites else None
     if s is None:
         return ""
@@ -260,7 +270,8 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
             c.advice = ""  # (found by a user trial: the results file advised pinned memory
             continue  # for a transfer that saved time, on a CPU)
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies))
-        c.diagnosed = bool(c.advice) and c.advice == site_diagnosis(c)
+        c.diagnosed = isinstance(c.advice, Diagnosis)
+        c.advice = str(c.advice)
         # the encoder's figures where the advice is its own (a backward mirroring the forward
         # quotes the forward's, figures and all; a forward's may follow a loop's: a review)
         if encoder is not None and NODEMASK in c.advice and c.stage in ("forward", "backward") \
