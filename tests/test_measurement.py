@@ -223,6 +223,35 @@ def test_each_syncing_operator_is_counted_once():
     assert dict(c.by_kind) == {"copy to host": 1}, dict(c.by_kind)
 
 
+def _host_reads(x):
+    chained = SyncCounter("cpu")
+    with chained.count():  # one sync on a GPU each: the copy; its reads are on the host
+        x.cpu().tolist()
+        x.to("cpu").tolist()
+        x[:1].cpu().item()
+    apart = SyncCounter("cpu")
+    with apart.count():  # the same tensor read on later lines: on a CPU run .cpu() returned x
+        y = x.cpu()  # itself, and x.tolist() on a GPU would sync again: each counted
+        y.tolist()
+        z = x[:1].cpu()
+        z.item()
+    return chained, apart
+
+
+def test_a_host_copy_read_on_its_own_line_is_one_sync_and_a_later_read_another():
+    """Noted in an earlier round: ``x.cpu().tolist()`` counted two syncs on a CPU run (one on a
+    GPU). A read chained to its copy is the copy's; the same reads on the next lines are not
+    told from a device tensor's and count, both ways."""
+    chained, apart = _host_reads(torch.arange(6))
+    assert dict(chained.by_kind) == {"copy to host": 3}, dict(chained.by_kind)
+    assert dict(apart.by_kind) == {"copy to host": 3, "item/bool/int/float": 1}, \
+        dict(apart.by_kind)
+    c = SyncCounter("cpu")
+    with c.count():  # a later .item() of another tensor on the copy's line is still counted
+        a = torch.arange(3).cpu(); b = torch.ones(1).item()  # noqa: E702, F841
+    assert dict(c.by_kind) == {"copy to host": 1, "item/bool/int/float": 1}, dict(c.by_kind)
+
+
 def test_sync_count_of_the_loop_form_comes_from_the_dispatcher():
     from conftest import make_graph
     from workbook_lib.strategies import make_strategy

@@ -11,6 +11,7 @@ The full list of operators: docs/development.md, "measurement/syncs.py".
 """
 from __future__ import annotations
 
+import sys
 import warnings
 from collections import Counter
 from contextlib import contextmanager
@@ -41,8 +42,10 @@ _ALWAYS: dict = {
 
 # ``.numpy()`` is not among them: a GPU tensor has none (it raises), so it reads a tensor already
 # on the host (``x.cpu().numpy()``: one sync, counted at ``.cpu()``; found by a user trial,
-# counted twice). ``x.cpu().tolist()`` still counts twice: on a CPU run ``.cpu()`` returns ``x``
-# itself, which cannot be told from a GPU tensor's ``.tolist()``, one sync
+# counted twice). On a CPU run ``.cpu()`` returns ``x`` itself, so a later ``x.tolist()`` (a sync
+# on a GPU) cannot be told from a read of the copy (none): a ``.tolist()`` or ``.item()`` of what
+# a counted copy returned, on the same line of the same call (``x.cpu().tolist()``), is the copy's
+# read and not counted again (_HostCopyCounter._chained); on another line it is counted
 _HOST_COPIES = {
     torch.Tensor.cpu: "copy to host",
     torch.Tensor.tolist: "copy to host",
@@ -124,9 +127,11 @@ class _DispatchCounter(TorchDispatchMode):
     operator count inside a CPU-only blocking of the batch marked by :func:`~workbook_lib.common.
     host.cache_blocks` (one block per batch on a GPU: not a loop over the samples)."""
 
-    def __init__(self, counter: Counter, ops: list[int], syncs: bool = True):
+    def __init__(self, counter: Counter, ops: list[int], syncs: bool = True,
+                 quiet: list[bool] | None = None):
         super().__init__()
         self.counter, self.ops, self.syncs = counter, ops, syncs
+        self.quiet = quiet if quiet is not None else [False]  # a host copy's own read
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -134,7 +139,7 @@ class _DispatchCounter(TorchDispatchMode):
             return func(*args, **kwargs)
         if not in_cache_blocks():  # a CPU-only blocking of the batch is not a loop to report
             self.ops[0] += 1
-        kind = sync_kind(func, args, kwargs) if self.syncs else None
+        kind = sync_kind(func, args, kwargs) if self.syncs and not self.quiet[0] else None
         if kind is not None:
             self.counter[kind] += 1
         return func(*args, **kwargs)
@@ -151,14 +156,33 @@ def _cpu_target(args, kwargs) -> "str | torch.device | None":
 
 
 class _HostCopyCounter(TorchFunctionMode):
-    def __init__(self, counter: Counter, owner: "SyncCounter | None" = None):
+    def __init__(self, counter: Counter, owner: "SyncCounter | None" = None,
+                 quiet: list[bool] | None = None):
         super().__init__()
         self.counter, self.owner = counter, owner
+        self.quiet = quiet if quiet is not None else [False]  # shared with the dispatch counter
+        self._copy: tuple | None = None  # the last counted copy: (result id, frame id, code, line)
+
+    @staticmethod
+    def _site() -> tuple:
+        """The calling frame's id, code and line, called from ``__torch_function__`` (a tensor
+        method called from Python has no frame of its own: the caller is the frame above)."""
+        f = sys._getframe(2)
+        return id(f), f.f_code, f.f_lineno
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if on_host():  # host work by design (common/host.py): a GPU run does it on the host too
             return func(*args, **kwargs)
+        if func in (torch.Tensor.tolist, torch.Tensor.item) and self._copy is not None and \
+                args and (id(args[0]),) + self._site() == self._copy:
+            # the read of what the last counted copy returned, on the same line of the same
+            # call (``x.cpu().tolist()``): the copy's own (see ``_HOST_COPIES``)
+            self.quiet[0] = True  # .item()'s aten read: not counted by the dispatch counter
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.quiet[0] = False
         kind = _HOST_COPIES.get(func)
         target = _cpu_target(args, kwargs) if kind is None and func is torch.Tensor.to else None
         if target is not None:
@@ -170,9 +194,12 @@ class _HostCopyCounter(TorchFunctionMode):
                 # a GPU, never a copy to the host; found by a user trial, each counted as a
                 # sync). .to(torch.device("cpu")) written out is missed here, not on a GPU
                 kind = "copy to host"
-        if kind is not None:
-            self.counter[kind] += 1
-        return func(*args, **kwargs)
+        if kind is None:
+            return func(*args, **kwargs)
+        self.counter[kind] += 1
+        out = func(*args, **kwargs)
+        self._copy = (id(out),) + self._site() if func is not torch.Tensor.tolist else None
+        return out
 
 
 class SyncCounter:
@@ -255,7 +282,9 @@ class SyncCounter:
                 if "synchroniz" in str(w.message).lower():
                     self.by_kind["cuda sync (set_sync_debug_mode)"] += 1
         else:
-            with _HostCopyCounter(self.by_kind, self), _DispatchCounter(self.by_kind, self._ops):
+            quiet = [False]
+            with _HostCopyCounter(self.by_kind, self, quiet), \
+                    _DispatchCounter(self.by_kind, self._ops, quiet=quiet):
                 yield self
 
 
