@@ -149,10 +149,14 @@ def test_mapping_refuses_missing_extra_and_shapes_and_applies_renames():
                                                      r"0.weight \[5, 3\]") as ei:
         parameter_mapping(slow, wide)
     assert set(ei.value.shapes) == {"0.weight", "0.bias", "1.weight"}
+    # every name pairs: the sizes differ, which no rename pairs (a review: --map was offered)
+    assert "pair by name, not by shape" in str(ei.value) and "built at different sizes" in \
+        str(ei.value) and "Pair them with --map" not in str(ei.value)
     wrapped = torch.nn.ModuleDict({"net": same})
     with pytest.raises(ParameterMismatchError) as ei:
         parameter_mapping(slow, wrapped)
     assert len(ei.value.missing) == 4 and ei.value.extra[0] == "net.0.bias"
+    assert "Pair them with --map SLOW_NAME=FAST_NAME" in str(ei.value)  # names that differ
     assert parameter_mapping(slow, wrapped, parse_renames(["0=net.0", "1=net.1"]))["1.bias"] \
         == "net.1.bias"
     # the longest prefix wins; a whole name too

@@ -151,8 +151,8 @@ def check_pair(params: Params, graph, device: torch.device, middle: str = "delta
                 rep.model, fix.model, None, slow_label=rep.name, fast_label=fix.name))
     except ParameterMismatchError as exc:
         return Pair(mode, names, {}, None, (
-            f"the parameters of '{rep.name}' and '{fix.name}' do not pair by name, so they "
-            f"cannot start from the same numbers ({exc})"), b, labels)
+            f"the parameters of '{rep.name}' and '{fix.name}' do not pair, so they cannot "
+            f"start from the same numbers ({exc})"), b, labels)
     except ValueError as exc:
         return Pair(mode, names, {}, None, f"the check before training could not run ({exc})",
                     b, labels)

@@ -65,9 +65,15 @@ def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
         if shapes:
             parts.append("shapes differ: " + ", ".join(
                 f"{n} {a} vs {m} {b}" for n, (a, m, b) in shapes.items()))
+        # names that pair with shapes that differ: models built at different sizes, which no
+        # rename pairs (a review: --map was suggested for them too)
+        todo = (". Pair them with --map SLOW_NAME=FAST_NAME (a name or a module prefix)"
+                if missing or extra else
+                f". Every name pairs: '{slow_label}' and '{fast_label}' are built at different "
+                "sizes (do both read the same params, e.g. hidden?); --map cannot pair them")
         raise ParameterMismatchError(
-            "the parameters do not pair by name: " + "; ".join(parts)
-            + ". Pair them with --map SLOW_NAME=FAST_NAME (a name or a module prefix)",
+            ("the parameters do not pair by name: " if missing or extra else
+             "the parameters pair by name, not by shape: ") + "; ".join(parts) + todo,
             missing=missing, extra=extra, shapes=shapes)
     return mapping
 
