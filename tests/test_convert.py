@@ -1097,12 +1097,35 @@ def test_a_library_function_of_the_encoder_is_named_with_the_users_line():
         def forward(self, x, edge_index):
             edge_index, _ = dropout_edge(edge_index, p=0.3, training=self.training)
             return super().forward(x, edge_index)
-    with pytest.raises(ValueError, match="at .*test_convert.py:\\d+ \\(inside global_mean_pool"
-                                         "\\(\\)\\) is not a per-row operation"):
+    with pytest.raises(ValueError, match="PyG's global_mean_pool at .*test_convert.py:\\d+ "
+                                         "pools over the genes inside the encoder"):
         convert(Pooled("gin", "single", "linear"), GRAPH[TYPES[0]])
     with pytest.raises(ValueError, match="at .*test_convert.py:\\d+ \\(inside dropout_edge\\(\\)\\) "
                                          "reads or changes the graph's edges"):
         convert(DropEdge("gin", "single", "linear"), GRAPH[TYPES[0]])
+
+
+@pytest.mark.parametrize("how", ["global_add_pool", "attention", "mean_aggr"])
+def test_a_pyg_pooling_inside_the_encoder_is_told_as_pooling_with_the_users_line(how):
+    """Found in an earlier round: a pooling over the genes inside the encoder was told about a
+    .dim() it made, or about control flow in PyG's own code; it is told as what it is, with
+    where its pooling goes instead (readout=)."""
+    from torch_geometric.nn import AttentionalAggregation, MeanAggregation, global_add_pool
+
+    class Pooling(Encoder):
+        def __init__(self):
+            super().__init__("gin", "single", "linear")
+            self.att, self.mean = AttentionalAggregation(nn.Linear(H, 1)), MeanAggregation()
+
+        def forward(self, x, edge_index):
+            h = super().forward(x, edge_index)
+            if how == "global_add_pool":
+                return h + global_add_pool(h, None)
+            return h + (self.att(h) if how == "attention" else self.mean(h))
+    what = "global_add_pool" if how == "global_add_pool" else "aggregation module"
+    with pytest.raises(ValueError, match=f"PyG's {what} at .*test_convert.py:\\d+ pools over "
+                                         "the genes inside the encoder; .*\\(readout="):
+        convert(Pooling(), GRAPH[TYPES[0]])
 
 
 def test_a_normalize_across_genes_is_refused_and_a_further_argument_is_not_an_edge():

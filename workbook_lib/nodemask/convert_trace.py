@@ -18,6 +18,7 @@ from torch import nn
 from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, HeteroConv,
                                 MessagePassing, SAGEConv, TransformerConv)
 from torch_geometric.nn import MLP as PygMLP
+from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
 from torch_geometric.nn.norm import GraphNorm
@@ -131,6 +132,18 @@ def user_line(stack: str | None, op: str | None = None) -> str:
     return "?"
 
 
+# where PyG's poolings over nodes live (a trace stopped inside one: the encoder pools)
+POOLS_IN, AGGRS_IN = "/torch_geometric/nn/pool/", "/torch_geometric/nn/aggr/"
+
+
+def pools_message(what: str, where: str) -> str:
+    """The refusal of a PyG pooling over the genes (``what``) inside the encoder, at ``where``."""
+    return (f"PyG's {what} at {where} pools over the genes inside the encoder; convert takes an "
+            "encoder that returns one row per gene, [N, H]: return the rows and pass the "
+            "pooling to convert (readout=\"mean\", \"mean_kept\", \"sum_kept\" or an "
+            "aggregation module, which stays yours)")
+
+
 def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Graph:
     """The encoder's forward as an fx graph: ``encoder(x, edge_index)`` when ``edge_keys`` is None,
     else ``encoder(x, {key: edge_index})``, one placeholder per key. Raises ConvertError, naming the
@@ -159,10 +172,18 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
                            f"{list(edge_keys or [])}); key the graph as the forward reads it, "
                            "e.g. by PyG (src, rel, dst) tuples") from None
     except Exception as e:  # fx's TraceError, or a Proxy used as a value
-        frames = [f for f in traceback.extract_tb(e.__traceback__)
+        tb = traceback.extract_tb(e.__traceback__)
+        frames = [f for f in tb
                   if "/torch/" not in f.filename and "/torch_geometric/" not in f.filename
                   and "convert_trace" not in f.filename]
         where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        below = tb[tb.index(frames[-1]) + 1:] if frames else []
+        pools = [f for f in below if POOLS_IN in f.filename or AGGRS_IN in f.filename]
+        if pools:  # a review: a PyG pooling in the encoder was told about its control flow
+            named = [f.name for f in pools if not f.name.startswith("__") and
+                     f.name != "forward"]
+            raise ConvertError(pools_message(named[0] if POOLS_IN in pools[0].filename and
+                                             named else "aggregation module", where)) from None
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         # control flow is fx's usual stop; others are a traced value used as a Python one (a
         # size to slice by, an edge utility's checks: found by a user trial, told 'control flow')
@@ -520,7 +541,14 @@ def _along_features(node: fx.Node, what: str, default, keepdim: bool = False) ->
 def _refuse_in_library(node: fx.Node, what: str) -> None:
     """Name the module, where an operation convert refuses was made by the forward of a PyTorch
     or PyG module the trace followed (its line is inside the library; the module is what the
-    user wrote): ConvertError, or nothing if the user's own code made it."""
+    user wrote): ConvertError, or nothing if the user's own code made it. A PyG pooling over
+    the genes (``global_mean_pool``, an ``Aggregation`` module) is told as one: convert takes
+    the encoder's rows and pools them itself (``readout=``)."""
+    where = node_where(node)
+    inside = where.split(" (inside ", 1)[1][:-3] if " (inside " in where else ""
+    if inside.startswith("global_") and inside.endswith("_pool"):  # a review: the message
+        raise ConvertError(pools_message(inside, where.split(" (inside ")[0]))  # named
+        # global_mean_pool's own .dim()
     stack = list((node.meta.get("nn_module_stack") or {}).values())
     for path, cls in reversed(stack):  # innermost first
         if not isinstance(cls, type) or issubclass(cls, (nn.Sequential, nn.ModuleList,
@@ -528,6 +556,8 @@ def _refuse_in_library(node: fx.Node, what: str) -> None:
             continue  # a container holds the module that made it (a review: blamed)
         if cls.__module__.split(".")[0] not in ("torch", "torch_geometric"):
             return  # the user's own module: its line is the user's
+        if issubclass(cls, Aggregation):  # one that fx follows through
+            raise ConvertError(pools_message(f"{cls.__name__} ({path})", where))
         raise ConvertError(f"{path} ({cls.__name__}): not a per-node module convert knows "
                            f"({KNOWN}): its forward computes {what}, which convert cannot see "
                            "acts on each row alone; move it out of the encoder, or build that "
