@@ -1122,7 +1122,8 @@ def test_a_pyg_pooling_inside_the_encoder_is_told_as_pooling_with_the_users_line
             if how == "global_add_pool":
                 return h + global_add_pool(h, None)
             return h + (self.att(h) if how == "attention" else self.mean(h))
-    what = "global_add_pool" if how == "global_add_pool" else "aggregation module"
+    what = {"global_add_pool": "global_add_pool", "attention": "AttentionalAggregation \\(att\\)",
+            "mean_aggr": "MeanAggregation \\(mean\\)"}[how]  # by class and path
     with pytest.raises(ValueError, match=f"PyG's {what} at .*test_convert.py:\\d+ pools over "
                                          "the genes inside the encoder; .*\\(readout="):
         convert(Pooling(), GRAPH[TYPES[0]])

@@ -157,6 +157,10 @@ def test_mapping_refuses_missing_extra_and_shapes_and_applies_renames():
         parameter_mapping(slow, wrapped)
     assert len(ei.value.missing) == 4 and ei.value.extra[0] == "net.0.bias"
     assert "Pair them with --map SLOW_NAME=FAST_NAME" in str(ei.value)  # names that differ
+    # a --map that swaps two layers of different shapes: the rename is what to check
+    with pytest.raises(ParameterMismatchError, match="Check --map: it pairs 0.weight with "
+                                                     "1.weight, 0.bias with 1.bias"):
+        parameter_mapping(slow, same, {"0": "1", "1": "0"})
     assert parameter_mapping(slow, wrapped, parse_renames(["0=net.0", "1=net.1"]))["1.bias"] \
         == "net.1.bias"
     # the longest prefix wins; a whole name too

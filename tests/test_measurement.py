@@ -1,4 +1,5 @@
 """The measurement core: every test fails when the figure it guards is wrong."""
+import contextlib
 import json
 import subprocess
 import sys
@@ -223,29 +224,38 @@ def test_each_syncing_operator_is_counted_once():
     assert dict(c.by_kind) == {"copy to host": 1}, dict(c.by_kind)
 
 
-def _host_reads(x):
+def _host_reads(x, inner=contextlib.nullcontext):
     chained = SyncCounter("cpu")
-    with chained.count():  # one sync on a GPU each: the copy; its reads are on the host
+    with chained.count(), inner():  # one sync on a GPU each: the copy; its reads are on the host
         x.cpu().tolist()
         x.to("cpu").tolist()
         x[:1].cpu().item()
     apart = SyncCounter("cpu")
-    with apart.count():  # the same tensor read on later lines: on a CPU run .cpu() returned x
-        y = x.cpu()  # itself, and x.tolist() on a GPU would sync again: each counted
+    with apart.count(), inner():  # the same tensor read on later lines: .cpu() returned x
+        y = x.cpu()  # itself on a CPU run, and x.tolist() on a GPU would sync again: each
+        # counted
         y.tolist()
         z = x[:1].cpu()
         z.item()
     return chained, apart
 
 
-def test_a_host_copy_read_on_its_own_line_is_one_sync_and_a_later_read_another():
+@pytest.mark.parametrize("inside", ["none", "torch.device", "another counter"])
+def test_a_host_copy_read_on_its_own_line_is_one_sync_and_a_later_read_another(inside):
     """Noted in an earlier round: ``x.cpu().tolist()`` counted two syncs on a CPU run (one on a
     GPU). A read chained to its copy is the copy's; the same reads on the next lines are not
-    told from a device tensor's and count, both ways."""
-    chained, apart = _host_reads(torch.arange(6))
+    told from a device tensor's and count, both ways; the same with another mode inside the
+    counter (a review: ``with torch.device(...)`` made every call's line the mode's own)."""
+    outer = SyncCounter("cpu")
+    with outer.count() if inside == "another counter" else contextlib.nullcontext():
+        chained, apart = _host_reads(torch.arange(6), (lambda: torch.device("cpu")) if
+                                     inside == "torch.device" else contextlib.nullcontext)
     assert dict(chained.by_kind) == {"copy to host": 3}, dict(chained.by_kind)
     assert dict(apart.by_kind) == {"copy to host": 3, "item/bool/int/float": 1}, \
         dict(apart.by_kind)
+    if inside == "another counter":  # the outer one agrees with the inner ones
+        assert dict(outer.by_kind) == {"copy to host": 6, "item/bool/int/float": 1}, \
+            dict(outer.by_kind)
     c = SyncCounter("cpu")
     with c.count():  # a later .item() of another tensor on the copy's line is still counted
         a = torch.arange(3).cpu(); b = torch.ones(1).item()  # noqa: E702, F841

@@ -15,6 +15,7 @@ import sys
 import warnings
 from collections import Counter
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -45,11 +46,14 @@ _ALWAYS: dict = {
 # counted twice). On a CPU run ``.cpu()`` returns ``x`` itself, so a later ``x.tolist()`` (a sync
 # on a GPU) cannot be told from a read of the copy (none): a ``.tolist()`` or ``.item()`` of what
 # a counted copy returned, on the same line of the same call (``x.cpu().tolist()``), is the copy's
-# read and not counted again (_HostCopyCounter._chained); on another line it is counted
+# read and not counted again (_HostCopyCounter.__torch_function__, _site); on another line it is
+# counted, a chain split over lines too (``(x.cpu()\n.tolist())``: two)
 _HOST_COPIES = {
     torch.Tensor.cpu: "copy to host",
     torch.Tensor.tolist: "copy to host",
 }
+
+_TORCH_DIR = str(Path(torch.__file__).parent)  # torch's own frames (a mode's, a wrapper's)
 
 H2D = "host-to-device copy (pageable memory)"
 KINDS = tuple(sorted(set(_ALWAYS.values()) | {"boolean-mask indexing", "repeat_interleave",
@@ -165,9 +169,14 @@ class _HostCopyCounter(TorchFunctionMode):
 
     @staticmethod
     def _site() -> tuple:
-        """The calling frame's id, code and line, called from ``__torch_function__`` (a tensor
-        method called from Python has no frame of its own: the caller is the frame above)."""
+        """The calling frame's id, code and line, called from ``__torch_function__``: the first
+        frame above it that is no mode's handler (a tensor method called from Python has no
+        frame of its own; a mode inside this one, ``with torch.device(...)`` say, adds its own
+        ``__torch_function__``, whose frame is the same for every call: a review)."""
         f = sys._getframe(2)
+        while f.f_back is not None and (f.f_code.co_name == "__torch_function__" or
+                                        f.f_code.co_filename.startswith(_TORCH_DIR)):
+            f = f.f_back
         return id(f), f.f_code, f.f_lineno
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

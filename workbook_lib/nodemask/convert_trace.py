@@ -18,7 +18,6 @@ from torch import nn
 from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, HeteroConv,
                                 MessagePassing, SAGEConv, TransformerConv)
 from torch_geometric.nn import MLP as PygMLP
-from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
 from torch_geometric.nn.norm import GraphNorm
@@ -132,8 +131,32 @@ def user_line(stack: str | None, op: str | None = None) -> str:
     return "?"
 
 
-# where PyG's poolings over nodes live (a trace stopped inside one: the encoder pools)
-POOLS_IN, AGGRS_IN = "/torch_geometric/nn/pool/", "/torch_geometric/nn/aggr/"
+# where PyG's poolings over nodes live (a trace stopped inside one: the encoder pools); the
+# pool folder also holds graph builders (knn_graph...), which are not poolings: its glob.py only
+GLOBAL_POOLS, AGGREGATIONS = "/torch_geometric/nn/pool/glob.py", "/torch_geometric/nn/aggr/"
+
+
+def _users(filename: str) -> bool:
+    """A frame of the user's code: not PyTorch's, PyG's or this module's."""
+    return "/torch/" not in filename and "/torch_geometric/" not in filename and \
+        "convert_trace" not in filename
+
+
+def _pooling(encoder: nn.Module, frames: list) -> str:
+    """The PyG pooling over nodes the innermost user line called, from the frames below it
+    (outermost first): ``global_mean_pool``, an aggregation module by class and path
+    (``AttentionalAggregation (pool)``); "" where none of them is one."""
+    paths = {id(m): p for p, m in encoder.named_modules()}
+    for f in frames:
+        name = f.f_code.co_filename
+        if name.endswith(GLOBAL_POOLS) and f.f_code.co_name.startswith("global_"):
+            return f.f_code.co_name
+        if AGGREGATIONS in name:
+            m = f.f_locals.get("self")
+            if isinstance(m, nn.Module):
+                return f"{type(m).__name__} ({paths.get(id(m), '?')})"
+            return "aggregation module"
+    return ""
 
 
 def pools_message(what: str, where: str) -> str:
@@ -172,18 +195,12 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
                            f"{list(edge_keys or [])}); key the graph as the forward reads it, "
                            "e.g. by PyG (src, rel, dst) tuples") from None
     except Exception as e:  # fx's TraceError, or a Proxy used as a value
-        tb = traceback.extract_tb(e.__traceback__)
-        frames = [f for f in tb
-                  if "/torch/" not in f.filename and "/torch_geometric/" not in f.filename
-                  and "convert_trace" not in f.filename]
-        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-        below = tb[tb.index(frames[-1]) + 1:] if frames else []
-        pools = [f for f in below if POOLS_IN in f.filename or AGGRS_IN in f.filename]
-        if pools:  # a review: a PyG pooling in the encoder was told about its control flow
-            named = [f.name for f in pools if not f.name.startswith("__") and
-                     f.name != "forward"]
-            raise ConvertError(pools_message(named[0] if POOLS_IN in pools[0].filename and
-                                             named else "aggregation module", where)) from None
+        stack = list(traceback.walk_tb(e.__traceback__))  # (frame, line), outermost first
+        user = [i for i, (f, _) in enumerate(stack) if _users(f.f_code.co_filename)]
+        where = f"{stack[user[-1]][0].f_code.co_filename}:{stack[user[-1]][1]}" if user else "?"
+        pooling = _pooling(encoder, [f for f, _ in stack[user[-1] + 1:]] if user else [])
+        if pooling:  # a review: a PyG pooling in the encoder was told about its control flow
+            raise ConvertError(pools_message(pooling, where)) from None
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         # control flow is fx's usual stop; others are a traced value used as a Python one (a
         # size to slice by, an edge utility's checks: found by a user trial, told 'control flow')
@@ -541,9 +558,9 @@ def _along_features(node: fx.Node, what: str, default, keepdim: bool = False) ->
 def _refuse_in_library(node: fx.Node, what: str) -> None:
     """Name the module, where an operation convert refuses was made by the forward of a PyTorch
     or PyG module the trace followed (its line is inside the library; the module is what the
-    user wrote): ConvertError, or nothing if the user's own code made it. A PyG pooling over
-    the genes (``global_mean_pool``, an ``Aggregation`` module) is told as one: convert takes
-    the encoder's rows and pools them itself (``readout=``)."""
+    user wrote): ConvertError, or nothing if the user's own code made it. A PyG global pooling
+    over the genes (``global_mean_pool``) is told as one: convert takes the encoder's rows and
+    pools them itself (``readout=``; an aggregation module stops the trace, in :func:`trace`)."""
     where = node_where(node)
     inside = where.split(" (inside ", 1)[1][:-3] if " (inside " in where else ""
     if inside.startswith("global_") and inside.endswith("_pool"):  # a review: the message
@@ -556,8 +573,6 @@ def _refuse_in_library(node: fx.Node, what: str) -> None:
             continue  # a container holds the module that made it (a review: blamed)
         if cls.__module__.split(".")[0] not in ("torch", "torch_geometric"):
             return  # the user's own module: its line is the user's
-        if issubclass(cls, Aggregation):  # one that fx follows through
-            raise ConvertError(pools_message(f"{cls.__name__} ({path})", where))
         raise ConvertError(f"{path} ({cls.__name__}): not a per-node module convert knows "
                            f"({KNOWN}): its forward computes {what}, which convert cannot see "
                            "acts on each row alone; move it out of the encoder, or build that "

@@ -66,9 +66,14 @@ def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
             parts.append("shapes differ: " + ", ".join(
                 f"{n} {a} vs {m} {b}" for n, (a, m, b) in shapes.items()))
         # names that pair with shapes that differ: models built at different sizes, which no
-        # rename pairs (a review: --map was suggested for them too)
+        # rename pairs (a review: --map was suggested for them too), unless a rename paired
+        # them (a review: a --map that swaps two layers was told 'built at different sizes')
+        renamed = [(n, m) for n, (_, m, _) in shapes.items() if m != n]
         todo = (". Pair them with --map SLOW_NAME=FAST_NAME (a name or a module prefix)"
                 if missing or extra else
+                ". Check --map: it pairs " + ", ".join(f"{n} with {m}" for n, m in renamed[:3])
+                + (f" and {len(renamed) - 3} more" if len(renamed) > 3 else "")
+                if renamed else
                 f". Every name pairs: '{slow_label}' and '{fast_label}' are built at different "
                 "sizes (do both read the same params, e.g. hidden?); --map cannot pair them")
         raise ParameterMismatchError(
