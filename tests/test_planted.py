@@ -159,8 +159,8 @@ def test_the_first_cause_is_the_planted_stage_with_its_function(slow, graph, tmp
     elif slow in RANKED:  # the only cause beyond noise: it holds most of the gap
         assert first.share > 0.5, [(c.stage, c.effect, c.share) for c in causes]
     assert sum(c.share for c in causes if c.share is not None) == pytest.approx(1.0)
-    bound = step_bound(loops.arm(slow))
-    fast = step_bound(loops.arm("fast"))
+    bound = step_bound(loops.arm(slow), loops.growth.get(slow))  # as 03 calls it
+    fast = step_bound(loops.arm("fast"), loops.growth.get("fast"))
     assert fast.bound == "model-bound" and not fast.sync_bound_on_gpu
     if first.stage in ("data_item", "collate"):
         assert bound.bound == "data-bound" and bound.largest_stage == first.stage

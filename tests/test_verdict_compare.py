@@ -757,3 +757,25 @@ def test_no_cause_is_ranked_where_the_full_steps_disagree_with_the_gap(monkeypat
     shown.clear()
     view.causes_plot(v)
     assert [k for k, _ in shown] == ["chart"]
+
+
+def test_sync_bound_on_a_gpu_reads_the_syncs_that_grow_with_the_batch_both_ways():
+    """Found by a user trial: 14 host syncs per step of a fixed per-step function (a positional
+    encoding recomputed each step), at batch 4, were called "sync-bound on a GPU" (3.5 per
+    sample) where none grew with the batch. With two batch sizes run, the rule reads the syncs
+    per extra sample; without, the step's syncs over its batch, as before."""
+    from workbook_lib.results.timing import Growth
+    from workbook_lib.studies.timing.stages import step_bound
+
+    a = arm("pe_slow", 4, {"forward": 0.05, "backward": 0.05})
+    a.syncs_per_step, a.syncs_by_stage = 14.0, {"forward": 14.0}
+
+    def grown(per_sample):
+        return {"forward": Growth("forward", (4, 2), st(1e-4), st(0.05), 0.01,
+                                  syncs_per_sample=per_sample)}
+    fixed = step_bound(a, grown(0.0))
+    assert not fixed.sync_bound_on_gpu and fixed.syncs_per_extra_sample == 0.0
+    assert "sync-bound" not in fixed.summary
+    assert step_bound(a).sync_bound_on_gpu  # not measured: 3.5 per sample, the step's over B
+    growing = step_bound(a, grown(3.5))
+    assert growing.sync_bound_on_gpu and "3.5 more for each extra sample" in growing.summary

@@ -228,6 +228,8 @@ def bound_table(bounds: dict):
         row.update({g: f"{b.group_shares[g]:.0%}" for g in GROUPS})
         row["host syncs per step (model, prep)"] = (
             "not counted" if b.syncs_per_step is None else
+            f"{b.syncs_per_step:.0f} ({b.syncs_per_extra_sample:.2g} more per extra sample)"
+            if b.syncs_per_extra_sample is not None else
             f"{b.syncs_per_step:.0f} ({b.syncs_per_step / b.batch_size:.2g} per sample)")
         row["on a GPU"] = "sync-bound" if b.sync_bound_on_gpu else ""
         rows.append(row)

@@ -28,7 +28,8 @@ BOUND_WORDS = {"data": "data-bound", "transfer": "transfer-bound",
 BOUND_RULE = ("the stage group (data: item + collate; transfer; device prep; model: forward, "
               "loss, backward and optimizer; loop overhead) with the largest share of the full step's "
               "median; sync-bound on a GPU when the device prep, forward and backward make at "
-              "least one host sync per sample")
+              "least one host sync per sample: more syncs for each extra sample where the step "
+              "was also run at a second batch size, else the step's syncs over its batch")
 
 
 MAIN_STAGES = ("loader_wait", "h2d", "device_prep", "forward", "loss", "loss_backward", "backward",
@@ -118,6 +119,9 @@ class StepBound(Record):
     syncs_per_step: float | None = None
     sync_bound_on_gpu: bool = False
     stage_shares: dict[str, float] = field(default_factory=dict)
+    # more host syncs for each extra sample (device prep, forward, backward; two batch sizes),
+    # None where not measured: then the rule reads syncs_per_step / batch_size
+    syncs_per_extra_sample: float | None = None
 
     def stage_words(self, of_step: str = "") -> str:
         """``data item 78%``: the largest stage where its group bounds the step; else the
@@ -136,7 +140,9 @@ class StepBound(Record):
         s = f"{self.bound} ({self.stage_words(' of the step')})"
         if self.sync_bound_on_gpu:
             s += (f"; sync-bound on a GPU ({self.syncs_per_step:.0f} host syncs per step, "
-                  f"{self.syncs_per_step / self.batch_size:.2g} per sample)")
+                  + (f"{self.syncs_per_extra_sample:.2g} more for each extra sample)"
+                     if self.syncs_per_extra_sample is not None else
+                     f"{self.syncs_per_step / self.batch_size:.2g} per sample)"))
         return s
 
 

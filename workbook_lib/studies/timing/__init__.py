@@ -462,7 +462,7 @@ def profile_strategies(params: Params, graph: CellGraph, device: torch.device, *
 
 def step_bounds(study: LoopStudy) -> dict[str, StepBound]:
     """What bounds each pipeline's full step (:func:`~.stages.step_bound`)."""
-    return {n: step_bound(study.arm(n, "full")) for n in study.strategies}
+    return {n: step_bound(study.arm(n, "full"), study.growth.get(n)) for n in study.strategies}
 
 
 def is_exact(study: LoopStudy, name: str) -> bool:

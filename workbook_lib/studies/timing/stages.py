@@ -4,7 +4,8 @@ Turns one pipeline's full-step arm of :mod:`workbook_lib.training.loop` into nam
 item and collate (the DataLoader wait, split in the proportion of the workers' own times),
 transfer, device prep, forward, loss, backward, optimizer, and loop overhead (the rest).
 :func:`step_bound` names the group with the largest share, and "sync-bound on a GPU" when the
-step makes at least one host sync per sample.
+step makes at least one host sync per sample (more for each extra sample, where two batch sizes
+were run).
 
 Written here rather than taken from a profiler's "input-bound / compute-bound" summary because
 the stages are the harness's own (measured between syncs, worker times sent with each batch), and
@@ -83,11 +84,15 @@ def model_syncs(arm) -> float | None:
     return float(arm.syncs_per_step)
 
 
-def step_bound(arm) -> StepBound:
+def step_bound(arm, growth: dict | None = None) -> StepBound:
     """What bounds a pipeline's full step, by :data:`BOUND_RULE`.
 
     Args:
         arm: the pipeline's full-step :class:`~workbook_lib.results.timing.ArmResult`.
+        growth: its stages' :class:`~workbook_lib.results.timing.Growth` (two batch sizes),
+            or None: the syncs per sample are then the step's over its batch (a user trial:
+            14 syncs of a fixed per-step function at batch 4 were called sync-bound, where
+            none grew with the batch).
     """
     med = stage_medians(arm)
     step = arm.step.median
@@ -100,8 +105,14 @@ def step_bound(arm) -> StepBound:
     top = max(GROUPS, key=lambda g: shares[g])
     largest = max(med, key=lambda k: med[k])
     syncs = model_syncs(arm)
+    grown = [g.syncs_per_sample for k, g in (growth or {}).items()
+             if k in SYNC_STAGES and g.syncs_per_sample is not None]
+    extra = float(sum(grown)) if grown else None
+    bound = extra >= 1.0 if extra is not None else \
+        syncs is not None and syncs >= arm.samples_per_step
     return StepBound(pipeline=arm.strategy, bound=BOUND_WORDS[top], group_shares=shares,
                      largest_stage=largest, largest_share=med[largest] / step, step_s=step,
                      batch_size=arm.samples_per_step, syncs_per_step=syncs,
-                     sync_bound_on_gpu=syncs is not None and syncs >= arm.samples_per_step,
-                     stage_shares={k: v / step for k, v in med.items()})
+                     sync_bound_on_gpu=bool(bound and syncs),
+                     stage_shares={k: v / step for k, v in med.items()},
+                     syncs_per_extra_sample=extra)
