@@ -503,6 +503,13 @@ def test_a_long_headline_cuts_the_causes_before_the_function_that_holds_the_gap(
         c.sites[0].lines = [CodeLine(12, "h = h[idx]", 1.0, 0.8)]
     assert "89% of the gap in LoopReadoutModel.forward (m.py:8; busiest line 12)" in \
         head("slow", hot, fast="fast")
+    # 60.4% + 40.4% of the gap x a site holding all of each (other stages faster on the slow
+    # side): "all of the gap", where a user trial read "101% of the gap" as a fault
+    whole = [cause("forward", 0.604, "m.py"), cause("backward", 0.404, "m.py")]
+    for c in whole:
+        c.sites[0].share = 1.0
+    text = head("slow", whole, fast="fast")
+    assert "; all of the gap in LoopReadoutModel.forward (m.py:8)" in text and "101%" not in text
 
 
 def lines_user(x, w, small, big_first):
@@ -628,6 +635,9 @@ def test_a_sites_figures_say_host_work_more_arithmetic_or_fixed_work():
     assert "its time does not grow with the batch" in text and "`build_norm_adj` " \
         "(c_rebuild_slow.py:10), which holds 80% of its extra time, has no backward (0 ms per " \
         "profiled step against 5.1 forward): work on no trainable parameter" in text
+    # as code: 05's HTML renders the advice as Markdown, where __init__ became a bold "init"
+    # (a user trial)
+    assert "computed once, in `__init__`, and kept as a buffer" in text
     assert "does not grow" not in _diagnosed("forward", rebuilt, share=0.6)  # grows
     stacked = CodeSite("PerGene.emb", "d_pergene.py", 19, "", 5.1, 0.0, 0.8, 30,
                        backward_ms=4.0)  # a stack of trainable parameters: its backward

@@ -169,7 +169,7 @@ def _site_diagnosis(c: Cause) -> str:
                 f"{s.where}, which holds {s.share:.0%} of its extra time, has no backward "
                 f"({s.backward_ms:.2g} ms per profiled step against {s.slow_ms:.3g} forward): "
                 "work on no trainable parameter, the same every step unless its inputs change; "
-                "computed once, in __init__, and kept as a buffer, it would leave the step")
+                "computed once, in `__init__`, and kept as a buffer, it would leave the step")
     return ""
 
 

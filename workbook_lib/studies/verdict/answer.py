@@ -341,8 +341,10 @@ def _measured_headlines(v: VerdictResult) -> list[str]:
     held = main_site(v.causes) if first else None
     busiest = f"; busiest line {held[0].lines[0].line}" if held is not None and \
         held[0].hot_line else ""
-    site = (f"; {_pct(held[1])} of the gap in {held[0].function} ({held[0].file}:"
-            f"{held[0].line}{busiest})") if held is not None else ""
+    # more than the whole gap where other stages are faster on the slow side: "all" (a user
+    # trial read "101% of the gap" as a fault)
+    site = (f"; {'all' if held[1] >= 1.0 else _pct(held[1])} of the gap in {held[0].function} "
+            f"({held[0].file}:{held[0].line}{busiest})") if held is not None else ""
     if not first:
         return [lead + order + fix, lead + fix]
     ranked = told_apart(first, g)
