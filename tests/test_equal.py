@@ -457,3 +457,24 @@ def test_a_dataset_that_blocks_in_the_check_is_named_not_waited_on():
                         tolerance_basis="", stall_timeout_s=1.0)
     assert time.perf_counter() - t0 < 30
     assert reads == [0]  # waited on once: not again in float32 (a review: twice the limit)
+
+
+def test_a_buffer_dense_on_one_side_and_sparse_on_the_other_is_left_uncopied():
+    """Found by a user trial: a dense [N, N] adjacency buffer and its sparse rewrite, both named
+    ``adj``, crashed the check in ``copy_`` with a traceback. Left uncopied (and said so); a
+    buffer of the same layout is copied."""
+    from workbook_lib.studies.adoption.parameters import copy_parameters
+
+    class M(torch.nn.Module):
+        def __init__(self, sparse):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            adj = torch.eye(3) * (2.0 if sparse else 1.0)
+            self.register_buffer("adj", adj.to_sparse() if sparse else adj)
+            self.register_buffer("scale", torch.full((3,), 2.0 if sparse else 1.0))
+
+    slow, fast = M(False), M(True)
+    copied, not_copied = copy_parameters(slow, fast, parameter_mapping(slow, fast))
+    assert copied == ["scale"] and not_copied == ["adj"]
+    assert torch.equal(fast.scale, slow.scale) and torch.equal(fast.lin.weight, slow.lin.weight)
+    assert fast.adj.is_sparse and fast.adj.to_dense()[0, 0] == 2.0  # left as it was

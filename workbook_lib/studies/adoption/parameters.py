@@ -97,8 +97,9 @@ def _names(names, limit: int = 8) -> str:
 def copy_parameters(slow: torch.nn.Module, fast: torch.nn.Module,
                     mapping: dict[str, str]) -> tuple[list[str], list[str]]:
     """Copy the slow model's parameters into the fast one (``mapping`` from
-    :func:`parameter_mapping`), and its buffers of the same name and shape; returns
-    ``(buffers copied, fast buffers not copied)``."""
+    :func:`parameter_mapping`), and its buffers of the same name, shape and layout (a user
+    trial: a dense adjacency buffer and its sparse rewrite of the same name raised in
+    ``copy_``); returns ``(buffers copied, fast buffers not copied)``."""
     sp, fp = dict(slow.named_parameters()), dict(fast.named_parameters())
     sb, fb = dict(slow.named_buffers()), dict(fast.named_buffers())
     copied, not_copied = [], []
@@ -106,7 +107,7 @@ def copy_parameters(slow: torch.nn.Module, fast: torch.nn.Module,
         for n, m in mapping.items():
             fp[m].copy_(sp[n].to(fp[m].device, fp[m].dtype))
         for n, b in fb.items():
-            if n in sb and sb[n].shape == b.shape:
+            if n in sb and sb[n].shape == b.shape and sb[n].layout == b.layout:
                 b.copy_(sb[n].to(b.device, b.dtype))
                 copied.append(n)
             else:
