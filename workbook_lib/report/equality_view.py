@@ -49,8 +49,8 @@ def table_lines(res: EqualityResult) -> list[str]:
     if res.randomness:
         out.append(f"Randomness: {res.randomness}.")
     if res.buffers_not_copied:
-        out.append("Buffers of the fast model not copied (no same-named buffer of that shape and layout in "
-                   f"the slow one): {', '.join(res.buffers_not_copied)}")
+        out.append("Buffers of the fast model not copied (no same-named buffer of that shape "
+                   f"and layout in the slow one): {', '.join(res.buffers_not_copied)}")
     out.append(("EQUAL: " if res.equal else "DIFFERENT: ") + res.summary())
     return out
 
