@@ -1819,7 +1819,11 @@ def test_row_wise_operations_are_exact(name):
     (lambda h, w: torch.matmul(input=w, other=h), r"multiplies by a per-gene value on its "
                                                   r"right"),
     (lambda h, w: torch.mm(w, mat2=h), r"multiplies by a per-gene value on its right"),
-    (lambda h, w: F.relu(h, inplace=True), r"writes into a tensor \(inplace=True or out=\)")])
+    (lambda h, w: F.relu(h, inplace=True), r"writes into a tensor \(inplace=True or out=\)"),
+    # found by a user trial: the functional in-place form was told 'not a per-row operation'
+    (lambda h, w: torch.relu_(h), r"relu_ at .* changes a per-gene value in place.*"
+                                  r"\(torch\.relu\(\.\.\.\)\)"),
+    (lambda h, w: torch.sigmoid_(h + 1), r"\(torch\.sigmoid\(\.\.\.\)\)")])
 def test_calls_that_are_not_per_row_are_refused_with_what_to_do(f, why):
     with pytest.raises(ConvertError, match=why):
         convert(_WithWeight(f), GRAPH[TYPES[0]])

@@ -496,6 +496,13 @@ def _per_row_call(node: fx.Node, genes: set) -> None:
         raise ConvertError(f"{what} at {where} changes a per-gene value in place, which the "
                            "conversion shares between samples; use its out-of-place form "
                            f"(.{str(node.target)[:-1]}())")
+    name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+    if name.endswith("_") and not name.startswith("_") and node.args and \
+            isinstance(node.args[0], fx.Node):  # torch.relu_(h), F.relu_(h): a user trial
+        mod = "F" if getattr(node.target, "__module__", "").endswith("functional") else "torch"
+        raise ConvertError(f"{what} at {where} changes a per-gene value in place, which the "
+                           "conversion shares between samples; use its out-of-place form "
+                           f"({mod}.{name[:-1]}(...))")
     if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
         raise ConvertError(f"{what} at {where} writes into a tensor (inplace=True or out=), "
                            "which the conversion shares between samples; use its out-of-place "
