@@ -837,3 +837,64 @@ def test_advice_is_marked_diagnosed_by_where_it_came_from_both_ways():
     assert not fwd.diagnosed and fwd.advice.startswith("one pass over one shared graph")
     assert bwd.advice.startswith(MIRRORS)
     assert site_diagnosis(Cause("loss", "", 1.0, 0.1, 0.9, 0.8, "measured")) == ""
+
+
+def dense_user(adj, keep, h, w):
+    a = adj.unsqueeze(0) * keep[:, :, None] * keep[:, None, :]
+    return torch.bmm(a, h @ w)
+
+
+def shared_user(adj, keep, h, w):
+    hw = (h * keep[:, :, None]) @ w
+    return adj @ hw
+
+
+@pytest.mark.parametrize("per_sample", [True, False])
+def test_a_dense_graph_per_sample_is_found_at_its_line_and_advised_one_shared_pass(per_sample):
+    """Found by a user trial: a dense [N, N] adjacency masked per sample and multiplied by
+    ``bmm`` (62.9 ms more for each extra sample, no more operator calls) was told "no change
+    follows from these figures alone". The line-marked step records its operators' shapes: the
+    ``bmm`` line's [B, N, N] operand is a graph per sample, and one shared pass follows from it.
+    The same work over one shared [N, N] adjacency is no graph per sample: not advised."""
+    from workbook_lib.measurement.code_sites import device_sites
+    from workbook_lib.results.stat import Stat
+    from workbook_lib.results.timing import Growth
+    from workbook_lib.results.verdict import Cause, CodeLine, CodeSite
+    from workbook_lib.studies.timing.own_code import OwnCode
+    from workbook_lib.studies.verdict.advice import NODEMASK, advise, graph_per_sample
+    from torch.profiler import record_function
+
+    n, b = 300, 4
+    adj = (torch.rand(n, n) < 0.05).float()
+    keep = torch.ones(b, n)
+    keep[:, :3] = 0
+    h, w = torch.randn(b, n, 16), torch.randn(16, 16, requires_grad=True)
+    fn = dense_user if per_sample else shared_user
+
+    def step():
+        with record_function("wb:forward"):
+            out = fn(adj, keep, h, w).sum()
+        with record_function("wb:backward"):
+            out.backward()
+    sites, why = device_sites(step, device=torch.device("cpu"), own=OwnCode())
+    row = next(r for r in sites["forward"] if r.function == fn.__name__)
+    site = CodeSite(fn.__name__, "mine.py", fn.__code__.co_firstlineno, "", 60.0, 0.0, 0.9, 4,
+                    lines=[CodeLine(ln.line, ln.text, ln.seconds * 1e3, 0.5, ln.dims,
+                                    ln.dims_op) for ln in row.lines])
+    grow = Growth("forward", (4, 2), Stat.from_samples([0.0629] * 5), Stat.from_samples([0.3] *
+                  5), 0.84, ops_per_sample=0.0, grows=True)
+    c = Cause("forward", "", 2.0, 0.1, 1.9, 0.6, "measured", effect="adds", stage="forward",
+              growth=grow, sites=[site])
+    found = graph_per_sample(c, n)
+    advise([c], "cpu", num_genes=n)
+    if per_sample:
+        first = fn.__code__.co_firstlineno
+        # both lines compute on it: the masking's mul and the bmm; the busier is named
+        assert (f"line {first + 1} of" in found and "gives mul a" in found) or \
+            (f"line {first + 2} of" in found and "gives bmm a" in found), found
+        assert f" a [{b}, {n}, {n}] operand: {b} matrices of N x N (N = {n} genes), a dense " \
+               "graph for each sample" in found
+        assert c.advice.startswith(NODEMASK) and found in c.advice
+        assert graph_per_sample(c, n + 1) == ""  # another graph's N: not this graph
+    else:
+        assert found == "" and NODEMASK not in c.advice

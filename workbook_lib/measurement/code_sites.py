@@ -59,12 +59,12 @@ def marked_lines(step: Callable[[], object], *, device: torch.device, own) -> di
     that made it (:class:`.line_marks.LineMarks`), the second recorded (without Python stacks):
     :func:`workbook_lib.traces.lines.line_totals` of it."""
     with LineMarks(own):
-        events = _second_step(step, device, "wb-lines-")
+        events = _second_step(step, device, "wb-lines-", record_shapes=True)
     return line_totals(events)
 
 
 def _second_step(step: Callable[[], object], device: torch.device, prefix: str, *,
-                 with_stack: bool = False) -> list:
+                 with_stack: bool = False, record_shapes: bool = False) -> list:
     """Two calls of ``step`` under ``torch.profiler``, the second recorded: its trace's events
     (the trace itself, a temporary file named ``prefix...``, deleted)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -72,7 +72,7 @@ def _second_step(step: Callable[[], object], device: torch.device, prefix: str, 
     os.close(fd)
     try:
         with native_stderr_to_terminal(), profile(
-                activities=acts, with_stack=with_stack,
+                activities=acts, with_stack=with_stack, record_shapes=record_shapes,
                 schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
             for _ in range(2):
@@ -97,6 +97,7 @@ def _add_lines(out: dict, lines: dict, own) -> None:
                 m.seconds += t.seconds
                 m.ops += t.ops
                 m.device_seconds += t.device_seconds
+                m.add_dims(t.dims, t.dims_op)
         done = set()
         for r in rows:  # largest first: the function's first row holds its lines
             found = by_function.get((r.file, r.line))
@@ -104,8 +105,8 @@ def _add_lines(out: dict, lines: dict, own) -> None:
                 continue
             done.add((r.file, r.line))
             top = sorted(found.items(), key=lambda kv: -(kv[1].seconds + kv[1].device_seconds))
-            r.lines = [LineTime(n, _source(own, r.file, n), t.seconds, t.ops, t.device_seconds)
-                       for n, t in top]
+            r.lines = [LineTime(n, _source(own, r.file, n), t.seconds, t.ops, t.device_seconds,
+                                list(t.dims), t.dims_op) for n, t in top]
 
 
 def _source(own, file: str, line: int) -> str:

@@ -19,6 +19,8 @@ class LineTime(Record):
     seconds: float  # host time of its operators per recorded step
     ops: float  # operator calls per recorded step
     device_seconds: float = 0.0  # kernel time per recorded step (CUDA traces)
+    dims: list[int] = field(default_factory=list)  # its operators' largest input's shape
+    dims_op: str = ""  # the operator that took it ("aten::bmm")
 
 
 @dataclass

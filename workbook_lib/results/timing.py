@@ -268,6 +268,7 @@ class LoopStudy(Record):
     encoders: dict[str, EncoderFigures] = field(default_factory=dict)
     # pipeline -> what its optimizer steps over (a slow optimizer stage's figure: its tensors)
     optimizers: dict[str, OptimizerShape] = field(default_factory=dict)
+    num_genes: int | None = None  # the graph's (an operand [B, N, N]: a graph per sample)
 
     def arm(self, strategy: str, mode: str = "full") -> ArmResult:
         return self.arms[arm_key(strategy, mode)]

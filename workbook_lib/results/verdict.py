@@ -42,6 +42,8 @@ class CodeLine(Record):
     text: str  # its source, stripped
     ms: float  # per step: host time, or kernel time where the site's figures are a GPU's
     share: float  # of the function's operator time on its marked lines, in the cause's stages
+    dims: list[int] = field(default_factory=list)  # its operators' largest input's shape
+    dims_op: str = ""  # the operator that took it ("aten::bmm")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 from ..measurement.line_marks import PREFIX, parse
 from .reading import GPU_CATS, Event, build_tree, main_thread, self_time
-from .sites import EVALUATE, SiteTotals, _is_op, _sequence
+from .sites import EVALUATE, SiteTotals, _is_op, _sequence, largest_input
 
 Function = tuple  # (file as the trace names it, its first line)
 
@@ -27,7 +27,7 @@ def line_totals(events: list[Event], stage_prefix: str = "wb:"
 
     Args:
         events: a trace's events (:func:`~.reading.load_trace`) recorded under ``LineMarks``
-            (Python stacks are not needed).
+            (Python stacks are not needed; with shapes, each line keeps its largest operand).
         stage_prefix: the prefix of the stage ranges, on the step's main thread.
     """
     thread = main_thread(events) or main_thread(events, step_marker=stage_prefix)
@@ -81,6 +81,7 @@ def line_totals(events: list[Event], stage_prefix: str = "wb:"
         tot.seconds += self_time(e) / 1e6
         if _is_op(e) and not (e.parent is not None and _is_op(e.parent)):
             tot.ops += 1
+            tot.add_dims(largest_input(e), e.name)
         if _is_op(e) and "External id" in e.args:
             by_external[e.args["External id"]] = (span[2], up)
     for e in events:  # kernels and copies: device time, at the line that launched them

@@ -49,6 +49,29 @@ class SiteTotals:
     seconds: float = 0.0
     ops: int = 0
     device_seconds: float = 0.0
+    # the largest input (most elements) of its operators, where shapes were recorded, and the
+    # operator that took it: what a line computes on ([B, N, N]: a graph per sample)
+    dims: tuple = ()
+    dims_op: str = ""
+
+    def add_dims(self, dims, op: str) -> None:
+        """Keep ``dims`` (an operator's input shape) if it is the largest seen."""
+        if dims and _numel(dims) > _numel(self.dims):
+            self.dims, self.dims_op = tuple(dims), op
+
+
+def _numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n if dims else 0
+
+
+def largest_input(e: Event) -> list:
+    """The input shape of most elements of an operator event recorded with shapes ([] else)."""
+    shapes = [d for d in (e.args.get("Input Dims") or []) if isinstance(d, list) and d and
+              all(isinstance(x, int) for x in d)]
+    return max(shapes, key=_numel) if shapes else []
 
 
 Site = tuple  # (the pipeline's frame or None, the library frame under it or None)

@@ -161,7 +161,8 @@ def run_loops(params: Params, graph: CellGraph, device: torch.device, *,
                   "threads": torch.get_num_threads(), "threads_why": threads.why},
         arms=res, exact={n: getattr(made[n], "exact", None) for n in made},
         labels={n: made[n].label for n in made}, shared_pass=shared, failures=failures,
-        growth_note=growth_note, encoders=encoders, optimizers=opts)
+        growth_note=growth_note, encoders=encoders, optimizers=opts,
+        num_genes=graph.num_genes)
     study.growth = {n: g for n in measured if n in pair and (g := growth(study, n))}
     return study
 

@@ -229,17 +229,45 @@ def carries_copies(name: str) -> bool:
     return bool(cls is not None and getattr(cls, "replicated", False))
 
 
-def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool) -> str:
+def graph_per_sample(c: Cause, num_genes: int | None) -> str:
+    """Where a line of the stage's largest site computes on an N x N matrix per sample (an
+    operand with two dimensions of the graph's N genes and more than one such matrix: ``[B, N,
+    N]``, from notebook 03's line-marked step with shapes), that, in figures; else "". A user
+    trial: a dense adjacency masked per sample and multiplied by ``bmm`` got no advice."""
+    s = c.sites[0] if c.sites else None
+    if s is None or not num_genes or num_genes < 2:
+        return ""
+    for ln in s.lines:
+        d = list(ln.dims)
+        rest = 1
+        for x in d:
+            rest *= x
+        rest //= num_genes * num_genes
+        if len(d) >= 3 and d.count(num_genes) >= 2 and rest >= 2:
+            op = ln.dims_op.replace("aten::", "")
+            return (f"line {ln.line} of {s.where}, `{ln.text}`, holds {ln.share:.0%} of its "
+                    f"operator time and gives {op} a {d} operand: {rest:,} matrices of N x N "
+                    f"(N = {num_genes:,} genes), a dense graph for each sample")
+    return ""
+
+
+def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool,
+               num_genes: int | None = None) -> str:
     """What in the figures shows that a stage's cost per sample (the forward's, or the
     backward's where the forward is not advised) is graph work, in words; "" where nothing does
     (then one shared pass is not advised, however the stage grows): a
     built-in strategy that carries a graph copy per sample, an encoder the pipeline declares
-    (``shared_encoder``: run on its graph copies), or the stage's own largest site running graph
-    code (its main library frame, or at least :data:`GRAPH_SHARE` of its time)."""
+    (``shared_encoder``: run on its graph copies), a line of the largest site computing on an
+    N x N matrix per sample (:func:`graph_per_sample`, given the graph's ``num_genes``), or the
+    stage's own largest site running graph code (its main library frame, or at least
+    :data:`GRAPH_SHARE` of its time)."""
     if copies:
         return "the slow pipeline carries one graph copy per sample"
     if encoder is not None:
         return "its encoder (shared_encoder) runs on a graph copy per sample"
+    dense = graph_per_sample(c, num_genes)
+    if dense:
+        return dense
     s = c.sites[0] if c.sites else None
     if s is not None and graph_code(s.library):
         return f"its largest site, {s.where}, runs graph code ({s.library})"
@@ -249,13 +277,14 @@ def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool) -> str:
 
 
 def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None = None,
-           gap: Gap | None = None, copies: bool = False) -> None:
+           gap: Gap | None = None, copies: bool = False, num_genes: int | None = None) -> None:
     """Sets every row's ``advice`` (what to change, or "") and ``finding`` (what was measured,
     in one sentence). ``encoder``: the slow pipeline's encoder against its conversion (03),
     said where the forward's advice is one shared pass; ``gap``: its steps per epoch tell a
     slower stage from more steps of an equal one, and with its epoch times and batch say what
     the conversion's saving leaves of the gap; ``copies``: the slow pipeline is a built-in
-    strategy that carries graph copies (:func:`carries_copies`). Only a cause that adds at least
+    strategy that carries graph copies (:func:`carries_copies`); ``num_genes``: the graph's
+    (:func:`graph_per_sample`). Only a cause that adds at least
     :data:`MINOR` of the gap (a named one) is advised."""
     steps = (gap.steps.get(gap.slow), gap.steps.get(gap.fast)) if gap else (None, None)
     by = {c.stage: c for c in rows}
@@ -269,7 +298,7 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
         if c.effect != "adds" or c.share is None or c.share < MINOR:  # not a named cause
             c.advice = ""  # (found by a user trial: the results file advised pinned memory
             continue  # for a transfer that saved time, on a CPU)
-        c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies))
+        c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies, num_genes))
         c.diagnosed = isinstance(c.advice, Diagnosis)
         c.advice = str(c.advice)
         # the encoder's figures where the advice is its own (a backward mirroring the forward

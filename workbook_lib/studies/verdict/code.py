@@ -36,7 +36,7 @@ def graph_code(library: str) -> bool:
 
 def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
     """(function, file, line) -> [seconds per step, ops per step, {library: seconds},
-    {line: [text, seconds]}]."""
+    {line: [text, seconds, largest operand's dims, its operator]}]."""
     out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float), {}])
     for st in stages:
         for r in profile.sites.get(st, []):
@@ -47,8 +47,10 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
             if r.library:
                 row[2][r.library] += sec
             for ln in r.lines:
-                hit = row[3].setdefault(ln.line, [ln.text, 0.0])
+                hit = row[3].setdefault(ln.line, [ln.text, 0.0, [], ""])
                 hit[1] += ln.device_seconds if device else ln.seconds
+                if _numel(ln.dims) > _numel(hit[2]):
+                    hit[2], hit[3] = list(ln.dims), ln.dims_op
     return out
 
 
@@ -57,13 +59,22 @@ def code_lines(lines: dict, most: int = MOST) -> list[CodeLine]:
     of the time on all its marked lines.
 
     Args:
-        lines: ``{line: [text, seconds per step]}`` (:func:`_by_function`'s last item).
+        lines: ``{line: [text, seconds per step, dims, operator]}`` (:func:`_by_function`'s
+            last item; the last two may be missing).
     """
-    total = sum(sec for _, sec in lines.values())
+    total = sum(v[1] for v in lines.values())
     if total <= 0:
         return []
     top = sorted(lines.items(), key=lambda kv: -kv[1][1])[:most]
-    return [CodeLine(n, text, sec * 1e3, sec / total) for n, (text, sec) in top if sec > 0]
+    return [CodeLine(n, v[0], v[1] * 1e3, v[1] / total, list(v[2]) if len(v) > 2 else [],
+                     v[3] if len(v) > 3 else "") for n, v in top if v[1] > 0]
+
+
+def _numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n if dims else 0
 
 
 def twins(slow_keys, fast_keys) -> dict:
