@@ -131,7 +131,8 @@ display(view.encoder_table(loops))
 # ## What bounds each step
 # Data-bound, model-bound (or transfer-, preparation-, overhead-bound) by the stage group with the
 # largest share of the full step, and sync-bound on a GPU when its device prep, forward and
-# backward make at least one host sync per sample.
+# backward make at least one host sync per sample (more for each extra sample where two batch
+# sizes ran, else the step's syncs over its batch).
 
 # %%
 bounds = study.step_bounds(loops)

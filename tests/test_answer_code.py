@@ -892,9 +892,36 @@ def test_a_dense_graph_per_sample_is_found_at_its_line_and_advised_one_shared_pa
         # both lines compute on it: the masking's mul and the bmm; the busier is named
         assert (f"line {first + 1} of" in found and "gives mul a" in found) or \
             (f"line {first + 2} of" in found and "gives bmm a" in found), found
-        assert f" a [{b}, {n}, {n}] operand: {b} matrices of N x N (N = {n} genes), a dense " \
-               "graph for each sample" in found
+        assert f" a [{b}, {n}, {n}] operand: an N x N matrix for each of the {b} samples (N = " \
+               f"{n} genes), as a dense adjacency per sample would be" in found
         assert c.advice.startswith(NODEMASK) and found in c.advice
         assert graph_per_sample(c, n + 1) == ""  # another graph's N: not this graph
+        # not a matrix per sample of this batch: heads ([B, H, N, N]), another batch, or a
+        # line below a quarter of the operator time (a review)
+        top = site.lines[0]
+        for dims, share in (([b, 2, n, n], 0.5), ([b + 1, n, n], 0.5), ([b, n, n], 0.2)):
+            top.dims, top.share = dims, share
+            for other in site.lines[1:]:
+                other.dims = []
+            assert graph_per_sample(c, n) == "", (dims, share)
     else:
         assert found == "" and NODEMASK not in c.advice
+
+
+def test_a_lines_operand_is_a_batch_of_square_matrices_before_a_larger_one():
+    """A review: ``bmm(A [B, N, N], H [B, N, F])`` with F > N kept H, the larger, and lost the
+    adjacency. A batch of square matrices ranks first, then the most elements; TensorList inputs
+    and scalars are no operand."""
+    from workbook_lib.traces.reading import Event
+    from workbook_lib.traces.sites import SiteTotals, largest_input
+
+    def op(*dims):
+        return Event("aten::bmm", 0.0, 1.0, 1, args={"Input Dims": list(dims)})
+    assert largest_input(op([4, 30, 30], [4, 30, 64])) == [4, 30, 30]
+    assert largest_input(op([30, 30], [4, 30, 64])) == [4, 30, 64]  # one [N, N]: the larger
+    assert largest_input(op([], [[2, 3], [2, 3]], [5, 7])) == [5, 7]
+    t = SiteTotals()
+    t.add_dims([4, 30, 64], "aten::mm")
+    t.add_dims([4, 30, 30], "aten::bmm")
+    t.add_dims([400, 64], "aten::add")
+    assert (list(t.dims), t.dims_op) == ([4, 30, 30], "aten::bmm")

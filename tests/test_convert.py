@@ -1797,6 +1797,8 @@ ROWWISE = {  # found by a user trial, each refused as unknown though it acts on 
     "weights alone": lambda h, w: h * torch.sigmoid(w.sum(0)),
     "maximum, pow, sqrt": lambda h, w: torch.maximum(h, 0.2 * h) + (h ** 2 + 1).sqrt(),
     "masked_fill": lambda h, w: h.masked_fill(h < 0, 0.0),
+    # a review: operator.and_ / or_ end in "_" and are not in place (refused once as such)
+    "& and | of comparisons": lambda h, w: torch.where((h > 0) & (h < 1) | (h < -1), h, 0 * h),
 }
 
 

@@ -478,3 +478,10 @@ def test_a_buffer_dense_on_one_side_and_sparse_on_the_other_is_left_uncopied():
     assert copied == ["scale"] and not_copied == ["adj"]
     assert torch.equal(fast.scale, slow.scale) and torch.equal(fast.lin.weight, slow.lin.weight)
     assert fast.adj.is_sparse and fast.adj.to_dense()[0, 0] == 2.0  # left as it was
+    # a parameter of that kind: refused before anything runs, saying what (a review)
+    sparse_p = M(False)
+    sparse_p.lin.weight = torch.nn.Parameter(sparse_p.lin.weight.detach().to_sparse())
+    with pytest.raises(ParameterMismatchError, match=r"lin.weight \[3, 3\] vs lin.weight "
+                                                     r"\[3, 3\] \(sparse_coo\).*sparse on one "
+                                                     "side and dense on the other"):
+        parameter_mapping(slow, sparse_p)

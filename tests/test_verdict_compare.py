@@ -779,3 +779,7 @@ def test_sync_bound_on_a_gpu_reads_the_syncs_that_grow_with_the_batch_both_ways(
     assert step_bound(a).sync_bound_on_gpu  # not measured: 3.5 per sample, the step's over B
     growing = step_bound(a, grown(3.5))
     assert growing.sync_bound_on_gpu and "3.5 more for each extra sample" in growing.summary
+    # a transfer's syncs are not the model's: a growing h2d stage leaves the rule to the others
+    copies = {"h2d": Growth("h2d", (4, 2), st(1e-4), st(0.05), 0.01, syncs_per_sample=5.0),
+              **grown(0.0)}
+    assert not step_bound(a, copies).sync_bound_on_gpu

@@ -97,7 +97,7 @@ def _add_lines(out: dict, lines: dict, own) -> None:
                 m.seconds += t.seconds
                 m.ops += t.ops
                 m.device_seconds += t.device_seconds
-                m.add_dims(t.dims, t.dims_op)
+                m.add_dims(list(t.dims), t.dims_op)
         done = set()
         for r in rows:  # largest first: the function's first row holds its lines
             found = by_function.get((r.file, r.line))

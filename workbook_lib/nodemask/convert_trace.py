@@ -50,7 +50,7 @@ MODE_DEPENDENT = (nn.BatchNorm1d, nn.Dropout, PygMLP)  # per-node in eval mode o
 ROW_MIXING = (GraphNorm, nn.BatchNorm2d, nn.InstanceNorm1d, nn.GroupNorm, PairNorm,
               MeanSubtractionNorm, DiffGroupNorm, PygInstanceNorm, GraphSizeNorm, HeteroBatchNorm)
 
-# element-wise (per row) functions and methods; the value is how many leading tensor args
+# element-wise (per row) functions and methods
 ELEMENTWISE_FUNCTIONS = {
     operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, torch.add,
     torch.sub, torch.mul, torch.div, torch.relu, torch.sigmoid, torch.tanh, torch.exp,
@@ -63,14 +63,18 @@ ELEMENTWISE_FUNCTIONS = {
     torch.sqrt, torch.rsqrt, torch.square, torch.log, torch.log1p, torch.expm1, torch.sin,
     torch.cos, torch.erf, torch.sign, torch.reciprocal, torch.detach, F.relu6, F.hardtanh,
     F.logsigmoid, F.softsign, F.hardswish, F.hardsigmoid, F.celu, F.prelu, F.tanhshrink,
-    F.silu, F.gelu}
+    F.silu, F.gelu,
+    # a review: masks combined element-wise ((h > 0) & (h < 1)), once refused as in-place
+    operator.and_, operator.or_, operator.xor, operator.invert, torch.logical_and,
+    torch.logical_or, torch.logical_xor, torch.logical_not}
 ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "exp", "abs", "add", "sub", "mul", "div",
                        "neg", "__add__", "__mul__", "__sub__", "__truediv__", "__radd__",
                        "__rmul__", "__rsub__", "__rtruediv__", "__pow__", "pow", "sqrt",
                        "rsqrt", "square", "log", "log1p", "clamp", "clamp_min", "clamp_max",
                        "clip", "detach", "sign", "reciprocal", "masked_fill", "where",
                        "minimum", "maximum", "gt", "lt", "ge", "le", "eq", "ne", "float",
-                       "double", "contiguous"}
+                       "double", "contiguous", "logical_and", "logical_or", "logical_xor",
+                       "logical_not", "__and__", "__or__", "__xor__", "__invert__"}
 # a matrix product is per row when only its left operand is per gene (``h @ W``)
 MATMUL = {operator.matmul, torch.matmul, torch.mm}
 # random draws: each sample's forward draws its own, where a conversion would draw once
@@ -497,12 +501,15 @@ def _per_row_call(node: fx.Node, genes: set) -> None:
                            "conversion shares between samples; use its out-of-place form "
                            f"(.{str(node.target)[:-1]}())")
     name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+    base = name[:-1]
     if name.endswith("_") and not name.startswith("_") and node.args and \
-            isinstance(node.args[0], fx.Node):  # torch.relu_(h), F.relu_(h): a user trial
-        mod = "F" if getattr(node.target, "__module__", "").endswith("functional") else "torch"
+            isinstance(node.args[0], fx.Node) and node.target not in (operator.and_,
+                                                                   operator.or_) and \
+            (hasattr(torch, base) or hasattr(F, base)):  # torch.relu_(h): a user trial
+        mod = "F" if hasattr(F, base) and not hasattr(torch, base) else "torch"  # a review:
         raise ConvertError(f"{what} at {where} changes a per-gene value in place, which the "
                            "conversion shares between samples; use its out-of-place form "
-                           f"({mod}.{name[:-1]}(...))")
+                           f"({mod}.{base}(...))")  # F.leaky_relu_ is torch._C._nn's
     if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
         raise ConvertError(f"{what} at {where} writes into a tensor (inplace=True or out=), "
                            "which the conversion shares between samples; use its out-of-place "

@@ -49,14 +49,16 @@ class SiteTotals:
     seconds: float = 0.0
     ops: int = 0
     device_seconds: float = 0.0
-    # the largest input (most elements) of its operators, where shapes were recorded, and the
-    # operator that took it: what a line computes on ([B, N, N]: a graph per sample)
+    # the input of its operators most like a matrix per sample, where shapes were recorded, and
+    # the operator that took it: what a line computes on ([B, N, N]: a graph per sample)
     dims: tuple = ()
     dims_op: str = ""
 
     def add_dims(self, dims, op: str) -> None:
-        """Keep ``dims`` (an operator's input shape) if it is the largest seen."""
-        if dims and _numel(dims) > _numel(self.dims):
+        """Keep ``dims`` (an operator's input shape) if it ranks above the one kept: a batch of
+        square matrices (3 or more dimensions, the last two equal) first, then the most
+        elements (a review: ``bmm(A [B, N, N], H [B, N, F])`` with F > N kept H)."""
+        if dims and _rank(dims) > _rank(self.dims):
             self.dims, self.dims_op = tuple(dims), op
 
 
@@ -67,11 +69,16 @@ def _numel(dims) -> int:
     return n if dims else 0
 
 
+def _rank(dims) -> tuple:
+    return (len(dims) >= 3 and dims[-1] == dims[-2], _numel(dims))
+
+
 def largest_input(e: Event) -> list:
-    """The input shape of most elements of an operator event recorded with shapes ([] else)."""
+    """The input shape of an operator event recorded with shapes that ranks first (a batch of
+    square matrices, then the most elements; :meth:`SiteTotals.add_dims`), or []."""
     shapes = [d for d in (e.args.get("Input Dims") or []) if isinstance(d, list) and d and
               all(isinstance(x, int) for x in d)]
-    return max(shapes, key=_numel) if shapes else []
+    return max(shapes, key=_rank) if shapes else []
 
 
 Site = tuple  # (the pipeline's frame or None, the library frame under it or None)

@@ -53,8 +53,8 @@ def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
     mapping = {n: _renamed(n, renames) for n in sp}
     missing = [n for n, m in mapping.items() if m not in fp]
     extra = sorted(set(fp) - set(mapping.values()))
-    shapes = {n: (list(sp[n].shape), m, list(fp[m].shape)) for n, m in mapping.items()
-              if m in fp and sp[n].shape != fp[m].shape}
+    shapes = {n: (_shape(sp[n]), m, _shape(fp[m])) for n, m in mapping.items()
+              if m in fp and (sp[n].shape != fp[m].shape or sp[n].layout != fp[m].layout)}
     if missing or extra or shapes:
         parts = []
         if missing:
@@ -69,8 +69,11 @@ def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
         # rename pairs (a review: --map was suggested for them too), unless a rename paired
         # them (a review: a --map that swaps two layers was told 'built at different sizes')
         renamed = [(n, m) for n, (_, m, _) in shapes.items() if m != n]
+        layouts = all(sp[n].shape == fp[m].shape for n, (_, m, _) in shapes.items())
         todo = (". Pair them with --map SLOW_NAME=FAST_NAME (a name or a module prefix)"
                 if missing or extra else
+                ". A parameter is sparse on one side and dense on the other, which cannot be "
+                "copied across: make both the same layout" if layouts and not renamed else
                 ". Check --map: it pairs " + ", ".join(f"{n} with {m}" for n, m in renamed[:3])
                 + (f" and {len(renamed) - 3} more" if len(renamed) > 3 else "")
                 if renamed else
@@ -81,6 +84,13 @@ def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
              "the parameters pair by name, not by shape: ") + "; ".join(parts) + todo,
             missing=missing, extra=extra, shapes=shapes)
     return mapping
+
+
+def _shape(p: torch.Tensor):
+    """A parameter's shape as a list, with its layout where it is not dense (a review: a sparse
+    parameter against a dense one of the same shape raised in ``copy_``)."""
+    shape = list(p.shape)
+    return shape if p.layout == torch.strided else f"{shape} ({str(p.layout).split('.')[-1]})"
 
 
 def _names(names, limit: int = 8) -> str:

@@ -7,7 +7,7 @@ batch, a backward that mirrors the forward, a loss); where none applies, no chan
 from __future__ import annotations
 
 from ...results.timing import EncoderFigures
-from ...results.verdict import Cause, Gap
+from ...results.verdict import HOT_LINE, Cause, Gap
 from .code import GRAPH_SHARE, MIN_SITE, graph_code
 
 MINOR = 0.05  # a cause below this share of the gap is not named in the lead, nor advised
@@ -230,24 +230,25 @@ def carries_copies(name: str) -> bool:
 
 
 def graph_per_sample(c: Cause, num_genes: int | None) -> str:
-    """Where a line of the stage's largest site computes on an N x N matrix per sample (an
-    operand with two dimensions of the graph's N genes and more than one such matrix: ``[B, N,
-    N]``, from notebook 03's line-marked step with shapes), that, in figures; else "". A user
-    trial: a dense adjacency masked per sample and multiplied by ``bmm`` got no advice."""
+    """Where a line of the stage's largest site, holding at least :data:`HOT_LINE` of its
+    operator time, gives an operator an N x N matrix for each sample of the batch (an operand
+    ``[B, N, N]``, N the graph's genes, B the stage's batch; from notebook 03's line-marked
+    step with shapes), that, in figures; else "". A user trial: a dense adjacency masked per
+    sample and multiplied by ``bmm`` got no advice. Not caught: a hidden width of N (``[B, N,
+    F]`` with F = N has the same shape), a single-head attention over the genes (``[B, N, N]``
+    too); heads (``[B, H, N, N]``) and one shared ``[N, N]`` are not taken."""
     s = c.sites[0] if c.sites else None
-    if s is None or not num_genes or num_genes < 2:
+    b = c.growth.batch_sizes[0] if c.growth is not None and c.growth.batch_sizes else None
+    if s is None or not num_genes or num_genes < 2 or not b or b < 2:
         return ""
     for ln in s.lines:
-        d = list(ln.dims)
-        rest = 1
-        for x in d:
-            rest *= x
-        rest //= num_genes * num_genes
-        if len(d) >= 3 and d.count(num_genes) >= 2 and rest >= 2:
+        if list(ln.dims) == [b, num_genes, num_genes] and ln.share >= HOT_LINE:
+            text = ln.text if len(ln.text) <= 60 else ln.text[:57] + "..."
             op = ln.dims_op.replace("aten::", "")
-            return (f"line {ln.line} of {s.where}, `{ln.text}`, holds {ln.share:.0%} of its "
-                    f"operator time and gives {op} a {d} operand: {rest:,} matrices of N x N "
-                    f"(N = {num_genes:,} genes), a dense graph for each sample")
+            return (f"line {ln.line} of {s.where}, `{text}`, holds {ln.share:.0%} of its "
+                    f"operator time and gives {op} a {list(ln.dims)} operand: an N x N matrix "
+                    f"for each of the {b} samples (N = {num_genes:,} genes), as a dense "
+                    "adjacency per sample would be")
     return ""
 
 
@@ -406,10 +407,14 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
             s = c.sites[0]
             out = (f"; {c.outside:.0%} runs outside the pipeline's code"
                    if c.outside is not None and c.outside >= MIN_SITE else "")
+            # one shared pass is said once, with its figures, in the forward's row (a review:
+            # the backward repeated it whole, the line, the shape and the encoder's figures)
+            then = f"{NODEMASK}, as the forward's advice shows" if \
+                fwd.advice.startswith(NODEMASK) else fwd.advice
             return (f"{MIRRORS} (its largest site in the pipeline's code, "
                     f"{s.where}, is the forward's: {s.share:.0%} of the backward's extra "
                     f"time{out}" + (f"; most of it the backward of {s.hot_line}"
-                                     if s.hot_line else "") + f"): {fwd.advice}")
+                                     if s.hot_line else "") + f"): {then}")
         # the forward not advised one shared pass: the backward's own figures (where it is,
         # the forward's advice stands for both, once)
         if grows and graph and not loop and not (fwd is not None and NODEMASK in fwd.advice):

@@ -49,7 +49,7 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
             for ln in r.lines:
                 hit = row[3].setdefault(ln.line, [ln.text, 0.0, [], ""])
                 hit[1] += ln.device_seconds if device else ln.seconds
-                if _numel(ln.dims) > _numel(hit[2]):
+                if _rank(ln.dims) > _rank(hit[2]):
                     hit[2], hit[3] = list(ln.dims), ln.dims_op
     return out
 
@@ -70,11 +70,12 @@ def code_lines(lines: dict, most: int = MOST) -> list[CodeLine]:
                      v[3] if len(v) > 3 else "") for n, v in top if v[1] > 0]
 
 
-def _numel(dims) -> int:
+def _rank(dims) -> tuple:
+    """As the trace's reader ranks a line's operands (``traces.sites.SiteTotals.add_dims``)."""
     n = 1
     for d in dims:
         n *= int(d)
-    return n if dims else 0
+    return (len(dims) >= 3 and dims[-1] == dims[-2], n if dims else 0)
 
 
 def twins(slow_keys, fast_keys) -> dict:
