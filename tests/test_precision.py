@@ -6,9 +6,9 @@ spread of its steps; a gap measured while contended is never one (issue 44, both
   disturbed, although its steps' IQR/median is beyond the target.
 * The same pair timed for the fewest steps (5): not known to a 3% target, disturbed. With
   five rounds the median's interval is their range, min to max: this checks that five rounds of
-  a varied workload spread beyond +-3% and that the rule then marks the gap disturbed. (Five
-  rounds of this pair put it 7% to 37% either side of the median; at the 10% default a lucky
-  five came inside it once in CI.)
+  a varied workload spread beyond +-3% and that the rule then marks the gap disturbed. (Six
+  runs of five rounds of this pair put it 16% to 37% either side of the median; at the 10%
+  default a lucky five came inside it once in CI.)
 * The fast pipeline listed twice beside busy processes, two per CPU: contended, no gap. (One
   per CPU leaves its thread n/(n+1) of a CPU on n CPUs, 2/3 on two at best, and the scheduler
   need not share evenly: once in CI it got 81%, above the 80% rule; two per CPU leave it at most
