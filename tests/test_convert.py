@@ -1799,6 +1799,8 @@ ROWWISE = {  # found by a user trial, each refused as unknown though it acts on 
     "masked_fill": lambda h, w: h.masked_fill(h < 0, 0.0),
     # a review: operator.and_ / or_ end in "_" and are not in place (refused once as such)
     "& and | of comparisons": lambda h, w: torch.where((h > 0) & (h < 1) | (h < -1), h, 0 * h),
+    "~, ^ and logical_*": lambda h, w: torch.where(torch.logical_xor(~(h > 0), h < -1) ^
+                                                   torch.logical_not(h < 0.5), h, 0.5 * h),
 }
 
 
