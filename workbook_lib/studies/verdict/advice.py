@@ -407,10 +407,10 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
             s = c.sites[0]
             out = (f"; {c.outside:.0%} runs outside the pipeline's code"
                    if c.outside is not None and c.outside >= MIN_SITE else "")
-            # one shared pass is said once, with its figures, in the forward's row (a review:
-            # the backward repeated it whole, the line, the shape and the encoder's figures)
-            then = f"{NODEMASK}, as the forward's advice shows" if \
-                fwd.advice.startswith(NODEMASK) else fwd.advice
+            # the forward's advice whole, its figures too: where the backward is the first cause,
+            # the answer's lead quotes this row alone (a review asked for it once, in the
+            # forward's row; the lead then lost the encoder's figures: CI's matrix)
+            then = fwd.advice
             return (f"{MIRRORS} (its largest site in the pipeline's code, "
                     f"{s.where}, is the forward's: {s.share:.0%} of the backward's extra "
                     f"time{out}" + (f"; most of it the backward of {s.hot_line}"
