@@ -45,6 +45,11 @@ class CodeLine(Record):
     dims: list[int] = field(default_factory=list)  # its operators' largest input's shape
     dims_op: str = ""  # the operator that took it ("aten::bmm")
 
+    @property
+    def short_text(self) -> str:
+        """Its source cut to 60 characters for a sentence."""
+        return self.text if len(self.text) <= 60 else self.text[:57] + "..."
+
 
 @dataclass
 class CodeSite(Record):
@@ -100,7 +105,7 @@ class CodeSite(Record):
         if not self.lines or self.lines[0].share < HOT_LINE:
             return ""
         top = self.lines[0]
-        text = top.text if len(top.text) <= 60 else top.text[:57] + "..."
+        text = top.short_text
         return (f"line {top.line}" + (f", `{text}`," if text else "") +
                 f" holds {top.share:.0%} of its operator time")
 

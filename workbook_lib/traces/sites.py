@@ -58,7 +58,7 @@ class SiteTotals:
         """Keep ``dims`` (an operator's input shape) if it ranks above the one kept: a batch of
         square matrices (3 or more dimensions, the last two equal) first, then the most
         elements (a review: ``bmm(A [B, N, N], H [B, N, F])`` with F > N kept H)."""
-        if dims and _rank(dims) > _rank(self.dims):
+        if dims and operand_rank(dims) > operand_rank(self.dims):
             self.dims, self.dims_op = tuple(dims), op
 
 
@@ -69,7 +69,9 @@ def _numel(dims) -> int:
     return n if dims else 0
 
 
-def _rank(dims) -> tuple:
+def operand_rank(dims) -> tuple:
+    """How an operand ranks as what a line computes on: a batch of square matrices first, then
+    the most elements (:meth:`SiteTotals.add_dims`; the verdict merges lines by it too)."""
     return (len(dims) >= 3 and dims[-1] == dims[-2], _numel(dims))
 
 
@@ -78,7 +80,7 @@ def largest_input(e: Event) -> list:
     square matrices, then the most elements; :meth:`SiteTotals.add_dims`), or []."""
     shapes = [d for d in (e.args.get("Input Dims") or []) if isinstance(d, list) and d and
               all(isinstance(x, int) for x in d)]
-    return max(shapes, key=_rank) if shapes else []
+    return max(shapes, key=operand_rank) if shapes else []
 
 
 Site = tuple  # (the pipeline's frame or None, the library frame under it or None)

@@ -243,9 +243,8 @@ def graph_per_sample(c: Cause, num_genes: int | None) -> str:
         return ""
     for ln in s.lines:
         if list(ln.dims) == [b, num_genes, num_genes] and ln.share >= HOT_LINE:
-            text = ln.text if len(ln.text) <= 60 else ln.text[:57] + "..."
             op = ln.dims_op.replace("aten::", "")
-            return (f"line {ln.line} of {s.where}, `{text}`, holds {ln.share:.0%} of its "
+            return (f"line {ln.line} of {s.where}, `{ln.short_text}`, holds {ln.share:.0%} of its "
                     f"operator time and gives {op} a {list(ln.dims)} operand: an N x N matrix "
                     f"for each of the {b} samples (N = {num_genes:,} genes), as a dense "
                     "adjacency per sample would be")
@@ -410,11 +409,10 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
             # the forward's advice whole, its figures too: where the backward is the first cause,
             # the answer's lead quotes this row alone (a review asked for it once, in the
             # forward's row; the lead then lost the encoder's figures: CI's matrix)
-            then = fwd.advice
             return (f"{MIRRORS} (its largest site in the pipeline's code, "
                     f"{s.where}, is the forward's: {s.share:.0%} of the backward's extra "
                     f"time{out}" + (f"; most of it the backward of {s.hot_line}"
-                                     if s.hot_line else "") + f"): {then}")
+                                     if s.hot_line else "") + f"): {fwd.advice}")
         # the forward not advised one shared pass: the backward's own figures (where it is,
         # the forward's advice stands for both, once)
         if grows and graph and not loop and not (fwd is not None and NODEMASK in fwd.advice):

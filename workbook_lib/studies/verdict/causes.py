@@ -159,7 +159,7 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
     # row at +126%, beside a 1.27x gap whose full steps said 0.466x)
     set_shares(rows, total if gap.measurable and gap.steps_agree else 0.0)
     advise(rows, device_type, encoder=lo.encoders.get(slow), gap=gap,
-           copies=carries_copies(slow), num_genes=getattr(lo, "num_genes", None))
+           copies=carries_copies(slow), num_genes=lo.num_genes)
     timed = sorted((r for r in rows if r.difference_s is not None
                     and r.effect not in ("rest", "noise")), key=lambda r: -(r.difference_s or 0))
     return timed + [r for r in rows if r.effect == "rest"] + \

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from ...measurement.profiling import NOT_OWN
 from ...results.verdict import CodeLine, CodeSite
+from ...traces.sites import operand_rank
 
 # a cause's stage -> the profiled stages that hold it
 PROFILED = {"data_item": ("data_item",), "collate": ("collate",), "h2d": ("h2d",),
@@ -49,7 +50,7 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
             for ln in r.lines:
                 hit = row[3].setdefault(ln.line, [ln.text, 0.0, [], ""])
                 hit[1] += ln.device_seconds if device else ln.seconds
-                if _rank(ln.dims) > _rank(hit[2]):
+                if operand_rank(ln.dims) > operand_rank(hit[2]):
                     hit[2], hit[3] = list(ln.dims), ln.dims_op
     return out
 
@@ -60,22 +61,14 @@ def code_lines(lines: dict, most: int = MOST) -> list[CodeLine]:
 
     Args:
         lines: ``{line: [text, seconds per step, dims, operator]}`` (:func:`_by_function`'s
-            last item; the last two may be missing).
+            last item).
     """
     total = sum(v[1] for v in lines.values())
     if total <= 0:
         return []
     top = sorted(lines.items(), key=lambda kv: -kv[1][1])[:most]
-    return [CodeLine(n, v[0], v[1] * 1e3, v[1] / total, list(v[2]) if len(v) > 2 else [],
-                     v[3] if len(v) > 3 else "") for n, v in top if v[1] > 0]
-
-
-def _rank(dims) -> tuple:
-    """As the trace's reader ranks a line's operands (``traces.sites.SiteTotals.add_dims``)."""
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return (len(dims) >= 3 and dims[-1] == dims[-2], n if dims else 0)
+    return [CodeLine(n, text, sec * 1e3, sec / total, list(dims), op)
+            for n, (text, sec, dims, op) in top if sec > 0]
 
 
 def twins(slow_keys, fast_keys) -> dict:
