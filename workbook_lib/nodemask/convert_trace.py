@@ -141,9 +141,9 @@ GLOBAL_POOLS, AGGREGATIONS = "/torch_geometric/nn/pool/glob.py", "/torch_geometr
 
 
 def _users(filename: str) -> bool:
-    """A frame of the user's code: not PyTorch's, PyG's or this module's."""
-    return "/torch/" not in filename and "/torch_geometric/" not in filename and \
-        "convert_trace" not in filename
+    """A frame of the user's code: not PyTorch's or PyG's (:func:`_library`), nor this
+    module's."""
+    return not _library(filename) and "convert_trace" not in filename
 
 
 def _pooling(encoder: nn.Module, frames: list) -> str:
@@ -495,21 +495,10 @@ def _per_row_call(node: fx.Node, genes: set) -> None:
         raise ConvertError(f"{what} at {where} reads a per-gene value's size, which the "
                            "conversion computes on the rows a deletion changes, not on all the "
                            "genes; use a number fixed when the module is built (its __init__)")
-    if node.op == "call_method" and str(node.target).endswith("_") and \
-            not str(node.target).startswith("__"):
+    fix = _out_of_place(node)
+    if fix:
         raise ConvertError(f"{what} at {where} changes a per-gene value in place, which the "
-                           "conversion shares between samples; use its out-of-place form "
-                           f"(.{str(node.target)[:-1]}())")
-    name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
-    base = name[:-1]
-    if name.endswith("_") and not name.startswith("_") and node.args and \
-            isinstance(node.args[0], fx.Node) and node.target not in (operator.and_,
-                                                                   operator.or_) and \
-            (hasattr(torch, base) or hasattr(F, base)):  # torch.relu_(h): a user trial
-        mod = "F" if hasattr(F, base) and not hasattr(torch, base) else "torch"  # a review:
-        raise ConvertError(f"{what} at {where} changes a per-gene value in place, which the "
-                           "conversion shares between samples; use its out-of-place form "
-                           f"({mod}.{base}(...))")  # F.leaky_relu_ is torch._C._nn's
+                           f"conversion shares between samples; use its out-of-place form ({fix})")
     if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
         raise ConvertError(f"{what} at {where} writes into a tensor (inplace=True or out=), "
                            "which the conversion shares between samples; use its out-of-place "
@@ -522,6 +511,23 @@ def _per_row_call(node: fx.Node, genes: set) -> None:
             raise ConvertError(f"{what} at {where} multiplies by a per-gene value on its "
                                "right, which mixes genes; a product is per row only as h @ W "
                                "with a weight W (or use nn.Linear)")
+
+
+def _out_of_place(node: fx.Node) -> str:
+    """The out-of-place form of an in-place call (``.relu()`` for ``h.relu_()``, ``torch.relu(...)``
+    for ``torch.relu_(h)``: a user trial), or "" for any other call. A function's name ending in
+    ``_`` is in place only where torch or F has it without (``operator.and_`` is ``&``: a
+    review); named ``F.`` where only F has it (``F.leaky_relu_`` is torch._C._nn's: a review)."""
+    if node.op == "call_method":
+        t = str(node.target)
+        return f".{t[:-1]}()" if t.endswith("_") and not t.startswith("__") else ""
+    name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+    base = name[:-1]
+    if not name.endswith("_") or name.startswith("_") or not node.args or \
+            not isinstance(node.args[0], fx.Node) or not (hasattr(torch, base) or
+                                                          hasattr(F, base)):
+        return ""
+    return f"{'F' if hasattr(F, base) and not hasattr(torch, base) else 'torch'}.{base}(...)"
 
 
 def _feature_slice(node: fx.Node) -> bool:

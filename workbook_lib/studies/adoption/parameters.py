@@ -65,25 +65,29 @@ def parameter_mapping(slow: torch.nn.Module, fast: torch.nn.Module,
         if shapes:
             parts.append("shapes differ: " + ", ".join(
                 f"{n} {a} vs {m} {b}" for n, (a, m, b) in shapes.items()))
-        # names that pair with shapes that differ: models built at different sizes, which no
-        # rename pairs (a review: --map was suggested for them too), unless a rename paired
-        # them (a review: a --map that swaps two layers was told 'built at different sizes')
-        renamed = [(n, m) for n, (_, m, _) in shapes.items() if m != n]
-        layouts = all(sp[n].shape == fp[m].shape for n, (_, m, _) in shapes.items())
-        todo = (". Pair them with --map SLOW_NAME=FAST_NAME (a name or a module prefix)"
-                if missing or extra else
-                ". A parameter is sparse on one side and dense on the other, which cannot be "
-                "copied across: make both the same layout" if layouts and not renamed else
-                ". Check --map: it pairs " + ", ".join(f"{n} with {m}" for n, m in renamed[:3])
-                + (f" and {len(renamed) - 3} more" if len(renamed) > 3 else "")
-                if renamed else
-                f". Every name pairs: '{slow_label}' and '{fast_label}' are built at different "
-                "sizes (do both read the same params, e.g. hidden?); --map cannot pair them")
+        todo = ". Pair them with --map SLOW_NAME=FAST_NAME (a name or a module prefix)" \
+            if missing or extra else _shapes_todo(sp, fp, shapes, slow_label, fast_label)
         raise ParameterMismatchError(
             ("the parameters do not pair by name: " if missing or extra else
              "the parameters pair by name, not by shape: ") + "; ".join(parts) + todo,
             missing=missing, extra=extra, shapes=shapes)
     return mapping
+
+
+def _shapes_todo(sp: dict, fp: dict, shapes: dict, slow_label: str, fast_label: str) -> str:
+    """What to do where every parameter pairs by name and ``shapes`` differ: check the
+    ``--map`` that paired them (a review: a --map that swaps two layers was told 'built at
+    different sizes'), make both one layout (a sparse parameter against a dense one), or build
+    both at the same sizes, which no rename pairs (a review: --map was suggested for them)."""
+    renamed = [(n, m) for n, (_, m, _) in shapes.items() if m != n]
+    if renamed:
+        return (". Check --map: it pairs " + ", ".join(f"{n} with {m}" for n, m in renamed[:3])
+                + (f" and {len(renamed) - 3} more" if len(renamed) > 3 else ""))
+    if all(sp[n].shape == fp[m].shape for n, (_, m, _) in shapes.items()):
+        return (". A parameter is sparse on one side and dense on the other, which cannot be "
+                "copied across: make both the same layout")
+    return (f". Every name pairs: '{slow_label}' and '{fast_label}' are built at different "
+            "sizes (do both read the same params, e.g. hidden?); --map cannot pair them")
 
 
 def _shape(p: torch.Tensor):
