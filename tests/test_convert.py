@@ -1179,6 +1179,34 @@ def test_a_bad_graph_or_deleted_says_what_would_do():
         fast(x, torch.tensor([[[HUB], [LEAF]]]))
 
 
+def test_an_x_the_converted_form_cannot_take_is_one_line_before_any_work():
+    """A user trial: a wrong width, dtype or integer x surfaced as torch's error from inside
+    the converted run; each is now one ValueError line naming what to pass. The width is the
+    encoder's own forward's check at the first call, and the first call's width after it."""
+    fast = convert(Encoder("gin", "moduledict", "linear"), GRAPH)
+    d = torch.tensor([[HUB, LEAF]])
+    cases = [(torch.randn(N, F_IN + 1), r"^the encoder's own forward fails on x \[\d+, \d+\] "
+              r"\(float32\): .*: check x's width against the encoder's first layer$"),
+             (torch.randn(N, F_IN, dtype=torch.float64),
+              r"^x is float64 but the encoder's parameters are float32: pass "
+              r"x.to\(torch.float32\)"),
+             (torch.ones(N, F_IN, dtype=torch.long), r"^x must be floating point \(got int64\)"),
+             (torch.randn(N), r"^x must be \[N, F\]")]
+    for x, words in cases:
+        with pytest.raises(ValueError, match=words) as err:
+            fast(x, d)
+        assert "\n" not in str(err.value)
+    half = convert(Encoder("gin", "moduledict", "linear").half(), GRAPH)
+    with pytest.raises(ValueError, match="^x is float16: on a CPU the converted form runs "
+                                         "float32 or float64"):
+        half(torch.randn(N, F_IN).half(), d)
+    fast(torch.randn(N, F_IN), d)  # the right x runs, and fixes the width for later calls
+    fast.eval()  # another mode checks again: the width held from the first call still holds
+    with pytest.raises(ValueError, match=f"^x has {F_IN + 1} features but had {F_IN} at the "
+                                         "first call"):
+        fast(torch.randn(N, F_IN + 1), d)
+
+
 def test_an_unfollowable_forward_is_refused_naming_the_line():
     class Branchy(Encoder):
         def forward(self, x, edge_index):

@@ -986,14 +986,39 @@ class ConvertedEncoder(nn.Module):
         less ``deleted[b]``'s genes (see :func:`convert`), for ``x`` ``[N, F]`` (the result on its
         device) and ``deleted`` ``[B, k]``, ``-1`` padded (on the host: no sync). Raises
         ValueError for a bad ``deleted`` or ``x``, train-mode BatchNorm or dropout p>0."""
-        if x.dim() != 2:
-            raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
+        self._check_x(x)
         self._check_mode()
         self._check_hooks()
         self._check_structure()
         if self.encoder.training not in self._state.setdefault("traced_checked", set()):
             self._check_traced(x)
         return self._run(x, self.plan(deleted, x.shape[0]))
+
+    def _check_x(self, x: torch.Tensor) -> None:
+        """ValueError, one line, for an ``x`` the converted form cannot take, before any work (a
+        user trial: a wrong width or dtype surfaced as torch's error from inside the run):
+        ``[N, F]``, floating, of the encoder's parameters' dtype, of a dtype that sparse
+        products take on the device, and as wide as at the first call (whose width the
+        encoder's own forward checks: :meth:`_check_traced`)."""
+        if x.dim() != 2:
+            raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
+        dt = str(x.dtype).removeprefix("torch.")
+        if not x.is_floating_point():
+            raise ValueError(f"x must be floating point (got {dt}): the genes' features, [N, F]")
+        own = sorted({str(p.dtype).removeprefix("torch.") for p in self.encoder.parameters()
+                      if not isinstance(p, nn.parameter.UninitializedParameter)
+                      and p.is_floating_point()})
+        if own and dt not in own:
+            raise ValueError(f"x is {dt} but the encoder's parameters are {' and '.join(own)}: "
+                             f"pass x.to(torch.{own[0]}), or move the encoder to {dt} and "
+                             "convert it again")
+        if x.device.type == "cpu" and x.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"x is {dt}: on a CPU the converted form runs float32 or float64 "
+                             "(torch's sparse products take no other dtype there)")
+        width = self._state.get("width")
+        if width is not None and x.shape[1] != width:
+            raise ValueError(f"x has {x.shape[1]} features but had {width} at the first call: "
+                             "the encoder's first layer takes one width")
 
     def _traced_paths(self, graph: fx.Graph) -> tuple[tuple, tuple]:
         """(the module paths ``graph`` calls, the paths of the modules whose forward it followed:
@@ -1096,6 +1121,14 @@ class ConvertedEncoder(nn.Module):
             got, want = self._traced_pair(x, float64=True)
             tol, where = TRACE_TOLERANCE, "in float64"
         except Exception:  # noqa: BLE001 - the user's forward in float64: checked as it runs
+            try:
+                with torch.no_grad():
+                    self.encoder(x, self._graph_on(x.device))
+            except Exception as e:  # noqa: BLE001 - the user's own forward refuses this x
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ValueError(f"the encoder's own forward fails on x {list(x.shape)} "
+                                 f"({str(x.dtype).removeprefix('torch.')}): {first}: check x's "
+                                 "width against the encoder's first layer") from e
             got, want = self._traced_pair(x, float64=False)
             tol = 100 * torch.finfo(x.dtype).eps if x.is_floating_point() else 1e-3
             where = f"in {str(x.dtype).removeprefix('torch.')}, where float64 could not run it"
@@ -1114,6 +1147,7 @@ class ConvertedEncoder(nn.Module):
                    "computes as that class: its message may only scale by an edge mask), or "
                    + fx_words if self.register else fx_words))
         self._state["traced_checked"].add(self.encoder.training)
+        self._state["width"] = x.shape[1]
 
     def _traced_pair(self, x: torch.Tensor, float64: bool) -> tuple:
         """(the converted form of a sample deleting nothing, the encoder's own forward on the
