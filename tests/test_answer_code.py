@@ -925,3 +925,30 @@ def test_a_lines_operand_is_a_batch_of_square_matrices_before_a_larger_one():
     t.add_dims([4, 30, 30], "aten::bmm")
     t.add_dims([400, 64], "aten::add")
     assert (list(t.dims), t.dims_op) == ([4, 30, 30], "aten::bmm")
+
+
+def test_a_measurements_rerun_of_a_step_shows_no_warning_and_none_at_the_workbooks_lines():
+    """A user trial: torch's broadcast warning from a pipeline's loss appeared again in 03 for
+    each measurement's re-run of the step, attributed to ``syncs.py`` and ``line_marks.py`` (the
+    modes' frames). The plain run shows it at the user's line; the sync count and the traced and
+    line-marked steps show nothing."""
+    import warnings
+
+    from workbook_lib.measurement.code_sites import device_sites
+    from workbook_lib.measurement.syncs import SyncCounter
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    out, y = torch.randn(4, 1, requires_grad=True), torch.randn(4)
+
+    def step():
+        torch.nn.functional.mse_loss(out, y).backward()  # [4, 1] against [4]: torch warns
+    with warnings.catch_warnings(record=True) as plain:
+        warnings.simplefilter("always")
+        step()
+    assert [Path(w.filename).name for w in plain] == ["test_answer_code.py"]
+    with warnings.catch_warnings(record=True) as reruns:
+        warnings.simplefilter("always")
+        with SyncCounter("cpu").count():
+            step()
+        device_sites(step, device=torch.device("cpu"), own=OwnCode())
+    assert reruns == [], [(w.filename, str(w.message)[:40]) for w in reruns]

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from ..common.progress import native_stderr_to_terminal
+from ..common.rerun import rerun_quietly
 from ..results.profile import LineTime
 from ..traces import sites as ts
 from ..traces.lines import line_totals
@@ -71,7 +72,7 @@ def _second_step(step: Callable[[], object], device: torch.device, prefix: str, 
     fd, path = tempfile.mkstemp(prefix=prefix, suffix=".json")
     os.close(fd)
     try:
-        with native_stderr_to_terminal(), profile(
+        with native_stderr_to_terminal(), rerun_quietly(), profile(
                 activities=acts, with_stack=with_stack, record_shapes=record_shapes,
                 schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:

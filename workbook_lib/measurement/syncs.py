@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..common.host import in_cache_blocks, on_host
+from ..common.rerun import rerun_quietly
 
 _aten = torch.ops.aten
 
@@ -218,7 +219,9 @@ class SyncCounter:
     more of them with every sample).
 
     On CUDA the count is PyTorch's own (``set_sync_debug_mode``); on CPU it is what a GPU would
-    sync (see the module docstring). ``method`` says which, for reports.
+    sync (see the module docstring). ``method`` says which, for reports. Warnings inside
+    ``count`` are not shown: it counts a re-run of a step whose plain runs showed them
+    (:mod:`workbook_lib.common.rerun`).
     """
 
     def __init__(self, device: torch.device | str = "cpu"):
@@ -292,7 +295,7 @@ class SyncCounter:
                     self.by_kind["cuda sync (set_sync_debug_mode)"] += 1
         else:
             quiet = [False]
-            with _HostCopyCounter(self.by_kind, self, quiet), \
+            with rerun_quietly(), _HostCopyCounter(self.by_kind, self, quiet), \
                     _DispatchCounter(self.by_kind, self._ops, quiet=quiet):
                 yield self
 
