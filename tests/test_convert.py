@@ -1829,6 +1829,9 @@ ROWWISE = {  # found by a user trial, each refused as unknown though it acts on 
     "& and | of comparisons": lambda h, w: torch.where((h > 0) & (h < 1) | (h < -1), h, 0 * h),
     "~, ^ and logical_*": lambda h, w: torch.where(torch.logical_xor(~(h > 0), h < -1) ^
                                                    torch.logical_not(h < 0.5), h, 0.5 * h),
+    # a user trial: refused once at the stack (JumpingKnowledge("max")'s form)
+    "stack over a new last dim, amax": lambda h, w: torch.stack([h, h @ w], -1).amax(-1),
+    "stack, .max(2)[1] indices": lambda h, w: h * torch.stack([h, -h], 2).max(2)[1],
 }
 
 
@@ -1844,8 +1847,9 @@ def test_row_wise_operations_are_exact(name):
     (lambda h, w: h / h.size(0), r"reads a per-gene value's size"),
     (lambda h, w: h + torch.randn(H), r"draws random numbers"),
     (lambda h, w: w @ h, r"multiplies by a per-gene value on its right"),
-    (lambda h, w: torch.stack([h, h], -1).amax(-1), r"stack at .* is not a per-row operation "
-                                                    r"convert knows \(.*\): write that part"),
+    (lambda h, w: torch.stack([h, h]).sum(0), r"torch.stack at .* stacks along dim 0, the "
+                                              r"genes'"),
+    (lambda h, w: torch.stack([h, h], -1).amax(0), r"\.amax\(\) at .* with dim=0"),
     (lambda h, w: h[0:3, :], r"getitem at .* is not a per-row operation"),
     # found by a review: a product written by keyword, and in-place by keyword
     (lambda h, w: torch.matmul(input=w, other=h), r"multiplies by a per-gene value on its "
@@ -1940,3 +1944,71 @@ def test_a_draw_at_the_trace_is_told_from_a_trace_that_draws_nothing():
     assert not _drew(a, _rng_states())
     torch.rand(1)
     assert _drew(a, _rng_states())
+
+
+class _StackReduce(nn.Module):
+    """Two SAGE layers' outputs stacked along a new last dim and reduced over it, per row: as
+    PyG's ``JumpingKnowledge("max")`` does, and by ``.min`` / ``.amax`` / ``.mean`` / ``.values``."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.c1, self.c2 = SAGEConv(F_IN, H), SAGEConv(H, H)
+
+    def forward(self, x, edge_index):
+        h1 = self.c1(x, edge_index).relu()
+        h2 = self.c2(h1, edge_index)
+        s = torch.stack([h1, h2], dim=-1)  # [N, H, 2]
+        if self.how == "min_values":
+            return s.min(dim=-1).values
+        if self.how == "amax":
+            return s.amax(dim=-1)
+        if self.how == "mean":
+            return s.mean(dim=-1)
+        return s.max(dim=-1)[0]
+
+
+@pytest.mark.parametrize("make", ["sage_jk_max", "gin_jk_max", "max_0", "min_values", "amax",
+                                  "mean"])
+def test_a_stack_over_layers_reduced_per_row_is_exact(make):
+    """Found by a user trial: PyG's ``GraphSAGE(jk="max")`` was refused at its ``torch.stack``
+    (``JumpingKnowledge``: ``stack(xs, dim=-1).max(dim=-1)[0]``), which is per row."""
+    from torch_geometric.nn.models import GIN, GraphSAGE
+
+    torch.manual_seed(0)
+    with _float64():
+        enc = (GraphSAGE(F_IN, H, num_layers=2, jk="max") if make == "sage_jk_max" else
+               GIN(F_IN, H, num_layers=2, jk="max") if make == "gin_jk_max" else
+               _StackReduce(make))
+    _check(enc.double().eval(), GRAPH[TYPES[0]], readout="mean_kept")
+
+
+class _StackAcross(nn.Module):
+    def __init__(self, dim: int, reduce: bool = False):
+        super().__init__()
+        self.dim, self.reduce = dim, reduce
+        self.c1 = SAGEConv(F_IN, H)
+
+    def forward(self, x, edge_index):
+        h = self.c1(x, edge_index)
+        s = torch.stack([h, h.relu()], dim=self.dim)
+        return s.max(dim=0)[0] if self.reduce else s.sum(-1, keepdim=False)
+
+
+def test_a_stack_along_the_genes_or_a_reduction_over_them_is_refused():
+    """The stack is per row only along a new dim other than the genes' (0, or -3 of [N, F]
+    values: told at the call, where the rank is known); its reduction only over another dim."""
+    with pytest.raises(ConvertError, match=r"torch.stack at .* stacks along dim 0, the genes'"):
+        convert(_StackAcross(0), GRAPH[TYPES[0]])
+    fast = convert(_StackAcross(-3), GRAPH[TYPES[0]])
+    with pytest.raises(ConvertError, match=r"stacks along dim -3, the genes' for these values"):
+        fast(torch.randn(N, F_IN), DELETED)
+    with pytest.raises(ConvertError, match=r"\.max\(\) at .* with dim=0 is not over each row's"):
+        convert(_StackAcross(-1, reduce=True), GRAPH[TYPES[0]])
+
+    class OverGenes(_StackAcross):
+        def forward(self, x, edge_index):
+            return torch.stack([self.c1(x, edge_index)] * 2, -1).amax(-3)
+    with pytest.raises(ConvertError, match=r"\.amax\(\) at .* runs along dim -3 of a value of "
+                                           rf"shape \[{N}, {H}, 2\] .* across genes"):
+        convert(OverGenes(-1), GRAPH[TYPES[0]])(torch.randn(N, F_IN), DELETED)

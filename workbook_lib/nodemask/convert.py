@@ -38,8 +38,8 @@ from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import (MATMUL, MODE_DEPENDENT, ConvertError, along_features, check_graph,
-                            conv_kind, node_where, op_name, per_node_problem, refuse_hooks,
-                            trace)
+                            conv_kind, node_where, of_stack, op_name, per_node_problem,
+                            refuse_hooks, trace)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
                             gin_mlp)
@@ -1713,18 +1713,30 @@ class ConvertedEncoder(nn.Module):
         # a product is per row only for an [N, F] value times a weight (a review: a per-gene
         # [N] value times an [N, K] sums genes; F.linear's too), and a weight is never taken
         # row by row, whatever its first dimension
+        if node.target is torch.stack:  # along any dim but the genes' (0, or -(rank + 1))
+            dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+            ranks = {env[a].wt.dim() for a in node.all_input_nodes if isinstance(env.get(a), _Val)}
+            if ranks and any(dim % (r + 1) == 0 for r in ranks):
+                raise ConvertError(f"torch.stack at {node_where(node)} stacks along dim {dim}, "
+                                   "the genes' for these values; stack along a new last dim "
+                                   "(dim=-1) or move it out of the encoder")
         product = node.target in MATMUL or node.target is F.linear
         if along_features(node) or product:  # dim -1 is the features only of an [N, F] value
-            flat = [a for a in node.all_input_nodes  # (a review: a per-gene [N] value's -1 is
-                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2]  # the genes)
+            dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+            over_stack = node.op == "call_method" and of_stack(node)  # [N, F, L]: any dim
+            flat = [a for a in node.all_input_nodes  # but 0 (a review: a per-gene [N] value's
+                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2  # -1 is the genes)
+                    and not (over_stack and env[a].wt.dim() >= 3 and isinstance(dim, int)
+                             and dim % env[a].wt.dim() != 0)]
             if flat:
                 shape = list(env[flat[0]].wt.shape)
                 raise ConvertError(
                     f"{op_name(node)} at {node_where(node)} " + (
                         f"multiplies a value of shape {shape} (not [genes, features]), which "
                         "sums over genes; multiply an [N, F] value by a weight" if product else
-                        f"runs along dim -1 of a value of shape {shape} (not [genes, "
-                        "features]), which is across genes; apply it to an [N, F] value") +
+                        f"runs along dim {dim if isinstance(dim, int) else -1} of a value of "
+                        f"shape {shape} (not [genes, features]), which is across genes; apply "
+                        "it to an [N, F] value") +
                     ", or move it out of the encoder")
         if rows is None:  # no node value involved
             return _call(node, fx.node.map_arg(node.args, lambda a: env[a]),

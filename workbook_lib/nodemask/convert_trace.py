@@ -87,10 +87,12 @@ RANDOM_METHODS = {"bernoulli", "bernoulli_", "normal_", "uniform_", "random_",
 # keepdim=True (its [N, 1] then broadcasts row by row)
 ALONG_FEATURES_FUNCTIONS = {F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, F.glu}
 ALONG_FEATURES_METHODS = {"softmax", "log_softmax"}
-REDUCING_METHODS = {"mean", "sum", "amax", "amin"}
+REDUCING_METHODS = {"mean", "sum", "amax", "amin", "max", "min"}
+# .max(dim=...) and .min(dim=...) return (values, indices): read by [0], [1] or .values, .indices
+PAIR_METHODS = {"max", "min"}
 ROW_OPS = ("element-wise arithmetic and comparisons, where, clamp, activations, h @ W with a "
            "weight, a feature slice h[:, a:b], cat along the features, softmax or a keepdim "
-           "reduction over the features")
+           "reduction over the features, stack along a new last dim and a reduction over it")
 
 
 class _Tracer(fx.Tracer):
@@ -405,6 +407,11 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
         elif node.op == "call_function":
             if node.target is operator.getitem and isinstance(node.args[1], str):
                 continue  # a HeteroConv output's node type
+            if _pair_part(node):
+                continue  # .max(dim=-1)[0]: the reduction's values (or indices), per row
+            if node.target is torch.stack:
+                _stack_dim(node)
+                continue
             if node.target is F.normalize:  # per row only along the features
                 dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 1)
                 if dim not in (1, -1):
@@ -434,13 +441,43 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                                    "keep the masked copies")
         elif node.op == "call_method" and node.target in ALONG_FEATURES_METHODS | \
                 REDUCING_METHODS:
+            # over a stack's new last dim a reduction is per row without keepdim (JK "max")
             _along_features(node, op_name(node), default=None,
-                            keepdim=node.target in REDUCING_METHODS)
+                            keepdim=node.target in REDUCING_METHODS, stacked=of_stack(node))
         elif node.op == "call_method" and node.target not in ELEMENTWISE_METHODS:
             _refuse_in_library(node, op_name(node))
             raise ConvertError(f"{op_name(node)} at {node_where(node)} is not a per-row "
                                f"operation convert knows ({ROW_OPS}): write that part with "
                                "those, or keep the masked copies")
+
+
+def of_stack(node: fx.Node) -> bool:
+    """A call on the result of ``torch.stack`` (a value ``[N, F, L]`` where the stack is along a
+    new last dim, as PyG's ``JumpingKnowledge("max")`` makes: the run checks the shapes)."""
+    src = node.args[0] if node.args else None
+    return isinstance(src, fx.Node) and src.op == "call_function" and src.target is torch.stack
+
+
+def _pair_part(node: fx.Node) -> bool:
+    """``r[0]``, ``r[1]``, ``r.values`` or ``r.indices`` of ``r = h.max(dim=...)`` (or
+    ``.min``): one part of a per-row reduction's result."""
+    src = node.args[0] if node.args else None
+    if not (isinstance(src, fx.Node) and src.op == "call_method" and
+            src.target in PAIR_METHODS):
+        return False
+    return (node.target is operator.getitem and node.args[1:2] in ((0,), (1,))) or (
+        node.target is getattr and node.args[1:2] in (("values",), ("indices",)))
+
+
+def _stack_dim(node: fx.Node) -> None:
+    """ConvertError for ``torch.stack`` along the genes' dim (0, its default): per row along
+    any other (the run checks a negative one against the value's rank)."""
+    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+    if dim == 0:
+        _refuse_in_library(node, "torch.stack")
+        raise ConvertError(f"torch.stack at {node_where(node)} stacks along dim 0, the genes', "
+                           "so its rows are not the genes; stack along a new last dim "
+                           "(dim=-1) or move it out of the encoder")
 
 
 def _rng_states() -> list:
@@ -559,12 +596,16 @@ def along_features(node: fx.Node) -> bool:
         node.op == "call_method" and node.target in ALONG_FEATURES_METHODS | REDUCING_METHODS)
 
 
-def _along_features(node: fx.Node, what: str, default, keepdim: bool = False) -> None:
+def _along_features(node: fx.Node, what: str, default, keepdim: bool = False,
+                    stacked: bool = False) -> None:
     """ConvertError unless the call's ``dim`` (its second argument, after the tensor, for a
     function and a method alike) is the features', and, for a reduction, ``keepdim=True`` (its
-    third)."""
+    third). On a stack's value (``stacked``) any dim but the genes' (0) is per row, with or
+    without keepdim (a negative one is checked against the rank at the call)."""
     dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else default)
     kept = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
+    if stacked and isinstance(dim, int) and dim != 0:
+        return
     if dim not in (-1, 1) or (keepdim and kept is not True):
         _refuse_in_library(node, what)
         need = "dim=-1, keepdim=True" if keepdim else "dim=-1"
