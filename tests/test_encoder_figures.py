@@ -168,6 +168,9 @@ def test_06_trains_the_torchcell_example_beside_its_converted_twin():
     pair = check_pair(p, g, torch.device("cpu"))
     assert pair.applicable, pair.reason
     assert pair.equality.equal
+    # a user trial: the converted form's host plan (+-1 values made in float32, cast at their
+    # use) sent equal to float32 ("computes in another dtype (aten.lift_fresh ...)")
+    assert pair.equality.precision == "float64", pair.equality.precision_note
     res = adopt(p, pair, torch.device("cpu"), "cpu", graph=g)
     assert res.applicable and len(res.losses) == 2
     curves = list(res.losses.values())

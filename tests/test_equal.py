@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
 from torch.utils.data import TensorDataset, default_collate
 
@@ -352,6 +353,15 @@ def test_the_dtype_guard_names_the_first_operation_in_another_dtype():
     with dtype_guard(torch.float64) as guard:
         (x.float() * 2).double()
     assert guard.found == "aten._to_copy returned torch.float32"
+    from workbook_lib.common.host import host_side
+    with dtype_guard(torch.float64) as guard:  # a host plan's constant, cast at its use
+        with host_side():
+            c = torch.from_numpy(np.ones(3, dtype=np.float32))
+        y = x * c.to(x.dtype)
+    assert guard.found == "" and y.dtype == torch.float64
+    with dtype_guard(torch.float64) as guard:  # the same constant made in the step
+        x * torch.from_numpy(np.ones(3, dtype=np.float32)).to(x.dtype)
+    assert guard.found == "aten.lift_fresh returned torch.float32"
 
 
 # ------------------------------------------------------------------ notebook 06, user pipelines
