@@ -173,7 +173,9 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     same = recommendation_text(verdict("slow")).data
     assert same.startswith("### No exact pipeline here is faster than the pipeline 'slow'")
     assert "Use " not in same and "the only exact pipeline in this run" in same
-    assert "none faster than the pipeline 'slow'" in adoption(verdict("slow")).data
+    # a user trial: 'The recommended strategy here is none faster than the pipeline ...'
+    assert adoption(verdict("slow")).data == ("No strategy here is recommended over the "
+                                              "pipeline 'slow': none is shown faster.")
     # the node-mask pointer only where the answer advises it or built-ins are compared (found
     # by a user trial: it followed a vectorized loss's fix)
     v = verdict("rewrite")
@@ -192,6 +194,20 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     v.disturbed, v.contended = {}, {}
     assert fix_text(v).startswith("**No exact pipeline in this run is faster")
     assert "node-mask" not in fix_text(v)
+    assert "Check that a rewrite computes the same model" in fix_text(v)
+    # a user trial: the slow side tied with a proven-equal rewrite was told to check a rewrite
+    # with equal; the rewrite is named with its figure, and no check is asked for
+    v.recommendation.alternative = "rewrite"
+    v.recommendation.speedup = Stat.from_samples([0.95, 0.97, 1.0, 0.99, 0.96])
+    v.exactness = {"rewrite": "proven equal to 'slow' by equal"}
+    tied = fix_text(v)
+    assert "the pipeline 'rewrite' (proven equal to 'slow' by equal) is within the noise of it: " \
+        "0.97x per sample" in tied and "switching is not shown to pay" in tied
+    assert "Check that a rewrite" not in tied
+    text = recommendation_text(v).data
+    assert "- The pipeline 'rewrite' against it: **0.97" in text and "not shown to be faster" \
+        in text
+    v.recommendation.alternative, v.recommendation.speedup = "", None
     v.causes = [Cause("forward", "", 1.0, 0.1, 0.9, 0.9, "measured", stage="forward",
                       advice="one pass over one shared graph ... (workbook_lib.nodemask)")]
     assert "The node-mask shared graph (workbook_lib.nodemask) computes" in fix_text(v)

@@ -165,8 +165,22 @@ def test_recommendation_fastest_exact_and_memory_tie_break(tmp_path):
     assert set(r.tied) == {"node_mask_shared", "replicated_mask_cpu"}
     assert r.strategy == "replicated_mask_cpu"
     r = V.recommend(t, _mask_cost({"node_mask_shared": 5e6}), _ddp(), tmp_path,
-                    baseline="replicated_mask_cpu", tie_tolerance=0.15, num_samples=1000)
+                    baseline="dango_wildtype", tie_tolerance=0.15, num_samples=1000)
     assert r.strategy == r.fastest and "not measured for all" in r.tie_rule
+    # the slow side among the tied, memory not measured for all: no switch is shown to pay
+    # (a user trial: a pair within the noise recommended the faster median, either side)
+    r = V.recommend(t, _mask_cost({"node_mask_shared": 5e6}), _ddp(), tmp_path,
+                    baseline="replicated_mask_cpu", tie_tolerance=0.15, num_samples=1000)
+    assert r.strategy == "replicated_mask_cpu" and r.alternative == "node_mask_shared"
+    assert "among them: on these figures no switch from it is shown to pay" in r.tie_rule
+    assert 1.0 < r.speedup.median < 1.15  # the tied other's figure against it, within 15%
+    assert set(r.epochs_per_day) == {"replicated_mask_cpu", "node_mask_shared"}
+    # the slow side the fastest median itself, another tied with it: that one is named too
+    t.loops.arms["replicated_mask_cpu/full"] = arm("replicated_mask_cpu", 7, {"forward": 0.0100})
+    r = V.recommend(t, _mask_cost({"node_mask_shared": 5e6}), _ddp(), tmp_path,
+                    baseline="replicated_mask_cpu", tie_tolerance=0.15, num_samples=1000)
+    assert r.strategy == r.fastest == "replicated_mask_cpu"
+    assert r.alternative == "node_mask_shared" and r.speedup.median < 1.0
 
 
 def _timing_rel(rel):
@@ -471,6 +485,13 @@ def test_a_gap_one_step_vetoes_is_not_called_the_same_speed():
     g, v = verdict([0.9, 1.1, 1.0, 1.2, 0.95, 1.05])
     assert "same speed within the noise" in v.lead and "its IQR holds 1" in v.lead
     assert "IQR holds 1" in headline(v)
+    # a user trial: a ratio whose median is known only to +-13% (disturbed) was told 'the same
+    # speed' beside a stage that differed 170-fold: neither is told then (both ways above)
+    v.disturbed = {"gap": 0.13}
+    V.compose(v)
+    assert "no gap is resolved" in v.lead and "same speed" not in v.lead.replace(
+        "tell neither the same speed", "")
+    assert "these figures tell neither the same speed nor a gap" in v.lead
 
 
 def test_on_a_gpu_the_sync_wait_is_carved_out_of_its_stage_and_can_change_the_advice():

@@ -198,10 +198,15 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
                  f"- {r.step_words[:1].upper() + r.step_words[1:]}: "
                  f"**{fmt_stat(r.ms_per_sample, unit='ms per sample')}** "
                  f"(notebook 03, {v.device}); {r.tie_rule.rstrip('.')}."]
-    if r.speedup is not None:
+    same = ", same rounds." if "paired" in (v.gap.basis if v.gap else "") else "."
+    if r.speedup is not None and r.alternative:
+        alt = pipelines.title(r.alternative)
+        lines.append(f"- {alt[:1].upper() + alt[1:]} against it: "
+                     f"**{fmt_stat(r.speedup, unit='x')}** per sample, {r.step_words}, same "
+                     f"loop{same[:-1]}: within the noise, not shown to be faster.")
+    elif r.speedup is not None:
         lines.append(f"- Against {pipelines.title(r.baseline)}: **{fmt_stat(r.speedup, unit='x')}** "
-                     f"faster per sample, {r.step_words}, same loop"
-                     + (", same rounds." if "paired" in (v.gap.basis if v.gap else "") else "."))
+                     f"faster per sample, {r.step_words}, same loop" + same)
     b = r.bench
     if b is not None and v.builtin:
         where = ("the real spec" if b.full_size else
@@ -286,12 +291,14 @@ def form(v: VerdictResult) -> Markdown:
 def adoption(v: VerdictResult) -> Markdown:
     r = v.recommendation
     if r is None or r.strategy != "node_mask_shared":
-        which = "none" if r is None else (
-            f"none faster than {r.title}" if r.strategy == r.baseline else r.title)
+        # (a user trial: 'The recommended strategy here is none faster than ...')
+        which = ("No strategy is recommended here" if r is None else
+                 f"No strategy here is recommended over {r.title}: none is shown faster"
+                 if r.strategy == r.baseline else f"The recommended strategy here is {r.title}")
         # the pointer where the answer advises the fix, or the run compares its strategies
         # (found by a user trial: beside a vectorized loss it pointed at the node-mask API)
         pointer = v.builtin or v.advises_nodemask
-        return Markdown(f"The recommended strategy here is {which}" + (
+        return Markdown(which + (
             "; the node-mask shared graph's API, and `convert` for an encoder of your own, are "
             "in `workbook_lib.nodemask` (README)." if pointer else "."))
     return Markdown(ADOPTION)

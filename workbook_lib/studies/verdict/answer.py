@@ -90,6 +90,12 @@ def lead(v: VerdictResult) -> str:
                 f"{r.q1:.3g}-{r.q3:.3g}): {why}. There is no gap to explain on these figures; "
                 f"at least {need} paired steps would resolve one (loop_steps and loop_max_steps "
                 "of at least that), if no more steps come out the other way.")
+    if not g.measurable and "gap" in v.disturbed:  # (a user trial: 'the same speed' of a
+        # ratio known to +-13% beside a stage that differed 170-fold)
+        return (f"**{_cap(s)} and {f}: no gap is resolved** (epoch-time ratio {r.median:.3g}x, "
+                f"{fig}; quartiles {r.q1:.3g}-{r.q3:.3g}): {why or 'not resolved'}, and the "
+                "steps varied more than these steps can pin down, so these figures tell neither "
+                "the same speed nor a gap: there is no gap to explain on them.")
     if not g.measurable:
         return (f"**{_cap(s)} and {f} train at the same speed within the noise**: "
                 f"epoch-time ratio {r.median:.3g}x ({fig}; quartiles {r.q1:.3g}-{r.q3:.3g}), "
@@ -247,14 +253,21 @@ def fix_text(v: VerdictResult) -> str:
                 "equal SLOW FAST` before trusting its speed.")
     shaky = set(v.disturbed) | set(v.contended)
     if r.strategy == r.baseline:  # provisional as the other branch, where contended
+        tied = ""
+        if r.alternative and r.speedup is not None:  # exact, and within the noise of it
+            sp = r.speedup
+            tied = (f"{pipelines.title(r.alternative)} ("
+                    f"{v.exactness.get(r.alternative, 'declared exact')}) is within the noise of "
+                    f"it: {sp.median:.3g}x per sample (IQR {sp.iqr:.2g}, n = {sp.n}), its "
+                    f"{r.step_words}, so switching is not shown to pay. ")
         return (("**Provisionally (measured contended), no" if "loop" in v.contended else
-                 "**No") + f" exact pipeline in this run is faster than {r.title}.** "
+                 "**No") + f" exact pipeline in this run is faster than {r.title}.** " + tied
                 + (_builtin_fix(r) + " " if v.builtin else
                    "The node-mask shared graph (workbook_lib.nodemask) computes the same model "
                    "with one pass over one shared graph. "
                    if v.advises_nodemask else "")
-                + "Check that a rewrite computes the same model with `python -m workbook_lib "
-                "equal SLOW FAST` before trusting its speed.")
+                + ("" if r.alternative else "Check that a rewrite computes the same model with "
+                   "`python -m workbook_lib equal SLOW FAST` before trusting its speed.")).strip()
     head = ("**The fix, provisionally: " if "loop" in v.contended else "**The fix: ")
     how = r.exactness or "exact"
     if v.gap is not None and r.strategy == v.gap.fast and r.strategy != "node_mask_shared":

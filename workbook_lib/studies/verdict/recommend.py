@@ -114,15 +114,27 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                 + (" (disturbed: their steps vary beyond the precision target; more steps firm the "
                    "choice up)"
                    if noisy else ""))
+    if baseline in tied and best != baseline and not all(n in mem for n in tied):
+        # the slow side among the tied: a switch is not shown to pay (a user trial: a pair
+        # within the noise recommended the faster median, 1.03x one run, 0.971x the other)
+        best = baseline
+        rule = (f"{len(tied)} strategies {why}, {title(baseline)} among them: on these figures "
+                "no switch from it is shown to pay"
+                + (" (disturbed: their steps vary beyond the precision target; more steps "
+                   "settle it)" if noisy else ""))
+    # the slow side kept, with others tied with it: the fastest of them, named with its figure
+    others = [n for n in tied if n != baseline] if best == baseline else []
+    alternative = min(others, key=lambda n: ms[n].median) if others else ""
     contended = sorted(n for n in exact if ms[n].contended)
     if contended:
         rule += (f"; measured while the process got less CPU than it asked for "
                  f"({', '.join(contended)}: contended), which can change the order of these "
                  "figures, so this choice is provisional. "
                  + causes_text(ms[n].cpu for n in contended))
-    speed = lo.ratio(lo.arm(baseline, mode), lo.arm(best, mode)).scaled(
-        lo.arm(best, mode).samples_per_step / lo.arm(baseline, mode).samples_per_step,
-        "ratio") if baseline in lo.strategies and baseline != best else None
+    other = alternative or best  # the figure against the slow one: the recommended, or
+    speed = lo.ratio(lo.arm(baseline, mode), lo.arm(other, mode)).scaled(  # the tied other
+        lo.arm(other, mode).samples_per_step / lo.arm(baseline, mode).samples_per_step,
+        "ratio") if baseline in lo.strategies and baseline != other else None
     bench, source = _bench(run_dir, mask_cost)
     worlds = sorted(getattr(ddp, "worlds", {}) or {})
     gap = getattr(ddp, "gap", None)
@@ -130,7 +142,7 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
     top, base = (worlds[-1], worlds[0]) if worlds else (1, 1)
     threads = _thread_effects(ddp, base)
     epochs = {}
-    for n in {best, baseline} & set(lo.strategies):
+    for n in {best, baseline, alternative} & set(lo.strategies):
         a = lo.arm(n, mode)
         one = project_epochs(a.step.median, a.samples_per_step, num_samples)["epochs_per_day"]
         epochs[n] = {"1 rank": one}
@@ -159,4 +171,4 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                           bench=bench, bench_source=source,
                           epochs_per_day=epochs, projection_basis=basis,
                           exactness=(words or {}).get(best, "declared exact"),
-                          proven=best in proven, step_mode=mode)
+                          proven=best in proven, step_mode=mode, alternative=alternative)
