@@ -952,3 +952,28 @@ def test_a_measurements_rerun_of_a_step_shows_no_warning_and_none_at_the_workboo
             step()
         device_sites(step, device=torch.device("cpu"), own=OwnCode())
     assert reruns == [], [(w.filename, str(w.message)[:40]) for w in reruns]
+
+
+def test_the_answer_says_the_gap_share_its_headline_quotes_for_the_function():
+    """Found by a user trial: the headline's '87% of the gap in perturbed_graph' was said
+    nowhere in the answer, whose 'collate (116% of the gap, 75% of its extra time in ...)' it
+    came from (116% x 75%). The first cause's site now carries it where it is the headline's
+    function, summed with its other stages where it holds time in more than one."""
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.answer import _cause_words, main_site
+
+    def cause(stage, share, site_share, fn="perturbed_graph"):
+        return Cause(stage, "", 1.0, 0.1, 0.9, share, "measured", effect="adds", stage=stage,
+                     sites=[CodeSite(fn, "x_slow.py", 38, "", 1.0, 0.0, site_share)])
+    one = [cause("collate", 1.16, 0.75)]
+    words = _cause_words(one[0], True, main_site(one))
+    assert words == ("collate (116% of the gap, 75% of its extra time, 87% of the gap, in "
+                     "`perturbed_graph` (x_slow.py:38)")
+    two = [cause("forward", 0.6, 0.9, "fwd"), cause("backward", 0.4, 0.9, "fwd")]
+    assert "90% of its extra time, 90% of the gap with its other stages, in `fwd`" in \
+        _cause_words(two[0], True, main_site(two))
+    whole = [cause("collate", 1.0, 1.0)]  # the site holds the cause whole: nothing to add
+    assert _cause_words(whole[0], True, main_site(whole)).endswith(
+        "100% of its extra time in `perturbed_graph` (x_slow.py:38)")
+    other = [cause("collate", 1.16, 0.75), cause("forward", 0.1, 0.9, "fwd")]
+    assert "of the gap, in" not in _cause_words(other[1], False, main_site(other))
