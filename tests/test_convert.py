@@ -322,6 +322,25 @@ def test_pyg_norms_over_many_rows_are_refused_by_name():
             convert(enc, GRAPH)
 
 
+def test_pygs_basic_models_refusals_say_which_setting_converts():
+    """Found by a user trial: GIN(norm="layer_norm") (PyG's LayerNorm, mode "graph") was told to
+    use LayerNorm(mode='node') with no word of the basic models' norm_kwargs, and jk="lstm" was
+    refused at its LSTM as an unknown per-node module. Each message now names the setting that
+    converts, and that setting converts exactly."""
+    from torch_geometric.nn.models import GIN, GraphSAGE
+
+    with pytest.raises(ConvertError, match=r"PyG LayerNorm\(mode='node'\) \(in PyG's basic "
+                                           r"models: norm='layer_norm', norm_kwargs="):
+        convert(GIN(F_IN, H, num_layers=2, norm="layer_norm"), GRAPH[TYPES[0]])
+    with pytest.raises(ConvertError, match=r"^jk \(JumpingKnowledge, mode='lstm'\): .* use "
+                                           r"mode='cat' or 'max'"):
+        convert(GraphSAGE(F_IN, H, num_layers=2, jk="lstm"), GRAPH[TYPES[0]])
+    torch.manual_seed(0)
+    with _float64():
+        enc = GIN(F_IN, H, num_layers=2, norm="layer_norm", norm_kwargs={"mode": "node"})
+    _check(enc.double().eval(), GRAPH[TYPES[0]], readout="mean_kept")
+
+
 def test_a_library_module_the_trace_follows_is_named_where_it_is_refused():
     from torch_geometric.nn.norm import HeteroLayerNorm
 
@@ -2012,3 +2031,45 @@ def test_a_stack_along_the_genes_or_a_reduction_over_them_is_refused():
     with pytest.raises(ConvertError, match=r"\.amax\(\) at .* runs along dim -3 of a value of "
                                            rf"shape \[{N}, {H}, 2\] .* across genes"):
         convert(OverGenes(-1), GRAPH[TYPES[0]])(torch.randn(N, F_IN), DELETED)
+
+
+class _Homo(nn.Module):
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.c1, self.c2, self.p = SAGEConv(F_IN, H), GraphConv(H, H), p
+
+    def forward(self, x, edge_index):
+        x = F.dropout(self.c1(x, edge_index).relu(), p=self.p, training=self.training)
+        return self.c2(x, edge_index)
+
+
+class _Wrapped(nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, edge_index_dict):
+        return self.net({"gene": x}, edge_index_dict)["gene"]
+
+
+def test_a_to_hetero_encoder_converts_wrapped_and_its_refusals_say_what_to_do():
+    """Found by a user trial: PyG's ``to_hetero`` module passed as it is was told '.get() at
+    <eval_with_key>... is not a per-row operation' (it reads x as a dict), and an F.dropout
+    whose ``training=self.training`` to_hetero's trace fixed to True was told to pass
+    training=self.training. Wrapped on dicts, as the docs show, it is exact."""
+    from torch_geometric.nn import to_hetero
+
+    meta = (["gene"], TYPES)
+    torch.manual_seed(0)
+    with _float64():
+        net = to_hetero(_Homo(), meta, aggr="sum")
+    with pytest.raises(ConvertError, match=r"^the encoder reads its first argument as a dict of "
+                                           r"node features \(\.get\(\) at .*\), but convert "
+                                           r"passes x itself"):
+        convert(net, GRAPH)
+    _check(_Wrapped(net).double().eval(), GRAPH, readout="sum_kept")
+    fast = convert(_Wrapped(to_hetero(_Homo(p=0.1), meta, aggr="sum")).eval(), GRAPH)
+    with pytest.raises(ConvertError, match=r"F\.dropout at .* \(p=0\.1\) drops in any mode: a "
+                                           r"module made by an fx trace \(to_hetero's\) fixed its "
+                                           r"training argument"):
+        fast(torch.randn(N, F_IN), DELETED)

@@ -1697,10 +1697,16 @@ class ConvertedEncoder(nn.Module):
                 # found by a user trial: an encoder in eval mode was told to call eval(), where
                 # F.dropout drops whatever the module's mode unless told training=False (the
                 # trace records training=True whether given or left at its default)
+                where = node_where(node)
                 raise ConvertError(
-                    f"F.dropout at {node_where(node)} (p={p}) " + (
+                    f"F.dropout at {where} (p={p}) " + (
                         "in train mode draws a different mask per sample; set p=0 or call "
                         "encoder.eval()" if self.encoder.training else
+                        # a user trial: to_hetero's trace fixed training=self.training to True
+                        "drops in any mode: a module made by an fx trace (to_hetero's) fixed "
+                        "its training argument when it was traced, so the mode no longer "
+                        "reaches it; use an nn.Dropout module in the model you pass to it, "
+                        "then call encoder.eval()" if "<eval_with_key>" in where else
                         "drops in any mode (its training argument defaults to True, not to "
                         "the module's mode) and draws a different mask per sample; pass "
                         "training=self.training, or use an nn.Dropout module, then call "

@@ -18,6 +18,7 @@ from torch import nn
 from torch_geometric.nn import (GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, HeteroConv,
                                 MessagePassing, SAGEConv, TransformerConv)
 from torch_geometric.nn import MLP as PygMLP
+from torch_geometric.nn import JumpingKnowledge
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 from torch_geometric.nn.norm import BatchNorm as PygBatchNorm
 from torch_geometric.nn.norm import GraphNorm
@@ -301,7 +302,10 @@ def per_node_problem(m: nn.Module, path: str, *, at_convert: bool) -> None:
                 isinstance(sub, PygLayerNorm) and sub.mode != "node"):
             raise ConvertError(f"{name} ({type(sub).__name__}): normalizes over many rows, so "
                                "one sample's output would depend on its other genes and batch "
-                               "mates; use nn.LayerNorm or PyG LayerNorm(mode='node')")
+                               "mates; use nn.LayerNorm or PyG LayerNorm(mode='node')"
+                               + (" (in PyG's basic models: norm='layer_norm', "
+                                  "norm_kwargs={'mode': 'node'})"
+                                  if isinstance(sub, PygLayerNorm) else ""))
         if isinstance(sub, ALONG_FEATURES) and sub.dim not in (-1, 1):
             raise ConvertError(f"{name} ({type(sub).__name__}): dim={sub.dim} is not the "
                                "features' dimension, so it would mix genes (dim=None picks one "
@@ -375,6 +379,7 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                 node not in genes and node.target not in RANDOM | RANDOM_METHODS:
             continue  # computed from weights and constants alone: the same for every sample
         if node.op in ("call_function", "call_method") and node not in edges:
+            _x_as_dict(node, params[0])
             _per_row_call(node, genes)
         if node.op == "call_module":
             m, path = modules[node.target], node.target
@@ -396,6 +401,7 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                                        "features or weights at " + node_where(node) + "; convert "
                                        "supports conv(x, edge_index) only")
             else:
+                _jk_lstm(modules, path)
                 per_node_problem(m, path, at_convert=True)
         elif node in edges:
             what = node.target if node.op == "call_method" else \
@@ -449,6 +455,37 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
             raise ConvertError(f"{op_name(node)} at {node_where(node)} is not a per-row "
                                f"operation convert knows ({ROW_OPS}): write that part with "
                                "those, or keep the masked copies")
+
+
+def _jk_lstm(modules: dict, path: str) -> None:
+    """ConvertError naming PyG's ``JumpingKnowledge(mode="lstm")`` where the module refused is
+    its LSTM or attention (a user trial was told 'jk.lstm (LSTM): not a per-node module')."""
+    parent = path.rsplit(".", 1)[0] if "." in path else ""
+    jk = modules.get(parent)
+    if isinstance(jk, JumpingKnowledge) and jk.mode == "lstm":
+        raise ConvertError(f"{parent} (JumpingKnowledge, mode='lstm'): its LSTM over each "
+                           "gene's layer outputs is not a module convert follows; use "
+                           "mode='cat' or 'max' (jk='cat' or jk='max' in PyG's basic models), "
+                           "which convert")
+
+
+def _x_as_dict(node: fx.Node, x_arg: str) -> None:
+    """ConvertError for a forward that reads its first argument as a dict of node types'
+    features (``x_dict["gene"]``, ``x_dict.get("gene")``: a module ``to_hetero`` returns, passed
+    as it is; a user trial was told '.get() ... is not a per-row operation'), where convert
+    passes ``x`` itself."""
+    src = node.args[0] if node.args else None
+    if not (isinstance(src, fx.Node) and src.op == "placeholder" and
+            _named_for(str(src.target), x_arg)):
+        return
+    if (node.op == "call_method" and node.target in ("get", "items", "keys", "values")) or \
+            (node.target is operator.getitem and isinstance(node.args[1], str)):
+        raise ConvertError(
+            f"the encoder reads its first argument as a dict of node features "
+            f"({op_name(node)} at {node_where(node)}), but convert passes x itself, [N, F]: "
+            "wrap it in a module whose forward(x, edge_index_dict) returns "
+            "self.net({'gene': x}, edge_index_dict)['gene'] (docs/fix-api.md: an encoder "
+            "written on dicts, such as to_hetero's)")
 
 
 def of_stack(node: fx.Node) -> bool:
