@@ -345,3 +345,13 @@ def test_a_function_named_in_angle_brackets_shows_in_tables_and_headlines():
     assert "<genexpr>" not in html
     assert "in MaskedGIN.forward.&lt;genexpr&gt; (a.py:3)" in saved(
         Path("05_verdict.json"), "in MaskedGIN.forward.<genexpr> (a.py:3)").data
+
+
+def test_a_small_percentage_keeps_two_significant_digits():
+    """Found by a user trial: 01 said a deletion reaches '0%' of the genes within 1 hop (0.17%)
+    and layer 2 changes '0%' of them beside its table's 0.2%."""
+    from workbook_lib.report.tables import fmt_pct
+
+    assert fmt_pct(0.0017, 0) == "0.17%" and fmt_pct(0.0025, 1) == "0.25%"
+    assert fmt_pct(0.453, 0) == "45%" and fmt_pct(0.453, 1) == "45.3%"
+    assert fmt_pct(0.0, 1) == "0.0%" and fmt_pct(None) == "n/a"
