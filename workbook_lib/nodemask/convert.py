@@ -997,22 +997,31 @@ class ConvertedEncoder(nn.Module):
     def _check_x(self, x: torch.Tensor) -> None:
         """ValueError, one line, for an ``x`` the converted form cannot take, before any work (a
         user trial: a wrong width or dtype surfaced as torch's error from inside the run):
-        ``[N, F]``, floating, of the encoder's parameters' dtype, of a dtype that sparse
-        products take on the device, and as wide as at the first call (whose width the
-        encoder's own forward checks: :meth:`_check_traced`)."""
+        ``[N, F]``; on the device of the encoder's parameters; floating x of their dtype, and of
+        a dtype that sparse products take on a CPU; as wide as at the first call (whose width
+        the encoder's own forward checks: :meth:`_check_traced`). A non-floating x is the
+        encoder's to take (one that casts it itself: a review)."""
         if x.dim() != 2:
             raise ValueError(f"x must be [N, F] (got {list(x.shape)})")
+        params = [p for p in self.encoder.parameters()
+                  if not isinstance(p, nn.parameter.UninitializedParameter)]
+        devs = sorted({str(p.device) for p in params})
+        if devs and str(x.device) not in devs:
+            raise ValueError(f"x is on {x.device} but the encoder's parameters are on "
+                             f"{' and '.join(devs)}: pass x.to({devs[0]!r})")
         dt = str(x.dtype).removeprefix("torch.")
-        if not x.is_floating_point():
-            raise ValueError(f"x must be floating point (got {dt}): the genes' features, [N, F]")
-        own = sorted({str(p.dtype).removeprefix("torch.") for p in self.encoder.parameters()
-                      if not isinstance(p, nn.parameter.UninitializedParameter)
-                      and p.is_floating_point()})
-        if own and dt not in own:
+        own = sorted({str(p.dtype).removeprefix("torch.") for p in params
+                      if p.is_floating_point()})
+        cpu_ok = ("float32", "float64")
+        if x.device.type == "cpu" and any(o not in cpu_ok for o in own):
+            raise ValueError(f"the encoder's parameters are {' and '.join(own)}: on a CPU the "
+                             "converted form runs float32 or float64 (torch's sparse products "
+                             "take no other dtype there); convert encoder.float() instead")
+        if x.is_floating_point() and own and dt not in own:
             raise ValueError(f"x is {dt} but the encoder's parameters are {' and '.join(own)}: "
                              f"pass x.to(torch.{own[0]}), or move the encoder to {dt} and "
                              "convert it again")
-        if x.device.type == "cpu" and x.dtype not in (torch.float32, torch.float64):
+        if x.device.type == "cpu" and x.is_floating_point() and dt not in cpu_ok:
             raise ValueError(f"x is {dt}: on a CPU the converted form runs float32 or float64 "
                              "(torch's sparse products take no other dtype there)")
         width = self._state.get("width")
@@ -1124,8 +1133,11 @@ class ConvertedEncoder(nn.Module):
             try:
                 with torch.no_grad():
                     self.encoder(x, self._graph_on(x.device))
-            except Exception as e:  # noqa: BLE001 - the user's own forward refuses this x
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            except RuntimeError as e:  # the user's own forward refuses this x's shape: said
+                # so in one line; any other failure is raised as it is (a review)
+                first = (str(e).strip().splitlines() or [""])[0]
+                if not re.search(r"shape|size|mat1 and mat2", first):
+                    raise
                 raise ValueError(f"the encoder's own forward fails on x {list(x.shape)} "
                                  f"({str(x.dtype).removeprefix('torch.')}): {first}: check x's "
                                  "width against the encoder's first layer") from e
@@ -1703,10 +1715,10 @@ class ConvertedEncoder(nn.Module):
                         "in train mode draws a different mask per sample; set p=0 or call "
                         "encoder.eval()" if self.encoder.training else
                         # a user trial: to_hetero's trace fixed training=self.training to True
-                        "drops in any mode: a module made by an fx trace (to_hetero's) fixed "
-                        "its training argument when it was traced, so the mode no longer "
-                        "reaches it; use an nn.Dropout module in the model you pass to it, "
-                        "then call encoder.eval()" if "<eval_with_key>" in where else
+                        "drops in any mode: a module made by an fx trace (such as "
+                        "to_hetero's) fixed its training argument when it was traced, so the "
+                        "mode no longer reaches it; use an nn.Dropout module in the model you "
+                        "trace, then call encoder.eval()" if "<eval_with_key>" in where else
                         "drops in any mode (its training argument defaults to True, not to "
                         "the module's mode) and draws a different mask per sample; pass "
                         "training=self.training, or use an nn.Dropout module, then call "
@@ -1729,11 +1741,20 @@ class ConvertedEncoder(nn.Module):
         product = node.target in MATMUL or node.target is F.linear
         if along_features(node) or product:  # dim -1 is the features only of an [N, F] value
             dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
-            over_stack = node.op == "call_method" and of_stack(node)  # [N, F, L]: any dim
-            flat = [a for a in node.all_input_nodes  # but 0 (a review: a per-gene [N] value's
-                    if isinstance(env.get(a), _Val) and env[a].wt.dim() != 2  # -1 is the genes)
-                    and not (over_stack and env[a].wt.dim() >= 3 and isinstance(dim, int)
-                             and dim % env[a].wt.dim() != 0)]
+            vals = [a for a in node.all_input_nodes if isinstance(env.get(a), _Val)]
+            if node.op == "call_method" and of_stack(node):  # any dim but the genes' (0) of
+                # whatever rank (a review: a stack of [N] values, [N, L], summed over dim -2)
+                over = [a for a in vals if not (isinstance(dim, int) and
+                                                dim % env[a].wt.dim() != 0)]
+                if over:
+                    raise ConvertError(
+                        f"{op_name(node)} at {node_where(node)} runs along dim {dim} of a "
+                        f"stacked value of shape {list(env[over[0]].wt.shape)}, the genes' dim "
+                        "for that shape, which is across genes; reduce over the stacked dim "
+                        "(dim=-1), or move it out of the encoder")
+                flat = []
+            else:  # (a review: a per-gene [N] value's -1 is the genes)
+                flat = [a for a in vals if env[a].wt.dim() != 2]
             if flat:
                 shape = list(env[flat[0]].wt.shape)
                 raise ConvertError(

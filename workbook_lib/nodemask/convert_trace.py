@@ -445,6 +445,10 @@ def check_graph(graph: fx.Graph, encoder: nn.Module, register: dict,
                 raise ConvertError(f"{what} at {node_where(node)} is not a per-row operation "
                                    f"convert knows ({ROW_OPS}): write that part with those, or "
                                    "keep the masked copies")
+        elif node.op == "call_method" and node.target in PAIR_METHODS and \
+                len(node.args) > 1 and isinstance(node.args[1], fx.Node) and \
+                "dim" not in node.kwargs:
+            continue  # h.max(other): element-wise, as torch.maximum (a review)
         elif node.op == "call_method" and node.target in ALONG_FEATURES_METHODS | \
                 REDUCING_METHODS:
             # over a stack's new last dim a reduction is per row without keepdim (JK "max")
