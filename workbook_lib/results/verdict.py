@@ -208,9 +208,10 @@ class Recommendation(Record):
     # the arm of notebook 03 its figures time: "pipelined" (the step a plain loop runs, the
     # gap's) where every pipeline compared has one, else "full" (every stage recorded)
     step_mode: str = "full"
-    # where the slow pipeline itself is tied with the fastest: the fastest other exact one
-    # (``speedup`` is then its figure against the slow one), not shown to be faster
+    # where the slow pipeline is kept, tied with the fastest on an unresolved gap: the fastest
+    # other exact one, not shown to be faster, and its figure (slow / it, per sample, same loop)
     alternative: str = ""
+    alternative_speedup: Stat | None = None
 
     @property
     def step_words(self) -> str:

@@ -279,7 +279,8 @@ def build_verdict(found: dict, inputs: dict[str, str], params: Params, run_dir: 
         timing, mc, ddp, run_dir, baseline=res.gap_strategies[0],
         tie_tolerance=params.verdict_tie_tolerance, num_samples=params.num_samples,
         target=params.precision_target, exclude=tuple(nonfinite), exact=exact,
-        words=res.exactness, proven=proven)
+        words=res.exactness, proven=proven,
+        gap_fast=res.gap.fast if res.gap is not None and res.gap.measurable else None)
     res.disturbed = disturbed_figures(res.gap, res.recommendation, params.precision_target)
     res.contended = contended_figures(res.gap, res.recommendation, timing, exact)
     res.kernel = kernel_bound_steps(lo, res.gap_strategies if res.gap else [])

@@ -75,7 +75,7 @@ def threads_words(ddp, base: int) -> str:
 def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_tolerance: float,
               num_samples: int, target: float = 0.1, exclude: tuple[str, ...] = (),
               exact: set[str] | None = None, words: dict[str, str] | None = None,
-              proven: set[str] = frozenset()) -> Recommendation | None:
+              proven: set[str] = frozenset(), gap_fast: str | None = None) -> Recommendation | None:
     """The fastest exact pipeline of notebook 03 (None when none is exact).
 
     Args:
@@ -83,6 +83,8 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
         exclude: pipelines left out (e.g. a loss not finite).
         exact: the pipelines known to be exact (default: those that declared it).
         words: each pipeline's exactness in words; proven: those proven by ``equal``.
+        gap_fast: the faster side of the pair's gap where it is resolved (same rounds), else
+            None: the slow pipeline tied with the fastest then stays (no switch is shown to pay).
     """
     lo = timing.loops
     known = exact if exact is not None else {n for n in lo.strategies if is_exact(lo, n)}
@@ -114,12 +116,19 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                 + (" (disturbed: their steps vary beyond the precision target; more steps firm the "
                    "choice up)"
                    if noisy else ""))
-    if baseline in tied and best != baseline and not all(n in mem for n in tied):
-        # the slow side among the tied: a switch is not shown to pay (a user trial: a pair
-        # within the noise recommended the faster median, 1.03x one run, 0.971x the other)
+    if gap_fast is not None and gap_fast in exact and best == baseline:
+        # the pair's resolved gap (its rounds paired) outranks the medians per sample, which a
+        # disturbed run can turn over (a user trial: a 1.19x gap beside 'none faster')
+        best = gap_fast
+        rule += (f"; {title(gap_fast)} instead, the faster side of the pair's resolved gap "
+                 "(same rounds), where the medians per sample put the slow one first")
+    elif gap_fast is None and baseline in tied and best != baseline and \
+            not all(n in mem for n in tied):
+        # the slow side among the tied, the pair's gap not resolved: a switch is not shown to
+        # pay (a user trial: the faster median won, 1.03x one run, 0.971x the other)
         best = baseline
-        rule = (f"{len(tied)} strategies {why}, {title(baseline)} among them: on these figures "
-                "no switch from it is shown to pay"
+        rule = (f"{len(tied)} strategies {why}, {title(baseline)} among them, and its gap to "
+                "them not resolved: on these figures no switch from it is shown to pay"
                 + (" (disturbed: their steps vary beyond the precision target; more steps "
                    "settle it)" if noisy else ""))
     # the slow side kept, with others tied with it: the fastest of them, named with its figure
@@ -131,10 +140,13 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                  f"({', '.join(contended)}: contended), which can change the order of these "
                  "figures, so this choice is provisional. "
                  + causes_text(ms[n].cpu for n in contended))
-    other = alternative or best  # the figure against the slow one: the recommended, or
-    speed = lo.ratio(lo.arm(baseline, mode), lo.arm(other, mode)).scaled(  # the tied other
-        lo.arm(other, mode).samples_per_step / lo.arm(baseline, mode).samples_per_step,
-        "ratio") if baseline in lo.strategies and baseline != other else None
+    def against_slow(n: str) -> Stat | None:
+        """The slow pipeline's step over ``n``'s, per sample, paired by round."""
+        if baseline not in lo.strategies or baseline == n:
+            return None
+        return lo.ratio(lo.arm(baseline, mode), lo.arm(n, mode)).scaled(
+            lo.arm(n, mode).samples_per_step / lo.arm(baseline, mode).samples_per_step, "ratio")
+    speed = against_slow(best)
     bench, source = _bench(run_dir, mask_cost)
     worlds = sorted(getattr(ddp, "worlds", {}) or {})
     gap = getattr(ddp, "gap", None)
@@ -171,4 +183,5 @@ def recommend(timing, mask_cost, ddp, run_dir: Path, *, baseline: str, tie_toler
                           bench=bench, bench_source=source,
                           epochs_per_day=epochs, projection_basis=basis,
                           exactness=(words or {}).get(best, "declared exact"),
-                          proven=best in proven, step_mode=mode, alternative=alternative)
+                          proven=best in proven, step_mode=mode, alternative=alternative,
+                          alternative_speedup=against_slow(alternative) if alternative else None)
