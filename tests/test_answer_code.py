@@ -952,6 +952,15 @@ def test_a_measurements_rerun_of_a_step_shows_no_warning_and_none_at_the_workboo
             step()
         device_sites(step, device=torch.device("cpu"), own=OwnCode())
     assert reruns == [], [(w.filename, str(w.message)[:40]) for w in reruns]
+    # Python's own rule (once per line): plain, re-run, plain shows it once, where a filter
+    # changed for the re-run reset the registry and showed it twice (a review)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        step()
+        with SyncCounter("cpu").count():
+            step()
+        step()
+    assert len(seen) == 1 and Path(seen[0].filename).name == "test_answer_code.py", seen
 
 
 def test_the_answer_says_the_gap_share_its_headline_quotes_for_the_function():
