@@ -76,11 +76,15 @@ def line_cell(line: int, text: str, share: float) -> str:
 
 def fmt_pct(v: float | None, digits: int = 1) -> str:
     """A fraction as a percentage, ``digits`` decimals; under 1% (not 0) two significant digits
-    whatever ``digits`` (a user trial: 0.17% of the genes read '0%' beside a table's 0.2%)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "n/a"
-    p = v * 100
-    return f"{p:.2g}%" if 0 < abs(p) < 1 else f"{p:.{digits}f}%"
+    whatever ``digits`` (a user trial: 0.17% of the genes read '0%' beside a table's 0.2%),
+    never in exponent notation (a review: '1e-05%')."""
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else \
+        f"{v * 100:.{_pct_decimals(v * 100, digits)}f}%"
+
+
+def _pct_decimals(p: float, digits: int) -> int:
+    """``digits``, or as many as two significant digits of ``p`` need where 0 < |p| < 1."""
+    return max(digits, min(8, 1 - math.floor(math.log10(abs(p))))) if 0 < abs(p) < 1 else digits
 
 
 def fmt_stat(st: Stat | None, *, scale: float = 1.0, unit: str = "", digits: int = 3) -> str:
