@@ -632,16 +632,23 @@ class GinMlpSums(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("block", ["cpu", "gpu"])
+@pytest.mark.parametrize("block", ["cpu", "gpu", "cpu_workers"])
 @pytest.mark.parametrize("kind", ["relu", "mean", "nobias", "pyg", "inplace", "tanh", "widths"])
 def test_a_dense_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, kind, block):
     """Where every layer is dense, a sum of GIN-MLPs over the edge types runs one block of
-    samples at a time (.convert_dense; one sample on a CPU, the whole batch on a GPU): exact,
-    outputs and every gradient, and explain marks it ``dense*``; another MLP is computed conv
-    by conv, exact all the same."""
+    samples at a time (.convert_dense; one sample on a CPU, the whole batch on a GPU), on a CPU
+    with several threads its samples split between workers (.workers: three here, whatever the
+    machine's threads): exact, outputs and every gradient, and explain marks it ``dense*``;
+    another MLP is computed conv by conv, exact all the same."""
+    from workbook_lib.nodemask import convert_dense
+
     monkeypatch.setattr(convert_module, "DENSE_SHARE", 0.0)
     if block == "gpu":
         monkeypatch.setattr(convert_module, "block_size", lambda dev, b: b)
+    spread_at = []
+    if block == "cpu_workers":
+        monkeypatch.setattr(convert_dense, "workers",
+                            lambda dev, n: spread_at.append(n) or min(3, n))
     torch.set_default_dtype(torch.float64)
     try:
         readout = {"pyg": AttentionalAggregation(nn.Linear(H, 1)), "nobias": None}.get(
@@ -652,8 +659,42 @@ def test_a_dense_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, kind, block):
             for et in TYPES:
                 want = "dense" if kind in ("tanh", "widths") else "dense*"
                 assert forms[f"convs.{layer}.{'__'.join(et)}"] == want, forms
+        if block == "cpu_workers" and kind not in ("tanh", "widths"):
+            assert len(DELETED) in spread_at, spread_at  # the fused sum's samples spread
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_samples_run_in_workers_only_where_nothing_watches_this_threads_operators():
+    """.workers: a CPU's compute threads at most, one block, a GPU, a mode or the profiler
+    watching: one (in this thread, as before)."""
+    from torch.profiler import profile
+    from workbook_lib.measurement.precision import dtype_guard
+    from workbook_lib.measurement.syncs import SyncCounter
+    from workbook_lib.nodemask.workers import spread, workers
+
+    cpu = torch.device("cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert workers(cpu, 28) == 2 and workers(cpu, 1) == 1
+        assert workers(torch.device("cuda"), 28) == 1
+        with dtype_guard(torch.float64):
+            assert workers(cpu, 28) == 1
+        with SyncCounter("cpu").count():
+            assert workers(cpu, 28) == 1
+        with profile():
+            assert workers(cpu, 28) == 1
+        torch.set_num_threads(1)
+        assert workers(cpu, 28) == 1
+        torch.set_num_threads(2)
+        got = spread(lambda lo, hi: (lo, hi, torch.get_num_threads(), torch.is_grad_enabled()),
+                     7, 3)
+        assert [g[:2] for g in got] == [(0, 2), (2, 5), (5, 7)]
+        assert all(g[2] == 1 and g[3] is False for g in got), got  # one thread each, unrecorded
+        assert torch.get_num_threads() == 2  # the caller's put back
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_hook_registered_after_the_plan_unfuses_the_dense_sum(monkeypatch):
