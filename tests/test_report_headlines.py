@@ -201,7 +201,7 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     v.recommendation.alternative_speedup = Stat.from_samples([0.95, 0.97, 1.0, 0.99, 0.96])
     v.exactness = {"rewrite": "proven equal to 'slow' by equal"}
     tied = fix_text(v)
-    assert "the pipeline 'rewrite' (proven equal to 'slow' by equal) is tied with it: " \
+    assert "The pipeline 'rewrite' (proven equal to 'slow' by equal) is tied with it: " \
         "0.97x per sample" in tied and "switching is not shown to pay" in tied
     assert "Check that a rewrite" not in tied
     text = recommendation_text(v).data

@@ -82,7 +82,8 @@ def device_label(device: torch.device) -> str:
     """Short label for figure titles: 'cpu (2 threads)' or 'cuda: NVIDIA H100'."""
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
-    return f"cpu: {cpu_model()} ({torch.get_num_threads()} threads)"
+    k = torch.get_num_threads()
+    return f"cpu: {cpu_model()} ({k} thread{'s' if k != 1 else ''})"
 
 
 def allocator_record(params: Params | None, *, run_level: bool = False) -> dict:

@@ -269,7 +269,7 @@ def fix_text(v: VerdictResult) -> str:
         tied = ""
         if r.alternative and r.alternative_speedup is not None:  # exact, tied with it
             sp = r.alternative_speedup
-            tied = (f"{pipelines.title(r.alternative)} ("
+            tied = (f"{_cap(pipelines.title(r.alternative))} ("
                     f"{v.exactness.get(r.alternative, 'declared exact')}) is tied with it: "
                     f"{sp.median:.3g}x per sample (IQR {sp.iqr:.2g}, n = {sp.n}), its "
                     f"{r.step_words}, so switching is not shown to pay. ")
