@@ -137,7 +137,6 @@ class GinMlp(torch.autograd.Function):
         z = take(ws, "z", agg.shape, agg)
         r = take(ws, "r", (n, w1.shape[0]), agg)
         out = take(ws, "out", (n, w2.shape[0]), agg)
-
         for s in range(0, n, rows):  # a GPU runs all rows as one block: counted once
             with cache_blocks(s > 0):
                 t = min(n, s + rows)
@@ -162,13 +161,13 @@ class GinMlp(torch.autograd.Function):
     def backward(ctx, g):
         x, z, r, e, w1, b1, w2, b2, genes, gfac = ctx.saved_tensors
         need = ctx.needs_input_grad
+        grads = [torch.zeros_like(p) if p is not None and need[3 + k] else None
+                 for k, p in enumerate((e, w1, b1, w2, b2))]
         g = g.contiguous()
         gagg = take(ctx.ws, "gagg", z.shape, z)
         gx = take(ctx.ws, "gx", x.shape, x) if need[1] else None
         gwt = z.new_zeros(ctx.wt_rows, z.shape[1]) if ctx.wt_rows is not None and need[8] \
             else None
-        grads = [torch.zeros_like(p) if p is not None and need[3 + k] else None
-                 for k, p in enumerate((e, w1, b1, w2, b2))]
         for s in range(0, g.shape[0], ctx.rows):  # counted once, as in the forward
             with cache_blocks(s > 0):
                 t = min(g.shape[0], s + ctx.rows)
