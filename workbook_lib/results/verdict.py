@@ -91,7 +91,11 @@ class CodeSite(Record):
     @property
     def short(self) -> str:
         """``where`` with its busiest line: "`f` (file.py:8; busiest line 13)" (the line with
-        the most of its operator time, not of its extra time: a review)."""
+        the most of its operator time, not of its extra time: a review); "`f` (defined at
+        file.py:8)" where it has no line figures (a data stage's, profiled by function: a user
+        trial read its def line as the hot one)."""
+        if not self.lines:
+            return f"`{self.function}` (defined at {self.file}:{self.line})"
         if not self.hot_line:
             return self.where
         return f"`{self.function}` ({self.file}:{self.line}; busiest line {self.lines[0].line})"
