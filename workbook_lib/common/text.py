@@ -19,6 +19,12 @@ def one_line(text: object, limit: int = 300, *, keep_end: bool = False) -> str:
     return s[:limit - 3].rstrip(" ;,") + "..."
 
 
+def capitalized(text: str) -> str:
+    """``text`` with its first character upper-case (the rest as it is: "the pipeline 'x'"
+    starts a sentence as "The pipeline 'x'")."""
+    return text[:1].upper() + text[1:]
+
+
 def text_table(rows: list[list], align: str = "") -> list[str]:
     """Rows of cells as lines of aligned columns two spaces apart (a first row may be the
     header), without trailing spaces.

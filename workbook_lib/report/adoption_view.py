@@ -6,7 +6,7 @@ from IPython.display import Markdown
 
 from ..results.adoption import AdoptionResult, loss_fall
 from . import plotting
-from ..common.text import one_line
+from ..common.text import capitalized as _cap, one_line
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import HEADLINE_MAX, fmt_bytes, fmt_num, fmt_stat, fmt_time_stat, marks, table
 
@@ -195,10 +195,6 @@ def form_text(form, strategies: list[str]) -> Markdown:
     from .bench_view import form_text as text
 
     return text(form) if strategies else Markdown("")
-
-
-def _cap(text: str) -> str:
-    return text[:1].upper() + text[1:]
 
 
 def _diverged(r: AdoptionResult) -> str:

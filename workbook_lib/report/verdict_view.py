@@ -8,6 +8,7 @@ from IPython.display import Markdown, display
 
 from ..results import verdict as C
 from .. import pipelines
+from ..common.text import capitalized
 from ..results.profile import ops_words
 from ..results.verdict import VerdictResult
 from . import plotting
@@ -195,13 +196,12 @@ def recommendation_text(v: VerdictResult, run_dir=None) -> Markdown:
                  "says what else this run measured."]
     else:
         lines = [f"### Use {r.title}",
-                 f"- {r.step_words[:1].upper() + r.step_words[1:]}: "
+                 f"- {capitalized(r.step_words)}: "
                  f"**{fmt_stat(r.ms_per_sample, unit='ms per sample')}** "
                  f"(notebook 03, {v.device}); {r.tie_rule.rstrip('.')}."]
     same = ", same rounds." if "paired" in (v.gap.basis if v.gap else "") else "."
     if r.alternative_speedup is not None and r.alternative:
-        alt = pipelines.title(r.alternative)
-        lines.append(f"- {alt[:1].upper() + alt[1:]} against it: "
+        lines.append(f"- {capitalized(pipelines.title(r.alternative))} against it: "
                      f"**{fmt_stat(r.alternative_speedup, unit='x')}** per sample, "
                      f"{r.step_words}, same loop{same[:-1]}: the gap not resolved, not shown to "
                      "be faster.")

@@ -4,7 +4,7 @@ caveats it rests on, the fix, the index's headline, and the notes that are evide
 from __future__ import annotations
 
 from ... import pipelines
-from ...common.text import one_line
+from ...common.text import capitalized as _cap, one_line
 from ...results.cpu import FAULTS_HIGH, KERNEL_HIGH
 from ...results.verdict import VerdictResult
 from .causes import first_causes, offsets, told_apart
@@ -23,10 +23,6 @@ CONTENDED_LABELS = {**DISTURBED_LABELS, "loop": "notebook 03's steps the fix is 
 
 def _pct(x: float) -> str:
     return f"{x:.0%}"
-
-
-def _cap(s: str) -> str:
-    return s[:1].upper() + s[1:]
 
 
 def rests_on(v: VerdictResult) -> set[str]:
