@@ -61,12 +61,20 @@ def _cause_words(c, first: bool, held: tuple | None = None) -> str:
         s = c.sites[0]
         gap = (f", {'all' if held[1] >= 1.0 else _pct(held[1])} of the gap"
                + (" with its other stages" if abs(held[1] - c.share * s.share) > 0.005 else "")
-               + ",") if held is not None and \
-            (held[0].function, held[0].file, held[0].line) == (s.function, s.file, s.line) and \
-            not (abs(c.share - 1.0) <= 0.005 and abs(held[1] - s.share) <= 0.005) else ""
-        # (a cause that is the whole gap, its site nowhere else: the same figure twice)
+               + ",") if _says_gap(c, held) else ""
         p += f", {_pct(s.share)} of its extra time{gap} in {s.short}"
     return p
+
+
+def _says_gap(c, held: tuple | None) -> bool:
+    """Whether :func:`_cause_words` gives ``c`` the gap share of ``held`` (:func:`main_site`):
+    its main site, named (half its extra time or more), is that function, and the figure is not
+    its share of the cause again (a cause that is the whole gap, its site nowhere else)."""
+    if held is None or not c.sites or c.sites[0].share < 0.5:
+        return False
+    s, h = c.sites[0], held[0]
+    return (h.function, h.file, h.line) == (s.function, s.file, s.line) and \
+        not (abs(c.share - 1.0) <= 0.005 and abs(held[1] - s.share) <= 0.005)
 
 
 def lead(v: VerdictResult) -> str:
@@ -122,7 +130,7 @@ def lead(v: VerdictResult) -> str:
     held = main_site(v.causes)
     for i, c in enumerate(first):
         p = _cause_words(c, i == 0, held)
-        if held is not None and ("of the gap, in" in p or "other stages, in" in p):
+        if _says_gap(c, held):
             held = None  # said once (a review: twice where two causes share the function)
         if c.share > 1.0:  # an offsetting term stands beside any share above 100%
             off = offsets(v.causes)
