@@ -37,9 +37,9 @@ from ..results.floor import ConvertFloor, FloorPart
 from .batch import DeltaFeatures, NodeMaskBatch
 from .delta import push, push_pooled
 from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
-from .convert_trace import (MATMUL, MODE_DEPENDENT, ConvertError, along_features, check_graph,
-                            conv_kind, node_where, of_stack, op_name, per_node_problem,
-                            refuse_hooks, trace)
+from .convert_trace import (MATMUL, MODE_DEPENDENT, ConvertError, along_features, call_dim,
+                            check_graph, conv_kind, node_where, of_stack, op_name,
+                            per_node_problem, refuse_hooks, trace)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
                             gin_mlp)
@@ -1009,9 +1009,8 @@ class ConvertedEncoder(nn.Module):
         if devs and str(x.device) not in devs:
             raise ValueError(f"x is on {x.device} but the encoder's parameters are on "
                              f"{' and '.join(devs)}: pass x.to({devs[0]!r})")
-        dt = str(x.dtype).removeprefix("torch.")
-        own = sorted({str(p.dtype).removeprefix("torch.") for p in params
-                      if p.is_floating_point()})
+        dt = _dtype_name(x.dtype)
+        own = sorted({_dtype_name(p.dtype) for p in params if p.is_floating_point()})
         cpu_ok = ("float32", "float64")
         if x.device.type == "cpu" and any(o not in cpu_ok for o in own):
             raise ValueError(f"the encoder's parameters are {' and '.join(own)}: on a CPU the "
@@ -1139,11 +1138,11 @@ class ConvertedEncoder(nn.Module):
                 if not re.search(r"shape|size|mat1 and mat2", first):
                     raise
                 raise ValueError(f"the encoder's own forward fails on x {list(x.shape)} "
-                                 f"({str(x.dtype).removeprefix('torch.')}): {first}: check x's "
+                                 f"({_dtype_name(x.dtype)}): {first}: check x's "
                                  "width against the encoder's first layer") from e
             got, want = self._traced_pair(x, float64=False)
             tol = 100 * torch.finfo(x.dtype).eps if x.is_floating_point() else 1e-3
-            where = f"in {str(x.dtype).removeprefix('torch.')}, where float64 could not run it"
+            where = f"in {_dtype_name(x.dtype)}, where float64 could not run it"
         with torch.no_grad():
             scale = float(want.abs().max()) if want.numel() else 0.0
             off = float((got - want).abs().max()) / max(scale, 1e-300) if want.numel() else 0.0
@@ -1480,7 +1479,7 @@ class ConvertedEncoder(nn.Module):
         if node.op != "call_function" or node.target not in (torch.cat, torch.concat) or \
                 len(node.users) != 1 or node.kwargs.get("out") is not None:
             return False
-        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+        dim = call_dim(node, 0)
         user = next(iter(node.users))
         return dim in (-1, 1) and isinstance(node.args[0], (list, tuple)) and \
             all(isinstance(a, fx.Node) for a in node.args[0]) and \
@@ -1724,7 +1723,7 @@ class ConvertedEncoder(nn.Module):
                         "training=self.training, or use an nn.Dropout module, then call "
                         "encoder.eval()"))
         if node.target in (torch.cat, torch.concat):
-            dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+            dim = call_dim(node, 0)
             if dim not in (-1, 1):
                 raise ConvertError(f"torch.cat at {node.name} joins along dim {dim}, not the "
                                    "features (dim=-1); convert cannot follow it")
@@ -1732,7 +1731,7 @@ class ConvertedEncoder(nn.Module):
         # [N] value times an [N, K] sums genes; F.linear's too), and a weight is never taken
         # row by row, whatever its first dimension
         if node.target is torch.stack:  # along any dim but the genes' (0, or -(rank + 1))
-            dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+            dim = call_dim(node, 0)
             ranks = {env[a].wt.dim() for a in node.all_input_nodes if isinstance(env.get(a), _Val)}
             if ranks and any(dim % (r + 1) == 0 for r in ranks):
                 raise ConvertError(f"torch.stack at {node_where(node)} stacks along dim {dim}, "
@@ -1740,7 +1739,7 @@ class ConvertedEncoder(nn.Module):
                                    "(dim=-1) or move it out of the encoder")
         product = node.target in MATMUL or node.target is F.linear
         if along_features(node) or product:  # dim -1 is the features only of an [N, F] value
-            dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+            dim = call_dim(node, None)
             vals = [a for a in node.all_input_nodes if isinstance(env.get(a), _Val)]
             if node.op == "call_method" and of_stack(node):  # any dim but the genes' (0) of
                 # whatever rank (a review: a stack of [N] values, [N, L], summed over dim -2)
@@ -2091,6 +2090,11 @@ def _same(a, b) -> bool:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - an ambiguous or failing comparison
         return False
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` for ``torch.float32``, as messages give it."""
+    return str(dtype).removeprefix("torch.")
 
 
 def _call(node: fx.Node, args, kwargs):

@@ -29,6 +29,8 @@ from torch import nn
 from torch_geometric.nn import GINConv, GraphConv, HeteroConv, MessagePassing, SAGEConv
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
+from .convert_trace import call_dim
+
 POOLED_READOUTS = ("mean", "mean_kept", "sum_kept")
 _LINEAR = (nn.Linear, PygLinear)
 _NOOP = (nn.Identity, nn.Dropout)  # dropout p > 0 in train mode is refused at the call
@@ -105,7 +107,7 @@ def _affine_node(node: fx.Node, named: dict, kind_of) -> bool:
     if node.op != "call_function" or node.kwargs and node.target not in (torch.cat, torch.concat):
         return False
     if node.target in (torch.cat, torch.concat):
-        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+        dim = call_dim(node, 0)
         return dim in (-1, 1) and isinstance(node.args[0], (list, tuple))
     if node.target is operator.add:
         a, b = node.args

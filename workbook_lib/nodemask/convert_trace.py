@@ -492,6 +492,12 @@ def _x_as_dict(node: fx.Node, x_arg: str) -> None:
             "written on dicts, such as to_hetero's)")
 
 
+def call_dim(node: fx.Node, default):
+    """A call's ``dim``: by keyword, else its second argument (after the tensor, for a function
+    and a method alike), else ``default``."""
+    return node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else default)
+
+
 def of_stack(node: fx.Node) -> bool:
     """A call on the result of ``torch.stack`` (a value ``[N, F, L]`` where the stack is along a
     new last dim, as PyG's ``JumpingKnowledge("max")`` makes: the run checks the shapes)."""
@@ -513,7 +519,7 @@ def _pair_part(node: fx.Node) -> bool:
 def _stack_dim(node: fx.Node) -> None:
     """ConvertError for ``torch.stack`` along the genes' dim (0, its default): per row along
     any other (the run checks a negative one against the value's rank)."""
-    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+    dim = call_dim(node, 0)
     if dim == 0:
         _refuse_in_library(node, "torch.stack")
         raise ConvertError(f"torch.stack at {node_where(node)} stacks along dim 0, the genes', "
@@ -643,7 +649,7 @@ def _along_features(node: fx.Node, what: str, default, keepdim: bool = False,
     function and a method alike) is the features', and, for a reduction, ``keepdim=True`` (its
     third). On a stack's value (``stacked``) any dim but the genes' (0) is per row, with or
     without keepdim (a negative one is checked against the rank at the call)."""
-    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else default)
+    dim = call_dim(node, default)
     kept = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
     if stacked and isinstance(dim, int) and dim != 0:
         return

@@ -11,6 +11,7 @@ traces (``UnicodeDecodeError``) that read fine exported.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -62,17 +63,10 @@ class SiteTotals:
             self.dims, self.dims_op = tuple(dims), op
 
 
-def _numel(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n if dims else 0
-
-
 def operand_rank(dims) -> tuple:
     """How an operand ranks as what a line computes on: a batch of square matrices first, then
     the most elements (:meth:`SiteTotals.add_dims`; the verdict merges lines by it too)."""
-    return (len(dims) >= 3 and dims[-1] == dims[-2], _numel(dims))
+    return (len(dims) >= 3 and dims[-1] == dims[-2], math.prod(dims) if dims else 0)
 
 
 def largest_input(e: Event) -> list:
