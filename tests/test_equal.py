@@ -495,3 +495,51 @@ def test_a_buffer_dense_on_one_side_and_sparse_on_the_other_is_left_uncopied():
                                                      r"\[3, 3\] \(sparse_coo\).*sparse on one "
                                                      "side and dense on the other"):
         parameter_mapping(slow, sparse_p)
+
+
+def test_a_pipeline_that_already_runs_a_converted_encoder_can_be_the_slow_side(capsys):
+    """A user trial: every pair whose slow side already used ``convert`` (a rewrite of its loss
+    or collate, or the TorchCell example pair listed the other way round) was refused "the
+    encoder has a forward hook": the rounding probe's own hooks, on modules the converted form
+    does not call. The probe now hooks a converted encoder as one module."""
+    rc, out, err = _equal(capsys, "examples/torchcell_converted.py:make_pipeline",
+                          "examples/torchcell_pyg.py:make_pipeline")
+    assert rc == 0, out + err
+    assert "forward hook" not in out + err
+    assert out.splitlines()[-1].startswith("EQUAL: 'torchcell_pyg' computes the same")
+    assert "(a converted encoder's as one module)" in out
+
+
+def test_the_rounding_probe_hooks_a_converted_encoder_whole_and_leaves_it_callable():
+    from torch_geometric.nn import GraphConv
+
+    from workbook_lib.measurement.precision import probed_modules, rounding_probe
+    from workbook_lib.nodemask import convert
+
+    class Enc(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GraphConv(3, 4)
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x, edge_index):
+            return self.lin(self.conv(x, edge_index).relu())
+
+    class Model(torch.nn.Module):
+        def __init__(self, fast):
+            super().__init__()
+            self.fast, self.head = fast, torch.nn.Linear(2, 1)
+
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    enc = Enc()
+    model = Model(convert(enc, ei))
+    names = {id(m): n for n, m in model.named_modules()}
+    assert sorted(names[id(m)] for m in probed_modules(model)) == ["", "fast", "head"]
+    x, deleted = torch.randn(4, 3), torch.tensor([[0], [-1]])
+    plain = model.fast(x, deleted)
+    with rounding_probe(model, 1e-3):
+        probed = model.fast(x, deleted)  # refused "a forward hook" before
+    assert probed.shape == plain.shape and not torch.equal(probed, plain)
+    assert torch.equal(model.fast(x, deleted), plain)  # the hooks are gone
+    # a model without a converted encoder: every module, as before
+    assert len(probed_modules(enc)) == len(list(enc.modules()))

@@ -460,6 +460,11 @@ TRACE_TOLERANCE = 1e-9  # relative, in float64: rounding, not a different comput
 class ConvertedEncoder(nn.Module):
     """The exact shared-graph form of a user's encoder (see :func:`convert`)."""
 
+    # its forward runs a plan of its own, not its submodules' forwards: a hook on one of them
+    # would not run, and is refused. Tools that hook every module (equal's rounding probe,
+    # measurement/precision.py) hook this module as a whole and leave its submodules alone.
+    calls_submodules = False
+
     def __init__(self, encoder: nn.Module, graph, readout=None, register: dict | None = None,
                  num_nodes: int | None = None):
         super().__init__()

@@ -116,6 +116,14 @@ def _rule(dtype: torch.dtype, tolerance: float, tolerance_basis: str,
             lambda model: rounding_model(rel, seed=seed))
 
 
+def _as_whole(model: torch.nn.Module) -> str:
+    """' (a converted encoder's as one module)' where the probe hooks one as a whole
+    (:func:`~workbook_lib.measurement.precision.probed_modules`), else ""."""
+    n = sum(getattr(m, "calls_submodules", True) is False for m in model.modules())
+    return "" if not n else (" (a converted encoder's as one module)" if n == 1 else
+                             f" ({n} converted encoders', each as one module)")
+
+
 def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed: int = 0,
                     renames: dict[str, str] | None = None, batches: int = 1,
                     batch_size: int | None = None, precision: str = "float64",
@@ -175,6 +183,8 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
     if precision == "float64":
         dtype, first, note = _try_float64(run, pipes, seed)
     tol, basis, probe_text, probe = _rule(dtype, tolerance, tolerance_basis, tolerance64, seed)
+    if dtype == torch.float64:
+        probe_text += _as_whole(slow.model)
     worst: dict[str, TensorDiff] = {}
 
     def keep(row: TensorDiff) -> None:
