@@ -568,11 +568,44 @@ def test_the_equal_command_the_answer_prints_runs_as_printed():
 
     v = SimpleNamespace(gap=SimpleNamespace(slow="slow_gene", fast="quick"),
                         specs={"slow_gene": "/tmp/u/slow_gene.py:make_pipeline",
-                               "quick": "my_pkg.models:make_fast"})
+                               "quick": "my_pkg.models:make_fast"}, params_args="")
     assert equal_command(v) == ("python -m workbook_lib equal /tmp/u/slow_gene.py:make_pipeline "
                                 "quick=my_pkg.models:make_fast")
     v.specs = {}  # built-in strategies: their names are what the command takes
     assert equal_command(v) == "python -m workbook_lib equal slow_gene quick"
+
+
+def test_the_equal_command_carries_the_runs_params(tmp_path, capsys):
+    """A user trial: 05's `equal` command had no params, so `equal` built the pair on the
+    default params' graph, not the one the run measured. It names the run folder's params file
+    where that holds the run's params, else the keys that differ from the defaults; either way
+    the printed command checks the pair on the run's graph."""
+    import shlex
+    from types import SimpleNamespace
+
+    from workbook_lib import cli
+    from workbook_lib.configs.validation import PARAMS_FILE, load_params_file, params_yaml
+    from workbook_lib.studies.verdict import params_args
+    from workbook_lib.studies.verdict.answer import equal_command
+
+    p = load_params_file("ci").replace(hidden=8, layers=1)
+    sets = params_args(p, tmp_path)  # no params file in the folder: the keys set
+    assert sets.startswith("--set ") and "hidden=8" in sets and "layers=1" in sets
+    (tmp_path / PARAMS_FILE).write_text(params_yaml(p))
+    assert params_args(p, tmp_path) == f"--params {tmp_path / PARAMS_FILE}"
+    assert params_args(p.replace(hidden=4), tmp_path).startswith("--set ")  # another run's file
+    for args in (sets, params_args(p, tmp_path)):
+        v = SimpleNamespace(gap=SimpleNamespace(slow="lazy_pyg", fast="nodemask_pyg"),
+                            specs={"lazy_pyg": "examples/lazy_pyg.py:make_pipeline",
+                                   "nodemask_pyg": "examples/nodemask_pyg.py:make_pipeline"},
+                            params_args=args)
+        argv = shlex.split(equal_command(v))[3:]
+        assert cli.main([*argv, "--json", str(tmp_path / "eq.json")]) == 0
+        doc = json.loads((tmp_path / "eq.json").read_text())
+        names = {r["name"] for r in doc["rows"]}
+        assert all(r["equal"] for r in doc["rows"]) and "lins.0.weight" in names  # layers=1:
+        assert "lins.1.weight" not in names  # the run's, not the defaults'
+        capsys.readouterr()
 
 
 def test_two_causes_closer_than_the_gap_resolves_are_named_together_not_ranked():

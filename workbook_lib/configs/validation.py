@@ -258,6 +258,32 @@ def load_params_file(path: str | Path) -> Params:
     return validate(raw, source=str(p))
 
 
+PARAMS_FILE = "params.yaml"  # a run folder's copy of the params it ran with
+
+
+def params_yaml(params: Params) -> str:
+    """``params``, every key, as a params file that :func:`load_params_file` reads back to the
+    same values: a run folder's :data:`PARAMS_FILE`, which ``--params`` takes to check or rerun
+    exactly what the run measured."""
+    import yaml
+
+    from ..records import to_json
+
+    return ("# the params this run used, every key: --params THIS_FILE runs with the same "
+            "values\n" + yaml.safe_dump(to_json(params), sort_keys=False))
+
+
+def same_params(path: str | Path, params: Params) -> bool:
+    """Whether the params file at ``path`` holds ``params``' values (False where it is missing
+    or does not validate)."""
+    from ..records import to_json
+
+    try:
+        return to_json(load_params_file(path)) == to_json(params)
+    except (OSError, ParamsError, ValueError):
+        return False
+
+
 def results_relevant(params: dict) -> dict:
     """The params a run's results depend on (without the ``placement`` keys)."""
     return {k: v for k, v in params.items() if k not in PLACEMENT_KEYS}

@@ -254,6 +254,7 @@ class VerdictResult(Record):
     syncs_note: str = ""  # host syncs of the pair's stages and what they cost here
     num_samples: int = 0  # the dataset size an epoch is 80% of (params num_samples)
     specs: dict[str, str] = field(default_factory=dict)  # user pipeline -> its spec as given
+    params_args: str = ""  # a command's params for the run's: --params RUN/params.yaml, or --sets
     exactness: dict[str, str] = field(default_factory=dict)  # pipeline -> how exact, in words
     notes: list[str] = field(default_factory=list)  # what the answer does not rest on
     headline: str = ""  # the index's one sentence

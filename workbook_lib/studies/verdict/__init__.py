@@ -85,16 +85,36 @@ def run_command(run_dir: str | Path, params: Params | None) -> str:
     """``python -m workbook_lib run --only 03 --out RUN --set K=V ...``: notebook 03 with the
     keys of ``params`` that differ from the defaults (found by a user trial: the hint ran the
     built-in strategies in place of the user's pair)."""
-    import json
     import shlex
 
     parts = ["python", "-m", "workbook_lib", "run", "--only", "03", "--out", str(run_dir)]
-    if params is not None:
-        base, given = defaults(), to_json(params)
-        for k, v in given.items():
-            if k != "run_dir" and k in base and v != to_json(base[k]):
-                parts += ["--set", f"{k}={json.dumps(v)}"]
-    return shlex.join(parts)
+    return shlex.join(parts + (set_args(params) if params is not None else []))
+
+
+def set_args(params: Params) -> list[str]:
+    """``--set K=V`` for each key of ``params`` that differs from the defaults."""
+    import json
+
+    base, given, out = defaults(), to_json(params), []
+    for k, v in given.items():
+        if k != "run_dir" and k in base and v != to_json(base[k]):
+            out += ["--set", f"{k}={json.dumps(v)}"]
+    return out
+
+
+def params_args(params: Params, run_dir: str | Path) -> str:
+    """What a command needs to run with ``params``: ``--params RUN/params.yaml`` where the run
+    folder holds them (:data:`~workbook_lib.configs.validation.PARAMS_FILE`), else their
+    ``--set`` keys (found by a user trial: 05's `equal` command had none, and `equal` then
+    built the pair on the default params' graph, not the one measured)."""
+    import shlex
+
+    from ...configs.validation import PARAMS_FILE, same_params
+
+    path = Path(run_dir) / PARAMS_FILE
+    if same_params(path, params):
+        return shlex.join(["--params", str(path)])
+    return shlex.join(set_args(params))
 
 
 def notebook_error(run_dir: str | Path, nb: str) -> str:
@@ -258,7 +278,8 @@ def build_verdict(found: dict, inputs: dict[str, str], params: Params, run_dir: 
                         target=params.precision_target, gap_strategies=listed,
                         missing=missing, failures=failures, nonfinite=nonfinite,
                         builtin=builtin, num_samples=int(params.num_samples),
-                        specs={n: s.target for n, s in pipelines.user_specs(params).items()})
+                        specs={n: s.target for n, s in pipelines.user_specs(params).items()},
+                        params_args=params_args(params, run_dir))
     absent = [n for n in listed if not _in_timing(lo, n)]
     if absent:
         n = absent[0]

@@ -244,15 +244,17 @@ def _builtin_fix(r) -> str:
 
 
 def equal_command(v: VerdictResult) -> str:
-    """``python -m workbook_lib equal SLOW FAST`` for the pair, with the specs the run was given
-    (a pipeline's name alone is not a spec the command can import)."""
+    """``python -m workbook_lib equal SLOW FAST --params ...`` for the pair, with the specs the
+    run was given (a pipeline's name alone is not a spec the command can import) and the run's
+    params (:func:`~workbook_lib.studies.verdict.params_args`)."""
     def spec(name: str) -> str:
         target = v.specs.get(name)
         return name if target is None else (target if target.split(":")[0].split("/")[-1]
                                             .removesuffix(".py") == name else
                                             f"{name}={target}")
 
-    return f"python -m workbook_lib equal {spec(v.gap.slow)} {spec(v.gap.fast)}"
+    return " ".join(x for x in ("python -m workbook_lib equal", spec(v.gap.slow), spec(v.gap.fast),
+                                v.params_args) if x)
 
 
 def fix_text(v: VerdictResult) -> str:
