@@ -59,10 +59,14 @@ def _cause_words(c, first: bool, held: tuple | None = None) -> str:
     p = f"{c.cause} ({_pct(c.share)}" + (" of the gap" if first else "")
     if c.sites and c.sites[0].share >= 0.5:
         s = c.sites[0]
-        gap = (f", {'all' if held[1] >= 1.0 else _pct(held[1])} of the gap"
-               + (" with its other stages" if abs(held[1] - c.share * s.share) > 0.005 else "")
-               + ",") if _says_gap(c, held) else ""
-        p += f", {_pct(s.share)} of its extra time{gap} in {s.short}"
+        if _says_gap(c, held):  # the function's two shares in a clause of their own (a user
+            # trial read "(96% of the gap, 99% of its extra time, 95% of the gap, in ...)")
+            gap = (f"{'all' if held[1] >= 1.0 else _pct(held[1])} of the gap"
+                   + (" with its other stages" if abs(held[1] - c.share * s.share) > 0.005
+                      else ""))
+            p += f"; in {s.short}: {_pct(s.share)} of the {c.cause}'s extra time, {gap}"
+        else:
+            p += f", {_pct(s.share)} of its extra time in {s.short}"
     return p
 
 
