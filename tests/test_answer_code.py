@@ -989,3 +989,16 @@ def test_the_answer_says_the_gap_share_its_headline_quotes_for_the_function():
         "100% of its extra time in `perturbed_graph` (defined at x_slow.py:38)")
     other = [cause("collate", 1.16, 0.75), cause("forward", 0.1, 0.9, "fwd")]
     assert "; in" not in _cause_words(other[1], False, main_site(other))
+
+
+def test_a_stage_s_share_per_sample_in_words_never_reads_minus_zero():
+    """A user trial's 05 read "-0.00528 ms (IQR 0.13, n=10) (noisy), -0% of the stage": a cost per
+    extra sample below zero is noise around none."""
+    from workbook_lib.results.stat import Stat
+    from workbook_lib.results.timing import Growth
+
+    def words(share):
+        st = Stat.from_samples([0.001, 0.002, 0.003])
+        return Growth("loss", (16, 8), st, st, share).share_words
+    assert [words(x) for x in (-0.0002, 0.0, 0.003, 0.004999, 0.005, 0.33, 0.999, 1.0, 1.7)] == \
+        ["none", "none", "under 1%", "under 1%", "under 1%", "33%", "100%", "all", "all"]
