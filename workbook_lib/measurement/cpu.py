@@ -267,6 +267,33 @@ class _Snap:
     faults: int | None = None  # its minor + major page faults; None without getrusage
 
 
+_TICK: list = []  # the measured accounting tick, once per process
+
+
+def accounting_tick() -> float | None:
+    """Seconds between the kernel's updates of a running thread's CPU time as ``/proc`` shows
+    it (its scheduler tick: 4 ms at HZ = 250), measured once per process by spinning on this
+    thread's ``schedstat`` until it has changed three times (at most 0.1 s); None where there is
+    no schedstat or it did not change. What :attr:`CpuShare.share_error` is made of."""
+    if _TICK:
+        return _TICK[0]
+    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+    tick = None
+    try:
+        prev, seen, stop = int(_read(path).split()[0]), [], time.perf_counter() + 0.1
+        while len(seen) < 3 and time.perf_counter() < stop:
+            v = int(_read(path).split()[0])
+            if v != prev:
+                seen.append(v)
+                prev = v
+        if len(seen) == 3:  # spinning, this thread ran all along: two ticks' CPU time between
+            tick = (seen[2] - seen[0]) / 2 / 1e9
+    except (AttributeError, IndexError, ValueError):  # no schedstat (_read gave None)
+        tick = None
+    _TICK.append(tick)
+    return tick
+
+
 def kernel_time() -> tuple[float, int | None]:
     """This process's system (kernel) CPU seconds and its minor + major page faults so far, from
     one ``getrusage`` (microseconds); where there is no ``resource`` module (Windows) the system
@@ -421,4 +448,5 @@ class CpuMeter:
                         span_busy_s=span_busy, span_tree_s=span_tree,
                         tree_procs=self.tree_procs or None, system_s=self.system,
                         page_faults=self.faults,
-                        freed_kept=bool(allocator_state().get("applied")), **kw)
+                        freed_kept=bool(allocator_state().get("applied")),
+                        tick_s=accounting_tick(), **kw)

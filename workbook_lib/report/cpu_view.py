@@ -22,8 +22,8 @@ def cpu_rows(study: LoopStudy) -> list[dict]:
             else MODE_LABELS.get(a.mode, a.variant)
         rows.append({"pipeline": label(a.strategy), "mode": mode,
                      "threads / CPUs": f"{c.threads} / {c.allowed}",
-                     "CPU use (CPU time / wall x threads)": fmt_pct(c.use, 0),
-                     "got of the CPU asked for": fmt_pct(c.got, 0) if c.got is not None
+                     "CPU use (CPU time / wall x threads)": c.pct(c.use),
+                     "got of the CPU asked for": c.pct(c.got) if c.got is not None
                      else "n/a (no schedstat)",
                      "CPU pressure (machine)": fmt_pct(c.pressure, 0)
                      if c.pressure is not None else "not available here",
@@ -45,7 +45,8 @@ def kernel_cell(c) -> str:
 
 
 def cpu_table(study: LoopStudy):
-    from ..results.cpu import FAULTS_HIGH, KERNEL_HIGH, OTHERS_SEEN, causes_text
+    from ..results.cpu import (FAULTS_HIGH, KERNEL_HIGH, OTHERS_SEEN, SHARE_ERROR_SHOWN,
+                               causes_text)
 
     rows = cpu_rows(study)
     s = study.settings
@@ -60,6 +61,10 @@ def cpu_table(study: LoopStudy):
         "process's CPU time (user + system, all threads) over wall time x threads; child "
         f"processes {children}. Got: its threads' time on a CPU over that time plus their "
         "run-queue wait (a sleeping thread asks for nothing, so a serial step alone gets ~100%). "
+        "Both are read from what the kernel adds up once per scheduler tick"
+        + (f" ({first.tick_s * 1e3:.2g} ms here)" if first is not None and first.tick_s else "")
+        + ": over steps that short, a share can be off by a few ticks, shown beside it as "
+        f"'(±N points)' from {SHARE_ERROR_SHOWN * 100:.0f} points (and above 100% for CPU use). "
         "CPU pressure: the share of the wall time in which some task on the machine waited for "
         "a CPU (/proc/pressure/cpu; other jobs' waits count too). Other jobs: the machine's busy "
         "CPU time on these CPUs minus this run's process tree's, per wall second. "
@@ -91,18 +96,19 @@ def cpu_plot(study: LoopStudy) -> None:
     fig, ax = plotting.plt.subplots(figsize=(10, 0.28 * len(arms) + 1.8))
     judged = np.array([a.step.cpu.judged * 100 for _, a in arms])
     use = np.array([a.step.cpu.use * 100 for _, a in arms])
+    err = np.array([(a.step.cpu.share_error or 0.0) * 100 for _, a in arms])
     y = np.arange(len(arms))
-    ax.barh(y - 0.2, judged, 0.4, label="got of the CPU its threads asked for (green; red: "
-                                        "contended)",
+    ax.barh(y - 0.2, judged, 0.4, xerr=err, label="got of the CPU its threads asked for (green; "
+                                                  "red: contended)",
             color=[plotting.PALETTE[3] if a.step.contended else plotting.PALETTE[2]
                    for _, a in arms])
-    ax.barh(y + 0.2, use, 0.4, label="CPU use (CPU time / wall x threads)",
+    ax.barh(y + 0.2, use, 0.4, xerr=err, label="CPU use (CPU time / wall x threads)",
             color=plotting.PALETTE[7])
     ax.axvline(CONTENDED_BELOW * 100, color="black", linestyle="--", linewidth=1,
                label=f"contended below {CONTENDED_BELOW:.0%}")
     ax.set_yticks(y, [f"{label(a.strategy)} · {a.variant}" for _, a in arms], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlim(0, 105)
+    ax.set_xlim(0, max(105.0, float(np.nanmax(np.r_[judged, use] + np.r_[err, err])) + 5))
     ax.set_xlabel("% over the arm's timed steps (red: contended)")
     ax.legend(loc="lower right", fontsize=7)
     ns = [a.step.cpu.intervals for _, a in arms]
@@ -112,4 +118,5 @@ def cpu_plot(study: LoopStudy) -> None:
                            "excluded)")
     plotting.show(fig, "Horizontal bars per arm: the share of the CPU time its threads asked "
                        "for that they got (red below the 80% rule line: contended), and its CPU "
-                       "use over wall time x threads.")
+                       "use over wall time x threads; whiskers: how far the kernel's per-tick "
+                       "accounting can move each over steps that short.")

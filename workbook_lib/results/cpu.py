@@ -94,10 +94,13 @@ KEPT_PAGES = ("freed memory was already kept in the process (mallopt), so these 
 OTHER_JOBS, OWN_PROCESSES, NOT_TOLD = "other jobs", "own processes", "not told apart"
 SPIN = ("where PyTorch processes share cores, their OpenMP threads spin while they wait for "
         "each other: OMP_WAIT_POLICY=passive, or fewer threads per process, lets them share")
+ERROR_WORDS = ("by more than that share's error (the kernel adds up a running thread's CPU "
+               "time once per tick: tick x sqrt(intervals x threads) / (wall x threads))")
 RULE = (f"contended: its compute threads got less than {CONTENDED_BELOW:.0%} of the CPU time "
-        "they asked for (run / (run + run-queue wait), per-thread schedstat)")
+        f"they asked for (run / (run + run-queue wait), per-thread schedstat), {ERROR_WORDS}")
 RULE_FALLBACK = (f"contended: CPU time below {CONTENDED_BELOW:.0%} of wall x threads (no "
-                 "per-thread schedstat here)")
+                 f"per-thread schedstat here), {ERROR_WORDS}")
+SHARE_ERROR_SHOWN = 0.05  # a share's error shown beside it from this many points
 
 
 def _ticks_per_s() -> float:
@@ -149,6 +152,29 @@ class CpuShare(Record):
     system_s: float | None = None  # of cpu_s, the kernel's (page faults, zeroing, syscalls)
     page_faults: int | None = None  # the process's page faults over them (minor + major)
     freed_kept: bool | None = None  # freed memory kept in the process (mallopt) when measured
+    tick_s: float | None = None  # how often the kernel adds up a running thread's CPU time
+
+    @property
+    def share_error(self) -> float | None:
+        """How far :attr:`use` and :attr:`got` can be off, in share points: the kernel adds a
+        running thread's CPU time to what ``/proc`` and the process clock show once per tick
+        (:attr:`tick_s`, 4 ms on this project's machine), so each end of each interval can miss
+        up to a tick per running thread: ``tick x sqrt(intervals x threads) / (wall x
+        threads)`` (found by a user trial: 12 steps of 0.9 ms read "CPU use 154%"). None where
+        the tick was not measured."""
+        if self.tick_s is None or self.wall_s <= 0:
+            return None
+        k = max(1, self.threads)
+        return self.tick_s * math.sqrt(max(1, self.intervals) * k) / (self.wall_s * k)
+
+    def pct(self, share: float | None) -> str:
+        """``share`` as a whole percent, with its error where that is above
+        :data:`SHARE_ERROR_SHOWN` ("154% (±92 points)"); "n/a" for None."""
+        if share is None or math.isnan(share):
+            return "n/a"
+        e = self.share_error
+        shown = e is not None and e > SHARE_ERROR_SHOWN
+        return f"{share:.0%}" + (f" (±{e * 100:.0f} points)" if shown else "")
 
     def keep_pages(self) -> str:
         """The way out of kernel time spent faulting: :data:`KEEP_PAGES`, or, where freed memory
@@ -222,9 +248,11 @@ class CpuShare(Record):
 
     @property
     def contended(self) -> bool:
-        """True when the judged share is below :data:`CONTENDED_BELOW` (see the module)."""
+        """True when the judged share is below :data:`CONTENDED_BELOW` by more than its
+        :attr:`share_error` (see the module)."""
         j = self.judged
-        return bool(self.intervals > 0 and not math.isnan(j) and j < CONTENDED_BELOW)
+        return bool(self.intervals > 0 and not math.isnan(j)
+                    and j + (self.share_error or 0.0) < CONTENDED_BELOW)
 
     @property
     def rule(self) -> str:
@@ -331,8 +359,9 @@ class CpuShare(Record):
 
     def explain(self) -> str:
         """One line: whether the figure was contended, by whom, and what to do."""
-        got = (f"its threads got {self.got:.0%} of the CPU they asked for" if self.got is not None
-               else f"CPU use {self.use:.0%} of {self.threads} thread(s)")
+        got = (f"its threads got {self.pct(self.got)} of the CPU they asked for"
+               if self.got is not None else f"CPU use {self.pct(self.use)} of {self.threads} "
+               "thread(s)")
         c = self.cause
         if c is None:
             return f"not contended: {got}"
@@ -379,14 +408,14 @@ class CpuShare(Record):
         """'got 52% of the CPU asked for, CPU use 49% of 2 thread(s) on 2 CPU(s), other jobs
         0.95 CPU, CPU pressure 61% (contended: other jobs)'."""
         got = "run-queue wait n/a" if self.got is None else \
-            f"got {self.got:.0%} of the CPU asked for"
+            f"got {self.pct(self.got)} of the CPU asked for"
         pressure = "pressure not available here" if self.pressure is None else \
             f"CPU pressure {self.pressure:.0%}"
         others = "" if self.others is None else f", other jobs {self.others:.2f} CPU"
         flag = f" (contended: {self.cause})" if self.contended else ""
         kernel = self.kernel_text()
         kernel = f", {kernel}" if kernel else ""
-        return (f"{got}, CPU use {self.use:.0%} of {self.threads} thread(s) on "
+        return (f"{got}, CPU use {self.pct(self.use)} of {self.threads} thread(s) on "
                 f"{self.allowed} CPU(s){others}, {pressure}{kernel}{flag}")
 
 
