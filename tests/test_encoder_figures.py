@@ -153,6 +153,34 @@ def test_the_forward_advice_carries_the_conversion_figures_or_its_refusal():
     assert "converts:" not in _cause(None) and "does not convert" not in _cause(None)
 
 
+def test_a_pipeline_that_runs_its_encoder_converted_is_not_told_to_convert_it():
+    """A user trial: 03 showed "masked copies 35.1 ms | converted 9.01 ms | 3.9x" for a pipeline
+    whose forward already ran the converted form. 03 now says its forward runs converted, and
+    05 does not advise one shared pass to a pipeline making one: it says what it runs."""
+    from workbook_lib.studies.verdict.advice import graph_work
+
+    g = make_graph(num_genes=40, types={"a": 120, "b": 60}, seed=3)
+    p = _params().replace(pipelines=[f"examples/{n}.py:make_pipeline" for n in (
+        "torchcell_pyg", "torchcell_converted")],
+        gap_strategies=["torchcell_pyg", "torchcell_converted"])
+    copies = build_pipeline(p, "torchcell_pyg", g, "cpu")
+    twin = build_pipeline(p, "torchcell_converted", g, "cpu")
+    assert not encoder_figures(copies, device=torch.device("cpu"), **FAST).runs_converted
+    fig = encoder_figures(twin, device=torch.device("cpu"), **FAST)
+    assert fig.runs_converted and not fig.blocked
+    assert graph_work(None, fig, False) == ""  # (no other evidence of graph work here)
+    words = _cause(fig)
+    assert "one pass over one shared graph" not in words and "converts:" not in words
+    from workbook_lib.results.verdict import Cause
+    from workbook_lib.studies.verdict.advice import advise
+
+    c = Cause("forward", "12 ms per step against 1 ms", 1.0, 0.1, 0.9, 0.9, "measured",
+              effect="adds", stage="forward")
+    advise([c], "cpu", encoder=fig)
+    assert "your encoder runs converted already (workbook_lib.nodemask.convert): " in c.finding
+    assert "on masked copies" in c.finding
+
+
 def test_06_trains_the_torchcell_example_beside_its_converted_twin():
     """Example 4 (B masked copies) and example 5 (converted) from one seed: the check before
     training (what `equal` runs) says equal, and the loss curves agree within float32

@@ -192,6 +192,8 @@ def encoder_table(study: LoopStudy):
                          "does not convert": f.blocked})
             continue
         rows.append({"pipeline": label(n), "batch": f.batch_size,
+                     "its forward runs": "converted already" if f.runs_converted
+                     else "as given",
                      "masked copies, per batch": fmt_time_stat(f.masked_copies),
                      "converted, per batch": fmt_time_stat(f.converted),
                      "copies / converted (same rounds)": fmt_stat(f.ratio, unit="x"),
@@ -205,7 +207,9 @@ def encoder_table(study: LoopStudy):
            "zeroed, and converted (workbook_lib.nodemask.convert: the wildtype once, per sample "
            "only the rows a deletion changes); interleaved in rounds, the batch changing each "
            "round. The floor: the fewest multiply-adds an exact sample needs, forward and "
-           "backward (the conversion's own count).")
+           "backward (the conversion's own count). Its forward runs 'converted already' where "
+           "the pipeline's model holds the encoder converted: the copies' column is then what "
+           "copies would cost, not a gain left.")
     import html
 
     from IPython.display import HTML

@@ -175,9 +175,16 @@ def _site_diagnosis(c: Cause) -> str:
 
 def encoder_words(fig: EncoderFigures) -> str:
     """What converting the slow pipeline's encoder measured: "your encoder converts: X -> Y ms
-    per batch ..." or "your encoder does not convert: <why>"."""
+    per batch ...", "your encoder does not convert: <why>", or where the pipeline runs it
+    converted already, "your encoder runs converted already: Y ms per batch ..."."""
     if fig.blocked:
         return f"your encoder does not convert: {fig.blocked}"
+    if fig.runs_converted:
+        return (f"your encoder runs converted already (workbook_lib.nodemask.convert): "
+                f"{fig.converted.median * 1e3:.3g} ms per batch of {fig.batch_size}, forward and "
+                f"backward (on masked copies {fig.masked_copies.median * 1e3:.3g} ms), floor "
+                f"{(fig.floor_sparse_macs + fig.floor_dense_macs) / 1e6:.3g} M multiply-adds "
+                "per sample")
     text = (f"your encoder converts: {fig.masked_copies.median * 1e3:.3g} -> "
             f"{fig.converted.median * 1e3:.3g} ms per batch of {fig.batch_size}, forward and "
             f"backward ({fig.ratio.median:.3g}x, IQR {fig.ratio.iqr:.2g}, n = {fig.ratio.n}"
@@ -263,6 +270,8 @@ def graph_work(c: Cause, encoder: EncoderFigures | None, copies: bool,
     :data:`GRAPH_SHARE` of its time)."""
     if copies:
         return "the slow pipeline carries one graph copy per sample"
+    if encoder is not None and encoder.runs_converted:
+        return ""  # it makes one shared pass already: not advised to make one
     if encoder is not None:
         return "its encoder (shared_encoder) runs on a graph copy per sample"
     dense = graph_per_sample(c, num_genes)
@@ -301,6 +310,8 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies, num_genes))
         c.diagnosed = isinstance(c.advice, Diagnosis)
         c.advice = str(c.advice)
+        if encoder is not None and encoder.runs_converted and c.stage == "forward":
+            c.finding += "; " + encoder_words(encoder)  # what it runs, not a change to make
         # the encoder's figures where the advice is its own (a backward mirroring the forward
         # quotes the forward's, figures and all; a forward's may follow a loop's: a review)
         if encoder is not None and NODEMASK in c.advice and c.stage in ("forward", "backward") \
