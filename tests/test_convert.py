@@ -938,12 +938,21 @@ def test_explain_and_floor_name_every_layer_and_type():
     fast(torch.randn(N, F_IN), DELETED)
     text = fast.explain(DELETED)
     assert "layers.0.gene__physical__gene" in text and "GINConv" in text and "per-node" in text
+    # each form shown is said in words (a user trial found them only in the docs)
+    assert "per-node: a module of each row alone" in text
+    assert ("delta: only the changed rows" in text) == (" delta " in text)
     floor = fast.floor(DELETED)
     assert floor.batch_size == 5 and floor.per_sample("dense_macs") > 0
     assert any("regulatory" in k for k in floor.parts) and "wildtype, once per batch" in floor.parts
     printed = str(floor)  # print(floor) is its table, not the record's fields
     assert printed.startswith("floor of a batch of 5 samples") and "FloorPart" not in printed
     assert "wildtype, once per batch" in printed and printed.endswith(floor.table())
+    # (a user trial: the wildtype row, most of a small batch's total, told in five words)
+    wt = floor.parts["wildtype, once per batch"]
+    share = (wt.sparse_macs + wt.dense_macs) / 5 / (floor.per_sample("sparse_macs")
+                                                    + floor.per_sample("dense_macs"))
+    assert (f"its row is its count over the batch's 5 samples, {share:.0%} of the total here; "
+            "per sample it shrinks as 1/B") in printed
     # every gene but one deleted: every gene changes, the kept one with its in-edges
     ei = next(iter(GRAPH.values()))
     kept = int(ei[1][ei[0] != ei[1]][0])

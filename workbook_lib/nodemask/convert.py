@@ -1934,6 +1934,16 @@ class ConvertedEncoder(nn.Module):
         lines.append("  readout: " + (readout[self.readout_kind] if self.readout_module is None
                                       else f"{type(self.readout_module).__name__} over kept "
                                            "genes (its own module, run on every kept row)"))
+        forms = {r[2] for r in rows_out}  # each form that appears, in words (a user trial
+        legend = [(f, words) for f, words in (  # found them defined only in the docs)
+            ("delta", "delta: only the changed rows computed, the wildtype's values "
+                      "corrected along the edges that carry a change"),
+            ("dense", "dense: every row of every sample computed, the cheaper here by counted "
+                      "work"),
+            ("per-node", "per-node: a module of each row alone, run on the changed rows"))
+            if f in forms or (f == "dense" and "dense*" in forms)]
+        if legend:
+            lines.append("  (" + "; ".join(w for _, w in legend) + ")")
         if any(isinstance(w, _TypedLin) for _, _, w in plan.order):
             lines.append("  (fused: a linear map of identity GINs' sums over its edge types, "
                          "each type's map applied before its push, on the changed rows only: "
