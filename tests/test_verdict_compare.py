@@ -584,16 +584,23 @@ def test_the_equal_command_carries_the_runs_params(tmp_path, capsys):
     from types import SimpleNamespace
 
     from workbook_lib import cli
-    from workbook_lib.configs.validation import PARAMS_FILE, load_params_file, params_yaml
+    from workbook_lib.configs.validation import (load_params_file, params_file_name,
+                                                 params_yaml)
     from workbook_lib.studies.verdict import params_args
     from workbook_lib.studies.verdict.answer import equal_command
 
-    p = load_params_file("ci").replace(hidden=8, layers=1)
+    specs = [f"examples/{n}.py:make_pipeline" for n in ("lazy_pyg", "nodemask_pyg", "dango_pyg")]
+    # a run of three pipelines, 04 on the third (a review: `equal` on its params refused it)
+    p = load_params_file("ci").replace(hidden=8, layers=1, strategies=[], pipelines=specs,
+                                       gap_strategies=["lazy_pyg", "nodemask_pyg"],
+                                       ddp_strategy="dango_pyg")
     sets = params_args(p, tmp_path)  # no params file in the folder: the keys set
     assert sets.startswith("--set ") and "hidden=8" in sets and "layers=1" in sets
-    (tmp_path / PARAMS_FILE).write_text(params_yaml(p))
-    assert params_args(p, tmp_path) == f"--params {tmp_path / PARAMS_FILE}"
-    assert params_args(p.replace(hidden=4), tmp_path).startswith("--set ")  # another run's file
+    name = params_file_name(p)  # named by its content: a later run's other params do not
+    assert name != params_file_name(p.replace(hidden=4))  # rewrite the file 05 named
+    (tmp_path / name).write_text(params_yaml(p))
+    assert params_args(p, tmp_path) == f"--params {tmp_path / name}"
+    assert params_args(p.replace(hidden=4), tmp_path).startswith("--set ")  # another run's
     for args in (sets, params_args(p, tmp_path)):
         v = SimpleNamespace(gap=SimpleNamespace(slow="lazy_pyg", fast="nodemask_pyg"),
                             specs={"lazy_pyg": "examples/lazy_pyg.py:make_pipeline",

@@ -213,8 +213,11 @@ def _cmd_equal(args) -> int:
     if slow == fast:
         raise ParamsError(f"SLOW and FAST are the same pipeline ({args.slow!r})")
     sets = list(args.set or [])
-    if entries:
-        sets.append(f"pipelines={json.dumps(entries)}")
+    if entries:  # the pair alone: keys that name the run's other pipelines follow it (a review:
+        # 05's command on a run folder's params.yaml with a third pipeline in ddp_strategy)
+        sets += [f"pipelines={json.dumps(entries)}", "ddp_strategy=null"]
+        if len(entries) == 2:
+            sets.append(f"gap_strategies={json.dumps([slow, fast])}")
     p = _load(args.params, sets)  # every check before any work
     from ..data.snapshots import load_snapshot
     from ..report.equality_view import table_lines

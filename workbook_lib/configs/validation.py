@@ -258,7 +258,16 @@ def load_params_file(path: str | Path) -> Params:
     return validate(raw, source=str(p))
 
 
-PARAMS_FILE = "params.yaml"  # a run folder's copy of the params it ran with
+PARAMS_FILE = "params.yaml"  # a run folder's copy of the params its last run used
+
+
+def params_file_name(params: Params) -> str:
+    """``params-<8 hex>.yaml``: a run folder's copy of ``params`` named by its content, so the
+    name always means these values (05's command names it; :data:`PARAMS_FILE` is rewritten
+    by the folder's next run, with other params maybe: a review)."""
+    import hashlib
+
+    return f"params-{hashlib.sha256(params_yaml(params).encode()).hexdigest()[:8]}.yaml"
 
 
 def params_yaml(params: Params) -> str:

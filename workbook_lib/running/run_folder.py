@@ -24,7 +24,7 @@ import psutil
 from ..configs.validation import Params
 from ..common import processes
 from ..common.files import atomic_write_text
-from ..configs.validation import PARAMS_FILE, check_gap, params_yaml
+from ..configs.validation import PARAMS_FILE, check_gap, params_file_name, params_yaml
 from ..exceptions import NotebookFailedError, ParamsError
 from ..records import to_json
 from . import environment
@@ -219,10 +219,11 @@ def _run_held(names: list[str], params: Params, out: Path, checksum: str, *, sho
         write_environment(out, params, names, resume=resume)
     except OSError as exc:  # recorded; each notebook records its own environment too
         log.error("could not write %s: %s", out / "environment.json", os_error(exc))
-    try:  # what `equal` and a rerun take as --params (05 names it)
-        atomic_write_text(out / PARAMS_FILE, params_yaml(params))
-    except OSError as exc:
-        log.error("could not write %s: %s", out / PARAMS_FILE, os_error(exc))
+    for name in (PARAMS_FILE, params_file_name(params)):  # what `equal` and a rerun take as
+        try:  # --params: the last run's, and these params' own (05 names it)
+            atomic_write_text(out / name, params_yaml(params))
+        except OSError as exc:
+            log.error("could not write %s: %s", out / name, os_error(exc))
     outcomes: list[NotebookOutcome] = []
     seen: dict[int, psutil.Process] = {}
     from ..common.progress import progress as bar_of

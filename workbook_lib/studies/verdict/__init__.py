@@ -97,21 +97,22 @@ def set_args(params: Params) -> list[str]:
 
     base, given, out = defaults(), to_json(params), []
     for k, v in given.items():
-        if k != "run_dir" and k in base and v != to_json(base[k]):
+        if k in base and v != to_json(base[k]):
             out += ["--set", f"{k}={json.dumps(v)}"]
     return out
 
 
 def params_args(params: Params, run_dir: str | Path) -> str:
-    """What a command needs to run with ``params``: ``--params RUN/params.yaml`` where the run
-    folder holds them (:data:`~workbook_lib.configs.validation.PARAMS_FILE`), else their
-    ``--set`` keys (found by a user trial: 05's `equal` command had none, and `equal` then
-    built the pair on the default params' graph, not the one measured)."""
+    """What a command needs to run with ``params``: ``--params RUN/params-<hash>.yaml`` where
+    the run folder holds them (:func:`~workbook_lib.configs.validation.params_file_name`: named
+    by its content, never rewritten with other values), else their ``--set`` keys (found by a
+    user trial: 05's `equal` command had none, and `equal` then built the pair on the default
+    params' graph, not the one measured)."""
     import shlex
 
-    from ...configs.validation import PARAMS_FILE, same_params
+    from ...configs.validation import params_file_name, same_params
 
-    path = Path(run_dir) / PARAMS_FILE
+    path = Path(run_dir) / params_file_name(params)
     if same_params(path, params):
         return shlex.join(["--params", str(path)])
     return shlex.join(set_args(params))
