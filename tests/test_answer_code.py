@@ -978,11 +978,11 @@ def test_the_answer_says_the_gap_share_its_headline_quotes_for_the_function():
     words = _cause_words(one[0], True, main_site(one))
     # (a later user trial read two gap shares in one list: the function's have a clause)
     assert words == ("collate (116% of the gap; in `perturbed_graph` (defined at x_slow.py:38): "
-                     "75% of the collate's extra time, 87% of the gap")  # no line figures: its def
+                     "75% of this stage's extra time, 87% of the gap")  # no line figures: its def
     assert words.count("of the gap") == 2 and "of its extra time" not in words
     two = [cause("forward", 0.6, 0.9, "fwd"), cause("backward", 0.4, 0.9, "fwd")]
     assert _cause_words(two[0], True, main_site(two)).endswith(
-        "; in `fwd` (defined at x_slow.py:38): 90% of the forward's extra time, 90% of the gap "
+        "; in `fwd` (defined at x_slow.py:38): 90% of this stage's extra time, 90% of the gap "
         "with its other stages")
     whole = [cause("collate", 1.0, 1.0)]  # the site holds the cause whole: nothing to add
     assert _cause_words(whole[0], True, main_site(whole)).endswith(
@@ -1001,4 +1001,5 @@ def test_a_stage_s_share_per_sample_in_words_never_reads_minus_zero():
         st = Stat.from_samples([0.001, 0.002, 0.003])
         return Growth("loss", (16, 8), st, st, share).share_words
     assert [words(x) for x in (-0.0002, 0.0, 0.003, 0.004999, 0.005, 0.33, 0.999, 1.0, 1.7)] == \
-        ["none", "none", "under 1%", "under 1%", "under 1%", "33%", "100%", "all", "all"]
+        ["0% or less", "0% or less", "under 1%", "under 1%", "under 1%", "33%", "100%", "all",
+         "all"]

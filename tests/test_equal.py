@@ -507,13 +507,17 @@ def test_a_pipeline_that_already_runs_a_converted_encoder_can_be_the_slow_side(c
     assert rc == 0, out + err
     assert "forward hook" not in out + err
     assert out.splitlines()[-1].startswith("EQUAL: 'torchcell_pyg' computes the same")
-    assert "(a converted encoder's as one module)" in out
+    assert "(in a converted encoder: its output and the modules its plan calls)" in out
 
 
-def test_the_rounding_probe_hooks_a_converted_encoder_whole_and_leaves_it_callable():
+def test_the_rounding_probe_passes_a_converted_encoder_and_still_probes_a_plain_one():
+    """The probe's hooks are marked as the workbook's (common.probes): a converted encoder
+    passes them by on the modules its plan does not call, and a model that holds the plain
+    encoder too, and runs it, still has it probed (a review: leaving the converted encoder's
+    modules unhooked unprobed the plain one)."""
     from torch_geometric.nn import GraphConv
 
-    from workbook_lib.measurement.precision import probed_modules, rounding_probe
+    from workbook_lib.measurement.precision import rounding_probe
     from workbook_lib.nodemask import convert
 
     class Enc(torch.nn.Module):
@@ -526,20 +530,21 @@ def test_the_rounding_probe_hooks_a_converted_encoder_whole_and_leaves_it_callab
             return self.lin(self.conv(x, edge_index).relu())
 
     class Model(torch.nn.Module):
-        def __init__(self, fast):
+        def __init__(self, enc, fast):
             super().__init__()
-            self.fast, self.head = fast, torch.nn.Linear(2, 1)
+            self.encoder, self.fast = enc, fast
 
     ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
     enc = Enc()
-    model = Model(convert(enc, ei))
-    names = {id(m): n for n, m in model.named_modules()}
-    assert sorted(names[id(m)] for m in probed_modules(model)) == ["", "fast", "head"]
+    model = Model(enc, convert(enc, ei))
     x, deleted = torch.randn(4, 3), torch.tensor([[0], [-1]])
-    plain = model.fast(x, deleted)
+    fast_plain, enc_plain = model.fast(x, deleted), model.encoder(x, ei)
     with rounding_probe(model, 1e-3):
-        probed = model.fast(x, deleted)  # refused "a forward hook" before
-    assert probed.shape == plain.shape and not torch.equal(probed, plain)
-    assert torch.equal(model.fast(x, deleted), plain)  # the hooks are gone
-    # a model without a converted encoder: every module, as before
-    assert len(probed_modules(enc)) == len(list(enc.modules()))
+        fast_probed = model.fast(x, deleted)  # refused "a forward hook" before
+        enc_probed = model.encoder(x, ei)
+    assert not torch.equal(fast_probed, fast_plain) and not torch.equal(enc_probed, enc_plain)
+    assert torch.equal(model.fast(x, deleted), fast_plain)  # the hooks are gone
+    enc.conv.register_forward_hook(lambda m, i, o: o * 2)  # a user's own hook on a module the
+    # plan does not call (the conv, computed from its weights): still refused
+    with pytest.raises(ValueError, match="forward hook"):
+        model.fast(x, deleted)

@@ -274,7 +274,7 @@ def accounting_tick() -> float | None:
     """Seconds between the kernel's updates of a running thread's CPU time as ``/proc`` shows
     it (its scheduler tick: 4 ms at HZ = 250), measured once per process by spinning on this
     thread's ``schedstat`` until it has changed three times (at most 0.1 s); None where there is
-    no schedstat or it did not change. What :attr:`CpuShare.share_error` is made of."""
+    no schedstat or it did not change. What :attr:`CpuShare.lag_s` is made of."""
     if _TICK:
         return _TICK[0]
     path = f"/proc/self/task/{threading.get_native_id()}/schedstat"

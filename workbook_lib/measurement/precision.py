@@ -15,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..common.host import on_host
+from ..common.probes import mark_probe
 
 FLOAT64_TOLERANCE = 1e-9
 """Relative tolerance of a comparison run in float64: seven orders of magnitude above float64's
@@ -78,19 +79,9 @@ def _floating(t) -> bool:
             and t.numel() > 0)
 
 
-def probed_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """``model``'s modules, less those inside a module whose forward does not call them
-    (``calls_submodules = False``: a converted encoder runs a plan of its own, and refuses a
-    hook it would not run; found by a user trial, whose converted pipeline ``equal`` refused
-    for "a forward hook" it had put there itself). Such a module is probed as a whole."""
-    inside = {id(s) for m in model.modules() if getattr(m, "calls_submodules", True) is False
-              for s in m.modules() if s is not m}
-    return [m for m in model.modules() if id(m) not in inside]
-
-
 class rounding_probe:
-    """Within the block, every floating-point tensor a submodule of ``model`` returns (those
-    :func:`probed_modules` names) is multiplied by ``1 + rel * u`` (``u`` uniform in [-1, 1], from a seeded generator of its own): how far that
+    """Within the block, every floating-point tensor a submodule of ``model`` returns is multiplied
+    by ``1 + rel * u`` (``u`` uniform in [-1, 1], from a seeded generator of its own): how far that
     moves a result is how far rounding of size ``rel`` can move it, cancellation included.
 
     Args:
@@ -105,13 +96,14 @@ class rounding_probe:
         self.model, self.rel, self.handles = model, float(rel), []
         self.noise = _Noise(seed)
 
+    @mark_probe  # a converted encoder passes it by on the modules its plan does not call
     def _hook(self, module, inputs, output):
         if _floating(output):
             return output * (1 + self.rel * self.noise.like(output))
         return None
 
     def __enter__(self) -> "rounding_probe":
-        self.handles = [m.register_forward_hook(self._hook) for m in probed_modules(self.model)]
+        self.handles = [m.register_forward_hook(self._hook) for m in self.model.modules()]
         return self
 
     def __exit__(self, *exc) -> None:

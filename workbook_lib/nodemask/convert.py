@@ -460,11 +460,6 @@ TRACE_TOLERANCE = 1e-9  # relative, in float64: rounding, not a different comput
 class ConvertedEncoder(nn.Module):
     """The exact shared-graph form of a user's encoder (see :func:`convert`)."""
 
-    # its forward runs a plan of its own, not its submodules' forwards: a hook on one of them
-    # would not run, and is refused. Tools that hook every module (equal's rounding probe,
-    # measurement/precision.py) hook this module as a whole and leave its submodules alone.
-    calls_submodules = False
-
     def __init__(self, encoder: nn.Module, graph, readout=None, register: dict | None = None,
                  num_nodes: int | None = None):
         super().__init__()
@@ -1938,8 +1933,9 @@ class ConvertedEncoder(nn.Module):
         legend = [(f, words) for f, words in (  # found them defined only in the docs)
             ("delta", "delta: only the changed rows computed, the wildtype's values "
                       "corrected along the edges that carry a change"),
-            ("dense", "dense: every row of every sample computed, the cheaper here by counted "
-                      "work"),
+            ("dense", "dense: every row of every sample computed, where the delta form's "
+                      f"edges read plus rows computed would exceed {DENSE_SHARE:.0%} of the "
+                      "dense form's, or its input is dense"),
             ("per-node", "per-node: a module of each row alone, run on the changed rows"))
             if f in forms or (f == "dense" and "dense*" in forms)]
         if legend:

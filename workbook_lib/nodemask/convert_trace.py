@@ -27,6 +27,8 @@ from torch_geometric.nn.norm import (DiffGroupNorm, GraphSizeNorm, HeteroBatchNo
 from torch_geometric.nn.norm import InstanceNorm as PygInstanceNorm
 from torch_geometric.nn.norm import LayerNorm as PygLayerNorm
 
+from ..common.probes import is_probe
+
 
 class ConvertError(ValueError):
     """A module or operation that :func:`~workbook_lib.nodemask.convert.convert` cannot make
@@ -711,11 +713,11 @@ def _reads_edges(graph: fx.Graph, edge_arg: str) -> set:
 def hooks_of(m: nn.Module) -> list[str]:
     """The kinds of call hooks registered on ``m`` ("forward hook", "forward pre-hook",
     "backward hook", PyG's "propagate forward hook", ...), from its ``_*_hooks`` dicts; not
-    its state-dict hooks."""
+    its state-dict hooks, nor the workbook's own measuring hooks (:mod:`..common.probes`)."""
     out = []
     for name, v in vars(m).items():
         if name.startswith("_") and name.endswith("_hooks") and "state_dict" not in name and \
-                isinstance(v, dict) and v:
+                isinstance(v, dict) and any(not is_probe(h) for h in v.values()):
             words = name[1:-len("_hooks")].replace("_", " ")
             out.append(words[:-len(" pre")] + " pre-hook" if words.endswith(" pre") else
                        words + " hook")

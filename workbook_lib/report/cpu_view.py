@@ -22,9 +22,10 @@ def cpu_rows(study: LoopStudy) -> list[dict]:
             else MODE_LABELS.get(a.mode, a.variant)
         rows.append({"pipeline": label(a.strategy), "mode": mode,
                      "threads / CPUs": f"{c.threads} / {c.allowed}",
-                     "CPU use (CPU time / wall x threads)": c.pct(c.use),
-                     "got of the CPU asked for": c.pct(c.got) if c.got is not None
-                     else "n/a (no schedstat)",
+                     "CPU use (CPU time / wall x threads)": fmt_pct(c.use, 0)
+                     + c.error_text(c.use_error),
+                     "got of the CPU asked for": fmt_pct(c.got, 0) + c.error_text(c.got_error)
+                     if c.got is not None else "n/a (no schedstat)",
                      "CPU pressure (machine)": fmt_pct(c.pressure, 0)
                      if c.pressure is not None else "not available here",
                      "other jobs (CPUs)": f"{c.others:.2f}" if c.others is not None
@@ -63,8 +64,9 @@ def cpu_table(study: LoopStudy):
         "run-queue wait (a sleeping thread asks for nothing, so a serial step alone gets ~100%). "
         "Both are read from what the kernel adds up once per scheduler tick"
         + (f" ({first.tick_s * 1e3:.2g} ms here)" if first is not None and first.tick_s else "")
-        + ": over steps that short, a share can be off by a few ticks, shown beside it as "
-        f"'(±N points)' from {SHARE_ERROR_SHOWN * 100:.0f} points (and above 100% for CPU use). "
+        + ", so over short steps the run times can lag by a few ticks: each share's error, "
+        "about 2.5 standard deviations, is shown beside it as '(±N points)' from "
+        f"{SHARE_ERROR_SHOWN * 100:.0f} points (CPU use can then read above 100%). "
         "CPU pressure: the share of the wall time in which some task on the machine waited for "
         "a CPU (/proc/pressure/cpu; other jobs' waits count too). Other jobs: the machine's busy "
         "CPU time on these CPUs minus this run's process tree's, per wall second. "
@@ -96,19 +98,20 @@ def cpu_plot(study: LoopStudy) -> None:
     fig, ax = plotting.plt.subplots(figsize=(10, 0.28 * len(arms) + 1.8))
     judged = np.array([a.step.cpu.judged * 100 for _, a in arms])
     use = np.array([a.step.cpu.use * 100 for _, a in arms])
-    err = np.array([(a.step.cpu.share_error or 0.0) * 100 for _, a in arms])
+    judged_err = np.array([a.step.cpu.judged_error * 100 for _, a in arms])
+    use_err = np.array([(a.step.cpu.use_error or 0.0) * 100 for _, a in arms])
     y = np.arange(len(arms))
-    ax.barh(y - 0.2, judged, 0.4, xerr=err, label="got of the CPU its threads asked for (green; "
-                                                  "red: contended)",
+    ax.barh(y - 0.2, judged, 0.4, xerr=judged_err,
+            label="got of the CPU its threads asked for (green; red: contended)",
             color=[plotting.PALETTE[3] if a.step.contended else plotting.PALETTE[2]
                    for _, a in arms])
-    ax.barh(y + 0.2, use, 0.4, xerr=err, label="CPU use (CPU time / wall x threads)",
+    ax.barh(y + 0.2, use, 0.4, xerr=use_err, label="CPU use (CPU time / wall x threads)",
             color=plotting.PALETTE[7])
     ax.axvline(CONTENDED_BELOW * 100, color="black", linestyle="--", linewidth=1,
                label=f"contended below {CONTENDED_BELOW:.0%}")
     ax.set_yticks(y, [f"{label(a.strategy)} · {a.variant}" for _, a in arms], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlim(0, max(105.0, float(np.nanmax(np.r_[judged, use] + np.r_[err, err])) + 5))
+    ax.set_xlim(0, max(105.0, float(np.nanmax(np.r_[judged + judged_err, use + use_err])) + 5))
     ax.set_xlabel("% over the arm's timed steps (red: contended)")
     ax.legend(loc="lower right", fontsize=7)
     ns = [a.step.cpu.intervals for _, a in arms]

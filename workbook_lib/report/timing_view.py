@@ -208,8 +208,8 @@ def encoder_table(study: LoopStudy):
            "only the rows a deletion changes); interleaved in rounds, the batch changing each "
            "round. The floor: the fewest multiply-adds an exact sample needs, forward and "
            "backward (the conversion's own count). Its forward runs 'converted already' where "
-           "the pipeline's model holds the encoder converted: the copies' column is then what "
-           "copies would cost, not a gain left.")
+           "one forward of the pipeline called a converted form of the encoder: the copies' "
+           "column is then what copies would cost, not a gain left.")
     import html
 
     from IPython.display import HTML

@@ -95,11 +95,12 @@ OTHER_JOBS, OWN_PROCESSES, NOT_TOLD = "other jobs", "own processes", "not told a
 SPIN = ("where PyTorch processes share cores, their OpenMP threads spin while they wait for "
         "each other: OMP_WAIT_POLICY=passive, or fewer threads per process, lets them share")
 ERROR_WORDS = ("by more than that share's error (the kernel adds up a running thread's CPU "
-               "time once per tick: tick x sqrt(intervals x threads) / (wall x threads))")
+               "time once per tick, so the run times can lag by tick x sqrt(intervals x "
+               "threads), about 2.5 standard deviations)")
 RULE = (f"contended: its compute threads got less than {CONTENDED_BELOW:.0%} of the CPU time "
-        f"they asked for (run / (run + run-queue wait), per-thread schedstat), {ERROR_WORDS}")
+        "they asked for (run / (run + run-queue wait), per-thread schedstat)")
 RULE_FALLBACK = (f"contended: CPU time below {CONTENDED_BELOW:.0%} of wall x threads (no "
-                 f"per-thread schedstat here), {ERROR_WORDS}")
+                 "per-thread schedstat here)")
 SHARE_ERROR_SHOWN = 0.05  # a share's error shown beside it from this many points
 
 
@@ -155,26 +156,48 @@ class CpuShare(Record):
     tick_s: float | None = None  # how often the kernel adds up a running thread's CPU time
 
     @property
-    def share_error(self) -> float | None:
-        """How far :attr:`use` and :attr:`got` can be off, in share points: the kernel adds a
-        running thread's CPU time to what ``/proc`` and the process clock show once per tick
-        (:attr:`tick_s`, 4 ms on this project's machine), so each end of each interval can miss
-        up to a tick per running thread: ``tick x sqrt(intervals x threads) / (wall x
-        threads)`` (found by a user trial: 12 steps of 0.9 ms read "CPU use 154%"). None where
-        the tick was not measured."""
-        if self.tick_s is None or self.wall_s <= 0:
+    def lag_s(self) -> float | None:
+        """How far the run times summed over the intervals can be off, in CPU-seconds: the
+        kernel adds a running thread's CPU time to what ``/proc`` and the process clock show
+        once per tick (:attr:`tick_s`, 4 ms on this project's machine), so each end of each
+        interval lags by up to a tick per running thread; ``tick x sqrt(intervals x
+        threads)``, about 2.5 standard deviations of independent lags (found by a user trial:
+        12 steps of 0.9 ms read "CPU use 154%"). None where the tick was not measured."""
+        if self.tick_s is None:
             return None
-        k = max(1, self.threads)
-        return self.tick_s * math.sqrt(max(1, self.intervals) * k) / (self.wall_s * k)
+        return self.tick_s * math.sqrt(max(1, self.intervals) * max(1, self.threads))
 
-    def pct(self, share: float | None) -> str:
-        """``share`` as a whole percent, with its error where that is above
-        :data:`SHARE_ERROR_SHOWN` ("154% (±92 points)"); "n/a" for None."""
-        if share is None or math.isnan(share):
-            return "n/a"
-        e = self.share_error
-        shown = e is not None and e > SHARE_ERROR_SHOWN
-        return f"{share:.0%}" + (f" (±{e * 100:.0f} points)" if shown else "")
+    @property
+    def use_error(self) -> float | None:
+        """:attr:`use`'s error in share points: :attr:`lag_s` over wall x threads."""
+        lag = self.lag_s
+        if lag is None or self.wall_s <= 0:
+            return None
+        return lag / (self.wall_s * max(1, self.threads))
+
+    @property
+    def got_error(self) -> float | None:
+        """:attr:`got`'s error in share points: :attr:`lag_s` in the run time moves run / (run
+        + wait) by ``lag x wait / (run + wait)^2``. A thread's run-queue wait is counted whole
+        when it gets a CPU, and the intervals end outside the timed work, where a compute
+        thread is rarely queued, so the wait adds none (a review: the use's error applied to
+        the got hid a 78% share's real wait)."""
+        lag, r, w = self.lag_s, self.run_s, self.wait_s
+        if lag is None or r is None or w is None or r + w <= 0:
+            return None
+        return lag * w / (r + w) ** 2
+
+    @property
+    def judged_error(self) -> float:
+        """The error of :attr:`judged` (0 where not measured)."""
+        e = self.got_error if self.got is not None else self.use_error
+        return e or 0.0
+
+    @staticmethod
+    def error_text(error: float | None) -> str:
+        """' (±92 points)' for an error above :data:`SHARE_ERROR_SHOWN`, else ""."""
+        return f" (±{error * 100:.0f} points)" if error is not None and \
+            error > SHARE_ERROR_SHOWN else ""
 
     def keep_pages(self) -> str:
         """The way out of kernel time spent faulting: :data:`KEEP_PAGES`, or, where freed memory
@@ -249,14 +272,15 @@ class CpuShare(Record):
     @property
     def contended(self) -> bool:
         """True when the judged share is below :data:`CONTENDED_BELOW` by more than its
-        :attr:`share_error` (see the module)."""
+        :attr:`judged_error` (see the module)."""
         j = self.judged
         return bool(self.intervals > 0 and not math.isnan(j)
-                    and j + (self.share_error or 0.0) < CONTENDED_BELOW)
+                    and j + self.judged_error < CONTENDED_BELOW)
 
     @property
     def rule(self) -> str:
-        return RULE if self.got is not None else RULE_FALLBACK
+        base = RULE if self.got is not None else RULE_FALLBACK
+        return base + (f", {ERROR_WORDS}" if self.tick_s is not None else "")
 
     # --- who else used the CPUs ------------------------------------------------------------
 
@@ -359,8 +383,9 @@ class CpuShare(Record):
 
     def explain(self) -> str:
         """One line: whether the figure was contended, by whom, and what to do."""
-        got = (f"its threads got {self.pct(self.got)} of the CPU they asked for"
-               if self.got is not None else f"CPU use {self.pct(self.use)} of {self.threads} "
+        got = (f"its threads got {self.got:.0%}{self.error_text(self.got_error)} of the CPU "
+               "they asked for" if self.got is not None else
+               f"CPU use {self.use:.0%}{self.error_text(self.use_error)} of {self.threads} "
                "thread(s)")
         c = self.cause
         if c is None:
@@ -408,14 +433,15 @@ class CpuShare(Record):
         """'got 52% of the CPU asked for, CPU use 49% of 2 thread(s) on 2 CPU(s), other jobs
         0.95 CPU, CPU pressure 61% (contended: other jobs)'."""
         got = "run-queue wait n/a" if self.got is None else \
-            f"got {self.pct(self.got)} of the CPU asked for"
+            f"got {self.got:.0%}{self.error_text(self.got_error)} of the CPU asked for"
         pressure = "pressure not available here" if self.pressure is None else \
             f"CPU pressure {self.pressure:.0%}"
         others = "" if self.others is None else f", other jobs {self.others:.2f} CPU"
         flag = f" (contended: {self.cause})" if self.contended else ""
         kernel = self.kernel_text()
         kernel = f", {kernel}" if kernel else ""
-        return (f"{got}, CPU use {self.pct(self.use)} of {self.threads} thread(s) on "
+        return (f"{got}, CPU use {self.use:.0%}{self.error_text(self.use_error)} of "
+                f"{self.threads} thread(s) on "
                 f"{self.allowed} CPU(s){others}, {pressure}{kernel}{flag}")
 
 

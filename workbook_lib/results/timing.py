@@ -188,12 +188,12 @@ class Growth(Record):
     def share_words(self) -> str:
         """The per-sample share in words: "all" at 100% or more (the line through the two batch
         sizes meets zero at or below no samples: within its noise, all of it is per sample);
-        "none" at 0 or below (a cost per extra sample below zero is noise around none: a user
-        trial read "-0% of the stage"); "under 1%" where a whole percent would read 0%."""
+        "0% or less" at 0 or below (a user trial read "-0% of the stage"; its per-sample figure
+        beside it says how noisy); "under 1%" where a whole percent would read 0%."""
         if self.share >= 1.0:
             return "all"
         if self.share <= 0:
-            return "none"
+            return "0% or less"
         text = f"{self.share:.0%}"
         return "under 1%" if text == "0%" else text
 

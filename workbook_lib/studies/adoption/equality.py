@@ -117,11 +117,13 @@ def _rule(dtype: torch.dtype, tolerance: float, tolerance_basis: str,
 
 
 def _as_whole(model: torch.nn.Module) -> str:
-    """' (a converted encoder's as one module)' where the probe hooks one as a whole
-    (:func:`~workbook_lib.measurement.precision.probed_modules`), else ""."""
-    n = sum(getattr(m, "calls_submodules", True) is False for m in model.modules())
-    return "" if not n else (" (a converted encoder's as one module)" if n == 1 else
-                             f" ({n} converted encoders', each as one module)")
+    """What the probe does in a converted encoder, where ``model`` holds one: its output and the
+    modules its plan calls are rounded, the others it does not run (their hooks pass unused:
+    :mod:`workbook_lib.common.probes`); else ""."""
+    from ...nodemask.convert import ConvertedEncoder
+
+    held = any(isinstance(m, ConvertedEncoder) for m in model.modules())
+    return " (in a converted encoder: its output and the modules its plan calls)" if held else ""
 
 
 def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed: int = 0,

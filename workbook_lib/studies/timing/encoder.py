@@ -9,7 +9,7 @@ import torch
 from ...common.progress import note
 from ...failures import PipelineFailure, failure_from
 from ...measurement.timing import interleave
-from ...nodemask.convert import ConvertError, convert
+from ...nodemask.convert import ConvertError, ConvertedEncoder, convert
 from ...results.timing import EncoderFigures
 
 BATCHES = 3  # distinct batches of the pipeline's own samples, one per round in turn
@@ -49,13 +49,26 @@ def masked_copies(x: torch.Tensor, graph, deleted: torch.Tensor):
     return xs, (out[None] if None in out else out), keep
 
 
-def runs_converted(model: torch.nn.Module, encoder: torch.nn.Module) -> bool:
-    """Whether ``model`` holds ``encoder`` converted already (a module whose forward runs a plan
-    of its own over it: ``calls_submodules = False``, its ``encoder`` this one): its pipeline's
-    forward then runs the converted form, and the masked copies are what copies would cost, not
-    a gain left (found by a user trial: "3.9x" beside a forward that was already converted)."""
-    return any(getattr(m, "calls_submodules", True) is False and
-               getattr(m, "encoder", None) is encoder for m in model.modules())
+def runs_converted(pipe, batch, encoder: torch.nn.Module) -> bool:
+    """Whether the pipeline's forward runs ``encoder`` converted already (a
+    :class:`~workbook_lib.nodemask.convert.ConvertedEncoder` of it, in its model, is called by
+    one forward of ``batch`` without gradients): the masked copies are then what copies would
+    cost, not a gain left (found by a user trial: "3.9x" beside a forward that was already
+    converted; a review: a model may hold a converted copy its training forward does not run)."""
+    model = getattr(pipe, "model", None)
+    held = [] if model is None else [m for m in model.modules()
+                                     if isinstance(m, ConvertedEncoder) and m.encoder is encoder]
+    if not held:
+        return False
+    fired: list[bool] = []
+    handles = [m.register_forward_hook(lambda *_: fired.append(True)) for m in held]
+    try:
+        with torch.no_grad():
+            pipe.forward(pipe.model, pipe.prepare(batch))
+    finally:
+        for h in handles:
+            h.remove()
+    return bool(fired)
 
 
 def _batches(pipe, count: int) -> list:
@@ -122,7 +135,7 @@ def encoder_figures(pipe, *, device: torch.device, warmup: int, min_rounds: int,
                      on_round=next_round)
     floor = fast.floor(deleted[0])
     return EncoderFigures(
-        runs_converted=runs_converted(pipe.model, encoder),
+        runs_converted=runs_converted(pipe, batches[0], encoder),
         batch_size=int(deleted[0].shape[0]), masked_copies=res.stats["masked copies"],
         converted=res.stats["converted"], ratio=res.ratio("masked copies", "converted"),
         max_rel_error=err, floor_sparse_macs=floor.per_sample("sparse_macs"),

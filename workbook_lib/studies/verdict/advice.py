@@ -180,9 +180,10 @@ def encoder_words(fig: EncoderFigures) -> str:
     if fig.blocked:
         return f"your encoder does not convert: {fig.blocked}"
     if fig.runs_converted:
-        return (f"your encoder runs converted already (workbook_lib.nodemask.convert): "
-                f"{fig.converted.median * 1e3:.3g} ms per batch of {fig.batch_size}, forward and "
-                f"backward (on masked copies {fig.masked_copies.median * 1e3:.3g} ms), floor "
+        return (f"your encoder runs converted already (workbook_lib.nodemask.convert); 03 timed "
+                f"it alone, without a readout, converted again: {fig.converted.median * 1e3:.3g} "
+                f"ms per batch of {fig.batch_size}, forward and backward (on masked copies "
+                f"{fig.masked_copies.median * 1e3:.3g} ms), floor "
                 f"{(fig.floor_sparse_macs + fig.floor_dense_macs) / 1e6:.3g} M multiply-adds "
                 "per sample")
     text = (f"your encoder converts: {fig.masked_copies.median * 1e3:.3g} -> "

@@ -64,7 +64,7 @@ def _cause_words(c, first: bool, held: tuple | None = None) -> str:
             gap = (f"{'all' if held[1] >= 1.0 else _pct(held[1])} of the gap"
                    + (" with its other stages" if abs(held[1] - c.share * s.share) > 0.005
                       else ""))
-            p += f"; in {s.short}: {_pct(s.share)} of the {c.cause}'s extra time, {gap}"
+            p += f"; in {s.short}: {_pct(s.share)} of this stage's extra time, {gap}"
         else:
             p += f", {_pct(s.share)} of its extra time in {s.short}"
     return p
