@@ -94,6 +94,10 @@ KEPT_PAGES = ("freed memory was already kept in the process (mallopt), so these 
 OTHER_JOBS, OWN_PROCESSES, NOT_TOLD = "other jobs", "own processes", "not told apart"
 SPIN = ("where PyTorch processes share cores, their OpenMP threads spin while they wait for "
         "each other: OMP_WAIT_POLICY=passive, or fewer threads per process, lets them share")
+OWN_THREADS_WORDS = ("not where the wait was among its own threads alone (no other job seen, "
+                     "its configuration fitting its CPUs, the rest of its process tree under "
+                     f"{OTHERS_SEEN:g} CPU): a library's thread pool beside PyTorch's, part of "
+                     "what the code costs")
 ERROR_WORDS = ("by more than that share's error (the kernel adds up a running thread's CPU "
                "time once per tick, so the run times can lag by tick x sqrt(intervals x "
                "threads), about 2.5 standard deviations)")
@@ -270,17 +274,40 @@ class CpuShare(Record):
         return g if g is not None else self.use
 
     @property
-    def contended(self) -> bool:
-        """True when the judged share is below :data:`CONTENDED_BELOW` by more than its
-        :attr:`judged_error` (see the module)."""
+    def waited(self) -> bool:
+        """The judged share is below :data:`CONTENDED_BELOW` by more than its
+        :attr:`judged_error`."""
         j = self.judged
         return bool(self.intervals > 0 and not math.isnan(j)
                     and j + self.judged_error < CONTENDED_BELOW)
 
     @property
+    def own_threads(self) -> bool:
+        """It :attr:`waited`, and only for its own threads: no other job was seen, its
+        configuration fits its CPUs, and the rest of the run's process tree used under
+        :data:`OTHERS_SEEN` CPU over the intervals. A library's thread pool beside PyTorch's
+        compute threads (numba's, in the workbook's delta push) then waited for the CPUs they
+        held: part of what this code costs on these CPUs, the same at a rerun, not a
+        disturbance (found by ``make report`` on an idle machine: 02's step at 78%, its
+        headline "CONTENDED")."""
+        if not self.waited or self.others_seen is not False or self.oversubscribed:
+            return False
+        if self.tree_s is None or self.wall_s <= 0:
+            return False
+        return (self.tree_s - self.cpu_s) / self.wall_s < OTHERS_SEEN
+
+    @property
+    def contended(self) -> bool:
+        """True when the judged share is below :data:`CONTENDED_BELOW` by more than its
+        :attr:`judged_error`, unless the wait was among its own threads (:attr:`own_threads`;
+        see the module)."""
+        return self.waited and not self.own_threads
+
+    @property
     def rule(self) -> str:
         base = RULE if self.got is not None else RULE_FALLBACK
-        return base + (f", {ERROR_WORDS}" if self.tick_s is not None else "")
+        return base + (f", {ERROR_WORDS}" if self.tick_s is not None else "") + \
+            f"; {OWN_THREADS_WORDS}"
 
     # --- who else used the CPUs ------------------------------------------------------------
 
@@ -388,6 +415,10 @@ class CpuShare(Record):
                f"CPU use {self.use:.0%}{self.error_text(self.use_error)} of {self.threads} "
                "thread(s)")
         c = self.cause
+        if c is None and self.own_threads:
+            return (f"not contended: {got}, the wait among its own threads (a library's thread "
+                    "pool beside PyTorch's compute threads, numba's in the workbook's delta "
+                    f"push): part of what this code costs on these CPUs; {self._others_text()}")
         if c is None:
             return f"not contended: {got}"
         if c == OTHER_JOBS:
