@@ -78,6 +78,8 @@ def test_a_share_over_steps_shorter_than_the_kernels_tick_carries_its_error():
     assert "78% of the CPU" in idle.explain()  # no error shown under 5 points
     near = C.CpuShare(run_s=0.684, wait_s=0.684 / 0.798 - 0.684, **bench)
     assert near.got == pytest.approx(0.798) and not near.contended  # within its error of 80%
+    assert near.within_error and "80% (±0.4 points) of the CPU" in near.explain()  # shown: it
+    assert "(±" not in idle.explain()  # decided; under 5 points and not deciding: not shown
     # five steps of 3 ms beside a busy job, got 50%: a large error, still clearly contended
     short = C.CpuShare(wall_s=0.015, cpu_s=0.015, threads=2, allowed=2, intervals=5,
                        run_s=0.015, wait_s=0.015, tick_s=0.004)

@@ -24,8 +24,9 @@ def cpu_rows(study: LoopStudy) -> list[dict]:
                      "threads / CPUs": f"{c.threads} / {c.allowed}",
                      "CPU use (CPU time / wall x threads)": fmt_pct(c.use, 0)
                      + c.error_text(c.use_error),
-                     "got of the CPU asked for": fmt_pct(c.got, 0) + c.error_text(c.got_error)
-                     if c.got is not None else "n/a (no schedstat)",
+                     "got of the CPU asked for": fmt_pct(c.got, 0)
+                     + c.error_text(c.got_error, True) if c.got is not None
+                     else "n/a (no schedstat)",
                      "CPU pressure (machine)": fmt_pct(c.pressure, 0)
                      if c.pressure is not None else "not available here",
                      "other jobs (CPUs)": f"{c.others:.2f}" if c.others is not None

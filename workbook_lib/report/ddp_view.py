@@ -97,7 +97,7 @@ def step_table(r: DDPResult):
 def _cpu_cell(c) -> str:
     if c is None:
         return "not recorded"
-    got = "n/a" if c.got is None else f"{c.got:.0%}{c.error_text(c.got_error)}"
+    got = "n/a" if c.got is None else f"{c.got:.0%}{c.error_text(c.got_error, True)}"
     pressure = "n/a" if c.pressure is None else f"{c.pressure:.0%}"
     others = "" if c.others is None else f", other jobs {c.others:.2f} CPU"
     why = "" if not c.contended else f" by {c.cause}" + (

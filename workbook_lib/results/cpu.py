@@ -197,11 +197,21 @@ class CpuShare(Record):
         e = self.got_error if self.got is not None else self.use_error
         return e or 0.0
 
-    @staticmethod
-    def error_text(error: float | None) -> str:
-        """' (±92 points)' for an error above :data:`SHARE_ERROR_SHOWN`, else ""."""
-        return f" (±{error * 100:.0f} points)" if error is not None and \
-            error > SHARE_ERROR_SHOWN else ""
+    @property
+    def within_error(self) -> bool:
+        """The judged share is below :data:`CONTENDED_BELOW`, but not by more than its error:
+        the error decided that it is not contended (and is then always shown)."""
+        j = self.judged
+        return bool(not math.isnan(j) and j < CONTENDED_BELOW and not self.waited)
+
+    def error_text(self, error: float | None, judged: bool = False) -> str:
+        """' (±92 points)' for an error above :data:`SHARE_ERROR_SHOWN`, or for the judged
+        share's where it decided the rule (:attr:`within_error`; a review); else ""."""
+        if error is None:
+            return ""
+        shown = error > SHARE_ERROR_SHOWN or (judged and self.within_error)
+        return f" (±{error * 100:.1f} points)" if shown and error < 0.1 else \
+            f" (±{error * 100:.0f} points)" if shown else ""
 
     def keep_pages(self) -> str:
         """The way out of kernel time spent faulting: :data:`KEEP_PAGES`, or, where freed memory
@@ -410,10 +420,10 @@ class CpuShare(Record):
 
     def explain(self) -> str:
         """One line: whether the figure was contended, by whom, and what to do."""
-        got = (f"its threads got {self.got:.0%}{self.error_text(self.got_error)} of the CPU "
-               "they asked for" if self.got is not None else
-               f"CPU use {self.use:.0%}{self.error_text(self.use_error)} of {self.threads} "
-               "thread(s)")
+        got = (f"its threads got {self.got:.0%}{self.error_text(self.got_error, True)} of the "
+               "CPU they asked for" if self.got is not None else
+               f"CPU use {self.use:.0%}{self.error_text(self.use_error, True)} of "
+               f"{self.threads} thread(s)")
         c = self.cause
         if c is None and self.own_threads:
             return (f"not contended: {got}, the wait among its own threads (a library's thread "
@@ -464,7 +474,7 @@ class CpuShare(Record):
         """'got 52% of the CPU asked for, CPU use 49% of 2 thread(s) on 2 CPU(s), other jobs
         0.95 CPU, CPU pressure 61% (contended: other jobs)'."""
         got = "run-queue wait n/a" if self.got is None else \
-            f"got {self.got:.0%}{self.error_text(self.got_error)} of the CPU asked for"
+            f"got {self.got:.0%}{self.error_text(self.got_error, True)} of the CPU asked for"
         pressure = "pressure not available here" if self.pressure is None else \
             f"CPU pressure {self.pressure:.0%}"
         others = "" if self.others is None else f", other jobs {self.others:.2f} CPU"
