@@ -879,3 +879,25 @@ def test_the_leads_gap_share_for_a_function_is_said_once():
     assert v.lead.count("; in `Model.forward` (defined at m.py:8): 80% of this stage's ") == 1, \
         v.lead
     assert v.lead.count("80% of its extra time in `Model.forward`") == 1, v.lead
+
+
+def test_the_stage_table_marks_a_booked_stage_under_the_minor_share():
+    """A user trial read identical code booked "adds time | 123 ms | 0.028%": a stage under the
+    minor share is booked (the shares add to 100%) but neither named nor advised; the table
+    says so, and a stage at or above it reads as before."""
+    from workbook_lib.report.verdict_view import causes_table
+    from workbook_lib.results.verdict import MINOR
+
+    t = _timing()
+    g = V.measure_gap(t.loops, "replicated_mask_cpu", "dango_wildtype", 1000)
+    causes = V.rank_causes(t, g.slow, g.fast, g, "cpu")
+    v = V.VerdictResult("", "cpu", "cpu", causes, [], None, g.ratio, [], [], gap=g,
+                        gap_strategies=[g.slow, g.fast])
+    V.compose(v)
+    html = causes_table(v).to_html()
+    booked = [c for c in causes if c.effect in ("adds", "saves") and c.share is not None]
+    small = [c for c in booked if abs(c.share) < MINOR]
+    large = [c for c in booked if abs(c.share) >= MINOR]
+    assert small and large, [(c.stage, c.share) for c in booked]
+    assert html.count(", minor</td>") == len(small)
+    assert "Minor: under 5% of the gap, booked but neither named in the answer nor advised" in html

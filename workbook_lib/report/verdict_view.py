@@ -10,7 +10,7 @@ from ..results import verdict as C
 from .. import pipelines
 from ..common.text import capitalized
 from ..results.profile import ops_words
-from ..results.verdict import VerdictResult
+from ..results.verdict import MINOR, VerdictResult
 from . import plotting
 from .tables import saved  # noqa: F401 - its notebook calls view.saved
 from .tables import fmt_bytes, fmt_num, fmt_pct, fmt_seconds, fmt_stat, line_cell, table
@@ -39,7 +39,9 @@ def causes_table(v: VerdictResult):
     rows = [{"stage": c.stage, "cause": c.cause,
              "evidence": c.evidence + (f"; {c.note}" if c.note else ""),
              "per extra sample (slow)": growth_cell(c.growth),
-             "effect": EFFECTS.get(c.effect, c.effect),
+             "effect": EFFECTS.get(c.effect, c.effect) + (
+                 ", minor" if c.effect in ("adds", "saves") and c.share is not None
+                 and abs(c.share) < MINOR else ""),
              "difference per epoch (slow - fast)": fmt_seconds(c.difference_s)
              if c.difference_s is not None else ("not booked" if c.effect == "noise"
                                                  else c.kind),
@@ -54,7 +56,10 @@ def causes_table(v: VerdictResult):
               "(--set num_samples=N) for epoch times of your own; the ratio does not change. "))
     cap += ("Shares are of the measured gap (" + g.basis + "): the rows that add time, minus "
             "those that save time, plus the unattributed rest, make 100%. A factor within its "
-            "noise or contended is shown, not booked."
+            "noise or contended is shown, not booked. Minor: under "
+            f"{MINOR:.0%} of the gap, booked but neither named in the answer nor advised (a "
+            "stage whose code is the same on both sides can differ by that much: its "
+            "neighbours' caches and memory)."
             if g is not None and g.measurable else
             "The two pipelines are within each other's noise: no share of a gap is given.")
     return table(rows, caption=cap)

@@ -15,6 +15,7 @@ from .timing import Growth
 HELD, FAILED, NOISE, NOT_MEASURED = "held", "failed", "within noise", "not measured here"
 STATUSES = (HELD, FAILED, NOISE, NOT_MEASURED)
 HOT_LINE = 0.25  # a line named as a site's hottest holds at least this share of its time
+MINOR = 0.05  # a cause below this share of the gap is not named in the lead, nor advised
 MEASURED, ARITHMETIC = "measured", "arithmetic"
 
 

@@ -7,10 +7,9 @@ batch, a backward that mirrors the forward, a loss); where none applies, no chan
 from __future__ import annotations
 
 from ...results.timing import EncoderFigures
-from ...results.verdict import HOT_LINE, Cause, Gap
+from ...results.verdict import HOT_LINE, MINOR, Cause, Gap  # noqa: F401 - MINOR read from here
 from .code import GRAPH_SHARE, MIN_SITE, graph_code
 
-MINOR = 0.05  # a cause below this share of the gap is not named in the lead, nor advised
 MIRRORS = "the backward mirrors the forward"
 NODEMASK = ("one pass over one shared graph for the whole batch instead of a graph copy or a "
             "loop per sample (workbook_lib.nodemask)")
