@@ -18,6 +18,7 @@ fallback where the kernel has no ``children`` file).
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -267,16 +268,12 @@ class _Snap:
     faults: int | None = None  # its minor + major page faults; None without getrusage
 
 
-_TICK: list = []  # the measured accounting tick, once per process
-
-
+@functools.cache  # measured once per process
 def accounting_tick() -> float | None:
     """Seconds between the kernel's updates of a running thread's CPU time as ``/proc`` shows
     it (its scheduler tick: 4 ms at HZ = 250), measured once per process by spinning on this
     thread's ``schedstat`` until it has changed three times (at most 0.1 s); None where there is
     no schedstat or it did not change. What :attr:`CpuShare.lag_s` is made of."""
-    if _TICK:
-        return _TICK[0]
     path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
     tick = None
     try:
@@ -290,7 +287,6 @@ def accounting_tick() -> float | None:
             tick = (seen[2] - seen[0]) / 2 / 1e9
     except (AttributeError, IndexError, ValueError):  # no schedstat (_read gave None)
         tick = None
-    _TICK.append(tick)
     return tick
 
 

@@ -177,11 +177,10 @@ class CpuShare(Record):
     def error_text(self, error: float | None, judged: bool = False) -> str:
         """' (±92 points)' for an error above :data:`SHARE_ERROR_SHOWN`, or for the judged
         share's where it decided the rule (:attr:`within_error`; a review); else ""."""
-        if error is None:
+        if error is None or not (error > SHARE_ERROR_SHOWN or (judged and self.within_error)):
             return ""
-        shown = error > SHARE_ERROR_SHOWN or (judged and self.within_error)
-        return f" (±{error * 100:.1f} points)" if shown and error < 0.1 else \
-            f" (±{error * 100:.0f} points)" if shown else ""
+        digits = 1 if error < 0.1 else 0
+        return f" (±{error * 100:.{digits}f} points)"
 
     def keep_pages(self) -> str:
         """The way out of kernel time spent faulting: :data:`KEEP_PAGES`, or, where freed memory

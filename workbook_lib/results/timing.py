@@ -234,7 +234,7 @@ class EncoderFigures(Record):
     explain: str = ""  # the conversion's explain(): form and changed rows per layer and type
     num_genes: int = 0
     blocked: str = ""
-    runs_converted: bool = False  # the pipeline's model already holds this encoder converted
+    runs_converted: bool = False  # the pipeline's forward runs this encoder converted already
 
 
 @dataclass

@@ -219,9 +219,10 @@ def _run_held(names: list[str], params: Params, out: Path, checksum: str, *, sho
         write_environment(out, params, names, resume=resume)
     except OSError as exc:  # recorded; each notebook records its own environment too
         log.error("could not write %s: %s", out / "environment.json", os_error(exc))
+    text = params_yaml(params)
     for name in (PARAMS_FILE, params_file_name(params)):  # what `equal` and a rerun take as
         try:  # --params: the last run's, and these params' own (05 names it)
-            atomic_write_text(out / name, params_yaml(params))
+            atomic_write_text(out / name, text)
         except OSError as exc:
             log.error("could not write %s: %s", out / name, os_error(exc))
     outcomes: list[NotebookOutcome] = []

@@ -116,7 +116,7 @@ def _rule(dtype: torch.dtype, tolerance: float, tolerance_basis: str,
             lambda model: rounding_model(rel, seed=seed))
 
 
-def _as_whole(model: torch.nn.Module) -> str:
+def _in_converted(model: torch.nn.Module) -> str:
     """What the probe does in a converted encoder, where ``model`` holds one: its output and the
     modules its plan calls are rounded, the others it does not run (their hooks pass unused:
     :mod:`workbook_lib.common.probes`); else ""."""
@@ -186,7 +186,7 @@ def check_pipelines(slow, fast, *, tolerance: float, tolerance_basis: str, seed:
         dtype, first, note = _try_float64(run, pipes, seed)
     tol, basis, probe_text, probe = _rule(dtype, tolerance, tolerance_basis, tolerance64, seed)
     if dtype == torch.float64:
-        probe_text += _as_whole(slow.model)
+        probe_text += _in_converted(slow.model)
     worst: dict[str, TensorDiff] = {}
 
     def keep(row: TensorDiff) -> None:
