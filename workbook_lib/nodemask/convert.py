@@ -40,6 +40,8 @@ from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import (MATMUL, MODE_DEPENDENT, ConvertError, along_features, call_dim,
                             check_graph, conv_kind, node_where, of_stack, op_name,
                             per_node_problem, refuse_hooks, trace)
+from .chunks import (PickChunks, chunk_rows, chunkable_readout, chunked_readout, per_row, plain,
+                     row_function, sample_chunks)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
                             gin_mlp)
@@ -1419,6 +1421,10 @@ class ConvertedEncoder(nn.Module):
         v = env[node.args[0]]
         if isinstance(v, _CatParts):
             return self._run_linear_of_cat(m, v, plan, dev)
+        if plain(m):  # a chunk of rows at a time on a CPU (:mod:`.chunks`)
+            return _Val(m(v.wt), per_row(m, v.values, [p for p in m.parameters()
+                                                       if p.requires_grad], self._site()),
+                        v.rows)
         return _Val(m(v.wt), m(v.values), v.rows)
 
     def _run_typed(self, tl, env: dict, plan: _Plan, dev) -> _Val:
@@ -1778,7 +1784,12 @@ class ConvertedEncoder(nn.Module):
                     return v.index_select(0, plan.rows_on(rows, "gene", dev))
                 return v
             return (fx.node.map_arg(node.args, pick), fx.node.map_arg(node.kwargs, pick))
-        return _Val(_call(node, *part("wt")), _call(node, *part("values")), rows)
+        args, kwargs = part("values")
+        if row_function(node) and len(args) == 1 and not kwargs and \
+                isinstance(args[0], torch.Tensor):  # a chunk of rows at a time (:mod:`.chunks`)
+            return _Val(_call(node, *part("wt")), per_row(
+                lambda xc: _call(node, (xc,), {}), args[0], [], self._site()), rows)
+        return _Val(_call(node, *part("wt")), _call(node, args, kwargs), rows)
 
     def _pooled_readout(self, out: fx.Node, tail: set, env: dict, plan: _Plan, dev):
         """``[B, H]``: the weighted-sum readout of the tail's output, from the tail's inputs."""
@@ -1849,6 +1860,13 @@ class ConvertedEncoder(nn.Module):
         if self.readout_kind is None and self.readout_module is None:
             return _full(out, plan, dev, self._site())
         if self.readout_module is not None:
+            cuts = sample_chunks(b, n, out.values.shape[1], out.values.element_size()) \
+                if chunk_rows(out.values) is not None and \
+                chunkable_readout(self.readout_module) else [(0, b)]
+            if len(cuts) > 1:  # a chunk of samples at a time (:mod:`.chunks`)
+                idx, index = _chunk_picks(plan, cuts)
+                parts = PickChunks.apply(self._site(), out.wt, out.values, *idx)
+                return chunked_readout(self.readout_module, list(parts), index, cuts)
             return self.readout_module(_pick(out, ("kept",), plan, dev),
                                        index=plan.dev(("kept_b",), None, dev), dim_size=b)
         rows = out.rows
@@ -2364,6 +2382,25 @@ def _pick(v: _Val, key, plan: _Plan, dev) -> torch.Tensor:
     """The rows of ``v``'s table that :func:`_put_pick` kept under ``key``."""
     return _Pick.apply(v.wt, v.values, *(plan.dev(key + (s,), None, dev)
                                           for s in ("pw", "sw", "pv", "sv")))
+
+
+def _chunk_picks(plan: _Plan, cuts: list) -> tuple[list, list]:
+    """Per chunk of samples ``cuts`` (on a CPU), the readout pick's indexes
+    (:func:`_put_pick`'s four, ``("kept",)``'s rows of the chunk's samples, from 0) and each row's
+    sample within the chunk; kept in the plan for its next call."""
+    key = ("kept_chunks", tuple(cuts))
+    if key not in plan.index:
+        kb = plan.index[("kept_b",)]
+        at = torch.searchsorted(kb, torch.tensor([c[0] for c in cuts] + [cuts[-1][1]]))
+        full = [plan.index[("kept", s)] for s in ("pw", "sw", "pv", "sv")]
+        idx, index = [], []
+        for (s0, _), lo, hi in zip(cuts, at[:-1].tolist(), at[1:].tolist()):
+            for p, src in ((full[0], full[1]), (full[2], full[3])):
+                m = (p >= lo) & (p < hi)
+                idx += [p[m] - lo, src[m]]
+            index.append(kb[lo:hi] - s0)
+        plan.index[key] = (idx, index)
+    return plan.index[key]
 
 
 def _to_rows(v: _Val, rows: _Rows, plan: _Plan, dev) -> _Val:
