@@ -142,6 +142,127 @@ def test_chunks_only_where_nothing_can_tell():
     assert not chunks.chunkable_readout(hooked)
 
 
+@pytest.mark.parametrize("size", [1, 150, 3500])  # chunks of 1 row, of 3 rows, of two samples
+@pytest.mark.parametrize("readout", ["attention", "mean_aggr"])
+def test_uneven_chunks_and_a_sample_with_every_gene_deleted(monkeypatch, size, readout):
+    """Chunks of several rows and samples, the last one shorter (B = 5: samples 2 + 2 + 1), and
+    a batch whose second sample deletes every gene (its chunk has no kept row): outputs and
+    every gradient equal the reference's and one call's."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", size)
+    every = torch.cat([torch.arange(N)]).unsqueeze(0)
+    few = torch.full((4, N), -1)
+    few[:, :2] = DELETED[:4]
+    deleted = torch.cat([few[:1], every, few[1:]])
+    with _float64():
+        torch.manual_seed(2)
+        enc = Tail()
+        ro = AttentionalAggregation(nn.Linear(H, 1)) if readout == "attention" else \
+            MeanAggregation()
+        x = torch.randn(N, F_IN, requires_grad=True)
+        params = [x] + list(enc.parameters()) + list(ro.parameters())
+        got = []
+        for s in (size, 1 << 40, None):  # chunks, one call, the per-sample reference
+            monkeypatch.setattr(chunks, "CHUNK_BYTES", s or 1)
+            out = convert(enc, GRAPH, readout=ro)(x, deleted) if s else torch.cat([
+                ro(h[keep], index=torch.zeros(int(keep.sum()), dtype=torch.long), dim_size=1)
+                for h, keep in _per_sample(enc, x, deleted)])
+            got.append([out] + list(torch.autograd.grad(out.pow(2).sum(), params)))
+    assert got[0][0][1].abs().max() == 0 or readout == "attention"  # no kept gene: its pool
+    for chunked, other in ((got[0], got[1]), (got[0], got[2])):
+        for a, b in zip(chunked, other):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def _per_sample(enc, x, deleted):
+    """Per sample: the encoder on the graph less its genes (their rows of x zeroed), its kept
+    genes."""
+    for row in deleted:
+        d = row[row >= 0]
+        xb = x.clone()
+        xb[d] = 0
+        keep = torch.ones(N, dtype=torch.bool)
+        keep[d] = False
+        yield enc(xb, {k: e[:, ~(torch.isin(e[0], d) | torch.isin(e[1], d))]
+                       for k, e in GRAPH.items()}), keep
+
+
+class Chunked(nn.Module):
+    def __init__(self, lin):
+        super().__init__()
+        self.lin = lin
+
+    def forward(self, x):
+        return chunks.per_row(self.lin, x, None)
+
+
+class Plain(Chunked):
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_a_hook_runs_once_and_the_backward_reads_the_forwards_tensors(monkeypatch):
+    """A hooked module runs once per forward with chunks on (one call), a parameter's hook once
+    per backward; the backward recomputes on the tensors the forward read: a parameter swapped
+    by ``functional_call`` gets its gradient, one changed in place since raises, and a module
+    switched to train mode between them is recomputed in its forward's mode."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 1)
+    with _float64():
+        torch.manual_seed(4)
+        enc = Tail()
+        x = torch.randn(N, F_IN, requires_grad=True)
+        for hook in ("forward", "parameter"):
+            seen = []
+            add = lambda *a: seen.append(1)  # noqa: E731
+            handle = enc.norm.register_forward_hook(add) if hook == "forward" else \
+                enc.norm.weight.register_hook(lambda g: add() or g)
+            runs = []
+            for size in (1 << 40, 1):  # one call, then chunks of a row
+                monkeypatch.setattr(chunks, "CHUNK_BYTES", size)
+                seen.clear()
+                out = convert(enc, GRAPH, readout="mean_kept")(x, DELETED)
+                runs.append((len(seen), torch.autograd.grad(out.pow(2).sum(), enc.norm.weight)))
+                runs[-1] = (len(seen), runs[-1][1])
+            handle.remove()
+            assert runs[0][0] == runs[1][0] > 0, (hook, runs)
+            torch.testing.assert_close(runs[0][1], runs[1][1])
+
+        lin = nn.Sequential(nn.Linear(H, H), nn.Dropout(0.5)).eval()
+        wrap = Chunked(lin)
+        xs = torch.randn(10, H, requires_grad=True)
+        other = {"lin.0.weight": torch.randn(H, H, requires_grad=True),
+                 "lin.0.bias": torch.randn(H, requires_grad=True)}
+        got, want = (torch.autograd.grad(torch.func.functional_call(m, other, (xs,)).sum(),
+                                         [xs, *other.values()]) for m in (wrap, Plain(lin)))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        y = chunks.RowChunks.apply(lin, 3, None, xs, *[t for _, t in lin.named_parameters()])
+        lin.train()  # its dropout would draw at a recompute in this mode
+        (gx,) = torch.autograd.grad(y.sum(), xs)
+        torch.testing.assert_close(gx, torch.autograd.grad(lin.eval()(xs).sum(), xs)[0])
+        y = chunks.RowChunks.apply(lin, 3, None, xs, *[t for _, t in lin.named_parameters()])
+        with torch.no_grad():
+            lin[0].weight.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def test_autocast_and_aggregations_that_read_the_batch_run_in_one_call():
+    """Under autocast one call; a user's own aggregation, a median, a quantile and a sort are
+    not chunked by samples."""
+    from torch_geometric.nn.aggr import (Aggregation, MedianAggregation, QuantileAggregation,
+                                         SortAggregation)
+
+    class Centred(Aggregation):
+        def forward(self, x, index=None, ptr=None, dim_size=None, dim=-2):
+            return self.reduce(x - x.mean(0), index, ptr, dim_size, dim, reduce="sum")
+
+    big = torch.zeros(4 * chunks.CHUNK_BYTES // (64 * 4), 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert chunks.chunk_rows(big) is None
+    for agg in (Centred(), MedianAggregation(), QuantileAggregation(0.3), SortAggregation(3)):
+        assert not chunks.chunkable_readout(agg), agg
+
+
 def test_sample_chunks_cover_the_batch_in_order():
     per = chunks.CHUNK_BYTES // (100 * 64 * 4)
     cuts = chunks.sample_chunks(5 * per + 1, 100, 64, 4)

@@ -4,35 +4,41 @@ a time on a CPU.
 Once a deletion's change has reached every gene, a per-node module after a dense layer (a
 ``LayerNorm``, a ReLU) and the readout's own operators each make a ``[B * N, H]`` tensor in the
 forward and another in the backward: 47 MB at the real spec (B = 28, N = 6,607, H = 64). glibc
-serves an allocation above its mmap threshold (32 MB at most) with fresh pages from the kernel and
-hands them back when it is freed, so each such tensor costs 11,600 page faults at every step
-(:mod:`.workspace`). In the TorchCell-shaped step at the real spec on this project's 2-core CPU
-the step took 3.36 s with glibc's defaults and 2.66 s with freed memory kept by its settings
-(which are the user's to choose, not a library's; medians of 7 steps each).
+serves an allocation above its mmap threshold with fresh pages from the kernel and hands them back
+when it is freed (the threshold starts at 128 KiB and rises to the size of a freed mapped block,
+but never past 32 MiB), so each such tensor costs 11,600 page faults at every step
+(:mod:`.workspace`). The TorchCell-shaped step at the real spec on this project's 2-core CPU took
+3.36 s with glibc's defaults and 2.66 s with freed memory kept by its settings (which are the
+user's to choose, not a library's; medians of 7 steps, each setting in a process of its own).
 
-:class:`RowChunks` runs a per-node module or function a chunk of rows at a time (each chunk's
-operators exactly as on the whole tensor, row by row), its output and its input's gradient in
-:mod:`.workspace` buffers, so that only chunk-sized tensors come from the allocator (below its
-threshold: reused from the heap). :class:`PickChunks` and :func:`chunked_readout` run a PyG
-aggregation readout a chunk of samples at a time: an aggregation reduces each sample's rows
-alone, so a chunk's output is its samples' output (tested against one call, and both against the
-per-sample reference, in ``tests/test_convert_chunks.py``). A readout that may mix samples (a
-norm with batch statistics in train mode, a dropout that draws, a module of a kind not listed in
-:data:`ROW_MODULES`) runs in one call, as before.
+:class:`RowChunks` runs a per-node module or function a chunk of rows at a time (each row's
+computation as in one call; to rounding where a parameter's gradient is added chunk by chunk, or
+a product's blocking follows the rows), its output and its input's gradient in :mod:`.workspace`
+buffers, so that only chunk-sized tensors come from the allocator (once the threshold has risen
+past them, from the heap). :class:`PickChunks` and :func:`chunked_readout` run a PyG aggregation
+readout a chunk of samples at a time: the aggregations of :data:`CHUNK_AGGREGATIONS` reduce each
+sample's rows alone, so a chunk's output is its samples' output (tested against one call, and
+both against the per-sample reference, in ``tests/test_convert_chunks.py``). A readout of
+another kind (a user's own aggregation, a median or a sort, whose index arithmetic or fill value
+reads the batch), or holding a module that may mix samples (a norm with batch statistics in train
+mode, a dropout that draws, a kind not in :data:`ROW_MODULES`), runs in one call, as before.
 
-With the chunks below, the step took 0.908x the time of one call per module (2.67 against
-2.92 s per batch of 28, medians of 8 interleaved rounds, per-round ratios 0.79-1.12; 1.2 MB
-chunks, 14 readout chunks of two samples).
+In one process, alternating with one call per module, the step took a median 0.908x of the time
+per round (8 rounds, per-round ratios 0.79-1.12; medians 2.67 against 2.92 s per batch of 28:
+in the same process the one-call form gains from the heap the chunked rounds leave grown). Chunks
+are 4 MiB (16,384 rows of 64 float32 features), the readout's two samples.
 
-On a GPU, PyTorch's caching allocator already reuses blocks: one call, one chunk. Where a
-``TorchFunctionMode`` or ``TorchDispatchMode`` watches (the sync counter, ``equal``'s guards) or a
-module has hooks (``equal``'s rounding probe), the whole tensor is one call, as the model runs
-it. PyTorch has no tool for this in eager mode (its CPU allocator keeps no cache, and
-``torch.utils.checkpoint`` recomputes a region but allocates its outputs whole), hence this
-module.
+On a GPU, PyTorch's caching allocator already reuses blocks: one call, one chunk. Under autocast,
+or where a ``TorchFunctionMode`` or ``TorchDispatchMode`` watches at the forward (the sync counter,
+``equal``'s guards; ``torch.device`` as a context), or a module or a parameter has hooks
+(``equal``'s rounding probe), the whole tensor is one call, as the model runs it (a mode entered
+between a forward and its backward sees the backward's chunks). PyTorch has no tool for this in
+eager mode (its CPU allocator keeps no cache, and ``torch.utils.checkpoint`` recomputes a region
+but allocates its outputs whole), hence this module.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -41,13 +47,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+import torch_geometric.nn.aggr as _aggr
 from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..common.host import cache_blocks
 from .workspace import take
 
-# bytes per chunk: a chunk's tensors stay well under glibc's mmap threshold (and near the cache)
+# bytes per chunk: under glibc's mmap threshold once it has risen (at most 32 MiB)
 CHUNK_BYTES = 4 << 20
 
 # the modules a chunked readout may hold: each computes every row alone in any mode (a norm
@@ -55,6 +62,16 @@ CHUNK_BYTES = 4 << 20
 ROW_MODULES = (nn.Linear, PygLinear, nn.Identity, nn.Sequential, nn.ModuleList, nn.ReLU,
                nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Softplus,
                nn.PReLU, nn.Mish, nn.Hardtanh, nn.LayerNorm)
+
+# the PyG aggregations a readout may be chunked by samples with: each sample's output from its
+# own rows alone (exact types: a subclass may compute otherwise); median, quantile and sort
+# aggregations are not (their index arithmetic fails on a chunk whose edge sample has no rows;
+# the sort fills with the batch's minimum)
+CHUNK_AGGREGATIONS = tuple(getattr(_aggr, name) for name in (
+    "SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation", "MulAggregation",
+    "VarAggregation", "StdAggregation", "SoftmaxAggregation", "PowerMeanAggregation",
+    "VariancePreservingAggregation", "AttentionalAggregation", "MultiAggregation")
+    if hasattr(_aggr, name))
 
 # the functions (and tensor methods) a chunk of rows may run: elementwise, one tensor in and out
 ROW_FUNCTIONS = (torch.relu, F.relu, torch.sigmoid, torch.tanh, F.gelu, F.silu, F.elu,
@@ -73,24 +90,31 @@ def _watched() -> bool:
     return bool(_get_current_function_mode_stack() or _get_current_dispatch_mode_stack())
 
 
+def may_chunk(x: torch.Tensor) -> bool:
+    """Whether work on ``x`` may run in chunks: on a CPU, not under autocast or a mode."""
+    return x.device.type == "cpu" and not _watched() and not torch.is_autocast_enabled("cpu")
+
+
 def chunk_rows(x: torch.Tensor) -> int | None:
     """Rows per chunk of ``x`` (about :data:`CHUNK_BYTES`), or None where ``x`` runs in one call:
-    on a GPU, under a mode, or where it is under two chunks."""
-    if x.device.type != "cpu" or x.dim() < 1 or x.shape[0] == 0 or _watched():
+    where :func:`may_chunk` says not, or where it is under two chunks."""
+    if x.dim() < 1 or x.shape[0] == 0 or not may_chunk(x):
         return None
     rows = max(1, CHUNK_BYTES // max(1, x[0].numel() * x.element_size()))
     return rows if x.shape[0] >= 2 * rows else None
 
 
 def plain(m: nn.Module) -> bool:
-    """No hooks on ``m`` or any of its submodules, and no global module hooks (a chunked call
-    would call them once per chunk), and none of them in place (``ReLU(inplace=True)``: a
-    chunk's input is a leaf of its own graph)."""
+    """No hooks on ``m``, its submodules or its parameters, and no global module hooks (a chunked
+    call would call them once per chunk), and none of its submodules in place
+    (``ReLU(inplace=True)``: the backward runs each chunk again on a leaf of its own)."""
     import torch.nn.modules.module as hooks
 
     glob = (hooks._global_forward_hooks, hooks._global_forward_pre_hooks,
             hooks._global_backward_hooks, hooks._global_backward_pre_hooks)
     if any(glob):
+        return False
+    if any(p._backward_hooks for p in m.parameters()):
         return False
     return not any(s._forward_hooks or s._forward_pre_hooks or s._backward_hooks or
                    s._backward_pre_hooks or getattr(s, "inplace", False) for s in m.modules())
@@ -99,24 +123,28 @@ def plain(m: nn.Module) -> bool:
 class RowChunks(torch.autograd.Function):
     """``fn(x)`` for a per-row ``fn``, a chunk of ``rows`` rows at a time, into a workspace
     buffer; the backward runs each chunk again with its graph (a chunk's forward is a pass over
-    memory in cache: keeping every chunk's graph instead would hold its tensors past a backward
-    that frees the step's) and writes the input's gradient into a workspace buffer, adding the
-    parameters' gradients over the chunks in order. A backward that builds a graph
+    memory near the cache: keeping every chunk's graph instead would hold its tensors past a
+    backward that frees the step's) and writes the input's gradient into a workspace buffer,
+    adding the parameters' gradients over the chunks in order. A backward that builds a graph
     (``create_graph``) runs ``fn`` on the whole input once more instead, so that its gradient is
     differentiable again.
 
+    The backward runs a module on the tensors it read in the forward (saved, so that one changed
+    in place since raises as autograd does; detached, so that a hook on a parameter runs once, on
+    its summed gradient) and in the train or eval mode of each of its submodules then
+    (:func:`torch.func.functional_call`).
+
     Args (of ``apply``):
-        fn: ``[R, ...] -> [R, ...]``, each row alone and the same at every call (a per-node
-            module or function: nothing drawn, no state changed).
+        fn: ``[R, ...] -> [R, ...]``, each row alone: a per-node module, or a function.
         rows: rows per chunk (:func:`chunk_rows`).
         ws: None, or ``(Workspace, site)`` (:mod:`.workspace`).
         x: the input.
-        *params: the tensors ``fn`` reads besides ``x`` that may need a gradient (a module's
-            parameters).
+        *tensors: a module's parameters then its buffers (``named_parameters`` and
+            ``named_buffers`` order); none for a function.
     """
 
     @staticmethod
-    def forward(ctx, fn, rows, ws, x, *params):
+    def forward(ctx, fn, rows, ws, x, *tensors):
         n = x.shape[0]
         out = None
         for s in range(0, n, rows):
@@ -129,57 +157,83 @@ class RowChunks(torch.autograd.Function):
                 out = take(ws, "out", (n,) + tuple(yc.shape[1:]), yc)
             out[s:t].copy_(yc)
         ctx.fn, ctx.rows, ctx.ws = fn, rows, ws
-        ctx.save_for_backward(x, *params)
+        ctx.modes = [m.training for m in fn.modules()] if isinstance(fn, nn.Module) else None
+        ctx.save_for_backward(x, *tensors)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        x, *params = ctx.saved_tensors
+        x, *tensors = ctx.saved_tensors
         need = ctx.needs_input_grad
-        want = [p for p, nd in zip(params, need[4:]) if nd]
-        if torch.is_grad_enabled():  # create_graph: differentiable, the whole input at once
-            with torch.enable_grad():
-                y = ctx.fn(x)
-            ins = ([x] if need[3] else []) + want
-            got = list(torch.autograd.grad(y, ins, g, create_graph=True, allow_unused=True))
-            gx = (got.pop(0) if got else None) if need[3] else None
-            return (None, None, None, gx, *_aligned(got, need[4:]))
-        gx = take(ctx.ws, "gx", x.shape, x) if need[3] else None
-        gp: list = [None] * len(want)
-        for s in range(0, x.shape[0], ctx.rows):
-            t = min(x.shape[0], s + ctx.rows)
-            with cache_blocks(s > 0):
-                xc = x[s:t].detach().requires_grad_(need[3])
-                with torch.enable_grad():
-                    yc = ctx.fn(xc)
-                ins = ([xc] if need[3] else []) + want
-                got = list(torch.autograd.grad(yc, ins, g[s:t], allow_unused=True)) \
-                    if ins and yc.requires_grad else [None] * len(ins)
-                if need[3]:
-                    gc = got.pop(0)
-                    if gc is None:
-                        gx[s:t].zero_()
-                    else:
-                        gx[s:t].copy_(gc)
-                for k, gk in enumerate(got):
-                    if gk is not None:
-                        gp[k] = gk if gp[k] is None else gp[k].add_(gk)
-        return (None, None, None, gx, *_aligned(gp, need[4:]))
+        with _modes(ctx.fn, ctx.modes):
+            if torch.is_grad_enabled():  # create_graph: differentiable, the whole input at once
+                return (None, None, None) + _grads(ctx.fn, x, tensors, g, need[3:], True)
+            gx = take(ctx.ws, "gx", x.shape, x) if need[3] else None
+            total: list = [None] * len(tensors)
+            for s in range(0, x.shape[0], ctx.rows):
+                t = min(x.shape[0], s + ctx.rows)
+                with cache_blocks(s > 0):
+                    gc, *gt = _grads(ctx.fn, x[s:t], tensors, g[s:t], need[3:], False)
+                if gx is not None and gc is not None:
+                    gx[s:t].copy_(gc)
+                elif gx is not None:
+                    gx[s:t].zero_()
+                total = [a if b is None else b if a is None else a + b
+                         for a, b in zip(gt, total)]
+        return (None, None, None, gx, *total)
 
 
-def _aligned(got: list, need: tuple) -> list:
-    """``got`` (one per needed parameter, in order) spread over every parameter's slot."""
-    it = iter(got)
-    return [next(it) if nd else None for nd in need]
+def _grads(fn, x: torch.Tensor, tensors: list, g: torch.Tensor, need: tuple,
+           create: bool) -> tuple:
+    """The gradients of ``fn(x)`` (a module run on ``tensors``) at ``x`` and each tensor where
+    ``need`` says so (None elsewhere), given ``g`` at the output."""
+    leaves = [t.detach().requires_grad_(nd) for t, nd in zip(tensors, need[1:])]
+    xin = x if create else x.detach().requires_grad_(need[0])
+    with torch.enable_grad():
+        y = fn(xin) if not isinstance(fn, nn.Module) else torch.func.functional_call(
+            fn, dict(zip(_names(fn), leaves)), (xin,))
+    ins = [a for a, nd in zip([xin] + leaves, need) if nd]
+    got = iter(torch.autograd.grad(y, ins, g, create_graph=create, allow_unused=True)
+               if ins and y.requires_grad else [None] * len(ins))
+    return tuple(next(got) if nd else None for nd in need)
 
 
-def per_row(fn: Callable, x: torch.Tensor, weights: list, ws) -> torch.Tensor:
-    """``fn(x)``, a chunk of rows at a time where :func:`chunk_rows` says so (``fn`` each row
-    alone; ``weights``: what it reads that may need a gradient), else in one call."""
+def _names(m: nn.Module) -> list[str]:
+    return [k for k, _ in m.named_parameters()] + [k for k, _ in m.named_buffers()]
+
+
+@contextlib.contextmanager
+def _modes(fn, modes: list | None):
+    """Each submodule of a module ``fn`` in the train or eval mode ``modes`` records, put back
+    after."""
+    if modes is None:
+        yield
+        return
+    mods = list(fn.modules())
+    now = [m.training for m in mods]
+    for m, t in zip(mods, modes):
+        m.training = t
+    try:
+        yield
+    finally:
+        for m, t in zip(mods, now):
+            m.training = t
+
+
+def per_row(fn: Callable, x: torch.Tensor, ws) -> torch.Tensor:
+    """``fn(x)``, a chunk of rows at a time where :func:`chunk_rows` says so, else in one call.
+
+    Args:
+        fn: a per-node module (its parameters and buffers passed on), or a function of ``x``
+            alone; each row of the output from that row of ``x`` alone.
+        x: the input; ws: None, or ``(Workspace, site)`` (:mod:`.workspace`).
+    """
     rows = chunk_rows(x)
     if rows is None:
         return fn(x)
-    return RowChunks.apply(fn, rows, ws, x, *weights)
+    tensors = [t for _, t in fn.named_parameters()] + [t for _, t in fn.named_buffers()] \
+        if isinstance(fn, nn.Module) else []
+    return RowChunks.apply(fn, rows, ws, x, *tensors)
 
 
 def _row_module(m: nn.Module) -> bool:
@@ -187,14 +241,16 @@ def _row_module(m: nn.Module) -> bool:
         return m.p == 0 or not m.training
     if isinstance(m, nn.modules.batchnorm._BatchNorm):
         return not m.training and m.track_running_stats
-    return type(m) in ROW_MODULES or isinstance(m, Aggregation)
+    if isinstance(m, Aggregation):
+        return type(m) in CHUNK_AGGREGATIONS
+    return type(m) in ROW_MODULES
 
 
 def chunkable_readout(readout: nn.Module) -> bool:
     """Whether ``readout`` computes each sample's output from its rows alone, whatever the
-    batch: a PyG aggregation, every submodule a per-row kind (:data:`ROW_MODULES`, an eval-mode
-    norm, a dropout that does not draw), no hooks."""
-    return isinstance(readout, Aggregation) and plain(readout) and \
+    batch: one of :data:`CHUNK_AGGREGATIONS`, every submodule of it another or a per-row kind
+    (:data:`ROW_MODULES`, an eval-mode norm, a dropout that does not draw), no hooks."""
+    return type(readout) in CHUNK_AGGREGATIONS and plain(readout) and \
         all(_row_module(s) for s in readout.modules())
 
 

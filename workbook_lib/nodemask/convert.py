@@ -40,7 +40,7 @@ from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import (MATMUL, MODE_DEPENDENT, ConvertError, along_features, call_dim,
                             check_graph, conv_kind, node_where, of_stack, op_name,
                             per_node_problem, refuse_hooks, trace)
-from .chunks import (PickChunks, chunk_rows, chunkable_readout, chunked_readout, per_row, plain,
+from .chunks import (PickChunks, chunkable_readout, chunked_readout, may_chunk, per_row, plain,
                      row_function, sample_chunks)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
@@ -1422,9 +1422,7 @@ class ConvertedEncoder(nn.Module):
         if isinstance(v, _CatParts):
             return self._run_linear_of_cat(m, v, plan, dev)
         if plain(m):  # a chunk of rows at a time on a CPU (:mod:`.chunks`)
-            return _Val(m(v.wt), per_row(m, v.values, [p for p in m.parameters()
-                                                       if p.requires_grad], self._site()),
-                        v.rows)
+            return _Val(m(v.wt), per_row(m, v.values, self._site()), v.rows)
         return _Val(m(v.wt), m(v.values), v.rows)
 
     def _run_typed(self, tl, env: dict, plan: _Plan, dev) -> _Val:
@@ -1788,7 +1786,7 @@ class ConvertedEncoder(nn.Module):
         if row_function(node) and len(args) == 1 and not kwargs and \
                 isinstance(args[0], torch.Tensor):  # a chunk of rows at a time (:mod:`.chunks`)
             return _Val(_call(node, *part("wt")), per_row(
-                lambda xc: _call(node, (xc,), {}), args[0], [], self._site()), rows)
+                lambda xc: _call(node, (xc,), {}), args[0], self._site()), rows)
         return _Val(_call(node, *part("wt")), _call(node, args, kwargs), rows)
 
     def _pooled_readout(self, out: fx.Node, tail: set, env: dict, plan: _Plan, dev):
@@ -1860,9 +1858,8 @@ class ConvertedEncoder(nn.Module):
         if self.readout_kind is None and self.readout_module is None:
             return _full(out, plan, dev, self._site())
         if self.readout_module is not None:
-            cuts = sample_chunks(b, n, out.values.shape[1], out.values.element_size()) \
-                if chunk_rows(out.values) is not None and \
-                chunkable_readout(self.readout_module) else [(0, b)]
+            cuts = sample_chunks(b, n, out.wt.shape[1], out.wt.element_size()) \
+                if may_chunk(out.wt) and chunkable_readout(self.readout_module) else [(0, b)]
             if len(cuts) > 1:  # a chunk of samples at a time (:mod:`.chunks`)
                 idx, index = _chunk_picks(plan, cuts)
                 parts = PickChunks.apply(self._site(), out.wt, out.values, *idx)
@@ -2391,6 +2388,8 @@ def _chunk_picks(plan: _Plan, cuts: list) -> tuple[list, list]:
     key = ("kept_chunks", tuple(cuts))
     if key not in plan.index:
         kb = plan.index[("kept_b",)]
+        if kb.numel() > 1 and bool((kb[1:] < kb[:-1]).any()):  # the kept rows sample-major
+            raise RuntimeError("the readout's kept rows are not in sample order")
         at = torch.searchsorted(kb, torch.tensor([c[0] for c in cuts] + [cuts[-1][1]]))
         full = [plan.index[("kept", s)] for s in ("pw", "sw", "pv", "sv")]
         idx, index = [], []
