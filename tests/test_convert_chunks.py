@@ -269,3 +269,23 @@ def test_sample_chunks_cover_the_batch_in_order():
     assert cuts[0] == (0, per) and cuts[-1] == (5 * per, 5 * per + 1)
     assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
     assert chunks.sample_chunks(2 * per - 1, 100, 64, 4) == [(0, 2 * per - 1)]
+
+
+def test_multiaggregations_fused_parts_are_chunked_and_autocast_is_refused(monkeypatch):
+    """A user trial: MultiAggregation builds a FusedAggregation of its simple parts, which the
+    list lacked (one call); under autocast a converted SAGE encoder raised a raw
+    NotImplementedError from a sparse product: refused in one line instead."""
+    from test_convert import TYPES, Encoder
+    from torch_geometric.nn.aggr import MultiAggregation
+    from workbook_lib.nodemask.convert_trace import ConvertError
+
+    assert chunks.chunkable_readout(MultiAggregation(["mean", "max", "std"]))
+    calls = _counted(monkeypatch)
+    with _float64():
+        torch.manual_seed(5)
+        _check(Tail(), GRAPH, MultiAggregation(["mean", "max"]))
+    assert calls["pick"] == 2
+    fast = convert(Encoder("sage_mean", "single", "linear"), GRAPH[TYPES[0]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ConvertError, match="under torch.autocast.*enabled=False"):
+            fast(torch.randn(N, F_IN), DELETED)

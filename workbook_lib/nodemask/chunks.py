@@ -54,6 +54,11 @@ from torch_geometric.nn.dense.linear import Linear as PygLinear
 from ..common.host import cache_blocks
 from .workspace import take
 
+try:  # what MultiAggregation builds for its simple parts (PyG 2.3 on)
+    from torch_geometric.nn.aggr.fused import FusedAggregation as _Fused
+except ImportError:  # pragma: no cover - older PyG
+    _Fused = None
+
 # bytes per chunk: under glibc's mmap threshold once it has risen (at most 32 MiB)
 CHUNK_BYTES = 4 << 20
 
@@ -64,14 +69,15 @@ ROW_MODULES = (nn.Linear, PygLinear, nn.Identity, nn.Sequential, nn.ModuleList, 
                nn.PReLU, nn.Mish, nn.Hardtanh, nn.LayerNorm)
 
 # the PyG aggregations a readout may be chunked by samples with: each sample's output from its
-# own rows alone (exact types: a subclass may compute otherwise); median, quantile and sort
+# own rows alone (exact types: a subclass may compute otherwise; the fused one is what
+# MultiAggregation builds of its sum, mean, min, max, var and std parts); median, quantile and sort
 # aggregations are not (their index arithmetic fails on a chunk whose edge sample has no rows;
 # the sort fills with the batch's minimum)
 CHUNK_AGGREGATIONS = tuple(getattr(_aggr, name) for name in (
     "SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation", "MulAggregation",
     "VarAggregation", "StdAggregation", "SoftmaxAggregation", "PowerMeanAggregation",
     "VariancePreservingAggregation", "AttentionalAggregation", "MultiAggregation")
-    if hasattr(_aggr, name))
+    if hasattr(_aggr, name)) + ((_Fused,) if _Fused is not None else ())
 
 # the functions (and tensor methods) a chunk of rows may run: elementwise, one tensor in and out
 ROW_FUNCTIONS = (torch.relu, F.relu, torch.sigmoid, torch.tanh, F.gelu, F.silu, F.elu,

@@ -987,8 +987,15 @@ class ConvertedEncoder(nn.Module):
         """``[B, N, H]`` (no readout) or ``[B, H]``: sample ``b`` is the encoder on the graph
         less ``deleted[b]``'s genes (see :func:`convert`), for ``x`` ``[N, F]`` (the result on its
         device) and ``deleted`` ``[B, k]``, ``-1`` padded (on the host: no sync). Raises
-        ValueError for a bad ``deleted`` or ``x``, train-mode BatchNorm or dropout p>0."""
-        self._check_x(x)
+        ValueError for a bad ``deleted`` or ``x``, train-mode BatchNorm or dropout p>0, or a call
+        under autocast."""
+        self._check_x(x)  # (first: autocast has no state for some devices, such as meta)
+        if torch.is_autocast_enabled(x.device.type):  # a user trial: a raw NotImplementedError
+            raise ConvertError(  # from a sparse product, for three kinds of conv in four
+                f"fast(x, deleted) under torch.autocast({x.device.type!r}): the converted form "
+                f"computes in x's dtype ({_dtype_name(x.dtype)}), and its sparse products have no "
+                "kernel in autocast's lower precision on every device; call it with autocast "
+                f"off (with torch.autocast({x.device.type!r}, enabled=False): ...)")
         self._check_mode()
         self._check_hooks()
         self._check_structure()
