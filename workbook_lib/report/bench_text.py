@@ -93,6 +93,10 @@ def convert_lines(r: BenchResult) -> list[str]:
     if masked is not None:
         out.append(f"masked copies at B = {masked.batch_size}: {masked.batch_reason}; masks "
                    "built outside the step (a data loader's work), convert's plan made in it")
+        out.append("each step is timed after another form's in its round: a converted step "
+                   "after the masked copies' (which free gigabytes) starts on memory they "
+                   "returned, so it can take longer than in a loop of converted steps "
+                   "(docs/figures.md)")
     out.append(f"few-reach graph: {c.few_reach_edges_per_type:,} edges sampled per type")
     errs = ", ".join(f"{k} {v:.1e}" for k, v in c.exact_max_rel_error.items())
     out.append(f"convert exact max rel. error on {c.exact_genes} genes: {errs} "
