@@ -1306,6 +1306,15 @@ def test_an_unfollowable_forward_is_refused_naming_the_line():
         convert(Sized("gin", "single", "linear"), GRAPH[TYPES[0]])
     assert "control flow" not in str(got.value)
 
+    class Zeros(Encoder):  # a user trial: told fx's "zeros() takes 1 positional argument"
+        def forward(self, x, edge_index):
+            h = super().forward(x, edge_index)
+            return h + torch.zeros(h.size(0), H)
+    with pytest.raises(ValueError, match=r"h.size\(0\) or x.shape\[0\]: a count known when "
+                                         "the module is built, fixed in __init__"):
+        convert(Zeros("gin", "single", "linear"), GRAPH[TYPES[0]])(torch.randn(N, F_IN),
+                                                                    DELETED)
+
 
 def test_a_graph_keyed_otherwise_than_the_forward_reads_it_is_named():
     class ByName(nn.Module):

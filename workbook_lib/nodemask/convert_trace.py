@@ -222,7 +222,9 @@ def trace(encoder: nn.Module, edge_keys: list | None, register: dict) -> fx.Grap
                if iterated else
                "write it without control flow on tensor values or shapes (a width known when "
                "the module is built: decide it in __init__)" if "control flow" in msg else
-               "write it without using a tensor's values or sizes as Python values there")
+               "write it without using a tensor's values or sizes as Python values there (a "
+               "size such as h.size(0) or x.shape[0]: a count known when the module is built, "
+               "fixed in __init__)")
         if iterated:
             msg = "a traced value is iterated"
         raise ConvertError(f"the forward of {type(encoder).__name__} cannot be followed at "
