@@ -87,6 +87,8 @@ def test_the_section_round_trips_and_labels_its_batches(bench):
     assert c.masked_vs_converted.n == c.rounds and c.converted_vs_handwritten is not None
     assert c.floor.batch_size == 4 and c.floor_seconds > 0
     assert c.to_floor() == pytest.approx(c.forms["torchcell_converted"].median / c.floor_seconds)
+    assert c.loop.batch_size == 4 and c.loop.n >= 3 and "back to back" in c.loop.label
+    assert c.loop_to_floor() == pytest.approx(c.loop.median / c.floor_seconds)
     assert c.exact_max_rel_error["torchcell_converted"] < 1e-12
     assert "convs.2" in c.explain and c.few_reach_edges_per_type == 3
 
@@ -104,6 +106,7 @@ def test_the_cli_and_the_report_show_the_section(bench):
     lines = "\n".join(convert_lines(bench))
     assert "TorchCell-shaped, B masked copies" in lines and "the converted [IQR" in lines
     assert "its floor (computed)" in lines and "the hand-written [IQR" in lines
+    assert "converted, back to back" in lines and lines.count("its floor's computed time") == 2
     html = view.convert_table(bench).to_html()
     assert "workbook's model, converted" in html and "computed" in html
 

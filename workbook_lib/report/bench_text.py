@@ -75,6 +75,11 @@ def convert_rows(r: BenchResult) -> list[list]:
         hot = " CONTENDED" if k in c.steps and c.steps[k].contended else ""
         rows.append([v.label, v.batch_size, f"{v.median * 1e3:.3g}{hot}",
                      f"[{v.iqr * 1e3:.2g}]", v.n, vs.get(k, "")])
+    if c.loop is not None:
+        lf = c.loop_to_floor()
+        rows.append([c.loop.label, c.loop.batch_size, f"{c.loop.median * 1e3:.3g}",
+                     f"[{c.loop.iqr * 1e3:.2g}]", c.loop.n,
+                     "" if lf is None else f"{lf:.3g}x its floor's computed time"])
     if c.floor_seconds is not None:
         rows.append(["TorchCell-shaped, its floor (computed)", c.floor.batch_size,
                      f"{c.floor_seconds * 1e3:.3g}", "", "", f"at {c.floor_rates}"])
@@ -95,8 +100,8 @@ def convert_lines(r: BenchResult) -> list[str]:
                    "built outside the step (a data loader's work), convert's plan made in it")
         out.append("each step is timed after another form's in its round: a converted step "
                    "after the masked copies' (which free gigabytes) starts on memory they "
-                   "returned, so it can take longer than in a loop of converted steps "
-                   "(docs/figures.md)")
+                   "returned; 'back to back' times the converted step again after the rounds, "
+                   "its steps in a row, as a training loop runs them")
     out.append(f"few-reach graph: {c.few_reach_edges_per_type:,} edges sampled per type")
     errs = ", ".join(f"{k} {v:.1e}" for k, v in c.exact_max_rel_error.items())
     out.append(f"convert exact max rel. error on {c.exact_genes} genes: {errs} "

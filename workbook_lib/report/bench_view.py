@@ -216,7 +216,10 @@ def convert_table(b: BenchResult):
     errs = ", ".join(f"{k} {v:.1e}" for k, v in c.exact_max_rel_error.items())
     return table([dict(zip(head, r)) for r in rows[1:]],
                  caption=f"Forward + backward per exact sample, {c.rounds} interleaved rounds "
-                         "(measured; ratios paired per round), but the floor's line: computed, "
+                         "(measured; ratios paired per round), but the back-to-back line (the "
+                         "converted step timed again after the rounds, its steps in a row, as a "
+                         "training loop runs them: in the rounds each step follows another "
+                         "form's) and the floor's line: computed, "
                          "the floor's multiply-adds at this machine's best measured rates. "
                          "Masked copies: the largest batch that fits the memory budget, at most "
                          "the converted batch; their masks are built outside the step. The "

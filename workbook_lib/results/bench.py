@@ -187,13 +187,23 @@ class ConvertBench(Record):
     few_reach_edges_per_type: int = 0
     exact_max_rel_error: dict[str, float] = field(default_factory=dict)  # float64, small graph
     exact_genes: int = 0
+    # the converted TorchCell-shaped step timed again after the rounds, its steps in a row (a
+    # training loop's order; in the rounds each step follows another form's); None: older result
+    loop: PerSample | None = None
 
     def to_floor(self) -> float | None:
-        """The converted TorchCell-shaped sample's measured time / its floor's computed time."""
+        """The converted TorchCell-shaped sample's measured time in the rounds / its floor's
+        computed time."""
         got = self.forms.get("torchcell_converted")
         if got is None or not self.floor_seconds:
             return None
         return got.median / self.floor_seconds
+
+    def loop_to_floor(self) -> float | None:
+        """The same, its steps timed back to back (:attr:`loop`)."""
+        if self.loop is None or not self.floor_seconds:
+            return None
+        return self.loop.median / self.floor_seconds
 
 
 @dataclass
