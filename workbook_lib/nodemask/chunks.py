@@ -26,7 +26,8 @@ mode, a dropout that draws, a kind not in :data:`ROW_MODULES`), runs in one call
 In one process, alternating with one call per module, the step took a median 0.908x of the time
 per round (8 rounds, per-round ratios 0.79-1.12; medians 2.67 against 2.92 s per batch of 28:
 in the same process the one-call form gains from the heap the chunked rounds leave grown). Chunks
-are 4 MiB (16,384 rows of 64 float32 features), the readout's two samples.
+are 4 MiB (16,384 rows of 64 float32 features), the readout's two samples: against 1 MiB the
+step took 1.003x, against 16 MiB 1.033x (medians of per-round ratios, 8 rounds each).
 
 On a GPU, PyTorch's caching allocator already reuses blocks: one call, one chunk. Under autocast,
 or where a ``TorchFunctionMode`` or ``TorchDispatchMode`` watches at the forward (the sync counter,
@@ -59,7 +60,8 @@ try:  # what MultiAggregation builds for its simple parts (PyG 2.3 on)
 except ImportError:  # pragma: no cover - older PyG
     _Fused = None
 
-# bytes per chunk: under glibc's mmap threshold once it has risen (at most 32 MiB)
+# bytes per chunk: under glibc's mmap threshold once it has risen (at most 32 MiB); measured
+# against 1 and 16 MiB (the module's docstring)
 CHUNK_BYTES = 4 << 20
 
 # the modules a chunked readout may hold: each computes every row alone in any mode (a norm
