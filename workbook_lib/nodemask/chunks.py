@@ -46,13 +46,13 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import _get_current_function_mode_stack
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 import torch_geometric.nn.aggr as _aggr
 from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..common.host import cache_blocks
+from .convert_dense import hookless
+from .workers import watched
 from .workspace import take
 
 try:  # what MultiAggregation builds for its simple parts (PyG 2.3 on)
@@ -94,13 +94,9 @@ def row_function(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target in ROW_FUNCTIONS
 
 
-def _watched() -> bool:
-    return bool(_get_current_function_mode_stack() or _get_current_dispatch_mode_stack())
-
-
 def may_chunk(x: torch.Tensor) -> bool:
     """Whether work on ``x`` may run in chunks: on a CPU, not under autocast or a mode."""
-    return x.device.type == "cpu" and not _watched() and not torch.is_autocast_enabled("cpu")
+    return x.device.type == "cpu" and not watched() and not torch.is_autocast_enabled("cpu")
 
 
 def chunk_rows(x: torch.Tensor) -> int | None:
@@ -116,16 +112,9 @@ def plain(m: nn.Module) -> bool:
     """No hooks on ``m``, its submodules or its parameters, and no global module hooks (a chunked
     call would call them once per chunk), and none of its submodules in place
     (``ReLU(inplace=True)``: the backward runs each chunk again on a leaf of its own)."""
-    import torch.nn.modules.module as hooks
-
-    glob = (hooks._global_forward_hooks, hooks._global_forward_pre_hooks,
-            hooks._global_backward_hooks, hooks._global_backward_pre_hooks)
-    if any(glob):
-        return False
     if any(p._backward_hooks for p in m.parameters()):
         return False
-    return not any(s._forward_hooks or s._forward_pre_hooks or s._backward_hooks or
-                   s._backward_pre_hooks or getattr(s, "inplace", False) for s in m.modules())
+    return all(hookless(s) and not getattr(s, "inplace", False) for s in m.modules())
 
 
 class RowChunks(torch.autograd.Function):
@@ -155,17 +144,18 @@ class RowChunks(torch.autograd.Function):
     def forward(ctx, fn, rows, ws, x, *tensors):
         n = x.shape[0]
         out = None
-        for s in range(0, n, rows):
+        for s in range(0, n, rows):  # (no mode watches: chunk_rows said so)
             t = min(n, s + rows)
-            with cache_blocks(s > 0):
-                yc = fn(x[s:t])
+            yc = fn(x[s:t])
             if yc.shape[:1] != (t - s,):
                 raise ValueError(f"a per-row function gave {yc.shape[0]} rows for {t - s}")
             if out is None:
                 out = take(ws, "out", (n,) + tuple(yc.shape[1:]), yc)
             out[s:t].copy_(yc)
         ctx.fn, ctx.rows, ctx.ws = fn, rows, ws
-        ctx.modes = [m.training for m in fn.modules()] if isinstance(fn, nn.Module) else None
+        module = isinstance(fn, nn.Module)
+        ctx.modes = [m.training for m in fn.modules()] if module else None
+        ctx.names = [k for k, _ in _state(fn)] if module else []
         ctx.save_for_backward(x, *tensors)
         return out
 
@@ -175,13 +165,15 @@ class RowChunks(torch.autograd.Function):
         need = ctx.needs_input_grad
         with _modes(ctx.fn, ctx.modes):
             if torch.is_grad_enabled():  # create_graph: differentiable, the whole input at once
-                return (None, None, None) + _grads(ctx.fn, x, tensors, g, need[3:], True)
+                return (None, None, None) + _grads(ctx.fn, ctx.names, x, tensors, g,
+                                                   need[3:], True)
             gx = take(ctx.ws, "gx", x.shape, x) if need[3] else None
             total: list = [None] * len(tensors)
             for s in range(0, x.shape[0], ctx.rows):
                 t = min(x.shape[0], s + ctx.rows)
                 with cache_blocks(s > 0):
-                    gc, *gt = _grads(ctx.fn, x[s:t], tensors, g[s:t], need[3:], False)
+                    gc, *gt = _grads(ctx.fn, ctx.names, x[s:t], tensors, g[s:t],
+                                     need[3:], False)
                 if gx is not None and gc is not None:
                     gx[s:t].copy_(gc)
                 elif gx is not None:
@@ -191,23 +183,24 @@ class RowChunks(torch.autograd.Function):
         return (None, None, None, gx, *total)
 
 
-def _grads(fn, x: torch.Tensor, tensors: list, g: torch.Tensor, need: tuple,
+def _grads(fn, names: list, x: torch.Tensor, tensors: list, g: torch.Tensor, need: tuple,
            create: bool) -> tuple:
-    """The gradients of ``fn(x)`` (a module run on ``tensors``) at ``x`` and each tensor where
-    ``need`` says so (None elsewhere), given ``g`` at the output."""
+    """The gradients of ``fn(x)`` (a module run on ``tensors``, by their ``names``) at ``x`` and
+    each tensor where ``need`` says so (None elsewhere), given ``g`` at the output."""
     leaves = [t.detach().requires_grad_(nd) for t, nd in zip(tensors, need[1:])]
     xin = x if create else x.detach().requires_grad_(need[0])
     with torch.enable_grad():
         y = fn(xin) if not isinstance(fn, nn.Module) else torch.func.functional_call(
-            fn, dict(zip(_names(fn), leaves)), (xin,))
+            fn, dict(zip(names, leaves)), (xin,))
     ins = [a for a, nd in zip([xin] + leaves, need) if nd]
     got = iter(torch.autograd.grad(y, ins, g, create_graph=create, allow_unused=True)
                if ins and y.requires_grad else [None] * len(ins))
     return tuple(next(got) if nd else None for nd in need)
 
 
-def _names(m: nn.Module) -> list[str]:
-    return [k for k, _ in m.named_parameters()] + [k for k, _ in m.named_buffers()]
+def _state(m: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``m``'s parameters then its buffers, by name (what :class:`RowChunks` saves)."""
+    return list(m.named_parameters()) + list(m.named_buffers())
 
 
 @contextlib.contextmanager
@@ -229,19 +222,19 @@ def _modes(fn, modes: list | None):
 
 
 def per_row(fn: Callable, x: torch.Tensor, ws) -> torch.Tensor:
-    """``fn(x)``, a chunk of rows at a time where :func:`chunk_rows` says so, else in one call.
+    """``fn(x)``, a chunk of rows at a time where :func:`chunk_rows` says so and a module ``fn``
+    is :func:`plain`, else in one call.
 
     Args:
         fn: a per-node module (its parameters and buffers passed on), or a function of ``x``
             alone; each row of the output from that row of ``x`` alone.
         x: the input; ws: None, or ``(Workspace, site)`` (:mod:`.workspace`).
     """
+    module = isinstance(fn, nn.Module)
     rows = chunk_rows(x)
-    if rows is None:
+    if rows is None or (module and not plain(fn)):
         return fn(x)
-    tensors = [t for _, t in fn.named_parameters()] + [t for _, t in fn.named_buffers()] \
-        if isinstance(fn, nn.Module) else []
-    return RowChunks.apply(fn, rows, ws, x, *tensors)
+    return RowChunks.apply(fn, rows, ws, x, *[t for _, t in (_state(fn) if module else [])])
 
 
 def _row_module(m: nn.Module) -> bool:
@@ -263,9 +256,10 @@ def chunkable_readout(readout: nn.Module) -> bool:
 
 
 class PickChunks(torch.autograd.Function):
-    """Rows of ``cat([wt, values])`` in chunks (per chunk ``c``: ``out_c[pos_w] = wt[src_w]``,
-    ``out_c[pos_v] = values[src_v]``), one output per chunk; the backward adds every chunk's
-    gradient into ``wt``'s and ``values``' shapes, ``values``' in a workspace buffer.
+    """Rows of ``cat([wt, values])`` without making it, in chunks (per chunk ``c``:
+    ``out_c[pos_w] = wt[src_w]``, ``out_c[pos_v] = values[src_v]``), one output per chunk (a
+    converted encoder's every pick is one chunk of it); the backward adds every chunk's gradient
+    into ``wt``'s and ``values``' shapes, ``values``' in a workspace buffer.
 
     Args (of ``apply``): ws (None or ``(Workspace, site)``), wt ``[N, H]``, values ``[R, H]``,
     then per chunk ``pos_w, src_w, pos_v, src_v``.
@@ -276,12 +270,11 @@ class PickChunks(torch.autograd.Function):
         ctx.save_for_backward(*idx)
         ctx.ws, ctx.shapes = ws, (wt.shape, values.shape)
         outs = []
-        for j in range(0, len(idx), 4):
+        for j in range(0, len(idx), 4):  # (several only where no mode watches: may_chunk)
             pw, sw, pv, sv = idx[j:j + 4]
-            with cache_blocks(j > 0):
-                out = wt.new_empty(pw.numel() + pv.numel(), wt.shape[1])
-                out.index_copy_(0, pw, wt.index_select(0, sw))
-                out.index_copy_(0, pv, values.index_select(0, sv))
+            out = wt.new_empty(pw.numel() + pv.numel(), wt.shape[1])
+            out.index_copy_(0, pw, wt.index_select(0, sw))
+            out.index_copy_(0, pv, values.index_select(0, sv))
             outs.append(out)
         return tuple(outs)
 
@@ -322,8 +315,5 @@ def chunked_readout(readout: nn.Module, parts: list, index: list, cuts: list) ->
         index: per chunk each row's sample within the chunk ``[R_c]``.
         cuts: per chunk ``(first, stop)`` sample.
     """
-    outs = []
-    for j, (x, i, (s0, s1)) in enumerate(zip(parts, index, cuts)):
-        with cache_blocks(j > 0):
-            outs.append(readout(x, index=i, dim_size=s1 - s0))
-    return torch.cat(outs, 0)
+    return torch.cat([readout(x, index=i, dim_size=s1 - s0)  # (no mode watches: may_chunk)
+                      for x, i, (s0, s1) in zip(parts, index, cuts)], 0)

@@ -40,7 +40,7 @@ from .convert_pool import POOLED_READOUTS, Pooler, output_value, tail_nodes
 from .convert_trace import (MATMUL, MODE_DEPENDENT, ConvertError, along_features, call_dim,
                             check_graph, conv_kind, node_where, of_stack, op_name,
                             per_node_problem, refuse_hooks, trace)
-from .chunks import (PickChunks, chunkable_readout, chunked_readout, may_chunk, per_row, plain,
+from .chunks import (PickChunks, chunkable_readout, chunked_readout, may_chunk, per_row,
                      row_function, sample_chunks)
 from .compiled import kernels
 from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
@@ -1428,9 +1428,7 @@ class ConvertedEncoder(nn.Module):
         v = env[node.args[0]]
         if isinstance(v, _CatParts):
             return self._run_linear_of_cat(m, v, plan, dev)
-        if plain(m):  # a chunk of rows at a time on a CPU (:mod:`.chunks`)
-            return _Val(m(v.wt), per_row(m, v.values, self._site()), v.rows)
-        return _Val(m(v.wt), m(v.values), v.rows)
+        return _Val(m(v.wt), per_row(m, v.values, self._site()), v.rows)  # (:mod:`.chunks`)
 
     def _run_typed(self, tl, env: dict, plan: _Plan, dev) -> _Val:
         """A fused typed layer (:mod:`.convert_typed`) by the workbook's own kernels: each type's
@@ -2345,32 +2343,6 @@ def _plan_groups(plan: _Plan) -> None:
             cp.dense_group = True
 
 
-class _Pick(torch.autograd.Function):
-    """Rows of ``cat([wt, values])`` without making it (``out[pos_w] = wt[src_w]``,
-    ``out[pos_v] = values[src_v]``); the backward scatters into ``wt``'s and ``values``' shapes."""
-
-    @staticmethod
-    def forward(ctx, wt, values, pos_w, src_w, pos_v, src_v):
-        ctx.save_for_backward(pos_w, src_w, pos_v, src_v)
-        ctx.shapes = (wt.shape[0], values.shape[0])
-        out = wt.new_empty(pos_w.numel() + pos_v.numel(), wt.shape[1])
-        out.index_copy_(0, pos_w, wt.index_select(0, src_w))
-        out.index_copy_(0, pos_v, values.index_select(0, src_v))
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        pos_w, src_w, pos_v, src_v = ctx.saved_tensors
-        gw = gv = None
-        if ctx.needs_input_grad[0]:
-            gw = g.new_zeros(ctx.shapes[0], g.shape[1]).index_add_(0, src_w,
-                                                                    g.index_select(0, pos_w))
-        if ctx.needs_input_grad[1]:
-            gv = g.new_zeros(ctx.shapes[1], g.shape[1]).index_add_(0, src_v,
-                                                                    g.index_select(0, pos_v))
-        return gw, gv, None, None, None, None
-
-
 def _put_pick(plan: _Plan, key, idx: torch.Tensor) -> None:
     """Keep table indices ``idx`` (into ``cat([wt, values])``) split for :func:`_pick`."""
     i = idx.numpy()
@@ -2383,9 +2355,10 @@ def _put_pick(plan: _Plan, key, idx: torch.Tensor) -> None:
 
 
 def _pick(v: _Val, key, plan: _Plan, dev) -> torch.Tensor:
-    """The rows of ``v``'s table that :func:`_put_pick` kept under ``key``."""
-    return _Pick.apply(v.wt, v.values, *(plan.dev(key + (s,), None, dev)
-                                          for s in ("pw", "sw", "pv", "sv")))
+    """The rows of ``v``'s table that :func:`_put_pick` kept under ``key`` (one chunk of
+    :class:`~.chunks.PickChunks`)."""
+    return PickChunks.apply(None, v.wt, v.values, *(plan.dev(key + (s,), None, dev)
+                                                    for s in ("pw", "sw", "pv", "sv")))[0]
 
 
 def _chunk_picks(plan: _Plan, cuts: list) -> tuple[list, list]:

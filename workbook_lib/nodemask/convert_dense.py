@@ -39,7 +39,7 @@ from .workers import spread, workers
 from .workspace import take
 
 
-def _plain(m: nn.Module) -> bool:
+def hookless(m: nn.Module) -> bool:
     """No hooks on the module, and no global module hooks (a fused form does not call it)."""
     own = (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks, m._backward_pre_hooks)
     glob = [getattr(module_hooks, name, None) for name in (
@@ -49,7 +49,7 @@ def _plain(m: nn.Module) -> bool:
 
 
 def _linear(m: nn.Module) -> bool:
-    return type(m) in (nn.Linear, PygLinear) and _plain(m) and \
+    return type(m) in (nn.Linear, PygLinear) and hookless(m) and \
         isinstance(m.weight, torch.Tensor) and \
         not isinstance(m.weight, nn.parameter.UninitializedParameter)
 
@@ -65,7 +65,7 @@ def gin_mlp(conv: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     seq = getattr(conv, "nn", None)
     if type(seq) is not nn.Sequential or len(seq) != 3 or type(seq[1]) is not nn.ReLU:
         return None
-    if not (_linear(seq[0]) and _linear(seq[2]) and _plain(seq) and _plain(seq[1])) or \
+    if not (_linear(seq[0]) and _linear(seq[2]) and hookless(seq) and hookless(seq[1])) or \
             not isinstance(conv.eps, torch.Tensor):
         return None
     return seq[0], seq[2]

@@ -42,13 +42,19 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+def watched() -> bool:
+    """Whether a ``TorchFunctionMode`` or ``TorchDispatchMode`` watches this thread's operators
+    (the sync counter, line marks, ``equal``'s guards): work split across threads or chunks
+    would look different to it."""
+    return bool(_get_current_function_mode_stack() or _get_current_dispatch_mode_stack())
+
+
 def workers(device: torch.device, blocks: int) -> int:
     """How many blocks run at once: this thread's compute threads on a CPU (at most
     ``blocks``), or 1 (a GPU; one thread; a mode or the profiler watching; one block)."""
     if device.type != "cpu" or blocks < 2 or torch.get_num_threads() < 2:
         return 1
-    if _get_current_function_mode_stack() or _get_current_dispatch_mode_stack() or \
-            torch._C._autograd._profiler_enabled():
+    if watched() or torch._C._autograd._profiler_enabled():
         return 1
     return min(torch.get_num_threads(), blocks)
 
