@@ -8,9 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch_geometric.nn.aggr import AttentionalAggregation, MeanAggregation
 
-from test_convert import DELETED, F_IN, GRAPH, H, N, GinMlpSums, _check, _float64, _reference
+from test_convert import DELETED, F_IN, GRAPH, H, N, GinMlpSums, _check, _float64
 from workbook_lib.nodemask import chunks, convert
-from workbook_lib.nodemask.workspace import Workspace
 
 
 def _counted(monkeypatch) -> dict:
@@ -83,22 +82,12 @@ def test_a_second_order_gradient_and_a_retained_graph_run_through_chunks(monkeyp
     """create_graph through chunked per-node calls (a GCN encoder's linear map and ReLU between
     its layers: their gradient differentiable again, the whole input once more) and a retained
     graph's second backward through the chunked tail: both the reference's."""
-    from test_convert import TYPES, Encoder
+    from test_workspace import second_order_matches_reference
 
     calls = _counted(monkeypatch)
+    x = second_order_matches_reference(seed=1)
+    assert calls["rows"] > 0
     with _float64():
-        torch.manual_seed(1)
-        enc, graph = Encoder("gcn", "single", "linear"), GRAPH[TYPES[0]]
-        fast = convert(enc, graph)
-        fast.workspace = Workspace(min_bytes=0)
-        x = torch.randn(N, F_IN, requires_grad=True)
-        grads = []
-        for out in (fast(x, DELETED), _reference(enc, x, graph, DELETED, None)):
-            (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
-            (ggx,) = torch.autograd.grad(gx.pow(2).sum(), x)
-            grads.append(ggx)
-        torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-10)
-        assert calls["rows"] > 0
         before = calls["rows"]
         tail = convert(Tail(), GRAPH, readout=AttentionalAggregation(nn.Linear(H, 1)))
         out = tail(x, DELETED).pow(2).sum()

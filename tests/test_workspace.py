@@ -187,11 +187,12 @@ def test_two_threads_never_get_the_same_storage(monkeypatch):
     assert len({t.data_ptr() for t in got}) == 2
 
 
-def test_a_backward_that_builds_a_graph_still_runs():
-    """create_graph=True through the full value's backward (a GCN with no readout: its output
-    is every row): the second-order gradient equals the per-sample reference's."""
+def second_order_matches_reference(seed: int = 0) -> torch.Tensor:
+    """A GCN encoder with a linear map between its layers and no readout (its output every
+    row), converted, its buffers from a workspace: the second-order gradient at ``x`` through
+    create_graph=True equals the per-sample reference's (float64). Returns ``x``."""
     from test_convert import GRAPH as G, TYPES, Encoder
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     enc = Encoder("gcn", "single", "linear").double()
     graph = G[TYPES[0]]
     fast = convert(enc, graph)
@@ -203,3 +204,10 @@ def test_a_backward_that_builds_a_graph_still_runs():
         (ggx,) = torch.autograd.grad(gx.pow(2).sum(), x)
         grads.append(ggx)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-10)
+    return x
+
+
+def test_a_backward_that_builds_a_graph_still_runs():
+    """create_graph=True through the full value's backward: the second-order gradient equals
+    the per-sample reference's."""
+    second_order_matches_reference()
