@@ -97,14 +97,14 @@ def step_table(r: DDPResult):
 def _cpu_cell(c) -> str:
     if c is None:
         return "not recorded"
-    got = "n/a" if c.got is None else f"{c.got:.0%}{c.error_text(c.got_error, True)}"
+    got = "n/a" if c.got is None else c.got_text()
     pressure = "n/a" if c.pressure is None else f"{c.pressure:.0%}"
     others = "" if c.others is None else f", other jobs {c.others:.2f} CPU"
     why = "" if not c.contended else f" by {c.cause}" + (
         f" ({c.configuration()}: {c.fitting()})" if c.cause == OWN_PROCESSES
         and c.oversubscribed else "")
-    return (f"got {got}, use {c.use:.0%}{c.error_text(c.use_error)} of {c.threads} thread(s)"
-            f"{others}, pressure {pressure}"
+    return (f"got {got}, use {c.use_text()} of {c.threads} thread(s){others}, pressure "
+            f"{pressure}"
             + (f" CONTENDED{why}" if c.contended else ""))
 
 

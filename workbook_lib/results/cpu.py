@@ -182,6 +182,14 @@ class CpuShare(Record):
         digits = 1 if error < 0.1 else 0
         return f" (±{error * 100:.{digits}f} points)"
 
+    def got_text(self) -> str:
+        """':attr:`got`' as a whole percent with its error where shown ('78% (±0.4 points)')."""
+        return f"{self.got:.0%}{self.error_text(self.got_error, True)}"
+
+    def use_text(self, judged: bool = False) -> str:
+        """:attr:`use` likewise (``judged``: it is the share the rule judges)."""
+        return f"{self.use:.0%}{self.error_text(self.use_error, judged)}"
+
     def keep_pages(self) -> str:
         """The way out of kernel time spent faulting: :data:`KEEP_PAGES`, or, where freed memory
         was already kept, what is left (a user trial was told to set what the run had set)."""
@@ -389,10 +397,8 @@ class CpuShare(Record):
 
     def explain(self) -> str:
         """One line: whether the figure was contended, by whom, and what to do."""
-        got = (f"its threads got {self.got:.0%}{self.error_text(self.got_error, True)} of the "
-               "CPU they asked for" if self.got is not None else
-               f"CPU use {self.use:.0%}{self.error_text(self.use_error, True)} of "
-               f"{self.threads} thread(s)")
+        got = (f"its threads got {self.got_text()} of the CPU they asked for" if self.got is not
+               None else f"CPU use {self.use_text(judged=True)} of {self.threads} thread(s)")
         c = self.cause
         if c is None and self.own_threads:
             return (f"not contended: {got}, the wait among its own threads (a library's thread "
@@ -443,15 +449,14 @@ class CpuShare(Record):
         """'got 52% of the CPU asked for, CPU use 49% of 2 thread(s) on 2 CPU(s), other jobs
         0.95 CPU, CPU pressure 61% (contended: other jobs)'."""
         got = "run-queue wait n/a" if self.got is None else \
-            f"got {self.got:.0%}{self.error_text(self.got_error, True)} of the CPU asked for"
+            f"got {self.got_text()} of the CPU asked for"
         pressure = "pressure not available here" if self.pressure is None else \
             f"CPU pressure {self.pressure:.0%}"
         others = "" if self.others is None else f", other jobs {self.others:.2f} CPU"
         flag = f" (contended: {self.cause})" if self.contended else ""
         kernel = self.kernel_text()
         kernel = f", {kernel}" if kernel else ""
-        return (f"{got}, CPU use {self.use:.0%}{self.error_text(self.use_error)} of "
-                f"{self.threads} thread(s) on "
+        return (f"{got}, CPU use {self.use_text()} of {self.threads} thread(s) on "
                 f"{self.allowed} CPU(s){others}, {pressure}{kernel}{flag}")
 
 
