@@ -7,7 +7,7 @@ batch, a backward that mirrors the forward, a loss); where none applies, no chan
 from __future__ import annotations
 
 from ...results.timing import EncoderFigures
-from ...results.verdict import HOT_LINE, MINOR, Cause, Gap  # noqa: F401 - MINOR read from here
+from ...results.verdict import HOT_LINE, MINOR, Cause, Gap
 from .code import GRAPH_SHARE, MIN_SITE, graph_code
 
 MIRRORS = "the backward mirrors the forward"
