@@ -43,13 +43,14 @@ from .convert_trace import (MATMUL, MODE_DEPENDENT, ConvertError, along_features
 from .chunks import (PickChunks, chunkable_readout, chunked_readout, may_chunk, per_row,
                      row_function, sample_chunks)
 from .compiled import kernels
-from .convert_dense import (DenseGinSum, GinMlp, block_product, block_rows, block_size,
-                            gin_mlp)
+from .convert_dense import (DeltaGinSum, DenseGinSum, GinMlp, block_product, block_rows,
+                            block_size, gin_mlp)
 from .convert_typed import identity_gin, type_order, typed_layers
 from .corrections import corrections, validate_deleted
 from .floor import _dense, _sparse
 from .kernels import csr_index_dtype
 from .graph import SharedGraph
+from .workers import watched
 from .workspace import Workspace, take
 
 READOUTS = ("mean", "mean_kept", "sum_kept")
@@ -421,6 +422,7 @@ class _Plan:
         self.typed: dict = {}  # typed layer's linear node -> (form or None, type order, types)
         self.corr: dict = {}  # edge types -> the batch's Corrections along them, their rows
         self.dense_sums: dict = {}  # sum fx node -> (its dense GIN-MLP convs, its operands)
+        self.delta_sums: dict = {}  # sum fx node -> (its grouped delta GIN-MLP convs, operands)
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -643,10 +645,10 @@ class ConvertedEncoder(nn.Module):
         return plan
 
     def _plan_dense_sums(self, plan: _Plan) -> None:
-        """The sums whose operands are exactly one dense group's convs, each a GIN whose
-        ``nn`` is ``Sequential(Linear, ReLU, Linear)`` of one shape for all (:meth:`_maps`)
-        read by nothing but the sum: each such sum is computed in one pass per sample
-        (:mod:`.convert_dense`)."""
+        """The sums whose operands are exactly one dense group's convs, or one delta group's
+        (:func:`_plan_groups`), each a GIN whose ``nn`` is ``Sequential(Linear, ReLU, Linear)`` of
+        one shape for all (:meth:`_maps`) read by nothing but the sum: each such sum is computed
+        a sample at a time (:mod:`.convert_dense`; a delta one only on a CPU)."""
         tail = self._tail(plan.training)
         for node, ops in self._sums(plan.training)[1].items():
             if node in tail:  # the pooled readout's: never computed
@@ -657,15 +659,22 @@ class ConvertedEncoder(nn.Module):
                 cp = plan.convs.get((o.target, plan.rows[o.args[1]][1])) \
                     if isinstance(m, nn.Module) and len(o.args) > 1 and \
                     isinstance(plan.rows.get(o.args[1]), tuple) else None
-                if cp is None or not cp.dense_group or cp.kind is not GINConv or \
-                        len(o.users) != 1:
+                if cp is None or not (cp.dense_group or cp.grouped) or \
+                        cp.kind is not GINConv or len(o.users) != 1:
                     break
                 cps.append(cp)
             else:
-                group = plan.dense_groups.get(cps[0].src, [])
-                if len(cps) == len(group) and {id(c) for c in cps} == {id(c) for c in group} \
-                        and self._maps(group) is not None:
+                dense = cps[0].dense_group
+                group = plan.dense_groups.get(cps[0].src, []) if dense else \
+                    plan.groups.get(cps[0].src, ([], None))[0]
+                if len(cps) != len(group) or {id(c) for c in cps} != {id(c) for c in group} \
+                        or self._maps(group) is None:
+                    continue
+                if dense:
                     plan.dense_sums[node] = (group, ops)
+                else:
+                    plan.delta_sums[node] = (cps, ops)  # in the sum's order
+                    _plan_delta_sum(plan, cps, plan.rows[node])
 
     def _maps(self, cps: list) -> list | None:
         """Each conv's two linear maps (:func:`.convert_dense.gin_mlp`), all of one shape; None
@@ -676,16 +685,25 @@ class ConvertedEncoder(nn.Module):
             return None
         return maps
 
-    def _live_dense_sums(self, plan: _Plan) -> tuple[dict, set]:
+    def _live_dense_sums(self, plan: _Plan, dev: torch.device | None = None) -> tuple[dict, set]:
         """The plan's dense sums still fused at this call, each with its convs' maps
         (:meth:`_maps` checked again: a plan is cached per batch), and the fx nodes they
-        compute."""
+        compute; with a CPU ``dev`` and nothing watching this thread's operators
+        (:func:`.workers.watched`), its delta sums too (marked by their key ``("delta",
+        node)``)."""
         live = {}
         for node, (group, _) in plan.dense_sums.items():
             maps = self._maps(group)
             if maps is not None:
                 live[node] = (group, maps)
-        return live, {o for node in live for o in plan.dense_sums[node][1]}
+        if dev is not None and dev.type == "cpu" and not watched():
+            for node, (cps, _) in plan.delta_sums.items():
+                maps = self._maps(cps)
+                if maps is not None:
+                    live[("delta", node)] = (cps, maps)
+        return live, {o for node in live for o in (plan.delta_sums[node[1]][1]
+                                                   if isinstance(node, tuple)
+                                                   else plan.dense_sums[node][1])}
 
     def clear_plan(self) -> None:
         """Forget the cached plan of the last batch (the next call plans afresh)."""
@@ -1296,7 +1314,7 @@ class ConvertedEncoder(nn.Module):
         sums = self._sums(self.encoder.training)
         tail = self._tail(self.encoder.training)
         typed = self._typed(self.encoder.training)
-        dense_sums, in_dense_sum = self._live_dense_sums(plan)
+        dense_sums, in_dense_sum = self._live_dense_sums(plan, dev)
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
             if node in tail:
@@ -1334,6 +1352,9 @@ class ConvertedEncoder(nn.Module):
             elif node in dense_sums:
                 env[node] = self._run_dense_sum(node, dense_sums[node], sums[1][node], env, plan,
                                                 dev)
+            elif ("delta", node) in dense_sums:
+                env[node] = self._run_delta_sum(node, dense_sums[("delta", node)],
+                                                sums[1][node], env, plan, dev)
             elif node in sums[1]:
                 env[node] = self._run_sum([env[o] for o in sums[1][node]], rows, plan, dev)
             elif self._fused_cat(node) and all(isinstance(env.get(a), _Val)
@@ -1562,14 +1583,14 @@ class ConvertedEncoder(nn.Module):
         self._widths[k] = int(agg.shape[-1])
         return _Val(wt, _finish(cp.kind, m, agg, self_x, ws=self._site()), cp.rows_out)
 
-    def _run_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
-        """A delta conv whose aggregation comes from its group's two stacked products: the
-        wildtype's, and the push and own rows over ``cat([wildtype, D])`` (:func:`_push_host`)."""
-        key = cp.src
+    def _group_products(self, src, vin: _Val, plan: _Plan, dev) -> tuple:
+        """A delta group's two stacked products, made at its first conv's call: the wildtype's
+        aggregations (split per conv), the push and own rows over ``cat([wildtype, D])``
+        (:func:`_push_host`, split per conv: push, own, push, ...), and each conv's place."""
         grouped = self._state["grouped"]
-        g = ("g", id(key))
-        if key not in grouped:
-            cps, sizes = plan.groups[key]
+        g = ("g", id(src))
+        if src not in grouped:
+            cps, sizes = plan.groups[src]
             wt = _SpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
             a, *ats = (torch.sparse_csr_tensor(
                 plan.dev(t + ("crow",), None, dev), plan.dev(t + ("col",), None, dev),
@@ -1579,17 +1600,53 @@ class ConvertedEncoder(nn.Module):
             gene = plan.rows_on(vin.rows, "gene", dev)
             d = vin.values - vin.wt.index_select(0, gene)
             delta = _SpMMParts.apply(torch.cat([vin.wt, d]), a, sizes, self._site(), *ats)
-            grouped[key] = (wt.split(vin.wt.shape[0]), delta,
+            grouped[src] = (wt.split(vin.wt.shape[0]), delta,
                             {id(c): i for i, c in enumerate(cps)})
-        wts, deltas, at = grouped[key]
+        return grouped[src]
+
+    def _run_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan, dev) -> _Val:
+        """A delta conv whose aggregation comes from its group's two stacked products
+        (:meth:`_group_products`)."""
+        wts, deltas, at = self._group_products(cp.src, vin, plan, dev)
         i = at[id(cp)]
-        k = g + (cp.path, cp.edges.key)
+        k = ("g", id(cp.src)) + (cp.path, cp.edges.key)
         genes = plan.dev(k + ("genes",), None, dev)
         gfac = plan.dev(k + ("gfac",), None, dev, vin.wt.dtype)
         self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
         return _Val(_finish(cp.kind, m, wts[i], vin.wt, ws=self._site()),
                     _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1], (wts[i], genes, gfac),
                             ws=self._site()), cp.rows_out)
+
+    def _run_delta_sum(self, node: fx.Node, fused: tuple, ops: list, env: dict, plan: _Plan,
+                       dev) -> _Val:
+        """A sum of one delta group's GIN-MLPs (``fused``: its convs in the sum's order and their
+        maps, from :meth:`_live_dense_sums`): the wildtype conv by conv on ``[N, F]`` and summed
+        as the chain of adds, the changed rows by :class:`.convert_dense.DeltaGinSum`."""
+        cps, maps = fused
+        vin = env[ops[0].args[0]]
+        rows = plan.rows[node]
+        wts, deltas, at = self._group_products(cps[0].src, vin, plan, dev)
+        dtype = vin.wt.dtype
+        mods = [self._conv_module(c.path, c.edges.key) for c in cps]
+        wto = [_finish(GINConv, m, wts[at[id(c)]], vin.wt, ws=self._site())
+               for m, c in zip(mods, cps)]
+        wt = wto[0] + wto[1]
+        for w in wto[2:]:
+            wt = wt.add_(w)
+        idx, params = [], []
+        for c, m, w, (lin1, lin2) in zip(cps, mods, wto, maps):
+            i = at[id(c)]
+            k = ("g", id(c.src), c.path, c.edges.key)
+            idx.append((plan.dev(k + ("genes",), None, dev),
+                        plan.dev(k + ("gfac",), None, dev, dtype),
+                        plan.dev(("sum", id(rows), id(c.rows_out), "pos"), None, dev),
+                        plan.index[("dsum_off", id(c.rows_out))]))
+            params += [deltas[2 * i], deltas[2 * i + 1], wts[i], w, 1 + m.eps, lin1.weight,
+                       lin1.bias, lin2.weight, lin2.bias]
+            self._widths[(c.path, c.edges.key)] = int(vin.wt.shape[-1])
+        gene_u = None if rows.dense else plan.rows_on(rows, "gene", dev)
+        return _Val(wt, DeltaGinSum.apply(wt, gene_u, plan.index[("dsum_off", id(rows))],
+                                          self._site(), idx, *params), rows)
 
     def _run_dense_grouped(self, cp: _ConvPlan, m: nn.Module, vin: _Val, plan: _Plan,
                            dev) -> _Val:
@@ -1894,12 +1951,15 @@ class ConvertedEncoder(nn.Module):
         edge; pooled: the kept edges the readout's weights are spread along)."""
         plan = self.plan(deleted, self._seen_nodes())
         b, n = plan.keep.shape
-        in_sum = {id(c) for cps, _ in self._live_dense_sums(plan)[0].values() for c in cps}
+        dev = next((p.device for p in self.encoder.parameters()), torch.device("cpu"))
+        live = self._live_dense_sums(plan, dev)[0]
+        in_sum = {id(c) for k, (cps, _) in live.items() if not isinstance(k, tuple) for c in cps}
+        in_delta = {id(c) for k, (cps, _) in live.items() if isinstance(k, tuple) for c in cps}
         rows_out: list[tuple] = []  # (name, class, form, rows or None, edges read)
         for path, cls, what in plan.order:
             if isinstance(what, _ConvPlan):
-                form = "delta" if not what.rows_out.dense else \
-                    "dense*" if id(what) in in_sum else "dense"
+                form = ("delta*" if id(what) in in_delta else "delta") \
+                    if not what.rows_out.dense else "dense*" if id(what) in in_sum else "dense"
                 rows, reads = what.rows_out.changed.sum().item() / b, f"{what.entries / b:.1f}"
                 name = _name(what)
             elif isinstance(what, _TypedPlan):
@@ -1957,7 +2017,7 @@ class ConvertedEncoder(nn.Module):
                       f"edges read plus rows computed would exceed {DENSE_SHARE:.0%} of the "
                       "dense form's, or its input is dense"),
             ("per-node", "per-node: a module of each row alone, run on the changed rows"))
-            if f in forms or (f == "dense" and "dense*" in forms)]
+            if f in forms or (f + "*") in forms]
         if legend:
             lines.append("  (" + "; ".join(w for _, w in legend) + ")")
         if any(isinstance(w, _TypedLin) for _, _, w in plan.order):
@@ -1968,6 +2028,10 @@ class ConvertedEncoder(nn.Module):
             lines.append("  (dense*: a sum of GIN-MLPs over edge types, run a block of samples "
                          "at a time, one on a CPU: each type's aggregation, MLP and the sum "
                          "while in cache)")
+        if in_delta:
+            lines.append("  (delta*: a sum of GIN-MLPs over edge types, its changed rows run a "
+                         "sample at a time on a CPU: each type's MLP adds into the sample's rows "
+                         "of the sum while in cache)")
         if any(isinstance(w, _PooledPlan) for _, _, w in plan.order):
             lines.append("  (pooled: affine before the readout, so the readout sums its input "
                          "rows with weights spread along the kept edges; its own rows are never "
@@ -2406,6 +2470,15 @@ def _plan_sum(plan: _Plan, found: list, rows: _Rows) -> None:
     for r in found:
         plan.put(k + (id(r), "pos"), torch.from_numpy(rows.pos[r.flat.numpy()]))
         plan.of_rows(r, "gene")
+
+
+def _plan_delta_sum(plan: _Plan, cps: list, rows: _Rows) -> None:
+    """Each sample's first row, as ``B + 1`` host ints, among ``rows`` and among each conv's
+    changed rows (all sample-major), for :class:`.convert_dense.DeltaGinSum`."""
+    b, n = plan.keep.shape
+    starts = np.arange(b + 1, dtype=np.int64) * n
+    for r in [rows] + [c.rows_out for c in cps]:
+        plan.index[("dsum_off", id(r))] = np.searchsorted(r.flat.numpy(), starts).tolist()
 
 
 class _SumAt(torch.autograd.Function):
