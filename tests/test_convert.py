@@ -394,10 +394,12 @@ def test_the_dense_and_delta_forms_are_both_exact(monkeypatch, share, counts=COU
         for conv in ("gin", "gcn", "sage_mean"):
             fast = _check(Encoder(conv, "moduledict", "layernorm"), GRAPH, "mean_kept")
             text = fast.explain(DELETED)
-            forms = set(re.findall(r"^  \S+\s+\S+\s+(dense\*?|delta|per-node|fused|pooled) ",
+            forms = set(re.findall(r"^  \S+\s+\S+\s+(dense\*?|delta\*?|per-node|fused|pooled) ",
                                    text, re.M))  # the table's form column (not the legend)
             assert bool(forms & {"dense", "dense*"}) == (share == 0.0), forms
-            assert ("delta" in forms) == (share > 0), forms
+            assert bool(forms & {"delta", "delta*"}) == (share > 0), forms
+            if share > 0 and conv == "gin":  # the first layer's sum of GIN-MLPs is fused
+                assert "delta*" in forms, forms
             # the rows that differ, whichever form computes them: the same count either way
             counts[conv].append((text.split("changed rows")[1], fast.floor(DELETED).sparse_macs))
     finally:

@@ -4,10 +4,13 @@ against the conv-by-conv form; conv by conv wherever it does not apply (another 
 watching, a GPU)."""
 import pytest
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch_geometric.nn import GINConv
 from torch_geometric.nn.aggr import AttentionalAggregation
 
-from test_convert import DELETED, F_IN, GRAPH, H, N, GinMlpSums, _check, _float64, _forms
+from test_convert import (DELETED, F_IN, GRAPH, H, N, GinMlpSums, _check, _float64, _forms,
+                          _graph, _reference)
 from test_convert import convert_module
 from workbook_lib.nodemask import convert, convert_dense
 
@@ -96,3 +99,133 @@ def test_a_delta_sum_on_another_device_runs_conv_by_conv(monkeypatch):
     cuda = fast._live_dense_sums(plan, torch.device("cuda"))[0]
     assert sum(isinstance(k, tuple) for k in cpu) == len(plan.delta_sums) == 2
     assert not any(isinstance(k, tuple) for k in cuda)
+
+
+THREE = ["a", "b", "c"]
+
+
+def _three(hub_to_all: bool) -> dict:
+    """Three edge types on N genes (two of test_convert's graphs' types); with ``hub_to_all``,
+    gene 0 also sends an edge to every other gene on each type, so that deleting it changes
+    every gene's row at the first layer (the sum's rows are every row)."""
+    parts = list(_graph(0).values()) + [next(iter(_graph(1).values()))]
+    out = {}
+    for name, ei in zip(THREE, parts):
+        if hub_to_all:
+            rest = torch.arange(1, N)
+            ei = torch.cat([ei, torch.stack([torch.zeros_like(rest), rest])], 1)
+        out[("gene", name, "gene")] = ei
+    return out
+
+
+class Reversed(nn.Module):
+    """Two layers of three GIN-MLPs called in the types' order a, b, c and summed c + b + a
+    (the sum's order is not the group's); ``frozen``: some parameters of one type only need
+    no gradient."""
+
+    def __init__(self, frozen: bool = False):
+        super().__init__()
+        self.lin = nn.Linear(F_IN, H)
+        self.convs = nn.ModuleList(nn.ModuleDict({
+            t: GINConv(nn.Sequential(nn.Linear(H, 2 * H), nn.ReLU(), nn.Linear(2 * H, H)),
+                       train_eps=True, eps=0.1 * i - 0.2) for i, t in enumerate(THREE)})
+            for _ in range(2))
+        self.norm = nn.LayerNorm(H)
+        if frozen:
+            self.lin.weight.requires_grad_(False)
+            self.convs[0]["a"].eps.requires_grad_(False)
+            self.convs[1]["b"].nn[0].weight.requires_grad_(False)
+            self.convs[1]["c"].nn[2].bias.requires_grad_(False)
+
+    def forward(self, x, edges):
+        x = self.lin(x).relu()
+        for convs in self.convs:
+            out = {t: convs[t](x, edges[("gene", t, "gene")]) for t in THREE}
+            x = self.norm((out["c"] + out["b"] + out["a"]).relu())
+        return x
+
+
+def _check_trainable(encoder, graph, deleted, readout="mean_kept"):
+    """As test_convert's check, over the parameters that need a gradient (and x's)."""
+    torch.manual_seed(1)
+    x = torch.randn(N, F_IN, requires_grad=True)
+    fast = convert(encoder, graph, readout=readout)
+    ref = _reference(encoder, x, graph, deleted, readout)
+    w = torch.randn_like(ref)
+    params = [p for p in encoder.parameters() if p.requires_grad] + [x]
+    want = torch.autograd.grad((ref * w).sum(), params)
+    for _ in range(2):
+        out = fast(x, deleted)
+        torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+        for a, b in zip(torch.autograd.grad((out * w).sum(), params), want):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    return fast
+
+
+@pytest.mark.parametrize("spread_to", [1, 3])
+@pytest.mark.parametrize("case", ["reversed", "frozen", "every_row"])
+def test_three_types_summed_out_of_order_with_frozen_parts_or_every_row_changed(monkeypatch,
+                                                                                 case,
+                                                                                 spread_to):
+    """Three types summed in another order than their calls (each type's parameters with its
+    own rows), some parameters of one type only frozen (each type's own flags), and a batch
+    whose first layer's sum covers every row (every sample deletes a hub that sends to every
+    gene; the rows then start as the wildtype's at every row, and its gradient is the samples'
+    sum; the second layer then dense): exact, the delta sums fused."""
+    calls = _counted(monkeypatch, spread_to)
+    graph = _three(case == "every_row")
+    deleted = torch.tensor([[0, -1]] * 4) if case == "every_row" else DELETED
+    with _float64():
+        fast = _check_trainable(Reversed(frozen=case == "frozen"), graph, deleted)
+        forms = _forms(fast.explain(deleted))
+        plan = fast.plan(deleted, N)
+    second = "dense*" if case == "every_row" else "delta*"  # its input is then every row
+    assert [forms[f"convs.{i}.{t}"] for i in (0, 1) for t in THREE] == \
+        ["delta*"] * 3 + [second] * 3, forms
+    assert calls["sums"] >= 4
+    dense = [plan.rows[node].dense for node in plan.delta_sums]
+    assert dense[0] == (case == "every_row"), dense
+
+
+@pytest.mark.parametrize("first", ["call", "explain"])
+@pytest.mark.parametrize("encoder", ["gin_mlp_sums", "gcn"])
+def test_a_batch_first_seen_under_inference_mode_then_trains(monkeypatch, encoder, first):
+    """A call (its workers too: three here) or explain under ``torch.inference_mode``, then the
+    same batch trained: what the first kept (the plan, the graph on the device, the buffers) is
+    not made of inference tensors, and the training call is exact (found by a review: it
+    failed, "Inference tensors cannot be saved for backward"; the workers' in-place writes
+    failed under inference mode too)."""
+    from test_convert import Encoder
+    _counted(monkeypatch, 3)
+    with _float64():
+        torch.manual_seed(2)
+        enc = GinMlpSums("relu") if encoder == "gin_mlp_sums" else \
+            Encoder("gcn", "moduledict", "layernorm")
+        x = torch.randn(N, F_IN, requires_grad=True)
+        fast = convert(enc, GRAPH, readout="mean_kept", num_nodes=N)
+        with torch.inference_mode():
+            seen = fast(x, DELETED) if first == "call" else fast.explain(DELETED)
+        ref = _reference(enc, x, GRAPH, DELETED, "mean_kept")
+        out = fast(x, DELETED)
+        torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+        params = list(enc.parameters()) + [x]
+        for a, b in zip(torch.autograd.grad(out.sum(), params),
+                        torch.autograd.grad(ref.sum(), params)):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+        if first == "call":
+            torch.testing.assert_close(seen, ref.detach(), rtol=1e-9, atol=1e-10)
+
+
+def test_workers_run_in_inference_mode_where_the_caller_does():
+    """.workers.spread: each worker in inference mode where its caller is (thread-local), so
+    that it can write into a tensor made there; and not where the caller is not."""
+    from workbook_lib.nodemask.workers import spread
+
+    def fill(lo, hi):
+        out[lo:hi] += 1  # an in-place write into the caller's tensor
+        return torch.is_inference_mode_enabled()
+    with torch.inference_mode():
+        out = torch.zeros(4)
+        assert spread(fill, 4, 2) == [True, True] and out.tolist() == [1.0] * 4
+    out = torch.zeros(4)
+    assert spread(fill, 4, 2) == [False, False] and out.tolist() == [1.0] * 4

@@ -559,7 +559,11 @@ class ConvertedEncoder(nn.Module):
 
     def plan(self, deleted: torch.Tensor, n: int | None = None) -> _Plan:
         """The host plan of ``deleted`` ``[B, k]`` (cached for the last batch; one
-        :meth:`plan_ahead` started is waited for and used)."""
+        :meth:`plan_ahead` started is waited for and used). Made outside
+        ``torch.inference_mode``: a later training call may use it (see :meth:`forward`)."""
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                return self.plan(deleted, n)
         with host_side():  # made on the host from a host 'deleted': no sync on a GPU
             key, d = self._plan_key(deleted, n)
             cached = self._state["plan"]
@@ -1006,7 +1010,13 @@ class ConvertedEncoder(nn.Module):
         less ``deleted[b]``'s genes (see :func:`convert`), for ``x`` ``[N, F]`` (the result on its
         device) and ``deleted`` ``[B, k]``, ``-1`` padded (on the host: no sync). Raises
         ValueError for a bad ``deleted`` or ``x``, train-mode BatchNorm or dropout p>0, or a call
-        under autocast."""
+        under autocast. Under ``torch.inference_mode`` it runs without gradients outside it:
+        what it keeps for later calls (the batch's plan, the graph on the device, its buffers)
+        would otherwise be inference tensors, which a later training call cannot save for its
+        backward (found by a review: after an inference call, the same batch failed to train)."""
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False), torch.no_grad():
+                return self.forward(x, deleted)
         self._check_x(x)  # (first: autocast has no state for some devices, such as meta)
         if torch.is_autocast_enabled(x.device.type):  # a user trial: a raw NotImplementedError
             raise ConvertError(  # from a sparse product, for three kinds of conv in four

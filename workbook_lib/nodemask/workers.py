@@ -62,7 +62,9 @@ def workers(device: torch.device, blocks: int) -> int:
 def spread(run: Callable[[int, int], T], n: int, k: int) -> list[T]:
     """``[run(lo, hi), ...]`` over ``k`` contiguous runs of ``range(n)`` of near equal size:
     in this thread where ``k`` is 1, else each in a worker with one compute thread, without
-    gradient recording (as the calling ``autograd.Function`` runs), results in order."""
+    gradient recording (as the calling ``autograd.Function`` runs) and in inference mode where
+    the caller is (a worker's in-place write to a tensor made in it would fail), results in
+    order."""
     if k <= 1:
         return [run(0, n)]
     cuts = [round(i * n / k) for i in range(k + 1)]
@@ -73,8 +75,10 @@ def spread(run: Callable[[int, int], T], n: int, k: int) -> list[T]:
             pool = _POOLS[k] = ThreadPoolExecutor(k, thread_name_prefix="nodemask-block",
                                                   initializer=_one_thread)
 
+    inference = torch.is_inference_mode_enabled()  # thread-local, as grad mode is
+
     def quiet(lo: int, hi: int) -> T:
-        with torch.no_grad():
+        with torch.inference_mode(inference), torch.no_grad():
             return run(lo, hi)
     try:
         jobs = [pool.submit(quiet, lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
