@@ -654,6 +654,14 @@ class ConvertedEncoder(nn.Module):
         one shape for all (:meth:`_maps`) read by nothing but the sum: each such sum is computed
         a sample at a time (:mod:`.convert_dense`; a delta one only on a CPU)."""
         tail = self._tail(plan.training)
+        for node in self._graph(plan.training).nodes:  # a HeteroConv's sum over its types
+            m = self._named.get(node.target) if node.op == "call_module" else None
+            if isinstance(m, HeteroConv) and m.aggr == "sum" and node not in tail:
+                cps = [plan.convs.get((f"{node.target}[{_key(et)}]", et))
+                       for et in m.convs.keys()]  # (iterating PyG's dict gives its str keys)
+                cps = [c for c in cps if c is not None]
+                if cps and all(c.kind is GINConv for c in cps):
+                    self._fuse_sum(plan, node, cps, None)
         for node, ops in self._sums(plan.training)[1].items():
             if node in tail:  # the pooled readout's: never computed
                 continue
@@ -668,17 +676,28 @@ class ConvertedEncoder(nn.Module):
                     break
                 cps.append(cp)
             else:
-                dense = cps[0].dense_group
-                group = plan.dense_groups.get(cps[0].src, []) if dense else \
-                    plan.groups.get(cps[0].src, ([], None))[0]
-                if len(cps) != len(group) or {id(c) for c in cps} != {id(c) for c in group} \
-                        or self._maps(group) is None:
-                    continue
-                if dense:
-                    plan.dense_sums[node] = (group, ops)
-                else:
-                    plan.delta_sums[node] = (cps, ops)  # in the sum's order
-                    _plan_delta_sum(plan, cps, plan.rows[node])
+                self._fuse_sum(plan, node, cps, ops)
+
+    def _fuse_sum(self, plan: _Plan, node: fx.Node, cps: list, ops: list | None) -> None:
+        """Keep the sum at ``node`` of the GIN convs ``cps`` (in the sum's order; ``ops`` its
+        operand nodes, None for a HeteroConv's sum) as a fused sum if they are exactly one
+        dense group or one delta group, their MLPs of one shape (:meth:`_maps`)."""
+        if not all(c.dense_group or c.grouped for c in cps):
+            return
+        dense = cps[0].dense_group
+        group = plan.dense_groups.get(cps[0].src, []) if dense else \
+            plan.groups.get(cps[0].src, ([], None))[0]
+        if len(cps) != len(group) or {id(c) for c in cps} != {id(c) for c in group} \
+                or self._maps(group) is None:
+            return
+        if dense:
+            plan.dense_sums[node] = (group, ops)
+        else:
+            rows = _sum_rows(plan, node)
+            if ops is None:  # a HeteroConv's: its places at the union rows, as a sum's
+                _plan_sum(plan, [c.rows_out for c in cps], rows)
+            plan.delta_sums[node] = (cps, ops)
+            _plan_delta_sum(plan, cps, rows)
 
     def _maps(self, cps: list) -> list | None:
         """Each conv's two linear maps (:func:`.convert_dense.gin_mlp`), all of one shape; None
@@ -707,7 +726,7 @@ class ConvertedEncoder(nn.Module):
                     live[("delta", node)] = (cps, maps)
         return live, {o for node in live for o in (plan.delta_sums[node[1]][1]
                                                    if isinstance(node, tuple)
-                                                   else plan.dense_sums[node][1])}
+                                                   else plan.dense_sums[node][1]) or ()}
 
     def clear_plan(self) -> None:
         """Forget the cached plan of the last batch (the next call plans afresh)."""
@@ -1325,6 +1344,7 @@ class ConvertedEncoder(nn.Module):
         tail = self._tail(self.encoder.training)
         typed = self._typed(self.encoder.training)
         dense_sums, in_dense_sum = self._live_dense_sums(plan, dev)
+        self._state["live_sums"] = dense_sums  # a HeteroConv's, for _run_module
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
             if node in tail:
@@ -1437,6 +1457,12 @@ class ConvertedEncoder(nn.Module):
         m = self._named[node.target]
         if isinstance(m, HeteroConv):
             vin = env[next(iter(node.args[0].values()))]
+            live = self._state.get("live_sums", {})
+            if ("delta", node) in live or node in live:  # its types' GIN-MLPs summed, fused
+                val = self._run_delta_sum(node, live[("delta", node)], None, env, plan, dev,
+                                          vin) if ("delta", node) in live else \
+                    self._run_dense_sum(node, live[node], None, env, plan, dev, vin)
+                return {et[2]: val for et in m.convs.keys()}
             outs = []
             for et, conv in m.convs.items():
                 k = (f"{node.target}[{_key(et)}]", et)
@@ -1627,14 +1653,14 @@ class ConvertedEncoder(nn.Module):
                     _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1], (wts[i], genes, gfac),
                             ws=self._site()), cp.rows_out)
 
-    def _run_delta_sum(self, node: fx.Node, fused: tuple, ops: list, env: dict, plan: _Plan,
-                       dev) -> _Val:
+    def _run_delta_sum(self, node: fx.Node, fused: tuple, ops: list | None, env: dict,
+                       plan: _Plan, dev, vin: _Val | None = None) -> _Val:
         """A sum of one delta group's GIN-MLPs (``fused``: its convs in the sum's order and their
         maps, from :meth:`_live_dense_sums`): the wildtype conv by conv on ``[N, F]`` and summed
         as the chain of adds, the changed rows by :class:`.convert_dense.DeltaGinSum`."""
         cps, maps = fused
-        vin = env[ops[0].args[0]]
-        rows = plan.rows[node]
+        vin = env[ops[0].args[0]] if vin is None else vin  # (given: a HeteroConv's input)
+        rows = _sum_rows(plan, node)
         wts, deltas, at = self._group_products(cps[0].src, vin, plan, dev)
         dtype = vin.wt.dtype
         mods = [self._conv_module(c.path, c.edges.key) for c in cps]
@@ -1686,13 +1712,13 @@ class ConvertedEncoder(nn.Module):
         return _Val(_finish(cp.kind, m, wts[i], vin.wt, ws=self._site()),
                     _finish(cp.kind, m, aggs[i], self_x, ws=self._site()), cp.rows_out)
 
-    def _run_dense_sum(self, node: fx.Node, fused: tuple, ops: list, env: dict, plan: _Plan,
-                       dev) -> _Val:
+    def _run_dense_sum(self, node: fx.Node, fused: tuple, ops: list | None, env: dict,
+                       plan: _Plan, dev, vin: _Val | None = None) -> _Val:
         """A sum of one dense group's GIN-MLPs (``fused``: its convs and their maps, from
         :meth:`_live_dense_sums`): the wildtype conv by conv on ``[N, F]``, the batch by
         :class:`.convert_dense.DenseGinSum`."""
         cps, maps = fused
-        vin = env[ops[0].args[0]]
+        vin = env[ops[0].args[0]] if vin is None else vin  # (given: a HeteroConv's input)
         full = _full(vin, plan, dev, self._site())  # [B, N, F]
         b, n, f = full.shape
         dtype = full.dtype
@@ -1711,7 +1737,7 @@ class ConvertedEncoder(nn.Module):
             full, plan.dev(("keep_bn1",), None, dev, dtype),
             plan.dev(("dscale", id(cps[0].src)), None, dev, dtype), block_size(dev, b),
             [self._stack([c.edges], [False], dev, dtype) for c in cps], self._site(), *params)
-        return _Val(wt, values, plan.rows[node])
+        return _Val(wt, values, _sum_rows(plan, node))
 
     def _wildtype_stack(self, cps: list, dev, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The convs' stacked wildtype aggregations (CSR ``[len(cps) * N, N]``) and transpose."""
@@ -2480,6 +2506,12 @@ def _plan_sum(plan: _Plan, found: list, rows: _Rows) -> None:
     for r in found:
         plan.put(k + (id(r), "pos"), torch.from_numpy(rows.pos[r.flat.numpy()]))
         plan.of_rows(r, "gene")
+
+
+def _sum_rows(plan: _Plan, node: fx.Node) -> _Rows:
+    """The rows of a sum's value (a HeteroConv's: its one destination type's)."""
+    rows = plan.rows[node]
+    return next(iter(rows.values())) if isinstance(rows, dict) else rows
 
 
 def _plan_delta_sum(plan: _Plan, cps: list, rows: _Rows) -> None:
