@@ -1666,7 +1666,7 @@ class ConvertedEncoder(nn.Module):
         mods = [self._conv_module(c.path, c.edges.key) for c in cps]
         wto = [_finish(GINConv, m, wts[at[id(c)]], vin.wt, ws=self._site())
                for m, c in zip(mods, cps)]
-        wt = wto[0] + wto[1]
+        wt = wto[0] + wto[1] if len(wto) > 1 else wto[0]  # (a HeteroConv's may be one conv)
         for w in wto[2:]:
             wt = wt.add_(w)
         idx, params = [], []
