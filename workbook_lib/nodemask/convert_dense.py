@@ -112,6 +112,35 @@ def _maps_backward(g, z, r, w1, w2, grads, out=None):
     return torch.mm(gu, w1) if out is None else torch.mm(gu, w1, out=out)
 
 
+def _gin_rows(agg, x, e, w1, b1, w2, b2, z, r, out, wt=None, genes=None, gfac=None) -> None:
+    """A block of a GIN-MLP's rows, into ``z`` (its GIN sum), ``r`` (the ReLU's output) and
+    ``out``: ``lin2(relu(lin1(agg + e * x)))``, with ``wt`` given ``agg + wt[genes] * gfac`` in
+    the op-by-op order (:class:`GinMlp`'s and :class:`DeltaGinSum`'s blocks)."""
+    if wt is None:
+        torch.addcmul(agg, x, e, out=z)
+    else:
+        torch.index_select(wt, 0, genes, out=z)
+        z.mul_(gfac)
+        torch.add(agg, z, out=z).addcmul_(x, e)
+    _maps(z, w1, b1, r)
+    if b2 is None:
+        torch.mm(r, w2.t(), out=out)
+    else:
+        torch.addmm(b2, r, w2.t(), out=out)
+
+
+def _gin_rows_backward(g, x, z, r, e, w1, w2, grads, gz_out, gx_out=None) -> torch.Tensor:
+    """The backward of :func:`_gin_rows` for a block (``g`` at its output): the weight and
+    bias gradients added into ``grads`` (slots ``e, w1, b1, w2``; ``b2``'s left to the caller),
+    the gradient at ``agg`` written into ``gz_out`` and returned, at ``x`` into ``gx_out``."""
+    gz = _maps_backward(g, z, r, w1, w2, grads, out=gz_out)
+    if grads[0] is not None:
+        grads[0] += torch.dot(gz.view(-1), x.reshape(-1))
+    if gx_out is not None:
+        torch.mul(gz, e, out=gx_out)
+    return gz
+
+
 class GinMlp(torch.autograd.Function):
     """A GIN whose ``nn`` is ``Sequential(Linear, ReLU, Linear)`` on its rows:
     ``lin2(relu(lin1(agg + e * x)))``, ``[R, F] -> [R, H]``, a block of rows at a time (each
@@ -148,17 +177,8 @@ class GinMlp(torch.autograd.Function):
         for s in range(0, n, rows):  # a GPU runs all rows as one block: counted once
             with cache_blocks(s > 0):
                 t = min(n, s + rows)
-                if wt is None:
-                    torch.addcmul(agg[s:t], x[s:t], e, out=z[s:t])
-                else:  # agg + wt[genes] * gfac, then + e * x: the op-by-op order
-                    torch.index_select(wt, 0, genes[s:t], out=z[s:t])
-                    z[s:t].mul_(gfac[s:t])
-                    torch.add(agg[s:t], z[s:t], out=z[s:t]).addcmul_(x[s:t], e)
-                _maps(z[s:t], w1, b1, r[s:t])
-                if b2 is None:
-                    torch.mm(r[s:t], w2.t(), out=out[s:t])
-                else:
-                    torch.addmm(b2, r[s:t], w2.t(), out=out[s:t])
+                _gin_rows(agg[s:t], x[s:t], e, w1, b1, w2, b2, z[s:t], r[s:t], out[s:t],
+                          *((None,) * 3 if wt is None else (wt, genes[s:t], gfac[s:t])))
         ctx.rows, ctx.ws = rows, ws
         ctx.wt_rows = None if wt is None else wt.shape[0]
         ctx.save_for_backward(x, z, r, e, w1, b1, w2, b2, genes, gfac)
@@ -179,11 +199,8 @@ class GinMlp(torch.autograd.Function):
         for s in range(0, g.shape[0], ctx.rows):  # counted once, as in the forward
             with cache_blocks(s > 0):
                 t = min(g.shape[0], s + ctx.rows)
-                gz = _maps_backward(g[s:t], z[s:t], r[s:t], w1, w2, grads, out=gagg[s:t])
-                if grads[0] is not None:
-                    grads[0] += torch.dot(gz.view(-1), x[s:t].reshape(-1))
-                if gx is not None:
-                    torch.mul(gz, e, out=gx[s:t])
+                _gin_rows_backward(g[s:t], x[s:t], z[s:t], r[s:t], e, w1, w2, grads, gagg[s:t],
+                                   None if gx is None else gx[s:t])
         if gwt is not None:
             gwt.index_add_(0, genes, torch.mul(gagg, gfac,
                                                out=take(ctx.ws, "gs", gagg.shape, gagg)))
@@ -372,16 +389,9 @@ class DeltaGinSum(torch.autograd.Function):
                         i0, i1 = off[s], off[s + 1]
                         if i1 == i0:
                             continue
-                        zz, rr, oo, dd, gi = z[j][i0:i1], r[j][i0:i1], o[:i1 - i0], \
-                            d[:i1 - i0], genes[i0:i1]
-                        torch.index_select(wta, 0, gi, out=zz)  # agg + wta[gene] * gfac
-                        zz.mul_(gfac[i0:i1])
-                        torch.add(agg[i0:i1], zz, out=zz).addcmul_(x[i0:i1], e)
-                        _maps(zz, w1, b1, rr)
-                        if b2 is None:
-                            torch.mm(rr, w2.t(), out=oo)
-                        else:
-                            torch.addmm(b2, rr, w2.t(), out=oo)
+                        oo, dd, gi = o[:i1 - i0], d[:i1 - i0], genes[i0:i1]
+                        _gin_rows(agg[i0:i1], x[i0:i1], e, w1, b1, w2, b2, z[j][i0:i1],
+                                  r[j][i0:i1], oo, wta, gi, gfac[i0:i1])
                         torch.index_select(wto, 0, gi, out=dd)
                         out.index_add_(0, pos[i0:i1], torch.sub(oo, dd, out=dd))
         spread(samples, b, workers(wt.device, b))
@@ -427,19 +437,17 @@ class DeltaGinSum(torch.autograd.Function):
                         i0, i1 = off[s], off[s + 1]
                         if i1 == i0:
                             continue
-                        gwta, gwto, ge, gw1, gb1, gw2, gb2 = per[j]
+                        gwta, gwto, *sums = per[j]  # sums: e, w1, b1, w2, b2
+                        gb2 = sums[4]
                         gi, m = genes[i0:i1], i1 - i0
                         gob = torch.index_select(g, 0, pos[i0:i1], out=go[:m])
                         if gwto is not None:
                             gwto.index_add_(0, gi, gob, alpha=-1)
                         if gb2 is not None:
                             gb2 += gob.sum(0)
-                        gz = _maps_backward(gob, z[i0:i1], r[i0:i1], w1, w2,
-                                            [None, gw1, gb1, gw2, None], out=gagg[j][i0:i1])
-                        if ge is not None:
-                            ge += torch.dot(gz.view(-1), x[i0:i1].reshape(-1))
-                        if gx[j] is not None:
-                            torch.mul(gz, e, out=gx[j][i0:i1])
+                        gz = _gin_rows_backward(
+                            gob, x[i0:i1], z[i0:i1], r[i0:i1], e, w1, w2, sums,
+                            gagg[j][i0:i1], None if gx[j] is None else gx[j][i0:i1])
                         if gwta is not None:
                             gwta.index_add_(0, gi, torch.mul(gz, gfac[i0:i1], out=gs[:m]))
             return [gwt, per]
