@@ -1344,7 +1344,6 @@ class ConvertedEncoder(nn.Module):
         tail = self._tail(self.encoder.training)
         typed = self._typed(self.encoder.training)
         dense_sums, in_dense_sum = self._live_dense_sums(plan, dev)
-        self._state["live_sums"] = dense_sums  # a HeteroConv's, for _run_module
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
             if node in tail:
@@ -1373,6 +1372,13 @@ class ConvertedEncoder(nn.Module):
                 return val
             elif node in in_dense_sum:
                 env[node] = None  # computed by its dense sum
+            elif (node in dense_sums or ("delta", node) in dense_sums) and \
+                    node.op == "call_module":  # a HeteroConv's sum over its types, fused
+                fuse = dense_sums.get(node) or dense_sums[("delta", node)]
+                vin = env[next(iter(node.args[0].values()))]
+                val = self._run_dense_sum(node, fuse, vin, plan, dev) if node in dense_sums \
+                    else self._run_delta_sum(node, fuse, vin, plan, dev)
+                env[node] = {et[2]: val for et in self._named[node.target].convs.keys()}
             elif node.op == "call_module":
                 env[node] = self._run_module(node, plan, env, dev)
             elif node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
@@ -1380,11 +1386,11 @@ class ConvertedEncoder(nn.Module):
             elif node in sums[0]:
                 env[node] = None  # computed by the chain's last add
             elif node in dense_sums:
-                env[node] = self._run_dense_sum(node, dense_sums[node], sums[1][node], env, plan,
-                                                dev)
+                env[node] = self._run_dense_sum(node, dense_sums[node],
+                                                env[sums[1][node][0].args[0]], plan, dev)
             elif ("delta", node) in dense_sums:
                 env[node] = self._run_delta_sum(node, dense_sums[("delta", node)],
-                                                sums[1][node], env, plan, dev)
+                                                env[sums[1][node][0].args[0]], plan, dev)
             elif node in sums[1]:
                 env[node] = self._run_sum([env[o] for o in sums[1][node]], rows, plan, dev)
             elif self._fused_cat(node) and all(isinstance(env.get(a), _Val)
@@ -1457,12 +1463,6 @@ class ConvertedEncoder(nn.Module):
         m = self._named[node.target]
         if isinstance(m, HeteroConv):
             vin = env[next(iter(node.args[0].values()))]
-            live = self._state.get("live_sums", {})
-            if ("delta", node) in live or node in live:  # its types' GIN-MLPs summed, fused
-                val = self._run_delta_sum(node, live[("delta", node)], None, env, plan, dev,
-                                          vin) if ("delta", node) in live else \
-                    self._run_dense_sum(node, live[node], None, env, plan, dev, vin)
-                return {et[2]: val for et in m.convs.keys()}
             outs = []
             for et, conv in m.convs.items():
                 k = (f"{node.target}[{_key(et)}]", et)
@@ -1653,13 +1653,11 @@ class ConvertedEncoder(nn.Module):
                     _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1], (wts[i], genes, gfac),
                             ws=self._site()), cp.rows_out)
 
-    def _run_delta_sum(self, node: fx.Node, fused: tuple, ops: list | None, env: dict,
-                       plan: _Plan, dev, vin: _Val | None = None) -> _Val:
+    def _run_delta_sum(self, node: fx.Node, fused: tuple, vin: _Val, plan: _Plan, dev) -> _Val:
         """A sum of one delta group's GIN-MLPs (``fused``: its convs in the sum's order and their
-        maps, from :meth:`_live_dense_sums`): the wildtype conv by conv on ``[N, F]`` and summed
+        maps, from :meth:`_live_dense_sums`; ``vin`` their input): the wildtype conv by conv on ``[N, F]`` and summed
         as the chain of adds, the changed rows by :class:`.convert_dense.DeltaGinSum`."""
         cps, maps = fused
-        vin = env[ops[0].args[0]] if vin is None else vin  # (given: a HeteroConv's input)
         rows = _sum_rows(plan, node)
         wts, deltas, at = self._group_products(cps[0].src, vin, plan, dev)
         dtype = vin.wt.dtype
@@ -1712,13 +1710,11 @@ class ConvertedEncoder(nn.Module):
         return _Val(_finish(cp.kind, m, wts[i], vin.wt, ws=self._site()),
                     _finish(cp.kind, m, aggs[i], self_x, ws=self._site()), cp.rows_out)
 
-    def _run_dense_sum(self, node: fx.Node, fused: tuple, ops: list | None, env: dict,
-                       plan: _Plan, dev, vin: _Val | None = None) -> _Val:
+    def _run_dense_sum(self, node: fx.Node, fused: tuple, vin: _Val, plan: _Plan, dev) -> _Val:
         """A sum of one dense group's GIN-MLPs (``fused``: its convs and their maps, from
-        :meth:`_live_dense_sums`): the wildtype conv by conv on ``[N, F]``, the batch by
+        :meth:`_live_dense_sums`; ``vin`` their input): the wildtype conv by conv on ``[N, F]``, the batch by
         :class:`.convert_dense.DenseGinSum`."""
         cps, maps = fused
-        vin = env[ops[0].args[0]] if vin is None else vin  # (given: a HeteroConv's input)
         full = _full(vin, plan, dev, self._site())  # [B, N, F]
         b, n, f = full.shape
         dtype = full.dtype
