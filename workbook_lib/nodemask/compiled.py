@@ -1,6 +1,6 @@
 """numba's compiled CPU kernels for the delta push and the batch's corrections (and the push's
-threaded driver), loaded once per process (:func:`kernels`), and the threading layer they run
-on."""
+threaded driver) and a fused sum's row scatters, loaded once per process (:func:`kernels`), and
+the threading layer they run on."""
 from __future__ import annotations
 
 import os
@@ -13,9 +13,10 @@ THREADING_LAYER = "workqueue"
 
 
 class Kernels(NamedTuple):
-    """The kernels of :mod:`workbook_lib.nodemask.numba_push`, and numba itself: each is
-    compiled by numba except ``push_block``, a Python driver that runs the compiled passes
-    ``push_count`` and ``push_fill`` on threads, one run of whole samples each."""
+    """The kernels of :mod:`workbook_lib.nodemask.numba_push` and
+    :mod:`workbook_lib.nodemask.numba_rows`, and numba itself: each is compiled by numba except
+    ``push_block``, a Python driver that runs the compiled passes ``push_count`` and
+    ``push_fill`` on threads, one run of whole samples each."""
 
     fwd: Any
     bwd: Any
@@ -27,6 +28,9 @@ class Kernels(NamedTuple):
     csr_pair: Any
     push_block: Any
     mark_receivers: Any
+    add_diff_at: Any
+    add_at: Any
+    add_scaled_at: Any
 
 
 _LOADED: Kernels | None = None
@@ -41,10 +45,12 @@ def kernels() -> Kernels:
         if not os.environ.get("NUMBA_THREADING_LAYER"):  # a user's explicit choice is kept
             numba.config.THREADING_LAYER = THREADING_LAYER
         from . import numba_push as k
+        from . import numba_rows as r
 
         _LOADED = Kernels(k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host,
                           k.selection, k.csr_pair,
-                          k.push_block, k.mark_receivers)
+                          k.push_block, k.mark_receivers, r.add_diff_at, r.add_at,
+                          r.add_scaled_at)
     return _LOADED
 
 

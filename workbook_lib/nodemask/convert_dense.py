@@ -43,6 +43,7 @@ from torch.autograd.function import once_differentiable
 from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..common.host import cache_blocks
+from .compiled import kernels
 from .workers import spread, workers
 from .workspace import take
 
@@ -348,7 +349,9 @@ class DeltaGinSum(torch.autograd.Function):
     wildtype, their difference and the sum's gradient at them are each written over the whole
     batch (a TorchCell-shaped second layer at the real spec: about a million rows of 64 per
     pass) and read back; here each sample's rows of the sum stay in cache while its types add
-    into them, and the backward gathers each type's gradient rows from them. Only on a CPU,
+    into them, and the backward gathers each type's gradient rows from them. The row scatters
+    (into the sum, and into each type's wildtype gradients) are compiled
+    (:mod:`.numba_rows`: the same adds in the same order as ``index_add_``). Only on a CPU,
     with nothing watching its operators (:func:`.workers.watched`); whole samples run side by
     side in :mod:`.workers`. Exact to rounding, first-order only (``once_differentiable``),
     tested in float64 against the per-sample reference and the conv-by-conv form
@@ -375,8 +378,13 @@ class DeltaGinSum(torch.autograd.Function):
         r = [take(ws, ("r", j), (p[0].shape[0], h1), p[0]) for j, p in enumerate(ps)]
         most = max(max(o[s + 1] - o[s] for s in range(b)) for *_, o in idx)
 
+        add_diff_at = kernels().add_diff_at  # compiled row scatters: see .numba_rows
+        out_np = out.detach().numpy()
+        at_np = [(genes.numpy(), pos.numpy()) for genes, _, pos, _ in idx]
+        wto_np = [p[3].detach().numpy() for p in ps]
+
         def samples(lo: int, hi: int) -> None:
-            o, d = wt.new_empty(most, h), wt.new_empty(most, h)
+            o = wt.new_empty(most, h)
             for s in range(lo, hi):
                 with cache_blocks(s > lo):  # a sample's work: counted once
                     ou = out[u_off[s]:u_off[s + 1]]
@@ -384,16 +392,17 @@ class DeltaGinSum(torch.autograd.Function):
                         ou.copy_(wt)
                     else:
                         torch.index_select(wt, 0, gene_u[u_off[s]:u_off[s + 1]], out=ou)
-                    for j, (agg, x, wta, wto, e, w1, b1, w2, b2) in enumerate(ps):
+                    for j, (agg, x, wta, _, e, w1, b1, w2, b2) in enumerate(ps):
                         genes, gfac, pos, off = idx[j]
                         i0, i1 = off[s], off[s + 1]
                         if i1 == i0:
                             continue
-                        oo, dd, gi = o[:i1 - i0], d[:i1 - i0], genes[i0:i1]
+                        oo = o[:i1 - i0]
                         _gin_rows(agg[i0:i1], x[i0:i1], e, w1, b1, w2, b2, z[j][i0:i1],
-                                  r[j][i0:i1], oo, wta, gi, gfac[i0:i1])
-                        torch.index_select(wto, 0, gi, out=dd)
-                        out.index_add_(0, pos[i0:i1], torch.sub(oo, dd, out=dd))
+                                  r[j][i0:i1], oo, wta, genes[i0:i1], gfac[i0:i1])
+                        # out[pos] += oo - wto[gi]: index_select, sub and index_add_
+                        add_diff_at(out_np, at_np[j][1][i0:i1], oo.numpy(), wto_np[j],
+                                    at_np[j][0][i0:i1])
         spread(samples, b, workers(wt.device, b))
         ctx.idx, ctx.u_off, ctx.ws, ctx.most, ctx.n = idx, u_off, ws, most, wt.shape[0]
         ctx.save_for_backward(gene_u, *[t for j, p in enumerate(ps)
@@ -416,6 +425,9 @@ class DeltaGinSum(torch.autograd.Function):
         gx = [take(ws, ("gx", j), p[0].shape, p[0]) if nd[j][1] else None
               for j, p in enumerate(ps)]
 
+        add_at, add_scaled_at = kernels().add_at, kernels().add_scaled_at  # see .numba_rows
+        at_np = [(genes.numpy(), gfac.numpy()) for genes, gfac, _, _ in idx]
+
         def samples(lo: int, hi: int) -> list:
             gwt = g.new_zeros(n, h) if need[0] else None
             per = [[g.new_zeros(n, p[1].shape[1]) if nd[j][2] else None,
@@ -423,7 +435,6 @@ class DeltaGinSum(torch.autograd.Function):
                    + [torch.zeros_like(q) if q is not None and nd[j][4 + k] else None
                       for k, q in enumerate(p[3:])] for j, p in enumerate(ps)]
             go = g.new_empty(most, h)
-            gs = g.new_empty(most, ps[0][1].shape[1])
             for s in range(lo, hi):
                 with cache_blocks(s > lo):  # as in the forward
                     gu = g[u_off[s]:u_off[s + 1]]
@@ -433,23 +444,24 @@ class DeltaGinSum(torch.autograd.Function):
                         else:
                             gwt.index_add_(0, gene_u[u_off[s]:u_off[s + 1]], gu)
                     for j, (x, z, r, e, w1, _, w2, _) in enumerate(ps):
-                        genes, gfac, pos, off = idx[j]
+                        _, _, pos, off = idx[j]
                         i0, i1 = off[s], off[s + 1]
                         if i1 == i0:
                             continue
                         gwta, gwto, *sums = per[j]  # sums: e, w1, b1, w2, b2
                         gb2 = sums[4]
-                        gi, m = genes[i0:i1], i1 - i0
-                        gob = torch.index_select(g, 0, pos[i0:i1], out=go[:m])
+                        gob = torch.index_select(g, 0, pos[i0:i1], out=go[:i1 - i0])
                         if gwto is not None:  # negated once, after the sum: see below
-                            gwto.index_add_(0, gi, gob)
+                            add_at(gwto.numpy(), at_np[j][0][i0:i1], gob.numpy())
                         if gb2 is not None:
                             gb2 += gob.sum(0)
                         gz = _gin_rows_backward(
                             gob, x[i0:i1], z[i0:i1], r[i0:i1], e, w1, w2, sums,
                             gagg[j][i0:i1], None if gx[j] is None else gx[j][i0:i1])
                         if gwta is not None:
-                            gwta.index_add_(0, gi, torch.mul(gz, gfac[i0:i1], out=gs[:m]))
+                            # gwta.index_add_(0, genes, gz * gfac)
+                            add_scaled_at(gwta.numpy(), at_np[j][0][i0:i1], gz.numpy(),
+                                          at_np[j][1][i0:i1])
             return [gwt, per]
         parts = spread(samples, b, workers(g.device, b))
         gwt, per = parts[0]
@@ -462,7 +474,7 @@ class DeltaGinSum(torch.autograd.Function):
                         a += o
         grads = []
         for j in range(t):
-            if per[j][1] is not None:  # -(a + b) is -a + -b exactly: index_add_ with alpha=-1
-                per[j][1].neg_()       # ran 4x slower per row (68 against 18 ns, torch 2.13)
+            if per[j][1] is not None:  # -(a + b) is -a + -b exactly: added as is, negated once
+                per[j][1].neg_()
             grads += [gagg[j] if nd[j][0] else None, gx[j], *per[j]]
         return (gwt, None, None, None, None, *grads)

@@ -1,0 +1,45 @@
+"""Compiled row scatters for :class:`~workbook_lib.nodemask.convert_dense.DeltaGinSum` (numba),
+imported only when numba is (through :func:`workbook_lib.nodemask.compiled.kernels`).
+
+Why not ``index_add_``: on a CPU, PyTorch 2.13 runs ``index_add_`` over rows of a 2-D tensor as
+``scatter_add_`` with the index expanded to every element (an index read per element), and with
+``alpha != 1`` or an int32 index one add per row. A sum of GIN-MLPs a sample at a time makes
+about three million such row scatters per step of the TorchCell-shaped encoder at the real spec
+(each type's changed rows into the sum, and into its wildtypes' gradients). Per row of 64
+float32, one thread, 5,000 rows into 6,607: the sum's ``out[pos] += o - wt[genes]`` took 31 ns
+as ``index_select``, ``sub`` and ``index_add_``, 12 ns here; a gradient's ``acc[genes] += g *
+fac`` 62 against 28 ns. The step: 0.963x its time (IQR 0.032, 10 interleaved rounds).
+
+Each is the same operations per element, in the same order, as the PyTorch ops it replaces
+(rows are added in index order; an index repeated within a call adds in that order too), so
+results are equal bit for bit (``tests/test_numba_rows.py``). Arrays are numpy views of CPU
+tensors; rows are the last axis's contiguous runs.
+"""
+from numba import njit
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def add_diff_at(out, pos, o, sub, genes):  # pragma: no cover - jitted
+    """``out[pos[i]] += o[i] - sub[genes[i]]`` for each row ``i`` of ``o``, in order."""
+    for i in range(pos.shape[0]):
+        p, q = pos[i], genes[i]
+        for k in range(out.shape[1]):
+            out[p, k] += o[i, k] - sub[q, k]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def add_at(acc, idx, src):  # pragma: no cover - jitted
+    """``acc[idx[i]] += src[i]`` for each row ``i`` of ``src``, in order."""
+    for i in range(idx.shape[0]):
+        r = idx[i]
+        for k in range(acc.shape[1]):
+            acc[r, k] += src[i, k]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def add_scaled_at(acc, idx, src, fac):  # pragma: no cover - jitted
+    """``acc[idx[i]] += src[i] * fac[i, 0]`` for each row ``i`` of ``src``, in order."""
+    for i in range(idx.shape[0]):
+        r, f = idx[i], fac[i, 0]
+        for k in range(acc.shape[1]):
+            acc[r, k] += src[i, k] * f
