@@ -123,7 +123,7 @@ class Reversed(nn.Module):
     (the sum's order is not the group's); ``frozen``: some parameters of one type only need
     no gradient."""
 
-    def __init__(self, frozen: bool = False):
+    def __init__(self, frozen: bool = False, input_frozen: bool = False):
         super().__init__()
         self.lin = nn.Linear(F_IN, H)
         self.convs = nn.ModuleList(nn.ModuleDict({
@@ -136,6 +136,9 @@ class Reversed(nn.Module):
             self.convs[0]["a"].eps.requires_grad_(False)
             self.convs[1]["b"].nn[0].weight.requires_grad_(False)
             self.convs[1]["c"].nn[2].bias.requires_grad_(False)
+        if input_frozen:  # the first layer's input and one of its types need no gradient
+            self.lin.requires_grad_(False)
+            self.convs[0]["a"].requires_grad_(False)
 
     def forward(self, x, edges):
         x = self.lin(x).relu()
@@ -145,14 +148,15 @@ class Reversed(nn.Module):
         return x
 
 
-def _check_trainable(encoder, graph, deleted, readout="mean_kept"):
-    """As test_convert's check, over the parameters that need a gradient (and x's)."""
+def _check_trainable(encoder, graph, deleted, readout="mean_kept", x_grad: bool = True):
+    """As test_convert's check, over the parameters that need a gradient (and x's, if
+    ``x_grad``)."""
     torch.manual_seed(1)
-    x = torch.randn(N, F_IN, requires_grad=True)
+    x = torch.randn(N, F_IN, requires_grad=x_grad)
     fast = convert(encoder, graph, readout=readout)
     ref = _reference(encoder, x, graph, deleted, readout)
     w = torch.randn_like(ref)
-    params = [p for p in encoder.parameters() if p.requires_grad] + [x]
+    params = [p for p in encoder.parameters() if p.requires_grad] + ([x] if x_grad else [])
     want = torch.autograd.grad((ref * w).sum(), params)
     for _ in range(2):
         out = fast(x, deleted)
@@ -163,20 +167,24 @@ def _check_trainable(encoder, graph, deleted, readout="mean_kept"):
 
 
 @pytest.mark.parametrize("spread_to", [1, 3])
-@pytest.mark.parametrize("case", ["reversed", "frozen", "every_row"])
+@pytest.mark.parametrize("case", ["reversed", "frozen", "input_frozen", "every_row"])
 def test_three_types_summed_out_of_order_with_frozen_parts_or_every_row_changed(monkeypatch,
                                                                                  case,
                                                                                  spread_to):
     """Three types summed in another order than their calls (each type's parameters with its
-    own rows), some parameters of one type only frozen (each type's own flags), and a batch
-    whose first layer's sum covers every row (every sample deletes a hub that sends to every
-    gene; the rows then start as the wildtype's at every row, and its gradient is the samples'
-    sum; the second layer then dense): exact, the delta sums fused."""
+    own rows), some parameters of one type only frozen (each type's own flags), the first
+    layer's input and one of its types frozen (no gradient at any of its wildtype
+    aggregations, nor at that type's wildtype output: the sum's backward skips them), and a
+    batch whose first layer's sum covers every row (every sample deletes a hub that sends to
+    every gene; the rows then start as the wildtype's at every row, and its gradient is the
+    samples' sum; the second layer then dense): exact, the delta sums fused."""
     calls = _counted(monkeypatch, spread_to)
     graph = _three(case == "every_row")
     deleted = torch.tensor([[0, -1]] * 4) if case == "every_row" else DELETED
     with _float64():
-        fast = _check_trainable(Reversed(frozen=case == "frozen"), graph, deleted)
+        fast = _check_trainable(Reversed(frozen=case == "frozen",
+                                         input_frozen=case == "input_frozen"), graph, deleted,
+                                x_grad=case != "input_frozen")
         forms = _forms(fast.explain(deleted))
         plan = fast.plan(deleted, N)
     second = "dense*" if case == "every_row" else "delta*"  # its input is then every row

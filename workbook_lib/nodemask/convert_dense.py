@@ -474,7 +474,7 @@ class DeltaGinSum(torch.autograd.Function):
                         a += o
         grads = []
         for j in range(t):
-            if per[j][1] is not None:  # -(a + b) is -a + -b exactly: added as is, negated once
-                per[j][1].neg_()
+            if per[j][1] is not None:  # -(a + b) is -a + -b: added as is, negated once (the
+                per[j][1].neg_()       # same values; an untouched row's zeros are now -0.0)
             grads += [gagg[j] if nd[j][0] else None, gx[j], *per[j]]
         return (gwt, None, None, None, None, *grads)
