@@ -94,11 +94,13 @@ def test_a_delta_sum_on_another_device_runs_conv_by_conv(monkeypatch):
     with _float64():
         fast = convert(GinMlpSums("relu"), GRAPH, readout="mean_kept")
         plan = fast.plan(DELETED, N)
-    assert plan.delta_sums
-    cpu = fast._live_dense_sums(plan, torch.device("cpu"))[0]
-    cuda = fast._live_dense_sums(plan, torch.device("cuda"))[0]
-    assert sum(isinstance(k, tuple) for k in cpu) == len(plan.delta_sums) == 2
-    assert not any(isinstance(k, tuple) for k in cuda)
+    kinds = [fs.kind for fs in plan.fused_sums.values()]
+    assert kinds.count("delta") == 2, kinds
+    cpu = fast._live_sums(plan, torch.device("cpu"))[0]
+    cuda = fast._live_sums(plan, torch.device("cuda"))[0]
+    assert [fs.kind for fs, _ in cpu.values()] == kinds
+    assert "delta" not in [fs.kind for fs, _ in cuda.values()]
+    assert len(cuda) == kinds.count("dense")
 
 
 THREE = ["a", "b", "c"]
@@ -191,7 +193,7 @@ def test_three_types_summed_out_of_order_with_frozen_parts_or_every_row_changed(
     assert [forms[f"convs.{i}.{t}"] for i in (0, 1) for t in THREE] == \
         ["delta*"] * 3 + [second] * 3, forms
     assert calls["sums"] >= 4
-    dense = [plan.rows[node].dense for node in plan.delta_sums]
+    dense = [plan.rows[node].dense for node, fs in plan.fused_sums.items() if fs.kind == "delta"]
     assert dense[0] == (case == "every_row"), dense
 
 

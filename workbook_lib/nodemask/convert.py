@@ -402,6 +402,18 @@ class _TypedLin:
     form: str
 
 
+@dataclass
+class _FusedSum:
+    """A sum over edge types of GIN-MLPs that runs fused (:mod:`.convert_dense`): ``kind``
+    ``"dense"`` (one dense group's convs, :class:`.convert_dense.DenseGinSum`) or ``"delta"`` (one
+    delta group's, :class:`.convert_dense.DeltaGinSum`, on a CPU only); its convs in the sum's
+    order; its operand fx nodes (None for a HeteroConv's sum)."""
+
+    kind: str
+    convs: list
+    ops: list | None
+
+
 class _Plan:
     """The host plan of one batch (``keep`` ``[B, N]``, False at deleted genes): rows per fx node,
     one :class:`_ConvPlan` per conv and edge type."""
@@ -421,8 +433,7 @@ class _Plan:
         self.deleted: torch.Tensor | None = None  # [B, k] on the host
         self.typed: dict = {}  # typed layer's linear node -> (form or None, type order, types)
         self.corr: dict = {}  # edge types -> the batch's Corrections along them, their rows
-        self.dense_sums: dict = {}  # sum fx node -> (its dense GIN-MLP convs, its operands)
-        self.delta_sums: dict = {}  # sum fx node -> (its grouped delta GIN-MLP convs, operands)
+        self.fused_sums: dict[fx.Node, _FusedSum] = {}  # sum fx node -> its fused sum
 
     def put(self, key, t: torch.Tensor) -> None:
         """Keep a host index made while planning, for :meth:`dev`."""
@@ -645,10 +656,10 @@ class ConvertedEncoder(nn.Module):
                     self._plan_readout(plan, plan.rows[out[0] if isinstance(out, (list, tuple))
                                                         else out])
         _plan_groups(plan)
-        self._plan_dense_sums(plan)
+        self._plan_fused_sums(plan)
         return plan
 
-    def _plan_dense_sums(self, plan: _Plan) -> None:
+    def _plan_fused_sums(self, plan: _Plan) -> None:
         """The sums whose operands are exactly one dense group's convs, or one delta group's
         (:func:`_plan_groups`), each a GIN whose ``nn`` is ``Sequential(Linear, ReLU, Linear)`` of
         one shape for all (:meth:`_maps`) read by nothing but the sum: each such sum is computed
@@ -691,12 +702,12 @@ class ConvertedEncoder(nn.Module):
                 or self._maps(group) is None:
             return
         if dense:
-            plan.dense_sums[node] = (group, ops)
+            plan.fused_sums[node] = _FusedSum("dense", group, ops)
         else:
             rows = _sum_rows(plan, node)
             if ops is None:  # a HeteroConv's: its places at the union rows, as a sum's
                 _plan_sum(plan, [c.rows_out for c in cps], rows)
-            plan.delta_sums[node] = (cps, ops)
+            plan.fused_sums[node] = _FusedSum("delta", cps, ops)
             _plan_delta_sum(plan, cps, rows)
 
     def _maps(self, cps: list) -> list | None:
@@ -708,25 +719,18 @@ class ConvertedEncoder(nn.Module):
             return None
         return maps
 
-    def _live_dense_sums(self, plan: _Plan, dev: torch.device | None = None) -> tuple[dict, set]:
-        """The plan's dense sums still fused at this call, each with its convs' maps
-        (:meth:`_maps` checked again: a plan is cached per batch), and the fx nodes they
-        compute; with a CPU ``dev`` and nothing watching this thread's operators
-        (:func:`.workers.watched`), its delta sums too (marked by their key ``("delta",
-        node)``)."""
+    def _live_sums(self, plan: _Plan, dev: torch.device | None = None) -> tuple[dict, set]:
+        """The plan's fused sums still fused at this call, each with its convs' maps
+        (:meth:`_maps` checked again: a plan is cached per batch): the dense ones, and with a
+        CPU ``dev`` and nothing watching this thread's operators (:func:`.workers.watched`) the
+        delta ones; and the operand fx nodes they compute."""
+        delta_here = dev is not None and dev.type == "cpu" and not watched()
         live = {}
-        for node, (group, _) in plan.dense_sums.items():
-            maps = self._maps(group)
+        for node, fs in plan.fused_sums.items():
+            maps = self._maps(fs.convs) if fs.kind == "dense" or delta_here else None
             if maps is not None:
-                live[node] = (group, maps)
-        if dev is not None and dev.type == "cpu" and not watched():
-            for node, (cps, _) in plan.delta_sums.items():
-                maps = self._maps(cps)
-                if maps is not None:
-                    live[("delta", node)] = (cps, maps)
-        return live, {o for node in live for o in (plan.delta_sums[node[1]][1]
-                                                   if isinstance(node, tuple)
-                                                   else plan.dense_sums[node][1]) or ()}
+                live[node] = (fs, maps)
+        return live, {o for fs, _ in live.values() for o in fs.ops or ()}
 
     def clear_plan(self) -> None:
         """Forget the cached plan of the last batch (the next call plans afresh)."""
@@ -1343,7 +1347,7 @@ class ConvertedEncoder(nn.Module):
         sums = self._sums(self.encoder.training)
         tail = self._tail(self.encoder.training)
         typed = self._typed(self.encoder.training)
-        dense_sums, in_dense_sum = self._live_dense_sums(plan, dev)
+        fused, in_fused = self._live_sums(plan, dev)
         for node in self._graph(self.encoder.training).nodes:
             rows = plan.rows[node]
             if node in tail:
@@ -1370,14 +1374,11 @@ class ConvertedEncoder(nn.Module):
                                        f"{list(val.wt.shape)} on the whole graph; convert needs "
                                        "[N, H], one row per gene")
                 return val
-            elif node in in_dense_sum:
-                env[node] = None  # computed by its dense sum
-            elif (node in dense_sums or ("delta", node) in dense_sums) and \
-                    node.op == "call_module":  # a HeteroConv's sum over its types, fused
-                fuse = dense_sums.get(node) or dense_sums[("delta", node)]
-                vin = env[next(iter(node.args[0].values()))]
-                val = self._run_dense_sum(node, fuse, vin, plan, dev) if node in dense_sums \
-                    else self._run_delta_sum(node, fuse, vin, plan, dev)
+            elif node in in_fused:
+                env[node] = None  # computed by its fused sum
+            elif node in fused and node.op == "call_module":  # a HeteroConv's sum, fused
+                val = self._run_fused_sum(node, fused[node], env[next(iter(
+                    node.args[0].values()))], plan, dev)
                 env[node] = {et[2]: val for et in self._named[node.target].convs.keys()}
             elif node.op == "call_module":
                 env[node] = self._run_module(node, plan, env, dev)
@@ -1385,11 +1386,8 @@ class ConvertedEncoder(nn.Module):
                 env[node] = env[node.args[0]][node.args[1]]
             elif node in sums[0]:
                 env[node] = None  # computed by the chain's last add
-            elif node in dense_sums:
-                env[node] = self._run_dense_sum(node, dense_sums[node],
-                                                env[sums[1][node][0].args[0]], plan, dev)
-            elif ("delta", node) in dense_sums:
-                env[node] = self._run_delta_sum(node, dense_sums[("delta", node)],
+            elif node in fused:
+                env[node] = self._run_fused_sum(node, fused[node],
                                                 env[sums[1][node][0].args[0]], plan, dev)
             elif node in sums[1]:
                 env[node] = self._run_sum([env[o] for o in sums[1][node]], rows, plan, dev)
@@ -1653,10 +1651,17 @@ class ConvertedEncoder(nn.Module):
                     _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1], (wts[i], genes, gfac),
                             ws=self._site()), cp.rows_out)
 
+    def _run_fused_sum(self, node: fx.Node, live: tuple, vin: _Val, plan: _Plan, dev) -> _Val:
+        """A fused sum (``live``: its :class:`_FusedSum` and its convs' maps, from
+        :meth:`_live_sums`; ``vin`` its convs' input), by its kind."""
+        fs, maps = live
+        run = self._run_dense_sum if fs.kind == "dense" else self._run_delta_sum
+        return run(node, (fs.convs, maps), vin, plan, dev)
+
     def _run_delta_sum(self, node: fx.Node, fused: tuple, vin: _Val, plan: _Plan, dev) -> _Val:
         """A sum of one delta group's GIN-MLPs (``fused``: its convs in the sum's order and their
-        maps, from :meth:`_live_dense_sums`; ``vin`` their input): the wildtype conv by conv on ``[N, F]`` and summed
-        as the chain of adds, the changed rows by :class:`.convert_dense.DeltaGinSum`."""
+        maps; ``vin`` their input): the wildtype conv by conv on ``[N, F]`` and summed as the
+        chain of adds, the changed rows by :class:`.convert_dense.DeltaGinSum`."""
         cps, maps = fused
         rows = _sum_rows(plan, node)
         wts, deltas, at = self._group_products(cps[0].src, vin, plan, dev)
@@ -1711,8 +1716,8 @@ class ConvertedEncoder(nn.Module):
                     _finish(cp.kind, m, aggs[i], self_x, ws=self._site()), cp.rows_out)
 
     def _run_dense_sum(self, node: fx.Node, fused: tuple, vin: _Val, plan: _Plan, dev) -> _Val:
-        """A sum of one dense group's GIN-MLPs (``fused``: its convs and their maps, from
-        :meth:`_live_dense_sums`; ``vin`` their input): the wildtype conv by conv on ``[N, F]``, the batch by
+        """A sum of one dense group's GIN-MLPs (``fused``: its convs and their maps; ``vin`` their
+        input): the wildtype conv by conv on ``[N, F]``, the batch by
         :class:`.convert_dense.DenseGinSum`."""
         cps, maps = fused
         full = _full(vin, plan, dev, self._site())  # [B, N, F]
@@ -1984,9 +1989,9 @@ class ConvertedEncoder(nn.Module):
         plan = self.plan(deleted, self._seen_nodes())
         b, n = plan.keep.shape
         dev = next((p.device for p in self.encoder.parameters()), torch.device("cpu"))
-        live = self._live_dense_sums(plan, dev)[0]
-        in_sum = {id(c) for k, (cps, _) in live.items() if not isinstance(k, tuple) for c in cps}
-        in_delta = {id(c) for k, (cps, _) in live.items() if isinstance(k, tuple) for c in cps}
+        live = self._live_sums(plan, dev)[0].values()
+        in_sum = {id(c) for fs, _ in live if fs.kind == "dense" for c in fs.convs}
+        in_delta = {id(c) for fs, _ in live if fs.kind == "delta" for c in fs.convs}
         rows_out: list[tuple] = []  # (name, class, form, rows or None, edges read)
         for path, cls, what in plan.order:
             if isinstance(what, _ConvPlan):
