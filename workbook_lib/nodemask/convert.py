@@ -1656,13 +1656,13 @@ class ConvertedEncoder(nn.Module):
         :meth:`_live_sums`; ``vin`` its convs' input), by its kind."""
         fs, maps = live
         run = self._run_dense_sum if fs.kind == "dense" else self._run_delta_sum
-        return run(node, (fs.convs, maps), vin, plan, dev)
+        return run(node, fs.convs, maps, vin, plan, dev)
 
-    def _run_delta_sum(self, node: fx.Node, fused: tuple, vin: _Val, plan: _Plan, dev) -> _Val:
-        """A sum of one delta group's GIN-MLPs (``fused``: its convs in the sum's order and their
-        maps; ``vin`` their input): the wildtype conv by conv on ``[N, F]`` and summed as the
-        chain of adds, the changed rows by :class:`.convert_dense.DeltaGinSum`."""
-        cps, maps = fused
+    def _run_delta_sum(self, node: fx.Node, cps: list, maps: list, vin: _Val, plan: _Plan,
+                       dev) -> _Val:
+        """A sum of one delta group's GIN-MLPs (``cps`` in the sum's order, ``maps`` theirs;
+        ``vin`` their input): the wildtype conv by conv on ``[N, F]`` and summed as the chain of
+        adds, the changed rows by :class:`.convert_dense.DeltaGinSum`."""
         rows = _sum_rows(plan, node)
         wts, deltas, at = self._group_products(cps[0].src, vin, plan, dev)
         dtype = vin.wt.dtype
@@ -1715,11 +1715,11 @@ class ConvertedEncoder(nn.Module):
         return _Val(_finish(cp.kind, m, wts[i], vin.wt, ws=self._site()),
                     _finish(cp.kind, m, aggs[i], self_x, ws=self._site()), cp.rows_out)
 
-    def _run_dense_sum(self, node: fx.Node, fused: tuple, vin: _Val, plan: _Plan, dev) -> _Val:
-        """A sum of one dense group's GIN-MLPs (``fused``: its convs and their maps; ``vin`` their
-        input): the wildtype conv by conv on ``[N, F]``, the batch by
+    def _run_dense_sum(self, node: fx.Node, cps: list, maps: list, vin: _Val, plan: _Plan,
+                       dev) -> _Val:
+        """A sum of one dense group's GIN-MLPs (``cps``, ``maps`` theirs; ``vin`` their input):
+        the wildtype conv by conv on ``[N, F]``, the batch by
         :class:`.convert_dense.DenseGinSum`."""
-        cps, maps = fused
         full = _full(vin, plan, dev, self._site())  # [B, N, F]
         b, n, f = full.shape
         dtype = full.dtype

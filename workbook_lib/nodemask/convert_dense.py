@@ -393,14 +393,14 @@ class DeltaGinSum(torch.autograd.Function):
                     else:
                         torch.index_select(wt, 0, gene_u[u_off[s]:u_off[s + 1]], out=ou)
                     for j, (agg, x, wta, _, e, w1, b1, w2, b2) in enumerate(ps):
-                        genes, gfac, pos, off = idx[j]
+                        genes, gfac, _, off = idx[j]
                         i0, i1 = off[s], off[s + 1]
                         if i1 == i0:
                             continue
                         oo = o[:i1 - i0]
                         _gin_rows(agg[i0:i1], x[i0:i1], e, w1, b1, w2, b2, z[j][i0:i1],
                                   r[j][i0:i1], oo, wta, genes[i0:i1], gfac[i0:i1])
-                        # out[pos] += oo - wto[gi]: index_select, sub and index_add_
+                        # out[pos] += oo - wto[genes]: index_select, sub and index_add_
                         add_diff_at(out_np, at_np[j][1][i0:i1], oo.numpy(), wto_np[j],
                                     at_np[j][0][i0:i1])
         spread(samples, b, workers(wt.device, b))
