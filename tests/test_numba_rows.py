@@ -1,7 +1,10 @@
 """The compiled row scatters (workbook_lib.nodemask.numba_rows) equal the PyTorch ops they
-replace in DeltaGinSum, bit for bit, in float32 and float64, with repeated and unsorted rows."""
+replace in DeltaGinSum, bit for bit, in float32 and float64, with repeated and unsorted rows; the
+transposed product add_csr_t equals the transpose's product to rounding, and the delta group's
+backward that runs it (_SpMMParts) equals the one through the transposes on one and two threads."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from workbook_lib.nodemask.compiled import kernels
 
@@ -53,3 +56,84 @@ def test_rows_of_a_slice_only():
     src = torch.ones(4, 2)
     kernels().add_at(acc.numpy(), idx.numpy()[1:3], src.numpy()[1:3])
     assert acc.sum(1).tolist() == [0, 0, 2, 0, 0, 2]
+
+
+def _csr(rows: int, cols: int, dtype, idx_dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    dense = (torch.rand(rows, cols, generator=g) < 0.15).to(dtype) \
+        * torch.randn(rows, cols, generator=g, dtype=dtype)
+    dense[3] = 0  # an empty row
+    a = dense.to_sparse_csr()
+    return dense, torch.sparse_csr_tensor(a.crow_indices().to(idx_dtype),
+                                          a.col_indices().to(idx_dtype), a.values(), a.shape)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
+def test_add_csr_t_equals_the_transposes_product(dtype, tol, idx_dtype):
+    dense, a = _csr(30, 20, dtype, idx_dtype, 5)
+    g = torch.randn(12, 8, generator=torch.Generator().manual_seed(6), dtype=dtype)
+    out = torch.randn(20, 8, dtype=dtype)
+    want = out + dense[10:22].t() @ g  # rows 10..21 of a, and only those
+    kernels().add_csr_t(out.numpy(), a.crow_indices().numpy(), a.col_indices().numpy(),
+                        a.values().numpy(), g.numpy(), 10)
+    assert torch.allclose(out, want, rtol=tol, atol=tol)
+    assert not torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_delta_group_backward_scatter_equals_transposes(threads, monkeypatch):
+    """_SpMMParts' backward on a CPU (the compiled scatter, a run per thread) against the same
+    function's backward through the transposes (taken under a mode that watches operators),
+    and both against dense products, in float64, with a block whose gradient is None."""
+    import importlib
+    conv = importlib.import_module("workbook_lib.nodemask.convert")
+
+    calls = []
+    real = conv._scatter_parts
+    monkeypatch.setattr(conv, "_scatter_parts", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(conv, "SCATTER_RUN_ENTRIES", 1)  # a run per thread on these few
+    runs = []
+    spread = conv.spread
+    monkeypatch.setattr(conv, "spread", lambda fn, n, k: runs.append(k) or spread(fn, n, k))
+    dense, a = _csr(40, 25, torch.float64, torch.int64, 7)
+    sizes = [15, 5, 20]
+    ats = [d.t().contiguous().to_sparse_csr() for d in dense.split(sizes)]
+    x = torch.randn(25, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 6, dtype=torch.float64)
+
+    def grad(watch: bool):
+        x.grad = None
+        parts = conv._SpMMParts.apply(x, a, sizes, None, *ats)
+        loss = (parts[0] * w[:15]).sum() + (parts[2] * w[20:]).sum()  # parts[1] unused
+        with _Watch() if watch else _nothing():
+            loss.backward()
+        return x.grad.clone()
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = grad(False)
+        assert calls == [1] and runs == [threads]
+        want = grad(True)
+        assert calls == [1]  # watched: through the transposes
+    finally:
+        torch.set_num_threads(before)
+    ref = dense[:15].t() @ w[:15] + dense[20:].t() @ w[20:]
+    assert torch.allclose(want, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+class _Watch(TorchDispatchMode):
+    """A mode that watches every operator and changes none (as the sync counter does)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

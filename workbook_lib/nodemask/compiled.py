@@ -31,6 +31,7 @@ class Kernels(NamedTuple):
     add_diff_at: Any
     add_at: Any
     add_scaled_at: Any
+    add_csr_t: Any
 
 
 _LOADED: Kernels | None = None
@@ -50,7 +51,7 @@ def kernels() -> Kernels:
         _LOADED = Kernels(k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host,
                           k.selection, k.csr_pair,
                           k.push_block, k.mark_receivers, r.add_diff_at, r.add_at,
-                          r.add_scaled_at)
+                          r.add_scaled_at, r.add_csr_t)
     return _LOADED
 
 

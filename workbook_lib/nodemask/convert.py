@@ -50,7 +50,7 @@ from .corrections import corrections, validate_deleted
 from .floor import _dense, _sparse
 from .kernels import csr_index_dtype
 from .graph import SharedGraph
-from .workers import watched
+from .workers import spread, watched, workers
 from .workspace import Workspace, take
 
 READOUTS = ("mean", "mean_kept", "sum_kept")
@@ -2300,16 +2300,26 @@ class _StackedSpMM(torch.autograd.Function):
 class _SpMMParts(torch.autograd.Function):
     """``(a @ x).split(sizes)`` for a CSR ``a`` with each row block's transpose given: the
     backward adds each block's product with its gradient, where a split's backward first
-    concatenates the blocks' gradients into one (a copy of the whole output)."""
+    concatenates the blocks' gradients into one (a copy of the whole output). On a CPU with
+    nothing watching its operators and no graph to build, the backward instead streams each
+    block's gradient rows through ``a``'s own rows and adds into the input's (compiled,
+    :func:`.numba_rows.add_csr_t`, which says why), a run of rows of about equal entries per
+    compute thread (:mod:`.workers`), each run into an accumulator of its own, summed in the
+    runs' order: the same sums as through the transposes, to rounding."""
 
     @staticmethod
     def forward(ctx, x, a, sizes, ws, *ats):
-        ctx.ats, ctx.ws = ats, ws
+        ctx.ats, ctx.ws, ctx.a, ctx.sizes = ats, ws, a, sizes
         return tuple(_csr_mm(a, x, take(ws, "out", (a.shape[0], x.shape[1]), x)).split(sizes))
 
     @staticmethod
     def backward(ctx, *grads):
         acc = None
+        a = ctx.a
+        if ctx.needs_input_grad[0] and a.device.type == "cpu" and not watched() \
+                and not torch.is_grad_enabled() and any(g is not None for g in grads):
+            return (_scatter_parts(a, ctx.sizes, grads, ctx.ws), None, None, None) \
+                + (None,) * len(ctx.ats)
         if ctx.needs_input_grad[0]:
             for at, g in zip(ctx.ats, grads):
                 if g is None:
@@ -2319,6 +2329,46 @@ class _SpMMParts(torch.autograd.Function):
                 else:
                     torch.addmm(acc, at, g.contiguous(), out=acc)
         return (acc, None, None, None) + (None,) * len(ctx.ats)
+
+
+# the fewest entries per run of :func:`_scatter_parts` (a run is a thread's: fewer, and the
+# threads' start and the runs' sum cost more than they spare)
+SCATTER_RUN_ENTRIES = 1 << 16
+
+
+def _scatter_parts(a: torch.Tensor, sizes: list, grads: tuple, ws) -> torch.Tensor:
+    """``sum_j a_j.T @ grads[j]`` for the row blocks ``a_j`` of the CSR ``a`` (``sizes`` rows
+    each; a block whose gradient is None adds nothing), by
+    :func:`.numba_rows.add_csr_t`: runs of whole rows of about equal entries, one per
+    compute thread (:func:`.workers.workers`), each into its own accumulator (the first a
+    workspace buffer), summed in order (at least :data:`SCATTER_RUN_ENTRIES` entries a run)."""
+    add = kernels().add_csr_t
+    crow, col, val = (t.numpy() for t in (a.crow_indices(), a.col_indices(), a.values()))
+    starts = np.cumsum([0] + list(sizes))
+    blocks = [(int(starts[j]), g.contiguous()) for j, g in enumerate(grads) if g is not None]
+    like = blocks[0][1]
+    f = like.shape[1]
+    k = workers(a.device, max(1, int(crow[-1]) // SCATTER_RUN_ENTRIES))
+    nnz = int(crow[-1])
+    cuts = [0] + [int(np.searchsorted(crow, i * nnz / k)) for i in range(1, k)] + [a.shape[0]]
+
+    def runs(lo: int, hi: int) -> list:
+        out = []
+        for w in range(lo, hi):
+            r0, r1 = cuts[w], max(cuts[w], cuts[w + 1])
+            acc = (take(ws, "gx", (a.shape[1], f), like) if w == 0
+                   else like.new_empty(a.shape[1], f)).zero_()
+            acc_np = acc.numpy()
+            for s, g in blocks:  # each block's rows within this run
+                i0, i1 = max(r0, s), min(r1, s + g.shape[0])
+                if i1 > i0:
+                    add(acc_np, crow, col, val, g[i0 - s:i1 - s].numpy(), i0)
+            out.append(acc)
+        return out
+    accs = [acc for part in spread(runs, k, k) for acc in part]
+    for other in accs[1:]:
+        accs[0] += other
+    return accs[0]
 
 
 class _SlabParts(torch.autograd.Function):
