@@ -53,6 +53,11 @@ def test_the_masked_copies_are_the_per_sample_graphs(graph):
     torch.testing.assert_close(batched, alone)
 
 
+def _probe(macs: float):
+    a = torch.randn(60, 60)
+    return (lambda: a @ a), macs
+
+
 @pytest.fixture(scope="module")
 def bench(graph):
     from conftest import ROOT
@@ -71,7 +76,8 @@ def bench(graph):
                            own_step=own_step, machine={"sparse_gmacs": 1.0, "dense_gmacs": 2.0,
                                                        "sparse_source": "s",
                                                        "dense_source": "d"},
-                           masked_plan=replicated_plan(4, 1e6, 1e9, 2))
+                           masked_plan=replicated_plan(4, 1e6, 1e9, 2),
+                           probes={"sparse": _probe(2e6), "dense": _probe(3e6)})
     b = BenchResult("cpu", {"edges": 140, "hidden": 8, "layers": 3, "k": 3}, False, {}, {},
                     None, None, None, 0.0, convert=conv)
     return BenchResult.from_json(json.loads(json.dumps(b.to_json())))
@@ -89,6 +95,8 @@ def test_the_section_round_trips_and_labels_its_batches(bench):
     assert c.to_floor() == pytest.approx(c.forms["torchcell_converted"].median / c.floor_seconds)
     assert c.loop.batch_size == 4 and c.loop.n >= 3 and "back to back" in c.loop.label
     assert c.loop_to_floor() == pytest.approx(c.loop.median / c.floor_seconds)
+    assert c.floor_same_rounds.n == c.rounds and set(c.round_rates) == {"sparse", "dense"}
+    assert c.round_rates["sparse"].n == c.rounds and c.round_rates["sparse"].median > 0
     assert c.exact_max_rel_error["torchcell_converted"] < 1e-12
     assert "convs.2" in c.explain and c.few_reach_edges_per_type == 3
 
@@ -107,6 +115,7 @@ def test_the_cli_and_the_report_show_the_section(bench):
     assert "TorchCell-shaped, B masked copies" in lines and "the converted [IQR" in lines
     assert "its floor (computed)" in lines and "the hand-written [IQR" in lines
     assert "converted, back to back" in lines and lines.count("its floor's computed time") == 2
+    assert "its floor at each round's rates" in lines and "(same rounds; rates sparse" in lines
     html = view.convert_table(bench).to_html()
     assert "workbook's model, converted" in html and "computed" in html
 
@@ -134,3 +143,53 @@ def test_a_kernel_bound_figure_is_named_with_the_way_out(bench):
     computing = "\n".join(cpu_lines(with_cpu(system_s=0.45, page_faults=45_000)))
     assert "KERNEL" not in computing and "3% of its CPU time in the kernel" in computing
     assert "KERNEL" not in "\n".join(cpu_lines(with_cpu()))
+
+
+def test_the_floor_at_each_rounds_rates_follows_the_rounds():
+    """Per round, the converted sample over its floor priced at that round's probe rates: a
+    machine that slows down in one round moves the step and the rates together, and the ratio
+    stays; a step that is slower than its floor by itself shows it; without both probes there is
+    no figure."""
+    from workbook_lib.results.floor import ConvertFloor, FloorPart
+    from workbook_lib.results.stat import Stat
+    from workbook_lib.studies.mask_cost.convert_bench import floor_in_rounds
+
+    floor = ConvertFloor(batch_size=2, num_nodes=10,
+                         parts={"l": FloorPart(sparse_macs=2e9, dense_macs=4e9, bytes=0.0)})
+    probes = {"sparse": (None, 1e9), "dense": (None, 4e9)}  # 1 GMAC in 1 s: 1 GMAC/s
+
+    def stats(conv, sparse_t, dense_t):
+        return {"torchcell_converted": Stat.from_samples(conv),
+                "rate_sparse": Stat.from_samples(sparse_t),
+                "rate_dense": Stat.from_samples(dense_t)}
+    # per sample: 1e9 sparse at 1 GMAC/s (1 s) + 2e9 dense at 2 GMAC/s (1 s) = 2 s; a step of
+    # 2 samples at 6 s is 3 s per sample: 1.5x; the second round half as fast throughout
+    same, rates = floor_in_rounds(floor, stats([6.0, 12.0], [1.0, 2.0], [2.0, 4.0]), probes, 2)
+    assert same.samples == pytest.approx([1.5, 1.5]) and same.n == 2
+    assert rates["sparse"].samples == pytest.approx([1.0, 0.5])
+    assert rates["dense"].samples == pytest.approx([2.0, 1.0])
+    # the rates hold, the step alone slows in the second round: the ratio says so
+    same, _ = floor_in_rounds(floor, stats([4.0, 8.0], [1.0, 1.0], [2.0, 2.0]), probes, 2)
+    assert same.samples == pytest.approx([1.0, 2.0])
+    assert floor_in_rounds(floor, stats([4.0], [1.0], [2.0]), {"sparse": probes["sparse"]},
+                           2) == (None, {})
+
+
+def test_a_drift_between_the_rates_and_the_rounds_is_named(bench):
+    """The ratio at the rates measured first and at each round's own rates: apart by more than
+    the latter's IQR, a DRIFT line names both; together, none."""
+    import dataclasses
+
+    from workbook_lib.report.bench_text import floor_drift
+    from workbook_lib.results.stat import Stat
+
+    c = bench.convert
+    first = c.to_floor()
+    agree = dataclasses.replace(c, floor_same_rounds=Stat.from_samples([first * 0.98, first,
+                                                                         first * 1.02]))
+    assert floor_drift(agree) == ""
+    apart = dataclasses.replace(c, floor_same_rounds=Stat.from_samples([first * 1.5] * 3))
+    line = floor_drift(apart)
+    assert line.startswith("DRIFT:") and f"{first:.3g}x its floor" in line
+    assert f"{first * 1.5:.3g}x [IQR 0]" in line
+    assert floor_drift(dataclasses.replace(c, floor_same_rounds=None)) == ""

@@ -56,8 +56,8 @@ def replicated_ratio_text(b: BenchResult, key: str) -> str:
 
 def convert_rows(r: BenchResult) -> list[list]:
     """The convert section's table, header first: form, B, ms per sample median [IQR] n and
-    its ratio (measured, paired, in the same rounds; the floor's time is computed); [] without
-    one."""
+    its ratio (measured, paired, in the same rounds; the floor's time is computed, at the best
+    rates and, where they were timed in the rounds, at each round's); [] without one."""
     c = r.convert
     if c is None:
         return []
@@ -83,6 +83,15 @@ def convert_rows(r: BenchResult) -> list[list]:
     if c.floor_seconds is not None:
         rows.append(["TorchCell-shaped, its floor (computed)", c.floor.batch_size,
                      f"{c.floor_seconds * 1e3:.3g}", "", "", f"at {c.floor_rates}"])
+    same = c.floor_same_rounds
+    if same is not None:
+        sp, de = c.round_rates.get("sparse"), c.round_rates.get("dense")
+        rates = "" if sp is None or de is None else \
+            f"; rates sparse {sp.median:.3g} [IQR {sp.iqr:.2g}], dense {de.median:.3g} " \
+            f"[IQR {de.iqr:.2g}] GMAC/s"
+        rows.append(["TorchCell-shaped, converted / its floor at each round's rates",
+                     c.floor.batch_size, "", "", same.n,
+                     f"{same.median:.3g}x [IQR {same.iqr:.2g}] (same rounds{rates})"])
     return rows
 
 
@@ -102,6 +111,9 @@ def convert_lines(r: BenchResult) -> list[str]:
                    "after the masked copies' (which free gigabytes) starts on memory they "
                    "returned; 'back to back' times the converted step again after the rounds, "
                    "its steps in a row, as a training loop runs them")
+    drift = floor_drift(c)
+    if drift:
+        out.append(drift)
     out.append(f"few-reach graph: {c.few_reach_edges_per_type:,} edges sampled per type")
     errs = ", ".join(f"{k} {v:.1e}" for k, v in c.exact_max_rel_error.items())
     out.append(f"convert exact max rel. error on {c.exact_genes} genes: {errs} "
@@ -109,6 +121,25 @@ def convert_lines(r: BenchResult) -> list[str]:
                "hand-written form on kept genes in float32: the two differ only in the deleted "
                "genes' own rows, whose inputs convert zeroes)")
     return out
+
+
+def floor_drift(c) -> str:
+    """A line where the converted sample's ratio to its floor at the rates measured before the
+    rounds and at each round's own rates differ by more than the latter's IQR (and 10%): the
+    machine's speed drifted between the two measurements; '' where they agree or either is
+    missing."""
+    same, first = c.floor_same_rounds, c.to_floor()
+    if same is None or first is None:
+        return ""
+    if abs(first - same.median) <= max(same.iqr, 0.1 * same.median):
+        return ""
+    sp, de = c.round_rates.get("sparse"), c.round_rates.get("dense")
+    rates = "" if sp is None or de is None else \
+        f" (rates in the rounds: sparse {sp.median:.3g}, dense {de.median:.3g} GMAC/s)"
+    return (f"DRIFT: the converted sample is {first:.3g}x its floor at the rates measured before "
+            f"the rounds ({c.floor_rates}) and {same.median:.3g}x [IQR {same.iqr:.2g}] at each "
+            f"round's own rates{rates}: this machine's speed changed between the two; the "
+            "same-rounds ratio is the one measured alongside the step")
 
 
 def summary_lines(r: BenchResult) -> list[str]:

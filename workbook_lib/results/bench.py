@@ -190,6 +190,11 @@ class ConvertBench(Record):
     # the converted TorchCell-shaped step timed again after the rounds, its steps in a row (a
     # training loop's order; in the rounds each step follows another form's); None: older result
     loop: PerSample | None = None
+    # the converted sample / its floor's time at each round's own rates (the rates' kernels
+    # timed in the same rounds), median [IQR] over rounds, and those rates (GMAC/s); None and
+    # {} in older results
+    floor_same_rounds: Stat | None = None
+    round_rates: dict[str, Stat] = field(default_factory=dict)
 
     def to_floor(self) -> float | None:
         """The converted TorchCell-shaped sample's measured time in the rounds / its floor's

@@ -26,7 +26,7 @@ from ...strategies import build_ctx
 from ...training.factory import build_run
 from ...results.bench import (BenchResult, FloorFigure, FormChoice, PerSample, RateFigure,
                               ReplicatedFit, ReplicatedPlan, recommended_form)  # noqa: F401
-from .rates import achieved_rates, dense_rate, kernel_figures
+from .rates import achieved_rates, dense_probe, dense_rate, kernel_cases, kernel_figures
 
 REAL_SPEC = {"scale": 1.0, "hidden": 64, "layers": 3}
 
@@ -190,6 +190,19 @@ def bench_layers(layers: int, min_layers: int) -> int:
     return max(int(layers), int(min_layers))
 
 
+def _rate_probes(sg: SharedGraph, kernel: str, pert: torch.Tensor, hidden: int, dev,
+                 size: int) -> dict:
+    """``{"sparse": (fn, macs), "dense": (fn, macs)}``: the machine rates' fastest sparse
+    kernel (``kernel``, by its name in :func:`.rates.kernel_cases`) and the dense matmul, to be
+    timed again in the convert section's rounds. A kernel of a product per sample slab runs at
+    the same rate on two samples as on the batch (its buffers then 2/B the size); the others
+    take the batch."""
+    b = min(2, pert.shape[0]) if kernel.startswith("slabs") else pert.shape[0]
+    push = kernel.startswith("push")
+    sparse = kernel_cases(sg, b, hidden, dev, pert=pert[:b] if push else None)[kernel][1:]
+    return {"sparse": sparse, "dense": dense_probe(dev, size)}
+
+
 def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> BenchResult:
     """Run the benchmark (see the module docstring)."""
     from ...running.environment import device_label, resolve_device
@@ -323,7 +336,8 @@ def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> 
         conv = convert_section(p, graph, dev, pert=pert, own_model=runs["shared"].model,
                                own_step=fns["shared"], machine=machine,
                                masked_plan=replicated_plan(bs, per, budget,
-                                                           p.bench_replicated_max_batch))
+                                                           p.bench_replicated_max_batch),
+                               probes=_rate_probes(sg, best.name, pert, hidden, dev, size))
     return BenchResult(
         device=device_label(dev),
         sizes={"num_genes": graph.num_genes, "edges": graph.num_edges(),

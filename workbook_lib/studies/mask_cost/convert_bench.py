@@ -12,6 +12,7 @@ from torch_geometric.nn.aggr import AttentionalAggregation
 
 from ...data.snapshots import CellGraph, induced_subgraph
 from ...measurement.timing import interleave, measure
+from ...results.stat import Stat
 from ...nodemask import convert
 from ...results.bench import ConvertBench, PerSample, ReplicatedPlan
 
@@ -206,7 +207,7 @@ def exact_errors(graph: CellGraph, pert: torch.Tensor, *, hidden: int, layers: i
 
 def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.Tensor,
                     own_model: nn.Module, own_step, machine: dict,
-                    masked_plan: ReplicatedPlan) -> ConvertBench:
+                    masked_plan: ReplicatedPlan, probes: dict | None = None) -> ConvertBench:
     """Time, interleaved, forward + backward per exact sample: the TorchCell-shaped model on
     masked copies (``masked_plan``'s largest batch: the largest that fits, at most the converted
     batch; :func:`masked_copies_bytes` estimates a copy) and
@@ -221,6 +222,11 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
         own_model: the shared form's ``PerturbGIN``; own_step: its timed step on ``pert``.
         machine: ``sparse_gmacs`` and ``dense_gmacs`` (the bench's best measured rates).
         masked_plan: where the masked copies are timed (``bench.replicated_plan``).
+        probes: None, or ``{"sparse": (fn, macs), "dense": (fn, macs)}``: the kernels those
+            rates came from, timed again in the same rounds, so that the converted sample's
+            ratio to its floor is also given at each round's own rates
+            (:attr:`ConvertBench.floor_same_rounds`: a machine whose speed drifts between the
+            rates' measurement and the rounds moves the first ratio, not this one).
     """
     hidden, layers, n = params.hidden, params.layers, graph.num_genes
     bs = pert.shape[0]
@@ -241,8 +247,10 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
            "few_reach_masked": masked_step(tc_sparse, sparse, pert[:mb], n)[0],
            "few_reach_converted": converted_step(tc_sparse, fast_sparse, pert)[0]}
     batch = {k: (mb if k.endswith("masked") else bs) for k in fns}
-    res = interleave(fns, device=dev, warmup=params.warmup, min_rounds=max(3, params.min_repeats),
-                     target=params.precision_target, max_time_s=10 * params.time_budget_s)
+    rate_fns = {f"rate_{k}": fn for k, (fn, _) in (probes or {}).items()}
+    res = interleave({**fns, **rate_fns}, device=dev, warmup=params.warmup,
+                     min_rounds=max(3, params.min_repeats), target=params.precision_target,
+                     max_time_s=10 * params.time_budget_s)
     per_round = {k: res.stats[k].scaled(1.0 / batch[k], "s/sample") for k in fns}
     # in the rounds each step follows another form's (after the masked copies', on memory they
     # returned): the converted step again, its steps in a row, as a training loop runs them
@@ -266,6 +274,7 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
     floor = fast.floor(pert)
     floor_s = floor.seconds_at(machine["sparse_gmacs"], machine["dense_gmacs"]) \
         if machine.get("sparse_gmacs") and machine.get("dense_gmacs") else None
+    same, round_rates = floor_in_rounds(floor, res.stats, probes or {}, bs)
     small = induced_subgraph(graph, min(params.exactness_genes, n))
     g = torch.Generator().manual_seed(params.seed)
     small_pert = torch.stack([torch.randperm(small.num_genes, generator=g)[:pert.shape[1]]
@@ -286,5 +295,23 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
                      f"({machine.get('dense_source', '')})") if floor_s is not None else "",
         explain=fast.explain(pert), few_reach_explain=fast_sparse.explain(pert),
         few_reach_edges_per_type=max(1, n // 8),
-        exact_max_rel_error=errs, exact_genes=small.num_genes, loop=loop)
+        exact_max_rel_error=errs, exact_genes=small.num_genes, loop=loop,
+        floor_same_rounds=same, round_rates=round_rates)
+
+
+def floor_in_rounds(floor, stats: dict, probes: dict, batch: int) -> tuple:
+    """The converted TorchCell-shaped sample over its floor's time at each round's own rates:
+    per round, the floor's sparse and dense multiply-adds priced at the rates its ``rate_sparse``
+    and ``rate_dense`` probes (``probes``: ``(fn, macs)`` each) ran at in that round, and the
+    converted step of that round (``stats``, seconds per step of ``batch`` samples) over it.
+    Returns ``(Stat of the per-round ratios, {"sparse": Stat, "dense": Stat} of the rates in
+    G multiply-adds/s)``, or ``(None, {})`` without both probes."""
+    if set(probes) != {"sparse", "dense"} or "torchcell_converted" not in stats:
+        return None, {}
+    rates = {k: [probes[k][1] / t / 1e9 for t in stats[f"rate_{k}"].samples] for k in probes}
+    conv = stats["torchcell_converted"].samples
+    ratios = [(c / batch) / floor.seconds_at(s, d)
+              for c, s, d in zip(conv, rates["sparse"], rates["dense"])]
+    return (Stat.from_samples(ratios, unit="ratio"),
+            {k: Stat.from_samples(v, unit="GMAC/s") for k, v in rates.items()})
 

@@ -76,23 +76,49 @@ def achieved_rates(fn, device, variant: str, machine: dict) -> list[RateFigure]:
     return out
 
 
-def dense_rate(device, *, size: int, target: float, max_time_s: float) -> tuple[Stat, float]:
-    """A large dense matmul (``size`` cubed, float32): its time and G multiply-adds/s."""
+def dense_probe(device, size: int) -> tuple:
+    """``(fn, macs)``: a large dense matmul (``size`` cubed, float32) and its multiply-adds."""
     a = torch.randn(size, size, device=device)
     b = torch.randn(size, size, device=device)
-    res = interleave({"dense": lambda: a @ b}, device=device, warmup=1, min_rounds=3,
+    return (lambda: a @ b), float(size) ** 3
+
+
+def dense_rate(device, *, size: int, target: float, max_time_s: float) -> tuple[Stat, float]:
+    """A large dense matmul (``size`` cubed, float32): its time and G multiply-adds/s."""
+    fn, macs = dense_probe(device, size)
+    res = interleave({"dense": fn}, device=device, warmup=1, min_rounds=3,
                      target=target, max_time_s=max_time_s)
     st = res.stats["dense"]
-    return st, size ** 3 / st.median / 1e9
+    return st, macs / st.median / 1e9
 
 
 def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: float,
-                   max_time_s: float, pert: torch.Tensor | None = None) -> list[KernelFigure]:
+                   max_time_s: float, pert: torch.Tensor | None = None,
+                   cases: dict | None = None) -> list[KernelFigure]:
     """The per-sample product of a middle layer (every edge type, every sample) with each
-    kernel tried, and (given perturbations ``pert``) the delta layer's push. ``used_by_step``
-    marks the kernels the shared step uses on this device: ``slabs, per type`` with the CPU's
-    ``slab`` kernel (and ``slabs, stacked types``: the delta path's wildtype layers, sum
-    aggregation), ``wide, int32`` with CUDA's ``wide`` one."""
+    kernel tried, and (given perturbations ``pert``) the delta layer's push
+    (:func:`kernel_cases`, or ``cases`` made by it). ``used_by_step`` marks the kernels the
+    shared step uses on this device: ``slabs, per type`` with the CPU's ``slab`` kernel (and
+    ``slabs, stacked types``: the delta path's wildtype layers, sum aggregation), ``wide,
+    int32`` with CUDA's ``wide`` one."""
+    if cases is None:
+        cases = kernel_cases(sg, batch, hidden, device, pert=pert)
+    res = interleave({k: f for k, (_, f, _) in cases.items()}, device=device, warmup=1,
+                     min_rounds=3, target=target, max_time_s=max_time_s)
+    # the CPU's full middle layers take per-type slabs; its delta path's wildtype layers (sum
+    # aggregation) one stacked product (kernels.stacked_aggregate_linear)
+    step_kernels = ({"slabs, per type"} | ({"slabs, stacked types"} if sg.a_tt is not None
+                                           and sg.aggr == "sum" else set())
+                    if sg.kernel == "slab" else {"wide, int32"})
+    return [KernelFigure(k, desc, res.stats[k], macs / res.stats[k].median / 1e9,
+                         used_by_step=k in step_kernels or k.startswith("push"))
+            for k, (desc, _, macs) in cases.items()]
+
+
+def kernel_cases(sg: SharedGraph, batch: int, hidden: int, device,
+                 pert: torch.Tensor | None = None) -> dict:
+    """``{name: (description, fn, multiply-adds)}``: the kernels :func:`kernel_figures` times,
+    each a call of the product over ``batch`` random samples (the push given ``pert``)."""
     n, t = sg.num_nodes, sg.num_types
     x = torch.randn(batch, n, hidden, device=device)
     wide_x = x.permute(1, 0, 2).reshape(n, batch * hidden).contiguous()
@@ -135,13 +161,4 @@ def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: 
                        f"edges per sample here), kernel '{nb.push_kernel}' (the step's)",
                        lambda: push(sg, corr, base, u, w, nb.push_kernel))
         macs[name] = corr.plan.total_entries * hidden
-    res = interleave({k: f for k, (_, f) in cases.items()}, device=device, warmup=1,
-                     min_rounds=3, target=target, max_time_s=max_time_s)
-    # the CPU's full middle layers take per-type slabs; its delta path's wildtype layers (sum
-    # aggregation) one stacked product (kernels.stacked_aggregate_linear)
-    step_kernels = ({"slabs, per type"} | ({"slabs, stacked types"} if sg.a_tt is not None
-                                           and sg.aggr == "sum" else set())
-                    if sg.kernel == "slab" else {"wide, int32"})
-    return [KernelFigure(k, desc, res.stats[k], macs[k] / res.stats[k].median / 1e9,
-                         used_by_step=k in step_kernels or k.startswith("push"))
-            for k, (desc, _) in cases.items()]
+    return {k: (desc, fn, float(macs[k])) for k, (desc, fn) in cases.items()}
