@@ -193,3 +193,8 @@ def test_a_drift_between_the_rates_and_the_rounds_is_named(bench):
     assert line.startswith("DRIFT:") and f"{first:.3g}x its floor" in line
     assert f"{first * 1.5:.3g}x [IQR 0]" in line
     assert floor_drift(dataclasses.replace(c, floor_same_rounds=None)) == ""
+    # 20% apart: within a wide IQR, no line; with a narrow one (over 10% apart), a line
+    wide = Stat.from_samples([first * 0.9, first * 1.2, first * 1.5])
+    narrow = Stat.from_samples([first * 1.19, first * 1.2, first * 1.21])
+    assert floor_drift(dataclasses.replace(c, floor_same_rounds=wide)) == ""
+    assert floor_drift(dataclasses.replace(c, floor_same_rounds=narrow)).startswith("DRIFT:")

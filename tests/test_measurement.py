@@ -53,6 +53,31 @@ def test_interleave_rounds_and_paired_ratio():
     assert 1.3 < res.ratio("a", "b").median < 2.7
 
 
+def test_interleave_stops_on_the_judged_variants_only(monkeypatch):
+    """A probe timed alongside whose spread never settles (alternately 1 and 8 ms) holds the
+    rounds to their limit when judged, and not when only the steady variant (10 ms, within
+    1%) is judged; it is still timed in every round. The durations are given (the timer
+    replaced), so that the rule, not this machine's jitter, is what is tested."""
+    seen = {"steady": 0, "probe": 0}
+
+    def timed(fn, device):
+        name = fn()
+        seen[name] += 1
+        if name == "steady":
+            return 0.010 * (1 + 0.01 * (seen[name] % 2))
+        return 0.008 if seen[name] % 2 else 0.001
+    monkeypatch.setattr(timing, "_timed_call", timed)
+    fns = {"steady": lambda: "steady", "probe": lambda: "probe"}
+    judged = timing.interleave(fns, warmup=0, min_rounds=3, max_rounds=12, target=0.05,
+                               max_time_s=5, judged=["steady"])
+    every = timing.interleave(fns, warmup=0, min_rounds=3, max_rounds=12, target=0.05,
+                              max_time_s=5)
+    assert judged.rounds < 12 and judged.stats["probe"].n == judged.rounds
+    assert every.rounds == 12
+    with pytest.raises(ValueError, match="'judged' must name some of the variants"):
+        timing.interleave(fns, judged=["other"])
+
+
 def test_step_clock_never_records_a_warmup_step():
     clock = timing.StepClock("cpu")
     for i in range(4):

@@ -74,15 +74,18 @@ def test_add_csr_t_equals_the_transposes_product(dtype, tol, idx_dtype):
     dense, a = _csr(30, 20, dtype, idx_dtype, 5)
     g = torch.randn(12, 8, generator=torch.Generator().manual_seed(6), dtype=dtype)
     out = torch.randn(20, 8, dtype=dtype)
+    start = out.clone()
     want = out + dense[10:22].t() @ g  # rows 10..21 of a, and only those
     kernels().add_csr_t(out.numpy(), a.crow_indices().numpy(), a.col_indices().numpy(),
                         a.values().numpy(), g.numpy(), 10)
     assert torch.allclose(out, want, rtol=tol, atol=tol)
-    assert not torch.equal(out, torch.zeros_like(out))
+    assert not torch.allclose(out, start + dense[9:21].t() @ g, rtol=tol, atol=tol)
+    assert not torch.allclose(out, start, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_delta_group_backward_scatter_equals_transposes(threads, monkeypatch):
+def test_delta_group_backward_scatter_equals_transposes(threads, idx_dtype, monkeypatch):
     """_SpMMParts' backward on a CPU (the compiled scatter, a run per thread) against the same
     function's backward through the transposes (taken under a mode that watches operators),
     and both against dense products, in float64, with a block whose gradient is None."""
@@ -91,20 +94,25 @@ def test_delta_group_backward_scatter_equals_transposes(threads, monkeypatch):
 
     calls = []
     real = conv._scatter_parts
-    monkeypatch.setattr(conv, "_scatter_parts", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(conv, "_scatter_parts",
+                        lambda a, sizes, grads, ws: calls.append([g is None for g in grads])
+                        or real(a, sizes, grads, ws))
     monkeypatch.setattr(conv, "SCATTER_RUN_ENTRIES", 1)  # a run per thread on these few
     runs = []
     spread = conv.spread
     monkeypatch.setattr(conv, "spread", lambda fn, n, k: runs.append(k) or spread(fn, n, k))
-    dense, a = _csr(40, 25, torch.float64, torch.int64, 7)
+    from workbook_lib.nodemask.workspace import Workspace
+
+    dense, a = _csr(40, 25, torch.float64, idx_dtype, 7)
     sizes = [15, 5, 20]
+    ws = (Workspace(min_bytes=0), "test")  # the accumulators from it, taken in the workers
     ats = [d.t().contiguous().to_sparse_csr() for d in dense.split(sizes)]
     x = torch.randn(25, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(40, 6, dtype=torch.float64)
 
     def grad(watch: bool):
         x.grad = None
-        parts = conv._SpMMParts.apply(x, a, sizes, None, *ats)
+        parts = conv._SpMMParts.apply(x, a, sizes, ws, *ats)
         loss = (parts[0] * w[:15]).sum() + (parts[2] * w[20:]).sum()  # parts[1] unused
         with _Watch() if watch else _nothing():
             loss.backward()
@@ -114,9 +122,9 @@ def test_delta_group_backward_scatter_equals_transposes(threads, monkeypatch):
     torch.set_num_threads(threads)
     try:
         got = grad(False)
-        assert calls == [1] and runs == [threads]
+        assert calls == [[False, True, False]] and runs == [threads]  # the unused block: None
         want = grad(True)
-        assert calls == [1]  # watched: through the transposes
+        assert len(calls) == 1  # watched: through the transposes
     finally:
         torch.set_num_threads(before)
     ref = dense[:15].t() @ w[:15] + dense[20:].t() @ w[20:]

@@ -98,12 +98,14 @@ def measure(fn: Callable[[], object], *, device: torch.device | str = "cpu", war
 def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | str = "cpu",
                warmup: int = 1, min_rounds: int = 5, max_rounds: int = 100,
                target: float = DEFAULT_TARGET, max_time_s: float = 10.0,
-               on_round: Callable[[int], None] | None = None) -> Interleaved:
+               on_round: Callable[[int], None] | None = None,
+               judged: list[str] | None = None) -> Interleaved:
     """Time several variants interleaved: round r calls each variant once (A, B, C, then
     B, C, A...), each call between device syncs.
 
     Rounds continue until every variant's median is known to ``target`` (:meth:`Stat.known_to`;
-    at least ``min_rounds``),
+    at least ``min_rounds``; only the variants named in ``judged``, where given: a probe timed
+    alongside need not hold the rounds),
     or until ``max_rounds`` or ``max_time_s`` of timed work. ``warmup`` untimed rounds come first.
 
     Returns:
@@ -117,6 +119,8 @@ def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | s
     if max_rounds < min_rounds:
         raise ValueError(f"'max_rounds' must be >= min_rounds={min_rounds} (got {max_rounds})")
     names = list(fns)
+    if judged is not None and (not judged or set(judged) - set(names)):
+        raise ValueError(f"'judged' must name some of the variants {names} (got {judged})")
     for _ in range(warmup):
         for name in names:
             fns[name]()
@@ -136,7 +140,8 @@ def interleave(fns: dict[str, Callable[[], object]], *, device: torch.device | s
             on_round(rounds)
         if rounds < min_rounds:
             continue
-        done = all(Stat.from_samples(s).known_to(target) for s in samples.values())
+        done = all(Stat.from_samples(samples[n]).known_to(target)
+                   for n in (names if judged is None else judged))
         if done or rounds >= max_rounds or spent >= max_time_s:
             break
     return Interleaved({n: Stat.from_samples(s, target=target).with_cpu(meters[n].share())

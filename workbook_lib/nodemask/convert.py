@@ -1748,7 +1748,6 @@ class ConvertedEncoder(nn.Module):
             [c.edges for c in cps], [c.mean for c in cps], dev, dtype, pair=False)[0]
         return (a, *(at for _, at in pairs))
 
-
     def _stack(self, edges: list, means: list, dev, dtype, pair: bool = True) -> tuple:
         """CSR ``[len(edges) * N, N]``: the edge types' adjacencies stacked (a mean's rows divided
         by the wildtype in-degree), and its transpose (None unless ``pair``); made once per
@@ -2290,10 +2289,14 @@ class _StackedSpMM(torch.autograd.Function):
             return (None, None) + (None,) * len(ctx.ats)
         n = ctx.ats[0].shape[0]
         acc = None
+        graph = torch.is_grad_enabled()  # a backward that builds a graph: out of place
         for j, at in enumerate(ctx.ats):
             gj = g[j * n:(j + 1) * n]
-            acc = _csr_mm(at, gj) if acc is None else torch.addmm(acc, at, gj.contiguous(),
-                                                                  out=acc)
+            if graph:
+                acc = at @ gj if acc is None else acc + at @ gj
+            else:
+                acc = _csr_mm(at, gj) if acc is None else torch.addmm(
+                    acc, at, gj.contiguous(), out=acc)
         return (acc, None) + (None,) * len(ctx.ats)
 
 
@@ -2310,6 +2313,7 @@ class _SpMMParts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, a, sizes, ws, *ats):
         ctx.ats, ctx.ws, ctx.a, ctx.sizes = ats, ws, a, sizes
+        ctx.set_materialize_grads(False)  # an unused block's gradient stays None: no work
         return tuple(_csr_mm(a, x, take(ws, "out", (a.shape[0], x.shape[1]), x)).split(sizes))
 
     @staticmethod
@@ -2320,7 +2324,11 @@ class _SpMMParts(torch.autograd.Function):
                 and not torch.is_grad_enabled() and any(g is not None for g in grads):
             return (_scatter_parts(a, ctx.sizes, grads, ctx.ws), None, None, None) \
                 + (None,) * len(ctx.ats)
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0] and torch.is_grad_enabled():  # a graph: out of place
+            for at, g in zip(ctx.ats, grads):
+                if g is not None:
+                    acc = at @ g if acc is None else acc + at @ g
+        elif ctx.needs_input_grad[0]:
             for at, g in zip(ctx.ats, grads):
                 if g is None:
                     continue
@@ -2340,8 +2348,8 @@ def _scatter_parts(a: torch.Tensor, sizes: list, grads: tuple, ws) -> torch.Tens
     """``sum_j a_j.T @ grads[j]`` for the row blocks ``a_j`` of the CSR ``a`` (``sizes`` rows
     each; a block whose gradient is None adds nothing), by
     :func:`.numba_rows.add_csr_t`: runs of whole rows of about equal entries, one per
-    compute thread (:func:`.workers.workers`), each into its own accumulator (the first a
-    workspace buffer), summed in order (at least :data:`SCATTER_RUN_ENTRIES` entries a run)."""
+    compute thread (:func:`.workers.workers`), each into its own accumulator (workspace
+    buffers), summed in order (at least :data:`SCATTER_RUN_ENTRIES` entries a run)."""
     add = kernels().add_csr_t
     crow, col, val = (t.numpy() for t in (a.crow_indices(), a.col_indices(), a.values()))
     starts = np.cumsum([0] + list(sizes))
@@ -2355,9 +2363,10 @@ def _scatter_parts(a: torch.Tensor, sizes: list, grads: tuple, ws) -> torch.Tens
     def runs(lo: int, hi: int) -> list:
         out = []
         for w in range(lo, hi):
-            r0, r1 = cuts[w], max(cuts[w], cuts[w + 1])
-            acc = (take(ws, "gx", (a.shape[1], f), like) if w == 0
-                   else like.new_empty(a.shape[1], f)).zero_()
+            r0, r1 = cuts[w], cuts[w + 1]
+            if r1 == r0 and w > 0:
+                continue
+            acc = take(ws, "gx" if w == 0 else ("gx", w), (a.shape[1], f), like).zero_()
             acc_np = acc.numpy()
             for s, g in blocks:  # each block's rows within this run
                 i0, i1 = max(r0, s), min(r1, s + g.shape[0])

@@ -107,10 +107,10 @@ def convert_lines(r: BenchResult) -> list[str]:
     if masked is not None:
         out.append(f"masked copies at B = {masked.batch_size}: {masked.batch_reason}; masks "
                    "built outside the step (a data loader's work), convert's plan made in it")
-        out.append("each step is timed after another form's in its round: a converted step "
-                   "after the masked copies' (which free gigabytes) starts on memory they "
-                   "returned; 'back to back' times the converted step again after the rounds, "
-                   "its steps in a row, as a training loop runs them")
+        out.append("each step is timed after another form's (or a rate probe's) in its "
+                   "round: a converted step after the masked copies' (which free gigabytes) "
+                   "starts on memory they returned; 'back to back' times the converted step "
+                   "again after the rounds, its steps in a row, as a training loop runs them")
     drift = floor_drift(c)
     if drift:
         out.append(drift)
@@ -137,9 +137,10 @@ def floor_drift(c) -> str:
     rates = "" if sp is None or de is None else \
         f" (rates in the rounds: sparse {sp.median:.3g}, dense {de.median:.3g} GMAC/s)"
     return (f"DRIFT: the converted sample is {first:.3g}x its floor at the rates measured before "
-            f"the rounds ({c.floor_rates}) and {same.median:.3g}x [IQR {same.iqr:.2g}] at each "
-            f"round's own rates{rates}: this machine's speed changed between the two; the "
-            "same-rounds ratio is the one measured alongside the step")
+            f"the rounds ({c.floor_rates}) and {same.median:.3g}x [IQR {same.iqr:.2g}] at the "
+            f"rates timed in each round{rates}: the rates differ between the two measurements "
+            "(the machine's speed, or a probe's setup); the same-rounds ratio is the one "
+            "measured alongside the step")
 
 
 def summary_lines(r: BenchResult) -> list[str]:

@@ -199,7 +199,8 @@ def _rate_probes(sg: SharedGraph, kernel: str, pert: torch.Tensor, hidden: int, 
     take the batch."""
     b = min(2, pert.shape[0]) if kernel.startswith("slabs") else pert.shape[0]
     push = kernel.startswith("push")
-    sparse = kernel_cases(sg, b, hidden, dev, pert=pert[:b] if push else None)[kernel][1:]
+    sparse = kernel_cases(sg, b, hidden, dev, pert=pert[:b] if push else None,
+                          only=kernel)[kernel][1:]
     return {"sparse": sparse, "dense": dense_probe(dev, size)}
 
 

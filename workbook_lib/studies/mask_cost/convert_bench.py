@@ -250,7 +250,7 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
     rate_fns = {f"rate_{k}": fn for k, (fn, _) in (probes or {}).items()}
     res = interleave({**fns, **rate_fns}, device=dev, warmup=params.warmup,
                      min_rounds=max(3, params.min_repeats), target=params.precision_target,
-                     max_time_s=10 * params.time_budget_s)
+                     max_time_s=10 * params.time_budget_s, judged=list(fns))
     per_round = {k: res.stats[k].scaled(1.0 / batch[k], "s/sample") for k in fns}
     # in the rounds each step follows another form's (after the masked copies', on memory they
     # returned): the converted step again, its steps in a row, as a training loop runs them
@@ -282,7 +282,7 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
     errs = exact_errors(small, small_pert, hidden=min(hidden, 8), layers=layers,
                         aggr=params.aggr, seed=params.seed)
     return ConvertBench(
-        forms=forms, steps=dict(res.stats), rounds=res.rounds,
+        forms=forms, steps={k: res.stats[k] for k in fns}, rounds=res.rounds,
         masked_vs_converted=per_round["torchcell_masked"].ratio_to(
             per_round["torchcell_converted"], paired=True),
         converted_vs_handwritten=per_round["own_converted"].ratio_to(

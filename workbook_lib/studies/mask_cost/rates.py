@@ -116,38 +116,48 @@ def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: 
 
 
 def kernel_cases(sg: SharedGraph, batch: int, hidden: int, device,
-                 pert: torch.Tensor | None = None) -> dict:
+                 pert: torch.Tensor | None = None, only: str | None = None) -> dict:
     """``{name: (description, fn, multiply-adds)}``: the kernels :func:`kernel_figures` times,
-    each a call of the product over ``batch`` random samples (the push given ``pert``)."""
+    each a call of the product over ``batch`` random samples (the push given ``pert``); only
+    the one named ``only``, where given (its buffers alone made)."""
     n, t = sg.num_nodes, sg.num_types
     x = torch.randn(batch, n, hidden, device=device)
-    wide_x = x.permute(1, 0, 2).reshape(n, batch * hidden).contiguous()
     a = sg.a
-    a64 = torch.sparse_csr_tensor(a.crow_indices().long(), a.col_indices().long(), a.values(),
-                                  size=a.shape)
-    out_s = torch.empty(batch, n * t, hidden, device=device)
-    out_t = torch.empty(batch, t, n, hidden, device=device)
+
+    def wide(int64: bool):
+        wide_x = x.permute(1, 0, 2).reshape(n, batch * hidden).contiguous()
+        m = torch.sparse_csr_tensor(a.crow_indices().long(), a.col_indices().long(), a.values(),
+                                    size=a.shape) if int64 else a
+        return lambda: torch.sparse.mm(m, wide_x)
 
     def slabs():
-        for i in range(batch):
-            out_s[i].addmm_(a, x[i], beta=0)
+        out_s = torch.empty(batch, n * t, hidden, device=device)
+
+        def run():
+            for i in range(batch):
+                out_s[i].addmm_(a, x[i], beta=0)
+        return run
 
     def typed():
-        for i in range(batch):
-            for j in range(t):
-                out_t[i, j].addmm_(sg.per_type[j], x[i], beta=0)
-    cases = {
+        out_t = torch.empty(batch, t, n, hidden, device=device)
+
+        def run():
+            for i in range(batch):
+                for j in range(t):
+                    out_t[i, j].addmm_(sg.per_type[j], x[i], beta=0)
+        return run
+    makers = {
         "wide, int64": ("all samples side by side [N, B*H], one product, int64 indices",
-                        lambda: torch.sparse.mm(a64, wide_x)),
-        "wide, int32": ("[N, B*H], one product, int32 indices",
-                        lambda: torch.sparse.mm(a, wide_x)),
+                        lambda: wide(True)),
+        "wide, int32": ("[N, B*H], one product, int32 indices", lambda: wide(False)),
         "slabs, stacked types": ("one product per sample slab [N, H], all types stacked",
                                  slabs),
         "slabs, per type": ("one product per (sample, type) [N, H]: every operand "
                             "cache-sized (the CPU's 'slab' kernel)", typed),
     }
-    macs = {k: sg.num_edges * batch * hidden for k in cases}
-    if pert is not None:  # the delta layer's push over the out-edges of the changed rows
+    cases = {k: (desc, make(), float(sg.num_edges * batch * hidden))
+             for k, (desc, make) in makers.items() if only in (None, k)}
+    if pert is not None and (only is None or only.startswith("push")):
         from ...nodemask.delta import push
 
         nb = sg.batch(pert.to(device) if pert.device != device else pert)
@@ -159,6 +169,8 @@ def kernel_cases(sg: SharedGraph, batch: int, hidden: int, device,
         cases[name] = (f"the delta layer's push: only the out-edges of the rows a deletion "
                        f"changed ({corr.plan.total_entries / batch / sg.num_edges:.0%} of the "
                        f"edges per sample here), kernel '{nb.push_kernel}' (the step's)",
-                       lambda: push(sg, corr, base, u, w, nb.push_kernel))
-        macs[name] = corr.plan.total_entries * hidden
-    return {k: (desc, fn, float(macs[k])) for k, (desc, fn) in cases.items()}
+                       lambda: push(sg, corr, base, u, w, nb.push_kernel),
+                       float(corr.plan.total_entries * hidden))
+    if only is not None and only not in cases:
+        raise ValueError(f"no kernel case named {only!r} (got {sorted(cases) or 'none'})")
+    return cases
