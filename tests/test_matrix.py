@@ -391,6 +391,11 @@ UNREACHABLE = {
     ("bench_view.py", "versus", "n/a against"): "a benchmark whose replicated forms did "
                                                 "not run (out of memory at B = 1)",
     ("mask_cost_view.py", "headline_bench_part", 'return ""'): "the same",
+    ("bench_text.py", "floor_drift", "same is None or first is None"): "a bench result from "
+                                                                        "before the same-rounds "
+                                                                        "line, or without rates "
+                                                                        "(test_bench_convert "
+                                                                        "draws it directly)",
     ("bench_view.py", "bar_label", "return text"): "a benchmark's bars: notebook 02 with a "
                                                    "built-in strategy, rendered under "
                                                    "papermill in test_notebooks (92 s "

@@ -126,8 +126,7 @@ def convert_lines(r: BenchResult) -> list[str]:
 def floor_drift(c) -> str:
     """A line where the converted sample's ratio to its floor at the rates measured before the
     rounds and at each round's own rates differ by more than the latter's IQR (and 10%): the
-    machine's speed drifted between the two measurements; '' where they agree or either is
-    missing."""
+    rates differ between the two measurements; '' where they agree or either is missing."""
     same, first = c.floor_same_rounds, c.to_floor()
     if same is None or first is None:
         return ""
