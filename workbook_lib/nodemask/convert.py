@@ -2287,17 +2287,8 @@ class _StackedSpMM(torch.autograd.Function):
     def backward(ctx, g):
         if not ctx.needs_input_grad[0]:
             return (None, None) + (None,) * len(ctx.ats)
-        n = ctx.ats[0].shape[0]
-        acc = None
-        graph = torch.is_grad_enabled()  # a backward that builds a graph: out of place
-        for j, at in enumerate(ctx.ats):
-            gj = g[j * n:(j + 1) * n]
-            if graph:
-                acc = at @ gj if acc is None else acc + at @ gj
-            else:
-                acc = _csr_mm(at, gj) if acc is None else torch.addmm(
-                    acc, at, gj.contiguous(), out=acc)
-        return (acc, None) + (None,) * len(ctx.ats)
+        return (_sum_transposed(ctx.ats, g.split(ctx.ats[0].shape[0])), None) \
+            + (None,) * len(ctx.ats)
 
 
 class _SpMMParts(torch.autograd.Function):
@@ -2318,25 +2309,31 @@ class _SpMMParts(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        acc = None
-        a = ctx.a
+        a, acc = ctx.a, None
         if ctx.needs_input_grad[0] and a.device.type == "cpu" and not watched() \
                 and not torch.is_grad_enabled() and any(g is not None for g in grads):
-            return (_scatter_parts(a, ctx.sizes, grads, ctx.ws), None, None, None) \
-                + (None,) * len(ctx.ats)
-        if ctx.needs_input_grad[0] and torch.is_grad_enabled():  # a graph: out of place
-            for at, g in zip(ctx.ats, grads):
-                if g is not None:
-                    acc = at @ g if acc is None else acc + at @ g
+            acc = _scatter_parts(a, ctx.sizes, grads, ctx.ws)
         elif ctx.needs_input_grad[0]:
-            for at, g in zip(ctx.ats, grads):
-                if g is None:
-                    continue
-                if acc is None:
-                    acc = _csr_mm(at, g, take(ctx.ws, "gx", (at.shape[0], g.shape[1]), g))
-                else:
-                    torch.addmm(acc, at, g.contiguous(), out=acc)
+            acc = _sum_transposed(ctx.ats, grads, ctx.ws)
         return (acc, None, None, None) + (None,) * len(ctx.ats)
+
+
+def _sum_transposed(ats, grads, ws=None) -> torch.Tensor | None:
+    """``sum_j ats[j] @ grads[j]`` over the gradients that are not None (None if none): out of
+    place where the backward builds a graph (``addmm``'s ``out=`` takes no graph), else into
+    one accumulator, the first product's (from ``ws``, :func:`.workspace.take`)."""
+    acc = None
+    graph = torch.is_grad_enabled()
+    for at, g in zip(ats, grads):
+        if g is None:
+            continue
+        if graph:
+            acc = at @ g if acc is None else acc + at @ g
+        elif acc is None:
+            acc = _csr_mm(at, g, take(ws, "gx", (at.shape[0], g.shape[1]), g))
+        else:
+            torch.addmm(acc, at, g.contiguous(), out=acc)
+    return acc
 
 
 # the fewest entries per run of :func:`_scatter_parts` (a run is a thread's: fewer, and the
@@ -2356,8 +2353,8 @@ def _scatter_parts(a: torch.Tensor, sizes: list, grads: tuple, ws) -> torch.Tens
     blocks = [(int(starts[j]), g.contiguous()) for j, g in enumerate(grads) if g is not None]
     like = blocks[0][1]
     f = like.shape[1]
-    k = workers(a.device, max(1, int(crow[-1]) // SCATTER_RUN_ENTRIES))
     nnz = int(crow[-1])
+    k = workers(a.device, max(1, nnz // SCATTER_RUN_ENTRIES))
     cuts = [0] + [int(np.searchsorted(crow, i * nnz / k)) for i in range(1, k)] + [a.shape[0]]
 
     def runs(lo: int, hi: int) -> list:
