@@ -93,16 +93,14 @@ def dense_rate(device, *, size: int, target: float, max_time_s: float) -> tuple[
 
 
 def kernel_figures(sg: SharedGraph, batch: int, hidden: int, device, *, target: float,
-                   max_time_s: float, pert: torch.Tensor | None = None,
-                   cases: dict | None = None) -> list[KernelFigure]:
+                   max_time_s: float, pert: torch.Tensor | None = None) -> list[KernelFigure]:
     """The per-sample product of a middle layer (every edge type, every sample) with each
     kernel tried, and (given perturbations ``pert``) the delta layer's push
-    (:func:`kernel_cases`, or ``cases`` made by it). ``used_by_step`` marks the kernels the
+    (:func:`kernel_cases`). ``used_by_step`` marks the kernels the
     shared step uses on this device: ``slabs, per type`` with the CPU's ``slab`` kernel (and
     ``slabs, stacked types``: the delta path's wildtype layers, sum aggregation), ``wide,
     int32`` with CUDA's ``wide`` one."""
-    if cases is None:
-        cases = kernel_cases(sg, batch, hidden, device, pert=pert)
+    cases = kernel_cases(sg, batch, hidden, device, pert=pert)
     res = interleave({k: f for k, (_, f, _) in cases.items()}, device=device, warmup=1,
                      min_rounds=3, target=target, max_time_s=max_time_s)
     # the CPU's full middle layers take per-type slabs; its delta path's wildtype layers (sum
