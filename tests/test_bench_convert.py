@@ -116,6 +116,7 @@ def test_the_cli_and_the_report_show_the_section(bench):
     assert "its floor (computed)" in lines and "the hand-written [IQR" in lines
     assert "converted, back to back" in lines and lines.count("its floor's computed time") == 2
     assert "its floor at each round's rates" in lines and "(same rounds; rates sparse" in lines
+    assert "beside the step (same rounds)" in view.convert_table(bench).to_html()
     html = view.convert_table(bench).to_html()
     assert "workbook's model, converted" in html and "computed" in html
 
@@ -193,6 +194,9 @@ def test_a_drift_between_the_rates_and_the_rounds_is_named(bench):
     assert line.startswith("DRIFT:") and f"{first:.3g}x its floor" in line
     assert f"{first * 1.5:.3g}x [IQR 0]" in line
     assert floor_drift(dataclasses.replace(c, floor_same_rounds=None)) == ""
+    from workbook_lib.report import mask_cost_view as view  # the report's caption says it too
+    assert "DRIFT:" in view.convert_table(dataclasses.replace(bench, convert=apart)).to_html()
+    assert "DRIFT:" not in view.convert_table(dataclasses.replace(bench, convert=agree)).to_html()
     # 20% apart: within a wide IQR, no line; with a narrow one (over 10% apart), a line
     wide = Stat.from_samples([first * 0.9, first * 1.2, first * 1.5])
     narrow = Stat.from_samples([first * 1.19, first * 1.2, first * 1.21])

@@ -6,7 +6,7 @@ import numpy as np
 from IPython.display import Markdown
 
 from ..results.bench import FormChoice, recommended_form
-from .bench_text import convert_rows, replicated_ratio_text
+from .bench_text import convert_rows, floor_drift, replicated_ratio_text
 from ..results.bench import BenchResult
 from . import plotting
 from .tables import fmt_time_stat, table, say_not_run, skip_none
@@ -219,9 +219,13 @@ def convert_table(b: BenchResult):
                          "(measured; ratios paired per round), but the back-to-back line (the "
                          "converted step timed again after the rounds, its steps in a row, as a "
                          "training loop runs them: in the rounds each step follows another "
-                         "form's) and the floor's line: computed, "
+                         "form's or a rate probe's) and the floor's line: computed, "
                          "the floor's multiply-adds at this machine's best measured rates. "
-                         "Masked copies: the largest batch that fits the memory budget, at most "
+                         + ("The last line prices the floor at the rates its two kernels ran at "
+                            "in each round, beside the step (same rounds). "
+                            if c.floor_same_rounds is not None else "")
+                         + (floor_drift(c) + ". " if floor_drift(c) else "")
+                         + "Masked copies: the largest batch that fits the memory budget, at most "
                          "the converted batch; their masks are built outside the step. The "
                          f"few-reach graph keeps {c.few_reach_edges_per_type:,} edges per type. "
                          f"Exactness on {c.exact_genes} genes: {errs}.")
