@@ -145,3 +145,46 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_delta_group_scatter_runs_cut_inside_a_block_and_keep_a_one_row_run(monkeypatch):
+    """On two threads, a first row holding most entries makes the first run that row alone, and
+    the cut falls inside the first block (rows 0..9): the kernel sees each block's rows within
+    each run, rows 0 and 1..9 of block 0 apart, and the sum equals the dense products (a run of
+    one row skipped, or a block given whole to the run of its first row, would differ)."""
+    import importlib
+    conv = importlib.import_module("workbook_lib.nodemask.convert")
+
+    seen = []
+    real = kernels()
+
+    class _Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def add_csr_t(out, crow, col, val, g, r0):
+            seen.append((r0, g.shape[0]))
+            return real.add_csr_t(out, crow, col, val, g, r0)
+    monkeypatch.setattr(conv, "kernels", lambda: _Spy())
+    monkeypatch.setattr(conv, "SCATTER_RUN_ENTRIES", 1)
+    gen = torch.Generator().manual_seed(11)
+    rows, cols = 40, 200
+    dense = torch.zeros(rows, cols, dtype=torch.float64)
+    dense[0] = torch.randn(cols, generator=gen, dtype=torch.float64)  # 200 of about 260 entries
+    for r in range(1, rows):
+        dense[r, torch.randint(0, cols, (2,), generator=gen)] = 1.0 + r / 10
+    a = dense.to_sparse_csr()
+    sizes = [10, 30]
+    ats = [d.t().contiguous().to_sparse_csr() for d in dense.split(sizes)]
+    x = torch.randn(cols, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(rows, 3, dtype=torch.float64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        parts = conv._SpMMParts.apply(x, a, sizes, None, *ats)
+        ((parts[0] * w[:10]).sum() + (parts[1] * w[10:]).sum()).backward()
+    finally:
+        torch.set_num_threads(before)
+    assert sorted(seen) == [(0, 1), (1, 9), (10, 30)]
+    assert torch.allclose(x.grad, dense.t() @ w, rtol=1e-12, atol=1e-12)
