@@ -439,7 +439,8 @@ def test_the_push_entries_are_exact_in_either_index_dtype(monkeypatch, index):
 def test_the_push_built_in_runs_of_samples_is_the_same_arrays(mean, index):
     """Runs of whole samples on threads (each row's entries from one sample; a gene's column
     taking each run's entries in order) give the arrays of one run, entry for entry, including
-    runs cut inside a sample's inputs (moved to its start) and more runs than samples."""
+    runs cut inside a sample's inputs (moved to its start) and more runs than samples; without
+    the transpose (a CPU's plan), the same row arrays, in one run and in several."""
     from concurrent.futures import ThreadPoolExecutor
     rng = np.random.default_rng(3)
     n, b, e = 40, 5, 160
@@ -469,10 +470,18 @@ def test_the_push_built_in_runs_of_samples_is_the_same_arrays(mean, index):
             n + f_in.size, np.empty(0, index), vtype)
     push_block = convert_module.kernels().push_block
     one = push_block(*args)
+    rows = push_block(*args, transpose=False)
+    assert rows[3:] == (None, None, None)
+    for a, g in zip(one[:3], rows[:3]):
+        assert a.dtype == g.dtype and np.array_equal(a, g)
     with ThreadPoolExecutor(7) as pool:
         for parts in (2, 3, 8):
             got = push_block(*args, parts, pool)
             for a, g in zip(one, got):
+                assert a.dtype == g.dtype and np.array_equal(a, g)
+            rows = push_block(*args, parts, pool, transpose=False)  # a CPU's: no transpose
+            assert rows[3:] == (None, None, None)
+            for a, g in zip(one[:3], rows[:3]):
                 assert a.dtype == g.dtype and np.array_equal(a, g)
     assert one[0][-1] > 0 and (one[2] < 0).any()  # entries, some from deleted genes
 

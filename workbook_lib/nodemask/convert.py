@@ -198,14 +198,15 @@ def _push_pool(parts: int):
 
 
 def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tensor,
-               cnt: torch.Tensor, mean: bool) -> dict:
+               cnt: torch.Tensor, mean: bool, transpose: bool = True) -> dict:
     """The push form of a delta conv over ``cat([wildtype, D])``, ``D`` the changed input rows
     less their wildtype: per output row, its changed (kept) in-neighbours' ``D`` and its deleted
     in-neighbours' wildtype negated (``push``: CSR and its transpose, one compiled pass,
     :func:`~workbook_lib.nodemask.numba_push.push_block`), its own input (``self``: the wildtype
     row, plus ``D`` where it changed), and the factor of its wildtype aggregation (``gfac``: 0
     for a deleted gene; a mean's ``deg / kept deg``). Its work is the changed inputs'
-    out-edges, where pulling reads every in-edge of every changed row."""
+    out-edges, where pulling reads every in-edge of every changed row. Without ``transpose``,
+    the push's transpose is not made (None)."""
     b, n = keep.shape
     keep_np = keep.numpy().reshape(-1)
     cnt_np = cnt.numpy().reshape(-1).astype(np.float64)
@@ -219,7 +220,7 @@ def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tenso
                                 keep_np, cnt_np, mean, rows_out.pos, n, rows_out.count,
                                 n + rows_in.count, np.empty(0, itype),
                                 np.empty(0, np.float64 if mean else np.float32), parts,
-                                _push_pool(parts))
+                                _push_pool(parts), transpose)
     gfac = keep_np[q].astype(np.float64)
     if mean:
         gfac = gfac * e.deg.numpy()[q % n] / np.maximum(cnt_np[q], 1.0)
@@ -418,8 +419,12 @@ class _Plan:
     """The host plan of one batch (``keep`` ``[B, N]``, False at deleted genes): rows per fx node,
     one :class:`_ConvPlan` per conv and edge type."""
 
-    def __init__(self, keep: torch.Tensor, training: bool = False):
+    def __init__(self, keep: torch.Tensor, training: bool = False, transposes: bool = True):
         self.keep, self.training = keep, training  # the encoder's mode it was planned in
+        # whether the delta groups' transposes are made with the plan (a GPU's backward reads
+        # them; a CPU's makes them only where it takes the transposed products: see
+        # ConvertedEncoder._group_transposes)
+        self.transposes = transposes
         self.batch_size, self.num_nodes = keep.shape
         self.rows: dict = {}
         self.convs: dict[tuple, _ConvPlan] = {}
@@ -560,6 +565,16 @@ class ConvertedEncoder(nn.Module):
             self._edges[n] = {k: _Edges.of(k, e, n) for k, e in self.graph_in.items()}
         return self._edges[n]
 
+    def _device(self) -> torch.device:
+        """Where the encoder runs, as a plan is made: its first parameter's device (a lazy
+        one's skipped), else its graph's."""
+        for p in self.encoder.parameters():
+            if not isinstance(p, nn.parameter.UninitializedParameter):
+                return p.device
+        for e in self.graph_in.values():
+            return e.device
+        return torch.device("cpu")
+
     def _graph_on(self, device: torch.device):
         if device not in self._device_graph:
             moved = {k: e.to(device) for k, e in self.graph_in.items()}
@@ -638,7 +653,7 @@ class ConvertedEncoder(nn.Module):
         keep = torch.ones(d.shape[0], n, dtype=torch.bool)
         b_idx = torch.arange(d.shape[0]).unsqueeze(1).expand_as(d)
         keep[b_idx[d >= 0], d[d >= 0]] = False
-        plan = _Plan(keep, training)
+        plan = _Plan(keep, training, transposes=self._device().type != "cpu")
         plan.deleted = d
         edges = self.edges(n)
         tail = self._tail(training)
@@ -994,7 +1009,7 @@ class ConvertedEncoder(nn.Module):
             entries = kept_edges
         elif push:
             rows_out = delta_rows
-            host = _push_host(e, rows_in, rows_out, keep, cnt, aggr_mean)
+            host = _push_host(e, rows_in, rows_out, keep, cnt, aggr_mean, plan.transposes)
         else:
             rows_out = delta_rows
             q = rows_out.flat
@@ -1626,11 +1641,18 @@ class ConvertedEncoder(nn.Module):
         if src not in grouped:
             cps, sizes = plan.groups[src]
             wt = _StackedSpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
+            have = _has_transposes(plan, g, len(sizes))
+            if not have and (dev.type != "cpu" or watched()):  # a GPU's backward, or a watched
+                with host_side():  # one (which takes the transposed products): made here
+                    _host_transposes(plan, g, sizes)
+                have = True
+            ncol = plan.index[g + ("a", "shape")][1]
             a, *ats = (torch.sparse_csr_tensor(
                 plan.dev(t + ("crow",), None, dev), plan.dev(t + ("col",), None, dev),
                 plan.dev(t + ("val",), None, dev, vin.wt.dtype),
-                plan.index[t + ("shape",)], check_invariants=False)
-                for t in [g + ("a",)] + [g + ("at", i) for i in range(len(sizes))])
+                shape, check_invariants=False)
+                for t, shape in [(g + ("a",), plan.index[g + ("a", "shape")])]
+                + ([(g + ("at", i), (ncol, c)) for i, c in enumerate(sizes)] if have else []))
             gene = plan.rows_on(vin.rows, "gene", dev)
             d = vin.values - vin.wt.index_select(0, gene)
             delta = _SpMMParts.apply(torch.cat([vin.wt, d]), a, sizes, self._site(), *ats)
@@ -2292,7 +2314,8 @@ class _StackedSpMM(torch.autograd.Function):
 
 
 class _SpMMParts(torch.autograd.Function):
-    """``(a @ x).split(sizes)`` for a CSR ``a`` with each row block's transpose given: the
+    """``(a @ x).split(sizes)`` for a CSR ``a`` with each row block's transpose given (or none,
+    a CPU's plan: made here, :func:`_block_transposes`, where the backward takes them): the
     backward adds each block's product with its gradient, where a split's backward first
     concatenates the blocks' gradients into one (a copy of the whole output). On a CPU with
     nothing watching its operators and no graph to build, the backward instead streams each
@@ -2314,7 +2337,8 @@ class _SpMMParts(torch.autograd.Function):
                 and not torch.is_grad_enabled() and any(g is not None for g in grads):
             acc = _scatter_parts(a, ctx.sizes, grads, ctx.ws)
         elif ctx.needs_input_grad[0]:
-            acc = _sum_transposed(ctx.ats, grads, ctx.ws)
+            ats = ctx.ats or _block_transposes(a, ctx.sizes)  # a CPU's plan made none
+            acc = _sum_transposed(ats, grads, ctx.ws)
         return (acc, None, None, None) + (None,) * len(ctx.ats)
 
 
@@ -2472,8 +2496,9 @@ def _csr_pair(rows, cols, vals, nrows: int, ncols: int, dev, dtype=None, pair: b
 
 def _plan_groups(plan: _Plan) -> None:
     """Group the delta convs (not GCN) by the fx node they read: per group, the host CSR of each
-    conv's push and own rows over ``cat([wildtype, D])`` (:func:`_push_host`) and its transpose,
-    and each value's changed rows' genes (for ``D``); the dense convs likewise, for one product."""
+    conv's push and own rows over ``cat([wildtype, D])`` (:func:`_push_host`) and, where the
+    plan makes them (``plan.transposes``), each row block's transpose; and each value's changed
+    rows' genes (for ``D``); the dense convs likewise, for one product."""
     groups: dict = {}
     for cp in plan.convs.values():
         if cp.src is not None and cp.kind is not GCNConv and not cp.rows_out.dense:
@@ -2504,11 +2529,11 @@ def _plan_groups(plan: _Plan) -> None:
                 cols.append(col)
                 vals.append(val)
                 nnz += int(crow[-1])
-                b = g + ("at", len(sizes))
-                plan.put(b + ("crow",), torch.from_numpy(tcrow.astype(idx_t, copy=False)))
-                plan.put(b + ("col",), torch.from_numpy(tcol.astype(idx_t, copy=False)))
-                plan.put(b + ("val",), torch.from_numpy(tval))
-                plan.index[b + ("shape",)] = (ncol, c)
+                if plan.transposes:  # else made only where read (_host_transposes)
+                    b = g + ("at", len(sizes))
+                    plan.put(b + ("crow",), torch.from_numpy(tcrow.astype(idx_t, copy=False)))
+                    plan.put(b + ("col",), torch.from_numpy(tcol.astype(idx_t, copy=False)))
+                    plan.put(b + ("val",), torch.from_numpy(tval))
                 sizes.append(c)
             k = ("g", id(src), cp.path, cp.edges.key)
             plan.put(k + ("genes",), torch.from_numpy(h["genes"]))
@@ -2536,6 +2561,48 @@ def _plan_groups(plan: _Plan) -> None:
         plan.dense_groups[src] = cps
         for cp in cps:
             cp.dense_group = True
+
+
+def _has_transposes(plan: _Plan, g: tuple, blocks: int) -> bool:
+    return all(g + ("at", j, "crow") in plan.index for j in range(blocks))
+
+
+def _host_transposes(plan: _Plan, g: tuple, sizes: list) -> None:
+    """Each row block's transpose of the delta group ``g``'s host CSR, kept in the plan as
+    :func:`_plan_groups` keeps those it makes: for a plan made without them (its encoder on a
+    CPU, ``plan.transposes`` False) read where the transposed products run, on a GPU or under
+    a mode that watches operators (:meth:`ConvertedEncoder._group_products`). By the compiled
+    counting sort (:func:`.numba_push.csr_pair`): the same entries as the push's own
+    transposes, each column's in row order."""
+    crow, col, val = (plan.index[g + ("a", s)].numpy() for s in ("crow", "col", "val"))
+    ncol = plan.index[g + ("a", "shape")][1]
+    pair = kernels().csr_pair
+    r0 = 0
+    for j, c in enumerate(sizes):
+        lo, hi = int(crow[r0]), int(crow[r0 + c])
+        rows = np.repeat(np.arange(c, dtype=np.int64), np.diff(crow[r0:r0 + c + 1]))
+        *_, tcrow, tcol, tval = pair(rows, col[lo:hi].astype(np.int64),
+                                     val[lo:hi].astype(np.float64), c, ncol)
+        b = g + ("at", j)
+        plan.put(b + ("crow",), torch.from_numpy(tcrow.astype(crow.dtype)))
+        plan.put(b + ("col",), torch.from_numpy(tcol.astype(crow.dtype)))
+        plan.put(b + ("val",), torch.from_numpy(tval.astype(val.dtype)))
+        r0 += c
+
+
+def _block_transposes(a: torch.Tensor, sizes: list) -> list:
+    """Each row block's transpose of the CSR ``a`` (CSR), for a backward that takes the
+    transposed products where the plan made none (a CPU's, building a graph: ``create_graph``;
+    on a CPU its pointers are read without a sync)."""
+    crow, col, val = a.crow_indices(), a.col_indices(), a.values()
+    out, r0 = [], 0
+    for c in sizes:
+        lo, hi = int(crow[r0]), int(crow[r0 + c])
+        block = torch.sparse_csr_tensor(crow[r0:r0 + c + 1] - crow[r0], col[lo:hi], val[lo:hi],
+                                        (c, a.shape[1]), check_invariants=False)
+        out.append(block.t().to_sparse_csr())
+        r0 += c
+    return out
 
 
 def _put_pick(plan: _Plan, key, idx: torch.Tensor) -> None:

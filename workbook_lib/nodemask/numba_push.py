@@ -481,8 +481,43 @@ def push_fill(f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out, n, fill,
                 tval[q] = v
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
+def push_count_rows(f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n,
+                    crow):  # pragma: no cover - jitted
+    """:func:`push_count` without the transpose's counts."""
+    for i in range(lo, hi):
+        f = f_in[i]
+        b, j = f // n, f % n
+        for e in range(out_ptr[j], out_ptr[j + 1]):
+            t = b * n + out_dst[e]
+            if keep[t]:
+                crow[pos_out[t] + 1] += 1
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def push_fill_rows(f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out, n, fill, col,
+                   val):  # pragma: no cover - jitted
+    """:func:`push_fill` without the transpose: the same row entries, in the same places."""
+    for i in range(lo, hi):
+        f = f_in[i]
+        b, j = f // n, f % n
+        kept = keep[f]
+        c = n + i if kept else j
+        for e in range(out_ptr[j], out_ptr[j + 1]):
+            t = b * n + out_dst[e]
+            if keep[t]:
+                v = 1.0 if kept else -1.0
+                if mean:
+                    v = v / max(cnt[t], 1.0)
+                r = pos_out[t]
+                p = fill[r]
+                col[p] = c
+                val[p] = v
+                fill[r] = p + 1
+
+
 def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, itype, vtype,
-               parts: int = 1, pool=None):
+               parts: int = 1, pool=None, transpose: bool = True):
     """The push entries of one delta conv as CSR ``[rows, ncol]`` and its transpose, in two
     passes over the changed inputs' out-edges (``f_in``: flat (sample, gene) of the changed
     inputs, ascending): an edge to a kept gene ``t`` is an entry at row ``pos_out[t]``, column
@@ -497,6 +532,11 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
     of its own beside a parallel kernel is safe). A row takes entries from one sample only, so
     each row's entries keep their order; a gene's column takes each run's entries after the
     runs before it: the result is the same arrays, entry for entry, as in one part.
+
+    With ``transpose`` False the transpose is not made (``tcrow, tcol, tval`` None): a CPU's
+    backward of the push does not read it (it scatters through the rows, ``_SpMMParts`` in
+    :mod:`.convert`), and its column-ordered writes were about a third of the passes' time
+    (the TorchCell-shaped plan at the real spec). The row arrays are the same, entry for entry.
     """
     m_in = f_in.shape[0]
     cuts = [0]
@@ -512,8 +552,6 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
     cuts.append(m_in)
     runs = list(zip(cuts[:-1], cuts[1:]))
     crow = np.zeros(rows + 1, dtype=itype.dtype)
-    tcrow = np.zeros(ncol + 1, dtype=itype.dtype)
-    tshared = np.zeros((len(runs), n), dtype=itype.dtype)
 
     def each(fn, args_of):
         jobs = [pool.submit(fn, *args_of(k, lo, hi)) for k, (lo, hi) in enumerate(runs[1:], 1)] \
@@ -522,6 +560,19 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
         for j in jobs:
             j.result()
 
+    if not transpose:
+        each(push_count_rows, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, pos_out,
+                                                 n, crow))
+        np.cumsum(crow, out=crow)
+        m = int(crow[rows])
+        col = np.empty(m, dtype=itype.dtype)
+        val = np.empty(m, dtype=vtype.dtype)
+        fill = crow[:-1].copy()
+        each(push_fill_rows, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean,
+                                                pos_out, n, fill, col, val))
+        return crow, col, val, None, None, None
+    tcrow = np.zeros(ncol + 1, dtype=itype.dtype)
+    tshared = np.zeros((len(runs), n), dtype=itype.dtype)
     each(push_count, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n, crow,
                                         tcrow, tshared[k]))
     tcrow[1:n + 1] = tshared.sum(0)
