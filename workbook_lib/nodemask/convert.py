@@ -27,7 +27,6 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch_geometric.nn import GCNConv, GINConv, GraphConv, HeteroConv, MessagePassing, SAGEConv
 from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.nn.dense.linear import Linear as PygLinear
@@ -2716,11 +2715,11 @@ class _SumAt(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, g):
         gene_u, *idx = ctx.saved_tensors
         t = len(idx) // 2
         need = ctx.needs_input_grad
+        graph = torch.is_grad_enabled()  # create_graph: the same operations, each differentiable
         g = g.contiguous()
         gwt = None
         if need[0]:
@@ -2729,9 +2728,13 @@ class _SumAt(torch.autograd.Function):
         grads = []
         for j in range(t):
             pos, gene = idx[j], idx[t + j]
-            gv = torch.index_select(g, 0, pos, out=take(ctx.ws, ("gv", j), (pos.shape[0],
-                                                                          g.shape[1]), g)) \
-                if need[4 + 4 * j] or need[5 + 4 * j] else None
+            if not (need[4 + 4 * j] or need[5 + 4 * j]):
+                gv = None
+            elif graph:  # out= takes no graph
+                gv = g.index_select(0, pos)
+            else:
+                gv = torch.index_select(g, 0, pos, out=take(ctx.ws, ("gv", j), (pos.shape[0],
+                                                                              g.shape[1]), g))
             gw = g.new_zeros(ctx.n, g.shape[1]).index_add_(0, gene, gv, alpha=-1) \
                 if need[4 + 4 * j] else None
             grads += [gw, gv if need[5 + 4 * j] else None, None, None]
