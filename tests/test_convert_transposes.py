@@ -1,7 +1,8 @@
 """A delta group's row-block transposes: a plan for an encoder on a CPU makes none (its backward
 scatters through the rows); a watched forward (the GPU's path on a CPU) makes them from the
 plan's CSR; a plan for a GPU makes them with the push; a backward that builds a graph makes
-them from the product's CSR. Every way, the same matrices and the reference's gradients."""
+them from the product's CSR. Every way the same matrices; watched or not, the same results; a
+second derivative through a group, the reference's."""
 import torch
 from torch.overrides import TorchFunctionMode
 

@@ -171,7 +171,7 @@ def test_delta_group_scatter_runs_cut_inside_a_block_and_keep_a_one_row_run(monk
     gen = torch.Generator().manual_seed(11)
     rows, cols = 40, 200
     dense = torch.zeros(rows, cols, dtype=torch.float64)
-    dense[0] = torch.randn(cols, generator=gen, dtype=torch.float64)  # 200 of about 260 entries
+    dense[0] = torch.randn(cols, generator=gen, dtype=torch.float64)  # 200 of about 280 entries
     for r in range(1, rows):
         dense[r, torch.randint(0, cols, (2,), generator=gen)] = 1.0 + r / 10
     a = dense.to_sparse_csr()

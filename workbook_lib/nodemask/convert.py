@@ -421,8 +421,8 @@ class _Plan:
     def __init__(self, keep: torch.Tensor, training: bool = False, transposes: bool = True):
         self.keep, self.training = keep, training  # the encoder's mode it was planned in
         # whether the delta groups' transposes are made with the plan (a GPU's backward reads
-        # them; a CPU's makes them only where it takes the transposed products: see
-        # ConvertedEncoder._group_transposes)
+        # them; a CPU's are made only where it takes the transposed products: see
+        # ConvertedEncoder._group_products, _host_transposes and _block_transposes)
         self.transposes = transposes
         self.batch_size, self.num_nodes = keep.shape
         self.rows: dict = {}
@@ -2434,9 +2434,14 @@ class _SlabParts(torch.autograd.Function):
     def backward(ctx, *grads):
         (scale,) = ctx.saved_tensors
         b, t, n, f = ctx.shape
+        gs = [None if g is None else g.view(b, n, f) for g in grads]
+        if torch.is_grad_enabled():  # create_graph: out of place, each product differentiable
+            terms = [torch.stack([at @ (g[i] * scale[i, j]) for i in range(b)])
+                     for j, (at, g) in enumerate(zip(ctx.ats, gs)) if g is not None]
+            gx = sum(terms[1:], terms[0]) if terms else scale.new_zeros(b, n, f)
+            return (gx, None, None, None) + (None,) * (2 * t)
         gx = take(ctx.ws, "gx", (b, n, f), scale).zero_()
         s = scale.new_empty(min(b, ctx.block), n, f)
-        gs = [None if g is None else g.view(b, n, f) for g in grads]
         for s0 in range(0, b, ctx.block):
             s1 = min(b, s0 + ctx.block)
             with cache_blocks(s0 > 0):  # as in the forward: the block's work counted once
@@ -2576,17 +2581,18 @@ def _host_transposes(plan: _Plan, g: tuple, sizes: list) -> None:
     crow, col, val = (plan.index[g + ("a", s)].numpy() for s in ("crow", "col", "val"))
     ncol = plan.index[g + ("a", "shape")][1]
     pair = kernels().csr_pair
-    r0 = 0
+    r0, made = 0, {}
     for j, c in enumerate(sizes):
         lo, hi = int(crow[r0]), int(crow[r0 + c])
         rows = np.repeat(np.arange(c, dtype=np.int64), np.diff(crow[r0:r0 + c + 1]))
         *_, tcrow, tcol, tval = pair(rows, col[lo:hi].astype(np.int64),
                                      val[lo:hi].astype(np.float64), c, ncol)
         b = g + ("at", j)
-        plan.put(b + ("crow",), torch.from_numpy(tcrow.astype(crow.dtype)))
-        plan.put(b + ("col",), torch.from_numpy(tcol.astype(crow.dtype)))
-        plan.put(b + ("val",), torch.from_numpy(tval.astype(val.dtype)))
+        made[b + ("crow",)] = torch.from_numpy(tcrow.astype(crow.dtype))
+        made[b + ("col",)] = torch.from_numpy(tcol.astype(crow.dtype))
+        made[b + ("val",)] = torch.from_numpy(tval.astype(val.dtype))
         r0 += c
+    plan.index.update(made)  # all at once: a reader sees every block's or none
 
 
 def _block_transposes(a: torch.Tensor, sizes: list) -> list:
@@ -2594,9 +2600,10 @@ def _block_transposes(a: torch.Tensor, sizes: list) -> list:
     transposed products where the plan made none (a CPU's, building a graph: ``create_graph``;
     on a CPU its pointers are read without a sync)."""
     crow, col, val = a.crow_indices(), a.col_indices(), a.values()
+    ptr = crow.numpy()  # a CPU's: read without a sync or an operator
     out, r0 = [], 0
     for c in sizes:
-        lo, hi = int(crow[r0]), int(crow[r0 + c])
+        lo, hi = int(ptr[r0]), int(ptr[r0 + c])
         block = torch.sparse_csr_tensor(crow[r0:r0 + c + 1] - crow[r0], col[lo:hi], val[lo:hi],
                                         (c, a.shape[1]), check_invariants=False)
         out.append(block.t().to_sparse_csr())

@@ -17,8 +17,8 @@ the real spec on this project's 2-core CPU the whole step took 3.68 s per batch 
 4.13 s with this layer op by op (medians of 8 interleaved rounds; the layer alone, op by op as a
 plain autograd graph, 6.1 s against 1.6 s). Exact to rounding (the same products per row as the
 conv-by-conv form, the biases added first), tested in float64 against the per-sample reference
-(``tests/test_convert.py``); the backwards are first-order only (:func:`first_order`: a second
-derivative through them raises).
+(``tests/test_convert.py``); the backwards are first-order only (a second derivative through them
+raises: :mod:`.first_order`).
 
 :class:`GinMlp` is the same per-row work for one GIN of that shape computed conv by conv (a delta
 layer's changed rows, or a dense one outside such a sum): its GIN sum, both maps and the ReLU, a
@@ -37,8 +37,6 @@ sample after another with every compute thread per operator (8 rounds).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.modules.module as module_hooks
 from torch import nn
@@ -46,33 +44,9 @@ from torch_geometric.nn.dense.linear import Linear as PygLinear
 
 from ..common.host import cache_blocks
 from .compiled import kernels
-from .convert_trace import ConvertError
+from .first_order import first_order
 from .workers import spread, workers
 from .workspace import take
-
-
-def first_order(backward):
-    """A backward that computes first derivatives only, as ``once_differentiable`` marks one, but
-    raising at once where a second derivative is asked of it: PyTorch's mark is a node that
-    raises only if the engine runs it, and ``torch.autograd.grad(..., inputs=x)`` does not run
-    it where ``x`` has other paths, so the terms through the backward were left out without a
-    word (found by a second-order test of a converted GIN-MLP sum: off by 54,000 in float64).
-    Here a backward asked to build a graph (``create_graph=True``) from gradients that carry one
-    raises :class:`~.convert_trace.ConvertError` naming its function; any other runs without
-    building one."""
-    @functools.wraps(backward)
-    def wrapper(ctx, *grads):
-        if torch.is_grad_enabled() and any(isinstance(g, torch.Tensor) and g.requires_grad
-                                           for g in grads):
-            name = type(ctx).__name__.removesuffix("Backward")
-            raise ConvertError(
-                f"a second derivative (create_graph=True) through the converted form's {name} "
-                "is not supported: its fused GIN-MLP blocks compute first derivatives only; take "
-                "second derivatives through the encoder itself (fast.encoder) on each sample's "
-                "graph")
-        with torch.no_grad():
-            return backward(ctx, *grads)
-    return wrapper
 
 
 def hookless(m: nn.Module) -> bool:
@@ -213,7 +187,7 @@ class GinMlp(torch.autograd.Function):
         return out
 
     @staticmethod
-    @first_order
+    @first_order("the converted form's fused GIN-MLP blocks")
     def backward(ctx, g):
         x, z, r, e, w1, b1, w2, b2, genes, gfac = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -315,7 +289,7 @@ class DenseGinSum(torch.autograd.Function):
         return flat
 
     @staticmethod
-    @first_order
+    @first_order("the converted form's fused GIN-MLP blocks")
     def backward(ctx, g):
         x, keep, scale, z, r, *params = ctx.saved_tensors
         mats, block, ws = ctx.mats, ctx.block, ctx.ws
@@ -380,7 +354,7 @@ class DeltaGinSum(torch.autograd.Function):
     (into the sum, and into each type's wildtype gradients) are compiled
     (:mod:`.numba_rows`: the same adds in the same order as ``index_add_``). Only on a CPU,
     with nothing watching its operators (:func:`.workers.watched`); whole samples run side by
-    side in :mod:`.workers`. Exact to rounding, first-order only (:func:`first_order`),
+    side in :mod:`.workers`. Exact to rounding, first-order only (:mod:`.first_order`),
     tested in float64 against the per-sample reference and the conv-by-conv form
     (``tests/test_convert_delta_sum.py``).
 
@@ -437,7 +411,7 @@ class DeltaGinSum(torch.autograd.Function):
         return out
 
     @staticmethod
-    @first_order
+    @first_order("the converted form's fused GIN-MLP blocks")
     def backward(ctx, g):
         gene_u, *saved = ctx.saved_tensors
         idx, u_off, ws, most, n = ctx.idx, ctx.u_off, ctx.ws, ctx.most, ctx.n

@@ -23,6 +23,7 @@ import torch
 from .push_torch import (_index_add_backward, _index_add_forward, _pull_backward,
                          _pull_forward, message_slots)
 from .compiled import kernels as _compiled
+from .first_order import refuse_second_order
 from .kernels import MOVE_TAG, dense_inside, sparse_range
 
 PUSH_KERNELS = ("numba", "pull", "index_add")
@@ -135,6 +136,8 @@ class _Push(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         graph, corr, kernel, u_shape, relu = ctx.args
+        if kernel == "numba":
+            refuse_second_order(ctx, "the compiled push's kernels")
         w, out = ctx.saved_tensors
         grad = grad.contiguous()
         gu = grad.new_empty(u_shape) if kernel == "numba" else grad.new_zeros(u_shape)
@@ -189,6 +192,7 @@ class _PushPool(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gpooled):
         graph, corr, u_shape, chunks = ctx.args
+        refuse_second_order(ctx, "the compiled push's kernels")
         w, wp, mask = ctx.saved_tensors
         gpooled = gpooled.contiguous()
         n, ho = mask.shape[1], mask.shape[2]
