@@ -65,6 +65,9 @@ def test_a_cpu_plan_makes_no_transposes_and_a_watched_forward_makes_the_same_as_
     gpu_plan = fast.plan(DELETED, N)
     assert gpu_plan.transposes
     for (g, sizes), (gw, _) in zip(_groups(gpu_plan), _groups(watched_plan)):
+        for part in ("crow", "col", "val"):  # the product itself: the same arrays either way
+            want, got = gpu_plan.index[g + ("a", part)], watched_plan.index[gw + ("a", part)]
+            assert want.dtype == got.dtype and torch.equal(want, got), part
         ncol = gpu_plan.index[g + ("a", "shape")][1]
         for j, want in enumerate(_dense_transposes(gpu_plan, g, sizes)):
             assert want.abs().sum() > 0

@@ -2519,14 +2519,17 @@ def _plan_groups(plan: _Plan) -> None:
         g = ("g", id(src))
         for cp in cps:
             h, c = cp.host, cp.rows_out.count
-            idx = np.arange(c, dtype=np.int64)
-            has = h["self_in"] >= 0
-            own = pair(np.concatenate([idx, idx[has]]),
-                       np.concatenate([h["genes"], n + h["self_in"][has]]),
-                       np.ones(c + int(has.sum())), c, ncol)
             vt = h["push"][2].dtype  # ones: exact in the push's value dtype
-            own = tuple(a.astype(vt if k in (2, 5) else idx_t, copy=False)
-                        for k, a in enumerate(own))
+            if plan.transposes:
+                idx = np.arange(c, dtype=np.int64)
+                has = h["self_in"] >= 0
+                own = pair(np.concatenate([idx, idx[has]]),
+                           np.concatenate([h["genes"], n + h["self_in"][has]]),
+                           np.ones(c + int(has.sum())), c, ncol)
+                own = tuple(a.astype(vt if k in (2, 5) else idx_t, copy=False)
+                            for k, a in enumerate(own))
+            else:
+                own = _own_rows(h["genes"], h["self_in"], n, idx_t, vt)
             for crow, col, val, tcrow, tcol, tval in (h["push"], own):
                 # its pushed rows, then its own rows: one output each
                 crows.append(crow[:-1].astype(idx_t, copy=False) + nnz)
@@ -2565,6 +2568,20 @@ def _plan_groups(plan: _Plan) -> None:
         plan.dense_groups[src] = cps
         for cp in cps:
             cp.dense_group = True
+
+
+def _own_rows(genes: np.ndarray, self_in: np.ndarray, n: int, itype, vtype) -> tuple:
+    """The own rows' CSR over ``cat([wildtype, D])`` without its transpose (a CPU's plan): row
+    ``i`` its gene's wildtype column, then ``n + self_in[i]`` where its input changed, each 1
+    (the entries :func:`.numba_push.csr_pair` sorts them into, made in place: no sort)."""
+    has = self_in >= 0
+    crow = np.zeros(genes.shape[0] + 1, dtype=itype)
+    np.cumsum(1 + has, out=crow[1:])
+    col = np.empty(int(crow[-1]), dtype=itype)
+    first = crow[:-1]
+    col[first] = genes
+    col[first[has] + 1] = n + self_in[has]
+    return crow, col, np.ones(col.shape[0], dtype=vtype), None, None, None
 
 
 def _has_transposes(plan: _Plan, g: tuple, blocks: int) -> bool:
