@@ -16,8 +16,8 @@ class Kernels(NamedTuple):
     """The kernels of :mod:`workbook_lib.nodemask.numba_push` and
     :mod:`workbook_lib.nodemask.numba_rows`, and numba itself: each is compiled by numba except
     ``push_block``, a Python driver that runs the compiled passes ``push_count`` and
-    ``push_fill`` (or, without the transpose, ``push_count_rows`` and ``push_fill_rows``) on
-    threads, one run of whole samples each."""
+    ``push_fill`` (each with or without the transpose) on threads, one run of whole samples
+    each."""
 
     fwd: Any
     bwd: Any

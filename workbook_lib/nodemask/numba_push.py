@@ -431,11 +431,12 @@ def mark_receivers(flat, out_ptr, out_dst, n, out):  # pragma: no cover - jitted
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def push_count(f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n, crow, tcrow,
-               tshared):  # pragma: no cover - jitted
+def push_count(f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n, crow, tcrow, tshared,
+               transpose):  # pragma: no cover - jitted
     """:func:`push_block`'s first pass over the changed inputs ``f_in[lo:hi]``: each entry
-    counted in ``crow[row + 1]``, and in ``tcrow[col + 1]`` for a kept input's column or in
-    ``tshared[gene]`` for a deleted one's (a gene's column is shared by every sample)."""
+    counted in ``crow[row + 1]``, and, with ``transpose``, in ``tcrow[col + 1]`` for a kept
+    input's column or in ``tshared[gene]`` for a deleted one's (a gene's column is shared by
+    every sample)."""
     for i in range(lo, hi):
         f = f_in[i]
         b, j = f // n, f % n
@@ -444,17 +445,19 @@ def push_count(f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n, crow, tcrow,
             t = b * n + out_dst[e]
             if keep[t]:
                 crow[pos_out[t] + 1] += 1
-                if kept:
-                    tcrow[n + i + 1] += 1
-                else:
-                    tshared[j] += 1
+                if transpose:
+                    if kept:
+                        tcrow[n + i + 1] += 1
+                    else:
+                        tshared[j] += 1
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def push_fill(f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out, n, fill, tfill,
-              tshared_fill, col, val, tcol, tval):  # pragma: no cover - jitted
+              tshared_fill, col, val, tcol, tval, transpose):  # pragma: no cover - jitted
     """:func:`push_block`'s second pass over ``f_in[lo:hi]``: each entry written at its row's
-    next place (``fill``) and its column's (``tfill``, or ``tshared_fill`` for a gene's)."""
+    next place (``fill``) and, with ``transpose``, its column's (``tfill``, or ``tshared_fill``
+    for a gene's)."""
     for i in range(lo, hi):
         f = f_in[i]
         b, j = f // n, f % n
@@ -471,49 +474,15 @@ def push_fill(f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out, n, fill,
                 col[p] = c
                 val[p] = v
                 fill[r] = p + 1
-                if kept:
-                    q = tfill[c]
-                    tfill[c] = q + 1
-                else:
-                    q = tshared_fill[j]
-                    tshared_fill[j] = q + 1
-                tcol[q] = r
-                tval[q] = v
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def push_count_rows(f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n,
-                    crow):  # pragma: no cover - jitted
-    """:func:`push_count` without the transpose's counts."""
-    for i in range(lo, hi):
-        f = f_in[i]
-        b, j = f // n, f % n
-        for e in range(out_ptr[j], out_ptr[j + 1]):
-            t = b * n + out_dst[e]
-            if keep[t]:
-                crow[pos_out[t] + 1] += 1
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def push_fill_rows(f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out, n, fill, col,
-                   val):  # pragma: no cover - jitted
-    """:func:`push_fill` without the transpose: the same row entries, in the same places."""
-    for i in range(lo, hi):
-        f = f_in[i]
-        b, j = f // n, f % n
-        kept = keep[f]
-        c = n + i if kept else j
-        for e in range(out_ptr[j], out_ptr[j + 1]):
-            t = b * n + out_dst[e]
-            if keep[t]:
-                v = 1.0 if kept else -1.0
-                if mean:
-                    v = v / max(cnt[t], 1.0)
-                r = pos_out[t]
-                p = fill[r]
-                col[p] = c
-                val[p] = v
-                fill[r] = p + 1
+                if transpose:
+                    if kept:
+                        q = tfill[c]
+                        tfill[c] = q + 1
+                    else:
+                        q = tshared_fill[j]
+                        tshared_fill[j] = q + 1
+                    tcol[q] = r
+                    tval[q] = v
 
 
 def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, itype, vtype,
@@ -552,6 +521,8 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
     cuts.append(m_in)
     runs = list(zip(cuts[:-1], cuts[1:]))
     crow = np.zeros(rows + 1, dtype=itype.dtype)
+    tcrow = np.zeros(ncol + 1 if transpose else 1, dtype=itype.dtype)
+    tshared = np.zeros((len(runs), n if transpose else 0), dtype=itype.dtype)
 
     def each(fn, args_of):
         jobs = [pool.submit(fn, *args_of(k, lo, hi)) for k, (lo, hi) in enumerate(runs[1:], 1)] \
@@ -560,32 +531,25 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
         for j in jobs:
             j.result()
 
-    if not transpose:
-        each(push_count_rows, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, pos_out,
-                                                 n, crow))
-        np.cumsum(crow, out=crow)
-        m = int(crow[rows])
-        col = np.empty(m, dtype=itype.dtype)
-        val = np.empty(m, dtype=vtype.dtype)
-        fill = crow[:-1].copy()
-        each(push_fill_rows, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean,
-                                                pos_out, n, fill, col, val))
-        return crow, col, val, None, None, None
-    tcrow = np.zeros(ncol + 1, dtype=itype.dtype)
-    tshared = np.zeros((len(runs), n), dtype=itype.dtype)
     each(push_count, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n, crow,
-                                        tcrow, tshared[k]))
-    tcrow[1:n + 1] = tshared.sum(0)
+                                        tcrow, tshared[k], transpose))
     np.cumsum(crow, out=crow)
-    np.cumsum(tcrow, out=tcrow)
-    starts = tcrow[:n] + np.cumsum(tshared, 0) - tshared  # each run's first place per gene
     m = int(crow[rows])
     col = np.empty(m, dtype=itype.dtype)
     val = np.empty(m, dtype=vtype.dtype)
-    tcol = np.empty(m, dtype=itype.dtype)
-    tval = np.empty(m, dtype=vtype.dtype)
     fill = crow[:-1].copy()
+    if transpose:
+        tcrow[1:n + 1] = tshared.sum(0)
+        np.cumsum(tcrow, out=tcrow)
+        starts = tcrow[:n] + np.cumsum(tshared, 0) - tshared  # each run's first place per gene
+    else:  # nothing of the transpose's is written: empty stand-ins of the kernel's types
+        starts = tshared
+    tcol = np.empty(m if transpose else 0, dtype=itype.dtype)
+    tval = np.empty(m if transpose else 0, dtype=vtype.dtype)
     tfill = tcrow[:-1].copy()
     each(push_fill, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out,
-                                       n, fill, tfill, starts[k].copy(), col, val, tcol, tval))
+                                       n, fill, tfill, starts[k].copy(), col, val, tcol, tval,
+                                       transpose))
+    if not transpose:
+        return crow, col, val, None, None, None
     return crow, col, val, tcrow, tcol, tval
