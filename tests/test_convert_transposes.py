@@ -8,7 +8,8 @@ from torch.overrides import TorchFunctionMode
 
 from workbook_lib.nodemask import convert
 
-from test_convert import DELETED, F_IN, GRAPH, N, Encoder, GinMlpSums, _reference
+from test_convert import DELETED, F_IN, GRAPH, N, Encoder, GinMlpSums
+from test_convert_second_order import _second
 
 convert_module = __import__("sys").modules["workbook_lib.nodemask.convert"]
 
@@ -86,10 +87,7 @@ def test_a_backward_that_builds_a_graph_through_a_delta_group_makes_its_transpos
     enc = Encoder("graph_add", "hetero", "linear").double()
     fast = convert(enc, GRAPH)
     x = torch.randn(N, F_IN, dtype=torch.float64, requires_grad=True)
-    grads = []
-    for out in (fast(x, DELETED), _reference(enc, x, GRAPH, DELETED, None)):
-        (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
-        (ggx,) = torch.autograd.grad(gx.pow(2).sum(), x)
-        grads.append(ggx)
+    _, got = _second(fast, x, GRAPH, None, True)
+    _, want = _second(enc, x, GRAPH, None, False)
     assert made and not fast.plan(DELETED, N).transposes
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
