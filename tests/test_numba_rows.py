@@ -1,5 +1,5 @@
-"""The compiled row scatters (workbook_lib.nodemask.numba_rows) equal the PyTorch ops they
-replace in DeltaGinSum, bit for bit, in float32 and float64, with repeated and unsorted rows; the
+"""The compiled row scatters and row passes (workbook_lib.nodemask.numba_rows) equal the PyTorch
+ops they replace in DeltaGinSum, bit for bit, in float32 and float64, with repeated and unsorted rows; the
 transposed product add_csr_t equals the transpose's product to rounding, and the delta group's
 backward that runs it (_SpMMParts) equals the one through the transposes on one and two threads."""
 import pytest
@@ -46,6 +46,54 @@ def test_add_scaled_at_equals_mul_index_add(dtype, repeat):
     want = acc.clone().index_add_(0, idx, src * fac)
     kernels().add_scaled_at(acc.numpy(), idx.numpy(), src.numpy(), fac.numpy())
     assert torch.equal(acc, want)
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("repeat", [False, True])
+def test_gin_sum_rows_equals_select_mul_add_addcmul(dtype, repeat):
+    """DeltaGinSum's GIN sum of a block of rows: ``agg + wt[genes] * fac + x * e`` op by op,
+    bit for bit; ``addcmul_`` (which _gin_rows calls) may fuse its multiply-add into one rounding
+    (PyTorch 2.13's CPU kernel does): to that rounding."""
+    n, m, h, genes, agg, wt, g = _case(dtype, repeat)
+    agg = torch.randn(m, h, generator=g, dtype=dtype)
+    x = torch.randn(m, h, generator=g, dtype=dtype)
+    fac = torch.rand(m, 1, generator=g, dtype=dtype) * 3
+    e = 1 + torch.rand(1, generator=g, dtype=dtype)
+    z = torch.add(agg, torch.index_select(wt, 0, genes).mul_(fac))
+    got = torch.full_like(z, float("nan"))
+    kernels().gin_sum_rows(got.numpy(), agg.numpy(), wt.numpy(), genes.numpy(), fac.numpy(),
+                           x.numpy(), e.numpy())
+    assert torch.equal(got, z + x * e)
+    eps = torch.finfo(dtype).eps
+    assert torch.allclose(got, z.clone().addcmul_(x, e), rtol=4 * eps, atol=4 * eps * 10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("repeat", [False, True])
+def test_take_add_at_equals_index_select_index_add(dtype, repeat):
+    n, m, h, idx, _, acc, g = _case(dtype, repeat)
+    src = torch.randn(n, h, generator=g, dtype=dtype)
+    pos = torch.randint(0, n, (m,), generator=g)
+    want_dst = src.index_select(0, pos)
+    want = acc.clone().index_add_(0, idx, want_dst)
+    dst = torch.full_like(want_dst, float("nan"))
+    kernels().take_add_at(dst.numpy(), src.numpy(), pos.numpy(), acc.numpy(), idx.numpy())
+    assert torch.equal(dst, want_dst) and torch.equal(acc, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("repeat", [False, True])
+def test_gin_sum_rows_backward_equals_mul_and_scaled_index_add(dtype, repeat):
+    n, m, h, idx, gz, acc, g = _case(dtype, repeat)
+    fac = torch.rand(m, 1, generator=g, dtype=dtype) * 3
+    e = 1 + torch.rand(1, generator=g, dtype=dtype)
+    want_gx = torch.mul(gz, e)
+    want = acc.clone().index_add_(0, idx, gz * fac)
+    gx = torch.full_like(gz, float("nan"))
+    kernels().gin_sum_rows_backward(gx.numpy(), gz.numpy(), e.numpy(), acc.numpy(),
+                                    idx.numpy(), fac.numpy())
+    assert torch.equal(gx, want_gx) and torch.equal(acc, want)
 
 
 def test_rows_of_a_slice_only():

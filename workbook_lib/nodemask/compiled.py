@@ -33,6 +33,9 @@ class Kernels(NamedTuple):
     add_at: Any
     add_scaled_at: Any
     add_csr_t: Any
+    gin_sum_rows: Any
+    take_add_at: Any
+    gin_sum_rows_backward: Any
 
 
 _LOADED: Kernels | None = None
@@ -52,7 +55,8 @@ def kernels() -> Kernels:
         _LOADED = Kernels(k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host,
                           k.selection, k.csr_pair,
                           k.push_block, k.mark_receivers, r.add_diff_at, r.add_at,
-                          r.add_scaled_at, r.add_csr_t)
+                          r.add_scaled_at, r.add_csr_t, r.gin_sum_rows, r.take_add_at,
+                          r.gin_sum_rows_backward)
     return _LOADED
 
 

@@ -339,6 +339,12 @@ class DenseGinSum(torch.autograd.Function):
         return (gx, None, None, None, None, None, *[gg for gj in grads for gg in gj])
 
 
+def _np(t: torch.Tensor):
+    """A CPU tensor's values as a contiguous numpy array (one row per row; a tensor of one value,
+    such as ``1 + eps``, as an array of one)."""
+    return t.detach().contiguous().numpy() if t.dim() > 1 else t.detach().reshape(-1).numpy()
+
+
 class DeltaGinSum(torch.autograd.Function):
     """The rows ``U`` of a sum over edge types of GIN-MLPs in a delta layer, a sample at a time:
     each sample's rows of ``U`` start as the summed wildtype's (``wt[gene_u]``; ``wt`` itself
@@ -351,8 +357,10 @@ class DeltaGinSum(torch.autograd.Function):
     batch (a TorchCell-shaped second layer at the real spec: about a million rows of 64 per
     pass) and read back; here each sample's rows of the sum stay in cache while its types add
     into them, and the backward gathers each type's gradient rows from them. The row scatters
-    (into the sum, and into each type's wildtype gradients) are compiled
-    (:mod:`.numba_rows`: the same adds in the same order as ``index_add_``). Only on a CPU,
+    (into the sum, and into each type's wildtype gradients) and the passes around the maps (the
+    GIN sum; the gradient rows' gather; the gradient at ``x``) are compiled
+    (:mod:`.numba_rows`: the same operations in the same order, the GIN sum's ``x * e`` rounded
+    before its add). Only on a CPU,
     with nothing watching its operators (:func:`.workers.watched`); whole samples run side by
     side in :mod:`.workers`. Exact to rounding, first-order only (:mod:`.first_order`),
     tested in float64 against the per-sample reference and the conv-by-conv form
@@ -379,10 +387,11 @@ class DeltaGinSum(torch.autograd.Function):
         r = [take(ws, ("r", j), (p[0].shape[0], h1), p[0]) for j, p in enumerate(ps)]
         most = max(max(o[s + 1] - o[s] for s in range(b)) for *_, o in idx)
 
-        add_diff_at = kernels().add_diff_at  # compiled row scatters: see .numba_rows
-        out_np = out.detach().numpy()
+        add_diff_at, gin_sum_rows = kernels().add_diff_at, kernels().gin_sum_rows  # see
+        out_np = out.detach().numpy()                                              # .numba_rows
         at_np = [(genes.numpy(), pos.numpy()) for genes, _, pos, _ in idx]
-        wto_np = [p[3].detach().numpy() for p in ps]
+        wto_np, agg_np, x_np, wta_np, e_np = ([_np(p[k]) for p in ps] for k in (3, 0, 1, 2, 4))
+        gfac_np = [i[1].numpy() for i in idx]
 
         def samples(lo: int, hi: int) -> None:
             o = wt.new_empty(most, h)
@@ -393,14 +402,21 @@ class DeltaGinSum(torch.autograd.Function):
                         ou.copy_(wt)
                     else:
                         torch.index_select(wt, 0, gene_u[u_off[s]:u_off[s + 1]], out=ou)
-                    for j, (agg, x, wta, _, e, w1, b1, w2, b2) in enumerate(ps):
-                        genes, gfac, _, off = idx[j]
+                    for j, (_, _, _, _, _, w1, b1, w2, b2) in enumerate(ps):
+                        off = idx[j][3]
                         i0, i1 = off[s], off[s + 1]
                         if i1 == i0:
                             continue
                         oo = o[:i1 - i0]
-                        _gin_rows(agg[i0:i1], x[i0:i1], e, w1, b1, w2, b2, z[j][i0:i1],
-                                  r[j][i0:i1], oo, wta, genes[i0:i1], gfac[i0:i1])
+                        zz, rr = z[j][i0:i1], r[j][i0:i1]
+                        # zz = agg + wta[genes] * gfac + e * x: _gin_rows's four passes in one
+                        gin_sum_rows(zz.numpy(), agg_np[j][i0:i1], wta_np[j], at_np[j][0][i0:i1],
+                                     gfac_np[j][i0:i1], x_np[j][i0:i1], e_np[j])
+                        _maps(zz, w1, b1, rr)
+                        if b2 is None:
+                            torch.mm(rr, w2.t(), out=oo)
+                        else:
+                            torch.addmm(b2, rr, w2.t(), out=oo)
                         # out[pos] += oo - wto[genes]: index_select, sub and index_add_
                         add_diff_at(out_np, at_np[j][1][i0:i1], oo.numpy(), wto_np[j],
                                     at_np[j][0][i0:i1])
@@ -426,8 +442,11 @@ class DeltaGinSum(torch.autograd.Function):
         gx = [take(ws, ("gx", j), p[0].shape, p[0]) if nd[j][1] else None
               for j, p in enumerate(ps)]
 
-        add_at, add_scaled_at = kernels().add_at, kernels().add_scaled_at  # see .numba_rows
+        k = kernels()  # compiled row passes: see .numba_rows
+        add_scaled_at, take_add_at, gin_sum_rows_backward = \
+            k.add_scaled_at, k.take_add_at, k.gin_sum_rows_backward
         at_np = [(genes.numpy(), gfac.numpy()) for genes, gfac, _, _ in idx]
+        g_np, pos_np, e_np = g.numpy(), [i[2].numpy() for i in idx], [_np(p[3]) for p in ps]
 
         def samples(lo: int, hi: int) -> list:
             gwt = g.new_zeros(n, h) if need[0] else None
@@ -451,11 +470,25 @@ class DeltaGinSum(torch.autograd.Function):
                             continue
                         gwta, gwto, *sums = per[j]  # sums: e, w1, b1, w2, b2
                         gb2 = sums[4]
-                        gob = torch.index_select(g, 0, pos[i0:i1], out=go[:i1 - i0])
+                        gob = go[:i1 - i0]
                         if gwto is not None:  # negated once, after the sum: see below
-                            add_at(gwto.numpy(), at_np[j][0][i0:i1], gob.numpy())
+                            # gob = g[pos]; gwto.index_add_(0, genes, gob): in one pass
+                            take_add_at(gob.numpy(), g_np, pos_np[j][i0:i1], gwto.numpy(),
+                                        at_np[j][0][i0:i1])
+                        else:
+                            torch.index_select(g, 0, pos[i0:i1], out=gob)
                         if gb2 is not None:
                             gb2 += gob.sum(0)
+                        if gx[j] is not None and gwta is not None:
+                            gz = _maps_backward(gob, z[i0:i1], r[i0:i1], w1, w2, sums,
+                                                out=gagg[j][i0:i1])
+                            if sums[0] is not None:
+                                sums[0] += torch.dot(gz.view(-1), x[i0:i1].reshape(-1))
+                            # gx = gz * e; gwta.index_add_(0, genes, gz * gfac): in one pass
+                            gin_sum_rows_backward(gx[j][i0:i1].numpy(), gz.numpy(), e_np[j],
+                                                  gwta.numpy(), at_np[j][0][i0:i1],
+                                                  at_np[j][1][i0:i1])
+                            continue
                         gz = _gin_rows_backward(
                             gob, x[i0:i1], z[i0:i1], r[i0:i1], e, w1, w2, sums,
                             gagg[j][i0:i1], None if gx[j] is None else gx[j][i0:i1])
