@@ -420,18 +420,22 @@ def test_the_push_entries_are_exact_in_either_index_dtype(monkeypatch, index):
     monkeypatch.setattr(convert_module, "csr_index_dtype", lambda *sizes: index)
     monkeypatch.setattr(convert_module, "DENSE_SHARE", 1e9)  # every layer delta
     seen = []
-    real = convert_module._push_host
-    monkeypatch.setattr(convert_module, "_push_host",
-                        lambda *a: seen.append(real(*a)) or seen[-1])
+    real = convert_module._plan_groups
+
+    def groups(plan):  # the delta groups' CSRs, into which each conv's push is filled
+        real(plan)
+        seen.extend((plan.index[k], plan.index[k[:3] + ("val",)]) for k in plan.index
+                    if k[0] == "g" and k[2:] == ("a", "col"))
+    monkeypatch.setattr(convert_module, "_plan_groups", groups)
     torch.set_default_dtype(torch.float64)
     try:
         for conv in ("gin", "graph_mean"):
             _check(Encoder(conv, "moduledict", "layernorm"), GRAPH, "mean_kept")
     finally:
         torch.set_default_dtype(torch.float32)
-    want_idx = np.int32 if index == torch.int32 else np.int64
-    dtypes = {(str(h["push"][1].dtype), str(h["push"][2].dtype)) for h in seen}
-    assert dtypes == {(np.dtype(want_idx).name, "float32"), (np.dtype(want_idx).name, "float64")}
+    want_idx = torch.int32 if index == torch.int32 else torch.int64
+    dtypes = {(col.dtype, val.dtype) for col, val in seen}
+    assert dtypes == {(want_idx, torch.float32), (want_idx, torch.float64)}
 
 
 @pytest.mark.parametrize("mean", [False, True])
@@ -484,6 +488,29 @@ def test_the_push_built_in_runs_of_samples_is_the_same_arrays(mean, index):
             for a, g in zip(one[:3], rows[:3]):
                 assert a.dtype == g.dtype and np.array_equal(a, g)
     assert one[0][-1] > 0 and (one[2] < 0).any()  # entries, some from deleted genes
+    # the second pass into slices of a delta group's wider arrays (the plan's CSR, made in place)
+    counts = convert_module.kernels().push_counts(*args, transpose=False)
+    m = counts.m
+    col, val = np.full(m + 9, -7, dtype=np.int64), np.full(m + 9, 5.0)
+    got = counts.fill(col[4:4 + m], val[4:4 + m])
+    assert np.array_equal(got[0], one[0]) and got[3:] == (None, None, None)
+    assert np.array_equal(col[4:4 + m], one[1]) and np.array_equal(val[4:4 + m], one[2])
+    assert (col[:4] == -7).all() and (col[4 + m:] == -7).all() and (val[4 + m:] == 5).all()
+    with pytest.raises(ValueError, match="entries are written"):
+        convert_module.kernels().push_counts(*args).fill(col[:m - 1], val[:m - 1])
+
+
+@pytest.mark.parametrize("index", [np.int32, np.int64])
+def test_the_own_rows_kernel_writes_each_rows_wildtype_then_its_change(index):
+    """A delta conv's own rows over cat([wildtype, D]): row i its gene's column, then n +
+    self_in[i] where its input changed, written into a slice of the group's arrays."""
+    genes = np.array([3, 0, 3, 7, 1], dtype=np.int64)
+    self_in = np.array([-1, 2, 0, -1, 5], dtype=np.int64)
+    crow = np.empty(6, dtype=index)
+    col = np.full(12, -1, dtype=index)
+    convert_module.kernels().own_rows(genes, self_in, 10, crow, col[2:10])
+    assert crow.tolist() == [0, 1, 3, 5, 6, 8]
+    assert col.tolist() == [-1, -1, 3, 0, 12, 3, 10, 7, 1, 15, -1, -1]
 
 
 POOLING = ["gin_mean", "graph_add", "graph_mean", "sage_sum"]

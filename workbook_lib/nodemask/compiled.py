@@ -28,6 +28,8 @@ class Kernels(NamedTuple):
     selection: Any
     csr_pair: Any
     push_block: Any
+    push_counts: Any
+    own_rows: Any
     mark_receivers: Any
     add_diff_at: Any
     add_at: Any
@@ -53,10 +55,9 @@ def kernels() -> Kernels:
         from . import numba_rows as r
 
         _LOADED = Kernels(k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host,
-                          k.selection, k.csr_pair,
-                          k.push_block, k.mark_receivers, r.add_diff_at, r.add_at,
-                          r.add_scaled_at, r.add_csr_t, r.gin_sum_rows, r.take_add_at,
-                          r.gin_sum_rows_backward)
+                          k.selection, k.csr_pair, k.push_block, k.push_counts, k.own_rows,
+                          k.mark_receivers, r.add_diff_at, r.add_at, r.add_scaled_at,
+                          r.add_csr_t, r.gin_sum_rows, r.take_add_at, r.gin_sum_rows_backward)
     return _LOADED
 
 

@@ -200,8 +200,9 @@ def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tenso
                cnt: torch.Tensor, mean: bool, transpose: bool = True) -> dict:
     """The push form of a delta conv over ``cat([wildtype, D])``, ``D`` the changed input rows
     less their wildtype: per output row, its changed (kept) in-neighbours' ``D`` and its deleted
-    in-neighbours' wildtype negated (``push``: CSR and its transpose, one compiled pass,
-    :func:`~workbook_lib.nodemask.numba_push.push_block`), its own input (``self``: the wildtype
+    in-neighbours' wildtype negated (``push``: CSR and its transpose by two compiled passes,
+    :func:`~workbook_lib.nodemask.numba_push.push_block`'s: the first here, the counts, the
+    second by :func:`_plan_groups` into the delta group's CSR), its own input (``self``: the wildtype
     row, plus ``D`` where it changed), and the factor of its wildtype aggregation (``gfac``: 0
     for a deleted gene; a mean's ``deg / kept deg``). Its work is the changed inputs'
     out-edges, where pulling reads every in-edge of every changed row. Without ``transpose``,
@@ -215,11 +216,11 @@ def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tenso
     itype = np.int32 if csr_index_dtype(b * int(e.out_dst.numel()), n + rows_in.count,
                                         rows_out.count) == torch.int32 else np.int64
     parts = _push_parts(b)
-    push = kernels().push_block(rows_in.flat.numpy(), e.out_ptr.numpy(), e.out_dst.numpy(),
-                                keep_np, cnt_np, mean, rows_out.pos, n, rows_out.count,
-                                n + rows_in.count, np.empty(0, itype),
-                                np.empty(0, np.float64 if mean else np.float32), parts,
-                                _push_pool(parts), transpose)
+    push = kernels().push_counts(rows_in.flat.numpy(), e.out_ptr.numpy(), e.out_dst.numpy(),
+                                 keep_np, cnt_np, mean, rows_out.pos, n, rows_out.count,
+                                 n + rows_in.count, np.empty(0, itype),
+                                 np.empty(0, np.float64 if mean else np.float32), parts,
+                                 _push_pool(parts), transpose)
     gfac = keep_np[q].astype(np.float64)
     if mean:
         gfac = gfac * e.deg.numpy()[q % n] / np.maximum(cnt_np[q], 1.0)
@@ -2510,46 +2511,56 @@ def _plan_groups(plan: _Plan) -> None:
     n = plan.num_nodes
     pair = kernels().csr_pair  # both orientations, by compiled counting sorts
     for src, cps in groups.items():
-        total = sum(int(cp.host["push"][0][-1]) + 2 * cp.rows_out.count for cp in cps)
+        total = sum(cp.host["push"].m + 2 * cp.rows_out.count for cp in cps)
         idx_t = np.int32 if csr_index_dtype(total, n + cps[0].rows_in.count, sum(
             cp.rows_out.count for cp in cps)) == torch.int32 else np.int64
         rows_in = cps[0].rows_in
         ncol = n + rows_in.count
-        crows, cols, vals, sizes, nnz = [], [], [], [], 0
+        # the group's CSR is made in place: each conv's pushed rows, then its own rows, filled
+        # into their slices of one pair of arrays (no copy of every block into it)
+        owns = [cp.rows_out.count + int(np.count_nonzero(cp.host["self_in"] >= 0)) for cp in cps]
+        nnz = sum(cp.host["push"].m for cp in cps) + sum(owns)
+        col_all = np.empty(nnz, dtype=idx_t)
+        val_all = np.empty(nnz, dtype=np.result_type(*[cp.host["push"].vtype for cp in cps]))
+        crows, sizes, nnz = [], [], 0
         g = ("g", id(src))
-        for cp in cps:
+        for cp, n_own in zip(cps, owns):
             h, c = cp.host, cp.rows_out.count
-            vt = h["push"][2].dtype  # ones: exact in the push's value dtype
+            m = h["push"].m
+            push = h["push"].fill(col_all[nnz:nnz + m], val_all[nnz:nnz + m])
+            h["push"] = None  # its arrays are the group's now
+            col, val = col_all[nnz + m:nnz + m + n_own], val_all[nnz + m:nnz + m + n_own]
             if plan.transposes:
                 idx = np.arange(c, dtype=np.int64)
                 has = h["self_in"] >= 0
                 own = pair(np.concatenate([idx, idx[has]]),
                            np.concatenate([h["genes"], n + h["self_in"][has]]),
                            np.ones(c + int(has.sum())), c, ncol)
-                own = tuple(a.astype(vt if k in (2, 5) else idx_t, copy=False)
-                            for k, a in enumerate(own))
+                col[:], val[:] = own[1], own[2]
+                own = (own[0], col, val, *own[3:])
             else:
-                own = _own_rows(h["genes"], h["self_in"], n, idx_t, vt)
-            for crow, col, val, tcrow, tcol, tval in (h["push"], own):
+                crow = np.empty(c + 1, dtype=idx_t)
+                kernels().own_rows(h["genes"], h["self_in"], n, crow, col)
+                val.fill(1)
+                own = (crow, col, val, None, None, None)
+            for crow, _, _, tcrow, tcol, tval in (push, own):
                 # its pushed rows, then its own rows: one output each
                 crows.append(crow[:-1].astype(idx_t, copy=False) + nnz)
-                cols.append(col)
-                vals.append(val)
                 nnz += int(crow[-1])
                 if plan.transposes:  # else made only where read (_host_transposes)
                     b = g + ("at", len(sizes))
                     plan.put(b + ("crow",), torch.from_numpy(tcrow.astype(idx_t, copy=False)))
                     plan.put(b + ("col",), torch.from_numpy(tcol.astype(idx_t, copy=False)))
-                    plan.put(b + ("val",), torch.from_numpy(tval))
+                    plan.put(b + ("val",), torch.from_numpy(
+                        tval.astype(val_all.dtype, copy=False)))
                 sizes.append(c)
             k = ("g", id(src), cp.path, cp.edges.key)
             plan.put(k + ("genes",), torch.from_numpy(h["genes"]))
             plan.put(k + ("gfac",), torch.from_numpy(h["gfac"]).unsqueeze(1))
-        # one copy each, in the index dtype (a mixed list would be widened, then narrowed)
         plan.put(g + ("a", "crow"), torch.from_numpy(
             np.concatenate(crows + [np.array([nnz])], dtype=idx_t)))
-        plan.put(g + ("a", "col"), torch.from_numpy(np.concatenate(cols, dtype=idx_t)))
-        plan.put(g + ("a", "val"), torch.from_numpy(np.concatenate(vals)))
+        plan.put(g + ("a", "col"), torch.from_numpy(col_all))
+        plan.put(g + ("a", "val"), torch.from_numpy(val_all))
         plan.index[g + ("a", "shape")] = (sum(sizes), ncol)
         plan.of_rows(rows_in, "gene")
         plan.groups[src] = (cps, sizes)
@@ -2568,20 +2579,6 @@ def _plan_groups(plan: _Plan) -> None:
         plan.dense_groups[src] = cps
         for cp in cps:
             cp.dense_group = True
-
-
-def _own_rows(genes: np.ndarray, self_in: np.ndarray, n: int, itype, vtype) -> tuple:
-    """The own rows' CSR over ``cat([wildtype, D])`` without its transpose (a CPU's plan): row
-    ``i`` its gene's wildtype column, then ``n + self_in[i]`` where its input changed, each 1
-    (the entries :func:`.numba_push.csr_pair` sorts them into, made in place: no sort)."""
-    has = self_in >= 0
-    crow = np.zeros(genes.shape[0] + 1, dtype=itype)
-    np.cumsum(1 + has, out=crow[1:])
-    col = np.empty(int(crow[-1]), dtype=itype)
-    first = crow[:-1]
-    col[first] = genes
-    col[first[has] + 1] = n + self_in[has]
-    return crow, col, np.ones(col.shape[0], dtype=vtype), None, None, None
 
 
 def _has_transposes(plan: _Plan, g: tuple, blocks: int) -> bool:

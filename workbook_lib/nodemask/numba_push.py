@@ -419,6 +419,23 @@ def csr_pair(r, c, v, nrows, ncols):  # pragma: no cover - jitted
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def own_rows(genes, self_in, n, crow, col):  # pragma: no cover - jitted
+    """A delta conv's own rows over ``cat([wildtype, D])`` as CSR pointers and columns, written
+    into ``crow`` (one more than the rows) and ``col``: row ``i`` its gene's wildtype column,
+    then ``n + self_in[i]`` where its input changed (``self_in[i] >= 0``); each entry is 1 (the
+    caller's). The entries ``csr_pair`` sorts them into, made in row order: no sort."""
+    p = 0
+    crow[0] = 0
+    for i in range(genes.shape[0]):
+        col[p] = genes[i]
+        p += 1
+        if self_in[i] >= 0:
+            col[p] = n + self_in[i]
+            p += 1
+        crow[i + 1] = p
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def mark_receivers(flat, out_ptr, out_dst, n, out):  # pragma: no cover - jitted
     """Set ``out[b * n + t]`` for every out-neighbour ``t`` of each row ``flat = b * n + j``
     (``out``: flat bool ``[B * N]``), without making the list of receivers."""
@@ -507,6 +524,58 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
     :mod:`.convert`), and its column-ordered writes were about a third of the passes' time
     (the TorchCell-shaped plan at the real spec). The row arrays are the same, entry for entry.
     """
+    return push_counts(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, itype,
+                       vtype, parts, pool, transpose).fill()
+
+
+class PushCounts:
+    """:func:`push_block`'s first pass done (:func:`push_counts`): ``crow``, the rows' pointers,
+    and ``m``, the entries, known; :meth:`fill` runs the second pass, into arrays of the
+    caller's (a delta group's CSR, the blocks of its convs one after another: no copy into it)
+    or new ones."""
+
+    def __init__(self, args: tuple, runs: list, crow, tcrow, tshared, each):
+        self._args, self._runs, self._each = args, runs, each
+        self.crow, self._tcrow, self._tshared = crow, tcrow, tshared
+        self.m = int(crow[-1])
+        self.vtype = args[9].dtype  # the values' dtype
+
+    def fill(self, col=None, val=None) -> tuple:
+        """The second pass: ``(crow, col, val, tcrow, tcol, tval)`` as :func:`push_block`
+        returns them, ``col`` and ``val`` written into the arrays given (``m`` entries each,
+        slices of larger arrays may be given; an integer and a float dtype that hold them: a
+        sum's values are +-1, a mean's are made in float64), else new (``itype``'s and
+        ``vtype``'s dtypes)."""
+        (f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, itype, vtype,
+         transpose) = self._args
+        crow, tcrow, tshared, m = self.crow, self._tcrow, self._tshared, self.m
+        col = np.empty(m, dtype=itype.dtype) if col is None else col
+        val = np.empty(m, dtype=vtype.dtype) if val is None else val
+        if col.shape[0] != m or val.shape[0] != m:
+            raise ValueError(f"push fill: {m} entries are written, into arrays of "
+                             f"{col.shape[0]} and {val.shape[0]}")
+        fill = crow[:-1].copy()
+        if transpose:
+            tcrow[1:n + 1] = tshared.sum(0)
+            np.cumsum(tcrow, out=tcrow)
+            starts = tcrow[:n] + np.cumsum(tshared, 0) - tshared  # each run's first place
+        else:  # nothing of the transpose's is written: empty stand-ins of the kernel's types
+            starts = tshared
+        tcol = np.empty(m if transpose else 0, dtype=itype.dtype)
+        tval = np.empty(m if transpose else 0, dtype=vtype.dtype)
+        tfill = tcrow[:-1].copy()
+        self._each(push_fill, lambda k, lo, hi: (
+            f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out, n, fill, tfill,
+            starts[k].copy(), col, val, tcol, tval, transpose))
+        if not transpose:
+            return crow, col, val, None, None, None
+        return crow, col, val, tcrow, tcol, tval
+
+
+def push_counts(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, itype, vtype,
+                parts: int = 1, pool=None, transpose: bool = True) -> PushCounts:
+    """:func:`push_block`'s first pass (its arguments): the counts, the second pass left to
+    :meth:`PushCounts.fill`."""
     m_in = f_in.shape[0]
     cuts = [0]
     if parts > 1 and pool is not None and m_in > 1:
@@ -534,22 +603,5 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
     each(push_count, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n, crow,
                                         tcrow, tshared[k], transpose))
     np.cumsum(crow, out=crow)
-    m = int(crow[rows])
-    col = np.empty(m, dtype=itype.dtype)
-    val = np.empty(m, dtype=vtype.dtype)
-    fill = crow[:-1].copy()
-    if transpose:
-        tcrow[1:n + 1] = tshared.sum(0)
-        np.cumsum(tcrow, out=tcrow)
-        starts = tcrow[:n] + np.cumsum(tshared, 0) - tshared  # each run's first place per gene
-    else:  # nothing of the transpose's is written: empty stand-ins of the kernel's types
-        starts = tshared
-    tcol = np.empty(m if transpose else 0, dtype=itype.dtype)
-    tval = np.empty(m if transpose else 0, dtype=vtype.dtype)
-    tfill = tcrow[:-1].copy()
-    each(push_fill, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out,
-                                       n, fill, tfill, starts[k].copy(), col, val, tcol, tval,
-                                       transpose))
-    if not transpose:
-        return crow, col, val, None, None, None
-    return crow, col, val, tcrow, tcol, tval
+    return PushCounts((f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, itype, vtype,
+                       transpose), runs, crow, tcrow, tshared, each)
