@@ -489,10 +489,13 @@ def test_the_push_built_in_runs_of_samples_is_the_same_arrays(mean, index):
                 assert a.dtype == g.dtype and np.array_equal(a, g)
     assert one[0][-1] > 0 and (one[2] < 0).any()  # entries, some from deleted genes
     # the second pass into slices of a delta group's wider arrays (the plan's CSR, made in place)
-    counts = convert_module.kernels().push_counts(*args, transpose=False)
+    with ThreadPoolExecutor(2) as first:
+        counts = convert_module.kernels().push_counts(*args, 3, first, transpose=False)
     m = counts.m
     col, val = np.full(m + 9, -7, dtype=np.int64), np.full(m + 9, 5.0)
-    got = counts.fill(col[4:4 + m], val[4:4 + m])
+    with ThreadPoolExecutor(2) as second:  # the first pool gone: the fill takes its own
+        got = counts.fill(col[4:4 + m], val[4:4 + m], second)
+    assert counts.runs == 3
     assert np.array_equal(got[0], one[0]) and got[3:] == (None, None, None)
     assert np.array_equal(col[4:4 + m], one[1]) and np.array_equal(val[4:4 + m], one[2])
     assert (col[:4] == -7).all() and (col[4 + m:] == -7).all() and (val[4 + m:] == 5).all()

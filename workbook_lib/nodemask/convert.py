@@ -2527,7 +2527,8 @@ def _plan_groups(plan: _Plan) -> None:
         for cp, n_own in zip(cps, owns):
             h, c = cp.host, cp.rows_out.count
             m = h["push"].m
-            push = h["push"].fill(col_all[nnz:nnz + m], val_all[nnz:nnz + m])
+            push = h["push"].fill(col_all[nnz:nnz + m], val_all[nnz:nnz + m],
+                                  _push_pool(h["push"].runs))
             h["push"] = None  # its arrays are the group's now
             col, val = col_all[nnz + m:nnz + m + n_own], val_all[nnz + m:nnz + m + n_own]
             if plan.transposes:

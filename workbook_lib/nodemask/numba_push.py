@@ -525,22 +525,35 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
     (the TorchCell-shaped plan at the real spec). The row arrays are the same, entry for entry.
     """
     return push_counts(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, itype,
-                       vtype, parts, pool, transpose).fill()
+                       vtype, parts, pool, transpose).fill(pool=pool)
+
+
+def _each(fn, args_of, runs: list, pool) -> None:
+    """``fn`` over each run of whole samples: the first in this thread, the others in
+    ``pool``'s (the compiled passes release the GIL)."""
+    jobs = [pool.submit(fn, *args_of(k, lo, hi)) for k, (lo, hi) in enumerate(runs[1:], 1)] \
+        if len(runs) > 1 else []
+    fn(*args_of(0, *runs[0]))
+    for j in jobs:
+        j.result()
 
 
 class PushCounts:
     """:func:`push_block`'s first pass done (:func:`push_counts`): ``crow``, the rows' pointers,
     and ``m``, the entries, known; :meth:`fill` runs the second pass, into arrays of the
     caller's (a delta group's CSR, the blocks of its convs one after another: no copy into it)
-    or new ones."""
+    or new ones. ``runs`` is how many runs of samples the passes take: :meth:`fill` is given a
+    pool of at least ``runs - 1`` threads (the one at its call: a pool the first pass ran on
+    may have been replaced since)."""
 
-    def __init__(self, args: tuple, runs: list, crow, tcrow, tshared, each):
-        self._args, self._runs, self._each = args, runs, each
+    def __init__(self, args: tuple, runs: list, crow, tcrow, tshared):
+        self._args, self._runs = args, runs
+        self.runs = len(runs)
         self.crow, self._tcrow, self._tshared = crow, tcrow, tshared
         self.m = int(crow[-1])
         self.vtype = args[9].dtype  # the values' dtype
 
-    def fill(self, col=None, val=None) -> tuple:
+    def fill(self, col=None, val=None, pool=None) -> tuple:
         """The second pass: ``(crow, col, val, tcrow, tcol, tval)`` as :func:`push_block`
         returns them, ``col`` and ``val`` written into the arrays given (``m`` entries each,
         slices of larger arrays may be given; an integer and a float dtype that hold them: a
@@ -564,9 +577,9 @@ class PushCounts:
         tcol = np.empty(m if transpose else 0, dtype=itype.dtype)
         tval = np.empty(m if transpose else 0, dtype=vtype.dtype)
         tfill = tcrow[:-1].copy()
-        self._each(push_fill, lambda k, lo, hi: (
+        _each(push_fill, lambda k, lo, hi: (
             f_in, lo, hi, out_ptr, out_dst, keep, cnt, mean, pos_out, n, fill, tfill,
-            starts[k].copy(), col, val, tcol, tval, transpose))
+            starts[k].copy(), col, val, tcol, tval, transpose), self._runs, pool)
         if not transpose:
             return crow, col, val, None, None, None
         return crow, col, val, tcrow, tcol, tval
@@ -592,16 +605,8 @@ def push_counts(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol,
     crow = np.zeros(rows + 1, dtype=itype.dtype)
     tcrow = np.zeros(ncol + 1 if transpose else 1, dtype=itype.dtype)
     tshared = np.zeros((len(runs), n if transpose else 0), dtype=itype.dtype)
-
-    def each(fn, args_of):
-        jobs = [pool.submit(fn, *args_of(k, lo, hi)) for k, (lo, hi) in enumerate(runs[1:], 1)] \
-            if len(runs) > 1 else []
-        fn(*args_of(0, *runs[0]))
-        for j in jobs:
-            j.result()
-
-    each(push_count, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n, crow,
-                                        tcrow, tshared[k], transpose))
+    _each(push_count, lambda k, lo, hi: (f_in, lo, hi, out_ptr, out_dst, keep, pos_out, n, crow,
+                                         tcrow, tshared[k], transpose), runs, pool)
     np.cumsum(crow, out=crow)
     return PushCounts((f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, itype, vtype,
-                       transpose), runs, crow, tcrow, tshared, each)
+                       transpose), runs, crow, tcrow, tshared)
