@@ -427,6 +427,10 @@ def test_the_push_entries_are_exact_in_either_index_dtype(monkeypatch, index):
         seen.extend((plan.index[k], plan.index[k[:3] + ("val",)]) for k in plan.index
                     if k[0] == "g" and k[2:] == ("a", "col"))
     monkeypatch.setattr(convert_module, "_plan_groups", groups)
+    counted = []  # each conv's push: its pointers in the index dtype too
+    real_kernels = convert_module.kernels()
+    monkeypatch.setattr(convert_module, "kernels", lambda: real_kernels._replace(
+        push_counts=lambda *a: counted.append(real_kernels.push_counts(*a)) or counted[-1]))
     torch.set_default_dtype(torch.float64)
     try:
         for conv in ("gin", "graph_mean"):
@@ -436,6 +440,7 @@ def test_the_push_entries_are_exact_in_either_index_dtype(monkeypatch, index):
     want_idx = torch.int32 if index == torch.int32 else torch.int64
     dtypes = {(col.dtype, val.dtype) for col, val in seen}
     assert dtypes == {(want_idx, torch.float32), (want_idx, torch.float64)}
+    assert {str(c.crow.dtype) for c in counted} == {str(want_idx).replace("torch.", "")}
 
 
 @pytest.mark.parametrize("mean", [False, True])
@@ -501,6 +506,97 @@ def test_the_push_built_in_runs_of_samples_is_the_same_arrays(mean, index):
     assert (col[:4] == -7).all() and (col[4 + m:] == -7).all() and (val[4 + m:] == 5).all()
     with pytest.raises(ValueError, match="entries are written"):
         convert_module.kernels().push_counts(*args).fill(col[:m - 1], val[:m - 1])
+    with pytest.raises(ValueError, match="filled already"):
+        counts.fill(col[4:4 + m], val[4:4 + m], None)
+    # with the transpose (a GPU's plan), in runs and then without a pool: the same six arrays
+    with ThreadPoolExecutor(2) as first:
+        counts = convert_module.kernels().push_counts(*args, 3, first)
+    col, val = np.zeros(m + 3, dtype=np.int32), np.zeros(m + 3, dtype=np.float64)
+    got = counts.fill(col[3:], val[3:])
+    assert np.array_equal(col[3:], one[1]) and np.array_equal(val[3:], one[2])
+    for a, g in zip(one[:1] + one[3:], got[:1] + got[3:]):
+        assert np.array_equal(a, g)
+
+
+class MixedSum(nn.Module):
+    """A per-type dict summed whose types differ: a GIN-MLP (a sum: +-1 entries) and a mean
+    GraphConv (1 / count entries), both delta: one delta group of mixed value dtypes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(F_IN, H)
+        self.layers = nn.ModuleList(nn.ModuleDict({
+            "__".join(TYPES[0]): _conv("gin", H, H), "__".join(TYPES[1]): _conv("graph_mean", H, H)})
+            for _ in range(2))
+
+    def forward(self, x, edges):
+        x = self.lin(x).relu()
+        for layer in self.layers:
+            x = sum(layer["__".join(et)](x, ei) for et, ei in edges.items()).relu()
+        return x
+
+
+def test_a_delta_groups_csr_is_each_convs_push_then_its_own_rows(monkeypatch):
+    """The group's CSR, filled in place, is block by block each conv's push as push_block makes
+    it alone and then its own rows (its gene's wildtype column, then n + its changed input's),
+    entry for entry: a group of a sum and a mean conv (values float64), each conv's push counted
+    in int64 and the group's in int32 (narrowed as filled); exact in float64 all the same."""
+    monkeypatch.setattr(convert_module, "DENSE_SHARE", 1e9)  # every layer delta
+    in_push = [False]
+    real_host = convert_module._push_host
+
+    def host(*a, **k):
+        in_push[0] = True
+        try:
+            return real_host(*a, **k)
+        finally:
+            in_push[0] = False
+    monkeypatch.setattr(convert_module, "_push_host", host)
+    monkeypatch.setattr(convert_module, "csr_index_dtype",
+                        lambda *sizes: torch.int64 if in_push[0] else torch.int32)
+    real_kernels = convert_module.kernels()
+    alone = {}
+
+    def counts(*a):
+        c = real_kernels.push_counts(*a)
+        alone[id(c)] = real_kernels.push_block(*a)  # the same push, made alone
+        return c
+    monkeypatch.setattr(convert_module, "kernels",
+                        lambda: real_kernels._replace(push_counts=counts))
+    checked = []
+    real_groups = convert_module._plan_groups
+
+    def groups(plan):
+        pending = {id(cp): id(cp.host["push"]) for cp in plan.convs.values()
+                   if isinstance(cp.host, dict) and cp.host.get("push") is not None}
+        real_groups(plan)
+        n = plan.num_nodes
+        for src, (cps, sizes) in plan.groups.items():
+            g = ("g", id(src), "a")
+            crow, col, val = (plan.index[g + (k,)].numpy() for k in ("crow", "col", "val"))
+            assert crow.dtype == col.dtype == np.int32 and val.dtype == np.float64
+            r = 0
+            for cp in cps:
+                h, c = cp.host, cp.rows_out.count
+                pc, pcol, pval = alone[pending[id(cp)]][:3]
+                assert pcol.dtype == np.int64
+                lo, hi = crow[r], crow[r + c]
+                assert np.array_equal(crow[r:r + c + 1] - lo, pc)
+                assert np.array_equal(col[lo:hi], pcol) and np.array_equal(val[lo:hi], pval)
+                r += c
+                lo, hi = crow[r], crow[r + c]
+                want = [[gene] + ([n + s] if s >= 0 else []) for gene, s in
+                        zip(h["genes"], h["self_in"])]
+                assert np.array_equal(np.diff(crow[r:r + c + 1]), [len(w) for w in want])
+                assert col[lo:hi].tolist() == [v for w in want for v in w]
+                assert (val[lo:hi] == 1).all()
+                r += c
+            assert r == sum(sizes) and crow[r] == col.shape[0]
+            checked.append(len(cps))
+    monkeypatch.setattr(convert_module, "_plan_groups", groups)
+    with _float64():
+        _check(MixedSum(), GRAPH, "mean_kept")
+    assert checked and all(k == 2 for k in checked)
 
 
 @pytest.mark.parametrize("index", [np.int32, np.int64])

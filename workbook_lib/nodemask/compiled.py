@@ -15,9 +15,10 @@ THREADING_LAYER = "workqueue"
 class Kernels(NamedTuple):
     """The kernels of :mod:`workbook_lib.nodemask.numba_push` and
     :mod:`workbook_lib.nodemask.numba_rows`, and numba itself: each is compiled by numba except
-    ``push_block``, a Python driver that runs the compiled passes ``push_count`` and
-    ``push_fill`` (each with or without the transpose) on threads, one run of whole samples
-    each."""
+    ``push_counts`` and ``push_block``, Python drivers that run the compiled passes
+    ``push_count`` and ``push_fill`` (each with or without the transpose) on threads, one run of
+    whole samples each: ``push_counts`` the first (the plan fills the second into its group's
+    arrays, ``PushCounts.fill``), ``push_block`` both (the tests' reference)."""
 
     fwd: Any
     bwd: Any
@@ -32,7 +33,6 @@ class Kernels(NamedTuple):
     own_rows: Any
     mark_receivers: Any
     add_diff_at: Any
-    add_at: Any
     add_scaled_at: Any
     add_csr_t: Any
     gin_sum_rows: Any
@@ -56,7 +56,7 @@ def kernels() -> Kernels:
 
         _LOADED = Kernels(k.fwd, k.bwd, numba, k.fwd_pool, k.bwd_pool, k.corrections_host,
                           k.selection, k.csr_pair, k.push_block, k.push_counts, k.own_rows,
-                          k.mark_receivers, r.add_diff_at, r.add_at, r.add_scaled_at,
+                          k.mark_receivers, r.add_diff_at, r.add_scaled_at,
                           r.add_csr_t, r.gin_sum_rows, r.take_add_at, r.gin_sum_rows_backward)
     return _LOADED
 

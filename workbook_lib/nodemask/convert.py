@@ -18,7 +18,9 @@ import copy
 import dataclasses
 import itertools
 import operator
+import os
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -175,7 +177,8 @@ def _kept_out(plan, e: _Edges) -> np.ndarray:
 
 # At most this many threads build one push (each a run of whole samples; see push_block).
 PUSH_PARTS = 8
-_PUSH_POOL: list = [None, 0]  # the executor and its threads
+_PUSH_POOL: list = [None, None]  # the executor, and the process that made it
+_PUSH_LOCK = threading.Lock()
 
 
 def _push_parts(batch: int) -> int:
@@ -186,14 +189,18 @@ def _push_parts(batch: int) -> int:
 
 
 def _push_pool(parts: int):
-    """The threads the pushes' extra runs go to (made once, grown when more are asked)."""
+    """The threads a push's runs after the first go to: one pool for the process, made at the
+    first ask under a lock, with :data:`PUSH_PARTS` - 1 threads at most (started as runs come;
+    never shut down, so a plan in another thread never finds its pool gone; a forked process,
+    a data loader's worker, makes its own: its parent's threads are not in it); None for one
+    run."""
     if parts < 2:
         return None
-    if _PUSH_POOL[1] < parts - 1:
-        if _PUSH_POOL[0] is not None:
-            _PUSH_POOL[0].shutdown(wait=False)  # its queued runs finish; its threads then end
-        _PUSH_POOL[:] = [ThreadPoolExecutor(parts - 1, thread_name_prefix="push"), parts - 1]
-    return _PUSH_POOL[0]
+    with _PUSH_LOCK:
+        if _PUSH_POOL[0] is None or _PUSH_POOL[1] != os.getpid():
+            _PUSH_POOL[:] = [ThreadPoolExecutor(PUSH_PARTS - 1, thread_name_prefix="push"),
+                             os.getpid()]
+        return _PUSH_POOL[0]
 
 
 def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tensor,
@@ -216,11 +223,10 @@ def _push_host(e: _Edges, rows_in: "_Rows", rows_out: "_Rows", keep: torch.Tenso
     itype = np.int32 if csr_index_dtype(b * int(e.out_dst.numel()), n + rows_in.count,
                                         rows_out.count) == torch.int32 else np.int64
     parts = _push_parts(b)
-    push = kernels().push_counts(rows_in.flat.numpy(), e.out_ptr.numpy(), e.out_dst.numpy(),
-                                 keep_np, cnt_np, mean, rows_out.pos, n, rows_out.count,
-                                 n + rows_in.count, np.empty(0, itype),
-                                 np.empty(0, np.float64 if mean else np.float32), parts,
-                                 _push_pool(parts), transpose)
+    push = kernels().push_counts(
+        rows_in.flat.numpy(), e.out_ptr.numpy(), e.out_dst.numpy(), keep_np, cnt_np, mean,
+        rows_out.pos, n, rows_out.count, n + rows_in.count, np.empty(0, itype),
+        np.empty(0, np.float64 if mean else np.float32), parts, _push_pool(parts), transpose)
     gfac = keep_np[q].astype(np.float64)
     if mean:
         gfac = gfac * e.deg.numpy()[q % n] / np.maximum(cnt_np[q], 1.0)
@@ -2511,18 +2517,17 @@ def _plan_groups(plan: _Plan) -> None:
     n = plan.num_nodes
     pair = kernels().csr_pair  # both orientations, by compiled counting sorts
     for src, cps in groups.items():
-        total = sum(cp.host["push"].m + 2 * cp.rows_out.count for cp in cps)
+        # the group's CSR is made in place: each conv's pushed rows, then its own rows, filled
+        # into their slices of one pair of arrays (no copy of every block into it)
+        owns = [cp.rows_out.count + int(np.count_nonzero(cp.host["self_in"] >= 0)) for cp in cps]
+        total = sum(cp.host["push"].m for cp in cps) + sum(owns)
         idx_t = np.int32 if csr_index_dtype(total, n + cps[0].rows_in.count, sum(
             cp.rows_out.count for cp in cps)) == torch.int32 else np.int64
         rows_in = cps[0].rows_in
         ncol = n + rows_in.count
-        # the group's CSR is made in place: each conv's pushed rows, then its own rows, filled
-        # into their slices of one pair of arrays (no copy of every block into it)
-        owns = [cp.rows_out.count + int(np.count_nonzero(cp.host["self_in"] >= 0)) for cp in cps]
-        nnz = sum(cp.host["push"].m for cp in cps) + sum(owns)
-        col_all = np.empty(nnz, dtype=idx_t)
-        val_all = np.empty(nnz, dtype=np.result_type(*[cp.host["push"].vtype for cp in cps]))
-        crows, sizes, nnz = [], [], 0
+        col_all = np.empty(total, dtype=idx_t)
+        val_all = np.empty(total, dtype=np.result_type(*[cp.host["push"].vtype for cp in cps]))
+        crows, sizes, nnz = [], [], 0  # nnz: the entries filled so far
         g = ("g", id(src))
         for cp, n_own in zip(cps, owns):
             h, c = cp.host, cp.rows_out.count

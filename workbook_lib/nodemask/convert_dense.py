@@ -117,7 +117,7 @@ def _maps_backward(g, z, r, w1, w2, grads, out=None):
 def _gin_rows(agg, x, e, w1, b1, w2, b2, z, r, out, wt=None, genes=None, gfac=None) -> None:
     """A block of a GIN-MLP's rows, into ``z`` (its GIN sum), ``r`` (the ReLU's output) and
     ``out``: ``lin2(relu(lin1(agg + e * x)))``, with ``wt`` given ``agg + wt[genes] * gfac`` in
-    the op-by-op order (:class:`GinMlp`'s and :class:`DeltaGinSum`'s blocks)."""
+    the op-by-op order (:class:`GinMlp`'s blocks)."""
     if wt is None:
         torch.addcmul(agg, x, e, out=z)
     else:

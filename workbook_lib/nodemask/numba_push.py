@@ -530,7 +530,11 @@ def push_block(f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, rows, ncol, 
 
 def _each(fn, args_of, runs: list, pool) -> None:
     """``fn`` over each run of whole samples: the first in this thread, the others in
-    ``pool``'s (the compiled passes release the GIL)."""
+    ``pool``'s (the compiled passes release the GIL), or all in this thread without a pool."""
+    if pool is None:
+        for k, (lo, hi) in enumerate(runs):
+            fn(*args_of(k, lo, hi))
+        return
     jobs = [pool.submit(fn, *args_of(k, lo, hi)) for k, (lo, hi) in enumerate(runs[1:], 1)] \
         if len(runs) > 1 else []
     fn(*args_of(0, *runs[0]))
@@ -542,9 +546,9 @@ class PushCounts:
     """:func:`push_block`'s first pass done (:func:`push_counts`): ``crow``, the rows' pointers,
     and ``m``, the entries, known; :meth:`fill` runs the second pass, into arrays of the
     caller's (a delta group's CSR, the blocks of its convs one after another: no copy into it)
-    or new ones. ``runs`` is how many runs of samples the passes take: :meth:`fill` is given a
-    pool of at least ``runs - 1`` threads (the one at its call: a pool the first pass ran on
-    may have been replaced since)."""
+    or new ones, once. ``runs`` is how many runs of samples the passes take: :meth:`fill` runs
+    them in the pool it is given (the runs after the first; without one, one after another in
+    its own thread), the same arrays either way."""
 
     def __init__(self, args: tuple, runs: list, crow, tcrow, tshared):
         self._args, self._runs = args, runs
@@ -552,6 +556,7 @@ class PushCounts:
         self.crow, self._tcrow, self._tshared = crow, tcrow, tshared
         self.m = int(crow[-1])
         self.vtype = args[9].dtype  # the values' dtype
+        self._filled = False
 
     def fill(self, col=None, val=None, pool=None) -> tuple:
         """The second pass: ``(crow, col, val, tcrow, tcol, tval)`` as :func:`push_block`
@@ -559,6 +564,9 @@ class PushCounts:
         slices of larger arrays may be given; an integer and a float dtype that hold them: a
         sum's values are +-1, a mean's are made in float64), else new (``itype``'s and
         ``vtype``'s dtypes)."""
+        if self._filled:  # its pointers are the returned arrays, and the transpose's are
+            raise ValueError("push fill: this push was filled already")  # summed in place
+        self._filled = True
         (f_in, out_ptr, out_dst, keep, cnt, mean, pos_out, n, itype, vtype,
          transpose) = self._args
         crow, tcrow, tshared, m = self.crow, self._tcrow, self._tshared, self.m

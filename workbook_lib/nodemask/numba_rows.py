@@ -19,13 +19,14 @@ results are equal bit for bit (``tests/test_numba_rows.py``), with one exception
 whose ``z + x * e`` PyTorch 2.13's CPU kernel rounds once (a fused multiply-add), where
 :func:`gin_sum_rows` rounds the product and the sum each (to that rounding).
 
-The row passes of :class:`~workbook_lib.nodemask.convert_dense.DeltaGinSum` (:func:`gin_sum_rows`
-forward; :func:`take_add_at` and :func:`gin_sum_rows_backward` backward) each do in one pass
-over a block's rows what took two to four PyTorch passes (the GIN sum's ``index_select``, ``mul``,
-``add`` and ``addcmul``; the gradient rows' ``index_select`` and ``index_add_``; ``mul`` by
-``1 + eps`` and the scaled ``index_add_``). On the TorchCell-shaped encoder at the real spec, the
-layer's forward and backward on its captured inputs took 0.929x the time (IQR 0.126, 16
-interleaved rounds), the whole step 0.968x (IQR 0.064, 14 interleaved rounds) on this
+The row passes of :class:`~workbook_lib.nodemask.convert_dense.DeltaGinSum` each do in one pass
+over a block's rows what took several: :func:`gin_sum_rows` the GIN sum's four PyTorch passes
+(``index_select``, ``mul``, ``add``, ``addcmul``); :func:`take_add_at` the gradient rows'
+``index_select`` and their compiled scatter into the wildtype's gradient; and
+:func:`gin_sum_rows_backward` the gradient at ``x`` (``mul`` by ``1 + eps``) and the compiled
+scaled scatter into the wildtype aggregation's gradient. On the TorchCell-shaped encoder at the
+real spec, the layer's forward and backward on its captured inputs took 0.929x the time (IQR
+0.126, 16 interleaved rounds), the whole step 0.968x (IQR 0.064, 14 interleaved rounds) on this
 project's 2-core Intel machine. Arrays are numpy views of CPU
 tensors of one float dtype (bfloat16 and float16 are not taken); rows are the last axis's runs.
 Indices are not checked (``boundscheck=False``: an index out of range writes outside the array,
@@ -41,15 +42,6 @@ def add_diff_at(out, pos, o, sub, genes):  # pragma: no cover - jitted
         p, q = pos[i], genes[i]
         for k in range(out.shape[1]):
             out[p, k] += o[i, k] - sub[q, k]
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def add_at(acc, idx, src):  # pragma: no cover - jitted
-    """``acc[idx[i]] += src[i]`` for each row ``i`` of ``src``, in order."""
-    for i in range(idx.shape[0]):
-        r = idx[i]
-        for k in range(acc.shape[1]):
-            acc[r, k] += src[i, k]
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
