@@ -124,6 +124,8 @@ CASES = [
     ("nnodes without rendezvous", lambda t: ["--set", "nnodes=2"], "rdzv_endpoint"),
     ("ddp_timeout_s beyond a timedelta", lambda t: ["--set", "ddp_timeout_s=1.0e300"],
      "ddp_timeout_s"),
+    ("ddp_timeout_s shorter than the heartbeats", lambda t: ["--set", "ddp_timeout_s=1"],
+     "ddp_timeout_s"),
     ("bucket_cap_mb beyond int64 bytes", lambda t: ["--set", "bucket_cap_mb=1.0e300"],
      "bucket_cap_mb"),
     # and the ones that always were

@@ -144,13 +144,24 @@ def test_stopped_rank_named_before_the_waiting_rank_times_out(tiny_params, tmp_p
     _no_orphans(tmp_path)
 
 
-@pytest.mark.alone  # a 1 s stall limit on a healthy start: another worker beside it stalled it
+@pytest.mark.alone  # the shortest stall limit on a healthy start: a worker beside it stalled it
 def test_short_timeout_does_not_stop_a_healthy_start(tiny_params, tmp_path):
     """ddp_timeout_s=1 once stopped a healthy launch during start-up with a nameless message:
-    start-up gets its own allowance, then the 1 s applies (and names who was silent)."""
+    start-up gets its own allowance, then the shortest limit applies, and each phase after it
+    (steps, the all-reduce timings) shows progress within it."""
     r = launcher.launch(MODULE, _config(tiny_params, steps=2), nproc_per_node=2,
-                        out_dir=tmp_path, timeout_s=1, threads_per_rank=1, startup_s=90)
+                        out_dir=tmp_path, timeout_s=launcher.MIN_TIMEOUT_S,
+                        threads_per_rank=1, startup_s=90)
     assert set(r.ranks) == {0, 1}
+
+
+def test_a_stall_limit_shorter_than_a_few_heartbeats_is_refused(tiny_params, tmp_path):
+    """Progress reaches the launcher with the heartbeats, once a second: a 1 s limit cannot tell
+    a healthy rank from a silent one (it stopped a healthy launch on a loaded CI machine)."""
+    with pytest.raises(ValueError, match="at least 5 s: ranks report progress once a second"):
+        launcher.launch(MODULE, _config(tiny_params, steps=2), nproc_per_node=2,
+                        out_dir=tmp_path, timeout_s=1, threads_per_rank=1)
+    assert not list(tmp_path.glob("rank*"))  # refused before anything started
 
 
 def test_diagnose_names_a_rank_that_never_started():

@@ -19,6 +19,8 @@ MAX_SEED = 2**32 - 1  # numpy's legacy seeding and DataLoader workers take 32-bi
 MAX_INT = 2**62  # anything larger overflows torch's int64 arithmetic somewhere
 MAX_TIMEOUT_S = 1e6  # ~11.6 days; the ranks' process-group timeout is a timedelta (and a C++
                      # duration): far larger values overflow in notebook 04's ranks
+MIN_TIMEOUT_S = 5.0  # a rank's progress reaches the launcher with its heartbeat, once a second
+                     # (later on a loaded machine): a shorter stall limit stops healthy launches
 MAX_BUCKET_MB = 1 << 20  # 1 TiB; DDP turns the cap into an int64 byte count
 
 
@@ -31,6 +33,15 @@ def positive_at_most(limit: float, why: str) -> Check:
         if v <= 0:
             return "must be positive"
         return None if v <= limit else f"must be at most {limit:,.0f} ({why})"
+    return check
+
+
+def between(low: float, high: float, why_low: str, why_high: str) -> Check:
+    """``low <= v <= high``, each bound with its reason."""
+    def check(v):
+        if v < low:
+            return f"must be at least {low:g} ({why_low})"
+        return None if v <= high else f"must be at most {high:,.0f} ({why_high})"
     return check
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from ..configs.checks import MIN_TIMEOUT_S
 from ..exceptions import LaunchError
 from ..records import to_json
 from ..common import processes
@@ -168,8 +169,10 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
         raise ValueError(f"'nproc_per_node' must be a positive integer (got {nproc_per_node})")
     if nnodes <= 0:
         raise ValueError(f"'nnodes' must be a positive integer (got {nnodes})")
-    if timeout_s <= 0:
-        raise ValueError(f"'timeout_s' must be positive (got {timeout_s})")
+    if not timeout_s >= MIN_TIMEOUT_S:  # progress arrives with the ranks' heartbeats
+        raise ValueError(f"'timeout_s' must be at least {MIN_TIMEOUT_S:g} s: ranks report "
+                         f"progress once a second, so a shorter limit stops healthy launches "
+                         f"(got {timeout_s})")
     world = nproc_per_node * nnodes
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

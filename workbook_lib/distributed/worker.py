@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -227,9 +228,11 @@ def _barrier(device: torch.device) -> None:
         dist.barrier()
 
 
-def time_allreduces(sizes: list[int], device: torch.device, repeats: int) -> list[dict]:
+def time_allreduces(sizes: list[int], device: torch.device, repeats: int,
+                    tick: Callable[[], None] | None = None) -> list[dict]:
     """The all-reduce of buffers of ``sizes`` bytes on ``device``, each repeat after a barrier
-    and between device syncs (so no rank waits for another inside the timed region)."""
+    and between device syncs (so no rank waits for another inside the timed region); ``tick``
+    (the heartbeat's) after each repeat, so that the launcher sees the phase progress."""
     from ..measurement.timing import Stat, sync
 
     out = []
@@ -245,6 +248,8 @@ def time_allreduces(sizes: list[int], device: torch.device, repeats: int) -> lis
             dist.all_reduce(buf)
             sync(device)
             samples.append(time.perf_counter() - t0)
+            if tick is not None:
+                tick()
         out.append({"bytes": buf.numel() * 4, "seconds": Stat.from_samples(samples)})
     return out
 
@@ -379,7 +384,7 @@ def _main(cfg: WorkerConfig, out, rank, world, fh, hb):
                      if p.requires_grad)
     hb.set("timing all-reduces (collective)")
     sizes = sorted({4096, 65536, 1 << 20, 4 << 20, 16 << 20, grad_bytes})
-    allreduce = time_allreduces(sizes, device, max(5, cfg.steps))
+    allreduce = time_allreduces(sizes, device, max(5, cfg.steps), tick=hb.tick)
     doc = {"rank": rank, "world_size": world, "backend": backend, "device": str(device),
            "threads": threads, "threads_all": threads_all if world == 1 else None,
            "workers": workers, "cpu_allocator": alloc,
