@@ -29,9 +29,10 @@ report: venv
 	$(PY) -m workbook_lib run --params $(PARAMS) --out $(OUT)
 
 # the suite in one pytest-xdist worker per allowed CPU (at most 4), each file in one worker,
-# the longest files first (tests/conftest.py); `.venv/bin/python -m pytest` runs it in one process
+# the longest files first (tests/conftest.py), the 15 longest tests listed at the end;
+# `.venv/bin/python -m pytest` runs it in one process
 test: venv
-	$(PY) -m pytest -q -rs -n auto --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -rs -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 # the documentation site from docs/ and mkdocs.yml into site/ (open site/index.html); strict: a
 # broken link or anchor, or a page missing from the nav, fails it
