@@ -147,12 +147,27 @@ def test_stopped_rank_named_before_the_waiting_rank_times_out(tiny_params, tmp_p
 @pytest.mark.alone  # the shortest stall limit on a healthy start: a worker beside it stalled it
 def test_short_timeout_does_not_stop_a_healthy_start(tiny_params, tmp_path):
     """ddp_timeout_s=1 once stopped a healthy launch during start-up with a nameless message:
-    start-up gets its own allowance, then the shortest limit applies, and each phase after it
-    (steps, the all-reduce timings) shows progress within it."""
-    r = launcher.launch(MODULE, _config(tiny_params, steps=2), nproc_per_node=2,
-                        out_dir=tmp_path, timeout_s=launcher.MIN_TIMEOUT_S,
+    start-up gets its own allowance (here a start-up stage of rank 1 silent for longer than the
+    limit), then the shortest limit applies, and each phase after it (steps, the all-reduce
+    timings) shows progress within it."""
+    slow = launcher.MIN_TIMEOUT_S + 5
+    r = launcher.launch(MODULE, _config(tiny_params, steps=2, slow_rank=1, slow_start_s=slow),
+                        nproc_per_node=2, out_dir=tmp_path, timeout_s=launcher.MIN_TIMEOUT_S,
                         threads_per_rank=1, startup_s=90)
     assert set(r.ranks) == {0, 1}
+
+
+def test_the_stall_limit_applies_once_every_rank_is_in_its_training_loop(tiny_params,
+                                                                         tmp_path):
+    """The other way: the same silence in a training step (after start-up) stops the launch."""
+    slow = launcher.MIN_TIMEOUT_S + 5
+    with pytest.raises(LaunchError) as e:
+        launcher.launch(MODULE, _config(tiny_params, steps=2, slow_rank=1,
+                                        slow_rank_delay_s=slow),
+                        nproc_per_node=2, out_dir=tmp_path, timeout_s=launcher.MIN_TIMEOUT_S,
+                        threads_per_rank=1, startup_s=90)
+    assert e.value.kind == "hung" and "made no progress for 5 s" in str(e.value), str(e.value)
+    _no_orphans(tmp_path)
 
 
 def test_a_stall_limit_shorter_than_a_few_heartbeats_is_refused(tiny_params, tmp_path):

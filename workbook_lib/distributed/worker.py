@@ -281,6 +281,8 @@ def _main(cfg: WorkerConfig, out, rank, world, fh, hb):
         _log(fh, "hanging (test hook)")
         time.sleep(3600)
     hb.set("setup")
+    if cfg.slow_rank == rank and cfg.slow_start_s:
+        time.sleep(float(cfg.slow_start_s))  # test hook: a start-up stage longer than the limit
     gap = cfg.gap_strategies
     scaling = cfg.scaling_strategy
     global_batch = cfg.global_batch

@@ -21,8 +21,9 @@ class WorkerConfig:
             launcher, with out_dir and threads).
         workers, threads_all: DataLoader workers per rank (None: the params'), and the
             all-threads arms' threads (smallest world size only).
-        fail_rank, hang_rank, slow_rank, slow_rank_delay_s: a rank made to fail, hang or wait
-            before each step (the launcher's tests).
+        fail_rank, hang_rank, slow_rank, slow_rank_delay_s, slow_start_s: a rank made to fail,
+            hang, wait before each step, or wait once in its start-up (its "setup" stage, no
+            progress meanwhile) (the launcher's tests).
     """
 
     params: Params
@@ -44,6 +45,7 @@ class WorkerConfig:
     hang_rank: int | None = None
     slow_rank: int | None = None
     slow_rank_delay_s: float = 0.0
+    slow_start_s: float = 0.0
 
     @classmethod
     def from_json(cls, data: dict) -> WorkerConfig:
