@@ -179,6 +179,14 @@ def test_a_stall_limit_shorter_than_a_few_heartbeats_is_refused(tiny_params, tmp
     assert not list(tmp_path.glob("rank*"))  # refused before anything started
 
 
+def test_several_nodes_without_a_rendezvous_are_refused_before_anything_is_written(tiny_params,
+                                                                                    tmp_path):
+    out = tmp_path / "launch"
+    with pytest.raises(ValueError, match="'rdzv_endpoint' .* is required when nnodes > 1"):
+        launcher.launch(MODULE, _config(tiny_params), nproc_per_node=1, nnodes=2, out_dir=out)
+    assert not out.exists()
+
+
 def test_diagnose_names_a_rank_that_never_started():
     now = time.time()
     blame, why = launcher.diagnose_stall({0: {"time": now, "stage": "init_process_group "

@@ -161,7 +161,13 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
     rank must write ``rank{RANK}.json`` into ``out_dir`` on success; it may write
     ``rank{RANK}.log``, ``.heartbeat`` and, on failure, ``.error``.
 
+    ``timeout_s``: how long the ranks may make no progress once all are in their training
+    loop (start-up and tear-down get at least ``startup_s``); at least
+    :data:`~..configs.checks.MIN_TIMEOUT_S`, since progress arrives with the heartbeats.
+
     Raises:
+        ValueError: a bad argument (a count that is not positive, ``timeout_s`` under the
+            minimum, a missing rendezvous endpoint), before anything starts.
         LaunchError: a rank failed, died or stopped progressing (named, with its last output), or
             torchrun could not start. No process is left behind.
     """
@@ -173,6 +179,8 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
         raise ValueError(f"'timeout_s' must be at least {MIN_TIMEOUT_S:g} s: ranks report "
                          f"progress once a second, so a shorter limit stops healthy launches "
                          f"(got {timeout_s})")
+    if (nnodes > 1 or rdzv_endpoint is not None) and not rdzv_endpoint:
+        raise ValueError("'rdzv_endpoint' (host:port) is required when nnodes > 1")
     world = nproc_per_node * nnodes
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,8 +194,6 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
     if nnodes == 1 and rdzv_endpoint is None:
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     else:
-        if rdzv_endpoint is None:
-            raise ValueError("'rdzv_endpoint' (host:port) is required when nnodes > 1")
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
                 "--rdzv-id", os.environ.get("SLURM_JOB_ID", "workbook")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
