@@ -204,7 +204,7 @@ class ParamsSchema(Mapping):
         "too)",
         S_04)
     ddp_timeout_s: float = param(300.0,
-        "a launch silent this long is stopped",
+        "a launch silent this long is stopped (longer than the longest training step)",
         S_04, checks.between(MIN_TIMEOUT_S, MAX_TIMEOUT_S,
                              "ranks report progress once a second: a shorter limit stops "
                              "healthy launches",

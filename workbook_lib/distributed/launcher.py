@@ -136,8 +136,11 @@ def diagnose_stall(beats: dict[int, dict], now: float | None = None,
         why += "; waiting for it: " + ", ".join(f"rank {r} in '{beats[r].get('stage')}'"
                                                 for r in sorted(waiting))
         return busy, why
-    return [], "every rank waits in a collective (" + ", ".join(
-        f"rank {r}: '{b.get('stage')}'" for r, b in sorted(beats.items())) + ")"
+    stages = ", ".join(f"rank {r}: '{b.get('stage')}'" for r, b in sorted(beats.items()))
+    if busy:  # a step's own all-reduces (DDP's) run inside 'training loop': not told apart
+        return [], (f"no rank reported progress ({stages}); within a training step a rank's "
+                    "stage does not tell computing from waiting in the step's all-reduce")
+    return [], f"every rank waits in a collective ({stages})"
 
 
 def torchrun_root_cause(log_text: str) -> tuple[int | None, str | None]:
@@ -161,9 +164,12 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
     rank must write ``rank{RANK}.json`` into ``out_dir`` on success; it may write
     ``rank{RANK}.log``, ``.heartbeat`` and, on failure, ``.error``.
 
-    ``timeout_s``: how long the ranks may make no progress once all are in their training
-    loop (start-up and tear-down get at least ``startup_s``); at least
-    :data:`~..configs.checks.MIN_TIMEOUT_S`, since progress arrives with the heartbeats.
+    ``timeout_s``: how long the ranks may make no progress (a stage changed, a step or a timed
+    all-reduce done, a log grown) once every rank is in its training loop, so longer than the
+    longest step; at least :data:`~..configs.checks.MIN_TIMEOUT_S`, since progress arrives
+    with the heartbeats, once a second. Before that, while ranks are still starting, the limit
+    is at least :data:`STARTUP_S`, then at least ``startup_s`` until every rank is in its
+    training loop; at least ``startup_s`` again once every rank is done.
 
     Raises:
         ValueError: a bad argument (a count that is not positive, ``timeout_s`` under the
@@ -182,6 +188,10 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
     if (nnodes > 1 or rdzv_endpoint is not None) and not rdzv_endpoint:
         raise ValueError("'rdzv_endpoint' (host:port) is required when nnodes > 1")
     world = nproc_per_node * nnodes
+    if nnodes > 1 and "SLURM_JOB_ID" not in os.environ:
+        raise LaunchError(f"nnodes={nnodes} needs a SLURM allocation (srun starts one "
+                          "torchrun per node); run inside sbatch/salloc", kind="start",
+                          world_size=world)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for f in out.glob("rank*"):
@@ -200,10 +210,6 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
            "--nproc-per-node", str(nproc_per_node), "--max-restarts", "0", *rdzv,
            "-m", module, str(cfg_path)]
     if nnodes > 1:  # one torchrun agent per allocated node
-        if "SLURM_JOB_ID" not in os.environ:
-            raise LaunchError(f"nnodes={nnodes} needs a SLURM allocation (srun starts one "
-                              "torchrun per node); run inside sbatch/salloc", kind="start",
-                              world_size=world)
         cmd = ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *cmd]
     env = dict(os.environ)
     mark_run_root(env)  # the ranks' CPU figures count this run's whole process tree as its own

@@ -51,7 +51,8 @@ class Heartbeat:
         self._write()
 
     def tick(self) -> None:
-        """One more unit of progress (a training step); written with the next beat."""
+        """One more unit of progress (a training step, a timed all-reduce); written with the
+        next beat."""
         self.progress += 1
 
     def _write(self) -> None:
@@ -232,7 +233,8 @@ def time_allreduces(sizes: list[int], device: torch.device, repeats: int,
                     tick: Callable[[], None] | None = None) -> list[dict]:
     """The all-reduce of buffers of ``sizes`` bytes on ``device``, each repeat after a barrier
     and between device syncs (so no rank waits for another inside the timed region); ``tick``
-    (the heartbeat's) after each repeat, so that the launcher sees the phase progress."""
+    (the heartbeat's) after each size's warm-up and each repeat, so that the launcher sees the
+    phase progress."""
     from ..measurement.timing import Stat, sync
 
     out = []
@@ -240,6 +242,8 @@ def time_allreduces(sizes: list[int], device: torch.device, repeats: int,
         buf = torch.zeros(max(1, nbytes // 4), device=device)
         for _ in range(2):
             dist.all_reduce(buf)
+        if tick is not None:
+            tick()
         samples = []
         for _ in range(repeats):
             _barrier(device)
