@@ -22,6 +22,7 @@ MAX_TIMEOUT_S = 1e6  # ~11.6 days; the ranks' process-group timeout is a timedel
 MIN_TIMEOUT_S = 5.0  # a rank's progress reaches the launcher with its heartbeat, once a second
                      # (later on a loaded machine): a shorter stall limit stops healthy launches
                      # (a minimum, not a safe value: the limit must also exceed the longest step)
+MIN_TIMEOUT_WHY = "ranks report progress once a second: a shorter limit stops healthy launches"
 MAX_BUCKET_MB = 1 << 20  # 1 TiB; DDP turns the cap into an int64 byte count
 
 

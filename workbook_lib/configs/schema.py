@@ -22,7 +22,7 @@ from typing import Any
 
 from ..catalog import STRATEGY_NAMES
 from . import checks
-from .checks import MAX_BUCKET_MB, MAX_TIMEOUT_S, MIN_TIMEOUT_S, Check
+from .checks import MAX_BUCKET_MB, MAX_TIMEOUT_S, MIN_TIMEOUT_S, MIN_TIMEOUT_WHY, Check
 
 DEVICES = ("cpu", "cuda", "auto")
 AGGRS = ("sum", "mean")
@@ -205,9 +205,7 @@ class ParamsSchema(Mapping):
         S_04)
     ddp_timeout_s: float = param(300.0,
         "a launch silent this long is stopped (longer than the longest training step)",
-        S_04, checks.between(MIN_TIMEOUT_S, MAX_TIMEOUT_S,
-                             "ranks report progress once a second: a shorter limit stops "
-                             "healthy launches",
+        S_04, checks.between(MIN_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_WHY,
                              "the ranks' process-group timeout overflows beyond it"))
     link_bandwidth_gbps: float | None = param(None,
         "all-reduce bus bandwidth in GB/s for predictions (null: fitted here)",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from ..configs.checks import MIN_TIMEOUT_S
+from ..configs.checks import MIN_TIMEOUT_S, MIN_TIMEOUT_WHY
 from ..exceptions import LaunchError
 from ..records import to_json
 from ..common import processes
@@ -182,8 +182,7 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
     if nnodes <= 0:
         raise ValueError(f"'nnodes' must be a positive integer (got {nnodes})")
     if not timeout_s >= MIN_TIMEOUT_S:  # progress arrives with the ranks' heartbeats
-        raise ValueError(f"'timeout_s' must be at least {MIN_TIMEOUT_S:g} s: ranks report "
-                         f"progress once a second, so a shorter limit stops healthy launches "
+        raise ValueError(f"'timeout_s' must be at least {MIN_TIMEOUT_S:g} s: {MIN_TIMEOUT_WHY} "
                          f"(got {timeout_s})")
     if (nnodes > 1 or rdzv_endpoint is not None) and not rdzv_endpoint:
         raise ValueError("'rdzv_endpoint' (host:port) is required when nnodes > 1")
