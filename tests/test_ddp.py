@@ -218,6 +218,20 @@ def test_several_nodes_outside_slurm_are_refused_before_anything_is_written(tiny
     assert e.value.kind == "start" and not out.exists()
 
 
+def test_the_silence_allowed_follows_the_launch_phase():
+    allowed = lambda beats, started=False, nnodes=1: launcher.allowed_silence_s(  # noqa: E731
+        beats, world=2, nnodes=nnodes, started=started, timeout_s=5.0, startup_s=300.0)
+    loop, done = {"stage": "training loop"}, {"stage": "done"}
+    # importing: a caller's start-up allowance longer than STARTUP_S is kept (it was ignored)
+    assert allowed({0: loop}) == 300.0
+    assert launcher.allowed_silence_s({}, world=2, nnodes=1, started=False, timeout_s=5.0,
+                                      startup_s=6.0) == launcher.STARTUP_S
+    assert allowed({0: {"stage": "building model"}, 1: loop}) == 300.0  # starting
+    assert allowed({0: loop, 1: loop}, started=True) == 5.0  # training: the stall limit
+    assert allowed({0: done, 1: done}, started=True) == 300.0  # tear-down
+    assert allowed({}, nnodes=2) == 300.0  # another node's ranks beat elsewhere
+
+
 def test_diagnose_names_a_rank_that_never_started():
     now = time.time()
     blame, why = launcher.diagnose_stall({0: {"time": now, "stage": "init_process_group "

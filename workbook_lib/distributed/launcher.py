@@ -42,6 +42,29 @@ def pg_timeout_s(timeout_s: float, startup_s: float = STARTUP_S) -> float:
     return max(timeout_s, startup_s, STARTUP_S) + 2 * STALE_S + 30.0
 
 
+def allowed_silence_s(beats: dict, *, world: int, nnodes: int, started: bool,
+                      timeout_s: float, startup_s: float = STARTUP_S) -> float:
+    """How long the launch may make no progress before it is stopped, in its present phase.
+
+    Args:
+        beats: the ranks' latest heartbeats, by rank (those that wrote one).
+        world: the world size.
+        nnodes: the node count (on several nodes another node's ranks write no beat here).
+        started: whether every rank has reached its training loop.
+        timeout_s: the stall limit once every rank is in its training loop.
+        startup_s: the caller's start-up allowance.
+
+    While ranks are still importing Python and torch (a single node, not every rank has beaten
+    yet): the largest of ``timeout_s``, ``startup_s`` and :data:`STARTUP_S`. Then, until every
+    rank is in its training loop, and again once every rank is done: the larger of
+    ``timeout_s`` and ``startup_s``. In the training loop: ``timeout_s``.
+    """
+    if len(beats) < world and nnodes == 1:  # Python and torch still importing
+        return max(timeout_s, startup_s, STARTUP_S)
+    ending = all(str(b.get("stage", "")).startswith("done") for b in beats.values())
+    return timeout_s if started and not ending else max(timeout_s, startup_s)
+
+
 def read_pid_file(path: Path) -> tuple[int, str] | None:
     """(pid, host) from a rank's pid file, or None when it is unreadable."""
     try:
@@ -167,9 +190,10 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
     ``timeout_s``: how long the ranks may make no progress (a stage changed, a step or a timed
     all-reduce done, a log grown) once every rank is in its training loop, so longer than the
     longest step; at least :data:`~..configs.checks.MIN_TIMEOUT_S`, since progress arrives
-    with the heartbeats, once a second. Before that, while ranks are still starting, the limit
-    is at least :data:`STARTUP_S`, then at least ``startup_s`` until every rank is in its
-    training loop; at least ``startup_s`` again once every rank is done.
+    with the heartbeats, once a second. Before that, while ranks import, the limit is the
+    largest of ``timeout_s``, ``startup_s`` and :data:`STARTUP_S`; then, until every rank is in
+    its training loop, and again once every rank is done, the larger of ``timeout_s`` and
+    ``startup_s`` (:func:`allowed_silence_s`).
 
     Raises:
         ValueError: a bad argument (a count that is not positive, ``timeout_s`` under the
@@ -256,11 +280,8 @@ def launch(module: str, config, *, nproc_per_node: int, out_dir: str | Path,
             if len(beats) == world and all(b.get("stage") == "training loop"
                                            for b in beats.values()):
                 started = True
-            if len(beats) < world and nnodes == 1:  # Python and torch still importing
-                allowed = max(timeout_s, STARTUP_S)
-            else:
-                ending = all(str(b.get("stage", "")).startswith("done") for b in beats.values())
-                allowed = timeout_s if started and not ending else max(timeout_s, startup_s)
+            allowed = allowed_silence_s(beats, world=world, nnodes=nnodes, started=started,
+                                        timeout_s=timeout_s, startup_s=startup_s)
             # a rank that is done or failed stops beating on purpose: torchrun reports its end
             stale = [r for r in stale_ranks(beats)
                      if not str(beats[r].get("stage", "")).startswith("done")
