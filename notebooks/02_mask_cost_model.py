@@ -155,13 +155,16 @@ display(view.form_of(bres))
 # tried differ in how much of the dense operand stays in cache. The step's own sparse and dense
 # products, as achieved in one profiled step, beside the best rates measured on this machine;
 # then the floor: the fewest multiply-adds an exact sample of this model needs (from the batch's
-# own deletions), beside the step's measured counts and the time the floor takes at these rates.
+# own deletions), beside the step's measured counts and the time the floor takes at these rates;
+# then the convert section (a TorchCell-shaped encoder converted, against masked copies and its
+# floor) and where its converted step's time goes, part by part, beside each part's floor.
 
 # %%
 display(view.kernel_table(bres))
 display(view.rates_table(bres))
 display(view.floor_table(bres))
 display(view.convert_table(bres))
+display(view.convert_parts_table(bres))
 
 # %% [markdown]
 # ## Peak memory of a training step

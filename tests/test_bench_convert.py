@@ -1,8 +1,9 @@
 """The benchmark's convert section (tiny sizes, no timing thresholds): its forms are exact on the
 bench's small graph (the TorchCell-shaped encoder against its masked copies in float64, the
 workbook's model against its hand-written delta form on kept genes), its record round-trips
-JSON (an older result without it still loads), and the CLI lines and the report's table show it
-labelled (the floor's line computed, the rest measured)."""
+JSON (an older result without it still loads), and the CLI lines and the report's tables show it
+labelled (the floor's line computed, the rest measured; where the converted step's time goes,
+part by part, beside each part's floor)."""
 import json
 
 import pytest
@@ -99,6 +100,11 @@ def test_the_section_round_trips_and_labels_its_batches(bench):
     assert c.round_rates["sparse"].n == c.rounds and c.round_rates["sparse"].median > 0
     assert c.exact_max_rel_error["torchcell_converted"] < 1e-12
     assert "convs.2" in c.explain and c.few_reach_edges_per_type == 3
+    # where the converted step's time goes: its parts, each beside the floor parts it covers
+    assert c.parts.steps == 3 and c.parts.step_s > 0 and not c.parts.synchronized
+    assert "plan (host)" in c.parts.parts and any(lb.endswith("*") for lb in c.parts.parts)
+    booked = sorted(n for r in c.part_rows for n in r.floor_parts)
+    assert booked == sorted(c.floor.parts) and c.part_rows[-1].label.startswith("rest")
 
 
 def test_an_older_result_without_the_section_loads():
@@ -119,6 +125,10 @@ def test_the_cli_and_the_report_show_the_section(bench):
     assert "beside the step (same rounds)" in view.convert_table(bench).to_html()
     html = view.convert_table(bench).to_html()
     assert "workbook's model, converted" in html and "computed" in html
+    assert "where the converted TorchCell-shaped step's time goes (B = 4)" in lines
+    assert "x its floor" in lines and "plan (host)" in lines
+    parts_html = view.convert_parts_table(bench).to_html()
+    assert "Where the converted TorchCell-shaped step" in parts_html and "rest (" in parts_html
 
 
 def test_a_kernel_bound_figure_is_named_with_the_way_out(bench):

@@ -54,6 +54,7 @@ from ..common.host import cache_blocks
 from .convert_dense import hookless
 from .workers import watched
 from .workspace import take
+from .parts import timed_function
 
 try:  # what MultiAggregation builds for its simple parts (PyG 2.3 on)
     from torch_geometric.nn.aggr.fused import FusedAggregation as _Fused
@@ -117,6 +118,7 @@ def plain(m: nn.Module) -> bool:
     return all(hookless(s) and not getattr(s, "inplace", False) for s in m.modules())
 
 
+@timed_function
 class RowChunks(torch.autograd.Function):
     """``fn(x)`` for a per-row ``fn``, a chunk of ``rows`` rows at a time, into a workspace
     buffer; the backward runs each chunk again with its graph (a chunk's forward is a pass over
@@ -255,6 +257,7 @@ def chunkable_readout(readout: nn.Module) -> bool:
         all(_row_module(s) for s in readout.modules())
 
 
+@timed_function
 class PickChunks(torch.autograd.Function):
     """Rows of ``cat([wt, values])`` without making it, in chunks (per chunk ``c``:
     ``out_c[pos_w] = wt[src_w]``, ``out_c[pos_v] = values[src_v]``), one output per chunk (a

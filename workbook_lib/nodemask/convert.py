@@ -53,6 +53,8 @@ from .kernels import csr_index_dtype
 from .graph import SharedGraph
 from .workers import spread, watched, workers
 from .workspace import Workspace, take
+from . import parts as _parts
+from .parts import timed_function
 
 READOUTS = ("mean", "mean_kept", "sum_kept")
 # a layer takes the dense form when its delta form's counted work (edges read plus rows
@@ -610,7 +612,9 @@ class ConvertedEncoder(nn.Module):
                         f"plan_ahead planned these deletions for {other[0][0]} genes but x has "
                         f"{key[0]} rows (" + (self._n_hint(other[0][0]) if self._counted else
                                               f"pass n={key[0]} to plan_ahead") + ")")
-            plan = ahead.result() if ahead is not None else self._make_plan(d, key[0], key[1])
+            with _parts.timed(_parts.PLAN):
+                plan = ahead.result() if ahead is not None else \
+                    self._make_plan(d, key[0], key[1])
         self._state["plan"] = (key, plan)
         return plan
 
@@ -1294,7 +1298,10 @@ class ConvertedEncoder(nn.Module):
     def _run(self, x: torch.Tensor, plan: _Plan) -> torch.Tensor:
         """The planned batch's output (a pooled tail's readout comes out of the execution)."""
         out = self._execute(x, plan)
-        return out if isinstance(out, torch.Tensor) else self._readout(out, plan)
+        if isinstance(out, torch.Tensor):
+            return out
+        with _parts.timed("readout"):
+            return self._readout(out, plan)
 
     def _called(self, training: bool) -> tuple:
         """The module paths the traced forward calls (its ``call_module`` nodes) in this mode."""
@@ -1369,7 +1376,19 @@ class ConvertedEncoder(nn.Module):
         tail = self._tail(self.encoder.training)
         typed = self._typed(self.encoder.training)
         fused, in_fused = self._live_sums(plan, dev)
+        timing = _parts.active()  # each node's forward a part of its own (.parts)
+        try:
+            return self._execute_nodes(x, plan, env, dev, graph_dev, sums, tail, typed, fused,
+                                       in_fused, timing)
+        finally:
+            if timing:
+                _parts.switch(None)
+
+    def _execute_nodes(self, x, plan: _Plan, env: dict, dev, graph_dev, sums, tail, typed,
+                       fused, in_fused, timing: bool) -> _Val:
         for node in self._graph(self.encoder.training).nodes:
+            if timing:
+                _parts.switch(self._part_label(node, fused, tail))
             rows = plan.rows[node]
             if node in tail:
                 continue
@@ -1418,6 +1437,25 @@ class ConvertedEncoder(nn.Module):
             else:
                 env[node] = self._run_function(node, rows, env, plan, dev)
         raise ValueError("the traced forward has no output")
+
+    def _part_label(self, node: fx.Node, fused: dict, tail: set) -> str:
+        """The part a node's time is booked to (:mod:`.parts`): a fused sum's convs' common
+        path with ``*`` (``convs.1.*``), a module's path, the readout, or the node's name."""
+        owner = next((f for f, (fs, _) in fused.items() if node in (fs.ops or ())), None)
+        if owner is not None:  # an operand its fused sum computes: booked to the sum
+            node = owner
+        if node in fused:
+            names = [_name(c) for c in fused[node][0].convs]
+            if len(names) == 1:
+                return names[0]
+            common = os.path.commonprefix(names)
+            cut = max(common.rfind("."), common.rfind("["))
+            return (common[:cut + 1] if cut >= 0 else common) + "*"
+        if node.op == "call_module":
+            return str(node.target)
+        if node.op == "output":
+            return "readout" if tail else "output"
+        return node.name
 
     def _site(self) -> tuple:
         """The next workspace site of this call: ``(workspace, ordinal)`` (:mod:`.workspace`;
@@ -1596,7 +1634,8 @@ class ConvertedEncoder(nn.Module):
             return self._run_grouped(cp, m, vin, plan, dev)
         if cp.dense_group:
             return self._run_dense_grouped(cp, m, vin, plan, dev)
-        wt = self._wildtype_conv(cp, m, vin.wt, dev)
+        with _parts.timed(_parts.WILDTYPE):
+            wt = self._wildtype_conv(cp, m, vin.wt, dev)
         k = (cp.path, cp.edges.key)
         gcn = kind is GCNConv
         if cp.rows_out.dense:
@@ -1646,7 +1685,8 @@ class ConvertedEncoder(nn.Module):
         g = ("g", id(src))
         if src not in grouped:
             cps, sizes = plan.groups[src]
-            wt = _StackedSpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
+            with _parts.timed(_parts.WILDTYPE):
+                wt = _StackedSpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, vin.wt.dtype))
             have = _has_transposes(plan, g, len(sizes))
             if not have and (dev.type != "cpu" or watched()):  # a GPU's backward, or a watched
                 with host_side():  # one (which takes the transposed products): made here
@@ -1675,9 +1715,10 @@ class ConvertedEncoder(nn.Module):
         genes = plan.dev(k + ("genes",), None, dev)
         gfac = plan.dev(k + ("gfac",), None, dev, vin.wt.dtype)
         self._widths[(cp.path, cp.edges.key)] = int(vin.wt.shape[-1])
-        return _Val(_finish(cp.kind, m, wts[i], vin.wt, ws=self._site()),
-                    _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1], (wts[i], genes, gfac),
-                            ws=self._site()), cp.rows_out)
+        with _parts.timed(_parts.WILDTYPE):
+            wt = _finish(cp.kind, m, wts[i], vin.wt, ws=self._site())
+        return _Val(wt, _finish(cp.kind, m, deltas[2 * i], deltas[2 * i + 1],
+                                (wts[i], genes, gfac), ws=self._site()), cp.rows_out)
 
     def _run_fused_sum(self, node: fx.Node, live: tuple, vin: _Val, plan: _Plan, dev) -> _Val:
         """A fused sum (``live``: its :class:`_FusedSum` and its convs' maps, from
@@ -1695,11 +1736,12 @@ class ConvertedEncoder(nn.Module):
         wts, deltas, at = self._group_products(cps[0].src, vin, plan, dev)
         dtype = vin.wt.dtype
         mods = [self._conv_module(c.path, c.edges.key) for c in cps]
-        wto = [_finish(GINConv, m, wts[at[id(c)]], vin.wt, ws=self._site())
-               for m, c in zip(mods, cps)]
-        wt = wto[0] + wto[1] if len(wto) > 1 else wto[0]  # (a HeteroConv's may be one conv)
-        for w in wto[2:]:
-            wt = wt.add_(w)
+        with _parts.timed(_parts.WILDTYPE):
+            wto = [_finish(GINConv, m, wts[at[id(c)]], vin.wt, ws=self._site())
+                   for m, c in zip(mods, cps)]
+            wt = wto[0] + wto[1] if len(wto) > 1 else wto[0]  # (a HeteroConv's may be one)
+            for w in wto[2:]:
+                wt = wt.add_(w)
         idx, params = [], []
         for c, m, w, (lin1, lin2) in zip(cps, mods, wto, maps):
             i = at[id(c)]
@@ -1734,14 +1776,16 @@ class ConvertedEncoder(nn.Module):
             scale = plan.dev(("dscale", id(cp.src)), None, dev, dtype)  # [B, T, N, 1]
             aggs = _SlabParts.apply(full * keep, scale, block_size(dev, b), self._site(),
                                     *[m[0] for m in mats], *[m[1] for m in mats])
-            wt = _StackedSpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype))
+            with _parts.timed(_parts.WILDTYPE):
+                wt = _StackedSpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype))
             grouped[key] = (wt.split(n), aggs, full.reshape(b * n, f),
                             {id(c): i for i, c in enumerate(cps)})
         wts, aggs, self_x, at = grouped[key]
         i = at[id(cp)]
         self._widths[(cp.path, cp.edges.key)] = int(aggs[i].shape[-1])
-        return _Val(_finish(cp.kind, m, wts[i], vin.wt, ws=self._site()),
-                    _finish(cp.kind, m, aggs[i], self_x, ws=self._site()), cp.rows_out)
+        with _parts.timed(_parts.WILDTYPE):
+            wt = _finish(cp.kind, m, wts[i], vin.wt, ws=self._site())
+        return _Val(wt, _finish(cp.kind, m, aggs[i], self_x, ws=self._site()), cp.rows_out)
 
     def _run_dense_sum(self, node: fx.Node, cps: list, maps: list, vin: _Val, plan: _Plan,
                        dev) -> _Val:
@@ -1752,11 +1796,12 @@ class ConvertedEncoder(nn.Module):
         b, n, f = full.shape
         dtype = full.dtype
         mods = [self._conv_module(c.path, c.edges.key) for c in cps]
-        wts = _StackedSpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype)).split(n)
-        wt = None
-        for m, w in zip(mods, wts):
-            o = _finish(GINConv, m, w, vin.wt, ws=self._site())
-            wt = o if wt is None else wt + o
+        with _parts.timed(_parts.WILDTYPE):
+            wts = _StackedSpMM.apply(vin.wt, *self._wildtype_stack(cps, dev, dtype)).split(n)
+            wt = None
+            for m, w in zip(mods, wts):
+                o = _finish(GINConv, m, w, vin.wt, ws=self._site())
+                wt = o if wt is None else wt + o
         params = []
         for m, (lin1, lin2) in zip(mods, maps):
             params += [1 + m.eps, lin1.weight, lin1.bias, lin2.weight, lin2.bias]
@@ -2282,6 +2327,7 @@ def _cat_features(args, kwargs) -> torch.Tensor:
     return torch.cat(parts, -1)
 
 
+@timed_function
 class _SpMM(torch.autograd.Function):
     """``a @ x`` for a CSR ``a`` with its transpose ``at`` given (the backward is one product)."""
 
@@ -2295,6 +2341,7 @@ class _SpMM(torch.autograd.Function):
         return (_csr_mm(ctx.at, g) if ctx.needs_input_grad[0] else None), None, None
 
 
+@timed_function
 class _StackedSpMM(torch.autograd.Function):
     """``a @ x`` for a CSR ``a`` of row blocks stacked (``[T * N, N]``: an aggregation per edge
     type), with each block's transpose given (``ats``, ``[N, N]`` each): the backward adds the
@@ -2319,6 +2366,7 @@ class _StackedSpMM(torch.autograd.Function):
             + (None,) * len(ctx.ats)
 
 
+@timed_function
 class _SpMMParts(torch.autograd.Function):
     """``(a @ x).split(sizes)`` for a CSR ``a`` with each row block's transpose given (or none,
     a CPU's plan: made here, :func:`_block_transposes`, where the backward takes them): the
@@ -2407,6 +2455,7 @@ def _scatter_parts(a: torch.Tensor, sizes: list, grads: tuple, ws) -> torch.Tens
     return accs[0]
 
 
+@timed_function
 class _SlabParts(torch.autograd.Function):
     """Per edge type ``t``: ``(a[t] @ x_b) * scale[b, t]`` for every sample ``b`` of ``x``
     ``[B, N, F]``, as ``[B * N, F]`` sample-major, each type's rows one contiguous block of one
@@ -2460,6 +2509,7 @@ class _SlabParts(torch.autograd.Function):
         return (gx, None, None, None) + (None,) * (2 * t)
 
 
+@timed_function
 class _GinSelf(torch.autograd.Function):
     """GIN's ``agg + e * x`` (``e = 1 + eps``, a one-element tensor) in one pass, whose
     backward is one product for ``x`` and one dot product for ``e`` (autograd's ``addcmul``
@@ -2711,6 +2761,7 @@ def _plan_delta_sum(plan: _Plan, cps: list, rows: _Rows) -> None:
         plan.index[("dsum_off", id(r))] = np.searchsorted(r.flat.numpy(), starts).tolist()
 
 
+@timed_function
 class _SumAt(torch.autograd.Function):
     """The values of a sum of values at rows ``rows`` (a union of the operands' rows): the
     summed wildtype ``wt`` at every row (repeated per sample where ``rows`` is dense, else
@@ -2791,6 +2842,7 @@ def _repeat(wt: torch.Tensor, b: int, ws: tuple | None) -> torch.Tensor:
     return out
 
 
+@timed_function
 class _Full(torch.autograd.Function):
     """``[B * N, H]``: ``wt`` repeated per sample, its changed rows ``flat`` (genes ``gene``)
     replaced by ``values``: a sequential copy and R row writes, where picking every row gathers

@@ -47,6 +47,7 @@ from .compiled import kernels
 from .first_order import first_order
 from .workers import spread, workers
 from .workspace import take
+from .parts import timed_function
 
 
 def hookless(m: nn.Module) -> bool:
@@ -143,6 +144,7 @@ def _gin_rows_backward(g, x, z, r, e, w1, w2, grads, gz_out, gx_out=None) -> tor
     return gz
 
 
+@timed_function
 class GinMlp(torch.autograd.Function):
     """A GIN whose ``nn`` is ``Sequential(Linear, ReLU, Linear)`` on its rows:
     ``lin2(relu(lin1(agg + e * x)))``, ``[R, F] -> [R, H]``, a block of rows at a time (each
@@ -235,6 +237,7 @@ def block_size(device: torch.device, batch: int) -> int:
     return 1 if device.type == "cpu" else batch
 
 
+@timed_function
 class DenseGinSum(torch.autograd.Function):
     """``sum_t lin2_t(relu(lin1_t(z_t)))`` as ``[B * N, H]``, sample-major, where
     ``z_t = scale[:, t] * (a_t @ (keep * x)) + e_t * x`` per sample (``a_t`` the type's CSR
@@ -345,6 +348,7 @@ def _np(t: torch.Tensor):
     return t.detach().contiguous().numpy() if t.dim() > 1 else t.detach().reshape(-1).numpy()
 
 
+@timed_function
 class DeltaGinSum(torch.autograd.Function):
     """The rows ``U`` of a sum over edge types of GIN-MLPs in a delta layer, a sample at a time:
     each sample's rows of ``U`` start as the summed wildtype's (``wt[gene_u]``; ``wt`` itself

@@ -25,6 +25,7 @@ from .push_torch import (_index_add_backward, _index_add_forward, _pull_backward
 from .compiled import kernels as _compiled
 from .first_order import refuse_second_order
 from .kernels import MOVE_TAG, dense_inside, sparse_range
+from .parts import timed_function
 
 PUSH_KERNELS = ("numba", "pull", "index_add")
 
@@ -39,6 +40,7 @@ def default_push_kernel(device: torch.device | str) -> str:
     return "numba" if torch.device(device).type == "cpu" else "index_add"
 
 
+@timed_function
 class _GroupedMessages(torch.autograd.Function):
     """``u[m] = e[msg_pair[m]] W_t^T`` per type ``t``, written in place; backward: the messages'
     gradients added to their rows with ``back`` and one weight-gradient product per type."""
@@ -105,6 +107,7 @@ def grouped_messages(e: torch.Tensor, weight: torch.Tensor, msg_pair: torch.Tens
     return _GroupedMessages.apply(e, weight, msg_pair, list(type_counts), back)
 
 
+@timed_function
 class _Push(torch.autograd.Function):
     """``out[b] = act(base + rows at (b, gene) + sum over rows p of sample b, out-edges (n, t)
     of gene(p): w[b, n*T + t] u[m(p, t)])`` (``[B, N, Ho]``; ``act`` ReLU or none); gradients
@@ -164,6 +167,7 @@ class _Push(torch.autograd.Function):
         return gbase, gu, grows, None, None, None, None, None
 
 
+@timed_function
 class _PushPool(torch.autograd.Function):
     """The compiled push (rows and ReLU included) followed by ``pooled[b, k] = sum_n wp[b, k, n]
     out[b, n]`` in one pass per sample, the ``[B, N, Ho]`` output never written. Gradients for

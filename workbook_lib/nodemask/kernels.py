@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .parts import timed_function
+
 KERNELS = ("slab", "wide")
 
 # Every sparse product of the shared graph runs inside a profiler range named with this prefix
@@ -94,6 +96,7 @@ def _product(a: torch.Tensor, x: torch.Tensor, kernel: str) -> torch.Tensor:
     return out
 
 
+@timed_function
 class _BatchedSpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, a_t, x, kernel):
@@ -116,6 +119,7 @@ def batched_spmm(a: torch.Tensor, a_t: torch.Tensor, x: torch.Tensor,
     return _product(a, x, kernel)
 
 
+@timed_function
 class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, a_t, x):
@@ -137,6 +141,7 @@ def spmm(a: torch.Tensor, a_t: torch.Tensor | None, x: torch.Tensor) -> torch.Te
     return _SpMM.apply(a, a_t, x)
 
 
+@timed_function
 class _TypedAggregateLinear(torch.autograd.Function):
     """``out[b] = sum_t (A_t x_b / deg_tb) W_t^T`` with one CSR product per (sample, type), the
     aggregation kept as ``[B, T, N, H]`` (contiguous slabs) for the weight's gradient."""
@@ -195,6 +200,7 @@ def typed_aggregate_linear(x: torch.Tensor, weight: torch.Tensor, per_type: list
     return _TypedAggregateLinear.apply(x, weight, per_type, per_type_t, degp)
 
 
+@timed_function
 class _StackedAggregateLinear(torch.autograd.Function):
     """``sum_t (A_t x) W_t^T`` ``[N, H_out]`` for one ``x`` ``[N, H]``: one CSR product of the
     stacked ``A`` ``[N*T, N]`` and one dense product; backward one CSR product of ``A_T``
@@ -243,6 +249,7 @@ def stacked_aggregate_linear(x: torch.Tensor, weight: torch.Tensor, a: torch.Ten
     return _StackedAggregateLinear.apply(x, weight, a, a_tt)
 
 
+@timed_function
 class _TypedSpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, per_type, per_type_t):
@@ -273,6 +280,7 @@ def typed_spmm(graph, x: torch.Tensor) -> torch.Tensor:
     return s.permute(1, 0, 2)
 
 
+@timed_function
 class _AddRows(torch.autograd.Function):
     """``out[index[i]] += src[i]`` into ``rows`` zero rows, tagged as a sparse product both ways;
     with ``csr`` (:func:`selection_csr`) the forward is one sparse product, not ``index_add_``."""
@@ -300,6 +308,7 @@ def add_rows(src: torch.Tensor, index: torch.Tensor, rows: int,
     return _AddRows.apply(src, index, rows, csr)
 
 
+@timed_function
 class _GatherRows(torch.autograd.Function):
     """``x[index]`` whose backward adds the gradient's rows back with one sparse product of
     ``back`` (CSR ``[rows of x, len(index)]``) instead of ``index_add_``."""
@@ -329,6 +338,7 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, back: torch.Tensor | None 
     return _GatherRows.apply(x, index, back)
 
 
+@timed_function
 class _AddAtRows(torch.autograd.Function):
     """``rows[index] += alpha * src`` in place (``index`` without repeats), marked dirty, by
     gather, add and copy back (no ``index_add_``); backward: ``rows`` gets the gradient as is,

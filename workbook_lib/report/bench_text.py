@@ -95,6 +95,36 @@ def convert_rows(r: BenchResult) -> list[list]:
     return rows
 
 
+def part_rows(r: BenchResult) -> list[list]:
+    """Where the converted TorchCell-shaped step's time goes, header first: each part's seconds
+    per step (forward, backward), its floor's at the first rates and the ratio; [] without
+    them."""
+    c = r.convert
+    if c is None or c.parts is None or not c.part_rows:
+        return []
+    rows = [["part", "s/step", "forward", "backward", "floor s/step", "x its floor"]]
+    for p in c.part_rows:
+        floor = "" if p.floor_s is None else f"{p.floor_s:.3g}"
+        ratio = "" if p.ratio is None else f"{p.ratio:.3g}x"
+        fwd_bwd = ["", ""] if p.forward_s == p.backward_s == 0 else \
+            [f"{p.forward_s:.3g}", f"{p.backward_s:.3g}"]
+        rows.append([p.label, f"{p.measured_s:.3g}", *fwd_bwd, floor, ratio])
+    return rows
+
+
+def part_caption(r: BenchResult) -> str:
+    """What :func:`part_rows` shows, in words."""
+    p = r.convert.parts
+    sync = ("; the device synchronized around each part, which slows the step" if
+            p.synchronized else "")
+    return (f"where the converted TorchCell-shaped step's time goes (B = "
+            f"{r.convert.floor.batch_size}): each part's own wall time per step, in a pass of "
+            f"{p.steps} steps after the timed ones ({p.step_s:.3g} s per step{sync}); a part's "
+            "backward is that of the converted form's own autograd functions, the rest is the "
+            "backward of PyTorch's own operators (the readout module's, say), the loss and the "
+            f"glue; each beside its floor at {r.convert.floor_rates}")
+
+
 def convert_lines(r: BenchResult) -> list[str]:
     """The convert section in words: its table (measured but the floor's line), what each
     figure is, exactness."""
@@ -114,6 +144,9 @@ def convert_lines(r: BenchResult) -> list[str]:
     drift = floor_drift(c)
     if drift:
         out.append(drift)
+    parts = part_rows(r)
+    if parts:
+        out += [part_caption(r) + ":"] + text_table(parts, "<>>>>>")
     out.append(f"few-reach graph: {c.few_reach_edges_per_type:,} edges sampled per type")
     errs = ", ".join(f"{k} {v:.1e}" for k, v in c.exact_max_rel_error.items())
     out.append(f"convert exact max rel. error on {c.exact_genes} genes: {errs} "

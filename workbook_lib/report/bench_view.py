@@ -6,7 +6,8 @@ import numpy as np
 from IPython.display import Markdown
 
 from ..results.bench import FormChoice, recommended_form
-from .bench_text import convert_rows, floor_drift, replicated_ratio_text
+from .bench_text import (convert_rows, floor_drift, part_caption, part_rows,
+                         replicated_ratio_text)
 from ..results.bench import BenchResult
 from . import plotting
 from .tables import fmt_time_stat, table, say_not_run, skip_none
@@ -229,3 +230,16 @@ def convert_table(b: BenchResult):
                          "the converted batch; their masks are built outside the step. The "
                          f"few-reach graph keeps {c.few_reach_edges_per_type:,} edges per type. "
                          f"Exactness on {c.exact_genes} genes: {errs}.")
+
+
+@skip_none
+def convert_parts_table(b: BenchResult):
+    """Where the converted TorchCell-shaped step's time goes, part by part, beside each part's
+    floor (:func:`~workbook_lib.report.bench_text.part_rows`)."""
+    rows = part_rows(b)
+    if not rows:
+        return Markdown("No per-part times: no convert section, no floor rates, or an older "
+                        "result.")
+    head = rows[0]
+    return table([dict(zip(head, r)) for r in rows[1:]],
+                 caption=part_caption(b)[0].upper() + part_caption(b)[1:] + ".")

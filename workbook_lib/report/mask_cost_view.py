@@ -17,7 +17,8 @@ from .tables import (HEADLINE_MAX, NOT_RUN, fmt_bytes, fmt_pct, fmt_stat, fmt_ti
                      say_not_run, skip_none, table)
 # the notebook's benchmark section
 from .bench_view import (bar_label, bench_plot, bench_table, bench_text, floor_table,  # noqa: F401
-                         form_of, kernel_table, rates_table, convert_table)
+                         form_of, kernel_table, rates_table, convert_table,
+                         convert_parts_table)
 
 
 def label(name: str) -> str:

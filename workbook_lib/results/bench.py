@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .stat import Stat
 from .floor import ConvertFloor, FloorPart
+from .parts import PartRow, StepParts
 from ..records import Record
 
 
@@ -195,6 +196,11 @@ class ConvertBench(Record):
     # {} in older results
     floor_same_rounds: Stat | None = None
     round_rates: dict[str, Stat] = field(default_factory=dict)
+    # where the converted TorchCell-shaped step's time goes: its parts timed in a pass of their
+    # own after the back-to-back steps, and each beside its floor at floor_rates (None and []
+    # in older results, or without the rates)
+    parts: StepParts | None = None
+    part_rows: list[PartRow] = field(default_factory=list)
 
     def to_floor(self) -> float | None:
         """The converted TorchCell-shaped sample's measured time in the rounds / its floor's

@@ -14,7 +14,10 @@ from ...data.snapshots import CellGraph, induced_subgraph
 from ...measurement.timing import interleave, measure
 from ...results.stat import Stat
 from ...nodemask import convert
+from ...nodemask.parts import time_parts
 from ...results.bench import ConvertBench, PerSample, ReplicatedPlan
+
+PART_STEPS = 3  # steps of the pass that times the converted step's parts
 
 
 class TorchCellEncoder(nn.Module):
@@ -214,7 +217,9 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
     converted (``pert``'s batch), the workbook's model converted and ``own_step`` (its
     hand-written delta form on ``pert``), and the TorchCell-shaped model on masked copies and
     converted on a graph whose deletions reach few genes; the converted encoder's floor at the
-    ``machine``'s best rates; exactness on the benchmark's small subgraph.
+    ``machine``'s best rates; where the converted step's time goes, part by part, beside each
+    part's floor at those rates (:func:`~workbook_lib.nodemask.parts.time_parts`: a pass of its
+    own after the timed steps); exactness on the benchmark's small subgraph.
 
     Args:
         params: the benchmark's params (hidden, layers, seed, aggr, timing and batch settings).
@@ -271,9 +276,14 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
                                 "the shared form's batch")}
     forms = {k: PerSample(st.median, st.iqr, st.n, batch[k], *labels[k])
              for k, st in per_round.items()}
+    # where that step's time goes, part by part (a pass of its own: on a GPU each part is
+    # synchronized, which the timed steps above are not)
+    parts = time_parts(fns["torchcell_converted"], steps=PART_STEPS, device=dev, warmup=0)
     floor = fast.floor(pert)
     floor_s = floor.seconds_at(machine["sparse_gmacs"], machine["dense_gmacs"]) \
         if machine.get("sparse_gmacs") and machine.get("dense_gmacs") else None
+    part_rows = parts.against(floor, machine["sparse_gmacs"], machine["dense_gmacs"]) \
+        if floor_s is not None else []
     same, round_rates = floor_in_rounds(floor, res.stats, probes or {}, bs)
     small = induced_subgraph(graph, min(params.exactness_genes, n))
     g = torch.Generator().manual_seed(params.seed)
@@ -296,7 +306,7 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
         explain=fast.explain(pert), few_reach_explain=fast_sparse.explain(pert),
         few_reach_edges_per_type=max(1, n // 8),
         exact_max_rel_error=errs, exact_genes=small.num_genes, loop=loop,
-        floor_same_rounds=same, round_rates=round_rates)
+        floor_same_rounds=same, round_rates=round_rates, parts=parts, part_rows=part_rows)
 
 
 def floor_in_rounds(floor, stats: dict, probes: dict, batch: int) -> tuple:

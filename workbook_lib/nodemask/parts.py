@@ -1,0 +1,180 @@
+"""Where a converted step's time goes: wall time per part of the converted encoder (each module
+or fused sum of its traced forward, the wildtype, the host plan), forward and backward apart.
+
+Why our own: ``torch.profiler`` books time to operators, not to the converted form's parts, and
+the converted form's fused CPU paths run only while nothing watches its operators
+(:func:`.workers.watched`), so a profiled step is not the step that trains. Here, only while
+:func:`collect` is active:
+
+- the forward of each node of the traced forward is timed in
+  :meth:`.convert.ConvertedEncoder._execute` (:func:`timed`), and the wildtype's part of a
+  conv's node inside it; a part's time is its own, less the parts timed inside it;
+- the backward of each of the converted form's autograd functions (:func:`timed_function`) is
+  timed and booked to the part whose forward made it;
+- the host plan is its own part.
+
+The backward of PyTorch's own operators (a user's readout module, an add of wildtypes, the
+loss) is not booked to a part: it is in the step's time and in no part's. On a GPU the device
+is synchronized around each timed region, so a step under :func:`collect` is slower than one
+without; the parts are for where the time goes, the step's own time is measured without them.
+Outside :func:`collect` each hook is one global read."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from ..results.parts import PartTime, StepParts
+
+PLAN = "plan (host)"
+WILDTYPE = "wildtype, once per batch"  # as the floor names its part
+
+_active: "_Collector | None" = None
+
+
+class _Collector:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.times: dict[tuple[str, str], float] = {}
+        self.stack: list[list] = []  # [label, start, time of the parts timed inside]
+        self.node_open = False  # a part opened by switch() is on the stack
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def current(self) -> str:
+        return self.stack[-1][0] if self.stack else "unlabelled"
+
+    def enter(self, label: str) -> None:
+        self.sync()
+        self.stack.append([label, time.perf_counter(), 0.0])
+
+    def leave(self, phase: str) -> None:
+        self.sync()
+        label, start, inner = self.stack.pop()
+        took = time.perf_counter() - start
+        key = (label, phase)
+        self.times[key] = self.times.get(key, 0.0) + took - inner
+        if self.stack:
+            self.stack[-1][2] += took
+
+
+def active() -> bool:
+    """Whether parts are being timed (:func:`collect`)."""
+    return _active is not None
+
+
+def current() -> str:
+    """The label of the innermost part being timed ("unlabelled" outside every part)."""
+    return _active.current() if _active is not None else "unlabelled"
+
+
+def switch(label: str | None) -> None:
+    """End the part the last :func:`switch` began (if any) and begin ``label``'s forward (none
+    with None): the traced forward's nodes, one after another, without a block per node."""
+    col = _active
+    if col is None:
+        return
+    if col.node_open:
+        col.leave("forward")
+        col.node_open = False
+    if label is not None:
+        col.enter(label)
+        col.node_open = True
+
+
+@contextmanager
+def timed(label: str, phase: str = "forward"):
+    """Time the block as part ``label``'s ``phase`` (its own time: less the parts timed inside
+    it); nothing outside :func:`collect`."""
+    col = _active
+    if col is None:
+        yield
+        return
+    col.enter(label)
+    try:
+        yield
+    finally:
+        col.leave(phase)
+
+
+def timed_function(cls):
+    """Class decorator for an autograd function of the converted form: under :func:`collect`,
+    its forward notes the part it runs in, and its backward is timed as that part's."""
+    fwd, bwd = cls.forward, cls.backward
+
+    def forward(ctx, *args, **kwargs):
+        if _active is not None:
+            ctx.wb_part = _active.current()
+        return fwd(ctx, *args, **kwargs)
+
+    def backward(ctx, *grads):
+        col = _active
+        if col is None:
+            return bwd(ctx, *grads)
+        col.enter(getattr(ctx, "wb_part", "unlabelled"))
+        try:
+            return bwd(ctx, *grads)
+        finally:
+            col.leave("backward")
+
+    forward.__doc__, backward.__doc__ = fwd.__doc__, bwd.__doc__
+    backward.__wrapped__ = bwd  # what first_order and the like set stays reachable
+    cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
+    return cls
+
+
+@contextmanager
+def collect(device: torch.device | str = "cpu"):
+    """Time the converted form's parts while the block runs; yields a dict that holds
+    ``{(label, phase): seconds}`` when the block ends. One at a time (ValueError otherwise)."""
+    global _active
+    if _active is not None:
+        raise ValueError("parts are already being timed (collect is not reentrant)")
+    col = _Collector(torch.device(device))
+    out: dict = {}
+    _active = col
+    try:
+        yield out
+    finally:
+        _active = None
+        out.update(col.times)
+
+
+def time_parts(step, *, steps: int = 3, device: torch.device | str = "cpu",
+               warmup: int = 1) -> StepParts:
+    """Where ``step``'s time goes: ``steps`` calls of ``step`` (a converted encoder's forward
+    and backward, say) after ``warmup`` untimed ones, each part's forward and backward seconds
+    per step, and the step's own seconds per step in the same calls.
+
+    Args:
+        step: a callable of no arguments that runs one step.
+        steps: timed calls (at least 1).
+        device: where the step runs (a GPU is synchronized around each part).
+        warmup: calls before the timed ones, not timed.
+
+    Raises:
+        ValueError: ``steps`` under 1 or ``warmup`` negative.
+    """
+    if steps < 1:
+        raise ValueError(f"'steps' must be at least 1 (got {steps})")
+    if warmup < 0:
+        raise ValueError(f"'warmup' must be 0 or more (got {warmup})")
+    dev = torch.device(device)
+    for _ in range(warmup):
+        step()
+    col = _Collector(dev)
+    with collect(dev) as got:
+        col.sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        col.sync()
+        total = time.perf_counter() - t0
+    labels = list(dict.fromkeys(label for label, _ in got))
+    parts = {lb: PartTime(forward_s=got.get((lb, "forward"), 0.0) / steps,
+                          backward_s=got.get((lb, "backward"), 0.0) / steps) for lb in labels}
+    return StepParts(step_s=total / steps, steps=steps, parts=parts,
+                     synchronized=dev.type == "cuda")
