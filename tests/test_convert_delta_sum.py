@@ -33,15 +33,22 @@ def _counted(monkeypatch, spread_to: int | None = None) -> dict:
     return calls
 
 
+# DeltaGinSum's sample groups: one sample at a time, groups of a few samples by their rows (the
+# default's groups: this graph's samples change few rows), one group per worker
+GROUPS = [0, 12, 10**9]
+
+
+@pytest.mark.parametrize("group_rows", GROUPS)
 @pytest.mark.parametrize("spread_to", [1, 3])
 @pytest.mark.parametrize("kind", ["relu", "mean", "nobias", "pyg", "inplace", "tanh", "widths"])
-def test_a_delta_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, kind, spread_to):
-    """Where a layer is delta, a sum of its GIN-MLPs over the edge types runs a sample at a time
-    (one worker, or three side by side): exact, outputs and every gradient, at a hub, a leaf, an
+def test_a_delta_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, kind, spread_to, group_rows):
+    """Where a layer is delta, a sum of its GIN-MLPs over the edge types runs a sample, or a
+    group of samples with few rows, at a time (one worker, or three side by side): exact, outputs and every gradient, at a hub, a leaf, an
     isolated gene, two adjacent genes and a sample that deletes nothing (no changed rows of any
     type); explain marks its convs ``delta*``. Another MLP (``tanh``, ``widths``) is computed conv
     by conv, exact all the same."""
     calls = _counted(monkeypatch, spread_to)
+    monkeypatch.setattr(convert_dense, "GROUP_ROWS", group_rows)
     fused = kind not in ("tanh", "widths")
     with _float64():
         readout = {"pyg": AttentionalAggregation(torch.nn.Linear(H, 1)), "nobias": None}.get(
@@ -168,11 +175,13 @@ def _check_trainable(encoder, graph, deleted, readout="mean_kept", x_grad: bool 
     return fast
 
 
+@pytest.mark.parametrize("group_rows", GROUPS)
 @pytest.mark.parametrize("spread_to", [1, 3])
 @pytest.mark.parametrize("case", ["reversed", "frozen", "input_frozen", "every_row"])
 def test_three_types_summed_out_of_order_with_frozen_parts_or_every_row_changed(monkeypatch,
                                                                                  case,
-                                                                                 spread_to):
+                                                                                 spread_to,
+                                                                                 group_rows):
     """Three types summed in another order than their calls (each type's parameters with its
     own rows), some parameters of one type only frozen (each type's own flags), the first
     layer's input and one of its types frozen (no gradient at any of its wildtype
@@ -181,6 +190,7 @@ def test_three_types_summed_out_of_order_with_frozen_parts_or_every_row_changed(
     every gene; the rows then start as the wildtype's at every row, and its gradient is the
     samples' sum; the second layer then dense): exact, the delta sums fused."""
     calls = _counted(monkeypatch, spread_to)
+    monkeypatch.setattr(convert_dense, "GROUP_ROWS", group_rows)
     graph = _three(case == "every_row")
     deleted = torch.tensor([[0, -1]] * 4) if case == "every_row" else DELETED
     with _float64():
@@ -292,3 +302,15 @@ def test_a_heteroconv_sum_of_gin_mlps_is_fused_and_exact(monkeypatch, form, type
     if form != "dense":  # (convert's first-call check runs a small batch of its own, delta)
         assert (calls["sums"] > 0) == (form == "delta")
     assert bool(dense_calls) == (form == "dense")  # the dense sum ran fused
+
+
+@pytest.mark.parametrize("budget, want", [
+    (0, [(0, 1), (1, 2), (2, 3), (3, 4)]),  # one sample at a time
+    (5, [(0, 2), (2, 3), (3, 4)]),  # 2 + 3 rows; then 9 alone (over the budget); then 4
+    (9, [(0, 2), (2, 3), (3, 4)]),
+    (100, [(0, 4)])])
+def test_samples_are_grouped_by_their_rows(budget, want):
+    u_off = [0, 2, 5, 14, 18]  # rows per sample: 2, 3, 9, 4
+    assert convert_dense.sample_groups(u_off, 0, 4, budget) == want
+    assert convert_dense.sample_groups(u_off, 1, 3, 100) == [(1, 3)]  # a worker's samples only
+
