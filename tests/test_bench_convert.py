@@ -107,6 +107,18 @@ def test_the_section_round_trips_and_labels_its_batches(bench):
     assert booked == sorted(c.floor.parts) and c.part_rows[-1].label.startswith("rest")
 
 
+def test_an_older_section_without_its_parts_shows_no_part_table(bench):
+    from workbook_lib.report import mask_cost_view as view
+    from workbook_lib.report.bench_text import convert_lines
+
+    data = bench.to_json()
+    del data["convert"]["parts"], data["convert"]["part_rows"]
+    older = BenchResult.from_json(data)
+    assert older.convert.parts is None and older.convert.part_rows == []
+    assert "step's time goes" not in "\n".join(convert_lines(older))
+    assert "No per-part times" in view.convert_parts_table(older).data
+
+
 def test_an_older_result_without_the_section_loads():
     data = BenchResult("cpu", {}, False, {}, {}, None, None, None, 0.0).to_json()
     del data["convert"]

@@ -410,6 +410,11 @@ UNREACHABLE = {
                                                     "section (an older results file)",
     ("bench_text.py", "convert_lines", "c is None"): "the same",
     ("bench_view.py", "convert_table", "No convert section"): "the same",
+    ("bench_text.py", "part_rows", "c.parts is None"): "a benchmark from before its per-part "
+                                                       "table, or without floor rates (an older "
+                                                       "results file; test_bench_convert draws "
+                                                       "it)",
+    ("bench_view.py", "convert_parts_table", "No per-part times"): "the same",
     ("cpu_view.py", "kernel_cell", "not read"): "CPU figures from before the kernel's share was "
                                                 "read (an older results file)",
     ("verdict_view.py", "causes_plot", "not g.steps_agree"): "full steps that came out the "

@@ -2145,8 +2145,8 @@ class ConvertedEncoder(nn.Module):
                          "while in cache)")
         if in_delta:
             lines.append("  (delta*: a sum of GIN-MLPs over edge types, its changed rows run a "
-                         "sample at a time on a CPU: each type's MLP adds into the sample's rows "
-                         "of the sum while in cache)")
+                         "sample at a time on a CPU (consecutive samples with few rows together):"
+                         " each type's MLP adds into the samples' rows of the sum while in cache)")
         if any(isinstance(w, _PooledPlan) for _, _, w in plan.order):
             lines.append("  (pooled: affine before the readout, so the readout sums its input "
                          "rows with weights spread along the kept edges; its own rows are never "
