@@ -30,7 +30,7 @@ def clock(monkeypatch):
 
 
 def test_a_part_is_booked_its_own_time_less_the_parts_inside_it(clock):
-    with parts.collect() as got:
+    with parts.collect() as c:
         with parts.timed("layer"):
             clock.now += 2.0
             with parts.timed(parts.WILDTYPE):
@@ -41,7 +41,7 @@ def test_a_part_is_booked_its_own_time_less_the_parts_inside_it(clock):
         parts.switch("node b")
         clock.now += 0.5
         parts.switch(None)
-    assert got == {("layer", "forward"): 3.0, (parts.WILDTYPE, "forward"): 3.0,
+    assert c.times == {("layer", "forward"): 3.0, (parts.WILDTYPE, "forward"): 3.0,
                    ("node a", "forward"): 4.0, ("node b", "forward"): 0.5}
 
 
@@ -60,11 +60,12 @@ class _Double(torch.autograd.Function):
 def test_a_backward_is_booked_to_the_part_whose_forward_made_it(clock):
     Clock.shared = clock
     x = torch.ones(3, requires_grad=True)
-    with parts.collect() as got:
+    with parts.collect() as c:
         with parts.timed("convs.1.*"):
             y = _Double.apply(x)
         clock.now += 1.0
         y.sum().backward()
+    got = c.times
     assert got[("convs.1.*", "backward")] == 7.0 and got[("convs.1.*", "forward")] == 0.0
     torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
 
@@ -138,7 +139,8 @@ def test_each_floor_part_is_booked_to_the_longest_label_it_falls_under():
 @pytest.mark.parametrize("label, name, under", [
     ("convs.1.*", "convs.1.physical", True), ("convs.1.*", "convs.10.a", False),
     ("convs.1", "convs.1[gene__a__gene]", True), ("convs.1", "convs.1.lin", True),
-    ("convs.1", "convs.10", False), ("convs.1.a", "convs.1.a", True)])
+    ("convs.1", "convs.10", False), ("convs.1.a", "convs.1.a", True),
+    ("convs.1.a", "convs.1.a'", True)])  # a module's second call, as the floor names it
 def test_covers(label, name, under):
     assert covers(label, name) is under
 
@@ -168,8 +170,9 @@ def test_a_converted_step_timed_by_part_is_the_same_step():
     fast.clear_plan()
     plain = step()
     fast.clear_plan()
-    with parts.collect() as got:
+    with parts.collect() as c:
         timed = step()
+    got = c.times
     torch.testing.assert_close(timed, plain, rtol=0, atol=0)
     labels = {lb for lb, _ in got}
     assert {parts.PLAN, parts.WILDTYPE, "readout"} <= labels
@@ -185,3 +188,49 @@ def test_a_converted_step_timed_by_part_is_the_same_step():
         floor.seconds_at(1.0, 1.0) * floor.batch_size)
     assert result.rest_s == pytest.approx(result.step_s - sum(
         p.total_s for p in result.parts.values()))
+
+
+class _PooledTail(torch.nn.Module):
+    """A GCN, then a GraphConv and a Linear: before a "mean" readout the affine tail is pooled
+    (its rows never computed), so its modules' work is the readout's."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import GCNConv, GraphConv
+
+        self.c1, self.c2, self.lin = GCNConv(8, 8), GraphConv(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x, edge_index):
+        return self.lin(self.c2(self.c1(x, edge_index).relu(), edge_index))
+
+
+def test_a_pooled_tails_floor_is_booked_to_the_readout():
+    g = make_graph(num_genes=30, types={"a": 80}, seed=5)
+    enc = _PooledTail().double()
+    fast = convert(enc, g.edge_index["a"], readout="mean")
+    x = torch.randn(30, 8, dtype=torch.float64)
+    d = torch.tensor([[0, 3], [5, -1]])
+
+    def step():
+        fast.clear_plan()
+        fast(x, d).sum().backward()
+    got = parts.time_parts(step, steps=1, warmup=1)
+    floor = fast.floor(d)
+    assert set(got.covers["readout"]) >= {"c2", "lin"}
+    rows = got.against(floor, 1.0, 1.0, min_share=0.0)
+    holder = {n: r.label for r in rows for n in r.floor_parts}
+    assert holder["lin"] == "readout" and holder["c2"] == "readout", holder
+    assert holder["c1"] == "c1"
+
+
+def test_a_plan_made_ahead_is_booked_as_the_wait_for_it():
+    m, fast = _encoder()
+    x = torch.randn(30, 8, dtype=torch.float64)
+    d = torch.tensor([[0, 3, -1], [5, 6, 7]])
+    fast(x, d).sum().backward()
+    fast.clear_plan()
+    fast.plan_ahead(d, 30)
+    with parts.collect() as c:
+        fast(x, d).sum().backward()
+    labels = {lb for lb, _ in c.times}
+    assert parts.PLAN_WAITED in labels and parts.PLAN not in labels

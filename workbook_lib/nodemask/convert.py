@@ -612,7 +612,8 @@ class ConvertedEncoder(nn.Module):
                         f"plan_ahead planned these deletions for {other[0][0]} genes but x has "
                         f"{key[0]} rows (" + (self._n_hint(other[0][0]) if self._counted else
                                               f"pass n={key[0]} to plan_ahead") + ")")
-            with _parts.timed(_parts.PLAN):
+            # planned ahead: only the wait for it is this thread's (its own label)
+            with _parts.timed(_parts.PLAN if ahead is None else _parts.PLAN_WAITED):
                 plan = ahead.result() if ahead is not None else \
                     self._make_plan(d, key[0], key[1])
         self._state["plan"] = (key, plan)
@@ -1388,7 +1389,11 @@ class ConvertedEncoder(nn.Module):
                        fused, in_fused, timing: bool) -> _Val:
         for node in self._graph(self.encoder.training).nodes:
             if timing:
-                _parts.switch(self._part_label(node, fused, tail))
+                if node in tail:  # a pooled tail's module: computed by the readout, at output
+                    _parts.cover("readout", str(node.target) if node.op == "call_module"
+                                 else node.name)
+                else:
+                    _parts.switch(self._part_label(node, fused, tail))
             rows = plan.rows[node]
             if node in tail:
                 continue
@@ -1542,7 +1547,9 @@ class ConvertedEncoder(nn.Module):
         v = env[node.args[0]]
         if isinstance(v, _CatParts):
             return self._run_linear_of_cat(m, v, plan, dev)
-        return _Val(m(v.wt), per_row(m, v.values, self._site()), v.rows)  # (:mod:`.chunks`)
+        with _parts.timed(_parts.WILDTYPE):
+            wt = m(v.wt)
+        return _Val(wt, per_row(m, v.values, self._site()), v.rows)  # (:mod:`.chunks`)
 
     def _run_typed(self, tl, env: dict, plan: _Plan, dev) -> _Val:
         """A fused typed layer (:mod:`.convert_typed`) by the workbook's own kernels: each type's
@@ -1620,8 +1627,9 @@ class ConvertedEncoder(nn.Module):
                                      for v in cat.parts], -1)), cat.rows)
         wt = values = None
         for v, w in zip(cat.parts, m.weight.split(widths, dim=1)):
-            u = _to_rows(_Val(F.linear(v.wt, w), F.linear(v.values, w), v.rows), cat.rows, plan,
-                         dev)
+            with _parts.timed(_parts.WILDTYPE):
+                part_wt = F.linear(v.wt, w)
+            u = _to_rows(_Val(part_wt, F.linear(v.values, w), v.rows), cat.rows, plan, dev)
             wt = u.wt if wt is None else wt + u.wt
             values = u.values if values is None else values + u.values
         if m.bias is not None:

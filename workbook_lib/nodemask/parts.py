@@ -11,34 +11,60 @@ the converted form's fused CPU paths run only while nothing watches its operator
   conv's node inside it; a part's time is its own, less the parts timed inside it;
 - the backward of each of the converted form's autograd functions (:func:`timed_function`) is
   timed and booked to the part whose forward made it;
-- the host plan is its own part.
+- the host plan is its own part (a plan made ahead by ``plan_ahead`` in another thread: only
+  the wait for it, under its own label);
+- a pooled tail's modules are computed by the readout: their floor is booked to it.
 
-The backward of PyTorch's own operators (a user's readout module, an add of wildtypes, the
-loss) is not booked to a part: it is in the step's time and in no part's. On a GPU the device
-is synchronized around each timed region, so a step under :func:`collect` is slower than one
-without; the parts are for where the time goes, the step's own time is measured without them.
-Outside :func:`collect` each hook is one global read."""
+The backward of PyTorch's own operators (a user's readout module, a convolution whose
+backward is PyTorch's, an add of wildtypes, the loss) is not booked to a part: it is in the
+step's time and in no part's. On a GPU the device is synchronized around each timed region, so
+a step under :func:`collect` is slower than one without: the parts say where the time goes, the
+step's own time is best measured without them. Outside :func:`collect` each hook costs a global
+read and a Python call or two per module, microseconds against a step's milliseconds."""
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
 from ..results.parts import PartTime, StepParts
 
 PLAN = "plan (host)"
+PLAN_WAITED = "plan (host, the wait for plan_ahead's)"
 WILDTYPE = "wildtype, once per batch"  # as the floor names its part
 
 _active: "_Collector | None" = None
 
 
 class _Collector:
+    """The times and, per thread (an autograd engine's device thread runs a GPU's backward),
+    the stack of open parts."""
+
     def __init__(self, device: torch.device):
         self.device = device
         self.times: dict[tuple[str, str], float] = {}
-        self.stack: list[list] = []  # [label, start, time of the parts timed inside]
-        self.node_open = False  # a part opened by switch() is on the stack
+        self.covers: dict[str, set] = {}  # label -> module paths whose floor it holds
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    @property
+    def stack(self) -> list[list]:  # [label, start, time of the parts timed inside]
+        st = getattr(self._local, "stack", None)
+        if st is None:
+            st = self._local.stack = []
+        return st
+
+    @property
+    def node_open(self) -> bool:  # a part opened by switch() is on this thread's stack
+        return getattr(self._local, "node_open", False)
+
+    @node_open.setter
+    def node_open(self, value: bool) -> None:
+        self._local.node_open = value
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -56,7 +82,8 @@ class _Collector:
         label, start, inner = self.stack.pop()
         took = time.perf_counter() - start
         key = (label, phase)
-        self.times[key] = self.times.get(key, 0.0) + took - inner
+        with self._lock:
+            self.times[key] = self.times.get(key, 0.0) + took - inner
         if self.stack:
             self.stack[-1][2] += took
 
@@ -69,6 +96,14 @@ def active() -> bool:
 def current() -> str:
     """The label of the innermost part being timed ("unlabelled" outside every part)."""
     return _active.current() if _active is not None else "unlabelled"
+
+
+def cover(label: str, path: str) -> None:
+    """Book the floor of the module at ``path`` to part ``label`` (a pooled tail's module, which
+    the readout computes); nothing outside :func:`collect`."""
+    col = _active
+    if col is not None:
+        col.covers.setdefault(label, set()).add(path)
 
 
 def switch(label: str | None) -> None:
@@ -105,11 +140,13 @@ def timed_function(cls):
     its forward notes the part it runs in, and its backward is timed as that part's."""
     fwd, bwd = cls.forward, cls.backward
 
+    @functools.wraps(fwd)
     def forward(ctx, *args, **kwargs):
         if _active is not None:
             ctx.wb_part = _active.current()
         return fwd(ctx, *args, **kwargs)
 
+    @functools.wraps(bwd)
     def backward(ctx, *grads):
         col = _active
         if col is None:
@@ -120,27 +157,36 @@ def timed_function(cls):
         finally:
             col.leave("backward")
 
-    forward.__doc__, backward.__doc__ = fwd.__doc__, bwd.__doc__
-    backward.__wrapped__ = bwd  # what first_order and the like set stays reachable
     cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
     return cls
 
 
+@dataclass
+class Collected:
+    """What :func:`collect` timed: ``times`` ``{(label, phase): seconds}``, ``covers``
+    ``{label: module paths whose floor it also holds}``."""
+
+    times: dict = field(default_factory=dict)
+    covers: dict = field(default_factory=dict)
+
+
 @contextmanager
 def collect(device: torch.device | str = "cpu"):
-    """Time the converted form's parts while the block runs; yields a dict that holds
-    ``{(label, phase): seconds}`` when the block ends. One at a time (ValueError otherwise)."""
+    """Time the converted form's parts while the block runs; yields a :class:`Collected` whose
+    ``times`` (``{(label, phase): seconds}``) and ``covers`` (``{label: module paths whose floor
+    it also holds}``) are filled when the block ends. One at a time (ValueError otherwise)."""
     global _active
     if _active is not None:
         raise ValueError("parts are already being timed (collect is not reentrant)")
     col = _Collector(torch.device(device))
-    out: dict = {}
+    out = Collected()
     _active = col
     try:
         yield out
     finally:
         _active = None
-        out.update(col.times)
+        out.times.update(col.times)
+        out.covers.update(col.covers)
 
 
 def time_parts(step, *, steps: int = 3, device: torch.device | str = "cpu",
@@ -166,15 +212,17 @@ def time_parts(step, *, steps: int = 3, device: torch.device | str = "cpu",
     for _ in range(warmup):
         step()
     col = _Collector(dev)
-    with collect(dev) as got:
+    with collect(dev) as collected:
         col.sync()
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
         col.sync()
         total = time.perf_counter() - t0
+    got, extra = collected.times, collected.covers
     labels = list(dict.fromkeys(label for label, _ in got))
     parts = {lb: PartTime(forward_s=got.get((lb, "forward"), 0.0) / steps,
                           backward_s=got.get((lb, "backward"), 0.0) / steps) for lb in labels}
     return StepParts(step_s=total / steps, steps=steps, parts=parts,
-                     synchronized=dev.type == "cuda")
+                     synchronized=dev.type == "cuda",
+                     covers={lb: sorted(p) for lb, p in extra.items() if lb in parts})

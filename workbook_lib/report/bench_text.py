@@ -122,7 +122,8 @@ def part_caption(r: BenchResult) -> str:
             f"{p.steps} steps after the timed ones ({p.step_s:.3g} s per step{sync}); a part's "
             "backward is that of the converted form's own autograd functions, the rest is the "
             "backward of PyTorch's own operators (the readout module's, say), the loss and the "
-            f"glue; each beside its floor at {r.convert.floor_rates}")
+            "glue; each beside its floor (forward and backward) at "
+            f"{r.convert.floor_rates}")
 
 
 def convert_lines(r: BenchResult) -> list[str]:

@@ -48,6 +48,8 @@ class StepParts(Record):
     steps: int
     parts: dict[str, PartTime] = field(default_factory=dict)
     synchronized: bool = False
+    # module paths whose floor a label also holds (a pooled tail's modules: the readout's)
+    covers: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def rest_s(self) -> float:
@@ -57,7 +59,8 @@ class StepParts(Record):
                 min_share: float = 0.005) -> list[PartRow]:
         """Each part beside its floor's time per step at these rates (G multiply-adds/s): a
         floor part (named by module, ``path[relation]``) is booked to the most specific label it
-        falls under (:func:`covers`: its own name, else the longest). Parts in order of measured time; those under ``min_share`` of the step
+        falls under (:func:`covers`: its own name, else the longest), or to the part that holds
+        its module (:attr:`covers`: a pooled tail's, the readout). Parts in order of measured time; those under ``min_share`` of the step
         with no floor in one row ("other parts"); a floor part under no label in a row of its
         own with no measured time; then the rest.
 
@@ -69,7 +72,9 @@ class StepParts(Record):
         booked: dict[str, list[str]] = {lb: [] for lb in self.parts}
         unbooked = []
         for name in floor.parts:
-            under = [lb for lb in self.parts if covers(lb, name)]
+            held = [lb for lb, paths in self.covers.items()
+                    if lb in self.parts and any(covers(p, name) for p in paths)]
+            under = held or [lb for lb in self.parts if covers(lb, name)]
             if under:
                 booked[max(under, key=lambda lb: (lb == name, len(lb.rstrip("*"))))].append(name)
             else:
@@ -102,7 +107,8 @@ class StepParts(Record):
 def covers(label: str, name: str) -> bool:
     """Whether the floor part ``name`` falls under the timed part ``label``: the label itself,
     ``label[...]`` (an edge type of it), ``label.…`` (a module inside it), or ``prefix…`` for a
-    fused sum's ``prefix*``."""
+    fused sum's ``prefix*``; a second call's ``name'`` as ``name``."""
+    name = name.rstrip("'")  # a module's second call (the floor's ``path'``): the same part
     if label.endswith("*"):
         return name.startswith(label[:-1])
     return name == label or name.startswith(label + "[") or name.startswith(label + ".")
