@@ -1379,69 +1379,64 @@ class ConvertedEncoder(nn.Module):
         fused, in_fused = self._live_sums(plan, dev)
         timing = _parts.active()  # each node's forward a part of its own (.parts)
         try:
-            return self._execute_nodes(x, plan, env, dev, graph_dev, sums, tail, typed, fused,
-                                       in_fused, timing)
+            for node in self._graph(self.encoder.training).nodes:
+                if timing:
+                    if node in tail:  # a pooled tail's module: computed by the readout, at output
+                        _parts.cover("readout", str(node.target) if node.op == "call_module"
+                                     else node.name)
+                    else:
+                        _parts.switch(self._part_label(node, fused, tail))
+                rows = plan.rows[node]
+                if node in tail:
+                    continue
+                if node in typed and plan.typed[typed[node].lin][0] is not None:
+                    tl = typed[node]
+                    env[node] = self._run_typed(tl, env, plan, dev) if node is tl.lin else \
+                        env[tl.lin] if node is tl.relu else None
+                    continue
+                if node.op == "output" and tail:
+                    return self._pooled_readout(output_value(node.graph), tail, env, plan, dev)
+                if node.op == "placeholder":
+                    if isinstance(rows, _Rows):
+                        env[node] = _Val(x, x.new_zeros(rows.count, x.shape[1]), rows)
+                    else:
+                        env[node] = graph_dev if rows[1] is None else graph_dev[rows[1]]
+                elif node.op == "get_attr":
+                    env[node] = _attr(self.encoder, node.target)
+                elif node.op == "output":
+                    out = node.args[0]
+                    val = env[out[0] if isinstance(out, (list, tuple)) else out]
+                    if isinstance(val, _Val) and val.wt.dim() != 2:  # a review: an IndexError
+                        raise ConvertError(  # in a readout
+                            f"the encoder returns a value of shape {list(val.wt.shape)} on the "
+                            "whole graph; convert needs [N, H], one row per gene")
+                    return val
+                elif node in in_fused:
+                    env[node] = None  # computed by its fused sum
+                elif node in fused and node.op == "call_module":  # a HeteroConv's sum, fused
+                    val = self._run_fused_sum(node, fused[node], env[next(iter(
+                        node.args[0].values()))], plan, dev)
+                    env[node] = {et[2]: val for et in self._named[node.target].convs.keys()}
+                elif node.op == "call_module":
+                    env[node] = self._run_module(node, plan, env, dev)
+                elif node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
+                    env[node] = env[node.args[0]][node.args[1]]
+                elif node in sums[0]:
+                    env[node] = None  # computed by the chain's last add
+                elif node in fused:
+                    env[node] = self._run_fused_sum(node, fused[node],
+                                                    env[sums[1][node][0].args[0]], plan, dev)
+                elif node in sums[1]:
+                    env[node] = self._run_sum([env[o] for o in sums[1][node]], rows, plan, dev)
+                elif self._fused_cat(node) and all(isinstance(env.get(a), _Val)
+                                                   for a in node.args[0]):
+                    env[node] = _CatParts([env[a] for a in node.args[0]], rows)
+                else:
+                    env[node] = self._run_function(node, rows, env, plan, dev)
+            raise ValueError("the traced forward has no output")
         finally:
             if timing:
                 _parts.switch(None)
-
-    def _execute_nodes(self, x, plan: _Plan, env: dict, dev, graph_dev, sums, tail, typed,
-                       fused, in_fused, timing: bool) -> _Val:
-        for node in self._graph(self.encoder.training).nodes:
-            if timing:
-                if node in tail:  # a pooled tail's module: computed by the readout, at output
-                    _parts.cover("readout", str(node.target) if node.op == "call_module"
-                                 else node.name)
-                else:
-                    _parts.switch(self._part_label(node, fused, tail))
-            rows = plan.rows[node]
-            if node in tail:
-                continue
-            if node in typed and plan.typed[typed[node].lin][0] is not None:
-                tl = typed[node]
-                env[node] = self._run_typed(tl, env, plan, dev) if node is tl.lin else \
-                    env[tl.lin] if node is tl.relu else None
-                continue
-            if node.op == "output" and tail:
-                return self._pooled_readout(output_value(node.graph), tail, env, plan, dev)
-            if node.op == "placeholder":
-                if isinstance(rows, _Rows):
-                    env[node] = _Val(x, x.new_zeros(rows.count, x.shape[1]), rows)
-                else:
-                    env[node] = graph_dev if rows[1] is None else graph_dev[rows[1]]
-            elif node.op == "get_attr":
-                env[node] = _attr(self.encoder, node.target)
-            elif node.op == "output":
-                out = node.args[0]
-                val = env[out[0] if isinstance(out, (list, tuple)) else out]
-                if isinstance(val, _Val) and val.wt.dim() != 2:  # a review: an IndexError
-                    raise ConvertError(f"the encoder returns a value of shape "  # in a readout
-                                       f"{list(val.wt.shape)} on the whole graph; convert needs "
-                                       "[N, H], one row per gene")
-                return val
-            elif node in in_fused:
-                env[node] = None  # computed by its fused sum
-            elif node in fused and node.op == "call_module":  # a HeteroConv's sum, fused
-                val = self._run_fused_sum(node, fused[node], env[next(iter(
-                    node.args[0].values()))], plan, dev)
-                env[node] = {et[2]: val for et in self._named[node.target].convs.keys()}
-            elif node.op == "call_module":
-                env[node] = self._run_module(node, plan, env, dev)
-            elif node.op == "call_function" and isinstance(env.get(node.args[0]), dict):
-                env[node] = env[node.args[0]][node.args[1]]
-            elif node in sums[0]:
-                env[node] = None  # computed by the chain's last add
-            elif node in fused:
-                env[node] = self._run_fused_sum(node, fused[node],
-                                                env[sums[1][node][0].args[0]], plan, dev)
-            elif node in sums[1]:
-                env[node] = self._run_sum([env[o] for o in sums[1][node]], rows, plan, dev)
-            elif self._fused_cat(node) and all(isinstance(env.get(a), _Val)
-                                               for a in node.args[0]):
-                env[node] = _CatParts([env[a] for a in node.args[0]], rows)
-            else:
-                env[node] = self._run_function(node, rows, env, plan, dev)
-        raise ValueError("the traced forward has no output")
 
     def _part_label(self, node: fx.Node, fused: dict, tail: set) -> str:
         """The part a node's time is booked to (:mod:`.parts`): a fused sum's convs' common

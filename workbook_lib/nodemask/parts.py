@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..measurement.timing import sync
 from ..results.parts import PartTime, StepParts
 
 PLAN = "plan (host)"
@@ -66,19 +67,15 @@ class _Collector:
     def node_open(self, value: bool) -> None:
         self._local.node_open = value
 
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def current(self) -> str:
         return self.stack[-1][0] if self.stack else "unlabelled"
 
     def enter(self, label: str) -> None:
-        self.sync()
+        sync(self.device)
         self.stack.append([label, time.perf_counter(), 0.0])
 
     def leave(self, phase: str) -> None:
-        self.sync()
+        sync(self.device)
         label, start, inner = self.stack.pop()
         took = time.perf_counter() - start
         key = (label, phase)
@@ -211,13 +208,12 @@ def time_parts(step, *, steps: int = 3, device: torch.device | str = "cpu",
     dev = torch.device(device)
     for _ in range(warmup):
         step()
-    col = _Collector(dev)
     with collect(dev) as collected:
-        col.sync()
+        sync(dev)
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
-        col.sync()
+        sync(dev)
         total = time.perf_counter() - t0
     got, extra = collected.times, collected.covers
     labels = list(dict.fromkeys(label for label, _ in got))
