@@ -283,3 +283,15 @@ def test_the_sections_hold_every_key_once_with_its_type_and_read_the_params():
         p.loop.batch_size_lazy = 3
     # a section is no key: the params still iterate, validate and pickle as their keys
     assert "loop" not in p and list(p) == list(FIELDS)
+
+
+def test_a_range_check_names_each_way_out_and_nan_as_such():
+    """A ranged value below, inside and above its range, and NaN (which the file loader refuses
+    earlier as not finite; the check itself says what NaN is, not that it is too large)."""
+    from workbook_lib.configs.checks import between
+
+    check = between(5, 100, "too short", "too long")
+    assert check(4) == "must be at least 5 (too short)"
+    assert check(5) is None and check(100) is None
+    assert check(101) == "must be at most 100 (too long)"
+    assert check(float("nan")) == "must be a number from 5 to 100 (got NaN)"

@@ -39,8 +39,11 @@ def positive_at_most(limit: float, why: str) -> Check:
 
 
 def between(low: float, high: float, why_low: str, why_high: str) -> Check:
-    """``low <= v <= high``, each bound with its reason."""
+    """``low <= v <= high``, each bound with its reason (NaN is neither: it is named as such,
+    not told that it is too large)."""
     def check(v):
+        if v != v:
+            return f"must be a number from {low:g} to {high:,.0f} (got NaN)"
         if v < low:
             return f"must be at least {low:g} ({why_low})"
         return None if v <= high else f"must be at most {high:,.0f} ({why_high})"
