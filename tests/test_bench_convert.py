@@ -78,7 +78,8 @@ def bench(graph):
                                                        "sparse_source": "s",
                                                        "dense_source": "d"},
                            masked_plan=replicated_plan(4, 1e6, 1e9, 2),
-                           probes={"sparse": _probe(2e6), "dense": _probe(3e6)})
+                           probes={"sparse": _probe(2e6), "dense": _probe(3e6),
+                                   "dense_shaped": _probe(1e6)})
     b = BenchResult("cpu", {"edges": 140, "hidden": 8, "layers": 3, "k": 3}, False, {}, {},
                     None, None, None, 0.0, convert=conv)
     return BenchResult.from_json(json.loads(json.dumps(b.to_json())))
@@ -96,8 +97,12 @@ def test_the_section_round_trips_and_labels_its_batches(bench):
     assert c.to_floor() == pytest.approx(c.forms["torchcell_converted"].median / c.floor_seconds)
     assert c.loop.batch_size == 4 and c.loop.n >= 3 and "back to back" in c.loop.label
     assert c.loop_to_floor() == pytest.approx(c.loop.median / c.floor_seconds)
-    assert c.floor_same_rounds.n == c.rounds and set(c.round_rates) == {"sparse", "dense"}
+    assert c.floor_same_rounds.n == c.rounds
+    assert set(c.round_rates) == {"sparse", "dense", "dense_shaped"}
     assert c.round_rates["sparse"].n == c.rounds and c.round_rates["sparse"].median > 0
+    # the floor's dense work at its layer shape's rate: per round, its own ratio
+    assert c.floor_shaped_rounds.n == c.rounds
+    assert c.round_rates["dense_shaped"].n == c.rounds
     assert c.exact_max_rel_error["torchcell_converted"] < 1e-12
     assert "convs.2" in c.explain and c.few_reach_edges_per_type == 3
     # where the converted step's time goes: its parts, each beside the floor parts it covers
@@ -119,6 +124,33 @@ def test_an_older_section_without_its_parts_shows_no_part_table(bench):
     assert "No per-part times" in view.convert_parts_table(older).data
 
 
+def test_an_older_section_without_the_shaped_floor_shows_no_such_line(bench):
+    from workbook_lib.report import mask_cost_view as view
+    from workbook_lib.report.bench_text import convert_lines
+
+    data = bench.to_json()
+    del data["convert"]["floor_shaped_rounds"]
+    del data["convert"]["round_rates"]["dense_shaped"]
+    older = BenchResult.from_json(data)
+    assert older.convert.floor_shaped_rounds is None
+    assert "layer shape" not in "\n".join(convert_lines(older))
+    assert "layer shape" not in view.convert_table(older).to_html()
+    assert "its floor at each round's rates" in "\n".join(convert_lines(older))
+
+
+def test_the_layer_shaped_probe_times_the_converted_forms_own_products():
+    """Its multiply-adds are its rows' [rows, H] x [H, H], in the converted form's row blocks,
+    as many blocks per worker as SHAPED_BLOCKS, one worker per compute thread."""
+    from workbook_lib.nodemask.convert_dense import ROWS
+    from workbook_lib.nodemask.workers import workers
+    from workbook_lib.studies.mask_cost.rates import SHAPED_BLOCKS, shaped_dense_probe
+
+    fn, macs = shaped_dense_probe("cpu", 8)
+    k = workers(torch.device("cpu"), 2 * SHAPED_BLOCKS)
+    assert macs == SHAPED_BLOCKS * ROWS * max(1, k) * 8 * 8
+    fn()
+
+
 def test_an_older_result_without_the_section_loads():
     data = BenchResult("cpu", {}, False, {}, {}, None, None, None, 0.0).to_json()
     del data["convert"]
@@ -135,7 +167,10 @@ def test_the_cli_and_the_report_show_the_section(bench):
     assert "converted, back to back" in lines and lines.count("its floor's computed time") == 2
     assert "its floor at each round's rates" in lines and "(same rounds; rates sparse" in lines
     assert "beside the step (same rounds)" in view.convert_table(bench).to_html()
+    assert "its floor, dense work at its layer shape's rate" in lines
+    assert "its layer shape's dense rate" in lines
     html = view.convert_table(bench).to_html()
+    assert "the rate of the encoder's own layer shape" in html
     assert "workbook's model, converted" in html and "computed" in html
     assert "where the converted TorchCell-shaped step's time goes (B = 4)" in lines
     assert "x its floor" in lines and "plan (host)" in lines
@@ -196,6 +231,16 @@ def test_the_floor_at_each_rounds_rates_follows_the_rounds():
     assert same.samples == pytest.approx([1.0, 2.0])
     assert floor_in_rounds(floor, stats([4.0], [1.0], [2.0]), {"sparse": probes["sparse"]},
                            2) == (None, {})
+    # the dense work priced at the layer-shaped probe's rate instead: 2e9 dense at 1 GMAC/s
+    # (2 s) + 1 s sparse = 3 s per sample, so the same 3 s sample is 1.0x, where the large
+    # matmul's rate put it at 1.5x; without that probe, no figure
+    shaped = {**probes, "dense_shaped": (None, 4e9)}
+    st = stats([6.0, 12.0], [1.0, 2.0], [2.0, 4.0]) | {
+        "rate_dense_shaped": Stat.from_samples([4.0, 8.0])}
+    ratio, rates = floor_in_rounds(floor, st, shaped, 2, "dense_shaped")
+    assert ratio.samples == pytest.approx([1.0, 1.0]) and set(rates) == {"sparse", "dense_shaped"}
+    assert rates["dense_shaped"].samples == pytest.approx([1.0, 0.5])
+    assert floor_in_rounds(floor, st, probes, 2, "dense_shaped") == (None, {})
 
 
 def test_a_drift_between_the_rates_and_the_rounds_is_named(bench):

@@ -260,7 +260,8 @@ def test_bench_records_its_kernel_in_results_table_and_report(ci_params):
     assert any(k.name == "push, numba" for k in b.kernels)
     # the fastest kernel and the dense matmul timed again in the convert section's rounds
     assert b.convert.floor_same_rounds.n == b.convert.rounds
-    assert set(b.convert.round_rates) == {"sparse", "dense"}
+    assert set(b.convert.round_rates) == {"sparse", "dense", "dense_shaped"}
+    assert b.convert.floor_shaped_rounds.n == b.convert.rounds
     rep = b.replicated["replicated_gather_scatter"]
     assert not rep.measured and "bench_replicated_max_batch = 2" in rep.rule
     assert "measured at B = 2" in view.bar_label(b, "replicated_gather_scatter")

@@ -92,6 +92,14 @@ def convert_rows(r: BenchResult) -> list[list]:
         rows.append(["TorchCell-shaped, converted / its floor at each round's rates",
                      c.floor.batch_size, "", "", same.n,
                      f"{same.median:.3g}x [IQR {same.iqr:.2g}] (same rounds{rates})"])
+    shaped = c.floor_shaped_rounds
+    if shaped is not None:
+        de = c.round_rates.get("dense_shaped")
+        rate = "" if de is None else \
+            f"; its layer shape's dense rate {de.median:.3g} [IQR {de.iqr:.2g}] GMAC/s"
+        rows.append(["TorchCell-shaped, converted / its floor, dense work at its layer "
+                     "shape's rate", c.floor.batch_size, "", "", shaped.n,
+                     f"{shaped.median:.3g}x [IQR {shaped.iqr:.2g}] (same rounds{rate})"])
     return rows
 
 

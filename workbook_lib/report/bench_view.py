@@ -225,6 +225,11 @@ def convert_table(b: BenchResult):
                          + ("The last line prices the floor at the rates its two kernels ran at "
                             "in each round, beside the step (same rounds). "
                             if c.floor_same_rounds is not None else "")
+                         + ("The line after it prices the floor's dense multiply-adds at the "
+                            "rate of the encoder's own layer shape instead ([rows, H] x [H, H] "
+                            "products in the converted form's row blocks, timed in each round): "
+                            "the floor its own shapes allow on this machine. "
+                            if c.floor_shaped_rounds is not None else "")
                          + (floor_drift(c) + ". " if floor_drift(c) else "")
                          + "Masked copies: the largest batch that fits the memory budget, at most "
                          "the converted batch; their masks are built outside the step. The "

@@ -26,7 +26,8 @@ from ...strategies import build_ctx
 from ...training.factory import build_run
 from ...results.bench import (BenchResult, FloorFigure, FormChoice, PerSample, RateFigure,
                               ReplicatedFit, ReplicatedPlan, recommended_form)  # noqa: F401
-from .rates import achieved_rates, dense_probe, dense_rate, kernel_cases, kernel_figures
+from .rates import (achieved_rates, dense_probe, dense_rate, kernel_cases, kernel_figures,
+                    shaped_dense_probe)
 
 REAL_SPEC = {"scale": 1.0, "hidden": 64, "layers": 3}
 
@@ -192,17 +193,20 @@ def bench_layers(layers: int, min_layers: int) -> int:
 
 def _rate_probes(sg: SharedGraph, kernel: str, pert: torch.Tensor, hidden: int, dev,
                  size: int) -> dict:
-    """``{"sparse": (fn, macs), "dense": (fn, macs)}``: the machine rates' fastest sparse
-    kernel (``kernel``, by its name in :func:`.rates.kernel_cases`) and the dense matmul, to be
-    timed again in the convert section's rounds. A kernel of a product per sample slab runs at
-    the same rate on two samples as on the batch (its buffers then 2/B the size: at the real
-    spec on this project's 2-core CPU, 0.991x [IQR 0.065] per type and 1.000x [0.051] stacked,
-    B = 2 against 28, 8 interleaved rounds); the others take the batch."""
+    """``{"sparse": (fn, macs), "dense": (fn, macs), "dense_shaped": (fn, macs)}``: the machine
+    rates' fastest sparse kernel (``kernel``, by its name in :func:`.rates.kernel_cases`), the
+    dense matmul, and the dense products at a GIN-MLP layer's own shape
+    (:func:`.rates.shaped_dense_probe`), to be timed again in the convert section's rounds. A
+    kernel of a product per sample slab runs at the same rate on two samples as on the batch
+    (its buffers then 2/B the size: at the real spec on this project's 2-core CPU, 0.991x
+    [IQR 0.065] per type and 1.000x [0.051] stacked, B = 2 against 28, 8 interleaved rounds);
+    the others take the batch."""
     b = min(2, pert.shape[0]) if kernel.startswith("slabs") else pert.shape[0]
     push = kernel.startswith("push")
     sparse = kernel_cases(sg, b, hidden, dev, pert=pert[:b] if push else None,
                           only=kernel)[kernel][1:]
-    return {"sparse": sparse, "dense": dense_probe(dev, size)}
+    return {"sparse": sparse, "dense": dense_probe(dev, size),
+            "dense_shaped": shaped_dense_probe(dev, hidden)}
 
 
 def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> BenchResult:

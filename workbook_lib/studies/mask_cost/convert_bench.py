@@ -231,7 +231,10 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
             rates came from, timed again in the same rounds, so that the converted sample's
             ratio to its floor is also given at each round's own rates
             (:attr:`ConvertBench.floor_same_rounds`: a machine whose speed drifts between the
-            rates' measurement and the rounds moves the first ratio, not this one).
+            rates' measurement and the rounds moves the first ratio, not this one); with
+            ``"dense_shaped"`` too (:func:`.rates.shaped_dense_probe`), the ratio with the
+            floor's dense work priced at its own layer shape's rate in each round
+            (:attr:`ConvertBench.floor_shaped_rounds`).
     """
     hidden, layers, n = params.hidden, params.layers, graph.num_genes
     bs = pert.shape[0]
@@ -285,6 +288,8 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
     part_rows = parts.against(floor, machine["sparse_gmacs"], machine["dense_gmacs"]) \
         if floor_s is not None else []
     same, round_rates = floor_in_rounds(floor, res.stats, probes or {}, bs)
+    shaped, shaped_rates = floor_in_rounds(floor, res.stats, probes or {}, bs, "dense_shaped")
+    round_rates.update({k: v for k, v in shaped_rates.items() if k == "dense_shaped"})
     small = induced_subgraph(graph, min(params.exactness_genes, n))
     g = torch.Generator().manual_seed(params.seed)
     small_pert = torch.stack([torch.randperm(small.num_genes, generator=g)[:pert.shape[1]]
@@ -306,22 +311,26 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
         explain=fast.explain(pert), few_reach_explain=fast_sparse.explain(pert),
         few_reach_edges_per_type=max(1, n // 8),
         exact_max_rel_error=errs, exact_genes=small.num_genes, loop=loop,
-        floor_same_rounds=same, round_rates=round_rates, parts=parts, part_rows=part_rows)
+        floor_same_rounds=same, round_rates=round_rates, floor_shaped_rounds=shaped,
+        parts=parts, part_rows=part_rows)
 
 
-def floor_in_rounds(floor, stats: dict, probes: dict, batch: int) -> tuple:
+def floor_in_rounds(floor, stats: dict, probes: dict, batch: int,
+                    dense: str = "dense") -> tuple:
     """The converted TorchCell-shaped sample over its floor's time at each round's own rates:
     per round, the floor's sparse and dense multiply-adds priced at the rates its ``rate_sparse``
-    and ``rate_dense`` probes (``probes``: ``(fn, macs)`` each) ran at in that round, and the
+    and ``rate_<dense>`` probes (``probes``: ``(fn, macs)`` each) ran at in that round, and the
     converted step of that round (``stats``, seconds per step of ``batch`` samples) over it.
-    Returns ``(Stat of the per-round ratios, {"sparse": Stat, "dense": Stat} of the rates in
+    ``dense`` names the dense probe: ``"dense"`` (the large matmul: the machine's best rate) or
+    ``"dense_shaped"`` (a GIN-MLP layer's own products, :func:`.rates.shaped_dense_probe`).
+    Returns ``(Stat of the per-round ratios, {"sparse": Stat, dense: Stat} of the rates in
     G multiply-adds/s)``, or ``(None, {})`` without both probes."""
-    if set(probes) != {"sparse", "dense"} or "torchcell_converted" not in stats:
+    if not {"sparse", dense} <= set(probes) or "torchcell_converted" not in stats:
         return None, {}
-    rates = {k: [probes[k][1] / t / 1e9 for t in stats[f"rate_{k}"].samples] for k in probes}
+    keys = ("sparse", dense)
+    rates = {k: [probes[k][1] / t / 1e9 for t in stats[f"rate_{k}"].samples] for k in keys}
     conv = stats["torchcell_converted"].samples
     ratios = [(c / batch) / floor.seconds_at(s, d)
-              for c, s, d in zip(conv, rates["sparse"], rates["dense"])]
+              for c, s, d in zip(conv, rates["sparse"], rates[dense])]
     return (Stat.from_samples(ratios, unit="ratio"),
             {k: Stat.from_samples(v, unit="GMAC/s") for k, v in rates.items()})
-

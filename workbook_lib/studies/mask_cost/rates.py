@@ -83,6 +83,37 @@ def dense_probe(device, size: int) -> tuple:
     return (lambda: a @ b), float(size) ** 3
 
 
+SHAPED_BLOCKS = 8  # row blocks per worker in one call of the layer-shaped probe
+
+
+def shaped_dense_probe(device, hidden: int) -> tuple:
+    """``(fn, macs)``: the dense products a converted GIN-MLP layer is made of, at its own
+    shape: ``addmm(b, z, w.T)`` with ``z`` ``[rows, hidden]`` and ``w`` ``[hidden, hidden]``,
+    blocked and spread as the converted form runs its rows (:func:`.convert_dense.block_rows`:
+    :data:`~workbook_lib.nodemask.convert_dense.ROWS` rows per block on a CPU, each worker of
+    :func:`~workbook_lib.nodemask.workers.spread` its own blocks with one compute thread; one
+    product over every row on a GPU), :data:`SHAPED_BLOCKS` blocks per worker. The floor's
+    dense work is such products (and narrower ones: an attention gate's ``[hidden, 1]``), so
+    this rate, unlike the large matmul's, is one the architecture's own shapes can reach."""
+    from ...nodemask.convert_dense import ROWS, block_rows
+    from ...nodemask.workers import spread, workers
+
+    dev = torch.device(device)
+    k = workers(dev, SHAPED_BLOCKS * 2)
+    rows = SHAPED_BLOCKS * ROWS * max(1, k)
+    blk = block_rows(dev, rows)
+    z = torch.randn(rows, hidden, device=dev)
+    w = torch.randn(hidden, hidden, device=dev)
+    b = torch.randn(hidden, device=dev)
+    out = torch.empty(rows, hidden, device=dev)
+    nblocks = -(-rows // blk)
+
+    def blocks(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            torch.addmm(b, z[i * blk:(i + 1) * blk], w.t(), out=out[i * blk:(i + 1) * blk])
+    return (lambda: spread(blocks, nblocks, workers(dev, nblocks))), float(rows * hidden * hidden)
+
+
 def dense_rate(device, *, size: int, target: float, max_time_s: float) -> tuple[Stat, float]:
     """A large dense matmul (``size`` cubed, float32): its time and G multiply-adds/s."""
     fn, macs = dense_probe(device, size)
