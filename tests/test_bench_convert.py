@@ -100,9 +100,17 @@ def test_the_section_round_trips_and_labels_its_batches(bench):
     assert c.floor_same_rounds.n == c.rounds
     assert set(c.round_rates) == {"sparse", "dense", "dense_shaped"}
     assert c.round_rates["sparse"].n == c.rounds and c.round_rates["sparse"].median > 0
-    # the floor's dense work at its layer shape's rate: per round, its own ratio
+    # the floor's dense work at its layer shape's rate: per round, the step over the floor
+    # priced at that round's sparse and layer-shaped rates (not the large matmul's)
     assert c.floor_shaped_rounds.n == c.rounds
-    assert c.round_rates["dense_shaped"].n == c.rounds
+    conv, rr = c.steps["torchcell_converted"].samples, c.round_rates
+
+    def per_round(dense):
+        return [t / 4 / c.floor.seconds_at(s, d)
+                for t, s, d in zip(conv, rr["sparse"].samples, rr[dense].samples)]
+    assert c.floor_shaped_rounds.samples == pytest.approx(per_round("dense_shaped"))
+    assert c.floor_same_rounds.samples == pytest.approx(per_round("dense"))
+    assert per_round("dense_shaped") != pytest.approx(per_round("dense"))
     assert c.exact_max_rel_error["torchcell_converted"] < 1e-12
     assert "convs.2" in c.explain and c.few_reach_edges_per_type == 3
     # where the converted step's time goes: its parts, each beside the floor parts it covers
@@ -138,17 +146,35 @@ def test_an_older_section_without_the_shaped_floor_shows_no_such_line(bench):
     assert "its floor at each round's rates" in "\n".join(convert_lines(older))
 
 
-def test_the_layer_shaped_probe_times_the_converted_forms_own_products():
-    """Its multiply-adds are its rows' [rows, H] x [H, H], in the converted form's row blocks,
-    as many blocks per worker as SHAPED_BLOCKS, one worker per compute thread."""
+def test_the_layer_shaped_probe_times_a_linear_maps_three_products_per_block(monkeypatch):
+    """The floor's three products per linear map (forward, the gradient at its input, the
+    weight's), each worker on its own block of ROWS rows SHAPED_BLOCKS times on a CPU, one
+    product each over every row where the form runs one block (a GPU's rule, stood in for)."""
+    from workbook_lib.nodemask import convert_dense, workers as workers_mod
     from workbook_lib.nodemask.convert_dense import ROWS
-    from workbook_lib.nodemask.workers import workers
+    from workbook_lib.studies.mask_cost import rates
     from workbook_lib.studies.mask_cost.rates import SHAPED_BLOCKS, shaped_dense_probe
 
-    fn, macs = shaped_dense_probe("cpu", 8)
-    k = workers(torch.device("cpu"), 2 * SHAPED_BLOCKS)
-    assert macs == SHAPED_BLOCKS * ROWS * max(1, k) * 8 * 8
+    calls = []
+    real = torch.addmm
+
+    def counting(*a, **kw):
+        calls.append(a[1].shape)
+        return real(*a, **kw)
+    monkeypatch.setattr(torch, "addmm", counting)
+    k = max(1, workers_mod.workers(torch.device("cpu"), 2 * SHAPED_BLOCKS))
+    fn, macs = shaped_dense_probe("cpu", 8, rows=10**6)
     fn()
+    assert macs == 3 * k * SHAPED_BLOCKS * ROWS * 8 * 8
+    assert calls == [(ROWS, 8)] * (k * SHAPED_BLOCKS)  # each block ROWS rows, not the batch's
+    calls.clear()
+    monkeypatch.setattr(convert_dense, "block_rows", lambda dev, rows: rows)  # one block
+    monkeypatch.setattr(workers_mod, "workers", lambda dev, blocks: 1)
+    fn, macs = shaped_dense_probe("cpu", 8, rows=100)
+    fn()
+    assert macs == 3 * 100 * 8 * 8 and calls == [(100, 8)]
+    with pytest.raises(ValueError, match="rows must be positive"):
+        rates.shaped_dense_probe("cpu", 8, rows=0)
 
 
 def test_an_older_result_without_the_section_loads():
@@ -170,7 +196,7 @@ def test_the_cli_and_the_report_show_the_section(bench):
     assert "its floor, dense work at its layer shape's rate" in lines
     assert "its layer shape's dense rate" in lines
     html = view.convert_table(bench).to_html()
-    assert "the rate of the encoder's own layer shape" in html
+    assert "the rate a linear map's three products reach at the encoder's own layer" in html
     assert "workbook's model, converted" in html and "computed" in html
     assert "where the converted TorchCell-shaped step's time goes (B = 4)" in lines
     assert "x its floor" in lines and "plan (host)" in lines

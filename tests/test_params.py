@@ -288,10 +288,16 @@ def test_the_sections_hold_every_key_once_with_its_type_and_read_the_params():
 def test_a_range_check_names_each_way_out_and_nan_as_such():
     """A ranged value below, inside and above its range, and NaN (which the file loader refuses
     earlier as not finite; the check itself says what NaN is, not that it is too large)."""
-    from workbook_lib.configs.checks import between
+    from workbook_lib.configs.checks import between, positive_at_most
 
     check = between(5, 100, "too short", "too long")
     assert check(4) == "must be at least 5 (too short)"
     assert check(5) is None and check(100) is None
     assert check(101) == "must be at most 100 (too long)"
     assert check(float("nan")) == "must be a number from 5 to 100 (got NaN)"
+    assert between(0.5, 1e6, "a", "b")(float("nan")) == \
+        "must be a number from 0.5 to 1,000,000 (got NaN)"
+    capped = positive_at_most(10, "why")
+    assert capped(0) == "must be positive" and capped(10) is None
+    assert capped(11) == "must be at most 10 (why)"
+    assert capped(float("nan")) == "must be a positive number (got NaN)"

@@ -26,12 +26,26 @@ MIN_TIMEOUT_WHY = "ranks report progress once a second: a shorter limit stops he
 MAX_BUCKET_MB = 1 << 20  # 1 TiB; DDP turns the cap into an int64 byte count
 
 
+def _num(x: float) -> str:
+    """A bound as a reader reads it: '1,000,000', '0.5'."""
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:g}"
+
+
 def positive(v) -> str | None:
     return None if v > 0 else "must be positive"
 
 
 def positive_at_most(limit: float, why: str) -> Check:
+    """``0 < v <= limit``, the limit with its reason (NaN named as such, as :func:`between`
+    does).
+
+    Args:
+        limit: the largest value allowed.
+        why: the limit's reason, said with it.
+    """
     def check(v):
+        if v != v:
+            return "must be a positive number (got NaN)"
         if v <= 0:
             return "must be positive"
         return None if v <= limit else f"must be at most {limit:,.0f} ({why})"
@@ -40,10 +54,16 @@ def positive_at_most(limit: float, why: str) -> Check:
 
 def between(low: float, high: float, why_low: str, why_high: str) -> Check:
     """``low <= v <= high``, each bound with its reason (NaN is neither: it is named as such,
-    not told that it is too large)."""
+    not told that it is too large). Params files refuse NaN before any check
+    (:mod:`.validation`); a check called directly says it too.
+
+    Args:
+        low: the smallest value allowed; why_low: its reason.
+        high: the largest value allowed; why_high: its reason.
+    """
     def check(v):
         if v != v:
-            return f"must be a number from {low:g} to {high:,.0f} (got NaN)"
+            return f"must be a number from {_num(low)} to {_num(high)} (got NaN)"
         if v < low:
             return f"must be at least {low:g} ({why_low})"
         return None if v <= high else f"must be at most {high:,.0f} ({why_high})"

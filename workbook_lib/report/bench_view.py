@@ -222,13 +222,14 @@ def convert_table(b: BenchResult):
                          "training loop runs them: in the rounds each step follows another "
                          "form's or a rate probe's) and the floor's line: computed, "
                          "the floor's multiply-adds at this machine's best measured rates. "
-                         + ("The last line prices the floor at the rates its two kernels ran at "
-                            "in each round, beside the step (same rounds). "
+                         + ("The line 'at each round's rates' prices the floor at the rates its "
+                            "two kernels ran at in each round, beside the step (same rounds). "
                             if c.floor_same_rounds is not None else "")
-                         + ("The line after it prices the floor's dense multiply-adds at the "
-                            "rate of the encoder's own layer shape instead ([rows, H] x [H, H] "
-                            "products in the converted form's row blocks, timed in each round): "
-                            "the floor its own shapes allow on this machine. "
+                         + ("The line after it prices the floor's dense multiply-adds instead at "
+                            "the rate a linear map's three products reach at the encoder's own "
+                            "layer shape ([rows, H] x [H, H], a cache-sized block per worker, "
+                            "timed in each round): the large matmul's rate can be beyond such "
+                            "narrow products on this device. "
                             if c.floor_shaped_rounds is not None else "")
                          + (floor_drift(c) + ". " if floor_drift(c) else "")
                          + "Masked copies: the largest batch that fits the memory budget, at most "

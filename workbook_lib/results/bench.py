@@ -196,9 +196,10 @@ class ConvertBench(Record):
     # {} in older results
     floor_same_rounds: Stat | None = None
     round_rates: dict[str, Stat] = field(default_factory=dict)
-    # the same with the floor's dense multiply-adds priced at the rate of a GIN-MLP layer's own
-    # products ([rows, H] x [H, H] in the converted form's row blocks, timed in each round:
-    # round_rates["dense_shaped"]) instead of the large matmul's; None in older results
+    # the same with the floor's dense multiply-adds priced at the rate of a linear map's three
+    # products at the encoder's own layer shape ([rows, H] x [H, H], a cache-sized block per
+    # CPU worker, timed in each round: round_rates["dense_shaped"]) instead of the large
+    # matmul's; None in older results
     floor_shaped_rounds: Stat | None = None
     # where the converted TorchCell-shaped step's time goes: its parts timed in a pass of their
     # own after the back-to-back steps, and each beside its floor at floor_rates (None and []

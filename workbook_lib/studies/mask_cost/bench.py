@@ -206,7 +206,7 @@ def _rate_probes(sg: SharedGraph, kernel: str, pert: torch.Tensor, hidden: int, 
     sparse = kernel_cases(sg, b, hidden, dev, pert=pert[:b] if push else None,
                           only=kernel)[kernel][1:]
     return {"sparse": sparse, "dense": dense_probe(dev, size),
-            "dense_shaped": shaped_dense_probe(dev, hidden)}
+            "dense_shaped": shaped_dense_probe(dev, hidden, pert.shape[0] * sg.num_nodes)}
 
 
 def run_bench(params: Params, *, full_size: bool | None = None, device=None) -> BenchResult:

@@ -227,14 +227,15 @@ def convert_section(params, graph: CellGraph, dev: torch.device, *, pert: torch.
         own_model: the shared form's ``PerturbGIN``; own_step: its timed step on ``pert``.
         machine: ``sparse_gmacs`` and ``dense_gmacs`` (the bench's best measured rates).
         masked_plan: where the masked copies are timed (``bench.replicated_plan``).
-        probes: None, or ``{"sparse": (fn, macs), "dense": (fn, macs)}``: the kernels those
+        probes: None, or ``{"sparse": (fn, macs), "dense": (fn, macs)}`` (and optionally
+            ``"dense_shaped"``, below): the kernels those
             rates came from, timed again in the same rounds, so that the converted sample's
             ratio to its floor is also given at each round's own rates
             (:attr:`ConvertBench.floor_same_rounds`: a machine whose speed drifts between the
             rates' measurement and the rounds moves the first ratio, not this one); with
-            ``"dense_shaped"`` too (:func:`.rates.shaped_dense_probe`), the ratio with the
-            floor's dense work priced at its own layer shape's rate in each round
-            (:attr:`ConvertBench.floor_shaped_rounds`).
+            ``"dense_shaped"`` (:func:`.rates.shaped_dense_probe`), the ratio with the
+            floor's dense work priced in each round at the rate of a linear map's three
+            products at the encoder's own layer shape (:attr:`ConvertBench.floor_shaped_rounds`).
     """
     hidden, layers, n = params.hidden, params.layers, graph.num_genes
     bs = pert.shape[0]

@@ -83,35 +83,51 @@ def dense_probe(device, size: int) -> tuple:
     return (lambda: a @ b), float(size) ** 3
 
 
-SHAPED_BLOCKS = 8  # row blocks per worker in one call of the layer-shaped probe
+SHAPED_BLOCKS = 8  # times each CPU worker runs its block's products in one call of the probe
 
 
-def shaped_dense_probe(device, hidden: int) -> tuple:
-    """``(fn, macs)``: the dense products a converted GIN-MLP layer is made of, at its own
-    shape: ``addmm(b, z, w.T)`` with ``z`` ``[rows, hidden]`` and ``w`` ``[hidden, hidden]``,
-    blocked and spread as the converted form runs its rows (:func:`.convert_dense.block_rows`:
-    :data:`~workbook_lib.nodemask.convert_dense.ROWS` rows per block on a CPU, each worker of
-    :func:`~workbook_lib.nodemask.workers.spread` its own blocks with one compute thread; one
-    product over every row on a GPU), :data:`SHAPED_BLOCKS` blocks per worker. The floor's
-    dense work is such products (and narrower ones: an attention gate's ``[hidden, 1]``), so
-    this rate, unlike the large matmul's, is one the architecture's own shapes can reach."""
-    from ...nodemask.convert_dense import ROWS, block_rows
+def shaped_dense_probe(device, hidden: int, rows: int) -> tuple:
+    """``(fn, macs)``: a linear map's three products at a converted GIN-MLP layer's own shape,
+    the three the floor counts for it (:func:`workbook_lib.nodemask.floor._dense`): the forward
+    ``z @ w.T + b``, the gradient at ``z``, ``g @ w``, and the weight's, ``g.T @ z``, with ``z``
+    and ``g`` ``[r, hidden]`` and ``w`` ``[hidden, hidden]``, on rows as the converted form runs
+    them (:func:`.convert_dense.block_rows`). On a CPU each worker of
+    :func:`~workbook_lib.nodemask.workers.spread` (one compute thread each) runs its own block of
+    :data:`~workbook_lib.nodemask.convert_dense.ROWS` rows, kept in cache as the form keeps a
+    block while its products run, :data:`SHAPED_BLOCKS` times; where one block holds every row
+    (a GPU's rule) each product runs once over them. So its rate is the one the architecture's own products reach on this
+    device at best, not the large matmul's, which no 64-wide product reaches on a CPU.
+
+    Args:
+        device: where the products run.
+        hidden: the layer's width ``H``.
+        rows: the batch's rows (``B x N``): the products' height on a GPU.
+
+    Raises:
+        ValueError: ``rows`` below 1.
+    """
+    from ...nodemask.convert_dense import block_rows
     from ...nodemask.workers import spread, workers
 
     dev = torch.device(device)
-    k = workers(dev, SHAPED_BLOCKS * 2)
-    rows = SHAPED_BLOCKS * ROWS * max(1, k)
-    blk = block_rows(dev, rows)
-    z = torch.randn(rows, hidden, device=dev)
-    w = torch.randn(hidden, hidden, device=dev)
+    if rows < 1:
+        raise ValueError(f"rows must be positive (got {rows})")
+    blk = min(block_rows(dev, rows), rows)
+    one = blk == rows  # one block holds every row (a GPU's rule): each product once
+    k = 1 if one else max(1, workers(dev, 2 * SHAPED_BLOCKS))  # as the step's blocks take
+    times = 1 if one else SHAPED_BLOCKS
+    z, g, out, gz = (torch.randn(k, blk, hidden, device=dev) for _ in range(4))
+    w, gw = torch.randn(hidden, hidden, device=dev), torch.zeros(k, hidden, hidden, device=dev)
     b = torch.randn(hidden, device=dev)
-    out = torch.empty(rows, hidden, device=dev)
-    nblocks = -(-rows // blk)
 
     def blocks(lo: int, hi: int) -> None:
-        for i in range(lo, hi):
-            torch.addmm(b, z[i * blk:(i + 1) * blk], w.t(), out=out[i * blk:(i + 1) * blk])
-    return (lambda: spread(blocks, nblocks, workers(dev, nblocks))), float(rows * hidden * hidden)
+        i = lo // times  # the worker's own block: runs of `times` calls each
+        for _ in range(lo, hi):
+            torch.addmm(b, z[i], w.t(), out=out[i])
+            torch.mm(g[i], w, out=gz[i])
+            gw[i].addmm_(g[i].t(), z[i])
+    return ((lambda: spread(blocks, k * times, k)),
+            float(3 * k * times * blk * hidden * hidden))
 
 
 def dense_rate(device, *, size: int, target: float, max_time_s: float) -> tuple[Stat, float]:
