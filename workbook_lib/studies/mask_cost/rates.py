@@ -95,8 +95,9 @@ def shaped_dense_probe(device, hidden: int, rows: int) -> tuple:
     :func:`~workbook_lib.nodemask.workers.spread` (one compute thread each) runs its own block of
     :data:`~workbook_lib.nodemask.convert_dense.ROWS` rows, kept in cache as the form keeps a
     block while its products run, :data:`SHAPED_BLOCKS` times; where one block holds every row
-    (a GPU's rule) each product runs once over them. So its rate is the one the architecture's own products reach on this
-    device at best, not the large matmul's, which no 64-wide product reaches on a CPU.
+    (a GPU's rule) each product runs once over them. So its rate is the best the architecture's
+    own products reach on this device, which can be far below the large matmul's (on this
+    project's 2-core CPUs a third to a half of it, docs/figures.md).
 
     Args:
         device: where the products run.
