@@ -66,7 +66,7 @@ _share_the_cpus()
 # the last file to start should be a short one
 LONGEST_FIRST = ["test_notebooks.py",  # 260: every notebook under papermill, its habits
                  "test_own_pipelines_e2e.py",  # 180: the CLI run of user pipelines, examples
-                 "test_matrix.py",  # 165: the matrix of pipeline sets, one case at a time
+                 "test_matrix.py",  # 185: the matrix of pipeline sets, in pinned lanes
                  "test_cluster.py", "test_ddp.py", "test_runner_cli.py",  # 90-120 each
                  "test_faulty.py", "test_equal.py", "test_measurement.py"]  # 40-90 each
 
