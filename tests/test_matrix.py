@@ -192,18 +192,15 @@ class Tracer:
                 self.cov.stop()
 
 
-def case_in_child(name: str, out: str, cpu: int | None = None) -> tuple[str, tuple]:
+def case_in_child(name: str, out: str) -> tuple:
     """One case in a fresh process with one compute thread, its view lines traced (coverage, on
-    only while a view renders), pinned to CPU ``cpu`` where given (before anything reads its
-    allowance); returns its name, what it got and the lines."""
+    only while a view renders); returns what it got and the lines."""
     import multiprocessing
     import os
 
     import coverage
     import torch
 
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
     multiprocessing.set_start_method(None, force=True)  # DataLoader workers: the platform's
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -211,14 +208,13 @@ def case_in_child(name: str, out: str, cpu: int | None = None) -> tuple[str, tup
     case = next(c for c in CASES if c.name == name)
     got = run_case(case, Path(out), Tracer(cov))
     data = cov.get_data()
-    return name, (got, {str(p): set(data.lines(str(p)) or ()) for p in VIEWS})
+    return got, {str(p): set(data.lines(str(p)) or ()) for p in VIEWS}
 
 
 # the cases that run on every CPU, one at a time, first: those that start processes of their
 # own (02's probes, 04's ranks) or a DataLoader worker beside the loop (on one CPU the worker
-# would take the loop's turns); the rest run in lanes, one per core, each case pinned to its
-# lane's CPU, the longest first (seconds measured on the 2-core reference machine; a case not
-# listed counts 10)
+# would take the loop's turns); the rest run in lanes (tests/lanes.py), the longest first
+# (seconds measured on the 2-core reference machine; a case not listed counts 10)
 WHOLE_MACHINE = ("slow_fast", "fails_in_04_only", "workers")
 ROUGH_S = {"torchcell": 21, "torchcell_converts": 20, "builtins_beside": 18,
            "three_with_inexact": 17, "three_planted": 17, "raises_third": 16,
@@ -226,88 +222,25 @@ ROUGH_S = {"torchcell": 21, "torchcell_converts": 20, "builtins_beside": 18,
            "lightning": 13, "shared_pass_slow": 12, "stalls": 11}
 
 
-def lane_cpus() -> list[int]:
-    """One allowed CPU per physical core (two hyperthreads of one core would slow each other
-    where the contention meter cannot see it), at most 4: the lanes' CPUs; [] for one core."""
-    import os
-
-    seen, cpus = set(), []
-    for cpu in sorted(os.sched_getaffinity(0)):
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            core = (topo / "physical_package_id").read_text().strip(), \
-                (topo / "core_id").read_text().strip()
-        except OSError:
-            core = ("cpu", str(cpu))  # no topology: each CPU its own core
-        if core not in seen:
-            seen.add(core)
-            cpus.append(cpu)
-    return cpus[:4] if len(cpus) > 1 else []
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """Every case run once, in a fresh process forked from multiprocessing's fork server, which
     imported PyTorch and the notebooks' modules once, with one compute thread (the tiny cases
-    are single-threaded Python). The cases in ``WHOLE_MACHINE`` first, one at a time on every
-    CPU; then the others in lanes, one per core, each case pinned to its lane's CPU, so that
-    no case waits for a CPU another case holds (its figures would be marked contended); the
-    suite runs nothing else beside (``alone``). Returns what each case got and the report
-    package's lines its views executed."""
-    import multiprocessing
-    import os
-    import queue
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
+    are single-threaded Python): the cases in ``WHOLE_MACHINE`` first, one at a time on every
+    CPU, then the others in lanes of one pinned CPU each (``lanes.run``); the suite runs
+    nothing else beside (``alone``). Returns what each case got and the report package's lines
+    its views executed."""
+    import lanes
 
-    whole = [c.name for c in CASES if c.name in WHOLE_MACHINE]
-    rest = sorted((c.name for c in CASES if c.name not in WHOLE_MACHINE),
-                  key=lambda n: -ROUGH_S.get(n, 10))
-    out = {n: str(tmp_path_factory.mktemp(n)) for n in whole + rest}
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(
-        ["torch", "torch_geometric", "matplotlib.pyplot", "test_matrix",
-         *[f"workbook_lib.report.{m}" for m in harness.VIEW_MODULES],
-         *[f"workbook_lib.studies.{m}" for m in ("inventory", "timing", "verdict", "adoption")]])
-    here = [str(ROOT / "tests"), str(ROOT / "tests" / "matrix")]
-    before = os.environ.get("PYTHONPATH")  # the server imports test_matrix too
-    os.environ["PYTHONPATH"] = os.pathsep.join(here + ([before] if before else []))
-    done: dict = {}
-    try:
-        with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as pool:
-            done.update(pool.map(case_in_child, whole, [out[n] for n in whole]))
-        lanes = lane_cpus() or [None]
-        todo: queue.Queue = queue.Queue()
-        for n in rest:
-            todo.put(n)
-        failed: list[BaseException] = []
-
-        def lane(cpu):
-            try:
-                with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as pool:
-                    while not failed:
-                        try:
-                            n = todo.get_nowait()
-                        except queue.Empty:
-                            return
-                        name, got = pool.submit(case_in_child, n, out[n], cpu).result()
-                        done[name] = got
-            except BaseException as exc:  # the fixture raises it
-                failed.append(exc)
-
-        threads = [threading.Thread(target=lane, args=(cpu,)) for cpu in lanes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if failed:
-            raise failed[0]
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
-    got = {name: done[name][0] for name in whole + rest}
+    order = sorted(CASES, key=lambda c: (c.name not in WHOLE_MACHINE, -ROUGH_S.get(c.name, 10)))
+    jobs = {c.name: (c.name, str(tmp_path_factory.mktemp(c.name))) for c in order}
+    preload = ["torch", "torch_geometric", "matplotlib.pyplot", "lanes", "test_matrix",
+               *[f"workbook_lib.report.{m}" for m in harness.VIEW_MODULES],
+               *[f"workbook_lib.studies.{m}"
+                 for m in ("inventory", "timing", "verdict", "adoption")]]
+    with lanes.fork_server(preload, [str(ROOT / "tests"), str(ROOT / "tests" / "matrix")]) as ctx:
+        done = lanes.run(ctx, case_in_child, jobs, whole=WHOLE_MACHINE)
+    got = {name: done[name][0] for name in jobs}
     lines = {str(p): set().union(*(done[n][1][str(p)] for n in done)) for p in VIEWS}
     return got, lines
 
