@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "matrix"))
 
 import harness  # noqa: E402
+import lanes  # noqa: E402
 from harness import execute  # noqa: E402
 
 from workbook_lib.catalog import NOTEBOOK_NAMES  # noqa: E402
@@ -80,11 +81,8 @@ class Case:
 
 
 # the cases whose expectation needs the gap resolved (a named cause, its advice, the order) time
-# 9 paired steps, not ci's 6: on 5 to 8 every pair must agree (gap.resolved), and in a lane a
-# stray process that wakes on the case's CPU (nothing else is free to take it) can slow one step
-# of the fast pipeline past the slow one's; from 9 the quartiles and the median's interval judge
-# (measured: loss_loop's 1.81x gap went unresolved on one such pair in 2 of 6 runs of 6 steps)
-STEADY = {"loop_steps": 9, "loop_max_steps": 9}
+# 9 paired steps, not ci's 6 (lanes.STEADY: in a lane one disturbed pair can veto a gap on 6)
+STEADY = lanes.STEADY
 
 
 def generate() -> list[Case]:
@@ -193,17 +191,10 @@ class Tracer:
 
 
 def case_in_child(name: str, out: str) -> tuple:
-    """One case in a fresh process with one compute thread, its view lines traced (coverage, on
-    only while a view renders); returns what it got and the lines."""
-    import multiprocessing
-    import os
-
+    """One case in a fresh process (one compute thread: ``lanes.pinned``), its view lines traced
+    (coverage, on only while a view renders); returns what it got and the lines."""
     import coverage
-    import torch
 
-    multiprocessing.set_start_method(None, force=True)  # DataLoader workers: the platform's
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
     cov = coverage.Coverage(data_file=None, include=[str(p) for p in VIEWS])
     case = next(c for c in CASES if c.name == name)
     got = run_case(case, Path(out), Tracer(cov))
@@ -230,8 +221,6 @@ def results(tmp_path_factory):
     CPU, then the others in lanes of one pinned CPU each (``lanes.run``); the suite runs
     nothing else beside (``alone``). Returns what each case got and the report package's lines
     its views executed."""
-    import lanes
-
     order = sorted(CASES, key=lambda c: (c.name not in WHOLE_MACHINE, -ROUGH_S.get(c.name, 10)))
     jobs = {c.name: (c.name, str(tmp_path_factory.mktemp(c.name))) for c in order}
     preload = ["torch", "torch_geometric", "matplotlib.pyplot", "lanes", "test_matrix",

@@ -5,8 +5,9 @@ Each pipeline under ``tests/planted/`` is the README's example made slow for one
 then the verdict's cause ranking: its first cause must name the planted stage, ahead of the
 second by a margin the measurement resolves (in at least 3 of 4 steps, paired within the step);
 the step-bound classification must say data-bound for the data stages and sync-bound on a GPU
-for the syncs (a property of the forward, which stays the stage named). No absolute time or share threshold is asserted: a busy machine
-moves shares, not the order of a planted cause several times the fast pipeline's whole step.
+for the syncs (a property of the forward, which stays the stage named). No absolute time or
+share threshold is asserted: a busy machine moves shares, not the order of a planted cause
+several times the fast pipeline's whole step.
 The loops run on one intra-op thread: on a machine shared with other jobs, two threads of small
 parallel operations wait at each barrier for a thread that is not scheduled, which inflates the
 model stages a hundredfold and says nothing about the planted cause (notebook 03 reports that
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import lanes
 from conftest import skip_when_other_jobs
 from workbook_lib.studies import timing as study
 from workbook_lib.studies import verdict as V
@@ -56,10 +58,8 @@ CASES = {
 RANKED = [k for k, v in CASES.items() if len(v[0]) == 1]  # one stage: its margin is asserted
 
 
-# 9 paired steps, not ci's 6: on 5 to 8 every pair must agree (gap.resolved), and in a lane
-# (tests/lanes.py) a stray process that wakes on the pair's CPU can slow one step of the fast
-# pipeline past the slow one's; from 9 the quartiles and the median's interval judge
-STEADY = {"loop_steps": 9, "loop_max_steps": 9}
+# 9 paired steps, not ci's 6 (lanes.STEADY: in a lane one disturbed pair can veto a gap on 6)
+STEADY = lanes.STEADY
 WHOLE_MACHINE = ("slow_workers",)  # its DataLoader worker needs a CPU beside the loop
 # seconds per pair on the 2-core reference machine (a pair not listed counts 5)
 ROUGH_S = {"slow_optimizer": 9, "slow_custom_backward": 8, "slow_loss": 6}
@@ -89,12 +89,9 @@ def graph():
 
 def pair_in_child(slow: str, out: str):
     """Notebook 03's loop and profiles of the pair (the profiles: where the code is), in a
-    fresh process on one compute thread; returns the params, the loops and the profiles."""
-    import multiprocessing
-
+    fresh process on one compute thread (``lanes.pinned``); returns the params, the loops and
+    the profiles."""
     _stages, extra, _f, _a = CASES[slow]
-    multiprocessing.set_start_method(None, force=True)  # DataLoader workers: the platform's
-    torch.set_num_threads(1)
     graph = load_checked_snapshot(load_params_file(ROOT / "params" / "ci.yaml"))
     p = _params(slow, extra)
     loops = study.run_loops(p, graph, torch.device("cpu"))
@@ -109,8 +106,6 @@ def pairs(graph, tmp_path_factory):
     multiprocessing's fork server (PyTorch and the study imported once): ``slow_workers`` first
     on every CPU, the others in lanes of one pinned CPU each (tests/lanes.py), nothing else of
     the suite beside (``alone``). The snapshot is cached first (``graph``)."""
-    import lanes
-
     order = sorted(CASES, key=lambda slow: -ROUGH_S.get(slow, 5))  # the longest first
     jobs = {slow: (slow, str(tmp_path_factory.mktemp(slow))) for slow in order}
     preload = ["torch", "torch_geometric", "lanes", "test_planted"]
