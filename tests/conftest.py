@@ -73,16 +73,17 @@ LONGEST_FIRST = ["test_notebooks.py",  # 260: every notebook under papermill, it
 
 def _quiet(limit_s: float = 60.0, idle: float = 0.15) -> None:
     """Before an alone test: wait (at most ``limit_s``) until the machine's CPUs are idle, so that
-    processes a previous test left exiting (kernels, ranks, loader workers) are gone. Sampled
-    every 0.1 s: the suite has about 40 alone tests, most of them assertions on a module
-    fixture's results, and a 0.5 s sample cost each of them half a second on an idle machine."""
+    processes a previous test left exiting (kernels, ranks, loader workers) are gone: three
+    samples of 0.1 s in a row at most ``idle`` busy (a process exiting in bursts shows in one of
+    them; one sample of 0.5 s cost each of the suite's 40 alone tests, most of them assertions
+    on a module fixture's results, half a second on an idle machine)."""
     import time
 
     import psutil
 
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end and psutil.cpu_percent(interval=0.1) / 100 > idle:
-        pass
+    end, quiet = time.monotonic() + limit_s, 0
+    while quiet < 3 and time.monotonic() < end:
+        quiet = quiet + 1 if psutil.cpu_percent(interval=0.1) / 100 <= idle else 0
 
 
 @contextlib.contextmanager
