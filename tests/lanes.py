@@ -95,48 +95,50 @@ def _named(exc: BaseException, key: str) -> BaseException:
     return exc
 
 
+def _drain(ctx, fn: Callable, jobs: dict[str, tuple], todo: queue.Queue, cpu: int | None,
+           stop: threading.Event, failed: list, done: dict) -> None:
+    """One lane: the jobs of ``todo``, one at a time, each in a fresh process of ``ctx`` pinned
+    to ``cpu`` (None: unpinned), until the queue is empty or ``stop`` is set; what each returns
+    into ``done``, the first exception (a job's, named; the pool's; an interrupt) into
+    ``failed``, which sets ``stop``."""
+    try:
+        with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as pool:
+            while not stop.is_set():
+                try:
+                    k = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    done[k] = pool.submit(pinned, fn, cpu, jobs[k]).result()
+                except BaseException as exc:
+                    failed.append(_named(exc, k))
+                    stop.set()
+    except BaseException as exc:  # the pool itself: raised by the caller
+        failed.append(exc)
+        stop.set()
+
+
 def run(ctx, fn: Callable, jobs: dict[str, tuple], whole: tuple[str, ...] = ()) -> dict:
     """``fn(*jobs[key])`` for every key, each in a fresh process of ``ctx`` (:func:`pinned`):
-    the keys in ``whole`` first, one at a time, unpinned; then the others in lanes
-    (:func:`lane_cpus`; one unpinned lane where there is one core), in the order given (put the
-    longest first). ``fn`` must be importable by the fork server. Returns key -> what ``fn``
-    returned. The first exception a job raised is raised, naming the job, once every lane has
-    stopped; so is an interrupt of the caller (no job starts after it)."""
+    the keys in ``whole`` first, one at a time, unpinned (one lane in this thread); then the
+    others in lanes (:func:`lane_cpus`; one unpinned lane where there is one core), in the
+    order given (put the longest first). ``fn`` must be importable by the fork server. Returns
+    key -> what ``fn`` returned. The first exception a job raised is raised, naming the job,
+    once every lane has stopped; so is an interrupt of the caller (no job starts after it)."""
     missing = set(whole) - set(jobs)
     if missing:
         raise ValueError(f"whole-machine jobs not among the jobs: {sorted(missing)}")
     done: dict = {}
-    with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as pool:
-        for k in (k for k in jobs if k in whole):
-            try:
-                done[k] = pool.submit(pinned, fn, None, jobs[k]).result()
-            except Exception as exc:
-                raise _named(exc, k)
+    failed: list[BaseException] = []
+    stop = threading.Event()
+    first: queue.Queue = queue.Queue()
     todo: queue.Queue = queue.Queue()
     for k in jobs:
-        if k not in whole:
-            todo.put(k)
-    stop = threading.Event()
-    failed: list[BaseException] = []
-
-    def lane(cpu):
-        try:
-            with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as pool:
-                while not stop.is_set():
-                    try:
-                        k = todo.get_nowait()
-                    except queue.Empty:
-                        return
-                    try:
-                        done[k] = pool.submit(pinned, fn, cpu, jobs[k]).result()
-                    except BaseException as exc:
-                        failed.append(_named(exc, k))
-                        stop.set()
-        except BaseException as exc:  # the pool itself: raised below, in the caller's thread
-            failed.append(exc)
-            stop.set()
-
-    threads = [threading.Thread(target=lane, args=(cpu,)) for cpu in lane_cpus() or [None]]
+        (first if k in whole else todo).put(k)
+    _drain(ctx, fn, jobs, first, None, stop, failed, done)
+    threads = [threading.Thread(target=_drain, args=(ctx, fn, jobs, todo, cpu, stop, failed,
+                                                     done))
+               for cpu in ([] if failed else lane_cpus() or [None])]
     for t in threads:
         t.start()
     try:

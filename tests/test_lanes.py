@@ -32,5 +32,8 @@ def test_a_jobs_exception_names_the_job_and_a_stray_whole_name_is_refused(ctx):
     with pytest.raises(ZeroDivisionError) as e:
         lanes.run(ctx, operator.truediv, {"fine": (1, 2), "zero": (1, 0)})
     assert any("'zero'" in n for n in e.value.__notes__)
+    with pytest.raises(ZeroDivisionError) as e:  # a whole-machine job's: no lane starts
+        lanes.run(ctx, operator.truediv, {"zero": (1, 0), "fine": (1, 2)}, whole=("zero",))
+    assert any("'zero'" in n for n in e.value.__notes__)
     with pytest.raises(ValueError, match="not among the jobs"):
         lanes.run(ctx, operator.truediv, {"fine": (1, 2)}, whole=("renamed",))
