@@ -45,7 +45,7 @@ from workbook_lib.exceptions import WorkbookError  # noqa: E402
 # alone: a case's gap (same_twice: none) is judged from 5 paired steps, which another worker's
 # tests beside it moved to a 1.26x 'gap' once; its cases run in lanes of one pinned CPU each
 # (two unpinned at a time, a sub-millisecond gap was measured contended by the other case in
-# two of three runs: each could be scheduled onto the other's CPU)
+# two of three runs)
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.alone]
 
 FAMILY = "tests/matrix/family.py"

@@ -58,8 +58,6 @@ CASES = {
 RANKED = [k for k, v in CASES.items() if len(v[0]) == 1]  # one stage: its margin is asserted
 
 
-# 9 paired steps, not ci's 6 (lanes.STEADY: in a lane one disturbed pair can veto a gap on 6)
-STEADY = lanes.STEADY
 WHOLE_MACHINE = ("slow_workers",)  # its DataLoader worker needs a CPU beside the loop
 # seconds per pair on the 2-core reference machine (a pair not listed counts 5)
 ROUGH_S = {"slow_optimizer": 9, "slow_custom_backward": 8, "slow_loss": 6}
@@ -67,7 +65,8 @@ ROUGH_S = {"slow_optimizer": 9, "slow_custom_backward": 8, "slow_loss": 6}
 
 def _params(slow: str, extra: dict) -> dict:
     raw = dict(load_params_file(ROOT / "params" / "ci.yaml"))
-    raw.update(STEADY)
+    raw.update(lanes.STEADY)  # 9 paired steps, not ci's 6: in a lane one disturbed pair can
+    # veto a gap on 6
     raw.update(strategies=[], gap_strategies=[slow, "fast"],
                pipelines=[f"{PLANTED / slow}.py:make_pipeline",
                           f"{PLANTED / 'fast'}.py:make_pipeline"], **extra)
