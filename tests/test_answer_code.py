@@ -115,6 +115,7 @@ def user_forward(x, w, index):
     return GatherRows.apply(h, index)
 
 
+@pytest.mark.alone  # ranks one profiled step's times (see the first)
 def test_a_step_is_attributed_to_the_functions_that_hold_it(tmp_path):
     """One step of a tiny model in wb: stages, recorded with Python stacks: the forward's time
     at ``user_forward``, the backward's matmul and tanh at ``user_forward`` too (their forward
@@ -124,10 +125,12 @@ def test_a_step_is_attributed_to_the_functions_that_hold_it(tmp_path):
     from workbook_lib.measurement.code_sites import device_sites
     from workbook_lib.studies.timing.own_code import OwnCode
 
-    # the matmul (33 M multiply-adds) far above the gather of 256 rows: the ranking below is
-    # not a race between microsecond operators
-    x, w = torch.randn(512, 256), torch.randn(256, 256, requires_grad=True)
-    index = torch.arange(0, 512, 2)
+    # the matmul (134 M multiply-adds, about 3 ms) far above the gather of 256 rows (about
+    # 0.2 ms): the ranking below is not a race between microsecond operators. It is still one
+    # profiled step's times, so the test runs alone: in CI, beside another worker, a 4 ms
+    # preemption inside the gather once ranked it first
+    x, w = torch.randn(2048, 256), torch.randn(256, 256, requires_grad=True)
+    index = torch.arange(0, 2048, 8)
 
     def step():
         with record_function("wb:forward"):
@@ -358,6 +361,7 @@ def _user_converted_forward(fast, x, deleted):
     return fast(x, deleted)
 
 
+@pytest.mark.alone  # ranks one profiled step's times (see the first)
 def test_a_users_call_into_the_fix_is_attributed_to_the_users_function():
     """Found by a user trial: a pipeline whose model calls convert's encoder had its forward's
     time 'outside the pipeline's code', because the workbook's files counted as the harness
@@ -518,6 +522,7 @@ def lines_user(x, w, small, big_first):
     return p + q
 
 
+@pytest.mark.alone  # ranks one profiled step's times (see the first)
 @pytest.mark.parametrize("big_first", [True, False])
 def test_a_functions_time_is_named_at_the_line_whose_calls_hold_it(big_first):
     """The round's ask: name the line, not only the function (its ``def`` line is all the
@@ -849,6 +854,7 @@ def shared_user(adj, keep, h, w):
     return adj @ hw
 
 
+@pytest.mark.alone  # ranks one profiled step's times (see the first)
 @pytest.mark.parametrize("per_sample", [True, False])
 def test_a_dense_graph_per_sample_is_found_at_its_line_and_advised_one_shared_pass(per_sample):
     """Found by a user trial: a dense [N, N] adjacency masked per sample and multiplied by
