@@ -121,7 +121,7 @@ def generate() -> list[Case]:
         # the answer names the code: planted causes a user wrote (tests/planted)
         Case("loss_loop", [PLANTED + "slow_loss_loop.py:make_pipeline", FAST], extra=STEADY,
              expect={"first": "loss", "advice": "a Python loop over the samples in the loss",
-                     "site": "pairwise_rank_loss"}),
+                     "site": "triplet_rank_loss"}),
         Case("custom_backward", [PLANTED + "slow_custom_backward.py:make_pipeline", FAST],
              extra=STEADY, expect={"first": "backward", "advice": "the custom autograd backward",
                      "site": "GatherRows.backward", "not_advice": "mirrors the forward"}),

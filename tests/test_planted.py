@@ -47,7 +47,7 @@ CASES = {
     "slow_workers": (("data_item",), {"num_workers": 1}, "HopDataset._hops",
                      "move the per-sample work"),
     "slow_loss": (("loss",), {}, "soft_rank_loss", ""),
-    "slow_loss_loop": (("loss",), {}, "pairwise_rank_loss",
+    "slow_loss_loop": (("loss",), {}, "triplet_rank_loss",
                        "a Python loop over the samples in the loss"),
     "slow_custom_backward": (("backward",), {}, "GatherRows.backward",
                              "the custom autograd backward"),
@@ -220,3 +220,23 @@ def test_a_gap_without_a_planted_cause_has_no_dominant_stage(graph):
     for c in causes:
         if c.difference_s is not None and c.stage not in ("rest", "ddp"):
             assert abs(c.difference_s) < 0.5 * a.median * steps, c
+
+
+def test_the_docs_table_prints_each_pairs_answer(pairs, monkeypatch, capsys):
+    """``tests/planted/answers.py`` (the table of docs/figures.md) runs on this module's pairs
+    and prints each one's first cause and the function it names: a row per pair, not a
+    traceback (it once imported a helper this module no longer had)."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(PLANTED))
+    sys.modules.pop("answers", None)
+    import answers
+
+    monkeypatch.setattr(answers, "pair_in_child", lambda slow, out: pairs[slow])
+    names = ["slow_loss_loop", "slow_custom_backward"]
+    answers.main(names)
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 2 + len(names), rows
+    for slow, row in zip(names, rows[2:]):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[0] == slow and f"`{CASES[slow][2]}`" in cells[3], row

@@ -12,10 +12,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "planted")]
 
-from test_planted import CASES, _loops, _Timing  # noqa: E402
+from test_planted import CASES, _Timing, pair_in_child  # noqa: E402
 
-from workbook_lib.configs.validation import load_params_file  # noqa: E402
-from workbook_lib.running.notebook import load_checked_snapshot  # noqa: E402
 from workbook_lib.studies import verdict as V  # noqa: E402
 
 
@@ -23,12 +21,11 @@ def main(names: list[str]) -> None:
     import tempfile
 
     torch.set_num_threads(1)
-    graph = load_checked_snapshot(load_params_file(ROOT / "params" / "ci.yaml"))
     print("| planted | gap (IQR, n) | first cause, share | the function the answer names | "
           "advice |")
     print("|---|---|---|---|---|")
     for slow in names or list(CASES):
-        p, loops, profiles = _loops(slow, graph, Path(tempfile.mkdtemp()))
+        p, loops, profiles = pair_in_child(slow, tempfile.mkdtemp())
         gap = V.measure_gap(loops, slow, "fast", p["num_samples"])
         causes = V.rank_causes(_Timing(loops, profiles), slow, "fast", gap, "cpu")
         first = V.first_causes(causes)
