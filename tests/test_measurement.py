@@ -378,3 +378,76 @@ def test_memory_probes_side_by_side_fit_the_threads_each_probe_runs(monkeypatch,
     finally:
         torch.set_num_threads(before)
     assert sizes == [expect] and threads == 2 // expect
+
+
+def _cycles(n: int = 20000) -> None:
+    """Garbage only the cyclic collector frees: lists that hold themselves."""
+    for _ in range(n):
+        a = []
+        a.append(a)
+
+
+def test_a_steps_garbage_collection_is_recorded_inside_it_and_nowhere_else():
+    """A full collection inside a timed step is its "gc_pause" (and in its wall time); a step
+    without one records 0, a collection between steps is in none, a warm-up step keeps none,
+    and a step that raised leaves no callback behind."""
+    import gc
+
+    from workbook_lib.results.timing import GC_PAUSE
+
+    clock = timing.StepClock("cpu")
+    callbacks = len(gc.callbacks)
+    was = gc.isenabled()
+    gc.disable()  # only the collections the test makes
+    try:
+        with clock.step(timed=False):
+            _cycles()
+            gc.collect()
+        with clock.step():
+            _cycles()
+            gc.collect()
+        _cycles()
+        gc.collect()  # between steps
+        with clock.step():
+            time.sleep(0.01)
+        with pytest.raises(ValueError):
+            with clock.step():
+                raise ValueError("the step failed")
+    finally:
+        if was:
+            gc.enable()
+    assert len(gc.callbacks) == callbacks
+    assert clock.n == 2
+    first, second = (s[GC_PAUSE] for s in clock.steps)
+    assert 0 < first <= clock.steps[0]["_wall"] and second == 0.0
+    st = clock.stages()[GC_PAUSE]
+    assert st.samples == [first, second]
+
+
+def test_a_pipeline_states_its_garbage_collector_share_and_the_stage_table_shows_it():
+    """LoopStudy.gc_pauses: the collector's seconds over the pipeline's timed steps of every
+    mode (their summed wall time) and its largest step (a pipeline that never collected: 0%;
+    a results file from before the figure: not recorded); 03's stage table shows them."""
+    from workbook_lib.report.timing_view import stage_table
+    from workbook_lib.results.timing import GC_PAUSE, ArmResult, LoopStudy
+
+    def arm(name, mode, walls, pauses):
+        extra = {} if pauses is None else {GC_PAUSE: timing.Stat.from_samples(pauses)}
+        return ArmResult(name=name, strategy=name, variant=mode, mode=mode, batch_size=8,
+                         micro_batches=1, step=timing.Stat.from_samples(walls),
+                         stages={"forward": timing.Stat.from_samples([w / 2 for w in walls])},
+                         extra=extra)
+
+    arms = {"heavy/full": arm("heavy", "full", [0.05, 0.05, 0.05], [0.0, 0.001, 0.0]),
+            # the full collection fell in another mode's step: it is the pipeline's all the same
+            "heavy/data": arm("heavy", "data", [0.02, 0.26, 0.02], [0.0, 0.23, 0.0]),
+            "clean/full": arm("clean", "full", [0.05] * 3, [0.0] * 3),
+            "old/full": arm("old", "full", [0.05] * 3, None)}
+    lo = LoopStudy(device="cpu", sizes="", strategies=["heavy", "clean", "old"],
+                   batch_sizes={}, interleaved=True, settings={}, arms=arms)
+    share, most, steps = lo.gc_pauses("heavy")
+    assert share == pytest.approx(0.231 / 0.45) and most == pytest.approx(0.23) and steps == 6
+    assert lo.gc_pauses("clean") == (0.0, 0.0, 3) and lo.gc_pauses("old") is None
+    html = stage_table(lo).to_html()
+    assert "51%, at most 230 ms in one of 6 steps" in html and html.count(">0%</td>") == 1
+    assert "not recorded" in html and "Garbage collector: the time" in html

@@ -19,7 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..results.stat import CI_LEVEL, DEFAULT_TARGET, Interleaved, Stat  # noqa: F401
+from ..results.timing import GC_PAUSE
 from .cpu import CpuMeter
+from .gc_pauses import GcPauses
 from typing import Callable, Iterator
 
 import numpy as np
@@ -154,7 +156,9 @@ class StepClock:
     A step opened with ``with clock.step(timed=...)`` collects its stage times
     (``clock.stage(name)``, between device syncs) and durations measured elsewhere (``clock.add``,
     e.g. in a DataLoader worker); they are kept only for a timed step. A
-    :class:`~workbook_lib.measurement.cpu.CpuMeter` reads the CPU share around every timed step.
+    :class:`~workbook_lib.measurement.cpu.CpuMeter` reads the CPU share around every timed step,
+    and :class:`~workbook_lib.measurement.gc_pauses.GcPauses` the seconds Python's garbage
+    collector ran inside it (``"gc_pause"``: inside the stages, not one of them).
 
     Args:
         device: where the steps run (synchronized around every step and stage).
@@ -169,6 +173,7 @@ class StepClock:
         self.steps: list[dict[str, float]] = []  # timed steps only; "_wall" is the whole step
         self._cur: dict[str, float] | None = None
         self.meter = CpuMeter(children=children, procs=procs, workers=workers)
+        self.gc = GcPauses()
 
     @contextmanager
     def step(self, timed: bool = True) -> Iterator[dict[str, float]]:
@@ -179,16 +184,20 @@ class StepClock:
         if timed:
             self.meter.begin()
         sync(self.device)
+        if timed:
+            self.gc.open()
         t0 = time.perf_counter()
         try:
             yield rec
             sync(self.device)
             rec["_wall"] = time.perf_counter() - t0
             if timed:
+                rec[GC_PAUSE] = self.gc.close()
                 self.meter.end()
                 self.steps.append(rec)
         finally:
             self._cur = None
+            self.gc.close()
             self.meter.cancel()  # a step that raised leaves no interval open
 
     @contextmanager

@@ -143,13 +143,24 @@ def stage_table(study: LoopStudy):
         for s in (*MAIN_STAGES, "untracked"):
             if s in st:
                 row[STAGE_LABELS[s]] = f"{st[s] / wall:.0%}"
+        gc_ = study.gc_pauses(n)
+        row["garbage collector (every mode)"] = (
+            "not recorded" if gc_ is None else
+            f"{gc_[0]:.0%}, at most {gc_[1] * 1e3:.3g} ms in one of {gc_[2]} steps"
+            if gc_[1] > 0 else "0%")
         rows.append(row)
     split = {label(n): a.loss_split for n in study.strategies
              if (a := study.arm(n, "full")).loss_split}
     return table(rows, caption="Share of the full step's wall time per stage (stage medians "
                                "over the step median; each stage timed between device syncs). "
                                "The loss is timed apart from the model: its forward, and its "
-                               "own backward down to the model's output."
+                               "own backward down to the model's output. Garbage collector: "
+                               "the time Python's garbage collector ran inside the pipeline's "
+                               "timed steps of every mode (in whichever stage it interrupted), "
+                               "over their summed wall time, and the most in one step; a full "
+                               "collection walks every "
+                               "live Python object of the process, this run's other pipelines' "
+                               "too, so it can cost more here than in your training alone."
                  + ("".join(f" {k}: {w}." for k, w in split.items()) if split else ""))
 
 

@@ -15,6 +15,7 @@ from ..records import Record
 
 MODES = ("data", "forward", "forward_backward", "full")
 WORKER_STAGES = ("worker_fetch", "worker_collate")
+GC_PAUSE = "gc_pause"  # an extra figure: a step's seconds in Python's garbage collector
 
 # what bounds a step: the stage groups and the rule (studies.timing.stages)
 GROUPS = ("data", "transfer", "device prep", "model", "loop overhead")
@@ -280,6 +281,21 @@ class LoopStudy(Record):
 
     def arm(self, strategy: str, mode: str = "full") -> ArmResult:
         return self.arms[arm_key(strategy, mode)]
+
+    def gc_pauses(self, strategy: str) -> tuple[float, float, int] | None:
+        """Over every timed step of the pipeline's arms (every mode): the share of their summed
+        wall time in which Python's garbage collector ran (inside whichever stages it
+        interrupted), the most it ran in one step (seconds) and the steps; None where no arm
+        recorded it (a results file from before the figure)."""
+        pauses, walls = [], []
+        for key, a in self.arms.items():
+            st = a.extra.get(GC_PAUSE)
+            if key.rsplit("/", 1)[0] == strategy and st is not None:
+                pauses += st.samples
+                walls += a.step.samples[:len(st.samples)]
+        if not pauses or sum(walls) <= 0:
+            return None
+        return sum(pauses) / sum(walls), max(pauses), len(pauses)
 
     def ratio(self, a: ArmResult, b: ArmResult) -> Stat:
         """``a.step / b.step``: paired by round when the arms were interleaved."""
