@@ -901,3 +901,39 @@ def test_the_stage_table_marks_a_booked_stage_under_the_minor_share():
     assert small and large, [(c.stage, c.share) for c in booked]
     assert html.count(", minor</td>") == len(small)
     assert "Minor: under 5% of the gap, booked but neither named in the answer nor advised" in html
+
+
+def test_the_garbage_collector_is_a_caveat_only_where_the_slow_pipeline_pays_much_of_it():
+    """gc_note both ways: a slow pipeline whose steps spent 46% of their time in the collector
+    against none in the fast one gets the caveat with its figures; at 4% (under GC_HIGH), with
+    the fast one paying more, or from a results file without the figure, none."""
+    from workbook_lib.results.timing import GC_PAUSE, ArmResult, LoopStudy
+    from workbook_lib.studies.verdict.causes import GC_HIGH
+
+    def study(slow_pauses, fast_pauses):
+        def arm(name, walls, pauses):
+            extra = {} if pauses is None else {GC_PAUSE: Stat.from_samples(pauses)}
+            return ArmResult(name=name, strategy=name, variant="full", mode="full",
+                             batch_size=8, micro_batches=1, step=Stat.from_samples(walls),
+                             extra=extra)
+        return LoopStudy(device="cpu", sizes="", strategies=["slow", "fast"], batch_sizes={},
+                         interleaved=True, settings={},
+                         arms={"slow/full": arm("slow", [0.035, 0.29, 0.035, 0.04], slow_pauses),
+                               "fast/full": arm("fast", [0.006] * 4, fast_pauses)})
+
+    heavy = [0.0016, 0.254, 0.0016, 0.0017]
+    note = V.gc_note(study(heavy, [0.0] * 4), "slow", "fast")
+    assert note.startswith("Python's garbage collector took 65% of the timed steps of 'slow' "
+                           "(of their summed time; at most 254 ms in one of its 4 steps), "
+                           "against 0% of those of 'fast': "), note
+    assert "gc.freeze()" in note
+    light = [0.0016, 0.012, 0.0016, 0.0017]  # 4%
+    assert sum(light) / 0.4 < GC_HIGH and V.gc_note(study(light, [0.0] * 4), "slow", "fast") == ""
+    fast_more = [0.005] * 4  # 83% of the fast one's steps
+    assert V.gc_note(study(heavy, fast_more), "slow", "fast") == ""
+    assert V.gc_note(study(heavy, None), "slow", "fast") == ""
+    # the caveat is in the answer
+    from workbook_lib.studies.verdict.answer import caveats
+
+    v = V.VerdictResult("", "cpu", "cpu", [], [], None, None, [], [], gc_note=note)
+    assert caveats(v) == [note + "."]

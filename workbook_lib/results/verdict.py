@@ -253,6 +253,7 @@ class VerdictResult(Record):
     builtin: bool = True  # built-in strategies ran: the investigation's story applies
     claims_note: str = ""  # why no claim was judged, when none was
     syncs_note: str = ""  # host syncs of the pair's stages and what they cost here
+    gc_note: str = ""  # the slow pipeline's garbage-collector pauses, where they are many
     num_samples: int = 0  # the dataset size an epoch is 80% of (params num_samples)
     specs: dict[str, str] = field(default_factory=dict)  # user pipeline -> its spec as given
     params_args: str = ""  # a command's params for the run's: --params RUN/params.yaml, or --sets

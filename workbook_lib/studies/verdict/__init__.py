@@ -25,7 +25,7 @@ from ..timing import DANGO, LAZY, is_exact
 # the parts, and the names the view and the tests read here
 from .advice import NODEMASK, STATIC, SYNC_ADVICE  # noqa: F401
 from .causes import (first_causes, offsets, rank_causes,  # noqa: F401
-                     syncs_note, told_apart)
+                     syncs_note, told_apart, gc_note)
 from .gap import MIN_PAIRED, measure_gap, resolved  # noqa: F401
 from .answer import CONTENDED_LABELS, DISTURBED_LABELS, compose  # noqa: F401
 from .recommend import _bench, recommend
@@ -292,6 +292,7 @@ def build_verdict(found: dict, inputs: dict[str, str], params: Params, run_dir: 
         res.gap, res.gap_total, res.gap_strategies = g, g.ratio, [g.slow, g.fast]
         res.causes = rank_causes(timing, g.slow, g.fast, g, device_type)
         res.syncs_note = syncs_note(res.causes, device_type)
+        res.gc_note = gc_note(lo, g.slow, g.fast)
     res.claims, res.claims_note = judge_claims(inv, mc, timing, ddp, params, run_dir,
                                                device_type)
     res.exactness, proven, differ = exactness(lo, params,

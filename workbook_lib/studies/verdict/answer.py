@@ -201,6 +201,8 @@ def caveats(v: VerdictResult) -> list[str]:
         out.append(_cap(v.syncs_note) + ".")
     if first and first[0].note:
         out.append(f"Where the {first[0].cause}'s time went: {first[0].note}.")
+    if v.gc_note:
+        out.append(v.gc_note + ".")
     return out
 
 

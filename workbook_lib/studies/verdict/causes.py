@@ -213,3 +213,26 @@ def syncs_note(causes: list[Cause], device_type: str) -> str:
                if device_type == "cuda" else
                "not measured here: a CPU never waits for a device, so their cost on a GPU "
                "needs a GPU run"))
+
+
+GC_HIGH = 0.1  # the slow pipeline's garbage-collector share of its steps' time worth a caveat
+
+
+def gc_note(lo, slow: str, fast: str) -> str:
+    """The garbage collector's pauses in the slow pipeline's timed steps, where they are at
+    least :data:`GC_HIGH` of their summed time and more than the fast one's share ("" else, and
+    where either was not recorded). A share of summed time is a mean: the few long steps that
+    hold most of a collector's time move the medians the gap is made of little or not at all,
+    and an epoch pays them all."""
+    gs, gf = lo.gc_pauses(slow), lo.gc_pauses(fast)
+    if gs is None or gf is None or gs[0] < GC_HIGH or gs[0] <= gf[0]:
+        return ""
+    return (f"Python's garbage collector took {gs[0]:.0%} of the timed steps of '{slow}' "
+            f"(of their summed time; at most {gs[1] * 1e3:.3g} ms in one of its {gs[2]} "
+            f"steps), against {gf[0]:.0%} of those of '{fast}': the medians the gap is made "
+            "of leave out pauses that fall in a few long steps, and an epoch pays them all. "
+            "Fewer Python objects made per step (tensors rather than lists, dicts or an object "
+            "per sample) make its collections rarer and shorter, and gc.freeze() once the "
+            "dataset is built keeps its long-lived objects out of them; a full collection here "
+            "also walks the other pipelines' objects in this process, so your training alone "
+            "may pay less")
