@@ -116,8 +116,9 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
                              "ms per step": f"{r.seconds * 1e3:.3g}",
                              "share of the stage": fmt_pct(r.seconds / total) if total else "",
                              "operator calls per step": ops_words(stage, r.ops)})
-    cap = ("Where each stage's profiled time is in each pipeline's own files (recorded with "
-           "Python stacks: a backward operator counts at the function that ran its forward; "
+    cap = ("Where each stage's profiled time is in each pipeline's own files, from one step "
+           "recorded with Python stacks (not repeated: close rows can trade places in a rerun; "
+           "a backward operator counts at the function that ran its forward; "
            "time under no function of the pipeline's own, the loop's or a library's called from "
            "it, is left out of the rows but not of the shares). The Python tracer slows "
            "Python-heavy code: shares of a profiled step, not the loop's timings. Hottest "

@@ -103,11 +103,13 @@ def code_table(v: VerdictResult):
                          "share of the stage's extra time": fmt_pct(c.outside),
                          "operator calls per step": ""})
     cap = ("Where each first cause's extra time is, in the slow pipeline's own files: "
-           "notebook 03's profiled steps with Python stacks (a backward operator counts at the "
-           "function that ran its forward), each function's time per step against the fast "
-           "pipeline's same function (0 where it has none); shares are of the sum of the "
-           "functions' positive differences. The profiler's Python tracer slows Python-heavy "
-           "code, so these are shares of a profiled step, not the loop's timings. Hottest line: "
+           "one step of each pipeline profiled with Python stacks in notebook 03 (a backward "
+           "operator counts at the function that ran its forward), each function's time in it "
+           "against the fast pipeline's same function (0 where it has none); shares are of the "
+           "sum of the functions' positive differences. One step, not repeated to a precision "
+           "target: two functions whose times are close can trade places in a rerun. The "
+           "profiler's Python tracer slows Python-heavy code, so these are shares of a "
+           "profiled step, not the loop's timings. Hottest line: "
            "the slow function's line whose torch calls took the most operator time (their "
            "backward in the backward), with its share of the operator time on all the "
            "function's lines, from a step with each torch call marked by its line (empty: none "
