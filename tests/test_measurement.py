@@ -388,9 +388,10 @@ def _cycles(n: int = 20000) -> None:
 
 
 def test_a_steps_garbage_collection_is_recorded_inside_it_and_nowhere_else():
-    """A full collection inside a timed step is its "gc_pause" (and in its wall time); a step
-    without one records 0, a collection between steps is in none, a warm-up step keeps none,
-    and a step that raised leaves no callback behind."""
+    """A full collection inside a timed step is its "gc_pause" (and in its wall time), and
+    "gc_pause:STAGE" of the stage it ran in; a step without one records 0, a collection between
+    steps is in none, a warm-up step keeps none, and a step that raised leaves no callback
+    behind."""
     import gc
 
     from workbook_lib.results.timing import GC_PAUSE
@@ -404,8 +405,11 @@ def test_a_steps_garbage_collection_is_recorded_inside_it_and_nowhere_else():
             _cycles()
             gc.collect()
         with clock.step():
-            _cycles()
-            gc.collect()
+            with clock.stage("collate"):
+                _cycles()
+                gc.collect()
+            with clock.stage("forward"):
+                time.sleep(0.001)
         _cycles()
         gc.collect()  # between steps
         with clock.step():
@@ -420,6 +424,9 @@ def test_a_steps_garbage_collection_is_recorded_inside_it_and_nowhere_else():
     assert clock.n == 2
     first, second = (s[GC_PAUSE] for s in clock.steps)
     assert 0 < first <= clock.steps[0]["_wall"] and second == 0.0
+    # inside the stage that collected, and no other
+    assert clock.steps[0][f"{GC_PAUSE}:collate"] == pytest.approx(first)
+    assert f"{GC_PAUSE}:forward" not in clock.steps[0]
     st = clock.stages()[GC_PAUSE]
     assert st.samples == [first, second]
 

@@ -158,7 +158,8 @@ class StepClock:
     e.g. in a DataLoader worker); they are kept only for a timed step. A
     :class:`~workbook_lib.measurement.cpu.CpuMeter` reads the CPU share around every timed step,
     and :class:`~workbook_lib.measurement.gc_pauses.GcPauses` the seconds Python's garbage
-    collector ran inside it (``"gc_pause"``: inside the stages, not one of them).
+    collector ran inside it (``"gc_pause"``: inside the stages, not one of them; and
+    ``"gc_pause:STAGE"``, the part inside each stage that had any).
 
     Args:
         device: where the steps run (synchronized around every step and stage).
@@ -213,6 +214,7 @@ class StepClock:
         rec = self._cur
         if synced:
             sync(self.device)
+        g0 = self.gc.seconds
         t0 = time.perf_counter()
         try:
             yield
@@ -221,6 +223,9 @@ class StepClock:
                 sync(self.device)
             key = name if synced else f"issue:{name}"
             rec[key] = rec.get(key, 0.0) + time.perf_counter() - t0
+            if self.gc.seconds > g0:  # the collector inside this stage (timed steps only)
+                rec[f"{GC_PAUSE}:{key}"] = rec.get(f"{GC_PAUSE}:{key}", 0.0) + \
+                    self.gc.seconds - g0
 
     def add(self, name: str, seconds: float) -> None:
         """Add a duration measured elsewhere to the open step."""

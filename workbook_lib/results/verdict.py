@@ -148,6 +148,9 @@ class Cause(Record):
     growth: Growth | None = None  # how the stage grows with the samples (slow pipeline)
     fast_growth: Growth | None = None  # the same for the fast pipeline
     finding: str = ""  # what was measured, in one sentence (said instead of advice)
+    # of the stage's timed time in the slow pipeline's full steps (their sum), the part Python's
+    # garbage collector ran inside it; None where not recorded
+    gc_share: float | None = None
 
 
 @dataclass

@@ -94,6 +94,10 @@ def _custom_backward(c: Cause) -> bool:
     return s is not None and s.function.split(".")[-1] == "backward"
 
 
+GC_MOST = 0.5  # a stage whose time is at least this share Python's garbage collector
+GC_ADVICE = ("make fewer Python objects per step (tensors rather than lists, dicts or an object "
+             "per sample), and call gc.freeze() once the long-lived ones are built (the "
+             "dataset, a Python copy of the graph) so that no later collection walks them")
 MANY_CALLS = 1000  # operator calls per step in one function: a loop, if each is cheap
 CHEAP_CALL_US = 20.0  # microseconds per call below which a call's cost is its overhead
 SAME_CALLS = 0.1  # operator calls within this share of the fast function's: the same calls
@@ -310,6 +314,9 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies, num_genes))
         c.diagnosed = isinstance(c.advice, Diagnosis)
         c.advice = str(c.advice)
+        if c.gc_share is not None and c.gc_share >= GC_MOST:  # the collector, not the code
+            c.advice += (f"; {c.gc_share:.0%} of this stage's time in the slow pipeline's full "
+                         f"steps was Python's garbage collector: {GC_ADVICE}")
         if encoder is not None and encoder.runs_converted and c.stage == "forward":
             c.finding += "; " + encoder_words(encoder)  # what it runs, not a change to make
         # the encoder's figures where the advice is its own (a backward mirroring the forward

@@ -2,7 +2,7 @@
 the package docstring)."""
 from __future__ import annotations
 
-from ...results.timing import STAGES
+from ...results.timing import GC_PAUSE, STAGES
 from ...results.verdict import Cause, Gap
 from . import claims as claims_mod
 from ..timing.stages import stage_medians, stage_quartiles, within_noise
@@ -122,12 +122,16 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                     evidence += (f", of which the host waited {wa * 1e3:.3g} ms per step at them "
                                  f"against {(wb or 0.0) * 1e3:.3g} ms (profiled warm steps; "
                                  "inside the stage's time)")
+        gc_share = stage_gc_share(a, key)
+        if gc_share is not None and gc_share >= GC_HIGH:
+            evidence += (f"; Python's garbage collector ran in {gc_share:.0%} of its time in the "
+                         "slow pipeline's full steps")
         sites, why, outside = code_sites(profiles, slow, fast, key, device_type)
         row = Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
                     claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
                     sync_wait_s=wait_s, note=note, sites=sites, sites_note=why, outside=outside,
                     growth=lo.growth.get(slow, {}).get(key),
-                    fast_growth=lo.growth.get(fast, {}).get(key))
+                    fast_growth=lo.growth.get(fast, {}).get(key), gc_share=gc_share)
         if key in qa and key in qb and within_noise(qa[key], qb[key], ns, nf):
             row.effect = "noise"
             row.evidence += ("; the two sides' interquartile ranges per epoch overlap: within "
@@ -216,23 +220,51 @@ def syncs_note(causes: list[Cause], device_type: str) -> str:
 
 
 GC_HIGH = 0.1  # the slow pipeline's garbage-collector share of its steps' time worth a caveat
+# a cause's stage -> the loop's timed stages that hold it (the data stages: the DataLoader wait)
+TIMED = {"data_item": ("loader_wait",), "collate": ("loader_wait",), "loss": ("loss",
+         "loss_backward")}
+
+
+def stage_gc_share(arm, key: str) -> float | None:
+    """Of a cause's stage's summed time over ``arm``'s timed steps, the part Python's garbage
+    collector ran inside it (the data stages share the DataLoader wait's); None where the arm
+    has no such record (a results file from before it) or the stage no time."""
+    if GC_PAUSE not in arm.extra:
+        return None
+    names = TIMED.get(key, (key,))
+    total = sum(sum(arm.stages[n].samples) for n in names if n in arm.stages)
+    if total <= 0:
+        return None
+    inside = sum(sum(arm.extra[f"{GC_PAUSE}:{n}"].samples) for n in names
+                 if f"{GC_PAUSE}:{n}" in arm.extra)
+    return inside / total
 
 
 def gc_note(lo, slow: str, fast: str) -> str:
     """The garbage collector's pauses in the slow pipeline's timed steps, where they are at
     least :data:`GC_HIGH` of their summed time and more than the fast one's share ("" else, and
-    where either was not recorded). A share of summed time is a mean: the few long steps that
-    hold most of a collector's time move the medians the gap is made of little or not at all,
-    and an epoch pays them all."""
+    where either was not recorded): its median full step and that step's IQR with and without
+    the collector's time (the gap is of medians: it holds the collector's time as far as the
+    median step does, and an epoch pays all of it; measured, a pipeline that collected in 4 of
+    9 steps had its median fall on either side of them from run to run)."""
+    from ...measurement.timing import Stat
+
     gs, gf = lo.gc_pauses(slow), lo.gc_pauses(fast)
     if gs is None or gf is None or gs[0] < GC_HIGH or gs[0] <= gf[0]:
         return ""
-    return (f"Python's garbage collector took {gs[0]:.0%} of the timed steps of '{slow}' "
-            f"(of their summed time; at most {gs[1] * 1e3:.3g} ms in one of its {gs[2]} "
-            f"steps), against {gf[0]:.0%} of those of '{fast}': the medians the gap is made "
-            "of leave out pauses that fall in a few long steps, and an epoch pays them all. "
-            "Fewer Python objects made per step (tensors rather than lists, dicts or an object "
-            "per sample) make its collections rarer and shorter, and gc.freeze() once the "
-            "dataset is built keeps its long-lived objects out of them; a full collection here "
-            "also walks the other pipelines' objects in this process, so your training alone "
-            "may pay less")
+    text = (f"Python's garbage collector took {gs[0]:.0%} of the timed steps of '{slow}' (of "
+            f"their summed time, every mode; at most {gs[1] * 1e3:.3g} ms in one of its "
+            f"{gs[2]} steps), against {gf[0]:.0%} of those of '{fast}'")
+    a = lo.arm(slow, "full")
+    st = a.extra.get(GC_PAUSE)
+    if st is not None and st.n == a.step.n and a.step.n:
+        without = Stat.from_samples([w - p for w, p in zip(a.step.samples, st.samples)])
+        text += (f": its median full step {a.step.median * 1e3:.3g} ms, "
+                 f"{without.median * 1e3:.3g} ms without the collector's time (IQR "
+                 f"{a.step.iqr * 1e3:.3g} ms, {without.iqr * 1e3:.3g} ms without it). The gap "
+                 "is of medians: it holds the collector's time as far as the median step does, "
+                 "and an epoch pays all of it")
+    from .advice import GC_ADVICE
+
+    return (text + f". To shorten its collections, {GC_ADVICE}. A full collection walks every "
+            "Python object of the process, this run's other pipelines' too")
