@@ -18,7 +18,7 @@ import time
 
 
 class GcPauses:
-    """Seconds the collector ran, and its collections by generation, while :meth:`open`.
+    """Seconds the collector ran while :meth:`open`.
 
     Args:
         clock: the time source (``time.perf_counter``, as the step's own timer).
@@ -28,7 +28,6 @@ class GcPauses:
         self._clock = clock
         self._start: float | None = None
         self.seconds = 0.0
-        self.by_generation = [0, 0, 0]
         self._on = False
 
     def _callback(self, phase: str, info: dict) -> None:
@@ -36,14 +35,11 @@ class GcPauses:
             self._start = self._clock()
         elif self._start is not None:  # a stop whose start came before the region: not counted
             self.seconds += self._clock() - self._start
-            g = int(info.get("generation", 0))
-            if 0 <= g < len(self.by_generation):
-                self.by_generation[g] += 1
             self._start = None
 
     def open(self) -> None:
         """Start counting from zero (the callback added once; :meth:`close` removes it)."""
-        self.seconds, self.by_generation, self._start = 0.0, [0, 0, 0], None
+        self.seconds, self._start = 0.0, None
         if not self._on:
             gc.callbacks.append(self._callback)
             self._on = True

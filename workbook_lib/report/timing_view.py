@@ -157,10 +157,9 @@ def stage_table(study: LoopStudy):
                                "own backward down to the model's output. Garbage collector: "
                                "the time Python's garbage collector ran inside the pipeline's "
                                "timed steps of every mode (in whichever stage it interrupted), "
-                               "over their summed wall time, and the most in one step; a full "
-                               "collection walks every "
-                               "live Python object of the process, this run's other pipelines' "
-                               "too, so it can cost more here than in your training alone."
+                               "over their summed wall time, and the most in one step (a full "
+                               "collection walks every Python object of the process, this "
+                               "run's other pipelines' too)."
                  + ("".join(f" {k}: {w}." for k, w in split.items()) if split else ""))
 
 
