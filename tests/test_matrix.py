@@ -91,6 +91,7 @@ def generate() -> list[Case]:
         # pairs and their order
         Case("slow_fast", ["slow", "fast"], notebooks=NO_04),
         Case("fast_first", ["fast", "slow"], extra=STEADY, expect={"swapped": True}),
+        # one pipeline twice: no gap the answer rests on (see _expectations)
         Case("same_twice", ["fast", "again=fast"], expect={"measurable": False}),
         # sizes of the set
         Case("three_with_inexact", ["slow", "fast", "inexact"]),
@@ -262,10 +263,11 @@ def test_every_case_gets_an_answer_or_one_line_why(case, results):
         assert v.lead.startswith("**No answer")
     else:
         booked = [c.share for c in v.causes if c.share is not None]
-        if v.gap.measurable:
+        if v.gap.measurable and v.gap.steps_agree:
             assert sum(booked) == pytest.approx(1.0)
-        else:
-            assert booked == [] and "no gap to explain" in v.lead
+        else:  # no gap, or full steps that do not show its direction: nothing booked
+            assert booked == []
+            assert v.gap.measurable or "no gap to explain" in v.lead
     _expectations(case, v)
 
 
@@ -306,7 +308,14 @@ def _expectations(case: Case, v) -> None:
     if "swapped" in e:
         assert v.gap.swapped == e["swapped"] and v.caveats[0].startswith("Listed the other way")
         assert (v.gap.slow, v.gap.fast) == ("slow", "fast")
-    if "measurable" in e:
+    if "measurable" in e and e["measurable"] is False and v.gap.measurable and \
+            not v.gap.steps_agree:
+        # the gap rule resolves one pipeline over itself now and then by design (its median's
+        # interval at about 96%; simulated with the rule: 0.3% to 2% of runs at 10-15% step
+        # noise, on 6 steps as on 9; CI met one): where the full steps disagree, the answer
+        # ranks no cause and says why (a resolved gap the full steps confirm still fails)
+        assert "no cause is ranked" in v.lead, v.lead
+    elif "measurable" in e:
         assert v.gap.measurable == e["measurable"]
     if "lead" in e:
         assert e["lead"] in v.lead, v.lead
