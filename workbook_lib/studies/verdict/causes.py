@@ -2,11 +2,12 @@
 the package docstring)."""
 from __future__ import annotations
 
+from ...results.stat import Stat
 from ...results.timing import GC_PAUSE, STAGES
 from ...results.verdict import Cause, Gap
 from . import claims as claims_mod
-from ..timing.stages import stage_medians, stage_quartiles, within_noise
-from .advice import H2D_WALK, MINOR, advise, carries_copies
+from ..timing.stages import LOSS_PARTS, stage_medians, stage_quartiles, within_noise
+from .advice import GC_ADVICE, H2D_WALK, MINOR, advise, carries_copies
 from .code import code_sites
 
 
@@ -221,8 +222,7 @@ def syncs_note(causes: list[Cause], device_type: str) -> str:
 
 GC_HIGH = 0.1  # the slow pipeline's garbage-collector share of its steps' time worth a caveat
 # a cause's stage -> the loop's timed stages that hold it (the data stages: the DataLoader wait)
-TIMED = {"data_item": ("loader_wait",), "collate": ("loader_wait",), "loss": ("loss",
-         "loss_backward")}
+TIMED = {"data_item": ("loader_wait",), "collate": ("loader_wait",), "loss": LOSS_PARTS}
 
 
 def stage_gc_share(arm, key: str) -> float | None:
@@ -247,8 +247,6 @@ def gc_note(lo, slow: str, fast: str) -> str:
     the collector's time (the gap is of medians: it holds the collector's time as far as the
     median step does, and an epoch pays all of it; measured, a pipeline that collected in 4 of
     9 steps had its median fall on either side of them from run to run)."""
-    from ...measurement.timing import Stat
-
     gs, gf = lo.gc_pauses(slow), lo.gc_pauses(fast)
     if gs is None or gf is None or gs[0] < GC_HIGH or gs[0] <= gf[0]:
         return ""
@@ -264,7 +262,5 @@ def gc_note(lo, slow: str, fast: str) -> str:
                  f"{a.step.iqr * 1e3:.3g} ms, {without.iqr * 1e3:.3g} ms without it). The gap "
                  "is of medians: it holds the collector's time as far as the median step does, "
                  "and an epoch pays all of it")
-    from .advice import GC_ADVICE
-
     return (text + f". To shorten its collections, {GC_ADVICE}. A full collection walks every "
             "Python object of the process, this run's other pipelines' too")
