@@ -104,7 +104,8 @@ view.cpu_plot(loops)
 # %% [markdown]
 # ## Where a full step goes
 # Each stage is timed between device syncs. Python's garbage collector runs inside whichever stage
-# it interrupts: the last column says how much of the steps' time it took.
+# it interrupts: the last column says how much of the steps' time it took (with DataLoader
+# workers, a column more gives their own collections, which the training process never sees).
 
 # %%
 display(view.stage_table(loops))

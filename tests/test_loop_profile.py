@@ -90,6 +90,51 @@ def test_workers_run_arm_after_arm(small):
                for r in res.values())
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_collectors_time_in_a_collate_is_recorded_where_it_ran(small, workers):
+    """A collate that collects (an explicit full collection over its own cyclic garbage, the
+    collector otherwise off): its seconds are the step's "gc_pause:worker_collate" whether the
+    collate ran in this process or in a DataLoader worker; the items collected nothing. In this
+    process the step's own "gc_pause" holds them too (the loader wait); from a worker it cannot
+    (a user trial's question: a pipeline with workers read 0% while they collected)."""
+    import gc
+
+    from workbook_lib.results.timing import GC_PAUSE, LoopStudy
+
+    g, pert = small
+    pipe = builtin_pipeline(g, "replicated_mask_cpu", pert, layers=1)
+    plain = pipe.collate
+
+    def collate(items):
+        for _ in range(20000):
+            a = []
+            a.append(a)
+        gc.collect()
+        return plain(items)
+
+    pipe.collate = collate
+    was = gc.isenabled()
+    gc.disable()  # only the collate's collections (a forked worker inherits it)
+    try:
+        ld = loop.make_loader(pipe, num_workers=workers)
+        res = loop.run_arms([loop.Arm("p/data", pipe, ld, loop.Variant("data", "data"))],
+                            warmup_steps=1, min_steps=3, max_steps=3, interleave=False)["p/data"]
+    finally:
+        if was:
+            gc.enable()
+    inside = res.extra[f"{GC_PAUSE}:worker_collate"].samples
+    assert len(inside) == 3 and min(inside) > 0
+    assert res.extra[f"{GC_PAUSE}:worker_fetch"].samples == [0.0] * 3
+    assert all(g_ <= c for g_, c in zip(inside, res.extra["worker_collate"].samples))
+    main = res.extra[GC_PAUSE].samples
+    assert (min(main) > 0) if workers == 0 else main == [0.0] * 3
+    lo = LoopStudy("cpu", "", ["p"], {}, workers == 0, {"num_workers": workers},
+                   {"p/data": res})
+    share, most, steps = lo.worker_gc("p")
+    assert 0 < share <= 1 and most == max(inside) and steps == 3
+    assert lo.loader_workers == workers
+
+
 def test_bad_loop_arguments(small):
     g, pert = small
     arms = _arms(g, pert, ["node_mask_shared"], modes=("data",))

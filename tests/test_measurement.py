@@ -458,3 +458,15 @@ def test_a_pipeline_states_its_garbage_collector_share_and_the_stage_table_shows
     html = stage_table(lo).to_html()
     assert "51%, at most 230 ms in one of 6 steps" in html and html.count(">0%</td>") == 1
     assert "not recorded" in html and "Garbage collector: the time" in html
+    assert "its loader workers" not in html  # no workers: the step's own figure holds them
+    # with DataLoader workers: their own collections, in a column of their own
+    arms["heavy/full"].extra.update({f"{GC_PAUSE}:worker_fetch": timing.Stat.from_samples([0.0] * 3),
+                                     f"{GC_PAUSE}:worker_collate": timing.Stat.from_samples(
+                                         [0.02, 0.0, 0.01]),
+                                     "worker_fetch": timing.Stat.from_samples([0.01] * 3),
+                                     "worker_collate": timing.Stat.from_samples([0.03] * 3)})
+    lo.settings = {"num_workers": 2}
+    html = stage_table(lo).to_html()
+    assert "garbage collector, its loader workers" in html
+    assert "25%, at most 20 ms in one of 3 steps" in html
+    assert "With 2 DataLoader worker process(es) per pipeline" in html

@@ -273,6 +273,10 @@ def test_a_step_that_collects_every_time_is_told_the_collector_with_its_stage(pa
     causes = V.rank_causes(_Timing(loops, profiles), gap.slow, gap.fast, gap, "cpu")
     data = [c for c in V.first_causes(causes) if c.stage in ("data_item", "collate")]
     assert data, [(c.stage, c.share) for c in causes]
-    for c in data:  # the DataLoader wait the two data stages share: mostly the collector
-        assert c.gc_share >= GC_MOST, (c.stage, c.gc_share)
-        assert "was Python's garbage collector: make fewer Python objects" in c.advice, c.advice
+    # each data stage's own share (counted inside the items and the collates): the stage
+    # that is mostly the collector is advised about it, one that is not is not
+    shares = {c.stage: c.gc_share for c in data}
+    assert max(shares.values()) >= GC_MOST, shares
+    for c in data:
+        assert ("was Python's garbage collector: make fewer Python objects" in c.advice) == \
+            (c.gc_share >= GC_MOST), (shares, c.advice)

@@ -951,34 +951,77 @@ def test_the_garbage_collector_is_a_caveat_only_where_the_slow_pipeline_pays_muc
     assert caveats(v) == [note + "."]
 
 
+def test_the_collector_in_dataloader_workers_is_a_caveat_of_its_own():
+    """With DataLoader workers the training process never sees their collections: a slow
+    pipeline whose workers spent 60% of its items' and collates' time in the collector (its own
+    process none) gets a caveat saying so, by the same rule as the process's (at least GC_HIGH,
+    more than the fast one's); at 5%, or without workers (the step's own figure then holds the
+    same collections), none."""
+    from workbook_lib.results.timing import GC_PAUSE, ArmResult, LoopStudy
+
+    def arm(name, collate_gc):
+        extra = {GC_PAUSE: Stat.from_samples([0.0] * 4),
+                 f"{GC_PAUSE}:worker_collate": Stat.from_samples(collate_gc),
+                 f"{GC_PAUSE}:worker_fetch": Stat.from_samples([0.0] * 4),
+                 "worker_collate": Stat.from_samples([0.09, 0.1, 0.1, 0.11]),
+                 "worker_fetch": Stat.from_samples([0.0] * 4)}
+        return ArmResult(name=name, strategy=name, variant="full", mode="full", batch_size=8,
+                         micro_batches=1, step=Stat.from_samples([0.05] * 4), extra=extra)
+
+    def study(slow_gc, workers=2):
+        return LoopStudy(device="cpu", sizes="", strategies=["slow", "fast"], batch_sizes={},
+                         interleaved=False, settings={"num_workers": workers},
+                         arms={"slow/full": arm("slow", slow_gc),
+                               "fast/full": arm("fast", [0.0] * 4)})
+
+    heavy = [0.05, 0.06, 0.07, 0.06]
+    note = V.gc_note(study(heavy), "slow", "fast")
+    assert note.startswith("In the 2 DataLoader worker process(es) of 'slow', Python's garbage "
+                           "collector took 60% of its data items' and collates' summed time (at "
+                           "most 70 ms in one step's batch, of 4 steps), against 0% in those of "
+                           "'fast'"), note
+    assert "gc.freeze()" in note and "other pipelines" not in note
+    assert V.gc_note(study([0.005] * 4), "slow", "fast") == ""
+    assert V.gc_note(study(heavy, workers=0), "slow", "fast") == ""
+
+
 def test_a_stage_whose_time_is_mostly_the_garbage_collector_is_told_so():
-    """stage_gc_share: the collector's part of a cause's stage (the data stages: of the
-    DataLoader wait) in the slow pipeline's full steps; a named cause at or above GC_MOST gets
-    the collector's advice after its own, one below does not, and a record without the figure
-    gets none."""
+    """stage_gc_share: the collector's part of a cause's stage (the data stages: of the item's or
+    the collate's own time, where it ran) in the slow pipeline's full steps; a named cause at or
+    above GC_MOST gets the collector's advice after its own, one below does not, and a record
+    without the figure gets none."""
     from workbook_lib.results.timing import GC_PAUSE, ArmResult
     from workbook_lib.results.verdict import Cause
     from workbook_lib.studies.verdict.advice import GC_MOST, advise
     from workbook_lib.studies.verdict.causes import stage_gc_share
 
-    def arm(loader_gc):
-        extra = {GC_PAUSE: Stat.from_samples([sum(x) for x in zip(loader_gc, [0.0] * 4)])}
-        extra[f"{GC_PAUSE}:loader_wait"] = Stat.from_samples(loader_gc)
+    def arm(collate_gc, fetch_gc=(0.0,) * 4):
+        extra = {GC_PAUSE: Stat.from_samples([sum(x) for x in zip(collate_gc, fetch_gc)]),
+                 f"{GC_PAUSE}:worker_collate": Stat.from_samples(list(collate_gc)),
+                 f"{GC_PAUSE}:worker_fetch": Stat.from_samples(list(fetch_gc)),
+                 "worker_collate": Stat.from_samples([0.16, 0.17, 0.18, 0.17]),
+                 "worker_fetch": Stat.from_samples([0.01] * 4)}
         return ArmResult(name="slow", strategy="slow", variant="full", mode="full",
                          batch_size=8, micro_batches=1, step=Stat.from_samples([0.2] * 4),
-                         stages={"loader_wait": Stat.from_samples([0.16, 0.17, 0.18, 0.17]),
+                         stages={"loader_wait": Stat.from_samples([0.17, 0.18, 0.19, 0.18]),
                                  "forward": Stat.from_samples([0.02] * 4)},
                          extra=extra)
 
     heavy, light = arm([0.11, 0.12, 0.13, 0.12]), arm([0.01, 0.0, 0.02, 0.0])
     assert stage_gc_share(heavy, "collate") == pytest.approx(0.48 / 0.68)
-    assert stage_gc_share(heavy, "data_item") == stage_gc_share(heavy, "collate")
+    assert stage_gc_share(heavy, "data_item") == 0.0  # the items collected nothing
+    assert stage_gc_share(arm([0.0] * 4, [0.005] * 4), "data_item") == pytest.approx(0.5)
     assert stage_gc_share(heavy, "forward") == 0.0
     assert stage_gc_share(light, "collate") == pytest.approx(0.03 / 0.68)
     assert stage_gc_share(light, "collate") < GC_MOST
     old = arm([0.0] * 4)
     old.extra = {}
     assert stage_gc_share(old, "collate") is None
+    # a results file that recorded the step's collector but not the data stages' own
+    main_only = arm([0.11, 0.12, 0.13, 0.12])
+    main_only.extra = {k: v for k, v in main_only.extra.items() if ":worker" not in k}
+    assert stage_gc_share(main_only, "collate") is None
+    assert stage_gc_share(main_only, "forward") == 0.0
 
     def advised(share):
         c = Cause("collate", "", 10.0, 1.0, 9.0, 0.9, "measured", effect="adds",

@@ -132,6 +132,13 @@ def stage_rows(study: LoopStudy, mode: str = "full") -> dict[str, dict[str, floa
     return out
 
 
+def _gc_cell(gc_: tuple[float, float, int] | None) -> str:
+    if gc_ is None:
+        return "not recorded"
+    return f"{gc_[0]:.0%}, at most {gc_[1] * 1e3:.3g} ms in one of {gc_[2]} steps" \
+        if gc_[1] > 0 else "0%"
+
+
 def stage_table(study: LoopStudy):
     if _nothing(study):
         return _nothing(study)
@@ -143,11 +150,9 @@ def stage_table(study: LoopStudy):
         for s in (*MAIN_STAGES, "untracked"):
             if s in st:
                 row[STAGE_LABELS[s]] = f"{st[s] / wall:.0%}"
-        gc_ = study.gc_pauses(n)
-        row["garbage collector (every mode)"] = (
-            "not recorded" if gc_ is None else
-            f"{gc_[0]:.0%}, at most {gc_[1] * 1e3:.3g} ms in one of {gc_[2]} steps"
-            if gc_[1] > 0 else "0%")
+        row["garbage collector (every mode)"] = _gc_cell(study.gc_pauses(n))
+        if study.loader_workers:
+            row["garbage collector, its loader workers"] = _gc_cell(study.worker_gc(n))
         rows.append(row)
     split = {label(n): a.loss_split for n in study.strategies
              if (a := study.arm(n, "full")).loss_split}
@@ -160,6 +165,11 @@ def stage_table(study: LoopStudy):
                                "over their summed wall time, and the most in one step (a full "
                                "collection walks every Python object of the process, this "
                                "run's other pipelines' too)."
+                               + (f" With {study.loader_workers} DataLoader worker process(es) "
+                                  "per pipeline, that is the training process's; its loader "
+                                  "workers': the collector's time inside the data items and "
+                                  "collates, over their summed time."
+                                  if study.loader_workers else "")
                  + ("".join(f" {k}: {w}." for k, w in split.items()) if split else ""))
 
 

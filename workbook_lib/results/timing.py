@@ -297,6 +297,30 @@ class LoopStudy(Record):
             return None
         return sum(pauses) / sum(walls), max(pauses), len(pauses)
 
+    def worker_gc(self, strategy: str) -> tuple[float, float, int] | None:
+        """Over every timed step of the pipeline's arms (every mode): the share of its data
+        items' and collates' summed time in which Python's garbage collector ran inside them,
+        where they ran (a DataLoader worker's collections, which :meth:`gc_pauses` never sees),
+        the most in one step (seconds) and the steps; None where no arm recorded it."""
+        pauses, spent = [], 0.0
+        for key, a in self.arms.items():
+            if key.rsplit("/", 1)[0] != strategy:
+                continue
+            gf, gcl = (a.extra.get(f"{GC_PAUSE}:{s}") for s in WORKER_STAGES)
+            if gf is None or gcl is None:
+                continue
+            pauses += [x + y for x, y in zip(gf.samples, gcl.samples)]
+            spent += sum(sum(a.extra[s].samples) for s in WORKER_STAGES if s in a.extra)
+        if not pauses or spent <= 0:
+            return None
+        return sum(pauses) / spent, max(pauses), len(pauses)
+
+    @property
+    def loader_workers(self) -> int:
+        """The DataLoader worker processes of each pipeline (0: items and collates ran in the
+        step's own process)."""
+        return int(self.settings.get("num_workers", 0) or 0)
+
     def ratio(self, a: ArmResult, b: ArmResult) -> Stat:
         """``a.step / b.step``: paired by round when the arms were interleaved."""
         if self.interleaved:

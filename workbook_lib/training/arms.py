@@ -18,7 +18,7 @@ from ..failures import LOOP_STAGE_NAMES, STALLED, PipelineFailed, PipelineFailur
 from ..measurement.syncs import SyncCounter
 from ..measurement.timing import StepClock
 from ..pipelines.protocol import LossSplit, Pipeline
-from ..results.timing import MODES
+from ..results.timing import GC_PAUSE, MODES
 from .timed_data import DataFailure
 
 
@@ -212,6 +212,9 @@ class Arm:
                 self._check_batch(batch, index)
                 clock.add("worker_fetch", worker["fetch_s"])
                 clock.add("worker_collate", worker["collate_s"])
+                # the collector inside them, where they ran (a worker's: this process never sees)
+                clock.add(f"{GC_PAUSE}:worker_fetch", worker["fetch_gc_s"])
+                clock.add(f"{GC_PAUSE}:worker_collate", worker["collate_gc_s"])
                 skip = self.ddp and (v.allreduce == "never" or
                                      (v.allreduce == "last" and micro < v.micro_batches - 1))
                 with self.model.no_sync() if skip else nullcontext():

@@ -1,5 +1,7 @@
 """The dataset and the collate wrapped to time themselves, in the main process or in a DataLoader
-worker, and to report a stage that raised or stalled there (see :mod:`.loop`)."""
+worker, and to report a stage that raised or stalled there (see :mod:`.loop`). Each also counts
+the seconds Python's garbage collector ran inside it (:class:`~workbook_lib.measurement.gc_pauses.
+GcPauses`): in a worker process, the main process's own count never sees them."""
 from __future__ import annotations
 
 import os
@@ -11,6 +13,7 @@ from torch.utils.data import Dataset
 from ..common.watchdog import Stalled, Watchdog, current, process_watchdog
 from ..common.text import one_line
 from ..failures import RAISED, STALLED
+from ..measurement.gc_pauses import GcPauses
 from ..pipelines.protocol import Pipeline
 
 
@@ -33,8 +36,9 @@ def _in_worker() -> bool:
 
 
 class TimedDataset(Dataset):
-    """The pipeline's dataset, each item read with its fetch time (timed inside the worker); an item
-    that raises or stalls (``stall_s``) becomes a :class:`DataFailure`, as does every later item.
+    """The pipeline's dataset, each item read with its fetch time and the garbage collector's
+    seconds inside it (timed inside the worker); an item that raises or stalls (``stall_s``)
+    becomes a :class:`DataFailure`, as does every later item.
     """
 
     def __init__(self, pipeline: Pipeline, stall_s: float | None = None):
@@ -48,20 +52,24 @@ class TimedDataset(Dataset):
 
     def __getitem__(self, i):
         if self.failed is not None:
-            return self.failed, 0.0
+            return self.failed, (0.0, 0.0)
         wd = _data_watchdog(self.stall_s)
         if wd is not None:
             if wd.limit is None and _in_worker():
                 wd.start(f"'{self.name}' (DataLoader worker)", "data item", self.stall_s)
             else:
                 wd.rename("data item")
+        gc_ = GcPauses()
+        gc_.open()
         t0 = time.perf_counter()
         try:
             item = self.items[i]
         except (Exception, Stalled) as exc:  # noqa: BLE001 - the user's item: recorded
             self.failed = _data_failure("data item", exc)
-            return self.failed, 0.0
-        return item, time.perf_counter() - t0
+            return self.failed, (0.0, 0.0)
+        finally:
+            paused = gc_.close()
+        return item, (time.perf_counter() - t0, paused)
 
 
 def _data_watchdog(stall_s: float | None) -> Watchdog | None:
@@ -85,13 +93,14 @@ def _data_failure(stage: str, exc: BaseException) -> DataFailure:
 class TimedCollate:
     """The pipeline's collate, timed, with the items' fetch times summed (runs in workers);
     returns ``(batch, worker times)``, or ``(DataFailure, times)`` when an item or the collate
-    failed."""
+    failed. The times: ``fetch_s`` and ``collate_s``, and the garbage collector's seconds inside
+    each, ``fetch_gc_s`` and ``collate_gc_s``."""
 
     def __init__(self, pipeline: Pipeline):
         self.collate = pipeline.collate
 
     def __call__(self, timed_items):
-        zero = {"fetch_s": 0.0, "collate_s": 0.0}
+        zero = {"fetch_s": 0.0, "collate_s": 0.0, "fetch_gc_s": 0.0, "collate_gc_s": 0.0}
         worker = _in_worker()
         try:
             failed = next((it for it, _ in timed_items if isinstance(it, DataFailure)), None)
@@ -100,13 +109,19 @@ class TimedCollate:
             wd = (process_watchdog() if _worker_watched() else None) if worker else current()
             if wd is not None:
                 wd.rename("collate")
+            gc_ = GcPauses()
+            gc_.open()
             t0 = time.perf_counter()
             try:
                 batch = self.collate([it for it, _ in timed_items])
             except (Exception, Stalled) as exc:  # noqa: BLE001 - the user's collate: recorded
                 return _data_failure("collate", exc), zero
-            return batch, {"fetch_s": sum(s for _, s in timed_items),
-                           "collate_s": time.perf_counter() - t0}
+            finally:
+                paused = gc_.close()
+            return batch, {"fetch_s": sum(s for _, (s, _g) in timed_items),
+                           "collate_s": time.perf_counter() - t0,
+                           "fetch_gc_s": sum(g for _, (_s, g) in timed_items),
+                           "collate_gc_s": paused}
         finally:
             if worker and _worker_watched():
                 process_watchdog().stop()  # this worker's batch is done

@@ -221,18 +221,23 @@ def syncs_note(causes: list[Cause], device_type: str) -> str:
 
 
 GC_HIGH = 0.1  # the slow pipeline's garbage-collector share of its steps' time worth a caveat
-# a cause's stage -> the loop's timed stages that hold it (the data stages: the DataLoader wait)
-TIMED = {"data_item": ("loader_wait",), "collate": ("loader_wait",), "loss": LOSS_PARTS}
+# a cause's stage -> the loop's timed stages that hold it (the data stages: the item's and the
+# collate's own times, where they ran: a DataLoader worker's collections are counted there)
+TIMED = {"data_item": ("worker_fetch",), "collate": ("worker_collate",), "loss": LOSS_PARTS}
 
 
 def stage_gc_share(arm, key: str) -> float | None:
     """Of a cause's stage's summed time over ``arm``'s timed steps, the part Python's garbage
-    collector ran inside it (the data stages share the DataLoader wait's); None where the arm
-    has no such record (a results file from before it) or the stage no time."""
+    collector ran inside it (the data stages: inside the items or the collates, in the process
+    that ran them); None where the arm has no such record (a results file from before it) or
+    the stage no time."""
     if GC_PAUSE not in arm.extra:
         return None
     names = TIMED.get(key, (key,))
-    total = sum(sum(arm.stages[n].samples) for n in names if n in arm.stages)
+    if key in ("data_item", "collate") and f"{GC_PAUSE}:{names[0]}" not in arm.extra:
+        return None  # recorded only for the step's own process then
+    timed = {**arm.stages, **arm.extra}
+    total = sum(sum(timed[n].samples) for n in names if n in timed)
     if total <= 0:
         return None
     inside = sum(sum(arm.extra[f"{GC_PAUSE}:{n}"].samples) for n in names
@@ -246,21 +251,38 @@ def gc_note(lo, slow: str, fast: str) -> str:
     where either was not recorded): its median full step and that step's IQR with and without
     the collector's time (the gap is of medians: it holds the collector's time as far as the
     median step does, and an epoch pays all of it; measured, a pipeline that collected in 4 of
-    9 steps had its median fall on either side of them from run to run)."""
+    9 steps had its median fall on either side of them from run to run). With DataLoader worker
+    processes, their own collections inside the items and collates (never this process's) are
+    told apart, by the same rule."""
+    parts = []
     gs, gf = lo.gc_pauses(slow), lo.gc_pauses(fast)
-    if gs is None or gf is None or gs[0] < GC_HIGH or gs[0] <= gf[0]:
+    workers = lo.loader_workers
+    if gs is not None and gf is not None and gs[0] >= GC_HIGH and gs[0] > gf[0]:
+        text = (f"Python's garbage collector took {gs[0]:.0%} of the timed steps of '{slow}' "
+                f"(of their summed time, every mode; at most {gs[1] * 1e3:.3g} ms in one of its "
+                f"{gs[2]} steps"
+                + ("; the training process only" if workers else "")
+                + f"), against {gf[0]:.0%} of those of '{fast}'")
+        a = lo.arm(slow, "full")
+        st = a.extra.get(GC_PAUSE)
+        if st is not None and st.n == a.step.n and a.step.n:
+            without = Stat.from_samples([w - p for w, p in zip(a.step.samples, st.samples)])
+            text += (f": its median full step {a.step.median * 1e3:.3g} ms, "
+                     f"{without.median * 1e3:.3g} ms without the collector's time (IQR "
+                     f"{a.step.iqr * 1e3:.3g} ms, {without.iqr * 1e3:.3g} ms without it). The "
+                     "gap is of medians: it holds the collector's time as far as the median "
+                     "step does, and an epoch pays all of it")
+        parts.append(text)
+    in_main = bool(parts)  # a collection in the training process walks every pipeline's objects
+    ws, wf = (lo.worker_gc(slow), lo.worker_gc(fast)) if workers else (None, None)
+    if ws is not None and wf is not None and ws[0] >= GC_HIGH and ws[0] > wf[0]:
+        parts.append(f"In the {workers} DataLoader worker process(es) of '{slow}', Python's "
+                     f"garbage collector took {ws[0]:.0%} of its data items' and collates' "
+                     f"summed time (at most {ws[1] * 1e3:.3g} ms in one step's batch, of "
+                     f"{ws[2]} steps), against {wf[0]:.0%} in those of '{fast}': the step "
+                     "waits for it where the workers cannot keep ahead")
+    if not parts:
         return ""
-    text = (f"Python's garbage collector took {gs[0]:.0%} of the timed steps of '{slow}' (of "
-            f"their summed time, every mode; at most {gs[1] * 1e3:.3g} ms in one of its "
-            f"{gs[2]} steps), against {gf[0]:.0%} of those of '{fast}'")
-    a = lo.arm(slow, "full")
-    st = a.extra.get(GC_PAUSE)
-    if st is not None and st.n == a.step.n and a.step.n:
-        without = Stat.from_samples([w - p for w, p in zip(a.step.samples, st.samples)])
-        text += (f": its median full step {a.step.median * 1e3:.3g} ms, "
-                 f"{without.median * 1e3:.3g} ms without the collector's time (IQR "
-                 f"{a.step.iqr * 1e3:.3g} ms, {without.iqr * 1e3:.3g} ms without it). The gap "
-                 "is of medians: it holds the collector's time as far as the median step does, "
-                 "and an epoch pays all of it")
-    return (text + f". To shorten its collections, {GC_ADVICE}. A full collection walks every "
-            "Python object of the process, this run's other pipelines' too")
+    return (". ".join(parts) + f". To shorten its collections, {GC_ADVICE}. A full collection "
+            "walks every Python object of its process"
+            + (", this run's other pipelines' too" if in_main else ""))
