@@ -212,8 +212,9 @@ view.profile_plot(profiles, NB.device_label, pick=(NB.params.gap_strategies or [
 
 # %% [markdown]
 # ## Where each stage's time is in the pipelines' code
-# The same profiled steps recorded with Python stacks: each stage's time at the function of the
-# pipeline's own files that holds it.
+# Two more steps recorded with Python stacks (the data stages: two batches under cProfile): each
+# stage's time at the function of the pipeline's own files that holds it, the mean of the two
+# and each one's.
 
 # %%
 display(view.code_table(profiles))

@@ -141,6 +141,10 @@ def test_a_step_is_attributed_to_the_functions_that_hold_it(tmp_path):
     assert why == ""
     fwd = [r for r in sites["forward"] if r.file]
     assert fwd[0].function == "user_forward", fwd  # the largest: its matmul and tanh
+    # two steps recorded: each one's time kept, the row's the mean of them
+    assert all(len(r.step_seconds) == 2 and len(r.step_device_seconds) == 2 for r in fwd)
+    assert min(fwd[0].step_seconds) > 0
+    assert fwd[0].seconds == pytest.approx(sum(fwd[0].step_seconds) / 2)
     assert {"user_forward", "GatherRows.forward"} <= {r.function for r in fwd}
     ops: dict[str, float] = {}
     for r in sites["backward"]:
@@ -170,10 +174,13 @@ def test_data_stages_are_attributed_with_cprofile():
 
     def fetch():
         return [slow_item(i) for i in range(4)]
-    rows = data_sites(fetch, OwnCode())
+    rows = data_sites([fetch, fetch], OwnCode())
     top = rows[0]
     assert top.function.startswith("test_data_stages_are_attributed_with_cprofile.<locals>"), rows
     assert "slow_item" in top.function and top.line > 0 and top.seconds > 0
+    # each profiled batch's time kept, the row's the mean of them
+    assert len(top.step_seconds) == 2 and min(top.step_seconds) > 0
+    assert top.seconds == pytest.approx(sum(top.step_seconds) / 2)
     # cProfile counts no operators: the tables say so, not 0 (a user trial read 0 as none)
     from workbook_lib.results.profile import ops_words
     assert ops_words("collate", top.ops) == ops_words("data_item", 0) == "not counted (cProfile)"
@@ -438,6 +445,56 @@ def test_a_pair_kept_in_two_files_compares_each_function_with_its_namesake():
     assert twins([a, ("f", "x.py", 9)], [b]) == {}
     assert twins([a], [b, ("f", "y.py", 9)]) == {}
     assert twins([a, ("f", "z.py", 2)], [a]) == {a: a}  # a's own twin is not taken twice
+
+
+def test_the_first_function_is_called_first_only_where_every_recorded_step_puts_it_there():
+    """Two recorded steps (their mean ranks the functions): where both put the first function
+    first, nothing is added; where one step put another ahead, the site says so, the advice that
+    names it adds that their order is not settled, and the lead says "first in 1 of 2 recorded
+    steps"; a results file from before the steps were kept says neither."""
+    from types import SimpleNamespace
+
+    from workbook_lib.results.profile import NOT_OWN, SiteTime
+    from workbook_lib.results.verdict import Cause
+    from workbook_lib.studies.verdict.advice import advise
+    from workbook_lib.studies.verdict.answer import _cause_words
+    from workbook_lib.studies.verdict.code import code_sites
+
+    def prof(rows, kept=True):
+        def site(f, ln, steps):
+            return SiteTime(f, "slow.py", ln, "", sum(steps) / len(steps), 10,
+                            step_seconds=list(steps) if kept else [],
+                            step_device_seconds=[0.0] * len(steps) if kept else [])
+        return SimpleNamespace(sites={"collate": [site(f, ln, st) for f, ln, st in rows]
+                                      + [site(NOT_OWN, 0, (0.1e-3, 0.1e-3))]}, sites_note="")
+
+    fast = prof([("build", 5, (1e-3, 1e-3))])
+
+    def named(slow):
+        sites, note, _ = code_sites({"s": slow, "f": fast}, "s", "f", "collate")
+        assert note == ""
+        c = Cause("collate", "", 10.0, 1.0, 9.0, 0.9, "measured", effect="adds",
+                  stage="collate", sites=sites)
+        advise([c], "cpu")
+        return sites[0], c
+
+    # both steps: `pack_edges` first (9 and 7 ms of extra time against `to_lists`' 2 and 3)
+    s, c = named(prof([("pack_edges", 20, (10e-3, 8e-3)), ("to_lists", 40, (3e-3, 4e-3))]))
+    assert (s.function, s.first_in, s.recorded, s.rival) == ("pack_edges", 2, 2, "")
+    assert s.unsettled == "" and "not settled" not in c.advice
+    assert "recorded steps" not in _cause_words(c, True)
+    # one step each way: `pack_edges` first on the mean (5.5 ms against 4.5), not in step two
+    s, c = named(prof([("pack_edges", 20, (10e-3, 3e-3)), ("to_lists", 40, (1e-3, 10e-3))]))
+    assert (s.function, s.first_in, s.recorded) == ("pack_edges", 1, 2)
+    assert s.rival == "`to_lists` (slow.py:40)"
+    assert "; `pack_edges` (slow.py:20) had the most extra time in 1 of 2 recorded steps, " \
+           "`to_lists` (slow.py:40) in another: their order is not settled" in c.advice, c.advice
+    assert "first in 1 of 2 recorded steps" in _cause_words(c, True)
+    # a results file from before: one step, nothing said either way
+    s, c = named(prof([("pack_edges", 20, (10e-3, 3e-3)), ("to_lists", 40, (1e-3, 10e-3))],
+                      kept=False))
+    assert (s.first_in, s.recorded, s.unsettled) == (0, 0, "")
+    assert "not settled" not in c.advice
 
 
 def test_a_custom_backward_without_a_loop_is_not_told_to_batch_its_operations():

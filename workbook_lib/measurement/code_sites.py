@@ -1,11 +1,14 @@
 """Where a training step's time goes in the pipeline's own code, function by function.
 
-The device-side stages: one step under ``torch.profiler`` with Python stacks, read by
+The device-side stages: two steps under ``torch.profiler`` with Python stacks, each read by
 :func:`workbook_lib.traces.sites.attribute` (a backward operator counts at its forward's
-function); that trace is deleted. The data stages: one batch under :mod:`cProfile` (the
-profiler's Python tracer makes a trace of hundreds of megabytes for Python-loop data code).
-``own(file)`` says whose a file is ("own", "harness", "library"); ``own.name(frame)`` names a
-function, ``own.display(file)`` the path shown.
+function); the traces are deleted. The data stages: two batches under :mod:`cProfile` (the
+profiler's Python tracer makes a trace of hundreds of megabytes for Python-loop data code). Each
+function's time is the mean of the :data:`RECORDED` steps, and each step's is kept beside it, so
+that the answer calls one function ahead of another only where every recorded step puts it
+there (one step alone cannot tell two close functions apart). ``own(file)`` says whose a file is
+("own", "harness", "library"); ``own.name(frame)`` names a function, ``own.display(file)`` the
+path shown.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import cProfile
 import os
 import pstats
 import tempfile
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -27,22 +30,34 @@ from ..traces.reading import load_trace
 from .line_marks import LineMarks
 from .profiling import NOT_OWN, SiteTime
 
+RECORDED = 2  # steps recorded with stacks (and batches under cProfile) per pipeline
+# the step calls device_sites makes: each recorded step after a warm-up call, then two
+# line-marked calls (the caller fetches this many batches)
+DEVICE_SITE_CALLS = 2 * RECORDED + 2
+
 
 def device_sites(step: Callable[[], object], *, device: torch.device,
                  own) -> tuple[dict[str, list[SiteTime]], str]:
-    """Four calls of ``step`` (one training step each, its batch already fetched), the second
-    recorded with Python stacks: per stage, the time of each function of the pipeline's own code
-    (largest first), and why none is attributed when that is so; the fourth, line-marked, gives
-    each function's lines (:func:`marked_lines`; where it raises, the functions stand and the
-    note says why they have no lines)."""
-    events = _second_step(step, device, "wb-stacks-", with_stack=True)
-    if not ts.python_frames(events):
+    """:data:`DEVICE_SITE_CALLS` calls of ``step`` (one training step each, its batch already
+    fetched), :data:`RECORDED` of them recorded with Python stacks (each after an unrecorded
+    one): per stage, the time of each function of the pipeline's own code (largest mean first,
+    each recorded step's kept), and why none is attributed when that is so; the last call,
+    line-marked, gives each function's lines (:func:`marked_lines`; where it raises, the
+    functions stand and the note says why they have no lines)."""
+    recorded = _recorded_steps(step, device, "wb-stacks-", with_stack=True)
+    if not any(ts.python_frames(events) for events in recorded):
         return {}, ("not attributed: the profiler recorded no Python frames (this Python's "
                     "stacks are not supported by the profiler)")
+    per_step = [ts.attribute(events, own) for events in recorded]
     out = {}
-    for stage, by_site in ts.attribute(events, own).items():
-        rows = [_row(own, frame, library, tot.seconds, tot.ops, tot.device_seconds)
-                for (frame, library), tot in by_site.items()]
+    for stage in dict.fromkeys(st for by_stage in per_step for st in by_stage):
+        keys = dict.fromkeys(k for by_stage in per_step for k in by_stage.get(stage, {}))
+        rows = []
+        for frame, library in keys:
+            tots = [by_stage.get(stage, {}).get((frame, library), ts.SiteTotals())
+                    for by_stage in per_step]
+            rows.append(_row(own, frame, library, [t.seconds for t in tots],
+                             [t.ops for t in tots], [t.device_seconds for t in tots]))
         out[stage] = sorted(rows, key=lambda r: -(r.seconds + r.device_seconds))
     try:  # the lines are an addition: a step that fails under the marks keeps the functions
         lines = marked_lines(step, device=device, own=own)
@@ -66,22 +81,38 @@ def marked_lines(step: Callable[[], object], *, device: torch.device, own) -> di
 
 def _second_step(step: Callable[[], object], device: torch.device, prefix: str, *,
                  with_stack: bool = False, record_shapes: bool = False) -> list:
-    """Two calls of ``step`` under ``torch.profiler``, the second recorded: its trace's events
-    (the trace itself, a temporary file named ``prefix...``, deleted)."""
+    """Two calls of ``step`` under ``torch.profiler``, the second recorded: its trace's events."""
+    return _recorded_steps(step, device, prefix, with_stack=with_stack,
+                           record_shapes=record_shapes, recorded=1)[0]
+
+
+def _recorded_steps(step: Callable[[], object], device: torch.device, prefix: str, *,
+                    with_stack: bool = False, record_shapes: bool = False,
+                    recorded: int = RECORDED) -> list[list]:
+    """``2 * recorded`` calls of ``step`` under ``torch.profiler``, every second one recorded
+    (the one before it warms the profiler up): each recorded call's trace events (the traces,
+    temporary files named ``prefix...``, deleted)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    fd, path = tempfile.mkstemp(prefix=prefix, suffix=".json")
-    os.close(fd)
+    paths: list[str] = []
+
+    def ready(p) -> None:
+        fd, path = tempfile.mkstemp(prefix=prefix, suffix=".json")
+        os.close(fd)
+        paths.append(path)
+        p.export_chrome_trace(path)
+
     try:
         with native_stderr_to_terminal(), rerun_quietly(), profile(
                 activities=acts, with_stack=with_stack, record_shapes=record_shapes,
-                schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
-                on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
-            for _ in range(2):
+                schedule=schedule(wait=0, warmup=1, active=1, repeat=recorded),
+                on_trace_ready=ready) as prof:
+            for _ in range(2 * recorded):
                 step()
                 prof.step()
-        return load_trace(path)
+        return [load_trace(path) for path in paths]
     finally:
-        os.unlink(path)
+        for path in paths:
+            os.unlink(path)
 
 
 def _add_lines(out: dict, lines: dict, own) -> None:
@@ -118,20 +149,37 @@ def _source(own, file: str, line: int) -> str:
     return linecache.getline(str(path), line).strip() if path is not None else ""
 
 
-def _row(own, frame, library, seconds: float, ops: float = 0.0,
-         device_seconds: float = 0.0) -> SiteTime:
+def _row(own, frame, library, seconds: Sequence[float], ops: Sequence[float] = (),
+         device_seconds: Sequence[float] = ()) -> SiteTime:
+    """A site's row: its mean per recorded step, each step's figures kept (``seconds`` has one
+    item per recorded step; ``ops`` and ``device_seconds`` as many, or none)."""
+    n = len(seconds)
+    ops = list(ops) or [0.0] * n
+    dev = list(device_seconds) or [0.0] * n
     lib = (f"{own.name(library)} ({own.display(library.file)}:{own.line(library)})"
            if library is not None else "")
+    mean = (sum(seconds) / n, sum(ops) / n, sum(dev) / n)
+    steps = {"step_seconds": list(seconds), "step_device_seconds": dev}
     if frame is None:
-        return SiteTime(NOT_OWN, "", 0, lib, seconds, ops, device_seconds)
-    return SiteTime(own.name(frame), own.display(frame.file), own.line(frame), lib, seconds, ops,
-                    device_seconds)
+        return SiteTime(NOT_OWN, "", 0, lib, *mean, **steps)
+    return SiteTime(own.name(frame), own.display(frame.file), own.line(frame), lib, *mean,
+                    **steps)
 
 
-def data_sites(fetch: Callable[[], object], own) -> list[SiteTime]:
-    """``fetch()`` (one batch's items and collate, in this process) under cProfile: each own
-    function's time, its own and that of the library code it called (its calls into other own
-    functions apart), largest first; the rest under :data:`NOT_OWN`."""
+def data_sites(fetches: Sequence[Callable[[], object]], own) -> list[SiteTime]:
+    """Each of ``fetches`` (a batch's items, or its collate; one per recorded batch, in this
+    process) under its own cProfile: each own function's time, its own and that of the library
+    code it called (its calls into other own functions apart), largest mean first, each
+    batch's kept; the rest under :data:`NOT_OWN`."""
+    per_call = [_profiled(fetch, own) for fetch in fetches]
+    keys = dict.fromkeys(k for by_site in per_call for k in by_site)
+    rows = [_row(own, frame, lib, [by_site.get((frame, lib), 0.0) for by_site in per_call])
+            for frame, lib in keys]
+    return sorted(rows, key=lambda r: -r.seconds)
+
+
+def _profiled(fetch: Callable[[], object], own) -> dict:
+    """``fetch()`` under cProfile: ``{(frame or None, library frame or None): seconds}``."""
     prof = cProfile.Profile()
     prof.enable()
     try:
@@ -142,7 +190,8 @@ def data_sites(fetch: Callable[[], object], own) -> list[SiteTime]:
     kind = {k: own(k[0]) if not k[0].startswith(("~", "<")) else "library" for k in stats}
     mine = [k for k in stats if kind[k] == "own"]
     total = sum(v[2] for v in stats.values())
-    rows, held = [], 0.0
+    out: dict = {}
+    held = 0.0
     for f in mine:
         inner = sum(stats[g][4][f][3] for g in mine if g != f and f in stats[g][4])
         seconds = max(0.0, stats[f][3] - inner)
@@ -150,7 +199,8 @@ def data_sites(fetch: Callable[[], object], own) -> list[SiteTime]:
         top = max(libs, key=libs.get) if libs else None
         lib = (ts.Frame(top[0], top[1], top[2]) if top is not None and not top[0].startswith("~")
                and libs[top] > 0.5 * seconds else None)
-        rows.append(_row(own, ts.Frame(f[0], f[1], f[2]), lib, seconds))
+        key = (ts.Frame(f[0], f[1], f[2]), lib)
+        out[key] = out.get(key, 0.0) + seconds
         held += seconds
-    rows.append(_row(own, None, None, max(0.0, total - held)))
-    return sorted(rows, key=lambda r: -r.seconds)
+    out[(None, None)] = max(0.0, total - held)
+    return out

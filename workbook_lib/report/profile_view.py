@@ -114,11 +114,15 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
                              "hottest line": line_cell(hot[0].line, hot[0].text, hot[1])
                              if hot else "",
                              "ms per step": f"{r.seconds * 1e3:.3g}",
+                             "each recorded step, ms": ", ".join(f"{x * 1e3:.3g}"
+                                                                for x in r.step_seconds),
                              "share of the stage": fmt_pct(r.seconds / total) if total else "",
                              "operator calls per step": ops_words(stage, r.ops)})
-    cap = ("Where each stage's profiled time is in each pipeline's own files, from one step "
-           "recorded with Python stacks (not repeated: close rows can trade places in a rerun; "
-           "a backward operator counts at the function that ran its forward; "
+    cap = ("Where each stage's profiled time is in each pipeline's own files, from two steps "
+           "recorded with Python stacks (the data stages: two batches under cProfile): ms per "
+           "step is their mean, each step's beside it (two steps show how far a function's "
+           "time moves from one step to the next, not a precision target: close rows can trade "
+           "places in a rerun; a backward operator counts at the function that ran its forward; "
            "time under no function of the pipeline's own, the loop's or a library's called from "
            "it, is left out of the rows but not of the shares). The Python tracer slows "
            "Python-heavy code: shares of a profiled step, not the loop's timings. Hottest "

@@ -95,19 +95,25 @@ def code_table(v: VerdictResult):
                          "slow, ms per step": f"{s.slow_ms:.3g}",
                          "fast, ms per step": f"{s.fast_ms:.3g}",
                          "share of the stage's extra time": fmt_pct(s.share),
+                         "first in": (f"{s.first_in} of {s.recorded} recorded steps"
+                                      if s.recorded else ""),
                          "operator calls per step": ops_words(c.stage, s.ops)})
         if c.sites and c.outside:  # the rest of the shares: what ran under no frame of its code
             rows.append({"cause": c.cause, "function": OUTSIDE, "where": "",
                          "library under it": "", "hottest line": "", "slow, ms per step": "",
                          "fast, ms per step": "",
                          "share of the stage's extra time": fmt_pct(c.outside),
-                         "operator calls per step": ""})
+                         "first in": "", "operator calls per step": ""})
     cap = ("Where each first cause's extra time is, in the slow pipeline's own files: "
-           "one step of each pipeline profiled with Python stacks in notebook 03 (a backward "
-           "operator counts at the function that ran its forward), each function's time in it "
-           "against the fast pipeline's same function (0 where it has none); shares are of the "
-           "sum of the functions' positive differences. One step, not repeated to a precision "
-           "target: two functions whose times are close can trade places in a rerun. The "
+           "two steps of each pipeline profiled with Python stacks in notebook 03 (the data "
+           "stages: two batches under cProfile; a backward operator counts at the function that "
+           "ran its forward), each function's time per step (their mean) against the fast "
+           "pipeline's same function (0 where it has none); shares are of the sum of the "
+           "functions' positive differences. First in: in how many of the recorded steps the "
+           "stage's first function had the most extra time of any (each step against the fast "
+           "pipeline's same step); where not in every one, the answer says their order is not "
+           "settled. Two steps, not repeated to a precision target: two functions whose times "
+           "are close can trade places in a rerun. The "
            "profiler's Python tracer slows Python-heavy code, so these are shares of a "
            "profiled step, not the loop's timings. Hottest line: "
            "the slow function's line whose torch calls took the most operator time (their "

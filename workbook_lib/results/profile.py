@@ -26,19 +26,24 @@ class LineTime(Record):
 @dataclass
 class SiteTime(Record):
     """Where part of a stage's profiled time went: a function of the pipeline's own code (and
-    the library frame under it that holds the time, if any), per recorded step."""
+    the library frame under it that holds the time, if any), the mean per recorded step, and
+    each recorded step's."""
 
     function: str  # its qualified name where the source says it ("MyGather.backward")
     file: str  # as the trace names it (relative to the folder it was imported from)
     line: int  # the function's first line
     library: str  # "propagate (torch_geometric/...py:455)", or "" for the function's own work
-    seconds: float  # host self time per recorded step
-    ops: float  # operator calls per recorded step
-    device_seconds: float = 0.0  # kernel time per recorded step (CUDA traces)
+    seconds: float  # host self time per recorded step (their mean)
+    ops: float  # operator calls per recorded step (their mean)
+    device_seconds: float = 0.0  # kernel time per recorded step (CUDA traces; their mean)
     # its lines that made torch calls, most operator time first, from another step (the
     # line-marked one), on the function's first row of the stage only; empty where none was
     # marked (cProfile's stages; a function of Python only)
     lines: list[LineTime] = field(default_factory=list)
+    # each recorded step's host self time and kernel time (empty in a results file from before
+    # two steps were recorded: one step, ``seconds``, then)
+    step_seconds: list[float] = field(default_factory=list)
+    step_device_seconds: list[float] = field(default_factory=list)
 
     @property
     def where(self) -> str:

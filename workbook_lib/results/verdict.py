@@ -73,10 +73,34 @@ class CodeSite(Record):
     # looked up): none means its operators have no backward, no trainable input
     backward_ms: float | None = None
     library_share: float = 0.0  # of its slow time, under any library frame (``library``'s too)
+    # the stage's first-named function only: in how many of the recorded steps it had the most
+    # extra time, of how many (0 of 0: one step recorded, a results file from before), and a
+    # function that had more in a step where it did not ("`f` (file:line)"; "" where none)
+    first_in: int = 0
+    recorded: int = 0
+    rival: str = ""
 
     @property
     def where(self) -> str:
         return f"`{self.function}` ({self.file}:{self.line})"
+
+    @property
+    def unsettled(self) -> str:
+        """Where the recorded steps disagree on the first function: "`f` (file.py:3) had the
+        most extra time in 1 of 2 recorded steps, `g` (file.py:9) in another: their order is
+        not settled"; else ""."""
+        if self.recorded < 2 or self.first_in >= self.recorded:
+            return ""
+        return (f"{self.where} had the most extra time in {self.first_in} of {self.recorded} "
+                f"recorded steps, {self.rival or 'another function'} in another: their order "
+                "is not settled")
+
+    @property
+    def first_steps(self) -> str:
+        """Its lead in a few words: "first in 1 of 2 recorded steps" where the steps disagree,
+        "" where every recorded step put it first (or one was recorded)."""
+        return (f"first in {self.first_in} of {self.recorded} recorded steps"
+                if self.unsettled else "")
 
     @property
     def under(self) -> str:

@@ -14,7 +14,7 @@ from ...configs.schema import DataSection, MeasureSection
 from ...configs.validation import Params
 from ...data.perturbations import sample_perturbations
 from ...data.snapshots import CellGraph
-from ...measurement.code_sites import data_sites, device_sites
+from ...measurement.code_sites import DEVICE_SITE_CALLS, RECORDED, data_sites, device_sites
 from ...measurement.profiling import ProfileResult, profile_steps
 from ...measurement.syncs import SyncCounter, method_for
 from ...measurement.timing import Stat, StepClock
@@ -434,18 +434,24 @@ def profile_strategies(params: Params, graph: CellGraph, device: torch.device, *
                                           device=device, relative_to=run_dir)
                 own = OwnCode(builtin=name in params.strategies)
                 stream = arm.stream
-                # fetched unprofiled: device_sites's two steps, and two line-marked
-                arm.stream = iter([next(stream) for _ in range(4)])
+                # fetched unprofiled: device_sites's recorded steps and line-marked ones
+                arm.stream = iter([next(stream) for _ in range(DEVICE_SITE_CALLS)])
                 loop.close_stream(stream)
                 out[name].sites, out[name].sites_note = device_sites(
                     lambda: step(False), device=device, own=own)
                 ds = pipe.dataset()
-                items: list = []
+                b = pipe.batch_size
+                # one batch per recorded call, the next items of the dataset (from its start
+                # again where it holds fewer)
+                batches: list[list] = [[] for _ in range(RECORDED)]
                 with wd.watch(f"'{name}' (profiled)", "data item", stall):
                     out[name].sites["data_item"] = data_sites(
-                        lambda: items.extend(ds[i] for i in range(pipe.batch_size)), own)
+                        [lambda k=k: batches[k].extend(ds[i % len(ds)]
+                                                       for i in range(k * b, (k + 1) * b))
+                         for k in range(RECORDED)], own)
                 with wd.watch(f"'{name}' (profiled)", "collate", stall):
-                    out[name].sites["collate"] = data_sites(lambda: pipe.collate(items), own)
+                    out[name].sites["collate"] = data_sites(
+                        [lambda k=k: pipe.collate(batches[k]) for k in range(RECORDED)], own)
             except (Exception, PipelineFailed) as exc:  # noqa: BLE001 - this pipeline only
                 if loops is None:
                     raise

@@ -314,6 +314,8 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies, num_genes))
         c.diagnosed = isinstance(c.advice, Diagnosis)
         c.advice = str(c.advice)
+        if c.sites and c.sites[0].unsettled and c.sites[0].where in c.advice:
+            c.advice += f"; {c.sites[0].unsettled}"  # named from steps that disagree
         if c.gc_share is not None and c.gc_share >= GC_MOST:  # the collector, not the code
             c.advice += (f"; {c.gc_share:.0%} of this stage's time in the slow pipeline's full "
                          f"steps was Python's garbage collector: {GC_ADVICE}")

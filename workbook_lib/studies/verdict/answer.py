@@ -67,6 +67,8 @@ def _cause_words(c, first: bool, held: tuple | None = None) -> str:
             p += f"; in {s.short}: {_pct(s.share)} of this stage's extra time, {gap}"
         else:
             p += f", {_pct(s.share)} of its extra time in {s.short}"
+        if s.first_steps:  # the recorded steps disagree on it
+            p += f", {s.first_steps}"
     return p
 
 

@@ -36,9 +36,10 @@ def graph_code(library: str) -> bool:
 
 
 def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
-    """(function, file, line) -> [seconds per step, ops per step, {library: seconds},
-    {line: [text, seconds, largest operand's dims, its operator]}]."""
-    out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float), {}])
+    """(function, file, line) -> [seconds per step (the recorded steps' mean), ops per step,
+    {library: seconds}, {line: [text, seconds per step, largest operand's dims, its operator]},
+    [seconds in each recorded step] (empty for a results file from before they were kept)]."""
+    out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float), {}, []])
     for st in stages:
         for r in profile.sites.get(st, []):
             sec = r.device_seconds if device else r.seconds
@@ -47,12 +48,42 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
             row[1] += r.ops
             if r.library:
                 row[2][r.library] += sec
+            steps = r.step_device_seconds if device else r.step_seconds
+            if steps:
+                row[4] = [a + b for a, b in zip(row[4], steps)] if row[4] else list(steps)
             for ln in r.lines:
                 hit = row[3].setdefault(ln.line, [ln.text, 0.0, [], ""])
                 hit[1] += ln.device_seconds if device else ln.seconds
                 if operand_rank(ln.dims) > operand_rank(hit[2]):
                     hit[2], hit[3] = list(ln.dims), ln.dims_op
     return out
+
+
+def _leads(sa: dict, sb: dict, twin: dict, first) -> tuple[int, int, object]:
+    """In how many of the recorded steps ``first`` (a key of ``sa``) had the largest extra time
+    of the slow pipeline's own functions (each step's against the fast twin's same step, or its
+    mean where the twin's steps were not kept), the steps recorded, and a function that had more
+    in a step where it did not (None where it led in every one); (0, 0, None) where the steps
+    were not kept."""
+    n = len(sa[first][4])
+    if n < 2:
+        return 0, 0, None
+
+    def extra(k, i: int) -> float:
+        if not sa[k][4]:
+            return float("-inf")
+        fast = sb[twin[k]] if k in twin else None
+        theirs = 0.0 if fast is None else (fast[4][i] if fast[4] else fast[0])
+        return sa[k][4][i] - theirs
+
+    led, rival = 0, None
+    for i in range(n):
+        best = max((k for k in sa if k[0] != NOT_OWN), key=lambda k: extra(k, i))
+        if best == first or extra(best, i) <= extra(first, i):
+            led += 1
+        elif rival is None:
+            rival = best
+    return led, n, rival
 
 
 def code_lines(lines: dict, most: int = MOST) -> list[CodeLine]:
@@ -129,7 +160,8 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
     bw = _by_function(a, ("backward", "loss_backward"), device) \
         if stage in ("forward", "loss", "device_prep") else None
     out = []
-    for k, d in sorted(diffs.items(), key=lambda kv: -kv[1]):
+    ranked = sorted(diffs.items(), key=lambda kv: -kv[1])
+    for k, d in ranked:
         if d <= 0 or d / extra < MIN_SITE or k[0] == NOT_OWN or len(out) >= MOST:
             continue
         libs = sa[k][2]
@@ -142,6 +174,11 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
                             sb[twin[k]][1] if k in twin else None,
                             (bw[k][0] * 1e3 if k in bw else 0.0) if bw is not None else None,
                             min(1.0, sum(libs.values()) / sa[k][0]) if sa[k][0] > 0 else 0.0))
+        if len(out) == 1:  # the first named: did every recorded step put it first?
+            led, n, rival = _leads(sa, sb, twin, k)
+            out[0].first_in, out[0].recorded = led, n
+            if rival is not None:
+                out[0].rival = f"`{rival[0]}` ({rival[1]}:{rival[2]})"
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside
