@@ -36,7 +36,8 @@ def main(names: list[str]) -> None:
             continue
         c = first[0]
         site = (f"`{c.sites[0].function}` ({c.sites[0].file}:{c.sites[0].line}), "
-                f"{c.sites[0].share:.0%} of its extra time" if c.sites else c.sites_note)
+                f"{c.sites[0].share:.0%} of its extra time, first in {c.sites[0].first_in} of "
+                f"{c.sites[0].recorded} recorded steps" if c.sites else c.sites_note)
         print(f"| {slow} | {fig} | {c.cause} {c.share:.0%} | {site} | "
               f"{c.advice or 'none: ' + c.finding} |")
 
