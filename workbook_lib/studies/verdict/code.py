@@ -160,8 +160,7 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
     bw = _by_function(a, ("backward", "loss_backward"), device) \
         if stage in ("forward", "loss", "device_prep") else None
     out = []
-    ranked = sorted(diffs.items(), key=lambda kv: -kv[1])
-    for k, d in ranked:
+    for k, d in sorted(diffs.items(), key=lambda kv: -kv[1]):
         if d <= 0 or d / extra < MIN_SITE or k[0] == NOT_OWN or len(out) >= MOST:
             continue
         libs = sa[k][2]
