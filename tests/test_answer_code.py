@@ -483,10 +483,15 @@ def test_the_first_function_is_called_first_only_where_every_recorded_step_puts_
     assert (s.function, s.first_in, s.recorded, s.rival) == ("pack_edges", 2, 2, "")
     assert s.unsettled == "" and "not settled" not in c.advice
     assert "recorded steps" not in _cause_words(c, True)
+    # a next function under SECOND_SITE of the extra time (12%) is not named in the advice
+    s, c = named(prof([("pack_edges", 20, (10e-3, 8e-3)), ("to_lists", 40, (2e-3, 2.2e-3))]))
+    assert 0.05 <= c.sites[1].share < 0.25 and "to_lists" not in c.advice, c.advice
     # one step each way: `pack_edges` first on the mean (5.5 ms against 4.5), not in step two
     s, c = named(prof([("pack_edges", 20, (10e-3, 3e-3)), ("to_lists", 40, (1e-3, 10e-3))]))
     assert (s.function, s.first_in, s.recorded) == ("pack_edges", 1, 2)
     assert s.rival == "`to_lists` (slow.py:40)"
+    # the next function holds 46% of the extra time: named beside it
+    assert "is in `pack_edges` (slow.py:20), 46% in `to_lists` (slow.py:40);" in c.advice, c.advice
     assert "; `pack_edges` (slow.py:20) had the most extra time in 1 of 2 recorded steps, " \
            "`to_lists` (slow.py:40) in another: their order is not settled" in c.advice, c.advice
     assert "first in 1 of 2 recorded steps" in _cause_words(c, True)

@@ -83,10 +83,19 @@ def _loop(c: Cause, what: str) -> str:
             "with tensor operations over a batch dimension")
 
 
+SECOND_SITE = 0.25  # a second function holding at least this share of a stage's extra time
+
+
 def _held(c: Cause, what: str) -> str:
-    """"; N% of WHAT's extra time is in FUNCTION (file:line)" or ""."""
-    return (f"; {c.sites[0].share:.0%} of {what}'s extra time is in {_site(c)}" if c.sites
-            else "")
+    """"; N% of WHAT's extra time is in FUNCTION (file:line)" or "", and "M% in FUNCTION2
+    (file:line)" after it where the next function holds at least :data:`SECOND_SITE` of it (a
+    check of two helpers of equal work: 34% and 34%, the advice named one)."""
+    if not c.sites:
+        return ""
+    text = f"; {c.sites[0].share:.0%} of {what}'s extra time is in {_site(c)}"
+    if len(c.sites) > 1 and c.sites[1].share >= SECOND_SITE:
+        text += f", {c.sites[1].share:.0%} in {c.sites[1].where}"
+    return text
 
 
 def _custom_backward(c: Cause) -> bool:
