@@ -981,6 +981,9 @@ def test_the_collector_in_dataloader_workers_is_a_caveat_of_its_own():
                            "most 70 ms in one step's batch, of 4 steps), against 0% in those of "
                            "'fast'"), note
     assert "gc.freeze()" in note and "other pipelines" not in note
+    # a forked worker walks what it inherited from the training process (a review)
+    assert note.endswith("a forked DataLoader worker's the ones it inherited from the training "
+                         "process too"), note
     assert V.gc_note(study([0.005] * 4), "slow", "fast") == ""
     assert V.gc_note(study(heavy, workers=0), "slow", "fast") == ""
 
@@ -1029,7 +1032,8 @@ def test_a_stage_whose_time_is_mostly_the_garbage_collector_is_told_so():
         advise([c], "cpu")
         return c.advice
     assert advised(0.71).startswith("make the collate cheap") and \
-        "; 71% of this stage's time in the slow pipeline's full steps was Python's garbage " \
+        "; 71% of the collates' own time (in the process that ran them) in the slow " \
+        "pipeline's full steps was Python's garbage " \
         "collector: make fewer Python objects per step" in advised(0.71)
     assert "garbage collector" not in advised(0.04)
     assert "garbage collector" not in advised(None)

@@ -44,8 +44,10 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
     each recorded step's kept), and why none is attributed when that is so; the last call,
     line-marked, gives each function's lines (:func:`marked_lines`; where it raises, the
     functions stand and the note says why they have no lines)."""
-    recorded = _recorded_steps(step, device, "wb-stacks-", with_stack=True)
-    if not any(ts.python_frames(events) for events in recorded):
+    # a step whose trace holds no Python frame is left out (it would book every function 0)
+    recorded = [events for events in _recorded_steps(step, device, "wb-stacks-", with_stack=True)
+                if ts.python_frames(events)]
+    if not recorded:
         return {}, ("not attributed: the profiler recorded no Python frames (this Python's "
                     "stacks are not supported by the profiler)")
     per_step = [ts.attribute(events, own) for events in recorded]
@@ -170,16 +172,26 @@ def data_sites(fetches: Sequence[Callable[[], object]], own) -> list[SiteTime]:
     """Each of ``fetches`` (a batch's items, or its collate; one per recorded batch, in this
     process) under its own cProfile: each own function's time, its own and that of the library
     code it called (its calls into other own functions apart), largest mean first, each
-    batch's kept; the rest under :data:`NOT_OWN`."""
+    batch's kept, with the library callee that holds more than half of it over all of them
+    (if one does); the rest under :data:`NOT_OWN`."""
     per_call = [_profiled(fetch, own) for fetch in fetches]
-    keys = dict.fromkeys(k for by_site in per_call for k in by_site)
-    rows = [_row(own, frame, lib, [by_site.get((frame, lib), 0.0) for by_site in per_call])
-            for frame, lib in keys]
+    rows = []
+    for frame in dict.fromkeys(f for by_frame in per_call for f in by_frame):
+        seconds = [by_frame[frame][0] if frame in by_frame else 0.0 for by_frame in per_call]
+        libs: dict = {}
+        for by_frame in per_call:
+            for lib, sec in (by_frame[frame][1] if frame in by_frame else {}).items():
+                libs[lib] = libs.get(lib, 0.0) + sec
+        top = max(libs, key=libs.get) if libs else None
+        lib = (top if top is not None and not top.file.startswith("~")
+               and libs[top] > 0.5 * sum(seconds) else None)
+        rows.append(_row(own, frame, lib, seconds))
     return sorted(rows, key=lambda r: -r.seconds)
 
 
 def _profiled(fetch: Callable[[], object], own) -> dict:
-    """``fetch()`` under cProfile: ``{(frame or None, library frame or None): seconds}``."""
+    """``fetch()`` under cProfile: ``{frame or None: (seconds, {library frame: seconds})}``,
+    each own function's library callees (a built-in's file starts with "~")."""
     prof = cProfile.Profile()
     prof.enable()
     try:
@@ -195,12 +207,9 @@ def _profiled(fetch: Callable[[], object], own) -> dict:
     for f in mine:
         inner = sum(stats[g][4][f][3] for g in mine if g != f and f in stats[g][4])
         seconds = max(0.0, stats[f][3] - inner)
-        libs = {g: stats[g][4][f][3] for g in stats if kind[g] != "own" and f in stats[g][4]}
-        top = max(libs, key=libs.get) if libs else None
-        lib = (ts.Frame(top[0], top[1], top[2]) if top is not None and not top[0].startswith("~")
-               and libs[top] > 0.5 * seconds else None)
-        key = (ts.Frame(f[0], f[1], f[2]), lib)
-        out[key] = out.get(key, 0.0) + seconds
+        libs = {ts.Frame(g[0], g[1], g[2]): stats[g][4][f][3] for g in stats
+                if kind[g] != "own" and f in stats[g][4]}
+        out[ts.Frame(f[0], f[1], f[2])] = (seconds, libs)
         held += seconds
-    out[(None, None)] = max(0.0, total - held)
+    out[None] = (max(0.0, total - held), {})
     return out

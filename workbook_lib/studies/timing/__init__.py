@@ -442,16 +442,20 @@ def profile_strategies(params: Params, graph: CellGraph, device: torch.device, *
                 ds = pipe.dataset()
                 b = pipe.batch_size
                 # one batch per recorded call, the next items of the dataset (from its start
-                # again where it holds fewer)
+                # again where it holds fewer), each call under its own stall timer
                 batches: list[list] = [[] for _ in range(RECORDED)]
-                with wd.watch(f"'{name}' (profiled)", "data item", stall):
-                    out[name].sites["data_item"] = data_sites(
-                        [lambda k=k: batches[k].extend(ds[i % len(ds)]
-                                                       for i in range(k * b, (k + 1) * b))
-                         for k in range(RECORDED)], own)
-                with wd.watch(f"'{name}' (profiled)", "collate", stall):
-                    out[name].sites["collate"] = data_sites(
-                        [lambda k=k: pipe.collate(batches[k]) for k in range(RECORDED)], own)
+
+                def items(k: int) -> None:
+                    with wd.watch(f"'{name}' (profiled)", "data item", stall):
+                        batches[k].extend(ds[i % len(ds)] for i in range(k * b, (k + 1) * b))
+
+                def collate(k: int) -> None:
+                    with wd.watch(f"'{name}' (profiled)", "collate", stall):
+                        pipe.collate(batches[k])
+                out[name].sites["data_item"] = data_sites(
+                    [lambda k=k: items(k) for k in range(RECORDED)], own)
+                out[name].sites["collate"] = data_sites(
+                    [lambda k=k: collate(k) for k in range(RECORDED)], own)
             except (Exception, PipelineFailed) as exc:  # noqa: BLE001 - this pipeline only
                 if loops is None:
                     raise

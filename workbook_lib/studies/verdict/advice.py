@@ -103,6 +103,14 @@ def _custom_backward(c: Cause) -> bool:
     return s is not None and s.function.split(".")[-1] == "backward"
 
 
+def gc_of(stage: str, other: str = "its time") -> str:
+    """What the collector's share of a cause's stage is a share of, in words
+    (:func:`.causes.stage_gc_share`): the data stages' own time, where they ran; ``other``
+    for every other stage."""
+    return {"data_item": "the data items' own time (in the process that ran them)",
+            "collate": "the collates' own time (in the process that ran them)"}.get(stage, other)
+
+
 GC_MOST = 0.5  # a stage whose time is at least this share Python's garbage collector
 GC_ADVICE = ("make fewer Python objects per step (tensors rather than lists, dicts or an object "
              "per sample), and call gc.freeze() once the long-lived ones are built (the "
@@ -326,8 +334,9 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
         if c.sites and c.sites[0].unsettled and c.sites[0].where in c.advice:
             c.advice += f"; {c.sites[0].unsettled}"  # named from steps that disagree
         if c.gc_share is not None and c.gc_share >= GC_MOST:  # the collector, not the code
-            c.advice += (f"; {c.gc_share:.0%} of this stage's time in the slow pipeline's full "
-                         f"steps was Python's garbage collector: {GC_ADVICE}")
+            of = gc_of(c.stage, "this stage's time")
+            c.advice += (f"; {c.gc_share:.0%} of {of} in the slow pipeline's full steps was "
+                         f"Python's garbage collector: {GC_ADVICE}")
         if encoder is not None and encoder.runs_converted and c.stage == "forward":
             c.finding += "; " + encoder_words(encoder)  # what it runs, not a change to make
         # the encoder's figures where the advice is its own (a backward mirroring the forward

@@ -7,7 +7,7 @@ from ...results.timing import GC_PAUSE, STAGES
 from ...results.verdict import Cause, Gap
 from . import claims as claims_mod
 from ..timing.stages import LOSS_PARTS, stage_medians, stage_quartiles, within_noise
-from .advice import GC_ADVICE, H2D_WALK, MINOR, advise, carries_copies
+from .advice import GC_ADVICE, H2D_WALK, MINOR, advise, carries_copies, gc_of
 from .code import code_sites
 
 
@@ -125,8 +125,8 @@ def rank_causes(timing, slow: str, fast: str, gap: Gap, device_type: str) -> lis
                                  "inside the stage's time)")
         gc_share = stage_gc_share(a, key)
         if gc_share is not None and gc_share >= GC_HIGH:
-            evidence += (f"; Python's garbage collector ran in {gc_share:.0%} of its time in the "
-                         "slow pipeline's full steps")
+            evidence += (f"; Python's garbage collector ran in {gc_share:.0%} of "
+                         f"{gc_of(key)} in the slow pipeline's full steps")
         sites, why, outside = code_sites(profiles, slow, fast, key, device_type)
         row = Cause(_stage_words(key), evidence, sa, sb, sa - sb, None,
                     claims_mod.MEASURED, stage=key, advice=advice, syncs=syncs,
@@ -285,4 +285,6 @@ def gc_note(lo, slow: str, fast: str) -> str:
         return ""
     return (". ".join(parts) + f". To shorten its collections, {GC_ADVICE}. A full collection "
             "walks every Python object of its process"
-            + (", this run's other pipelines' too" if in_main else ""))
+            + (", this run's other pipelines' too" if in_main else
+               ", a forked DataLoader worker's the ones it inherited from the training process "
+               "too"))
