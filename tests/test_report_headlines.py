@@ -358,3 +358,20 @@ def test_a_small_percentage_keeps_two_significant_digits():
     # never in exponent notation (a review: '1e-05%')
     assert fmt_pct(1e-7, 1) == "0.000010%" and fmt_pct(3e-6, 1) == "0.00030%"
     assert fmt_pct(0.0000999, 1) == "0.0100%" and fmt_pct(0.0049, 0) == "0.49%"
+
+
+def test_a_headline_with_markdown_characters_shows_as_written():
+    """A user trial: the headline "55% of the gap in NeighbourDictDataset.__getitem__" showed in
+    the notebook's HTML as a bold "getitem". Rendered by nbconvert's Markdown (mistune), each
+    notebook's closing line shows the headline's text as it is."""
+    from pathlib import Path
+
+    import mistune
+
+    from workbook_lib.report.tables import saved
+
+    text = "55% of the gap in NeighbourDictDataset.__getitem__ (a.py:3), *x* [y] `z` <b>"
+    html_ = mistune.html(saved(Path("05_verdict.json"), text).data)
+    assert ("55% of the gap in NeighbourDictDataset.__getitem__ (a.py:3), *x* [y] `z` "
+            "&lt;b&gt;") in html_, html_
+    assert "<strong>Headline.</strong>" in html_

@@ -164,9 +164,18 @@ def _skipping(fn, say: str):
     return wrapper
 
 
+def plain_markdown(text: str) -> str:
+    """``text`` shown as written in Markdown: HTML escaped, and the characters Markdown reads as
+    emphasis, code or links backslash-escaped (a user trial: the headline's
+    ``NeighbourDictDataset.__getitem__`` showed as a bold "getitem")."""
+    import re
+
+    return re.sub(r"([\\`*_\[\]])", r"\\\1", html.escape(text, quote=False))
+
+
 def saved(path, headline_text: str):
     """The closing line of every notebook: the headline and where the results went."""
     from IPython.display import Markdown
 
-    return Markdown(f"**Headline.** {html.escape(headline_text, quote=False)}\n\nResults: "
+    return Markdown(f"**Headline.** {plain_markdown(headline_text)}\n\nResults: "
                     f"`{path.name}` in the run folder.")
