@@ -524,6 +524,39 @@ def test_the_first_function_is_called_first_only_where_every_recorded_step_puts_
     assert "not settled" not in c.advice
 
 
+def test_a_second_function_nearly_as_large_is_named_wherever_the_first_is():
+    """A user trial: a loss calling two helpers of equal work (48% and 46% of its extra time)
+    was answered "no change follows from these figures alone: ... 48% of its extra time in
+    spectral_penalty", the other never named. The finding and any advice that names the first
+    function name the second where it holds at least SECOND_SITE; one under it is not named."""
+    from workbook_lib.results.verdict import Cause, CodeSite
+    from workbook_lib.studies.verdict.advice import SECOND_SITE, advise
+
+    def cause(second_share):
+        return Cause("loss", "1 ms", 10.0, 1.0, 9.0, 0.9, "measured", effect="adds",
+                     stage="loss",
+                     sites=[CodeSite("spectral_penalty", "slow.py", 20, "", 4.0, 0.0, 0.48, 40),
+                            CodeSite("smoothness_penalty", "slow.py", 9, "", 3.8, 0.0,
+                                     second_share, 40)])
+    c = cause(0.46)
+    advise([c], "cpu")
+    assert "48% of its extra time in `spectral_penalty` (slow.py:20), 46% in " \
+           "`smoothness_penalty` (slow.py:9)" in c.finding, c.finding
+    assert c.advice == ""  # a loss with no growth measured: its finding only
+    # advice that names its first function (a custom backward's diagnosis) names the second
+    b = Cause("backward", "1 ms", 10.0, 1.0, 9.0, 0.9, "measured", effect="adds",
+              stage="backward",
+              sites=[CodeSite("GatherRows.backward", "slow.py", 20, "", 4.0, 0.0, 0.48, 6),
+                     CodeSite("ScatterRows.backward", "slow.py", 40, "", 3.8, 0.0, 0.46, 6)])
+    advise([b], "cpu")
+    assert b.advice.startswith("the custom autograd backward `GatherRows.backward`"), b.advice
+    assert b.advice.endswith("; 46% of its extra time is in `ScatterRows.backward` "
+                             "(slow.py:40)"), b.advice
+    c = cause(SECOND_SITE - 0.1)
+    advise([c], "cpu")
+    assert "smoothness_penalty" not in c.finding + c.advice
+
+
 def test_a_custom_backward_without_a_loop_is_not_told_to_batch_its_operations():
     """Found by a user trial: a custom backward with a needless dense product (6 operator calls
     per step, none more per extra sample) was told 'make it one batched tensor operation'. With

@@ -92,10 +92,15 @@ def _held(c: Cause, what: str) -> str:
     check of two helpers of equal work: 34% and 34%, the advice named one)."""
     if not c.sites:
         return ""
-    text = f"; {c.sites[0].share:.0%} of {what}'s extra time is in {_site(c)}"
+    return f"; {c.sites[0].share:.0%} of {what}'s extra time is in {_site(c)}" + _second(c)
+
+
+def _second(c: Cause) -> str:
+    """", M% in FUNCTION2 (file:line)" where the stage's second function holds at least
+    :data:`SECOND_SITE` of its extra time; else ""."""
     if len(c.sites) > 1 and c.sites[1].share >= SECOND_SITE:
-        text += f", {c.sites[1].share:.0%} in {c.sites[1].where}"
-    return text
+        return f", {c.sites[1].share:.0%} in {c.sites[1].where}"
+    return ""
 
 
 def _custom_backward(c: Cause) -> bool:
@@ -331,6 +336,10 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies, num_genes))
         c.diagnosed = isinstance(c.advice, Diagnosis)
         c.advice = str(c.advice)
+        if len(c.sites) > 1 and c.sites[1].share >= SECOND_SITE and \
+                c.sites[0].where in c.advice and c.sites[1].where not in c.advice:
+            # advice about its first function: the second, nearly as large, named beside it
+            c.advice += f"; {c.sites[1].share:.0%} of its extra time is in {c.sites[1].where}"
         if c.sites and c.sites[0].unsettled and c.sites[0].where in c.advice:
             c.advice += f"; {c.sites[0].unsettled}"  # named from steps that disagree
         if c.gc_share is not None and c.gc_share >= GC_MOST:  # the collector, not the code
@@ -378,7 +387,7 @@ def _finding(c: Cause) -> str:
     if g:
         parts.append(g)
     if c.sites:
-        parts.append(f"{c.sites[0].share:.0%} of its extra time in {_site(c)}" + (
+        parts.append(f"{c.sites[0].share:.0%} of its extra time in {_site(c)}" + _second(c) + (
             f", {c.outside:.0%} outside the pipeline's code"
             if c.outside is not None and c.outside >= MIN_SITE else ""))
     elif c.sites_note:
