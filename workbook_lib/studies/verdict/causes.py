@@ -254,9 +254,8 @@ def gc_note(lo, slow: str, fast: str) -> str:
     9 steps had its median fall on either side of them from run to run), and the two full
     steps' ratio of means beside that of medians (an epoch pays every step: a user trial's
     gc.freeze() cut the collector from 52% to 6% with the median-based gap unmoved). With
-    DataLoader worker
-    processes, their own collections inside the items and collates (never this process's) are
-    told apart, by the same rule."""
+    DataLoader worker processes, their own collections inside the items and collates (never
+    this process's) are told apart, by the same rule."""
     parts = []
     gs, gf = lo.gc_pauses(slow), lo.gc_pauses(fast)
     workers = lo.loader_workers
