@@ -1126,3 +1126,33 @@ def test_a_stage_s_share_per_sample_in_words_never_reads_minus_zero():
     assert [words(x) for x in (-0.0002, 0.0, 0.003, 0.004999, 0.005, 0.33, 0.999, 1.0, 1.7)] == \
         ["0% or less", "0% or less", "under 1%", "under 1%", "under 1%", "33%", "100%", "all",
          "all"]
+
+
+def test_two_causes_not_told_apart_get_both_changes_not_one_first():
+    """A user trial: "first causes, not told apart ...: collate (50%) and data item (39%);
+    change first: make the collate cheap" read as a contradiction. Where the two are not told
+    apart, the lead gives both changes, neither first; where they are, the first one's alone."""
+    from types import SimpleNamespace
+
+    from workbook_lib.results.stat import Stat
+    from workbook_lib.results.verdict import Cause
+    from workbook_lib.studies.verdict.answer import lead
+
+    def answer(iqr):
+        causes = [Cause("collate", "", 5.0, 1.0, 4.0, 0.50, "measured", effect="adds",
+                        stage="collate", advice="make the collate cheap"),
+                  Cause("data item", "", 4.0, 1.0, 3.0, 0.39, "measured", effect="adds",
+                        stage="data_item", advice="move the per-sample work out of the item")]
+        gap = SimpleNamespace(slow="slow", fast="fast", swapped=False, ddp_booked=False,
+                              measurable=True, contended=False, steps_agree=True,
+                              ratio=Stat(3.26, iqr, 3.26 - iqr / 2, 3.26 + iqr / 2, 6))
+        v = SimpleNamespace(gap=gap, causes=causes, recommendation=None, no_answer="",
+                            contended={}, disturbed={}, target=0.1)
+        return lead(v)
+    tied = answer(iqr=0.49)  # spread 0.49 / 2.26 = 22% > 11 points apart
+    assert "first causes, not told apart" in tied and "change first" not in tied, tied
+    assert tied.endswith("; change both, neither first at this precision: the collate: make "
+                         "the collate cheap; the data item: move the per-sample work out of the "
+                         "item."), tied
+    ranked = answer(iqr=0.1)  # spread 4%
+    assert ranked.endswith("; change first: make the collate cheap."), ranked

@@ -154,6 +154,11 @@ def lead(v: VerdictResult) -> str:
     c = first[0]
     if c.advice and c.diagnosed:  # what its figures show, which may not be a change to make
         return text + f"; its figures show {c.advice}."
+    if c.advice and not told_apart(first, g) and first[1].advice and not first[1].diagnosed:
+        # neither is first: both changes (a user trial read "not told apart" and then "change
+        # first" of one of them as a contradiction)
+        return text + (f"; change both, neither first at this precision: the {c.cause}: "
+                       f"{c.advice}; the {first[1].cause}: {first[1].advice}.")
     if c.advice:
         return text + f"; change first: {c.advice}."
     return text + (f"; no change follows from these figures alone: {c.finding}.")
