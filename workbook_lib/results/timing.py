@@ -282,15 +282,19 @@ class LoopStudy(Record):
     def arm(self, strategy: str, mode: str = "full") -> ArmResult:
         return self.arms[arm_key(strategy, mode)]
 
+    def arms_of(self, strategy: str) -> list[ArmResult]:
+        """The pipeline's arms, every mode (by their keys, :func:`arm_key`)."""
+        return [a for key, a in self.arms.items() if key.rsplit("/", 1)[0] == strategy]
+
     def gc_pauses(self, strategy: str) -> tuple[float, float, int] | None:
         """Over every timed step of the pipeline's arms (every mode): the share of their summed
         wall time in which Python's garbage collector ran (inside whichever stages it
         interrupted), the most it ran in one step (seconds) and the steps; None where no arm
         recorded it (a results file from before the figure)."""
         pauses, walls = [], []
-        for key, a in self.arms.items():
+        for a in self.arms_of(strategy):
             st = a.extra.get(GC_PAUSE)
-            if key.rsplit("/", 1)[0] == strategy and st is not None:
+            if st is not None:
                 pauses += st.samples
                 walls += a.step.samples[:len(st.samples)]
         if not pauses or sum(walls) <= 0:
@@ -303,9 +307,7 @@ class LoopStudy(Record):
         where they ran (a DataLoader worker's collections, which :meth:`gc_pauses` never sees),
         the most in one step (seconds) and the steps; None where no arm recorded it."""
         pauses, spent = [], 0.0
-        for key, a in self.arms.items():
-            if key.rsplit("/", 1)[0] != strategy:
-                continue
+        for a in self.arms_of(strategy):
             gf, gcl = (a.extra.get(f"{GC_PAUSE}:{s}") for s in WORKER_STAGES)
             if gf is None or gcl is None:
                 continue

@@ -336,8 +336,7 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
         c.advice = _advice(c, by, device_type, graph_work(c, encoder, copies, num_genes))
         c.diagnosed = isinstance(c.advice, Diagnosis)
         c.advice = str(c.advice)
-        if len(c.sites) > 1 and c.sites[1].share >= SECOND_SITE and \
-                c.sites[0].where in c.advice and c.sites[1].where not in c.advice:
+        if _second(c) and c.sites[0].where in c.advice and c.sites[1].where not in c.advice:
             # advice about its first function: the second, nearly as large, named beside it
             c.advice += f"; {c.sites[1].share:.0%} of its extra time is in {c.sites[1].where}"
         if c.sites and c.sites[0].unsettled and c.sites[0].where in c.advice:

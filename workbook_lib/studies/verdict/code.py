@@ -173,12 +173,12 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
                             sb[twin[k]][1] if k in twin else None,
                             (bw[k][0] * 1e3 if k in bw else 0.0) if bw is not None else None,
                             min(1.0, sum(libs.values()) / sa[k][0]) if sa[k][0] > 0 else 0.0))
-        if len(out) == 1:  # the first named: did every recorded step put it first?
-            led, n, rival = _leads(sa, sb, twin, k)
-            out[0].first_in, out[0].recorded = led, n
-            if rival is not None:
-                out[0].rival = f"`{rival[0]}` ({rival[1]}:{rival[2]})"
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside
+    first = out[0]  # the first named: did every recorded step put it first?
+    first.first_in, first.recorded, rival = _leads(sa, sb, twin,
+                                                   (first.function, first.file, first.line))
+    if rival is not None:
+        first.rival = f"`{rival[0]}` ({rival[1]}:{rival[2]})"
     return out, "", outside
