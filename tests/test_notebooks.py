@@ -111,6 +111,9 @@ def test_results_of_each_notebook(ci_run):
     assert v.answer.startswith(v.lead) and v.lead.startswith("**Replicated masks")
     if v.gap.contended:  # beside the other test workers: no gap, said so (never booked)
         assert not v.gap.measurable and "no gap is resolved" in v.lead and "quiet" in v.lead
+    elif not v.gap.measurable:  # a step disturbed by the other worker's tests vetoed it: said so
+        assert ("gap is not resolved" in v.lead or "no gap is resolved" in v.lead) and \
+            "no gap to explain on" in v.lead, v.lead
     else:
         assert "slower per epoch than" in v.lead and ("first cause:" in v.lead or
                                                       "first causes, not told apart" in v.lead)

@@ -69,14 +69,18 @@ def user_only_run(tmp_path_factory):
     """Every notebook on two user pipelines and no built-in strategy, through the CLI as the
     README says (``strategies: []``): a slow one whose dataset item does heavy per-sample graph
     work (written as a user would, tests/planted) against the README's example. One intra-op
-    thread, as in test_planted: a shared machine's contention is not what this checks."""
+    thread, as in test_planted: a shared machine's contention is not what this checks. Up to 12
+    paired steps, not ci's 6: on an idle machine the pair's ratio meets the precision target
+    at 5 and the loop stops there; one step disturbed by the other worker's tests (CI: 0.606x
+    against a 4.81x median, one of six) leaves it unresolved at 6, and more steps are what the
+    answer itself asks for."""
     import os
 
     out = tmp_path_factory.mktemp("user_only")
     before = set(Path(os.environ["TMPDIR"]).glob("torch_geometric*"))
     r = subprocess.run([sys.executable, "-m", "workbook_lib", "run", "--params", "ci", "--out",
                         str(out), "--quiet", "--set", "strategies=[]", "--set",
-                        f"pipelines={json.dumps(PLANTED)}"],
+                        f"pipelines={json.dumps(PLANTED)}", "--set", "loop_max_steps=12"],
                        capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     r.tmp_before = before
@@ -104,6 +108,9 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     v = load_result(out, "05_verdict")
     if v.gap.contended:  # under make test the other worker's tests can take the CPUs
         assert not v.gap.measurable and "no gap is resolved" in v.lead
+    elif not v.gap.measurable:  # disturbed past 12 steps: said so, with the steps that would do
+        assert ("gap is not resolved" in v.lead or "no gap is resolved" in v.lead) and \
+            "no gap to explain on" in v.lead, v.lead
     else:
         assert v.causes[0].stage == "data_item" and v.causes[0].effect == "adds"
         assert "first cause: data item" in v.lead and "change first: move the per-sample" in v.lead
@@ -117,8 +124,9 @@ def test_user_pipelines_alone_through_every_notebook(user_only_run):
     # marked when the machine was busy (under make test, the other worker's tests run beside)
     assert head.startswith(tuple(f"{m}slow_item" for m in (
         "", "CONTENDED: ", "DISTURBED: ", "CONTENDED AND DISTURBED: "))), head
-    assert ("slower per epoch than fast; first cause: data item" in head
-            if not v.gap.contended else "gap not measured (" in head)
+    assert ("slower per epoch than fast; first cause: data item" in head if v.gap.measurable
+            else "gap not measured (" in head if v.gap.contended
+            else "no measurable gap (" in head), head
     assert f"Answer: {head}" in r.stdout.splitlines()  # the terminal ends with the answer
     for name in NOTEBOOK_NAMES:
         assert len(read_meta(out, name).headline) <= 200, name
