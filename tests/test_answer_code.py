@@ -209,6 +209,121 @@ def test_a_data_function_whose_library_callee_differs_between_batches_stays_one_
     assert len(mine[0].step_seconds) == 2 and min(mine[0].step_seconds) > 0
 
 
+def _work(n: int) -> int:  # pure Python work, about proportional to n
+    t = 0
+    for v in range(n):
+        t += v * 7 % 13
+    return t
+
+
+@pytest.mark.alone  # compares two calls' times (3:1 by work)
+def test_a_data_helper_called_from_two_functions_names_the_one_that_holds_it():
+    """A helper shared by two functions of the pipeline (3:1 by work): cProfile's callers book
+    it to the one that called it for the most of its time, with that share; called from one
+    function only, its caller holds all of it."""
+    from workbook_lib.measurement.code_sites import data_sites
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    def pack_edges():
+        return _work(300_000)
+
+    def count_genes():
+        return _work(100_000)
+
+    rows = data_sites([lambda: (pack_edges(), count_genes())] * 2, OwnCode())
+    helper = next(r for r in rows if r.function == "_work")
+    assert "pack_edges" in helper.caller and "test_answer_code.py:" in helper.caller, helper
+    assert 0.55 < helper.caller_share < 0.95, helper
+    rows = data_sites([pack_edges, pack_edges], OwnCode())
+    helper = next(r for r in rows if r.function == "_work")
+    assert "pack_edges" in helper.caller and helper.caller_share == pytest.approx(1.0)
+    # a function the loop called (here: the DataLoader's place, the profiler's caller) has no
+    # caller of the pipeline's
+    import functools
+    rows = data_sites([functools.partial(_work, 50_000)] * 2, OwnCode())
+    helper = next(r for r in rows if r.function == "_work")
+    assert helper.caller == "" and helper.caller_share == 0.0, helper
+
+
+def _gene_mix(x, w):
+    return torch.tanh(x @ w)
+
+
+def _all_rows(x, w):
+    return _gene_mix(x, w)
+
+
+def _first_rows(x, w):
+    return _gene_mix(x[:1024], w)
+
+
+@pytest.mark.alone  # compares two calls' times (4:1 by work)
+def test_a_device_helper_called_from_two_functions_names_the_one_that_holds_it():
+    """The same from a step's stack trace: a helper's operators, called from two functions of
+    the pipeline with 4:1 of the rows, are booked to the one that called it for the most of
+    them, in the forward and (through the forward operator that made each) in the backward."""
+    from torch.profiler import record_function
+
+    from workbook_lib.measurement.code_sites import device_sites
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    x, w = torch.randn(4096, 512), torch.randn(512, 512, requires_grad=True)
+
+    def step():
+        with record_function("wb:forward"):
+            out = _all_rows(x, w).sum() + _first_rows(x, w).sum()
+        with record_function("wb:backward"):
+            out.backward()
+    sites, why = device_sites(step, device=torch.device("cpu"), own=OwnCode())
+    assert why == ""
+    for stage in ("forward", "backward"):
+        helper = next(r for r in sites[stage] if r.function == "_gene_mix")
+        assert helper.caller.startswith("_all_rows (test_answer_code.py:"), (stage, helper)
+        assert 0.55 < helper.caller_share < 0.95, (stage, helper)
+    # the callers themselves: called from the step (in this file, so the pipeline's own here)
+    top = next(r for r in sites["forward"] if r.function == "_all_rows")
+    assert ".<locals>.step (test_answer_code.py:" in top.caller, top
+
+
+def test_a_first_function_called_from_two_places_is_told_which_holds_it_both_ways():
+    """05: the first-named function's first caller is said beside it where it is called from
+    more than one place (its first caller under ONE_CALLER_SHARE of its time), and in the code
+    table's "called from" column either way; a results file from before says nothing."""
+    from types import SimpleNamespace
+
+    from workbook_lib.results.profile import NOT_OWN, ONE_CALLER_SHARE, SiteTime
+    from workbook_lib.results.verdict import Cause
+    from workbook_lib.studies.verdict.advice import advise
+    from workbook_lib.studies.verdict.code import code_sites
+
+    def prof(rows):
+        return SimpleNamespace(sites={"collate": [
+            SiteTime(f, "slow.py", ln, "", ms * 1e-3, 0, step_seconds=[ms * 1e-3] * 2,
+                     step_device_seconds=[0.0, 0.0], caller=by, caller_share=share)
+            for f, ln, ms, by, share in rows] + [SiteTime(NOT_OWN, "", 0, "", 1e-4, 0)]},
+            sites_note="")
+
+    fast = prof([("collate", 30, 1.0, "", 0.0)])
+
+    def named(share, caller="collate (slow.py:30)"):
+        slow = prof([("degrees", 12, 9.0, caller, share), ("collate", 30, 1.5, "", 0.0)])
+        sites, note, _ = code_sites({"s": slow, "f": fast}, "s", "f", "collate")
+        assert note == ""
+        c = Cause("collate", "", 10.0, 1.0, 9.0, 0.9, "measured", effect="adds",
+                  stage="collate", sites=sites)
+        advise([c], "cpu")
+        return sites[0], c.finding + " | " + c.advice
+
+    s, words = named(0.7)
+    assert (s.caller, s.caller_share, s.split_callers) == ("`collate` (slow.py:30)", 0.7, True)
+    assert "; `degrees` is called from `collate` (slow.py:30) for 70% of its time" in words, words
+    s, words = named(ONE_CALLER_SHARE)  # one place: the table says it, the answer does not
+    assert s.called_from == "called from `collate` (slow.py:30)" and not s.split_callers
+    assert "called from" not in words, words
+    s, words = named(0.0, caller="")  # only the loop called it, or a file from before
+    assert s.caller == "" and s.called_from == "" and "called from" not in words
+
+
 def test_a_kept_equal_outcome_is_read_for_the_same_sources_only(tmp_path):
     from workbook_lib.studies.adoption import proofs
 

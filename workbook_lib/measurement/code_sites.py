@@ -50,7 +50,8 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
     if not recorded:
         return {}, ("not attributed: the profiler recorded no Python frames (this Python's "
                     "stacks are not supported by the profiler)")
-    per_step = [ts.attribute(events, own) for events in recorded]
+    called: dict = {}  # {stage: {frame: {caller: seconds}}}, summed over the recorded steps
+    per_step = [ts.attribute(events, own, callers=called) for events in recorded]
     out = {}
     for stage in dict.fromkeys(st for by_stage in per_step for st in by_stage):
         keys = dict.fromkeys(k for by_stage in per_step for k in by_stage.get(stage, {}))
@@ -59,7 +60,8 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
             tots = [by_stage.get(stage, {}).get((frame, library), ts.SiteTotals())
                     for by_stage in per_step]
             rows.append(_row(own, frame, library, [t.seconds for t in tots],
-                             [t.ops for t in tots], [t.device_seconds for t in tots]))
+                             [t.ops for t in tots], [t.device_seconds for t in tots],
+                             called.get(stage, {}).get(frame, {})))
         out[stage] = sorted(rows, key=lambda r: -(r.seconds + r.device_seconds))
     try:  # the lines are an addition: a step that fails under the marks keeps the functions
         lines = marked_lines(step, device=device, own=own)
@@ -151,10 +153,24 @@ def _source(own, file: str, line: int) -> str:
     return linecache.getline(str(path), line).strip() if path is not None else ""
 
 
+def _caller(own, by: dict) -> tuple[str, float]:
+    """The own function that called a function for the most of its time and that share of all
+    of it, from ``{caller frame or None (no own function: the loop, a library): seconds}``;
+    ("", 0.0) where no own function called it."""
+    total = sum(by.values())
+    mine = {f: sec for f, sec in by.items() if f is not None and sec > 0}
+    if not mine or total <= 0:
+        return "", 0.0
+    top = max(mine, key=mine.get)
+    return (f"{own.name(top)} ({own.display(top.file)}:{own.line(top)})",
+            by[top] / total)
+
+
 def _row(own, frame, library, seconds: Sequence[float], ops: Sequence[float] = (),
-         device_seconds: Sequence[float] = ()) -> SiteTime:
+         device_seconds: Sequence[float] = (), callers: dict | None = None) -> SiteTime:
     """A site's row: its mean per recorded step, each step's figures kept (``seconds`` has one
-    item per recorded step; ``ops`` and ``device_seconds`` as many, or none)."""
+    item per recorded step; ``ops`` and ``device_seconds`` as many, or none), and the own
+    function that called it for most of its time, from ``callers`` (:func:`_caller`)."""
     n = len(seconds)
     ops = list(ops) or [0.0] * n
     dev = list(device_seconds) or [0.0] * n
@@ -164,6 +180,7 @@ def _row(own, frame, library, seconds: Sequence[float], ops: Sequence[float] = (
     steps = {"step_seconds": list(seconds), "step_device_seconds": dev}
     if frame is None:
         return SiteTime(NOT_OWN, "", 0, lib, *mean, **steps)
+    steps["caller"], steps["caller_share"] = _caller(own, callers or {})
     return SiteTime(own.name(frame), own.display(frame.file), own.line(frame), lib, *mean,
                     **steps)
 
@@ -179,19 +196,23 @@ def data_sites(fetches: Sequence[Callable[[], object]], own) -> list[SiteTime]:
     for frame in dict.fromkeys(f for by_frame in per_call for f in by_frame):
         seconds = [by_frame[frame][0] if frame in by_frame else 0.0 for by_frame in per_call]
         libs: dict = {}
+        callers: dict = {}
         for by_frame in per_call:
             for lib, sec in (by_frame[frame][1] if frame in by_frame else {}).items():
                 libs[lib] = libs.get(lib, 0.0) + sec
+            for by, sec in (by_frame[frame][2] if frame in by_frame else {}).items():
+                callers[by] = callers.get(by, 0.0) + sec
         top = max(libs, key=libs.get) if libs else None
         lib = (top if top is not None and not top.file.startswith("~")
                and libs[top] > 0.5 * sum(seconds) else None)
-        rows.append(_row(own, frame, lib, seconds))
+        rows.append(_row(own, frame, lib, seconds, callers=callers))
     return sorted(rows, key=lambda r: -r.seconds)
 
 
 def _profiled(fetch: Callable[[], object], own) -> dict:
-    """``fetch()`` under cProfile: ``{frame or None: (seconds, {library frame: seconds})}``,
-    each own function's library callees (a built-in's file starts with "~")."""
+    """``fetch()`` under cProfile: ``{frame or None: (seconds, {library frame: seconds},
+    {caller: seconds})}``, each own function's library callees (a built-in's file starts with
+    "~") and its callers' cumulative time in it (a caller outside the pipeline's code: None)."""
     prof = cProfile.Profile()
     prof.enable()
     try:
@@ -209,7 +230,13 @@ def _profiled(fetch: Callable[[], object], own) -> dict:
         seconds = max(0.0, stats[f][3] - inner)
         libs = {ts.Frame(g[0], g[1], g[2]): stats[g][4][f][3] for g in stats
                 if kind[g] != "own" and f in stats[g][4]}
-        out[ts.Frame(f[0], f[1], f[2])] = (seconds, libs)
+        callers: dict = {}
+        for g, (_cc, _nc, _tt, ct) in stats[f][4].items():
+            if g == f:  # a recursive call: its time is in the outer call's already
+                continue
+            by = ts.Frame(g[0], g[1], g[2]) if kind.get(g) == "own" else None
+            callers[by] = callers.get(by, 0.0) + ct
+        out[ts.Frame(f[0], f[1], f[2])] = (seconds, libs, callers)
         held += seconds
-    out[None] = (max(0.0, total - held), {})
+    out[None] = (max(0.0, total - held), {}, {})
     return out

@@ -89,6 +89,8 @@ def code_table(v: VerdictResult):
         for s in c.sites:
             top = s.lines[0] if s.lines else None
             rows.append({"cause": c.cause, "function": s.function, "where": f"{s.file}:{s.line}",
+                         "called from": (s.caller.replace("`", "") + (
+                             f", {s.caller_share:.0%} of its time" if s.split_callers else "")),
                          "library under it": s.under,
                          "hottest line": line_cell(top.line, top.text, top.share) if top
                          else "",
@@ -99,7 +101,7 @@ def code_table(v: VerdictResult):
                                       if s.recorded else ""),
                          "operator calls per step": ops_words(c.stage, s.ops)})
         if c.sites and c.outside:  # the rest of the shares: what ran under no frame of its code
-            rows.append({"cause": c.cause, "function": OUTSIDE, "where": "",
+            rows.append({"cause": c.cause, "function": OUTSIDE, "where": "", "called from": "",
                          "library under it": "", "hottest line": "", "slow, ms per step": "",
                          "fast, ms per step": "",
                          "share of the stage's extra time": fmt_pct(c.outside),
@@ -109,7 +111,10 @@ def code_table(v: VerdictResult):
            "stages: two batches under cProfile; a backward operator counts at the function that "
            "ran its forward), each function's time per step (their mean) against the fast "
            "pipeline's same function (0 where it has none); shares are of the sum of the "
-           "functions' positive differences. First in: in how many of the recorded steps the "
+           "functions' positive differences. Called from: the function of the slow pipeline's "
+           "own code that called it for the most of its host time, with that share where it is "
+           "called from more than one place (empty: only the loop or a library called it). "
+           "First in: in how many of the recorded steps the "
            "stage's first function had the most extra time of any (each step against the fast "
            "pipeline's same step); where not in every one, the advice that names it says their "
            "order is not settled. Two steps, not repeated to a precision target: two functions "

@@ -44,6 +44,12 @@ class SiteTime(Record):
     # two steps were recorded: one step, ``seconds``, then)
     step_seconds: list[float] = field(default_factory=list)
     step_device_seconds: list[float] = field(default_factory=list)
+    # the function of the pipeline's own code it was called from for most of its host time
+    # ("name (file:line)"; "" where that is none: the loop called it, or a results file from
+    # before callers were kept) and that caller's share of its host time (of the function's,
+    # over all its rows of the stage)
+    caller: str = ""
+    caller_share: float = 0.0
 
     @property
     def where(self) -> str:
@@ -61,6 +67,9 @@ class SiteTime(Record):
 
 
 NOT_OWN = "(not in the pipeline's code)"
+# a function whose first caller holds at least this share of its host time is called from one
+# place (a little of its time can be booked under no caller: the profiler's own frames)
+ONE_CALLER_SHARE = 0.95
 # stages attributed by cProfile (measurement.code_sites.data_sites), which sees Python calls,
 # not operators: their sites' ``ops`` is 0 whatever ran (a user trial read it as none)
 NO_OPS_STAGES = ("data_item", "collate")

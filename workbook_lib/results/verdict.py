@@ -9,6 +9,7 @@ from .cpu import CpuShare
 from .stat import Stat
 from ..records import Record
 from .bench import BenchResult, FormChoice
+from .profile import ONE_CALLER_SHARE
 from .timing import Growth
 
 # a claim's status, and the kind of figure it rests on
@@ -73,6 +74,11 @@ class CodeSite(Record):
     # looked up): none means its operators have no backward, no trainable input
     backward_ms: float | None = None
     library_share: float = 0.0  # of its slow time, under any library frame (``library``'s too)
+    # the function of the slow pipeline's own code it was called from for most of its host
+    # time ("`g` (file:line)"; "" where none: the loop called it, or a file from before) and
+    # that share of its host time
+    caller: str = ""
+    caller_share: float = 0.0
     # the stage's first-named function only: in how many of the recorded steps it had the most
     # extra time, of how many (0 of 0: one step recorded, a results file from before), and a
     # function that had more in a step where it did not ("`f` (file:line)"; "" where none)
@@ -83,6 +89,21 @@ class CodeSite(Record):
     @property
     def where(self) -> str:
         return f"`{self.function}` ({self.file}:{self.line})"
+
+    @property
+    def called_from(self) -> str:
+        """"called from `g` (file.py:9)", with " for 70% of its time" where it is called from
+        more than one place (:attr:`split_callers`); "" where no caller was recorded."""
+        if not self.caller:
+            return ""
+        return f"called from {self.caller}" + (
+            f" for {self.caller_share:.0%} of its time" if self.split_callers else "")
+
+    @property
+    def split_callers(self) -> bool:
+        """Called from more than one place: its first caller holds less than
+        :data:`ONE_CALLER_SHARE` of its host time."""
+        return bool(self.caller) and self.caller_share < ONE_CALLER_SHARE
 
     @property
     def unsettled(self) -> str:

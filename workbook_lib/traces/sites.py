@@ -97,7 +97,8 @@ def python_frames(events: list[Event]) -> int:
 
 
 def attribute(events: list[Event], kind: Callable[[str], str],
-              stage_prefix: str = "wb:") -> dict[str, dict[Site, SiteTotals]]:
+              stage_prefix: str = "wb:",
+              callers: dict | None = None) -> dict[str, dict[Site, SiteTotals]]:
     """Self time, operator calls and device time per stage and site.
 
     Args:
@@ -108,6 +109,10 @@ def attribute(events: list[Event], kind: Callable[[str], str],
             one, and those the autograd engine ran the backward on) is in the stage whose range
             holds its start (the ranges are left out of the nesting). Other threads' work (a
             Python thread pool in the forward, convert's planning thread) is not attributed.
+        callers: where given, filled with ``{stage: {frame: {caller: seconds}}}``: each own
+            frame's host self time by the nearest enclosing own frame it ran under (None: none,
+            the loop called it; a backward operator's, its forward's), so that a helper shared
+            by two functions can be told by whom it was called.
 
     Returns:
         ``{stage: {(frame or None, library frame or None): SiteTotals}}``; a ``None`` frame holds
@@ -133,20 +138,24 @@ def attribute(events: list[Event], kind: Callable[[str], str],
     host = [e for e in host if (e.pid, e.tid) == thread or (e.pid, e.tid) in engine]
     build_tree(host)
     sites: dict[int, Site] = {}
+    called_by: dict[int, Frame | None] = {}  # the caller of each event's own frame
     backward: dict[int, bool] = {}
     forward_ops: dict[int, list[Event]] = defaultdict(list)
     by_external: dict = {}
     out: dict[str, dict[Site, SiteTotals]] = defaultdict(lambda: defaultdict(SiteTotals))
     for e in sorted(host, key=lambda e: (e.ts, -e.dur)):  # parents before their children
         up = sites.get(id(e.parent), UNOWNED) if e.parent is not None else UNOWNED
+        by = called_by.get(id(e.parent)) if e.parent is not None else None
         in_bw = backward.get(id(e.parent), False) if e.parent is not None else False
         if e.cat == PYTHON:
             f = Frame.parse(e.name)
             k = kind(f.file) if f is not None else "library"
             if k == "own":
+                if up[0] != f:  # (a recursive call keeps the outer call's caller)
+                    by = up[0]
                 up = (f, None)
             elif k == "harness":
-                up = UNOWNED
+                up, by = UNOWNED, None
             elif f is not None and up[0] is not None and up[1] is None and \
                     not f.file.endswith(PLUMBING):
                 up = (up[0], f)
@@ -155,12 +164,13 @@ def attribute(events: list[Event], kind: Callable[[str], str],
             seq = _sequence(e)
             fwd = forward_ops.get(seq, []) if seq is not None else []
             up = sites.get(id(fwd[-1]), UNOWNED) if fwd else UNOWNED
+            by = called_by.get(id(fwd[-1])) if fwd else None
         elif _is_op(e) and not in_bw:
             seq = _sequence(e)
             outer = e.parent is not None and _is_op(e.parent) and _sequence(e.parent) == seq
             if seq is not None and not outer:
                 forward_ops[seq].append(e)
-        sites[id(e)], backward[id(e)] = up, in_bw
+        sites[id(e)], called_by[id(e)], backward[id(e)] = up, by, in_bw
         stage = stage_at(e.ts)
         if _is_op(e) and "External id" in e.args:
             by_external[e.args["External id"]] = (stage, up)
@@ -168,6 +178,9 @@ def attribute(events: list[Event], kind: Callable[[str], str],
             continue  # the engine's entry waits for its threads: their work is counted
         tot = out[stage][up]
         tot.seconds += self_time(e) / 1e6
+        if callers is not None and up[0] is not None:
+            mine = callers.setdefault(stage, {}).setdefault(up[0], {})
+            mine[by] = mine.get(by, 0.0) + self_time(e) / 1e6
         if _is_op(e) and not (e.parent is not None and _is_op(e.parent)):
             tot.ops += 1
     for e in events:  # kernels and copies: device time, at the operator that launched them

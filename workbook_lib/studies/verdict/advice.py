@@ -103,6 +103,20 @@ def _second(c: Cause) -> str:
     return ""
 
 
+def _callers(c: Cause) -> None:
+    """A first function called from more than one place (a helper shared by several of the
+    pipeline's functions, or by them and the loop): the call that holds the most of it, added
+    to the advice that names it, else to the finding."""
+    s = c.sites[0] if c.sites else None
+    if s is None or not s.split_callers:
+        return
+    words = f"; `{s.function}` is {s.called_from}"
+    if s.where in c.advice:
+        c.advice += words
+    elif s.where in c.finding:
+        c.finding += words
+
+
 def _custom_backward(c: Cause) -> bool:
     s = c.sites[0] if c.sites else None
     return s is not None and s.function.split(".")[-1] == "backward"
@@ -341,6 +355,7 @@ def advise(rows: list[Cause], device_type: str, encoder: EncoderFigures | None =
             c.advice += f"; {c.sites[1].share:.0%} of its extra time is in {c.sites[1].where}"
         if c.sites and c.sites[0].unsettled and c.sites[0].where in c.advice:
             c.advice += f"; {c.sites[0].unsettled}"  # named from steps that disagree
+        _callers(c)
         if c.gc_share is not None and c.gc_share >= GC_MOST:  # the collector, not the code
             of = gc_of(c.stage, "this stage's time")
             c.advice += (f"; {c.gc_share:.0%} of {of} in the slow pipeline's full steps was "
