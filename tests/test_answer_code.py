@@ -159,6 +159,10 @@ def test_a_step_is_attributed_to_the_functions_that_hold_it(tmp_path):
     # the custom backward's own lines: its loop's line holds its time (it is entered with the
     # line marks pushed again, though autograd runs it inside the loop's own backward())
     row = next(r for r in sites["backward"] if r.function == "GatherRows.backward" and r.lines)
+    # called, as the answer says it, from the function that called its `apply` (the autograd
+    # engine runs it, for that call)
+    assert row.callers == [f"user_forward (test_answer_code.py:"
+                           f"{user_forward.__code__.co_firstlineno})"], row.callers
     top, share = row.hottest()
     assert top.text == "out[index[r]] += grad[r]" and share > 0.5, row.lines
     from torch.autograd.function import BackwardCFunction
@@ -232,17 +236,21 @@ def test_a_data_helper_called_from_two_functions_names_the_one_that_holds_it():
 
     rows = data_sites([lambda: (pack_edges(), count_genes())] * 2, OwnCode())
     helper = next(r for r in rows if r.function == "_work")
-    assert "pack_edges" in helper.caller and "test_answer_code.py:" in helper.caller, helper
-    assert 0.55 < helper.caller_share < 0.95, helper
+    assert "pack_edges" in helper.callers[0] and "count_genes" in helper.callers[1], helper
+    assert "test_answer_code.py:" in helper.callers[0]
+    assert 0.55 < helper.caller_shares[0] < 0.95 and sum(helper.caller_shares) == \
+        pytest.approx(1.0), helper
+    assert helper.caller_words.endswith(f", {helper.caller_shares[0]:.0%} of its time")
     rows = data_sites([pack_edges, pack_edges], OwnCode())
     helper = next(r for r in rows if r.function == "_work")
-    assert "pack_edges" in helper.caller and helper.caller_share == pytest.approx(1.0)
-    # a function the loop called (here: the DataLoader's place, the profiler's caller) has no
-    # caller of the pipeline's
+    assert "pack_edges" in helper.callers[0] and helper.caller_shares == [pytest.approx(1.0)]
+    assert "of its time" not in helper.caller_words
+    # a function nothing of the pipeline's called (here: the profiler's root, as the
+    # DataLoader's fetch is) has no caller
     import functools
     rows = data_sites([functools.partial(_work, 50_000)] * 2, OwnCode())
     helper = next(r for r in rows if r.function == "_work")
-    assert helper.caller == "" and helper.caller_share == 0.0, helper
+    assert helper.callers == [] and helper.caller_words == "", helper
 
 
 def _gene_mix(x, w):
@@ -278,35 +286,39 @@ def test_a_device_helper_called_from_two_functions_names_the_one_that_holds_it()
     assert why == ""
     for stage in ("forward", "backward"):
         helper = next(r for r in sites[stage] if r.function == "_gene_mix")
-        assert helper.caller.startswith("_all_rows (test_answer_code.py:"), (stage, helper)
-        assert 0.55 < helper.caller_share < 0.95, (stage, helper)
+        assert helper.callers[0].startswith("_all_rows (test_answer_code.py:"), (stage, helper)
+        assert helper.callers[1].startswith("_first_rows (test_answer_code.py:"), (stage, helper)
+        assert 0.55 < helper.caller_shares[0] < 0.95, (stage, helper)
     # the callers themselves: called from the step (in this file, so the pipeline's own here)
     top = next(r for r in sites["forward"] if r.function == "_all_rows")
-    assert ".<locals>.step (test_answer_code.py:" in top.caller, top
+    assert ".<locals>.step (test_answer_code.py:" in top.callers[0], top
 
 
 def test_a_first_function_called_from_two_places_is_told_which_holds_it_both_ways():
-    """05: the first-named function's first caller is said beside it where it is called from
-    more than one place (its first caller under ONE_CALLER_SHARE of its time), and in the code
-    table's "called from" column either way; a results file from before says nothing."""
+    """05: the first-named function's callers are said beside it where it is called from more
+    than one place (its first caller under ONE_CALLER_SHARE of its time), a second caller named
+    where it holds SECOND_CALLER; the code table's "called from" column says them either way;
+    a site with no caller recorded (the loop called it, or a file from before) says nothing."""
     from types import SimpleNamespace
 
     from workbook_lib.results.profile import NOT_OWN, ONE_CALLER_SHARE, SiteTime
-    from workbook_lib.results.verdict import Cause
+    from workbook_lib.results.verdict import SECOND_CALLER, Cause
     from workbook_lib.studies.verdict.advice import advise
     from workbook_lib.studies.verdict.code import code_sites
 
     def prof(rows):
         return SimpleNamespace(sites={"collate": [
             SiteTime(f, "slow.py", ln, "", ms * 1e-3, 0, step_seconds=[ms * 1e-3] * 2,
-                     step_device_seconds=[0.0, 0.0], caller=by, caller_share=share)
-            for f, ln, ms, by, share in rows] + [SiteTime(NOT_OWN, "", 0, "", 1e-4, 0)]},
+                     step_device_seconds=[0.0, 0.0], callers=by, caller_shares=shares)
+            for f, ln, ms, by, shares in rows] + [SiteTime(NOT_OWN, "", 0, "", 1e-4, 0)]},
             sites_note="")
 
-    fast = prof([("collate", 30, 1.0, "", 0.0)])
+    fast = prof([("collate", 30, 1.0, [], [])])
+    two = ["collate (slow.py:30)", "pack (slow.py:50)"]
 
-    def named(share, caller="collate (slow.py:30)"):
-        slow = prof([("degrees", 12, 9.0, caller, share), ("collate", 30, 1.5, "", 0.0)])
+    def named(shares, callers=two):
+        slow = prof([("degrees", 12, 9.0, callers[:len(shares)], shares),
+                     ("collate", 30, 1.5, [], [])])
         sites, note, _ = code_sites({"s": slow, "f": fast}, "s", "f", "collate")
         assert note == ""
         c = Cause("collate", "", 10.0, 1.0, 9.0, 0.9, "measured", effect="adds",
@@ -314,14 +326,77 @@ def test_a_first_function_called_from_two_places_is_told_which_holds_it_both_way
         advise([c], "cpu")
         return sites[0], c.finding + " | " + c.advice
 
-    s, words = named(0.7)
-    assert (s.caller, s.caller_share, s.split_callers) == ("`collate` (slow.py:30)", 0.7, True)
-    assert "; `degrees` is called from `collate` (slow.py:30) for 70% of its time" in words, words
-    s, words = named(ONE_CALLER_SHARE)  # one place: the table says it, the answer does not
+    s, words = named([0.7, 0.3])
+    assert s.callers == ["`collate` (slow.py:30)", "`pack` (slow.py:50)"] and s.split_callers
+    assert s.caller_shares == [pytest.approx(0.7), pytest.approx(0.3)]
+    assert "; `degrees` is called from `collate` (slow.py:30) for 70% of its time in the slow " \
+           "pipeline and from `pack` (slow.py:50) for 30%" in words, words
+    assert s.caller_cell == "collate (slow.py:30), 70% of its time; pack (slow.py:50), 30% of " \
+                            "its time"
+    s, words = named([0.7, SECOND_CALLER - 0.1])  # the second under SECOND_CALLER: not named
+    assert "for 70% of its time in the slow pipeline" in words and "pack" not in words, words
+    s, words = named([ONE_CALLER_SHARE])  # one place: the table says it, the answer does not
     assert s.called_from == "called from `collate` (slow.py:30)" and not s.split_callers
-    assert "called from" not in words, words
-    s, words = named(0.0, caller="")  # only the loop called it, or a file from before
-    assert s.caller == "" and s.called_from == "" and "called from" not in words
+    assert s.caller_cell == "collate (slow.py:30)" and "called from" not in words, words
+    s, words = named([], callers=[])  # only the loop called it, or a file from before
+    assert s.callers == [] and s.called_from == s.caller_cell == "" and "called" not in words
+
+
+def _rec_outer(n):
+    return _rec(n - 1) if n > 0 else _work(20_000)
+
+
+def _rec(n):
+    _work(20_000)
+    return _rec_outer(n)
+
+
+def _helper_in_genexpr(k):
+    return _work(20_000) + k
+
+
+@pytest.mark.alone  # compares calls' times
+def test_data_callers_leave_out_recursion_fold_comprehensions_and_split_own_lines():
+    """A review's three faults, each fixed: mutual recursion (``_rec`` -> ``_rec_outer`` ->
+    ``_rec``) booked half of ``_rec`` to ``_rec_outer``; a helper called from a function and
+    from its generator expression came out called from two places; and the split by caller of
+    a function that calls other own functions was of its cumulative time (its callees' time
+    in it), not of its own."""
+    import functools
+
+    from workbook_lib.measurement.code_sites import data_sites
+    from workbook_lib.studies.timing.own_code import OwnCode
+
+    def top():
+        return _rec(3)
+    rows = {r.function: r for r in data_sites([top, top], OwnCode())}
+    assert len(rows["_rec"].callers) == 1 and ".<locals>.top (" in rows["_rec"].callers[0]
+    assert rows["_rec"].caller_shares == [pytest.approx(1.0)], rows["_rec"]
+
+    def collate_like():
+        return _helper_in_genexpr(0) + sum(_helper_in_genexpr(k) for k in range(3))
+    rows = {r.function: r for r in data_sites([collate_like] * 2, OwnCode())}
+    h = rows["_helper_in_genexpr"]
+    assert len(h.callers) == 1 and ".<locals>.collate_like (" in h.callers[0], h
+    assert h.caller_shares == [pytest.approx(1.0)]
+
+    def heavy_path():  # calls `step` once, but its own callee does 20x the work
+        return step(1, functools.partial(_work, 400_000))
+
+    def light_path():  # calls `step` three times, each with its own lines' work only
+        return [step(1, None) for _ in range(3)]
+
+    def step(reps, inner):
+        t = sum(v * 7 % 13 for v in range(0))  # (no work)
+        for v in range(60_000 * reps):
+            t += v % 7
+        return t + (inner() if inner is not None else 0)
+    rows = {r.function: r for r in data_sites([lambda: (heavy_path(), light_path())] * 2,
+                                              OwnCode())}
+    s = rows[next(n for n in rows if n.endswith("step"))]
+    # its own lines ran 3 times for light_path, once for heavy_path: 75% light_path's
+    assert ".<locals>.light_path (" in s.callers[0], s
+    assert 0.55 < s.caller_shares[0] < 0.95, s
 
 
 def test_a_kept_equal_outcome_is_read_for_the_same_sources_only(tmp_path):

@@ -340,3 +340,39 @@ def test_code_sites_count_the_steps_threads_only():
     assert fwd == {"forward": pytest.approx(300)}  # 50 of its own + the mm's 250; no thread 2
     bwd = {k[0].function if k[0] else None: v.seconds * 1e6 for k, v in out["backward"].items()}
     assert bwd == {"forward": pytest.approx(300)}  # the engine thread's, at the forward's site
+
+
+def test_code_sites_callers_split_a_helpers_kernel_time_by_its_callers():
+    """A helper called from two functions of the pipeline on a GPU: launching its kernels costs
+    the host the same from each, their kernels 4:1. Each caller's host time and kernel time are
+    kept apart, and the row's callers are split by kernel time where it ran kernels (as the
+    stage is ranked on a GPU), by host time where it ran none."""
+    from workbook_lib.measurement.code_sites import _timed
+    from workbook_lib.traces.reading import Event
+    from workbook_lib.traces.sites import Frame, attribute
+
+    def ev(name, ts, dur, cat="cpu_op", tid=1, **args):
+        return Event(name, ts, dur, tid, 1, cat, args=args)
+    own = "/home/me/mine.py"
+    events = [
+        ev("ProfilerStep#1", 0, 1000, "user_annotation"),
+        ev("wb:forward", 0, 900, "user_annotation"),
+        ev(f"{own}(5): all_rows", 10, 100, "python_function"),
+        ev(f"{own}(30): mix", 20, 80, "python_function"),
+        ev("aten::mm", 30, 50, **{"External id": 1}),
+        ev(f"{own}(20): first_rows", 200, 100, "python_function"),
+        ev(f"{own}(30): mix", 210, 80, "python_function"),
+        ev("aten::mm", 220, 50, **{"External id": 2}),
+        ev("gemm_kernel", 300, 400, "kernel", tid=7, **{"External id": 1}),
+        ev("gemm_kernel", 700, 100, "kernel", tid=7, **{"External id": 2}),
+    ]
+    called: dict = {}
+    attribute(events, lambda f: "own" if f == own else "library", callers=called)
+    mix = called["forward"][Frame(own, 30, "mix")]
+    a, b = Frame(own, 5, "all_rows"), Frame(own, 20, "first_rows")
+    assert mix[a] == [pytest.approx(80e-6), pytest.approx(400e-6)]
+    assert mix[b] == [pytest.approx(80e-6), pytest.approx(100e-6)]
+    assert _timed(mix) == {a: pytest.approx(400e-6), b: pytest.approx(100e-6)}
+    # the callers' own frames: called from no function of the pipeline's, no kernel of theirs
+    assert called["forward"][a] == {None: [pytest.approx(20e-6), 0.0]}
+    assert _timed(called["forward"][a]) == {None: pytest.approx(20e-6)}

@@ -61,7 +61,7 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
                     for by_stage in per_step]
             rows.append(_row(own, frame, library, [t.seconds for t in tots],
                              [t.ops for t in tots], [t.device_seconds for t in tots],
-                             called.get(stage, {}).get(frame, {})))
+                             _timed(called.get(stage, {}).get(frame, {}))))
         out[stage] = sorted(rows, key=lambda r: -(r.seconds + r.device_seconds))
     try:  # the lines are an addition: a step that fails under the marks keeps the functions
         lines = marked_lines(step, device=device, own=own)
@@ -153,24 +153,49 @@ def _source(own, file: str, line: int) -> str:
     return linecache.getline(str(path), line).strip() if path is not None else ""
 
 
-def _caller(own, by: dict) -> tuple[str, float]:
-    """The own function that called a function for the most of its time and that share of all
-    of it, from ``{caller frame or None (no own function: the loop, a library): seconds}``;
-    ("", 0.0) where no own function called it."""
-    total = sum(by.values())
-    mine = {f: sec for f, sec in by.items() if f is not None and sec > 0}
-    if not mine or total <= 0:
-        return "", 0.0
-    top = max(mine, key=mine.get)
-    return (f"{own.name(top)} ({own.display(top.file)}:{own.line(top)})",
-            by[top] / total)
+MOST_CALLERS = 3  # callers kept per function, the most time first
+
+
+def _timed(by: dict) -> dict:
+    """``{caller: [host seconds, device seconds]}`` -> ``{caller: seconds}``: the device's
+    where the function's work ran any kernel (a GPU step, as its row is ranked there), else the
+    host's."""
+    dev = any(d for _h, d in by.values())
+    return {f: (d if dev else h) for f, (h, d) in by.items()}
+
+
+def _label(own, frame) -> str:
+    return f"{own.name(frame)} ({own.display(frame.file)}:{own.line(frame)})"
+
+
+def _callers(own, frame, by: dict) -> tuple[list[str], list[float]]:
+    """The own functions that called ``frame``'s function, the most time first (at most
+    :data:`MOST_CALLERS`), each with its share of all its time, from ``{caller frame or None (no
+    own function: the loop, a library): seconds}``. A comprehension or lambda counts as the
+    function that holds it (:meth:`OwnCode.enclosing`: ``sum(f(x) for x in xs)`` in ``g`` is a
+    call from ``g``); a call from itself (recursion) counts in neither the callers nor the
+    whole; ([], []) where no own function called it."""
+    me = _label(own, frame)
+    sums: dict[str, float] = {}
+    total = 0.0
+    for f, sec in by.items():
+        name = _label(own, own.enclosing(f)) if f is not None else None
+        if name == me:
+            continue
+        total += sec
+        if name is not None:
+            sums[name] = sums.get(name, 0.0) + sec
+    top = sorted((n for n in sums if sums[n] > 0), key=lambda n: -sums[n])[:MOST_CALLERS]
+    if total <= 0 or not top:
+        return [], []
+    return top, [sums[n] / total for n in top]
 
 
 def _row(own, frame, library, seconds: Sequence[float], ops: Sequence[float] = (),
          device_seconds: Sequence[float] = (), callers: dict | None = None) -> SiteTime:
     """A site's row: its mean per recorded step, each step's figures kept (``seconds`` has one
     item per recorded step; ``ops`` and ``device_seconds`` as many, or none), and the own
-    function that called it for most of its time, from ``callers`` (:func:`_caller`)."""
+    functions that called it, from ``callers`` (:func:`_callers`)."""
     n = len(seconds)
     ops = list(ops) or [0.0] * n
     dev = list(device_seconds) or [0.0] * n
@@ -180,7 +205,7 @@ def _row(own, frame, library, seconds: Sequence[float], ops: Sequence[float] = (
     steps = {"step_seconds": list(seconds), "step_device_seconds": dev}
     if frame is None:
         return SiteTime(NOT_OWN, "", 0, lib, *mean, **steps)
-    steps["caller"], steps["caller_share"] = _caller(own, callers or {})
+    steps["callers"], steps["caller_shares"] = _callers(own, frame, callers or {})
     return SiteTime(own.name(frame), own.display(frame.file), own.line(frame), lib, *mean,
                     **steps)
 
@@ -212,7 +237,14 @@ def data_sites(fetches: Sequence[Callable[[], object]], own) -> list[SiteTime]:
 def _profiled(fetch: Callable[[], object], own) -> dict:
     """``fetch()`` under cProfile: ``{frame or None: (seconds, {library frame: seconds},
     {caller: seconds})}``, each own function's library callees (a built-in's file starts with
-    "~") and its callers' cumulative time in it (a caller outside the pipeline's code: None)."""
+    "~") and its time by caller (a caller outside the pipeline's code: None).
+
+    cProfile keeps each function's time by its direct caller only: a call from a library that
+    your code called (``sorted(key=f)``) is the library's, and a function that calls other own
+    functions has its callers' split of its own lines' time (``tt``; its cumulative time by
+    caller holds its own callees' time too, and those are not split by its caller). Callers
+    that it reaches itself (recursion, direct or through others) are left out: their time is
+    already inside the outer call's."""
     prof = cProfile.Profile()
     prof.enable()
     try:
@@ -223,6 +255,10 @@ def _profiled(fetch: Callable[[], object], own) -> dict:
     kind = {k: own(k[0]) if not k[0].startswith(("~", "<")) else "library" for k in stats}
     mine = [k for k in stats if kind[k] == "own"]
     total = sum(v[2] for v in stats.values())
+    callees: dict = {}
+    for g, v in stats.items():
+        for c in v[4]:
+            callees.setdefault(c, []).append(g)
     out: dict = {}
     held = 0.0
     for f in mine:
@@ -230,13 +266,26 @@ def _profiled(fetch: Callable[[], object], own) -> dict:
         seconds = max(0.0, stats[f][3] - inner)
         libs = {ts.Frame(g[0], g[1], g[2]): stats[g][4][f][3] for g in stats
                 if kind[g] != "own" and f in stats[g][4]}
+        reached = _reached(callees, f)
         callers: dict = {}
-        for g, (_cc, _nc, _tt, ct) in stats[f][4].items():
-            if g == f:  # a recursive call: its time is in the outer call's already
+        for g, (_nc, _cc, tt, ct) in stats[f][4].items():
+            if g in reached:  # recursion: already inside the outer call's time
                 continue
             by = ts.Frame(g[0], g[1], g[2]) if kind.get(g) == "own" else None
-            callers[by] = callers.get(by, 0.0) + ct
+            callers[by] = callers.get(by, 0.0) + (tt if inner > 0 else ct)
         out[ts.Frame(f[0], f[1], f[2])] = (seconds, libs, callers)
         held += seconds
     out[None] = (max(0.0, total - held), {}, {})
     return out
+
+
+def _reached(callees: dict, f) -> set:
+    """The functions ``f`` calls, directly or through others (``f`` among them where it
+    recurses), from ``{function: [its callees]}``: those that call ``f`` back are recursion."""
+    seen, todo = set(), [f]
+    while todo:
+        for g in callees.get(todo.pop(), ()):
+            if g not in seen:
+                seen.add(g)
+                todo.append(g)
+    return seen

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from IPython.display import Markdown
 
-from ..results.profile import ONE_CALLER_SHARE, ProfileResult, ops_words
+from ..results.profile import ProfileResult, ops_words
 from ..results.timing import LoopStudy, MAIN_STAGES
 from .. import pipelines
 from . import plotting
@@ -110,9 +110,7 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
                 hot = r.hottest()
                 rows.append({"pipeline": label(n), "stage": STAGE_LABELS.get(stage, stage),
                              "function": r.function, "where": f"{r.file}:{r.line}",
-                             "called from": r.caller + (f", {r.caller_share:.0%} of its time"
-                                                        if r.caller and r.caller_share
-                                                        < ONE_CALLER_SHARE else ""),
+                             "called from": r.caller_words,
                              "library under it": r.library or "(its own code)",
                              "hottest line": line_cell(hot[0].line, hot[0].text, hot[1])
                              if hot else "",
@@ -133,9 +131,10 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
            "backward in the backward stage), with its share of the operator time on all the "
            "function's lines, from another step with each torch call marked by its line; "
            "Python between torch calls has no line (empty: no torch call marked). Called "
-           "from: the pipeline's own function that called it for the most of its host time, "
-           "with that share where it is called from more than one place (empty: only the loop "
-           "or a library called it)."
+           "from: the pipeline's own function that called it for the most of its time, with "
+           "that share where it is called from more than one place (kernel time on a GPU; in "
+           "the backward, the function that made the forward call; the data stages: direct "
+           "calls only; empty: only the loop or a library called it)."
            + (" Not attributed, or not by line: " + "; ".join(said) + "." if said else ""))
     if not rows:
         return Markdown(cap)

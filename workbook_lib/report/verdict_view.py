@@ -89,8 +89,7 @@ def code_table(v: VerdictResult):
         for s in c.sites:
             top = s.lines[0] if s.lines else None
             rows.append({"cause": c.cause, "function": s.function, "where": f"{s.file}:{s.line}",
-                         "called from": (s.caller.replace("`", "") + (
-                             f", {s.caller_share:.0%} of its time" if s.split_callers else "")),
+                         "called from": s.caller_cell,
                          "library under it": s.under,
                          "hottest line": line_cell(top.line, top.text, top.share) if top
                          else "",
@@ -111,9 +110,11 @@ def code_table(v: VerdictResult):
            "stages: two batches under cProfile; a backward operator counts at the function that "
            "ran its forward), each function's time per step (their mean) against the fast "
            "pipeline's same function (0 where it has none); shares are of the sum of the "
-           "functions' positive differences. Called from: the function of the slow pipeline's "
-           "own code that called it for the most of its host time, with that share where it is "
-           "called from more than one place (empty: only the loop or a library called it). "
+           "functions' positive differences. Called from: the functions of the slow "
+           "pipeline's own code that called it, with each one's share of its time in the slow "
+           "pipeline where it is called from more than one place (kernel time on a GPU; in the "
+           "backward, the function that made the forward call; the data stages: direct calls "
+           "only; empty: only the loop or a library called it). "
            "First in: in how many of the recorded steps the "
            "stage's first function had the most extra time of any (each step against the fast "
            "pipeline's same step); where not in every one, the advice that names it says their "

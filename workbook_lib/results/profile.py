@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from ..records import Record
 
 
+# a function whose first caller holds at least this share of its time is called from one place
+# (below it: another of the pipeline's functions, the loop or a library holds the rest)
+ONE_CALLER_SHARE = 0.95
+
+
 @dataclass
 class LineTime(Record):
     """One line of a function of the pipeline's own code: the operator time of the torch calls
@@ -44,12 +49,21 @@ class SiteTime(Record):
     # two steps were recorded: one step, ``seconds``, then)
     step_seconds: list[float] = field(default_factory=list)
     step_device_seconds: list[float] = field(default_factory=list)
-    # the function of the pipeline's own code it was called from for most of its host time
-    # ("name (file:line)"; "" where that is none: the loop called it, or a results file from
-    # before callers were kept) and that caller's share of its host time (of the function's,
-    # over all its rows of the stage)
-    caller: str = ""
-    caller_share: float = 0.0
+    # the functions of the pipeline's own code that called it ("name (file:line)"), the most
+    # time first (at most three), and each one's share of all its time in the stage (kernel time
+    # where it ran any, else host time; the rest: the loop or a library called it). Empty where
+    # no own function called it, or in a results file from before callers were kept
+    callers: list[str] = field(default_factory=list)
+    caller_shares: list[float] = field(default_factory=list)
+
+    @property
+    def caller_words(self) -> str:
+        """"g (file.py:9)", or "g (file.py:9), 70% of its time" where it is called from more
+        than one place (its first caller under :data:`ONE_CALLER_SHARE`); "" where none."""
+        if not self.callers:
+            return ""
+        return self.callers[0] + (f", {self.caller_shares[0]:.0%} of its time"
+                                  if self.caller_shares[0] < ONE_CALLER_SHARE else "")
 
     @property
     def where(self) -> str:
@@ -67,9 +81,6 @@ class SiteTime(Record):
 
 
 NOT_OWN = "(not in the pipeline's code)"
-# a function whose first caller holds at least this share of its host time is called from one
-# place (a little of its time can be booked under no caller: the profiler's own frames)
-ONE_CALLER_SHARE = 0.95
 # stages attributed by cProfile (measurement.code_sites.data_sites), which sees Python calls,
 # not operators: their sites' ``ops`` is 0 whatever ran (a user trial read it as none)
 NO_OPS_STAGES = ("data_item", "collate")

@@ -16,6 +16,7 @@ from .timing import Growth
 HELD, FAILED, NOISE, NOT_MEASURED = "held", "failed", "within noise", "not measured here"
 STATUSES = (HELD, FAILED, NOISE, NOT_MEASURED)
 HOT_LINE = 0.25  # a line named as a site's hottest holds at least this share of its time
+SECOND_CALLER = 0.25  # a second caller named beside the first holds at least this share
 MINOR = 0.05  # a cause below this share of the gap is not named in the lead, nor advised
 MEASURED, ARITHMETIC = "measured", "arithmetic"
 
@@ -74,11 +75,12 @@ class CodeSite(Record):
     # looked up): none means its operators have no backward, no trainable input
     backward_ms: float | None = None
     library_share: float = 0.0  # of its slow time, under any library frame (``library``'s too)
-    # the function of the slow pipeline's own code it was called from for most of its host
-    # time ("`g` (file:line)"; "" where none: the loop called it, or a file from before) and
-    # that share of its host time
-    caller: str = ""
-    caller_share: float = 0.0
+    # the functions of the slow pipeline's own code that called it ("`g` (file:line)"), the
+    # most time first, and each one's share of all its time in the slow pipeline (kernel time
+    # where it ran any, else host time); empty where none did (the loop or a library called
+    # it) or in a file from before
+    callers: list[str] = field(default_factory=list)
+    caller_shares: list[float] = field(default_factory=list)
     # the stage's first-named function only: in how many of the recorded steps it had the most
     # extra time, of how many (0 of 0: one step recorded, a results file from before), and a
     # function that had more in a step where it did not ("`f` (file:line)"; "" where none)
@@ -92,18 +94,36 @@ class CodeSite(Record):
 
     @property
     def called_from(self) -> str:
-        """"called from `g` (file.py:9)", with " for 70% of its time" where it is called from
-        more than one place (:attr:`split_callers`); "" where no caller was recorded."""
-        if not self.caller:
+        """"called from `g` (file.py:9)"; where it is called from more than one place
+        (:attr:`split_callers`), " for 52% of its time in the slow pipeline", and " and from `h`
+        (file.py:3) for 45%" where a second caller holds at least :data:`SECOND_CALLER` (a
+        close pair's order can change between runs: both are named); "" where none."""
+        if not self.callers:
             return ""
-        return f"called from {self.caller}" + (
-            f" for {self.caller_share:.0%} of its time" if self.split_callers else "")
+        if not self.split_callers:
+            return f"called from {self.callers[0]}"
+        second = (f" and from {self.callers[1]} for {self.caller_shares[1]:.0%}"
+                  if len(self.callers) > 1 and self.caller_shares[1] >= SECOND_CALLER else "")
+        return (f"called from {self.callers[0]} for {self.caller_shares[0]:.0%} of its time in "
+                "the slow pipeline" + second)
 
     @property
     def split_callers(self) -> bool:
         """Called from more than one place: its first caller holds less than
-        :data:`ONE_CALLER_SHARE` of its host time."""
-        return bool(self.caller) and self.caller_share < ONE_CALLER_SHARE
+        :data:`ONE_CALLER_SHARE` of its time (another function, the loop or a library the
+        rest)."""
+        return bool(self.callers) and self.caller_shares[0] < ONE_CALLER_SHARE
+
+    @property
+    def caller_cell(self) -> str:
+        """The code table's cell: "g (file.py:9)", with ", 52% of its time" (and the second
+        caller's) where it is called from more than one place; "" where none."""
+        if not self.callers:
+            return ""
+        if not self.split_callers:
+            return self.callers[0].replace("`", "")
+        return "; ".join(f"{c.replace('`', '')}, {sh:.0%} of its time"
+                         for c, sh in zip(self.callers, self.caller_shares))
 
     @property
     def unsettled(self) -> str:

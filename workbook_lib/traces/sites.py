@@ -109,10 +109,12 @@ def attribute(events: list[Event], kind: Callable[[str], str],
             one, and those the autograd engine ran the backward on) is in the stage whose range
             holds its start (the ranges are left out of the nesting). Other threads' work (a
             Python thread pool in the forward, convert's planning thread) is not attributed.
-        callers: where given, filled with ``{stage: {frame: {caller: seconds}}}``: each own
-            frame's host self time by the nearest enclosing own frame it ran under (None: none,
-            the loop called it; a backward operator's, its forward's), so that a helper shared
-            by two functions can be told by whom it was called.
+        callers: where given, added to: ``{stage: {frame: {caller: [host seconds, device
+            seconds]}}}``, each own frame's time by the nearest enclosing own frame it ran under
+            (None: none, the loop or a library called it), so that a helper shared by two
+            functions can be told by whom it was called. In the backward, the forward's: a
+            backward operator counts at its forward operator's frame, with that frame's caller;
+            a custom ``backward`` is called from the function that called its ``apply``.
 
     Returns:
         ``{stage: {(frame or None, library frame or None): SiteTotals}}``; a ``None`` frame holds
@@ -173,14 +175,14 @@ def attribute(events: list[Event], kind: Callable[[str], str],
         sites[id(e)], called_by[id(e)], backward[id(e)] = up, by, in_bw
         stage = stage_at(e.ts)
         if _is_op(e) and "External id" in e.args:
-            by_external[e.args["External id"]] = (stage, up)
+            by_external[e.args["External id"]] = (stage, up, by)
         if stage is None or (e.cat == PYTHON and RUN_BACKWARD in e.name):
             continue  # the engine's entry waits for its threads: their work is counted
         tot = out[stage][up]
         tot.seconds += self_time(e) / 1e6
         if callers is not None and up[0] is not None:
-            mine = callers.setdefault(stage, {}).setdefault(up[0], {})
-            mine[by] = mine.get(by, 0.0) + self_time(e) / 1e6
+            callers.setdefault(stage, {}).setdefault(up[0], {}).setdefault(
+                by, [0.0, 0.0])[0] += self_time(e) / 1e6
         if _is_op(e) and not (e.parent is not None and _is_op(e.parent)):
             tot.ops += 1
     for e in events:  # kernels and copies: device time, at the operator that launched them
@@ -188,4 +190,7 @@ def attribute(events: list[Event], kind: Callable[[str], str],
             hit = by_external.get(e.args.get("External id"))
             if hit is not None and hit[0] is not None:
                 out[hit[0]][hit[1]].device_seconds += e.dur / 1e6
+                if callers is not None and hit[1][0] is not None:
+                    callers.setdefault(hit[0], {}).setdefault(hit[1][0], {}).setdefault(
+                        hit[2], [0.0, 0.0])[1] += e.dur / 1e6
     return {k: dict(v) for k, v in out.items()}

@@ -93,6 +93,20 @@ class OwnCode:
             return f"{inside[-1]}.{frame.function}" if inside else frame.function
         return starts.get(frame.line) or frame.function
 
+    def enclosing(self, frame):
+        """A comprehension's or lambda's frame (``<genexpr>``): the frame of the function whose
+        body holds it (its ``def`` line), as one of its callers means that function; any other
+        frame, or one whose source cannot be read, as it is."""
+        if not frame.function.startswith("<"):
+            return frame
+        path = self.resolve(frame.file)
+        inside = [(lo, q) for lo, hi, q in _functions(str(path))[1]
+                  if lo <= frame.line <= hi] if path is not None else []
+        if not inside:
+            return frame
+        lo, q = inside[-1]
+        return type(frame)(frame.file, lo, q.rsplit(".", 1)[-1])
+
     def line(self, frame) -> int:
         """The frame's ``def`` line: a decorated function's code starts at its first decorator
         (found by a user trial: a custom backward named at its ``@staticmethod`` line)."""

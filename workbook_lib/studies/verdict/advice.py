@@ -105,7 +105,7 @@ def _second(c: Cause) -> str:
 
 def _callers(c: Cause) -> None:
     """A first function called from more than one place (a helper shared by several of the
-    pipeline's functions, or by them and the loop): the call that holds the most of it, added
+    pipeline's functions, or by them and the loop): the calls that hold the most of it, added
     to the advice that names it, else to the finding."""
     s = c.sites[0] if c.sites else None
     if s is None or not s.split_callers:

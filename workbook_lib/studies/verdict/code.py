@@ -39,7 +39,8 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
     """(function, file, line) -> [seconds per step (the recorded steps' mean), ops per step,
     {library: seconds}, {line: [text, seconds per step, largest operand's dims, its operator]},
     [seconds in each recorded step] (empty for a results file from before they were kept),
-    {caller: host seconds through it}, host seconds]."""
+    {caller: seconds through it}, seconds] (the callers' seconds in the same kind as the
+    first item: a row's shares are of its kernel time where it ran any, else its host time)."""
     out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float), {}, [], defaultdict(float),
                                      0.0])
     for st in stages:
@@ -50,9 +51,9 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
             row[1] += r.ops
             if r.library:
                 row[2][r.library] += sec
-            if r.caller:
-                row[5][r.caller] += r.caller_share * r.seconds
-            row[6] += r.seconds
+            for by, share in zip(r.callers, r.caller_shares):
+                row[5][by] += share * sec
+            row[6] += sec
             steps = r.step_device_seconds if device else r.step_seconds
             if steps:
                 row[4] = [a + b for a, b in zip(row[4], steps)] if row[4] else list(steps)
@@ -91,15 +92,16 @@ def _leads(sa: dict, sb: dict, twin: dict, first) -> tuple[int, int, object]:
     return led, n, rival
 
 
-def caller_of(row: list) -> tuple[str, float]:
-    """The own function a site was called from for most of its host time, as the answer names
-    a function ("`g` (file:line)"), and that share; ("", 0.0) where none was recorded."""
+def callers_of(row: list) -> tuple[list[str], list[float]]:
+    """The own functions a site was called from, the most time first, as the answer names a
+    function ("`g` (file:line)"), and each one's share of its time; ([], []) where none was
+    recorded (:func:`_by_function`'s row)."""
     callers, total = row[5], row[6]
-    if not callers or total <= 0:
-        return "", 0.0
-    top = max(callers, key=callers.get)
-    name, _, where = top.rpartition(" (")
-    return f"`{name}` ({where}", min(1.0, callers[top] / total)
+    top = sorted((c for c in callers if callers[c] > 0), key=lambda c: -callers[c])
+    if not top or total <= 0:
+        return [], []
+    return ([f"`{name}` ({where}" for name, _, where in (c.rpartition(" (") for c in top)],
+            [min(1.0, callers[c] / total) for c in top])
 
 
 def code_lines(lines: dict, most: int = MOST) -> list[CodeLine]:
@@ -189,7 +191,7 @@ def code_sites(profiles: dict, slow: str, fast: str, stage: str,
                             sb[twin[k]][1] if k in twin else None,
                             (bw[k][0] * 1e3 if k in bw else 0.0) if bw is not None else None,
                             min(1.0, sum(libs.values()) / sa[k][0]) if sa[k][0] > 0 else 0.0,
-                            *caller_of(sa[k])))
+                            *callers_of(sa[k])))
     if not out:
         return [], ("not attributed: the extra time is outside the pipeline's code (the loop, or "
                     "a library called from it)"), outside
