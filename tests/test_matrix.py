@@ -118,7 +118,7 @@ def generate() -> list[Case]:
         Case("torchcell_converts", ["examples/torchcell_pyg.py:make_pipeline",
                                     "examples/dango_pyg.py:make_pipeline"],
              extra=STEADY, expect={"lead": "your encoder converts: ",
-                                   "site": "TorchCellEncoder.forward.<genexpr>"}),
+                                   "site": "TorchCellEncoder.forward"}),
         # the answer names the code: planted causes a user wrote (tests/planted)
         Case("loss_loop", [PLANTED + "slow_loss_loop.py:make_pipeline", FAST], extra=STEADY,
              expect={"first": "loss", "advice": "a Python loop over the samples in the loss",

@@ -51,7 +51,9 @@ def device_sites(step: Callable[[], object], *, device: torch.device,
         return {}, ("not attributed: the profiler recorded no Python frames (this Python's "
                     "stacks are not supported by the profiler)")
     called: dict = {}  # {stage: {frame: {caller: seconds}}}, summed over the recorded steps
-    per_step = [ts.attribute(events, own, callers=called) for events in recorded]
+    per_step = [_fold_sites(ts.attribute(events, own, callers=called), own)
+                for events in recorded]
+    called = {stage: _fold_keys(by, own, _add_pair) for stage, by in called.items()}
     out = {}
     for stage in dict.fromkeys(st for by_stage in per_step for st in by_stage):
         keys = dict.fromkeys(k for by_stage in per_step for k in by_stage.get(stage, {}))
@@ -126,7 +128,7 @@ def _add_lines(out: dict, lines: dict, own) -> None:
     for stage, rows in out.items():
         by_function: dict = {}
         for (file, first), found in lines.get(stage, {}).items():
-            key = (file, own.line(ts.Frame(file, first, "")))
+            key = (file, own.def_line(file, first))  # a comprehension's: its function's
             merged = by_function.setdefault(key, {})
             for n, t in found.items():
                 m = merged.setdefault(n, ts.SiteTotals())
@@ -154,6 +156,52 @@ def _source(own, file: str, line: int) -> str:
 
 
 MOST_CALLERS = 3  # callers kept per function, the most time first
+
+
+def _fold(own, frame):
+    """The frame a row is kept under: a comprehension's or lambda's (``f.<locals>.<genexpr>``)
+    the function that holds it (a user trial: a helper's generator expression was a row of its
+    own, its time counted in the helper's too), every one at its ``def`` line (a decorated
+    function's code starts at its decorator); None as it is."""
+    if frame is None:
+        return None
+    f = own.enclosing(frame)
+    return ts.Frame(f.file, own.line(f), f.function)
+
+
+def _fold_keys(by: dict, own, add) -> dict:
+    """``{frame: value}`` re-keyed by :func:`_fold`, the values of one key merged by ``add(a,
+    b)`` (``a`` None for the first)."""
+    out: dict = {}
+    for frame, value in by.items():
+        key = _fold(own, frame)
+        out[key] = add(out.get(key), value)
+    return out
+
+
+def _add_pair(a: dict | None, b: dict) -> dict:
+    """Two ``{caller: [host seconds, device seconds]}`` summed."""
+    out = {k: list(v) for k, v in (a or {}).items()}
+    for k, (h, d) in b.items():
+        m = out.setdefault(k, [0.0, 0.0])
+        m[0] += h
+        m[1] += d
+    return out
+
+
+def _fold_sites(by_stage: dict, own) -> dict:
+    """:func:`workbook_lib.traces.sites.attribute`'s sites with each frame folded
+    (:func:`_fold`) and the totals of one site merged."""
+    out: dict = {}
+    for stage, sites in by_stage.items():
+        merged = out.setdefault(stage, {})
+        for (frame, lib), t in sites.items():
+            m = merged.setdefault((_fold(own, frame), lib), ts.SiteTotals())
+            m.seconds += t.seconds
+            m.ops += t.ops
+            m.device_seconds += t.device_seconds
+            m.add_dims(list(t.dims), t.dims_op)
+    return out
 
 
 def _timed(by: dict) -> dict:
@@ -216,7 +264,7 @@ def data_sites(fetches: Sequence[Callable[[], object]], own) -> list[SiteTime]:
     code it called (its calls into other own functions apart), largest mean first, each
     batch's kept, with the library callee that holds more than half of it over all of them
     (if one does); the rest under :data:`NOT_OWN`."""
-    per_call = [_profiled(fetch, own) for fetch in fetches]
+    per_call = [_fold_keys(_profiled(fetch, own), own, _add_profiled) for fetch in fetches]
     rows = []
     for frame in dict.fromkeys(f for by_frame in per_call for f in by_frame):
         seconds = [by_frame[frame][0] if frame in by_frame else 0.0 for by_frame in per_call]
@@ -234,15 +282,33 @@ def data_sites(fetches: Sequence[Callable[[], object]], own) -> list[SiteTime]:
     return sorted(rows, key=lambda r: -r.seconds)
 
 
+def _add_profiled(a: tuple | None, b: tuple) -> tuple:
+    """Two of :func:`_profiled`'s ``(seconds, {library: seconds}, {caller: seconds})`` summed."""
+    if a is None:
+        return b[0], dict(b[1]), dict(b[2])
+    libs, callers = dict(a[1]), dict(a[2])
+    for k, v in b[1].items():
+        libs[k] = libs.get(k, 0.0) + v
+    for k, v in b[2].items():
+        callers[k] = callers.get(k, 0.0) + v
+    return a[0] + b[0], libs, callers
+
+
 def _profiled(fetch: Callable[[], object], own) -> dict:
     """``fetch()`` under cProfile: ``{frame or None: (seconds, {library frame: seconds},
-    {caller: seconds})}``, each own function's library callees (a built-in's file starts with
-    "~") and its time by caller (a caller outside the pipeline's code: None).
+    {caller: seconds})}``: each own function's time, its own lines' (``tt``) and that of the
+    library code under it, each library function's lines' time going up its callers, in
+    proportion to their time in it, to the first own function (None: none); the library frame
+    it called that holds that time; and its time by caller (None: nothing of the pipeline's
+    called it). Every second is counted once: a user trial's ``sorted(key=f)`` and
+    ``sum(genexpr)`` had counted ``f``'s time in its caller's too, 50/50 for a function that
+    did nearly nothing.
 
-    cProfile keeps each function's time by its direct caller only: a call from a library that
-    your code called (``sorted(key=f)``) is the library's, and a function that calls other own
-    functions has its callers' split of its own lines' time (``tt``; its cumulative time by
-    caller holds its own callees' time too, and those are not split by its caller). Callers
+    cProfile keeps each function's time by its direct caller only. A call through library code
+    (``sorted(key=f)``, ``map(f, ...)``) is put to the own functions that called that code, in
+    proportion to their time in it. A function that calls other own functions (not its own
+    comprehensions) has its callers' split of its own lines' time (``tt``: its cumulative time
+    by caller holds its callees' time too, and those are not split by its caller). Callers
     that it reaches itself (recursion, direct or through others) are left out: their time is
     already inside the outer call's."""
     prof = cProfile.Profile()
@@ -254,28 +320,109 @@ def _profiled(fetch: Callable[[], object], own) -> dict:
     stats = pstats.Stats(prof).stats  # (file, line, function) -> (cc, nc, tt, ct, callers)
     kind = {k: own(k[0]) if not k[0].startswith(("~", "<")) else "library" for k in stats}
     mine = [k for k in stats if kind[k] == "own"]
-    total = sum(v[2] for v in stats.values())
     callees: dict = {}
     for g, v in stats.items():
         for c in v[4]:
             callees.setdefault(c, []).append(g)
-    out: dict = {}
-    held = 0.0
-    for f in mine:
-        inner = sum(stats[g][4][f][3] for g in mine if g != f and f in stats[g][4])
-        seconds = max(0.0, stats[f][3] - inner)
-        libs = {ts.Frame(g[0], g[1], g[2]): stats[g][4][f][3] for g in stats
-                if kind[g] != "own" and f in stats[g][4]}
-        reached = _reached(callees, f)
-        callers: dict = {}
-        for g, (_nc, _cc, tt, ct) in stats[f][4].items():
-            if g in reached:  # recursion: already inside the outer call's time
+    seconds = {f: stats[f][2] for f in mine}
+    libs: dict = {f: {} for f in mine}
+    rest = 0.0  # library time under no own function
+    up = _up_to_own(stats, kind)
+    for g in stats:
+        if kind[g] == "own" or stats[g][2] <= 0:
+            continue
+        for (f, below), share in up(g).items():
+            part = stats[g][2] * share
+            if f is None:
+                rest += part
                 continue
-            by = ts.Frame(g[0], g[1], g[2]) if kind.get(g) == "own" else None
-            callers[by] = callers.get(by, 0.0) + (tt if inner > 0 else ct)
-        out[ts.Frame(f[0], f[1], f[2])] = (seconds, libs, callers)
-        held += seconds
-    out[None] = (max(0.0, total - held), {}, {})
+            seconds[f] += part
+            key = ts.Frame(below[0], below[1], below[2])
+            libs[f][key] = libs[f].get(key, 0.0) + part
+    out: dict = {}
+    for f in mine:
+        me = _fold(own, ts.Frame(f[0], f[1], f[2]))
+        others = any(_fold(own, ts.Frame(g[0], g[1], g[2])) != me
+                     for g in _own_below(stats, kind, callees, f))
+        out[ts.Frame(f[0], f[1], f[2])] = (seconds[f], libs[f],
+                                           _by_caller(stats, kind, f, callees,
+                                                      own_lines=others))
+    out[None] = (rest, {}, {})
+    return out
+
+
+def _up_to_own(stats: dict, kind: dict) -> Callable:
+    """``up(g)``: where library function ``g``'s time goes, given up its callers in proportion
+    to their cumulative time in it until an own function: ``{(own function or None, the library
+    function it called): fraction}`` (None: no caller, or a cycle of library calls). Memoized:
+    a library function reached from many places is walked once."""
+    memo: dict = {}
+    busy: set = set()
+
+    def up(g) -> dict:
+        if g in memo:
+            return memo[g]
+        ups = {c: v[3] for c, v in stats[g][4].items()}
+        whole = sum(ups.values())
+        if whole <= 0 or g in busy:
+            return {(None, g): 1.0}
+        busy.add(g)
+        out: dict = {}
+        for c, t in ups.items():
+            w = t / whole
+            if kind.get(c) == "own":
+                out[(c, g)] = out.get((c, g), 0.0) + w
+            elif c in stats:
+                for key, x in up(c).items():
+                    out[key] = out.get(key, 0.0) + w * x
+            else:
+                out[(None, g)] = out.get((None, g), 0.0) + w
+        busy.discard(g)
+        memo[g] = out
+        return out
+    return up
+
+
+def _own_below(stats: dict, kind: dict, callees: dict, f) -> set:
+    """The own functions ``f`` calls, directly or through library code."""
+    seen, todo, found = set(), [f], set()
+    while todo:
+        for g in callees.get(todo.pop(), ()):
+            if g in seen or g == f:
+                continue
+            seen.add(g)
+            if kind.get(g) == "own":
+                found.add(g)
+            else:
+                todo.append(g)
+    return found
+
+
+def _by_caller(stats: dict, kind: dict, f, callees: dict, *, own_lines: bool) -> dict:
+    """``f``'s time by the own function that called it (None: none did), its callers'
+    cumulative time in it (their ``tt``, its own lines' time, where ``own_lines``); a library
+    caller's share passed up to the functions that called it, in proportion to their time in
+    it, until an own function or none (at most a few library frames up)."""
+    reached = _reached(callees, f)
+    out: dict = {}
+
+    def give(g, seconds: float, path: frozenset) -> None:
+        if kind.get(g) == "own":
+            key = ts.Frame(g[0], g[1], g[2])
+            out[key] = out.get(key, 0.0) + seconds
+            return
+        ups = {c: v[3] for c, v in stats.get(g, (0, 0, 0, 0, {}))[4].items()
+               if c not in path and c not in reached and c != f}
+        whole = sum(ups.values())
+        if len(path) >= 6 or whole <= 0:
+            out[None] = out.get(None, 0.0) + seconds
+            return
+        for c, t in ups.items():
+            give(c, seconds * t / whole, path | {g})
+
+    for g, (_nc, _cc, tt, ct) in stats[f][4].items():
+        if g not in reached:  # recursion: already inside the outer call's time
+            give(g, tt if own_lines else ct, frozenset())
     return out
 
 

@@ -114,7 +114,7 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
                              "library under it": r.library or "(its own code)",
                              "hottest line": line_cell(hot[0].line, hot[0].text, hot[1])
                              if hot else "",
-                             "ms per step": f"{r.seconds * 1e3:.3g}",
+                             "ms per profiled step": f"{r.seconds * 1e3:.3g}",
                              "each recorded step, ms": ", ".join(f"{x * 1e3:.3g}"
                                                                 for x in r.step_seconds),
                              "share of the stage": fmt_pct(r.seconds / total) if total else "",
@@ -133,8 +133,8 @@ def code_table(profiles: dict[str, ProfileResult], most: int = 3):
            "Python between torch calls has no line (empty: no torch call marked). Called "
            "from: the pipeline's own function that called it for the most of its time, with "
            "that share where it is called from more than one place (kernel time on a GPU; in "
-           "the backward, the function that made the forward call; the data stages: direct "
-           "calls only; empty: only the loop or a library called it)."
+           "the backward, the function that made the forward call; a comprehension or lambda "
+           "is part of its function; empty: only the loop or a library called it)."
            + (" Not attributed, or not by line: " + "; ".join(said) + "." if said else ""))
     if not rows:
         return Markdown(cap)

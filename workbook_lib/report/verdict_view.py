@@ -93,16 +93,16 @@ def code_table(v: VerdictResult):
                          "library under it": s.under,
                          "hottest line": line_cell(top.line, top.text, top.share) if top
                          else "",
-                         "slow, ms per step": f"{s.slow_ms:.3g}",
-                         "fast, ms per step": f"{s.fast_ms:.3g}",
+                         "slow, ms per profiled step": f"{s.slow_ms:.3g}",
+                         "fast, ms per profiled step": f"{s.fast_ms:.3g}",
                          "share of the stage's extra time": fmt_pct(s.share),
                          "first in": (f"{s.first_in} of {s.recorded} recorded steps"
                                       if s.recorded else ""),
                          "operator calls per step": ops_words(c.stage, s.ops)})
         if c.sites and c.outside:  # the rest of the shares: what ran under no frame of its code
             rows.append({"cause": c.cause, "function": OUTSIDE, "where": "", "called from": "",
-                         "library under it": "", "hottest line": "", "slow, ms per step": "",
-                         "fast, ms per step": "",
+                         "library under it": "", "hottest line": "",
+                         "slow, ms per profiled step": "", "fast, ms per profiled step": "",
                          "share of the stage's extra time": fmt_pct(c.outside),
                          "first in": "", "operator calls per step": ""})
     cap = ("Where each first cause's extra time is, in the slow pipeline's own files: "
@@ -113,8 +113,8 @@ def code_table(v: VerdictResult):
            "functions' positive differences. Called from: the functions of the slow "
            "pipeline's own code that called it, with each one's share of its time in the slow "
            "pipeline where it is called from more than one place (kernel time on a GPU; in the "
-           "backward, the function that made the forward call; the data stages: direct calls "
-           "only; empty: only the loop or a library called it). "
+           "backward, the function that made the forward call; a comprehension or lambda is "
+           "part of its function; empty: only the loop or a library called it). "
            "First in: in how many of the recorded steps the "
            "stage's first function had the most extra time of any (each step against the fast "
            "pipeline's same step); where not in every one, the advice that names it says their "

@@ -58,12 +58,15 @@ class SiteTime(Record):
 
     @property
     def caller_words(self) -> str:
-        """"g (file.py:9)", or "g (file.py:9), 70% of its time" where it is called from more
-        than one place (its first caller under :data:`ONE_CALLER_SHARE`); "" where none."""
+        """"g (file.py:9)", or, where it is called from more than one place (its first caller
+        under :data:`ONE_CALLER_SHARE`), each caller with its share: "g (file.py:9), 70% of its
+        time; h (file.py:3), 30% of its time"; "" where none."""
         if not self.callers:
             return ""
-        return self.callers[0] + (f", {self.caller_shares[0]:.0%} of its time"
-                                  if self.caller_shares[0] < ONE_CALLER_SHARE else "")
+        if self.caller_shares[0] >= ONE_CALLER_SHARE:
+            return self.callers[0]
+        return "; ".join(f"{c}, {sh:.0%} of its time"
+                         for c, sh in zip(self.callers, self.caller_shares))
 
     @property
     def where(self) -> str:

@@ -107,6 +107,19 @@ class OwnCode:
         lo, q = inside[-1]
         return type(frame)(frame.file, lo, q.rsplit(".", 1)[-1])
 
+    def def_line(self, file: str, first: int) -> int:
+        """The ``def`` line of the function whose code starts at line ``first`` of ``file`` (a
+        decorated one's first decorator names it), or, for a comprehension's or lambda's code,
+        of the function that holds it; ``first`` where the source cannot be read."""
+        path = self.resolve(file)
+        if path is None:
+            return first
+        starts, spans, defs = _functions(str(path))
+        if first in starts:
+            return defs.get(first, first)
+        inside = [lo for lo, hi, _q in spans if lo <= first <= hi]
+        return inside[-1] if inside else first
+
     def line(self, frame) -> int:
         """The frame's ``def`` line: a decorated function's code starts at its first decorator
         (found by a user trial: a custom backward named at its ``@staticmethod`` line)."""

@@ -111,6 +111,8 @@ def _callers(c: Cause) -> None:
     if s is None or not s.split_callers:
         return
     words = f"; `{s.function}` is {s.called_from}"
+    if f"`{s.function}` is called from" in c.advice:  # the forward's advice, quoted whole by
+        return  # the backward that mirrors it, says it already (a user trial: said twice)
     if s.where in c.advice:
         c.advice += words
     elif s.where in c.finding:
@@ -472,8 +474,8 @@ def _advice(c: Cause, by: dict[str, Cause], device_type: str, graph: str = "") -
             # forward's row; the lead then lost the encoder's figures: CI's matrix)
             return (f"{MIRRORS} (its largest site in the pipeline's code, "
                     f"{s.where}, is the forward's: {s.share:.0%} of the backward's extra "
-                    f"time{out}" + (f"; most of it the backward of {s.hot_line}"
-                                     if s.hot_line else "") + f"): {fwd.advice}")
+                    f"time{out}" + (f"; the backward of {s.hot_line}" if s.hot_line else "")
+                    + f"): {fwd.advice}")
         # the forward not advised one shared pass: the backward's own figures (where it is,
         # the forward's advice stands for both, once)
         if grows and graph and not loop and not (fwd is not None and NODEMASK in fwd.advice):

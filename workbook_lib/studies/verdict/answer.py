@@ -7,6 +7,7 @@ from ... import pipelines
 from ...common.text import capitalized as _cap, one_line
 from ...results.cpu import FAULTS_HIGH, KERNEL_HIGH
 from ...results.verdict import VerdictResult
+from .advice import NODEMASK
 from .causes import first_causes, offsets, told_apart
 from .gap import MIN_PAIRED, unresolved
 
@@ -279,10 +280,13 @@ def fix_text(v: VerdictResult) -> str:
         bad = ", ".join(f"'{n}'" for n in v.nonfinite)
         return (f"**No exact pipeline in this run** ({why}"
                 + (f"; {bad}: a loss that was not finite, not recommended" if bad else "")
-                + "): nothing here is "
-                "known to compute the perturbed graph to recommend. The node-mask shared graph "
-                "(workbook_lib.nodemask) is exact; check a rewrite with `python -m workbook_lib "
-                "equal SLOW FAST` before trusting its speed.")
+                + "): nothing here is known to compute the perturbed graph to recommend."
+                # the fix named only where the advice offers it (a user trial: offered beside a
+                # cause in Python feature code of the dataset item)
+                + (" The node-mask shared graph (workbook_lib.nodemask) the advice names is "
+                   "exact;" if any(NODEMASK in c.advice for c in v.causes) else "")
+                + " Check a rewrite with `python -m workbook_lib equal SLOW FAST` before "
+                "trusting its speed.")
     shaky = set(v.disturbed) | set(v.contended)
     if r.strategy == r.baseline:  # provisional as the other branch, where contended
         tied = ""
