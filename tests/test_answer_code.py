@@ -1325,8 +1325,8 @@ def test_the_answer_says_the_gap_share_its_headline_quotes_for_the_function():
     assert words.count("of the gap") == 2 and "of its extra time" not in words
     two = [cause("forward", 0.6, 0.9, "fwd"), cause("backward", 0.4, 0.9, "fwd")]
     assert _cause_words(two[0], True, main_site(two)).endswith(
-        "; in `fwd` (defined at x_slow.py:38): 90% of this stage's extra time, 90% of the gap "
-        "with its other stages")
+        "; in `fwd` (defined at x_slow.py:38): 90% of this stage's extra time, 90% of the gap, "
+        "its time in other stages included")
     whole = [cause("collate", 1.0, 1.0)]  # the site holds the cause whole: nothing to add
     assert _cause_words(whole[0], True, main_site(whole)).endswith(
         "100% of its extra time in `perturbed_graph` (defined at x_slow.py:38)")

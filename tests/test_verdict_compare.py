@@ -875,7 +875,7 @@ def test_the_leads_gap_share_for_a_function_is_said_once():
     v = V.VerdictResult("", "cpu", "cpu", causes, [], None, g.ratio, [], [], gap=g,
                         gap_strategies=[g.slow, g.fast])
     V.compose(v)
-    assert v.lead.count("with its other stages") == 1, v.lead
+    assert v.lead.count("its time in other stages included") == 1, v.lead
     assert v.lead.count("; in `Model.forward` (defined at m.py:8): 80% of this stage's ") == 1, \
         v.lead
     assert v.lead.count("80% of its extra time in `Model.forward`") == 1, v.lead

@@ -269,7 +269,8 @@ def epochs_table(v: VerdictResult):
     r = v.recommendation
     if r is None or not r.epochs_per_day:
         return Markdown("No epochs-per-day projection: no exact pipeline to recommend.")
-    rows = [{"strategy": label(n), **{k: fmt_num(x) for k, x in by.items()}}
+    # each column: epochs per 24 h at that many ranks (a user trial read "1 rank" as no unit)
+    rows = [{"strategy": label(n), **{f"epochs per day, {k}": fmt_num(x) for k, x in by.items()}}
             for n, by in r.epochs_per_day.items()]
     return table(rows, caption="Projected epochs per 24 h: " + r.projection_basis + ".")
 

@@ -63,8 +63,8 @@ def _cause_words(c, first: bool, held: tuple | None = None) -> str:
         if _says_gap(c, held):  # the function's two shares in a clause of their own (a user
             # trial read "(96% of the gap, 99% of its extra time, 95% of the gap, in ...)")
             gap = (f"{'all' if held[1] >= 1.0 else _pct(held[1])} of the gap"
-                   + (" with its other stages" if abs(held[1] - c.share * s.share) > 0.005
-                      else ""))
+                   + (", its time in other stages included"  # (a user trial: "with its
+                      if abs(held[1] - c.share * s.share) > 0.005 else ""))  # other stages")
             p += f"; in {s.short}: {_pct(s.share)} of this stage's extra time, {gap}"
         else:
             p += f", {_pct(s.share)} of its extra time in {s.short}"
