@@ -131,11 +131,7 @@ def _add_lines(out: dict, lines: dict, own) -> None:
             key = (file, own.def_line(file, first))  # a comprehension's: its function's
             merged = by_function.setdefault(key, {})
             for n, t in found.items():
-                m = merged.setdefault(n, ts.SiteTotals())
-                m.seconds += t.seconds
-                m.ops += t.ops
-                m.device_seconds += t.device_seconds
-                m.add_dims(list(t.dims), t.dims_op)
+                merged.setdefault(n, ts.SiteTotals()).add(t)
         done = set()
         for r in rows:  # largest first: the function's first row holds its lines
             found = by_function.get((r.file, r.line))
@@ -196,11 +192,7 @@ def _fold_sites(by_stage: dict, own) -> dict:
     for stage, sites in by_stage.items():
         merged = out.setdefault(stage, {})
         for (frame, lib), t in sites.items():
-            m = merged.setdefault((_fold(own, frame), lib), ts.SiteTotals())
-            m.seconds += t.seconds
-            m.ops += t.ops
-            m.device_seconds += t.device_seconds
-            m.add_dims(list(t.dims), t.dims_op)
+            merged.setdefault((_fold(own, frame), lib), ts.SiteTotals()).add(t)
     return out
 
 
@@ -247,8 +239,7 @@ def _row(own, frame, library, seconds: Sequence[float], ops: Sequence[float] = (
     n = len(seconds)
     ops = list(ops) or [0.0] * n
     dev = list(device_seconds) or [0.0] * n
-    lib = (f"{own.name(library)} ({own.display(library.file)}:{own.line(library)})"
-           if library is not None else "")
+    lib = _label(own, library) if library is not None else ""
     mean = (sum(seconds) / n, sum(ops) / n, sum(dev) / n)
     steps = {"step_seconds": list(seconds), "step_device_seconds": dev}
     if frame is None:

@@ -55,6 +55,13 @@ class SiteTotals:
     dims: tuple = ()
     dims_op: str = ""
 
+    def add(self, other: "SiteTotals") -> None:
+        """Add ``other``'s figures to these (its operand kept where it ranks above)."""
+        self.seconds += other.seconds
+        self.ops += other.ops
+        self.device_seconds += other.device_seconds
+        self.add_dims(list(other.dims), other.dims_op)
+
     def add_dims(self, dims, op: str) -> None:
         """Keep ``dims`` (an operator's input shape) if it ranks above the one kept: a batch of
         square matrices (3 or more dimensions, the last two equal) first, then the most
