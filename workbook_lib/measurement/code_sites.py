@@ -333,10 +333,12 @@ def _profiled(fetch: Callable[[], object], own) -> dict:
     out: dict = {}
     for f in mine:
         me = _fold(own, ts.Frame(f[0], f[1], f[2]))
+        # the own functions it calls, directly or through library code
+        below = _reached(callees, f, through=lambda g: kind.get(g) != "own")
         others = any(_fold(own, ts.Frame(g[0], g[1], g[2])) != me
-                     for g in _own_below(stats, kind, callees, f))
+                     for g in below if kind.get(g) == "own")
         out[ts.Frame(f[0], f[1], f[2])] = (seconds[f], libs[f],
-                                           _by_caller(stats, kind, f, callees,
+                                           _by_caller(stats, kind, f, callees, up,
                                                       own_lines=others))
     out[None] = (rest, {}, {})
     return out
@@ -374,56 +376,40 @@ def _up_to_own(stats: dict, kind: dict) -> Callable:
     return up
 
 
-def _own_below(stats: dict, kind: dict, callees: dict, f) -> set:
-    """The own functions ``f`` calls, directly or through library code."""
-    seen, todo, found = set(), [f], set()
-    while todo:
-        for g in callees.get(todo.pop(), ()):
-            if g in seen or g == f:
-                continue
-            seen.add(g)
-            if kind.get(g) == "own":
-                found.add(g)
-            else:
-                todo.append(g)
-    return found
-
-
-def _by_caller(stats: dict, kind: dict, f, callees: dict, *, own_lines: bool) -> dict:
+def _by_caller(stats: dict, kind: dict, f, callees: dict, up: Callable, *,
+               own_lines: bool) -> dict:
     """``f``'s time by the own function that called it (None: none did), its callers'
     cumulative time in it (their ``tt``, its own lines' time, where ``own_lines``); a library
-    caller's share passed up to the functions that called it, in proportion to their time in
-    it, until an own function or none (at most a few library frames up)."""
+    caller's share passed up to the own functions that called it by ``up``
+    (:func:`_up_to_own`), less those ``f`` reaches itself (recursion through library code)."""
     reached = _reached(callees, f)
     out: dict = {}
-
-    def give(g, seconds: float, path: frozenset) -> None:
-        if kind.get(g) == "own":
-            key = ts.Frame(g[0], g[1], g[2])
-            out[key] = out.get(key, 0.0) + seconds
-            return
-        ups = {c: v[3] for c, v in stats.get(g, (0, 0, 0, 0, {}))[4].items()
-               if c not in path and c not in reached and c != f}
-        whole = sum(ups.values())
-        if len(path) >= 6 or whole <= 0:
-            out[None] = out.get(None, 0.0) + seconds
-            return
-        for c, t in ups.items():
-            give(c, seconds * t / whole, path | {g})
-
     for g, (_nc, _cc, tt, ct) in stats[f][4].items():
-        if g not in reached:  # recursion: already inside the outer call's time
-            give(g, tt if own_lines else ct, frozenset())
+        if g in reached:  # recursion: already inside the outer call's time
+            continue
+        seconds = tt if own_lines else ct
+        shares: dict = {}
+        for (c, _below), x in ({(g, None): 1.0} if kind.get(g) == "own" else up(g)).items():
+            if c not in reached:
+                shares[c] = shares.get(c, 0.0) + x
+        whole = sum(shares.values())
+        if whole <= 0:
+            shares, whole = {None: 1.0}, 1.0
+        for c, x in shares.items():
+            key = ts.Frame(c[0], c[1], c[2]) if c is not None else None
+            out[key] = out.get(key, 0.0) + seconds * x / whole
     return out
 
 
-def _reached(callees: dict, f) -> set:
-    """The functions ``f`` calls, directly or through others (``f`` among them where it
-    recurses), from ``{function: [its callees]}``: those that call ``f`` back are recursion."""
+def _reached(callees: dict, f, through: Callable = lambda g: True) -> set:
+    """The functions ``f`` calls, directly or through others for which ``through(g)`` (``f``
+    among them where it recurses), from ``{function: [its callees]}``: with every one, those
+    that call ``f`` back are recursion."""
     seen, todo = set(), [f]
     while todo:
         for g in callees.get(todo.pop(), ()):
             if g not in seen:
                 seen.add(g)
-                todo.append(g)
+                if through(g):
+                    todo.append(g)
     return seen
