@@ -13,6 +13,7 @@ path shown.
 from __future__ import annotations
 
 import cProfile
+import functools
 import os
 import pstats
 import tempfile
@@ -259,13 +260,8 @@ def data_sites(fetches: Sequence[Callable[[], object]], own) -> list[SiteTime]:
     rows = []
     for frame in dict.fromkeys(f for by_frame in per_call for f in by_frame):
         seconds = [by_frame[frame][0] if frame in by_frame else 0.0 for by_frame in per_call]
-        libs: dict = {}
-        callers: dict = {}
-        for by_frame in per_call:
-            for lib, sec in (by_frame[frame][1] if frame in by_frame else {}).items():
-                libs[lib] = libs.get(lib, 0.0) + sec
-            for by, sec in (by_frame[frame][2] if frame in by_frame else {}).items():
-                callers[by] = callers.get(by, 0.0) + sec
+        _, libs, callers = functools.reduce(
+            _add_profiled, [by_frame[frame] for by_frame in per_call if frame in by_frame], None)
         top = max(libs, key=libs.get) if libs else None
         lib = (top if top is not None and not top.file.startswith("~")
                and libs[top] > 0.5 * sum(seconds) else None)

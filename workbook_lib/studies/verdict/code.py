@@ -39,10 +39,9 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
     """(function, file, line) -> [seconds per step (the recorded steps' mean), ops per step,
     {library: seconds}, {line: [text, seconds per step, largest operand's dims, its operator]},
     [seconds in each recorded step] (empty for a results file from before they were kept),
-    {caller: seconds through it}, seconds] (the callers' seconds in the same kind as the
-    first item: a row's shares are of its kernel time where it ran any, else its host time)."""
-    out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float), {}, [], defaultdict(float),
-                                     0.0])
+    {caller: seconds through it}] (the callers' seconds in the same kind as the first item: a
+    row's shares are of its kernel time where it ran any, else its host time)."""
+    out: dict = defaultdict(lambda: [0.0, 0.0, defaultdict(float), {}, [], defaultdict(float)])
     for st in stages:
         for r in profile.sites.get(st, []):
             sec = r.device_seconds if device else r.seconds
@@ -53,7 +52,6 @@ def _by_function(profile, stages: tuple[str, ...], device: bool) -> dict:
                 row[2][r.library] += sec
             for by, share in zip(r.callers, r.caller_shares):
                 row[5][by] += share * sec
-            row[6] += sec
             steps = r.step_device_seconds if device else r.step_seconds
             if steps:
                 row[4] = [a + b for a, b in zip(row[4], steps)] if row[4] else list(steps)
@@ -96,7 +94,7 @@ def callers_of(row: list) -> tuple[list[str], list[float]]:
     """The own functions a site was called from, the most time first, as the answer names a
     function ("`g` (file:line)"), and each one's share of its time; ([], []) where none was
     recorded (:func:`_by_function`'s row)."""
-    callers, total = row[5], row[6]
+    callers, total = row[5], row[0]
     top = sorted((c for c in callers if callers[c] > 0), key=lambda c: -callers[c])
     if not top or total <= 0:
         return [], []
