@@ -13,6 +13,17 @@ from ..records import Record
 ONE_CALLER_SHARE = 0.95
 
 
+def callers_cell(callers: list[str], shares: list[float]) -> str:
+    """A code table's "called from" cell: the first caller alone where it holds at least
+    :data:`ONE_CALLER_SHARE`, else each one with its share ("g (file.py:9), 70% of its time;
+    h (file.py:3), 30% of its time"); "" where none."""
+    if not callers:
+        return ""
+    if shares[0] >= ONE_CALLER_SHARE:
+        return callers[0]
+    return "; ".join(f"{c}, {sh:.0%} of its time" for c, sh in zip(callers, shares))
+
+
 @dataclass
 class LineTime(Record):
     """One line of a function of the pipeline's own code: the operator time of the torch calls
@@ -61,12 +72,7 @@ class SiteTime(Record):
         """"g (file.py:9)", or, where it is called from more than one place (its first caller
         under :data:`ONE_CALLER_SHARE`), each caller with its share: "g (file.py:9), 70% of its
         time; h (file.py:3), 30% of its time"; "" where none."""
-        if not self.callers:
-            return ""
-        if self.caller_shares[0] >= ONE_CALLER_SHARE:
-            return self.callers[0]
-        return "; ".join(f"{c}, {sh:.0%} of its time"
-                         for c, sh in zip(self.callers, self.caller_shares))
+        return callers_cell(self.callers, self.caller_shares)
 
     @property
     def where(self) -> str:

@@ -9,7 +9,7 @@ from .cpu import CpuShare
 from .stat import Stat
 from ..records import Record
 from .bench import BenchResult, FormChoice
-from .profile import ONE_CALLER_SHARE
+from .profile import ONE_CALLER_SHARE, callers_cell
 from .timing import Growth
 
 # a claim's status, and the kind of figure it rests on
@@ -118,12 +118,7 @@ class CodeSite(Record):
     def caller_cell(self) -> str:
         """The code table's cell: "g (file.py:9)", with ", 52% of its time" (and the second
         caller's) where it is called from more than one place; "" where none."""
-        if not self.callers:
-            return ""
-        if not self.split_callers:
-            return self.callers[0].replace("`", "")
-        return "; ".join(f"{c.replace('`', '')}, {sh:.0%} of its time"
-                         for c, sh in zip(self.callers, self.caller_shares))
+        return callers_cell([c.replace("`", "") for c in self.callers], self.caller_shares)
 
     @property
     def unsettled(self) -> str:

@@ -87,11 +87,10 @@ class OwnCode:
         path = self.resolve(frame.file)
         if path is None:
             return frame.function
-        starts, spans, _ = _functions(str(path))
         if frame.function.startswith("<"):
-            inside = [q for lo, hi, q in spans if lo <= frame.line <= hi]
-            return f"{inside[-1]}.{frame.function}" if inside else frame.function
-        return starts.get(frame.line) or frame.function
+            inside = self._holding(path, frame.line)
+            return f"{inside[1]}.{frame.function}" if inside else frame.function
+        return _functions(str(path))[0].get(frame.line) or frame.function
 
     def enclosing(self, frame):
         """A comprehension's or lambda's frame (``<genexpr>``): the frame of the function whose
@@ -99,12 +98,10 @@ class OwnCode:
         frame, or one whose source cannot be read, as it is."""
         if not frame.function.startswith("<"):
             return frame
-        path = self.resolve(frame.file)
-        inside = [(lo, q) for lo, hi, q in _functions(str(path))[1]
-                  if lo <= frame.line <= hi] if path is not None else []
-        if not inside:
+        inside = self._holding(self.resolve(frame.file), frame.line)
+        if inside is None:
             return frame
-        lo, q = inside[-1]
+        lo, q = inside
         return type(frame)(frame.file, lo, q.rsplit(".", 1)[-1])
 
     def def_line(self, file: str, first: int) -> int:
@@ -114,11 +111,20 @@ class OwnCode:
         path = self.resolve(file)
         if path is None:
             return first
-        starts, spans, defs = _functions(str(path))
+        starts, _, defs = _functions(str(path))
         if first in starts:
             return defs.get(first, first)
-        inside = [lo for lo, hi, _q in spans if lo <= first <= hi]
-        return inside[-1] if inside else first
+        inside = self._holding(path, first)
+        return inside[0] if inside else first
+
+    @staticmethod
+    def _holding(path: Path | None, line: int) -> tuple[int, str] | None:
+        """The innermost function of the source file ``path`` whose body holds ``line``: its
+        ``def`` line and qualified name; None where none does or the file cannot be read."""
+        if path is None:
+            return None
+        inside = [(lo, q) for lo, hi, q in _functions(str(path))[1] if lo <= line <= hi]
+        return inside[-1] if inside else None
 
     def line(self, frame) -> int:
         """The frame's ``def`` line: a decorated function's code starts at its first decorator
