@@ -195,6 +195,20 @@ def test_the_recommendation_does_not_tell_to_use_the_slow_side_of_the_gap():
     assert fix_text(v).startswith("**No exact pipeline in this run is faster")
     assert "node-mask" not in fix_text(v)
     assert "Check that a rewrite computes the same model" in fix_text(v)
+    # no exact pipeline: the node-mask sentence only beside advice that names it (a user trial:
+    # offered beside Python feature code), each sentence closed
+    from workbook_lib.results.verdict import Cause
+    from workbook_lib.studies.verdict.advice import NODEMASK
+    v.recommendation, v.exactness, v.nonfinite = None, {"slow": "exactness not stated"}, {}
+    v.causes = [Cause("forward", "", 1.0, 0.1, 0.9, 0.9, "measured", effect="adds",
+                      stage="forward", advice="a Python loop over the samples")]
+    assert "node-mask" not in fix_text(v) and fix_text(v).endswith(
+        "recommend. Check a rewrite with `python -m workbook_lib equal SLOW FAST` before "
+        "trusting its speed."), fix_text(v)
+    v.causes[0].advice = NODEMASK
+    assert "(workbook_lib.nodemask) the advice names is exact. Check a rewrite" in fix_text(v)
+    v = verdict("slow")
+    v.disturbed, v.contended = {}, {}
     # a user trial: the slow side tied with a proven-equal rewrite was told to check a rewrite
     # with equal; the rewrite is named with its figure, and no check is asked for
     v.recommendation.alternative = "rewrite"

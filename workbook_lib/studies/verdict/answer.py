@@ -284,7 +284,7 @@ def fix_text(v: VerdictResult) -> str:
                 # the fix named only where the advice offers it (a user trial: offered beside a
                 # cause in Python feature code of the dataset item)
                 + (" The node-mask shared graph (workbook_lib.nodemask) the advice names is "
-                   "exact;" if any(NODEMASK in c.advice for c in v.causes) else "")
+                   "exact." if any(NODEMASK in c.advice for c in v.causes) else "")
                 + " Check a rewrite with `python -m workbook_lib equal SLOW FAST` before "
                 "trusting its speed.")
     shaky = set(v.disturbed) | set(v.contended)
